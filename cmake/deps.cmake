@@ -1,0 +1,10 @@
+# Every dependency is a Debian 12 -dev package (see .ci/run and docs/building.md).
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(JANSSON  REQUIRED IMPORTED_TARGET jansson)
+pkg_check_modules(YAML     REQUIRED IMPORTED_TARGET yaml-0.1)
+pkg_check_modules(URING    REQUIRED IMPORTED_TARGET liburing)
+pkg_check_modules(ZSTD     REQUIRED IMPORTED_TARGET libzstd)
+pkg_check_modules(PCRE2    REQUIRED IMPORTED_TARGET libpcre2-8)
+pkg_check_modules(UTF8PROC REQUIRED IMPORTED_TARGET libutf8proc)
+pkg_check_modules(MHD      REQUIRED IMPORTED_TARGET libmicrohttpd)
+pkg_check_modules(CMOCKA   IMPORTED_TARGET cmocka)

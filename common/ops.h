@@ -1,0 +1,56 @@
+/* The op interface: plain-C float32 reference implementations.
+ *
+ * Every model (talker, depth decoder, DiT, vocoder) is written as a sequence of
+ * these calls. They are the oracle the CUDA kernels are tested against, so they
+ * stay obvious loops: no blocking, no SIMD tricks, sums in the natural order with
+ * a float accumulator unless noted.
+ *
+ * Layouts are row-major. A "row" is one token; weights are PyTorch Linear
+ * [out, in]. Nothing here allocates except where a scratch buffer is unavoidable
+ * (noted). */
+#ifndef MM3_OPS_H
+#define MM3_OPS_H
+
+#include <stddef.h>
+
+/* y[n, out] = x[n, in] . w[out, in]^T (+ bias[out] when bias != NULL). y must not alias x. */
+void op_matmul(float *y, const float *x, const float *w, const float *bias, int n, int in, int out);
+
+/* y = x * rsqrt(mean(x^2) + eps) * w over rows of `dim` (n rows). y may alias x. */
+void op_rmsnorm(float *y, const float *x, const float *w, int n, int dim, float eps);
+
+/* LayerNorm over rows of `dim` with biased variance; b may be NULL. y may alias x. */
+void op_layernorm(float *y, const float *x, const float *w, const float *b, int n, int dim, float eps);
+
+/* Inverse frequencies of RoPE as torch computes them in float32:
+ * inv_freq[i] = 1 / theta^(fp32(2i) / dim), i < dim/2. For (1e6, 128) and (1e4, 32)
+ * the exact table PyTorch produces is used (it differs from powf by 1 ulp in places). */
+void op_rope_inv_freq(float *inv_freq, double theta, int dim);
+
+/* NeoX ("rotate_half") RoPE applied in place to the first rotary_dim dims of each
+ * head of x[n, n_heads*head_dim] (row stride `stride` floats); token t has position
+ * pos[t]. Angles: fp32(inv_freq[i] * fp32(pos)), cos/sin in float32. */
+void op_rope(float *x, int n, int stride, int n_heads, int head_dim, int rotary_dim, const int *pos,
+             const float *inv_freq);
+
+/* Scaled dot-product attention, float32 softmax.
+ * q[n_q, *] (row stride q_stride): head h at column h*head_dim.
+ * k, v[n_kv, *] (row stride kv_stride): kv head g at column g*head_dim; query head h
+ * reads kv head h / (n_heads / n_kv_heads) (GQA).
+ * causal: query i sits at absolute position q_pos0 + i and sees keys 0..q_pos0+i;
+ * otherwise every key. out[n_q, n_heads*head_dim] (row stride out_stride). */
+void op_attention(float *out, int out_stride, const float *q, int q_stride, const float *k, const float *v,
+                  int kv_stride, int n_q, int n_kv, int n_heads, int n_kv_heads, int head_dim, int causal,
+                  int q_pos0, float scale);
+
+/* silu(z) = z * sigmoid(z). y[i] = silu(gate[i]) * up[i]. y may alias either. */
+void op_silu_mul(float *y, const float *gate, const float *up, size_t n);
+void op_silu(float *y, const float *x, size_t n);
+
+/* In-place softmax of x[n] in float32 (max-subtracted). */
+void op_softmax(float *x, int n);
+
+/* y[i] += x[i] */
+void op_add(float *y, const float *x, size_t n);
+
+#endif
