@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Debian 12 packages mm3 builds and tests with (see docs/building.md).
+set -euo pipefail
+SUDO=""
+[ "$(id -u)" = 0 ] || SUDO=sudo
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends \
+  build-essential cmake ninja-build pkg-config clang \
+  libyaml-dev libjansson-dev libpcre2-dev libutf8proc-dev libzstd-dev libb2-dev \
+  libcmocka-dev libmicrohttpd-dev liburing-dev \
+  curl sox libsndfile1-dev procps >/dev/null
