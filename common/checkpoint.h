@@ -1,0 +1,60 @@
+/* The released checkpoint layout (diffusers modular): a root folder with
+ * modular_model_index.json and one sub-folder per component, each holding
+ * config.json and either one *.safetensors file or shards listed in a
+ * *.safetensors.index.json. A stage opens only the components it needs.
+ *
+ * Typical model loading (config / weights / state, weights in one allocation):
+ *
+ *     struct ckpt_component c;
+ *     if ((rc = ckpt_component_open(&c, root, "transformer")) < 0) return rc;
+ *     ckpt_config_int(&c, "num_layers", &n_layers);          // sizes from config.json
+ *     float *arena = malloc(total_floats * 4);                // one allocation, carved
+ *     ckpt_read_f32(&c, "proj_in.weight", w->proj_in, 2, (int64_t[]){d, in});  // shape checked
+ *     ckpt_component_close(&c);
+ */
+#ifndef MM3_CHECKPOINT_H
+#define MM3_CHECKPOINT_H
+
+#include <jansson.h>
+#include <stdint.h>
+
+#include "common/safetensors.h"
+
+struct ckpt_tensor {
+    const struct st_tensor *st; /* name, dtype, shape, byte range */
+    int file;                   /* index into ckpt_component.files */
+    void *data;                 /* raw bytes in the arena after ckpt_component_load, else NULL */
+};
+
+struct ckpt_component {
+    char *name;          /* "language_model" */
+    char *dir;           /* root/name */
+    json_t *config;      /* config.json (scheduler: scheduler_config.json) */
+    int n_files;
+    struct st_file *files;
+    int n_tensors;
+    struct ckpt_tensor *tensors; /* sorted by name */
+    void *arena;                 /* ckpt_component_load: every tensor's raw bytes, one allocation */
+    uint64_t arena_bytes;
+};
+
+/* Open root/name: parse config.json and every safetensors header (validated). */
+int ckpt_component_open(struct ckpt_component *c, const char *root, const char *name);
+void ckpt_component_close(struct ckpt_component *c);
+
+/* Tensor by name or NULL. */
+const struct ckpt_tensor *ckpt_find(const struct ckpt_component *c, const char *name);
+
+/* Read a tensor widened to float32 into dst; if ndim >= 0 the shape must be exactly shape[0..ndim).
+ * Errors name the component, the tensor and the shapes. Uses the arena if loaded. */
+int ckpt_read_f32(const struct ckpt_component *c, const char *name, float *dst, int ndim, const int64_t *shape);
+
+/* config.json accessors; errors name "<dir>/config.json: key 'x': expected ..." */
+int ckpt_config_int(const struct ckpt_component *c, const char *key, int64_t *out);
+int ckpt_config_double(const struct ckpt_component *c, const char *key, double *out);
+/* Integer array (e.g. upsampling_ratios); *n in: capacity, out: count. */
+int ckpt_config_int_array(const struct ckpt_component *c, const char *key, int64_t *out, int *n);
+/* RoPE base: top-level "rope_theta" or "rope_parameters": {"rope_theta": ...}. */
+int ckpt_config_rope_theta(const struct ckpt_component *c, double *theta);
+
+#endif
