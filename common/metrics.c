@@ -1,0 +1,171 @@
+#include "common/metrics.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct mm3_metrics mm3_metrics;
+
+/* Bucket upper bounds per histogram; the +Inf bucket is implicit. Chosen for
+ * songs of seconds to six minutes: TTFA spans one window (sub-second) to a
+ * saturated queue, RTF spans far faster than real time to a stalled pipeline. */
+static const double ttfa_bounds[] = {0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300};
+static const double rtf_bounds[] = {0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 4};
+static const double duration_bounds[] = {1, 5, 10, 30, 60, 120, 240, 480, 900, 1800};
+
+#define N_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+static const char *const outcome_names[METRICS_OUTCOME_COUNT] = {
+    "ok", "bad_request", "rejected", "cancelled", "failed",
+};
+static const char *const edge_names[METRICS_EDGE_COUNT] = {"stage0_to_stage1", "stage1_to_stage0"};
+
+static const double *histogram_bounds(const struct metrics_histogram *h, int *n)
+{
+    if (h == &mm3_metrics.ttfa_seconds) { *n = N_OF(ttfa_bounds); return ttfa_bounds; }
+    if (h == &mm3_metrics.rtf) { *n = N_OF(rtf_bounds); return rtf_bounds; }
+    *n = N_OF(duration_bounds);
+    return duration_bounds;
+}
+
+_Static_assert(sizeof ttfa_bounds / sizeof(double) <= METRICS_MAX_BUCKETS, "buckets");
+_Static_assert(sizeof rtf_bounds / sizeof(double) <= METRICS_MAX_BUCKETS, "buckets");
+_Static_assert(sizeof duration_bounds / sizeof(double) <= METRICS_MAX_BUCKETS, "buckets");
+
+void metrics_histogram_observe(struct metrics_histogram *h, double v)
+{
+    if (isnan(v)) return;
+    int n;
+    const double *b = histogram_bounds(h, &n);
+    int i = 0;
+    while (i < n && v > b[i]) i++;
+    atomic_fetch_add_explicit(&h->counts[i], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->count, 1, memory_order_relaxed);
+    uint64_t old = atomic_load_explicit(&h->sum_bits, memory_order_relaxed), upd;
+    do {
+        double s;
+        memcpy(&s, &old, sizeof s);
+        s += v;
+        memcpy(&upd, &s, sizeof upd);
+    } while (!atomic_compare_exchange_weak_explicit(&h->sum_bits, &old, upd, memory_order_relaxed,
+                                                    memory_order_relaxed));
+}
+
+static uint64_t counter_get(const struct metrics_counter *c)
+{
+    return atomic_load_explicit(&c->v, memory_order_relaxed);
+}
+
+static int64_t gauge_get(const struct metrics_gauge *g)
+{
+    return atomic_load_explicit(&g->v, memory_order_relaxed);
+}
+
+static void render_header(FILE *f, const char *name, const char *type, const char *help)
+{
+    fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void render_counter(FILE *f, const char *name, const char *help,
+                           const struct metrics_counter *c)
+{
+    render_header(f, name, "counter", help);
+    fprintf(f, "%s %llu\n", name, (unsigned long long)counter_get(c));
+}
+
+static void render_gauge(FILE *f, const char *name, const char *help, const struct metrics_gauge *g)
+{
+    render_header(f, name, "gauge", help);
+    fprintf(f, "%s %lld\n", name, (long long)gauge_get(g));
+}
+
+/* One counter per edge; `scale` turns stored integers into the exposed unit. */
+static void render_edge_counter(FILE *f, const char *name, const char *help,
+                                const struct metrics_counter *c, double scale)
+{
+    render_header(f, name, "counter", help);
+    for (int e = 0; e < METRICS_EDGE_COUNT; e++) {
+        if (scale == 1.0)
+            fprintf(f, "%s{edge=\"%s\"} %llu\n", name, edge_names[e],
+                    (unsigned long long)counter_get(&c[e]));
+        else
+            fprintf(f, "%s{edge=\"%s\"} %.6f\n", name, edge_names[e],
+                    (double)counter_get(&c[e]) * scale);
+    }
+}
+
+static void render_histogram(FILE *f, const char *name, const char *help,
+                             const struct metrics_histogram *h)
+{
+    render_header(f, name, "histogram", help);
+    int n;
+    const double *b = histogram_bounds(h, &n);
+    uint64_t cum = 0;
+    for (int i = 0; i <= n; i++) {
+        cum += atomic_load_explicit(&h->counts[i], memory_order_relaxed);
+        if (i < n)
+            fprintf(f, "%s_bucket{le=\"%g\"} %llu\n", name, b[i], (unsigned long long)cum);
+        else
+            fprintf(f, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum);
+    }
+    uint64_t bits = atomic_load_explicit(&h->sum_bits, memory_order_relaxed);
+    double sum;
+    memcpy(&sum, &bits, sizeof sum);
+    /* _count is the +Inf bucket so the two can never disagree in one scrape. */
+    fprintf(f, "%s_sum %.9g\n%s_count %llu\n", name, sum, name, (unsigned long long)cum);
+}
+
+int metrics_render(char **out, size_t *len)
+{
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    if (!f) return -ENOMEM;
+    const struct mm3_metrics *m = &mm3_metrics;
+
+    render_header(f, "mm3_requests_total", "counter",
+                  "Generation requests answered, by outcome.");
+    for (int o = 0; o < METRICS_OUTCOME_COUNT; o++)
+        fprintf(f, "mm3_requests_total{outcome=\"%s\"} %llu\n", outcome_names[o],
+                (unsigned long long)counter_get(&m->requests[o]));
+    render_gauge(f, "mm3_requests_in_flight", "Generation requests accepted and not yet answered.",
+                 &m->requests_in_flight);
+    render_gauge(f, "mm3_http_connections", "Open HTTP connections.", &m->http_connections);
+    render_gauge(f, "mm3_queue_depth", "Songs waiting for decode rows.", &m->queue_depth);
+    render_gauge(f, "mm3_active_rows", "Stage-0 decode rows in use (two per song with CFG).",
+                 &m->active_rows);
+    render_counter(f, "mm3_frames_total", "AR frames generated (25 per second of audio); "
+                   "frames/s = rate().", &m->frames);
+    render_counter(f, "mm3_windows_total", "Stage-1 windows decoded; windows/s = rate().",
+                   &m->windows);
+    render_counter(f, "mm3_audio_samples_total", "Audio sample frames (per channel) sent to clients.",
+                   &m->audio_samples);
+    render_edge_counter(f, "mm3_connector_bytes_total", "Bytes sent over the stage connector.",
+                        m->conn_bytes, 1.0);
+    render_edge_counter(f, "mm3_connector_waits_total",
+                        "Connector reads that had to wait for the peer.", m->conn_waits, 1.0);
+    render_edge_counter(f, "mm3_connector_wait_seconds_total",
+                        "Time connector readers spent waiting for the peer.", m->conn_wait_us, 1e-6);
+    render_histogram(f, "mm3_time_to_first_audio_seconds",
+                     "Request accepted to first audio ready to send.", &m->ttfa_seconds);
+    render_histogram(f, "mm3_real_time_factor",
+                     "Wall time over audio duration per completed song (below 1 = faster than real time).",
+                     &m->rtf);
+    render_histogram(f, "mm3_request_duration_seconds",
+                     "Generation request accepted to answer complete.", &m->request_seconds);
+
+    if (fclose(f) != 0) {
+        free(buf);
+        return -ENOMEM;
+    }
+    *out = buf;
+    *len = n;
+    return 0;
+}
+
+void metrics_reset(void)
+{
+    memset(&mm3_metrics, 0, sizeof mm3_metrics);
+}

@@ -1,0 +1,146 @@
+/* One generation request as shared by the HTTP thread and the engine threads.
+ *
+ * Life cycle: the HTTP layer parses a request into `struct mm3_job_params`,
+ * creates the job (one reference, the HTTP layer's) and hands it to
+ * `engine->submit`. On success the engine takes its own reference
+ * (mm3_job_ref) and drops it (mm3_job_unref) when it will touch the job no
+ * more; whoever drops the last reference frees it, so a disconnecting client
+ * and a finishing engine never free it twice.
+ *
+ * Audio flows engine -> HTTP through a bounded queue of chunks: the engine
+ * pushes float32 interleaved PCM (`channels` x `sample_rate` as set at creation,
+ * stereo 44.1 kHz from stage 1) with mm3_job_push_pcm(), then ends the stream
+ * with exactly one mm3_job_finish() or mm3_job_fail(). The HTTP side pops with a
+ * timeout so a waiting response never spins.
+ *
+ * Cancellation: when the client goes away the HTTP layer calls
+ * mm3_job_cancel(); it returns true exactly once, and only then does the HTTP
+ * layer call engine->cancel. After that, pushes return -ECANCELED so the
+ * engine stops producing; it must still drop its reference. */
+#ifndef MM3_STAGE0_JOB_H
+#define MM3_STAGE0_JOB_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum mm3_job_state {
+    MM3_JOB_QUEUED = 0, /* accepted, waiting for rows */
+    MM3_JOB_RUNNING,    /* rows assigned, frames being generated */
+    MM3_JOB_DONE,       /* end of stream pushed */
+    MM3_JOB_FAILED,     /* error pushed; message and status in the job */
+    MM3_JOB_CANCELLED,  /* client went away */
+};
+
+enum mm3_audio_format { MM3_AUDIO_WAV = 0, MM3_AUDIO_PCM, MM3_AUDIO_FLAC };
+
+/* Validated request parameters (see docs/api.md for the HTTP field names). */
+struct mm3_job_params {
+    char *lyrics;              /* UTF-8, owned by the job, non-empty after trimming */
+    char *caption;             /* UTF-8, owned by the job, non-empty after trimming */
+    int32_t max_frames;        /* AR frames cap, 1..limit (25 per second) */
+    uint64_t seed;
+    int32_t sample_rate;       /* output rate: 44100 or 32000 */
+    int32_t num_inference_steps;
+    float guidance_scale;      /* DiT CFG */
+    float cfg_scale;           /* AR CFG */
+    enum mm3_audio_format format;
+    bool stream;
+};
+
+enum mm3_job_chunk_kind { MM3_CHUNK_PCM = 0, MM3_CHUNK_END, MM3_CHUNK_ERROR };
+
+struct mm3_job_chunk {
+    enum mm3_job_chunk_kind kind;
+    float *pcm;      /* PCM: n_frames * channels floats, owned by the chunk */
+    size_t n_frames; /* sample frames (one sample per channel each) */
+};
+
+struct mm3_job {
+    uint64_t id;                  /* unique in this process, > 0 */
+    struct mm3_job_params params;
+    int32_t channels;             /* of the pushed PCM */
+    int32_t pcm_rate;             /* of the pushed PCM */
+
+    _Atomic int refs;
+    _Atomic int state;            /* enum mm3_job_state */
+    _Atomic bool cancel_requested;
+    _Atomic int64_t frames_done;  /* AR frames generated */
+    _Atomic int64_t windows_done; /* stage-1 windows decoded */
+    _Atomic int64_t frames_total; /* planned frames (<= max_frames; the engine may lower it at EOS) */
+    _Atomic int64_t pcm_frames_pushed;
+    _Atomic int64_t t_first_audio_ns; /* CLOCK_MONOTONIC of the first PCM push, 0 before */
+    int64_t t_created_ns;
+
+    /* Error reported by submit (-EINVAL) or mm3_job_fail(); guarded by mu. */
+    int http_status;
+    char error[512];
+
+    void *engine_data;            /* free for the engine's use */
+
+    pthread_mutex_t mu;
+    pthread_cond_t cond;          /* signalled on push, pop, cancel */
+    struct mm3_job_chunk *ring;   /* capacity + 1 slots: the end marker always fits */
+    size_t ring_cap, head, count;
+    size_t pcm_capacity;          /* max PCM chunks queued before push blocks */
+    bool ended;                   /* END or ERROR queued */
+};
+
+/* Create a job holding one reference. Copies the param strings. `queue_chunks`
+ * bounds the queued PCM chunks (>= 1). Returns 0, -EINVAL or -ENOMEM. */
+int mm3_job_create(struct mm3_job **out, const struct mm3_job_params *params, int32_t channels,
+                   int32_t pcm_rate, size_t queue_chunks);
+void mm3_job_ref(struct mm3_job *job);
+/* Drop a reference; the last one frees the job, its params and any queued chunks. */
+void mm3_job_unref(struct mm3_job *job);
+
+/* Free the strings of params made by the request parser (not needed for params
+ * inside a job: the job frees its own copy). */
+void mm3_job_params_free(struct mm3_job_params *p);
+
+enum mm3_job_state mm3_job_state(const struct mm3_job *job);
+bool mm3_job_is_terminal(const struct mm3_job *job);
+
+/* ---- engine side ---- */
+
+/* Mark rows assigned (QUEUED -> RUNNING); no-op in any other state. */
+void mm3_job_set_running(struct mm3_job *job);
+/* Add progress; also feeds the global mm3_frames_total / mm3_windows_total. */
+void mm3_job_progress_add(struct mm3_job *job, int64_t frames, int64_t windows);
+void mm3_job_set_frames_total(struct mm3_job *job, int64_t frames);
+
+/* Queue a copy of n_frames sample frames of interleaved PCM. Blocks up to
+ * timeout_ms (0 = not at all, < 0 = forever) while the queue is full.
+ * Returns 0, -ETIMEDOUT (queue full: the consumer is slow), -ECANCELED (client
+ * gone), -EPIPE (stream already ended) or -ENOMEM. */
+int mm3_job_push_pcm(struct mm3_job *job, const float *pcm, size_t n_frames, int timeout_ms);
+/* End the stream normally (state DONE). Never blocks. Returns 0 or -EPIPE if already ended. */
+int mm3_job_finish(struct mm3_job *job);
+/* End the stream with an error (state FAILED), message and HTTP status (e.g.
+ * 500; 400 for a bad prompt found late). Never blocks. Returns 0 or -EPIPE. */
+int mm3_job_fail(struct mm3_job *job, int http_status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Record why submit refused the job (no stream marker); used with -EINVAL. */
+void mm3_job_set_error(struct mm3_job *job, int http_status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* ---- HTTP side ---- */
+
+/* Take the next chunk, waiting up to timeout_ms (< 0 = forever). Returns 0 and
+ * fills *out (release it with mm3_job_chunk_release), or -ETIMEDOUT. After an
+ * END or ERROR chunk, further pops return that marker again. */
+int mm3_job_pop(struct mm3_job *job, struct mm3_job_chunk *out, int timeout_ms);
+void mm3_job_chunk_release(struct mm3_job_chunk *c);
+
+/* Request cancellation. Returns true exactly once, and only when the job had
+ * not ended: the caller then owes engine->cancel. Wakes a blocked pusher. */
+bool mm3_job_cancel(struct mm3_job *job);
+
+/* Copy of the error message and status (status 0 if none). */
+int mm3_job_error(struct mm3_job *job, char *msg, size_t cap);
+
+int64_t mm3_job_now_ns(void);
+
+#endif
