@@ -54,73 +54,73 @@ enum mm3_cudagraph_mode { MM3_CUDAGRAPH_NONE = 0, MM3_CUDAGRAPH_FULL_DECODE_ONLY
 struct mm3_connector_config {
     char name[MM3_DEPLOY_NAME_MAX];            /* key under connectors:, what stages refer to */
     char connector_class[MM3_DEPLOY_NAME_MAX]; /* its `name:` value: "SharedMemoryConnector" */
-    bool codec_streaming;          /* stage 1 returns PCM per window (true) or once per song */
-    int64_t shm_threshold_bytes;   /* payloads up to this travel inline in the ring slot */
-    double get_sleep_s;            /* connector_get_sleep_s: one wait slice of a receiver */
-    int64_t get_max_wait_first_chunk; /* slices to wait for the first message of a request */
-    int64_t get_max_wait;          /* slices to wait between later messages */
-    bool used;                     /* some stage names it */
+    bool codec_streaming;                      /* stage 1 returns PCM per window (true) or once per song */
+    int64_t shm_threshold_bytes;               /* payloads up to this travel inline in the ring slot */
+    double get_sleep_s;                        /* connector_get_sleep_s: one wait slice of a receiver */
+    int64_t get_max_wait_first_chunk;          /* slices to wait for the first message of a request */
+    int64_t get_max_wait;                      /* slices to wait between later messages */
+    bool used;                                 /* some stage names it */
 };
 
 struct mm3_compilation_config {
-    int mode;                       /* always 0: mm3 compiles nothing */
+    int mode; /* always 0: mm3 compiles nothing */
     int n_capture_sizes;
     int capture_sizes[MM3_DEPLOY_MAX_CAPTURE_SIZES]; /* strictly ascending batch sizes (rows) */
     enum mm3_cudagraph_mode cudagraph_mode;
-    int cudagraph_num_of_warmups;   /* eager runs of a size before it is captured */
-    bool fused_ops;                 /* custom_ops ["all"] (true) or ["none"] (unfused chain) */
+    int cudagraph_num_of_warmups; /* eager runs of a size before it is captured */
+    bool fused_ops;               /* custom_ops ["all"] (true) or ["none"] (unfused chain) */
 };
 
 struct mm3_stage_config {
     int stage_id;
-    int max_num_seqs;               /* stage 0: rows (2 per song with CFG); stage 1: songs */
-    double gpu_memory_utilization;  /* share of the device this stage may allocate, (0,1] */
-    enum mm3_dtype dtype;           /* MM3_DTYPE_BF16 or MM3_DTYPE_F32 */
-    int max_model_len;              /* stage 0: KV positions per row; stage 1: windows per song */
-    int max_num_batched_tokens;     /* stage 0: tokens per step; stage 1: windows per DiT batch */
-    bool enforce_eager;             /* true: no CUDA graphs in this stage */
+    int max_num_seqs;              /* stage 0: rows (2 per song with CFG); stage 1: songs */
+    double gpu_memory_utilization; /* share of the device this stage may allocate, (0,1] */
+    enum mm3_dtype dtype;          /* MM3_DTYPE_BF16 or MM3_DTYPE_F32 */
+    int max_model_len;             /* stage 0: KV positions per row; stage 1: windows per song */
+    int max_num_batched_tokens;    /* stage 0: tokens per step; stage 1: windows per DiT batch */
+    bool enforce_eager;            /* true: no CUDA graphs in this stage */
     struct mm3_compilation_config compilation;
-    bool async_scheduling;          /* always false (checked) */
-    bool enable_prefix_caching;     /* always false (checked) */
+    bool async_scheduling;      /* always false (checked) */
+    bool enable_prefix_caching; /* always false (checked) */
     char devices_text[MM3_DEPLOY_NAME_MAX];
     int n_devices;
-    int devices[MM3_DEPLOY_MAX_DEVICES]; /* CUDA ordinals; the stage runs on devices[0] */
+    int devices[MM3_DEPLOY_MAX_DEVICES];        /* CUDA ordinals; the stage runs on devices[0] */
     char input_connector[MM3_DEPLOY_NAME_MAX];  /* stage 1: from_stage_0 ("" = default) */
     char output_connector[MM3_DEPLOY_NAME_MAX]; /* stage 0: to_stage_1 ("" = default) */
 
     /* default_sampling_params */
-    double temperature;             /* stage 0: 1.0; stage 1: 0.0 (both checked) */
-    int64_t max_tokens;             /* stage 0: AR steps incl. hold+stop; stage 1: windows */
-    uint64_t seed;                  /* default request seed (stage 1 must equal stage 0) */
+    double temperature; /* stage 0: 1.0; stage 1: 0.0 (both checked) */
+    int64_t max_tokens; /* stage 0: AR steps incl. hold+stop; stage 1: windows */
+    uint64_t seed;      /* default request seed (stage 1 must equal stage 0) */
     /* default_sampling_params.extra_args (stage 0) */
-    double cfg_scale;               /* AR guidance; CFG is on when > 1 */
+    double cfg_scale; /* AR guidance; CFG is on when > 1 */
     bool cfg_enabled;
 
     /* stage 1 only */
     enum mm3_matmul_precision matmul_precision;
-    int num_inference_steps;        /* default Euler steps per window */
-    double guidance_scale;          /* default DiT guidance; 1.0 skips the uncond branch */
+    int num_inference_steps; /* default Euler steps per window */
+    double guidance_scale;   /* default DiT guidance; 1.0 skips the uncond branch */
 
-    int line;                       /* where the stage's entry starts (1-based) */
+    int line; /* where the stage's entry starts (1-based) */
 };
 
 struct mm3_api_config {
     char host[MM3_DEPLOY_NAME_MAX];
-    int port;                       /* 0 = any free port */
+    int port; /* 0 = any free port */
     int max_queue_depth;
     int64_t max_body_bytes;
     int max_connections;
     double request_timeout_s;
     char journal_dir[MM3_DEPLOY_PATH_MAX]; /* "" = no journal */
-    int default_sample_rate;        /* 44100 or 32000 */
+    int default_sample_rate;               /* 44100 or 32000 */
 };
 
 struct mm3_deploy {
-    char source[MM3_DEPLOY_PATH_MAX];   /* file name used in messages */
+    char source[MM3_DEPLOY_PATH_MAX]; /* file name used in messages */
     char pipeline[MM3_DEPLOY_NAME_MAX];
     bool async_chunk;
     bool trust_remote_code;
-    char model[MM3_DEPLOY_PATH_MAX];    /* checkpoint directory; "" = must come from --model */
+    char model[MM3_DEPLOY_PATH_MAX]; /* checkpoint directory; "" = must come from --model */
     enum mm3_backend backend;
     struct mm3_api_config api;
     int n_connectors;
@@ -137,8 +137,9 @@ struct mm3_deploy {
  * configs/minimax_music3.yaml); what a program runs with when given no file. */
 void mm3_deploy_init_defaults(struct mm3_deploy *d);
 
-/* Load and validate a deploy file. On error `d` is left zeroed-safe to free
- * and the message says "<file>:<line>:<col>: <key path>: <expected>". */
+/* Load and validate a deploy file (keys absent from it keep their defaults).
+ * On error `d` holds the defaults again, never a half-read file, and the
+ * message says "<file>:<line>:<col>: <key path>: <expected>". */
 int mm3_deploy_load(struct mm3_deploy *d, const char *path);
 int mm3_deploy_load_string(struct mm3_deploy *d, const char *yaml, const char *name_for_messages);
 void mm3_deploy_free(struct mm3_deploy *d);

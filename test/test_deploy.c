@@ -1,0 +1,435 @@
+/* Deploy file loader: the shipped configs load, defaults and derived deadlines
+ * are right, and every class of bad file is refused (or warned about) with the
+ * right file:line and key path. The bad files live in test/data/deploy/; each
+ * marks the line the message must point at with "# <-- here". */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/deploy.h"
+#include "common/error.h"
+#include "support/test_support.h"
+
+static struct mm3_deploy deploy; /* large: keep it off the stack */
+
+static void source_path(char *out, size_t cap, const char *rel)
+{
+    snprintf(out, cap, "%s/%s", test_source_dir(), rel);
+}
+
+/* 1-based number of the line holding "# <-- here", or 0. */
+static int marked_line(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char buf[512];
+    int line = 0, found = 0;
+    while (fgets(buf, sizeof buf, f)) {
+        line++;
+        if (strstr(buf, "# <-- here")) {
+            found = line;
+            break;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+static bool has_warning(const struct mm3_deploy *d, const char *text)
+{
+    for (int i = 0; i < d->n_warnings; i++)
+        if (strstr(d->warnings[i], text)) return true;
+    return false;
+}
+
+static void test_shipped_configs_load(void **state)
+{
+    (void)state;
+    char dir[1024], path[2048];
+    source_path(dir, sizeof dir, "configs");
+    DIR *dh = opendir(dir);
+    assert_non_null(dh);
+    int loaded = 0;
+    struct dirent *e;
+    while ((e = readdir(dh))) {
+        size_t len = strlen(e->d_name);
+        if (len < 5 || strcmp(e->d_name + len - 5, ".yaml")) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        int rc = mm3_deploy_load(&deploy, path);
+        if (rc != 0) fail_msg("%s: %s", e->d_name, mm3_last_error());
+        loaded++;
+    }
+    closedir(dh);
+    assert_true(loaded >= 3);
+}
+
+static void test_one_gpu_config_values(void **state)
+{
+    (void)state;
+    char path[1024];
+    source_path(path, sizeof path, "configs/minimax_music3.yaml");
+    assert_int_equal(mm3_deploy_load(&deploy, path), 0);
+    const struct mm3_stage_config *s0 = mm3_deploy_stage(&deploy, 0), *s1 = mm3_deploy_stage(&deploy, 1);
+    assert_non_null(s0);
+    assert_non_null(s1);
+    assert_null(mm3_deploy_stage(&deploy, 2));
+    assert_int_equal(s0->max_num_seqs, 32);
+    assert_int_equal(s1->max_num_seqs, 16);
+    assert_true(s0->gpu_memory_utilization == 0.6 && s1->gpu_memory_utilization == 0.2);
+    assert_int_equal(s0->dtype, MM3_DTYPE_BF16);
+    assert_int_equal(s1->dtype, MM3_DTYPE_F32);
+    int sizes[] = {1, 2, 4, 8, 16, 32};
+    assert_int_equal(s0->compilation.n_capture_sizes, 6);
+    for (int i = 0; i < 6; i++) assert_int_equal(s0->compilation.capture_sizes[i], sizes[i]);
+    assert_int_equal(s0->compilation.cudagraph_mode, MM3_CUDAGRAPH_FULL_DECODE_ONLY);
+    assert_false(s0->enforce_eager);
+    assert_true(s1->enforce_eager);
+    assert_true(s0->cfg_enabled);
+    assert_true(s0->cfg_scale == 1.5);
+    assert_int_equal(s0->max_tokens, 9002);
+    assert_int_equal(s1->n_devices, 1);
+    assert_int_equal(s1->devices[0], 0);
+    assert_int_equal(s1->matmul_precision, MM3_MATMUL_TF32);
+    assert_int_equal(s1->num_inference_steps, 30);
+    assert_true(s1->guidance_scale == 1.7);
+    assert_string_equal(deploy.api.host, "127.0.0.1");
+    assert_int_equal(deploy.api.port, 8000);
+    assert_int_equal(deploy.api.default_sample_rate, 44100);
+    assert_int_equal(deploy.backend, MM3_BACKEND_AUTO);
+    const struct mm3_connector_config *k = mm3_deploy_connector(&deploy, "connector_of_shared_memory");
+    assert_non_null(k);
+    assert_null(mm3_deploy_connector(&deploy, "nope"));
+    assert_int_equal(mm3_deploy_edge_connector(&deploy)->get_max_wait, k->get_max_wait);
+    assert_true(fabs(mm3_connector_first_chunk_deadline_s(k) - 300.0) < 1e-9);
+    assert_true(fabs(mm3_connector_steady_deadline_s(k) - 100.0) < 1e-9);
+    /* The checkpoint's own limit: a maximal prompt and a full song do not fit. */
+    assert_true(has_warning(&deploy, "stages[0].max_model_len"));
+
+    source_path(path, sizeof path, "configs/minimax_music3_2gpu.yaml");
+    assert_int_equal(mm3_deploy_load(&deploy, path), 0);
+    assert_int_equal(mm3_deploy_stage(&deploy, 0)->max_num_seqs, 64);
+    assert_int_equal(mm3_deploy_stage(&deploy, 0)->devices[0], 0);
+    assert_int_equal(mm3_deploy_stage(&deploy, 1)->devices[0], 1);
+    assert_int_equal(mm3_deploy_stage(&deploy, 0)->compilation.capture_sizes[6], 64);
+}
+
+static void test_tiny_cpu_config_values(void **state)
+{
+    (void)state;
+    char path[1024];
+    source_path(path, sizeof path, "configs/tiny-cpu.yaml");
+    assert_int_equal(mm3_deploy_load(&deploy, path), 0);
+    assert_int_equal(deploy.backend, MM3_BACKEND_CPU);
+    assert_string_equal(deploy.model, "build/tiny-ckpt");
+    assert_int_equal(mm3_deploy_stage(&deploy, 0)->max_num_seqs, 8);
+    assert_int_equal(mm3_deploy_stage(&deploy, 1)->max_num_seqs, 4);
+    assert_int_equal(mm3_deploy_stage(&deploy, 0)->dtype, MM3_DTYPE_F32);
+    const struct mm3_connector_config *k = mm3_deploy_edge_connector(&deploy);
+    assert_true(fabs(mm3_connector_first_chunk_deadline_s(k) - 60.0) < 1e-9);
+    assert_true(fabs(mm3_connector_steady_deadline_s(k) - 30.0) < 1e-9);
+    assert_int_equal(mm3_deploy_resolve_backend(&deploy, true), 0); /* cpu stays cpu with a GPU present */
+    assert_int_equal(deploy.backend, MM3_BACKEND_CPU);
+    assert_int_equal(mm3_deploy_set_model(&deploy, "/data/ckpt"), 0);
+    assert_string_equal(deploy.model, "/data/ckpt");
+}
+
+static void test_deadlines(void **state)
+{
+    (void)state;
+    struct mm3_connector_config k = {.get_sleep_s = 0.25, .get_max_wait_first_chunk = 12, .get_max_wait = 3};
+    assert_true(mm3_connector_first_chunk_deadline_s(&k) == 3.0);
+    assert_true(mm3_connector_steady_deadline_s(&k) == 0.75);
+    const char *yaml =
+        "connectors:\n"
+        "  c:\n"
+        "    name: SharedMemoryConnector\n"
+        "    extra:\n"
+        "      connector_get_sleep_s: 0.002\n"
+        "      connector_get_max_wait_first_chunk: 500\n"
+        "      connector_get_max_wait: 250\n"
+        "stages:\n"
+        "  - {stage_id: 1, input_connectors: {from_stage_0: c}}\n"
+        "  - {stage_id: 0, output_connectors: {to_stage_1: c}}\n";
+    assert_int_equal(mm3_deploy_load_string(&deploy, yaml, "inline"), 0);
+    const struct mm3_connector_config *e = mm3_deploy_edge_connector(&deploy);
+    assert_string_equal(e->name, "c");
+    assert_true(fabs(mm3_connector_first_chunk_deadline_s(e) - 1.0) < 1e-12);
+    assert_true(fabs(mm3_connector_steady_deadline_s(e) - 0.5) < 1e-12);
+}
+
+static void test_defaults(void **state)
+{
+    (void)state;
+    assert_int_equal(mm3_deploy_load_string(&deploy, "stages:\n  - stage_id: 0\n  - stage_id: 1\n", "min"), 0);
+    const struct mm3_stage_config *s0 = mm3_deploy_stage(&deploy, 0), *s1 = mm3_deploy_stage(&deploy, 1);
+    assert_int_equal(s0->max_num_seqs, 32);
+    assert_int_equal(s0->compilation.n_capture_sizes, 6); /* 1..32 powers of two */
+    assert_int_equal(s1->compilation.capture_sizes[s1->compilation.n_capture_sizes - 1], 16);
+    assert_true(s0->cfg_enabled);
+    assert_string_equal(deploy.api.host, "127.0.0.1");
+    assert_int_equal(deploy.api.max_queue_depth, 64);
+    assert_int_equal(deploy.api.max_body_bytes, 1 << 20);
+    assert_int_equal(deploy.api.max_connections, 256);
+    assert_true(deploy.api.request_timeout_s == 1800);
+    assert_string_equal(deploy.api.journal_dir, "");
+    assert_string_equal(deploy.model, "");
+    assert_string_equal(mm3_deploy_edge_connector(&deploy)->connector_class, "SharedMemoryConnector");
+    assert_true(fabs(mm3_connector_first_chunk_deadline_s(mm3_deploy_edge_connector(&deploy)) - 300) < 1e-9);
+    /* A non-power-of-two ceiling is captured too. */
+    assert_int_equal(mm3_deploy_load_string(&deploy, "stages:\n  - {stage_id: 0, max_num_seqs: 24}\n"
+                                                     "  - {stage_id: 1}\n", "min"), 0);
+    s0 = mm3_deploy_stage(&deploy, 0);
+    assert_int_equal(s0->compilation.capture_sizes[s0->compilation.n_capture_sizes - 1], 24);
+    assert_int_equal(s0->compilation.capture_sizes[s0->compilation.n_capture_sizes - 2], 16);
+    /* Stage 1's window cap follows a smaller max_model_len when not written. */
+    assert_int_equal(mm3_deploy_load_string(&deploy, "stages:\n  - {stage_id: 0}\n  - {stage_id: 1, max_model_len: 90}\n",
+                                            "win"), 0);
+    assert_int_equal(mm3_deploy_stage(&deploy, 1)->max_tokens, 90);
+    /* cfg_scale 1 turns guidance off: odd rows become legal, with a warning. */
+    assert_int_equal(mm3_deploy_load_string(&deploy, "stages:\n  - stage_id: 0\n    max_num_seqs: 7\n"
+                                                     "    default_sampling_params: {extra_args: {cfg_scale: 1}}\n"
+                                                     "  - stage_id: 1\n", "nocfg"), 0);
+    assert_false(mm3_deploy_stage(&deploy, 0)->cfg_enabled);
+    assert_true(has_warning(&deploy, "nocfg:4:"));
+}
+
+struct bad_case {
+    const char *file;
+    const char *key_path;
+    const char *text;
+};
+
+static void check_bad_file(const struct bad_case *bc, bool warning)
+{
+    char path[1024], want[1200];
+    snprintf(path, sizeof path, "%s/test/data/deploy/%s", test_source_dir(), bc->file);
+    int line = marked_line(path);
+    assert_true(line > 0);
+    snprintf(want, sizeof want, "%s:%d:", path, line);
+    int rc = mm3_deploy_load(&deploy, path);
+    const char *msg = mm3_last_error();
+    if (warning) {
+        if (rc != 0) fail_msg("%s: expected to load, got: %s", bc->file, msg);
+        bool seen = false;
+        for (int i = 0; i < deploy.n_warnings; i++)
+            if (strstr(deploy.warnings[i], want) && strstr(deploy.warnings[i], bc->key_path) &&
+                strstr(deploy.warnings[i], bc->text))
+                seen = true;
+        if (!seen) fail_msg("%s: no warning with '%s', '%s' and '%s' (%d warnings, first: %s)", bc->file, want,
+                            bc->key_path, bc->text, deploy.n_warnings,
+                            deploy.n_warnings ? deploy.warnings[0] : "-");
+        return;
+    }
+    if (rc != -EINVAL) fail_msg("%s: expected -EINVAL, got %d (%s)", bc->file, rc, msg);
+    if (!strstr(msg, want) || !strstr(msg, bc->key_path) || !strstr(msg, bc->text))
+        fail_msg("%s: message lacks '%s', '%s' or '%s': %s", bc->file, want, bc->key_path, bc->text, msg);
+    /* A failed load leaves nothing half-filled behind. */
+    assert_int_equal(deploy.n_connectors, 0);
+}
+
+static void test_bad_files_rejected(void **state)
+{
+    (void)state;
+    static const struct bad_case cases[] = {
+        {"unknown_key.yaml", "stages[0].max_num_seq:", "unknown key"},
+        {"wrong_type.yaml", "stages[0].max_num_seqs:", "expected an integer"},
+        {"mem_fraction_zero.yaml", "stages[1].gpu_memory_utilization:", "(0, 1]"},
+        {"mem_fraction_high.yaml", "stages[0].gpu_memory_utilization:", "got '1.5'"},
+        {"max_num_seqs_zero.yaml", "stages[1].max_num_seqs:", "expected an integer"},
+        {"odd_rows_with_cfg.yaml", "stages[0].max_num_seqs:", "even"},
+        {"capture_sizes_descending.yaml", "stages[0].compilation_config.cudagraph_capture_sizes[2]:", "ascending"},
+        {"connector_unknown.yaml", "stages[1].input_connectors.from_stage_0:", "shm_typo"},
+        {"duplicate_key.yaml", "stages[0].max_num_seqs:", "duplicate key"},
+        {"malformed.yaml", "stages[1]", "YAML syntax error"},
+        {"temperature.yaml", "stages[0].default_sampling_params.temperature:", "expected 1.0"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_bad_file(&cases[i], false);
+}
+
+static void test_short_context_warns(void **state)
+{
+    (void)state;
+    static const struct bad_case warn_case = {"max_model_len_short.yaml", "stages[0].max_model_len:", "5000"};
+    check_bad_file(&warn_case, true);
+    assert_int_equal(mm3_deploy_stage(&deploy, 0)->max_model_len, 4096);
+}
+
+/* Inline documents for the classes that need no file of their own:
+ * expected "name:line:" prefix and key path. */
+static int inline_failures;
+
+static void expect_inline_error(const char *yaml, int line, const char *key_path, const char *text)
+{
+    char want[64];
+    snprintf(want, sizeof want, "t:%d:", line);
+    int rc = mm3_deploy_load_string(&deploy, yaml, "t");
+    const char *msg = mm3_last_error();
+    if (rc >= 0) {
+        print_error("expected an error for:\n%s\n", yaml);
+        inline_failures++;
+    } else if (!strstr(msg, want) || !strstr(msg, key_path) || !strstr(msg, text)) {
+        print_error("message lacks '%s', '%s' or '%s': %s\n", want, key_path, text, msg);
+        inline_failures++;
+    }
+}
+
+static void test_inline_errors(void **state)
+{
+    (void)state;
+    expect_inline_error("", 1, "(top level)", "empty");
+    expect_inline_error("- 1\n", 1, "(top level)", "mapping");
+    expect_inline_error("stages:\n  - stage_id: 0\n", 2, "stages:", "stage 1 is missing");
+    expect_inline_error("stages:\n  - stage_id: 0\n  - stage_id: 0\n", 3, "stages[1].stage_id", "already defined");
+    expect_inline_error("stages:\n  - stage_id: 2\n", 2, "stages[0].stage_id", "[0, 1]");
+    expect_inline_error("stages:\n  - max_num_seqs: 2\n", 2, "stages[0].stage_id", "missing");
+    expect_inline_error("pipeline: qwen3_omni\nstages: []\n", 1, "pipeline", "minimax_music3");
+    expect_inline_error("backend: tpu\n", 1, "backend", "cuda");
+    expect_inline_error("async_chunk: yes\n", 1, "async_chunk", "true or false");
+    expect_inline_error("api:\n  port: 70000\n", 2, "api.port", "[0, 65535]");
+    expect_inline_error("api:\n  default_sample_rate: 48000\n", 2, "api.default_sample_rate", "44100 or 32000");
+    expect_inline_error("api:\n  host: 'a b'\n", 2, "api.host", "IP address");
+    expect_inline_error("api:\n  max_body_bytes: 10\n", 2, "api.max_body_bytes", "[1024, ");
+    expect_inline_error("api:\n  request_timeout_s: 0\n", 2, "api.request_timeout_s", "(0, ");
+    expect_inline_error("connectors:\n  c:\n    name: MooncakeStoreConnector\n", 3, "connectors.c.name",
+                        "SharedMemoryConnector");
+    expect_inline_error("connectors:\n  c:\n    extra: {connector_get_sleep_s: 0}\n", 3,
+                        "connectors.c.extra.connector_get_sleep_s", "(0, 60]");
+    expect_inline_error("connectors:\n  c:\n    extra:\n      connector_get_max_wait: 0\n", 4,
+                        "connectors.c.extra.connector_get_max_wait", "[1, ");
+    expect_inline_error("connectors:\n  c:\n    extra:\n      shm_threshold_bytes: -1\n", 4,
+                        "connectors.c.extra.shm_threshold_bytes", "[0, ");
+    expect_inline_error("connectors:\n  c:\n    extra:\n      compile_dit: true\n", 4,
+                        "connectors.c.extra.compile_dit", "matmul_precision");
+    expect_inline_error("connectors:\n  c:\n    extra: {}\n", 2, "connectors.c.name", "missing");
+    expect_inline_error("stages:\n  - {stage_id: 0, num_inference_steps: 4}\n", 2,
+                        "stages[0].num_inference_steps", "only stage 1");
+    expect_inline_error("stages:\n  - {stage_id: 1, num_inference_steps: 0}\n", 2,
+                        "stages[0].num_inference_steps", "[1, 1000]");
+    expect_inline_error("stages:\n  - {stage_id: 1, matmul_precision: fp16}\n", 2, "stages[0].matmul_precision",
+                        "fp32, tf32, bf16");
+    expect_inline_error("stages:\n  - {stage_id: 0, dtype: float16}\n", 2, "stages[0].dtype", "bfloat16");
+    expect_inline_error("stages:\n  - {stage_id: 0, devices: \"0,x\"}\n", 2, "stages[0].devices", "device");
+    expect_inline_error("stages:\n  - {stage_id: 0, devices: \"1,1\"}\n", 2, "stages[0].devices", "twice");
+    expect_inline_error("stages:\n  - {stage_id: 0, async_scheduling: true}\n", 2, "stages[0].async_scheduling",
+                        "expected false");
+    expect_inline_error("stages:\n  - {stage_id: 0, enable_prefix_caching: true}\n", 2,
+                        "stages[0].enable_prefix_caching", "expected false");
+    expect_inline_error("stages:\n  - stage_id: 0\n    compilation_config: {mode: 3}\n", 3,
+                        "stages[0].compilation_config.mode", "expected 0");
+    expect_inline_error("stages:\n  - stage_id: 0\n    compilation_config: {cudagraph_mode: PIECEWISE}\n", 3,
+                        "stages[0].compilation_config.cudagraph_mode", "FULL_DECODE_ONLY");
+    expect_inline_error("stages:\n  - stage_id: 0\n    compilation_config: {custom_ops: [\"+rms_norm\"]}\n", 3,
+                        "stages[0].compilation_config.custom_ops", "all");
+    expect_inline_error("stages:\n  - stage_id: 0\n    input_connectors: {from_stage_1: c}\n", 3,
+                        "stages[0].input_connectors.from_stage_1", "no input edge");
+    expect_inline_error("stages:\n  - stage_id: 0\n    default_sampling_params:\n      extra_args: {cfg_role: uncond}\n",
+                        4, "stages[0].default_sampling_params.extra_args.cfg_role", "cond");
+    expect_inline_error("stages:\n  - stage_id: 1\n    default_sampling_params: {temperature: 1.0}\n", 3,
+                        "stages[0].default_sampling_params.temperature", "expected 0.0");
+    expect_inline_error("stages:\n  - stage_id: 0\n    default_sampling_params: {max_tokens: 9003}\n", 3,
+                        "stages[0].default_sampling_params.max_tokens", "[3, 9002]");
+    /* Checks across keys. */
+    expect_inline_error("stages:\n  - {stage_id: 0, seed: 1}\n", 2, "stages[0].seed", "unknown key");
+    expect_inline_error("stages:\n  - {stage_id: 0, default_sampling_params: {seed: 3}}\n"
+                        "  - {stage_id: 1, default_sampling_params: {seed: 4}}\n",
+                        3, "stages[1].default_sampling_params.seed", "expected 3");
+    expect_inline_error("stages:\n  - stage_id: 0\n  - stage_id: 1\n    max_model_len: 10\n"
+                        "    default_sampling_params: {max_tokens: 11}\n",
+                        5, "stages[1].default_sampling_params.max_tokens", "at most max_model_len");
+    expect_inline_error("stages:\n  - {stage_id: 0, gpu_memory_utilization: 0.7}\n"
+                        "  - {stage_id: 1, gpu_memory_utilization: 0.5}\n",
+                        3, "stages[1].gpu_memory_utilization", "share device 0");
+    expect_inline_error("stages:\n  - {stage_id: 0, max_num_seqs: 64, max_num_batched_tokens: 32}\n"
+                        "  - {stage_id: 1}\n", 2, "stages[0].max_num_batched_tokens", "at least max_num_seqs");
+    expect_inline_error("backend: cpu\nstages:\n  - {stage_id: 0, dtype: float32}\n  - {stage_id: 1, dtype: bfloat16}\n",
+                        4, "stages[1].dtype", "CPU");
+    expect_inline_error("backend: cuda\nstages:\n  - {stage_id: 0, dtype: float32}\n  - {stage_id: 1}\n", 3,
+                        "stages[0].dtype", "CPU backend");
+    expect_inline_error("connectors:\n  a: {name: SharedMemoryConnector}\n  b: {name: SharedMemoryConnector}\n"
+                        "stages:\n  - {stage_id: 0, output_connectors: {to_stage_1: a}}\n"
+                        "  - {stage_id: 1, input_connectors: {from_stage_0: b}}\n",
+                        6, "stages[1].input_connectors.from_stage_0", "same connector");
+    /* YAML features a config has no use for. */
+    expect_inline_error("a: &x 1\nb: *x\n", 2, "b:", "aliases");
+    expect_inline_error("api: !!map {}\n", 1, "api", "tags");
+    expect_inline_error("api: {}\n---\napi: {}\n", 2, "(top level)", "one YAML document");
+    expect_inline_error("stages:\n  - stage_id: 0\n    devices: \"0\n", 4, "stages[0]", "YAML syntax error");
+    expect_inline_error("api:\n  port: 1\n  port: 2\n", 3, "api.port", "duplicate key (first set at line 2)");
+    expect_inline_error("api: {port: 80, port: 81}\n", 1, "api.port", "duplicate key");
+    assert_int_equal(inline_failures, 0);
+}
+
+static void test_warnings_and_backend(void **state)
+{
+    (void)state;
+    const char *yaml =
+        "connectors:\n"
+        "  spare: {name: SharedMemoryConnector}\n"
+        "stages:\n"
+        "  - stage_id: 0\n"
+        "    max_num_seqs: 16\n"
+        "    max_num_batched_tokens: 4096\n"
+        "    enforce_eager: false\n"
+        "    compilation_config: {cudagraph_capture_sizes: [2, 4, 8]}\n"
+        "    devices: \"0, 1\"\n"
+        "  - stage_id: 1\n";
+    assert_int_equal(mm3_deploy_load_string(&deploy, yaml, "w"), 0);
+    assert_true(has_warning(&deploy, "w:2:3: connectors.spare: connector is not used"));
+    assert_true(has_warning(&deploy, "w:6:"));  /* batched tokens below a prompt pair */
+    assert_true(has_warning(&deploy, "w:8:"));  /* largest capture size below max_num_seqs */
+    assert_true(has_warning(&deploy, "w:9:"));  /* two devices, one used */
+    const struct mm3_stage_config *s0 = mm3_deploy_stage(&deploy, 0);
+    assert_int_equal(s0->n_devices, 2);
+    assert_int_equal(s0->devices[1], 1);
+    assert_string_equal(mm3_deploy_edge_connector(&deploy)->name, "(default)");
+
+    /* auto resolves by GPU presence, and the CPU backend is float32 only. */
+    assert_int_equal(mm3_deploy_load_string(&deploy, "stages:\n  - stage_id: 0\n  - stage_id: 1\n", "b"), 0);
+    assert_int_equal(mm3_deploy_resolve_backend(&deploy, true), 0);
+    assert_int_equal(deploy.backend, MM3_BACKEND_CUDA);
+    assert_int_equal(mm3_deploy_load_string(&deploy, "stages:\n  - stage_id: 0\n  - stage_id: 1\n", "b"), 0);
+    assert_true(mm3_deploy_resolve_backend(&deploy, false) < 0);
+    assert_non_null(strstr(mm3_last_error(), "stage 0 dtype"));
+    assert_int_equal(mm3_deploy_load_string(&deploy, "backend: cuda\nstages:\n  - stage_id: 0\n  - stage_id: 1\n",
+                                            "b"), 0);
+    assert_int_equal(mm3_deploy_resolve_backend(&deploy, false), -ENODEV);
+
+    /* An empty value counts as an empty mapping; a quoted number is not a number. */
+    assert_int_equal(mm3_deploy_load_string(&deploy, "api:\nstages:\n  - stage_id: 0\n    default_sampling_params:\n"
+                                                     "  - stage_id: 1\n", "e"), 0);
+    inline_failures = 0;
+    expect_inline_error("stages:\n  - {stage_id: 0, max_num_seqs: \"8\"}\n", 2, "stages[0].max_num_seqs", "'8'");
+    assert_int_equal(inline_failures, 0);
+}
+
+static void test_missing_file(void **state)
+{
+    (void)state;
+    assert_int_equal(mm3_deploy_load(&deploy, "/nonexistent/deploy.yaml"), -ENOENT);
+    assert_non_null(strstr(mm3_last_error(), "/nonexistent/deploy.yaml"));
+    mm3_deploy_free(&deploy);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_shipped_configs_load),
+        cmocka_unit_test(test_one_gpu_config_values),
+        cmocka_unit_test(test_tiny_cpu_config_values),
+        cmocka_unit_test(test_deadlines),
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_bad_files_rejected),
+        cmocka_unit_test(test_short_context_warns),
+        cmocka_unit_test(test_inline_errors),
+        cmocka_unit_test(test_warnings_and_backend),
+        cmocka_unit_test(test_missing_file),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
