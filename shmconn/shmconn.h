@@ -27,13 +27,14 @@
 #define SHMCONN_TENSOR_NAME 16
 #define SHMCONN_MAX_DIMS 4
 #define SHMCONN_DEFAULT_PREFIX "mm3-"
+#define SHMCONN_DEFAULT_SLICE_S 0.05
 
 /* Return codes with a meaning of their own (all negative errno values). */
 #define SHMCONN_E_PEER_DEAD (-EOWNERDEAD) /* the other process died (kill -9, crash) */
-#define SHMCONN_E_CLOSED    (-EPIPE)      /* the other side closed the channel cleanly */
-#define SHMCONN_E_TIMEOUT   (-ETIMEDOUT)  /* nothing happened within the call's timeout */
+#define SHMCONN_E_CLOSED (-EPIPE)         /* the other side closed the channel cleanly */
+#define SHMCONN_E_TIMEOUT (-ETIMEDOUT)    /* nothing happened within the call's timeout */
 #define SHMCONN_E_CANCELLED (-ECANCELED)  /* the consumer failed or cancelled this request */
-#define SHMCONN_E_TOO_BIG   (-EMSGSIZE)   /* the message can never fit the region */
+#define SHMCONN_E_TOO_BIG (-EMSGSIZE)     /* the message can never fit the region */
 #define SHMCONN_E_BAD_REGION (-EPROTO)    /* wrong magic, version, geometry or a corrupt slot */
 
 /* Message flags. The connector acts on LAST, ERROR and CANCELLED (they end the
@@ -52,13 +53,15 @@ enum shmconn_dtype_extra { SHMCONN_DTYPE_I16 = 100, SHMCONN_DTYPE_I32 = 101, SHM
 uint32_t shmconn_dtype_size(uint32_t dtype);
 
 struct shmconn_config {
-    char name[64];                  /* channel name, e.g. "s0_to_s1" */
-    char prefix[32];                /* segment name prefix; "" = SHMCONN_DEFAULT_PREFIX */
-    uint64_t shm_threshold_bytes;   /* payloads up to this size travel inline in the slot */
-    uint64_t payload_bytes;         /* size of the large-payload area (0 = inline only) */
-    uint32_t n_slots;               /* ring slots, a power of two in [2, 65536] */
-    double first_chunk_deadline_s;  /* consumer: request_begin -> first message (sleep_s x max_wait_first_chunk) */
-    double steady_deadline_s;       /* consumer: between later messages (sleep_s x max_wait) */
+    char name[64];                 /* channel name, e.g. "s0_to_s1" */
+    char prefix[32];               /* segment name prefix; "" = SHMCONN_DEFAULT_PREFIX */
+    uint64_t shm_threshold_bytes;  /* payloads up to this size travel inline in the slot */
+    uint64_t payload_bytes;        /* size of the large-payload area (0 = inline only) */
+    uint32_t n_slots;              /* ring slots, a power of two in [2, 65536] */
+    double first_chunk_deadline_s; /* consumer: request_begin -> first message (sleep_s x max_wait_first_chunk) */
+    double steady_deadline_s;      /* consumer: between later messages (sleep_s x max_wait) */
+    double wait_slice_s;           /* longest single sleep; the peer is checked once per slice
+                                      (connector_get_sleep_s); 0 = SHMCONN_DEFAULT_SLICE_S */
 };
 
 /* One tensor of a message. On send, data points at the source bytes (or is NULL
@@ -69,32 +72,32 @@ struct shmconn_tensor {
     uint32_t dtype;                 /* mm3_dtype or shmconn_dtype_extra */
     uint32_t ndim;                  /* 0..SHMCONN_MAX_DIMS */
     int64_t shape[SHMCONN_MAX_DIMS];
-    uint64_t nbytes;                /* must equal dtype size x product(shape) */
+    uint64_t nbytes; /* must equal dtype size x product(shape) */
     void *data;
 };
 
 struct shmconn_msg {
     uint64_t req_id;
-    uint32_t chunk;     /* chunk index within the request */
-    uint32_t kind;      /* stage-defined message kind (start, frames, pcm, ...) */
-    uint32_t flags;     /* enum shmconn_flag */
+    uint32_t chunk; /* chunk index within the request */
+    uint32_t kind;  /* stage-defined message kind (start, frames, pcm, ...) */
+    uint32_t flags; /* enum shmconn_flag */
     uint32_t n_tensors;
     struct shmconn_tensor tensors[SHMCONN_MAX_TENSORS];
-    uint64_t seq;       /* set by recv / send_begin: the ring position, used by release / commit */
+    uint64_t seq; /* set by recv / send_begin: the ring position, used by release / commit */
 };
 
 enum shmconn_event_type {
-    SHMCONN_EVENT_MESSAGE = 1,  /* ev.msg is a view: hand it back with shmconn_release */
-    SHMCONN_EVENT_TIMEOUT,      /* ev.req_id missed its deadline; it is cancelled towards the producer */
-    SHMCONN_EVENT_PEER_LOST,    /* the producer died or closed while ev.req_id was in flight */
+    SHMCONN_EVENT_MESSAGE = 1, /* ev.msg is a view: hand it back with shmconn_release */
+    SHMCONN_EVENT_TIMEOUT,     /* ev.req_id missed its deadline; it is cancelled towards the producer */
+    SHMCONN_EVENT_PEER_LOST,   /* the producer died or closed while ev.req_id was in flight */
 };
 
 struct shmconn_event {
     enum shmconn_event_type type;
     uint64_t req_id;
-    int first_chunk;            /* TIMEOUT: 1 when it was the first-chunk deadline */
-    int status;                 /* TIMEOUT: SHMCONN_E_TIMEOUT; PEER_LOST: PEER_DEAD or CLOSED */
-    double waited_s;            /* TIMEOUT: seconds since the clock was (re)started */
+    int first_chunk; /* TIMEOUT: 1 when it was the first-chunk deadline */
+    int status;      /* TIMEOUT: SHMCONN_E_TIMEOUT; PEER_LOST: PEER_DEAD or CLOSED */
+    double waited_s; /* TIMEOUT: seconds since the clock was (re)started */
     struct shmconn_msg msg;
 };
 
@@ -127,8 +130,9 @@ int shmconn_cancel_poll(shmconn_t *c, uint64_t *req_id, uint32_t *reason);
 
 /* ---- consumer ---- */
 
-/* Open a producer's region, waiting up to wait_s for it to appear. The geometry
- * in cfg must match the region's; anything else is refused (SHMCONN_E_BAD_REGION). */
+/* Open a producer's region, waiting up to wait_s for it to appear (a region left
+ * by a dead producer does not count: SHMCONN_E_TIMEOUT). The geometry in cfg must
+ * match the region's; anything else is refused (SHMCONN_E_BAD_REGION). */
 int shmconn_open(shmconn_t **out, const struct shmconn_config *cfg, double wait_s);
 
 /* Start tracking req_id: its first message must come within first_chunk_deadline_s,
@@ -159,16 +163,20 @@ int shmconn_release(shmconn_t *c, const struct shmconn_msg *msg);
  * ours) and unmap. NULL is a no-op. */
 void shmconn_close(shmconn_t *c);
 
+/* 0 while the peer is alive (or not attached yet), SHMCONN_E_PEER_DEAD when it died,
+ * SHMCONN_E_CLOSED when it closed the channel. For /health; costs one poll(2) at most. */
+int shmconn_peer_status(shmconn_t *c);
+
 /* Path of the segment, e.g. "/mm3-s0_to_s1" (for logs). */
 const char *shmconn_segment_name(const shmconn_t *c);
 
 /* Counters for metrics. */
 struct shmconn_stats {
-    uint64_t messages;       /* sent (producer) or received (consumer) */
-    uint64_t bytes;          /* payload bytes sent / received */
-    uint64_t waits;          /* times the call had to sleep on the futex */
-    uint64_t timeouts;       /* request deadline expiries (consumer) */
-    uint64_t dropped;        /* messages of cancelled requests dropped (consumer) */
+    uint64_t messages; /* sent (producer) or received (consumer) */
+    uint64_t bytes;    /* payload bytes sent / received */
+    uint64_t waits;    /* times the call had to sleep on the futex */
+    uint64_t timeouts; /* request deadline expiries (consumer) */
+    uint64_t dropped;  /* messages of cancelled requests dropped (consumer) */
 };
 void shmconn_stats_get(const shmconn_t *c, struct shmconn_stats *out);
 

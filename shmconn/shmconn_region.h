@@ -27,7 +27,7 @@
 #define SHMCONN_CANCEL_SLOTS 256u
 #define SHMCONN_SLOT_HEADER_BYTES 768u
 #define SHMCONN_ALIGN 64u
-#define SHMCONN_MAX_INLINE (UINT64_C(64) << 20)
+#define SHMCONN_MAX_INLINE (UINT64_C(1) << 30)
 #define SHMCONN_MAX_PAYLOAD (UINT64_C(1) << 40)
 
 /* Side states (header.producer_state / consumer_state). */
@@ -35,15 +35,15 @@ enum { SHMCONN_SIDE_NONE = 0, SHMCONN_SIDE_OPEN = 1, SHMCONN_SIDE_CLOSED = 2 };
 
 /* Geometry and identity, written once by the creator before the magic. */
 struct shmconn_geometry {
-    uint64_t magic;            /* stored last, with release: a reader seeing it sees the rest */
+    uint64_t magic; /* stored last, with release: a reader seeing it sees the rest */
     uint32_t version;
     uint32_t header_bytes;
     uint32_t slot_header_bytes;
     uint32_t n_slots;
-    uint64_t slot_bytes;       /* slot header + inline area, multiple of 64 */
-    uint64_t inline_bytes;     /* shm_threshold_bytes */
-    uint64_t payload_bytes;    /* payload area size, multiple of 64 */
-    uint64_t region_bytes;     /* whole mapping */
+    uint64_t slot_bytes;    /* slot header + inline area, multiple of 64 */
+    uint64_t inline_bytes;  /* shm_threshold_bytes */
+    uint64_t payload_bytes; /* payload area size, multiple of 64 */
+    uint64_t region_bytes;  /* whole mapping */
     int32_t creator_pid;
     uint32_t pad0;
     uint64_t creator_start_ns; /* CLOCK_REALTIME at creation, for logs */
@@ -53,20 +53,20 @@ _Static_assert(sizeof(struct shmconn_geometry) == 128, "shm ABI");
 
 /* Written by the producer only (own cache line so the consumer's writes never share it). */
 struct shmconn_producer_line {
-    _Atomic uint32_t tail;         /* free-running: messages published */
-    _Atomic uint32_t wake;         /* futex word the consumer sleeps on; bumped on publish/close */
-    _Atomic uint32_t state;        /* SHMCONN_SIDE_* */
+    _Atomic uint32_t tail;  /* free-running: messages published */
+    _Atomic uint32_t wake;  /* futex word the consumer sleeps on; bumped on publish/close */
+    _Atomic uint32_t state; /* SHMCONN_SIDE_* */
     _Atomic int32_t pid;
-    _Atomic uint32_t waiting;      /* producer is (about to be) asleep on consumer_line.wake */
-    _Atomic uint32_t cancel_head;  /* free-running: cancel notices consumed */
+    _Atomic uint32_t waiting;     /* producer is (about to be) asleep on consumer_line.wake */
+    _Atomic uint32_t cancel_head; /* free-running: cancel notices consumed */
     uint8_t pad[64 - 24];
 };
 _Static_assert(sizeof(struct shmconn_producer_line) == 64, "shm ABI");
 
 /* Written by the consumer only. */
 struct shmconn_consumer_line {
-    _Atomic uint32_t head;         /* free-running: slots handed back */
-    _Atomic uint32_t wake;         /* futex word the producer sleeps on; bumped on release/cancel/close */
+    _Atomic uint32_t head; /* free-running: slots handed back */
+    _Atomic uint32_t wake; /* futex word the producer sleeps on; bumped on release/cancel/close */
     _Atomic uint32_t state;
     _Atomic int32_t pid;
     _Atomic uint32_t waiting;      /* consumer is (about to be) asleep on producer_line.wake */
@@ -98,7 +98,7 @@ struct shmconn_slot_tensor {
     uint32_t dtype;
     uint32_t ndim;
     int64_t shape[SHMCONN_MAX_DIMS];
-    uint64_t offset;               /* from the start of the message's payload bytes */
+    uint64_t offset; /* from the start of the message's payload bytes */
     uint64_t nbytes;
     uint64_t pad;
 };
@@ -113,10 +113,10 @@ struct shmconn_slot {
     uint32_t kind;
     uint32_t flags;
     uint32_t n_tensors;
-    uint64_t payload_pos;          /* free-running byte position or SHMCONN_INLINE */
-    uint64_t payload_len;          /* bytes used, multiple of 64 */
-    uint64_t payload_end;          /* payload_tail after this slot is released */
-    uint64_t seq;                  /* ring sequence number of this message, checked by the reader */
+    uint64_t payload_pos; /* free-running byte position or SHMCONN_INLINE */
+    uint64_t payload_len; /* bytes used, multiple of 64 */
+    uint64_t payload_end; /* payload_tail after this slot is released */
+    uint64_t seq;         /* ring sequence number of this message, checked by the reader */
     uint8_t pad0[64 - 56];
     struct shmconn_slot_tensor tensors[SHMCONN_MAX_TENSORS];
     uint8_t pad1[SHMCONN_SLOT_HEADER_BYTES - 64 - SHMCONN_MAX_TENSORS * 80];
@@ -128,17 +128,15 @@ enum shmconn_role { SHMCONN_ROLE_PRODUCER = 1, SHMCONN_ROLE_CONSUMER = 2 };
 /* Consumer-side deadline tracking of one request. */
 struct shmconn_track {
     uint64_t req_id;
-    double clock_start;   /* monotonic s: request_begin or last message */
+    double clock_start; /* monotonic s: request_begin or last message */
     int n_received;
-    int dropping;         /* failed or cancelled: drop its messages until its LAST */
-    int lost_reported;    /* PEER_LOST event already handed out */
 };
 
 /* Process-local handle (both roles). */
 struct shmconn {
     enum shmconn_role role;
     struct shmconn_config cfg;
-    char shm_name[128];            /* "/<prefix><name>" */
+    char shm_name[128]; /* "/<prefix><name>" */
     int fd;
     dev_t dev;
     ino_t ino;
@@ -153,25 +151,31 @@ struct shmconn {
     pthread_mutex_t lock;
     struct shmconn_stats stats;
 
+    double slice_s; /* cfg.wait_slice_s or the default */
+
     /* peer liveness */
     int32_t peer_pid;
-    int peer_pidfd;                /* -1 when pidfd_open is unavailable */
-    double next_peer_check;        /* monotonic s */
+    int peer_pidfd;         /* -1 when pidfd_open is unavailable */
+    double next_peer_check; /* monotonic s */
 
     /* producer */
-    uint64_t pay_head;             /* free-running payload allocation position */
-    int reserved;                  /* a send_begin is waiting for its commit */
-    uint64_t *cancelled;           /* ring of request ids the consumer gave up on */
+    uint64_t pay_head;   /* free-running payload allocation position */
+    int reserved;        /* a send_begin is waiting for its commit */
+    uint64_t *cancelled; /* ring of request ids the consumer gave up on */
     uint32_t *cancelled_reason;
-    uint32_t n_cancelled;          /* free-running count written */
-    uint32_t cancel_polled;        /* free-running count handed to cancel_poll */
+    uint32_t n_cancelled;   /* free-running count written */
+    uint32_t cancel_polled; /* free-running count handed to cancel_poll */
 
     /* consumer */
-    uint32_t rd;                   /* next slot to read (head <= rd <= tail) */
-    uint8_t *released;             /* per slot: view handed back */
+    uint32_t rd;        /* next slot to read (head <= rd <= tail) */
+    uint8_t *released;  /* per slot: view handed back */
+    uint64_t *slot_end; /* per slot: validated payload_end, or SHMCONN_INLINE */
+    uint64_t last_end;  /* payload_end of the last message read */
+    uint64_t *dropped;  /* ring of request ids whose messages are dropped */
+    uint32_t n_dropped; /* free-running count written */
     struct shmconn_track *tracks;
     uint32_t n_tracks, cap_tracks;
-    int peer_gone;                 /* 0, SHMCONN_E_PEER_DEAD or SHMCONN_E_CLOSED */
+    int peer_gone; /* 0, SHMCONN_E_PEER_DEAD or SHMCONN_E_CLOSED */
 };
 
 /* Bytes used in a slot / payload area by n bytes of payload. */
@@ -188,8 +192,8 @@ static inline struct shmconn_slot *shmconn_slot_at(const struct shmconn *c, uint
 /* shmconn_region.c: geometry, segment create / open / validate / close, reclaim. */
 int shmconn_config_check(const struct shmconn_config *cfg);
 void shmconn_geometry_make(const struct shmconn_config *cfg, struct shmconn_geometry *g);
-int shmconn_geometry_check(const struct shmconn_geometry *got, const struct shmconn_geometry *want,
-                           uint64_t file_bytes, const char *name);
+int shmconn_geometry_check(const struct shmconn_geometry *got, const struct shmconn_geometry *want, uint64_t file_bytes,
+                           const char *name);
 int shmconn_handle_init(struct shmconn *c, const struct shmconn_config *cfg, enum shmconn_role role);
 int shmconn_region_create(struct shmconn *c);
 int shmconn_region_open(struct shmconn *c, double wait_s);
@@ -204,8 +208,8 @@ void shmconn_futex_wake(_Atomic uint32_t *word);
 /* 1 when pid is known dead (exited, zombie or gone), 0 otherwise. */
 int shmconn_pid_dead(int32_t pid, int pidfd);
 int shmconn_pidfd_open(int32_t pid);
-/* Check the peer at most every SHMCONN_PEER_CHECK_S: 0 alive/unknown, SHMCONN_E_PEER_DEAD. */
+/* Check the peer at most once per wait slice: 0 alive/unknown, SHMCONN_E_PEER_DEAD. */
 int shmconn_peer_check(struct shmconn *c, int force);
-#define SHMCONN_PEER_CHECK_S 0.05
+#define SHMCONN_ID_RING 1024u /* remembered cancelled request ids, each side */
 
 #endif
