@@ -1,0 +1,77 @@
+/* Euler + CFG flow sampler (stage1/flow.h). */
+#include "stage1/flow.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+
+void flow_schedule_fill(float *table, int n_steps)
+{
+    /* numpy.linspace(1.0, 1.0 / N, N): y = i * step + start, last element = stop */
+    double start = 1.0, stop = 1.0 / n_steps;
+    double step = n_steps > 1 ? (stop - start) / (n_steps - 1) : 0.0;
+    for (int i = 0; i < n_steps; i++) {
+        double sigma = (n_steps > 1 && i == n_steps - 1) ? stop : (double)i * step + start;
+        table[i] = 1.0f - (float)sigma;
+    }
+    table[n_steps] = 1.0f;
+}
+
+int flow_window_run(const struct dit_model *m, struct dit_workspace *ws, int n_steps, float guidance, int L,
+                    const float *cond, int ov, const float *prev, float *x)
+{
+    const struct dit_config *g = &m->cfg;
+    int C = g->in_ch;
+    size_t n = (size_t)C * L;
+    float *table = malloc(sizeof(float) * (size_t)(n_steps + 1));
+    float *xb = malloc(sizeof(float) * 2 * n); /* the same x for both branches */
+    float *vb = malloc(sizeof(float) * 2 * n); /* v_c then v_u */
+    float *np = malloc(sizeof(float) * ((size_t)C * ov + 1));
+    int rc = 0;
+    if (!table || !xb || !vb || !np) {
+        rc = mm3_errorf(-ENOMEM, "flow: out of memory for a window of %d latents", L);
+        goto out;
+    }
+    flow_schedule_fill(table, n_steps);
+    for (int c = 0; c < C; c++)
+        memcpy(np + (size_t)c * ov, x + (size_t)c * L, sizeof(float) * ov);
+    /* fp32(1 - 1e-6) as torch rounds the Python scalar for a float32 tensor */
+    const float one_minus_sigma_min = (float)(1.0 - 1e-6);
+    const float *conds[2] = {cond, NULL};
+    for (int i = 0; i < n_steps; i++) {
+        float t = table[i];
+        if (ov > 0) {
+            float a = 1.0f - one_minus_sigma_min * t;
+            for (int c = 0; c < C; c++)
+                for (int j = 0; j < ov; j++)
+                    x[(size_t)c * L + j] = a * np[(size_t)c * ov + j] + t * prev[(size_t)c * ov + j];
+        }
+        memcpy(xb, x, sizeof(float) * n);
+        memcpy(xb + n, x, sizeof(float) * n);
+        float tb[2] = {t, t};
+        if ((rc = dit_forward(m, ws, 2, L, xb, tb, conds, vb)) < 0) goto out;
+        float dt = table[i + 1] - table[i];
+        const float *vc = vb, *vu = vb + n;
+        for (size_t e = 0; e < n; e++) {
+            float v = vu[e] + guidance * (vc[e] - vu[e]);
+            x[e] = x[e] + dt * v;
+        }
+    }
+    if (ov > 0)
+        for (int c = 0; c < C; c++)
+            memcpy(x + (size_t)c * L, prev + (size_t)c * ov, sizeof(float) * ov);
+    for (size_t e = 0; e < n; e++)
+        if (!isfinite(x[e])) {
+            rc = mm3_errorf(-ERANGE, "flow: latent %zu of channel %zu is not finite after %d steps", e % L, e / L,
+                            n_steps);
+            break;
+        }
+out:
+    free(table);
+    free(xb);
+    free(vb);
+    free(np);
+    return rc;
+}

@@ -1,0 +1,109 @@
+/* The per-request window loop of stage 1, as an incremental object.
+ *
+ * Frames arrive in any amounts (render_push_frames); window k covers frames
+ * [100k, min(100k + 200, N)) and runs as soon as its 200 frames exist, or at
+ * render_finish (then it is the last, possibly short, window). Each window:
+ * condition encoder (its first 172 latents' conditioning spliced from the previous
+ * window), fresh noise, the Euler + CFG loop pinned to the previous window's latents
+ * [L-344, L-172) over the first 172 latents, vocoder, crop 86 latents left (not
+ * window 0) and 258 right (not the last window), clamp to [-1, 1].
+ *
+ * PCM is handed to the sink as soon as it is final: window 0 of a longer song gives
+ * 431 latents (220,672 samples per channel at hop 512), each middle window 345
+ * (176,640), the last window the rest. A full window that may be the last one
+ * emits [left, L-258) at once and its tail [L-258, L) when the end is known
+ * (next frame arrives: dropped; render_finish: emitted). The concatenation of all
+ * chunks equals the reference pipeline's `audio` sample for sample.
+ *
+ *     struct render_params p = {.n_steps = 30, .guidance = 1.7f, .noise = {RENDER_NOISE_SEEDED, seed},
+ *                               .decoder = {voc, hop, decode_fn}, .sink = {ctx, emit_fn}};
+ *     render_create(&r, cond_model, dit_model, &p);
+ *     while (frames arrive) render_push_frames(r, frames, n, width);
+ *     render_finish(r);  render_free(r);
+ */
+#ifndef MM3_STAGE1_RENDER_H
+#define MM3_STAGE1_RENDER_H
+
+#include <stdint.h>
+
+#include "stage1/condition.h"
+#include "stage1/dit.h"
+
+/* Pipeline constants of the reference (not checkpoint geometry). */
+#define RENDER_WINDOW_FRAMES 200
+#define RENDER_HOP_FRAMES 100
+#define RENDER_OVERLAP_LATENTS 172 /* carried span and pinned prefix */
+#define RENDER_CROP_LEFT 86        /* latents dropped left, every window but the first */
+#define RENDER_CROP_RIGHT 258      /* latents dropped right, every window but the last */
+
+enum render_noise_mode {
+    RENDER_NOISE_SEEDED = 0, /* window k: common/noise.h stream noise_seed_window(seed, k) */
+    RENDER_NOISE_REPLAY,     /* window k: replay[k], replay_len[k] floats = in_ch * L_k */
+};
+
+struct render_noise {
+    enum render_noise_mode mode;
+    uint64_t seed;
+    int n_replay;
+    const float *const *replay;
+    const int64_t *replay_len;
+};
+
+/* latents[in_ch, L] -> pcm[2, hop * L] (channel-major), not clamped. */
+struct render_decoder {
+    void *ctx;
+    int hop;
+    int (*decode)(void *ctx, const float *latents, int L, float *pcm);
+};
+
+/* Receives pcm[2, n] (channel-major, clamped) chunks in order; nonzero return aborts. */
+struct render_sink {
+    void *ctx;
+    int (*emit)(void *ctx, const float *pcm, int n);
+};
+
+/* What one finished window produced; pointers valid during the callback only. */
+struct render_window_info {
+    int index, frame_start, n_frames, L, overlap;
+    const float *condition; /* [L, cond_dim] before the overlap splice */
+    const float *noise;     /* [in_ch, L] initial noise */
+    const float *latents;   /* [in_ch, L] final, overlap restored */
+    const float *waveform;  /* [2, hop * L] vocoder output, not clamped */
+};
+
+struct render_observer {
+    void *ctx;
+    int (*window_done)(void *ctx, const struct render_window_info *w);
+};
+
+struct render_params {
+    int n_steps;    /* Euler steps per window (FLOW_DEFAULT_STEPS) */
+    float guidance; /* CFG scale (FLOW_DEFAULT_GUIDANCE) */
+    struct render_noise noise;
+    struct render_decoder decoder;
+    struct render_sink sink;
+    struct render_observer observer; /* optional (window_done NULL) */
+};
+
+struct render;
+
+/* The models are borrowed and must outlive the render. */
+int render_create(struct render **out, const struct condition_model *cm, const struct dit_model *dm,
+                  const struct render_params *p);
+void render_free(struct render *r);
+
+/* Append n frames of `width` floats (n_layers * hidden raw, or hidden already mixed) and
+ * run every window that became ready. Bad width, non-finite values or a failing window
+ * return < 0 and leave the render failed (every later call fails, nothing more is emitted). */
+int render_push_frames(struct render *r, const float *frames, int n, int width);
+
+/* End of the song: run the remaining window(s) and emit the rest. Zero frames: -EINVAL. */
+int render_finish(struct render *r);
+
+/* Sample frames per channel handed to the sink so far. */
+int64_t render_samples_emitted(const struct render *r);
+
+/* Number of windows of a song of n_frames frames (1 if n_frames <= 200). */
+int render_window_count(int n_frames);
+
+#endif
