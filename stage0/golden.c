@@ -1,0 +1,359 @@
+#include "stage0/golden.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "common/safetensors.h"
+#include "common/sampler.h"
+#include "stage0/generate.h"
+#include "stage0/generate_prompt.h"
+
+/* Everything one case needs, read from caseN.safetensors. */
+struct golden_case {
+    int64_t *ids_pair; /* [2, P] */
+    int prompt_len;
+    int64_t *lm_sampled, *depth_sampled;
+    int n_lm, n_depth;
+    float *frames; /* [F, ncb*H] */
+    int n_frames, frame_width;
+    int n_lm_guided, n_depth_guided;
+    int64_t **lm_support; /* [n_lm_guided][support_len[i]] */
+    float **lm_logits;
+    int *support_len;
+    float *depth_logits; /* [n_depth_guided, V] */
+    int depth_vocab;
+};
+
+/* What the replay produced, collected by the hooks. */
+struct golden_run {
+    const struct golden_case *gc;
+    int ncb, hidden;
+    float *frames; /* [max_frames, ncb*H] */
+    int n_frames;
+    float *depth_logits; /* [n_depth_guided, V] in draw order */
+    /* c0 draws: our value at each golden support id, and support agreement */
+    float *lm_ours, *lm_ref;
+    int lm_n;
+    int lm_support_mismatch;
+};
+
+static int load_i64(const struct st_file *f, const char *name, int64_t **out, int *ndim, int64_t *shape)
+{
+    const struct st_tensor *t = st_file_find(f, name);
+    if (!t) return mm3_errorf(-ENOENT, "%s: missing tensor '%s'", f->path, name);
+    if (t->dtype != MM3_DTYPE_I64) return mm3_errorf(-EINVAL, "%s: tensor '%s': expected I64", f->path, name);
+    *out = malloc(t->nbytes ? t->nbytes : 8);
+    if (!*out) return mm3_errorf(-ENOMEM, "%s: out of memory", f->path);
+    *ndim = t->ndim;
+    memcpy(shape, t->shape, sizeof(int64_t) * ST_MAX_DIMS);
+    return st_file_read(f, t, *out);
+}
+
+static void case_free(struct golden_case *gc)
+{
+    free(gc->ids_pair);
+    free(gc->lm_sampled);
+    free(gc->depth_sampled);
+    free(gc->frames);
+    for (int i = 0; i < gc->n_lm_guided; i++) {
+        free(gc->lm_support[i]);
+        free(gc->lm_logits[i]);
+    }
+    free(gc->lm_support);
+    free(gc->lm_logits);
+    free(gc->support_len);
+    free(gc->depth_logits);
+    memset(gc, 0, sizeof *gc);
+}
+
+static int case_load(struct golden_case *gc, const char *path)
+{
+    memset(gc, 0, sizeof *gc);
+    struct st_file f;
+    int rc = st_file_open(&f, path);
+    if (rc < 0) return rc;
+    int nd;
+    int64_t sh[ST_MAX_DIMS];
+    char name[64];
+    if ((rc = load_i64(&f, "text_ids_pair", &gc->ids_pair, &nd, sh)) < 0) goto out;
+    if (nd != 2 || sh[0] != 2 || sh[1] < 1) {
+        rc = mm3_errorf(-EINVAL, "%s: text_ids_pair: expected shape [2, L]", path);
+        goto out;
+    }
+    gc->prompt_len = (int)sh[1];
+    if ((rc = load_i64(&f, "lm_sampled", &gc->lm_sampled, &nd, sh)) < 0) goto out;
+    gc->n_lm = (int)sh[0];
+    if ((rc = load_i64(&f, "depth_sampled", &gc->depth_sampled, &nd, sh)) < 0) goto out;
+    gc->n_depth = (int)sh[0];
+    if ((rc = st_file_load_f32(&f, "frame_hiddens", &gc->frames, &nd, sh)) < 0) goto out;
+    if (nd != 2) {
+        rc = mm3_errorf(-EINVAL, "%s: frame_hiddens: expected shape [F, 8H]", path);
+        goto out;
+    }
+    gc->n_frames = (int)sh[0];
+    gc->frame_width = (int)sh[1];
+    for (;; gc->n_lm_guided++) {
+        snprintf(name, sizeof name, "lm_guided_support.%d", gc->n_lm_guided);
+        if (!st_file_find(&f, name)) break;
+    }
+    int n = gc->n_lm_guided;
+    gc->lm_support = calloc((size_t)n + 1, sizeof *gc->lm_support);
+    gc->lm_logits = calloc((size_t)n + 1, sizeof *gc->lm_logits);
+    gc->support_len = calloc((size_t)n + 1, sizeof *gc->support_len);
+    if (!gc->lm_support || !gc->lm_logits || !gc->support_len) {
+        rc = mm3_errorf(-ENOMEM, "%s: out of memory", path);
+        goto out;
+    }
+    for (int i = 0; i < n; i++) {
+        int64_t sh2[ST_MAX_DIMS];
+        snprintf(name, sizeof name, "lm_guided_support.%d", i);
+        if ((rc = load_i64(&f, name, &gc->lm_support[i], &nd, sh)) < 0) goto out;
+        snprintf(name, sizeof name, "lm_guided_logits.%d", i);
+        if ((rc = st_file_load_f32(&f, name, &gc->lm_logits[i], &nd, sh2)) < 0) goto out;
+        if (sh2[0] != sh[0]) {
+            rc = mm3_errorf(-EINVAL, "%s: lm_guided_logits.%d and lm_guided_support.%d differ in length", path, i, i);
+            goto out;
+        }
+        gc->support_len[i] = (int)sh[0];
+    }
+    for (;; gc->n_depth_guided++) {
+        snprintf(name, sizeof name, "depth_guided_logits.%d", gc->n_depth_guided);
+        const struct st_tensor *t = st_file_find(&f, name);
+        if (!t) break;
+        if (gc->n_depth_guided == 0) gc->depth_vocab = (int)t->shape[0];
+        if (t->ndim != 1 || t->shape[0] != gc->depth_vocab) {
+            rc = mm3_errorf(-EINVAL, "%s: %s: expected shape [%d]", path, name, gc->depth_vocab);
+            goto out;
+        }
+    }
+    if (gc->n_depth_guided) {
+        gc->depth_logits = malloc(sizeof(float) * (size_t)gc->n_depth_guided * gc->depth_vocab);
+        if (!gc->depth_logits) {
+            rc = mm3_errorf(-ENOMEM, "%s: out of memory", path);
+            goto out;
+        }
+        for (int i = 0; i < gc->n_depth_guided; i++) {
+            snprintf(name, sizeof name, "depth_guided_logits.%d", i);
+            int64_t w[1] = {gc->depth_vocab};
+            if ((rc = st_file_read_f32(&f, name, gc->depth_logits + (size_t)i * gc->depth_vocab, 1, w)) < 0) goto out;
+        }
+    }
+out:
+    st_file_close(&f);
+    if (rc < 0) case_free(gc);
+    return rc;
+}
+
+static void on_frame(void *ctx, int t, const float *frame, const int32_t *codes)
+{
+    struct golden_run *r = ctx;
+    size_t w = (size_t)r->ncb * r->hidden;
+    memcpy(r->frames + (size_t)t * w, frame, sizeof(float) * w);
+    r->n_frames = t + 1;
+}
+
+static void on_draw(void *ctx, int s, int j, const float *guided, int n)
+{
+    struct golden_run *r = ctx;
+    const struct golden_case *gc = r->gc;
+    if (j == 0) {
+        if (s >= gc->n_lm_guided) return;
+        int n_finite = 0;
+        for (int c = 0; c < n; c++)
+            n_finite += isfinite(guided[c]) != 0;
+        if (n_finite != gc->support_len[s]) r->lm_support_mismatch++;
+        for (int i = 0; i < gc->support_len[s]; i++) {
+            int64_t id = gc->lm_support[s][i];
+            int64_t col = id == SAMPLER_STOP_ID ? 0 : id - SAMPLER_CODE_OFFSET + 1;
+            if (col < 0 || col >= n || !isfinite(guided[col])) {
+                r->lm_support_mismatch++;
+                continue;
+            }
+            r->lm_ours[r->lm_n] = guided[col];
+            r->lm_ref[r->lm_n] = gc->lm_logits[s][i];
+            r->lm_n++;
+        }
+        return;
+    }
+    int k = s * (r->ncb - 1) + (j - 1);
+    if (k >= gc->n_depth_guided || n != gc->depth_vocab) return;
+    memcpy(r->depth_logits + (size_t)k * n, guided, sizeof(float) * n);
+}
+
+static double rel_error(const float *a, const float *b, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - (double)b[i];
+        num += d * d;
+        den += (double)b[i] * (double)b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* The prompt must tokenize to the recorded pair exactly; the replay itself runs on
+ * the recorded ids so a tokenizer bug does not hide the network's result. */
+static int check_text_ids(const char *root, const struct golden_case *gc, const char *caption, const char *lyrics,
+                          char *msg, size_t len)
+{
+    int32_t *ids;
+    int n;
+    if (generate_prompt_ids(root, caption, lyrics, &ids, &n) < 0) {
+        snprintf(msg, len, "text_ids: error (%s)", mm3_last_error());
+        return 0;
+    }
+    int P = gc->prompt_len, ok = n == 2 * P, first = -1;
+    for (int i = 0; ok && i < n; i++)
+        if (ids[i] != gc->ids_pair[i]) {
+            ok = 0;
+            first = i;
+        }
+    if (ok)
+        snprintf(msg, len, "text_ids ok");
+    else if (first < 0)
+        snprintf(msg, len, "text_ids DIFFER (length %d, expected %d)", n / 2, P);
+    else
+        snprintf(msg, len, "text_ids DIFFER (row %d index %d: %d, expected %lld)", first / P, first % P, ids[first],
+                 (long long)gc->ids_pair[first]);
+    free(ids);
+    return ok;
+}
+
+static int run_case(const char *dir, const char *root, json_t *jc, const struct talker *lm, const struct depth *dd,
+                    double fps, FILE *out)
+{
+    const char *file = json_string_value(json_object_get(jc, "file"));
+    const char *caption = json_string_value(json_object_get(jc, "prompt"));
+    const char *lyrics = json_string_value(json_object_get(jc, "lyrics"));
+    json_t *jd = json_object_get(jc, "audio_duration");
+    json_t *jcfg = json_object_get(jc, "cfg_scale_ar");
+    json_t *jend = json_object_get(jc, "ended_by_audio_end");
+    if (!file || !caption || !lyrics || !json_is_number(jd)) {
+        fprintf(out, "%s: FAIL manifest entry lacks file/prompt/lyrics/audio_duration\n", file ? file : "?");
+        return 0;
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    struct golden_case gc;
+    int rc = case_load(&gc, path);
+    if (rc < 0) {
+        fprintf(out, "%s: FAIL %s\n", file, mm3_last_error());
+        return 0;
+    }
+    int H = lm->cfg.hidden, ncb = dd->cfg.n_codebooks;
+    struct golden_run r = {.gc = &gc, .ncb = ncb, .hidden = H};
+    int pass = 1, max_frames = 0;
+    char ids_msg[256];
+    pass &= check_text_ids(root, &gc, caption, lyrics, ids_msg, sizeof ids_msg);
+    int32_t *ids = malloc(sizeof(int32_t) * 2 * gc.prompt_len);
+    int total_support = 0;
+    for (int i = 0; i < gc.n_lm_guided; i++)
+        total_support += gc.support_len[i];
+    r.lm_ours = malloc(sizeof(float) * (total_support + 1));
+    r.lm_ref = malloc(sizeof(float) * (total_support + 1));
+    r.depth_logits = calloc((size_t)gc.n_depth_guided * gc.depth_vocab + 1, sizeof(float));
+    if ((rc = generate_frame_budget(json_number_value(jd), fps, &max_frames)) == 0) {
+        r.frames = malloc(sizeof(float) * (size_t)max_frames * ncb * H);
+        if (!ids || !r.lm_ours || !r.lm_ref || !r.depth_logits || !r.frames)
+            rc = mm3_errorf(-ENOMEM, "%s: out of memory", file);
+    }
+    if (rc == 0 && gc.frame_width != ncb * H)
+        rc = mm3_errorf(-EINVAL, "%s: frame_hiddens width %d, expected n_codebooks * hidden = %d", file, gc.frame_width,
+                        ncb * H);
+    if (rc == 0 && (gc.n_depth_guided ? gc.depth_vocab != dd->cfg.audio_vocab : 0))
+        rc = mm3_errorf(-EINVAL, "%s: depth_guided_logits width %d, expected audio_vocab_size %d", file, gc.depth_vocab,
+                        dd->cfg.audio_vocab);
+    struct generate g;
+    struct sampler sp;
+    enum generate_stop stop = GENERATE_RUNNING;
+    if (rc == 0) {
+        for (int i = 0; i < 2 * gc.prompt_len; i++)
+            ids[i] = (int32_t)gc.ids_pair[i];
+        sampler_init_replay(&sp, gc.lm_sampled, gc.n_lm, gc.depth_sampled, gc.n_depth, ncb);
+        struct generate_hooks hooks = {.ctx = &r, .on_frame = on_frame, .on_draw = on_draw};
+        float cfg = json_is_number(jcfg) ? (float)json_number_value(jcfg) : SAMPLER_CFG_SCALE;
+        rc = generate_begin(&g, lm, dd, &sp, ids, gc.prompt_len, max_frames, cfg, &hooks);
+        if (rc == 0) {
+            while (!g.done && rc == 0)
+                rc = generate_step(&g);
+            stop = g.stop;
+            generate_end(&g);
+        }
+    }
+    if (rc < 0) {
+        fprintf(out, "%s: FAIL %s\n", file, mm3_last_error());
+        pass = 0;
+    } else {
+        double rel_lm = rel_error(r.lm_ours, r.lm_ref, (size_t)r.lm_n);
+        double rel_depth = rel_error(r.depth_logits, gc.depth_logits ? gc.depth_logits : r.depth_logits,
+                                     (size_t)gc.n_depth_guided * gc.depth_vocab);
+        int frames_ok = r.n_frames == gc.n_frames;
+        double rel_frames = frames_ok ? rel_error(r.frames, gc.frames, (size_t)gc.n_frames * gc.frame_width) : INFINITY;
+        int ended = stop == GENERATE_STOP_TOKEN;
+        int end_ok = !json_is_boolean(jend) || json_is_true(jend) == ended;
+        pass &= frames_ok && end_ok && r.lm_support_mismatch == 0 && rel_lm <= GOLDEN_REL_TOL &&
+                rel_depth <= GOLDEN_REL_TOL && rel_frames <= GOLDEN_REL_TOL;
+        fprintf(out,
+                "%s: frames %d/%d%s lm_guided rel %.3g (%d draws%s) depth_guided rel %.3g (%d draws) "
+                "frame_hiddens rel %.3g%s %s %s\n",
+                file, r.n_frames, gc.n_frames, end_ok ? "" : " (stop reason differs)", rel_lm, gc.n_lm_guided,
+                r.lm_support_mismatch ? ", SUPPORT DIFFERS" : "", rel_depth, gc.n_depth_guided, rel_frames,
+                sp.n_outside ? " (forced draws outside the candidate set)" : "", ids_msg, pass ? "PASS" : "FAIL");
+    }
+    free(ids);
+    free(r.lm_ours);
+    free(r.lm_ref);
+    free(r.depth_logits);
+    free(r.frames);
+    case_free(&gc);
+    return pass;
+}
+
+int golden_check_dir(const char *dir, FILE *out, int *n_pass, int *n_fail)
+{
+    *n_pass = *n_fail = 0;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    json_error_t e;
+    json_t *man = json_load_file(path, 0, &e);
+    if (!man) return mm3_errorf(-ENOENT, "%s: cannot read: %s", path, e.text);
+    json_t *cases = json_object_get(man, "cases");
+    const char *ck = json_string_value(json_object_get(man, "checkpoint"));
+    int rc = 0;
+    if (!json_is_array(cases) || !ck) {
+        rc = mm3_errorf(-EINVAL, "%s: expected keys 'cases' (array) and 'checkpoint' (string)", path);
+        goto out;
+    }
+    char root[4096];
+    snprintf(root, sizeof root, "%s/%s", dir, ck);
+    struct talker lm;
+    struct depth dd;
+    double fps;
+    if ((rc = generate_frame_rate(root, &fps)) < 0) goto out;
+    if ((rc = talker_load(&lm, root)) < 0) goto out;
+    if ((rc = depth_load(&dd, root)) < 0) {
+        talker_free(&lm);
+        goto out;
+    }
+    size_t i;
+    json_t *jc;
+    json_array_foreach(cases, i, jc)
+    {
+        if (run_case(dir, root, jc, &lm, &dd, fps, out))
+            (*n_pass)++;
+        else
+            (*n_fail)++;
+        fflush(out);
+    }
+    talker_free(&lm);
+    depth_free(&dd);
+out:
+    json_decref(man);
+    if (rc == 0) fprintf(out, "%d passed, %d failed\n", *n_pass, *n_fail);
+    return rc;
+}
