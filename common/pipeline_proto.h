@@ -1,0 +1,53 @@
+/* The messages between the two stage processes (over shmconn/, one channel each way).
+ *
+ * stage 0 -> stage 1 (channel "s0_to_s1"), per request, in order:
+ *   PIPE_MSG_START  flags FIRST   tensor "params": U8 [sizeof(struct pipe_request_params)]
+ *   PIPE_MSG_FRAMES               tensor "frames": F32 [n, width] (width = 8*hidden raw, or
+ *                                 hidden when pre-mixed), tensor "first": I64 [1] = index of
+ *                                 the first frame; each frame is sent exactly once
+ *   PIPE_MSG_END    flags LAST    tensor "total": I64 [1] = number of frames of the song
+ *   PIPE_MSG_CANCEL flags CANCELLED (client went away or stage 0 failed the request)
+ *
+ * stage 1 -> stage 0 (channel "s1_to_s0"):
+ *   PIPE_MSG_PCM                  tensor "pcm": F32 [2, n] channel-major, clamped, at the
+ *                                 request's sample rate; tensor "progress": I64 [2] =
+ *                                 {windows done, windows planned or 0 if unknown}
+ *   PIPE_MSG_DONE   flags LAST    tensor "total": I64 [1] = samples per channel sent
+ *   PIPE_MSG_ERROR  flags ERROR   tensor "message": U8 [n] UTF-8 text (no NUL)
+ *
+ * Everything a stage needs to know about a request travels in START. */
+#ifndef MM3_PIPELINE_PROTO_H
+#define MM3_PIPELINE_PROTO_H
+
+#include <stdint.h>
+
+#define PIPE_CHANNEL_S0_TO_S1 "s0_to_s1"
+#define PIPE_CHANNEL_S1_TO_S0 "s1_to_s0"
+
+enum pipe_msg_kind {
+    PIPE_MSG_START = 1,
+    PIPE_MSG_FRAMES = 2,
+    PIPE_MSG_END = 3,
+    PIPE_MSG_CANCEL = 4,
+    PIPE_MSG_PCM = 16,
+    PIPE_MSG_DONE = 17,
+    PIPE_MSG_ERROR = 18,
+};
+
+/* Fixed little-endian layout (both processes are the same build on one host; the
+ * version field still guards against a stale peer binary). */
+#define PIPE_PARAMS_VERSION 1
+struct pipe_request_params {
+    uint32_t version;             /* PIPE_PARAMS_VERSION */
+    uint32_t frame_width;         /* floats per frame in FRAMES messages */
+    uint64_t seed;                /* request seed (stage-1 noise derives from it per window) */
+    int32_t max_frames;           /* frame budget of the request (upper bound of the song) */
+    int32_t num_inference_steps;  /* Euler steps per window */
+    float guidance_scale;         /* DiT CFG scale */
+    int32_t sample_rate;          /* 44100 (native) or 32000 (resampled in stage 1) */
+    int32_t premixed;             /* 1: frames already softmax-mixed to `hidden` values */
+    int32_t reserved[7];
+};
+_Static_assert(sizeof(struct pipe_request_params) == 64, "pipeline ABI");
+
+#endif
