@@ -1,0 +1,74 @@
+/* HF-compatible NFC (see tokenizer_nfc.h). */
+#include "stage0/tokenizer_nfc.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <utf8proc.h>
+
+#include "common/error.h"
+#include "stage0/prompt_pystr.h"
+
+/* Characters added after Unicode 9.0 (up to utf8proc's 15.0) that have a nonzero
+ * combining class, a canonical decomposition, or take part in a composition.
+ * Found by comparing utf8proc with HF `tokenizers` 0.23 on every code point. */
+static const struct {
+    uint32_t lo, hi;
+} newer_than_hf[] = {
+    {0x7FD, 0x7FD},     {0x898, 0x89F},     {0x8CA, 0x8D3},     {0x9FE, 0x9FE},     {0xC3C, 0xC3C},
+    {0xD3B, 0xD3C},     {0xEBA, 0xEBA},     {0x1715, 0x1715},   {0x1ABF, 0x1ACE},   {0x1DF6, 0x1DFA},
+    {0xA82C, 0xA82C},   {0x10D24, 0x10D27}, {0x10EAB, 0x10EAC}, {0x10EFD, 0x10EFF}, {0x10F46, 0x10F50},
+    {0x10F82, 0x10F85}, {0x11070, 0x11070}, {0x1133B, 0x1133B}, {0x1145E, 0x1145E}, {0x11839, 0x1183A},
+    {0x11930, 0x11930}, {0x11935, 0x11935}, {0x11938, 0x11938}, {0x1193D, 0x1193E}, {0x11943, 0x11943},
+    {0x119E0, 0x119E0}, {0x11A34, 0x11A34}, {0x11A47, 0x11A47}, {0x11A99, 0x11A99}, {0x11D42, 0x11D42},
+    {0x11D44, 0x11D45}, {0x11D97, 0x11D97}, {0x11F41, 0x11F42}, {0x16FF0, 0x16FF1}, {0x1E08F, 0x1E08F},
+    {0x1E130, 0x1E136}, {0x1E2AE, 0x1E2AE}, {0x1E2EC, 0x1E2EF}, {0x1E4EC, 0x1E4EF},
+};
+
+static bool is_newer_than_hf(uint32_t cp)
+{
+    size_t lo = 0, hi = sizeof newer_than_hf / sizeof newer_than_hf[0];
+    if (cp < newer_than_hf[0].lo) return false;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (cp < newer_than_hf[mid].lo) hi = mid;
+        else if (cp > newer_than_hf[mid].hi) lo = mid + 1;
+        else return true;
+    }
+    return false;
+}
+
+static int nfc_append(struct pystr_buf *out, const char *s, size_t n)
+{
+    if (n == 0) return 0;
+    utf8proc_uint8_t *dst = NULL;
+    utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst,
+                                      UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+    if (r < 0) return mm3_errorf(-EINVAL, "text: NFC normalisation failed: %s", utf8proc_errmsg(r));
+    int rc = pystr_buf_append(out, (const char *)dst, (size_t)r);
+    free(dst);
+    return rc;
+}
+
+int tok_nfc(const char *s, size_t n, char **out, size_t *out_len)
+{
+    struct pystr_buf b = {0};
+    size_t run = 0, i = 0;
+    int rc = pystr_buf_append(&b, "", 0);
+    while (i < n && rc == 0) {
+        size_t at = i;
+        if (!is_newer_than_hf(pystr_next_cp(s, n, &i))) continue;
+        rc = nfc_append(&b, s + run, at - run);
+        if (rc == 0) rc = pystr_buf_append(&b, s + at, i - at); /* kept as it is, as HF does */
+        run = i;
+    }
+    if (rc == 0) rc = nfc_append(&b, s + run, n - run);
+    if (rc < 0) {
+        pystr_buf_free(&b);
+        return rc;
+    }
+    *out_len = b.len;
+    *out = pystr_buf_take(&b);
+    return 0;
+}
