@@ -24,8 +24,14 @@ static const char *const edge_names[METRICS_EDGE_COUNT] = {"stage0_to_stage1", "
 
 static const double *histogram_bounds(const struct metrics_histogram *h, int *n)
 {
-    if (h == &mm3_metrics.ttfa_seconds) { *n = N_OF(ttfa_bounds); return ttfa_bounds; }
-    if (h == &mm3_metrics.rtf) { *n = N_OF(rtf_bounds); return rtf_bounds; }
+    if (h == &mm3_metrics.ttfa_seconds) {
+        *n = N_OF(ttfa_bounds);
+        return ttfa_bounds;
+    }
+    if (h == &mm3_metrics.rtf) {
+        *n = N_OF(rtf_bounds);
+        return rtf_bounds;
+    }
     *n = N_OF(duration_bounds);
     return duration_bounds;
 }
@@ -40,7 +46,8 @@ void metrics_histogram_observe(struct metrics_histogram *h, double v)
     int n;
     const double *b = histogram_bounds(h, &n);
     int i = 0;
-    while (i < n && v > b[i]) i++;
+    while (i < n && v > b[i])
+        i++;
     atomic_fetch_add_explicit(&h->counts[i], 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&h->count, 1, memory_order_relaxed);
     uint64_t old = atomic_load_explicit(&h->sum_bits, memory_order_relaxed), upd;
@@ -49,8 +56,8 @@ void metrics_histogram_observe(struct metrics_histogram *h, double v)
         memcpy(&s, &old, sizeof s);
         s += v;
         memcpy(&upd, &s, sizeof upd);
-    } while (!atomic_compare_exchange_weak_explicit(&h->sum_bits, &old, upd, memory_order_relaxed,
-                                                    memory_order_relaxed));
+    } while (
+        !atomic_compare_exchange_weak_explicit(&h->sum_bits, &old, upd, memory_order_relaxed, memory_order_relaxed));
 }
 
 static uint64_t counter_get(const struct metrics_counter *c)
@@ -68,8 +75,7 @@ static void render_header(FILE *f, const char *name, const char *type, const cha
     fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-static void render_counter(FILE *f, const char *name, const char *help,
-                           const struct metrics_counter *c)
+static void render_counter(FILE *f, const char *name, const char *help, const struct metrics_counter *c)
 {
     render_header(f, name, "counter", help);
     fprintf(f, "%s %llu\n", name, (unsigned long long)counter_get(c));
@@ -82,22 +88,19 @@ static void render_gauge(FILE *f, const char *name, const char *help, const stru
 }
 
 /* One counter per edge; `scale` turns stored integers into the exposed unit. */
-static void render_edge_counter(FILE *f, const char *name, const char *help,
-                                const struct metrics_counter *c, double scale)
+static void render_edge_counter(FILE *f, const char *name, const char *help, const struct metrics_counter *c,
+                                double scale)
 {
     render_header(f, name, "counter", help);
     for (int e = 0; e < METRICS_EDGE_COUNT; e++) {
         if (scale == 1.0)
-            fprintf(f, "%s{edge=\"%s\"} %llu\n", name, edge_names[e],
-                    (unsigned long long)counter_get(&c[e]));
+            fprintf(f, "%s{edge=\"%s\"} %llu\n", name, edge_names[e], (unsigned long long)counter_get(&c[e]));
         else
-            fprintf(f, "%s{edge=\"%s\"} %.6f\n", name, edge_names[e],
-                    (double)counter_get(&c[e]) * scale);
+            fprintf(f, "%s{edge=\"%s\"} %.6f\n", name, edge_names[e], (double)counter_get(&c[e]) * scale);
     }
 }
 
-static void render_histogram(FILE *f, const char *name, const char *help,
-                             const struct metrics_histogram *h)
+static void render_histogram(FILE *f, const char *name, const char *help, const struct metrics_histogram *h)
 {
     render_header(f, name, "histogram", help);
     int n;
@@ -125,8 +128,7 @@ int metrics_render(char **out, size_t *len)
     if (!f) return -ENOMEM;
     const struct mm3_metrics *m = &mm3_metrics;
 
-    render_header(f, "mm3_requests_total", "counter",
-                  "Generation requests answered, by outcome.");
+    render_header(f, "mm3_requests_total", "counter", "Generation requests answered, by outcome.");
     for (int o = 0; o < METRICS_OUTCOME_COUNT; o++)
         fprintf(f, "mm3_requests_total{outcome=\"%s\"} %llu\n", outcome_names[o],
                 (unsigned long long)counter_get(&m->requests[o]));
@@ -134,27 +136,25 @@ int metrics_render(char **out, size_t *len)
                  &m->requests_in_flight);
     render_gauge(f, "mm3_http_connections", "Open HTTP connections.", &m->http_connections);
     render_gauge(f, "mm3_queue_depth", "Songs waiting for decode rows.", &m->queue_depth);
-    render_gauge(f, "mm3_active_rows", "Stage-0 decode rows in use (two per song with CFG).",
-                 &m->active_rows);
-    render_counter(f, "mm3_frames_total", "AR frames generated (25 per second of audio); "
-                   "frames/s = rate().", &m->frames);
-    render_counter(f, "mm3_windows_total", "Stage-1 windows decoded; windows/s = rate().",
-                   &m->windows);
+    render_gauge(f, "mm3_active_rows", "Stage-0 decode rows in use (two per song with CFG).", &m->active_rows);
+    render_counter(f, "mm3_frames_total",
+                   "AR frames generated (25 per second of audio); "
+                   "frames/s = rate().",
+                   &m->frames);
+    render_counter(f, "mm3_windows_total", "Stage-1 windows decoded; windows/s = rate().", &m->windows);
     render_counter(f, "mm3_audio_samples_total", "Audio sample frames (per channel) sent to clients.",
                    &m->audio_samples);
-    render_edge_counter(f, "mm3_connector_bytes_total", "Bytes sent over the stage connector.",
-                        m->conn_bytes, 1.0);
-    render_edge_counter(f, "mm3_connector_waits_total",
-                        "Connector reads that had to wait for the peer.", m->conn_waits, 1.0);
-    render_edge_counter(f, "mm3_connector_wait_seconds_total",
-                        "Time connector readers spent waiting for the peer.", m->conn_wait_us, 1e-6);
-    render_histogram(f, "mm3_time_to_first_audio_seconds",
-                     "Request accepted to first audio ready to send.", &m->ttfa_seconds);
+    render_edge_counter(f, "mm3_connector_bytes_total", "Bytes sent over the stage connector.", m->conn_bytes, 1.0);
+    render_edge_counter(f, "mm3_connector_waits_total", "Connector reads that had to wait for the peer.", m->conn_waits,
+                        1.0);
+    render_edge_counter(f, "mm3_connector_wait_seconds_total", "Time connector readers spent waiting for the peer.",
+                        m->conn_wait_us, 1e-6);
+    render_histogram(f, "mm3_time_to_first_audio_seconds", "Request accepted to first audio ready to send.",
+                     &m->ttfa_seconds);
     render_histogram(f, "mm3_real_time_factor",
-                     "Wall time over audio duration per completed song (below 1 = faster than real time).",
-                     &m->rtf);
-    render_histogram(f, "mm3_request_duration_seconds",
-                     "Generation request accepted to answer complete.", &m->request_seconds);
+                     "Wall time over audio duration per completed song (below 1 = faster than real time).", &m->rtf);
+    render_histogram(f, "mm3_request_duration_seconds", "Generation request accepted to answer complete.",
+                     &m->request_seconds);
 
     if (fclose(f) != 0) {
         free(buf);

@@ -22,21 +22,25 @@
 
 #define METRICS_MAX_BUCKETS 16
 
-struct metrics_counter { _Atomic uint64_t v; };
-struct metrics_gauge { _Atomic int64_t v; };
+struct metrics_counter {
+    _Atomic uint64_t v;
+};
+struct metrics_gauge {
+    _Atomic int64_t v;
+};
 struct metrics_histogram {
     _Atomic uint64_t counts[METRICS_MAX_BUCKETS + 1]; /* per bucket, last = +Inf */
     _Atomic uint64_t count;
-    _Atomic uint64_t sum_bits;                        /* double, updated by CAS */
+    _Atomic uint64_t sum_bits; /* double, updated by CAS */
 };
 
 /* Label values of mm3_requests_total{outcome=...}. */
 enum metrics_outcome {
-    METRICS_OUTCOME_OK = 0,     /* audio delivered completely */
-    METRICS_OUTCOME_BAD_REQUEST,/* 4xx from validation, 404/405/413 */
-    METRICS_OUTCOME_REJECTED,   /* over capacity: 429 / 503 */
-    METRICS_OUTCOME_CANCELLED,  /* client went away */
-    METRICS_OUTCOME_FAILED,     /* engine error, 5xx, stream cut */
+    METRICS_OUTCOME_OK = 0,      /* audio delivered completely */
+    METRICS_OUTCOME_BAD_REQUEST, /* 4xx from validation, 404/405/413 */
+    METRICS_OUTCOME_REJECTED,    /* over capacity: 429 / 503 */
+    METRICS_OUTCOME_CANCELLED,   /* client went away */
+    METRICS_OUTCOME_FAILED,      /* engine error, 5xx, stream cut */
     METRICS_OUTCOME_COUNT
 };
 
@@ -45,19 +49,19 @@ enum metrics_edge { METRICS_EDGE_S0_TO_S1 = 0, METRICS_EDGE_S1_TO_S0, METRICS_ED
 
 struct mm3_metrics {
     struct metrics_counter requests[METRICS_OUTCOME_COUNT];
-    struct metrics_gauge requests_in_flight;   /* accepted generation requests not yet answered */
-    struct metrics_gauge http_connections;     /* open TCP connections */
-    struct metrics_gauge queue_depth;          /* engine: songs waiting for rows */
-    struct metrics_gauge active_rows;          /* engine: decode rows in use (2 per song with CFG) */
-    struct metrics_counter frames;             /* AR frames generated */
-    struct metrics_counter windows;            /* stage-1 windows decoded */
-    struct metrics_counter audio_samples;      /* sample frames (per channel) sent to clients */
+    struct metrics_gauge requests_in_flight; /* accepted generation requests not yet answered */
+    struct metrics_gauge http_connections;   /* open TCP connections */
+    struct metrics_gauge queue_depth;        /* engine: songs waiting for rows */
+    struct metrics_gauge active_rows;        /* engine: decode rows in use (2 per song with CFG) */
+    struct metrics_counter frames;           /* AR frames generated */
+    struct metrics_counter windows;          /* stage-1 windows decoded */
+    struct metrics_counter audio_samples;    /* sample frames (per channel) sent to clients */
     struct metrics_counter conn_bytes[METRICS_EDGE_COUNT];
     struct metrics_counter conn_waits[METRICS_EDGE_COUNT];   /* reads that had to block */
     struct metrics_counter conn_wait_us[METRICS_EDGE_COUNT]; /* time spent blocked, microseconds */
-    struct metrics_histogram ttfa_seconds;     /* request accepted -> first audio ready */
-    struct metrics_histogram rtf;              /* wall time / audio duration, per finished song */
-    struct metrics_histogram request_seconds;  /* request accepted -> answer complete */
+    struct metrics_histogram ttfa_seconds;                   /* request accepted -> first audio ready */
+    struct metrics_histogram rtf;                            /* wall time / audio duration, per finished song */
+    struct metrics_histogram request_seconds;                /* request accepted -> answer complete */
 };
 
 extern struct mm3_metrics mm3_metrics;

@@ -38,14 +38,14 @@ enum mm3_audio_format { MM3_AUDIO_WAV = 0, MM3_AUDIO_PCM, MM3_AUDIO_FLAC };
 
 /* Validated request parameters (see docs/api.md for the HTTP field names). */
 struct mm3_job_params {
-    char *lyrics;              /* UTF-8, owned by the job, non-empty after trimming */
-    char *caption;             /* UTF-8, owned by the job, non-empty after trimming */
-    int32_t max_frames;        /* AR frames cap, 1..limit (25 per second) */
+    char *lyrics;       /* UTF-8, owned by the job, non-empty after trimming */
+    char *caption;      /* UTF-8, owned by the job, non-empty after trimming */
+    int32_t max_frames; /* AR frames cap, 1..limit (25 per second) */
     uint64_t seed;
-    int32_t sample_rate;       /* output rate: 44100 or 32000 */
+    int32_t sample_rate; /* output rate: 44100 or 32000 */
     int32_t num_inference_steps;
-    float guidance_scale;      /* DiT CFG */
-    float cfg_scale;           /* AR CFG */
+    float guidance_scale; /* DiT CFG */
+    float cfg_scale;      /* AR CFG */
     enum mm3_audio_format format;
     bool stream;
 };
@@ -59,13 +59,13 @@ struct mm3_job_chunk {
 };
 
 struct mm3_job {
-    uint64_t id;                  /* unique in this process, > 0 */
+    uint64_t id; /* unique in this process, > 0 */
     struct mm3_job_params params;
-    int32_t channels;             /* of the pushed PCM */
-    int32_t pcm_rate;             /* of the pushed PCM */
+    int32_t channels; /* of the pushed PCM */
+    int32_t pcm_rate; /* of the pushed PCM */
 
     _Atomic int refs;
-    _Atomic int state;            /* enum mm3_job_state */
+    _Atomic int state; /* enum mm3_job_state */
     _Atomic bool cancel_requested;
     _Atomic int64_t frames_done;  /* AR frames generated */
     _Atomic int64_t windows_done; /* stage-1 windows decoded */
@@ -78,20 +78,20 @@ struct mm3_job {
     int http_status;
     char error[512];
 
-    void *engine_data;            /* free for the engine's use */
+    void *engine_data; /* free for the engine's use */
 
     pthread_mutex_t mu;
-    pthread_cond_t cond;          /* signalled on push, pop, cancel */
-    struct mm3_job_chunk *ring;   /* capacity + 1 slots: the end marker always fits */
+    pthread_cond_t cond;        /* signalled on push, pop, cancel */
+    struct mm3_job_chunk *ring; /* capacity + 1 slots: the end marker always fits */
     size_t ring_cap, head, count;
-    size_t pcm_capacity;          /* max PCM chunks queued before push blocks */
-    bool ended;                   /* END or ERROR queued */
+    size_t pcm_capacity; /* max PCM chunks queued before push blocks */
+    bool ended;          /* END or ERROR queued */
 };
 
 /* Create a job holding one reference. Copies the param strings. `queue_chunks`
  * bounds the queued PCM chunks (>= 1). Returns 0, -EINVAL or -ENOMEM. */
-int mm3_job_create(struct mm3_job **out, const struct mm3_job_params *params, int32_t channels,
-                   int32_t pcm_rate, size_t queue_chunks);
+int mm3_job_create(struct mm3_job **out, const struct mm3_job_params *params, int32_t channels, int32_t pcm_rate,
+                   size_t queue_chunks);
 void mm3_job_ref(struct mm3_job *job);
 /* Drop a reference; the last one frees the job, its params and any queued chunks. */
 void mm3_job_unref(struct mm3_job *job);
@@ -120,8 +120,7 @@ int mm3_job_push_pcm(struct mm3_job *job, const float *pcm, size_t n_frames, int
 int mm3_job_finish(struct mm3_job *job);
 /* End the stream with an error (state FAILED), message and HTTP status (e.g.
  * 500; 400 for a bad prompt found late). Never blocks. Returns 0 or -EPIPE. */
-int mm3_job_fail(struct mm3_job *job, int http_status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+int mm3_job_fail(struct mm3_job *job, int http_status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Record why submit refused the job (no stream marker); used with -EINVAL. */
 void mm3_job_set_error(struct mm3_job *job, int http_status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -1,0 +1,187 @@
+/* Request parsing for POST /v1/audio/speech: every field, every error names its
+ * field, the compat/our-name pairs, and the duration -> frames rule. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "stage0/api_request.h"
+
+static struct api_limits lim;
+
+static int parse(const char *json, struct mm3_job_params *p, char *field)
+{
+    return api_request_parse(json, strlen(json), &lim, p, field, 64);
+}
+
+/* The body must fail, name `field` and say something containing `needle`. */
+static void expect_bad(const char *json, const char *field, const char *needle)
+{
+    struct mm3_job_params p;
+    char f[64];
+    int rc = parse(json, &p, f);
+    if (rc != -EINVAL) fail_msg("accepted: %s", json);
+    if (strcmp(f, field) != 0) fail_msg("%s: field '%s', want '%s' (%s)", json, f, field, mm3_last_error());
+    if (!strstr(mm3_last_error(), needle)) fail_msg("%s: message '%s' lacks '%s'", json, mm3_last_error(), needle);
+    assert_null(p.lyrics);
+    assert_null(p.caption);
+}
+
+#define BASE "\"input\":\"[verse]\\nhello\",\"instructions\":\"pop\""
+
+static void test_defaults(void **state)
+{
+    struct mm3_job_params p;
+    char f[64];
+    assert_int_equal(parse("{" BASE "}", &p, f), 0);
+    assert_string_equal(p.lyrics, "[verse]\nhello");
+    assert_string_equal(p.caption, "pop");
+    assert_int_equal(p.max_frames, 9000);
+    assert_int_equal(p.seed, 0);
+    assert_int_equal(p.sample_rate, 44100);
+    assert_int_equal(p.num_inference_steps, 30);
+    assert_true(p.guidance_scale == 1.7f);
+    assert_true(p.cfg_scale == 1.5f);
+    assert_int_equal(p.format, MM3_AUDIO_WAV);
+    assert_false(p.stream);
+    mm3_job_params_free(&p);
+
+    lim.default_frames = 750; /* the defaults are configurable */
+    lim.default_sample_rate = 32000;
+    assert_int_equal(parse("{" BASE "}", &p, f), 0);
+    assert_int_equal(p.max_frames, 750);
+    assert_int_equal(p.sample_rate, 32000);
+    mm3_job_params_free(&p);
+    api_limits_default(&lim);
+}
+
+static void test_all_fields(void **state)
+{
+    struct mm3_job_params p;
+    char f[64];
+    assert_int_equal(parse("{\"lyrics\":\"la\",\"caption\":\"jazz\",\"duration_s\":60.5,\"seed\":42,"
+                           "\"response_format\":\"flac\",\"sample_rate\":32000,"
+                           "\"num_inference_steps\":8,\"guidance_scale\":2,\"cfg_scale\":1.25,"
+                           "\"stream\":true,\"stream_format\":\"audio\",\"model\":\"anything\","
+                           "\"voice\":\"default\",\"speed\":1.0,\"temperature\":null}",
+                           &p, f),
+                     0);
+    assert_string_equal(p.lyrics, "la");
+    assert_string_equal(p.caption, "jazz");
+    assert_int_equal(p.max_frames, 1512); /* int(60.5 * 25), as the ComfyUI node */
+    assert_int_equal(p.seed, 42);
+    assert_int_equal(p.format, MM3_AUDIO_FLAC);
+    assert_int_equal(p.sample_rate, 32000);
+    assert_int_equal(p.num_inference_steps, 8);
+    assert_true(p.guidance_scale == 2.0f);
+    assert_true(p.cfg_scale == 1.25f);
+    assert_true(p.stream);
+    mm3_job_params_free(&p);
+
+    assert_int_equal(parse("{" BASE ",\"max_new_tokens\":1,\"response_format\":\"pcm\",\"voice\":\"\"}", &p, f), 0);
+    assert_int_equal(p.max_frames, 1);
+    assert_int_equal(p.format, MM3_AUDIO_PCM);
+    mm3_job_params_free(&p);
+}
+
+static void test_duration_rules(void **state)
+{
+    struct mm3_job_params p;
+    char f[64];
+    struct {
+        const char *d;
+        int frames;
+    } ok[] = {
+        {"0.04", 1}, {"1", 25}, {"1.039", 25}, {"360", 9000}, {"359.99", 8999}, {"30", 750},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
+        char json[256];
+        snprintf(json, sizeof json, "{" BASE ",\"duration_s\":%s}", ok[i].d);
+        assert_int_equal(parse(json, &p, f), 0);
+        if (p.max_frames != ok[i].frames)
+            fail_msg("duration %s: %d frames, want %d", ok[i].d, p.max_frames, ok[i].frames);
+        mm3_job_params_free(&p);
+    }
+    expect_bad("{" BASE ",\"duration_s\":0.03}", "duration_s", "out of range");
+    expect_bad("{" BASE ",\"duration_s\":360.1}", "duration_s", "out of range");
+    expect_bad("{" BASE ",\"duration_s\":-1}", "duration_s", "out of range");
+    expect_bad("{" BASE ",\"duration_s\":\"30\"}", "duration_s", "expected a number");
+    expect_bad("{" BASE ",\"duration_s\":30,\"max_new_tokens\":100}", "duration_s", "only one");
+    expect_bad("{" BASE ",\"max_new_tokens\":0}", "max_new_tokens", "out of range");
+    expect_bad("{" BASE ",\"max_new_tokens\":9001}", "max_new_tokens", "1..9000");
+    expect_bad("{" BASE ",\"max_new_tokens\":10.5}", "max_new_tokens", "expected an integer");
+}
+
+static void test_text_fields(void **state)
+{
+    expect_bad("{\"instructions\":\"pop\"}", "lyrics", "required");
+    expect_bad("{\"input\":\"la\"}", "caption", "required");
+    expect_bad("{\"input\":\" \\n\\t \",\"instructions\":\"pop\"}", "input", "empty");
+    expect_bad("{\"lyrics\":\"\",\"instructions\":\"pop\"}", "lyrics", "empty");
+    expect_bad("{\"input\":\"la\",\"caption\":\"  \"}", "caption", "empty");
+    expect_bad("{\"input\":\"la\",\"lyrics\":\"la\",\"instructions\":\"pop\"}", "lyrics", "'input' and 'lyrics'");
+    expect_bad("{\"input\":\"la\",\"instructions\":\"a\",\"caption\":\"b\"}", "caption",
+               "'instructions' and 'caption'");
+    expect_bad("{\"input\":5,\"instructions\":\"pop\"}", "input", "expected a string");
+    lim.max_text_chars = 4;
+    expect_bad("{\"input\":\"hello\",\"instructions\":\"pop\"}", "input", "too long");
+    struct mm3_job_params p;
+    char f[64];
+    /* Code points, not bytes: four CJK characters are 12 bytes. */
+    assert_int_equal(
+        parse("{\"input\":\"\xe5\x8f\xa4\xe7\x90\xb4\xe5\x8f\xa4\xe7\x90\xb4\",\"instructions\":\"pop\"}", &p, f), 0);
+    mm3_job_params_free(&p);
+    api_limits_default(&lim);
+}
+
+static void test_field_errors(void **state)
+{
+    expect_bad("{" BASE ",\"seed\":-1}", "seed", "out of range");
+    expect_bad("{" BASE ",\"seed\":1.5}", "seed", "integer");
+    expect_bad("{" BASE ",\"response_format\":\"mp3\"}", "response_format", "wav, pcm or flac");
+    expect_bad("{" BASE ",\"response_format\":1}", "response_format", "string");
+    expect_bad("{" BASE ",\"sample_rate\":48000}", "sample_rate", "44100 or 32000");
+    expect_bad("{" BASE ",\"num_inference_steps\":0}", "num_inference_steps", "1..200");
+    expect_bad("{" BASE ",\"num_inference_steps\":201}", "num_inference_steps", "1..200");
+    expect_bad("{" BASE ",\"guidance_scale\":\"high\"}", "guidance_scale", "number");
+    expect_bad("{" BASE ",\"cfg_scale\":-0.5}", "cfg_scale", "out of range");
+    expect_bad("{" BASE ",\"stream\":\"yes\"}", "stream", "true or false");
+    expect_bad("{" BASE ",\"stream_format\":\"sse\"}", "stream_format", "audio");
+    expect_bad("{" BASE ",\"model\":3}", "model", "string");
+    expect_bad("{" BASE ",\"voice\":\"alloy\"}", "voice", "no voices");
+    expect_bad("{" BASE ",\"speed\":1.5}", "speed", "1.0");
+    expect_bad("{" BASE ",\"temperature\":0.9}", "temperature", "recipe");
+    expect_bad("{" BASE ",\"top_p\":0.9}", "top_p", "recipe");
+    expect_bad("{" BASE ",\"top_k\":50}", "top_k", "recipe");
+    expect_bad("{" BASE ",\"repetition_penalty\":1.1}", "repetition_penalty", "recipe");
+    expect_bad("{" BASE ",\"ref_audio\":\"x\"}", "ref_audio", "unknown field");
+    expect_bad("{" BASE ",\"durationS\":3}", "durationS", "unknown field");
+}
+
+static void test_malformed(void **state)
+{
+    expect_bad("", "body", "invalid JSON");
+    expect_bad("{\"input\":", "body", "line 1");
+    expect_bad("{\"input\":\"a\",\n\"instructions\" \"b\"}", "body", "line 2");
+    expect_bad("[1,2]", "body", "JSON object");
+    expect_bad("\"text\"", "body", "invalid JSON"); /* jansson refuses bare scalars by default */
+    expect_bad("{" BASE ",\"seed\":1,\"seed\":2}", "body", "duplicate");
+    expect_bad("{\"input\":\"\\u0000\",\"instructions\":\"pop\"}", "body", "invalid JSON");
+    expect_bad("{\"input\":\"\xff\",\"instructions\":\"pop\"}", "body", "invalid JSON");
+}
+
+int main(void)
+{
+    api_limits_default(&lim);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults),    cmocka_unit_test(test_all_fields),   cmocka_unit_test(test_duration_rules),
+        cmocka_unit_test(test_text_fields), cmocka_unit_test(test_field_errors), cmocka_unit_test(test_malformed),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,518 @@
+/* The HTTP API end to end on loopback, against a fake engine that produces PCM
+ * chunks from its own threads: whole-file and streamed answers carry the same
+ * samples, capacity and size limits answer with the right codes, a client that
+ * disconnects cancels its job exactly once, /health and /metrics answer. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <FLAC/stream_decoder.h>
+
+#include "common/http_client.h"
+#include "common/metrics.h"
+#include "stage0/http_server.h"
+
+#include "test_api_fake.h"
+
+static uint32_t le32(const void *p)
+{
+    const uint8_t *b = p;
+    return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+}
+
+static uint16_t le16(const void *p)
+{
+    const uint8_t *b = p;
+    return (uint16_t)(b[0] | b[1] << 8);
+}
+
+/* PCM16 LE stereo data must equal the fake signal for n_frames frames. */
+static void check_pcm(const uint8_t *data, size_t n_frames)
+{
+    for (size_t f = 0; f < n_frames; f++)
+        for (int c = 0; c < 2; c++) {
+            int16_t got = (int16_t)le16(data + (f * 2 + (size_t)c) * 2);
+            int16_t want = wav_sample_pcm16(fake_sample(f, c));
+            if (got != want) fail_msg("frame %zu ch %d: %d != %d", f, c, got, want);
+        }
+}
+
+#define SONG "{\"input\":\"[verse]\\nla la\",\"instructions\":\"lo-fi\",\"max_new_tokens\":500"
+
+static void test_whole_wav(void **state)
+{
+    struct fixture *fx = fixture_start(FAKE_OK, 0);
+    struct http_client_response r;
+    assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", SONG "}", &r), 0);
+    assert_int_equal(r.status, 200);
+    assert_true(r.complete);
+    assert_string_equal(http_client_header(&r, "content-type"), "audio/wav");
+    size_t n_frames = 5 * 4410, data = n_frames * 4;
+    assert_int_equal(r.body_len, 44 + data);
+    const uint8_t *b = (const uint8_t *)r.body;
+    assert_memory_equal(b, "RIFF", 4);
+    assert_int_equal(le32(b + 4), 36 + data);
+    assert_memory_equal(b + 8, "WAVEfmt ", 8);
+    assert_int_equal(le16(b + 20), 1); /* PCM */
+    assert_int_equal(le16(b + 22), 2); /* stereo */
+    assert_int_equal(le32(b + 24), 44100);
+    assert_int_equal(le16(b + 34), 16);
+    assert_memory_equal(b + 36, "data", 4);
+    assert_int_equal(le32(b + 40), data);
+    check_pcm(b + 44, n_frames);
+    http_client_response_free(&r);
+    fixture_stop(fx);
+}
+
+static void test_stream_equals_whole(void **state)
+{
+    struct fixture *fx = fixture_start(FAKE_OK, 0);
+    fx->fe.delay_ms = 10;
+    struct http_client_response whole, st;
+    assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", SONG "}", &whole), 0);
+    assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", SONG ",\"stream\":true}", &st), 0);
+    assert_int_equal(st.status, 200);
+    assert_true(st.chunked);
+    assert_true(st.complete);
+    assert_true(st.n_chunks >= 2);
+    assert_int_equal(st.body_len, whole.body_len);
+    assert_int_equal(le32(st.body + 4), 0xFFFFFFFFu); /* length unknown while streaming */
+    assert_int_equal(le32(st.body + 40), 0xFFFFFFFFu);
+    assert_memory_equal(st.body + 44, whole.body + 44, whole.body_len - 44);
+    http_client_response_free(&whole);
+    http_client_response_free(&st);
+
+    /* Raw PCM streamed == raw PCM whole == the WAV's data. */
+    assert_int_equal(
+        do_request(fx, "POST", "/v1/audio/speech", SONG ",\"response_format\":\"pcm\",\"stream\":true}", &st), 0);
+    assert_int_equal(st.status, 200);
+    assert_string_equal(http_client_header(&st, "content-type"), "audio/pcm");
+    assert_string_equal(http_client_header(&st, "x-sample-rate"), "44100");
+    assert_int_equal(st.body_len, 5 * 4410 * 4);
+    check_pcm((const uint8_t *)st.body, 5 * 4410);
+    http_client_response_free(&st);
+    fixture_stop(fx);
+}
+
+struct flac_mem {
+    const uint8_t *data;
+    size_t len, pos;
+    size_t frames;
+    bool mismatch;
+    unsigned rate, channels;
+};
+
+static FLAC__StreamDecoderReadStatus flac_read(const FLAC__StreamDecoder *d, FLAC__byte buf[], size_t *n, void *cls)
+{
+    struct flac_mem *m = cls;
+    size_t k = m->len - m->pos < *n ? m->len - m->pos : *n;
+    memcpy(buf, m->data + m->pos, k);
+    m->pos += k;
+    *n = k;
+    return k ? FLAC__STREAM_DECODER_READ_STATUS_CONTINUE : FLAC__STREAM_DECODER_READ_STATUS_END_OF_STREAM;
+}
+
+static FLAC__StreamDecoderWriteStatus flac_write(const FLAC__StreamDecoder *d, const FLAC__Frame *fr,
+                                                 const FLAC__int32 *const buf[], void *cls)
+{
+    struct flac_mem *m = cls;
+    m->rate = fr->header.sample_rate;
+    m->channels = fr->header.channels;
+    for (unsigned i = 0; i < fr->header.blocksize; i++, m->frames++)
+        for (int c = 0; c < 2; c++)
+            if (buf[c][i] != wav_sample_pcm16(fake_sample(m->frames, c))) m->mismatch = true;
+    return FLAC__STREAM_DECODER_WRITE_STATUS_CONTINUE;
+}
+
+static void flac_error(const FLAC__StreamDecoder *d, FLAC__StreamDecoderErrorStatus s, void *cls)
+{
+    ((struct flac_mem *)cls)->mismatch = true;
+}
+
+static void check_flac(const char *body, size_t len, size_t want_frames)
+{
+    struct flac_mem m = {(const uint8_t *)body, len, 0, 0, false, 0, 0};
+    FLAC__StreamDecoder *d = FLAC__stream_decoder_new();
+    assert_int_equal(
+        FLAC__stream_decoder_init_stream(d, flac_read, NULL, NULL, NULL, NULL, flac_write, NULL, flac_error, &m),
+        FLAC__STREAM_DECODER_INIT_STATUS_OK);
+    assert_true(FLAC__stream_decoder_process_until_end_of_stream(d));
+    FLAC__stream_decoder_delete(d);
+    assert_false(m.mismatch);
+    assert_int_equal(m.frames, want_frames);
+    assert_int_equal(m.rate, 44100);
+    assert_int_equal(m.channels, 2);
+}
+
+static void test_flac(void **state)
+{
+    struct fixture *fx = fixture_start(FAKE_OK, 0);
+    struct http_client_response r;
+    assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", SONG ",\"response_format\":\"flac\"}", &r), 0);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(http_client_header(&r, "content-type"), "audio/flac");
+    assert_memory_equal(r.body, "fLaC", 4);
+    check_flac(r.body, r.body_len, 5 * 4410);
+    http_client_response_free(&r);
+    assert_int_equal(
+        do_request(fx, "POST", "/v1/audio/speech", SONG ",\"response_format\":\"flac\",\"stream\":true}", &r), 0);
+    assert_int_equal(r.status, 200);
+    assert_true(r.chunked && r.complete);
+    check_flac(r.body, r.body_len, 5 * 4410);
+    http_client_response_free(&r);
+    fixture_stop(fx);
+}
+
+static void test_resampled_length(void **state)
+{
+    struct fixture *fx = fixture_start(FAKE_OK, 0);
+    struct http_client_response whole, st;
+    assert_int_equal(
+        do_request(fx, "POST", "/v1/audio/speech", SONG ",\"response_format\":\"pcm\",\"sample_rate\":32000}", &whole),
+        0);
+    assert_int_equal(whole.status, 200);
+    assert_string_equal(http_client_header(&whole, "x-sample-rate"), "32000");
+    /* ceil(22050 * 320 / 441) = 16000 frames of 4 bytes */
+    assert_int_equal(whole.body_len, 16000 * 4);
+    assert_int_equal(do_request(fx, "POST", "/v1/audio/speech",
+                                SONG ",\"response_format\":\"pcm\",\"sample_rate\":32000,\"stream\":true}", &st),
+                     0);
+    assert_int_equal(st.body_len, whole.body_len);
+    assert_memory_equal(st.body, whole.body, whole.body_len);
+    http_client_response_free(&whole);
+    http_client_response_free(&st);
+    fixture_stop(fx);
+}
+
+static void check_error(struct http_client_response *r, int status, const char *needle)
+{
+    if (r->status != status) fail_msg("status %d, want %d: %s", r->status, status, r->body);
+    assert_string_equal(http_client_header(r, "content-type"), "application/json");
+    if (!strstr(r->body, needle)) fail_msg("body %s lacks '%s'", r->body, needle);
+}
+
+static void test_errors(void **state)
+{
+    struct fixture *fx = fixture_start(FAKE_OK, 0);
+    struct http_client_response r;
+    assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", "{\"input\": ", &r), 0);
+    check_error(&r, 400, "invalid JSON at line 1");
+    http_client_response_free(&r);
+    assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", SONG ",\"temperature\":0.9}", &r), 0);
+    check_error(&r, 400, "\"param\":\"temperature\"");
+    http_client_response_free(&r);
+    assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", "", &r), 0);
+    check_error(&r, 400, "body");
+    http_client_response_free(&r);
+
+    char *big = malloc(8192);
+    memset(big, ' ', 8191);
+    memcpy(big, "{\"input\":\"", 10);
+    big[8191] = 0;
+    assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", big, &r), 0);
+    check_error(&r, 413, "larger than 4096");
+    http_client_response_free(&r);
+    free(big);
+
+    assert_int_equal(do_request(fx, "GET", "/nope", NULL, &r), 0);
+    assert_int_equal(r.status, 404);
+    http_client_response_free(&r);
+    assert_int_equal(do_request(fx, "GET", "/v1/audio/speech", NULL, &r), 0);
+    assert_int_equal(r.status, 405);
+    http_client_response_free(&r);
+    assert_int_equal(atomic_load(&fx->fe.submits), 0); /* none of these reached the engine */
+    fixture_stop(fx);
+}
+
+static void test_engine_refusals(void **state)
+{
+    struct fixture *fx = fixture_start(FAKE_EAGAIN, 0);
+    struct http_client_response r;
+    assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", SONG "}", &r), 0);
+    check_error(&r, 503, "busy");
+    assert_non_null(http_client_header(&r, "retry-after"));
+    assert_string_equal(http_client_header(&r, "retry-after"), "5");
+    http_client_response_free(&r);
+
+    fx->fe.mode = FAKE_EINVAL;
+    assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", SONG "}", &r), 0);
+    check_error(&r, 400, "5000");
+    http_client_response_free(&r);
+
+    fx->fe.mode = FAKE_FAIL_EARLY;
+    assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", SONG ",\"stream\":true}", &r), 0);
+    check_error(&r, 500, "stage 1 died");
+    http_client_response_free(&r);
+
+    /* A failure after audio went out can only cut the chunked stream. */
+    fx->fe.mode = FAKE_FAIL_MID;
+    assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", SONG ",\"stream\":true}", &r), 0);
+    assert_int_equal(r.status, 200);
+    assert_true(r.chunked);
+    assert_false(r.complete);
+    http_client_response_free(&r);
+    assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", SONG "}", &r), 0);
+    check_error(&r, 500, "stage 1 died");
+    http_client_response_free(&r);
+    fixture_stop(fx);
+}
+
+/* Open a raw connection and send a request; returns the socket. */
+static int raw_post(struct fixture *fx, const char *body)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(http_server_port(fx->srv))};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    char head[256];
+    int n = snprintf(head, sizeof head,
+                     "POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\n\r\n",
+                     strlen(body));
+    assert_int_equal(send(fd, head, (size_t)n, 0), n);
+    assert_int_equal(send(fd, body, strlen(body), 0), (ssize_t)strlen(body));
+    return fd;
+}
+
+static void wait_cancels(struct fixture *fx, int want)
+{
+    for (int i = 0; i < 300 && atomic_load(&fx->fe.cancels) < want; i++)
+        sleep_ms(10);
+    sleep_ms(100); /* a second cancel would show up now */
+    assert_int_equal(atomic_load(&fx->fe.cancels), want);
+}
+
+static void test_disconnect_cancels_once(void **state)
+{
+    struct fixture *fx = fixture_start(FAKE_ENDLESS, 0);
+    fx->fe.delay_ms = 5;
+    int fd = raw_post(fx, SONG ",\"stream\":true}");
+    char buf[4096];
+    ssize_t n = recv(fd, buf, sizeof buf - 1, 0); /* headers and some audio */
+    assert_true(n > 12);
+    buf[n] = 0;
+    assert_memory_equal(buf, "HTTP/1.1 200", 12);
+    close(fd);
+    wait_cancels(fx, 1);
+
+    /* Gone while waiting for a whole file: same. */
+    fd = raw_post(fx, SONG "}");
+    sleep_ms(100);
+    close(fd);
+    wait_cancels(fx, 2);
+    fixture_stop(fx);
+}
+
+static void test_progress(void **state)
+{
+    struct fixture *fx = fixture_start(FAKE_ENDLESS, 0);
+    fx->fe.delay_ms = 5;
+    int fd = raw_post(fx, SONG ",\"stream\":true}");
+    char buf[1024];
+    ssize_t n = recv(fd, buf, sizeof buf - 1, 0);
+    assert_true(n > 0);
+    buf[n] = 0;
+    char *idh = strstr(buf, "X-Request-Id: ");
+    assert_non_null(idh);
+    unsigned long long id = strtoull(idh + 14, NULL, 10);
+    char path[64];
+    snprintf(path, sizeof path, "/v1/audio/speech/%llu", id);
+    sleep_ms(50);
+    struct http_client_response r;
+    assert_int_equal(do_request(fx, "GET", path, NULL, &r), 0);
+    assert_int_equal(r.status, 200);
+    long long frames = -1, windows = -1, total = -1;
+    const char *p = strstr(r.body, "\"frames_done\":");
+    assert_non_null(p);
+    frames = strtoll(p + 14, NULL, 10);
+    p = strstr(r.body, "\"windows_done\":");
+    assert_non_null(p);
+    windows = strtoll(p + 15, NULL, 10);
+    p = strstr(r.body, "\"frames_total\":");
+    assert_non_null(p);
+    total = strtoll(p + 15, NULL, 10);
+    assert_true(frames >= 100 && windows >= 1);
+    assert_int_equal(frames, windows * 100);
+    assert_int_equal(total, 500);
+    assert_non_null(strstr(r.body, "\"state\":\"running\""));
+    http_client_response_free(&r);
+    close(fd);
+    wait_cancels(fx, 1);
+    assert_int_equal(do_request(fx, "GET", path, NULL, &r), 0); /* answer over: unlisted */
+    assert_int_equal(r.status, 404);
+    http_client_response_free(&r);
+    assert_int_equal(do_request(fx, "GET", "/v1/audio/speech/x1", NULL, &r), 0);
+    assert_int_equal(r.status, 404);
+    http_client_response_free(&r);
+    fixture_stop(fx);
+}
+
+static void test_stop_while_streaming(void **state)
+{
+    struct fixture *fx = fixture_start(FAKE_ENDLESS, 0);
+    fx->fe.delay_ms = 5;
+    int fd = raw_post(fx, SONG ",\"stream\":true}");
+    char buf[256];
+    assert_true(recv(fd, buf, sizeof buf, 0) > 0);
+    http_server_stop(fx->srv); /* must end the answer, not wait for the song */
+    fx->srv = NULL;
+    assert_int_equal(atomic_load(&fx->fe.cancels), 1);
+    close(fd);
+    fixture_stop(fx);
+}
+
+static void short_timeout(struct http_server_config *cfg)
+{
+    cfg->request_timeout_s = 0.2;
+}
+
+static void test_request_timeout(void **state)
+{
+    fixture_tweak = short_timeout;
+    struct fixture *fx = fixture_start(FAKE_ENDLESS, 0);
+    fx->fe.delay_ms = 5;
+    struct http_client_response r;
+    assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", SONG "}", &r), 0);
+    check_error(&r, 504, "request_timeout_s");
+    http_client_response_free(&r);
+    assert_int_equal(atomic_load(&fx->fe.cancels), 1);
+    /* Streaming: the stream is cut once the deadline passes. */
+    assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", SONG ",\"stream\":true}", &r), 0);
+    assert_int_equal(r.status, 200);
+    assert_false(r.complete);
+    assert_true(r.body_len > 44);
+    http_client_response_free(&r);
+    assert_int_equal(atomic_load(&fx->fe.cancels), 2);
+    fixture_stop(fx);
+}
+
+static void two_connections(struct http_server_config *cfg)
+{
+    cfg->max_connections = 2;
+}
+
+static void test_connection_limit(void **state)
+{
+    fixture_tweak = two_connections;
+    struct fixture *fx = fixture_start(FAKE_OK, 0);
+    int fds[2];
+    for (int i = 0; i < 2; i++) {
+        fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(http_server_port(fx->srv))};
+        inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+        assert_int_equal(connect(fds[i], (struct sockaddr *)&a, sizeof a), 0);
+    }
+    sleep_ms(50); /* let the server accept both */
+    struct http_client_response r;
+    assert_true(do_request(fx, "GET", "/health", NULL, &r) < 0); /* refused: no answer at all */
+    http_client_response_free(&r);
+    close(fds[0]);
+    int rc = -1;
+    for (int i = 0; i < 40 && rc < 0; i++) { /* a slot is free again once the server saw the close */
+        sleep_ms(50);
+        rc = do_request(fx, "GET", "/health", NULL, &r);
+        if (rc < 0) http_client_response_free(&r);
+    }
+    assert_int_equal(rc, 0);
+    assert_int_equal(r.status, 200);
+    http_client_response_free(&r);
+    close(fds[1]);
+    fixture_stop(fx);
+}
+
+static void test_queue_depth_429(void **state)
+{
+    struct fixture *fx = fixture_start(FAKE_ENDLESS, 1);
+    fx->fe.delay_ms = 5;
+    int fd = raw_post(fx, SONG ",\"stream\":true}");
+    char buf[256];
+    assert_true(recv(fd, buf, sizeof buf, 0) > 0); /* the first request is being served */
+    struct http_client_response r;
+    assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", SONG "}", &r), 0);
+    check_error(&r, 429, "busy");
+    assert_non_null(http_client_header(&r, "retry-after"));
+    http_client_response_free(&r);
+    assert_int_equal(atomic_load(&fx->fe.submits), 1);
+    close(fd);
+    wait_cancels(fx, 1);
+    fixture_stop(fx);
+}
+
+static void test_health_metrics(void **state)
+{
+    metrics_reset();
+    struct fixture *fx = fixture_start(FAKE_OK, 0);
+    struct http_client_response r;
+    assert_int_equal(do_request(fx, "GET", "/health", NULL, &r), 0);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(http_client_header(&r, "content-type"), "application/json");
+    assert_non_null(strstr(r.body, "\"ready\":true"));
+    assert_non_null(strstr(r.body, "\"stage1\":{\"state\":\"ready\""));
+    http_client_response_free(&r);
+    fx->fe.ready = false;
+    assert_int_equal(do_request(fx, "GET", "/health", NULL, &r), 0);
+    assert_int_equal(r.status, 503);
+    assert_non_null(strstr(r.body, "\"stage1\":{\"state\":\"starting\""));
+    http_client_response_free(&r);
+
+    assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", SONG "}", &r), 0);
+    assert_int_equal(r.status, 200);
+    http_client_response_free(&r);
+    assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", "{}", &r), 0);
+    assert_int_equal(r.status, 400);
+    http_client_response_free(&r);
+    assert_int_equal(do_request(fx, "GET", "/metrics", NULL, &r), 0);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(http_client_header(&r, "content-type"), METRICS_CONTENT_TYPE);
+    assert_non_null(strstr(r.body, "mm3_requests_total{outcome=\"ok\"} 1\n"));
+    assert_non_null(strstr(r.body, "mm3_requests_total{outcome=\"bad_request\"} 1\n"));
+    assert_non_null(strstr(r.body, "mm3_frames_total 500\n"));
+    assert_non_null(strstr(r.body, "mm3_windows_total 5\n"));
+    assert_non_null(strstr(r.body, "mm3_queue_depth 3\n"));
+    assert_non_null(strstr(r.body, "mm3_active_rows 4\n"));
+    assert_non_null(strstr(r.body, "mm3_time_to_first_audio_seconds_count 1\n"));
+    assert_non_null(strstr(r.body, "mm3_real_time_factor_count 1\n"));
+    assert_non_null(strstr(r.body, "mm3_audio_samples_total 22050\n"));
+    http_client_response_free(&r);
+    assert_int_equal(do_request(fx, "GET", "/v1/models", NULL, &r), 0);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "MiniMax-Music3"));
+    http_client_response_free(&r);
+    fixture_stop(fx);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_whole_wav),
+        cmocka_unit_test(test_stream_equals_whole),
+        cmocka_unit_test(test_flac),
+        cmocka_unit_test(test_resampled_length),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_engine_refusals),
+        cmocka_unit_test(test_disconnect_cancels_once),
+        cmocka_unit_test(test_progress),
+        cmocka_unit_test(test_stop_while_streaming),
+        cmocka_unit_test(test_request_timeout),
+        cmocka_unit_test(test_connection_limit),
+        cmocka_unit_test(test_queue_depth_429),
+        cmocka_unit_test(test_health_metrics),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

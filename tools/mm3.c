@@ -1,0 +1,503 @@
+/* mm3: command-line client of the mm3 server.
+ *
+ *   mm3 generate (--caption TEXT | --caption-file F) (--lyrics-file F | --lyrics TEXT)
+ *                [--duration S] [--seed N] [-o song.wav] [--format wav|pcm|flac]
+ *                [--sample-rate 44100|32000] [--steps N] [--quiet] [--url URL]
+ *   mm3 health [--url URL]
+ *
+ * generate always streams (stream: true): audio is written as stage 1 finishes
+ * each window, into OUT.part, renamed to OUT when the stream ended properly (a
+ * streamed WAV's "unknown" sizes are patched then). Progress comes from
+ * GET /v1/audio/speech/{X-Request-Id}, polled from a second thread; on a
+ * terminal it is a bar, otherwise a plain line per window. See docs/api.md. */
+#include <errno.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "common/error.h"
+#include "common/http_client.h"
+
+#define DEFAULT_URL "http://127.0.0.1:8000"
+#define MAX_TEXT_FILE (1 << 20)
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage:\n"
+               "  mm3 generate (--caption TEXT | --caption-file F) (--lyrics-file F | --lyrics TEXT)\n"
+               "               [--duration S] [--seed N] [-o song.wav] [--format wav|pcm|flac]\n"
+               "               [--sample-rate 44100|32000] [--steps N] [--quiet] [--url URL]\n"
+               "  mm3 health [--url URL]\n"
+               "URL defaults to $MM3_URL, else " DEFAULT_URL ".\n");
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static char *read_text_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "mm3: %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    char *buf = malloc(MAX_TEXT_FILE + 1);
+    size_t n = buf ? fread(buf, 1, MAX_TEXT_FILE + 1, f) : 0;
+    bool err = ferror(f);
+    fclose(f);
+    if (!buf || err || n > MAX_TEXT_FILE) {
+        fprintf(stderr, "mm3: %s: %s\n", path, !buf ? "out of memory" : err ? "read error" : "larger than 1 MiB");
+        free(buf);
+        return NULL;
+    }
+    buf[n] = 0;
+    return buf;
+}
+
+/* ---- generate ---- */
+
+struct gen {
+    const char *base_url;
+    const char *out_path;
+    char part_path[4096];
+    FILE *out;
+    bool quiet, tty;
+    double t0;
+    int status;
+    size_t err_cap; /* error body collected here */
+    char *err_body;
+    size_t err_len;
+    /* shared with the progress thread */
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    bool done;
+    unsigned long long id;
+    bool have_id;
+    uint64_t bytes;
+    int rate, channels;
+    size_t header_bytes;
+    long long max_frames;
+    bool wav;
+    long long last_frames, last_windows; /* last progress seen, for the final bar */
+};
+
+static double audio_seconds(struct gen *g)
+{
+    if (g->rate <= 0 || g->channels <= 0 || g->bytes < g->header_bytes) return 0;
+    return (double)(g->bytes - g->header_bytes) / ((double)g->rate * g->channels * 2);
+}
+
+static int on_headers(void *user, const struct http_client_response *r)
+{
+    struct gen *g = user;
+    g->status = r->status;
+    if (r->status != 200) return 0;
+    const char *v;
+    pthread_mutex_lock(&g->mu);
+    if ((v = http_client_header(r, "x-request-id"))) {
+        g->id = strtoull(v, NULL, 10);
+        g->have_id = true;
+    }
+    g->rate = (v = http_client_header(r, "x-sample-rate")) ? atoi(v) : 0;
+    g->channels = (v = http_client_header(r, "x-channels")) ? atoi(v) : 0;
+    g->max_frames = (v = http_client_header(r, "x-max-frames")) ? atoll(v) : 0;
+    v = http_client_header(r, "content-type");
+    g->wav = v && strcmp(v, "audio/wav") == 0;
+    /* FLAC bytes do not map to seconds; progress then relies on the server only. */
+    if (v && strcmp(v, "audio/flac") == 0) g->rate = 0;
+    g->header_bytes = g->wav ? 44 : 0;
+    pthread_cond_broadcast(&g->cond);
+    pthread_mutex_unlock(&g->mu);
+    return 0;
+}
+
+static int on_body(void *user, const void *data, size_t n)
+{
+    struct gen *g = user;
+    if (g->status != 200) { /* keep the error body for the message */
+        if (g->err_len + n + 1 > g->err_cap) {
+            size_t cap = (g->err_len + n + 1) * 2;
+            char *b = realloc(g->err_body, cap);
+            if (!b) return -ENOMEM;
+            g->err_body = b;
+            g->err_cap = cap;
+        }
+        memcpy(g->err_body + g->err_len, data, n);
+        g->err_len += n;
+        g->err_body[g->err_len] = 0;
+        return 0;
+    }
+    if (fwrite(data, 1, n, g->out) != n) return -EIO;
+    pthread_mutex_lock(&g->mu);
+    g->bytes += n;
+    pthread_mutex_unlock(&g->mu);
+    return 0;
+}
+
+struct progress {
+    long long frames, total, windows;
+    bool from_server;
+};
+
+/* Ask the server; without an answer, estimate frames from the audio received. */
+static void progress_poll(struct gen *g, unsigned long long id, struct progress *p)
+{
+    char url[512];
+    snprintf(url, sizeof url, "%s/v1/audio/speech/%llu", g->base_url, id);
+    struct http_client_response r;
+    struct http_client_request rq = {.url = url, .method = "GET", .timeout_ms = 2000};
+    p->from_server = false;
+    if (http_client_request(&rq, &r) == 0 && r.status == 200) {
+        json_t *o = json_loads(r.body, 0, NULL);
+        if (o) {
+            p->frames = json_integer_value(json_object_get(o, "frames_done"));
+            p->total = json_integer_value(json_object_get(o, "frames_total"));
+            p->windows = json_integer_value(json_object_get(o, "windows_done"));
+            p->from_server = true;
+            json_decref(o);
+        }
+    }
+    http_client_response_free(&r);
+}
+
+static void progress_draw(struct gen *g, const struct progress *p, double audio_s, bool final)
+{
+    double el = now_s() - g->t0;
+    long long total = p->total > 0 ? p->total : g->max_frames;
+    double frac = total > 0 ? (double)p->frames / (double)total : 0;
+    if (frac > 1) frac = 1;
+    char eta[32] = "--:--";
+    if (frac > 0.001 && !final) {
+        int s = (int)(el * (1 - frac) / frac + 0.5);
+        snprintf(eta, sizeof eta, "%d:%02d", s / 60, s % 60);
+    }
+    if (g->tty) {
+        char bar[31];
+        int fill = (int)(frac * 30 + 0.5);
+        for (int i = 0; i < 30; i++)
+            bar[i] = i < fill ? '#' : '.';
+        bar[30] = 0;
+        fprintf(stderr, "\r\033[K[%s] %3d%%  frames %lld/%lld  windows %lld  audio %.1fs  ETA %s%s", bar,
+                (int)(frac * 100 + 0.5), p->frames, total, p->windows, audio_s, eta, final ? "\n" : "");
+    } else {
+        fprintf(stderr, "progress: frames %lld/%lld windows %lld audio %.1fs elapsed %.1fs eta %s\n", p->frames, total,
+                p->windows, audio_s, el, eta);
+    }
+}
+
+static void *progress_thread(void *arg)
+{
+    struct gen *g = arg;
+    long long last_windows = -1;
+    double last_line = 0;
+    pthread_mutex_lock(&g->mu);
+    for (;;) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 500 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&g->cond, &g->mu, &ts);
+        if (g->done) break;
+        if (!g->have_id) continue;
+        unsigned long long id = g->id;
+        double audio_s = audio_seconds(g);
+        long long maxf = g->max_frames;
+        pthread_mutex_unlock(&g->mu);
+
+        struct progress p = {0};
+        progress_poll(g, id, &p);
+        if (!p.from_server && maxf > 0) {
+            /* fall back on audio received: frames at 25/s is the model's frame rate */
+            p.frames = (long long)(audio_s * 25.0);
+            p.total = maxf;
+        }
+        pthread_mutex_lock(&g->mu);
+        g->last_frames = p.frames;
+        g->last_windows = p.windows;
+        pthread_mutex_unlock(&g->mu);
+        bool line_due = p.windows != last_windows || now_s() - last_line > 10;
+        if (g->tty || line_due) {
+            progress_draw(g, &p, audio_s, false);
+            last_windows = p.windows;
+            last_line = now_s();
+        }
+        pthread_mutex_lock(&g->mu);
+    }
+    pthread_mutex_unlock(&g->mu);
+    return NULL;
+}
+
+/* A streamed WAV says "length unknown"; a finished file should say its length. */
+static int wav_patch_sizes(FILE *f, uint64_t total)
+{
+    if (total < 44 || total - 8 > 0xFFFFFFFFu) return 0;
+    uint32_t riff = (uint32_t)(total - 8), data = (uint32_t)(total - 44);
+    uint8_t b[4];
+    for (int i = 0; i < 4; i++)
+        b[i] = (uint8_t)(riff >> (8 * i));
+    if (fseek(f, 4, SEEK_SET) || fwrite(b, 1, 4, f) != 4) return -EIO;
+    for (int i = 0; i < 4; i++)
+        b[i] = (uint8_t)(data >> (8 * i));
+    if (fseek(f, 40, SEEK_SET) || fwrite(b, 1, 4, f) != 4) return -EIO;
+    return 0;
+}
+
+static const char *error_message(struct gen *g)
+{
+    static char msg[1024];
+    json_t *o = g->err_body ? json_loads(g->err_body, 0, NULL) : NULL;
+    const char *m = o ? json_string_value(json_object_get(json_object_get(o, "error"), "message")) : NULL;
+    snprintf(msg, sizeof msg, "%s", m ? m : g->err_body ? g->err_body : "(no message)");
+    json_decref(o);
+    return msg;
+}
+
+static int cmd_generate(int argc, char **argv, const char *url)
+{
+    const char *caption = NULL, *caption_file = NULL, *lyrics = NULL, *lyrics_file = NULL;
+    const char *out_path = NULL, *format = NULL;
+    double duration = -1;
+    long long seed = -1, steps = -1, rate = -1;
+    bool quiet = false;
+    static const struct option opts[] = {
+        {"caption", required_argument, 0, 'c'},  {"caption-file", required_argument, 0, 'C'},
+        {"lyrics", required_argument, 0, 'l'},   {"lyrics-file", required_argument, 0, 'L'},
+        {"duration", required_argument, 0, 'd'}, {"seed", required_argument, 0, 's'},
+        {"output", required_argument, 0, 'o'},   {"format", required_argument, 0, 'f'},
+        {"steps", required_argument, 0, 'n'},    {"sample-rate", required_argument, 0, 'r'},
+        {"quiet", no_argument, 0, 'q'},          {"url", required_argument, 0, 'u'},
+        {"help", no_argument, 0, 'h'},           {0, 0, 0, 0},
+    };
+    int ch;
+    optind = 1;
+    while ((ch = getopt_long(argc, argv, "o:qh", opts, NULL)) != -1) {
+        char *end = NULL;
+        switch (ch) {
+        case 'c':
+            caption = optarg;
+            break;
+        case 'C':
+            caption_file = optarg;
+            break;
+        case 'l':
+            lyrics = optarg;
+            break;
+        case 'L':
+            lyrics_file = optarg;
+            break;
+        case 'd':
+            duration = strtod(optarg, &end);
+            break;
+        case 's':
+            seed = strtoll(optarg, &end, 10);
+            break;
+        case 'n':
+            steps = strtoll(optarg, &end, 10);
+            break;
+        case 'r':
+            rate = strtoll(optarg, &end, 10);
+            break;
+        case 'o':
+            out_path = optarg;
+            break;
+        case 'f':
+            format = optarg;
+            break;
+        case 'q':
+            quiet = true;
+            break;
+        case 'u':
+            url = optarg;
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
+        }
+        if (end && *end) {
+            fprintf(stderr, "mm3: not a number: '%s'\n", optarg);
+            return 2;
+        }
+    }
+    if (optind != argc || !caption == !caption_file || !lyrics == !lyrics_file) {
+        fprintf(stderr, "mm3 generate: give exactly one of --caption/--caption-file and one of "
+                        "--lyrics/--lyrics-file\n");
+        usage(stderr);
+        return 2;
+    }
+    if (!format) {
+        const char *dot = out_path ? strrchr(out_path, '.') : NULL;
+        format = dot && (!strcmp(dot, ".flac") || !strcmp(dot, ".pcm")) ? dot + 1 : "wav";
+    }
+    if (!out_path) out_path = !strcmp(format, "flac") ? "song.flac" : !strcmp(format, "pcm") ? "song.pcm" : "song.wav";
+
+    char *cap_buf = caption_file ? read_text_file(caption_file) : NULL;
+    char *lyr_buf = lyrics_file ? read_text_file(lyrics_file) : NULL;
+    if ((caption_file && !cap_buf) || (lyrics_file && !lyr_buf)) {
+        free(cap_buf);
+        free(lyr_buf);
+        return 1;
+    }
+    json_t *req = json_pack("{s:s, s:s, s:s, s:b}", "lyrics", lyr_buf ? lyr_buf : lyrics, "caption",
+                            cap_buf ? cap_buf : caption, "response_format", format, "stream", 1);
+    free(cap_buf);
+    free(lyr_buf);
+    if (!req) {
+        fprintf(stderr, "mm3: caption and lyrics must be UTF-8 text\n");
+        return 1;
+    }
+    if (duration >= 0) json_object_set_new(req, "duration_s", json_real(duration));
+    if (seed >= 0) json_object_set_new(req, "seed", json_integer(seed));
+    if (steps >= 0) json_object_set_new(req, "num_inference_steps", json_integer(steps));
+    if (rate >= 0) json_object_set_new(req, "sample_rate", json_integer(rate));
+    char *body = json_dumps(req, JSON_COMPACT);
+    json_decref(req);
+
+    struct gen g = {.base_url = url, .out_path = out_path, .quiet = quiet};
+    g.tty = !quiet && isatty(STDERR_FILENO);
+    snprintf(g.part_path, sizeof g.part_path, "%s.part", out_path);
+    g.out = fopen(g.part_path, "wb+");
+    if (!g.out) {
+        fprintf(stderr, "mm3: %s: %s\n", g.part_path, strerror(errno));
+        free(body);
+        return 1;
+    }
+    pthread_mutex_init(&g.mu, NULL);
+    pthread_cond_init(&g.cond, NULL);
+    g.t0 = now_s();
+    pthread_t th;
+    bool progress = !quiet && pthread_create(&th, NULL, progress_thread, &g) == 0;
+
+    char speech_url[512];
+    snprintf(speech_url, sizeof speech_url, "%s/v1/audio/speech", url);
+    struct http_client_request rq = {
+        .url = speech_url,
+        .method = "POST",
+        .body = body,
+        .body_len = strlen(body),
+        .timeout_ms = 600000, /* a queued request may wait minutes for its first audio */
+        .on_headers = on_headers,
+        .on_body = on_body,
+        .user = &g,
+    };
+    struct http_client_response resp;
+    int rc = http_client_request(&rq, &resp);
+    free(body);
+
+    pthread_mutex_lock(&g.mu);
+    g.done = true;
+    pthread_cond_broadcast(&g.cond);
+    pthread_mutex_unlock(&g.mu);
+    if (progress) pthread_join(th, NULL);
+
+    int ret = 0;
+    if (rc < 0) {
+        fprintf(stderr, "%smm3: %s\n", g.tty ? "\n" : "", mm3_last_error());
+        ret = 1;
+    } else if (resp.status != 200) {
+        fprintf(stderr, "%smm3: server answered %d: %s\n", g.tty ? "\n" : "", resp.status, error_message(&g));
+        ret = 1;
+    } else if (!resp.complete) {
+        fprintf(stderr, "%smm3: the stream was cut: the server failed mid-song (see its log)\n", g.tty ? "\n" : "");
+        ret = 1;
+    } else if (g.wav && wav_patch_sizes(g.out, g.bytes) < 0) {
+        fprintf(stderr, "mm3: %s: cannot patch the WAV header\n", g.part_path);
+        ret = 1;
+    }
+    if (fclose(g.out) != 0 && ret == 0) {
+        fprintf(stderr, "mm3: %s: %s\n", g.part_path, strerror(errno));
+        ret = 1;
+    }
+    if (ret == 0 && rename(g.part_path, out_path) != 0) {
+        fprintf(stderr, "mm3: rename to %s: %s\n", out_path, strerror(errno));
+        ret = 1;
+    }
+    if (ret != 0) {
+        unlink(g.part_path);
+    } else if (!quiet) {
+        if (g.tty) {
+            /* Done: the song may have ended before its frame cap (end of music). */
+            struct progress p = {g.last_frames, g.last_frames, g.last_windows, true};
+            if (p.frames <= 0) p.frames = p.total = g.max_frames; /* finished before the first poll */
+            progress_draw(&g, &p, audio_seconds(&g), true);
+        }
+        double a = audio_seconds(&g);
+        if (a > 0)
+            fprintf(stderr, "wrote %s: %.1f s of audio (%d Hz, %d ch) in %.1f s\n", out_path, a, g.rate, g.channels,
+                    now_s() - g.t0);
+        else
+            fprintf(stderr, "wrote %s: %llu bytes in %.1f s\n", out_path, (unsigned long long)g.bytes, now_s() - g.t0);
+    }
+    http_client_response_free(&resp);
+    free(g.err_body);
+    pthread_mutex_destroy(&g.mu);
+    pthread_cond_destroy(&g.cond);
+    return ret;
+}
+
+/* ---- health ---- */
+
+static int cmd_health(int argc, char **argv, const char *url)
+{
+    static const struct option opts[] = {{"url", required_argument, 0, 'u'}, {0, 0, 0, 0}};
+    int ch;
+    optind = 1;
+    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        if (ch != 'u') {
+            usage(stderr);
+            return 2;
+        }
+        url = optarg;
+    }
+    char full[512];
+    snprintf(full, sizeof full, "%s/health", url);
+    struct http_client_response r;
+    struct http_client_request rq = {.url = full, .method = "GET", .timeout_ms = 5000};
+    if (http_client_request(&rq, &r) < 0) {
+        fprintf(stderr, "mm3: %s\n", mm3_last_error());
+        http_client_response_free(&r);
+        return 1;
+    }
+    fputs(r.body ? r.body : "", stdout);
+    int ret = r.status == 200 ? 0 : 1;
+    if (ret) fprintf(stderr, "mm3: not ready (HTTP %d)\n", r.status);
+    http_client_response_free(&r);
+    return ret;
+}
+
+int main(int argc, char **argv)
+{
+    const char *url = getenv("MM3_URL");
+    if (!url || !*url) url = DEFAULT_URL;
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "generate")) return cmd_generate(argc - 1, argv + 1, url);
+    if (!strcmp(argv[1], "health")) return cmd_health(argc - 1, argv + 1, url);
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(stdout);
+        return 0;
+    }
+    fprintf(stderr, "mm3: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
