@@ -4,9 +4,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 
 #include "common/error.h"
+#include "common/log.h"
+
+#define CKPT_ALIGN 64u
 
 static char *path_join(const char *a, const char *b)
 {
@@ -28,10 +32,10 @@ static int cmp_tensor_name(const void *a, const void *b)
     return strcmp(x->st->name, y->st->name);
 }
 
-static int load_json(const char *path, json_t **out)
+static int load_json_flags(const char *path, json_t **out, size_t flags)
 {
     json_error_t e;
-    *out = json_load_file(path, JSON_REJECT_DUPLICATES, &e);
+    *out = json_load_file(path, JSON_REJECT_DUPLICATES | flags, &e);
     if (!*out) {
         if (!file_exists(path)) return mm3_errorf(-ENOENT, "%s: missing", path);
         return mm3_errorf(-EINVAL, "%s:%d:%d: malformed JSON: %s", path, e.line, e.column, e.text);
@@ -42,6 +46,11 @@ static int load_json(const char *path, json_t **out)
         return mm3_errorf(-EINVAL, "%s: expected a JSON object", path);
     }
     return 0;
+}
+
+static int load_json(const char *path, json_t **out)
+{
+    return load_json_flags(path, out, 0);
 }
 
 /* Shard file names from *.safetensors.index.json, or the single *.safetensors file. */
@@ -110,8 +119,13 @@ int ckpt_component_open(struct ckpt_component *c, const char *root, const char *
     memset(c, 0, sizeof *c);
     c->name = strdup(name);
     c->dir = path_join(root, name);
-    char *cfg = path_join(c->dir, strcmp(name, "scheduler") ? "config.json" : "scheduler_config.json");
-    int rc = load_json(cfg, &c->config);
+    const char *cfg_name = !strcmp(name, "scheduler")   ? "scheduler_config.json"
+                           : !strcmp(name, "tokenizer") ? "tokenizer_config.json"
+                                                        : "config.json";
+    char *cfg = path_join(c->dir, cfg_name);
+    /* tokenizer_config.json holds model_max_length = 1e30 written as an integer,
+     * which jansson refuses as an integer; nothing there is read as an integer. */
+    int rc = load_json_flags(cfg, &c->config, !strcmp(name, "tokenizer") ? JSON_DECODE_INT_AS_REAL : 0);
     free(cfg);
     if (rc < 0) goto fail;
     if (!strcmp(name, "scheduler") || !strcmp(name, "tokenizer")) return 0;
@@ -181,11 +195,11 @@ fail:
 
 void ckpt_component_close(struct ckpt_component *c)
 {
+    ckpt_component_unload(c);
     for (int i = 0; i < c->n_files; i++) st_file_close(&c->files[i]);
     free(c->files);
     free(c->tensors);
     json_decref(c->config);
-    free(c->arena);
     free(c->name);
     free(c->dir);
     memset(c, 0, sizeof *c);
@@ -273,4 +287,151 @@ int ckpt_config_rope_theta(const struct ckpt_component *c, double *theta)
         return mm3_errorf(-EINVAL, "%s/config.json: expected a number at 'rope_theta' or 'rope_parameters.rope_theta'", c->dir);
     *theta = json_number_value(v);
     return 0;
+}
+
+static uint64_t align_up(uint64_t x)
+{
+    return (x + CKPT_ALIGN - 1) & ~(uint64_t)(CKPT_ALIGN - 1);
+}
+
+uint64_t ckpt_component_arena_size(const struct ckpt_component *c)
+{
+    uint64_t total = 0;
+    for (int i = 0; i < c->n_files; i++)
+        for (int j = 0; j < c->files[i].n_tensors; j++) total = align_up(total) + c->files[i].tensors[j].nbytes;
+    return align_up(total);
+}
+
+void ckpt_component_unload(struct ckpt_component *c)
+{
+    if (c->arena && c->arena_mapped) munmap(c->arena, c->arena_mapped);
+    c->arena = NULL;
+    c->arena_bytes = 0;
+    c->arena_mapped = 0;
+    for (int i = 0; i < c->n_tensors; i++) c->tensors[i].data = NULL;
+}
+
+/* Anonymous mapping rather than malloc: page aligned, returned to the system at
+ * unload, and eligible for transparent huge pages, which makes the first touch of
+ * tens of GB (by the kernel's copy into it) several times cheaper. */
+static void *arena_map(uint64_t bytes)
+{
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+#ifdef MADV_HUGEPAGE
+    if (bytes >= (2u << 20) && !getenv("MM3_NO_THP")) madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+    return p;
+}
+
+int ckpt_component_load_with(struct ckpt_component *c, const struct file_reader_opts *opts, void *buf,
+                             uint64_t buf_bytes, struct file_reader_stats *stats)
+{
+    if (c->arena) {
+        if (stats) memset(stats, 0, sizeof *stats);
+        return 0;
+    }
+    uint64_t need = ckpt_component_arena_size(c);
+    uint8_t *arena = buf;
+    uint64_t mapped = 0;
+    if (buf) {
+        if (buf_bytes < need || ((uintptr_t)buf & (CKPT_ALIGN - 1)))
+            return mm3_errorf(-EINVAL, "%s: caller arena of %llu bytes at %p: need %llu bytes, %u-byte aligned", c->dir,
+                              (unsigned long long)buf_bytes, buf, (unsigned long long)need, CKPT_ALIGN);
+    } else {
+        mapped = need ? need : CKPT_ALIGN;
+        arena = arena_map(mapped);
+        if (!arena)
+            return mm3_errorf(-ENOMEM, "%s: cannot map a %llu-byte weight arena", c->dir, (unsigned long long)need);
+    }
+    int total = 0;
+    for (int i = 0; i < c->n_files; i++) total += c->files[i].n_tensors;
+    struct file_read *reads = calloc((size_t)(total ? total : 1), sizeof *reads);
+    void **dst = calloc((size_t)(total ? total : 1), sizeof *dst);
+    if (!reads || !dst) {
+        free(reads);
+        free(dst);
+        if (mapped) munmap(arena, mapped);
+        return mm3_errorf(-ENOMEM, "%s: out of memory for %d read requests", c->dir, total);
+    }
+    /* File order (shard, then offset) keeps the reads sequential on disk. */
+    uint64_t pos = 0;
+    int k = 0;
+    for (int i = 0; i < c->n_files; i++) {
+        const struct st_file *f = &c->files[i];
+        for (int j = 0; j < f->n_tensors; j++, k++) {
+            /* Padding is zeroed so that equal checkpoints give byte-equal arenas
+             * (a caller's buffer may hold anything). */
+            if (buf) memset(arena + pos, 0, align_up(pos) - pos);
+            pos = align_up(pos);
+            dst[k] = arena + pos;
+            reads[k] = (struct file_read){f->fd, f->tensors[j].offset, f->tensors[j].nbytes, arena + pos, f->path};
+            pos += f->tensors[j].nbytes;
+        }
+    }
+    if (buf) memset(arena + pos, 0, need - pos);
+    struct file_reader_stats st;
+    int rc = file_reader_run(reads, total, opts, &st);
+    free(reads);
+    if (rc < 0) {
+        free(dst);
+        if (mapped) munmap(arena, mapped);
+        return mm3_error_prefix(rc, "loading %s: ", c->name);
+    }
+    /* dst[] follows file order; the per-file base index finds each ckpt_tensor's slot. */
+    int *base = calloc((size_t)(c->n_files ? c->n_files : 1), sizeof *base);
+    if (!base) {
+        free(dst);
+        if (mapped) munmap(arena, mapped);
+        return mm3_errorf(-ENOMEM, "%s: out of memory", c->dir);
+    }
+    for (int i = 1; i < c->n_files; i++) base[i] = base[i - 1] + c->files[i - 1].n_tensors;
+    for (int t = 0; t < c->n_tensors; t++) {
+        struct ckpt_tensor *ct = &c->tensors[t];
+        ct->data = dst[base[ct->file] + (int)(ct->st - c->files[ct->file].tensors)];
+    }
+    free(base);
+    free(dst);
+    c->arena = arena;
+    c->arena_bytes = need;
+    c->arena_mapped = mapped;
+    double gbs = st.seconds > 0 ? (double)st.bytes / st.seconds / 1e9 : 0.0;
+    LOG_INFO("%s: loaded %d tensors from %d file%s, %.1f MB in %.3f s (%.2f GB/s, %s)", c->name, c->n_tensors,
+             c->n_files, c->n_files == 1 ? "" : "s", (double)st.bytes / 1e6, st.seconds, gbs,
+             st.used_uring ? "io_uring" : "pread");
+    if (stats) *stats = st;
+    return 0;
+}
+
+int ckpt_component_load(struct ckpt_component *c)
+{
+    return ckpt_component_load_with(c, NULL, NULL, 0, NULL);
+}
+
+int ckpt_root_check(const char *root, const char *const *components, int n)
+{
+    char *p = path_join(root, "modular_model_index.json");
+    json_t *idx;
+    int rc = load_json(p, &idx);
+    if (rc < 0) {
+        free(p);
+        return mm3_error_prefix(rc, "checkpoint %s: ", root);
+    }
+    for (int i = 0; i < n && rc == 0; i++) {
+        json_t *e = json_object_get(idx, components[i]);
+        char *dir = path_join(root, components[i]);
+        struct stat st;
+        if (!e)
+            rc = mm3_errorf(-ENOENT, "%s: component '%s' is not listed (is this a MiniMax-Music3 checkpoint?)", p,
+                            components[i]);
+        else if (!json_is_array(e))
+            rc = mm3_errorf(-EINVAL, "%s: entry '%s' must be an array [library, class, spec]", p, components[i]);
+        else if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+            rc = mm3_errorf(-ENOENT, "%s: component '%s' is listed but the folder %s is missing", p, components[i],
+                            dir);
+        free(dir);
+    }
+    json_decref(idx);
+    free(p);
+    return rc;
 }

@@ -11,13 +11,18 @@
  *     float *arena = malloc(total_floats * 4);                // one allocation, carved
  *     ckpt_read_f32(&c, "proj_in.weight", w->proj_in, 2, (int64_t[]){d, in});  // shape checked
  *     ckpt_component_close(&c);
- */
+ *
+ * Raw bytes at disk speed (e.g. bf16 weights for a GPU upload): ckpt_component_load()
+ * reads every tensor through io_uring into c.arena, after which ckpt_find(&c, n)->data
+ * points at tensor n (64-byte aligned) and ckpt_read_f32 converts from memory.
+ * Layout, validation rules and measurements: docs/checkpoint.md. */
 #ifndef MM3_CHECKPOINT_H
 #define MM3_CHECKPOINT_H
 
 #include <jansson.h>
 #include <stdint.h>
 
+#include "common/file_reader.h"
 #include "common/safetensors.h"
 
 struct ckpt_tensor {
@@ -35,12 +40,38 @@ struct ckpt_component {
     int n_tensors;
     struct ckpt_tensor *tensors; /* sorted by name */
     void *arena;                 /* ckpt_component_load: every tensor's raw bytes, one allocation */
-    uint64_t arena_bytes;
+    uint64_t arena_bytes;        /* bytes used (ckpt_component_arena_size) */
+    uint64_t arena_mapped;       /* bytes mmap'ed by the loader; 0 when the caller owns the arena */
 };
 
-/* Open root/name: parse config.json and every safetensors header (validated). */
+/* Open root/name: parse config.json (scheduler: scheduler_config.json, tokenizer:
+ * tokenizer_config.json; neither has weights) and every safetensors header (validated). */
 int ckpt_component_open(struct ckpt_component *c, const char *root, const char *name);
 void ckpt_component_close(struct ckpt_component *c);
+
+/* Bytes one arena for every tensor of c needs: each tensor's raw bytes starting on a
+ * 64-byte boundary, in file order (shard by shard, by offset). */
+uint64_t ckpt_component_arena_size(const struct ckpt_component *c);
+
+/* Read every tensor's raw bytes (dtype as on disk) into one arena; afterwards each
+ * ckpt_tensor.data points into c->arena, 64-byte aligned. Reads go through
+ * file_reader (io_uring, pread fallback); bytes, seconds and GB/s are logged at
+ * INFO. Loading twice is a no-op. */
+int ckpt_component_load(struct ckpt_component *c);
+
+/* Same, with reader options (NULL: defaults) and an optional caller-owned arena
+ * (e.g. pinned host memory): buf of buf_bytes >= ckpt_component_arena_size(c),
+ * 64-byte aligned, or NULL to let the loader map one. stats may be NULL. */
+int ckpt_component_load_with(struct ckpt_component *c, const struct file_reader_opts *opts, void *buf,
+                             uint64_t buf_bytes, struct file_reader_stats *stats);
+
+/* Drop the arena (e.g. once the weights are on the GPU); headers and config stay. */
+void ckpt_component_unload(struct ckpt_component *c);
+
+/* Check root/modular_model_index.json: it exists, is a JSON object and has an
+ * entry for each of components[0..n) whose folder exists. The error names the
+ * first missing component. */
+int ckpt_root_check(const char *root, const char *const *components, int n);
 
 /* Tensor by name or NULL. */
 const struct ckpt_tensor *ckpt_find(const struct ckpt_component *c, const char *name);

@@ -69,7 +69,9 @@ static int parse_tensor(struct st_file *f, const char *name, json_t *v, struct s
     }
     json_int_t b = json_integer_value(json_array_get(off, 0)), e = json_integer_value(json_array_get(off, 1));
     if (b < 0 || e < b || (uint64_t)e > data_size)
-        return mm3_errorf(-EINVAL, "%s: tensor '%s': data_offsets [%lld, %lld] outside the data section of %llu bytes",
+        return mm3_errorf(-EINVAL,
+                          "%s: tensor '%s': data_offsets [%lld, %lld] outside the data section of %llu bytes "
+                          "(truncated file?)",
                           path, name, (long long)b, (long long)e, (unsigned long long)data_size);
     uint64_t want = numel * mm3_dtype_size(t->dtype);
     if ((uint64_t)(e - b) != want) {

@@ -38,10 +38,53 @@ static void test_roundtrip(void **state)
     free(dir);
 }
 
+/* F16 and I64 widen by value; an empty tensor is legal; load_f32 reports the shape. */
+static void test_dtypes_and_load(void **state)
+{
+    (void)state;
+    char *dir = test_make_tmpdir("st2");
+    char path[512];
+    snprintf(path, sizeof path, "%s/b.safetensors", dir);
+    uint16_t h[2] = {mm3_f32_to_f16(0.5f), mm3_f32_to_f16(-3.0f)};
+    int64_t ids[3] = {151644, -1, 7};
+    struct st_writer_tensor w[3] = {
+        {"half", MM3_DTYPE_F16, 2, {1, 2}, h},
+        {"ids", MM3_DTYPE_I64, 1, {3}, ids},
+        {"empty", MM3_DTYPE_F32, 2, {0, 4}, NULL},
+    };
+    assert_int_equal(st_write_file(path, w, 3, NULL), 0);
+    struct st_file f;
+    assert_int_equal(st_file_open(&f, path), 0);
+    assert_int_equal(f.n_tensors, 3);
+    float *v;
+    int nd;
+    int64_t shape[ST_MAX_DIMS];
+    assert_int_equal(st_file_load_f32(&f, "half", &v, &nd, shape), 0);
+    assert_int_equal(nd, 2);
+    assert_int_equal(shape[1], 2);
+    assert_true(v[0] == 0.5f && v[1] == -3.0f);
+    free(v);
+    assert_int_equal(st_file_load_f32(&f, "ids", &v, &nd, shape), 0);
+    assert_true(v[0] == 151644.0f && v[1] == -1.0f && v[2] == 7.0f);
+    free(v);
+    const struct st_tensor *e = st_file_find(&f, "empty");
+    assert_non_null(e);
+    assert_int_equal(e->nbytes, 0);
+    assert_int_equal(st_tensor_numel(e), 0);
+    assert_true(st_file_load_f32(&f, "absent", &v, &nd, shape) < 0);
+    assert_null(v);
+    char buf[64];
+    assert_string_equal(st_shape_str(buf, sizeof buf, 3, (int64_t[]){2, 0, 5}), "[2, 0, 5]");
+    st_file_close(&f);
+    test_remove_tree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip),
+        cmocka_unit_test(test_dtypes_and_load),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
