@@ -1,0 +1,315 @@
+/* Decode attention over a KV cache: one query row per sequence, GQA, split-K.
+ *
+ * Pass 1: block (chunk, kv head, sequence) of 4 warps streams `chunk` positions of
+ * its kv head once for all `group` query heads that share it. Each lane owns E =
+ * head_dim/32 consecutive dims, so a warp reads whole rows with vector loads; a
+ * warp takes POS positions per step (loads first, then the reductions) and keeps
+ * an online softmax (running max m, sum l, acc). The 4 warps merge in shared
+ * memory and write (acc[head_dim], m, l) for the chunk.
+ * Pass 2: one block per (query head, sequence) merges the chunks (log-sum-exp). */
+#include <math.h>
+#include <stdint.h>
+
+#include "common/cuda/cuda_internal.h"
+#include "common/cuda/ops_cuda.h"
+
+enum { ATT_WARPS = 4, ATT_MAX_GROUP = 8, ATT_MAX_HEAD_DIM = 256, ATT_CHUNK_ALIGN = 64, ATT_BLOCKS_PER_SM = 4 };
+
+/* One lane's E elements of a cache row, as stored (bf16 bits or float): kept packed
+ * while in flight so that more rows fit in registers, widened when used. */
+template <typename KT, int E> struct kv_raw {
+    KT e[E];
+};
+
+template <typename KT, int E> __device__ __forceinline__ void raw_load(kv_raw<KT, E> &r, const KT *p)
+{
+    constexpr int BYTES = E * (int)sizeof(KT);
+    if constexpr (BYTES % 16 == 0) {
+#pragma unroll
+        for (int i = 0; i < BYTES / 16; i++) ((uint4 *)r.e)[i] = ((const uint4 *)p)[i];
+    } else if constexpr (BYTES == 8) {
+        *(uint2 *)r.e = *(const uint2 *)p;
+    } else if constexpr (BYTES == 4) {
+        *(uint32_t *)r.e = *(const uint32_t *)p;
+    } else {
+#pragma unroll
+        for (int i = 0; i < E; i++) r.e[i] = p[i];
+    }
+}
+
+__device__ __forceinline__ float widen(uint16_t b)
+{
+    return __uint_as_float((uint32_t)b << 16);
+}
+
+__device__ __forceinline__ float widen(float f)
+{
+    return f;
+}
+
+/* POS rows of K and V from position j on; rows past j1 re-read row j (masked later). */
+template <typename KT, int E, int POS>
+__device__ __forceinline__ void load_rows(const KT *k, const KT *v, size_t kv_off, size_t row_stride, int j, int j1,
+                                          kv_raw<KT, E> *kr, kv_raw<KT, E> *vr)
+{
+#pragma unroll
+    for (int p = 0; p < POS; p++) {
+        const size_t off = kv_off + (size_t)(j + p < j1 ? j + p : j) * row_stride;
+        raw_load<KT, E>(kr[p], k + off);
+        raw_load<KT, E>(vr[p], v + off);
+    }
+}
+
+template <typename KT, int E, int G>
+__global__ void __launch_bounds__(ATT_WARPS * 32)
+    attn_split_kernel(float *__restrict__ part, const float *__restrict__ q, const KT *__restrict__ k,
+                      const KT *__restrict__ v, const int *__restrict__ kv_len, size_t seq_stride,
+                      size_t row_stride, int n_heads, int group, float scale, int n_split, int chunk)
+{
+    constexpr int HD = 32 * E;
+    /* Rows per warp step: more in flight for narrow heads, bounded registers for wide. */
+    constexpr int POS = E <= 4 ? 8 : 4;
+    __shared__ float sm_acc[ATT_WARPS][G][HD];
+    __shared__ float sm_m[ATT_WARPS][G], sm_l[ATT_WARPS][G];
+    const int split = blockIdx.x, g = blockIdx.y, s = blockIdx.z;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int len = kv_len[s];
+    const int j0 = split * chunk;
+    const int j1 = min(j0 + chunk, len);
+    const size_t kv_off = (size_t)s * seq_stride + (size_t)g * HD + (size_t)lane * E;
+
+    float qv[G][E], acc[G][E], m[G], l[G];
+#pragma unroll
+    for (int gi = 0; gi < G; gi++) {
+        const int h = g * group + (gi < group ? gi : 0);
+        const float *qh = q + ((size_t)s * n_heads + h) * HD + lane * E;
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+            qv[gi][e] = qh[e];
+            acc[gi][e] = 0.0f;
+        }
+        m[gi] = -INFINITY;
+        l[gi] = 0.0f;
+    }
+
+    /* Software pipeline: the next POS rows of K and V are in flight while the
+     * current ones are reduced. */
+    kv_raw<KT, E> kf[POS], vf[POS], kn[POS], vn[POS];
+    const int step = ATT_WARPS * POS;
+    int j = j0 + warp * POS;
+    if (j < j1) load_rows<KT, E, POS>(k, v, kv_off, row_stride, j, j1, kn, vn);
+    for (; j < j1; j += step) {
+#pragma unroll
+        for (int p = 0; p < POS; p++) {
+            kf[p] = kn[p];
+            vf[p] = vn[p];
+        }
+        if (j + step < j1) load_rows<KT, E, POS>(k, v, kv_off, row_stride, j + step, j1, kn, vn);
+#pragma unroll
+        for (int gi = 0; gi < G; gi++) {
+            float sc[POS];
+            float mx = m[gi];
+#pragma unroll
+            for (int p = 0; p < POS; p++) {
+                float d = 0.0f;
+#pragma unroll
+                for (int e = 0; e < E; e++) d = fmaf(qv[gi][e], widen(kf[p].e[e]), d);
+#pragma unroll
+                for (int off = 16; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffffu, d, off);
+                sc[p] = j + p < j1 ? d * scale : -INFINITY;
+                mx = fmaxf(mx, sc[p]);
+            }
+            /* mx is finite: position j is always valid. */
+            const float corr = expf(m[gi] - mx);
+            float lsum = l[gi] * corr;
+#pragma unroll
+            for (int e = 0; e < E; e++) acc[gi][e] *= corr;
+#pragma unroll
+            for (int p = 0; p < POS; p++) {
+                const float pe = expf(sc[p] - mx);
+                lsum += pe;
+#pragma unroll
+                for (int e = 0; e < E; e++) acc[gi][e] = fmaf(pe, widen(vf[p].e[e]), acc[gi][e]);
+            }
+            m[gi] = mx;
+            l[gi] = lsum;
+        }
+    }
+
+#pragma unroll
+    for (int gi = 0; gi < G; gi++) {
+#pragma unroll
+        for (int e = 0; e < E; e++) sm_acc[warp][gi][lane * E + e] = acc[gi][e];
+        if (lane == 0) {
+            sm_m[warp][gi] = m[gi];
+            sm_l[warp][gi] = l[gi];
+        }
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < group * HD; idx += ATT_WARPS * 32) {
+        const int gi = idx / HD, d = idx % HD;
+        float mx = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < ATT_WARPS; w++) mx = fmaxf(mx, sm_m[w][gi]);
+        float a = 0.0f, ls = 0.0f;
+        if (mx != -INFINITY) {
+#pragma unroll
+            for (int w = 0; w < ATT_WARPS; w++) {
+                const float f = expf(sm_m[w][gi] - mx);
+                a = fmaf(f, sm_acc[w][gi][d], a);
+                ls = fmaf(f, sm_l[w][gi], ls);
+            }
+        }
+        float *out = part + (((size_t)s * n_heads + g * group + gi) * n_split + split) * (HD + 2);
+        out[d] = a;
+        if (d == 0) {
+            out[HD] = mx;
+            out[HD + 1] = ls;
+        }
+    }
+}
+
+/* Block (query head, sequence), one thread per dim. */
+__global__ void attn_combine_kernel(float *__restrict__ out, const float *__restrict__ part, int n_heads,
+                                    int head_dim, int n_split)
+{
+    const int h = blockIdx.x, s = blockIdx.y;
+    const float *ph = part + ((size_t)s * n_heads + h) * n_split * (head_dim + 2);
+    float mx = -INFINITY;
+    for (int i = 0; i < n_split; i++) mx = fmaxf(mx, ph[(size_t)i * (head_dim + 2) + head_dim]);
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float a = 0.0f, ls = 0.0f;
+        if (mx != -INFINITY) {
+            for (int i = 0; i < n_split; i++) {
+                const float *pi = ph + (size_t)i * (head_dim + 2);
+                const float f = expf(pi[head_dim] - mx);
+                a = fmaf(f, pi[d], a);
+                ls = fmaf(f, pi[head_dim + 1], ls);
+            }
+        }
+        out[((size_t)s * n_heads + h) * head_dim + d] = ls > 0.0f ? a / ls : 0.0f;
+    }
+}
+
+struct att_args {
+    float *part;
+    const float *q;
+    const void *k, *v;
+    const int *kv_len;
+    size_t seq_stride, row_stride;
+    int n_heads, group;
+    float scale;
+    int n_split, chunk;
+};
+
+template <typename KT, int E, int G> static void att_launch(const att_args &a, dim3 grid, cudaStream_t st)
+{
+    attn_split_kernel<KT, E, G><<<grid, ATT_WARPS * 32, 0, st>>>(a.part, a.q, (const KT *)a.k, (const KT *)a.v,
+                                                                 a.kv_len, a.seq_stride, a.row_stride,
+                                                                 a.n_heads, a.group, a.scale, a.n_split, a.chunk);
+}
+
+template <typename KT, int E> static void att_launch_g(const att_args &a, dim3 grid, cudaStream_t st)
+{
+    if (a.group <= 1)
+        att_launch<KT, E, 1>(a, grid, st);
+    else if (a.group <= 2)
+        att_launch<KT, E, 2>(a, grid, st);
+    else if (a.group <= 4)
+        att_launch<KT, E, 4>(a, grid, st);
+    else
+        att_launch<KT, E, 8>(a, grid, st);
+}
+
+template <typename KT> static int att_launch_e(const att_args &a, int head_dim, dim3 grid, cudaStream_t st)
+{
+    switch (head_dim) {
+    case 32: att_launch_g<KT, 1>(a, grid, st); break;
+    case 64: att_launch_g<KT, 2>(a, grid, st); break;
+    case 128: att_launch_g<KT, 4>(a, grid, st); break;
+    case 256: att_launch_g<KT, 8>(a, grid, st); break;
+    default:
+        return mm3_errorf(-EINVAL, "cuda_ops_attention_decode: head_dim %d: expected 32, 64, 128 or 256",
+                          head_dim);
+    }
+    return cuda_launch_status("attn_split_kernel");
+}
+
+extern "C" int cuda_ops_attention_decode(float *out, const float *q, const void *k_cache, const void *v_cache,
+                                         enum cuda_kv_dtype kv_dtype, const int *kv_len, int max_kv_len,
+                                         size_t seq_stride, size_t row_stride, int n_seq, int n_heads,
+                                         int n_kv_heads, int head_dim, float scale, void *stream)
+{
+    return cuda_ops_attention_decode_chunk(out, q, k_cache, v_cache, kv_dtype, kv_len, max_kv_len, seq_stride,
+                                           row_stride, n_seq, n_heads, n_kv_heads, head_dim, scale, 0, stream);
+}
+
+extern "C" int cuda_ops_attention_decode_chunk(float *out, const float *q, const void *k_cache,
+                                               const void *v_cache, enum cuda_kv_dtype kv_dtype, const int *kv_len,
+                                               int max_kv_len, size_t seq_stride, size_t row_stride, int n_seq,
+                                               int n_heads, int n_kv_heads, int head_dim, float scale,
+                                               int chunk_positions, void *stream)
+{
+    if (chunk_positions < 0 || chunk_positions % ATT_CHUNK_ALIGN)
+        return mm3_errorf(-EINVAL, "cuda_ops_attention_decode: chunk %d: expected 0 (auto) or a multiple of %d",
+                          chunk_positions, ATT_CHUNK_ALIGN);
+    if (n_seq < 0 || n_heads < 1 || n_kv_heads < 1 || n_heads % n_kv_heads || max_kv_len < 0)
+        return mm3_errorf(-EINVAL,
+                          "cuda_ops_attention_decode: %d sequences, %d heads, %d kv heads, max_kv_len %d: expected "
+                          "heads a multiple of kv heads",
+                          n_seq, n_heads, n_kv_heads, max_kv_len);
+    const int group = n_heads / n_kv_heads;
+    if (group > ATT_MAX_GROUP)
+        return mm3_errorf(-EINVAL, "cuda_ops_attention_decode: %d query heads per kv head: at most %d", group,
+                          ATT_MAX_GROUP);
+    if (kv_dtype != CUDA_KV_F32 && kv_dtype != CUDA_KV_BF16)
+        return mm3_errorf(-EINVAL, "cuda_ops_attention_decode: kv dtype %d: expected CUDA_KV_F32 or CUDA_KV_BF16",
+                          (int)kv_dtype);
+    if (head_dim != 32 && head_dim != 64 && head_dim != 128 && head_dim != ATT_MAX_HEAD_DIM)
+        return mm3_errorf(-EINVAL, "cuda_ops_attention_decode: head_dim %d: expected 32, 64, 128 or 256", head_dim);
+    if (row_stride < (size_t)n_kv_heads * head_dim)
+        return mm3_errorf(-EINVAL, "cuda_ops_attention_decode: row_stride %zu < kv heads x head_dim %d", row_stride,
+                          n_kv_heads * head_dim);
+    /* Each lane loads head_dim/32 elements at once: that run must be aligned. */
+    const size_t elem = kv_dtype == CUDA_KV_BF16 ? 2 : 4;
+    size_t align = elem * (size_t)(head_dim / 32);
+    if (align > 16) align = 16;
+    if (((uintptr_t)k_cache | (uintptr_t)v_cache) % align || (row_stride * elem) % align ||
+        (seq_stride * elem) % align)
+        return mm3_errorf(-EINVAL,
+                          "cuda_ops_attention_decode: KV cache pointers and strides must be %zu-byte aligned "
+                          "(row_stride %zu, seq_stride %zu elements)",
+                          align, row_stride, seq_stride);
+    if (n_seq == 0) return 0;
+
+    cudaStream_t st = cuda_stream_of(stream);
+    /* Chunk so that the grid has about ATT_BLOCKS_PER_SM blocks per SM: few
+     * sequences get many splits, many sequences long chunks (fewer partials). */
+    int sms = 132, dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev))
+        sms = 132;
+    long pairs = (long)n_seq * n_kv_heads;
+    long want_splits = (ATT_BLOCKS_PER_SM * (long)sms + pairs - 1) / pairs;
+    long chunk = want_splits > 0 ? ((long)max_kv_len + want_splits - 1) / want_splits : max_kv_len;
+    chunk = (chunk + ATT_CHUNK_ALIGN - 1) / ATT_CHUNK_ALIGN * ATT_CHUNK_ALIGN;
+    if (chunk < ATT_CHUNK_ALIGN) chunk = ATT_CHUNK_ALIGN;
+    if (chunk_positions) chunk = chunk_positions;
+    const int n_split = max_kv_len > 0 ? (int)((max_kv_len + chunk - 1) / chunk) : 1;
+    float *part = NULL;
+    const size_t part_bytes = sizeof(float) * (size_t)n_seq * n_heads * n_split * (head_dim + 2);
+    int rc = cuda_status(cudaMallocAsync((void **)&part, part_bytes, st), "cudaMallocAsync (attention partials)");
+    if (rc < 0) return rc;
+
+    att_args a = {part, q, k_cache, v_cache, kv_len, seq_stride, row_stride, n_heads, group, scale, n_split,
+                  (int)chunk};
+    dim3 grid((unsigned)n_split, (unsigned)n_kv_heads, (unsigned)n_seq);
+    rc = kv_dtype == CUDA_KV_BF16 ? att_launch_e<uint16_t>(a, head_dim, grid, st)
+                                  : att_launch_e<float>(a, head_dim, grid, st);
+    if (rc == 0) {
+        attn_combine_kernel<<<dim3((unsigned)n_heads, (unsigned)n_seq), head_dim, 0, st>>>(out, part, n_heads,
+                                                                                           head_dim, n_split);
+        rc = cuda_launch_status("attn_combine_kernel");
+    }
+    (void)cudaFreeAsync(part, st);
+    return rc;
+}

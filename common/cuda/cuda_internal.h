@@ -1,0 +1,33 @@
+/* Shared by the .cu files of common/cuda (C++ only, never included from C). */
+#ifndef MM3_CUDA_INTERNAL_H
+#define MM3_CUDA_INTERNAL_H
+
+#include <cuda_runtime.h>
+
+extern "C" {
+#include "common/error.h"
+}
+
+/* Turn a CUDA error into our error convention; `what` names the call site. */
+static inline int cuda_status(cudaError_t e, const char *what)
+{
+    if (e == cudaSuccess) return 0;
+    /* Reset the runtime's last-error slot, or the next launch check would report
+     * this (non-sticky) error again. */
+    (void)cudaGetLastError();
+    int code = e == cudaErrorMemoryAllocation ? -ENOMEM : -ENODEV;
+    return mm3_errorf(code, "CUDA %s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+/* After a launch: configuration errors surface here, faults only at the next sync. */
+static inline int cuda_launch_status(const char *kernel)
+{
+    return cuda_status(cudaGetLastError(), kernel);
+}
+
+static inline cudaStream_t cuda_stream_of(void *stream)
+{
+    return (cudaStream_t)stream;
+}
+
+#endif

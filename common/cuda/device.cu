@@ -1,0 +1,147 @@
+/* Device, memory, stream and event wrappers: CUDA errors become error codes. */
+#include <stdio.h>
+
+#include "common/cuda/cuda_internal.h"
+#include "common/cuda/ops_cuda.h"
+
+extern "C" int cuda_device_count_safe(void)
+{
+    int n = 0;
+    /* Without a GPU the runtime answers with an error (35 on a driverless
+     * machine); treat every error as "no device" and clear it. */
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+extern "C" int cuda_device_set(int device)
+{
+    return cuda_status(cudaSetDevice(device), "cudaSetDevice");
+}
+
+extern "C" int cuda_device_describe(char *buf, size_t size)
+{
+    int dev = 0;
+    int rc = cuda_status(cudaGetDevice(&dev), "cudaGetDevice");
+    if (rc < 0) return rc;
+    cudaDeviceProp p;
+    rc = cuda_status(cudaGetDeviceProperties(&p, dev), "cudaGetDeviceProperties");
+    if (rc < 0) return rc;
+    snprintf(buf, size, "%s, sm_%d%d, %d SMs, %d MiB L2, %.1f GiB", p.name, p.major, p.minor,
+             p.multiProcessorCount, p.l2CacheSize >> 20, (double)p.totalGlobalMem / (1 << 30));
+    return 0;
+}
+
+extern "C" int cuda_malloc(void **ptr, size_t bytes)
+{
+    *ptr = NULL;
+    cudaError_t e = cudaMalloc(ptr, bytes);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError(); /* not sticky: keep it out of the next launch check */
+        *ptr = NULL;
+        return mm3_errorf(e == cudaErrorMemoryAllocation ? -ENOMEM : -ENODEV, "cudaMalloc(%zu bytes): %s",
+                          bytes, cudaGetErrorString(e));
+    }
+    return 0;
+}
+
+extern "C" void cuda_free(void *ptr)
+{
+    if (ptr) (void)cudaFree(ptr);
+}
+
+extern "C" int cuda_memcpy_h2d(void *dst, const void *src, size_t bytes)
+{
+    return cuda_status(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy host to device");
+}
+
+extern "C" int cuda_memcpy_d2h(void *dst, const void *src, size_t bytes)
+{
+    return cuda_status(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy device to host");
+}
+
+extern "C" int cuda_memcpy_d2d(void *dst, const void *src, size_t bytes, void *stream)
+{
+    return cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda_stream_of(stream)),
+                       "cudaMemcpyAsync device to device");
+}
+
+extern "C" int cuda_memset(void *ptr, int byte, size_t bytes)
+{
+    return cuda_status(cudaMemset(ptr, byte, bytes), "cudaMemset");
+}
+
+extern "C" int cuda_stream_create(void **stream)
+{
+    cudaStream_t s = NULL;
+    int rc = cuda_status(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+    *stream = rc < 0 ? NULL : (void *)s;
+    return rc;
+}
+
+extern "C" void cuda_stream_destroy(void *stream)
+{
+    if (stream) (void)cudaStreamDestroy(cuda_stream_of(stream));
+}
+
+extern "C" int cuda_stream_sync(void *stream)
+{
+    return cuda_status(cudaStreamSynchronize(cuda_stream_of(stream)), "cudaStreamSynchronize");
+}
+
+extern "C" int cuda_event_create(void **event)
+{
+    cudaEvent_t e = NULL;
+    int rc = cuda_status(cudaEventCreate(&e), "cudaEventCreate");
+    *event = rc < 0 ? NULL : (void *)e;
+    return rc;
+}
+
+extern "C" void cuda_event_destroy(void *event)
+{
+    if (event) (void)cudaEventDestroy((cudaEvent_t)event);
+}
+
+extern "C" int cuda_event_record(void *event, void *stream)
+{
+    return cuda_status(cudaEventRecord((cudaEvent_t)event, cuda_stream_of(stream)), "cudaEventRecord");
+}
+
+extern "C" int cuda_event_elapsed_ms(float *ms, void *start, void *stop)
+{
+    int rc = cuda_status(cudaEventSynchronize((cudaEvent_t)stop), "cudaEventSynchronize");
+    if (rc < 0) return rc;
+    return cuda_status(cudaEventElapsedTime(ms, (cudaEvent_t)start, (cudaEvent_t)stop), "cudaEventElapsedTime");
+}
+
+extern "C" int cuda_graph_capture_begin(void *stream)
+{
+    if (!stream) return mm3_errorf(-EINVAL, "cuda_graph_capture_begin: the legacy default stream cannot be captured");
+    return cuda_status(cudaStreamBeginCapture(cuda_stream_of(stream), cudaStreamCaptureModeThreadLocal),
+                       "cudaStreamBeginCapture");
+}
+
+extern "C" int cuda_graph_capture_end(void *stream, void **graph_exec)
+{
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    *graph_exec = NULL;
+    int rc = cuda_status(cudaStreamEndCapture(cuda_stream_of(stream), &graph), "cudaStreamEndCapture");
+    if (rc < 0) return rc;
+    rc = cuda_status(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+    (void)cudaGraphDestroy(graph);
+    if (rc == 0) *graph_exec = (void *)exec;
+    return rc;
+}
+
+extern "C" int cuda_graph_launch(void *graph_exec, void *stream)
+{
+    return cuda_status(cudaGraphLaunch((cudaGraphExec_t)graph_exec, cuda_stream_of(stream)), "cudaGraphLaunch");
+}
+
+extern "C" void cuda_graph_destroy(void *graph_exec)
+{
+    if (graph_exec) (void)cudaGraphExecDestroy((cudaGraphExec_t)graph_exec);
+}

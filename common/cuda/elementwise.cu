@@ -1,0 +1,180 @@
+/* Row-wise and element-wise kernels of the decode path: RMSNorm (optionally fused
+ * with the residual add), per-head q/k RMSNorm + NeoX RoPE, SwiGLU, add.
+ * Each mirrors the float32 op of the same name in common/ops.h; products that the
+ * reference rounds separately are written with __fmul_rn / __fsub_rn so the
+ * compiler cannot contract them into FMAs. */
+#include <stdint.h>
+
+#include "common/cuda/cuda_internal.h"
+#include "common/cuda/ops_cuda.h"
+
+enum { ROW_THREADS = 256, EW_THREADS = 256, EW_MAX_BLOCKS = 4096 };
+
+static unsigned ew_blocks(size_t n)
+{
+    size_t b = (n + EW_THREADS - 1) / EW_THREADS;
+    if (b < 1) b = 1;
+    return (unsigned)(b < EW_MAX_BLOCKS ? b : EW_MAX_BLOCKS);
+}
+
+/* Sum over the block; every thread gets the result. */
+__device__ float block_sum(float v)
+{
+    __shared__ float warp_sums[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = (blockDim.x + 31) >> 5;
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    __syncthreads(); /* warp_sums may still be read by an earlier call */
+    if (lane == 0) warp_sums[warp] = v;
+    __syncthreads();
+    float s = 0.0f;
+    for (int k = 0; k < n_warps; k++) s += warp_sums[k];
+    return s;
+}
+
+/* One block per row. When add != NULL: h += add first and h is stored back. */
+__global__ void __launch_bounds__(ROW_THREADS) rmsnorm_kernel(float *__restrict__ y, float *h,
+                                                              const float *__restrict__ add,
+                                                              const float *__restrict__ w, int dim, float eps)
+{
+    float *xr = h + (size_t)blockIdx.x * dim;
+    const float *ar = add ? add + (size_t)blockIdx.x * dim : NULL;
+    float *yr = y + (size_t)blockIdx.x * dim;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        float v = xr[i];
+        if (ar) {
+            v = __fadd_rn(v, ar[i]);
+            xr[i] = v;
+        }
+        ss = fmaf(v, v, ss);
+    }
+    ss = block_sum(ss);
+    float r = 1.0f / sqrtf(ss / (float)dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = __fmul_rn(w[i], __fmul_rn(xr[i], r));
+}
+
+extern "C" int cuda_ops_rmsnorm(float *y, const float *x, const float *w, int n_rows, int dim, float eps,
+                                void *stream)
+{
+    if (n_rows < 0 || dim < 1)
+        return mm3_errorf(-EINVAL, "cuda_ops_rmsnorm: %d rows of %d: expected rows >= 0, dim >= 1", n_rows, dim);
+    if (n_rows == 0) return 0;
+    /* y may alias x: each thread reads its elements before the block writes them. */
+    rmsnorm_kernel<<<n_rows, ROW_THREADS, 0, cuda_stream_of(stream)>>>(y, (float *)x, NULL, w, dim, eps);
+    return cuda_launch_status("rmsnorm_kernel");
+}
+
+extern "C" int cuda_ops_add_rmsnorm(float *h, float *y, const float *x_add, const float *w, int n_rows, int dim,
+                                    float eps, void *stream)
+{
+    if (n_rows < 0 || dim < 1)
+        return mm3_errorf(-EINVAL, "cuda_ops_add_rmsnorm: %d rows of %d: expected rows >= 0, dim >= 1", n_rows,
+                          dim);
+    if (n_rows == 0) return 0;
+    rmsnorm_kernel<<<n_rows, ROW_THREADS, 0, cuda_stream_of(stream)>>>(y, h, x_add, w, dim, eps);
+    return cuda_launch_status("rmsnorm_kernel (add)");
+}
+
+/* One warp per (row, head): RMSNorm over the head, then rotate pairs (i, i+half). */
+__global__ void qk_norm_rope_kernel(float *x, int n_rows, int stride, int n_heads, int head_dim,
+                                    const float *__restrict__ w, float eps, int rotary_dim,
+                                    const int *__restrict__ pos, const float *__restrict__ inv_freq)
+{
+    const int lane = threadIdx.x & 31;
+    const long item = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (item >= (long)n_rows * n_heads) return;
+    const int t = (int)(item / n_heads), h = (int)(item % n_heads);
+    float *u = x + (size_t)t * stride + (size_t)h * head_dim;
+    if (w) {
+        float ss = 0.0f;
+        for (int i = lane; i < head_dim; i += 32) ss = fmaf(u[i], u[i], ss);
+        for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+        float r = 1.0f / sqrtf(ss / (float)head_dim + eps);
+        for (int i = lane; i < head_dim; i += 32) u[i] = __fmul_rn(w[i], __fmul_rn(u[i], r));
+        __syncwarp(); /* RoPE reads elements other lanes just wrote */
+    }
+    const int half = rotary_dim / 2;
+    const float p = (float)pos[t];
+    for (int i = lane; i < half; i += 32) {
+        float ang = __fmul_rn(inv_freq[i], p);
+        float s, c;
+        sincosf(ang, &s, &c);
+        float x1 = u[i], x2 = u[i + half];
+        u[i] = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
+        u[i + half] = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+    }
+}
+
+extern "C" int cuda_ops_qk_norm_rope(float *x, int n_rows, int stride, int n_heads, int head_dim, const float *w,
+                                     float eps, int rotary_dim, const int *pos, const float *inv_freq, void *stream)
+{
+    if (n_rows < 0 || n_heads < 1 || head_dim < 1 || head_dim > 1024 || stride < n_heads * head_dim)
+        return mm3_errorf(-EINVAL,
+                          "cuda_ops_qk_norm_rope: %d rows, %d heads of %d, stride %d: expected head_dim 1..1024 "
+                          "and stride >= heads*head_dim",
+                          n_rows, n_heads, head_dim, stride);
+    if (rotary_dim < 0 || rotary_dim > head_dim || rotary_dim % 2)
+        return mm3_errorf(-EINVAL, "cuda_ops_qk_norm_rope: rotary_dim %d: expected even, <= head_dim %d",
+                          rotary_dim, head_dim);
+    if (rotary_dim > 0 && (!pos || !inv_freq))
+        return mm3_errorf(-EINVAL, "cuda_ops_qk_norm_rope: rotary_dim %d needs pos and inv_freq", rotary_dim);
+    long items = (long)n_rows * n_heads;
+    if (items == 0) return 0;
+    const int warps_per_block = 4;
+    unsigned blocks = (unsigned)((items + warps_per_block - 1) / warps_per_block);
+    qk_norm_rope_kernel<<<blocks, 32 * warps_per_block, 0, cuda_stream_of(stream)>>>(
+        x, n_rows, stride, n_heads, head_dim, w, eps, rotary_dim, pos, inv_freq);
+    return cuda_launch_status("qk_norm_rope_kernel");
+}
+
+__device__ __forceinline__ float silu_mul1(float g, float u)
+{
+    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
+__global__ void silu_mul_kernel(float *y, const float *gate, const float *up, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = silu_mul1(gate[i], up[i]);
+}
+
+__global__ void silu_mul_fused_kernel(float *__restrict__ y, const float *__restrict__ gu, int n_rows, int ffn)
+{
+    size_t n = (size_t)n_rows * ffn;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / ffn, c = i % ffn;
+        const float *row = gu + r * 2 * ffn;
+        y[i] = silu_mul1(row[c], row[ffn + c]);
+    }
+}
+
+__global__ void add_kernel(float *y, const float *x, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = __fadd_rn(y[i], x[i]);
+}
+
+extern "C" int cuda_ops_silu_mul(float *y, const float *gate, const float *up, size_t n, void *stream)
+{
+    if (n == 0) return 0;
+    silu_mul_kernel<<<ew_blocks(n), EW_THREADS, 0, cuda_stream_of(stream)>>>(y, gate, up, n);
+    return cuda_launch_status("silu_mul_kernel");
+}
+
+extern "C" int cuda_ops_silu_mul_fused(float *y, const float *gu, int n_rows, int ffn, void *stream)
+{
+    if (n_rows < 0 || ffn < 1)
+        return mm3_errorf(-EINVAL, "cuda_ops_silu_mul_fused: %d rows of ffn %d: expected rows >= 0, ffn >= 1",
+                          n_rows, ffn);
+    size_t n = (size_t)n_rows * ffn;
+    if (n == 0) return 0;
+    silu_mul_fused_kernel<<<ew_blocks(n), EW_THREADS, 0, cuda_stream_of(stream)>>>(y, gu, n_rows, ffn);
+    return cuda_launch_status("silu_mul_fused_kernel");
+}
+
+extern "C" int cuda_ops_add(float *y, const float *x, size_t n, void *stream)
+{
+    if (n == 0) return 0;
+    add_kernel<<<ew_blocks(n), EW_THREADS, 0, cuda_stream_of(stream)>>>(y, x, n);
+    return cuda_launch_status("add_kernel");
+}

@@ -1,0 +1,294 @@
+/* y = x . W^T with bf16 weights: a weight-streaming GEMV kernel for 1..16 rows,
+ * cuBLASLt beyond.
+ *
+ * Decode is bound by reading W once per step: the kernel gives each block OPW
+ * consecutive output rows, splits `in` across its 8 warps (consecutive threads
+ * take consecutive 16-byte chunks, so each warp reads 512 contiguous bytes of
+ * every weight row it owns), and applies every loaded weight to all NR rows of x
+ * before dropping it. x (at most 16 x in floats) is re-read from L1/L2, never
+ * from HBM more than once. Partial sums meet in shared memory. */
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <pthread.h>
+#include <stdint.h>
+
+#include "common/cuda/cuda_internal.h"
+#include "common/cuda/ops_cuda.h"
+
+enum { GEMV_THREADS = 256, GEMV_WARPS = GEMV_THREADS / 32 };
+/* Row counts above this go to the tensor-core kernel (gemv_mma.cu). */
+enum { GEMV_MMA_MIN_ROWS = 4 };
+
+__device__ __forceinline__ float bf16_lo(uint32_t u)
+{
+    return __uint_as_float(u << 16);
+}
+
+__device__ __forceinline__ float bf16_hi(uint32_t u)
+{
+    return __uint_as_float(u & 0xffff0000u);
+}
+
+/* acc += dot(w[0..8), x[0..8)) for one 16-byte weight chunk. */
+__device__ __forceinline__ float dot8(uint4 w, float4 xa, float4 xb, float acc)
+{
+    acc = fmaf(bf16_lo(w.x), xa.x, acc);
+    acc = fmaf(bf16_hi(w.x), xa.y, acc);
+    acc = fmaf(bf16_lo(w.y), xa.z, acc);
+    acc = fmaf(bf16_hi(w.y), xa.w, acc);
+    acc = fmaf(bf16_lo(w.z), xb.x, acc);
+    acc = fmaf(bf16_hi(w.z), xb.y, acc);
+    acc = fmaf(bf16_lo(w.w), xb.z, acc);
+    acc = fmaf(bf16_hi(w.w), xb.w, acc);
+    return acc;
+}
+
+/* VEC: in % 8 == 0 and 16-byte aligned rows, one unit = 8 elements; otherwise a
+ * unit is one element (odd sizes; correct, not fast). */
+template <int NR, int OPW, bool VEC>
+__global__ void __launch_bounds__(GEMV_THREADS) gemv_bf16_kernel(float *__restrict__ y, const float *__restrict__ x,
+                                                                 const uint16_t *__restrict__ w, int in, int out)
+{
+    __shared__ float part[GEMV_WARPS][NR * OPW];
+    const int o0 = blockIdx.x * OPW;
+    const int units = VEC ? in / 8 : in;
+    const uint16_t *wr[OPW];
+#pragma unroll
+    for (int j = 0; j < OPW; j++) {
+        /* Rows past `out` re-read the last row; their sums are never stored. */
+        int o = o0 + j < out ? o0 + j : out - 1;
+        wr[j] = w + (size_t)o * in;
+    }
+    float acc[NR][OPW];
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+#pragma unroll
+        for (int j = 0; j < OPW; j++) acc[r][j] = 0.0f;
+
+#pragma unroll 2
+    for (int c = threadIdx.x; c < units; c += GEMV_THREADS) {
+        if (VEC) {
+            uint4 wv[OPW];
+#pragma unroll
+            for (int j = 0; j < OPW; j++) wv[j] = __ldcs((const uint4 *)wr[j] + c);
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                const float4 *xr = (const float4 *)(x + (size_t)r * in) + 2 * c;
+                float4 xa = __ldg(xr), xb = __ldg(xr + 1);
+#pragma unroll
+                for (int j = 0; j < OPW; j++) acc[r][j] = dot8(wv[j], xa, xb, acc[r][j]);
+            }
+        } else {
+            float wv[OPW];
+#pragma unroll
+            for (int j = 0; j < OPW; j++) wv[j] = __uint_as_float((uint32_t)__ldg(wr[j] + c) << 16);
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                float xv = __ldg(x + (size_t)r * in + c);
+#pragma unroll
+                for (int j = 0; j < OPW; j++) acc[r][j] = fmaf(wv[j], xv, acc[r][j]);
+            }
+        }
+    }
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+#pragma unroll
+        for (int j = 0; j < OPW; j++) {
+            float s = acc[r][j];
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+            if (lane == 0) part[warp][r * OPW + j] = s;
+        }
+    __syncthreads();
+    for (int t = threadIdx.x; t < NR * OPW; t += GEMV_THREADS) {
+        int r = t / OPW, j = t % OPW;
+        if (o0 + j >= out) continue;
+        float s = 0.0f;
+#pragma unroll
+        for (int k = 0; k < GEMV_WARPS; k++) s += part[k][t];
+        y[(size_t)r * out + o0 + j] = s;
+    }
+}
+
+/* More outputs per warp amortise the x reads over more weight bytes; with few rows
+ * keep it small so that narrow matrices (1024 outputs) still fill the SMs. */
+static int gemv_default_opw(int n_rows)
+{
+    return n_rows <= 4 ? 4 : 8;
+}
+
+template <int NR, int OPW>
+static void gemv_launch_opw(float *y, const float *x, const uint16_t *w, int in, int out, bool vec, cudaStream_t s)
+{
+    dim3 grid((unsigned)((out + OPW - 1) / OPW));
+    if (vec)
+        gemv_bf16_kernel<NR, OPW, true><<<grid, GEMV_THREADS, 0, s>>>(y, x, w, in, out);
+    else
+        gemv_bf16_kernel<NR, OPW, false><<<grid, GEMV_THREADS, 0, s>>>(y, x, w, in, out);
+}
+
+template <int NR>
+static int gemv_launch(float *y, const float *x, const uint16_t *w, int in, int out, bool vec, int opw,
+                       cudaStream_t s)
+{
+    switch (opw) {
+    case 2: gemv_launch_opw<NR, 2>(y, x, w, in, out, vec, s); break;
+    case 4: gemv_launch_opw<NR, 4>(y, x, w, in, out, vec, s); break;
+    case 8: gemv_launch_opw<NR, 8>(y, x, w, in, out, vec, s); break;
+    default: return mm3_errorf(-EINVAL, "gemv: %d outputs per warp, expected 2, 4 or 8", opw);
+    }
+    return cuda_launch_status("gemv_bf16_kernel");
+}
+
+static int gemv_dispatch(float *y, const float *x, const uint16_t *w, int n, int in, int out, bool vec, int opw,
+                         cudaStream_t s)
+{
+    switch (n) {
+    case 1: return gemv_launch<1>(y, x, w, in, out, vec, opw, s);
+    case 2: return gemv_launch<2>(y, x, w, in, out, vec, opw, s);
+    case 3: return gemv_launch<3>(y, x, w, in, out, vec, opw, s);
+    case 4: return gemv_launch<4>(y, x, w, in, out, vec, opw, s);
+    case 5: return gemv_launch<5>(y, x, w, in, out, vec, opw, s);
+    case 6: return gemv_launch<6>(y, x, w, in, out, vec, opw, s);
+    case 7: return gemv_launch<7>(y, x, w, in, out, vec, opw, s);
+    case 8: return gemv_launch<8>(y, x, w, in, out, vec, opw, s);
+    case 9: return gemv_launch<9>(y, x, w, in, out, vec, opw, s);
+    case 10: return gemv_launch<10>(y, x, w, in, out, vec, opw, s);
+    case 11: return gemv_launch<11>(y, x, w, in, out, vec, opw, s);
+    case 12: return gemv_launch<12>(y, x, w, in, out, vec, opw, s);
+    case 13: return gemv_launch<13>(y, x, w, in, out, vec, opw, s);
+    case 14: return gemv_launch<14>(y, x, w, in, out, vec, opw, s);
+    case 15: return gemv_launch<15>(y, x, w, in, out, vec, opw, s);
+    case 16: return gemv_launch<16>(y, x, w, in, out, vec, opw, s);
+    default: return mm3_errorf(-EINVAL, "gemv: %d rows, expected 1..%d", n, CUDA_OPS_GEMV_MAX_ROWS);
+    }
+}
+
+/* ---- cuBLASLt path (> 16 rows) ------------------------------------------------ */
+
+enum { LT_WORKSPACE = 32 << 20 };
+
+static pthread_once_t lt_once = PTHREAD_ONCE_INIT;
+static cublasLtHandle_t lt_handle;
+static cublasStatus_t lt_create_status;
+
+/* Largest power of two (<= 256) dividing the address: cuBLASLt assumes 256 unless told. */
+static uint32_t ptr_alignment(const void *p)
+{
+    uint32_t a = 256;
+    while (a > 1 && (uintptr_t)p % a) a >>= 1;
+    return a;
+}
+
+static void lt_create(void)
+{
+    lt_create_status = cublasLtCreate(&lt_handle);
+}
+
+__global__ void f32_to_bf16_kernel(__nv_bfloat16 *dst, const float *src, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = __float2bfloat16_rn(src[i]);
+}
+
+#define LT_TRY(call)                                                                       \
+    do {                                                                                   \
+        cublasStatus_t st_ = (call);                                                       \
+        if (st_ != CUBLAS_STATUS_SUCCESS) {                                                \
+            rc = mm3_errorf(-ENODEV, "cuBLASLt %s: status %d", #call, (int)st_);           \
+            goto done;                                                                     \
+        }                                                                                  \
+    } while (0)
+
+/* Column-major view: y^T[out, n] = W_cm[in, out]^T . x^T[in, n] (the "TN" GEMM). */
+static int lt_matmul(float *y, const float *x, const uint16_t *w, int n, int in, int out, cudaStream_t s)
+{
+    pthread_once(&lt_once, lt_create);
+    if (lt_create_status != CUBLAS_STATUS_SUCCESS)
+        return mm3_errorf(-ENODEV, "cublasLtCreate: status %d", (int)lt_create_status);
+
+    int rc = 0;
+    void *xb = NULL, *ws = NULL;
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t heur;
+    int found = 0;
+    cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
+    size_t ws_size = LT_WORKSPACE;
+    float alpha = 1.0f, beta = 0.0f;
+    size_t nx = (size_t)n * in;
+    uint32_t align_a, align_c;
+
+    rc = cuda_status(cudaMallocAsync(&xb, nx * 2, s), "cudaMallocAsync (bf16 x)");
+    if (rc < 0) return rc;
+    rc = cuda_status(cudaMallocAsync(&ws, ws_size, s), "cudaMallocAsync (cuBLASLt workspace)");
+    if (rc < 0) goto done;
+    f32_to_bf16_kernel<<<(unsigned)((nx + 255) / 256 < 4096 ? (nx + 255) / 256 : 4096), 256, 0, s>>>(
+        (__nv_bfloat16 *)xb, x, nx);
+    rc = cuda_launch_status("f32_to_bf16_kernel");
+    if (rc < 0) goto done;
+
+    LT_TRY(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof trans_a));
+    LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof trans_b));
+    LT_TRY(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, (uint64_t)in, (uint64_t)out, (int64_t)in));
+    LT_TRY(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, (uint64_t)in, (uint64_t)n, (int64_t)in));
+    LT_TRY(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, (uint64_t)out, (uint64_t)n, (int64_t)out));
+    LT_TRY(cublasLtMatmulPreferenceCreate(&pref));
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_size,
+                                                sizeof ws_size));
+    align_a = ptr_alignment(w);
+    align_c = ptr_alignment(y);
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+                                                sizeof align_a));
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
+                                                sizeof align_c));
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
+                                                sizeof align_c));
+    LT_TRY(cublasLtMatmulAlgoGetHeuristic(lt_handle, op, la, lb, lc, lc, pref, 1, &heur, &found));
+    if (found < 1) {
+        rc = mm3_errorf(-ENODEV, "cuBLASLt: no algorithm for bf16 GEMM %d x %d x %d", n, out, in);
+        goto done;
+    }
+    LT_TRY(cublasLtMatmul(lt_handle, op, &alpha, w, la, xb, lb, &beta, y, lc, y, lc, &heur.algo, ws, ws_size, s));
+
+done:
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (op) cublasLtMatmulDescDestroy(op);
+    if (ws) (void)cudaFreeAsync(ws, s);
+    if (xb) (void)cudaFreeAsync(xb, s);
+    return rc;
+}
+
+extern "C" int cuda_ops_matmul_bf16(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out,
+                                    void *stream)
+{
+    if (n_rows < 1 || in < 1 || out < 1)
+        return mm3_errorf(-EINVAL, "cuda_ops_matmul_bf16: %d rows, in %d, out %d: expected all >= 1", n_rows,
+                          in, out);
+    if (!y || !x || !w) return mm3_errorf(-EINVAL, "cuda_ops_matmul_bf16: NULL pointer");
+    cudaStream_t s = cuda_stream_of(stream);
+    if (n_rows > CUDA_OPS_GEMV_MAX_ROWS) return lt_matmul(y, x, w, n_rows, in, out, s);
+    /* Measured on the H200 (docs/performance.md): the float32 kernel is short of
+     * ALU and L1 for many rows; the tensor-core kernel serves them. */
+    if (n_rows > GEMV_MMA_MIN_ROWS && in % 32 == 0 && (((uintptr_t)w | (uintptr_t)x) & 15) == 0)
+        return cuda_ops_gemv_bf16_mma(y, x, w, n_rows, in, out, 0, stream);
+    bool vec = in % 8 == 0 && ((uintptr_t)w & 15) == 0 && ((uintptr_t)x & 15) == 0;
+    return gemv_dispatch(y, x, w, n_rows, in, out, vec, gemv_default_opw(n_rows), s);
+}
+
+extern "C" int cuda_ops_gemv_bf16_opw(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out,
+                                      int outputs_per_warp, void *stream)
+{
+    if (n_rows < 1 || n_rows > CUDA_OPS_GEMV_MAX_ROWS || in < 1 || out < 1 || !y || !x || !w)
+        return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_opw: %d rows, in %d, out %d: expected rows 1..%d", n_rows,
+                          in, out, CUDA_OPS_GEMV_MAX_ROWS);
+    bool vec = in % 8 == 0 && ((uintptr_t)w & 15) == 0 && ((uintptr_t)x & 15) == 0;
+    return gemv_dispatch(y, x, w, n_rows, in, out, vec, outputs_per_warp, cuda_stream_of(stream));
+}

@@ -1,0 +1,145 @@
+/* CUDA kernels of the stage-0 decode path, callable from C11.
+ *
+ * Only built with -DMM3_CUDA=ON|AUTO (MM3_HAVE_CUDA defined); this header itself
+ * needs no CUDA header. Device pointers are plain pointers (or void *), streams
+ * are `void *` (a cudaStream_t; NULL = the legacy default stream).
+ *
+ * Every function returns 0 or a negative errno code with a message through
+ * common/error.h (-ENODEV: no usable GPU / CUDA error, -ENOMEM: allocation,
+ * -EINVAL: bad arguments). Kernel launches are asynchronous: a fault inside a
+ * kernel shows up at the next synchronising call (cuda_stream_sync).
+ *
+ * Numerics: activations are float32 in and out, weights bf16 [out, in] as on
+ * disk; sums accumulate in float32. The reference each op is tested against is
+ * the float32 op of the same name in common/ops.h (weights widened from bf16). */
+#ifndef MM3_OPS_CUDA_H
+#define MM3_OPS_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- device and memory ---------------------------------------------------- */
+
+/* Number of CUDA devices, 0 on any error (no driver, no device, error 35 ...). */
+int cuda_device_count_safe(void);
+int cuda_device_set(int device);
+/* "NVIDIA H200, 132 SMs, 60 MiB L2, 139 GiB" into buf. */
+int cuda_device_describe(char *buf, size_t size);
+
+int cuda_malloc(void **ptr, size_t bytes);
+void cuda_free(void *ptr); /* NULL is fine */
+int cuda_memcpy_h2d(void *dst, const void *src, size_t bytes);
+int cuda_memcpy_d2h(void *dst, const void *src, size_t bytes);
+/* Device-to-device, asynchronous on `stream`. */
+int cuda_memcpy_d2d(void *dst, const void *src, size_t bytes, void *stream);
+int cuda_memset(void *ptr, int byte, size_t bytes);
+
+int cuda_stream_create(void **stream);
+void cuda_stream_destroy(void *stream);
+/* Waits for the stream; reports any kernel fault that happened on it. */
+int cuda_stream_sync(void *stream);
+
+int cuda_event_create(void **event);
+void cuda_event_destroy(void *event);
+int cuda_event_record(void *event, void *stream);
+/* Milliseconds between two recorded events (waits for `stop`). */
+int cuda_event_elapsed_ms(float *ms, void *start, void *stop);
+
+/* Capture the work queued on `stream` (not NULL) into an instantiated graph; replay
+ * it with cuda_graph_launch. Removes the launch gaps between small kernels. */
+int cuda_graph_capture_begin(void *stream);
+int cuda_graph_capture_end(void *stream, void **graph_exec);
+int cuda_graph_launch(void *graph_exec, void *stream);
+void cuda_graph_destroy(void *graph_exec);
+
+/* ---- kernels ---------------------------------------------------------------- */
+
+/* Largest row count served by the weight-streaming GEMV kernel. */
+#define CUDA_OPS_GEMV_MAX_ROWS 16
+
+/* Tuning hook (benchmark and tests): the GEMV kernel with a chosen number of
+ * output rows per warp (2, 4 or 8; cuda_ops_matmul_bf16 picks 4 up to 4 rows, else 8). */
+int cuda_ops_gemv_bf16_opw(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out,
+                           int outputs_per_warp, void *stream);
+
+/* Tuning hook: the tensor-core GEMV (mma.sync, x split into bf16 hi + lo so that
+ * the result keeps float32 accuracy); n_rows 1..16, in a multiple of 32, w and x
+ * 16-byte aligned. m_tiles: 16-row weight tiles per block, 2 or 4 (0 = default). */
+int cuda_ops_gemv_bf16_mma(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int m_tiles,
+                           void *stream);
+
+/* y[n, out] = x[n, in] . w[out, in]^T, w bf16 (uint16 bit patterns), x and y float32.
+ * n <= 4:  float32 GEMV kernel: one pass over w with 16-byte loads serves all
+ *          rows; x stays float32 (matches op_matmul on widened w up to summation order).
+ * n 5..16: tensor-core GEMV (cuda_ops_gemv_bf16_mma) when in % 32 == 0 and w, x are
+ *          16-byte aligned (else the float32 kernel): x split into bf16 hi + lo, float32
+ *          accumulation, rel. error vs op_matmul ~3e-6; deterministic.
+ * n > 16:  cuBLASLt bf16 GEMM with float32 accumulate and float32 output; x is
+ *          rounded to bf16 first (as the model's bf16 activations are).
+ * y must not alias x. */
+int cuda_ops_matmul_bf16(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out,
+                         void *stream);
+
+/* y = x * rsqrt(mean(x^2) + eps) * w over rows of `dim` (as op_rmsnorm). y may alias x. */
+int cuda_ops_rmsnorm(float *y, const float *x, const float *w, int n_rows, int dim, float eps, void *stream);
+
+/* Fused residual add + RMSNorm: h += x_add, then y = rmsnorm(h) (as op_add then
+ * op_rmsnorm). y must not alias h or x_add. */
+int cuda_ops_add_rmsnorm(float *h, float *y, const float *x_add, const float *w, int n_rows, int dim,
+                         float eps, void *stream);
+
+/* In place on x[n_rows, *] (row stride `stride` floats), heads of head_dim at
+ * column h*head_dim: per-head RMSNorm over head_dim with weight w[head_dim]
+ * (skipped when w is NULL), then NeoX RoPE over the first rotary_dim dims with
+ * position pos[row] (device int array) and inv_freq[rotary_dim/2] (device, from
+ * op_rope_inv_freq). Same as op_rmsnorm per head followed by op_rope.
+ * Requires head_dim <= 1024 and rotary_dim even, <= head_dim (0 = no RoPE). */
+int cuda_ops_qk_norm_rope(float *x, int n_rows, int stride, int n_heads, int head_dim, const float *w,
+                          float eps, int rotary_dim, const int *pos, const float *inv_freq, void *stream);
+
+/* y[i] = silu(gate[i]) * up[i] for i < n. y may alias gate or up. */
+int cuda_ops_silu_mul(float *y, const float *gate, const float *up, size_t n, void *stream);
+
+/* Fused gate/up layout: gu[n_rows, 2*ffn] holds gate in columns [0, ffn) and up
+ * in [ffn, 2*ffn) (one matmul over concatenated weights); y[n_rows, ffn]. */
+int cuda_ops_silu_mul_fused(float *y, const float *gu, int n_rows, int ffn, void *stream);
+
+/* y[i] += x[i] */
+int cuda_ops_add(float *y, const float *x, size_t n, void *stream);
+
+/* KV cache element types accepted by cuda_ops_attention_decode. */
+enum cuda_kv_dtype { CUDA_KV_F32 = 0, CUDA_KV_BF16 = 1 };
+
+/* Decode attention: one query row per sequence over its KV cache (no mask needed:
+ * the query sits after every cached position, as op_attention causal with
+ * q_pos0 = kv_len - 1).
+ *   q[n_seq, n_heads*head_dim], out[n_seq, n_heads*head_dim] float32.
+ *   k_cache, v_cache: element (s, j, g, d) at s*seq_stride + j*row_stride + g*head_dim + d
+ *     (elements, not bytes), type kv_dtype; query head h reads kv head h / (n_heads/n_kv_heads).
+ *   kv_len: device int[n_seq], each in [0, max_kv_len]; 0 gives a zero output row.
+ * Split-K: the positions are cut into chunks of 256, one block per (chunk, kv head,
+ * sequence), merged by a combine kernel (float32 log-sum-exp). The partial results
+ * live in stream-ordered memory (cudaMallocAsync), so the call captures into graphs.
+ * Requires head_dim a multiple of 32 and <= 256, n_heads/n_kv_heads <= 8, and
+ * 16-byte aligned rows where the row is >= 16 bytes per lane. */
+int cuda_ops_attention_decode(float *out, const float *q, const void *k_cache, const void *v_cache,
+                              enum cuda_kv_dtype kv_dtype, const int *kv_len, int max_kv_len,
+                              size_t seq_stride, size_t row_stride, int n_seq, int n_heads, int n_kv_heads,
+                              int head_dim, float scale, void *stream);
+
+/* Tuning hook: the same with a fixed chunk of positions per block (a multiple of 64;
+ * 0 = automatic, about 4 blocks per SM). */
+int cuda_ops_attention_decode_chunk(float *out, const float *q, const void *k_cache, const void *v_cache,
+                                    enum cuda_kv_dtype kv_dtype, const int *kv_len, int max_kv_len, size_t seq_stride,
+                                    size_t row_stride, int n_seq, int n_heads, int n_kv_heads, int head_dim,
+                                    float scale, int chunk_positions, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,616 @@
+/* CUDA decode kernels (common/cuda/ops_cuda.h) against the float32 reference ops
+ * (common/ops.h) on fresh random inputs, release shapes and odd ones.
+ *
+ * Every output buffer is poisoned (all bits set: a NaN) with guard bands of
+ * GUARD floats on both sides: the test checks that every element was written,
+ * nothing is NaN or infinite, and no guard word changed. The seed comes from the
+ * clock (MM3_TEST_SEED overrides it) and is printed, so a failure can be replayed.
+ * Exit 77 (skip) without CUDA compiled in or without a GPU. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/dtype.h"
+#include "common/error.h"
+#include "common/ops.h"
+#include "support/test_support.h"
+
+#ifdef MM3_HAVE_CUDA
+#include "common/cuda/ops_cuda.h"
+
+enum { GUARD = 64 };
+static const uint32_t POISON = 0xffffffffu;
+
+/* Relative L2 bounds (see each use for why). */
+#define TOL_F32_SUM 2e-5   /* float32 dot products, other summation order: ~1e-6 seen typical */
+#define TOL_F32_ROW 4e-6   /* row-wise norms: one rsqrt of a reordered sum of squares */
+#define TOL_F32_TRIG 8e-6  /* norm + sincosf on device vs glibc (1-2 ulp) */
+#define TOL_F32_EXP 4e-6   /* expf on device (<= 2 ulp) vs glibc */
+
+static uint64_t rng;
+
+static uint64_t rng_next(void)
+{
+    /* splitmix64 */
+    uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [-a, a), never exactly zero. */
+static float rnd(float a)
+{
+    float u = (float)((rng_next() >> 40) + 1) / (float)(1 << 24); /* (0, 1] */
+    return a * (2.0f * u - 1.0f) + (u == 0.5f ? 1e-3f : 0.0f);
+}
+
+static float *rnd_array(size_t n, float a)
+{
+    float *p = malloc(sizeof(float) * (n ? n : 1));
+    assert_non_null(p);
+    for (size_t i = 0; i < n; i++) p[i] = rnd(a);
+    return p;
+}
+
+/* Random bf16 values: bits for the device, widened floats for the reference. */
+static uint16_t *rnd_bf16(size_t n, float a, float **widened)
+{
+    uint16_t *b = malloc(2 * (n ? n : 1));
+    float *f = malloc(sizeof(float) * (n ? n : 1));
+    assert_true(b && f);
+    for (size_t i = 0; i < n; i++) {
+        b[i] = mm3_f32_to_bf16(rnd(a));
+        f[i] = mm3_bf16_to_f32(b[i]);
+    }
+    *widened = f;
+    return b;
+}
+
+static void *dev_upload(const void *host, size_t bytes)
+{
+    void *d = NULL;
+    assert_int_equal(cuda_malloc(&d, bytes ? bytes : 4), 0);
+    if (bytes) assert_int_equal(cuda_memcpy_h2d(d, host, bytes), 0);
+    return d;
+}
+
+/* A poisoned device buffer of n floats plus guard bands; returns the base and
+ * sets *inner to the first float of the payload. */
+static float *dev_guarded(size_t n, float **inner)
+{
+    float *d = NULL;
+    size_t bytes = sizeof(float) * (n + 2 * GUARD);
+    assert_int_equal(cuda_malloc((void **)&d, bytes), 0);
+    assert_int_equal(cuda_memset(d, 0xff, bytes), 0);
+    *inner = d + GUARD;
+    return d;
+}
+
+/* Sync, copy back payload, check guards untouched and every payload value
+ * finite (so written: the poison is a NaN). Returns the payload (malloc'd). */
+static float *dev_fetch_checked(const float *base, size_t n, const char *what)
+{
+    assert_int_equal(cuda_stream_sync(NULL), 0);
+    size_t total = n + 2 * GUARD;
+    float *h = malloc(sizeof(float) * total);
+    assert_non_null(h);
+    assert_int_equal(cuda_memcpy_d2h(h, base, sizeof(float) * total), 0);
+    for (size_t i = 0; i < total; i++) {
+        uint32_t u;
+        memcpy(&u, &h[i], 4);
+        int guard = i < GUARD || i >= GUARD + n;
+        if (guard && u != POISON) fail_msg("%s: guard word %zu overwritten", what, i);
+        if (!guard && !isfinite(h[i])) fail_msg("%s: element %zu not finite (unwritten?)", what, i - GUARD);
+    }
+    float *out = malloc(sizeof(float) * (n ? n : 1));
+    assert_non_null(out);
+    memcpy(out, h + GUARD, sizeof(float) * n);
+    free(h);
+    return out;
+}
+
+static void expect_close(const float *got, const float *ref, size_t n, double tol, const char *what)
+{
+    double e = test_rel_error(got, ref, n);
+    printf("  %-58s rel L2 %.2e (limit %.0e)\n", what, e, tol);
+    if (!(e <= tol)) fail_msg("%s: relative L2 error %.3e > %.1e", what, e, tol);
+}
+
+/* ---- matmul ------------------------------------------------------------------ */
+
+/* opw 0: the public entry point; 2, 4, 8: the float32 GEMV kernel with that many
+ * outputs per warp; 1 / -2 / -4: the tensor-core GEMV kernel, default / 2 / 4 weight tiles. */
+static void check_matmul_opw(int n, int in, int out, int x_offset, int opw)
+{
+    char what[128];
+    snprintf(what, sizeof what, "matmul_bf16 n=%d in=%d out=%d%s%s", n, in, out, x_offset ? " (x misaligned)" : "",
+             opw == 1 ? " mma" : opw == -2 ? " mma mt=2" : opw == -4 ? " mma mt=4" : opw == 2 ? " opw=2" : opw == 4 ? " opw=4" : opw == 8 ? " opw=8" : "");
+    float *wf;
+    uint16_t *wb = rnd_bf16((size_t)out * in, 0.05f, &wf);
+    float *x = rnd_array((size_t)n * in + (size_t)x_offset, 1.0f);
+    float *xs = x + x_offset;
+    /* Beyond the GEMV rows cuBLASLt takes bf16 x: the reference sees the same rounding. */
+    float *xr = malloc(sizeof(float) * (size_t)n * in);
+    assert_non_null(xr);
+    for (size_t i = 0; i < (size_t)n * in; i++)
+        xr[i] = n > CUDA_OPS_GEMV_MAX_ROWS ? mm3_bf16_to_f32(mm3_f32_to_bf16(xs[i])) : xs[i];
+    float *ref = malloc(sizeof(float) * (size_t)n * out);
+    assert_non_null(ref);
+    op_matmul(ref, xr, wf, NULL, n, in, out);
+
+    uint16_t *dw = dev_upload(wb, 2 * (size_t)out * in);
+    float *dx = dev_upload(x, sizeof(float) * ((size_t)n * in + x_offset));
+    float *dy_inner, *dy = dev_guarded((size_t)n * out, &dy_inner);
+    int rc = opw == 1    ? cuda_ops_gemv_bf16_mma(dy_inner, dx + x_offset, dw, n, in, out, 0, NULL)
+             : opw < 0 ? cuda_ops_gemv_bf16_mma(dy_inner, dx + x_offset, dw, n, in, out, -opw, NULL)
+             : opw     ? cuda_ops_gemv_bf16_opw(dy_inner, dx + x_offset, dw, n, in, out, opw, NULL)
+                 : cuda_ops_matmul_bf16(dy_inner, dx + x_offset, dw, n, in, out, NULL);
+    if (rc) fail_msg("%s: %s", what, mm3_last_error());
+    float *got = dev_fetch_checked(dy, (size_t)n * out, what);
+    expect_close(got, ref, (size_t)n * out, TOL_F32_SUM, what);
+
+    cuda_free(dw);
+    cuda_free(dx);
+    cuda_free(dy);
+    free(got);
+    free(ref);
+    free(xr);
+    free(x);
+    free(wb);
+    free(wf);
+}
+
+static void check_matmul(int n, int in, int out, int x_offset)
+{
+    check_matmul_opw(n, in, out, x_offset, 0);
+}
+
+static void test_matmul_release_shapes(void **state)
+{
+    (void)state;
+    check_matmul(2, 4096, 4096, 0);   /* LM q, o; depth q/k/v/o */
+    check_matmul(2, 4096, 1024, 0);   /* LM k, v; depth audio head */
+    check_matmul(16, 4096, 12288, 0); /* LM gate/up, 8 CFG pairs */
+    check_matmul(16, 12288, 4096, 0); /* LM down */
+    check_matmul(2, 4096, 6144, 0);   /* depth gate/up */
+    check_matmul(14, 6144, 4096, 0);  /* depth down, 7 rows */
+    check_matmul(2, 4096, 16385, 0);  /* sliced LM head */
+    check_matmul(1, 4096, 6144, 0);   /* fused qkv, one row */
+}
+
+static void test_matmul_odd_shapes(void **state)
+{
+    (void)state;
+    for (int n = 1; n <= CUDA_OPS_GEMV_MAX_ROWS; n++) check_matmul(n, 264, 37 + n, 0);
+    check_matmul(3, 1000, 77, 0); /* in % 8 == 0, out odd */
+    check_matmul(5, 4101, 33, 0); /* in % 8 != 0: element path */
+    check_matmul(7, 7, 1, 0);
+    check_matmul(2, 4096, 64, 1); /* x not 16-byte aligned */
+    check_matmul(17, 4096, 1024, 0); /* first cuBLASLt size */
+    check_matmul(40, 1000, 300, 0);
+    for (int opw = 2; opw <= 8; opw *= 2) {
+        check_matmul_opw(1, 1032, 45, 0, opw);
+        check_matmul_opw(16, 1032, 45, 0, opw);
+        check_matmul_opw(9, 1001, 13, 0, opw);
+    }
+    /* Tensor-core kernel: every x-tile count, clusters of 1..8 blocks, odd out. */
+    const int mma_rows[] = {1, 2, 7, 8, 9, 16};
+    for (size_t i = 0; i < sizeof mma_rows / sizeof mma_rows[0]; i++) {
+        check_matmul_opw(mma_rows[i], 4096, 1024, 0, -2);
+        check_matmul_opw(mma_rows[i], 4096, 1024, 0, -4);
+        check_matmul_opw(mma_rows[i], 96, 45, 0, -2);
+        check_matmul_opw(mma_rows[i], 96, 45, 0, -4);
+    }
+    check_matmul_opw(16, 12288, 4096, 0, -2);
+    check_matmul_opw(16, 12288, 4096, 0, -4);
+    check_matmul_opw(3, 6144, 16385, 0, 1);
+    check_matmul_opw(16, 32, 1, 0, 1);
+    float *d = NULL;
+    assert_int_equal(cuda_malloc((void **)&d, 64), 0);
+    assert_int_equal(cuda_ops_gemv_bf16_mma(d, d, (const uint16_t *)d, 1, 40, 1, 0, NULL), -EINVAL);
+    assert_int_equal(cuda_ops_gemv_bf16_mma(d, d, (const uint16_t *)d, 1, 64, 1, 3, NULL), -EINVAL);
+    assert_int_equal(cuda_ops_gemv_bf16_opw(d, d, (const uint16_t *)d, 1, 8, 1, 3, NULL), -EINVAL);
+    assert_int_equal(cuda_ops_gemv_bf16_opw(d, d, (const uint16_t *)d, 17, 8, 1, 4, NULL), -EINVAL);
+    cuda_free(d);
+}
+
+static void test_matmul_bad_args(void **state)
+{
+    (void)state;
+    float *d = NULL;
+    assert_int_equal(cuda_malloc((void **)&d, 64), 0);
+    assert_int_equal(cuda_ops_matmul_bf16(d, d, (const uint16_t *)d, 0, 4, 4, NULL), -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "rows"));
+    assert_int_equal(cuda_ops_matmul_bf16(d, d, NULL, 1, 4, 4, NULL), -EINVAL);
+    cuda_free(d);
+}
+
+/* ---- norms ------------------------------------------------------------------- */
+
+static void check_rmsnorm(int n, int dim)
+{
+    char what[128];
+    snprintf(what, sizeof what, "rmsnorm n=%d dim=%d", n, dim);
+    size_t len = (size_t)n * dim;
+    float *x = rnd_array(len, 3.0f), *w = rnd_array((size_t)dim, 1.5f);
+    float *ref = malloc(sizeof(float) * len);
+    assert_non_null(ref);
+    op_rmsnorm(ref, x, w, n, dim, 1e-6f);
+
+    float *dx = dev_upload(x, sizeof(float) * len), *dw = dev_upload(w, sizeof(float) * dim);
+    float *dy_inner, *dy = dev_guarded(len, &dy_inner);
+    assert_int_equal(cuda_ops_rmsnorm(dy_inner, dx, dw, n, dim, 1e-6f, NULL), 0);
+    float *got = dev_fetch_checked(dy, len, what);
+    expect_close(got, ref, len, TOL_F32_ROW, what);
+    free(got);
+
+    /* In place (y aliases x), the way the decode loop calls it. */
+    float *dz_inner, *dz = dev_guarded(len, &dz_inner);
+    assert_int_equal(cuda_memcpy_h2d(dz_inner, x, sizeof(float) * len), 0);
+    assert_int_equal(cuda_ops_rmsnorm(dz_inner, dz_inner, dw, n, dim, 1e-6f, NULL), 0);
+    got = dev_fetch_checked(dz, len, what);
+    expect_close(got, ref, len, TOL_F32_ROW, "  ... in place");
+    free(got);
+
+    /* Fused residual add: h += a; y = rmsnorm(h). */
+    float *a = rnd_array(len, 2.0f);
+    float *h_ref = malloc(sizeof(float) * len);
+    assert_non_null(h_ref);
+    memcpy(h_ref, x, sizeof(float) * len);
+    op_add(h_ref, a, len);
+    op_rmsnorm(ref, h_ref, w, n, dim, 1e-6f);
+    float *da = dev_upload(a, sizeof(float) * len);
+    float *dh_inner, *dh = dev_guarded(len, &dh_inner);
+    assert_int_equal(cuda_memcpy_h2d(dh_inner, x, sizeof(float) * len), 0);
+    assert_int_equal(cuda_memset(dy, 0xff, sizeof(float) * (len + 2 * GUARD)), 0);
+    assert_int_equal(cuda_ops_add_rmsnorm(dh_inner, dy_inner, da, dw, n, dim, 1e-6f, NULL), 0);
+    float *got_h = dev_fetch_checked(dh, len, what);
+    float *got_y = dev_fetch_checked(dy, len, what);
+    /* The add is one IEEE addition: bit-exact. */
+    assert_memory_equal(got_h, h_ref, sizeof(float) * len);
+    expect_close(got_y, ref, len, TOL_F32_ROW, "  ... add_rmsnorm");
+
+    cuda_free(dx);
+    cuda_free(dw);
+    cuda_free(dy);
+    cuda_free(dz);
+    cuda_free(da);
+    cuda_free(dh);
+    free(got_h);
+    free(got_y);
+    free(h_ref);
+    free(a);
+    free(ref);
+    free(x);
+    free(w);
+}
+
+static void test_rmsnorm(void **state)
+{
+    (void)state;
+    check_rmsnorm(2, 4096);
+    check_rmsnorm(16, 4096);
+    check_rmsnorm(3, 1000);
+    check_rmsnorm(1, 7);
+    check_rmsnorm(5, 12288);
+}
+
+/* q/k norm + RoPE on a row that holds `lead` other floats before the heads, so
+ * the row stride is not heads*head_dim (as for q inside a fused qkv row). */
+static void check_qk_norm_rope(int n, int n_heads, int head_dim, int rotary_dim, double theta, int lead,
+                               int with_norm)
+{
+    char what[160];
+    snprintf(what, sizeof what, "qk_norm_rope n=%d heads=%d hd=%d rot=%d theta=%g%s", n, n_heads, head_dim,
+             rotary_dim, theta, with_norm ? "" : " (no norm)");
+    int stride = lead + n_heads * head_dim + 3;
+    size_t len = (size_t)n * stride;
+    float *x = rnd_array(len, 4.0f), *w = rnd_array((size_t)head_dim, 1.5f);
+    int *pos = malloc(sizeof(int) * n);
+    assert_non_null(pos);
+    for (int t = 0; t < n; t++) pos[t] = (int)(rng_next() % 10240);
+    pos[0] = 10239; /* largest angle */
+    float *inv_freq = malloc(sizeof(float) * (rotary_dim / 2 + 1));
+    assert_non_null(inv_freq);
+    op_rope_inv_freq(inv_freq, theta, rotary_dim);
+
+    float *ref = malloc(sizeof(float) * len);
+    assert_non_null(ref);
+    memcpy(ref, x, sizeof(float) * len);
+    for (int t = 0; t < n; t++) {
+        float *heads = ref + (size_t)t * stride + lead;
+        if (with_norm) op_rmsnorm(heads, heads, w, n_heads, head_dim, 1e-6f);
+        op_rope(heads, 1, stride, n_heads, head_dim, rotary_dim, &pos[t], inv_freq);
+    }
+
+    float *dx_inner, *dx = dev_guarded(len, &dx_inner);
+    assert_int_equal(cuda_memcpy_h2d(dx_inner, x, sizeof(float) * len), 0);
+    float *dw = dev_upload(w, sizeof(float) * head_dim);
+    int *dpos = dev_upload(pos, sizeof(int) * n);
+    float *dfreq = dev_upload(inv_freq, sizeof(float) * (rotary_dim / 2 + 1));
+    int rc = cuda_ops_qk_norm_rope(dx_inner + lead, n, stride, n_heads, head_dim, with_norm ? dw : NULL, 1e-6f,
+                                   rotary_dim, dpos, dfreq, NULL);
+    if (rc) fail_msg("%s: %s", what, mm3_last_error());
+    float *got = dev_fetch_checked(dx, len, what);
+    expect_close(got, ref, len, TOL_F32_TRIG, what);
+    /* Columns outside the heads are untouched. */
+    for (int t = 0; t < n; t++) {
+        for (int c = 0; c < lead; c++) assert_true(got[(size_t)t * stride + c] == x[(size_t)t * stride + c]);
+        for (int c = lead + n_heads * head_dim; c < stride; c++)
+            assert_true(got[(size_t)t * stride + c] == x[(size_t)t * stride + c]);
+    }
+
+    cuda_free(dx);
+    cuda_free(dw);
+    cuda_free(dpos);
+    cuda_free(dfreq);
+    free(got);
+    free(ref);
+    free(inv_freq);
+    free(pos);
+    free(w);
+    free(x);
+}
+
+static void test_qk_norm_rope(void **state)
+{
+    (void)state;
+    check_qk_norm_rope(2, 32, 128, 128, 1e6, 0, 1);    /* LM q */
+    check_qk_norm_rope(16, 8, 128, 128, 1e6, 4096, 1); /* LM k inside a fused qkv row */
+    check_qk_norm_rope(3, 5, 64, 32, 1e4, 7, 1);       /* partial rotary */
+    check_qk_norm_rope(2, 3, 96, 96, 1e4, 0, 0);       /* RoPE only */
+    check_qk_norm_rope(4, 16, 256, 0, 1e6, 0, 1);      /* norm only */
+}
+
+static void test_qk_norm_rope_bad_args(void **state)
+{
+    (void)state;
+    assert_int_equal(cuda_ops_qk_norm_rope(NULL, 1, 128, 1, 128, NULL, 1e-6f, 127, NULL, NULL, NULL), -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "rotary_dim"));
+    assert_int_equal(cuda_ops_qk_norm_rope(NULL, 1, 100, 1, 128, NULL, 1e-6f, 0, NULL, NULL, NULL), -EINVAL);
+}
+
+/* ---- element-wise -------------------------------------------------------------- */
+
+static void check_silu_mul(size_t n)
+{
+    char what[96];
+    snprintf(what, sizeof what, "silu_mul n=%zu", n);
+    float *g = rnd_array(n, 8.0f), *u = rnd_array(n, 2.0f), *ref = malloc(sizeof(float) * n);
+    assert_non_null(ref);
+    op_silu_mul(ref, g, u, n);
+    float *dg = dev_upload(g, sizeof(float) * n), *du = dev_upload(u, sizeof(float) * n);
+    float *dy_inner, *dy = dev_guarded(n, &dy_inner);
+    assert_int_equal(cuda_ops_silu_mul(dy_inner, dg, du, n, NULL), 0);
+    float *got = dev_fetch_checked(dy, n, what);
+    expect_close(got, ref, n, TOL_F32_EXP, what);
+    cuda_free(dg);
+    cuda_free(du);
+    cuda_free(dy);
+    free(got);
+    free(ref);
+    free(g);
+    free(u);
+}
+
+static void check_silu_mul_fused(int rows, int ffn)
+{
+    char what[96];
+    snprintf(what, sizeof what, "silu_mul_fused rows=%d ffn=%d", rows, ffn);
+    size_t n = (size_t)rows * ffn;
+    float *gu = rnd_array(2 * n, 8.0f), *ref = malloc(sizeof(float) * n);
+    assert_non_null(ref);
+    for (int r = 0; r < rows; r++)
+        op_silu_mul(ref + (size_t)r * ffn, gu + (size_t)r * 2 * ffn, gu + (size_t)r * 2 * ffn + ffn, (size_t)ffn);
+    float *dgu = dev_upload(gu, sizeof(float) * 2 * n);
+    float *dy_inner, *dy = dev_guarded(n, &dy_inner);
+    assert_int_equal(cuda_ops_silu_mul_fused(dy_inner, dgu, rows, ffn, NULL), 0);
+    float *got = dev_fetch_checked(dy, n, what);
+    expect_close(got, ref, n, TOL_F32_EXP, what);
+    cuda_free(dgu);
+    cuda_free(dy);
+    free(got);
+    free(ref);
+    free(gu);
+}
+
+static void check_add(size_t n)
+{
+    char what[96];
+    snprintf(what, sizeof what, "add n=%zu", n);
+    float *y = rnd_array(n, 3.0f), *x = rnd_array(n, 3.0f);
+    float *dy_inner, *dy = dev_guarded(n, &dy_inner);
+    assert_int_equal(cuda_memcpy_h2d(dy_inner, y, sizeof(float) * n), 0);
+    float *dx = dev_upload(x, sizeof(float) * n);
+    assert_int_equal(cuda_ops_add(dy_inner, dx, n, NULL), 0);
+    float *got = dev_fetch_checked(dy, n, what);
+    op_add(y, x, n);
+    assert_memory_equal(got, y, sizeof(float) * n); /* one IEEE add: exact */
+    printf("  %-58s bit-exact\n", what);
+    cuda_free(dx);
+    cuda_free(dy);
+    free(got);
+    free(x);
+    free(y);
+}
+
+static void test_elementwise(void **state)
+{
+    (void)state;
+    check_silu_mul((size_t)16 * 12288);
+    check_silu_mul((size_t)2 * 6144);
+    check_silu_mul(7);
+    check_silu_mul_fused(2, 12288);
+    check_silu_mul_fused(3, 77);
+    check_add((size_t)16 * 4096);
+    check_add(1001);
+}
+
+/* ---- decode attention ------------------------------------------------------------ */
+
+struct att_case {
+    int n_seq, n_heads, n_kv_heads, head_dim, max_len;
+    int kv_len[4];
+    enum cuda_kv_dtype dtype;
+    int chunk; /* 0: automatic split */
+};
+
+static void check_attention(const struct att_case *c)
+{
+    char what[160];
+    snprintf(what, sizeof what, "attention_decode %s seqs=%d heads=%d/%d hd=%d len=%d,%d,%d chunk=%d",
+             c->dtype == CUDA_KV_BF16 ? "bf16" : "f32", c->n_seq, c->n_heads, c->n_kv_heads, c->head_dim,
+             c->kv_len[0], c->n_seq > 1 ? c->kv_len[1] : -1, c->n_seq > 2 ? c->kv_len[2] : -1, c->chunk);
+    const size_t row = (size_t)c->n_kv_heads * c->head_dim + 8; /* padded rows: strides are honoured */
+    const size_t seq = (size_t)c->max_len * row;
+    const size_t n_cache = seq * c->n_seq, qn = (size_t)c->n_seq * c->n_heads * c->head_dim;
+    float *kf, *vf;
+    uint16_t *kb = rnd_bf16(n_cache, 2.0f, &kf), *vb = rnd_bf16(n_cache, 1.0f, &vf);
+    float *q = rnd_array(qn, 2.0f), *ref = malloc(sizeof(float) * qn);
+    assert_non_null(ref);
+    const float scale = 1.0f / sqrtf((float)c->head_dim);
+    for (int s = 0; s < c->n_seq; s++) {
+        size_t qo = (size_t)s * c->n_heads * c->head_dim;
+        op_attention(ref + qo, c->n_heads * c->head_dim, q + qo, c->n_heads * c->head_dim, kf + s * seq, vf + s * seq,
+                     (int)row, 1, c->kv_len[s], c->n_heads, c->n_kv_heads, c->head_dim, 1, c->kv_len[s] - 1, scale);
+    }
+
+    void *dk, *dv;
+    if (c->dtype == CUDA_KV_BF16) {
+        dk = dev_upload(kb, 2 * n_cache);
+        dv = dev_upload(vb, 2 * n_cache);
+    } else {
+        dk = dev_upload(kf, sizeof(float) * n_cache);
+        dv = dev_upload(vf, sizeof(float) * n_cache);
+    }
+    float *dq = dev_upload(q, sizeof(float) * qn);
+    int *dlen = dev_upload(c->kv_len, sizeof(int) * c->n_seq);
+    float *dout_inner, *dout = dev_guarded(qn, &dout_inner);
+    int rc = c->chunk ? cuda_ops_attention_decode_chunk(dout_inner, dq, dk, dv, c->dtype, dlen, c->max_len, seq, row,
+                                                        c->n_seq, c->n_heads, c->n_kv_heads, c->head_dim, scale,
+                                                        c->chunk, NULL)
+                      : cuda_ops_attention_decode(dout_inner, dq, dk, dv, c->dtype, dlen, c->max_len, seq, row,
+                                                  c->n_seq, c->n_heads, c->n_kv_heads, c->head_dim, scale, NULL);
+    if (rc) fail_msg("%s: %s", what, mm3_last_error());
+    float *got = dev_fetch_checked(dout, qn, what);
+    /* float32 softmax and sums in another order, device expf: ~1e-6 typical. */
+    expect_close(got, ref, qn, TOL_F32_SUM, what);
+
+    cuda_free(dk);
+    cuda_free(dv);
+    cuda_free(dq);
+    cuda_free(dlen);
+    cuda_free(dout);
+    free(got);
+    free(ref);
+    free(q);
+    free(kb);
+    free(vb);
+    free(kf);
+    free(vf);
+}
+
+static void test_attention_release(void **state)
+{
+    (void)state;
+    const struct att_case cases[] = {
+        {2, 32, 8, 128, 10240, {1, 1000}, CUDA_KV_BF16, 0},     /* LM, CFG pair */
+        {2, 32, 8, 128, 10240, {5000, 10240}, CUDA_KV_BF16, 0},
+        {2, 32, 8, 128, 10240, {10240, 257}, CUDA_KV_F32, 0},
+        {2, 16, 16, 256, 16, {8, 3}, CUDA_KV_BF16, 0},          /* depth decoder */
+        {2, 16, 16, 256, 16, {1, 16}, CUDA_KV_F32, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_attention(&cases[i]);
+}
+
+static void test_attention_odd(void **state)
+{
+    (void)state;
+    const struct att_case cases[] = {
+        {3, 12, 4, 64, 600, {0, 257, 513}, CUDA_KV_F32, 0},  /* group 3, empty cache -> zeros */
+        {3, 12, 4, 64, 600, {600, 1, 255}, CUDA_KV_BF16, 0},
+        {2, 16, 2, 32, 300, {300, 33}, CUDA_KV_BF16, 0},    /* group 8 */
+        {1, 6, 6, 128, 2000, {1999}, CUDA_KV_F32, 0},
+        {2, 32, 8, 128, 3000, {3000, 2999}, CUDA_KV_BF16, 64},   /* forced chunks: many splits */
+        {2, 32, 8, 128, 3000, {1, 2100}, CUDA_KV_BF16, 2048},    /* ... few, one partly empty */
+        {2, 16, 16, 256, 700, {700, 65}, CUDA_KV_BF16, 128},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_attention(&cases[i]);
+}
+
+static void test_attention_bad_args(void **state)
+{
+    (void)state;
+    int dummy[4] = {0, 0, 0, 0};
+    assert_int_equal(cuda_ops_attention_decode(NULL, NULL, dummy, dummy, CUDA_KV_BF16, NULL, 1, 1024, 1024, 1, 32, 8,
+                                               96, 1.0f, NULL),
+                     -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "head_dim"));
+    assert_int_equal(cuda_ops_attention_decode_chunk(NULL, NULL, dummy, dummy, CUDA_KV_BF16, NULL, 1, 1024, 1024, 1,
+                                                     32, 8, 128, 1.0f, 100, NULL),
+                     -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "chunk"));
+    assert_int_equal(cuda_ops_attention_decode(NULL, NULL, dummy, dummy, CUDA_KV_BF16, NULL, 1, 1024, 1024, 1, 32, 3,
+                                               128, 1.0f, NULL),
+                     -EINVAL);
+    assert_int_equal(cuda_ops_attention_decode(NULL, NULL, dummy, dummy, CUDA_KV_BF16, NULL, 1, 1024, 100, 1, 32, 8,
+                                               128, 1.0f, NULL),
+                     -EINVAL);
+}
+
+static void test_device_helpers(void **state)
+{
+    (void)state;
+    char desc[256];
+    assert_int_equal(cuda_device_describe(desc, sizeof desc), 0);
+    printf("  device: %s\n", desc);
+    void *p = NULL;
+    /* An absurd allocation fails with a message instead of aborting. */
+    assert_int_equal(cuda_malloc(&p, (size_t)1 << 60), -ENOMEM);
+    assert_null(p);
+    assert_non_null(strstr(mm3_last_error(), "cudaMalloc"));
+}
+
+int main(void)
+{
+    if (cuda_device_count_safe() < 1) {
+        printf("no CUDA device: skipped\n");
+        return 77;
+    }
+    const char *seed_env = getenv("MM3_TEST_SEED");
+    rng = seed_env ? strtoull(seed_env, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+    printf("seed %llu (MM3_TEST_SEED to replay)\n", (unsigned long long)rng);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_device_helpers),
+        cmocka_unit_test(test_matmul_bad_args),
+        cmocka_unit_test(test_matmul_odd_shapes),
+        cmocka_unit_test(test_matmul_release_shapes),
+        cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_qk_norm_rope),
+        cmocka_unit_test(test_qk_norm_rope_bad_args),
+        cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_attention_release),
+        cmocka_unit_test(test_attention_odd),
+        cmocka_unit_test(test_attention_bad_args),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
+
+#else
+
+int main(void)
+{
+    printf("built without CUDA (MM3_HAVE_CUDA undefined): skipped\n");
+    return 77;
+}
+
+#endif
