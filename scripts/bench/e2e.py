@@ -1,0 +1,249 @@
+#!/usr/bin/env python3
+"""End-to-end benchmark through the HTTP API (both processes running, e.g. scripts/launch.sh).
+
+    e2e.py --url URL [--duration 30] [--concurrency 8] [--json FILE] [--no-warmup]
+    e2e.py --selftest        checks the measuring code against a local fake server
+
+1. One song alone, streamed (`stream: true`, raw PCM): wall time from sending the request
+   to the last byte, real-time factor (wall / audio seconds), time to the first audio byte.
+2. --concurrency songs sent at once: aggregate audio seconds per wall second (first send
+   to last byte), p50 / p95 of the per-song wall time and of the time to first audio.
+While both run, nvidia-smi is polled (0.5 s) for the peak GPU memory of every process.
+
+A song that ends before its cap (random weights can draw the stop code) is reported with
+its real audio length and "stopped_early": true; its figures still count its real audio.
+"""
+import argparse
+import http.client
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+CAPTION = "an upbeat synth-pop song, female vocals, 120 BPM, bright pads and punchy drums"
+LYRICS = ("[verse]\nneon rivers in the night\nwe are running out of time\n"
+          "[chorus]\nhold on, hold on\nthe city sings our song")
+
+
+def one_song(url, duration, seed, timeout=1800.0):
+    """POST one streamed song; returns timings and sizes (never raises)."""
+    u = urllib.parse.urlsplit(url)
+    body = json.dumps({"caption": CAPTION, "lyrics": LYRICS, "duration_s": duration, "seed": seed,
+                       "stream": True, "response_format": "pcm"}).encode()
+    r = {"duration_s": duration, "seed": seed, "ok": False}
+    t0 = time.perf_counter()
+    conn = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=timeout)
+    try:
+        conn.request("POST", "/v1/audio/speech", body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        r["status"] = resp.status
+        if resp.status != 200:
+            r["error"] = resp.read(500).decode("utf-8", "replace")
+            return r
+        rate = int(resp.getheader("X-Sample-Rate", "44100"))
+        channels = int(resp.getheader("X-Channels", "2"))
+        n, first = 0, None
+        while True:
+            chunk = resp.read1(1 << 16)
+            if not chunk:
+                break
+            if first is None:
+                first = time.perf_counter() - t0
+            n += len(chunk)
+        wall = time.perf_counter() - t0
+        audio_s = n / (2 * channels) / rate
+        r.update({"ok": n > 0, "wall_s": wall, "ttfa_s": first, "bytes": n, "audio_s": audio_s,
+                  "rtf": wall / audio_s if audio_s > 0 else None, "sample_rate": rate,
+                  "stopped_early": audio_s < 0.95 * duration})
+    except (OSError, http.client.HTTPException) as e:  # IncompleteRead: stream cut after audio began
+        r["error"] = f"{type(e).__name__}: {e}"
+        r["wall_s"] = time.perf_counter() - t0
+    finally:
+        conn.close()
+    return r
+
+
+def percentile(v, p):
+    v = sorted(v)
+    if not v:
+        return None
+    k = (len(v) - 1) * p / 100.0
+    lo, hi = int(k), min(int(k) + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+class GpuMemPoller:
+    """Peak used GPU memory per process name, from nvidia-smi every `period` seconds."""
+
+    def __init__(self, period=0.5):
+        self.period, self.peak, self.stop = period, {}, threading.Event()
+        self.smi = shutil.which("nvidia-smi")
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self):
+        while not self.stop.is_set():
+            try:
+                out = subprocess.run([self.smi, "--query-compute-apps=pid,process_name,used_memory",
+                                      "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                                     timeout=10).stdout
+            except (OSError, subprocess.SubprocessError):
+                out = ""
+            for line in out.splitlines():
+                parts = [p.strip() for p in line.split(",")]
+                if len(parts) == 3 and parts[2].isdigit():
+                    name = os.path.basename(parts[1])
+                    self.peak[name] = max(self.peak.get(name, 0), int(parts[2]))
+            self.stop.wait(self.period)
+
+    def __enter__(self):
+        if self.smi:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        if self.smi:
+            self.thread.join()
+
+    def result(self):
+        if not self.smi:
+            return None
+        return {k: v / 1024.0 for k, v in self.peak.items()}  # MiB -> GiB
+
+
+def concurrent(url, duration, n, seed0):
+    res = [None] * n
+    start = threading.Barrier(n)
+
+    def worker(i):
+        start.wait()
+        res[i] = one_song(url, duration, seed0 + i)
+
+    t0 = time.perf_counter()
+    th = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    wall = time.perf_counter() - t0
+    ok = [r for r in res if r["ok"]]
+    audio = sum(r["audio_s"] for r in ok)
+    lat = [r["wall_s"] for r in ok]
+    ttfa = [r["ttfa_s"] for r in ok]
+    return {"songs": n, "ok": len(ok), "wall_s": wall, "audio_s": audio,
+            "audio_s_per_s": audio / wall if wall > 0 else None,
+            "latency_p50_s": percentile(lat, 50), "latency_p95_s": percentile(lat, 95),
+            "ttfa_p50_s": percentile(ttfa, 50), "ttfa_p95_s": percentile(ttfa, 95),
+            "stopped_early": sum(1 for r in ok if r["stopped_early"]), "requests": res}
+
+
+def bench(args):
+    doc = {"tool": "e2e", "url": args.url, "duration_s": args.duration, "concurrency": args.concurrency}
+    with GpuMemPoller() as mem:
+        if not args.no_warmup:
+            doc["warmup"] = one_song(args.url, min(4.0, args.duration), 1)
+        doc["single"] = one_song(args.url, args.duration, 7)
+        s = doc["single"]
+        if s["ok"]:
+            print(f"e2e: one {s['audio_s']:.1f} s song: wall {s['wall_s']:.2f} s, RTF {s['rtf']:.3f}, "
+                  f"first audio {s['ttfa_s']:.2f} s" + (" (stopped early)" if s["stopped_early"] else ""))
+        else:
+            print(f"e2e: one song failed: {s.get('status', '')} {s.get('error', '')[:200]}")
+        if args.concurrency > 0:
+            c = concurrent(args.url, args.duration, args.concurrency, 100)
+            doc["concurrent"] = c
+            if c["ok"]:
+                print(f"e2e: {c['ok']}/{c['songs']} concurrent songs: {c['audio_s_per_s']:.2f} audio s per s, "
+                      f"latency p50 {c['latency_p50_s']:.2f} s p95 {c['latency_p95_s']:.2f} s")
+            else:
+                print("e2e: every concurrent song failed")
+    doc["gpu_peak_gib"] = mem.result()
+    doc["ok"] = bool(doc["single"]["ok"])
+    common.write_json(args.json, doc)
+    return 0 if doc["ok"] else 1
+
+
+def selftest():
+    """A fake server that streams 1 s of PCM in 4 chunks 0.1 s apart after a 0.3 s delay:
+    the measured time to first audio, wall time and audio length must come out right."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    rate, delay, gap, chunks = 8000, 0.3, 0.1, 4
+
+    class H(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            assert req["stream"] is True and req["response_format"] == "pcm"
+            samples = int(req["duration_s"] * rate)
+            time.sleep(delay)
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.send_header("X-Sample-Rate", str(rate))
+            self.send_header("X-Channels", "2")
+            self.end_headers()
+            per = samples // chunks
+            for i in range(chunks):
+                if i:
+                    time.sleep(gap)
+                n = per if i < chunks - 1 else samples - per * (chunks - 1)
+                data = b"\0" * (4 * n)
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    th = threading.Thread(target=srv.serve_forever, daemon=True)
+    th.start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        s = one_song(url, 1.0, 0)
+        c = concurrent(url, 1.0, 3, 0)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    want_wall = delay + gap * (chunks - 1)
+    checks = [
+        ("one song ok", s["ok"]),
+        ("audio length 1.0 s", abs(s["audio_s"] - 1.0) < 1e-9),
+        ("first audio ~0.3 s", abs(s["ttfa_s"] - delay) < 0.08),
+        ("wall ~0.6 s", abs(s["wall_s"] - want_wall) < 0.1),
+        ("3 concurrent ok", c["ok"] == 3),
+        ("aggregate ~3/0.6 audio s per s", abs(c["audio_s_per_s"] - 3.0 / want_wall) < 1.0),
+        ("p95 >= p50", c["latency_p95_s"] >= c["latency_p50_s"]),
+    ]
+    bad = [name for name, ok in checks if not ok]
+    for name, ok in checks:
+        print(f"  {'ok  ' if ok else 'FAIL'} {name}")
+    print("e2e selftest: " + ("passed" if not bad else "FAILED: " + ", ".join(bad)))
+    return 0 if not bad else 1
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url", default=os.environ.get("MM3_URL", "http://127.0.0.1:8000"))
+    ap.add_argument("--duration", type=float, default=30.0)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--no-warmup", action="store_true")
+    ap.add_argument("--json")
+    ap.add_argument("--selftest", action="store_true")
+    args = ap.parse_args()
+    if args.selftest:
+        return selftest()
+    return bench(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,248 @@
+#!/usr/bin/env python3
+"""Tests of the benchmark harness that need no GPU and no torch:
+
+    python3 scripts/bench/test_harness.py
+
+- parse_tools against text in the exact printf formats of tools/mm3_bench_ops.c and
+  tools/mm3_bench_load.c (and the "no CUDA" exit 77 path);
+- table.py on a synthetic H200 run: bounds, ratios, goals met / missed "by how much", and
+  "n/a (reason)" rows for everything that is missing;
+- e2e.py's measuring code against a local fake streaming server.
+"""
+import json
+import os
+import sys
+import tempfile
+import unittest
+
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import e2e  # noqa: E402
+import parse_tools  # noqa: E402
+import table  # noqa: E402
+
+# The lines below are printf'd with the formats of tools/mm3_bench_ops.c (main()).
+OPS_TEXT = "".join([
+    "device: %s; median of %d samples\n" % ("NVIDIA H200 (132 SMs)", 15),
+    "device-to-device copy: %.1f GB/s (read + write, 1 GiB, median)\n\n" % 4213.0,
+    "%-28s %13s %4d %10.1f %8.0f %6.0f%%\n" % ("attention_decode", "10240 pos", 2, 45.2, 1858, 44),
+    "%-28s %13s %4d %10.1f %8.0f %6.0f%%\n" % ("attention_decode", "10240 pos", 16, 274.8, 2442, 58),
+    "\nFrame (weights only: %.2f GB of bf16 matmul weights, KV and small ops excluded):\n" % 22.31,
+    "  floor = bytes / copy bandwidth      %8.2f ms\n" % 5.29,
+    "  (kernel times from graph replays; back-to-back launches instead: %.2f ms at 2 rows, %.2f ms at 16)\n"
+    % (7.29, 11.89),
+    "  %2d rows: sum of kernels %8.2f ms (%.0f%% of floor speed), fused qkv/gate_up %8.2f ms (%.0f%%)\n"
+    % (2, 6.76, 78, 6.36, 83),
+    "  %2d rows: sum of kernels %8.2f ms (%.0f%% of floor speed), fused qkv/gate_up %8.2f ms (%.0f%%)\n"
+    % (16, 11.28, 47, 10.10, 52),
+    "  %2d rows: float32 kernel only %8.2f ms, tensor-core kernel only (better MT) %8.2f ms, best per shape "
+    "%8.2f ms\n" % (2, 6.80, 7.10, 6.75),
+])
+# tools/mm3_bench_load.c: header, one row per component, the total; log lines interleaved.
+LOAD_FMT = "%-20s %14d %9.3f %9.2f %9.3f %9.2f %7.2f  %s\n"
+LOAD_TEXT = ("%-20s %14s %9s %9s %9s %9s %7s  %s\n" % ("component", "bytes", "seq_s", "seq_GB/s", "load_s",
+                                                         "load_GB/s", "ratio", "reader")
+             + "bench-load[1] 2955.336 INFO  checkpoint.c:399: language_model: loaded 36 tensors\n"
+             + LOAD_FMT % ("language_model", 17168997392, 6.1, 2.81, 6.5, 2.64, 0.94, "io_uring")
+             + LOAD_FMT % ("transformer", 9727623680, 3.4, 2.86, 3.6, 2.70, 0.94, "io_uring")
+             + LOAD_FMT % ("total", 26896621072, 9.5, 2.83, 10.1, 2.66, 0.94, "cold"))
+
+# tools/mm3_bench_dit.c's closing table (its printf formats).
+DIT_ROW_FMT = "| DiT forward | %s | %d (%d) | %.1f, %.1f | %.3f | %.1f | %.1f | %.2f |\n"
+DIT_TEXT = ("device: NVIDIA H200\nFLOP per sequence forward: %.4g T\n" % 3.489
+            + "bf16: dense GEMM 8192^3 %.1f TFLOP/s\n" % 780.1
+            + "\n| figure | precision | windows (B) | ms / forward (eager, graph) | s / window (30 steps, CFG) "
+            "| TFLOP/s | dense GEMM peak | ratio |\n|---|---|---|---|---|---|---|---|\n"
+            + DIT_ROW_FMT % ("bf16", 1, 2, 15.1, 13.2, 0.396, 528.6, 780.1, 0.68)
+            + DIT_ROW_FMT % ("bf16", 8, 16, 99.0, 98.0, 0.368, 570.1, 780.1, 0.73)
+            + DIT_ROW_FMT % ("fp32", 1, 2, 180.2, 0.0, 5.406, 38.7, 50.1, 0.77)
+            + "| drift vs fp32 | %s | 1 (2) | first guided velocity rel %.3g | latents after %d Euler steps "
+            "rel %.3g | | | |\n" % ("bf16", 0.0123, 30, 0.0456))
+
+
+def synthetic_run(d, with_e2e):
+    """A run as bench.sh leaves it on an H200, PyTorch figures from prior-art.md."""
+    def put(name, doc):
+        with open(os.path.join(d, name + ".json"), "w") as f:
+            json.dump(doc, f)
+    put("meta", {"date": "2026-11-30", "device": "NVIDIA H200", "dry_run": False,
+                 "stage0_na": "stage 0 has no CUDA backend yet"})
+    put("ops", parse_tools.parse_ops(OPS_TEXT))
+    put("load", parse_tools.parse_load(LOAD_TEXT))
+    put("dit", parse_tools.parse_dit(DIT_TEXT) if with_e2e else
+        {"tool": "mm3-bench-dit", "ok": False, "reason": "mm3-bench-dit not built"})
+    wb = 22.31e9
+    s0 = []
+    for ctx, pairs, ms in ((1000, 1, 15.8), (1000, 8, 28.7), (5000, 1, 21.5), (5000, 8, 74.4)):
+        for mode, f in (("graph", 1.0), ("eager", 5.0)):
+            s0.append({"context": ctx, "pairs": pairs, "rows": 2 * pairs, "mode": mode, "ms_per_frame": ms * f,
+                       "lm_ms": 0.7 * ms * f, "depth_ms": 0.3 * ms * f, "weight_bytes": wb,
+                       "kv_bytes": 147456 * 2 * pairs * ctx, "decode_vs_uncached_rel_l2": 1e-3,
+                       "peak_mem_gib": 30.0})
+    put("pytorch_stage0", {"tool": "pytorch_stage0", "ok": True, "copy_GBps": 4100.0, "results": s0})
+    dit = []
+    for prec, ms1 in (("bf16", 23.3), ("tf32", 40.1), ("fp32", 175.0)):
+        for w, scale in ((1, 1.0), (8, 6.0)):
+            for mode, f in (("graph", 1.0), ("eager", 1.05)):
+                ms = ms1 * scale * f
+                flop = 6.977e12 * w / 1e12
+                dit.append({"precision": prec, "mode": mode, "windows": w, "batch": 2 * w, "latents": 689,
+                            "ms_per_forward": ms, "s_per_window": 30 * ms / 1e3 / w, "window_latency_s": 30 * ms / 1e3,
+                            "tflop_per_forward": flop, "tflops": flop / (ms / 1e3), "peak_mem_gib": 12.0})
+    put("pytorch_dit", {"tool": "pytorch_dit", "ok": True, "steps": 30, "device": {"name": "NVIDIA H200"},
+                        "results": dit})
+    if with_e2e:
+        put("e2e", {"tool": "e2e", "ok": True,
+                    "single": {"ok": True, "wall_s": 8.0, "rtf": 8.0 / 30.0, "ttfa_s": 2.0, "audio_s": 30.0},
+                    "concurrent": {"ok": 8, "audio_s_per_s": 12.0, "latency_p50_s": 18.0, "latency_p95_s": 20.0},
+                    "gpu_peak_gib": {"mm3-stage0": 25.0, "mm3-stage1": 12.5}})
+
+
+def by_figure(rows, prefix):
+    hits = [r for r in rows if r.figure.startswith(prefix)]
+    assert len(hits) >= 1, prefix
+    return hits[0]
+
+
+class ParseTest(unittest.TestCase):
+    def test_ops(self):
+        d = parse_tools.parse_ops(OPS_TEXT)
+        self.assertTrue(d["ok"])
+        self.assertEqual(d["copy_GBps"], 4213.0)
+        self.assertEqual(d["floor_ms"], 5.29)
+        self.assertEqual(d["frame"]["2"]["kernel_sum_ms"], 6.76)
+        self.assertEqual(d["frame"]["16"]["fused_ms"], 10.10)
+        self.assertEqual(d["frame"]["2"]["best_ms"], 6.75)
+        self.assertEqual(d["attention"]["16"]["us"], 274.8)
+
+    def test_ops_no_cuda(self):
+        d = parse_tools.parse_ops("no CUDA\n", 77)
+        self.assertFalse(d["ok"])
+        self.assertEqual(d["reason"], "no CUDA device")
+
+    def test_ops_changed_format(self):
+        d = parse_tools.parse_ops("something else entirely\n", 0)
+        self.assertFalse(d["ok"])
+        self.assertIn("did not parse", d["reason"])
+
+    def test_ops_crash(self):
+        d = parse_tools.parse_ops("device: x; median of 15 samples\nerror: cuda_malloc: out of memory\n", 1)
+        self.assertFalse(d["ok"])
+        self.assertIn("exit 1", d["reason"])
+        self.assertIn("out of memory", d["reason"])
+
+    def test_load(self):
+        d = parse_tools.parse_load(LOAD_TEXT)
+        self.assertTrue(d["ok"])
+        self.assertEqual(d["cache"], "cold")
+        self.assertEqual(d["total"]["load_GBps"], 2.66)
+        self.assertEqual(set(d["components"]), {"language_model", "transformer"})
+
+    def test_dit_table(self):
+        d = parse_tools.parse_dit(DIT_TEXT)
+        self.assertTrue(d["ok"])
+        self.assertEqual(len(d["results"]), 3)
+        r = d["results"][0]
+        self.assertEqual((r["precision"], r["windows"], r["batch"]), ("bf16", 1, 2))
+        self.assertEqual(r["ms_per_forward"], 13.2)  # the graph, faster than eager
+        self.assertEqual(d["results"][2]["ms_per_forward"], 180.2)  # no graph figure (0.0): eager
+        self.assertEqual(d["drift"]["bf16"]["latents_rel"], 0.0456)
+        self.assertEqual(parse_tools.parse_dit("mm3-bench-dit: built without CUDA\n", 77)["reason"],
+                         "no CUDA device")
+
+    def test_dit_heuristic(self):
+        d = parse_tools.parse_dit("bf16: 21.5 ms/forward, 0.645 s/window, 324.5 TFLOP/s\n"
+                                  "tf32: 38.0 ms/forward, 1.14 s/window, 183.6 TFLOP/s\n")
+        self.assertTrue(d["ok"])
+        self.assertEqual(d["ms_per_forward"], 21.5)
+        self.assertEqual(d["tflops"], 324.5)
+        self.assertFalse(parse_tools.parse_dit("nothing here\n")["ok"])
+
+
+class TableTest(unittest.TestCase):
+    def test_windows(self):
+        self.assertEqual(table.windows_for(750), 7)
+        self.assertEqual(table.windows_for(9000), 89)
+        self.assertEqual(table.windows_for(200), 1)
+        self.assertEqual(table.windows_for(201), 2)
+
+    def test_full_run(self):
+        with tempfile.TemporaryDirectory() as d:
+            synthetic_run(d, with_e2e=True)
+            docs = table.load_dir(d)
+            rows = table.build_rows(docs)
+            # stage 0: PyTorch graph (the faster) in the cell, floor from mm3-bench-ops' copy bandwidth
+            r = by_figure(rows, "ms per frame, context 1000, 1 CFG pair")
+            self.assertAlmostEqual(r.pytorch, 15.8)
+            self.assertAlmostEqual(r.bound, (22.31e9 + 147456 * 2 * 1000) / 4213e9 * 1e3)
+            self.assertTrue(r.mm3.startswith("n/a (stage 0 has no CUDA backend"))
+            # stage 1: bound = FLOP at the bf16 dense peak
+            r = by_figure(rows, "DiT s per window, bf16, 1 window")
+            self.assertAlmostEqual(r.pytorch, 0.699, places=3)
+            # stage 1, mm3 side: bound from the GEMM peak mm3-bench-dit measured, not the data sheet
+            r = by_figure(rows, "DiT s per window, bf16, 1 window")
+            self.assertEqual(r.mm3, 0.396)
+            self.assertAlmostEqual(r.bound, 30 * 6.977 / 780.1, places=4)
+            self.assertAlmostEqual(r.ratio(r.pytorch), 0.396 / 0.699, places=3)
+            r = by_figure(rows, "DiT TFLOP/s, bf16, batch 16")
+            self.assertEqual((r.mm3, r.bound), (570.1, 780.1))
+            self.assertTrue(by_figure(rows, "DiT s per window, tf32, 1 window").mm3.startswith("n/a (not in"))
+            # goals: wall 8 s vs <= 6 -> missed by 33%; aggregate 12 >= 10 met
+            r = by_figure(rows, "one 30 s song alone, wall time")
+            met, text = r.met()
+            self.assertFalse(met)
+            self.assertIn("33% over", text)
+            self.assertTrue(by_figure(rows, "8 concurrent 30 s songs").met()[0])
+            self.assertTrue(by_figure(rows, "time to first audio").met()[0])
+            # speed-up over the composed PyTorch baseline: 751 frames x 15.8 ms + 7 x 0.699 s
+            want = (751 * 15.8e-3 + 7 * 0.699) / 8.0
+            self.assertAlmostEqual(by_figure(rows, "end-to-end speed-up").mm3, want, places=2)
+            self.assertEqual(by_figure(rows, "peak GPU memory, stage 1").mm3, 12.5)
+            # load: mm3 rate over the disk's
+            r = by_figure(rows, "checkpoint load, 26.9 GB")
+            self.assertAlmostEqual(r.ratio(r.bound), 2.66 / 2.83)
+            text = table.render(rows, docs)
+            self.assertIn("no: 8.00 vs 6.00, 33% over", text)
+
+    def test_missing_everything(self):
+        with tempfile.TemporaryDirectory() as d:
+            rows = table.build_rows(table.load_dir(d))
+            self.assertGreater(len(rows), 15)
+            for r in rows:
+                # every row states a value or why there is none
+                self.assertTrue(isinstance(r.mm3, (int, float)) or str(r.mm3).startswith(("n/a (", "—")), r.figure)
+            self.assertTrue(any("not run" in str(r.mm3) for r in rows))
+
+    def test_without_e2e(self):
+        with tempfile.TemporaryDirectory() as d:
+            synthetic_run(d, with_e2e=False)
+            with open(os.path.join(d, "meta.json"), "w") as f:
+                json.dump({"e2e_na": "the stages have no CUDA backend yet"}, f)
+            rows = table.build_rows(table.load_dir(d))
+            r = by_figure(rows, "one 30 s song alone, wall time")
+            self.assertEqual(r.mm3, "n/a (the stages have no CUDA backend yet)")
+            self.assertIsNone(r.met()[0])
+            self.assertIsInstance(r.pytorch, float)  # the derived PyTorch figure is still there
+            # no mm3-bench-dit: the bound comes from the data-sheet peak of the device
+            r = by_figure(rows, "DiT s per window, bf16, 1 window")
+            self.assertAlmostEqual(r.bound, 30 * 6.977 / 989.4, places=4)
+            self.assertEqual(r.mm3, "n/a (mm3-bench-dit not built)")
+
+
+class E2eTest(unittest.TestCase):
+    def test_selftest(self):
+        self.assertEqual(e2e.selftest(), 0)
+
+    def test_percentile(self):
+        self.assertEqual(e2e.percentile([1, 2, 3, 4, 5], 50), 3)
+        self.assertAlmostEqual(e2e.percentile([1, 2, 3, 4, 5], 95), 4.8)
+        self.assertIsNone(e2e.percentile([], 50))
+
+    def test_refused(self):
+        r = e2e.one_song("http://127.0.0.1:9", 1.0, 0, timeout=2)  # discard port: nothing listens
+        self.assertFalse(r["ok"])
+        self.assertIn("error", r)
+
+
+if __name__ == "__main__":
+    unittest.main()
