@@ -33,9 +33,10 @@ static int load_from(struct condition_model *m, struct ckpt_component *c)
         (rc = config_get(c, "output_sampling_rate", &g->out_rate)) < 0 ||
         (rc = config_get(c, "output_hop_length", &g->out_hop)) < 0)
         return rc;
-    if (g->n_layers > (int)(sizeof m->mix_w / sizeof m->mix_w[0]))
-        return mm3_errorf(-EINVAL, "%s/config.json: num_condition_layers %d: at most 64 supported", c->dir,
-                          g->n_layers);
+    if ((rc = frame_mix_load_component(&m->mix, c)) < 0) return rc;
+    if (m->mix.hidden != g->hidden || m->mix.n_layers != g->n_layers)
+        return mm3_errorf(-EINVAL, "%s: frame mix geometry %d x %d differs from the encoder's %d x %d", c->dir,
+                          m->mix.n_layers, m->mix.hidden, g->n_layers, g->hidden);
 
     size_t n_w = (size_t)g->out_dim * g->hidden * 3;
     m->arena = malloc(sizeof(float) * (n_w * 2 + g->out_dim));
@@ -44,14 +45,9 @@ static int load_from(struct condition_model *m, struct ckpt_component *c)
     m->proj_b = m->arena + n_w;
     float *raw = m->proj_b + g->out_dim; /* [out, hidden, 3] as stored, scratch */
 
-    float scale;
-    if ((rc = ckpt_read_f32(c, "layer_weight_logits", m->mix_w, 1, (int64_t[]){g->n_layers})) < 0 ||
-        (rc = ckpt_read_f32(c, "layer_scale", &scale, 1, (int64_t[]){1})) < 0 ||
-        (rc = ckpt_read_f32(c, "proj.weight", raw, 3, (int64_t[]){g->out_dim, g->hidden, 3})) < 0 ||
+    if ((rc = ckpt_read_f32(c, "proj.weight", raw, 3, (int64_t[]){g->out_dim, g->hidden, 3})) < 0 ||
         (rc = ckpt_read_f32(c, "proj.bias", m->proj_b, 1, (int64_t[]){g->out_dim})) < 0)
         return rc;
-    op_softmax(m->mix_w, g->n_layers);
-    m->layer_scale = scale;
     for (int o = 0; o < g->out_dim; o++)
         for (int i = 0; i < g->hidden; i++)
             for (int k = 0; k < 3; k++)
@@ -110,30 +106,7 @@ int condition_nearest_index(int F, int L, int j)
 
 int condition_mix(const struct condition_model *m, const float *frames, int n, int width, float *out)
 {
-    const struct condition_config *g = &m->cfg;
-    int raw = g->n_layers * g->hidden;
-    if (width != raw && width != g->hidden)
-        return mm3_errorf(-EINVAL, "condition frames: width %d: expected %d (%d layers x %d) or %d (already mixed)",
-                          width, raw, g->n_layers, g->hidden, g->hidden);
-    for (int f = 0; f < n; f++) {
-        const float *in = frames + (size_t)f * width;
-        for (int i = 0; i < width; i++)
-            if (!isfinite(in[i]))
-                return mm3_errorf(-EINVAL, "condition frames: frame %d, value %d is not finite", f, i);
-        float *o = out + (size_t)f * g->hidden;
-        if (width == g->hidden) {
-            memcpy(o, in, sizeof(float) * g->hidden);
-            continue;
-        }
-        /* einsum over layers, then the scale, as the reference orders it */
-        for (int c = 0; c < g->hidden; c++) {
-            float s = 0.0f;
-            for (int l = 0; l < g->n_layers; l++)
-                s += in[(size_t)l * g->hidden + c] * m->mix_w[l];
-            o[c] = m->layer_scale * s;
-        }
-    }
-    return 0;
+    return frame_mix_apply(&m->mix, frames, n, width, out);
 }
 
 int condition_project(const struct condition_model *m, const float *mixed, int F, float *cond)

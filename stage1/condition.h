@@ -9,6 +9,8 @@
 #ifndef MM3_STAGE1_CONDITION_H
 #define MM3_STAGE1_CONDITION_H
 
+#include "common/frame_mix.h"
+
 struct condition_config {
     int hidden;            /* condition_hidden_dim (4096 in the release) */
     int n_layers;          /* num_condition_layers (8) */
@@ -19,11 +21,10 @@ struct condition_config {
 
 struct condition_model {
     struct condition_config cfg;
-    float mix_w[64]; /* softmax(layer_weight_logits) [n_layers] */
-    float layer_scale;
-    float *proj_w; /* [3][out_dim][hidden]: proj.weight [out, hidden, 3] re-laid per tap */
-    float *proj_b; /* [out_dim] */
-    float *arena;  /* the one allocation proj_w / proj_b point into */
+    struct frame_mix mix; /* the slot mix (common/frame_mix.h), shared with stage 0 */
+    float *proj_w;        /* [3][out_dim][hidden]: proj.weight [out, hidden, 3] re-laid per tap */
+    float *proj_b;        /* [out_dim] */
+    float *arena;         /* the one allocation proj_w / proj_b point into */
 };
 
 /* Load <ckpt_root>/condition_encoder (config.json + weights, shapes checked). *out is
@@ -39,8 +40,9 @@ int condition_latent_len(const struct condition_config *cfg, int F);
  * min(floor((float)j * ((float)F / (float)L)), F - 1). */
 int condition_nearest_index(int F, int L, int j);
 
-/* Mix n frames of width n_layers*hidden into out[n, hidden]. Non-finite input is an error
- * (-EINVAL naming the frame); frames of width `hidden` (already mixed) are copied. */
+/* Mix n frames of width n_layers*hidden into out[n, hidden] (frame_mix_apply). Non-finite
+ * input is an error (-EINVAL naming the frame); frames of width `hidden` (already mixed)
+ * are copied. */
 int condition_mix(const struct condition_model *m, const float *frames, int n, int width, float *out);
 
 /* Project F mixed frames [F, hidden] to cond[L, out_dim], L = condition_latent_len(F).

@@ -8,8 +8,11 @@
  *       mm3-stage0 --frames-out) to a 16-bit (or float) stereo WAV, written as the
  *       windows finish.
  *
- * Each mode is one cmd_* function over the parsed options, so a server mode
- * (--config DEPLOY.yaml) slots in as another. */
+ *   mm3-stage1 --config DEPLOY.yaml [--model CKPT]
+ *       serve: the stage-1 half of the pipeline over the shared-memory channels
+ *       (stage1/server.h, docs/operations.md) until SIGINT / SIGTERM.
+ *
+ * Each mode is one cmd_* function over the parsed options. */
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -26,9 +29,11 @@
 #include "stage1/flow.h"
 #include "stage1/golden.h"
 #include "stage1/render.h"
+#include "stage1/server.h"
 #include "stage1/vocoder.h"
 
 struct options {
+    const char *config;
     const char *golden;
     const char *model;
     const char *frames;
@@ -41,7 +46,8 @@ struct options {
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: mm3-stage1 --golden DIR [--model CKPT]\n"
+    fprintf(f, "usage: mm3-stage1 --config DEPLOY.yaml [--model CKPT]\n"
+               "       mm3-stage1 --golden DIR [--model CKPT]\n"
                "       mm3-stage1 --model CKPT --frames FILE.safetensors [--seed N] [--steps N]\n"
                "                  [--guidance G] [--float] -o OUT.wav\n");
 }
@@ -56,6 +62,16 @@ static int cmd_golden(const struct options *o)
     }
     printf("%d passed, %d failed\n", pass, fail);
     return fail == 0 && pass > 0 ? 0 : 1;
+}
+
+static int cmd_serve(const struct options *o)
+{
+    struct s1_server_options so = {.config = o->config, .model = o->model};
+    if (s1_server_run(&so) < 0) {
+        fprintf(stderr, "mm3-stage1: %s\n", mm3_last_error());
+        return 1;
+    }
+    return 0;
 }
 
 /* ---- render mode ---- */
@@ -197,6 +213,7 @@ int main(int argc, char **argv)
     mm3_log_set_tag("stage1");
     struct options o = {.steps = FLOW_DEFAULT_STEPS, .guidance = FLOW_DEFAULT_GUIDANCE};
     static const struct option longopts[] = {
+        {"config", required_argument, NULL, 'c'},
         {"golden", required_argument, NULL, 'g'},
         {"model", required_argument, NULL, 'm'},
         {"frames", required_argument, NULL, 'f'},
@@ -212,6 +229,9 @@ int main(int argc, char **argv)
     char *end;
     while ((c = getopt_long(argc, argv, "o:h", longopts, NULL)) != -1) {
         switch (c) {
+        case 'c':
+            o.config = optarg;
+            break;
         case 'g':
             o.golden = optarg;
             break;
@@ -258,6 +278,13 @@ int main(int argc, char **argv)
     if (optind != argc) {
         usage(stderr);
         return 2;
+    }
+    if (o.config) {
+        if (o.golden || o.frames || o.out) {
+            fprintf(stderr, "mm3-stage1: --config serves; it does not combine with --golden, --frames or -o\n");
+            return 2;
+        }
+        return cmd_serve(&o);
     }
     if (o.golden) return cmd_golden(&o);
     if (o.model && o.frames && o.out) return cmd_render(&o);

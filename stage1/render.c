@@ -213,10 +213,10 @@ static void trim_frames(struct render *r)
     r->base = keep_from;
 }
 
-int render_push_frames(struct render *r, const float *frames, int n, int width)
+int render_push_frames_deferred(struct render *r, const float *frames, int n, int width)
 {
     if (r->failed) return mm3_errorf(r->failed, "render: failed earlier; no more frames accepted");
-    if (r->finished) return fail(r, mm3_errorf(-EINVAL, "render: frames pushed after render_finish"));
+    if (r->finished) return fail(r, mm3_errorf(-EINVAL, "render: frames pushed after the end of the song"));
     if (n < 0) return fail(r, mm3_errorf(-EINVAL, "render: negative frame count %d", n));
     if (n == 0) return 0;
     int held = r->n_have - r->base;
@@ -236,20 +236,55 @@ int render_push_frames(struct render *r, const float *frames, int n, int width)
     /* a frame past the held window's end: it was not the last window */
     if (r->tail_window >= 0 && r->n_have > r->tail_window * RENDER_HOP_FRAMES + RENDER_WINDOW_FRAMES)
         r->tail_window = -1;
-    while (r->n_have >= r->next * RENDER_HOP_FRAMES + RENDER_WINDOW_FRAMES) {
-        int end = r->next * RENDER_HOP_FRAMES + RENDER_WINDOW_FRAMES;
-        int last = r->n_have > end ? 0 : -1;
-        if ((rc = run_window(r, r->next, RENDER_WINDOW_FRAMES, last)) < 0) return fail(r, rc);
-        r->next++;
-        trim_frames(r);
-    }
     return 0;
 }
 
-int render_finish(struct render *r)
+int render_window_ready(const struct render *r)
+{
+    if (r->failed) return 0;
+    if (r->finished) return r->next < render_window_count(r->n_have);
+    return r->n_have >= r->next * RENDER_HOP_FRAMES + RENDER_WINDOW_FRAMES;
+}
+
+int render_complete(const struct render *r)
+{
+    return !r->failed && r->finished && r->next >= render_window_count(r->n_have);
+}
+
+int render_run_one_window(struct render *r)
 {
     if (r->failed) return mm3_errorf(r->failed, "render: failed earlier");
-    if (r->finished) return fail(r, mm3_errorf(-EINVAL, "render: render_finish called twice"));
+    if (!render_window_ready(r)) return 0;
+    int rc;
+    if (r->finished) {
+        /* the end is known: the last window may be short and emits everything */
+        int N = r->n_have, K = render_window_count(N);
+        int s = r->next * RENDER_HOP_FRAMES;
+        int F = N - s < RENDER_WINDOW_FRAMES ? N - s : RENDER_WINDOW_FRAMES;
+        rc = run_window(r, r->next, F, r->next == K - 1 ? 1 : 0);
+    } else {
+        int end = r->next * RENDER_HOP_FRAMES + RENDER_WINDOW_FRAMES;
+        rc = run_window(r, r->next, RENDER_WINDOW_FRAMES, r->n_have > end ? 0 : -1);
+    }
+    if (rc < 0) return fail(r, rc);
+    r->next++;
+    trim_frames(r);
+    return 1;
+}
+
+int render_push_frames(struct render *r, const float *frames, int n, int width)
+{
+    int rc = render_push_frames_deferred(r, frames, n, width);
+    if (rc < 0) return rc;
+    while ((rc = render_run_one_window(r)) == 1)
+        ;
+    return rc < 0 ? rc : 0;
+}
+
+int render_end(struct render *r)
+{
+    if (r->failed) return mm3_errorf(r->failed, "render: failed earlier");
+    if (r->finished) return fail(r, mm3_errorf(-EINVAL, "render: the end of the song was marked twice"));
     r->finished = 1;
     int N = r->n_have, rc;
     if (N < 1) return fail(r, mm3_errorf(-EINVAL, "render: the song has no frames"));
@@ -259,13 +294,24 @@ int render_finish(struct render *r)
         r->tail_window = -1;
         if ((rc = emit_span(r, r->tail, r->tail_n, 0, r->tail_n)) < 0) return fail(r, rc);
     }
-    int K = render_window_count(N);
-    while (r->next < K) {
-        int s = r->next * RENDER_HOP_FRAMES;
-        int F = N - s < RENDER_WINDOW_FRAMES ? N - s : RENDER_WINDOW_FRAMES;
-        if ((rc = run_window(r, r->next, F, r->next == K - 1 ? 1 : 0)) < 0) return fail(r, rc);
-        r->next++;
-        trim_frames(r);
-    }
     return 0;
+}
+
+int render_finish(struct render *r)
+{
+    int rc = render_end(r);
+    if (rc < 0) return rc;
+    while ((rc = render_run_one_window(r)) == 1)
+        ;
+    return rc < 0 ? rc : 0;
+}
+
+int render_windows_done(const struct render *r)
+{
+    return r->next;
+}
+
+int render_frames_pushed(const struct render *r)
+{
+    return r->n_have;
 }

@@ -100,6 +100,25 @@ int render_push_frames(struct render *r, const float *frames, int n, int width);
 /* End of the song: run the remaining window(s) and emit the rest. Zero frames: -EINVAL. */
 int render_finish(struct render *r);
 
+/* The same loop in pieces, for a scheduler that interleaves requests (stage1/server.h):
+ * push frames without running windows, mark the end, and run one ready window at a time.
+ * render_push_frames = deferred push + run every ready window; render_finish = end + run
+ * every remaining window. Any order of these calls gives the same PCM chunks' concatenation
+ * (a window run later knows more, so it holds back less tail; the samples are the same). */
+int render_push_frames_deferred(struct render *r, const float *frames, int n, int width);
+/* End of the song (no more frames); emits a held tail if the last window already ran.
+ * Zero frames: -EINVAL. */
+int render_end(struct render *r);
+/* 1 when render_run_one_window has a window to run now, else 0 (also after a failure). */
+int render_window_ready(const struct render *r);
+/* Run the next ready window: 1 when one ran, 0 when none is ready, < 0 on error (the
+ * render is then failed). */
+int render_run_one_window(struct render *r);
+/* 1 once the end is marked and every window has run. */
+int render_complete(const struct render *r);
+int render_windows_done(const struct render *r);
+int render_frames_pushed(const struct render *r);
+
 /* Sample frames per channel handed to the sink so far. */
 int64_t render_samples_emitted(const struct render *r);
 

@@ -1,0 +1,313 @@
+/* The stage-1 server process: deploy file, models, the two channels, the scheduling loop,
+ * stage-0 loss and restart, shutdown (stage1/server.h). */
+#include "stage1/server.h"
+
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "stage1/server_internal.h"
+
+/* Seconds between "still waiting for stage 0" lines. */
+#define S1_WAIT_LOG_EVERY_S 10.0
+/* One bounded attempt to open s0_to_s1; the loop retries until stage 0 is there. */
+#define S1_OPEN_ATTEMPT_S 0.25
+
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    g_stop = 1;
+}
+
+void s1_channel_config(const struct mm3_deploy *d, const char *name, const char *prefix, struct shmconn_config *out)
+{
+    const struct mm3_connector_config *e = mm3_deploy_edge_connector(d);
+    memset(out, 0, sizeof *out);
+    snprintf(out->name, sizeof out->name, "%s", name);
+    snprintf(out->prefix, sizeof out->prefix, "%s", prefix);
+    out->shm_threshold_bytes = (uint64_t)e->shm_threshold_bytes;
+    out->payload_bytes = S1_CHANNEL_PAYLOAD_BYTES;
+    out->n_slots = S1_CHANNEL_SLOTS;
+    out->first_chunk_deadline_s = mm3_connector_first_chunk_deadline_s(e);
+    out->steady_deadline_s = mm3_connector_steady_deadline_s(e);
+    out->wait_slice_s = e->get_sleep_s;
+}
+
+int s1_shm_prefix(char *out, int cap)
+{
+    const char *p = getenv("MM3_SHM_PREFIX");
+    if (!p || !*p) p = SHMCONN_DEFAULT_PREFIX;
+    int max = cap < 32 ? cap : 32;
+    if ((int)strlen(p) >= max) return mm3_errorf(-EINVAL, "MM3_SHM_PREFIX '%s': expected at most %d bytes", p, max - 1);
+    if (strchr(p, '/')) return mm3_errorf(-EINVAL, "MM3_SHM_PREFIX '%s': must not contain '/'", p);
+    snprintf(out, (size_t)cap, "%s", p);
+    return 0;
+}
+
+/* ---- start-up ---- */
+
+static int server_load(struct s1_server *s, const struct s1_server_options *o)
+{
+    int rc;
+    if ((rc = mm3_deploy_load(&s->d, o->config)) < 0) return rc;
+    if (o->model && (rc = mm3_deploy_set_model(&s->d, o->model)) < 0) return rc;
+    if (s->d.backend == MM3_BACKEND_CUDA)
+        return mm3_errorf(-ENOTSUP,
+                          "%s: backend: cuda: the CUDA stage-1 path is not built yet; use backend: cpu (or auto, "
+                          "which picks the CPU here)",
+                          s->d.source);
+    if ((rc = mm3_deploy_resolve_backend(&s->d, false)) < 0) return rc;
+    if (!s->d.model[0])
+        return mm3_errorf(-EINVAL, "%s: model: no checkpoint directory; set `model:` or pass --model", s->d.source);
+    if ((rc = s1_shm_prefix(s->prefix, sizeof s->prefix)) < 0) return rc;
+
+    s->st = mm3_deploy_stage(&s->d, 1);
+    const struct mm3_connector_config *e = mm3_deploy_edge_connector(&s->d);
+    s->max_active = s->st->max_num_seqs;
+    s->max_reqs = s->max_active + mm3_deploy_stage(&s->d, 0)->max_num_seqs;
+    s->codec_streaming = e->codec_streaming;
+    s->send_timeout_s = mm3_connector_steady_deadline_s(e);
+    s1_channel_config(&s->d, PIPE_CHANNEL_S0_TO_S1, s->prefix, &s->in_cfg);
+    s1_channel_config(&s->d, PIPE_CHANNEL_S1_TO_S0, s->prefix, &s->out_cfg);
+    s->reqs = calloc((size_t)s->max_reqs + 1, sizeof *s->reqs); /* + a spare one to refuse a request */
+    if (!s->reqs) return mm3_errorf(-ENOMEM, "stage 1: out of memory");
+
+    double t0 = s1_now();
+    if ((rc = condition_load(&s->cm, s->d.model)) < 0 || (rc = dit_load(&s->dm, s->d.model)) < 0 ||
+        (rc = vocoder_load(&s->voc, s->d.model)) < 0)
+        return rc;
+    s->native_rate = vocoder_sample_rate(s->voc);
+    s->hop = vocoder_hop(s->voc);
+    LOG_INFO("%s: stage 1 on %s, model %s loaded in %.1f s (%d Hz, hop %d); max_num_seqs %d, up to %d requests "
+             "held, codec_streaming %s, deadlines %.2f s first / %.2f s steady, prefix '%s'",
+             s->d.source, mm3_backend_name(s->d.backend), s->d.model, s1_now() - t0, s->native_rate, s->hop,
+             s->max_active, s->max_reqs, s->codec_streaming ? "on" : "off", s->in_cfg.first_chunk_deadline_s,
+             s->in_cfg.steady_deadline_s, s->prefix);
+    return 0;
+}
+
+static int out_create(struct s1_server *s)
+{
+    int rc = shmconn_create(&s->out, &s->out_cfg);
+    if (rc == -EEXIST)
+        return mm3_errorf(rc, "%s: another live stage 1 owns it (set MM3_SHM_PREFIX for a second deployment)",
+                          mm3_last_error());
+    if (rc < 0) return rc;
+    LOG_INFO("channel %s created", shmconn_segment_name(s->out));
+    return 0;
+}
+
+static int ready_signal(void)
+{
+    printf("READY stage1\n");
+    fflush(stdout);
+    const char *f = getenv("MM3_READY_FILE");
+    if (!f || !*f) return 0;
+    int fd = open(f, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return mm3_errorf(-errno, "MM3_READY_FILE %s: cannot create: %s", f, strerror(errno));
+    char line[64];
+    int n = snprintf(line, sizeof line, "stage1 %d\n", (int)getpid());
+    ssize_t w = write(fd, line, (size_t)n);
+    close(fd);
+    if (w != n) return mm3_errorf(-EIO, "MM3_READY_FILE %s: write failed", f);
+    return 0;
+}
+
+/* ---- stage 0 comes and goes ---- */
+
+static void in_try_open(struct s1_server *s, double *wait_since, double *last_log)
+{
+    int rc = shmconn_open(&s->in, &s->in_cfg, S1_OPEN_ATTEMPT_S);
+    double now = s1_now();
+    if (rc == 0) {
+        LOG_INFO("stage 0 connected: reading %s", shmconn_segment_name(s->in));
+        *wait_since = 0;
+        return;
+    }
+    if (*wait_since == 0) *wait_since = now;
+    if (*last_log == 0 || now - *last_log >= S1_WAIT_LOG_EVERY_S) {
+        if (rc == SHMCONN_E_TIMEOUT)
+            LOG_INFO("waiting for stage 0 to create /%s%s (%.0f s so far)", s->prefix, PIPE_CHANNEL_S0_TO_S1,
+                     now - *wait_since);
+        else
+            LOG_ERROR("cannot open /%s%s, retrying: %s", s->prefix, PIPE_CHANNEL_S0_TO_S1, mm3_last_error());
+        *last_log = now;
+    }
+    if (rc != SHMCONN_E_TIMEOUT) usleep(200 * 1000); /* a refused region: do not spin on it */
+}
+
+/* Every request fails (nobody to tell), both channels are dropped and s1_to_s0 is
+ * re-created: one consumer per region lifetime (docs/connector.md). */
+static void stage0_lost(struct s1_server *s)
+{
+    LOG_WARN("stage 0 went away (%s); failing %d request(s) and waiting for a new stage 0", mm3_last_error(),
+             s->n_reqs);
+    shmconn_close(s->in);
+    s->in = NULL;
+    s->stage0_lost = 1; /* no ERROR messages: nobody reads them */
+    while (s->n_reqs)
+        s1_request_fail(s, s->reqs[0], 0, "stage 0 went away");
+    shmconn_close(s->out);
+    s->out = NULL;
+    s->stage0_lost = 0;
+    if (out_create(s) < 0) LOG_ERROR("re-creating the output channel: %s (retrying)", mm3_last_error());
+}
+
+/* Receive and handle whatever stage 0 sent; the first receive may wait up to `wait_s`. */
+static void drain(struct s1_server *s, double wait_s)
+{
+    for (int first = 1; !g_stop && s->in && !s->stage0_lost; first = 0) {
+        struct shmconn_event ev;
+        int rc = shmconn_recv(s->in, &ev, first ? wait_s : 0.0);
+        if (rc == SHMCONN_E_TIMEOUT) return;
+        if (rc < 0) {
+            if (rc != SHMCONN_E_PEER_DEAD && rc != SHMCONN_E_CLOSED)
+                LOG_ERROR("receiving from stage 0: %s; dropping the channel", mm3_last_error());
+            s->stage0_lost = 1;
+            return;
+        }
+        if (ev.type == SHMCONN_EVENT_MESSAGE) {
+            s1_request_on_message(s, &ev.msg);
+            if (s->in) shmconn_release(s->in, &ev.msg);
+        } else {
+            s1_request_on_event(s, &ev);
+        }
+    }
+}
+
+static void poll_cancels(struct s1_server *s)
+{
+    uint64_t id;
+    uint32_t reason;
+    while (s->out && shmconn_cancel_poll(s->out, &id, &reason) == 1)
+        s1_request_drop(s, id,
+                        reason == SHMCONN_CANCEL_TIMEOUT ? "stage 0 cancelled it (PCM deadline)"
+                                                         : "stage 0 cancelled it (client gone)");
+}
+
+/* Waiting requests become active, in arrival order, while slots are free. */
+static void admit(struct s1_server *s)
+{
+    int active = 0;
+    for (int i = 0; i < s->n_reqs; i++)
+        active += s->reqs[i]->active;
+    for (int i = 0; i < s->n_reqs && active < s->max_active; i++) {
+        struct s1_request *q = s->reqs[i];
+        if (q->active) continue;
+        if (s1_request_activate(s, q) < 0) {
+            s1_request_fail(s, q, 1, "stage 1 could not start the request: %s", mm3_last_error());
+            i--; /* the list shifted */
+            continue;
+        }
+        active++;
+    }
+}
+
+/* One window per ready active request, in arrival order; stage 0 is served between windows. */
+static void round_run(struct s1_server *s)
+{
+    uint64_t ids[s->max_reqs + 1];
+    int n = 0;
+    for (int i = 0; i < s->n_reqs; i++)
+        if (s1_request_ready(s->reqs[i])) ids[n++] = s->reqs[i]->id;
+    for (int i = 0; i < n && !g_stop && !s->stage0_lost; i++) {
+        struct s1_request *q = s1_request_find(s, ids[i]);
+        if (!q || !s1_request_ready(q)) continue;
+        s1_request_step(s, q);
+        drain(s, 0.0);
+        poll_cancels(s);
+    }
+}
+
+static void serve(struct s1_server *s)
+{
+    double wait_since = 0, last_log = 0, slice = s->in_cfg.wait_slice_s > 0 ? s->in_cfg.wait_slice_s : 0.05;
+    while (!g_stop) {
+        if (!s->out) {
+            if (out_create(s) < 0) {
+                LOG_ERROR("%s (retrying)", mm3_last_error());
+                usleep(500 * 1000);
+            }
+            continue;
+        }
+        if (!s->in) {
+            in_try_open(s, &wait_since, &last_log);
+            continue;
+        }
+        admit(s);
+        int busy = 0;
+        for (int i = 0; i < s->n_reqs && !busy; i++)
+            busy = s1_request_ready(s->reqs[i]);
+        drain(s, busy ? 0.0 : slice);
+        if (!s->stage0_lost) poll_cancels(s);
+        if (!s->stage0_lost) {
+            admit(s);
+            round_run(s);
+        }
+        if (s->stage0_lost) {
+            stage0_lost(s);
+            last_log = 0;
+        }
+    }
+}
+
+static void server_free(struct s1_server *s)
+{
+    while (s->n_reqs)
+        s1_request_remove(s, s->reqs[0]);
+    free(s->reqs);
+    shmconn_close(s->in);
+    shmconn_close(s->out);
+    condition_free(s->cm);
+    dit_free(s->dm);
+    vocoder_free(s->voc);
+    mm3_deploy_free(&s->d);
+}
+
+int s1_server_run(const struct s1_server_options *o)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal; /* no SA_RESTART: every wait is a bounded slice anyway */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    struct s1_server *s = calloc(1, sizeof *s);
+    if (!s) return mm3_errorf(-ENOMEM, "stage 1: out of memory");
+    int rc = server_load(s, o);
+    if (rc == 0) {
+        int n = shmconn_reclaim_stale(s->prefix);
+        if (n > 0) LOG_INFO("removed %d stale segment(s) with prefix '%s'", n, s->prefix);
+        rc = out_create(s);
+    }
+    if (rc == 0) rc = ready_signal();
+    if (rc < 0) {
+        server_free(s);
+        free(s);
+        return rc;
+    }
+    serve(s);
+
+    LOG_INFO("shutting down: failing %d request(s) in flight", s->n_reqs);
+    /* a stage 0 that stopped reading must not hold the shutdown for a whole deadline */
+    if (s->send_timeout_s > 1.0) s->send_timeout_s = 1.0;
+    while (s->n_reqs)
+        s1_request_fail(s, s->reqs[0], 1, "stage 1 shutting down");
+    LOG_INFO("stage 1 totals: %" PRIu64 " requests done, %" PRIu64 " failed, %" PRIu64 " cancelled, %" PRId64
+             " windows, %.2f s of audio, %.2f s computing",
+             s->tot.requests_done, s->tot.requests_failed, s->tot.requests_cancelled, s->tot.windows, s->tot.audio_s,
+             s->tot.compute_s);
+    server_free(s);
+    free(s);
+    return 0;
+}

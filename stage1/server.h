@@ -1,0 +1,53 @@
+/* mm3-stage1 as a server process: the stage-1 half of the pipeline (common/pipeline_proto.h).
+ *
+ *     struct s1_server_options o = {.config = "configs/tiny-cpu.yaml", .model = NULL};
+ *     return s1_server_run(&o) < 0 ? 1 : 0;       // until SIGINT / SIGTERM
+ *
+ * Channels: stage 1 creates "s1_to_s0" (producer) and opens "s0_to_s1" (consumer, created
+ * by stage 0), both under the segment prefix $MM3_SHM_PREFIX (default "mm3-"), with the
+ * geometry of s1_channel_config (both stages must use the same one: shmconn_open refuses a
+ * different geometry).
+ *
+ * START's num_inference_steps 0 and a negative guidance_scale stand for stage 1's deploy-file
+ * defaults (stages[1].num_inference_steps / guidance_scale); stage 0 normally fills both.
+ *
+ * Scheduling: at most stage 1's max_num_seqs requests are active (own a render and its DiT
+ * workspace); each scheduling round runs at most one ready window per active request, in
+ * arrival order, so no request waits for another more than one window. Later requests wait
+ * in arrival order; their frames are copied out of the connector (mixed to `hidden` values
+ * per frame) into a buffer of their own, so the ring never stalls on them and deadlines keep
+ * running. Bounds: at most max_num_seqs(stage 1) + max_num_seqs(stage 0) requests in stage
+ * 1 (more: ERROR "stage 1 is full"), each holding at most its max_frames mixed frames.
+ * docs/operations.md ("Stage 1 on its own") describes the process from the outside. */
+#ifndef MM3_STAGE1_SERVER_H
+#define MM3_STAGE1_SERVER_H
+
+#include "common/deploy.h"
+#include "shmconn/shmconn.h"
+
+/* Geometry of both pipeline channels (not in the deploy file; the same for both stages). */
+#define S1_CHANNEL_SLOTS 64
+#define S1_CHANNEL_PAYLOAD_BYTES (64ull << 20) /* a few windows of several requests */
+/* PCM messages carry at most this many samples per channel (2 MiB of float32 stereo),
+ * so any vocoder geometry fits the payload area many times over. */
+#define S1_PCM_MAX_SAMPLES (1 << 18)
+
+struct s1_server_options {
+    const char *config; /* deploy file (required) */
+    const char *model;  /* overrides the file's `model:`; NULL = keep */
+};
+
+/* Connector config of channel `name` (PIPE_CHANNEL_*) from the deploy file's edge
+ * connector: shm_threshold_bytes, first-chunk and steady deadlines, wait slice; slots and
+ * payload area as above. `prefix` "" = SHMCONN_DEFAULT_PREFIX. */
+void s1_channel_config(const struct mm3_deploy *d, const char *name, const char *prefix, struct shmconn_config *out);
+
+/* The segment prefix: $MM3_SHM_PREFIX or SHMCONN_DEFAULT_PREFIX; longer than 31 bytes is
+ * -EINVAL. */
+int s1_shm_prefix(char *out, int cap);
+
+/* Load everything, print "READY stage1", serve until SIGINT/SIGTERM. Returns 0 after a
+ * clean shutdown, < 0 when start-up fails (message in mm3_last_error()). */
+int s1_server_run(const struct s1_server_options *o);
+
+#endif

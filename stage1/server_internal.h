@@ -1,0 +1,93 @@
+/* Internals shared by stage1/server.c (process, channels, scheduling loop) and
+ * stage1/server_request.c (one request: messages in, render, PCM out). */
+#ifndef MM3_STAGE1_SERVER_INTERNAL_H
+#define MM3_STAGE1_SERVER_INTERNAL_H
+
+#include <stdint.h>
+
+#include "common/pipeline_proto.h"
+#include "common/resample.h"
+#include "shmconn/shmconn.h"
+#include "stage1/condition.h"
+#include "stage1/dit.h"
+#include "stage1/render.h"
+#include "stage1/server.h"
+#include "stage1/vocoder.h"
+
+/* Server totals, logged at shutdown. */
+struct s1_counters {
+    uint64_t requests_done, requests_failed, requests_cancelled;
+    int64_t windows;
+    double audio_s;   /* seconds of audio sent */
+    double compute_s; /* seconds spent in windows (condition + DiT + vocoder) */
+};
+
+struct s1_server;
+
+struct s1_request {
+    uint64_t id;
+    struct pipe_request_params p;
+    struct s1_server *srv;
+    int active;            /* owns a render; else waiting with frames in `held` */
+    struct render *render; /* active only */
+    float *held;           /* waiting only: mixed frames [n_held, hidden] */
+    int n_held, held_cap;
+    int64_t frames_in;   /* frames received = the next expected `first` */
+    int ended;           /* END received (frames_in is the song's length) */
+    int untracked;       /* the consumer no longer tracks its deadlines */
+    struct resample *rs; /* sample_rate != native: streaming resampler */
+    float *rs_buf;       /* [2, rs_cap] */
+    int64_t rs_cap;
+    float *song; /* codec_streaming false: [2, song_cap] PCM of the whole song */
+    int64_t song_n, song_cap;
+    uint32_t chunk_out;  /* next chunk index on s1_to_s0 */
+    int64_t samples_out; /* samples per channel sent */
+    int windows_done;    /* for the progress tensor */
+    int send_rc;         /* first failed send inside the render's sink */
+    double t_start, compute_s;
+};
+
+struct s1_server {
+    struct mm3_deploy d;
+    const struct mm3_stage_config *st;
+    struct condition_model *cm;
+    struct dit_model *dm;
+    struct vocoder *voc;
+    int native_rate, hop;
+    char prefix[32];
+    struct shmconn_config in_cfg, out_cfg;
+    shmconn_t *in;            /* s0_to_s1 consumer, NULL until stage 0 is there */
+    shmconn_t *out;           /* s1_to_s0 producer */
+    int stage0_lost;          /* a send or receive found stage 0 dead or closed */
+    struct s1_request **reqs; /* arrival order */
+    int n_reqs, max_reqs, max_active;
+    int codec_streaming;
+    double send_timeout_s;
+    struct s1_counters tot;
+};
+
+double s1_now(void);
+
+/* One message from s0_to_s1 (the caller releases the view afterwards). */
+void s1_request_on_message(struct s1_server *s, const struct shmconn_msg *m);
+/* A deadline or peer-loss event of the consumer for request id. */
+void s1_request_on_event(struct s1_server *s, const struct shmconn_event *ev);
+/* Stage 0 gave up on the request (cancel notice on s1_to_s0): drop it silently. */
+void s1_request_drop(struct s1_server *s, uint64_t id, const char *why);
+
+/* Waiting -> active (render created, held frames pushed). */
+int s1_request_activate(struct s1_server *s, struct s1_request *q);
+/* Run one ready window of an active request, and finish it when it is complete. */
+void s1_request_step(struct s1_server *s, struct s1_request *q);
+/* 1 when the request has a window to run now. */
+int s1_request_ready(const struct s1_request *q);
+
+/* Fail it: ERROR to stage 0 when `tell` and the channel is alive, stop tracking, free. */
+void s1_request_fail(struct s1_server *s, struct s1_request *q, int tell, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+struct s1_request *s1_request_find(struct s1_server *s, uint64_t id);
+/* Remove from the list and free. */
+void s1_request_remove(struct s1_server *s, struct s1_request *q);
+
+#endif
