@@ -1,0 +1,270 @@
+/* cuBLASLt GEMMs in fp32 / tf32 / bf16 with bias and accumulate epilogues (dit_gemm.h). */
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <cublasLt.h>
+
+#include "stage1/cuda/dit_cuda_internal.h"
+#include "stage1/cuda/dit_gemm.h"
+
+enum { GEMM_WORKSPACE = 64 << 20, GEMM_MAX_PLANS = 64, GEMM_CANDIDATES = 8 };
+
+struct gemm_key {
+    int M, K, N, lda, ldd, has_bias, has_c;
+    uint32_t align_a, align_w, align_d;
+};
+
+struct gemm_plan {
+    struct gemm_key key;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lw, ld;
+    cublasLtMatmulAlgo_t algo;
+    int bias_kernel; /* cuBLASLt offered no bias epilogue here: add it with add_bias_kernel */
+};
+
+struct dit_gemm {
+    enum mm3_matmul_precision prec;
+    int autotune;
+    cublasLtHandle_t lt;
+    void *workspace;
+    int n_plans;
+    struct gemm_plan plans[GEMM_MAX_PLANS];
+};
+
+static uint32_t ptr_alignment(const void *p)
+{
+    uint32_t a = 256;
+    while (a > 1 && (uintptr_t)p % a)
+        a >>= 1;
+    return a;
+}
+
+__global__ void add_bias_kernel(float *d, int ldd, const float *bias, int M, int N)
+{
+    size_t n = (size_t)M * N;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x)
+        d[(e / N) * ldd + e % N] += bias[e % N];
+}
+
+static int lt_error(cublasStatus_t st, const char *what)
+{
+    return mm3_errorf(-ENODEV, "cuBLASLt %s: status %d", what, (int)st);
+}
+
+extern "C" size_t dit_gemm_operand_size(enum mm3_matmul_precision prec)
+{
+    return prec == MM3_MATMUL_BF16 ? 2 : 4;
+}
+
+extern "C" int dit_gemm_create(struct dit_gemm **out, enum mm3_matmul_precision prec)
+{
+    *out = NULL;
+    if (prec != MM3_MATMUL_FP32 && prec != MM3_MATMUL_TF32 && prec != MM3_MATMUL_BF16)
+        return mm3_errorf(-EINVAL, "dit_gemm_create: matmul precision %d: expected fp32, tf32 or bf16", (int)prec);
+    struct dit_gemm *g = (struct dit_gemm *)calloc(1, sizeof *g);
+    if (!g) return mm3_errorf(-ENOMEM, "dit_gemm_create: out of memory");
+    g->prec = prec;
+    const char *env = getenv("MM3_DIT_GEMM_AUTOTUNE");
+    g->autotune = !(env && !strcmp(env, "0"));
+    cublasStatus_t st = cublasLtCreate(&g->lt);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        free(g);
+        return lt_error(st, "cublasLtCreate");
+    }
+    int rc = dit_cuda_status(cudaMalloc(&g->workspace, GEMM_WORKSPACE), "cudaMalloc (cuBLASLt workspace)");
+    if (rc < 0) {
+        cublasLtDestroy(g->lt);
+        free(g);
+        return rc;
+    }
+    *out = g;
+    return 0;
+}
+
+static void plan_release(struct gemm_plan *p)
+{
+    if (p->ld) cublasLtMatrixLayoutDestroy(p->ld);
+    if (p->lw) cublasLtMatrixLayoutDestroy(p->lw);
+    if (p->la) cublasLtMatrixLayoutDestroy(p->la);
+    if (p->op) cublasLtMatmulDescDestroy(p->op);
+    memset(p, 0, sizeof *p);
+}
+
+extern "C" void dit_gemm_set_autotune(struct dit_gemm *g, int on)
+{
+    g->autotune = on != 0;
+}
+
+extern "C" void dit_gemm_destroy(struct dit_gemm *g)
+{
+    if (!g) return;
+    for (int i = 0; i < g->n_plans; i++)
+        plan_release(&g->plans[i]);
+    cudaFree(g->workspace);
+    cublasLtDestroy(g->lt);
+    free(g);
+}
+
+#define LT_TRY(call)                                                                                                   \
+    do {                                                                                                               \
+        cublasStatus_t st_ = (call);                                                                                   \
+        if (st_ != CUBLAS_STATUS_SUCCESS) {                                                                            \
+            rc = lt_error(st_, #call);                                                                                 \
+            goto fail;                                                                                                 \
+        }                                                                                                              \
+    } while (0)
+
+/* Column-major view: d^T[N, M] = W_cm[K, N]^T . a^T[K, M] (the "TN" GEMM). */
+/* Time each heuristic candidate on the real operands (output into scratch, so an
+ * accumulating GEMM leaves its C alone) and keep the fastest: the first heuristic
+ * answer is often not the fastest kernel for token-count M. */
+static void plan_autotune(struct dit_gemm *g, struct gemm_plan *p, const cublasLtMatmulHeuristicResult_t *heur,
+                          int found, const void *a, const void *w, const float *bias, cudaStream_t s)
+{
+    const struct gemm_key *k = &p->key;
+    size_t n = (size_t)(k->M - 1) * k->ldd + k->N;
+    float *scratch = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    float best = INFINITY;
+    if (cudaMalloc(&scratch, n * 4) != cudaSuccess || cudaEventCreate(&e0) != cudaSuccess ||
+        cudaEventCreate(&e1) != cudaSuccess || cudaMemsetAsync(scratch, 0, n * 4, s) != cudaSuccess)
+        goto done;
+    if (k->has_bias && !p->bias_kernel &&
+        cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias) !=
+            CUBLAS_STATUS_SUCCESS)
+        goto done;
+    for (int i = 0; i < found; i++) {
+        if (heur[i].state != CUBLAS_STATUS_SUCCESS) continue;
+        float alpha = 1.0f, beta = k->has_c ? 1.0f : 0.0f, ms = 0.0f;
+        bool ok = true;
+        for (int r = 0; r < 3 && ok; r++) { /* one warm-up, two timed */
+            if (r == 1) ok = cudaEventRecord(e0, s) == cudaSuccess;
+            ok = ok && cublasLtMatmul(g->lt, p->op, &alpha, w, p->lw, a, p->la, &beta, scratch, p->ld, scratch, p->ld,
+                                      &heur[i].algo, g->workspace, GEMM_WORKSPACE, s) == CUBLAS_STATUS_SUCCESS;
+        }
+        ok = ok && cudaEventRecord(e1, s) == cudaSuccess && cudaEventSynchronize(e1) == cudaSuccess &&
+             cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess;
+        if (ok && ms < best) {
+            best = ms;
+            p->algo = heur[i].algo;
+        }
+    }
+done:
+    (void)cudaGetLastError();
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    if (scratch) {
+        cudaStreamSynchronize(s);
+        cudaFree(scratch);
+    }
+}
+
+static int plan_make(struct dit_gemm *g, const struct gemm_key *k, struct gemm_plan *p, int bias_kernel, const void *a,
+                     const void *w, const float *bias, cudaStream_t s)
+{
+    int rc = 0;
+    memset(p, 0, sizeof *p);
+    p->key = *k;
+    p->bias_kernel = bias_kernel;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t heur[GEMM_CANDIDATES];
+    int found = 0;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    cublasComputeType_t ct = g->prec == MM3_MATMUL_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    cudaDataType_t ot = g->prec == MM3_MATMUL_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    int epi_bias = k->has_bias && !p->bias_kernel;
+    cublasLtEpilogue_t epi = epi_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    size_t ws = GEMM_WORKSPACE;
+
+    LT_TRY(cublasLtMatmulDescCreate(&p->op, ct, CUDA_R_32F));
+    LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    if (epi_bias) {
+        cudaDataType_t bt = CUDA_R_32F;
+        LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+    }
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->lw, ot, (uint64_t)k->K, (uint64_t)k->N, (int64_t)k->K));
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->la, ot, (uint64_t)k->K, (uint64_t)k->M, (int64_t)k->lda));
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->ld, CUDA_R_32F, (uint64_t)k->N, (uint64_t)k->M, (int64_t)k->ldd));
+    LT_TRY(cublasLtMatmulPreferenceCreate(&pref));
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &k->align_w,
+                                                sizeof k->align_w));
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &k->align_a,
+                                                sizeof k->align_a));
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &k->align_d,
+                                                sizeof k->align_d));
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &k->align_d,
+                                                sizeof k->align_d));
+    LT_TRY(cublasLtMatmulAlgoGetHeuristic(g->lt, p->op, p->lw, p->la, p->ld, p->ld, pref,
+                                          g->autotune ? GEMM_CANDIDATES : 1, heur, &found));
+    if (found < 1) {
+        rc = mm3_errorf(-ENODEV, "cuBLASLt: no algorithm for the %s GEMM M %d K %d N %d",
+                        g->prec == MM3_MATMUL_BF16   ? "bf16"
+                        : g->prec == MM3_MATMUL_TF32 ? "tf32"
+                                                     : "fp32",
+                        k->M, k->K, k->N);
+        goto fail;
+    }
+    p->algo = heur[0].algo;
+    cublasLtMatmulPreferenceDestroy(pref);
+    /* no timing (and no synchronising allocation) inside a graph capture */
+    if (cudaStreamIsCapturing(s, &capture) != cudaSuccess) capture = cudaStreamCaptureStatusActive;
+    if (g->autotune && found > 1 && capture == cudaStreamCaptureStatusNone)
+        plan_autotune(g, p, heur, found, a, w, bias, s);
+    return 0;
+fail:
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    plan_release(p);
+    return rc;
+}
+
+extern "C" int dit_gemm_run(struct dit_gemm *g, float *d, int ldd, const void *a, int lda, const void *w,
+                            const float *bias, const float *c, int M, int K, int N, void *stream)
+{
+    if (M < 1 || K < 1 || N < 1 || lda < K || ldd < N || !d || !a || !w)
+        return mm3_errorf(-EINVAL,
+                          "dit_gemm_run: M %d K %d N %d, lda %d, ldd %d: expected positive sizes, "
+                          "lda >= K, ldd >= N, non-NULL pointers",
+                          M, K, N, lda, ldd);
+    struct gemm_key k;
+    memset(&k, 0, sizeof k);
+    k.M = M, k.K = K, k.N = N, k.lda = lda, k.ldd = ldd, k.has_bias = bias != NULL, k.has_c = c != NULL;
+    k.align_a = ptr_alignment(a);
+    k.align_w = ptr_alignment(w);
+    k.align_d = ptr_alignment(d);
+    if (c && ptr_alignment(c) < k.align_d) k.align_d = ptr_alignment(c);
+    struct gemm_plan *p = NULL;
+    for (int i = 0; i < g->n_plans && !p; i++)
+        if (!memcmp(&g->plans[i].key, &k, sizeof k)) p = &g->plans[i];
+    if (!p) {
+        /* the table is full only with many shapes; recycle the oldest slot */
+        int slot = g->n_plans < GEMM_MAX_PLANS ? g->n_plans : 0;
+        if (g->n_plans == GEMM_MAX_PLANS) plan_release(&g->plans[0]);
+        cudaStream_t s = (cudaStream_t)stream;
+        int rc = plan_make(g, &k, &g->plans[slot], 0, a, w, bias, s);
+        if (rc < 0 && bias) rc = plan_make(g, &k, &g->plans[slot], 1, a, w, bias, s);
+        if (rc < 0) return rc;
+        if (slot == g->n_plans) g->n_plans++;
+        p = &g->plans[slot];
+    }
+    int rc = 0;
+    if (bias && !p->bias_kernel)
+        LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    {
+        float alpha = 1.0f, beta = c ? 1.0f : 0.0f;
+        LT_TRY(cublasLtMatmul(g->lt, p->op, &alpha, w, p->lw, a, p->la, &beta, c ? c : d, p->ld, d, p->ld, &p->algo,
+                              g->workspace, GEMM_WORKSPACE, (cudaStream_t)stream));
+    }
+    if (bias && p->bias_kernel) {
+        size_t n = (size_t)M * N;
+        add_bias_kernel<<<dit_cuda_blocks(n, 256), 256, 0, (cudaStream_t)stream>>>(d, ldd, bias, M, N);
+        return dit_cuda_launched("add_bias_kernel");
+    }
+    return 0;
+fail:
+    return rc;
+}

@@ -1,0 +1,46 @@
+/* cuBLASLt GEMMs of the DiT in one of the three matmul precisions (deploy key
+ * `matmul_precision`): fp32 (CUBLAS_COMPUTE_32F on float32), tf32
+ * (CUBLAS_COMPUTE_32F_FAST_TF32 on float32) or bf16 (bf16 operands, CUBLAS_COMPUTE_32F).
+ * Output, bias and the accumulated C are always float32.
+ *
+ *     struct dit_gemm *g;  dit_gemm_create(&g, MM3_MATMUL_TF32);
+ *     dit_gemm_run(g, d, ldd, a, lda, w, bias, c, M, K, N, stream);
+ *
+ * Plans (descriptors and the chosen algorithm) are cached per shape, so steady
+ * calls cost no heuristic query. The first call of a shape outside a graph capture
+ * times up to 8 of cuBLASLt's heuristic candidates on its real operands and keeps the
+ * fastest (MM3_DIT_GEMM_AUTOTUNE=0 in the environment: take the first candidate).
+ * Not thread-safe: one handle per thread/stream. */
+#ifndef MM3_STAGE1_CUDA_DIT_GEMM_H
+#define MM3_STAGE1_CUDA_DIT_GEMM_H
+
+#include <stddef.h>
+
+#include "common/deploy.h" /* enum mm3_matmul_precision */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct dit_gemm;
+
+int dit_gemm_create(struct dit_gemm **out, enum mm3_matmul_precision prec);
+void dit_gemm_destroy(struct dit_gemm *g);
+
+/* Autotuning of plans made from now on (on by default; see above). */
+void dit_gemm_set_autotune(struct dit_gemm *g, int on);
+
+/* Bytes of one operand element: 2 for bf16, else 4. */
+size_t dit_gemm_operand_size(enum mm3_matmul_precision prec);
+
+/* d[M, N] (row stride ldd) = a[M, K] (row stride lda) . w[N, K]^T (+ bias[N]) (+ c[M, N]),
+ * row-major. a and w are operands (bf16 bits for bf16, else float32); bias may be NULL;
+ * c may be NULL, equal to d, or another matrix with row stride ldd. */
+int dit_gemm_run(struct dit_gemm *g, float *d, int ldd, const void *a, int lda, const void *w, const float *bias,
+                 const float *c, int M, int K, int N, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,81 @@
+/* The CUDA kernels of the DiT forward (stage1/cuda/dit_cuda.h), callable from C so
+ * that each one is tested against its float32 reference in common/ops.h.
+ *
+ * Device pointers are plain pointers; `stream` is a cudaStream_t (NULL = legacy
+ * default stream). Activations that feed a GEMM ("operands") are float32, or bf16
+ * (uint16 bit patterns) when `out_bf16` is set, so that a bf16 GEMM reads them
+ * without a separate conversion pass. Everything else is float32.
+ *
+ * Every function returns 0 or a negative errno code with a message (common/error.h):
+ * -EINVAL bad arguments, -ENODEV a CUDA error. Launches are asynchronous. */
+#ifndef MM3_STAGE1_CUDA_DIT_KERNELS_H
+#define MM3_STAGE1_CUDA_DIT_KERNELS_H
+
+#include <stddef.h>
+
+#include "common/deploy.h" /* enum mm3_matmul_precision */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* y[n, dim] = LayerNorm(x) * w + b (biased variance, two-pass mean/variance in
+ * float32, as op_layernorm); b may be NULL. y float32 or bf16. */
+int dit_cuda_layernorm(void *y, int out_bf16, const float *x, const float *w, const float *b, int n, int dim, float eps,
+                       void *stream);
+
+/* cs[T, rotary_dim]: per position p < T, cos(ang_i) for i < rotary_dim/2 then sin(ang_i),
+ * ang_i = fp32(inv_freq[i] * fp32(p)) (inv_freq on the device, from op_rope_inv_freq). */
+int dit_cuda_rope_table(float *cs, const float *inv_freq, int T, int rotary_dim, void *stream);
+
+/* op_rope in place on x[n_seq * T, *] (row stride `stride`), token row r at position r % T,
+ * using the table of dit_cuda_rope_table. */
+int dit_cuda_rope(float *x, int n_seq, int T, int stride, int n_heads, int head_dim, int rotary_dim, const float *cs,
+                  void *stream);
+
+/* Bidirectional multi-head attention of n_seq sequences of T tokens, flash style
+ * (online float32 softmax, nothing of size T x T in memory).
+ *   qkv[n_seq * T, 3 * n_heads * head_dim]: q, then k, then v; head h at column h*head_dim.
+ *   out[n_seq * T, n_heads * head_dim] float32 or bf16.
+ * RoPE (cs from dit_cuda_rope_table, position = token index) is applied to q and k
+ * on load when cs != NULL (rotary_dim > 0). Products: fp32 SIMT (MM3_MATMUL_FP32),
+ * tensor cores with tf32 or bf16 operands and float32 accumulation otherwise.
+ * head_dim must be 32, 64 or 128. */
+int dit_cuda_attention(void *out, int out_bf16, const float *qkv, int n_seq, int T, int n_heads, int head_dim,
+                       int rotary_dim, const float *cs, float scale, enum mm3_matmul_precision prec, void *stream);
+
+/* The attention kernels behind dit_cuda_attention (tests and benchmark pick one):
+ * SIMT float32 (any precision: computes in fp32), WMMA (tf32 or bf16: S and O pass
+ * through shared memory), MMA (bf16 only: mma.sync, everything in registers).
+ * AUTO = SIMT for fp32, WMMA for tf32, MMA for bf16. */
+enum dit_attn_kernel { DIT_ATTN_AUTO = 0, DIT_ATTN_SIMT, DIT_ATTN_WMMA, DIT_ATTN_MMA };
+int dit_cuda_attention_kernel(void *out, int out_bf16, const float *qkv, int n_seq, int T, int n_heads, int head_dim,
+                              int rotary_dim, const float *cs, float scale, enum mm3_matmul_precision prec,
+                              enum dit_attn_kernel kernel, void *stream);
+
+/* act[n, ff] = g[:, :ff] * silu(g[:, ff:]) for g[n, 2*ff] (value rows then gate rows of
+ * ff_in, as op_silu_mul(act, gate, up)). */
+int dit_cuda_silu_gate(void *act, int out_bf16, const float *g, int n, int ff, void *stream);
+
+/* y[i] = silu(x[i]) */
+int dit_cuda_silu(void *y, int out_bf16, const float *x, size_t n, void *stream);
+
+/* dst[i] = bf16(src[i]), round to nearest even. */
+int dit_cuda_to_bf16(void *dst, const float *src, size_t n, void *stream);
+
+/* out[b, fourier_dim] = cos(ang) then sin(ang), ang[k] = fp32(fp32(2 pi) * t[b]) * time_proj[k]
+ * (dit_time_features); t[B] and time_proj[fourier_dim/2] on the device. */
+int dit_cuda_time_features(float *out, const float *t, const float *time_proj, int B, int fourier_dim, void *stream);
+
+/* One sequence's DiT input rows: h0[j, :] = [x[:, j], zeros(in_ch), cond[j, :]] for
+ * x[in_ch, L] channels-first and cond[L, cond_dim] (NULL: zeros). */
+int dit_cuda_embed_input(float *h0, const float *x, const float *cond, int L, int in_ch, int cond_dim, void *stream);
+
+/* v[c, j] = y[j, c] for one sequence (y[L, in_ch] row-major back to channels-first). */
+int dit_cuda_transpose_out(float *v, const float *y, int L, int in_ch, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

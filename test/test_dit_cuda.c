@@ -1,0 +1,547 @@
+/* The CUDA DiT (stage1/cuda/dit_cuda.h) and its kernels (stage1/cuda/dit_kernels.h)
+ * against the float32 CPU reference (stage1/dit.h, common/ops.h).
+ *
+ * Tolerances are relative L2 errors ||gpu - cpu|| / ||cpu|| (see each TOL_*): fp32
+ * GEMMs differ from the CPU only in summation order; tf32 keeps 10 mantissa bits of
+ * each operand, bf16 7, both with float32 accumulation, so their bounds follow the
+ * operand rounding (~2^-11 and ~2^-8 per product, averaged over long sums).
+ * Outputs are poisoned (NaN) before each run so an unwritten element fails.
+ * The seed comes from the clock (MM3_TEST_SEED replays it).
+ * MM3_TEST_DIT_QUICK=1 skips the release-width forward (its CPU reference takes ~1 min).
+ * Exit 77 (skip) without CUDA compiled in or without a usable GPU. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+/* cmocka needs the four above first */
+#include <cmocka.h>
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/dtype.h"
+#include "common/error.h"
+#include "common/ops.h"
+#include "common/safetensors.h"
+#include "stage1/dit.h"
+#include "support/test_support.h"
+
+#ifdef MM3_HAVE_CUDA
+#include "common/cuda/ops_cuda.h"
+#include "stage1/cuda/dit_cuda.h"
+#include "stage1/cuda/dit_kernels.h"
+
+/* Whole forward (see the header comment); measured on the H200 (2026-11-30), tiny-a and
+ * the release-width block alike: fp32 2e-7..1.7e-6, tf32 4.7e-4..5.2e-4, bf16 3.9e-3..4.2e-3. */
+#define TOL_FWD_FP32 1e-4
+#define TOL_FWD_TF32 2e-3
+#define TOL_FWD_BF16 1.5e-2
+/* Single kernels (measured: rows <= 2e-6, attention fp32 7e-7, tf32 3.6e-4, bf16 2.9e-3). */
+#define TOL_ROW 1e-5      /* LayerNorm, RoPE, gating: one reordered sum, 1-2 ulp trig/exp */
+#define TOL_BF16_OUT 8e-3 /* a float32 result rounded to bf16 (2^-9 relative per element) */
+#define TOL_ATT_FP32 2e-5
+#define TOL_ATT_TF32 1.5e-3
+#define TOL_ATT_BF16 1e-2
+
+static uint64_t rng;
+
+static uint64_t rng_next(void)
+{
+    uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [-a, a) */
+static float rnd(float a)
+{
+    return a * ((float)(rng_next() >> 40) / 8388608.0f - 1.0f);
+}
+
+static float *rnd_array(size_t n, float a, float offset)
+{
+    float *p = malloc(sizeof(float) * (n ? n : 1));
+    assert_non_null(p);
+    for (size_t i = 0; i < n; i++)
+        p[i] = offset + rnd(a);
+    return p;
+}
+
+static void *dev_upload(const void *host, size_t bytes)
+{
+    void *d = NULL;
+    assert_int_equal(cuda_malloc(&d, bytes), 0);
+    assert_int_equal(cuda_memcpy_h2d(d, host, bytes), 0);
+    return d;
+}
+
+static void *dev_poisoned(size_t bytes)
+{
+    void *d = NULL;
+    assert_int_equal(cuda_malloc(&d, bytes), 0);
+    assert_int_equal(cuda_memset(d, 0xff, bytes), 0);
+    return d;
+}
+
+/* Download n results (float32 or bf16) as floats; every one must be finite. */
+static float *dev_download(const void *d, size_t n, int bf16)
+{
+    assert_int_equal(cuda_stream_sync(NULL), 0);
+    float *h = malloc(sizeof(float) * (n ? n : 1));
+    assert_non_null(h);
+    if (bf16) {
+        uint16_t *b = malloc(2 * (n ? n : 1));
+        assert_non_null(b);
+        assert_int_equal(cuda_memcpy_d2h(b, d, 2 * n), 0);
+        for (size_t i = 0; i < n; i++)
+            h[i] = mm3_bf16_to_f32(b[i]);
+        free(b);
+    } else {
+        assert_int_equal(cuda_memcpy_d2h(h, d, 4 * n), 0);
+    }
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(h[i])) fail_msg("element %zu of %zu not written or not finite: %g", i, n, h[i]);
+    return h;
+}
+
+static const char *prec_name(enum mm3_matmul_precision p)
+{
+    return p == MM3_MATMUL_FP32 ? "fp32" : p == MM3_MATMUL_TF32 ? "tf32" : "bf16";
+}
+
+/* ---- kernels ------------------------------------------------------------------------ */
+
+static void check_layernorm(int n, int dim)
+{
+    float *x = rnd_array((size_t)n * dim, 3.0f, 5.0f); /* a large mean: the two-pass variance matters */
+    float *w = rnd_array(dim, 0.5f, 1.0f), *b = rnd_array(dim, 0.5f, 0.0f);
+    float *ref = malloc(sizeof(float) * n * dim);
+    op_layernorm(ref, x, w, b, n, dim, 1e-5f);
+    float *dx = dev_upload(x, 4ul * n * dim), *dw = dev_upload(w, 4ul * dim), *db = dev_upload(b, 4ul * dim);
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        void *dy = dev_poisoned(4ul * n * dim);
+        assert_int_equal(dit_cuda_layernorm(dy, bf16, dx, dw, db, n, dim, 1e-5f, NULL), 0);
+        float *y = dev_download(dy, (size_t)n * dim, bf16);
+        double rel = test_rel_error(y, ref, (size_t)n * dim);
+        printf("layernorm %d x %d %s: rel %.3g\n", n, dim, bf16 ? "bf16 out" : "f32", rel);
+        assert_true(rel <= (bf16 ? TOL_BF16_OUT : TOL_ROW));
+        free(y);
+        cuda_free(dy);
+    }
+    cuda_free(dx), cuda_free(dw), cuda_free(db);
+    free(x), free(w), free(b), free(ref);
+}
+
+static void test_layernorm(void **state)
+{
+    (void)state;
+    check_layernorm(2 * 690, 2048); /* release: B = 2 sequences of 690 tokens */
+    check_layernorm(5, 64);
+    check_layernorm(3, 1000);
+}
+
+static void check_rope(int B, int T, int heads, int head_dim, int rot)
+{
+    int D = heads * head_dim, stride = 3 * D, rows = B * T;
+    float *x = rnd_array((size_t)rows * stride, 1.0f, 0.0f);
+    float *ref = malloc(sizeof(float) * rows * stride);
+    memcpy(ref, x, sizeof(float) * rows * stride);
+    float *inv = malloc(sizeof(float) * rot / 2);
+    int *pos = malloc(sizeof(int) * rows);
+    for (int r = 0; r < rows; r++)
+        pos[r] = r % T;
+    op_rope_inv_freq(inv, 10000.0, rot);
+    op_rope(ref, rows, stride, heads, head_dim, rot, pos, inv);
+    float *dx = dev_upload(x, 4ul * rows * stride), *dinv = dev_upload(inv, 4ul * rot / 2);
+    float *dcs = dev_poisoned(4ul * T * rot);
+    assert_int_equal(dit_cuda_rope_table(dcs, dinv, T, rot, NULL), 0);
+    assert_int_equal(dit_cuda_rope(dx, B, T, stride, heads, head_dim, rot, dcs, NULL), 0);
+    float *y = dev_download(dx, (size_t)rows * stride, 0);
+    double rel = test_rel_error(y, ref, (size_t)rows * stride);
+    printf("rope %d x %d, %d heads x %d, rotary %d: rel %.3g\n", B, T, heads, head_dim, rot, rel);
+    assert_true(rel <= TOL_ROW);
+    /* the columns past the heads (k, v here) are untouched */
+    for (int r = 0; r < rows; r++)
+        assert_memory_equal(y + (size_t)r * stride + D, x + (size_t)r * stride + D, 8ul * D);
+    assert_true(dit_cuda_rope(dx, B, T, stride, heads, head_dim, head_dim + 2, dcs, NULL) == -EINVAL);
+    free(y), free(x), free(ref), free(inv), free(pos);
+    cuda_free(dx), cuda_free(dinv), cuda_free(dcs);
+}
+
+static void test_rope(void **state)
+{
+    (void)state;
+    check_rope(2, 690, 32, 64, 32); /* release */
+    check_rope(1, 37, 2, 32, 16);   /* tiny-a */
+    check_rope(3, 5, 3, 128, 128);  /* full rotation */
+}
+
+/* Attention of B sequences of T tokens over qkv[B*T, 3D] with RoPE (rot > 0) against
+ * op_rope + op_attention, in all three precisions and both output types. */
+static void check_attention(int B, int T, int heads, int head_dim, int rot)
+{
+    int D = heads * head_dim, rows = B * T;
+    float *qkv = rnd_array((size_t)rows * 3 * D, 1.5f, 0.0f);
+    float *roped = malloc(sizeof(float) * rows * 3 * D), *ref = malloc(sizeof(float) * rows * D);
+    memcpy(roped, qkv, sizeof(float) * rows * 3 * D);
+    float *inv = malloc(sizeof(float) * (rot / 2 + 1));
+    int *pos = malloc(sizeof(int) * rows);
+    for (int r = 0; r < rows; r++)
+        pos[r] = r % T;
+    float *dcs = NULL, *dinv = NULL;
+    if (rot) {
+        op_rope_inv_freq(inv, 10000.0, rot);
+        op_rope(roped, rows, 3 * D, heads, head_dim, rot, pos, inv);
+        op_rope(roped + D, rows, 3 * D, heads, head_dim, rot, pos, inv);
+        dinv = dev_upload(inv, 4ul * rot / 2);
+        dcs = dev_poisoned(4ul * T * rot);
+        assert_int_equal(dit_cuda_rope_table(dcs, dinv, T, rot, NULL), 0);
+    }
+    float scale = 1.0f / sqrtf((float)head_dim);
+    for (int b = 0; b < B; b++) {
+        const float *s = roped + (size_t)b * T * 3 * D;
+        op_attention(ref + (size_t)b * T * D, D, s, 3 * D, s + D, s + 2 * D, 3 * D, T, T, heads, heads, head_dim, 0, 0,
+                     scale);
+    }
+    float *dqkv = dev_upload(qkv, 4ul * rows * 3 * D);
+    static const struct {
+        enum mm3_matmul_precision prec;
+        enum dit_attn_kernel kernel;
+        const char *name;
+        double tol;
+    } variants[] = {{MM3_MATMUL_FP32, DIT_ATTN_SIMT, "SIMT", TOL_ATT_FP32},
+                    {MM3_MATMUL_TF32, DIT_ATTN_WMMA, "WMMA", TOL_ATT_TF32},
+                    {MM3_MATMUL_BF16, DIT_ATTN_WMMA, "WMMA", TOL_ATT_BF16},
+                    {MM3_MATMUL_BF16, DIT_ATTN_MMA, "MMA", TOL_ATT_BF16}};
+    for (size_t k = 0; k < sizeof variants / sizeof variants[0]; k++)
+        for (int bf16 = 0; bf16 < 2; bf16++) {
+            void *dout = dev_poisoned(4ul * rows * D);
+            assert_int_equal(dit_cuda_attention_kernel(dout, bf16, dqkv, B, T, heads, head_dim, rot, dcs, scale,
+                                                       variants[k].prec, variants[k].kernel, NULL),
+                             0);
+            float *o = dev_download(dout, (size_t)rows * D, bf16);
+            double rel = test_rel_error(o, ref, (size_t)rows * D);
+            printf("attention %d x %d, %d heads x %d, rotary %d, %s %s, %s out: rel %.3g\n", B, T, heads, head_dim, rot,
+                   prec_name(variants[k].prec), variants[k].name, bf16 ? "bf16" : "f32", rel);
+            assert_true(rel <= variants[k].tol + (bf16 ? TOL_BF16_OUT : 0.0));
+            free(o);
+            cuda_free(dout);
+        }
+    /* MMA computes in bf16 only */
+    assert_true(dit_cuda_attention_kernel(dqkv, 0, dqkv, B, T, heads, head_dim, rot, dcs, scale, MM3_MATMUL_TF32,
+                                          DIT_ATTN_MMA, NULL) == -EINVAL);
+    assert_true(dit_cuda_attention(dqkv, 0, dqkv, B, T, heads, 48, 0, NULL, scale, MM3_MATMUL_FP32, NULL) == -EINVAL);
+    cuda_free(dqkv), cuda_free(dcs), cuda_free(dinv);
+    free(qkv), free(roped), free(ref), free(inv), free(pos);
+}
+
+static void test_attention(void **state)
+{
+    (void)state;
+    check_attention(2, 690, 32, 64, 32); /* release: 689 latents + the time token */
+    check_attention(1, 38, 2, 32, 16);   /* tiny-a */
+    check_attention(3, 129, 2, 128, 0);  /* no RoPE, a partial last tile */
+    check_attention(1, 1, 1, 64, 32);    /* a single token */
+    check_attention(2, 70, 2, 32, 4);    /* rotary halves of 2: the element-wise load path */
+}
+
+static void check_gating(int n, int ff)
+{
+    float *g = rnd_array((size_t)n * 2 * ff, 4.0f, 0.0f);
+    float *ref = malloc(sizeof(float) * n * ff);
+    for (int r = 0; r < n; r++)
+        op_silu_mul(ref + (size_t)r * ff, g + (size_t)r * 2 * ff + ff, g + (size_t)r * 2 * ff, (size_t)ff);
+    float *dg = dev_upload(g, 8ul * n * ff);
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        void *d = dev_poisoned(4ul * n * ff);
+        assert_int_equal(dit_cuda_silu_gate(d, bf16, dg, n, ff, NULL), 0);
+        float *y = dev_download(d, (size_t)n * ff, bf16);
+        double rel = test_rel_error(y, ref, (size_t)n * ff);
+        printf("silu gate %d x %d %s: rel %.3g\n", n, ff, bf16 ? "bf16" : "f32", rel);
+        assert_true(rel <= (bf16 ? TOL_BF16_OUT : TOL_ROW));
+        free(y);
+        cuda_free(d);
+    }
+    cuda_free(dg);
+    free(g), free(ref);
+}
+
+static void test_gating(void **state)
+{
+    (void)state;
+    check_gating(7, 300);   /* 16-byte path */
+    check_gating(5, 301);   /* element path */
+    check_gating(70, 8192); /* release FFN width */
+}
+
+/* ---- whole forward ---------------------------------------------------------------------- */
+
+struct ref_job {
+    const struct dit_model *m;
+    int L;
+    const float *x, *cond;
+    float t, *v;
+};
+
+static void *ref_thread(void *arg)
+{
+    struct ref_job *j = arg;
+    struct dit_workspace *ws;
+    if (dit_workspace_alloc(&ws, j->m, j->L) < 0) return arg;
+    const float *conds[1] = {j->cond};
+    int rc = dit_forward(j->m, ws, 1, j->L, j->x, &j->t, conds, j->v);
+    dit_workspace_free(ws);
+    return rc < 0 ? arg : NULL;
+}
+
+/* CPU reference of B sequences, one thread each (the release-width case is ~100 GFLOP). */
+static void reference(const struct dit_model *m, int B, int L, const float *x, const float *t, const float *const *cond,
+                      float *v)
+{
+    size_t per = (size_t)m->cfg.in_ch * L;
+    pthread_t th[16];
+    struct ref_job jobs[16];
+    assert_true(B <= 16);
+    for (int b = 0; b < B; b++) {
+        jobs[b] = (struct ref_job){m, L, x + b * per, cond ? cond[b] : NULL, t[b], v + b * per};
+        assert_int_equal(pthread_create(&th[b], NULL, ref_thread, &jobs[b]), 0);
+    }
+    for (int b = 0; b < B; b++) {
+        void *r;
+        pthread_join(th[b], &r);
+        assert_null(r);
+    }
+}
+
+/* CUDA forward in all three precisions against ref (or, for golden data, the recorded output). */
+static void check_forward(const struct dit_model *m, const char *what, int B, int L, const float *x, const float *t,
+                          const float *const *cond, const float *ref, const double tol[3])
+{
+    size_t per = (size_t)m->cfg.in_ch * L, n = B * per;
+    float *dx = dev_upload(x, 4 * n), *dt = dev_upload(t, 4ul * B);
+    const float *dcond[16] = {0};
+    for (int b = 0; b < B; b++)
+        if (cond && cond[b]) dcond[b] = dev_upload(cond[b], 4ul * L * m->cfg.cond_dim);
+    static const enum mm3_matmul_precision precs[] = {MM3_MATMUL_FP32, MM3_MATMUL_TF32, MM3_MATMUL_BF16};
+    for (int p = 0; p < 3; p++) {
+        struct dit_cuda *h;
+        if (dit_cuda_load(&h, m, precs[p]) < 0) fail_msg("dit_cuda_load: %s", mm3_last_error());
+        float *dv = dev_poisoned(4 * n);
+        if (dit_cuda_forward(h, B, L, dx, dt, cond ? dcond : NULL, dv, NULL) < 0)
+            fail_msg("dit_cuda_forward: %s", mm3_last_error());
+        float *v = dev_download(dv, n, 0);
+        double rel = test_rel_error(v, ref, n);
+        printf("forward %s, B %d, L %d, %s: rel %.3g (bound %.1g)\n", what, B, L, prec_name(precs[p]), rel, tol[p]);
+        assert_true(rel <= tol[p]);
+        free(v);
+        cuda_free(dv);
+        dit_cuda_free(h);
+    }
+    for (int b = 0; b < B; b++)
+        cuda_free((void *)dcond[b]);
+    cuda_free(dx), cuda_free(dt);
+}
+
+static const double fwd_tol[3] = {TOL_FWD_FP32, TOL_FWD_TF32, TOL_FWD_BF16};
+
+/* tiny-a: the two recorded DiT calls of case 0 (reference outputs of the real
+ * pipeline), and the CPU forward of a batch of two with one zero condition. */
+static void test_forward_tiny_a(void **state)
+{
+    (void)state;
+    const char *gd = test_golden_dir();
+    if (!gd) skip();
+    char path[1200];
+    snprintf(path, sizeof path, "%s/checkpoint", gd);
+    struct dit_model *m;
+    if (dit_load(&m, path) < 0) fail_msg("dit_load: %s", mm3_last_error());
+    snprintf(path, sizeof path, "%s/case0.safetensors", gd);
+    struct st_file f;
+    assert_int_equal(st_file_open(&f, path), 0);
+    for (int call = 0; call < 2; call++) {
+        char key[64];
+        float *hs, *ts, *ehs, *out;
+        int nd;
+        int64_t sh[ST_MAX_DIMS];
+        snprintf(key, sizeof key, "dit_call.%d.timestep", call);
+        assert_int_equal(st_file_load_f32(&f, key, &ts, &nd, sh), 0);
+        snprintf(key, sizeof key, "dit_call.%d.encoder_hidden_states", call);
+        assert_int_equal(st_file_load_f32(&f, key, &ehs, &nd, sh), 0);
+        snprintf(key, sizeof key, "dit_call.%d.out", call);
+        assert_int_equal(st_file_load_f32(&f, key, &out, &nd, sh), 0);
+        snprintf(key, sizeof key, "dit_call.%d.hidden_states", call);
+        assert_int_equal(st_file_load_f32(&f, key, &hs, &nd, sh), 0);
+        int L = (int)sh[2];
+        const float *conds[1] = {ehs};
+        check_forward(m, call ? "tiny-a dit_call.1" : "tiny-a dit_call.0", 1, L, hs, ts, conds, out, fwd_tol);
+
+        /* batch of two: the recorded sequence and a shifted copy with no condition */
+        size_t per = (size_t)m->cfg.in_ch * L;
+        float *x2 = malloc(sizeof(float) * 2 * per), *v2 = malloc(sizeof(float) * 2 * per);
+        memcpy(x2, hs, sizeof(float) * per);
+        for (size_t i = 0; i < per; i++)
+            x2[per + i] = -0.5f * hs[(i + 7) % per];
+        float t2[2] = {ts[0], 0.9f};
+        const float *c2[2] = {ehs, NULL};
+        reference(m, 2, L, x2, t2, c2, v2);
+        check_forward(m, "tiny-a batch of 2", 2, L, x2, t2, c2, v2, fwd_tol);
+        free(x2), free(v2), free(hs), free(ts), free(ehs), free(out);
+    }
+    st_file_close(&f);
+    dit_free(m);
+}
+
+/* A CPU model with the given geometry and random weights (no files). */
+static struct dit_model *random_model(const struct dit_config *cfg)
+{
+    struct dit_model *m = calloc(1, sizeof *m);
+    assert_non_null(m);
+    m->cfg = *cfg;
+    struct dit_config *g = &m->cfg;
+    g->hidden = g->n_heads * g->head_dim;
+    g->cat_dim = 2 * g->in_ch + g->cond_dim;
+    size_t D = g->hidden, F = g->ff_inner, Cc = g->cat_dim, C = g->in_ch, Fd = g->fourier_dim;
+    size_t per_layer = 4 * D + 4 * D * D + 2 * F * D + 2 * F + D * F + D;
+    size_t total = Fd / 2 + D * Fd + D + D * D + D + Cc * Cc + D * Cc + C * D + C * C + g->n_layers * per_layer;
+    m->arena = malloc(sizeof(float) * total);
+    m->w.layers = calloc((size_t)g->n_layers, sizeof *m->w.layers);
+    m->inv_freq = malloc(sizeof(float) * (g->rotary_dim / 2 + 1));
+    assert_true(m->arena && m->w.layers && m->inv_freq);
+    m->arena_floats = total;
+    float *p = m->arena;
+#define TAKE(dst, n, a, off)                                                                                           \
+    do {                                                                                                               \
+        dst = p;                                                                                                       \
+        for (size_t i_ = 0; i_ < (size_t)(n); i_++)                                                                    \
+            p[i_] = (off) + rnd(a);                                                                                    \
+        p += (n);                                                                                                      \
+    } while (0)
+    struct dit_weights *w = &m->w;
+    TAKE(w->time_proj, Fd / 2, 1.0f, 0.0f);
+    TAKE(w->t1_w, D * Fd, 1.0f / sqrtf((float)Fd), 0.0f);
+    TAKE(w->t1_b, D, 0.02f, 0.0f);
+    TAKE(w->t2_w, D * D, 1.0f / sqrtf((float)D), 0.0f);
+    TAKE(w->t2_b, D, 0.02f, 0.0f);
+    TAKE(w->pre_w, Cc * Cc, 1.0f / sqrtf((float)Cc), 0.0f);
+    TAKE(w->proj_in, D * Cc, 1.0f / sqrtf((float)Cc), 0.0f);
+    TAKE(w->proj_out, C * D, 1.0f / sqrtf((float)D), 0.0f);
+    TAKE(w->post_w, C * C, 1.0f / sqrtf((float)C), 0.0f);
+    for (int i = 0; i < g->n_layers; i++) {
+        struct dit_layer *l = &w->layers[i];
+        TAKE(l->norm1_w, D, 0.1f, 1.0f);
+        TAKE(l->norm1_b, D, 0.1f, 0.0f);
+        TAKE(l->wq, D * D, 1.0f / sqrtf((float)D), 0.0f);
+        TAKE(l->wk, D * D, 1.0f / sqrtf((float)D), 0.0f);
+        TAKE(l->wv, D * D, 1.0f / sqrtf((float)D), 0.0f);
+        TAKE(l->wo, D * D, 1.0f / sqrtf((float)D), 0.0f);
+        TAKE(l->norm2_w, D, 0.1f, 1.0f);
+        TAKE(l->norm2_b, D, 0.1f, 0.0f);
+        TAKE(l->ff_in_w, 2 * F * D, 1.0f / sqrtf((float)D), 0.0f);
+        TAKE(l->ff_in_b, 2 * F, 0.02f, 0.0f);
+        TAKE(l->ff_out_w, D * F, 1.0f / sqrtf((float)F), 0.0f);
+        TAKE(l->ff_out_b, D, 0.02f, 0.0f);
+    }
+#undef TAKE
+    assert_true(p == m->arena + total);
+    op_rope_inv_freq(m->inv_freq, 10000.0, g->rotary_dim);
+    return m;
+}
+
+/* The release's block shapes (2048 wide, 32 x 64 heads, rotary 32, FFN 8192 gated,
+ * condition 2048, Fourier 256, 128 latent channels) with one block, L = 689, B = 2
+ * (one sequence without condition). */
+static void test_forward_release_block(void **state)
+{
+    (void)state;
+    if (getenv("MM3_TEST_DIT_QUICK")) skip(); /* e.g. under compute-sanitizer: the CPU side takes a minute */
+    struct dit_config cfg = {.in_ch = 128,
+                             .cond_dim = 2048,
+                             .n_layers = 1,
+                             .n_heads = 32,
+                             .head_dim = 64,
+                             .ff_inner = 8192,
+                             .rotary_dim = 32,
+                             .fourier_dim = 256};
+    const char *env = getenv("MM3_TEST_DIT_LAYERS");
+    if (env) cfg.n_layers = atoi(env) > 0 ? atoi(env) : 1;
+    struct dit_model *m = random_model(&cfg);
+    int B = 2, L = 689;
+    size_t per = (size_t)cfg.in_ch * L;
+    float *x = rnd_array(B * per, 1.7f, 0.0f), *cond = rnd_array((size_t)L * cfg.cond_dim, 1.0f, 0.0f);
+    float *ref = malloc(sizeof(float) * B * per);
+    float t[2] = {0.3f, 0.0333333611f};
+    const float *conds[2] = {cond, NULL};
+    time_t t0 = time(NULL);
+    reference(m, B, L, x, t, conds, ref);
+    printf("CPU reference: %lds\n", (long)(time(NULL) - t0));
+    check_forward(m, "release block", B, L, x, t, conds, ref, fwd_tol);
+    free(x), free(cond), free(ref);
+    dit_free(m);
+}
+
+static void test_bad_args(void **state)
+{
+    (void)state;
+    struct dit_config cfg = {.in_ch = 4,
+                             .cond_dim = 8,
+                             .n_layers = 1,
+                             .n_heads = 2,
+                             .head_dim = 48,
+                             .ff_inner = 16,
+                             .rotary_dim = 8,
+                             .fourier_dim = 8};
+    struct dit_cuda *h = NULL;
+    assert_true(dit_cuda_load_random(&h, &cfg, MM3_MATMUL_FP32, 1) == -EINVAL); /* head_dim 48 */
+    assert_null(h);
+    assert_non_null(strstr(mm3_last_error(), "attention_head_dim 48"));
+    cfg.head_dim = 32;
+    assert_int_equal(dit_cuda_load_random(&h, &cfg, MM3_MATMUL_BF16, 1), 0);
+    assert_true(dit_cuda_forward(h, 0, 5, (float *)8, (float *)8, NULL, (float *)8, NULL) == -EINVAL);
+    assert_true(dit_cuda_forward(h, 1, 5, NULL, (float *)8, NULL, (float *)8, NULL) == -EINVAL);
+    /* random weights run and give finite velocities */
+    int L = 9;
+    float *x = rnd_array((size_t)cfg.in_ch * L, 1.0f, 0.0f), t = 0.5f;
+    float *dx = dev_upload(x, 4ul * cfg.in_ch * L), *dt = dev_upload(&t, 4), *dv = dev_poisoned(4ul * cfg.in_ch * L);
+    assert_int_equal(dit_cuda_forward(h, 1, L, dx, dt, NULL, dv, NULL), 0);
+    float *v = dev_download(dv, (size_t)cfg.in_ch * L, 0);
+    free(v), free(x);
+    cuda_free(dx), cuda_free(dt), cuda_free(dv);
+    dit_cuda_free(h);
+}
+
+int main(void)
+{
+    if (cuda_device_count_safe() < 1) {
+        printf("no CUDA device: skipped\n");
+        return 77;
+    }
+    const char *seed_env = getenv("MM3_TEST_SEED");
+    rng = seed_env ? strtoull(seed_env, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+    printf("seed %llu (MM3_TEST_SEED to replay)\n", (unsigned long long)rng);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_gating),
+        cmocka_unit_test(test_bad_args),
+        cmocka_unit_test(test_forward_tiny_a),
+        cmocka_unit_test(test_forward_release_block),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
+
+#else
+
+int main(void)
+{
+    printf("built without CUDA (MM3_HAVE_CUDA undefined): skipped\n");
+    return 77;
+}
+
+#endif

@@ -1,0 +1,441 @@
+/* mm3-bench-dit: the CUDA DiT forward at the release's geometry with random weights
+ * made on the GPU (no files), in each matmul precision.
+ *
+ *   mm3-bench-dit [--layers N] [--latents L] [--windows 1,2,4,8] [--reps R]
+ *                 [--precisions fp32,tf32,bf16] [--euler-steps S]
+ *
+ * Per precision: the dense GEMM peak (cuBLASLt 8192^3, median of 10 after warm-up,
+ * CUDA events), one forward of B = 2 x windows sequences (CFG pair per window) of L
+ * latents (median of R), seconds per window for 30 Euler steps, achieved TFLOP/s
+ * (dit_cuda_forward_flops) and its ratio to that peak. Then the drift of tf32 and
+ * bf16 against fp32: the same weights, noise and condition through S Euler steps with
+ * CFG (host-side blend), relative L2 error of the first velocity and of the final latents.
+ * Prints a table last. */
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+
+#ifdef MM3_HAVE_CUDA
+#include "common/cuda/ops_cuda.h"
+#include "stage1/cuda/dit_cuda.h"
+#include "stage1/cuda/dit_gemm.h"
+#include "stage1/cuda/dit_kernels.h"
+#include "stage1/flow.h"
+
+#define MAX_WINDOWS 8
+#define STEPS_PER_WINDOW 30
+
+static uint64_t rng = 0x5eed0d17ull;
+
+static float rnd_unit(void)
+{
+    uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (float)(z >> 40) / 8388608.0f - 1.0f;
+}
+
+static int die(const char *what)
+{
+    fprintf(stderr, "mm3-bench-dit: %s: %s\n", what, mm3_last_error());
+    exit(1);
+}
+
+static float *dev_random(size_t n, float a)
+{
+    float *h = malloc(sizeof(float) * n);
+    void *d = NULL;
+    if (!h) die("out of memory");
+    for (size_t i = 0; i < n; i++)
+        h[i] = a * rnd_unit();
+    if (cuda_malloc(&d, 4 * n) < 0 || cuda_memcpy_h2d(d, h, 4 * n) < 0) die("upload");
+    free(h);
+    return d;
+}
+
+static int cmp_float(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+static float median(float *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_float);
+    return n % 2 ? v[n / 2] : 0.5f * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static const char *prec_name(enum mm3_matmul_precision p)
+{
+    return p == MM3_MATMUL_FP32 ? "fp32" : p == MM3_MATMUL_TF32 ? "tf32" : "bf16";
+}
+
+/* Dense GEMM peak in TFLOP/s: random operands (zeros run faster), median of 10. */
+static double gemm_peak(enum mm3_matmul_precision p, void *stream, void *e0, void *e1)
+{
+    const int n = 8192;
+    size_t nn = (size_t)n * n;
+    float *a32 = dev_random(nn, 1.0f), *w32 = dev_random(nn, 1.0f), *d = NULL;
+    void *a = a32, *w = w32;
+    if (cuda_malloc((void **)&d, 4 * nn) < 0) die("cuda_malloc");
+    if (p == MM3_MATMUL_BF16) {
+        /* bf16 copies in place of the first halves: same bytes, half the size */
+        if (cuda_malloc(&a, 2 * nn) < 0 || cuda_malloc(&w, 2 * nn) < 0) die("cuda_malloc");
+        if (dit_cuda_to_bf16(a, a32, nn, stream) < 0 || dit_cuda_to_bf16(w, w32, nn, stream) < 0) die("to_bf16");
+    }
+    struct dit_gemm *g;
+    if (dit_gemm_create(&g, p) < 0) die("dit_gemm_create");
+    float ms[10];
+    for (int i = 0; i < 3; i++)
+        if (dit_gemm_run(g, d, n, a, n, w, NULL, NULL, n, n, n, stream) < 0) die("gemm");
+    for (int i = 0; i < 10; i++) {
+        cuda_event_record(e0, stream);
+        if (dit_gemm_run(g, d, n, a, n, w, NULL, NULL, n, n, n, stream) < 0) die("gemm");
+        cuda_event_record(e1, stream);
+        if (cuda_event_elapsed_ms(&ms[i], e0, e1) < 0) die("events");
+    }
+    double t = median(ms, 10) * 1e-3;
+    dit_gemm_destroy(g);
+    if (a != a32) cuda_free(a), cuda_free(w);
+    cuda_free(a32), cuda_free(w32), cuda_free(d);
+    return 2.0 * n * (double)n * n / t / 1e12;
+}
+
+struct row {
+    enum mm3_matmul_precision p;
+    int windows, B;
+    double ms, ms_graph, s_window, tflops, peak;
+};
+
+/* Median ms of one forward of B sequences; ms_graph the same replayed as a CUDA graph
+ * (0 when capture failed). */
+static void time_forward(struct dit_cuda *h, int B, int L, int reps, float *x, float *t, const float *const *cond,
+                         float *v, void *stream, void *e0, void *e1, double *ms_eager, double *ms_graph)
+{
+    float ms[32];
+    if (reps > 32) reps = 32;
+    if (dit_cuda_forward(h, B, L, x, t, cond, v, stream) < 0) die("forward (warm-up)");
+    if (cuda_stream_sync(stream) < 0) die("forward (warm-up)");
+    for (int i = 0; i < reps; i++) {
+        cuda_event_record(e0, stream);
+        if (dit_cuda_forward(h, B, L, x, t, cond, v, stream) < 0) die("forward");
+        cuda_event_record(e1, stream);
+        if (cuda_event_elapsed_ms(&ms[i], e0, e1) < 0) die("forward (events)");
+    }
+    *ms_eager = median(ms, reps);
+    *ms_graph = 0;
+    void *graph = NULL;
+    if (cuda_graph_capture_begin(stream) < 0) return;
+    int rc = dit_cuda_forward(h, B, L, x, t, cond, v, stream);
+    if (cuda_graph_capture_end(stream, &graph) < 0 || rc < 0) {
+        fprintf(stderr, "graph capture failed: %s\n", mm3_last_error());
+        return;
+    }
+    if (cuda_graph_launch(graph, stream) < 0 || cuda_stream_sync(stream) < 0) die("graph (warm-up)");
+    for (int i = 0; i < reps; i++) {
+        cuda_event_record(e0, stream);
+        cuda_graph_launch(graph, stream);
+        cuda_event_record(e1, stream);
+        if (cuda_event_elapsed_ms(&ms[i], e0, e1) < 0) die("graph (events)");
+    }
+    *ms_graph = median(ms, reps);
+    cuda_graph_destroy(graph);
+}
+
+/* S Euler steps with CFG of one window from noise x0 (host), final latents into out
+ * and the first guided velocity into v_first (both host, in_ch x L). */
+static void euler_window(struct dit_cuda *h, int L, int steps, const float *x0, const float *dcond, float *out,
+                         float *v_first, void *stream)
+{
+    int C = dit_cuda_config(h)->in_ch;
+    size_t per = (size_t)C * L;
+    float table[STEPS_PER_WINDOW + 1];
+    flow_schedule_fill(table, STEPS_PER_WINDOW);
+    float *x = malloc(sizeof(float) * 2 * per), *v = malloc(sizeof(float) * 2 * per);
+    float *dx, *dv, *dt;
+    if (!x || !v || cuda_malloc((void **)&dx, 8 * per) < 0 || cuda_malloc((void **)&dv, 8 * per) < 0 ||
+        cuda_malloc((void **)&dt, 8) < 0)
+        die("euler buffers");
+    memcpy(out, x0, sizeof(float) * per);
+    const float *cond[2] = {dcond, NULL};
+    for (int i = 0; i < steps && i < STEPS_PER_WINDOW; i++) {
+        float t2[2] = {table[i], table[i]}, dt_step = table[i + 1] - table[i];
+        memcpy(x, out, sizeof(float) * per);
+        memcpy(x + per, out, sizeof(float) * per);
+        if (cuda_memcpy_h2d(dx, x, 8 * per) < 0 || cuda_memcpy_h2d(dt, t2, 8) < 0) die("upload");
+        if (dit_cuda_forward(h, 2, L, dx, dt, cond, dv, stream) < 0) die("forward");
+        if (cuda_stream_sync(stream) < 0 || cuda_memcpy_d2h(v, dv, 8 * per) < 0) die("download");
+        for (size_t e = 0; e < per; e++) {
+            float g = v[per + e] + FLOW_DEFAULT_GUIDANCE * (v[e] - v[per + e]);
+            if (i == 0) v_first[e] = g;
+            out[e] += dt_step * g;
+        }
+    }
+    cuda_free(dx), cuda_free(dv), cuda_free(dt);
+    free(x), free(v);
+}
+
+static double rel_l2(const float *a, const float *b, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* Median ms of `reps` runs of `expr` (after one warm-up), each between two events. */
+#define TIME_MS(out, reps, expr)                                                                                       \
+    do {                                                                                                               \
+        float ms_[16];                                                                                                 \
+        if ((expr) < 0) die(#expr);                                                                                    \
+        for (int r_ = 0; r_ < (reps); r_++) {                                                                          \
+            cuda_event_record(e0, stream);                                                                             \
+            if ((expr) < 0) die(#expr);                                                                                \
+            cuda_event_record(e1, stream);                                                                             \
+            if (cuda_event_elapsed_ms(&ms_[r_], e0, e1) < 0) die("events");                                            \
+        }                                                                                                              \
+        (out) = median(ms_, (reps));                                                                                   \
+    } while (0)
+
+static void *dev_operand(size_t n, float a, enum mm3_matmul_precision p, void *stream)
+{
+    float *f = dev_random(n, a);
+    if (p != MM3_MATMUL_BF16) return f;
+    void *b = NULL;
+    if (cuda_malloc(&b, 2 * n) < 0 || dit_cuda_to_bf16(b, f, n, stream) < 0 || cuda_stream_sync(stream) < 0)
+        die("bf16 operand");
+    cuda_free(f);
+    return b;
+}
+
+/* Per-layer cost of each piece of one block at B sequences, the GEMMs with cuBLASLt's
+ * first heuristic answer and autotuned: where the forward's time goes. */
+static void breakdown(const struct dit_config *cfg, enum mm3_matmul_precision p, int B, int L, double fwd_ms,
+                      void *stream, void *e0, void *e1)
+{
+    int T = L + 1, N = B * T, D = cfg->n_heads * cfg->head_dim, F = cfg->ff_inner, reps = 5;
+    int bf = p == MM3_MATMUL_BF16;
+    size_t big = (size_t)N * (D > F ? D : F);
+    void *op = dev_operand(big, 1.0f, p, stream);
+    void *wqkv = dev_operand((size_t)3 * D * D, 0.02f, p, stream), *wo = dev_operand((size_t)D * D, 0.02f, p, stream);
+    void *wi = dev_operand((size_t)2 * F * D, 0.02f, p, stream), *wf = dev_operand((size_t)D * F, 0.01f, p, stream);
+    float *x = dev_random((size_t)N * D, 1.0f), *qkv = dev_random((size_t)N * 3 * D, 1.0f);
+    float *g = dev_random((size_t)N * 2 * F, 1.0f), *bi = dev_random((size_t)2 * F, 0.1f);
+    float *lw = dev_random((size_t)D, 1.0f),
+          *cs = dev_random((size_t)T * (cfg->rotary_dim ? cfg->rotary_dim : 1), 1.0f);
+    void *o2 = NULL;
+    if (cuda_malloc(&o2, 4 * big) < 0) die("cuda_malloc");
+    double flop_qkv = 2.0 * N * D * 3.0 * D, flop_wo = 2.0 * N * D * D, flop_in = 2.0 * N * D * 2.0 * F;
+    double flop_out = 2.0 * N * F * D, flop_att = 4.0 * B * (double)T * T * D;
+    printf("\nbreakdown %s, B %d (%d token rows), per layer (forward %.3f ms / %d layers = %.3f ms):\n", prec_name(p),
+           B, N, fwd_ms, cfg->n_layers, fwd_ms / cfg->n_layers);
+    printf("| piece | heuristic #1 ms | autotuned ms | TFLOP/s (autotuned) |\n|---|---|---|---|\n");
+    double sum = 0;
+    struct dit_gemm *gh[2];
+    for (int a = 0; a < 2; a++) {
+        if (dit_gemm_create(&gh[a], p) < 0) die("dit_gemm_create");
+        dit_gemm_set_autotune(gh[a], a);
+    }
+    const char *names[4] = {"qkv GEMM", "out-proj GEMM (+x)", "ff_in GEMM (+bias)", "ff_out GEMM (+bias, +x)"};
+    double flops[4] = {flop_qkv, flop_wo, flop_in, flop_out};
+    for (int k = 0; k < 4; k++) {
+        float t[2];
+        for (int a = 0; a < 2; a++) {
+            struct dit_gemm *G = gh[a];
+            switch (k) {
+            case 0:
+                TIME_MS(t[a], reps, dit_gemm_run(G, qkv, 3 * D, op, D, wqkv, NULL, NULL, N, D, 3 * D, stream));
+                break;
+            case 1:
+                TIME_MS(t[a], reps, dit_gemm_run(G, x, D, op, D, wo, NULL, x, N, D, D, stream));
+                break;
+            case 2:
+                TIME_MS(t[a], reps, dit_gemm_run(G, g, 2 * F, op, D, wi, bi, NULL, N, D, 2 * F, stream));
+                break;
+            default:
+                TIME_MS(t[a], reps, dit_gemm_run(G, x, D, op, F, wf, bi, x, N, F, D, stream));
+                break;
+            }
+        }
+        printf("| %s | %.3f | %.3f | %.1f |\n", names[k], t[0], t[1], flops[k] / (t[1] * 1e-3) / 1e12);
+        sum += t[1];
+    }
+    float ta, tl, tg;
+    TIME_MS(ta, reps,
+            dit_cuda_attention(o2, bf, qkv, B, T, cfg->n_heads, cfg->head_dim, cfg->rotary_dim,
+                               cfg->rotary_dim ? cs : NULL, 0.125f, p, stream));
+    printf("| attention (%s, default) | | %.3f | %.1f |\n",
+           p == MM3_MATMUL_FP32   ? "SIMT"
+           : p == MM3_MATMUL_TF32 ? "WMMA"
+                                  : "MMA",
+           ta, flop_att / (ta * 1e-3) / 1e12);
+    if (p == MM3_MATMUL_BF16) {
+        float tw;
+        TIME_MS(tw, reps,
+                dit_cuda_attention_kernel(o2, bf, qkv, B, T, cfg->n_heads, cfg->head_dim, cfg->rotary_dim,
+                                          cfg->rotary_dim ? cs : NULL, 0.125f, p, DIT_ATTN_WMMA, stream));
+        printf("| attention (WMMA, alternative) | | %.3f | %.1f |\n", tw, flop_att / (tw * 1e-3) / 1e12);
+    }
+    TIME_MS(tl, reps, dit_cuda_layernorm(o2, bf, x, lw, lw, N, D, 1e-5f, stream));
+    printf("| LayerNorm (x2 per layer) | | %.3f | |\n", tl);
+    TIME_MS(tg, reps, dit_cuda_silu_gate(o2, bf, g, N, F, stream));
+    printf("| SiLU gating | | %.3f | |\n", tg);
+    sum += ta + 2 * tl + tg;
+    printf("| sum of pieces | | %.3f | |\n", sum);
+    for (int a = 0; a < 2; a++)
+        dit_gemm_destroy(gh[a]);
+    void *bufs[] = {op, wqkv, wo, wi, wf, x, qkv, g, bi, lw, cs, o2};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        cuda_free(bufs[i]);
+}
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: mm3-bench-dit [--layers N] [--latents L] [--windows 1,2,4,8] [--reps R]\n"
+                    "                     [--precisions fp32,tf32,bf16] [--euler-steps S]\n");
+    exit(2);
+}
+
+int main(int argc, char **argv)
+{
+    struct dit_config cfg = {.in_ch = 128,
+                             .cond_dim = 2048,
+                             .n_layers = 36,
+                             .n_heads = 32,
+                             .head_dim = 64,
+                             .ff_inner = 8192,
+                             .rotary_dim = 32,
+                             .fourier_dim = 256};
+    int L = 689, reps = 5, euler_steps = 4, n_windows = 4, windows[MAX_WINDOWS] = {1, 2, 4, 8};
+    int n_prec = 3;
+    enum mm3_matmul_precision precs[3] = {MM3_MATMUL_FP32, MM3_MATMUL_TF32, MM3_MATMUL_BF16};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!val) usage();
+        if (!strcmp(a, "--layers"))
+            cfg.n_layers = atoi(val);
+        else if (!strcmp(a, "--latents"))
+            L = atoi(val);
+        else if (!strcmp(a, "--reps"))
+            reps = atoi(val);
+        else if (!strcmp(a, "--euler-steps"))
+            euler_steps = atoi(val);
+        else if (!strcmp(a, "--windows")) {
+            n_windows = 0;
+            for (char *s = (char *)val; *s && n_windows < MAX_WINDOWS;) {
+                windows[n_windows++] = (int)strtol(s, &s, 10);
+                if (*s == ',')
+                    s++;
+                else if (*s)
+                    usage();
+            }
+        } else if (!strcmp(a, "--precisions")) {
+            n_prec = 0;
+            if (strstr(val, "fp32")) precs[n_prec++] = MM3_MATMUL_FP32;
+            if (strstr(val, "tf32")) precs[n_prec++] = MM3_MATMUL_TF32;
+            if (strstr(val, "bf16")) precs[n_prec++] = MM3_MATMUL_BF16;
+        } else
+            usage();
+        i++;
+    }
+    if (cfg.n_layers < 1 || L < 1 || reps < 1 || n_windows < 1 || n_prec < 1) usage();
+    for (int w = 0; w < n_windows; w++)
+        if (windows[w] < 1 || windows[w] > 64) usage();
+    if (cuda_device_count_safe() < 1) {
+        fprintf(stderr, "mm3-bench-dit: no CUDA device\n");
+        return 77;
+    }
+    char desc[256];
+    cuda_device_describe(desc, sizeof desc);
+    printf("device: %s\nDiT: %d layers, hidden %d (%d x %d), ff %d, rotary %d, L %d latents (+ time token)\n", desc,
+           cfg.n_layers, cfg.n_heads * cfg.head_dim, cfg.n_heads, cfg.head_dim, cfg.ff_inner, cfg.rotary_dim, L);
+    printf("FLOP per sequence forward: %.4g T\n", dit_cuda_forward_flops(&cfg, 1, L) / 1e12);
+
+    void *stream, *e0, *e1;
+    if (cuda_stream_create(&stream) < 0 || cuda_event_create(&e0) < 0 || cuda_event_create(&e1) < 0) die("stream");
+    int max_w = 0;
+    for (int w = 0; w < n_windows; w++)
+        max_w = windows[w] > max_w ? windows[w] : max_w;
+    int max_B = 2 * max_w;
+    size_t per = (size_t)cfg.in_ch * L;
+    float *dx = dev_random(max_B * per, 1.0f), *dcond = dev_random((size_t)L * cfg.cond_dim, 1.0f), *dv;
+    float *dt = dev_random((size_t)max_B, 0.5f);
+    if (cuda_malloc((void **)&dv, 4 * max_B * per) < 0) die("cuda_malloc");
+    const float *cond[2 * 64];
+    for (int b = 0; b < max_B; b++)
+        cond[b] = b % 2 ? NULL : dcond; /* CFG: conditional, unconditional */
+
+    float *x0 = malloc(sizeof(float) * per);
+    float *fin[3], *vfirst[3];
+    for (size_t e = 0; e < per; e++)
+        x0[e] = rnd_unit() * 1.7f;
+    struct row rows[3 * MAX_WINDOWS];
+    int n_rows = 0;
+    double peaks[3];
+    for (int pi = 0; pi < n_prec; pi++) {
+        enum mm3_matmul_precision p = precs[pi];
+        peaks[pi] = gemm_peak(p, stream, e0, e1);
+        printf("%s: dense GEMM 8192^3 %.1f TFLOP/s\n", prec_name(p), peaks[pi]);
+        fflush(stdout);
+        struct dit_cuda *h;
+        if (dit_cuda_load_random(&h, &cfg, p, 1234) < 0) die("dit_cuda_load_random");
+        if (dit_cuda_reserve(h, max_B, L) < 0) die("dit_cuda_reserve");
+        for (int w = 0; w < n_windows; w++) {
+            struct row *r = &rows[n_rows++];
+            r->p = p, r->windows = windows[w], r->B = 2 * windows[w], r->peak = peaks[pi];
+            int rp = p == MM3_MATMUL_FP32 && r->B > 4 ? (reps < 3 ? reps : 3) : reps;
+            time_forward(h, r->B, L, rp, dx, dt, cond, dv, stream, e0, e1, &r->ms, &r->ms_graph);
+            double best = r->ms_graph > 0 && r->ms_graph < r->ms ? r->ms_graph : r->ms;
+            r->s_window = best * 1e-3 * STEPS_PER_WINDOW / r->windows;
+            r->tflops = dit_cuda_forward_flops(&cfg, r->B, L) / (best * 1e-3) / 1e12;
+            printf("%s B %d: %.2f ms eager, %.2f ms graph\n", prec_name(p), r->B, r->ms, r->ms_graph);
+            fflush(stdout);
+        }
+        /* where the time goes, at the smallest and largest batch */
+        breakdown(&cfg, p, rows[n_rows - n_windows].B, L, rows[n_rows - n_windows].ms, stream, e0, e1);
+        if (n_windows > 1) breakdown(&cfg, p, rows[n_rows - 1].B, L, rows[n_rows - 1].ms, stream, e0, e1);
+        fin[pi] = malloc(sizeof(float) * per);
+        vfirst[pi] = malloc(sizeof(float) * per);
+        euler_window(h, L, euler_steps, x0, dcond, fin[pi], vfirst[pi], stream);
+        dit_cuda_free(h);
+    }
+
+    printf("\n| figure | precision | windows (B) | ms / forward (eager, graph) | s / window (30 steps, CFG) "
+           "| TFLOP/s | dense GEMM peak | ratio |\n|---|---|---|---|---|---|---|---|\n");
+    for (int i = 0; i < n_rows; i++) {
+        struct row *r = &rows[i];
+        printf("| DiT forward | %s | %d (%d) | %.1f, %.1f | %.3f | %.1f | %.1f | %.2f |\n", prec_name(r->p), r->windows,
+               r->B, r->ms, r->ms_graph, r->s_window, r->tflops, r->peak, r->tflops / r->peak);
+    }
+    int ref = -1;
+    for (int pi = 0; pi < n_prec; pi++)
+        if (precs[pi] == MM3_MATMUL_FP32) ref = pi;
+    if (ref >= 0)
+        for (int pi = 0; pi < n_prec; pi++) {
+            if (pi == ref) continue;
+            printf("| drift vs fp32 | %s | 1 (2) | first guided velocity rel %.3g | latents after %d Euler steps "
+                   "rel %.3g | | | |\n",
+                   prec_name(precs[pi]), rel_l2(vfirst[pi], vfirst[ref], per), euler_steps,
+                   rel_l2(fin[pi], fin[ref], per));
+        }
+    return 0;
+}
+
+#else
+
+int main(void)
+{
+    fprintf(stderr, "mm3-bench-dit: built without CUDA\n");
+    return 77;
+}
+
+#endif
