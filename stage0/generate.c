@@ -41,9 +41,37 @@ int generate_frame_rate(const char *ckpt_root, double *fps)
     return rc;
 }
 
-int generate_begin(struct generate *g, const struct talker *lm, const struct depth *dd, struct sampler *sp,
-                   const int32_t *ids_pair, int prompt_len, int max_frames, float cfg_scale,
-                   const struct generate_hooks *hooks)
+int generate_batch_init(struct generate_batch *b, int hidden, int cap)
+{
+    memset(b, 0, sizeof *b);
+    b->cap = cap;
+    b->hidden = hidden;
+    b->row = malloc(sizeof(int) * (size_t)cap);
+    b->pos = malloc(sizeof(int) * (size_t)cap);
+    b->emb = malloc(sizeof(float) * (size_t)cap * hidden);
+    b->out = malloc(sizeof(float) * (size_t)cap * hidden);
+    if (!b->row || !b->pos || !b->emb || !b->out) {
+        generate_batch_free(b);
+        return mm3_errorf(-ENOMEM, "generate: out of memory for a batch of %d tokens", cap);
+    }
+    return 0;
+}
+
+void generate_batch_free(struct generate_batch *b)
+{
+    free(b->row), free(b->pos), free(b->emb), free(b->out);
+    memset(b, 0, sizeof *b);
+}
+
+int generate_batch_forward(const struct talker *lm, struct talker_state *ts, struct generate_batch *b)
+{
+    if (b->n == 0) return 0;
+    return talker_forward(lm, ts, b->n, b->row, b->pos, b->emb, b->out);
+}
+
+int generate_attach(struct generate *g, const struct talker *lm, const struct depth *dd, struct sampler *sp,
+                    struct talker_state *ts, int row_c, int row_u, const int32_t *ids_pair, int prompt_len,
+                    int max_frames, float cfg_scale, const struct generate_hooks *hooks)
 {
     memset(g, 0, sizeof *g);
     int H = lm->cfg.hidden, ncb = dd->cfg.n_codebooks, V = dd->cfg.audio_vocab;
@@ -54,45 +82,125 @@ int generate_begin(struct generate *g, const struct talker *lm, const struct dep
         return mm3_errorf(-EINVAL, "prompt of %d tokens: expected 1..%d", prompt_len, GENERATE_MAX_PROMPT);
     if (max_frames < 1 || max_frames > GENERATE_MAX_FRAMES)
         return mm3_errorf(-EINVAL, "frame budget %d: expected 1..%d", max_frames, GENERATE_MAX_FRAMES);
+    if (row_c < 0 || row_u < 0 || row_c >= ts->max_rows || row_u >= ts->max_rows || row_c == row_u)
+        return mm3_errorf(-EINVAL, "generate: rows %d/%d: expected two distinct rows below %d", row_c, row_u,
+                          ts->max_rows);
+    if (prompt_len + max_frames > ts->max_ctx)
+        return mm3_errorf(-EINVAL, "prompt of %d tokens + %d frames exceeds the %d positions of a row", prompt_len,
+                          max_frames, ts->max_ctx);
     g->lm = lm;
     g->dd = dd;
     g->sp = sp;
+    g->ts = ts;
+    g->row[0] = row_c;
+    g->row[1] = row_u;
     if (hooks) g->hooks = *hooks;
     g->cfg_scale = cfg_scale;
     g->prompt_len = prompt_len;
     g->max_frames = max_frames;
+    g->phase = GENERATE_PREFILL;
     size_t work = 2 * (size_t)SAMPLER_C0_COLS + SAMPLER_C0_COLS + 3 * V + 8 * (size_t)H;
     g->hidden = malloc(sizeof(float) * 2 * H);
+    g->fb = malloc(sizeof(float) * 2 * H);
     g->frame = malloc(sizeof(float) * (size_t)ncb * H);
     g->work = malloc(sizeof(float) * work);
     g->codes = malloc(sizeof(int32_t) * ncb);
+    g->ids = malloc(sizeof(int32_t) * 2 * (size_t)prompt_len);
     int rc;
-    if (!g->hidden || !g->frame || !g->work || !g->codes) {
+    if (!g->hidden || !g->fb || !g->frame || !g->work || !g->codes || !g->ids) {
         rc = mm3_errorf(-ENOMEM, "generate: out of memory");
         goto fail;
     }
-    if ((rc = talker_state_init(&g->ts, lm, 2, prompt_len + max_frames)) < 0) goto fail;
+    memcpy(g->ids, ids_pair, sizeof(int32_t) * 2 * (size_t)prompt_len);
     if ((rc = depth_state_init(&g->ds, dd, 2)) < 0) goto fail;
+    return 0;
+fail:
+    generate_end(g);
+    return rc;
+}
 
-    int n = 2 * prompt_len;
-    float *emb = malloc(sizeof(float) * n * H), *out = malloc(sizeof(float) * n * H);
-    int *row = malloc(sizeof(int) * n), *pos = malloc(sizeof(int) * n);
-    if (!emb || !out || !row || !pos)
-        rc = mm3_errorf(-ENOMEM, "generate: out of memory for the prefill");
-    else
-        rc = talker_embed_tokens(lm, ids_pair, n, emb);
-    if (rc == 0) {
-        for (int i = 0; i < n; i++) {
-            row[i] = i / prompt_len;
-            pos[i] = i % prompt_len;
+int generate_feed(struct generate *g, struct generate_batch *b, int budget)
+{
+    int H = g->lm->cfg.hidden;
+    if (g->done) return 0;
+    if (budget > b->cap - b->n) budget = b->cap - b->n;
+    if (g->phase == GENERATE_PREFILL) {
+        int k = g->prompt_len - g->prefilled;
+        if (k > budget / 2) k = budget / 2;
+        if (k <= 0) return 0;
+        g->fed_at = b->n;
+        g->fed_k = k;
+        for (int r = 0; r < 2; r++) {
+            const int32_t *ids = g->ids + (size_t)r * g->prompt_len + g->prefilled;
+            int at = b->n;
+            int rc = talker_embed_tokens(g->lm, ids, k, b->emb + (size_t)at * H);
+            if (rc < 0) {
+                b->n = g->fed_at; /* drop the half-fed pair */
+                g->fed_k = 0;
+                g->done = 1;
+                return rc;
+            }
+            for (int i = 0; i < k; i++) {
+                b->row[at + i] = g->row[r];
+                b->pos[at + i] = g->prefilled + i;
+            }
+            b->n += k;
         }
-        rc = talker_forward(lm, &g->ts, n, row, pos, emb, out);
+        return 2 * k;
     }
-    if (rc == 0) {
-        memcpy(g->hidden, out + (size_t)(prompt_len - 1) * H, sizeof(float) * H);
-        memcpy(g->hidden + H, out + (size_t)(2 * prompt_len - 1) * H, sizeof(float) * H);
+    if (g->phase != GENERATE_FEED || budget < 2) return 0;
+    g->fed_at = b->n;
+    g->fed_k = 1;
+    memcpy(b->emb + (size_t)b->n * H, g->fb, sizeof(float) * 2 * H);
+    for (int r = 0; r < 2; r++) {
+        b->row[b->n + r] = g->row[r];
+        b->pos[b->n + r] = g->prompt_len + g->step;
     }
-    free(emb), free(out), free(row), free(pos);
+    b->n += 2;
+    return 2;
+}
+
+void generate_take(struct generate *g, const struct generate_batch *b)
+{
+    int H = g->lm->cfg.hidden, k = g->fed_k;
+    if (k == 0) return;
+    g->fed_k = 0;
+    if (g->phase == GENERATE_PREFILL) {
+        g->prefilled += k;
+        if (g->prefilled < g->prompt_len) return;
+        memcpy(g->hidden, b->out + (size_t)(g->fed_at + k - 1) * H, sizeof(float) * H);
+        memcpy(g->hidden + H, b->out + (size_t)(g->fed_at + 2 * k - 1) * H, sizeof(float) * H);
+    } else {
+        memcpy(g->hidden, b->out + (size_t)g->fed_at * H, sizeof(float) * 2 * H);
+        g->step++;
+    }
+    g->phase = GENERATE_SAMPLE;
+}
+
+int generate_begin(struct generate *g, const struct talker *lm, const struct depth *dd, struct sampler *sp,
+                   const int32_t *ids_pair, int prompt_len, int max_frames, float cfg_scale,
+                   const struct generate_hooks *hooks)
+{
+    memset(g, 0, sizeof *g);
+    if (prompt_len < 1 || prompt_len > GENERATE_MAX_PROMPT)
+        return mm3_errorf(-EINVAL, "prompt of %d tokens: expected 1..%d", prompt_len, GENERATE_MAX_PROMPT);
+    if (max_frames < 1 || max_frames > GENERATE_MAX_FRAMES)
+        return mm3_errorf(-EINVAL, "frame budget %d: expected 1..%d", max_frames, GENERATE_MAX_FRAMES);
+    struct talker_state own;
+    int rc = talker_state_init(&own, lm, 2, prompt_len + max_frames);
+    if (rc < 0) return rc;
+    rc = generate_attach(g, lm, dd, sp, &own, 0, 1, ids_pair, prompt_len, max_frames, cfg_scale, hooks);
+    if (rc < 0) {
+        talker_state_free(&own);
+        return rc;
+    }
+    g->own_ts = own;
+    g->ts = &g->own_ts;
+    struct generate_batch b;
+    if ((rc = generate_batch_init(&b, lm->cfg.hidden, 2 * prompt_len)) < 0) goto fail;
+    if ((rc = generate_feed(g, &b, 2 * prompt_len)) > 0 && (rc = generate_batch_forward(lm, g->ts, &b)) == 0)
+        generate_take(g, &b);
+    generate_batch_free(&b);
     if (rc < 0) goto fail;
     return 0;
 fail:
@@ -116,7 +224,10 @@ static int depth_frame(struct generate *g, int s)
         if ((rc = depth_step(dd, &g->ds, 2, x, j, y)) < 0) return rc;
         memcpy(g->frame + (size_t)j * H, y, sizeof(float) * H);
         depth_logits(dd, j, y, 2, lg);
-        sampler_cfg_blend(gd, lg, lg + V, V, g->cfg_scale);
+        if (g->cfg_scale > 1.0f)
+            sampler_cfg_blend(gd, lg, lg + V, V, g->cfg_scale);
+        else /* guidance off: the conditional logits as they are */
+            memcpy(gd, lg, sizeof(float) * V);
         if (g->hooks.on_draw) g->hooks.on_draw(g->hooks.ctx, s, j, gd, V);
         int col;
         if ((rc = sampler_draw(g->sp, gd, V, (uint32_t)(ncb * s + j), &col)) < 0) return rc;
@@ -130,14 +241,23 @@ static int depth_frame(struct generate *g, int s)
     return 0;
 }
 
-int generate_step(struct generate *g)
+int generate_sample(struct generate *g)
 {
     if (g->done) return 0;
+    if (g->phase != GENERATE_SAMPLE)
+        return mm3_errorf(-EINVAL, "generate: sample called at step %d before the hidden pair is ready", g->step);
     const struct talker *lm = g->lm;
     int H = lm->cfg.hidden, ncb = g->dd->cfg.n_codebooks, s = g->step;
     float *logits = g->work, *guided = g->work + 2 * (size_t)SAMPLER_C0_COLS;
     talker_head_drawable(lm, g->hidden, 2, logits);
-    sampler_c0_guide(guided, logits, logits + SAMPLER_C0_COLS, SAMPLER_C0_COLS, g->cfg_scale, SAMPLER_TOP_K);
+    if (g->cfg_scale > 1.0f) {
+        sampler_c0_guide(guided, logits, logits + SAMPLER_C0_COLS, SAMPLER_C0_COLS, g->cfg_scale, SAMPLER_TOP_K);
+    } else {
+        /* Guidance off (cfg_scale <= 1): u + (c - u) * 1 is not c in float, and the
+         * reference skips the blend; the unconditional row is computed but unused. */
+        memcpy(guided, logits, sizeof(float) * SAMPLER_C0_COLS);
+        sampler_topk_mask(guided, SAMPLER_C0_COLS, SAMPLER_TOP_K);
+    }
     if (g->hooks.on_draw) g->hooks.on_draw(g->hooks.ctx, s, 0, guided, SAMPLER_C0_COLS);
     int col, rc;
     if ((rc = sampler_draw(g->sp, guided, SAMPLER_C0_COLS, (uint32_t)(ncb * s), &col)) < 0) goto fail;
@@ -160,28 +280,42 @@ int generate_step(struct generate *g)
             return 0;
         }
     }
-    float *fb = g->work + 3 * (size_t)SAMPLER_C0_COLS; /* free again after the depth frame */
-    if ((rc = talker_feedback_embedding(lm, g->dd, g->codes, fb)) < 0) goto fail;
-    memcpy(fb + H, fb, sizeof(float) * H);
-    int row[2] = {0, 1}, pos[2] = {g->prompt_len + s, g->prompt_len + s};
-    if ((rc = talker_forward(lm, &g->ts, 2, row, pos, fb, g->hidden)) < 0) goto fail;
-    g->step++;
+    if ((rc = talker_feedback_embedding(lm, g->dd, g->codes, g->fb)) < 0) goto fail;
+    memcpy(g->fb + H, g->fb, sizeof(float) * H);
+    g->phase = GENERATE_FEED;
     return 0;
 fail:
     g->done = 1;
     return rc;
 }
 
+int generate_step(struct generate *g)
+{
+    int rc = generate_sample(g);
+    if (rc < 0 || g->done) return rc;
+    int row[2] = {g->row[0], g->row[1]}, pos[2] = {g->prompt_len + g->step, g->prompt_len + g->step};
+    if ((rc = talker_forward(g->lm, g->ts, 2, row, pos, g->fb, g->hidden)) < 0) {
+        g->done = 1;
+        return rc;
+    }
+    g->step++;
+    g->phase = GENERATE_SAMPLE;
+    return 0;
+}
+
 void generate_end(struct generate *g)
 {
-    talker_state_free(&g->ts);
+    if (g->ts == &g->own_ts) talker_state_free(&g->own_ts);
+    g->ts = NULL;
     depth_state_free(&g->ds);
     free(g->hidden);
+    free(g->fb);
     free(g->frame);
     free(g->work);
     free(g->codes);
-    g->hidden = g->frame = g->work = NULL;
-    g->codes = NULL;
+    free(g->ids);
+    g->hidden = g->fb = g->frame = g->work = NULL;
+    g->codes = g->ids = NULL;
 }
 
 int window_count(int n_frames)

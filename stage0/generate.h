@@ -10,7 +10,20 @@
  * of the current hidden pair, run the depth decoder for c1.., emit the frame
  * [LM hidden | depth hiddens] of the conditional row when s > 0 (the draw at
  * <|audio_start|> is fed back but not emitted), feed the frame embedding to both
- * rows. Frames go out through hooks.on_frame as they are produced. */
+ * rows. Frames go out through hooks.on_frame as they are produced.
+ *
+ * Batched (continuous batching, stage0/scheduler.c): the same step split in three so
+ * that many requests share one talker_forward over a shared talker_state:
+ *
+ *     generate_attach(&g, &lm, &dd, &sampler, &shared, row_c, row_u, ids_pair, P, ...);
+ *     each step:  b.n = 0;
+ *                 generate_feed(&g, &b, budget);        // prefill chunk or 2 feedback tokens
+ *                 generate_batch_forward(&lm, &shared, &b);  // one forward for everybody
+ *                 generate_take(&g, &b);
+ *                 if (g.phase == GENERATE_SAMPLE) generate_sample(&g);   // draws + frame
+ *
+ * generate_begin/step are exactly attach + feed/forward/take + sample on a private
+ * 2-row state, so both paths give the same frames bit for bit. */
 #ifndef MM3_STAGE0_GENERATE_H
 #define MM3_STAGE0_GENERATE_H
 
@@ -36,20 +49,48 @@ struct generate_hooks {
     void (*on_draw)(void *ctx, int s, int j, const float *guided, int n);
 };
 
+/* Tokens of several requests for one talker_forward (continuous batching):
+ * each request appends its tokens with generate_feed(), the caller runs
+ * generate_batch_forward(), and each request takes its hiddens back with
+ * generate_take(). */
+struct generate_batch {
+    int n, cap, hidden;
+    int *row, *pos;
+    float *emb, *out; /* [cap, hidden] each */
+};
+
+int generate_batch_init(struct generate_batch *b, int hidden, int cap);
+void generate_batch_free(struct generate_batch *b);
+int generate_batch_forward(const struct talker *lm, struct talker_state *ts, struct generate_batch *b);
+
+/* Where a request is between the steps of a batched loop. */
+enum generate_phase {
+    GENERATE_PREFILL = 0, /* prompt tokens left to feed */
+    GENERATE_SAMPLE,      /* hidden pair ready: generate_sample() next */
+    GENERATE_FEED,        /* feedback embedding ready: generate_feed() next */
+};
+
 struct generate {
     const struct talker *lm;
     const struct depth *dd;
     struct sampler *sp;
     struct generate_hooks hooks;
-    struct talker_state ts;
+    struct talker_state *ts; /* shared (attach) or &own_ts (begin) */
+    struct talker_state own_ts;
     struct depth_state ds;
+    int row[2]; /* KV rows of (cond, uncond) in ts */
     float cfg_scale;
     int prompt_len, max_frames;
-    int step;     /* next LM step */
-    int n_frames; /* frames emitted so far */
+    int32_t *ids;  /* [2, prompt_len] copy of the prompt pair */
+    int prefilled; /* prompt tokens of each row already in the cache */
+    enum generate_phase phase;
+    int fed_at, fed_k; /* this request's slice of the current batch: offset, tokens per row */
+    int step;          /* next LM step */
+    int n_frames;      /* frames emitted so far */
     int done;
     enum generate_stop stop;
     float *hidden;  /* [2, hidden]: post-norm LM hidden of (cond, uncond) */
+    float *fb;      /* [2, hidden]: feedback embedding for the next forward */
     float *frame;   /* [n_codebooks * hidden] */
     float *work;    /* scratch: logits, depth hiddens, embeddings */
     int32_t *codes; /* c0..c{n-1} drawn by the last step (also step 0's, which is not emitted) */
@@ -62,14 +103,38 @@ int generate_frame_budget(double duration_s, double frame_rate, int *max_frames)
 /* AR frame rate of the checkpoint: condition_encoder input_sampling_rate / input_hop_length. */
 int generate_frame_rate(const char *ckpt_root, double *fps);
 
-/* Prefill both rows of ids_pair[2, P] (row 0 conditional) and get ready for step 0. */
+/* Batched use: bind a request to rows row_c / row_u of a shared talker_state
+ * (whose max_ctx must hold prompt_len + max_frames). Nothing runs yet; the
+ * request starts in GENERATE_PREFILL. ids_pair is copied. */
+int generate_attach(struct generate *g, const struct talker *lm, const struct depth *dd, struct sampler *sp,
+                    struct talker_state *ts, int row_c, int row_u, const int32_t *ids_pair, int prompt_len,
+                    int max_frames, float cfg_scale, const struct generate_hooks *hooks);
+
+/* Append this request's tokens for the next forward: in PREFILL the next
+ * k = min(left, budget / 2) prompt tokens of BOTH rows (pairs stay step-locked),
+ * in FEED the two feedback tokens (budget >= 2 needed). Returns the number of
+ * tokens appended (0: nothing to feed now, or the budget is too small), or
+ * -EINVAL for a prompt id outside the vocabulary (the request is then done). */
+int generate_feed(struct generate *g, struct generate_batch *b, int budget);
+
+/* After generate_batch_forward: take the hiddens of the slice fed last. */
+void generate_take(struct generate *g, const struct generate_batch *b);
+
+/* One LM step's draws (c0, depth codes), the frame (s > 0) and the feedback
+ * embedding; phase SAMPLE -> FEED, or done. */
+int generate_sample(struct generate *g);
+
+/* Prefill both rows of ids_pair[2, P] (row 0 conditional) and get ready for step 0
+ * (own 2-row state; attach + one whole-prompt feed + forward). */
 int generate_begin(struct generate *g, const struct talker *lm, const struct depth *dd, struct sampler *sp,
                    const int32_t *ids_pair, int prompt_len, int max_frames, float cfg_scale,
                    const struct generate_hooks *hooks);
 
-/* One LM step; emits 0 or 1 frame; sets g->done and g->stop when generation ends. */
+/* One LM step (sample + forward of the feedback); emits 0 or 1 frame; sets g->done
+ * and g->stop when generation ends. */
 int generate_step(struct generate *g);
 
+/* Free what begin/attach allocated (the shared state stays). */
 void generate_end(struct generate *g);
 
 /* Window plan for T frames: [0] if T <= 200 else range(0, T-100, 100). */

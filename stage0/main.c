@@ -8,28 +8,43 @@
  *       every draw (lm_sampled, depth_sampled, as in the golden cases) so that the
  *       output can be fed back with --replay (forced draws instead of the seed).
  *
- * Argument parsing is one function, each mode another (server mode slots in beside). */
+ *   mm3-stage0 --config DEPLOY.yaml [--model DIR] [--port N]
+ *       the server: scheduler + connectors to stage 1 + HTTP API (docs/operations.md).
+ *       Prints "READY stage0 http://HOST:PORT" once serving (and creates
+ *       $MM3_READY_FILE); SIGINT/SIGTERM stop it: in-flight requests fail with 503,
+ *       both channels are closed (no segment left), exit 0.
+ *
+ * Argument parsing is one function, each mode another. */
 #include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "common/deploy.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "common/safetensors.h"
 #include "common/sampler.h"
 #include "common/sampler_replay.h"
+#include "stage0/engine.h"
 #include "stage0/generate.h"
 #include "stage0/generate_prompt.h"
 #include "stage0/golden.h"
+#include "stage0/http_server.h"
+#include "stage0/tokenizer.h"
 
-enum stage0_mode { MODE_NONE = 0, MODE_GOLDEN, MODE_GENERATE };
+enum stage0_mode { MODE_NONE = 0, MODE_GOLDEN, MODE_GENERATE, MODE_SERVE };
 
 struct stage0_args {
     enum stage0_mode mode;
     const char *golden_dir;
     const char *backend;
-    const char *model, *caption, *lyrics_file, *frames_out, *replay;
+    const char *model, *caption, *lyrics_file, *frames_out, *replay, *config;
+    int port; /* -1 = the deploy file's */
     double duration;
     uint64_t seed;
     int seed_given;
@@ -39,7 +54,8 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: mm3-stage0 --golden DIR [--backend cpu]\n"
                "       mm3-stage0 --model CKPT --caption TEXT --lyrics-file F [--duration S] [--seed N | --replay F]\n"
-               "                  --frames-out FILE.safetensors [--backend cpu]\n");
+               "                  --frames-out FILE.safetensors [--backend cpu]\n"
+               "       mm3-stage0 --config DEPLOY.yaml [--model DIR] [--port N]\n");
 }
 
 static int parse_u64(const char *s, uint64_t *out)
@@ -58,6 +74,7 @@ static int parse_args(int argc, char **argv, struct stage0_args *a)
     memset(a, 0, sizeof *a);
     a->backend = "cpu";
     a->duration = 60.0;
+    a->port = -1;
     for (int i = 1; i < argc; i++) {
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(k, "--help") || !strcmp(k, "-h")) {
@@ -80,7 +97,14 @@ static int parse_args(int argc, char **argv, struct stage0_args *a)
             a->frames_out = v;
         else if (!strcmp(k, "--replay"))
             a->replay = v;
-        else if (!strcmp(k, "--duration")) {
+        else if (!strcmp(k, "--config"))
+            a->config = v;
+        else if (!strcmp(k, "--port")) {
+            char *end;
+            long p = strtol(v, &end, 10);
+            if (*end || !*v || p < 0 || p > 65535) return mm3_errorf(-EINVAL, "--port %s: expected 0..65535", v);
+            a->port = (int)p;
+        } else if (!strcmp(k, "--duration")) {
             char *end;
             a->duration = strtod(v, &end);
             if (*end || !(a->duration > 0)) return mm3_errorf(-EINVAL, "--duration %s: expected seconds > 0", v);
@@ -93,7 +117,13 @@ static int parse_args(int argc, char **argv, struct stage0_args *a)
     }
     if (strcmp(a->backend, "cpu"))
         return mm3_errorf(-EINVAL, "--backend %s: only 'cpu' is available in this build", a->backend);
-    if (a->golden_dir) {
+    if (a->config) {
+        if (a->golden_dir || a->caption || a->lyrics_file || a->frames_out || a->replay || a->seed_given)
+            return mm3_errorf(-EINVAL, "--config runs the server: it takes only --model and --port");
+        a->mode = MODE_SERVE;
+    } else if (a->port >= 0) {
+        return mm3_errorf(-EINVAL, "--port needs --config");
+    } else if (a->golden_dir) {
         if (a->model) return mm3_errorf(-EINVAL, "--golden and --model are separate modes");
         a->mode = MODE_GOLDEN;
     } else if (a->model) {
@@ -102,7 +132,7 @@ static int parse_args(int argc, char **argv, struct stage0_args *a)
         if (a->replay && a->seed_given) return mm3_errorf(-EINVAL, "--seed and --replay are exclusive");
         a->mode = MODE_GENERATE;
     } else {
-        return mm3_errorf(-EINVAL, "nothing to do: give --golden DIR or --model CKPT");
+        return mm3_errorf(-EINVAL, "nothing to do: give --golden DIR, --model CKPT or --config DEPLOY.yaml");
     }
     return 0;
 }
@@ -253,6 +283,140 @@ fail_early:
     return 1;
 }
 
+/* ---- server mode ---- */
+
+struct serve_state {
+    struct mm3_deploy d;
+    struct talker lm;
+    struct depth dd;
+    struct tokenizer *tok;
+    struct engine *eng;
+    struct http_server *srv;
+    int have_lm, have_dd;
+};
+
+static int serve_load(struct serve_state *st, const struct stage0_args *a)
+{
+    int rc;
+    if ((rc = mm3_deploy_load(&st->d, a->config)) < 0) return rc;
+    if (a->model && (rc = mm3_deploy_set_model(&st->d, a->model)) < 0) return rc;
+    if (st->d.backend == MM3_BACKEND_CUDA)
+        return mm3_errorf(-ENOTSUP,
+                          "%s: backend: cuda: the CUDA stage-0 path is not built yet; use backend: cpu (or auto, "
+                          "which picks the CPU here)",
+                          st->d.source);
+    if ((rc = mm3_deploy_resolve_backend(&st->d, false)) < 0) return rc;
+    if (!st->d.model[0])
+        return mm3_errorf(-EINVAL, "%s: model: no checkpoint directory; set `model:` or pass --model", st->d.source);
+    const char *root = st->d.model;
+    char path[MM3_DEPLOY_PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/tokenizer/tokenizer.json", root);
+    if ((rc = tokenizer_load(&st->tok, path)) < 0) return rc;
+    if ((rc = talker_load(&st->lm, root)) < 0) return rc;
+    st->have_lm = 1;
+    if ((rc = depth_load(&st->dd, root)) < 0) return rc;
+    st->have_dd = 1;
+    LOG_INFO("loaded %s: talker %d layers x %d hidden, %d codebooks", root, st->lm.cfg.n_layers, st->lm.cfg.hidden,
+             st->dd.cfg.n_codebooks);
+    return 0;
+}
+
+static void serve_free(struct serve_state *st)
+{
+    http_server_stop(st->srv);
+    engine_destroy(st->eng);
+    if (st->have_lm) talker_free(&st->lm);
+    if (st->have_dd) depth_free(&st->dd);
+    tokenizer_free(st->tok);
+    mm3_deploy_free(&st->d);
+}
+
+static int ready_file(const char *url)
+{
+    const char *f = getenv("MM3_READY_FILE");
+    if (!f || !*f) return 0;
+    int fd = open(f, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return mm3_errorf(-errno, "MM3_READY_FILE %s: cannot create: %s", f, strerror(errno));
+    char line[256];
+    int n = snprintf(line, sizeof line, "%s\n", url);
+    ssize_t w = write(fd, line, (size_t)n);
+    close(fd);
+    if (w != n) return mm3_errorf(-EIO, "MM3_READY_FILE %s: write failed", f);
+    return 0;
+}
+
+static double env_seconds(const char *name, double dflt)
+{
+    const char *v = getenv(name);
+    if (!v || !*v) return dflt;
+    char *end;
+    double x = strtod(v, &end);
+    if (*end || !(x >= 0)) {
+        LOG_WARN("%s=%s: expected seconds >= 0, using %g", name, v, dflt);
+        return dflt;
+    }
+    return x;
+}
+
+static int run_serve(const struct stage0_args *a)
+{
+    /* Signals are taken by sigwait here; every thread started below inherits the mask. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    struct serve_state *st = calloc(1, sizeof *st);
+    if (!st) {
+        fprintf(stderr, "mm3-stage0: out of memory\n");
+        return 1;
+    }
+    mm3_deploy_init_defaults(&st->d);
+    int rc = serve_load(st, a);
+    const char *prefix = getenv("MM3_SHM_PREFIX");
+    if (rc == 0 && prefix && (strlen(prefix) > 31 || strchr(prefix, '/')))
+        rc = mm3_errorf(-EINVAL, "MM3_SHM_PREFIX '%s': expected at most 31 bytes without '/'", prefix);
+    double fps = 0;
+    if (rc == 0) rc = generate_frame_rate(st->d.model, &fps);
+    if (rc == 0) rc = engine_create(&st->eng, &st->d, &st->lm, &st->dd, st->tok, st->d.model, prefix ? prefix : "");
+    if (rc == 0) rc = engine_start(st->eng, env_seconds("MM3_STAGE1_WAIT_S", 30.0));
+    struct http_server_config hc;
+    http_server_config_default(&hc);
+    http_server_config_from_deploy(&hc, &st->d.api);
+    if (a->port >= 0) hc.port = (uint16_t)a->port;
+    const struct mm3_stage_config *s0 = mm3_deploy_stage(&st->d, 0);
+    int cap = (int)(s0->max_tokens - MM3_DEPLOY_EXTRA_AR_STEPS);
+    if (cap > GENERATE_MAX_FRAMES) cap = GENERATE_MAX_FRAMES;
+    hc.limits.frame_rate = fps;
+    hc.limits.max_frames = cap;
+    if (hc.limits.default_frames > cap) hc.limits.default_frames = cap;
+    if (rc == 0) rc = http_server_start(&st->srv, &hc, engine_api(st->eng));
+    char url[160] = "";
+    if (rc == 0) {
+        snprintf(url, sizeof url, "http://%s:%u", hc.host, (unsigned)http_server_port(st->srv));
+        rc = ready_file(url);
+    }
+    if (rc < 0) {
+        fprintf(stderr, "mm3-stage0: %s\n", mm3_last_error());
+        serve_free(st);
+        free(st);
+        return 1;
+    }
+    printf("READY stage0 %s\n", url);
+    fflush(stdout);
+    LOG_INFO("serving on %s (stage 1 %s)", url, engine_stage1_up(st->eng) ? "attached" : "not attached yet");
+    int sig = 0;
+    while (sigwait(&sigs, &sig) != 0) {
+    }
+    LOG_INFO("signal %d: stopping (in-flight requests fail with 503)", sig);
+    serve_free(st);
+    free(st);
+    LOG_INFO("stopped");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     mm3_log_set_tag("stage0");
@@ -267,6 +431,8 @@ int main(int argc, char **argv)
         return run_golden(&a);
     case MODE_GENERATE:
         return run_generate(&a);
+    case MODE_SERVE:
+        return run_serve(&a);
     default:
         return 2;
     }

@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# Start one mm3 replica (stage 1, then stage 0) from a deploy file and supervise it.
+#
+#   scripts/launch.sh DEPLOY.yaml [--model DIR] [--port N]
+#
+# Prints "READY http://HOST:PORT" on stdout once both stages are ready (their logs go
+# to stderr). Supervision (docs/operations.md, "The launcher"):
+#   - stage 1 dies: its in-flight requests fail in stage 0 (which stays up and says
+#     "stage1 down" on /health); stage 1 is restarted after a back-off of 1, 2, 4, ...
+#     up to 10 s, at most MM3_STAGE1_MAX_RESTARTS times (default 5) per 60 s; beyond
+#     that the launcher stops stage 0 and exits 1.
+#   - stage 0 dies: stage 1 is stopped and the launcher exits 1 (the operator's
+#     supervisor restarts the pair).
+#   - SIGINT / SIGTERM: forwarded to both stages, which drain and exit; the launcher
+#     exits 0 and leaves no /dev/shm segment with the prefix.
+# Environment: MM3_BIN_DIR (default <repo>/build/bin), MM3_SHM_PREFIX (default mm3-),
+# MM3_LAUNCH_TIMEOUT_S (start-up limit, default 300), MM3_STAGE1_MAX_RESTARTS,
+# MM3_RUN_DIR (where the launcher keeps ready files and stageN.pid; default a fresh
+# temporary folder, removed at exit).
+set -u
+
+usage() { echo "usage: launch.sh DEPLOY.yaml [--model DIR] [--port N]" >&2; }
+log() { echo "launch: $*" >&2; }
+
+[ $# -ge 1 ] || { usage; exit 2; }
+case "$1" in -h|--help) usage; exit 0 ;; esac
+deploy=$1
+shift
+[ -r "$deploy" ] || { log "deploy file $deploy: cannot read it"; exit 2; }
+model_args=()
+port_args=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --model) [ $# -ge 2 ] || { usage; exit 2; }; model_args=(--model "$2"); shift 2 ;;
+        --port) [ $# -ge 2 ] || { usage; exit 2; }; port_args=(--port "$2"); shift 2 ;;
+        *) log "unknown option $1"; usage; exit 2 ;;
+    esac
+done
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin=${MM3_BIN_DIR:-$root/build/bin}
+for p in mm3-stage0 mm3-stage1; do
+    [ -x "$bin/$p" ] || { log "$bin/$p not found: build first or set MM3_BIN_DIR"; exit 2; }
+done
+export MM3_SHM_PREFIX=${MM3_SHM_PREFIX:-mm3-}
+timeout_s=${MM3_LAUNCH_TIMEOUT_S:-300}
+max_restarts=${MM3_STAGE1_MAX_RESTARTS:-5}
+if [ -n "${MM3_RUN_DIR:-}" ]; then
+    run=$MM3_RUN_DIR
+    mkdir -p "$run" || exit 2
+    own_run=0
+else
+    run=$(mktemp -d "${TMPDIR:-/tmp}/mm3-launch.XXXXXX") || exit 2
+    own_run=1
+fi
+
+s0=0
+s1=0
+stopping=0
+
+alive() { [ "$1" -gt 0 ] && kill -0 "$1" 2>/dev/null; }
+
+start_stage1() {
+    rm -f "$run/stage1.ready"
+    MM3_READY_FILE=$run/stage1.ready "$bin/mm3-stage1" --config "$deploy" "${model_args[@]}" >&2 &
+    s1=$!
+    echo "$s1" > "$run/stage1.pid"
+    log "stage 1 started (pid $s1)"
+}
+
+start_stage0() {
+    rm -f "$run/stage0.ready"
+    MM3_READY_FILE=$run/stage0.ready "$bin/mm3-stage0" --config "$deploy" "${model_args[@]}" "${port_args[@]}" >&2 &
+    s0=$!
+    echo "$s0" > "$run/stage0.pid"
+    log "stage 0 started (pid $s0)"
+}
+
+# TERM both, wait up to 30 s, then KILL; remove what a killed stage left in /dev/shm.
+stop_all() {
+    local p t
+    for p in $s0 $s1; do alive "$p" && kill -TERM "$p" 2>/dev/null; done
+    for t in $(seq 300); do
+        alive "$s0" || alive "$s1" || break
+        sleep 0.1
+    done
+    for p in $s0 $s1; do
+        if alive "$p"; then
+            log "pid $p did not stop within 30 s: killing it"
+            kill -KILL "$p" 2>/dev/null
+        fi
+    done
+    wait 2>/dev/null
+    # Both stages are gone, so any segment of ours is stale.
+    rm -f "/dev/shm/${MM3_SHM_PREFIX}s0_to_s1" "/dev/shm/${MM3_SHM_PREFIX}s1_to_s0"
+    [ "$own_run" = 1 ] && rm -rf "$run"
+}
+
+trap 'stopping=1' INT TERM
+
+start_stage1
+start_stage0
+
+# Start-up: both ready files within the limit, or a clear error and cleanup.
+deadline=$((SECONDS + timeout_s))
+while :; do
+    [ "$stopping" = 1 ] && { stop_all; exit 0; }
+    [ -s "$run/stage0.ready" ] && [ -e "$run/stage1.ready" ] && break
+    if ! alive "$s1"; then
+        wait "$s1"; rc=$?
+        log "stage 1 exited with status $rc while starting (see its log above)"
+        stop_all
+        exit 1
+    fi
+    if ! alive "$s0"; then
+        wait "$s0"; rc=$?
+        log "stage 0 exited with status $rc while starting (see its log above)"
+        stop_all
+        exit 1
+    fi
+    if [ "$SECONDS" -ge "$deadline" ]; then
+        log "the stages were not ready within ${timeout_s} s (MM3_LAUNCH_TIMEOUT_S)"
+        stop_all
+        exit 1
+    fi
+    sleep 0.1
+done
+url=$(head -n 1 "$run/stage0.ready")
+echo "READY $url"
+log "API at $url"
+
+restarts=()
+while :; do
+    if [ "$stopping" = 1 ]; then
+        log "stopping both stages"
+        stop_all
+        exit 0
+    fi
+    if ! alive "$s0"; then
+        wait "$s0" 2>/dev/null; rc=$?
+        log "stage 0 died (status $rc): stopping stage 1; the replica must be restarted as a whole"
+        s0=0
+        stop_all
+        exit 1
+    fi
+    if ! alive "$s1"; then
+        wait "$s1" 2>/dev/null; rc=$?
+        now=$SECONDS
+        kept=()
+        for t in "${restarts[@]}"; do [ $((now - t)) -lt 60 ] && kept+=("$t"); done
+        restarts=("${kept[@]}")
+        if [ "${#restarts[@]}" -ge "$max_restarts" ]; then
+            log "stage 1 died (status $rc) ${#restarts[@]} times within 60 s: giving up, stopping stage 0"
+            s1=0
+            stop_all
+            exit 1
+        fi
+        backoff=$((1 << ${#restarts[@]}))
+        [ "$backoff" -gt 10 ] && backoff=10
+        log "stage 1 died (status $rc): its requests failed; restarting it in ${backoff} s"
+        restarts+=("$now")
+        s1=0
+        for t in $(seq $((backoff * 10))); do
+            [ "$stopping" = 1 ] && break
+            alive "$s0" || break
+            sleep 0.1
+        done
+        [ "$stopping" = 1 ] && continue
+        alive "$s0" || continue
+        start_stage1
+        continue
+    fi
+    # Wakes on a child's exit or a signal; the timeout keeps the loop honest.
+    wait -n 2>/dev/null || sleep 0.1
+done

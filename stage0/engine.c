@@ -1,0 +1,716 @@
+#include "stage0/engine.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/error.h"
+#include "common/frame_mix.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "common/pipeline_proto.h"
+#include "shmconn/shmconn.h"
+#include "stage0/scheduler.h"
+#include "stage1/server.h" /* S1_CHANNEL_*: the channel geometry both stages must share */
+
+/* Frames per FRAMES message when a held song (async_chunk: false) is sent at its end. */
+#define HELD_FRAMES_PER_MSG 100
+/* How long the receiver waits for a slow client before failing its job. */
+#define PCM_PUSH_TIMEOUT_MS 30000
+
+/* Stage-1 side of one job: from START until DONE / ERROR / cancel / loss. */
+struct eng_req {
+    int refs;            /* the table's + each thread using it (under engine.mu) */
+    struct mm3_job *job; /* one reference */
+    uint32_t chunk;      /* next chunk index (step thread only) */
+    float *held;         /* async_chunk false: frames kept until the end */
+    int n_held, cap_held;
+    struct eng_req *next;
+};
+
+struct engine {
+    const struct mm3_deploy *d;
+    const struct talker *lm;
+    const struct depth *dd;
+    struct sched *sched;
+    struct api_engine api;
+    struct frame_mix mix;
+    int raw_width;
+    float *mixed; /* [HELD_FRAMES_PER_MSG, hidden] step-thread scratch */
+    char prefix[32];
+    struct shmconn_config cfg_out, cfg_in;
+    double send_timeout_s;
+    int raw;   /* MM3_STAGE0_RAW_FRAMES=1: send unmixed frames (premixed 0), to compare */
+    int width; /* floats per frame sent: mix.hidden, or raw_width when raw */
+
+    pthread_rwlock_t conn_mu; /* read: any use of a handle (they are thread-safe); write: swapping them */
+    shmconn_t *out, *in;
+    _Atomic int s1_up;
+    _Atomic int stopping;
+
+    pthread_mutex_t mu; /* guards reqs, n_reqs */
+    struct eng_req *reqs;
+    int n_reqs, max_reqs; /* songs stage 1 holds at once (its own bound) */
+    pthread_t rx;
+    int rx_started;
+};
+
+static void channel_config(const struct mm3_deploy *d, const char *name, const char *prefix, struct shmconn_config *c)
+{
+    const struct mm3_connector_config *k = mm3_deploy_edge_connector(d);
+    memset(c, 0, sizeof *c);
+    snprintf(c->name, sizeof c->name, "%s", name);
+    snprintf(c->prefix, sizeof c->prefix, "%s", prefix);
+    c->shm_threshold_bytes = (uint64_t)k->shm_threshold_bytes;
+    c->payload_bytes = S1_CHANNEL_PAYLOAD_BYTES;
+    c->n_slots = S1_CHANNEL_SLOTS;
+    c->first_chunk_deadline_s = mm3_connector_first_chunk_deadline_s(k);
+    c->steady_deadline_s = mm3_connector_steady_deadline_s(k);
+    c->wait_slice_s = k->get_sleep_s;
+}
+
+/* ---- the request table ---- */
+
+static void req_add(struct engine *e, struct eng_req *r)
+{
+    pthread_mutex_lock(&e->mu);
+    r->next = e->reqs;
+    e->reqs = r;
+    e->n_reqs++;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Unlink the entry of job id (NULL if gone); the caller owns it then. */
+static struct eng_req *req_take(struct engine *e, uint64_t id)
+{
+    pthread_mutex_lock(&e->mu);
+    struct eng_req **pp = &e->reqs, *r;
+    while ((r = *pp) && r->job->id != id)
+        pp = &r->next;
+    if (r) {
+        *pp = r->next;
+        e->n_reqs--;
+    }
+    pthread_mutex_unlock(&e->mu);
+    return r;
+}
+
+/* A referenced job of id, without unlinking (NULL if gone). */
+static struct mm3_job *req_job(struct engine *e, uint64_t id)
+{
+    pthread_mutex_lock(&e->mu);
+    struct eng_req *r = e->reqs;
+    while (r && r->job->id != id)
+        r = r->next;
+    struct mm3_job *j = r ? r->job : NULL;
+    if (j) mm3_job_ref(j);
+    pthread_mutex_unlock(&e->mu);
+    return j;
+}
+
+static struct eng_req *req_find_locked(struct engine *e, struct mm3_job *job)
+{
+    struct eng_req *r = e->reqs;
+    while (r && r->job != job)
+        r = r->next;
+    return r;
+}
+
+/* Drop a reference to an entry (the one req_take handed over, or req_get's). */
+static void req_put(struct engine *e, struct eng_req *r)
+{
+    pthread_mutex_lock(&e->mu);
+    int last = --r->refs == 0;
+    pthread_mutex_unlock(&e->mu);
+    if (!last) return;
+    mm3_job_unref(r->job);
+    free(r->held);
+    free(r);
+}
+
+/* The entry of a job with a reference for the caller, so that the receiver may
+ * unlink it meanwhile (NULL if gone). */
+static struct eng_req *req_get(struct engine *e, struct mm3_job *job)
+{
+    pthread_mutex_lock(&e->mu);
+    struct eng_req *r = req_find_locked(e, job);
+    if (r) r->refs++;
+    pthread_mutex_unlock(&e->mu);
+    return r;
+}
+
+/* ---- sending (step thread) ---- */
+
+static int send_msg(struct engine *e, struct mm3_job *job, struct eng_req *r, uint32_t kind, uint32_t flags,
+                    struct shmconn_tensor *t, int n_t)
+{
+    struct shmconn_msg m = {.req_id = job->id, .chunk = r ? r->chunk++ : 0, .kind = kind, .flags = flags};
+    uint64_t bytes = 0;
+    for (int i = 0; i < n_t; i++) {
+        m.tensors[i] = t[i];
+        bytes += t[i].nbytes;
+    }
+    m.n_tensors = (uint32_t)n_t;
+    pthread_rwlock_rdlock(&e->conn_mu);
+    int rc = e->out ? shmconn_send(e->out, &m, e->send_timeout_s) : SHMCONN_E_CLOSED;
+    pthread_rwlock_unlock(&e->conn_mu);
+    if (rc == 0) metrics_counter_add(&mm3_metrics.conn_bytes[METRICS_EDGE_S0_TO_S1], bytes);
+    return rc;
+}
+
+static void tensor_set(struct shmconn_tensor *t, const char *name, uint32_t dtype, int ndim, const int64_t *shape,
+                       const void *data)
+{
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->dtype = dtype;
+    t->ndim = (uint32_t)ndim;
+    uint64_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        t->shape[i] = shape[i];
+        n *= (uint64_t)shape[i];
+    }
+    t->nbytes = n * shmconn_dtype_size(dtype);
+    t->data = (void *)data;
+}
+
+/* Fail a job whose send failed, with what the status means for the client. */
+static void fail_send(struct engine *e, struct mm3_job *job, int rc, const char *what)
+{
+    if (rc == SHMCONN_E_PEER_DEAD || rc == SHMCONN_E_CLOSED)
+        mm3_job_fail(job, 502, "stage 1 died mid-song");
+    else if (rc == SHMCONN_E_CANCELLED)
+        mm3_job_fail(job, 502, "stage 1 gave up on the request (its deadline expired or it failed)");
+    else if (rc == SHMCONN_E_TIMEOUT)
+        mm3_job_fail(job, 502, "stage 1 did not take %s within %g s", what, e->send_timeout_s);
+    else
+        mm3_job_fail(job, 502, "sending %s to stage 1 failed: %s", what, mm3_last_error());
+}
+
+/* Stage 1 refuses songs beyond max_num_seqs(1) + max_num_seqs(0) ("stage 1 is full"):
+ * a song whose frames are all sent still occupies it until DONE, so admission waits. */
+static int sink_can_start(void *ctx)
+{
+    struct engine *e = ctx;
+    pthread_mutex_lock(&e->mu);
+    int ok = e->n_reqs < e->max_reqs;
+    pthread_mutex_unlock(&e->mu);
+    return ok;
+}
+
+static int sink_start(void *ctx, struct mm3_job *job)
+{
+    struct engine *e = ctx;
+    if (!atomic_load(&e->s1_up)) {
+        mm3_job_fail(job, 503, "stage 1 unavailable");
+        return -1;
+    }
+    struct eng_req *r = calloc(1, sizeof *r);
+    if (!r) {
+        mm3_job_fail(job, 500, "stage 0: out of memory");
+        return -1;
+    }
+    mm3_job_ref(job);
+    r->job = job;
+    r->refs = 2; /* the table's and ours for the START below */
+    req_add(e, r);
+    pthread_rwlock_rdlock(&e->conn_mu);
+    if (e->in) shmconn_request_begin(e->in, job->id);
+    pthread_rwlock_unlock(&e->conn_mu);
+    struct pipe_request_params p = {
+        .version = PIPE_PARAMS_VERSION,
+        .frame_width = (uint32_t)e->width,
+        .seed = job->params.seed,
+        .max_frames = job->params.max_frames,
+        .num_inference_steps = job->params.num_inference_steps,
+        .guidance_scale = job->params.guidance_scale,
+        .sample_rate = job->pcm_rate, /* the HTTP layer resamples to the request's rate */
+        .premixed = !e->raw,
+    };
+    struct shmconn_tensor t;
+    tensor_set(&t, "params", SHMCONN_DTYPE_U8, 1, (int64_t[]){sizeof p}, &p);
+    int rc = send_msg(e, job, r, PIPE_MSG_START, SHMCONN_FLAG_FIRST, &t, 1);
+    req_put(e, r);
+    if (rc < 0) {
+        if ((r = req_take(e, job->id))) req_put(e, r);
+        pthread_rwlock_rdlock(&e->conn_mu);
+        if (e->in) shmconn_request_end(e->in, job->id);
+        pthread_rwlock_unlock(&e->conn_mu);
+        fail_send(e, job, rc, "the request");
+        return -1;
+    }
+    return 0;
+}
+
+static int send_frames(struct engine *e, struct mm3_job *job, struct eng_req *r, int first, int n, const float *mixed)
+{
+    struct shmconn_tensor t[2];
+    int64_t f = first;
+    tensor_set(&t[0], "frames", MM3_DTYPE_F32, 2, (int64_t[]){n, e->width}, mixed);
+    tensor_set(&t[1], "first", MM3_DTYPE_I64, 1, (int64_t[]){1}, &f);
+    int rc = send_msg(e, job, r, PIPE_MSG_FRAMES, 0, t, 2);
+    if (rc < 0) fail_send(e, job, rc, "frames");
+    return rc;
+}
+
+static int frames_to_stage1(struct engine *e, struct mm3_job *job, struct eng_req *r, int first, int n,
+                            const float *frames, int width);
+
+static int sink_frames(void *ctx, struct mm3_job *job, int first, int n, const float *frames, int width)
+{
+    struct engine *e = ctx;
+    struct eng_req *r = req_get(e, job);
+    if (!r) return -1; /* stage 1 already ended it (error, loss): stop generating */
+    int rc = frames_to_stage1(e, job, r, first, n, frames, width);
+    req_put(e, r);
+    return rc;
+}
+
+static int frames_to_stage1(struct engine *e, struct mm3_job *job, struct eng_req *r, int first, int n,
+                            const float *frames, int width)
+{
+    int H = e->width;
+    for (int i = 0; i < n; i += HELD_FRAMES_PER_MSG) {
+        int k = n - i < HELD_FRAMES_PER_MSG ? n - i : HELD_FRAMES_PER_MSG;
+        if (e->raw)
+            memcpy(e->mixed, frames + (size_t)i * width, sizeof(float) * (size_t)k * width);
+        else if (frame_mix_apply(&e->mix, frames + (size_t)i * width, k, width, e->mixed) < 0) {
+            mm3_job_fail(job, 500, "stage 0: %s", mm3_last_error());
+            return -1;
+        }
+        if (e->d->async_chunk) {
+            if (send_frames(e, job, r, first + i, k, e->mixed) < 0) return -1;
+            continue;
+        }
+        if (r->n_held + k > r->cap_held) {
+            int cap = r->cap_held ? 2 * r->cap_held : 256;
+            while (cap < r->n_held + k)
+                cap *= 2;
+            float *nh = realloc(r->held, sizeof(float) * (size_t)cap * H);
+            if (!nh) {
+                mm3_job_fail(job, 500, "stage 0: out of memory holding %d frames", cap);
+                return -1;
+            }
+            r->held = nh;
+            r->cap_held = cap;
+        }
+        memcpy(r->held + (size_t)r->n_held * H, e->mixed, sizeof(float) * (size_t)k * H);
+        r->n_held += k;
+    }
+    return 0;
+}
+
+static int end_to_stage1(struct engine *e, struct mm3_job *job, struct eng_req *r, int total)
+{
+    int H = e->width;
+    for (int i = 0; i < r->n_held; i += HELD_FRAMES_PER_MSG) {
+        int k = r->n_held - i < HELD_FRAMES_PER_MSG ? r->n_held - i : HELD_FRAMES_PER_MSG;
+        if (send_frames(e, job, r, i, k, r->held + (size_t)i * H) < 0) return -1;
+    }
+    int64_t tot = total;
+    struct shmconn_tensor t;
+    tensor_set(&t, "total", MM3_DTYPE_I64, 1, (int64_t[]){1}, &tot);
+    int rc = send_msg(e, job, r, PIPE_MSG_END, SHMCONN_FLAG_LAST, &t, 1);
+    if (rc < 0) {
+        fail_send(e, job, rc, "the end of the song");
+        return -1;
+    }
+    return 0;
+}
+
+static int sink_end(void *ctx, struct mm3_job *job, int total)
+{
+    struct engine *e = ctx;
+    struct eng_req *r = req_get(e, job);
+    if (!r) return -1;
+    int rc = end_to_stage1(e, job, r, total);
+    req_put(e, r);
+    return rc;
+}
+
+static void sink_abort(void *ctx, struct mm3_job *job)
+{
+    struct engine *e = ctx;
+    struct eng_req *r = req_take(e, job->id);
+    if (!r) return; /* stage 1 ended it first: nothing to tell */
+    int told = 0;
+    if (atomic_load(&e->s1_up)) {
+        int rc = send_msg(e, job, r, PIPE_MSG_CANCEL, SHMCONN_FLAG_CANCELLED, NULL, 0);
+        told = rc == 0;
+        if (rc < 0 && rc != SHMCONN_E_CANCELLED)
+            LOG_WARN("job %llu: CANCEL to stage 1 not sent: %s", (unsigned long long)job->id, mm3_last_error());
+    }
+    pthread_rwlock_rdlock(&e->conn_mu);
+    if (e->in) shmconn_request_cancel(e->in, job->id);
+    pthread_rwlock_unlock(&e->conn_mu);
+    LOG_INFO("job %llu: %s; %s, rows freed", (unsigned long long)job->id,
+             atomic_load(&job->cancel_requested) ? "client went away" : "failed",
+             told ? "cancelled in both stages" : "stage 1 not told (gone)");
+    req_put(e, r);
+}
+
+/* ---- receiving (receiver thread) ---- */
+
+static void fail_all(struct engine *e, const char *msg)
+{
+    pthread_mutex_lock(&e->mu);
+    struct eng_req *r = e->reqs;
+    e->reqs = NULL;
+    e->n_reqs = 0;
+    pthread_mutex_unlock(&e->mu);
+    while (r) {
+        struct eng_req *next = r->next;
+        if (mm3_job_fail(r->job, 502, "%s", msg) == 0) LOG_WARN("job %llu: %s", (unsigned long long)r->job->id, msg);
+        req_put(e, r);
+        r = next;
+    }
+}
+
+static void on_pcm(struct engine *e, const struct shmconn_msg *m)
+{
+    const struct shmconn_tensor *pcm = NULL, *prog = NULL;
+    for (uint32_t i = 0; i < m->n_tensors; i++) {
+        if (!strcmp(m->tensors[i].name, "pcm")) pcm = &m->tensors[i];
+        if (!strcmp(m->tensors[i].name, "progress")) prog = &m->tensors[i];
+    }
+    struct mm3_job *job = req_job(e, m->req_id);
+    if (!job) return; /* cancelled meanwhile */
+    if (!pcm || pcm->dtype != MM3_DTYPE_F32 || pcm->ndim != 2 || pcm->shape[0] != 2) {
+        struct eng_req *r = req_take(e, m->req_id);
+        mm3_job_fail(job, 502, "stage 1: malformed PCM message (expected tensor pcm F32 [2, n])");
+        if (r) req_put(e, r);
+        mm3_job_unref(job);
+        return;
+    }
+    size_t n = (size_t)pcm->shape[1];
+    const float *src = pcm->data;
+    float *il = malloc(sizeof(float) * 2 * (n ? n : 1));
+    int rc = il ? 0 : -ENOMEM;
+    if (il) {
+        for (size_t i = 0; i < n; i++) {
+            il[2 * i] = src[i];
+            il[2 * i + 1] = src[n + i];
+        }
+        rc = n ? mm3_job_push_pcm(job, il, n, PCM_PUSH_TIMEOUT_MS) : 0;
+    }
+    free(il);
+    if (rc == 0 && prog && prog->dtype == MM3_DTYPE_I64 && prog->shape[0] >= 1) {
+        int64_t done = ((const int64_t *)prog->data)[0];
+        int64_t delta = done - atomic_load(&job->windows_done);
+        if (delta > 0) mm3_job_progress_add(job, 0, delta);
+    }
+    if (rc == -ETIMEDOUT || rc == -ENOMEM) {
+        /* Give up on it here and in stage 1 (the cancel ring tells it); the step loop
+         * frees the rows if it is still generating. */
+        struct eng_req *r = req_take(e, m->req_id);
+        mm3_job_fail(job, 500, "%s", rc == -ENOMEM ? "stage 0: out of memory" : "client too slow to take the audio");
+        shmconn_request_cancel(e->in, m->req_id);
+        LOG_WARN("job %llu: %s", (unsigned long long)m->req_id,
+                 rc == -ENOMEM ? "out of memory for PCM" : "client took no audio for 30 s: cancelled");
+        if (r) req_put(e, r);
+    }
+    mm3_job_unref(job);
+}
+
+static void on_message(struct engine *e, const struct shmconn_msg *m)
+{
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < m->n_tensors; i++)
+        bytes += m->tensors[i].nbytes;
+    metrics_counter_add(&mm3_metrics.conn_bytes[METRICS_EDGE_S1_TO_S0], bytes);
+    if (m->kind == PIPE_MSG_PCM) {
+        on_pcm(e, m);
+        return;
+    }
+    if (m->kind != PIPE_MSG_DONE && m->kind != PIPE_MSG_ERROR) {
+        LOG_WARN("stage 1 sent message kind %u for job %llu: ignored", m->kind, (unsigned long long)m->req_id);
+        return;
+    }
+    struct eng_req *r = req_take(e, m->req_id);
+    if (!r) return;
+    if (m->kind == PIPE_MSG_DONE) {
+        mm3_job_finish(r->job);
+    } else {
+        const char *text = "";
+        int len = 0;
+        for (uint32_t i = 0; i < m->n_tensors; i++)
+            if (!strcmp(m->tensors[i].name, "message")) {
+                text = m->tensors[i].data;
+                len = (int)m->tensors[i].nbytes;
+            }
+        if (len > 400) len = 400;
+        mm3_job_fail(r->job, 502, "stage 1: %.*s", len, text);
+        LOG_WARN("job %llu: stage 1: %.*s", (unsigned long long)m->req_id, len, text);
+    }
+    req_put(e, r);
+}
+
+/* Drop both channels after stage 1 went away, and offer a fresh s0_to_s1 for the next one. */
+static void reset_channels(struct engine *e)
+{
+    pthread_rwlock_wrlock(&e->conn_mu);
+    shmconn_close(e->in);
+    e->in = NULL;
+    shmconn_close(e->out);
+    e->out = NULL;
+    if (!atomic_load(&e->stopping) && shmconn_create(&e->out, &e->cfg_out) < 0)
+        LOG_ERROR("cannot re-create %s: %s", e->cfg_out.name, mm3_last_error());
+    pthread_rwlock_unlock(&e->conn_mu);
+}
+
+static void stage1_lost(struct engine *e, const char *why)
+{
+    if (atomic_exchange(&e->s1_up, 0)) LOG_WARN("stage 1 lost (%s): failing its requests, waiting for it", why);
+    fail_all(e, "stage 1 died mid-song");
+    reset_channels(e);
+}
+
+/* Stage 1 gave up on requests (its deadline, or its own failure). */
+static void poll_cancels(struct engine *e)
+{
+    uint64_t id;
+    uint32_t reason;
+    for (;;) {
+        pthread_rwlock_rdlock(&e->conn_mu);
+        int rc = e->out ? shmconn_cancel_poll(e->out, &id, &reason) : 0;
+        pthread_rwlock_unlock(&e->conn_mu);
+        if (rc <= 0) return;
+        struct eng_req *r = req_take(e, id);
+        if (!r) continue;
+        mm3_job_fail(r->job, 502, "stage 1 gave up on the request (%s)",
+                     reason == SHMCONN_CANCEL_TIMEOUT ? "no frames within its deadline" : "cancelled by stage 1");
+        req_put(e, r);
+    }
+}
+
+static int try_connect(struct engine *e)
+{
+    pthread_rwlock_rdlock(&e->conn_mu);
+    int dead = !e->out || shmconn_peer_status(e->out) != 0;
+    pthread_rwlock_unlock(&e->conn_mu);
+    /* A consumer that attached and died leaves the region unusable: offer a new one. */
+    if (dead) reset_channels(e);
+    shmconn_t *in;
+    int rc = shmconn_open(&in, &e->cfg_in, 0.25);
+    if (rc < 0) return rc;
+    pthread_rwlock_wrlock(&e->conn_mu);
+    e->in = in;
+    pthread_rwlock_unlock(&e->conn_mu);
+    atomic_store(&e->s1_up, 1);
+    LOG_INFO("stage 1 attached (%s)", shmconn_segment_name(in));
+    return 0;
+}
+
+static void *rx_thread(void *arg)
+{
+    struct engine *e = arg;
+    while (!atomic_load(&e->stopping)) {
+        if (!e->in) {
+            int rc = try_connect(e);
+            if (rc < 0 && rc != SHMCONN_E_TIMEOUT) LOG_DEBUG("stage 1 not attached yet: %s", mm3_last_error());
+            if (rc < 0) {
+                struct timespec t = {0, 100 * 1000000L};
+                nanosleep(&t, NULL);
+            }
+            continue;
+        }
+        struct shmconn_event ev;
+        int rc = shmconn_recv(e->in, &ev, 0.2);
+        poll_cancels(e);
+        if (rc == SHMCONN_E_TIMEOUT) {
+            pthread_rwlock_rdlock(&e->conn_mu);
+            int st = e->out ? shmconn_peer_status(e->out) : SHMCONN_E_CLOSED;
+            pthread_rwlock_unlock(&e->conn_mu);
+            if (st == SHMCONN_E_PEER_DEAD || st == SHMCONN_E_CLOSED)
+                stage1_lost(e, st == SHMCONN_E_CLOSED ? "closed its channel" : "process died");
+            continue;
+        }
+        if (rc < 0) {
+            stage1_lost(e, rc == SHMCONN_E_CLOSED ? "closed its channel" : "process died");
+            continue;
+        }
+        if (ev.type == SHMCONN_EVENT_MESSAGE) {
+            on_message(e, &ev.msg);
+            shmconn_release(e->in, &ev.msg);
+        } else if (ev.type == SHMCONN_EVENT_TIMEOUT) {
+            struct eng_req *r = req_take(e, ev.req_id);
+            if (r) {
+                mm3_job_fail(r->job, 502, "stage 1 did not answer within %.0f s", ev.waited_s);
+                LOG_WARN("job %llu: stage 1 did not answer within %.0f s (%s deadline)", (unsigned long long)ev.req_id,
+                         ev.waited_s, ev.first_chunk ? "first-chunk" : "steady");
+                mm3_job_cancel(r->job); /* frees its rows at the next step */
+                req_put(e, r);
+            }
+        } else if (ev.type == SHMCONN_EVENT_PEER_LOST) {
+            struct eng_req *r = req_take(e, ev.req_id);
+            if (r) {
+                mm3_job_fail(r->job, 502, "stage 1 died mid-song");
+                LOG_WARN("job %llu: stage 1 died mid-song", (unsigned long long)ev.req_id);
+                req_put(e, r);
+            }
+        }
+    }
+    return NULL;
+}
+
+/* ---- api_engine ---- */
+
+static int api_submit(void *ctx, struct mm3_job *job)
+{
+    struct engine *e = ctx;
+    const struct mm3_connector_config *k = mm3_deploy_edge_connector(e->d);
+    if (job->params.stream && !k->codec_streaming) {
+        mm3_job_set_error(job, 400, "stream: streamed answers need codec_streaming: true in the deploy file");
+        return -EINVAL;
+    }
+    if (!atomic_load(&e->s1_up)) {
+        mm3_job_set_error(job, 503, "stage 1 unavailable");
+        return -EAGAIN;
+    }
+    int rc = sched_submit(e->sched, job);
+    if (rc == -EAGAIN) mm3_job_set_error(job, 503, "server busy: generation queue full, retry later");
+    if (rc == -ESHUTDOWN) {
+        mm3_job_set_error(job, 503, "server shutting down");
+        return -EAGAIN;
+    }
+    return rc;
+}
+
+static void api_cancel(void *ctx, struct mm3_job *job)
+{
+    struct engine *e = ctx;
+    (void)job; /* cancel_requested is set: the step loop frees the rows and tells stage 1 */
+    sched_wake(e->sched);
+}
+
+static void api_health(void *ctx, struct api_health *h)
+{
+    struct engine *e = ctx;
+    memset(h, 0, sizeof *h);
+    h->n_stages = 2;
+    snprintf(h->stages[0].name, sizeof h->stages[0].name, "stage0");
+    h->stages[0].state = API_STAGE_READY;
+    int q, rows;
+    sched_counts(e->sched, &q, &rows);
+    snprintf(h->stages[0].detail, sizeof h->stages[0].detail, "%d rows in use, %d queued", rows, q);
+    snprintf(h->stages[1].name, sizeof h->stages[1].name, "stage1");
+    int up = atomic_load(&e->s1_up);
+    h->stages[1].state = up ? API_STAGE_READY : API_STAGE_DOWN;
+    snprintf(h->stages[1].detail, sizeof h->stages[1].detail, "%s",
+             up ? "attached" : "not attached: waiting for mm3-stage1 (requests get 503)");
+    h->queue_depth = q;
+    h->active_rows = rows;
+}
+
+/* ---- life cycle ---- */
+
+int engine_create(struct engine **out, const struct mm3_deploy *d, const struct talker *lm, const struct depth *dd,
+                  const struct tokenizer *tok, const char *ckpt_root, const char *prefix)
+{
+    *out = NULL;
+    struct engine *e = calloc(1, sizeof *e);
+    if (!e) return mm3_errorf(-ENOMEM, "engine: out of memory");
+    e->d = d;
+    e->lm = lm;
+    e->dd = dd;
+    snprintf(e->prefix, sizeof e->prefix, "%s", prefix && *prefix ? prefix : SHMCONN_DEFAULT_PREFIX);
+    int rc = frame_mix_load(&e->mix, ckpt_root);
+    if (rc < 0) goto fail;
+    e->raw_width = dd->cfg.n_codebooks * lm->cfg.hidden;
+    if (frame_mix_raw_width(&e->mix) != e->raw_width) {
+        rc = mm3_errorf(-EINVAL,
+                        "%s/condition_encoder: %d layers x %d hidden = %d floats per frame, but stage 0 produces %d "
+                        "(%d codebooks x %d hidden)",
+                        ckpt_root, e->mix.n_layers, e->mix.hidden, frame_mix_raw_width(&e->mix), e->raw_width,
+                        dd->cfg.n_codebooks, lm->cfg.hidden);
+        goto fail;
+    }
+    const char *raw = getenv("MM3_STAGE0_RAW_FRAMES");
+    e->raw = raw && !strcmp(raw, "1");
+    e->width = e->raw ? e->raw_width : e->mix.hidden;
+    if (e->raw) LOG_WARN("MM3_STAGE0_RAW_FRAMES=1: sending raw frames of %d floats (not pre-mixed)", e->raw_width);
+    if (!(e->mixed = malloc(sizeof(float) * HELD_FRAMES_PER_MSG * e->width))) {
+        rc = mm3_errorf(-ENOMEM, "engine: out of memory");
+        goto fail;
+    }
+    channel_config(d, PIPE_CHANNEL_S0_TO_S1, e->prefix, &e->cfg_out);
+    channel_config(d, PIPE_CHANNEL_S1_TO_S0, e->prefix, &e->cfg_in);
+    e->send_timeout_s = e->cfg_out.steady_deadline_s;
+    const struct mm3_stage_config *s0 = mm3_deploy_stage(d, 0);
+    struct sched_config sc = {.max_rows = s0->max_num_seqs,
+                              .max_ctx = s0->max_model_len,
+                              .max_batched_tokens = s0->max_num_batched_tokens,
+                              .max_queue = d->api.max_queue_depth};
+    e->max_reqs = mm3_deploy_stage(d, 1)->max_num_seqs + s0->max_num_seqs;
+    struct sched_sink sink = {.ctx = e,
+                              .can_start = sink_can_start,
+                              .on_start = sink_start,
+                              .on_frames = sink_frames,
+                              .on_end = sink_end,
+                              .on_abort = sink_abort};
+    if ((rc = sched_create(&e->sched, &sc, lm, dd, tok, &sink)) < 0) goto fail;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_rwlock_init(&e->conn_mu, NULL);
+    e->api = (struct api_engine){.ctx = e, .submit = api_submit, .cancel = api_cancel, .health = api_health};
+    *out = e;
+    return 0;
+fail:
+    free(e->mixed);
+    free(e);
+    return rc;
+}
+
+int engine_start(struct engine *e, double wait_s)
+{
+    int n = shmconn_reclaim_stale(e->prefix);
+    if (n > 0) LOG_INFO("reclaimed %d stale segment(s) with prefix %s", n, e->prefix);
+    int rc = shmconn_create(&e->out, &e->cfg_out);
+    if (rc < 0) return rc;
+    if ((rc = pthread_create(&e->rx, NULL, rx_thread, e)))
+        return mm3_errorf(-rc, "engine: receiver thread: %s", strerror(rc));
+    e->rx_started = 1;
+    if ((rc = sched_start(e->sched)) < 0) return rc;
+    LOG_INFO("waiting up to %g s for stage 1 to attach (%s%s)", wait_s, e->prefix, PIPE_CHANNEL_S1_TO_S0);
+    int64_t t0 = mm3_job_now_ns();
+    while (!atomic_load(&e->s1_up) && (mm3_job_now_ns() - t0) < (int64_t)(wait_s * 1e9)) {
+        struct timespec t = {0, 20 * 1000000L};
+        nanosleep(&t, NULL);
+    }
+    if (!atomic_load(&e->s1_up))
+        LOG_WARN("stage 1 not attached after %g s: serving anyway (/health says stage1 down, requests get 503)",
+                 wait_s);
+    return 0;
+}
+
+int engine_stage1_up(struct engine *e)
+{
+    return atomic_load(&e->s1_up);
+}
+
+struct api_engine *engine_api(struct engine *e)
+{
+    return &e->api;
+}
+
+void engine_destroy(struct engine *e)
+{
+    if (!e) return;
+    /* The step loop goes first: its on_abort sends CANCEL while the channel is up. */
+    sched_destroy(e->sched, "server shutting down");
+    atomic_store(&e->stopping, 1);
+    if (e->rx_started) pthread_join(e->rx, NULL);
+    fail_all(e, "server shutting down");
+    pthread_rwlock_wrlock(&e->conn_mu);
+    shmconn_close(e->in);
+    shmconn_close(e->out);
+    e->in = e->out = NULL;
+    pthread_rwlock_unlock(&e->conn_mu);
+    pthread_mutex_destroy(&e->mu);
+    pthread_rwlock_destroy(&e->conn_mu);
+    free(e->mixed);
+    free(e);
+}

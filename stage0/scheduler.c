@@ -1,0 +1,391 @@
+#include "stage0/scheduler.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "common/sampler.h"
+#include "stage0/generate.h"
+#include "stage0/prompt.h"
+
+struct sched_req {
+    struct mm3_job *job;
+    int32_t *ids; /* [2, P] */
+    int prompt_len, max_frames;
+    struct sampler sp;
+    struct generate g;
+    int attached;
+    int pair; /* row pair index, -1 while queued */
+    /* Frames emitted during the current step (at most one per sample). */
+    float *out;
+    int out_first, out_n;
+    struct sched_req *next; /* queue link */
+};
+
+struct sched {
+    struct sched_config cfg;
+    const struct talker *lm;
+    const struct depth *dd;
+    const struct tokenizer *tok;
+    struct sched_sink sink;
+    struct talker_state ts;
+    struct generate_batch batch;
+    int n_pairs;
+    struct sched_req **active; /* [n_pairs], step thread only */
+
+    pthread_mutex_t mu; /* guards the queue, counters and flags below */
+    pthread_cond_t cond;
+    struct sched_req *q_head, *q_tail;
+    int n_queued, n_running; /* n_running: pairs in use */
+    int stopping;
+    int did_work; /* the last step admitted, forwarded or sampled something (step thread) */
+    pthread_t thread;
+    int thread_started;
+};
+
+static void req_free(struct sched_req *r)
+{
+    if (!r) return;
+    if (r->attached) generate_end(&r->g);
+    if (r->job) mm3_job_unref(r->job);
+    free(r->ids);
+    free(r->out);
+    free(r);
+}
+
+int sched_create(struct sched **out, const struct sched_config *cfg, const struct talker *lm, const struct depth *dd,
+                 const struct tokenizer *tok, const struct sched_sink *sink)
+{
+    *out = NULL;
+    if (cfg->max_rows < 2 || cfg->max_rows % 2)
+        return mm3_errorf(-EINVAL, "stage 0 max_num_seqs %d: expected an even number >= 2 (one row pair per song)",
+                          cfg->max_rows);
+    if (cfg->max_batched_tokens < 2)
+        return mm3_errorf(-EINVAL, "stage 0 max_num_batched_tokens %d: expected >= 2", cfg->max_batched_tokens);
+    if (cfg->max_ctx < 2 || cfg->max_queue < 0)
+        return mm3_errorf(-EINVAL, "stage 0 max_model_len %d / max_queue_depth %d out of range", cfg->max_ctx,
+                          cfg->max_queue);
+    struct sched *s = calloc(1, sizeof *s);
+    if (!s) return mm3_errorf(-ENOMEM, "scheduler: out of memory");
+    s->cfg = *cfg;
+    s->lm = lm;
+    s->dd = dd;
+    s->tok = tok;
+    s->sink = *sink;
+    s->n_pairs = cfg->max_rows / 2;
+    /* One decode token per row always fits, whatever max_batched_tokens says. */
+    int cap = cfg->max_batched_tokens > cfg->max_rows ? cfg->max_batched_tokens : cfg->max_rows;
+    int rc;
+    s->active = calloc((size_t)s->n_pairs, sizeof *s->active);
+    if (!s->active) {
+        free(s);
+        return mm3_errorf(-ENOMEM, "scheduler: out of memory");
+    }
+    if ((rc = talker_state_init(&s->ts, lm, cfg->max_rows, cfg->max_ctx)) < 0) goto fail;
+    if ((rc = generate_batch_init(&s->batch, lm->cfg.hidden, cap)) < 0) goto fail;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cond, NULL);
+    *out = s;
+    return 0;
+fail:
+    talker_state_free(&s->ts);
+    free(s->active);
+    free(s);
+    return rc;
+}
+
+int sched_submit(struct sched *s, struct mm3_job *job)
+{
+    struct sched_req *r = calloc(1, sizeof *r);
+    if (!r) return mm3_errorf(-ENOMEM, "scheduler: out of memory");
+    r->pair = -1;
+    int n = 0;
+    int rc = prompt_encode_pair(s->tok, job->params.caption, job->params.lyrics, &r->ids, &n);
+    if (rc < 0) {
+        /* prompt.h names caption/lyrics itself, except for the token cap. */
+        if (rc == -E2BIG)
+            mm3_job_set_error(job, 400, "caption + lyrics: %s", mm3_last_error());
+        else
+            mm3_job_set_error(job, 400, "%s", mm3_last_error());
+        free(r);
+        return -EINVAL;
+    }
+    r->prompt_len = n;
+    r->max_frames = job->params.max_frames;
+    /* max_model_len bounds prompt + frames; a long prompt shortens the song. */
+    if (r->max_frames > s->cfg.max_ctx - n) r->max_frames = s->cfg.max_ctx - n;
+    if (r->max_frames < 1) {
+        mm3_job_set_error(job, 400,
+                          "caption + lyrics: the prompt of %d tokens leaves no room for audio within max_model_len %d",
+                          n, s->cfg.max_ctx);
+        free(r->ids);
+        free(r);
+        return -EINVAL;
+    }
+    pthread_mutex_lock(&s->mu);
+    if (s->stopping)
+        rc = -ESHUTDOWN;
+    else if (s->n_queued + s->n_running >= s->n_pairs + s->cfg.max_queue)
+        rc = -EAGAIN;
+    if (rc < 0) {
+        pthread_mutex_unlock(&s->mu);
+        free(r->ids);
+        free(r);
+        return rc == -EAGAIN ? rc : mm3_errorf(rc, "scheduler: shutting down");
+    }
+    mm3_job_ref(job);
+    r->job = job;
+    if (s->q_tail)
+        s->q_tail->next = r;
+    else
+        s->q_head = r;
+    s->q_tail = r;
+    s->n_queued++;
+    metrics_gauge_set(&mm3_metrics.queue_depth, s->n_queued);
+    pthread_cond_signal(&s->cond);
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+void sched_wake(struct sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    pthread_cond_signal(&s->cond);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void sched_counts(struct sched *s, int *queued, int *active_rows)
+{
+    pthread_mutex_lock(&s->mu);
+    *queued = s->n_queued;
+    *active_rows = 2 * s->n_running;
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void on_frame(void *ctx, int t, const float *frame, const int32_t *codes)
+{
+    (void)codes;
+    struct sched_req *r = ctx;
+    int width = r->g.dd->cfg.n_codebooks * r->g.lm->cfg.hidden;
+    if (r->out_n == 0) r->out_first = t;
+    memcpy(r->out + (size_t)r->out_n * width, frame, sizeof(float) * width);
+    r->out_n++;
+}
+
+/* Give a pair back; called on the step thread only. */
+static void release(struct sched *s, struct sched_req *r)
+{
+    s->active[r->pair] = NULL;
+    pthread_mutex_lock(&s->mu);
+    s->n_running--;
+    metrics_gauge_set(&mm3_metrics.active_rows, 2 * s->n_running);
+    pthread_mutex_unlock(&s->mu);
+    req_free(r);
+}
+
+static void leave_early(struct sched *s, struct sched_req *r)
+{
+    if (s->sink.on_abort) s->sink.on_abort(s->sink.ctx, r->job);
+    release(s, r);
+}
+
+/* Move queued requests onto free pairs. */
+static void admit(struct sched *s)
+{
+    for (int p = 0; p < s->n_pairs; p++) {
+        if (s->active[p]) continue;
+        if (s->sink.can_start && !s->sink.can_start(s->sink.ctx)) return;
+        pthread_mutex_lock(&s->mu);
+        struct sched_req *r = s->q_head;
+        if (r) {
+            s->q_head = r->next;
+            if (!s->q_head) s->q_tail = NULL;
+            s->n_queued--;
+            s->n_running++;
+            metrics_gauge_set(&mm3_metrics.queue_depth, s->n_queued);
+            metrics_gauge_set(&mm3_metrics.active_rows, 2 * s->n_running);
+        }
+        pthread_mutex_unlock(&s->mu);
+        if (!r) return;
+        s->did_work = 1;
+        r->next = NULL;
+        r->pair = p;
+        s->active[p] = r;
+        if (atomic_load(&r->job->cancel_requested) || mm3_job_is_terminal(r->job)) {
+            release(s, r); /* gone before it started: nothing was sent */
+            continue;
+        }
+        int width = s->dd->cfg.n_codebooks * s->lm->cfg.hidden;
+        struct generate_hooks hooks = {.ctx = r, .on_frame = on_frame};
+        sampler_init_seeded(&r->sp, r->job->params.seed);
+        int rc;
+        if (!(r->out = malloc(sizeof(float) * width)))
+            rc = mm3_errorf(-ENOMEM, "scheduler: out of memory");
+        else
+            rc = generate_attach(&r->g, s->lm, s->dd, &r->sp, &s->ts, 2 * p, 2 * p + 1, r->ids, r->prompt_len,
+                                 r->max_frames, r->job->params.cfg_scale, &hooks);
+        if (rc < 0) {
+            mm3_job_fail(r->job, 500, "stage 0: %s", mm3_last_error());
+            release(s, r);
+            continue;
+        }
+        r->attached = 1;
+        mm3_job_set_running(r->job);
+        mm3_job_set_frames_total(r->job, r->max_frames);
+        if (s->sink.on_start && s->sink.on_start(s->sink.ctx, r->job) < 0) {
+            release(s, r); /* the sink failed the job and told nobody else */
+            continue;
+        }
+    }
+}
+
+int sched_step(struct sched *s)
+{
+    s->did_work = 0;
+    admit(s);
+    for (int p = 0; p < s->n_pairs; p++) {
+        struct sched_req *r = s->active[p];
+        if (r && (atomic_load(&r->job->cancel_requested) || mm3_job_is_terminal(r->job))) leave_early(s, r);
+    }
+    struct generate_batch *b = &s->batch;
+    b->n = 0;
+    /* Decode tokens first: a running song never waits for a prefill. */
+    for (int p = 0; p < s->n_pairs; p++)
+        if (s->active[p] && s->active[p]->g.phase == GENERATE_FEED) generate_feed(&s->active[p]->g, b, b->cap - b->n);
+    int budget = s->cfg.max_batched_tokens;
+    for (int p = 0; p < s->n_pairs; p++) {
+        struct sched_req *r = s->active[p];
+        if (!r || r->g.phase != GENERATE_PREFILL) continue;
+        int left = budget - b->n;
+        if (left < 2) break;
+        if (generate_feed(&r->g, b, left) < 0) {
+            mm3_job_fail(r->job, 400, "prompt: %s", mm3_last_error());
+            leave_early(s, r);
+        }
+    }
+    if (b->n > 0) {
+        s->did_work = 1;
+        int rc = generate_batch_forward(s->lm, &s->ts, b);
+        if (rc < 0) {
+            /* A forward error is not any one request's fault: fail everybody fed. */
+            for (int p = 0; p < s->n_pairs; p++) {
+                struct sched_req *r = s->active[p];
+                if (!r || r->g.fed_k == 0) continue;
+                mm3_job_fail(r->job, 500, "stage 0: %s", mm3_last_error());
+                leave_early(s, r);
+            }
+            return rc;
+        }
+        for (int p = 0; p < s->n_pairs; p++)
+            if (s->active[p]) generate_take(&s->active[p]->g, b);
+    }
+    for (int p = 0; p < s->n_pairs; p++) {
+        struct sched_req *r = s->active[p];
+        if (!r || r->g.phase != GENERATE_SAMPLE) continue;
+        r->out_n = 0;
+        s->did_work = 1;
+        int rc = generate_sample(&r->g);
+        if (rc < 0) {
+            mm3_job_fail(r->job, 500, "stage 0: %s", mm3_last_error());
+            leave_early(s, r);
+            continue;
+        }
+        int width = s->dd->cfg.n_codebooks * s->lm->cfg.hidden;
+        if (r->out_n > 0) {
+            mm3_job_progress_add(r->job, r->out_n, 0);
+            if (s->sink.on_frames &&
+                s->sink.on_frames(s->sink.ctx, r->job, r->out_first, r->out_n, r->out, width) < 0) {
+                leave_early(s, r);
+                continue;
+            }
+        }
+        if (r->g.done) {
+            mm3_job_set_frames_total(r->job, r->g.n_frames);
+            if (s->sink.on_end && s->sink.on_end(s->sink.ctx, r->job, r->g.n_frames) < 0) {
+                leave_early(s, r);
+                continue;
+            }
+            release(s, r);
+        }
+    }
+    pthread_mutex_lock(&s->mu);
+    int n = s->n_queued + s->n_running;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+/* Timed wait on cond (mu held): a cancel of a queued job, or room in stage 1, is
+ * noticed even without a wake-up. */
+static void wait_ms(struct sched *s, int ms)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    t.tv_nsec += ms * 1000000L;
+    if (t.tv_nsec >= 1000000000L) t.tv_sec++, t.tv_nsec -= 1000000000L;
+    pthread_cond_timedwait(&s->cond, &s->mu, &t);
+}
+
+static void *step_thread(void *arg)
+{
+    struct sched *s = arg;
+    int idle = 0;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        if (idle && !s->stopping) wait_ms(s, 10); /* queued songs held back by can_start */
+        while (!s->stopping && s->n_queued == 0 && s->n_running == 0)
+            wait_ms(s, 100);
+        int stop = s->stopping;
+        pthread_mutex_unlock(&s->mu);
+        if (stop) break;
+        if (sched_step(s) < 0) LOG_ERROR("scheduler step: %s", mm3_last_error());
+        idle = !s->did_work;
+    }
+    return NULL;
+}
+
+int sched_start(struct sched *s)
+{
+    int rc = pthread_create(&s->thread, NULL, step_thread, s);
+    if (rc) return mm3_errorf(-rc, "scheduler: cannot start the step thread: %s", strerror(rc));
+    s->thread_started = 1;
+    return 0;
+}
+
+void sched_destroy(struct sched *s, const char *reason)
+{
+    if (!s) return;
+    pthread_mutex_lock(&s->mu);
+    s->stopping = 1;
+    pthread_cond_signal(&s->cond);
+    pthread_mutex_unlock(&s->mu);
+    if (s->thread_started) pthread_join(s->thread, NULL);
+    if (!reason) reason = "server shutting down";
+    for (int p = 0; p < s->n_pairs; p++) {
+        struct sched_req *r = s->active[p];
+        if (!r) continue;
+        mm3_job_fail(r->job, 503, "%s", reason);
+        leave_early(s, r);
+    }
+    struct sched_req *r = s->q_head;
+    while (r) {
+        struct sched_req *next = r->next;
+        mm3_job_fail(r->job, 503, "%s", reason);
+        req_free(r);
+        r = next;
+    }
+    s->q_head = s->q_tail = NULL;
+    s->n_queued = 0;
+    metrics_gauge_set(&mm3_metrics.queue_depth, 0);
+    metrics_gauge_set(&mm3_metrics.active_rows, 0);
+    generate_batch_free(&s->batch);
+    talker_state_free(&s->ts);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cond);
+    free(s->active);
+    free(s);
+}

@@ -1,0 +1,81 @@
+/* The stage-0 scheduler: continuous batching of CFG pairs over one shared
+ * talker_state (model-stage0.md §3.8, the pipeline issue's "Scheduler").
+ *
+ * Every request owns one row pair (cond, uncond) while it runs. Each step:
+ *   1. queued requests take free row pairs (in arrival order),
+ *   2. requests that left (cancelled, failed elsewhere) free their pair,
+ *   3. every decoding request feeds its 2 feedback tokens, then prefilling
+ *      requests feed prompt chunks of both rows (the same count each, so a pair
+ *      stays step-locked) within max_batched_tokens,
+ *   4. ONE talker_forward runs all of it,
+ *   5. every request with a fresh hidden pair samples (c0, depth codes, frame).
+ * A request never waits for another more than one step. Sampling is per request
+ * and position-addressed, so a request's song does not depend on what else runs.
+ *
+ * Frames and life-cycle events go out through struct sched_sink (the engine
+ * forwards them to stage 1). The scheduler never finishes a job itself: the sink
+ * does (stage 1's DONE); it fails a job only for a stage-0 error.
+ *
+ *     sched_create(&s, &cfg, &lm, &dd, tok, &sink);
+ *     sched_start(s);                 // step-loop thread; or call sched_step() yourself
+ *     sched_submit(s, job);           // from any thread
+ *     sched_destroy(s);               // stops the thread, fails what is left
+ */
+#ifndef MM3_STAGE0_SCHEDULER_H
+#define MM3_STAGE0_SCHEDULER_H
+
+#include "stage0/depth.h"
+#include "stage0/job.h"
+#include "stage0/talker.h"
+#include "stage0/tokenizer.h"
+
+struct sched_config {
+    int max_rows;           /* stage-0 max_num_seqs: rows of the shared KV cache (even) */
+    int max_ctx;            /* max_model_len: positions per row (prompt + frames) */
+    int max_batched_tokens; /* tokens per step (>= 2) */
+    int max_queue;          /* requests allowed to wait for a row pair */
+};
+
+/* Called on the step thread. Frames are raw: n_codebooks * hidden floats each. */
+struct sched_sink {
+    void *ctx;
+    /* Optional: 0 holds admission (the job stays queued), e.g. while stage 1 holds as
+     * many songs as it accepts. */
+    int (*can_start)(void *ctx);
+    /* Rows assigned. < 0 fails the job (the sink calls mm3_job_fail itself). */
+    int (*on_start)(void *ctx, struct mm3_job *job);
+    /* n frames of `width` floats, indices first..first+n-1 (each exactly once, in order). */
+    int (*on_frames)(void *ctx, struct mm3_job *job, int first, int n, const float *frames, int width);
+    /* Generation ended normally after `total` frames. */
+    int (*on_end)(void *ctx, struct mm3_job *job, int total);
+    /* The job left early (cancelled, or failed by anyone): tell stage 1 if needed. */
+    void (*on_abort)(void *ctx, struct mm3_job *job);
+};
+
+struct sched;
+
+int sched_create(struct sched **out, const struct sched_config *cfg, const struct talker *lm, const struct depth *dd,
+                 const struct tokenizer *tok, const struct sched_sink *sink);
+
+/* Tokenize and enqueue. -EINVAL with the job's error set (400 naming the field)
+ * for a bad prompt, -EAGAIN when the queue is full, -ESHUTDOWN when stopping.
+ * On success the scheduler holds its own reference. */
+int sched_submit(struct sched *s, struct mm3_job *job);
+
+/* Wake the loop so a cancelled job leaves at the next step boundary. */
+void sched_wake(struct sched *s);
+
+/* One step, synchronously (tests; not while the thread runs). Returns the number
+ * of requests still queued or running, or < 0 on an internal error. */
+int sched_step(struct sched *s);
+
+/* Run sched_step on a thread until sched_destroy. */
+int sched_start(struct sched *s);
+
+/* Requests waiting for rows and rows in use (also mirrored to mm3_metrics). */
+void sched_counts(struct sched *s, int *queued, int *active_rows);
+
+/* Stop the thread; fail every queued or running job with 503 `reason`; free. */
+void sched_destroy(struct sched *s, const char *reason);
+
+#endif

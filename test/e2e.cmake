@@ -1,0 +1,27 @@
+# End-to-end tests of the served pipeline (CPU, tiny-a). test_e2e (test/test_e2e.c)
+# drives scripts/launch.sh over HTTP; the shell tests below cover stage 0 on its own
+# and the launcher's argument handling. All skip (77) without the golden directory.
+if(TARGET mm3-stage0 AND TARGET mm3)
+  add_test(NAME e2e_stage0_alone
+    COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/e2e/stage0_alone.sh
+            ${CMAKE_BINARY_DIR}/bin ${MM3_GOLDEN_DIR} ${CMAKE_BINARY_DIR}/test-tmp)
+  set_tests_properties(e2e_stage0_alone PROPERTIES ENVIRONMENT "${MM3_TEST_ENV}" SKIP_RETURN_CODE 77 TIMEOUT 120)
+
+  add_test(NAME e2e_launch_bad_args
+    COMMAND sh -c "
+      l=\"$0/scripts/launch.sh\"
+      MM3_BIN_DIR=\"$1\" bash \"$l\" >/dev/null 2>&1; test $? -eq 2 || exit 1
+      MM3_BIN_DIR=\"$1\" bash \"$l\" /nonexistent.yaml >/dev/null 2>&1; test $? -eq 2 || exit 1
+      MM3_BIN_DIR=\"$1\" bash \"$l\" \"$0/configs/tiny-cpu.yaml\" --frobnicate >/dev/null 2>&1; test $? -eq 2 || exit 1
+      MM3_BIN_DIR=/nonexistent bash \"$l\" \"$0/configs/tiny-cpu.yaml\" >/dev/null 2>&1; test $? -eq 2 || exit 1
+      exit 0"
+            ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR}/bin)
+  set_tests_properties(e2e_launch_bad_args PROPERTIES ENVIRONMENT "${MM3_TEST_ENV}" TIMEOUT 30)
+
+  add_test(NAME e2e_launch_supervision
+    COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/e2e/launch_supervision.sh ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR}/test-tmp)
+  set_tests_properties(e2e_launch_supervision PROPERTIES ENVIRONMENT "${MM3_TEST_ENV}" TIMEOUT 90)
+endif()
+if(TARGET test_e2e)
+  set_tests_properties(test_e2e PROPERTIES TIMEOUT 300)
+endif()

@@ -1,0 +1,619 @@
+/* End to end on the CPU with the tiny-a checkpoint: scripts/launch.sh starts both
+ * stages from a deploy file written here (unique MM3_SHM_PREFIX, port 0), and the
+ * tests talk HTTP to it:
+ *   - a song equals, byte for byte, the standalone pipeline (mm3-stage0 --frames-out
+ *     then mm3-stage1 --frames), so its length is the crop rule's and its samples the
+ *     reference's; streamed = whole; the same request twice = the same audio; 32 kHz;
+ *   - 4 concurrent requests each equal their single-request result;
+ *   - a prompt over 5000 tokens is a 400 naming the field;
+ *   - a client that disconnects mid-stream cancels its request in both stages and
+ *     frees its rows; a kill -9 of stage 1 mid-song fails that request, stage 0
+ *     stays up, the launcher restarts stage 1, the next request works;
+ *   - async_chunk: false with raw (not pre-mixed) frames gives the same audio, and
+ *     codec_streaming: false refuses stream: true;
+ *   - SIGTERM to the launcher stops both stages and leaves no segment.
+ * Skips (77) without the golden directory or the programs. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/http_client.h"
+#include "support/test_support.h"
+
+struct replica {
+    pid_t launcher;
+    char dir[1024];
+    char url[160];
+    char prefix[32];
+};
+
+struct e2e {
+    char *tmp;
+    char ckpt[1024];
+    struct replica a;
+    uint8_t *ref; /* data bytes of the standalone pipeline's song (seed 5, 3 s, 2 steps) */
+    size_t ref_len;
+};
+
+static void sleep_ms(int ms)
+{
+    struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&t, NULL);
+}
+
+static char *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) n = 0;
+    if (b) b[n] = 0;
+    fclose(f);
+    if (len) *len = (size_t)n;
+    return b;
+}
+
+static int write_deploy(const char *path, const char *ckpt, int async_chunk, int codec_streaming)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    fprintf(f,
+            "pipeline: minimax_music3\n"
+            "async_chunk: %s\n"
+            "model: %s\n"
+            "backend: cpu\n"
+            "api:\n  host: 127.0.0.1\n  port: 0\n  max_queue_depth: 8\n  request_timeout_s: 120\n"
+            "connectors:\n  shm:\n    name: SharedMemoryConnector\n    extra:\n"
+            "      codec_streaming: %s\n      connector_get_sleep_s: 0.01\n"
+            "      connector_get_max_wait_first_chunk: 6000\n      connector_get_max_wait: 3000\n"
+            "stages:\n"
+            "  - stage_id: 0\n    max_num_seqs: 8\n    dtype: float32\n    max_model_len: 4096\n"
+            "    max_num_batched_tokens: 64\n    enforce_eager: true\n"
+            "    output_connectors:\n      to_stage_1: shm\n"
+            "    default_sampling_params:\n      max_tokens: 4002\n"
+            "  - stage_id: 1\n    max_num_seqs: 4\n    dtype: float32\n    enforce_eager: true\n"
+            "    max_num_batched_tokens: 4\n    input_connectors:\n      from_stage_0: shm\n"
+            "    matmul_precision: fp32\n    num_inference_steps: 2\n",
+            async_chunk ? "true" : "false", ckpt, codec_streaming ? "true" : "false");
+    return fclose(f);
+}
+
+static int segments_left(const char *prefix)
+{
+    DIR *d = opendir("/dev/shm");
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (!strncmp(e->d_name, prefix, strlen(prefix))) n++;
+    closedir(d);
+    return n;
+}
+
+static pid_t read_pid(const struct replica *r, const char *name)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/run/%s", r->dir, name);
+    char *s = read_file(path, NULL);
+    pid_t p = s ? (pid_t)atoi(s) : 0;
+    free(s);
+    return p;
+}
+
+/* Start the launcher; 0 once it printed READY (within 120 s). */
+static int replica_start(struct replica *r, const char *tmp, const char *tag, const char *ckpt, int async_chunk,
+                         int codec_streaming, int raw_frames)
+{
+    memset(r, 0, sizeof *r);
+    snprintf(r->dir, sizeof r->dir, "%s/%s", tmp, tag);
+    mkdir(r->dir, 0755);
+    snprintf(r->prefix, sizeof r->prefix, "e2e%d%s-", (int)getpid(), tag);
+    char deploy[1200], out[1200], err[1200], run[1200], launch[1200];
+    snprintf(deploy, sizeof deploy, "%s/deploy.yaml", r->dir);
+    snprintf(out, sizeof out, "%s/launch.out", r->dir);
+    snprintf(err, sizeof err, "%s/launch.err", r->dir);
+    snprintf(run, sizeof run, "%s/run", r->dir);
+    snprintf(launch, sizeof launch, "%s/scripts/launch.sh", test_source_dir());
+    if (write_deploy(deploy, ckpt, async_chunk, codec_streaming) < 0) return -1;
+    pid_t p = fork();
+    if (p < 0) return -1;
+    if (p == 0) {
+        int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644), fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fo < 0 || fe < 0) _exit(126);
+        dup2(fo, 1);
+        dup2(fe, 2);
+        setenv("MM3_SHM_PREFIX", r->prefix, 1);
+        setenv("MM3_RUN_DIR", run, 1);
+        setenv("MM3_BIN_DIR", test_bin_dir(), 1);
+        setenv("MM3_LAUNCH_TIMEOUT_S", "120", 1);
+        if (raw_frames) setenv("MM3_STAGE0_RAW_FRAMES", "1", 1);
+        execl("/bin/bash", "bash", launch, deploy, (char *)NULL);
+        _exit(127);
+    }
+    r->launcher = p;
+    for (int i = 0; i < 1200; i++) {
+        char *s = read_file(out, NULL);
+        char *at = s ? strstr(s, "READY ") : NULL;
+        if (at && strchr(at, '\n')) {
+            sscanf(at + 6, "%159s", r->url);
+            free(s);
+            return 0;
+        }
+        free(s);
+        int st;
+        if (waitpid(p, &st, WNOHANG) == p) {
+            r->launcher = 0;
+            fprintf(stderr, "launcher exited while starting; see %s\n", err);
+            return -1;
+        }
+        sleep_ms(100);
+    }
+    return -1;
+}
+
+static int log_contains(const struct replica *r, const char *needle)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/launch.err", r->dir);
+    char *s = read_file(path, NULL);
+    int found = s && strstr(s, needle);
+    free(s);
+    return found;
+}
+
+/* SIGTERM the launcher: it must exit 0 within 60 s, both stages gone, no segment left. */
+static int replica_stop(struct replica *r)
+{
+    if (!r->launcher) return 0;
+    pid_t s0 = read_pid(r, "stage0.pid"), s1 = read_pid(r, "stage1.pid");
+    kill(r->launcher, SIGTERM);
+    int st = -1;
+    for (int i = 0; i < 600; i++) {
+        if (waitpid(r->launcher, &st, WNOHANG) == r->launcher) break;
+        sleep_ms(100);
+        st = -1;
+    }
+    if (st == -1) {
+        kill(r->launcher, SIGKILL);
+        waitpid(r->launcher, &st, 0);
+        r->launcher = 0;
+        return -1;
+    }
+    r->launcher = 0;
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) return -2;
+    if ((s0 > 0 && kill(s0, 0) == 0) || (s1 > 0 && kill(s1, 0) == 0)) return -3;
+    if (segments_left(r->prefix)) return -4;
+    /* Under sanitizers the stages report into the launcher's log. */
+    if (log_contains(r, "Sanitizer") || log_contains(r, "runtime error:")) {
+        fprintf(stderr, "sanitizer report in %s/launch.err\n", r->dir);
+        return -5;
+    }
+    return 0;
+}
+
+static int post(const struct replica *r, const char *json, struct http_client_response *resp)
+{
+    char url[256];
+    snprintf(url, sizeof url, "%s/v1/audio/speech", r->url);
+    return http_client_request(
+        &(struct http_client_request){
+            .url = url, .method = "POST", .body = json, .body_len = strlen(json), .timeout_ms = 120000},
+        resp);
+}
+
+static char *get_text(const struct replica *r, const char *path, int *status)
+{
+    char url[256];
+    snprintf(url, sizeof url, "%s%s", r->url, path);
+    struct http_client_response resp;
+    int rc =
+        http_client_request(&(struct http_client_request){.url = url, .method = "GET", .timeout_ms = 10000}, &resp);
+    char *body = NULL;
+    *status = rc < 0 ? -1 : resp.status;
+    if (rc == 0 && resp.body) body = strdup(resp.body);
+    http_client_response_free(&resp);
+    return body;
+}
+
+/* Value of a metric line "name value" (exact name incl. labels), -1 if absent. */
+static double metric(const struct replica *r, const char *name)
+{
+    int st;
+    char *m = get_text(r, "/metrics", &st);
+    double v = -1;
+    size_t n = strlen(name);
+    for (char *l = m; l && *l;) {
+        if (!strncmp(l, name, n) && l[n] == ' ') {
+            v = atof(l + n + 1);
+            break;
+        }
+        char *nl = strchr(l, '\n');
+        l = nl ? nl + 1 : NULL;
+    }
+    free(m);
+    return v;
+}
+
+struct wav {
+    int channels, rate, bits;
+    const uint8_t *data;
+    size_t data_len;
+};
+
+static uint32_t le32(const uint8_t *p)
+{
+    return p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* Canonical 44-byte header (whole: sizes set; streamed: 0xFFFFFFFF). */
+static int wav_parse(const uint8_t *b, size_t n, struct wav *w)
+{
+    if (n < 44 || memcmp(b, "RIFF", 4) || memcmp(b + 8, "WAVE", 4) || memcmp(b + 36, "data", 4)) return -1;
+    w->channels = b[22] | b[23] << 8;
+    w->rate = (int)le32(b + 24);
+    w->bits = b[34] | b[35] << 8;
+    w->data = b + 44;
+    w->data_len = n - 44;
+    uint32_t ds = le32(b + 40);
+    if (ds != 0xFFFFFFFFu && ds != w->data_len) return -1;
+    return 0;
+}
+
+/* Whole answer of a request; asserts 200 and a complete body. */
+static void generate(const struct replica *r, const char *json, struct http_client_response *resp)
+{
+    assert_int_equal(post(r, json, resp), 0);
+    if (resp->status != 200) fprintf(stderr, "%d: %s\n", resp->status, resp->body ? resp->body : "");
+    assert_int_equal(resp->status, 200);
+    assert_true(resp->complete);
+}
+
+static void check_song(const struct http_client_response *resp, int rate, struct wav *w)
+{
+    assert_int_equal(wav_parse((const uint8_t *)resp->body, resp->body_len, w), 0);
+    assert_int_equal(w->channels, 2);
+    assert_int_equal(w->rate, rate);
+    assert_int_equal(w->bits, 16);
+    assert_true(w->data_len > 0 && w->data_len % 4 == 0);
+    /* not silent (16-bit samples are inside [-1, 1] by construction) */
+    const int16_t *s = (const int16_t *)w->data;
+    int loud = 0;
+    for (size_t i = 0; i < w->data_len / 2; i++)
+        if (s[i] > 64 || s[i] < -64) loud++;
+    assert_true(loud > 100);
+}
+
+static const char *k_lyrics = "[verse]\\nhello world\\n[chorus]\\nsing with me\\n";
+static const char *k_lyrics_raw = "[verse]\nhello world\n[chorus]\nsing with me\n";
+
+static int group_setup(void **state)
+{
+    const char *g = test_golden_dir();
+    if (!g) return 0;
+    struct e2e *e = calloc(1, sizeof *e);
+    snprintf(e->ckpt, sizeof e->ckpt, "%s/checkpoint", g);
+    e->tmp = test_make_tmpdir("e2e");
+    /* The reference song through the standalone programs. */
+    char cmd[8192], ly[1200], wav[1200];
+    snprintf(ly, sizeof ly, "%s/lyrics.txt", e->tmp);
+    snprintf(wav, sizeof wav, "%s/ref.wav", e->tmp);
+    FILE *f = fopen(ly, "w");
+    fputs(k_lyrics_raw, f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd,
+             "'%s/mm3-stage0' --model '%s' --caption 'a bright synth pop song' --lyrics-file '%s' --duration 3 "
+             "--seed 5 --frames-out '%s/ref.st' 2>/dev/null && "
+             "'%s/mm3-stage1' --model '%s' --frames '%s/ref.st' --seed 5 --steps 2 --guidance 1.7 -o '%s' 2>/dev/null",
+             test_bin_dir(), e->ckpt, ly, e->tmp, test_bin_dir(), e->ckpt, e->tmp, wav);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "standalone reference failed: %s\n", cmd);
+        return -1;
+    }
+    size_t n;
+    char *b = read_file(wav, &n);
+    struct wav w;
+    if (!b || wav_parse((uint8_t *)b, n, &w) < 0) return -1;
+    e->ref = malloc(w.data_len);
+    memcpy(e->ref, w.data, w.data_len);
+    e->ref_len = w.data_len;
+    free(b);
+    if (replica_start(&e->a, e->tmp, "a", e->ckpt, 1, 1, 0) < 0) {
+        fprintf(stderr, "replica a did not start\n");
+        return -1;
+    }
+    *state = e;
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    struct e2e *e = *state;
+    if (!e) return 0;
+    if (e->a.launcher) replica_stop(&e->a);
+    test_remove_tree(e->tmp);
+    free(e->tmp);
+    free(e->ref);
+    free(e);
+    return 0;
+}
+
+static void song_json(char *buf, size_t cap, int seed, double seconds, int stream, int rate)
+{
+    snprintf(buf, cap,
+             "{\"caption\":\"a bright synth pop song\",\"lyrics\":\"%s\",\"duration_s\":%g,\"seed\":%d,"
+             "\"num_inference_steps\":2,\"stream\":%s,\"sample_rate\":%d}",
+             k_lyrics, seconds, seed, stream ? "true" : "false", rate);
+}
+
+static void test_song_equals_standalone(void **state)
+{
+    struct e2e *e = *state;
+    if (!e) skip();
+    char json[1024];
+    struct http_client_response whole, streamed, again;
+    struct wav w1, w2, w3;
+    song_json(json, sizeof json, 5, 3, 0, 44100);
+    generate(&e->a, json, &whole);
+    check_song(&whole, 44100, &w1);
+    assert_int_equal(w1.data_len, e->ref_len);
+    assert_memory_equal(w1.data, e->ref, e->ref_len);
+    song_json(json, sizeof json, 5, 3, 1, 44100);
+    generate(&e->a, json, &streamed);
+    assert_true(streamed.chunked);
+    check_song(&streamed, 44100, &w2);
+    assert_int_equal(w2.data_len, e->ref_len);
+    assert_memory_equal(w2.data, e->ref, e->ref_len);
+    song_json(json, sizeof json, 5, 3, 0, 44100);
+    generate(&e->a, json, &again);
+    check_song(&again, 44100, &w3);
+    assert_int_equal(w3.data_len, w1.data_len);
+    assert_memory_equal(w3.data, w1.data, w1.data_len);
+    /* 32 kHz: the resampled song, 320/441 as long */
+    struct http_client_response r32;
+    struct wav w4;
+    song_json(json, sizeof json, 5, 3, 0, 32000);
+    generate(&e->a, json, &r32);
+    check_song(&r32, 32000, &w4);
+    double want = (double)(w1.data_len / 4) * 320.0 / 441.0, got = (double)(w4.data_len / 4);
+    assert_true(got > want - 2 && got < want + 2);
+    http_client_response_free(&whole);
+    http_client_response_free(&streamed);
+    http_client_response_free(&again);
+    http_client_response_free(&r32);
+}
+
+struct conc {
+    const struct replica *r;
+    char json[1024];
+    struct http_client_response resp;
+    int rc;
+};
+
+static void *conc_run(void *arg)
+{
+    struct conc *c = arg;
+    c->rc = post(c->r, c->json, &c->resp);
+    return NULL;
+}
+
+static void test_concurrent_equal_single(void **state)
+{
+    struct e2e *e = *state;
+    if (!e) skip();
+    struct conc c[4];
+    struct http_client_response single[4];
+    for (int i = 0; i < 4; i++) {
+        c[i].r = &e->a;
+        song_json(c[i].json, sizeof c[i].json, 11 + i, 2 + i, i % 2, 44100);
+        generate(&e->a, c[i].json, &single[i]);
+    }
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++)
+        pthread_create(&t[i], NULL, conc_run, &c[i]);
+    for (int i = 0; i < 4; i++)
+        pthread_join(t[i], NULL);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(c[i].rc, 0);
+        assert_int_equal(c[i].resp.status, 200);
+        assert_true(c[i].resp.complete);
+        struct wav a, b;
+        check_song(&single[i], 44100, &a);
+        check_song(&c[i].resp, 44100, &b);
+        assert_int_equal(a.data_len, b.data_len);
+        assert_memory_equal(a.data, b.data, a.data_len);
+        http_client_response_free(&single[i]);
+        http_client_response_free(&c[i].resp);
+    }
+}
+
+static void test_prompt_too_long(void **state)
+{
+    struct e2e *e = *state;
+    if (!e) skip();
+    /* Digits are one token each: 8000 characters, under the 20000-character limit. */
+    size_t n = 8000;
+    char *json = malloc(n + 256);
+    int k = sprintf(json, "{\"caption\":\"pop\",\"lyrics\":\"");
+    for (size_t i = 0; i < n; i++)
+        json[k++] = (char)('0' + i % 10);
+    sprintf(json + k, "\",\"duration_s\":2}");
+    struct http_client_response resp;
+    assert_int_equal(post(&e->a, json, &resp), 0);
+    assert_int_equal(resp.status, 400);
+    assert_non_null(resp.body);
+    assert_non_null(strstr(resp.body, "lyrics"));
+    assert_non_null(strstr(resp.body, "5000"));
+    http_client_response_free(&resp);
+    free(json);
+}
+
+struct abort_ctx {
+    size_t got;
+    pid_t kill_pid; /* > 0: kill -9 it at the first audio bytes, keep reading */
+};
+
+static int abort_on_body(void *user, const void *data, size_t n)
+{
+    (void)data;
+    struct abort_ctx *a = user;
+    a->got += n;
+    if (a->got <= 44) return 0; /* the header alone may come before audio */
+    if (a->kill_pid > 0) {
+        kill(a->kill_pid, SIGKILL);
+        a->kill_pid = 0;
+        return 0;
+    }
+    return a->kill_pid == 0 ? 0 : -ECONNABORTED;
+}
+
+static void short_song_works(const struct replica *r)
+{
+    char json[1024];
+    struct http_client_response resp;
+    struct wav w;
+    song_json(json, sizeof json, 3, 2, 0, 44100);
+    generate(r, json, &resp);
+    check_song(&resp, 44100, &w);
+    http_client_response_free(&resp);
+}
+
+static void test_client_disconnect_cancels(void **state)
+{
+    struct e2e *e = *state;
+    if (!e) skip();
+    double before = metric(&e->a, "mm3_requests_total{outcome=\"cancelled\"}");
+    char json[1024], url[256];
+    song_json(json, sizeof json, 21, 40, 1, 44100);
+    snprintf(url, sizeof url, "%s/v1/audio/speech", e->a.url);
+    struct abort_ctx a = {0, -1}; /* -1: abort at the first audio */
+    struct http_client_response resp;
+    http_client_request(&(struct http_client_request){.url = url,
+                                                      .method = "POST",
+                                                      .body = json,
+                                                      .body_len = strlen(json),
+                                                      .timeout_ms = 60000,
+                                                      .on_body = abort_on_body,
+                                                      .user = &a},
+                        &resp);
+    http_client_response_free(&resp);
+    assert_true(a.got > 44);
+    int ok = 0;
+    for (int i = 0; i < 600 && !ok; i++) { /* generous: sanitizer builds are slow */
+        ok = metric(&e->a, "mm3_requests_total{outcome=\"cancelled\"}") > before &&
+             metric(&e->a, "mm3_active_rows") == 0 &&
+             log_contains(&e->a, "client went away; cancelled in both stages") &&
+             (log_contains(&e->a, "cancelled by stage 0; freeing it") || log_contains(&e->a, "stage 0 cancelled it"));
+        if (!ok) sleep_ms(100);
+    }
+    assert_true(ok);
+    short_song_works(&e->a); /* rows are free again */
+}
+
+static void test_stage1_killed_mid_song(void **state)
+{
+    struct e2e *e = *state;
+    if (!e) skip();
+    pid_t s1 = read_pid(&e->a, "stage1.pid");
+    assert_true(s1 > 0);
+    char json[1024], url[256];
+    song_json(json, sizeof json, 22, 40, 1, 44100);
+    snprintf(url, sizeof url, "%s/v1/audio/speech", e->a.url);
+    struct abort_ctx a = {0, s1};
+    struct http_client_response resp;
+    int rc = http_client_request(&(struct http_client_request){.url = url,
+                                                               .method = "POST",
+                                                               .body = json,
+                                                               .body_len = strlen(json),
+                                                               .timeout_ms = 60000,
+                                                               .on_body = abort_on_body,
+                                                               .user = &a},
+                                 &resp);
+    assert_int_equal(a.kill_pid, 0); /* it was killed mid-song */
+    assert_true(rc < 0 || resp.status != 200 || !resp.complete);
+    http_client_response_free(&resp);
+    /* stage 0 is still there and says so; the launcher brings stage 1 back */
+    int st, back = 0;
+    char *h = get_text(&e->a, "/health", &st);
+    assert_non_null(h);
+    assert_non_null(strstr(h, "\"stage0\":{\"state\":\"ready\""));
+    free(h);
+    for (int i = 0; i < 300 && read_pid(&e->a, "stage1.pid") == s1; i++)
+        sleep_ms(100);
+    assert_true(read_pid(&e->a, "stage1.pid") != s1);
+    for (int i = 0; i < 300 && !back; i++) {
+        h = get_text(&e->a, "/health", &st);
+        back = st == 200 && h && strstr(h, "\"stage1\":{\"state\":\"ready\"");
+        free(h);
+        if (!back) sleep_ms(100);
+    }
+    assert_true(back);
+    assert_true(log_contains(&e->a, "stage 1 died mid-song"));
+    short_song_works(&e->a);
+}
+
+/* async_chunk: false + raw frames: the same song; codec_streaming: false refuses streams. */
+static void test_held_raw_frames_same_audio(void **state)
+{
+    struct e2e *e = *state;
+    if (!e) skip();
+    struct replica b;
+    assert_int_equal(replica_start(&b, e->tmp, "b", e->ckpt, 0, 0, 1), 0);
+    char json[1024];
+    struct http_client_response resp;
+    struct wav w;
+    song_json(json, sizeof json, 5, 3, 0, 44100);
+    generate(&b, json, &resp);
+    check_song(&resp, 44100, &w);
+    assert_int_equal(w.data_len, e->ref_len);
+    assert_memory_equal(w.data, e->ref, e->ref_len);
+    http_client_response_free(&resp);
+    song_json(json, sizeof json, 5, 3, 1, 44100);
+    assert_int_equal(post(&b, json, &resp), 0);
+    assert_int_equal(resp.status, 400);
+    assert_non_null(strstr(resp.body, "stream"));
+    http_client_response_free(&resp);
+    assert_true(log_contains(&b, "MM3_STAGE0_RAW_FRAMES=1"));
+    assert_int_equal(replica_stop(&b), 0);
+}
+
+static void test_sigterm_stops_everything(void **state)
+{
+    struct e2e *e = *state;
+    if (!e) skip();
+    assert_int_equal(replica_stop(&e->a), 0);
+}
+
+int main(void)
+{
+    if (!test_golden_dir()) return 77;
+    char p[1200];
+    snprintf(p, sizeof p, "%s/mm3-stage1", test_bin_dir());
+    if (access(p, X_OK) != 0) return 77;
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_song_equals_standalone),   cmocka_unit_test(test_concurrent_equal_single),
+        cmocka_unit_test(test_prompt_too_long),          cmocka_unit_test(test_client_disconnect_cancels),
+        cmocka_unit_test(test_stage1_killed_mid_song),   cmocka_unit_test(test_held_raw_frames_same_audio),
+        cmocka_unit_test(test_sigterm_stops_everything),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

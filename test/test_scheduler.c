@@ -1,0 +1,423 @@
+/* The stage-0 scheduler on the tiny-a checkpoint: requests run through one
+ * batched step loop (shared KV cache, interleaved prefill and decode, chunked
+ * prefill, row pairs reused, a queue) give exactly the frames of separate
+ * generate_begin/step runs; the admission rules (queue bound, prompt cap,
+ * cancel frees rows). Skips (77) without the golden directory. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "common/sampler.h"
+#include "stage0/generate.h"
+#include "stage0/prompt.h"
+#include "stage0/scheduler.h"
+#include "stage0/tokenizer.h"
+#include "support/test_support.h"
+
+#define MAX_JOBS 8
+#define MAX_T 64
+
+struct model {
+    char root[1024];
+    struct talker lm;
+    struct depth dd;
+    struct tokenizer *tok;
+};
+
+/* Frames per job as the sink saw them. */
+struct sink_log {
+    int width;
+    struct mm3_job *jobs[MAX_JOBS];
+    float *frames[MAX_JOBS];
+    int n[MAX_JOBS], ended[MAX_JOBS], started[MAX_JOBS], aborted[MAX_JOBS], order_ok[MAX_JOBS];
+    int n_jobs;
+    int hold; /* can_start answers !hold */
+};
+
+static int slot_of(struct sink_log *l, struct mm3_job *job)
+{
+    for (int i = 0; i < l->n_jobs; i++)
+        if (l->jobs[i] == job) return i;
+    return -1;
+}
+
+static int on_start(void *ctx, struct mm3_job *job)
+{
+    struct sink_log *l = ctx;
+    int i = slot_of(l, job);
+    if (i < 0) return -1;
+    l->started[i]++;
+    return 0;
+}
+
+static int on_frames(void *ctx, struct mm3_job *job, int first, int n, const float *frames, int width)
+{
+    struct sink_log *l = ctx;
+    int i = slot_of(l, job);
+    if (i < 0 || width != l->width || first + n > MAX_T) return -1;
+    if (first != l->n[i]) l->order_ok[i] = 0;
+    memcpy(l->frames[i] + (size_t)first * width, frames, sizeof(float) * (size_t)n * width);
+    l->n[i] = first + n;
+    return 0;
+}
+
+static int on_end(void *ctx, struct mm3_job *job, int total)
+{
+    struct sink_log *l = ctx;
+    int i = slot_of(l, job);
+    if (i < 0 || total != l->n[i]) return -1;
+    l->ended[i]++;
+    mm3_job_finish(job);
+    return 0;
+}
+
+static int can_start(void *ctx)
+{
+    struct sink_log *l = ctx;
+    return !l->hold;
+}
+
+static void on_abort(void *ctx, struct mm3_job *job)
+{
+    struct sink_log *l = ctx;
+    int i = slot_of(l, job);
+    if (i >= 0) l->aborted[i]++;
+}
+
+static int setup(void **state)
+{
+    const char *g = test_golden_dir();
+    if (!g) return 0;
+    struct model *m = calloc(1, sizeof *m);
+    char path[1200];
+    snprintf(m->root, sizeof m->root, "%s/checkpoint", g);
+    snprintf(path, sizeof path, "%s/tokenizer/tokenizer.json", m->root);
+    if (talker_load(&m->lm, m->root) < 0 || depth_load(&m->dd, m->root) < 0 || tokenizer_load(&m->tok, path) < 0) {
+        fprintf(stderr, "load: %s\n", mm3_last_error());
+        free(m);
+        return -1;
+    }
+    *state = m;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    struct model *m = *state;
+    if (m) {
+        talker_free(&m->lm);
+        depth_free(&m->dd);
+        tokenizer_free(m->tok);
+        free(m);
+    }
+    return 0;
+}
+
+struct request {
+    const char *caption, *lyrics;
+    int frames;
+    uint64_t seed;
+};
+
+static const struct request k_req[] = {
+    {"a bright synth pop song", "[verse]\nhello world\n[chorus]\nsing with me\n", 20, 7},
+    {"slow sad piano ballad with a long caption to make the prompt longer than the others", "la la la\n", 9, 8},
+    {"rock", "[intro]\n", 14, 7}, /* same seed as the first, other prompt */
+    {"jazz trio", "doo be doo\nbe doo\n", 11, 1234567},
+};
+#define N_REQ ((int)(sizeof k_req / sizeof k_req[0]))
+
+static struct mm3_job *make_job(const struct request *q)
+{
+    struct mm3_job_params p = {.lyrics = (char *)q->lyrics,
+                               .caption = (char *)q->caption,
+                               .max_frames = q->frames,
+                               .seed = q->seed,
+                               .sample_rate = 44100,
+                               .num_inference_steps = 2,
+                               .guidance_scale = 1.7f,
+                               .cfg_scale = SAMPLER_CFG_SCALE};
+    struct mm3_job *j;
+    assert_int_equal(mm3_job_create(&j, &p, 2, 44100, 4), 0);
+    return j;
+}
+
+/* One request on its own, through the unbatched path. */
+static int run_alone(struct model *m, const struct request *q, float *frames, int *n_out)
+{
+    int32_t *ids;
+    int P;
+    if (prompt_encode_pair(m->tok, q->caption, q->lyrics, &ids, &P) < 0) return -1;
+    struct sampler sp;
+    sampler_init_seeded(&sp, q->seed);
+    struct generate g;
+    int rc = generate_begin(&g, &m->lm, &m->dd, &sp, ids, P, q->frames, SAMPLER_CFG_SCALE, NULL);
+    free(ids);
+    if (rc < 0) return rc;
+    int width = m->dd.cfg.n_codebooks * m->lm.cfg.hidden;
+    while (!g.done && rc == 0) {
+        int before = g.n_frames;
+        rc = generate_step(&g);
+        if (g.n_frames > before) memcpy(frames + (size_t)before * width, g.frame, sizeof(float) * width);
+    }
+    *n_out = g.n_frames;
+    generate_end(&g);
+    return rc;
+}
+
+static struct sched *make_sched(struct model *m, struct sink_log *log, int rows, int tokens, int queue)
+{
+    struct sched_config cfg = {.max_rows = rows, .max_ctx = 512, .max_batched_tokens = tokens, .max_queue = queue};
+    struct sched_sink sink = {.ctx = log,
+                              .can_start = can_start,
+                              .on_start = on_start,
+                              .on_frames = on_frames,
+                              .on_end = on_end,
+                              .on_abort = on_abort};
+    struct sched *s;
+    assert_int_equal(sched_create(&s, &cfg, &m->lm, &m->dd, m->tok, &sink), 0);
+    return s;
+}
+
+static void log_init(struct sink_log *l, int width)
+{
+    memset(l, 0, sizeof *l);
+    l->width = width;
+}
+
+static void log_free(struct sink_log *l)
+{
+    for (int i = 0; i < l->n_jobs; i++) {
+        free(l->frames[i]);
+        mm3_job_unref(l->jobs[i]);
+    }
+}
+
+static int log_add(struct sink_log *l, struct mm3_job *j)
+{
+    int i = l->n_jobs++;
+    l->jobs[i] = j;
+    l->frames[i] = calloc((size_t)MAX_T * l->width, sizeof(float));
+    l->order_ok[i] = 1;
+    return i;
+}
+
+/* 4 requests, 2 row pairs (so 2 wait and reuse freed pairs), 12 tokens per step
+ * (prompts of ~30-50 tokens prefill over several steps while others decode). */
+static void test_batched_equals_separate(void **state)
+{
+    struct model *m = *state;
+    if (!m) skip();
+    int width = m->dd.cfg.n_codebooks * m->lm.cfg.hidden;
+    struct sink_log log;
+    log_init(&log, width);
+    struct sched *s = make_sched(m, &log, 4, 12, 8);
+    for (int i = 0; i < N_REQ; i++) {
+        struct mm3_job *j = make_job(&k_req[i]);
+        log_add(&log, j);
+        assert_int_equal(sched_submit(s, j), 0);
+    }
+    int queued, rows;
+    sched_counts(s, &queued, &rows);
+    assert_int_equal(queued, N_REQ);
+    int steps = 0, left, max_rows = 0;
+    while ((left = sched_step(s)) > 0 && steps < 2000) {
+        steps++;
+        sched_counts(s, &queued, &rows);
+        if (rows > max_rows) max_rows = rows;
+    }
+    assert_int_equal(left, 0);
+    assert_int_equal(max_rows, 4);
+    float *alone = malloc(sizeof(float) * MAX_T * width);
+    for (int i = 0; i < N_REQ; i++) {
+        int n;
+        assert_int_equal(run_alone(m, &k_req[i], alone, &n), 0);
+        assert_int_equal(log.started[i], 1);
+        assert_int_equal(log.ended[i], 1);
+        assert_int_equal(log.aborted[i], 0);
+        assert_true(log.order_ok[i]);
+        assert_int_equal(log.n[i], n);
+        assert_true(n > 0);
+        assert_memory_equal(log.frames[i], alone, sizeof(float) * (size_t)n * width);
+        assert_int_equal(mm3_job_state(log.jobs[i]), MM3_JOB_DONE);
+        assert_int_equal(log.jobs[i]->frames_done, n);
+    }
+    /* Same seed, other prompt: another song (the seed alone does not decide it). */
+    assert_true(memcmp(log.frames[0], log.frames[2], sizeof(float) * width) != 0);
+    free(alone);
+    sched_destroy(s, NULL);
+    log_free(&log);
+}
+
+/* The queue bound, the prompt cap naming the field, and a cancel that frees the pair. */
+static void test_admission_and_cancel(void **state)
+{
+    struct model *m = *state;
+    if (!m) skip();
+    int width = m->dd.cfg.n_codebooks * m->lm.cfg.hidden;
+    struct sink_log log;
+    log_init(&log, width);
+    struct sched *s = make_sched(m, &log, 2, 64, 1);
+    struct request long_q = {"x", NULL, 5, 1};
+    size_t big = 6000 * 6;
+    char *lyrics = malloc(big + 1);
+    for (size_t i = 0; i < big; i += 6)
+        memcpy(lyrics + i, "hello ", 6);
+    lyrics[big] = 0;
+    long_q.lyrics = lyrics;
+    struct mm3_job *jl = make_job(&long_q);
+    assert_int_equal(sched_submit(s, jl), -EINVAL);
+    char msg[512];
+    assert_int_equal(mm3_job_error(jl, msg, sizeof msg), 400);
+    assert_non_null(strstr(msg, "lyrics"));
+    mm3_job_unref(jl);
+    free(lyrics);
+
+    struct request q = k_req[0];
+    q.frames = 40;
+    int a = log_add(&log, make_job(&q));
+    int b = log_add(&log, make_job(&k_req[1]));
+    assert_int_equal(sched_submit(s, log.jobs[a]), 0);
+    assert_int_equal(sched_submit(s, log.jobs[b]), 0); /* queued: one pair, queue 1 */
+    struct mm3_job *jc = make_job(&k_req[2]);
+    assert_int_equal(sched_submit(s, jc), -EAGAIN);
+    mm3_job_unref(jc);
+    for (int i = 0; i < 8; i++)
+        assert_true(sched_step(s) > 0);
+    assert_true(log.n[a] > 0);
+    int queued, rows;
+    sched_counts(s, &queued, &rows);
+    assert_int_equal(queued, 1);
+    assert_int_equal(rows, 2);
+    assert_true(mm3_job_cancel(log.jobs[a]));
+    int steps = 0;
+    while (sched_step(s) > 0 && steps < 1000)
+        steps++;
+    assert_int_equal(log.aborted[a], 1);
+    assert_int_equal(log.ended[a], 0);
+    assert_true(log.n[a] < 40);
+    assert_int_equal(log.ended[b], 1); /* got the freed pair */
+    assert_int_equal(log.n[b], k_req[1].frames);
+    sched_counts(s, &queued, &rows);
+    assert_int_equal(queued + rows, 0);
+    sched_destroy(s, NULL);
+    log_free(&log);
+}
+
+/* can_start holds admission: the job stays queued, then starts when allowed. */
+static void test_admission_held(void **state)
+{
+    struct model *m = *state;
+    if (!m) skip();
+    struct sink_log log;
+    log_init(&log, m->dd.cfg.n_codebooks * m->lm.cfg.hidden);
+    log.hold = 1;
+    struct sched *s = make_sched(m, &log, 2, 64, 2);
+    int a = log_add(&log, make_job(&k_req[1]));
+    assert_int_equal(sched_submit(s, log.jobs[a]), 0);
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(sched_step(s), 1);
+    int queued, rows;
+    sched_counts(s, &queued, &rows);
+    assert_int_equal(queued, 1);
+    assert_int_equal(log.started[a], 0);
+    log.hold = 0;
+    int steps = 0;
+    while (sched_step(s) > 0 && steps < 1000)
+        steps++;
+    assert_int_equal(log.started[a], 1);
+    assert_int_equal(log.ended[a], 1);
+    sched_destroy(s, NULL);
+    log_free(&log);
+}
+
+/* Guidance off (cfg_scale 1): the song comes from the conditional row alone, so
+ * another unconditional prompt changes nothing; with guidance on it does. */
+static void run_pair(struct model *m, const int32_t *ids, int P, float scale, float *frames, int *n)
+{
+    struct sampler sp;
+    sampler_init_seeded(&sp, 99);
+    struct generate g;
+    assert_int_equal(generate_begin(&g, &m->lm, &m->dd, &sp, ids, P, 12, scale, NULL), 0);
+    int width = m->dd.cfg.n_codebooks * m->lm.cfg.hidden;
+    while (!g.done) {
+        int before = g.n_frames;
+        assert_int_equal(generate_step(&g), 0);
+        if (g.n_frames > before) memcpy(frames + (size_t)before * width, g.frame, sizeof(float) * width);
+    }
+    *n = g.n_frames;
+    generate_end(&g);
+}
+
+static void test_guidance_off_ignores_uncond(void **state)
+{
+    struct model *m = *state;
+    if (!m) skip();
+    int32_t *ids;
+    int P;
+    assert_int_equal(prompt_encode_pair(m->tok, k_req[0].caption, k_req[0].lyrics, &ids, &P), 0);
+    int32_t *other = malloc(sizeof(int32_t) * 2 * P);
+    memcpy(other, ids, sizeof(int32_t) * 2 * P);
+    for (int i = 1; i < P - 2; i++)
+        other[P + i] = ids[i]; /* uncond row := the conditional text */
+    int width = m->dd.cfg.n_codebooks * m->lm.cfg.hidden, na, nb;
+    float *a = malloc(sizeof(float) * 12 * width), *b = malloc(sizeof(float) * 12 * width);
+    run_pair(m, ids, P, 1.0f, a, &na);
+    run_pair(m, other, P, 1.0f, b, &nb);
+    assert_int_equal(na, nb);
+    assert_memory_equal(a, b, sizeof(float) * (size_t)na * width);
+    run_pair(m, ids, P, 3.0f, a, &na);
+    run_pair(m, other, P, 3.0f, b, &nb);
+    assert_true(na != nb || memcmp(a, b, sizeof(float) * (size_t)na * width) != 0);
+    free(a), free(b), free(ids), free(other);
+}
+
+/* The thread drives the same loop; destroy fails what is still running. */
+static void test_thread_and_shutdown(void **state)
+{
+    struct model *m = *state;
+    if (!m) skip();
+    int width = m->dd.cfg.n_codebooks * m->lm.cfg.hidden;
+    struct sink_log log;
+    log_init(&log, width);
+    struct sched *s = make_sched(m, &log, 2, 64, 4);
+    struct request q = k_req[0];
+    q.frames = 60;
+    int a = log_add(&log, make_job(&q));
+    assert_int_equal(sched_submit(s, log.jobs[a]), 0);
+    assert_int_equal(sched_start(s), 0);
+    for (int i = 0; i < 200 && log.jobs[a]->frames_done < 2; i++) {
+        struct timespec t = {0, 10 * 1000000L};
+        nanosleep(&t, NULL);
+    }
+    sched_destroy(s, "test shutdown");
+    enum mm3_job_state st = mm3_job_state(log.jobs[a]);
+    assert_true(st == MM3_JOB_DONE || st == MM3_JOB_FAILED);
+    if (st == MM3_JOB_FAILED) {
+        char msg[256];
+        assert_int_equal(mm3_job_error(log.jobs[a], msg, sizeof msg), 503);
+        assert_non_null(strstr(msg, "test shutdown"));
+        assert_int_equal(log.aborted[a], 1);
+    }
+    log_free(&log);
+}
+
+int main(void)
+{
+    if (!test_golden_dir()) return 77;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_batched_equals_separate), cmocka_unit_test(test_admission_and_cancel),
+        cmocka_unit_test(test_admission_held),          cmocka_unit_test(test_guidance_off_ignores_uncond),
+        cmocka_unit_test(test_thread_and_shutdown),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
