@@ -1,0 +1,321 @@
+/* mm3-rerender: render a journaled song again (docs/journal.md).
+ *
+ *   mm3-rerender --model CKPT --journal FILE [--seed N] [--steps N] [--guidance G]
+ *                [--sample-rate 44100|32000] [--float] -o OUT.wav
+ *
+ * Reads the journal, rebuilds the prompt ids from its caption and lyrics (their hash
+ * must match the journaled one: same tokenizer, same ids), recomputes the frames by
+ * teacher forcing (stage0/teacher_force.h) and streams them into the stage-1 render
+ * in-process (stage1/render.h + stage1/vocoder.h), writing the WAV as windows finish.
+ * Seed, steps, guidance and sample rate default to the journaled request's; each can
+ * be overridden. With the journal's settings the audio equals what the server sent. */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "common/resample.h"
+#include "common/wav.h"
+#include "stage0/generate_prompt.h"
+#include "stage0/journal.h"
+#include "stage0/teacher_force.h"
+#include "stage1/condition.h"
+#include "stage1/dit.h"
+#include "stage1/flow.h"
+#include "stage1/render.h"
+#include "stage1/vocoder.h"
+
+struct options {
+    const char *model, *journal, *out;
+    uint64_t seed;
+    int seed_given, steps, sample_rate, as_float;
+    float guidance;
+    int guidance_given;
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: mm3-rerender --model CKPT --journal FILE [--seed N] [--steps N] [--guidance G]\n"
+               "                    [--sample-rate 44100|32000] [--float] -o OUT.wav\n");
+}
+
+/* WAV output, resampled on the way when the rate differs from the vocoder's. */
+struct wav_out {
+    FILE *f;
+    const char *path;
+    enum wav_format format;
+    struct resample *rs;
+    float *rs_buf;
+    int64_t rs_cap;
+    uint8_t *buf;
+    size_t buf_cap;
+    int64_t frames;
+};
+
+static int wav_out_write(struct wav_out *w, const float *pcm, int64_t stride, int64_t n)
+{
+    size_t bytes = (size_t)n * 2 * wav_format_bytes(w->format);
+    if (bytes > w->buf_cap) {
+        uint8_t *b = realloc(w->buf, bytes);
+        if (!b) return mm3_errorf(-ENOMEM, "%s: out of memory", w->path);
+        w->buf = b;
+        w->buf_cap = bytes;
+    }
+    wav_samples_encode(w->buf, pcm, stride, 2, n, w->format);
+    if (fwrite(w->buf, 1, bytes, w->f) != bytes) return mm3_errorf(-EIO, "%s: write failed", w->path);
+    w->frames += n;
+    return 0;
+}
+
+static int rs_reserve(struct wav_out *w, int64_t n)
+{
+    if (n <= w->rs_cap) return 0;
+    float *b = realloc(w->rs_buf, sizeof(float) * 2 * (size_t)n);
+    if (!b) return mm3_errorf(-ENOMEM, "%s: out of memory", w->path);
+    w->rs_buf = b;
+    w->rs_cap = n;
+    return 0;
+}
+
+static int wav_out_emit(void *ctx, const float *pcm, int n)
+{
+    struct wav_out *w = ctx;
+    if (!w->rs) return wav_out_write(w, pcm, n, n) < 0 ? -1 : 0;
+    int64_t got = 0;
+    if (rs_reserve(w, resample_stream_push_len(w->rs, n)) < 0 ||
+        resample_stream_push(w->rs, pcm, n, n, w->rs_buf, w->rs_cap, &got) < 0)
+        return -1;
+    return wav_out_write(w, w->rs_buf, w->rs_cap, got) < 0 ? -1 : 0;
+}
+
+static int vocoder_decode_cb(void *ctx, const float *latents, int L, float *pcm)
+{
+    return vocoder_decode(ctx, latents, L, pcm);
+}
+
+struct render_feed {
+    struct render *r;
+    int width; /* n_codebooks * hidden: the layout stage 1 takes */
+};
+
+static int push_to_render(void *ctx, int t0, const float *frames, int n)
+{
+    (void)t0;
+    struct render_feed *f = ctx;
+    int rc = render_push_frames(f->r, frames, n, f->width);
+    return rc < 0 ? rc : 0;
+}
+
+struct stage0_models {
+    struct talker lm;
+    struct depth dd;
+    int loaded;
+};
+
+/* The prompt of the journal, checked against its hash. */
+static int journal_prompt(const char *model, const struct journal_record *rec, int32_t **ids, int *P)
+{
+    int n, rc = generate_prompt_ids(model, rec->h.params.caption, rec->h.params.lyrics, ids, &n);
+    if (rc < 0) return rc;
+    *P = n / 2;
+    if (*P != rec->h.prompt_len || journal_prompt_hash(*ids, *P) != rec->h.prompt_hash) {
+        free(*ids);
+        *ids = NULL;
+        return mm3_errorf(-EINVAL,
+                          "the prompt tokenizes to %d ids per row here, the journal's to %d with another hash: "
+                          "not the tokenizer the song was made with",
+                          *P, rec->h.prompt_len);
+    }
+    return 0;
+}
+
+static int rerender(const struct options *o)
+{
+    struct journal_record rec;
+    struct stage0_models s0 = {0};
+    struct condition_model *cm = NULL;
+    struct dit_model *dm = NULL;
+    struct vocoder *voc = NULL;
+    struct render *r = NULL;
+    struct wav_out w = {.path = o->out, .format = o->as_float ? WAV_FORMAT_F32 : WAV_FORMAT_PCM16};
+    int32_t *ids = NULL;
+    int P, rc;
+    if ((rc = journal_read(o->journal, &rec)) < 0) return rc;
+    const struct mm3_job_params *jp = &rec.h.params;
+    if (rec.torn) LOG_WARN("%s: torn tail ignored: %d steps kept", o->journal, rec.n_steps);
+    if (rec.status != JOURNAL_DONE)
+        LOG_WARN("%s: the song's journal says '%s'; rendering the %d frames it holds", o->journal,
+                 journal_status_name(rec.status), rec.n_steps > 0 ? rec.n_steps - 1 : 0);
+    if (rec.n_steps < 2) {
+        rc = mm3_errorf(-ENODATA, "%s: no frame journaled (%d steps)", o->journal, rec.n_steps);
+        goto out;
+    }
+    if ((rc = journal_prompt(o->model, &rec, &ids, &P)) < 0) goto out;
+    if ((rc = talker_load(&s0.lm, o->model)) < 0) goto out;
+    if ((rc = depth_load(&s0.dd, o->model)) < 0) {
+        talker_free(&s0.lm);
+        goto out;
+    }
+    s0.loaded = 1;
+    if (s0.dd.cfg.n_codebooks != rec.h.n_codebooks) {
+        rc = mm3_errorf(-EINVAL, "%s: %d codebooks per step, the checkpoint's depth decoder has %d", o->journal,
+                        rec.h.n_codebooks, s0.dd.cfg.n_codebooks);
+        goto out;
+    }
+    if ((rc = condition_load(&cm, o->model)) < 0 || (rc = dit_load(&dm, o->model)) < 0 ||
+        (rc = vocoder_load(&voc, o->model)) < 0)
+        goto out;
+    int native = vocoder_sample_rate(voc);
+    int rate = o->sample_rate ? o->sample_rate : jp->sample_rate == 32000 ? 32000 : native;
+    if (rate != native && (rc = resample_create(&w.rs, native, rate, 2)) < 0) goto out;
+    struct render_params p = {
+        .n_steps = o->steps                      ? o->steps
+                   : jp->num_inference_steps > 0 ? jp->num_inference_steps
+                                                 : FLOW_DEFAULT_STEPS,
+        .guidance = o->guidance_given ? o->guidance : jp->guidance_scale,
+        .noise = {RENDER_NOISE_SEEDED, o->seed_given ? o->seed : jp->seed, 0, NULL, NULL},
+        .decoder = {voc, vocoder_hop(voc), vocoder_decode_cb},
+        .sink = {&w, wav_out_emit},
+    };
+    LOG_INFO("%s: request %s, %d frames, seed %" PRIu64 ", %d steps, guidance %.3g, %d Hz", o->journal,
+             rec.h.request_id, rec.n_steps - 1, p.noise.seed, p.n_steps, (double)p.guidance, rate);
+    if (!(w.f = fopen(o->out, "wb"))) {
+        rc = mm3_errorf(-errno, "%s: cannot create: %s", o->out, strerror(errno));
+        goto out;
+    }
+    uint8_t hdr[WAV_HEADER_BYTES];
+    wav_header(hdr, 2, rate, w.format, WAV_DATA_UNKNOWN);
+    if (fwrite(hdr, 1, sizeof hdr, w.f) != sizeof hdr) {
+        rc = mm3_errorf(-EIO, "%s: write failed", o->out);
+        goto out;
+    }
+    if ((rc = render_create(&r, cm, dm, &p)) < 0) goto out;
+    struct render_feed feed = {r, s0.dd.cfg.n_codebooks * s0.lm.cfg.hidden};
+    struct teacher_force_sink sink = {&feed, push_to_render};
+    if ((rc = teacher_force_stream(&s0.lm, &s0.dd, ids, P, rec.codes, rec.n_steps, &sink)) < 0) goto out;
+    if ((rc = render_finish(r)) < 0) goto out;
+    if (w.rs) {
+        int64_t got = 0;
+        if ((rc = rs_reserve(&w, resample_stream_finish_len(w.rs))) < 0 ||
+            (rc = resample_stream_finish(w.rs, w.rs_buf, w.rs_cap, &got)) < 0 ||
+            (rc = wav_out_write(&w, w.rs_buf, w.rs_cap, got)) < 0)
+            goto out;
+    }
+    uint64_t data = (uint64_t)w.frames * 2 * wav_format_bytes(w.format);
+    wav_header(hdr, 2, rate, w.format, data > 0xFFFFFFFEu ? WAV_DATA_UNKNOWN : (uint32_t)data);
+    if (fseek(w.f, 0, SEEK_SET) != 0 || fwrite(hdr, 1, sizeof hdr, w.f) != sizeof hdr) {
+        rc = mm3_errorf(-EIO, "%s: rewriting the header failed", o->out);
+        goto out;
+    }
+    LOG_INFO("%s: %.2f s of %d Hz stereo", o->out, (double)w.frames / rate, rate);
+out:
+    if (w.f && fclose(w.f) != 0 && rc == 0) rc = mm3_errorf(-EIO, "%s: close failed", o->out);
+    render_free(r);
+    resample_free(w.rs);
+    free(w.rs_buf);
+    free(w.buf);
+    condition_free(cm);
+    dit_free(dm);
+    vocoder_free(voc);
+    if (s0.loaded) {
+        talker_free(&s0.lm);
+        depth_free(&s0.dd);
+    }
+    free(ids);
+    journal_record_free(&rec);
+    return rc;
+}
+
+static int parse_u64(const char *s, uint64_t *v)
+{
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(s, &end, 10);
+    if (errno || end == s || *end || s[0] == '-') return -1;
+    *v = x;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    mm3_log_set_tag("rerender");
+    struct options o = {0};
+    static const struct option longopts[] = {
+        {"model", required_argument, NULL, 'm'},
+        {"journal", required_argument, NULL, 'j'},
+        {"seed", required_argument, NULL, 's'},
+        {"steps", required_argument, NULL, 'n'},
+        {"guidance", required_argument, NULL, 'G'},
+        {"sample-rate", required_argument, NULL, 'r'},
+        {"float", no_argument, NULL, 'F'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    int c;
+    uint64_t v;
+    char *end;
+    while ((c = getopt_long(argc, argv, "o:h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'm':
+            o.model = optarg;
+            break;
+        case 'j':
+            o.journal = optarg;
+            break;
+        case 'o':
+            o.out = optarg;
+            break;
+        case 'F':
+            o.as_float = 1;
+            break;
+        case 's':
+            if (parse_u64(optarg, &o.seed) < 0) {
+                fprintf(stderr, "mm3-rerender: --seed '%s': expected a non-negative integer\n", optarg);
+                return 2;
+            }
+            o.seed_given = 1;
+            break;
+        case 'n':
+            if (parse_u64(optarg, &v) < 0 || v < 1 || v > 1000) {
+                fprintf(stderr, "mm3-rerender: --steps '%s': expected an integer in 1..1000\n", optarg);
+                return 2;
+            }
+            o.steps = (int)v;
+            break;
+        case 'G':
+            o.guidance = strtof(optarg, &end);
+            if (end == optarg || *end || !(o.guidance >= 0.0f && o.guidance <= 100.0f)) {
+                fprintf(stderr, "mm3-rerender: --guidance '%s': expected a number in 0..100\n", optarg);
+                return 2;
+            }
+            o.guidance_given = 1;
+            break;
+        case 'r':
+            if (parse_u64(optarg, &v) < 0 || (v != 44100 && v != 32000)) {
+                fprintf(stderr, "mm3-rerender: --sample-rate '%s': expected 44100 or 32000\n", optarg);
+                return 2;
+            }
+            o.sample_rate = (int)v;
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (optind != argc || !o.model || !o.journal || !o.out) {
+        usage(stderr);
+        return 2;
+    }
+    if (rerender(&o) < 0) {
+        fprintf(stderr, "mm3-rerender: %s\n", mm3_last_error());
+        return 1;
+    }
+    return 0;
+}
