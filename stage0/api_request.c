@@ -19,6 +19,10 @@ void api_limits_default(struct api_limits *lim)
     lim->frame_rate = 25.0;
     lim->max_text_chars = 20000;
     lim->default_sample_rate = 44100;
+    lim->default_seed = 0;
+    lim->default_steps = 30;
+    lim->default_guidance_scale = 1.7f;
+    lim->default_cfg_scale = 1.5f;
 }
 
 /* Fields whose values the model's recipe fixes: named in the 400 so a client
@@ -168,7 +172,7 @@ static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params
         double f = floor(dv * lim->frame_rate);
         p->max_frames = f < 1 ? 1 : f > lim->max_frames ? lim->max_frames : (int32_t)f;
     }
-    p->seed = 0;
+    p->seed = lim->default_seed;
     if (GET("seed")) {
         if ((rc = take_int(c, v, "seed", 0, INT64_MAX, &iv)) < 0) return rc;
         p->seed = (uint64_t)iv;
@@ -192,17 +196,17 @@ static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params
             return bad(c, "sample_rate", "field '%s': expected 44100 or 32000%s", "");
         p->sample_rate = (int32_t)json_integer_value(v);
     }
-    p->num_inference_steps = 30;
+    p->num_inference_steps = lim->default_steps;
     if (GET("num_inference_steps")) {
         if ((rc = take_int(c, v, "num_inference_steps", 1, 200, &iv)) < 0) return rc;
         p->num_inference_steps = (int32_t)iv;
     }
-    p->guidance_scale = 1.7f;
+    p->guidance_scale = lim->default_guidance_scale;
     if (GET("guidance_scale")) {
         if ((rc = take_number(c, v, "guidance_scale", 0, 100, &dv)) < 0) return rc;
         p->guidance_scale = (float)dv;
     }
-    p->cfg_scale = 1.5f;
+    p->cfg_scale = lim->default_cfg_scale;
     if (GET("cfg_scale")) {
         if ((rc = take_number(c, v, "cfg_scale", 0, 100, &dv)) < 0) return rc;
         p->cfg_scale = (float)dv;

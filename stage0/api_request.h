@@ -19,9 +19,15 @@ struct api_limits {
     double frame_rate;           /* AR frames per second of audio (25) */
     size_t max_text_chars;       /* per text field, in Unicode code points */
     int32_t default_sample_rate; /* 44100 or 32000, when sample_rate is not given */
+    /* Used when the request leaves the field out (the deploy file's stage defaults). */
+    uint64_t default_seed;          /* stage 0 default_sampling_params.seed (0) */
+    int32_t default_steps;          /* stage 1 num_inference_steps (30) */
+    float default_guidance_scale;   /* stage 1 guidance_scale (1.7) */
+    float default_cfg_scale;        /* stage 0 extra_args.cfg_scale (1.5) */
 };
 
-/* Defaults: 9000 frames cap and default, 25 fps, 20000 characters, 44100 Hz. */
+/* Defaults: 9000 frames cap and default, 25 fps, 20000 characters, 44100 Hz, and the
+ * reference recipe: seed 0, 30 steps, DiT guidance 1.7, AR guidance 1.5. */
 void api_limits_default(struct api_limits *lim);
 
 /* Parse `len` bytes of JSON. On success fills *out (caller frees with

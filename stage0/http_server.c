@@ -95,14 +95,21 @@ void http_server_config_default(struct http_server_config *cfg)
     api_limits_default(&cfg->limits);
 }
 
-void http_server_config_from_deploy(struct http_server_config *cfg, const struct mm3_api_config *api)
+void http_server_config_from_deploy(struct http_server_config *cfg, const struct mm3_deploy *d)
 {
+    const struct mm3_api_config *api = &d->api;
+    const struct mm3_stage_config *s0 = mm3_deploy_stage(d, 0), *s1 = mm3_deploy_stage(d, 1);
     cfg->host = api->host;
     cfg->port = (uint16_t)api->port;
     cfg->max_body_bytes = (size_t)api->max_body_bytes;
     cfg->max_connections = (unsigned)api->max_connections;
     cfg->request_timeout_s = api->request_timeout_s;
     cfg->limits.default_sample_rate = api->default_sample_rate;
+    /* A request that leaves a knob out gets the operator's default, not the recipe's. */
+    cfg->limits.default_seed = s0->seed;
+    cfg->limits.default_cfg_scale = (float)s0->cfg_scale;
+    cfg->limits.default_steps = s1->num_inference_steps;
+    cfg->limits.default_guidance_scale = (float)s1->guidance_scale;
 }
 
 /* ---- small response helpers ---- */

@@ -48,12 +48,13 @@ struct http_server_config {
 
 void http_server_config_default(struct http_server_config *cfg);
 
-struct mm3_api_config;
+struct mm3_deploy;
 /* Copy the deploy file's `api:` keys over a config (host, port, body and
- * connection limits, request timeout, default sample rate). cfg->host then
- * points into `api`, which must outlive the server start. `api.max_queue_depth`
+ * connection limits, request timeout, default sample rate) and the stage defaults
+ * a request falls back to (seed, AR cfg_scale, DiT steps and guidance). cfg->host
+ * then points into `d`, which must outlive the server start. `api.max_queue_depth`
  * is the engine's queue and is not copied. */
-void http_server_config_from_deploy(struct http_server_config *cfg, const struct mm3_api_config *api);
+void http_server_config_from_deploy(struct http_server_config *cfg, const struct mm3_deploy *d);
 
 struct http_server;
 

@@ -384,7 +384,7 @@ static int run_serve(const struct stage0_args *a)
     if (rc == 0) rc = engine_start(st->eng, env_seconds("MM3_STAGE1_WAIT_S", 30.0));
     struct http_server_config hc;
     http_server_config_default(&hc);
-    http_server_config_from_deploy(&hc, &st->d.api);
+    http_server_config_from_deploy(&hc, &st->d);
     if (a->port >= 0) hc.port = (uint16_t)a->port;
     const struct mm3_stage_config *s0 = mm3_deploy_stage(&st->d, 0);
     int cap = (int)(s0->max_tokens - MM3_DEPLOY_EXTRA_AR_STEPS);

@@ -61,6 +61,31 @@ static void test_defaults(void **state)
     api_limits_default(&lim);
 }
 
+/* Fields left out take the operator's defaults (deploy file), not the recipe's constants. */
+static void test_deploy_defaults(void **state)
+{
+    (void)state;
+    struct api_limits saved = lim;
+    lim.default_seed = 1234;
+    lim.default_steps = 8;
+    lim.default_guidance_scale = 2.5f;
+    lim.default_cfg_scale = 1.25f;
+    struct mm3_job_params p;
+    char f[64];
+    assert_int_equal(parse("{\"input\":\"la\",\"instructions\":\"pop\"}", &p, f), 0);
+    assert_int_equal(p.seed, 1234);
+    assert_int_equal(p.num_inference_steps, 8);
+    assert_true(p.guidance_scale == 2.5f && p.cfg_scale == 1.25f);
+    mm3_job_params_free(&p);
+    assert_int_equal(parse("{\"input\":\"la\",\"instructions\":\"pop\",\"seed\":5,\"num_inference_steps\":3,"
+                           "\"guidance_scale\":1.0,\"cfg_scale\":1.5}", &p, f), 0);
+    assert_int_equal(p.seed, 5);
+    assert_int_equal(p.num_inference_steps, 3);
+    assert_true(p.guidance_scale == 1.0f && p.cfg_scale == 1.5f);
+    mm3_job_params_free(&p);
+    lim = saved;
+}
+
 static void test_all_fields(void **state)
 {
     struct mm3_job_params p;
@@ -180,7 +205,7 @@ int main(void)
 {
     api_limits_default(&lim);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_defaults),    cmocka_unit_test(test_all_fields),   cmocka_unit_test(test_duration_rules),
+        cmocka_unit_test(test_defaults), cmocka_unit_test(test_deploy_defaults),    cmocka_unit_test(test_all_fields),   cmocka_unit_test(test_duration_rules),
         cmocka_unit_test(test_text_fields), cmocka_unit_test(test_field_errors), cmocka_unit_test(test_malformed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
