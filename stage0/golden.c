@@ -224,8 +224,30 @@ static int check_text_ids(const char *root, const struct golden_case *gc, const 
     return ok;
 }
 
+/* The CPU AR loop of stage0/generate.c. */
+static int run_generate(void *ctx, const struct talker *lm, const struct depth *dd, struct sampler *sp,
+                        const int32_t *ids_pair, int prompt_len, int max_frames, float cfg_scale,
+                        const struct generate_hooks *hooks, enum generate_stop *stop)
+{
+    (void)ctx;
+    struct generate g;
+    int rc = generate_begin(&g, lm, dd, sp, ids_pair, prompt_len, max_frames, cfg_scale, hooks);
+    if (rc < 0) return rc;
+    while (!g.done && rc == 0)
+        rc = generate_step(&g);
+    *stop = g.stop;
+    generate_end(&g);
+    return rc;
+}
+
+struct golden_runner {
+    golden_run_fn run;
+    void *ctx;
+    double tol;
+};
+
 static int run_case(const char *dir, const char *root, json_t *jc, const struct talker *lm, const struct depth *dd,
-                    double fps, FILE *out)
+                    double fps, const struct golden_runner *gr, FILE *out)
 {
     const char *file = json_string_value(json_object_get(jc, "file"));
     const char *caption = json_string_value(json_object_get(jc, "prompt"));
@@ -268,8 +290,7 @@ static int run_case(const char *dir, const char *root, json_t *jc, const struct 
     if (rc == 0 && (gc.n_depth_guided ? gc.depth_vocab != dd->cfg.audio_vocab : 0))
         rc = mm3_errorf(-EINVAL, "%s: depth_guided_logits width %d, expected audio_vocab_size %d", file, gc.depth_vocab,
                         dd->cfg.audio_vocab);
-    struct generate g;
-    struct sampler sp;
+    struct sampler sp = {0};
     enum generate_stop stop = GENERATE_RUNNING;
     if (rc == 0) {
         for (int i = 0; i < 2 * gc.prompt_len; i++)
@@ -277,13 +298,7 @@ static int run_case(const char *dir, const char *root, json_t *jc, const struct 
         sampler_init_replay(&sp, gc.lm_sampled, gc.n_lm, gc.depth_sampled, gc.n_depth, ncb);
         struct generate_hooks hooks = {.ctx = &r, .on_frame = on_frame, .on_draw = on_draw};
         float cfg = json_is_number(jcfg) ? (float)json_number_value(jcfg) : SAMPLER_CFG_SCALE;
-        rc = generate_begin(&g, lm, dd, &sp, ids, gc.prompt_len, max_frames, cfg, &hooks);
-        if (rc == 0) {
-            while (!g.done && rc == 0)
-                rc = generate_step(&g);
-            stop = g.stop;
-            generate_end(&g);
-        }
+        rc = gr->run(gr->ctx, lm, dd, &sp, ids, gc.prompt_len, max_frames, cfg, &hooks, &stop);
     }
     if (rc < 0) {
         fprintf(out, "%s: FAIL %s\n", file, mm3_last_error());
@@ -296,8 +311,8 @@ static int run_case(const char *dir, const char *root, json_t *jc, const struct 
         double rel_frames = frames_ok ? rel_error(r.frames, gc.frames, (size_t)gc.n_frames * gc.frame_width) : INFINITY;
         int ended = stop == GENERATE_STOP_TOKEN;
         int end_ok = !json_is_boolean(jend) || json_is_true(jend) == ended;
-        pass &= frames_ok && end_ok && r.lm_support_mismatch == 0 && rel_lm <= GOLDEN_REL_TOL &&
-                rel_depth <= GOLDEN_REL_TOL && rel_frames <= GOLDEN_REL_TOL;
+        pass &= frames_ok && end_ok && r.lm_support_mismatch == 0 && rel_lm <= gr->tol && rel_depth <= gr->tol &&
+                rel_frames <= gr->tol;
         fprintf(out,
                 "%s: frames %d/%d%s lm_guided rel %.3g (%d draws%s) depth_guided rel %.3g (%d draws) "
                 "frame_hiddens rel %.3g%s %s %s\n",
@@ -316,6 +331,13 @@ static int run_case(const char *dir, const char *root, json_t *jc, const struct 
 
 int golden_check_dir(const char *dir, FILE *out, int *n_pass, int *n_fail)
 {
+    return golden_check_dir_with(dir, run_generate, NULL, GOLDEN_REL_TOL, out, n_pass, n_fail);
+}
+
+int golden_check_dir_with(const char *dir, golden_run_fn run, void *ctx, double tol, FILE *out, int *n_pass,
+                          int *n_fail)
+{
+    const struct golden_runner gr = {.run = run, .ctx = ctx, .tol = tol};
     *n_pass = *n_fail = 0;
     char path[4096];
     snprintf(path, sizeof path, "%s/manifest.json", dir);
@@ -344,7 +366,7 @@ int golden_check_dir(const char *dir, FILE *out, int *n_pass, int *n_fail)
     json_t *jc;
     json_array_foreach(cases, i, jc)
     {
-        if (run_case(dir, root, jc, &lm, &dd, fps, out))
+        if (run_case(dir, root, jc, &lm, &dd, fps, &gr, out))
             (*n_pass)++;
         else
             (*n_fail)++;

@@ -6,13 +6,35 @@
 #ifndef MM3_STAGE0_GOLDEN_H
 #define MM3_STAGE0_GOLDEN_H
 
+#include <stdint.h>
 #include <stdio.h>
 
+#include "common/sampler.h"
+#include "stage0/generate.h"
+
 #define GOLDEN_REL_TOL 1e-4
+/* Tolerance of a backend whose numerics may differ from float32 (bf16 activations). */
+#define GOLDEN_REL_TOL_BF16 2e-2
 
 /* Prints one line per case and a final "N passed, M failed" line to out.
  * Returns 0 when the directory could be read (cases may still fail; see *n_fail),
  * < 0 when it could not (no manifest, no checkpoint). */
 int golden_check_dir(const char *dir, FILE *out, int *n_pass, int *n_fail);
+
+/* One replay of a case through some AR loop: prefill ids_pair[2, prompt_len], draw
+ * through sp, report frames and guided logits through hooks, set *stop. */
+typedef int (*golden_run_fn)(void *ctx, const struct talker *lm, const struct depth *dd, struct sampler *sp,
+                             const int32_t *ids_pair, int prompt_len, int max_frames, float cfg_scale,
+                             const struct generate_hooks *hooks, enum generate_stop *stop);
+
+/* golden_check_dir with another AR loop and relative tolerance `tol` (guided
+ * logits and frame hiddens). golden_check_dir = this with the CPU generate loop
+ * and GOLDEN_REL_TOL. */
+int golden_check_dir_with(const char *dir, golden_run_fn run, void *ctx, double tol, FILE *out, int *n_pass,
+                          int *n_fail);
+
+/* The replay through a talker backend ("cpu" or "cuda", stage0/talker_backend.h)
+ * with the loop of stage0/golden_backend.c. -ENODEV when the backend is missing. */
+int golden_check_dir_backend(const char *dir, const char *backend, double tol, FILE *out, int *n_pass, int *n_fail);
 
 #endif

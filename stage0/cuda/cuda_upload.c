@@ -1,0 +1,61 @@
+#include "stage0/cuda/cuda_upload.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cuda/ops_cuda.h"
+#include "common/dtype.h"
+#include "common/error.h"
+
+int cuda_alloc_list_add(struct cuda_alloc_list *l, void **out, size_t bytes)
+{
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 64;
+        void **p = realloc(l->ptr, sizeof(void *) * (size_t)cap);
+        if (!p) return mm3_errorf(-ENOMEM, "cuda upload: out of host memory for the allocation list");
+        l->ptr = p;
+        l->cap = cap;
+    }
+    int rc = cuda_malloc(out, bytes ? bytes : 16);
+    if (rc < 0) return rc;
+    l->ptr[l->n++] = *out;
+    return 0;
+}
+
+int cuda_upload_bf16(struct cuda_alloc_list *l, uint16_t **out, const float *src, size_t n)
+{
+    void *d;
+    int rc = cuda_alloc_list_add(l, &d, n * sizeof(uint16_t));
+    if (rc < 0) return rc;
+    /* Converted in slices so that a release-sized tensor needs no second full copy on the host. */
+    enum { SLICE = 1 << 22 };
+    uint16_t *buf = malloc(sizeof(uint16_t) * (n < SLICE ? (n ? n : 1) : SLICE));
+    if (!buf) return mm3_errorf(-ENOMEM, "cuda upload: out of host memory");
+    for (size_t at = 0; at < n && rc == 0; at += SLICE) {
+        size_t k = n - at < SLICE ? n - at : SLICE;
+        for (size_t i = 0; i < k; i++)
+            buf[i] = mm3_f32_to_bf16(src[at + i]);
+        rc = cuda_memcpy_h2d((uint16_t *)d + at, buf, k * sizeof(uint16_t));
+    }
+    free(buf);
+    *out = d;
+    return rc;
+}
+
+int cuda_upload_f32(struct cuda_alloc_list *l, float **out, const float *src, size_t n)
+{
+    void *d;
+    int rc = cuda_alloc_list_add(l, &d, n * sizeof(float));
+    if (rc < 0) return rc;
+    *out = d;
+    return n ? cuda_memcpy_h2d(d, src, n * sizeof(float)) : 0;
+}
+
+void cuda_alloc_list_free(struct cuda_alloc_list *l)
+{
+    for (int i = 0; i < l->n; i++)
+        cuda_free(l->ptr[i]);
+    free(l->ptr);
+    memset(l, 0, sizeof *l);
+}

@@ -1,0 +1,23 @@
+/* Weight upload for the stage-0 GPU models: host float32 arrays (bf16 widened at
+ * load, so the conversion back is exact) into device allocations recorded in a
+ * list that frees them all at once. */
+#ifndef MM3_STAGE0_CUDA_UPLOAD_H
+#define MM3_STAGE0_CUDA_UPLOAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct cuda_alloc_list {
+    void **ptr;
+    int n, cap;
+};
+
+/* Device memory of `bytes`, recorded in the list. */
+int cuda_alloc_list_add(struct cuda_alloc_list *l, void **out, size_t bytes);
+/* src[n] -> device bf16 (round to nearest even; exact for widened bf16). */
+int cuda_upload_bf16(struct cuda_alloc_list *l, uint16_t **out, const float *src, size_t n);
+/* src[n] -> device float32. */
+int cuda_upload_f32(struct cuda_alloc_list *l, float **out, const float *src, size_t n);
+void cuda_alloc_list_free(struct cuda_alloc_list *l);
+
+#endif

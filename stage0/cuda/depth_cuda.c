@@ -1,0 +1,210 @@
+#include "stage0/cuda/depth_cuda.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cuda/ops_cuda.h"
+#include "common/error.h"
+#include "stage0/cuda/cuda_upload.h"
+#include "stage0/cuda/talker_kernels.h"
+
+struct depth_cuda_layer {
+    const uint16_t *wq, *wk, *wv, *wo, *wg, *wu, *wd;
+    const float *attn_norm, *ffn_norm;
+};
+
+struct depth_cuda {
+    struct depth_config cfg;
+    int max_rows;
+    struct cuda_alloc_list mem;
+    struct depth_cuda_layer *layers;
+    const uint16_t *proj, *heads;
+    const float *pos_emb, *norm;
+    float *kc, *vc;
+    /* scratch for max_rows rows */
+    float *x, *h, *a, *q, *k, *v, *o, *g, *u, *logits;
+    int *row, *pos, *kv_len;
+};
+
+static int matmul(float *y, const float *x, const uint16_t *w, int n, int in, int out)
+{
+    for (int r = 0; r < n; r += CUDA_OPS_GEMV_MAX_ROWS) {
+        int k = n - r < CUDA_OPS_GEMV_MAX_ROWS ? n - r : CUDA_OPS_GEMV_MAX_ROWS;
+        int rc = cuda_ops_matmul_bf16(y + (size_t)r * out, x + (size_t)r * in, w, k, in, out, NULL);
+        if (rc < 0) return rc;
+    }
+    return 0;
+}
+
+int depth_cuda_create(struct depth_cuda **out, const struct depth *d, int max_rows)
+{
+    *out = NULL;
+    const struct depth_config *cfg = &d->cfg;
+    if (max_rows < 1) return mm3_errorf(-EINVAL, "depth_cuda_create: %d rows, expected >= 1", max_rows);
+    if (cfg->head_dim > TALKER_CUDA_MAX_HEAD_DIM)
+        return mm3_errorf(-EINVAL, "depth_cuda_create: head_dim %d: at most %d supported", cfg->head_dim,
+                          TALKER_CUDA_MAX_HEAD_DIM);
+    if (cuda_device_count_safe() < 1) return mm3_errorf(-ENODEV, "depth_cuda_create: no CUDA device");
+    struct depth_cuda *dc = calloc(1, sizeof *dc);
+    if (!dc) return mm3_errorf(-ENOMEM, "depth_cuda_create: out of memory");
+    dc->cfg = *cfg;
+    dc->max_rows = max_rows;
+    dc->layers = calloc((size_t)cfg->n_layers, sizeof *dc->layers);
+    int rc = dc->layers ? 0 : mm3_errorf(-ENOMEM, "depth_cuda_create: out of memory");
+    size_t H = (size_t)cfg->hidden, F = (size_t)cfg->ffn, V = (size_t)cfg->audio_vocab;
+    size_t nres = (size_t)cfg->n_codebooks - 1, S = (size_t)cfg->n_codebooks;
+    struct cuda_alloc_list *l = &dc->mem;
+    float *f;
+    uint16_t *w;
+    for (int i = 0; i < cfg->n_layers && rc == 0; i++) {
+        const struct depth_layer *L = &d->layers[i];
+        struct depth_cuda_layer *G = &dc->layers[i];
+        if ((rc = cuda_upload_f32(l, &f, L->attn_norm, H)) < 0) break;
+        G->attn_norm = f;
+        if ((rc = cuda_upload_f32(l, &f, L->ffn_norm, H)) < 0) break;
+        G->ffn_norm = f;
+        if ((rc = cuda_upload_bf16(l, &w, L->wq, H * H)) < 0) break;
+        G->wq = w;
+        if ((rc = cuda_upload_bf16(l, &w, L->wk, H * H)) < 0) break;
+        G->wk = w;
+        if ((rc = cuda_upload_bf16(l, &w, L->wv, H * H)) < 0) break;
+        G->wv = w;
+        if ((rc = cuda_upload_bf16(l, &w, L->wo, H * H)) < 0) break;
+        G->wo = w;
+        if ((rc = cuda_upload_bf16(l, &w, L->wg, F * H)) < 0) break;
+        G->wg = w;
+        if ((rc = cuda_upload_bf16(l, &w, L->wu, F * H)) < 0) break;
+        G->wu = w;
+        if ((rc = cuda_upload_bf16(l, &w, L->wd, H * F)) < 0) break;
+        G->wd = w;
+    }
+    if (rc == 0 && (rc = cuda_upload_bf16(l, &w, d->proj, H * H)) == 0) dc->proj = w;
+    if (rc == 0 && (rc = cuda_upload_bf16(l, &w, d->heads, nres * V * H)) == 0) dc->heads = w;
+    if (rc == 0 && (rc = cuda_upload_f32(l, &f, d->pos_emb, (size_t)cfg->max_pos * H)) == 0) dc->pos_emb = f;
+    if (rc == 0 && (rc = cuda_upload_f32(l, &f, d->norm, H)) == 0) dc->norm = f;
+    size_t cache = (size_t)cfg->n_layers * max_rows * S * H * sizeof(float);
+    size_t R = (size_t)max_rows;
+    struct {
+        void **dst;
+        size_t bytes;
+    } a[] = {
+        {(void **)&dc->kc, cache},
+        {(void **)&dc->vc, cache},
+        {(void **)&dc->x, sizeof(float) * R * H},
+        {(void **)&dc->h, sizeof(float) * R * H},
+        {(void **)&dc->a, sizeof(float) * R * H},
+        {(void **)&dc->q, sizeof(float) * R * H},
+        {(void **)&dc->k, sizeof(float) * R * H},
+        {(void **)&dc->v, sizeof(float) * R * H},
+        {(void **)&dc->o, sizeof(float) * R * H},
+        {(void **)&dc->g, sizeof(float) * R * F},
+        {(void **)&dc->u, sizeof(float) * R * F},
+        {(void **)&dc->logits, sizeof(float) * R * V},
+        {(void **)&dc->row, sizeof(int) * R},
+        {(void **)&dc->pos, sizeof(int) * R},
+        {(void **)&dc->kv_len, sizeof(int) * R},
+    };
+    for (size_t i = 0; i < sizeof a / sizeof a[0] && rc == 0; i++)
+        rc = cuda_alloc_list_add(l, a[i].dst, a[i].bytes);
+    if (rc == 0) rc = cuda_memset(dc->kc, 0, cache);
+    if (rc == 0) rc = cuda_memset(dc->vc, 0, cache);
+    if (rc == 0) {
+        int *iota = malloc(sizeof(int) * R);
+        if (!iota) rc = mm3_errorf(-ENOMEM, "depth_cuda_create: out of memory");
+        for (int i = 0; rc == 0 && i < max_rows; i++)
+            iota[i] = i;
+        if (rc == 0) rc = cuda_memcpy_h2d(dc->row, iota, sizeof(int) * R);
+        free(iota);
+    }
+    if (rc < 0) {
+        depth_cuda_destroy(dc);
+        return rc;
+    }
+    *out = dc;
+    return 0;
+}
+
+void depth_cuda_destroy(struct depth_cuda *dc)
+{
+    if (!dc) return;
+    cuda_alloc_list_free(&dc->mem);
+    free(dc->layers);
+    free(dc);
+}
+
+/* The split-K decode kernel needs head_dim a multiple of 32 (<= 256); other heads
+ * (the tiny test checkpoints) take the simple row attention. */
+static int attention(struct depth_cuda *dc, float *kc, float *vc, int n, int pos)
+{
+    const struct depth_config *c = &dc->cfg;
+    size_t H = (size_t)c->hidden, row_stride = (size_t)c->n_codebooks * H;
+    float scale = 1.0f / sqrtf((float)c->head_dim);
+    if (c->head_dim % 32 == 0 && c->head_dim <= 256)
+        return cuda_ops_attention_decode(dc->o, dc->q, kc, vc, CUDA_KV_F32, dc->kv_len, pos + 1, row_stride, H, n,
+                                         c->n_heads, c->n_heads, c->head_dim, scale, NULL);
+    return talker_cuda_attention_rows(dc->o, dc->q, kc, vc, dc->row, dc->pos, n, c->n_heads, c->n_heads, c->head_dim,
+                                      row_stride, H, scale, NULL);
+}
+
+int depth_cuda_step(struct depth_cuda *dc, int n, const float *x, int pos, float *out)
+{
+    const struct depth_config *cfg = &dc->cfg;
+    if (n < 1 || n > dc->max_rows || pos < 0 || pos >= cfg->n_codebooks)
+        return mm3_errorf(-EINVAL, "depth_cuda_step: %d rows at position %d (state holds %d rows, %d positions)", n,
+                          pos, dc->max_rows, cfg->n_codebooks);
+    int H = cfg->hidden, F = cfg->ffn;
+    size_t row_stride = (size_t)cfg->n_codebooks * H, layer_stride = (size_t)dc->max_rows * row_stride;
+    int *ints = malloc(sizeof(int) * 2 * n);
+    if (!ints) return mm3_errorf(-ENOMEM, "depth_cuda_step: out of memory");
+    for (int i = 0; i < n; i++) {
+        ints[i] = pos;
+        ints[n + i] = pos + 1;
+    }
+    int rc;
+    if ((rc = cuda_memcpy_h2d(dc->pos, ints, sizeof(int) * n)) < 0 ||
+        (rc = cuda_memcpy_h2d(dc->kv_len, ints + n, sizeof(int) * n)) < 0 ||
+        (rc = cuda_memcpy_h2d(dc->x, x, sizeof(float) * n * H)) < 0 ||
+        (rc = matmul(dc->h, dc->x, dc->proj, n, H, H)) < 0 ||
+        (rc = talker_cuda_add_row(dc->h, dc->pos_emb + (size_t)pos * H, n, H, NULL)) < 0)
+        goto out;
+    for (int li = 0; li < cfg->n_layers; li++) {
+        const struct depth_cuda_layer *L = &dc->layers[li];
+        float *kc = dc->kc + li * layer_stride, *vc = dc->vc + li * layer_stride;
+        if ((rc = cuda_ops_rmsnorm(dc->a, dc->h, L->attn_norm, n, H, cfg->eps, NULL)) < 0 ||
+            (rc = matmul(dc->q, dc->a, L->wq, n, H, H)) < 0 || (rc = matmul(dc->k, dc->a, L->wk, n, H, H)) < 0 ||
+            (rc = matmul(dc->v, dc->a, L->wv, n, H, H)) < 0 ||
+            (rc = talker_cuda_kv_store(kc, dc->k, dc->row, dc->pos, n, H, row_stride, H, NULL)) < 0 ||
+            (rc = talker_cuda_kv_store(vc, dc->v, dc->row, dc->pos, n, H, row_stride, H, NULL)) < 0 ||
+            (rc = attention(dc, kc, vc, n, pos)) < 0 || (rc = matmul(dc->a, dc->o, L->wo, n, H, H)) < 0 ||
+            (rc = cuda_ops_add_rmsnorm(dc->h, dc->q, dc->a, L->ffn_norm, n, H, cfg->eps, NULL)) < 0 ||
+            (rc = matmul(dc->g, dc->q, L->wg, n, H, F)) < 0 || (rc = matmul(dc->u, dc->q, L->wu, n, H, F)) < 0 ||
+            (rc = cuda_ops_silu_mul(dc->g, dc->g, dc->u, (size_t)n * F, NULL)) < 0 ||
+            (rc = matmul(dc->a, dc->g, L->wd, n, F, H)) < 0 ||
+            (rc = cuda_ops_add(dc->h, dc->a, (size_t)n * H, NULL)) < 0)
+            goto out;
+    }
+    if ((rc = cuda_ops_rmsnorm(dc->a, dc->h, dc->norm, n, H, cfg->eps, NULL)) < 0 || (rc = cuda_stream_sync(NULL)) < 0)
+        goto out;
+    rc = cuda_memcpy_d2h(out, dc->a, sizeof(float) * n * H);
+out:
+    free(ints);
+    return rc;
+}
+
+int depth_cuda_logits(struct depth_cuda *dc, int j, const float *hidden, int n, float *logits)
+{
+    const struct depth_config *cfg = &dc->cfg;
+    if (j < 1 || j >= cfg->n_codebooks || n < 1 || n > dc->max_rows)
+        return mm3_errorf(-EINVAL, "depth_cuda_logits: codebook %d, %d rows: expected 1..%d and 1..%d rows", j, n,
+                          cfg->n_codebooks - 1, dc->max_rows);
+    int H = cfg->hidden, V = cfg->audio_vocab;
+    const uint16_t *w = dc->heads + (size_t)(j - 1) * V * H;
+    int rc;
+    if ((rc = cuda_memcpy_h2d(dc->x, hidden, sizeof(float) * n * H)) < 0 ||
+        (rc = matmul(dc->logits, dc->x, w, n, H, V)) < 0 || (rc = cuda_stream_sync(NULL)) < 0)
+        return rc;
+    return cuda_memcpy_d2h(logits, dc->logits, sizeof(float) * n * V);
+}

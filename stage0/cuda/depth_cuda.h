@@ -1,0 +1,23 @@
+/* The RVQ depth decoder on the GPU (first version), built from a loaded CPU
+ * struct depth: matrices as bf16 (exactly the checkpoint's values), norms and the
+ * position table as float32, a float32 KV cache [n_layers][max_rows][n_codebooks][hidden].
+ * Same contract as depth_step / depth_logits with host arrays in and out; the
+ * 7 steps of a frame stay host-driven until the sampler moves to the GPU.
+ * Only compiled with CUDA. */
+#ifndef MM3_STAGE0_CUDA_DEPTH_CUDA_H
+#define MM3_STAGE0_CUDA_DEPTH_CUDA_H
+
+#include "stage0/depth.h"
+
+struct depth_cuda;
+
+int depth_cuda_create(struct depth_cuda **out, const struct depth *d, int max_rows);
+void depth_cuda_destroy(struct depth_cuda *dc); /* NULL is fine */
+
+/* As depth_step: rows 0..n-1 at depth position pos; x, out host [n, hidden]. */
+int depth_cuda_step(struct depth_cuda *dc, int n, const float *x, int pos, float *out);
+
+/* As depth_logits: host hidden[n, hidden] -> host logits[n, audio_vocab], codebook j >= 1. */
+int depth_cuda_logits(struct depth_cuda *dc, int j, const float *hidden, int n, float *logits);
+
+#endif

@@ -1,0 +1,260 @@
+#include "stage0/cuda/talker_cuda.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cuda/ops_cuda.h"
+#include "common/error.h"
+#include "common/sampler.h"
+#include "stage0/cuda/cuda_upload.h"
+#include "stage0/cuda/talker_kernels.h"
+
+struct talker_cuda_layer {
+    const uint16_t *wq, *wk, *wv, *wo, *wg, *wu, *wd;
+    const float *attn_norm, *q_norm, *k_norm, *ffn_norm;
+};
+
+/* Activations of up to `cap` tokens, grown on demand; q and o also hold hidden-wide
+ * rows (the FFN input and output), hence max(q width, hidden). */
+struct talker_cuda_scratch {
+    int cap;
+    float *h, *a, *q, *o, *k, *v, *g, *u, *logits;
+    int *row, *pos, *kv_len;
+};
+
+struct talker_cuda {
+    struct talker_config cfg;
+    int max_rows, max_ctx;
+    struct cuda_alloc_list mem;
+    struct talker_cuda_layer *layers;
+    const float *norm, *inv_freq;
+    const uint16_t *head;
+    float *kc, *vc;
+    struct talker_cuda_scratch s;
+};
+
+/* Rows per product: the float32-input GEMV kernels serve up to 16 rows. */
+static int matmul(float *y, const float *x, const uint16_t *w, int n, int in, int out)
+{
+    for (int r = 0; r < n; r += CUDA_OPS_GEMV_MAX_ROWS) {
+        int k = n - r < CUDA_OPS_GEMV_MAX_ROWS ? n - r : CUDA_OPS_GEMV_MAX_ROWS;
+        int rc = cuda_ops_matmul_bf16(y + (size_t)r * out, x + (size_t)r * in, w, k, in, out, NULL);
+        if (rc < 0) return rc;
+    }
+    return 0;
+}
+
+static void scratch_free(struct talker_cuda_scratch *s)
+{
+    float *f[] = {s->h, s->a, s->q, s->o, s->k, s->v, s->g, s->u, s->logits};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        cuda_free(f[i]);
+    cuda_free(s->row), cuda_free(s->pos), cuda_free(s->kv_len);
+    memset(s, 0, sizeof *s);
+}
+
+static int scratch_reserve(struct talker_cuda *tc, int n)
+{
+    struct talker_cuda_scratch *s = &tc->s;
+    if (n <= s->cap) return 0;
+    scratch_free(s);
+    int cap = n < 32 ? 32 : n;
+    size_t H = (size_t)tc->cfg.hidden, F = (size_t)tc->cfg.ffn;
+    size_t QD = (size_t)tc->cfg.n_heads * tc->cfg.head_dim, KD = (size_t)tc->cfg.n_kv_heads * tc->cfg.head_dim;
+    size_t big = QD > H ? QD : H;
+    int rc;
+    if ((rc = cuda_malloc((void **)&s->h, sizeof(float) * cap * H)) < 0 ||
+        (rc = cuda_malloc((void **)&s->a, sizeof(float) * cap * big)) < 0 ||
+        (rc = cuda_malloc((void **)&s->q, sizeof(float) * cap * big)) < 0 ||
+        (rc = cuda_malloc((void **)&s->o, sizeof(float) * cap * big)) < 0 ||
+        (rc = cuda_malloc((void **)&s->k, sizeof(float) * cap * KD)) < 0 ||
+        (rc = cuda_malloc((void **)&s->v, sizeof(float) * cap * KD)) < 0 ||
+        (rc = cuda_malloc((void **)&s->g, sizeof(float) * cap * F)) < 0 ||
+        (rc = cuda_malloc((void **)&s->u, sizeof(float) * cap * F)) < 0 ||
+        (rc = cuda_malloc((void **)&s->logits, sizeof(float) * cap * SAMPLER_C0_COLS)) < 0 ||
+        (rc = cuda_malloc((void **)&s->row, sizeof(int) * cap)) < 0 ||
+        (rc = cuda_malloc((void **)&s->pos, sizeof(int) * cap)) < 0 ||
+        (rc = cuda_malloc((void **)&s->kv_len, sizeof(int) * cap)) < 0) {
+        scratch_free(s);
+        return rc;
+    }
+    s->cap = cap;
+    return 0;
+}
+
+int talker_cuda_create(struct talker_cuda **out, const struct talker *m, int max_rows, int max_ctx)
+{
+    *out = NULL;
+    const struct talker_config *cfg = &m->cfg;
+    if (max_rows < 1 || max_ctx < 1)
+        return mm3_errorf(-EINVAL, "talker_cuda_create: %d rows x %d positions: expected both >= 1", max_rows, max_ctx);
+    if (cfg->head_dim > TALKER_CUDA_MAX_HEAD_DIM)
+        return mm3_errorf(-EINVAL, "talker_cuda_create: head_dim %d: at most %d supported", cfg->head_dim,
+                          TALKER_CUDA_MAX_HEAD_DIM);
+    if (cuda_device_count_safe() < 1) return mm3_errorf(-ENODEV, "talker_cuda_create: no CUDA device");
+    struct talker_cuda *tc = calloc(1, sizeof *tc);
+    if (!tc) return mm3_errorf(-ENOMEM, "talker_cuda_create: out of memory");
+    tc->cfg = *cfg;
+    tc->max_rows = max_rows;
+    tc->max_ctx = max_ctx;
+    tc->layers = calloc((size_t)cfg->n_layers, sizeof *tc->layers);
+    int rc = tc->layers ? 0 : mm3_errorf(-ENOMEM, "talker_cuda_create: out of memory");
+    size_t H = (size_t)cfg->hidden, F = (size_t)cfg->ffn, D = (size_t)cfg->head_dim;
+    size_t QD = (size_t)cfg->n_heads * D, KD = (size_t)cfg->n_kv_heads * D;
+    struct cuda_alloc_list *l = &tc->mem;
+    for (int i = 0; i < cfg->n_layers && rc == 0; i++) {
+        const struct talker_layer *L = &m->layers[i];
+        struct talker_cuda_layer *G = &tc->layers[i];
+        float *f;
+        uint16_t *w;
+        if ((rc = cuda_upload_f32(l, &f, L->attn_norm, H)) < 0) break;
+        G->attn_norm = f;
+        if ((rc = cuda_upload_f32(l, &f, L->q_norm, D)) < 0) break;
+        G->q_norm = f;
+        if ((rc = cuda_upload_f32(l, &f, L->k_norm, D)) < 0) break;
+        G->k_norm = f;
+        if ((rc = cuda_upload_f32(l, &f, L->ffn_norm, H)) < 0) break;
+        G->ffn_norm = f;
+        if ((rc = cuda_upload_bf16(l, &w, L->wq, QD * H)) < 0) break;
+        G->wq = w;
+        if ((rc = cuda_upload_bf16(l, &w, L->wk, KD * H)) < 0) break;
+        G->wk = w;
+        if ((rc = cuda_upload_bf16(l, &w, L->wv, KD * H)) < 0) break;
+        G->wv = w;
+        if ((rc = cuda_upload_bf16(l, &w, L->wo, H * QD)) < 0) break;
+        G->wo = w;
+        if ((rc = cuda_upload_bf16(l, &w, L->wg, F * H)) < 0) break;
+        G->wg = w;
+        if ((rc = cuda_upload_bf16(l, &w, L->wu, F * H)) < 0) break;
+        G->wu = w;
+        if ((rc = cuda_upload_bf16(l, &w, L->wd, H * F)) < 0) break;
+        G->wd = w;
+    }
+    float *f;
+    uint16_t *w;
+    if (rc == 0 && (rc = cuda_upload_f32(l, &f, m->norm, H)) == 0) tc->norm = f;
+    if (rc == 0 && (rc = cuda_upload_f32(l, &f, m->inv_freq, D / 2)) == 0) tc->inv_freq = f;
+    if (rc == 0 && (rc = cuda_upload_bf16(l, &w, m->head, (size_t)SAMPLER_C0_COLS * H)) == 0) tc->head = w;
+    size_t cache = (size_t)cfg->n_layers * max_rows * max_ctx * KD * sizeof(float);
+    void *p;
+    if (rc == 0 && (rc = cuda_alloc_list_add(l, &p, cache)) == 0) tc->kc = p;
+    if (rc == 0 && (rc = cuda_alloc_list_add(l, &p, cache)) == 0) tc->vc = p;
+    /* Unwritten cache positions are never read; zeroing keeps a stray read finite. */
+    if (rc == 0) rc = cuda_memset(tc->kc, 0, cache);
+    if (rc == 0) rc = cuda_memset(tc->vc, 0, cache);
+    if (rc == 0) rc = scratch_reserve(tc, 32);
+    if (rc < 0) {
+        talker_cuda_destroy(tc);
+        return rc;
+    }
+    *out = tc;
+    return 0;
+}
+
+void talker_cuda_destroy(struct talker_cuda *tc)
+{
+    if (!tc) return;
+    scratch_free(&tc->s);
+    cuda_alloc_list_free(&tc->mem);
+    free(tc->layers);
+    free(tc);
+}
+
+/* The split-K decode kernel addresses sequence s at s * seq_stride, so it serves a
+ * batch of one token per row on consecutive rows (a CFG pair), head_dim a multiple
+ * of 32 up to 256 and at most 8 query heads per kv head. */
+static int decode_layout(const struct talker_cuda *tc, int n, const int *row)
+{
+    const struct talker_config *c = &tc->cfg;
+    if (c->head_dim % 32 || c->head_dim > 256 || c->n_heads / c->n_kv_heads > 8) return 0;
+    for (int i = 1; i < n; i++)
+        if (row[i] != row[0] + i) return 0;
+    return 1;
+}
+
+int talker_cuda_forward(struct talker_cuda *tc, int n, const int *row, const int *pos, const float *emb,
+                        float *hidden_out)
+{
+    const struct talker_config *cfg = &tc->cfg;
+    if (n < 1) return mm3_errorf(-EINVAL, "talker_cuda_forward: %d tokens, expected >= 1", n);
+    int max_len = 0;
+    for (int i = 0; i < n; i++) {
+        if (row[i] < 0 || row[i] >= tc->max_rows || pos[i] < 0 || pos[i] >= tc->max_ctx)
+            return mm3_errorf(
+                -EINVAL,
+                "talker_cuda_forward: token %d at row %d position %d outside the state (%d rows, %d positions)", i,
+                row[i], pos[i], tc->max_rows, tc->max_ctx);
+        if (pos[i] + 1 > max_len) max_len = pos[i] + 1;
+    }
+    int rc = scratch_reserve(tc, n);
+    if (rc < 0) return rc;
+    struct talker_cuda_scratch *s = &tc->s;
+    int H = cfg->hidden, F = cfg->ffn, D = cfg->head_dim;
+    int QD = cfg->n_heads * D, KD = cfg->n_kv_heads * D;
+    size_t row_stride = (size_t)tc->max_ctx * KD, layer_stride = (size_t)tc->max_rows * row_stride;
+    int decode = decode_layout(tc, n, row);
+    int *kv_len = malloc(sizeof(int) * n);
+    if (!kv_len) return mm3_errorf(-ENOMEM, "talker_cuda_forward: out of memory");
+    for (int i = 0; i < n; i++)
+        kv_len[i] = pos[i] + 1;
+    if ((rc = cuda_memcpy_h2d(s->h, emb, sizeof(float) * n * H)) < 0 ||
+        (rc = cuda_memcpy_h2d(s->row, row, sizeof(int) * n)) < 0 ||
+        (rc = cuda_memcpy_h2d(s->pos, pos, sizeof(int) * n)) < 0 ||
+        (rc = cuda_memcpy_h2d(s->kv_len, kv_len, sizeof(int) * n)) < 0)
+        goto out;
+    float scale = 1.0f / sqrtf((float)D);
+    for (int li = 0; li < cfg->n_layers && rc == 0; li++) {
+        const struct talker_cuda_layer *L = &tc->layers[li];
+        float *kc = tc->kc + li * layer_stride, *vc = tc->vc + li * layer_stride;
+        /* The residual add of the previous layer is fused into this norm. */
+        if (li == 0)
+            rc = cuda_ops_rmsnorm(s->a, s->h, L->attn_norm, n, H, cfg->eps, NULL);
+        else
+            rc = cuda_ops_add_rmsnorm(s->h, s->a, s->o, L->attn_norm, n, H, cfg->eps, NULL);
+        if (rc < 0 || (rc = matmul(s->q, s->a, L->wq, n, H, QD)) < 0 ||
+            (rc = matmul(s->k, s->a, L->wk, n, H, KD)) < 0 || (rc = matmul(s->v, s->a, L->wv, n, H, KD)) < 0 ||
+            (rc = cuda_ops_qk_norm_rope(s->q, n, QD, cfg->n_heads, D, L->q_norm, cfg->eps, D, s->pos, tc->inv_freq,
+                                        NULL)) < 0 ||
+            (rc = cuda_ops_qk_norm_rope(s->k, n, KD, cfg->n_kv_heads, D, L->k_norm, cfg->eps, D, s->pos, tc->inv_freq,
+                                        NULL)) < 0 ||
+            (rc = talker_cuda_kv_store(kc, s->k, s->row, s->pos, n, KD, row_stride, KD, NULL)) < 0 ||
+            (rc = talker_cuda_kv_store(vc, s->v, s->row, s->pos, n, KD, row_stride, KD, NULL)) < 0)
+            break;
+        if (decode)
+            rc = cuda_ops_attention_decode(s->o, s->q, kc + row[0] * row_stride, vc + row[0] * row_stride, CUDA_KV_F32,
+                                           s->kv_len, max_len, row_stride, KD, n, cfg->n_heads, cfg->n_kv_heads, D,
+                                           scale, NULL);
+        else
+            rc = talker_cuda_attention_rows(s->o, s->q, kc, vc, s->row, s->pos, n, cfg->n_heads, cfg->n_kv_heads, D,
+                                            row_stride, KD, scale, NULL);
+        /* a = o . Wo^T; then h += a and a = rmsnorm(h) in one kernel; o reused for the FFN output. */
+        if (rc < 0 || (rc = matmul(s->a, s->o, L->wo, n, QD, H)) < 0 ||
+            (rc = cuda_ops_add_rmsnorm(s->h, s->q, s->a, L->ffn_norm, n, H, cfg->eps, NULL)) < 0 ||
+            (rc = matmul(s->g, s->q, L->wg, n, H, F)) < 0 || (rc = matmul(s->u, s->q, L->wu, n, H, F)) < 0 ||
+            (rc = cuda_ops_silu_mul(s->g, s->g, s->u, (size_t)n * F, NULL)) < 0 ||
+            (rc = matmul(s->o, s->g, L->wd, n, F, H)) < 0)
+            break;
+    }
+    if (rc == 0) rc = cuda_ops_add_rmsnorm(s->h, s->a, s->o, tc->norm, n, H, cfg->eps, NULL);
+    if (rc == 0) rc = cuda_stream_sync(NULL);
+    if (rc == 0) rc = cuda_memcpy_d2h(hidden_out, s->a, sizeof(float) * n * H);
+out:
+    free(kv_len);
+    return rc;
+}
+
+int talker_cuda_head_drawable(struct talker_cuda *tc, const float *hidden, int n_rows, float *logits)
+{
+    if (n_rows < 1) return mm3_errorf(-EINVAL, "talker_cuda_head_drawable: %d rows, expected >= 1", n_rows);
+    int rc = scratch_reserve(tc, n_rows);
+    if (rc < 0) return rc;
+    int H = tc->cfg.hidden;
+    if ((rc = cuda_memcpy_h2d(tc->s.a, hidden, sizeof(float) * n_rows * H)) < 0 ||
+        (rc = matmul(tc->s.logits, tc->s.a, tc->head, n_rows, H, SAMPLER_C0_COLS)) < 0 ||
+        (rc = cuda_stream_sync(NULL)) < 0)
+        return rc;
+    return cuda_memcpy_d2h(logits, tc->s.logits, sizeof(float) * n_rows * SAMPLER_C0_COLS);
+}

@@ -1,0 +1,48 @@
+/* Which hardware runs the stage-0 networks, behind one small table so that the AR
+ * loop need not know: the talker forward over a KV cache of rows, the drawable
+ * head, the depth decoder's steps and heads. Embeddings and the frame feedback
+ * stay on the host (struct talker / struct depth) for now.
+ *
+ *     struct talker_backend b;
+ *     talker_backend_open(&b, TALKER_BACKEND_CUDA, &lm, &dd, rows, ctx, depth_rows);
+ *     b.forward(b.impl, n, row, pos, emb, hidden);      // as talker_forward
+ *     b.head_drawable(b.impl, hidden, 2, logits);       // as talker_head_drawable
+ *     b.depth_step(b.impl, 2, x, j, y);                 // as depth_step
+ *     b.depth_logits(b.impl, j, y, 2, logits);          // as depth_logits
+ *     talker_backend_close(&b);
+ *
+ * The backend owns its caches (talker rows x ctx, depth_rows depth rows); lm and
+ * dd must outlive it (the CPU backend computes with them). */
+#ifndef MM3_STAGE0_TALKER_BACKEND_H
+#define MM3_STAGE0_TALKER_BACKEND_H
+
+#include "stage0/depth.h"
+#include "stage0/talker.h"
+
+enum talker_backend_kind { TALKER_BACKEND_CPU = 0, TALKER_BACKEND_CUDA };
+
+struct talker_backend {
+    enum talker_backend_kind kind;
+    const char *name; /* "cpu" or "cuda" */
+    const struct talker *lm;
+    const struct depth *dd;
+    void *impl;
+    int (*forward)(void *impl, int n, const int *row, const int *pos, const float *emb, float *hidden_out);
+    int (*head_drawable)(void *impl, const float *hidden, int n_rows, float *logits);
+    int (*depth_step)(void *impl, int n, const float *x, int pos, float *out);
+    int (*depth_logits)(void *impl, int j, const float *hidden, int n, float *logits);
+    void (*destroy)(void *impl);
+};
+
+/* "cpu" / "cuda" -> kind; -EINVAL naming the accepted values otherwise. */
+int talker_backend_parse(const char *name, enum talker_backend_kind *kind);
+
+/* Whether the build has the backend and (CUDA) a GPU is present. */
+int talker_backend_available(enum talker_backend_kind kind);
+
+/* -ENODEV for CUDA in a build without CUDA or on a machine without a GPU. */
+int talker_backend_open(struct talker_backend *b, enum talker_backend_kind kind, const struct talker *lm,
+                        const struct depth *dd, int max_rows, int max_ctx, int depth_rows);
+void talker_backend_close(struct talker_backend *b);
+
+#endif

@@ -1,0 +1,391 @@
+/* The GPU talker and depth decoder (stage0/cuda/) against the CPU reference
+ * (stage0/talker.c, stage0/depth.c): tiny-a and release-shaped single layers built
+ * in memory, prefill + decode over several rows, rel <= 1e-4 (float32 compute on
+ * the same bf16 weights). Then the golden replay of tiny-a through the backend
+ * table: the CPU backend must reproduce the golden like stage0/generate.c does
+ * (runs everywhere), the CUDA backend within GOLDEN_REL_TOL_BF16 with the same draws.
+ * Without a GPU (or a CUDA build) only the CPU-backend replay runs and the
+ * program exits 77. */
+/* cmocka.h needs these first */
+/* clang-format off */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+/* clang-format on */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/dtype.h"
+#include "common/error.h"
+#include "common/ops.h"
+#include "common/sampler.h"
+#include "stage0/golden.h"
+#include "stage0/talker_backend.h"
+#include "support/test_support.h"
+
+#define REL_TOL 1e-4
+
+static char ckpt[4096];
+
+static int have_golden(void)
+{
+    const char *g = test_golden_dir();
+    if (!g) return 0;
+    snprintf(ckpt, sizeof ckpt, "%s/checkpoint", g);
+    return 1;
+}
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static float frand(void) /* uniform in [-1, 1) */
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((rng_state >> 40) * (1.0 / (1 << 23))) - 1.0f;
+}
+
+static float bf16_round(float x)
+{
+    return mm3_bf16_to_f32(mm3_f32_to_bf16(x));
+}
+
+/* Random weights that bf16 holds exactly, scaled like an initialised layer. */
+static void fill_bf16(float *w, size_t n, float scale)
+{
+    for (size_t i = 0; i < n; i++)
+        w[i] = bf16_round(frand() * scale);
+}
+
+static void fill_norm(float *w, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        w[i] = bf16_round(1.0f + 0.2f * frand());
+}
+
+static void expect_close(const char *what, int step, const float *got, const float *want, size_t n, double tol)
+{
+    double rel = test_rel_error(got, want, n);
+    if (!(rel <= tol))
+        print_error("%s (step %d): rel %.3g > %.3g\n", what, step, rel, tol);
+    else if (step <= 0 || getenv("MM3_TEST_VERBOSE"))
+        print_message("%s (step %d): rel %.3g\n", what, step, rel);
+    assert_true(rel <= tol);
+}
+
+/* Prefill of every row in one mixed batch (rows of different lengths), then
+ * decode steps alternating consecutive rows (the split-K kernel's layout) and a
+ * reversed subset (the row attention), each compared with the CPU; the head too. */
+static void compare_talker(struct talker_backend *cpu, struct talker_backend *gpu, int n_rows, const int *prompt,
+                           int n_steps)
+{
+    const struct talker *m = cpu->lm;
+    int H = m->cfg.hidden, n = 0;
+    for (int r = 0; r < n_rows; r++)
+        n += prompt[r];
+    int cap = n > n_rows ? n : n_rows;
+    int *row = malloc(sizeof(int) * cap), *pos = malloc(sizeof(int) * cap), *len = calloc(n_rows, sizeof(int));
+    float *emb = malloc(sizeof(float) * cap * H), *a = malloc(sizeof(float) * cap * H),
+          *b = malloc(sizeof(float) * cap * H);
+    float *la = malloc(sizeof(float) * n_rows * SAMPLER_C0_COLS),
+          *lb = malloc(sizeof(float) * n_rows * SAMPLER_C0_COLS);
+    assert_non_null(row), assert_non_null(pos), assert_non_null(len), assert_non_null(emb), assert_non_null(a);
+    assert_non_null(b), assert_non_null(la), assert_non_null(lb);
+    int k = 0;
+    for (int r = 0; r < n_rows; r++)
+        for (int p = 0; p < prompt[r]; p++, k++) {
+            row[k] = r;
+            pos[k] = p;
+        }
+    for (int r = 0; r < n_rows; r++)
+        len[r] = prompt[r];
+    for (size_t i = 0; i < (size_t)n * H; i++)
+        emb[i] = frand();
+    assert_int_equal(cpu->forward(cpu->impl, n, row, pos, emb, a), 0);
+    assert_int_equal(gpu->forward(gpu->impl, n, row, pos, emb, b), 0);
+    expect_close("prefill hidden", -1, b, a, (size_t)n * H, REL_TOL);
+    for (int s = 0; s < n_steps; s++) {
+        int nt = 0;
+        if (s % 2 == 0)
+            for (int r = 0; r < n_rows; r++)
+                row[nt++] = r;
+        else
+            for (int r = n_rows - 1; r >= 0; r -= 2)
+                row[nt++] = r;
+        for (int i = 0; i < nt; i++)
+            pos[i] = len[row[i]]++;
+        for (size_t i = 0; i < (size_t)nt * H; i++)
+            emb[i] = frand();
+        assert_int_equal(cpu->forward(cpu->impl, nt, row, pos, emb, a), 0);
+        assert_int_equal(gpu->forward(gpu->impl, nt, row, pos, emb, b), 0);
+        expect_close("decode hidden", s, b, a, (size_t)nt * H, REL_TOL);
+        if (s == 0 || s == n_steps - 1) {
+            assert_int_equal(cpu->head_drawable(cpu->impl, a, nt, la), 0);
+            assert_int_equal(gpu->head_drawable(gpu->impl, a, nt, lb), 0);
+            expect_close("drawable logits", s, lb, la, (size_t)nt * SAMPLER_C0_COLS, REL_TOL);
+        }
+    }
+    free(row), free(pos), free(len), free(emb), free(a), free(b), free(la), free(lb);
+}
+
+/* Every depth position of n rows (a frame), outputs and every codebook head compared. */
+static void compare_depth(struct talker_backend *cpu, struct talker_backend *gpu, int n, int frames)
+{
+    const struct depth *d = cpu->dd;
+    int H = d->cfg.hidden, V = d->cfg.audio_vocab;
+    float *x = malloc(sizeof(float) * n * H), *a = malloc(sizeof(float) * n * H), *b = malloc(sizeof(float) * n * H);
+    float *la = malloc(sizeof(float) * n * V), *lb = malloc(sizeof(float) * n * V);
+    assert_non_null(x), assert_non_null(a), assert_non_null(b), assert_non_null(la), assert_non_null(lb);
+    for (int f = 0; f < frames; f++)
+        for (int p = 0; p < d->cfg.n_codebooks; p++) {
+            for (size_t i = 0; i < (size_t)n * H; i++)
+                x[i] = frand();
+            assert_int_equal(cpu->depth_step(cpu->impl, n, x, p, a), 0);
+            assert_int_equal(gpu->depth_step(gpu->impl, n, x, p, b), 0);
+            expect_close("depth hidden", p, b, a, (size_t)n * H, REL_TOL);
+            if (p >= 1) {
+                assert_int_equal(cpu->depth_logits(cpu->impl, p, a, n, la), 0);
+                assert_int_equal(gpu->depth_logits(gpu->impl, p, a, n, lb), 0);
+                expect_close("depth logits", p, lb, la, (size_t)n * V, REL_TOL);
+            }
+        }
+    free(x), free(a), free(b), free(la), free(lb);
+}
+
+/* Zero-weight stand-ins for the half of the backend a test does not run (the
+ * backend opens both networks); returns the one allocation to free. */
+enum { STUB = 32 };
+
+static float *stub_talker(struct talker *m, struct talker_layer *L)
+{
+    *m = (struct talker){.cfg = {.hidden = STUB,
+                                 .n_layers = 1,
+                                 .n_heads = 1,
+                                 .n_kv_heads = 1,
+                                 .head_dim = STUB,
+                                 .ffn = STUB,
+                                 .vocab = SAMPLER_CODE_OFFSET + SAMPLER_N_CODES,
+                                 .eps = 1e-6f,
+                                 .rope_theta = 1e6}};
+    float **v[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo,   &L->q_norm,  &L->k_norm,
+                   &L->ffn_norm,  &L->wg, &L->wu, &L->wd, &m->norm, &m->inv_freq};
+    size_t nv = sizeof v / sizeof v[0], blk = STUB * STUB;
+    float *w = calloc(nv * blk + (size_t)SAMPLER_C0_COLS * STUB, sizeof(float));
+    assert_non_null(w);
+    for (size_t i = 0; i < nv; i++)
+        *v[i] = w + i * blk;
+    m->head = w + nv * blk;
+    m->layers = L;
+    return w;
+}
+
+static float *stub_depth(struct depth *d, struct depth_layer *L)
+{
+    *d = (struct depth){.cfg = {.hidden = STUB,
+                                .n_layers = 1,
+                                .n_heads = 1,
+                                .head_dim = STUB,
+                                .ffn = STUB,
+                                .audio_vocab = STUB,
+                                .n_codebooks = 2,
+                                .max_pos = 2,
+                                .eps = 1e-6f}};
+    float **v[] = {&L->attn_norm, &L->wq, &L->wk,   &L->wv,   &L->wo,    &L->ffn_norm,  &L->wg,
+                   &L->wu,        &L->wd, &d->proj, &d->norm, &d->heads, &d->audio_emb, &d->pos_emb};
+    size_t nv = sizeof v / sizeof v[0], blk = STUB * STUB;
+    float *w = calloc(nv * blk, sizeof(float));
+    assert_non_null(w);
+    for (size_t i = 0; i < nv; i++)
+        *v[i] = w + i * blk;
+    d->layers = L;
+    return w;
+}
+
+static void open_pair(struct talker_backend *cpu, struct talker_backend *gpu, const struct talker *lm,
+                      const struct depth *dd, int rows, int ctx)
+{
+    assert_int_equal(talker_backend_open(cpu, TALKER_BACKEND_CPU, lm, dd, rows, ctx, rows), 0);
+    int rc = talker_backend_open(gpu, TALKER_BACKEND_CUDA, lm, dd, rows, ctx, rows);
+    if (rc < 0) print_error("cuda backend: %s\n", mm3_last_error());
+    assert_int_equal(rc, 0);
+}
+
+static void test_tiny_talker_and_depth(void **state)
+{
+    (void)state;
+    if (!have_golden()) skip();
+    struct talker lm;
+    struct depth dd;
+    assert_int_equal(talker_load(&lm, ckpt), 0);
+    assert_int_equal(depth_load(&dd, ckpt), 0);
+    struct talker_backend cpu, gpu;
+    open_pair(&cpu, &gpu, &lm, &dd, 3, 64);
+    int prompt[3] = {12, 9, 5};
+    compare_talker(&cpu, &gpu, 3, prompt, 20);
+    compare_depth(&cpu, &gpu, 3, 2);
+    talker_backend_close(&cpu);
+    talker_backend_close(&gpu);
+    talker_free(&lm);
+    depth_free(&dd);
+}
+
+/* The release geometry of one decoder layer: hidden 4096, 32/8 heads x 128, FFN 12288. */
+static void test_release_shaped_talker(void **state)
+{
+    (void)state;
+    if (getenv("MM3_TALKER_TINY_ONLY")) skip(); /* the quick run under compute-sanitizer */
+    struct talker m = {0};
+    struct talker_config *c = &m.cfg;
+    *c = (struct talker_config){.hidden = 4096,
+                                .n_layers = 1,
+                                .n_heads = 32,
+                                .n_kv_heads = 8,
+                                .head_dim = 128,
+                                .ffn = 12288,
+                                .vocab = SAMPLER_CODE_OFFSET + SAMPLER_N_CODES,
+                                .eps = 1e-6f,
+                                .rope_theta = 1e6};
+    size_t H = 4096, F = 12288, QD = 32 * 128, KD = 8 * 128;
+    struct talker_layer L;
+    float *buf[16];
+    int nb = 0;
+#define NEW(p, n) assert_non_null(p = buf[nb++] = malloc(sizeof(float) * (n)))
+    NEW(L.attn_norm, H), NEW(L.ffn_norm, H), NEW(L.q_norm, 128), NEW(L.k_norm, 128);
+    NEW(L.wq, QD * H), NEW(L.wk, KD * H), NEW(L.wv, KD * H), NEW(L.wo, H * QD);
+    NEW(L.wg, F * H), NEW(L.wu, F * H), NEW(L.wd, H * F);
+    NEW(m.norm, H), NEW(m.head, (size_t)SAMPLER_C0_COLS * H), NEW(m.inv_freq, 64);
+#undef NEW
+    fill_norm(L.attn_norm, H), fill_norm(L.ffn_norm, H), fill_norm(L.q_norm, 128), fill_norm(L.k_norm, 128);
+    fill_norm(m.norm, H);
+    float sh = 1.0f / sqrtf((float)H), sf = 1.0f / sqrtf((float)F);
+    fill_bf16(L.wq, QD * H, sh), fill_bf16(L.wk, KD * H, sh), fill_bf16(L.wv, KD * H, sh);
+    fill_bf16(L.wo, H * QD, sh), fill_bf16(L.wg, F * H, sh), fill_bf16(L.wu, F * H, sh);
+    fill_bf16(L.wd, H * F, sf), fill_bf16(m.head, (size_t)SAMPLER_C0_COLS * H, sh);
+    op_rope_inv_freq(m.inv_freq, c->rope_theta, 128);
+    for (int i = 0; i < 64; i++)
+        m.inv_freq[i] = bf16_round(m.inv_freq[i]);
+    m.layers = &L;
+    struct depth dd;
+    struct depth_layer dl;
+    float *dbuf = stub_depth(&dd, &dl);
+    struct talker_backend cpu, gpu;
+    open_pair(&cpu, &gpu, &m, &dd, 3, 32);
+    int prompt[3] = {5, 3, 2};
+    compare_talker(&cpu, &gpu, 3, prompt, 4);
+    talker_backend_close(&cpu);
+    talker_backend_close(&gpu);
+    for (int i = 0; i < nb; i++)
+        free(buf[i]);
+    free(dbuf);
+}
+
+/* The release geometry of one depth-decoder layer: hidden 4096, 16 heads x 256, FFN 6144. */
+static void test_release_shaped_depth(void **state)
+{
+    (void)state;
+    if (getenv("MM3_TALKER_TINY_ONLY")) skip(); /* the quick run under compute-sanitizer */
+    size_t H = 4096, F = 6144, V = 1024, S = 8;
+    struct depth d = {.cfg = {.hidden = (int)H,
+                              .n_layers = 1,
+                              .n_heads = 16,
+                              .head_dim = 256,
+                              .ffn = (int)F,
+                              .audio_vocab = (int)V,
+                              .n_codebooks = (int)S,
+                              .max_pos = (int)S,
+                              .eps = 1e-6f}};
+    struct depth_layer L;
+    size_t total = 2 * H + 4 * H * H + 3 * F * H + H * H + S * H + H + (S - 1) * V * H;
+    float *w = malloc(sizeof(float) * total);
+    assert_non_null(w);
+    float *p = w;
+    L.attn_norm = p, p += H, L.ffn_norm = p, p += H;
+    fill_norm(L.attn_norm, 2 * H);
+    float sh = 1.0f / sqrtf((float)H);
+    L.wq = p, p += H * H, L.wk = p, p += H * H, L.wv = p, p += H * H, L.wo = p, p += H * H;
+    L.wg = p, p += F * H, L.wu = p, p += F * H;
+    fill_bf16(L.wq, 4 * H * H + 2 * F * H, sh);
+    L.wd = p, p += H * F;
+    fill_bf16(L.wd, H * F, 1.0f / sqrtf((float)F));
+    d.proj = p, p += H * H;
+    fill_bf16(d.proj, H * H, sh);
+    d.pos_emb = p, p += S * H;
+    fill_bf16(d.pos_emb, S * H, 0.5f);
+    d.norm = p, p += H;
+    fill_norm(d.norm, H);
+    d.heads = p, p += (S - 1) * V * H;
+    fill_bf16(d.heads, (S - 1) * V * H, sh);
+    assert_true((size_t)(p - w) == total);
+    d.layers = &L;
+    struct talker m;
+    struct talker_layer ml;
+    float *mh = stub_talker(&m, &ml);
+    struct talker_backend cpu, gpu;
+    open_pair(&cpu, &gpu, &m, &d, 2, 4);
+    compare_depth(&cpu, &gpu, 2, 1);
+    talker_backend_close(&cpu);
+    talker_backend_close(&gpu);
+    free(w);
+    free(mh);
+}
+
+static void replay(const char *backend, double tol)
+{
+    if (!have_golden()) skip();
+    int n_pass, n_fail;
+    int rc = golden_check_dir_backend(test_golden_dir(), backend, tol, stdout, &n_pass, &n_fail);
+    if (rc < 0) print_error("golden %s: %s\n", backend, mm3_last_error());
+    assert_int_equal(rc, 0);
+    assert_int_equal(n_fail, 0);
+    assert_true(n_pass > 0);
+}
+
+static void test_golden_replay_cpu_backend(void **state)
+{
+    (void)state;
+    replay("cpu", GOLDEN_REL_TOL);
+}
+
+static void test_golden_replay_cuda_backend(void **state)
+{
+    (void)state;
+    replay("cuda", GOLDEN_REL_TOL_BF16);
+}
+
+static void test_backend_names(void **state)
+{
+    (void)state;
+    enum talker_backend_kind k;
+    assert_int_equal(talker_backend_parse("cpu", &k), 0);
+    assert_int_equal(k, TALKER_BACKEND_CPU);
+    assert_int_equal(talker_backend_parse("cuda", &k), 0);
+    assert_int_equal(k, TALKER_BACKEND_CUDA);
+    assert_int_equal(talker_backend_parse("tpu", &k), -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "tpu"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest host[] = {
+        cmocka_unit_test(test_backend_names),
+        cmocka_unit_test(test_golden_replay_cpu_backend),
+    };
+    int rc = cmocka_run_group_tests_name("talker backend (host)", host, NULL, NULL);
+    if (rc) return 1;
+    if (!talker_backend_available(TALKER_BACKEND_CUDA)) {
+        printf("no CUDA device or no CUDA build: GPU tests skipped\n");
+        return 77;
+    }
+    const struct CMUnitTest gpu[] = {
+        cmocka_unit_test(test_tiny_talker_and_depth),
+        cmocka_unit_test(test_release_shaped_talker),
+        cmocka_unit_test(test_release_shaped_depth),
+        cmocka_unit_test(test_golden_replay_cuda_backend),
+    };
+    return cmocka_run_group_tests_name("talker cuda", gpu, NULL, NULL) ? 1 : 0;
+}
