@@ -8,4 +8,4 @@ $SUDO apt-get install -y -qq --no-install-recommends \
   build-essential cmake ninja-build pkg-config clang \
   libyaml-dev libjansson-dev libpcre2-dev libutf8proc-dev libzstd-dev libb2-dev \
   libcmocka-dev libmicrohttpd-dev liburing-dev libflac-dev \
-  curl sox libsndfile1-dev procps >/dev/null
+  curl sox libsndfile1-dev procps libclang-rt-dev >/dev/null

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install dependencies, build, and run the whole test suite: a normal build, an
-# ASan+UBSan build of the CPU suite, and a TSan build of the connector tests.
+# ASan+UBSan build of the CPU suite, a TSan build of the connector tests, and
+# every fuzz target for MM3_FUZZ_SECONDS (default 60) each.
 # Usage: scripts/test.sh [--no-install] [--quick]   (--quick: normal build only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,5 +37,7 @@ if [ "$quick" = 0 ]; then
   run_suite build-asan -DMM3_CUDA=OFF -DMM3_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug --
   export TSAN_OPTIONS=halt_on_error=1
   run_suite build-tsan -DMM3_CUDA=OFF -DMM3_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug -- -R 'shmconn'
+  # Every libFuzzer target for a bounded time from its committed corpus (docs/testing.md).
+  scripts/fuzz.sh "${MM3_FUZZ_SECONDS:-60}"
 fi
 echo "=== all test suites passed"

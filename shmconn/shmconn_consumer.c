@@ -165,10 +165,11 @@ static int consumer_read_slot(struct shmconn *c, uint32_t seq, struct shmconn_ms
         c->slot_end[seq & c->mask] = SHMCONN_INLINE;
     } else {
         uint64_t ptail = atomic_load_explicit(&c->hdr->cons.payload_tail, memory_order_relaxed);
-        if (cap == 0 || s.payload_len > cap || s.payload_pos < c->last_end ||
+        if (cap == 0 || s.payload_len > cap || s.payload_pos < c->last_end || s.payload_pos % SHMCONN_ALIGN ||
             s.payload_pos % cap + s.payload_len > cap || s.payload_end != s.payload_pos + s.payload_len ||
             s.payload_end - ptail > cap)
-            return mm3_errorf(SHMCONN_E_BAD_REGION, "shmconn %s: slot %u: payload [%llu, +%llu) outside the area",
+            return mm3_errorf(SHMCONN_E_BAD_REGION,
+                              "shmconn %s: slot %u: payload [%llu, +%llu) outside the area or not 64-byte aligned",
                               c->shm_name, seq, (unsigned long long)s.payload_pos, (unsigned long long)s.payload_len);
         data = c->payload + s.payload_pos % cap;
         c->slot_end[seq & c->mask] = s.payload_end;
@@ -189,6 +190,11 @@ static int consumer_read_slot(struct shmconn *c, uint32_t seq, struct shmconn_ms
         if (d->offset > s.payload_len || d->nbytes > s.payload_len - d->offset)
             return mm3_errorf(SHMCONN_E_BAD_REGION, "shmconn %s: slot %u: tensor %u outside its payload", c->shm_name,
                               seq, i);
+        /* The stages cast views to float * and the like: keep the layout's alignment a guarantee. */
+        if (d->offset % SHMCONN_ALIGN)
+            return mm3_errorf(SHMCONN_E_BAD_REGION,
+                              "shmconn %s: slot %u: tensor %u at payload offset %llu: expected a multiple of %u",
+                              c->shm_name, seq, i, (unsigned long long)d->offset, SHMCONN_ALIGN);
         memcpy(t->name, d->name, SHMCONN_TENSOR_NAME);
         t->dtype = d->dtype;
         t->ndim = d->ndim;
