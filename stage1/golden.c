@@ -15,12 +15,21 @@
 #include "stage1/render.h"
 #include "stage1/vocoder.h"
 
+#ifdef MM3_HAVE_CUDA
+#include "common/cuda/ops_cuda.h"
+#include "stage1/cuda/dit_cuda.h"
+#include "stage1/cuda/flow_cuda.h"
+#endif
+
 #define GOLDEN_MAX_WINDOWS 512
 
 struct models {
     struct condition_model *cm;
     struct dit_model *dm;
     struct vocoder *voc;
+    struct flow_cuda *fc; /* backend cuda: the GPU DiT and flow loop, else NULL */
+    double tol_fwd;       /* one DiT forward */
+    double tol_flow;      /* what the flow loop produced: latents, waveform, audio */
 };
 
 /* Per case: the file, what has been compared so far and the collected audio. */
@@ -28,6 +37,7 @@ struct golden_case {
     struct st_file *f;
     const char *name;
     int ok;
+    double tol_flow;
     double cond_max;
     double lat[GOLDEN_MAX_WINDOWS];
     int n_windows;
@@ -49,10 +59,10 @@ static double rel_error(const float *a, const float *b, size_t n)
     return isnan(r) ? INFINITY : r;
 }
 
-/* A comparison fails the case unless rel <= tolerance (NaN fails). */
-static void note(struct golden_case *gc, double rel)
+/* A comparison fails the case unless rel <= tol (NaN fails). */
+static void note(struct golden_case *gc, double rel, double tol)
 {
-    if (!(rel <= GOLDEN_REL_TOL)) gc->ok = 0;
+    if (!(rel <= tol)) gc->ok = 0;
 }
 
 /* Load key as float32 and require exactly `want` values. */
@@ -126,13 +136,13 @@ static int window_cb(void *ctx, const struct render_window_info *i)
     double r = rel_error(i->condition, ref, n_cond);
     free(ref);
     if (r > gc->cond_max || isnan(r)) gc->cond_max = r;
-    note(gc, r);
+    note(gc, r, GOLDEN_REL_TOL); /* the condition encoder is the CPU one on every backend */
 
     snprintf(key, sizeof key, "window.%d.latents", i->index);
     if ((rc = load_exact(gc->f, key, n_lat, &ref)) < 0) return rc;
     gc->lat[i->index] = rel_error(i->latents, ref, n_lat);
     free(ref);
-    note(gc, gc->lat[i->index]);
+    note(gc, gc->lat[i->index], gc->tol_flow);
     if (i->index + 1 > gc->n_windows) gc->n_windows = i->index + 1;
 
     if (i->index == 0 && st_file_find(gc->f, "window.0.waveform")) {
@@ -141,10 +151,32 @@ static int window_cb(void *ctx, const struct render_window_info *i)
         if ((rc = load_exact(gc->f, "window.0.waveform", n, &ref)) < 0) return rc;
         gc->wav0 = rel_error(i->waveform, ref, n);
         free(ref);
-        note(gc, gc->wav0);
+        note(gc, gc->wav0, gc->tol_flow);
     }
     return 0;
 }
+
+#ifdef MM3_HAVE_CUDA
+/* v[in_ch, L] = the GPU DiT on one sequence (host arrays in and out). */
+static int dit_forward_cuda(struct flow_cuda *fc, int L, const float *x, const float *t, const float *cond, float *v)
+{
+    const struct dit_config *g = dit_cuda_config(flow_cuda_dit(fc));
+    size_t n = (size_t)g->in_ch * L, nc = (size_t)L * g->cond_dim;
+    void *dx = NULL, *dt = NULL, *dc = NULL, *dv = NULL, *s = flow_cuda_stream(fc);
+    int rc;
+    if ((rc = cuda_malloc(&dx, 4 * n)) == 0 && (rc = cuda_malloc(&dt, 4)) == 0 &&
+        (rc = cuda_malloc(&dc, 4 * nc)) == 0 && (rc = cuda_malloc(&dv, 4 * n)) == 0 &&
+        (rc = cuda_memcpy_h2d(dx, x, 4 * n)) == 0 && (rc = cuda_memcpy_h2d(dt, t, 4)) == 0 &&
+        (rc = cuda_memcpy_h2d(dc, cond, 4 * nc)) == 0) {
+        const float *conds[1] = {dc};
+        if ((rc = dit_cuda_forward(flow_cuda_dit(fc), 1, L, dx, dt, conds, dv, s)) == 0 &&
+            (rc = cuda_stream_sync(s)) == 0)
+            rc = cuda_memcpy_d2h(v, dv, 4 * n);
+    }
+    cuda_free(dx), cuda_free(dt), cuda_free(dc), cuda_free(dv);
+    return rc;
+}
+#endif
 
 /* One recorded DiT call: rel error of our output against `out`. */
 static int check_dit_call(const struct models *m, const struct st_file *f, int call, double *rel)
@@ -168,13 +200,19 @@ static int check_dit_call(const struct models *m, const struct st_file *f, int c
     if ((rc = load_exact(f, k, (size_t)L * m->dm->cfg.cond_dim, &ehs)) < 0) goto out;
     snprintf(k, sizeof k, "dit_call.%d.out", call);
     if ((rc = load_exact(f, k, n, &out)) < 0) goto out;
-    if ((rc = dit_workspace_alloc(&ws, m->dm, L)) < 0) goto out;
     if (!(v = malloc(sizeof(float) * n))) {
         rc = mm3_errorf(-ENOMEM, "golden: out of memory");
         goto out;
     }
-    const float *conds[1] = {ehs};
-    if ((rc = dit_forward(m->dm, ws, 1, L, hs, ts, conds, v)) < 0) goto out;
+    if (m->fc) {
+#ifdef MM3_HAVE_CUDA
+        if ((rc = dit_forward_cuda(m->fc, L, hs, ts, ehs, v)) < 0) goto out;
+#endif
+    } else {
+        if ((rc = dit_workspace_alloc(&ws, m->dm, L)) < 0) goto out;
+        const float *conds[1] = {ehs};
+        if ((rc = dit_forward(m->dm, ws, 1, L, hs, ts, conds, v)) < 0) goto out;
+    }
     *rel = rel_error(v, out, n);
 out:
     dit_workspace_free(ws);
@@ -213,6 +251,9 @@ static int render_case(const struct models *m, struct golden_case *gc, int steps
         .sink = {gc, sink_cb},
         .observer = {gc, window_cb},
     };
+#ifdef MM3_HAVE_CUDA
+    if (m->fc) p.flow = (struct render_flow){m->fc, flow_cuda_window_run_cb};
+#endif
     if ((rc = render_create(&r, m->cm, m->dm, &p)) < 0) goto out;
     /* uneven pieces, so windows start mid-push as they would from a live stage 0 */
     for (int f0 = 0; f0 < F && rc == 0;) {
@@ -242,7 +283,7 @@ static int run_case(const struct models *m, const char *dir, json_t *jc, FILE *o
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, file);
     struct st_file f;
-    struct golden_case gc = {.f = &f, .name = file, .ok = 1, .wav0 = -1};
+    struct golden_case gc = {.f = &f, .name = file, .ok = 1, .tol_flow = m->tol_flow, .wav0 = -1};
     double d0 = NAN, d1 = NAN, audio = NAN;
     int rc = st_file_open(&f, path);
     if (rc < 0) {
@@ -251,8 +292,8 @@ static int run_case(const struct models *m, const char *dir, json_t *jc, FILE *o
     }
     if ((rc = check_dit_call(m, &f, 0, &d0)) == 0) rc = check_dit_call(m, &f, 1, &d1);
     if (rc == 0) {
-        note(&gc, d0);
-        note(&gc, d1);
+        note(&gc, d0, m->tol_fwd);
+        note(&gc, d1, m->tol_fwd);
         rc = render_case(m, &gc, steps, guidance);
     }
     int64_t want = -1;
@@ -274,7 +315,7 @@ static int run_case(const struct models *m, const char *dir, json_t *jc, FILE *o
                         den += (double)ref[ch * want + i] * ref[ch * want + i];
                     }
                 audio = den > 0 ? sqrt(num / den) : sqrt(num);
-                note(&gc, audio);
+                note(&gc, audio, m->tol_flow);
             }
             free(ref);
         }
@@ -294,9 +335,44 @@ static int run_case(const struct models *m, const char *dir, json_t *jc, FILE *o
     return gc.ok;
 }
 
-int golden_run(const char *dir, const char *ckpt, FILE *out, int *n_pass, int *n_fail)
+/* The bounds of o's backend and precision (golden.h). */
+static void pick_tolerances(const struct golden_options *o, struct models *m)
+{
+    m->tol_fwd = m->tol_flow = GOLDEN_REL_TOL;
+    if (o->backend != MM3_BACKEND_CUDA) return;
+    if (o->precision == MM3_MATMUL_TF32) {
+        m->tol_fwd = GOLDEN_REL_TOL_FWD_TF32;
+        m->tol_flow = GOLDEN_REL_TOL_FLOW_TF32;
+    } else if (o->precision == MM3_MATMUL_BF16) {
+        m->tol_fwd = GOLDEN_REL_TOL_FWD_BF16;
+        m->tol_flow = GOLDEN_REL_TOL_FLOW_BF16;
+    }
+}
+
+/* Backend cuda: the GPU DiT + flow loop for windows of the render's size. */
+static int models_load_cuda(struct models *m, const struct golden_options *o, FILE *out)
+{
+#ifdef MM3_HAVE_CUDA
+    if (cuda_device_count_safe() < 1) return mm3_errorf(-ENODEV, "golden: backend cuda: no CUDA device is present");
+    int rc = cuda_device_set(0);
+    if (rc < 0) return rc;
+    int max_L = condition_latent_len(&m->cm->cfg, RENDER_WINDOW_FRAMES);
+    if ((rc = flow_cuda_create(&m->fc, m->dm, o->precision, max_L)) < 0) return rc;
+    char dev[256];
+    if (cuda_device_describe(dev, sizeof dev) < 0) snprintf(dev, sizeof dev, "?");
+    fprintf(out, "backend cuda (%s), matmul precision %s: tolerance %.1e per DiT call, %.1e after the flow loop\n", dev,
+            mm3_matmul_precision_name(o->precision), m->tol_fwd, m->tol_flow);
+    return 0;
+#else
+    (void)m, (void)o, (void)out;
+    return mm3_errorf(-ENOTSUP, "golden: backend cuda: this build has no CUDA (configure with -DMM3_CUDA=ON)");
+#endif
+}
+
+int golden_run(const char *dir, const struct golden_options *o, FILE *out, int *n_pass, int *n_fail)
 {
     *n_pass = *n_fail = 0;
+    const char *ckpt = o->ckpt;
     char path[4096];
     snprintf(path, sizeof path, "%s/manifest.json", dir);
     json_error_t je;
@@ -316,6 +392,7 @@ int golden_run(const char *dir, const char *ckpt, FILE *out, int *n_pass, int *n
     }
     struct models m = {0};
     int rc;
+    pick_tolerances(o, &m);
     if ((rc = condition_load(&m.cm, root)) < 0 || (rc = dit_load(&m.dm, root)) < 0 ||
         (rc = vocoder_load(&m.voc, root)) < 0)
         goto out;
@@ -324,6 +401,7 @@ int golden_run(const char *dir, const char *ckpt, FILE *out, int *n_pass, int *n
                         vocoder_latent_channels(m.voc), m.dm->cfg.in_ch);
         goto out;
     }
+    if (o->backend == MM3_BACKEND_CUDA && (rc = models_load_cuda(&m, o, out)) < 0) goto out;
     for (size_t i = 0; i < json_array_size(cases); i++) {
         if (run_case(&m, dir, json_array_get(cases, i), out))
             ++*n_pass;
@@ -332,6 +410,9 @@ int golden_run(const char *dir, const char *ckpt, FILE *out, int *n_pass, int *n
         fflush(out);
     }
 out:
+#ifdef MM3_HAVE_CUDA
+    flow_cuda_free(m.fc);
+#endif
     condition_free(m.cm);
     dit_free(m.dm);
     vocoder_free(m.voc);

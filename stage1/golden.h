@@ -5,17 +5,43 @@
  * with the recorded per-window noise `window.w.noise`, and the per-window condition,
  * final latents, window-0 waveform (when recorded) and the stitched `audio` are compared.
  * Each comparison is rel = ||a - b|| / ||b|| and passes at <= 1e-4; `audio` must also have
- * exactly the recorded length. One line per case, then "N passed, M failed". */
+ * exactly the recorded length. One line per case, then "N passed, M failed".
+ *
+ * Backend cuda: the DiT calls and the flow loop run on the GPU (stage1/cuda/flow_cuda.h)
+ * in the chosen matmul precision; the condition encoder and the vocoder stay on the CPU.
+ * fp32 must pass at the same 1e-4. tf32 and bf16 round the GEMM operands (10 and 7
+ * mantissa bits), and 30 Euler steps over a random-weight DiT amplify that, so they are
+ * held to the looser, measured bounds below (docs/performance.md, "Stage 1 on the GPU"). */
 #ifndef MM3_STAGE1_GOLDEN_H
 #define MM3_STAGE1_GOLDEN_H
 
 #include <stdio.h>
 
-#define GOLDEN_REL_TOL 1e-4
+#include "common/deploy.h"
 
-/* ckpt: checkpoint root, or NULL for DIR/<manifest "checkpoint"> (default DIR/checkpoint).
- * Returns < 0 when the directory or the models cannot be loaded; otherwise 0 with the
- * counts set (a failing case is counted, not an error). */
-int golden_run(const char *dir, const char *ckpt, FILE *out, int *n_pass, int *n_fail);
+#define GOLDEN_REL_TOL 1e-4
+/* Measured on the H200 over tiny-a (2026-11-30): fp32 everything <= 5.2e-7 (the CPU's
+ * 1e-4 holds); tf32 dit_call <= 4.9e-4, latents <= 1.8e-4, audio <= 6.4e-6; bf16
+ * dit_call <= 4.0e-3, latents <= 1.5e-3, audio <= 5.3e-5. The bounds keep ~4-7x margin.
+ * One DiT forward (dit_call.*): as test_dit_cuda's whole-forward bounds. */
+#define GOLDEN_REL_TOL_FWD_TF32 2e-3
+#define GOLDEN_REL_TOL_FWD_BF16 1.5e-2
+/* Whole windows (latents, waveform, audio) after the flow loop: the Euler steps average
+ * the per-forward rounding rather than grow it at tiny-a's 2-4 steps, and the vocoder
+ * damps it further. */
+#define GOLDEN_REL_TOL_FLOW_TF32 1e-3
+#define GOLDEN_REL_TOL_FLOW_BF16 1e-2
+
+struct golden_options {
+    const char *ckpt;                    /* checkpoint root, or NULL (see golden_run) */
+    enum mm3_backend backend;            /* CPU (default; AUTO = CPU) or CUDA */
+    enum mm3_matmul_precision precision; /* CUDA only: operand precision of the DiT GEMMs */
+};
+
+/* o->ckpt: checkpoint root, or NULL for DIR/<manifest "checkpoint"> (default DIR/checkpoint).
+ * Returns < 0 when the directory or the models cannot be loaded (or backend cuda without
+ * CUDA built in / a device: -ENOTSUP / -ENODEV); otherwise 0 with the counts set (a
+ * failing case is counted, not an error). */
+int golden_run(const char *dir, const struct golden_options *o, FILE *out, int *n_pass, int *n_fail);
 
 #endif

@@ -1,12 +1,15 @@
 /* mm3-stage1: the acoustic stage.
  *
- *   mm3-stage1 --golden DIR [--model CKPT]
+ *   mm3-stage1 --golden DIR [--model CKPT] [--backend cpu|cuda] [--precision fp32|tf32|bf16]
  *       replay a golden directory (stage1/golden.h); exit 0 iff every case passes.
  *   mm3-stage1 --model CKPT --frames FILE.safetensors [--seed N] [--steps N]
- *              [--guidance G] [--float] -o OUT.wav
+ *              [--guidance G] [--float] [--backend cpu|cuda] [--precision P] -o OUT.wav
  *       render a song from stage-0 frames (tensor `frame_hiddens` [T, 8H], as written by
  *       mm3-stage0 --frames-out) to a 16-bit (or float) stereo WAV, written as the
  *       windows finish.
+ *   --backend cuda runs the DiT and the flow loop on the GPU (stage1/cuda/flow_cuda.h)
+ *   with GEMM operands in --precision (default tf32, as the deploy file's default); the
+ *   condition encoder and the vocoder stay on the CPU.
  *
  *   mm3-stage1 --config DEPLOY.yaml [--model CKPT]
  *       serve: the stage-1 half of the pipeline over the shared-memory channels
@@ -32,6 +35,11 @@
 #include "stage1/server.h"
 #include "stage1/vocoder.h"
 
+#ifdef MM3_HAVE_CUDA
+#include "common/cuda/ops_cuda.h"
+#include "stage1/cuda/flow_cuda.h"
+#endif
+
 struct options {
     const char *config;
     const char *golden;
@@ -42,20 +50,23 @@ struct options {
     int steps;
     float guidance;
     int as_float;
+    enum mm3_backend backend;
+    enum mm3_matmul_precision precision;
 };
 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: mm3-stage1 --config DEPLOY.yaml [--model CKPT]\n"
-               "       mm3-stage1 --golden DIR [--model CKPT]\n"
+               "       mm3-stage1 --golden DIR [--model CKPT] [--backend cpu|cuda] [--precision fp32|tf32|bf16]\n"
                "       mm3-stage1 --model CKPT --frames FILE.safetensors [--seed N] [--steps N]\n"
-               "                  [--guidance G] [--float] -o OUT.wav\n");
+               "                  [--guidance G] [--float] [--backend cpu|cuda] [--precision P] -o OUT.wav\n");
 }
 
 static int cmd_golden(const struct options *o)
 {
     int pass, fail;
-    int rc = golden_run(o->golden, o->model, stdout, &pass, &fail);
+    struct golden_options go = {.ckpt = o->model, .backend = o->backend, .precision = o->precision};
+    int rc = golden_run(o->golden, &go, stdout, &pass, &fail);
     if (rc < 0) {
         fprintf(stderr, "mm3-stage1: %s\n", mm3_last_error());
         return 2;
@@ -117,7 +128,7 @@ static int vocoder_decode_cb(void *ctx, const float *latents, int L, float *pcm)
 }
 
 static int render_song(const struct options *o, struct wav_stream *ws, const struct condition_model *cm,
-                       const struct dit_model *dm, const struct vocoder *voc)
+                       const struct dit_model *dm, const struct vocoder *voc, struct render_flow flow)
 {
     struct st_file f;
     float *frames = NULL;
@@ -141,6 +152,7 @@ static int render_song(const struct options *o, struct wav_stream *ws, const str
         .noise = {RENDER_NOISE_SEEDED, o->seed, 0, NULL, NULL},
         .decoder = {(void *)voc, vocoder_hop(voc), vocoder_decode_cb},
         .sink = {ws, wav_stream_emit},
+        .flow = flow,
     };
     if ((rc = render_create(&r, cm, dm, &p)) == 0) {
         /* feed the frames as stage 0 would: a window's worth of new frames at a time */
@@ -160,12 +172,32 @@ static int cmd_render(const struct options *o)
     struct condition_model *cm = NULL;
     struct dit_model *dm = NULL;
     struct vocoder *voc = NULL;
+    struct render_flow flow = {0};
+#ifdef MM3_HAVE_CUDA
+    struct flow_cuda *fc = NULL;
+#endif
     struct wav_stream ws = {.path = o->out, .format = o->as_float ? WAV_FORMAT_F32 : WAV_FORMAT_PCM16, .t0 = now_s()};
     uint8_t hdr[WAV_HEADER_BYTES];
     int rc;
     if ((rc = condition_load(&cm, o->model)) < 0 || (rc = dit_load(&dm, o->model)) < 0 ||
         (rc = vocoder_load(&voc, o->model)) < 0)
         goto out;
+    if (o->backend == MM3_BACKEND_CUDA) {
+#ifdef MM3_HAVE_CUDA
+        if (cuda_device_count_safe() < 1) {
+            rc = mm3_errorf(-ENODEV, "--backend cuda: no CUDA device is present");
+            goto out;
+        }
+        if ((rc = cuda_device_set(0)) < 0 ||
+            (rc = flow_cuda_create(&fc, dm, o->precision, condition_latent_len(&cm->cfg, RENDER_WINDOW_FRAMES))) < 0)
+            goto out;
+        flow = (struct render_flow){fc, flow_cuda_window_run_cb};
+        LOG_INFO("DiT and flow loop on the GPU, matmul precision %s", mm3_matmul_precision_name(o->precision));
+#else
+        rc = mm3_errorf(-ENOTSUP, "--backend cuda: this build has no CUDA (configure with -DMM3_CUDA=ON)");
+        goto out;
+#endif
+    }
     ws.rate = vocoder_sample_rate(voc);
     if (!(ws.f = fopen(o->out, "wb"))) {
         rc = mm3_errorf(-errno, "%s: cannot create: %s", o->out, strerror(errno));
@@ -176,7 +208,7 @@ static int cmd_render(const struct options *o)
         rc = mm3_errorf(-EIO, "%s: write failed", o->out);
         goto out;
     }
-    if ((rc = render_song(o, &ws, cm, dm, voc)) < 0) goto out;
+    if ((rc = render_song(o, &ws, cm, dm, voc, flow)) < 0) goto out;
     /* now that the length is known, give the header the real data size */
     uint64_t data = (uint64_t)ws.frames * 2 * wav_format_bytes(ws.format);
     wav_header(hdr, 2, ws.rate, ws.format, data > 0xFFFFFFFEu ? WAV_DATA_UNKNOWN : (uint32_t)data);
@@ -188,6 +220,9 @@ static int cmd_render(const struct options *o)
 out:
     if (ws.f && fclose(ws.f) != 0 && rc == 0) rc = mm3_errorf(-EIO, "%s: close failed", o->out);
     free(ws.buf);
+#ifdef MM3_HAVE_CUDA
+    flow_cuda_free(fc);
+#endif
     condition_free(cm);
     dit_free(dm);
     vocoder_free(voc);
@@ -208,10 +243,32 @@ static int parse_u64(const char *s, uint64_t *v)
     return 0;
 }
 
+/* Index of s in names[n], or -1. */
+static int name_index(const char *s, const char *(*name)(int), int n)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(s, name(i))) return i;
+    return -1;
+}
+
+static const char *backend_name(int i)
+{
+    return mm3_backend_name((enum mm3_backend)i);
+}
+
+static const char *precision_name(int i)
+{
+    return mm3_matmul_precision_name((enum mm3_matmul_precision)i);
+}
+
 int main(int argc, char **argv)
 {
     mm3_log_set_tag("stage1");
-    struct options o = {.steps = FLOW_DEFAULT_STEPS, .guidance = FLOW_DEFAULT_GUIDANCE};
+    struct options o = {.steps = FLOW_DEFAULT_STEPS,
+                        .guidance = FLOW_DEFAULT_GUIDANCE,
+                        .backend = MM3_BACKEND_CPU,
+                        .precision = MM3_MATMUL_TF32};
+    int backend_set = 0, precision_set = 0;
     static const struct option longopts[] = {
         {"config", required_argument, NULL, 'c'},
         {"golden", required_argument, NULL, 'g'},
@@ -221,10 +278,12 @@ int main(int argc, char **argv)
         {"steps", required_argument, NULL, 'n'},
         {"guidance", required_argument, NULL, 'G'},
         {"float", no_argument, NULL, 'F'},
+        {"backend", required_argument, NULL, 'B'},
+        {"precision", required_argument, NULL, 'P'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    int c;
+    int c, k;
     uint64_t v;
     char *end;
     while ((c = getopt_long(argc, argv, "o:h", longopts, NULL)) != -1) {
@@ -267,6 +326,23 @@ int main(int argc, char **argv)
                 return 2;
             }
             break;
+        case 'B':
+            /* auto is the deploy file's business; the command line names one */
+            if ((k = name_index(optarg, backend_name, MM3_BACKEND_CUDA + 1)) < MM3_BACKEND_CPU) {
+                fprintf(stderr, "mm3-stage1: --backend '%s': expected cpu or cuda\n", optarg);
+                return 2;
+            }
+            o.backend = (enum mm3_backend)k;
+            backend_set = 1;
+            break;
+        case 'P':
+            if ((k = name_index(optarg, precision_name, MM3_MATMUL_BF16 + 1)) < 0) {
+                fprintf(stderr, "mm3-stage1: --precision '%s': expected fp32, tf32 or bf16\n", optarg);
+                return 2;
+            }
+            o.precision = (enum mm3_matmul_precision)k;
+            precision_set = 1;
+            break;
         case 'h':
             usage(stdout);
             return 0;
@@ -279,7 +355,15 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (precision_set && o.backend != MM3_BACKEND_CUDA) {
+        fprintf(stderr, "mm3-stage1: --precision applies to --backend cuda only (the CPU is float32)\n");
+        return 2;
+    }
     if (o.config) {
+        if (backend_set) {
+            fprintf(stderr, "mm3-stage1: --config: the deploy file's `backend` and `matmul_precision` decide\n");
+            return 2;
+        }
         if (o.golden || o.frames || o.out) {
             fprintf(stderr, "mm3-stage1: --config serves; it does not combine with --golden, --frames or -o\n");
             return 2;

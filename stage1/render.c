@@ -79,7 +79,7 @@ int render_create(struct render **out, const struct condition_model *cm, const s
     if (!r->prev_lat || !r->prev_pack || !r->prev_cond || !r->cond_raw || !r->cond || !r->x || !r->noise || !r->wav ||
         !r->out || !r->tail)
         rc = mm3_errorf(-ENOMEM, "render: out of memory for windows of %d latents", r->max_L);
-    if (rc == 0) rc = dit_workspace_alloc(&r->ws, dm, r->max_L);
+    if (rc == 0 && !p->flow.run) rc = dit_workspace_alloc(&r->ws, dm, r->max_L);
     if (rc < 0) {
         render_free(r);
         return rc;
@@ -163,8 +163,11 @@ static int run_window(struct render *r, int k, int F, int last)
     }
     if ((rc = fill_noise(r, k, L)) < 0) return rc;
     memcpy(r->x, r->noise, sizeof(float) * (size_t)C * L);
-    if ((rc = flow_window_run(r->dm, r->ws, r->p.n_steps, r->p.guidance, L, r->cond, ov, prev, r->x)) < 0)
-        return mm3_error_prefix(rc, "window %d: ", k);
+    if (r->p.flow.run)
+        rc = r->p.flow.run(r->p.flow.ctx, r->p.n_steps, r->p.guidance, L, r->cond, ov, prev, r->x);
+    else
+        rc = flow_window_run(r->dm, r->ws, r->p.n_steps, r->p.guidance, L, r->cond, ov, prev, r->x);
+    if (rc < 0) return mm3_error_prefix(rc, "window %d: ", k);
 
     /* carry [L-344, L-172) of the latents and of the spliced conditioning */
     int a = L - 2 * RENDER_OVERLAP_LATENTS > 0 ? L - 2 * RENDER_OVERLAP_LATENTS : 0;

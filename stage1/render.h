@@ -76,6 +76,14 @@ struct render_observer {
     int (*window_done)(void *ctx, const struct render_window_info *w);
 };
 
+/* The Euler + CFG loop of one window with flow_window_run's contract (stage1/flow.h:
+ * x[in_ch, L] noise in, latents out; cond[L, cond_dim]; prev[in_ch, ov]), on some
+ * backend, e.g. flow_cuda_window_run_cb (stage1/cuda/flow_cuda.h) with a flow_cuda. */
+struct render_flow {
+    void *ctx;
+    int (*run)(void *ctx, int n_steps, float guidance, int L, const float *cond, int ov, const float *prev, float *x);
+};
+
 struct render_params {
     int n_steps;    /* Euler steps per window (FLOW_DEFAULT_STEPS) */
     float guidance; /* CFG scale (FLOW_DEFAULT_GUIDANCE) */
@@ -83,11 +91,13 @@ struct render_params {
     struct render_decoder decoder;
     struct render_sink sink;
     struct render_observer observer; /* optional (window_done NULL) */
+    struct render_flow flow;         /* optional: run NULL = flow_window_run on the CPU DiT */
 };
 
 struct render;
 
-/* The models are borrowed and must outlive the render. */
+/* The models are borrowed and must outlive the render. With p->flow.run set the DiT
+ * model only gives the geometry (no CPU workspace is made). */
 int render_create(struct render **out, const struct condition_model *cm, const struct dit_model *dm,
                   const struct render_params *p);
 void render_free(struct render *r);

@@ -14,6 +14,11 @@
 #include "common/log.h"
 #include "stage1/server_internal.h"
 
+#ifdef MM3_HAVE_CUDA
+#include "common/cuda/ops_cuda.h"
+#include "stage1/cuda/flow_cuda.h"
+#endif
+
 /* Seconds between "still waiting for stage 0" lines. */
 #define S1_WAIT_LOG_EVERY_S 10.0
 /* One bounded attempt to open s0_to_s1; the loop retries until stage 0 is there. */
@@ -59,12 +64,17 @@ static int server_load(struct s1_server *s, const struct s1_server_options *o)
     int rc;
     if ((rc = mm3_deploy_load(&s->d, o->config)) < 0) return rc;
     if (o->model && (rc = mm3_deploy_set_model(&s->d, o->model)) < 0) return rc;
+#ifdef MM3_HAVE_CUDA
+    bool gpu = cuda_device_count_safe() > 0;
+#else
+    bool gpu = false;
     if (s->d.backend == MM3_BACKEND_CUDA)
         return mm3_errorf(-ENOTSUP,
-                          "%s: backend: cuda: the CUDA stage-1 path is not built yet; use backend: cpu (or auto, "
-                          "which picks the CPU here)",
+                          "%s: backend: cuda: this mm3-stage1 is built without CUDA (configure with -DMM3_CUDA=ON); "
+                          "use backend: cpu (or auto, which picks the CPU here)",
                           s->d.source);
-    if ((rc = mm3_deploy_resolve_backend(&s->d, false)) < 0) return rc;
+#endif
+    if ((rc = mm3_deploy_resolve_backend(&s->d, gpu)) < 0) return rc;
     if (!s->d.model[0])
         return mm3_errorf(-EINVAL, "%s: model: no checkpoint directory; set `model:` or pass --model", s->d.source);
     if ((rc = s1_shm_prefix(s->prefix, sizeof s->prefix)) < 0) return rc;
@@ -84,6 +94,18 @@ static int server_load(struct s1_server *s, const struct s1_server_options *o)
     if ((rc = condition_load(&s->cm, s->d.model)) < 0 || (rc = dit_load(&s->dm, s->d.model)) < 0 ||
         (rc = vocoder_load(&s->voc, s->d.model)) < 0)
         return rc;
+#ifdef MM3_HAVE_CUDA
+    /* the DiT and its flow loop on the GPU; the condition encoder and vocoder stay on the CPU */
+    if (s->d.backend == MM3_BACKEND_CUDA) {
+        int max_L = condition_latent_len(&s->cm->cfg, RENDER_WINDOW_FRAMES);
+        if ((rc = cuda_device_set(s->st->n_devices > 0 ? s->st->devices[0] : 0)) < 0 ||
+            (rc = flow_cuda_create(&s->fc, s->dm, s->st->matmul_precision, max_L)) < 0)
+            return mm3_error_prefix(rc, "%s: stage 1 on cuda: ", s->d.source);
+        s->flow = (struct render_flow){s->fc, flow_cuda_window_run_cb};
+        LOG_INFO("%s: stage 1 DiT on the GPU, matmul_precision %s", s->d.source,
+                 mm3_matmul_precision_name(s->st->matmul_precision));
+    }
+#endif
     s->native_rate = vocoder_sample_rate(s->voc);
     s->hop = vocoder_hop(s->voc);
     LOG_INFO("%s: stage 1 on %s, model %s loaded in %.1f s (%d Hz, hop %d); max_num_seqs %d, up to %d requests "
@@ -266,6 +288,9 @@ static void server_free(struct s1_server *s)
     free(s->reqs);
     shmconn_close(s->in);
     shmconn_close(s->out);
+#ifdef MM3_HAVE_CUDA
+    flow_cuda_free(s->fc);
+#endif
     condition_free(s->cm);
     dit_free(s->dm);
     vocoder_free(s->voc);

@@ -53,6 +53,8 @@ struct s1_server {
     struct condition_model *cm;
     struct dit_model *dm;
     struct vocoder *voc;
+    struct flow_cuda *fc;   /* backend cuda: the GPU DiT and flow loop, else NULL */
+    struct render_flow flow; /* what every render's window runs (run NULL: the CPU) */
     int native_rate, hop;
     char prefix[32];
     struct shmconn_config in_cfg, out_cfg;

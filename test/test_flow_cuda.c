@@ -1,0 +1,219 @@
+/* The GPU flow loop (stage1/cuda/flow_cuda.h) against the CPU one (stage1/flow.h).
+ *
+ * 1. Given the same velocities, one pinning + CFG + Euler step on the GPU equals the
+ *    CPU arithmetic of flow_window_run bit for bit (no FMA contraction on either side;
+ *    the build compiles C with -ffp-contract=off), over several steps of a schedule.
+ * 2. A whole window through the tiny-a DiT in fp32: rel <= 1e-5 against
+ *    flow_window_run (only the GEMM summation order differs), with and without an
+ *    overlap prefix, and the prefix restored exactly.
+ * 3. Bad arguments are refused.
+ * Exit 77 without CUDA compiled in, without a GPU, or (2.) without the tiny-a golden. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+/* cmocka needs the four above first */
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "stage1/dit.h"
+#include "stage1/flow.h"
+#include "support/test_support.h"
+
+#ifdef MM3_HAVE_CUDA
+#include "common/cuda/ops_cuda.h"
+#include "stage1/cuda/flow_cuda.h"
+
+/* fp32 GEMMs differ from the CPU only in summation order (a forward: ~1e-6). */
+#define TOL_WINDOW_FP32 1e-5
+
+static uint64_t rng = 0x5eed1234abcdull;
+
+static float rnd(float a)
+{
+    uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return a * ((float)(z >> 40) / 8388608.0f - 1.0f);
+}
+
+static float *rnd_array(size_t n, float a)
+{
+    float *p = malloc(sizeof(float) * (n ? n : 1));
+    assert_non_null(p);
+    for (size_t i = 0; i < n; i++)
+        p[i] = rnd(a);
+    return p;
+}
+
+static void *upload(const float *h, size_t n)
+{
+    void *d = NULL;
+    assert_int_equal(cuda_malloc(&d, 4 * n), 0);
+    assert_int_equal(cuda_memcpy_h2d(d, h, 4 * n), 0);
+    return d;
+}
+
+/* flow_window_run's per-step arithmetic, written out (stage1/flow.c). */
+static void cpu_pin(float *x, const float *np, const float *prev, int C, int L, int ov, float t)
+{
+    const float one_minus_sigma_min = (float)(1.0 - 1e-6);
+    float a = 1.0f - one_minus_sigma_min * t;
+    for (int c = 0; c < C; c++)
+        for (int j = 0; j < ov; j++)
+            x[(size_t)c * L + j] = a * np[(size_t)c * ov + j] + t * prev[(size_t)c * ov + j];
+}
+
+static void cpu_euler_cfg(float *x, const float *vc, const float *vu, size_t n, float guidance, float dt)
+{
+    for (size_t e = 0; e < n; e++) {
+        float v = vu[e] + guidance * (vc[e] - vu[e]);
+        x[e] = x[e] + dt * v;
+    }
+}
+
+static void test_step_bit_exact(void **state)
+{
+    (void)state;
+    const int C = 6, L = 53, ov = 17, steps = 7;
+    size_t n = (size_t)C * L;
+    float table[8]; /* steps + 1 */
+    flow_schedule_fill(table, steps);
+    /* wide magnitudes so that rounding differences would show */
+    float *x = rnd_array(n, 3.0f), *np = rnd_array((size_t)C * ov, 2.0f), *prev = rnd_array((size_t)C * ov, 5.0f);
+    float *dx = upload(x, n), *dnp = upload(np, (size_t)C * ov), *dprev = upload(prev, (size_t)C * ov);
+    float *got = malloc(sizeof(float) * n);
+    assert_non_null(got);
+    const float guidance[] = {1.7f, 0.37f, 3.1f};
+    for (int i = 0; i < steps; i++) {
+        float *vc = rnd_array(n, 10.0f), *vu = rnd_array(n, 10.0f);
+        float *dvc = upload(vc, n), *dvu = upload(vu, n);
+        float t = table[i], dt = table[i + 1] - table[i], s = guidance[i % 3];
+        cpu_pin(x, np, prev, C, L, ov, t);
+        cpu_euler_cfg(x, vc, vu, n, s, dt);
+        assert_int_equal(flow_cuda_pin(dx, dnp, dprev, C, L, ov, t, NULL), 0);
+        assert_int_equal(flow_cuda_euler_cfg(dx, dvc, dvu, n, s, dt, NULL), 0);
+        assert_int_equal(cuda_stream_sync(NULL), 0);
+        assert_int_equal(cuda_memcpy_d2h(got, dx, 4 * n), 0);
+        size_t diff = 0;
+        for (size_t e = 0; e < n; e++)
+            diff += memcmp(&got[e], &x[e], 4) != 0;
+        if (diff) printf("step %d: %zu of %zu elements differ in bits\n", i, diff, n);
+        assert_int_equal(diff, 0);
+        free(vc), free(vu);
+        cuda_free(dvc), cuda_free(dvu);
+    }
+    /* ov = 0 pins nothing */
+    assert_int_equal(flow_cuda_pin(dx, dnp, dprev, C, L, 0, 0.5f, NULL), 0);
+    assert_int_equal(cuda_memcpy_d2h(got, dx, 4 * n), 0);
+    assert_memory_equal(got, x, 4 * n);
+    assert_true(flow_cuda_pin(dx, dnp, dprev, C, L, L + 1, 0.5f, NULL) == -EINVAL);
+    free(x), free(np), free(prev), free(got);
+    cuda_free(dx), cuda_free(dnp), cuda_free(dprev);
+}
+
+struct tiny {
+    struct dit_model *dm;
+    struct dit_workspace *ws;
+    struct flow_cuda *fc;
+};
+
+#define MAX_L 96
+
+static int tiny_setup(void **state)
+{
+    const char *g = test_golden_dir();
+    if (!g) return 0;
+    struct tiny *t = calloc(1, sizeof *t);
+    char root[4096];
+    snprintf(root, sizeof root, "%s/checkpoint", g);
+    if (!t || dit_load(&t->dm, root) < 0 || dit_workspace_alloc(&t->ws, t->dm, MAX_L) < 0 ||
+        flow_cuda_create(&t->fc, t->dm, MM3_MATMUL_FP32, MAX_L) < 0) {
+        fprintf(stderr, "setup: %s\n", mm3_last_error());
+        return -1;
+    }
+    *state = t;
+    return 0;
+}
+
+static int tiny_teardown(void **state)
+{
+    struct tiny *t = *state;
+    if (!t) return 0;
+    flow_cuda_free(t->fc);
+    dit_workspace_free(t->ws);
+    dit_free(t->dm);
+    free(t);
+    return 0;
+}
+
+static void window_case(struct tiny *t, int L, int ov, int steps, float guidance)
+{
+    int C = t->dm->cfg.in_ch, D = t->dm->cfg.cond_dim;
+    size_t n = (size_t)C * L;
+    float *cond = rnd_array((size_t)L * D, 1.0f), *prev = rnd_array((size_t)C * (ov ? ov : 1), 1.0f);
+    float *x_cpu = rnd_array(n, 1.0f), *x_gpu = malloc(sizeof(float) * n);
+    assert_non_null(x_gpu);
+    memcpy(x_gpu, x_cpu, sizeof(float) * n);
+    assert_int_equal(flow_window_run(t->dm, t->ws, steps, guidance, L, cond, ov, prev, x_cpu), 0);
+    int rc = flow_cuda_window_run(t->fc, steps, guidance, L, cond, ov, prev, x_gpu);
+    if (rc < 0) fprintf(stderr, "%s\n", mm3_last_error());
+    assert_int_equal(rc, 0);
+    double rel = test_rel_error(x_gpu, x_cpu, n);
+    printf("window L %d, overlap %d, %d steps, guidance %.2f: rel %.2e\n", L, ov, steps, guidance, rel);
+    assert_true(rel <= TOL_WINDOW_FP32);
+    for (int c = 0; c < C; c++)
+        assert_memory_equal(x_gpu + (size_t)c * L, prev + (size_t)c * ov, sizeof(float) * ov);
+    free(cond), free(prev), free(x_cpu), free(x_gpu);
+}
+
+static void test_window_tiny_a(void **state)
+{
+    struct tiny *t = *state;
+    if (!t) skip();
+    window_case(t, MAX_L, 31, 30, FLOW_DEFAULT_GUIDANCE);
+    window_case(t, 40, 0, 4, 1.2f);
+    window_case(t, 17, 17, 3, FLOW_DEFAULT_GUIDANCE); /* all pinned */
+}
+
+static void test_bad_args(void **state)
+{
+    struct tiny *t = *state;
+    if (!t) skip();
+    float x[4] = {0}, c[4] = {0};
+    assert_true(flow_cuda_window_run(t->fc, 4, 1.7f, MAX_L + 1, c, 0, NULL, x) == -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "max"));
+    assert_true(flow_cuda_window_run(t->fc, 0, 1.7f, 1, c, 0, NULL, x) == -EINVAL);
+    assert_true(flow_cuda_window_run(t->fc, 4, 1.7f, 3, c, 4, x, x) == -EINVAL);
+    assert_true(flow_cuda_window_run(t->fc, 4, 1.7f, 3, c, 2, NULL, x) == -EINVAL);
+}
+
+int main(void)
+{
+    if (cuda_device_count_safe() < 1) {
+        printf("no CUDA device: skipped\n");
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_step_bit_exact),
+        cmocka_unit_test_setup_teardown(test_window_tiny_a, tiny_setup, tiny_teardown),
+        cmocka_unit_test_setup_teardown(test_bad_args, tiny_setup, tiny_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
+
+#else
+
+int main(void)
+{
+    printf("built without CUDA (MM3_HAVE_CUDA undefined): skipped\n");
+    return 77;
+}
+
+#endif
