@@ -10,29 +10,21 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/ops.h"
+#include "common/weights.h"
 
-static int config_pos_int(const struct ckpt_component *c, const char *key, int *out)
-{
-    int64_t v;
-    int rc = ckpt_config_int(c, key, &v);
-    if (rc < 0) return rc;
-    if (v <= 0 || v > (1 << 30))
-        return mm3_errorf(-EINVAL, "%s/config.json: key '%s': expected a positive size, got %lld", c->dir, key,
-                          (long long)v);
-    *out = (int)v;
-    return 0;
-}
+/* Sanity bound on every config.json size (keeps size products in range). */
+#define DEPTH_MAX_SIZE (1 << 30)
 
 static int read_config(struct depth_config *cfg, const struct ckpt_component *c)
 {
     int rc;
-    if ((rc = config_pos_int(c, "hidden_size", &cfg->hidden)) < 0 ||
-        (rc = config_pos_int(c, "num_layers", &cfg->n_layers)) < 0 ||
-        (rc = config_pos_int(c, "num_attention_heads", &cfg->n_heads)) < 0 ||
-        (rc = config_pos_int(c, "intermediate_size", &cfg->ffn)) < 0 ||
-        (rc = config_pos_int(c, "audio_vocab_size", &cfg->audio_vocab)) < 0 ||
-        (rc = config_pos_int(c, "num_codebooks", &cfg->n_codebooks)) < 0 ||
-        (rc = config_pos_int(c, "max_position_embeddings", &cfg->max_pos)) < 0)
+    if ((rc = weights_config_size(c, "hidden_size", DEPTH_MAX_SIZE, &cfg->hidden)) < 0 ||
+        (rc = weights_config_size(c, "num_layers", DEPTH_MAX_SIZE, &cfg->n_layers)) < 0 ||
+        (rc = weights_config_size(c, "num_attention_heads", DEPTH_MAX_SIZE, &cfg->n_heads)) < 0 ||
+        (rc = weights_config_size(c, "intermediate_size", DEPTH_MAX_SIZE, &cfg->ffn)) < 0 ||
+        (rc = weights_config_size(c, "audio_vocab_size", DEPTH_MAX_SIZE, &cfg->audio_vocab)) < 0 ||
+        (rc = weights_config_size(c, "num_codebooks", DEPTH_MAX_SIZE, &cfg->n_codebooks)) < 0 ||
+        (rc = weights_config_size(c, "max_position_embeddings", DEPTH_MAX_SIZE, &cfg->max_pos)) < 0)
         return rc;
     if (cfg->hidden % cfg->n_heads)
         return mm3_errorf(-EINVAL, "%s/config.json: hidden_size %d not divisible by num_attention_heads %d", c->dir,
@@ -48,82 +40,48 @@ static int read_config(struct depth_config *cfg, const struct ckpt_component *c)
     return 0;
 }
 
-static int read_w(const struct ckpt_component *c, const char *name, float *dst, int64_t d0, int64_t d1)
+/* config.json, and the weight table of that geometry (common/weights.h). */
+static int depth_describe(void *model, const struct ckpt_component *c, struct weight_table *t)
 {
-    if (d1 > 0) return ckpt_read_f32(c, name, dst, 2, (int64_t[]){d0, d1});
-    return ckpt_read_f32(c, name, dst, 1, (int64_t[]){d0});
+    struct depth *d = model;
+    struct depth_config *cfg = &d->cfg;
+    int rc = read_config(cfg, c);
+    if (rc < 0) return rc;
+    int64_t H = cfg->hidden, F = cfg->ffn, V = cfg->audio_vocab;
+    int64_t nres = cfg->n_codebooks - 1;
+    d->layers = calloc((size_t)cfg->n_layers, sizeof *d->layers);
+    if (!d->layers) return mm3_errorf(-ENOMEM, "%s: cannot allocate %d layers", c->dir, cfg->n_layers);
+    weight_table_add(t, &d->audio_emb, 2, (int64_t[]){nres * V, H}, "audio_embeddings.weight");
+    weight_table_add(t, &d->proj, 2, (int64_t[]){H, H}, "projection.weight");
+    weight_table_add(t, &d->pos_emb, 2, (int64_t[]){cfg->max_pos, H}, "pos_embedding.weight");
+    for (int l = 0; l < cfg->n_layers; l++) {
+        struct depth_layer *L = &d->layers[l];
+        const struct weight_leaf w[] = {
+            {&L->attn_norm, "input_layernorm.weight", H, 0},
+            {&L->wq, "attn.to_q.weight", H, H},
+            {&L->wk, "attn.to_k.weight", H, H},
+            {&L->wv, "attn.to_v.weight", H, H},
+            {&L->wo, "attn.to_out.weight", H, H},
+            {&L->ffn_norm, "post_attention_layernorm.weight", H, 0},
+            {&L->wg, "gate_proj.weight", F, H},
+            {&L->wu, "up_proj.weight", F, H},
+            {&L->wd, "down_proj.weight", H, F},
+        };
+        char prefix[64];
+        snprintf(prefix, sizeof prefix, "layers.%d.", l);
+        weight_table_add_leaves(t, prefix, w, (int)(sizeof w / sizeof w[0]));
+    }
+    weight_table_add(t, &d->norm, 1, (int64_t[]){H}, "norm.weight");
+    /* Consecutive entries are contiguous: heads = [n_codebooks - 1][V, H]. */
+    for (int64_t k = 0; k < nres; k++)
+        weight_table_add(t, k == 0 ? &d->heads : NULL, 2, (int64_t[]){V, H}, "audio_heads.%lld.weight", (long long)k);
+    return 0;
 }
 
 int depth_load(struct depth *d, const char *ckpt_root)
 {
     memset(d, 0, sizeof *d);
-    struct ckpt_component c;
-    int rc = ckpt_component_open(&c, ckpt_root, "rvq_depth_decoder");
-    if (rc < 0) return rc;
-    struct depth_config *cfg = &d->cfg;
-    if ((rc = read_config(cfg, &c)) < 0) goto out;
-    size_t H = (size_t)cfg->hidden, F = (size_t)cfg->ffn, V = (size_t)cfg->audio_vocab;
-    size_t nres = (size_t)(cfg->n_codebooks - 1);
-    size_t per_layer = 2 * H + 4 * H * H + 3 * H * F;
-    size_t total = nres * V * H + H * H + (size_t)cfg->max_pos * H + cfg->n_layers * per_layer + H + nres * V * H;
-    d->arena = malloc(total * sizeof(float));
-    d->layers = calloc((size_t)cfg->n_layers, sizeof *d->layers);
-    if (!d->arena || !d->layers) {
-        rc = mm3_errorf(-ENOMEM, "%s: cannot allocate %zu floats of weights", c.dir, total);
-        goto out;
-    }
-    float *p = d->arena;
-#define CARVE(n) (p += (n), p - (n))
-    d->audio_emb = CARVE(nres * V * H);
-    d->proj = CARVE(H * H);
-    d->pos_emb = CARVE((size_t)cfg->max_pos * H);
-    for (int l = 0; l < cfg->n_layers; l++) {
-        struct depth_layer *L = &d->layers[l];
-        L->attn_norm = CARVE(H);
-        L->wq = CARVE(H * H);
-        L->wk = CARVE(H * H);
-        L->wv = CARVE(H * H);
-        L->wo = CARVE(H * H);
-        L->ffn_norm = CARVE(H);
-        L->wg = CARVE(F * H);
-        L->wu = CARVE(F * H);
-        L->wd = CARVE(H * F);
-    }
-    d->norm = CARVE(H);
-    d->heads = CARVE(nres * V * H);
-#undef CARVE
-    CHECK((size_t)(p - d->arena) == total);
-    if ((rc = read_w(&c, "audio_embeddings.weight", d->audio_emb, (int64_t)(nres * V), (int64_t)H)) < 0) goto out;
-    if ((rc = read_w(&c, "projection.weight", d->proj, (int64_t)H, (int64_t)H)) < 0) goto out;
-    if ((rc = read_w(&c, "pos_embedding.weight", d->pos_emb, cfg->max_pos, (int64_t)H)) < 0) goto out;
-    for (int l = 0; l < cfg->n_layers && rc == 0; l++) {
-        struct depth_layer *L = &d->layers[l];
-        const struct {
-            float *dst;
-            const char *leaf;
-            int64_t d0, d1;
-        } w[] = {
-            {L->attn_norm, "input_layernorm", (int64_t)H, 0}, {L->wq, "attn.to_q", (int64_t)H, (int64_t)H},
-            {L->wk, "attn.to_k", (int64_t)H, (int64_t)H},     {L->wv, "attn.to_v", (int64_t)H, (int64_t)H},
-            {L->wo, "attn.to_out", (int64_t)H, (int64_t)H},   {L->ffn_norm, "post_attention_layernorm", (int64_t)H, 0},
-            {L->wg, "gate_proj", (int64_t)F, (int64_t)H},     {L->wu, "up_proj", (int64_t)F, (int64_t)H},
-            {L->wd, "down_proj", (int64_t)H, (int64_t)F},
-        };
-        for (size_t i = 0; i < sizeof w / sizeof w[0] && rc == 0; i++) {
-            char n[128];
-            snprintf(n, sizeof n, "layers.%d.%s.weight", l, w[i].leaf);
-            rc = read_w(&c, n, w[i].dst, w[i].d0, w[i].d1);
-        }
-    }
-    if (rc < 0) goto out;
-    if ((rc = read_w(&c, "norm.weight", d->norm, (int64_t)H, 0)) < 0) goto out;
-    for (size_t k = 0; k < nres; k++) {
-        char n[64];
-        snprintf(n, sizeof n, "audio_heads.%zu.weight", k);
-        if ((rc = read_w(&c, n, d->heads + k * V * H, (int64_t)V, (int64_t)H)) < 0) goto out;
-    }
-out:
-    ckpt_component_close(&c);
+    int rc = weights_component_load(ckpt_root, "rvq_depth_decoder", d, depth_describe, &d->arena, NULL);
     if (rc < 0) depth_free(d);
     return rc;
 }

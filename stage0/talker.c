@@ -5,41 +5,31 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "common/checkpoint.h"
 #include "common/dtype.h"
 #include "common/error.h"
-#include "common/log.h"
 #include "common/ops.h"
 #include "common/sampler.h"
+#include "common/weights.h"
 
-static int config_size(const struct ckpt_component *c, const char *key, int *out)
-{
-    int64_t v;
-    int rc = ckpt_config_int(c, key, &v);
-    if (rc < 0) return rc;
-    if (v <= 0 || v > (1 << 30))
-        return mm3_errorf(-EINVAL, "%s/config.json: key '%s': expected a positive size, got %lld", c->dir, key,
-                          (long long)v);
-    *out = (int)v;
-    return 0;
-}
+/* Sanity bound on every config.json size (keeps size products in range). */
+#define TALKER_MAX_SIZE (1 << 30)
 
 static int read_config(struct talker_config *cfg, const struct ckpt_component *c)
 {
     int rc;
-    if ((rc = config_size(c, "hidden_size", &cfg->hidden)) < 0 ||
-        (rc = config_size(c, "num_hidden_layers", &cfg->n_layers)) < 0 ||
-        (rc = config_size(c, "num_attention_heads", &cfg->n_heads)) < 0 ||
-        (rc = config_size(c, "num_key_value_heads", &cfg->n_kv_heads)) < 0 ||
-        (rc = config_size(c, "intermediate_size", &cfg->ffn)) < 0 ||
-        (rc = config_size(c, "vocab_size", &cfg->vocab)) < 0)
+    if ((rc = weights_config_size(c, "hidden_size", TALKER_MAX_SIZE, &cfg->hidden)) < 0 ||
+        (rc = weights_config_size(c, "num_hidden_layers", TALKER_MAX_SIZE, &cfg->n_layers)) < 0 ||
+        (rc = weights_config_size(c, "num_attention_heads", TALKER_MAX_SIZE, &cfg->n_heads)) < 0 ||
+        (rc = weights_config_size(c, "num_key_value_heads", TALKER_MAX_SIZE, &cfg->n_kv_heads)) < 0 ||
+        (rc = weights_config_size(c, "intermediate_size", TALKER_MAX_SIZE, &cfg->ffn)) < 0 ||
+        (rc = weights_config_size(c, "vocab_size", TALKER_MAX_SIZE, &cfg->vocab)) < 0)
         return rc;
     /* transformers defaults head_dim to hidden / heads when the key is absent or null. */
     json_t *hd = json_object_get(c->config, "head_dim");
     if (hd && !json_is_null(hd)) {
-        if ((rc = config_size(c, "head_dim", &cfg->head_dim)) < 0) return rc;
+        if ((rc = weights_config_size(c, "head_dim", TALKER_MAX_SIZE, &cfg->head_dim)) < 0) return rc;
     } else {
         cfg->head_dim = cfg->hidden / cfg->n_heads;
     }
@@ -61,119 +51,54 @@ static int read_config(struct talker_config *cfg, const struct ckpt_component *c
     return 0;
 }
 
-static int read_w(const struct ckpt_component *c, const char *name, float *dst, int64_t d0, int64_t d1)
+/* config.json, and the weight table of that geometry (common/weights.h). */
+static int talker_describe(void *model, const struct ckpt_component *c, struct weight_table *t)
 {
-    if (d1 > 0) return ckpt_read_f32(c, name, dst, 2, (int64_t[]){d0, d1});
-    return ckpt_read_f32(c, name, dst, 1, (int64_t[]){d0});
-}
-
-/* Rows [r0, r0+n) of a 2-D tensor, widened; avoids materialising the whole head. */
-static int read_rows(const struct ckpt_component *c, const char *name, int64_t rows, int64_t cols, int64_t r0,
-                     int64_t n, float *dst)
-{
-    const struct ckpt_tensor *t = ckpt_find(c, name);
-    if (!t) return mm3_errorf(-ENOENT, "%s: missing tensor '%s'", c->dir, name);
-    if (t->st->ndim != 2 || t->st->shape[0] != rows || t->st->shape[1] != cols) {
-        char a[128];
-        return mm3_errorf(-EINVAL, "%s: tensor '%s' has shape %s, expected [%lld, %lld] (from config.json)", c->dir,
-                          name, st_shape_str(a, sizeof a, t->st->ndim, t->st->shape), (long long)rows, (long long)cols);
+    struct talker *m = model;
+    struct talker_config *cfg = &m->cfg;
+    int rc = read_config(cfg, c);
+    if (rc < 0) return rc;
+    int64_t H = cfg->hidden, F = cfg->ffn, D = cfg->head_dim;
+    int64_t QD = cfg->n_heads * D, KD = cfg->n_kv_heads * D;
+    m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
+    if (!m->layers) return mm3_errorf(-ENOMEM, "%s: cannot allocate %d layers", c->dir, cfg->n_layers);
+    weight_table_add(t, &m->embed, 2, (int64_t[]){cfg->vocab, H}, "model.embed_tokens.weight");
+    for (int l = 0; l < cfg->n_layers; l++) {
+        struct talker_layer *L = &m->layers[l];
+        const struct weight_leaf w[] = {
+            {&L->attn_norm, "input_layernorm.weight", H, 0},
+            {&L->wq, "self_attn.q_proj.weight", QD, H},
+            {&L->wk, "self_attn.k_proj.weight", KD, H},
+            {&L->wv, "self_attn.v_proj.weight", KD, H},
+            {&L->wo, "self_attn.o_proj.weight", H, QD},
+            {&L->q_norm, "self_attn.q_norm.weight", D, 0},
+            {&L->k_norm, "self_attn.k_norm.weight", D, 0},
+            {&L->ffn_norm, "post_attention_layernorm.weight", H, 0},
+            {&L->wg, "mlp.gate_proj.weight", F, H},
+            {&L->wu, "mlp.up_proj.weight", F, H},
+            {&L->wd, "mlp.down_proj.weight", H, F},
+        };
+        char prefix[64];
+        snprintf(prefix, sizeof prefix, "model.layers.%d.", l);
+        weight_table_add_leaves(t, prefix, w, (int)(sizeof w / sizeof w[0]));
     }
-    size_t es = mm3_dtype_size(t->st->dtype);
-    size_t nbytes = (size_t)n * (size_t)cols * es;
-    uint64_t off = (uint64_t)r0 * (uint64_t)cols * es;
-    if (t->data) {
-        mm3_convert_to_f32(dst, (const char *)t->data + off, t->st->dtype, (size_t)(n * cols));
-        return 0;
-    }
-    char *buf = malloc(nbytes);
-    if (!buf) return mm3_errorf(-ENOMEM, "%s: cannot allocate %zu bytes for '%s'", c->dir, nbytes, name);
-    const struct st_file *f = &c->files[t->file];
-    size_t got = 0;
-    while (got < nbytes) {
-        ssize_t r = pread(f->fd, buf + got, nbytes - got, (off_t)(t->st->offset + off + got));
-        if (r <= 0) {
-            free(buf);
-            return mm3_errorf(-EIO, "%s: short read of '%s'", f->path, name);
-        }
-        got += (size_t)r;
-    }
-    mm3_convert_to_f32(dst, buf, t->st->dtype, (size_t)(n * cols));
-    free(buf);
+    weight_table_add(t, &m->norm, 1, (int64_t[]){H}, "model.norm.weight");
+    /* Consecutive entries are contiguous: head = [stop row; the semantic code rows]. */
+    weight_table_add_rows(t, &m->head, cfg->vocab, H, SAMPLER_STOP_ID, 1, "lm_head.weight");
+    weight_table_add_rows(t, NULL, cfg->vocab, H, SAMPLER_CODE_OFFSET, SAMPLER_N_CODES, "lm_head.weight");
+    weight_table_add_space(t, &m->inv_freq, (size_t)D / 2);
     return 0;
 }
 
 int talker_load(struct talker *m, const char *ckpt_root)
 {
     memset(m, 0, sizeof *m);
-    struct ckpt_component c;
-    int rc = ckpt_component_open(&c, ckpt_root, "language_model");
-    if (rc < 0) return rc;
-    struct talker_config *cfg = &m->cfg;
-    if ((rc = read_config(cfg, &c)) < 0) goto out;
-    size_t H = (size_t)cfg->hidden, F = (size_t)cfg->ffn, D = (size_t)cfg->head_dim;
-    size_t QD = (size_t)cfg->n_heads * D, KD = (size_t)cfg->n_kv_heads * D;
-    size_t per_layer = 2 * H + QD * H + 2 * KD * H + H * QD + 2 * D + 3 * F * H;
-    size_t total = (size_t)cfg->vocab * H + cfg->n_layers * per_layer + H + (size_t)SAMPLER_C0_COLS * H + D / 2;
-    m->arena = malloc(total * sizeof(float));
-    m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
-    if (!m->arena || !m->layers) {
-        rc = mm3_errorf(-ENOMEM, "%s: cannot allocate %zu floats of weights", c.dir, total);
-        goto out;
+    int rc = weights_component_load(ckpt_root, "language_model", m, talker_describe, &m->arena, NULL);
+    if (rc < 0) {
+        talker_free(m);
+        return rc;
     }
-    float *p = m->arena;
-#define CARVE(n) (p += (n), p - (n))
-    m->embed = CARVE((size_t)cfg->vocab * H);
-    for (int l = 0; l < cfg->n_layers; l++) {
-        struct talker_layer *L = &m->layers[l];
-        L->attn_norm = CARVE(H);
-        L->wq = CARVE(QD * H);
-        L->wk = CARVE(KD * H);
-        L->wv = CARVE(KD * H);
-        L->wo = CARVE(H * QD);
-        L->q_norm = CARVE(D);
-        L->k_norm = CARVE(D);
-        L->ffn_norm = CARVE(H);
-        L->wg = CARVE(F * H);
-        L->wu = CARVE(F * H);
-        L->wd = CARVE(H * F);
-    }
-    m->norm = CARVE(H);
-    m->head = CARVE((size_t)SAMPLER_C0_COLS * H);
-    m->inv_freq = CARVE(D / 2);
-#undef CARVE
-    CHECK((size_t)(p - m->arena) == total);
-    if ((rc = read_w(&c, "model.embed_tokens.weight", m->embed, cfg->vocab, (int64_t)H)) < 0) goto out;
-    for (int l = 0; l < cfg->n_layers && rc == 0; l++) {
-        struct talker_layer *L = &m->layers[l];
-        const struct {
-            float *dst;
-            const char *leaf;
-            int64_t d0, d1;
-        } w[] = {
-            {L->attn_norm, "input_layernorm", (int64_t)H, 0},
-            {L->wq, "self_attn.q_proj", (int64_t)QD, (int64_t)H},
-            {L->wk, "self_attn.k_proj", (int64_t)KD, (int64_t)H},
-            {L->wv, "self_attn.v_proj", (int64_t)KD, (int64_t)H},
-            {L->wo, "self_attn.o_proj", (int64_t)H, (int64_t)QD},
-            {L->q_norm, "self_attn.q_norm", (int64_t)D, 0},
-            {L->k_norm, "self_attn.k_norm", (int64_t)D, 0},
-            {L->ffn_norm, "post_attention_layernorm", (int64_t)H, 0},
-            {L->wg, "mlp.gate_proj", (int64_t)F, (int64_t)H},
-            {L->wu, "mlp.up_proj", (int64_t)F, (int64_t)H},
-            {L->wd, "mlp.down_proj", (int64_t)H, (int64_t)F},
-        };
-        for (size_t i = 0; i < sizeof w / sizeof w[0] && rc == 0; i++) {
-            char n[128];
-            snprintf(n, sizeof n, "model.layers.%d.%s.weight", l, w[i].leaf);
-            rc = read_w(&c, n, w[i].dst, w[i].d0, w[i].d1);
-        }
-    }
-    if (rc < 0) goto out;
-    if ((rc = read_w(&c, "model.norm.weight", m->norm, (int64_t)H, 0)) < 0) goto out;
-    if ((rc = read_rows(&c, "lm_head.weight", cfg->vocab, (int64_t)H, SAMPLER_STOP_ID, 1, m->head)) < 0) goto out;
-    if ((rc = read_rows(&c, "lm_head.weight", cfg->vocab, (int64_t)H, SAMPLER_CODE_OFFSET, SAMPLER_N_CODES,
-                        m->head + H)) < 0)
-        goto out;
+    const struct talker_config *cfg = &m->cfg;
     /* The reference loads the LM in bf16, which casts the rotary inv_freq buffer to
      * bf16; widening the model to float32 afterwards keeps the rounded values. The
      * golden replay confirms it (guided logits rel 3e-4 with fp32 inv_freq, 1e-7
@@ -181,10 +106,7 @@ int talker_load(struct talker *m, const char *ckpt_root)
     op_rope_inv_freq(m->inv_freq, cfg->rope_theta, cfg->head_dim);
     for (int i = 0; i < cfg->head_dim / 2; i++)
         m->inv_freq[i] = mm3_bf16_to_f32(mm3_f32_to_bf16(m->inv_freq[i]));
-out:
-    ckpt_component_close(&c);
-    if (rc < 0) talker_free(m);
-    return rc;
+    return 0;
 }
 
 void talker_free(struct talker *m)

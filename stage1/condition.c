@@ -8,57 +8,50 @@
 #include "common/checkpoint.h"
 #include "common/error.h"
 #include "common/ops.h"
+#include "common/weights.h"
 
-static int config_get(const struct ckpt_component *c, const char *key, int *out)
-{
-    int64_t v;
-    int rc = ckpt_config_int(c, key, &v);
-    if (rc < 0) return rc;
-    if (v < 1 || v > (1 << 24))
-        return mm3_errorf(-EINVAL, "%s/config.json: key '%s': expected a positive size, got %lld", c->dir, key,
-                          (long long)v);
-    *out = (int)v;
-    return 0;
-}
+/* Sanity bound on every config.json size (keeps size products in range). */
+#define COND_MAX_SIZE (1 << 24)
 
-static int load_from(struct condition_model *m, struct ckpt_component *c)
+/* config.json, the frame mix, and the weight table of that geometry (common/weights.h). */
+static int condition_describe(void *model, const struct ckpt_component *c, struct weight_table *t)
 {
+    struct condition_model *m = model;
     struct condition_config *g = &m->cfg;
     int rc;
-    if ((rc = config_get(c, "condition_hidden_dim", &g->hidden)) < 0 ||
-        (rc = config_get(c, "num_condition_layers", &g->n_layers)) < 0 ||
-        (rc = config_get(c, "out_dim", &g->out_dim)) < 0 ||
-        (rc = config_get(c, "input_sampling_rate", &g->in_rate)) < 0 ||
-        (rc = config_get(c, "input_hop_length", &g->in_hop)) < 0 ||
-        (rc = config_get(c, "output_sampling_rate", &g->out_rate)) < 0 ||
-        (rc = config_get(c, "output_hop_length", &g->out_hop)) < 0)
+    if ((rc = weights_config_size(c, "condition_hidden_dim", COND_MAX_SIZE, &g->hidden)) < 0 ||
+        (rc = weights_config_size(c, "num_condition_layers", COND_MAX_SIZE, &g->n_layers)) < 0 ||
+        (rc = weights_config_size(c, "out_dim", COND_MAX_SIZE, &g->out_dim)) < 0 ||
+        (rc = weights_config_size(c, "input_sampling_rate", COND_MAX_SIZE, &g->in_rate)) < 0 ||
+        (rc = weights_config_size(c, "input_hop_length", COND_MAX_SIZE, &g->in_hop)) < 0 ||
+        (rc = weights_config_size(c, "output_sampling_rate", COND_MAX_SIZE, &g->out_rate)) < 0 ||
+        (rc = weights_config_size(c, "output_hop_length", COND_MAX_SIZE, &g->out_hop)) < 0)
         return rc;
     if ((rc = frame_mix_load_component(&m->mix, c)) < 0) return rc;
     if (m->mix.hidden != g->hidden || m->mix.n_layers != g->n_layers)
         return mm3_errorf(-EINVAL, "%s: frame mix geometry %d x %d differs from the encoder's %d x %d", c->dir,
                           m->mix.n_layers, m->mix.hidden, g->n_layers, g->hidden);
+    /* proj.weight lands as stored, [out, hidden, 3], and is re-laid per tap after loading. */
+    weight_table_add(t, &m->proj_w, 3, (int64_t[]){g->out_dim, g->hidden, 3}, "proj.weight");
+    weight_table_add(t, &m->proj_b, 1, (int64_t[]){g->out_dim}, "proj.bias");
+    weight_table_add_elsewhere(t, "layer_weight_logits"); /* the frame mix's */
+    weight_table_add_elsewhere(t, "layer_scale");
+    return 0;
+}
 
+/* proj.weight [out, hidden, 3] -> [3][out][hidden], so each tap is a plain matrix. */
+static int condition_relayout(struct condition_model *m)
+{
+    const struct condition_config *g = &m->cfg;
     size_t n_w = (size_t)g->out_dim * g->hidden * 3;
-    m->arena = malloc(sizeof(float) * (n_w * 2 + g->out_dim));
-    if (!m->arena) return mm3_errorf(-ENOMEM, "condition encoder: out of memory");
-    m->proj_w = m->arena;
-    m->proj_b = m->arena + n_w;
-    float *raw = m->proj_b + g->out_dim; /* [out, hidden, 3] as stored, scratch */
-
-    if ((rc = ckpt_read_f32(c, "proj.weight", raw, 3, (int64_t[]){g->out_dim, g->hidden, 3})) < 0 ||
-        (rc = ckpt_read_f32(c, "proj.bias", m->proj_b, 1, (int64_t[]){g->out_dim})) < 0)
-        return rc;
+    float *tmp = malloc(sizeof(float) * n_w), *w = m->proj_w;
+    if (!tmp) return mm3_errorf(-ENOMEM, "condition encoder: out of memory");
     for (int o = 0; o < g->out_dim; o++)
         for (int i = 0; i < g->hidden; i++)
             for (int k = 0; k < 3; k++)
-                m->proj_w[((size_t)k * g->out_dim + o) * g->hidden + i] = raw[((size_t)o * g->hidden + i) * 3 + k];
-    /* Give back the scratch tail. */
-    float *shrunk = realloc(m->arena, sizeof(float) * (n_w + g->out_dim));
-    if (shrunk) {
-        m->arena = shrunk;
-        m->proj_w = shrunk;
-        m->proj_b = shrunk + n_w;
-    }
+                tmp[((size_t)k * g->out_dim + o) * g->hidden + i] = w[((size_t)o * g->hidden + i) * 3 + k];
+    memcpy(w, tmp, sizeof(float) * n_w);
+    free(tmp);
     return 0;
 }
 
@@ -67,14 +60,8 @@ int condition_load(struct condition_model **out, const char *ckpt_root)
     *out = NULL;
     struct condition_model *m = calloc(1, sizeof *m);
     if (!m) return mm3_errorf(-ENOMEM, "condition encoder: out of memory");
-    struct ckpt_component c;
-    int rc = ckpt_component_open(&c, ckpt_root, "condition_encoder");
-    if (rc < 0) {
-        free(m);
-        return rc;
-    }
-    rc = load_from(m, &c);
-    ckpt_component_close(&c);
+    int rc = weights_component_load(ckpt_root, "condition_encoder", m, condition_describe, &m->arena, NULL);
+    if (rc == 0) rc = condition_relayout(m);
     if (rc < 0) {
         condition_free(m);
         return mm3_error_prefix(rc, "loading condition encoder: ");

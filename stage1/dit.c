@@ -9,6 +9,10 @@
 #include "common/checkpoint.h"
 #include "common/error.h"
 #include "common/ops.h"
+#include "common/weights.h"
+
+/* Sanity bound on every config.json size (keeps size products in range). */
+#define DIT_MAX_SIZE (1 << 24)
 
 /* The reference's RoPE base; not in config.json. */
 #define DIT_ROPE_THETA 10000.0
@@ -29,28 +33,17 @@ struct dit_workspace {
     int *pos;             /* [T] */
 };
 
-static int config_get(const struct ckpt_component *c, const char *key, int *out)
-{
-    int64_t v;
-    int rc = ckpt_config_int(c, key, &v);
-    if (rc < 0) return rc;
-    if (v < 1 || v > (1 << 24))
-        return mm3_errorf(-EINVAL, "%s/config.json: key '%s': expected a positive size, got %lld", c->dir, key,
-                          (long long)v);
-    *out = (int)v;
-    return 0;
-}
-
 static int read_config(struct dit_config *g, const struct ckpt_component *c)
 {
     int rc;
-    if ((rc = config_get(c, "in_channels", &g->in_ch)) < 0 || (rc = config_get(c, "condition_dim", &g->cond_dim)) < 0 ||
-        (rc = config_get(c, "num_layers", &g->n_layers)) < 0 ||
-        (rc = config_get(c, "num_attention_heads", &g->n_heads)) < 0 ||
-        (rc = config_get(c, "attention_head_dim", &g->head_dim)) < 0 ||
-        (rc = config_get(c, "ff_inner_dim", &g->ff_inner)) < 0 ||
-        (rc = config_get(c, "rotary_dim", &g->rotary_dim)) < 0 ||
-        (rc = config_get(c, "fourier_embedding_dim", &g->fourier_dim)) < 0)
+    if ((rc = weights_config_size(c, "in_channels", DIT_MAX_SIZE, &g->in_ch)) < 0 ||
+        (rc = weights_config_size(c, "condition_dim", DIT_MAX_SIZE, &g->cond_dim)) < 0 ||
+        (rc = weights_config_size(c, "num_layers", DIT_MAX_SIZE, &g->n_layers)) < 0 ||
+        (rc = weights_config_size(c, "num_attention_heads", DIT_MAX_SIZE, &g->n_heads)) < 0 ||
+        (rc = weights_config_size(c, "attention_head_dim", DIT_MAX_SIZE, &g->head_dim)) < 0 ||
+        (rc = weights_config_size(c, "ff_inner_dim", DIT_MAX_SIZE, &g->ff_inner)) < 0 ||
+        (rc = weights_config_size(c, "rotary_dim", DIT_MAX_SIZE, &g->rotary_dim)) < 0 ||
+        (rc = weights_config_size(c, "fourier_embedding_dim", DIT_MAX_SIZE, &g->fourier_dim)) < 0)
         return rc;
     if (g->rotary_dim % 2 || g->rotary_dim > g->head_dim)
         return mm3_errorf(-EINVAL, "%s/config.json: rotary_dim %d: expected even and at most attention_head_dim %d",
@@ -62,104 +55,47 @@ static int read_config(struct dit_config *g, const struct ckpt_component *c)
     return 0;
 }
 
-/* One entry of the weight table: where a tensor goes and the shape it must have. */
-struct wspec {
-    char name[96];
-    float **dst;
-    int ndim;
-    int64_t shape[3];
-};
-
-static int build_table(struct dit_model *m, struct wspec *t)
+static void build_table(struct dit_model *m, struct weight_table *t)
 {
     const struct dit_config *g = &m->cfg;
     struct dit_weights *w = &m->w;
-    int n = 0;
-#define ADD(nm, ptr, nd, ...)                                                                                          \
-    do {                                                                                                               \
-        snprintf(t[n].name, sizeof t[n].name, "%s", nm);                                                               \
-        t[n].dst = (ptr);                                                                                              \
-        t[n].ndim = (nd);                                                                                              \
-        int64_t s_[3] = {__VA_ARGS__};                                                                                 \
-        memcpy(t[n].shape, s_, sizeof s_);                                                                             \
-        n++;                                                                                                           \
-    } while (0)
-    ADD("time_proj.weight", &w->time_proj, 2, g->fourier_dim / 2, 1);
-    ADD("time_embed.linear_1.weight", &w->t1_w, 2, g->hidden, g->fourier_dim);
-    ADD("time_embed.linear_1.bias", &w->t1_b, 1, g->hidden);
-    ADD("time_embed.linear_2.weight", &w->t2_w, 2, g->hidden, g->hidden);
-    ADD("time_embed.linear_2.bias", &w->t2_b, 1, g->hidden);
-    ADD("preprocess_conv.weight", &w->pre_w, 3, g->cat_dim, g->cat_dim, 1);
-    ADD("proj_in.weight", &w->proj_in, 2, g->hidden, g->cat_dim);
-    ADD("proj_out.weight", &w->proj_out, 2, g->in_ch, g->hidden);
-    ADD("postprocess_conv.weight", &w->post_w, 3, g->in_ch, g->in_ch, 1);
+#define ADD(ptr, nd, name, ...) weight_table_add(t, ptr, nd, (int64_t[]){__VA_ARGS__}, "%s", name)
+    ADD(&w->time_proj, 2, "time_proj.weight", g->fourier_dim / 2, 1);
+    ADD(&w->t1_w, 2, "time_embed.linear_1.weight", g->hidden, g->fourier_dim);
+    ADD(&w->t1_b, 1, "time_embed.linear_1.bias", g->hidden);
+    ADD(&w->t2_w, 2, "time_embed.linear_2.weight", g->hidden, g->hidden);
+    ADD(&w->t2_b, 1, "time_embed.linear_2.bias", g->hidden);
+    ADD(&w->pre_w, 3, "preprocess_conv.weight", g->cat_dim, g->cat_dim, 1);
+    ADD(&w->proj_in, 2, "proj_in.weight", g->hidden, g->cat_dim);
+    ADD(&w->proj_out, 2, "proj_out.weight", g->in_ch, g->hidden);
+    ADD(&w->post_w, 3, "postprocess_conv.weight", g->in_ch, g->in_ch, 1);
+#undef ADD
+    int64_t hd = g->hidden, ff = g->ff_inner;
     for (int i = 0; i < g->n_layers; i++) {
         struct dit_layer *l = &w->layers[i];
-        char b[64];
-#define LADD(suffix, ptr, nd, ...)                                                                                     \
-    do {                                                                                                               \
-        snprintf(b, sizeof b, "transformer_blocks.%d.%s", i, suffix);                                                  \
-        ADD(b, ptr, nd, __VA_ARGS__);                                                                                  \
-    } while (0)
-        LADD("norm1.weight", &l->norm1_w, 1, g->hidden);
-        LADD("norm1.bias", &l->norm1_b, 1, g->hidden);
-        LADD("attn.to_q.weight", &l->wq, 2, g->hidden, g->hidden);
-        LADD("attn.to_k.weight", &l->wk, 2, g->hidden, g->hidden);
-        LADD("attn.to_v.weight", &l->wv, 2, g->hidden, g->hidden);
-        LADD("attn.to_out.0.weight", &l->wo, 2, g->hidden, g->hidden);
-        LADD("norm2.weight", &l->norm2_w, 1, g->hidden);
-        LADD("norm2.bias", &l->norm2_b, 1, g->hidden);
-        LADD("ff_in.weight", &l->ff_in_w, 2, 2 * g->ff_inner, g->hidden);
-        LADD("ff_in.bias", &l->ff_in_b, 1, 2 * g->ff_inner);
-        LADD("ff_out.weight", &l->ff_out_w, 2, g->hidden, g->ff_inner);
-        LADD("ff_out.bias", &l->ff_out_b, 1, g->hidden);
-#undef LADD
+        const struct weight_leaf leaves[] = {
+            {&l->norm1_w, "norm1.weight", hd, 0},      {&l->norm1_b, "norm1.bias", hd, 0},
+            {&l->wq, "attn.to_q.weight", hd, hd},      {&l->wk, "attn.to_k.weight", hd, hd},
+            {&l->wv, "attn.to_v.weight", hd, hd},      {&l->wo, "attn.to_out.0.weight", hd, hd},
+            {&l->norm2_w, "norm2.weight", hd, 0},      {&l->norm2_b, "norm2.bias", hd, 0},
+            {&l->ff_in_w, "ff_in.weight", 2 * ff, hd}, {&l->ff_in_b, "ff_in.bias", 2 * ff, 0},
+            {&l->ff_out_w, "ff_out.weight", hd, ff},   {&l->ff_out_b, "ff_out.bias", hd, 0},
+        };
+        char prefix[64];
+        snprintf(prefix, sizeof prefix, "transformer_blocks.%d.", i);
+        weight_table_add_leaves(t, prefix, leaves, (int)(sizeof leaves / sizeof leaves[0]));
     }
-#undef ADD
-    return n;
 }
 
-static int load_from(struct dit_model *m, struct ckpt_component *c)
+/* config.json, and the weight table of that geometry (common/weights.h). */
+static int dit_describe(void *model, const struct ckpt_component *c, struct weight_table *t)
 {
+    struct dit_model *m = model;
     int rc = read_config(&m->cfg, c);
     if (rc < 0) return rc;
-    const struct dit_config *g = &m->cfg;
-    m->w.layers = calloc((size_t)g->n_layers, sizeof *m->w.layers);
-    struct wspec *t = calloc(9 + 12 * (size_t)g->n_layers, sizeof *t);
-    m->inv_freq = malloc(sizeof(float) * (size_t)(g->rotary_dim / 2 + 1));
-    if (!m->w.layers || !t || !m->inv_freq) {
-        free(t);
-        return mm3_errorf(-ENOMEM, "transformer: out of memory");
-    }
-    int n = build_table(m, t);
-    size_t total = 0;
-    for (int i = 0; i < n; i++) {
-        size_t e = 1;
-        for (int d = 0; d < t[i].ndim; d++)
-            e *= (size_t)t[i].shape[d];
-        total += e;
-    }
-    m->arena = malloc(sizeof(float) * total);
-    if (!m->arena) {
-        free(t);
-        return mm3_errorf(-ENOMEM, "transformer: out of memory for %zu weights", total);
-    }
-    m->arena_floats = total;
-    float *p = m->arena;
-    for (int i = 0; i < n && rc == 0; i++) {
-        *t[i].dst = p;
-        rc = ckpt_read_f32(c, t[i].name, p, t[i].ndim, t[i].shape);
-        size_t e = 1;
-        for (int d = 0; d < t[i].ndim; d++)
-            e *= (size_t)t[i].shape[d];
-        p += e;
-    }
-    if (rc == 0 && c->n_tensors != n)
-        rc = mm3_errorf(-EINVAL, "%s: %d tensors: expected exactly %d for %d layers", c->dir, c->n_tensors, n,
-                        g->n_layers);
-    free(t);
-    if (rc < 0) return rc;
-    op_rope_inv_freq(m->inv_freq, DIT_ROPE_THETA, g->rotary_dim);
+    m->w.layers = calloc((size_t)m->cfg.n_layers, sizeof *m->w.layers);
+    if (!m->w.layers) return mm3_errorf(-ENOMEM, "transformer: out of memory");
+    build_table(m, t);
     return 0;
 }
 
@@ -168,18 +104,14 @@ int dit_load(struct dit_model **out, const char *ckpt_root)
     *out = NULL;
     struct dit_model *m = calloc(1, sizeof *m);
     if (!m) return mm3_errorf(-ENOMEM, "transformer: out of memory");
-    struct ckpt_component c;
-    int rc = ckpt_component_open(&c, ckpt_root, "transformer");
-    if (rc < 0) {
-        free(m);
-        return rc;
-    }
-    rc = load_from(m, &c);
-    ckpt_component_close(&c);
+    int rc = weights_component_load(ckpt_root, "transformer", m, dit_describe, &m->arena, &m->arena_floats);
+    if (rc == 0 && !(m->inv_freq = malloc(sizeof(float) * (size_t)(m->cfg.rotary_dim / 2 + 1))))
+        rc = mm3_errorf(-ENOMEM, "transformer: out of memory");
     if (rc < 0) {
         dit_free(m);
         return mm3_error_prefix(rc, "loading transformer: ");
     }
+    op_rope_inv_freq(m->inv_freq, DIT_ROPE_THETA, m->cfg.rotary_dim);
     *out = m;
     return 0;
 }

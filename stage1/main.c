@@ -21,17 +21,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "common/error.h"
 #include "common/log.h"
 #include "common/safetensors.h"
-#include "common/wav.h"
 #include "stage1/condition.h"
 #include "stage1/dit.h"
 #include "stage1/flow.h"
 #include "stage1/golden.h"
 #include "stage1/render.h"
+#include "stage1/render_wav.h"
 #include "stage1/server.h"
 #include "stage1/vocoder.h"
 
@@ -87,84 +86,40 @@ static int cmd_serve(const struct options *o)
 
 /* ---- render mode ---- */
 
-struct wav_stream {
-    FILE *f;
-    const char *path;
-    enum wav_format format;
-    int rate;
-    int64_t frames;
-    uint8_t *buf;
-    size_t buf_cap;
-    double t0;
+/* The frames as stage 0 would send them: a window hop's worth of new frames at a time. */
+struct frames_feed {
+    const float *frames;
+    int T, W;
 };
 
-static double now_s(void)
+static int frames_feed_push(void *ctx, struct render *r)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int wav_stream_emit(void *ctx, const float *pcm, int n)
-{
-    struct wav_stream *w = ctx;
-    size_t bytes = (size_t)n * 2 * wav_format_bytes(w->format);
-    if (bytes > w->buf_cap) {
-        uint8_t *b = realloc(w->buf, bytes);
-        if (!b) return -1;
-        w->buf = b;
-        w->buf_cap = bytes;
+    const struct frames_feed *ff = ctx;
+    int rc = 0;
+    for (int i = 0; i < ff->T && rc == 0; i += RENDER_HOP_FRAMES) {
+        int n = ff->T - i < RENDER_HOP_FRAMES ? ff->T - i : RENDER_HOP_FRAMES;
+        rc = render_push_frames(r, ff->frames + (size_t)i * ff->W, n, ff->W);
     }
-    wav_samples_encode(w->buf, pcm, n, 2, n, w->format);
-    if (fwrite(w->buf, 1, bytes, w->f) != bytes) return -1;
-    w->frames += n;
-    LOG_INFO("%.2f s of audio written after %.1f s", (double)w->frames / w->rate, now_s() - w->t0);
-    return 0;
+    return rc;
 }
 
-static int vocoder_decode_cb(void *ctx, const float *latents, int L, float *pcm)
-{
-    return vocoder_decode(ctx, latents, L, pcm);
-}
-
-static int render_song(const struct options *o, struct wav_stream *ws, const struct condition_model *cm,
-                       const struct dit_model *dm, const struct vocoder *voc, struct render_flow flow)
+/* frame_hiddens [T, width] of a stage-0 frames file. */
+static int frames_load(const char *path, struct frames_feed *ff, float **frames)
 {
     struct st_file f;
-    float *frames = NULL;
-    struct render *r = NULL;
     int nd, rc;
     int64_t sh[ST_MAX_DIMS];
-    if ((rc = st_file_open(&f, o->frames)) < 0) return rc;
-    rc = st_file_load_f32(&f, "frame_hiddens", &frames, &nd, sh);
+    if ((rc = st_file_open(&f, path)) < 0) return rc;
+    rc = st_file_load_f32(&f, "frame_hiddens", frames, &nd, sh);
     st_file_close(&f);
     if (rc < 0) return rc;
     if (nd != 2) {
-        free(frames);
-        return mm3_errorf(-EINVAL, "%s: frame_hiddens: expected [T, width], got %d dims", o->frames, nd);
+        free(*frames);
+        *frames = NULL;
+        return mm3_errorf(-EINVAL, "%s: frame_hiddens: expected [T, width], got %d dims", path, nd);
     }
-    int T = (int)sh[0], W = (int)sh[1];
-    LOG_INFO("%s: %d frames of %d values, %d windows, %d steps, seed %" PRIu64, o->frames, T, W, render_window_count(T),
-             o->steps, o->seed);
-    struct render_params p = {
-        .n_steps = o->steps,
-        .guidance = o->guidance,
-        .noise = {RENDER_NOISE_SEEDED, o->seed, 0, NULL, NULL},
-        .decoder = {(void *)voc, vocoder_hop(voc), vocoder_decode_cb},
-        .sink = {ws, wav_stream_emit},
-        .flow = flow,
-    };
-    if ((rc = render_create(&r, cm, dm, &p)) == 0) {
-        /* feed the frames as stage 0 would: a window's worth of new frames at a time */
-        for (int i = 0; i < T && rc == 0; i += RENDER_HOP_FRAMES) {
-            int n = T - i < RENDER_HOP_FRAMES ? T - i : RENDER_HOP_FRAMES;
-            rc = render_push_frames(r, frames + (size_t)i * W, n, W);
-        }
-        if (rc == 0) rc = render_finish(r);
-    }
-    render_free(r);
-    free(frames);
-    return rc;
+    *ff = (struct frames_feed){*frames, (int)sh[0], (int)sh[1]};
+    return 0;
 }
 
 static int cmd_render(const struct options *o)
@@ -172,12 +127,12 @@ static int cmd_render(const struct options *o)
     struct condition_model *cm = NULL;
     struct dit_model *dm = NULL;
     struct vocoder *voc = NULL;
+    float *frames = NULL;
+    struct frames_feed ff;
     struct render_flow flow = {0};
 #ifdef MM3_HAVE_CUDA
     struct flow_cuda *fc = NULL;
 #endif
-    struct wav_stream ws = {.path = o->out, .format = o->as_float ? WAV_FORMAT_F32 : WAV_FORMAT_PCM16, .t0 = now_s()};
-    uint8_t hdr[WAV_HEADER_BYTES];
     int rc;
     if ((rc = condition_load(&cm, o->model)) < 0 || (rc = dit_load(&dm, o->model)) < 0 ||
         (rc = vocoder_load(&voc, o->model)) < 0)
@@ -198,28 +153,20 @@ static int cmd_render(const struct options *o)
         goto out;
 #endif
     }
-    ws.rate = vocoder_sample_rate(voc);
-    if (!(ws.f = fopen(o->out, "wb"))) {
-        rc = mm3_errorf(-errno, "%s: cannot create: %s", o->out, strerror(errno));
-        goto out;
-    }
-    wav_header(hdr, 2, ws.rate, ws.format, WAV_DATA_UNKNOWN);
-    if (fwrite(hdr, 1, sizeof hdr, ws.f) != sizeof hdr) {
-        rc = mm3_errorf(-EIO, "%s: write failed", o->out);
-        goto out;
-    }
-    if ((rc = render_song(o, &ws, cm, dm, voc, flow)) < 0) goto out;
-    /* now that the length is known, give the header the real data size */
-    uint64_t data = (uint64_t)ws.frames * 2 * wav_format_bytes(ws.format);
-    wav_header(hdr, 2, ws.rate, ws.format, data > 0xFFFFFFFEu ? WAV_DATA_UNKNOWN : (uint32_t)data);
-    if (fseek(ws.f, 0, SEEK_SET) != 0 || fwrite(hdr, 1, sizeof hdr, ws.f) != sizeof hdr) {
-        rc = mm3_errorf(-EIO, "%s: rewriting the header failed", o->out);
-        goto out;
-    }
-    LOG_INFO("%s: %.2f s of %d Hz stereo in %.1f s", o->out, (double)ws.frames / ws.rate, ws.rate, now_s() - ws.t0);
+    if ((rc = frames_load(o->frames, &ff, &frames)) < 0) goto out;
+    LOG_INFO("%s: %d frames of %d values, %d windows, %d steps, seed %" PRIu64, o->frames, ff.T, ff.W,
+             render_window_count(ff.T), o->steps, o->seed);
+    struct render_params p = {
+        .n_steps = o->steps,
+        .guidance = o->guidance,
+        .noise = {RENDER_NOISE_SEEDED, o->seed, 0, NULL, NULL},
+        .flow = flow,
+    };
+    struct render_wav_source src = {&ff, frames_feed_push};
+    struct render_wav_format fmt = {o->as_float ? WAV_FORMAT_F32 : WAV_FORMAT_PCM16, 0};
+    rc = render_to_wav(o->out, cm, dm, voc, &p, &src, &fmt, NULL);
 out:
-    if (ws.f && fclose(ws.f) != 0 && rc == 0) rc = mm3_errorf(-EIO, "%s: close failed", o->out);
-    free(ws.buf);
+    free(frames);
 #ifdef MM3_HAVE_CUDA
     flow_cuda_free(fc);
 #endif

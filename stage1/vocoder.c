@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "common/ops.h"
 #include "common/ops_conv.h"
+#include "common/weights.h"
 
 /* Fixed by the architecture (diffusers MiniMaxMusic3Vocoder), not by config.json. */
 #define VOC_MAX_BLOCKS 8
@@ -23,6 +24,7 @@ static const int voc_dilations[VOC_RES_UNITS] = {1, 3, 9};
 struct voc_conv {
     float *w; /* stored layout, weight norm folded: Conv1d [c_out, c_in, k]; transposed [c_in, c_out, k] */
     float *b; /* [c_out] */
+    float *g; /* weight_g while loading (folded into w) */
     int c_in, c_out, k;
 };
 
@@ -55,101 +57,84 @@ struct vocoder {
 
 /* ---- loading ---------------------------------------------------------------------------- */
 
-/* Two passes over the same description: the first (arena NULL) only counts floats,
- * the second carves the arena and reads every tensor with its shape checked. */
+/* Two walks over the same description: the first adds every tensor to the weight table
+ * (common/weights.h), the second, once the table is read, folds the weight norms. */
 struct voc_loader {
-    const struct ckpt_component *c;
-    float *arena;
-    size_t used;
-    unsigned char *seen; /* per ckpt tensor: consumed by the description */
+    struct weight_table *t; /* NULL: folding walk */
 };
 
-static float *loader_take(struct voc_loader *ld, size_t n)
+static void loader_tensor(struct voc_loader *ld, const char *name, int ndim, const int64_t *shape, float **out)
 {
-    float *p = ld->arena ? ld->arena + ld->used : NULL;
-    ld->used += n;
-    return p;
+    if (ld->t) weight_table_add(ld->t, out, ndim, shape, "%s", name);
 }
 
-static int loader_tensor(struct voc_loader *ld, const char *name, int ndim, const int64_t *shape, float **out)
-{
-    size_t n = 1;
-    for (int i = 0; i < ndim; i++)
-        n *= (size_t)shape[i];
-    *out = loader_take(ld, n);
-    if (!ld->arena) return 0;
-    int rc = ckpt_read_f32(ld->c, name, *out, ndim, shape);
-    if (rc < 0) return rc;
-    ld->seen[ckpt_find(ld->c, name) - ld->c->tensors] = 1;
-    return 0;
-}
-
-static int loader_alpha(struct voc_loader *ld, const char *prefix, int c, float **out)
+static void loader_alpha(struct voc_loader *ld, const char *prefix, int c, float **out)
 {
     char name[160];
     snprintf(name, sizeof name, "%s.alpha", prefix);
-    return loader_tensor(ld, name, 3, (int64_t[]){1, c, 1}, out);
+    loader_tensor(ld, name, 3, (int64_t[]){1, c, 1}, out);
 }
 
-static int loader_plain_conv(struct voc_loader *ld, const char *prefix, struct voc_conv *cv, int c_in, int c_out, int k)
+static void loader_plain_conv(struct voc_loader *ld, const char *prefix, struct voc_conv *cv, int c_in, int c_out,
+                              int k)
 {
     char name[160];
+    if (!ld->t) return;
     *cv = (struct voc_conv){.c_in = c_in, .c_out = c_out, .k = k};
     snprintf(name, sizeof name, "%s.weight", prefix);
-    int rc = loader_tensor(ld, name, 3, (int64_t[]){c_out, c_in, k}, &cv->w);
+    loader_tensor(ld, name, 3, (int64_t[]){c_out, c_in, k}, &cv->w);
     snprintf(name, sizeof name, "%s.bias", prefix);
-    if (rc == 0) rc = loader_tensor(ld, name, 1, (int64_t[]){c_out}, &cv->b);
-    return rc;
+    loader_tensor(ld, name, 1, (int64_t[]){c_out}, &cv->b);
 }
 
 /* weight_v / weight_g / bias; the norm runs over dim 0 of the stored tensor, which is
  * c_out for Conv1d and c_in for ConvTranspose1d ([in, out, k]). */
-static int loader_wn_conv(struct voc_loader *ld, const char *prefix, struct voc_conv *cv, int c_in, int c_out, int k,
-                          int transposed)
+static void loader_wn_conv(struct voc_loader *ld, const char *prefix, struct voc_conv *cv, int c_in, int c_out, int k,
+                           int transposed)
 {
     char name[160];
     int d0 = transposed ? c_in : c_out, d1 = transposed ? c_out : c_in;
-    float *g;
+    if (!ld->t) {
+        op_weight_norm_fold(cv->w, cv->g, cv->w, d0, d1 * k);
+        return;
+    }
     *cv = (struct voc_conv){.c_in = c_in, .c_out = c_out, .k = k};
     snprintf(name, sizeof name, "%s.weight_v", prefix);
-    int rc = loader_tensor(ld, name, 3, (int64_t[]){d0, d1, k}, &cv->w);
+    loader_tensor(ld, name, 3, (int64_t[]){d0, d1, k}, &cv->w);
     snprintf(name, sizeof name, "%s.weight_g", prefix);
-    if (rc == 0) rc = loader_tensor(ld, name, 3, (int64_t[]){d0, 1, 1}, &g);
+    loader_tensor(ld, name, 3, (int64_t[]){d0, 1, 1}, &cv->g);
     snprintf(name, sizeof name, "%s.bias", prefix);
-    if (rc == 0) rc = loader_tensor(ld, name, 1, (int64_t[]){c_out}, &cv->b);
-    if (rc == 0 && ld->arena) op_weight_norm_fold(cv->w, g, cv->w, d0, d1 * k);
-    return rc;
+    loader_tensor(ld, name, 1, (int64_t[]){c_out}, &cv->b);
 }
 
-static int loader_run(struct voc_loader *ld, struct vocoder *v)
+static void loader_run(struct voc_loader *ld, struct vocoder *v)
 {
     char p[128];
-    int rc = loader_plain_conv(ld, "dec_in_proj", &v->in_proj, v->latent_channels / 2, v->input_dim, 1);
-    if (rc == 0) rc = loader_wn_conv(ld, "conv_in", &v->conv_in, v->input_dim, v->hidden_dim, VOC_K, 0);
-    for (int b = 0; rc == 0 && b < v->n_blocks; b++) {
+    loader_plain_conv(ld, "dec_in_proj", &v->in_proj, v->latent_channels / 2, v->input_dim, 1);
+    loader_wn_conv(ld, "conv_in", &v->conv_in, v->input_dim, v->hidden_dim, VOC_K, 0);
+    for (int b = 0; b < v->n_blocks; b++) {
         struct voc_block *blk = &v->blocks[b];
         int c_in = v->hidden_dim >> b, c_out = v->hidden_dim >> (b + 1), s = blk->stride;
         snprintf(p, sizeof p, "blocks.%d.snake1", b);
-        rc = loader_alpha(ld, p, c_in, &blk->alpha);
+        loader_alpha(ld, p, c_in, &blk->alpha);
         snprintf(p, sizeof p, "blocks.%d.conv_t1", b);
-        if (rc == 0) rc = loader_wn_conv(ld, p, &blk->up, c_in, c_out, 2 * s, 1);
-        for (int r = 0; rc == 0 && r < VOC_RES_UNITS; r++) {
+        loader_wn_conv(ld, p, &blk->up, c_in, c_out, 2 * s, 1);
+        for (int r = 0; r < VOC_RES_UNITS; r++) {
             struct voc_res_unit *ru = &blk->res[r];
             ru->dilation = voc_dilations[r];
             snprintf(p, sizeof p, "blocks.%d.res_unit%d.snake1", b, r + 1);
-            rc = loader_alpha(ld, p, c_out, &ru->alpha1);
+            loader_alpha(ld, p, c_out, &ru->alpha1);
             snprintf(p, sizeof p, "blocks.%d.res_unit%d.conv1", b, r + 1);
-            if (rc == 0) rc = loader_wn_conv(ld, p, &ru->conv1, c_out, c_out, VOC_K, 0);
+            loader_wn_conv(ld, p, &ru->conv1, c_out, c_out, VOC_K, 0);
             snprintf(p, sizeof p, "blocks.%d.res_unit%d.snake2", b, r + 1);
-            if (rc == 0) rc = loader_alpha(ld, p, c_out, &ru->alpha2);
+            loader_alpha(ld, p, c_out, &ru->alpha2);
             snprintf(p, sizeof p, "blocks.%d.res_unit%d.conv2", b, r + 1);
-            if (rc == 0) rc = loader_wn_conv(ld, p, &ru->conv2, c_out, c_out, 1, 0);
+            loader_wn_conv(ld, p, &ru->conv2, c_out, c_out, 1, 0);
         }
     }
     int c_last = v->hidden_dim >> v->n_blocks;
-    if (rc == 0) rc = loader_alpha(ld, "snake_out", c_last, &v->alpha_out);
-    if (rc == 0) rc = loader_wn_conv(ld, "conv_out", &v->conv_out, c_last, 1, VOC_K, 0);
-    return rc;
+    loader_alpha(ld, "snake_out", c_last, &v->alpha_out);
+    loader_wn_conv(ld, "conv_out", &v->conv_out, c_last, 1, VOC_K, 0);
 }
 
 /* Sizes from config.json, checked so that every later size computation is in range. */
@@ -210,48 +195,29 @@ static int vocoder_config_read(struct vocoder *v, const struct ckpt_component *c
     return 0;
 }
 
+/* config.json, and the weight table of that geometry (common/weights.h). */
+static int vocoder_describe(void *model, const struct ckpt_component *c, struct weight_table *t)
+{
+    struct vocoder *v = model;
+    int rc = vocoder_config_read(v, c);
+    if (rc < 0) return rc;
+    loader_run(&(struct voc_loader){.t = t}, v);
+    return 0;
+}
+
 int vocoder_load(struct vocoder **out, const char *ckpt_root)
 {
     *out = NULL;
-    struct ckpt_component c;
-    int rc = ckpt_component_open(&c, ckpt_root, "vocoder");
-    if (rc < 0) return rc;
     struct vocoder *v = calloc(1, sizeof *v);
-    struct voc_loader ld = {.c = &c};
-    if (!v) {
-        rc = mm3_errorf(-ENOMEM, "%s: out of memory", c.dir);
-        goto done;
-    }
-    if ((rc = vocoder_config_read(v, &c)) < 0) goto done;
-    loader_run(&ld, v); /* counting pass: cannot fail */
-    v->arena_floats = ld.used;
-    v->arena = malloc(ld.used * sizeof(float));
-    ld.seen = calloc((size_t)c.n_tensors + 1, 1);
-    if (!v->arena || !ld.seen) {
-        rc = mm3_errorf(-ENOMEM, "%s: cannot allocate %zu bytes of vocoder weights", c.dir, ld.used * sizeof(float));
-        goto done;
-    }
-    ld.arena = v->arena;
-    ld.used = 0;
-    if ((rc = loader_run(&ld, v)) < 0) goto done;
-    CHECK(ld.used == v->arena_floats);
-    for (int i = 0; i < c.n_tensors; i++)
-        if (!ld.seen[i]) {
-            rc = mm3_errorf(-EINVAL,
-                            "%s: unexpected tensor '%s' (not part of a vocoder with %d blocks; "
-                            "config.json and the weights disagree)",
-                            c.dir, c.tensors[i].st->name, v->n_blocks);
-            goto done;
-        }
-    LOG_INFO("vocoder: %d latent channels, %d -> %d channels, %d blocks, hop %d, %.3f M parameters", v->latent_channels,
-             v->input_dim, v->hidden_dim, v->n_blocks, v->hop, (double)v->arena_floats / 1e6);
-done:
-    free(ld.seen);
-    ckpt_component_close(&c);
+    if (!v) return mm3_errorf(-ENOMEM, "vocoder: out of memory");
+    int rc = weights_component_load(ckpt_root, "vocoder", v, vocoder_describe, &v->arena, &v->arena_floats);
     if (rc < 0) {
         vocoder_free(v);
         return rc;
     }
+    loader_run(&(struct voc_loader){.t = NULL}, v); /* fold the weight norms */
+    LOG_INFO("vocoder: %d latent channels, %d -> %d channels, %d blocks, hop %d, %.3f M parameters", v->latent_channels,
+             v->input_dim, v->hidden_dim, v->n_blocks, v->hop, (double)v->arena_floats / 1e6);
     *out = v;
     return 0;
 }

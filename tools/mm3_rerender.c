@@ -18,8 +18,6 @@
 
 #include "common/error.h"
 #include "common/log.h"
-#include "common/resample.h"
-#include "common/wav.h"
 #include "stage0/generate_prompt.h"
 #include "stage0/journal.h"
 #include "stage0/teacher_force.h"
@@ -27,6 +25,7 @@
 #include "stage1/dit.h"
 #include "stage1/flow.h"
 #include "stage1/render.h"
+#include "stage1/render_wav.h"
 #include "stage1/vocoder.h"
 
 struct options {
@@ -43,78 +42,37 @@ static void usage(FILE *f)
                "                    [--sample-rate 44100|32000] [--float] -o OUT.wav\n");
 }
 
-/* WAV output, resampled on the way when the rate differs from the vocoder's. */
-struct wav_out {
-    FILE *f;
-    const char *path;
-    enum wav_format format;
-    struct resample *rs;
-    float *rs_buf;
-    int64_t rs_cap;
-    uint8_t *buf;
-    size_t buf_cap;
-    int64_t frames;
-};
-
-static int wav_out_write(struct wav_out *w, const float *pcm, int64_t stride, int64_t n)
-{
-    size_t bytes = (size_t)n * 2 * wav_format_bytes(w->format);
-    if (bytes > w->buf_cap) {
-        uint8_t *b = realloc(w->buf, bytes);
-        if (!b) return mm3_errorf(-ENOMEM, "%s: out of memory", w->path);
-        w->buf = b;
-        w->buf_cap = bytes;
-    }
-    wav_samples_encode(w->buf, pcm, stride, 2, n, w->format);
-    if (fwrite(w->buf, 1, bytes, w->f) != bytes) return mm3_errorf(-EIO, "%s: write failed", w->path);
-    w->frames += n;
-    return 0;
-}
-
-static int rs_reserve(struct wav_out *w, int64_t n)
-{
-    if (n <= w->rs_cap) return 0;
-    float *b = realloc(w->rs_buf, sizeof(float) * 2 * (size_t)n);
-    if (!b) return mm3_errorf(-ENOMEM, "%s: out of memory", w->path);
-    w->rs_buf = b;
-    w->rs_cap = n;
-    return 0;
-}
-
-static int wav_out_emit(void *ctx, const float *pcm, int n)
-{
-    struct wav_out *w = ctx;
-    if (!w->rs) return wav_out_write(w, pcm, n, n) < 0 ? -1 : 0;
-    int64_t got = 0;
-    if (rs_reserve(w, resample_stream_push_len(w->rs, n)) < 0 ||
-        resample_stream_push(w->rs, pcm, n, n, w->rs_buf, w->rs_cap, &got) < 0)
-        return -1;
-    return wav_out_write(w, w->rs_buf, w->rs_cap, got) < 0 ? -1 : 0;
-}
-
-static int vocoder_decode_cb(void *ctx, const float *latents, int L, float *pcm)
-{
-    return vocoder_decode(ctx, latents, L, pcm);
-}
-
-struct render_feed {
-    struct render *r;
-    int width; /* n_codebooks * hidden: the layout stage 1 takes */
-};
-
-static int push_to_render(void *ctx, int t0, const float *frames, int n)
-{
-    (void)t0;
-    struct render_feed *f = ctx;
-    int rc = render_push_frames(f->r, frames, n, f->width);
-    return rc < 0 ? rc : 0;
-}
-
 struct stage0_models {
     struct talker lm;
     struct depth dd;
     int loaded;
 };
+
+/* Frames recomputed by teacher forcing, streamed into the render as they come. */
+struct rerender_feed {
+    struct render *r;
+    int width; /* n_codebooks * hidden: the layout stage 1 takes */
+    const struct stage0_models *s0;
+    const int32_t *ids;
+    int P;
+    const struct journal_record *rec;
+};
+
+static int push_to_render(void *ctx, int t0, const float *frames, int n)
+{
+    (void)t0;
+    struct rerender_feed *f = ctx;
+    int rc = render_push_frames(f->r, frames, n, f->width);
+    return rc < 0 ? rc : 0;
+}
+
+static int rerender_feed_run(void *ctx, struct render *r)
+{
+    struct rerender_feed *f = ctx;
+    f->r = r;
+    struct teacher_force_sink sink = {f, push_to_render};
+    return teacher_force_stream(&f->s0->lm, &f->s0->dd, f->ids, f->P, f->rec->codes, f->rec->n_steps, &sink);
+}
 
 /* The prompt of the journal, checked against its hash. */
 static int journal_prompt(const char *model, const struct journal_record *rec, int32_t **ids, int *P)
@@ -140,8 +98,6 @@ static int rerender(const struct options *o)
     struct condition_model *cm = NULL;
     struct dit_model *dm = NULL;
     struct vocoder *voc = NULL;
-    struct render *r = NULL;
-    struct wav_out w = {.path = o->out, .format = o->as_float ? WAV_FORMAT_F32 : WAV_FORMAT_PCM16};
     int32_t *ids = NULL;
     int P, rc;
     if ((rc = journal_read(o->journal, &rec)) < 0) return rc;
@@ -171,53 +127,20 @@ static int rerender(const struct options *o)
         goto out;
     int native = vocoder_sample_rate(voc);
     int rate = o->sample_rate ? o->sample_rate : jp->sample_rate == 32000 ? 32000 : native;
-    if (rate != native && (rc = resample_create(&w.rs, native, rate, 2)) < 0) goto out;
     struct render_params p = {
         .n_steps = o->steps                      ? o->steps
                    : jp->num_inference_steps > 0 ? jp->num_inference_steps
                                                  : FLOW_DEFAULT_STEPS,
         .guidance = o->guidance_given ? o->guidance : jp->guidance_scale,
         .noise = {RENDER_NOISE_SEEDED, o->seed_given ? o->seed : jp->seed, 0, NULL, NULL},
-        .decoder = {voc, vocoder_hop(voc), vocoder_decode_cb},
-        .sink = {&w, wav_out_emit},
     };
     LOG_INFO("%s: request %s, %d frames, seed %" PRIu64 ", %d steps, guidance %.3g, %d Hz", o->journal,
              rec.h.request_id, rec.n_steps - 1, p.noise.seed, p.n_steps, (double)p.guidance, rate);
-    if (!(w.f = fopen(o->out, "wb"))) {
-        rc = mm3_errorf(-errno, "%s: cannot create: %s", o->out, strerror(errno));
-        goto out;
-    }
-    uint8_t hdr[WAV_HEADER_BYTES];
-    wav_header(hdr, 2, rate, w.format, WAV_DATA_UNKNOWN);
-    if (fwrite(hdr, 1, sizeof hdr, w.f) != sizeof hdr) {
-        rc = mm3_errorf(-EIO, "%s: write failed", o->out);
-        goto out;
-    }
-    if ((rc = render_create(&r, cm, dm, &p)) < 0) goto out;
-    struct render_feed feed = {r, s0.dd.cfg.n_codebooks * s0.lm.cfg.hidden};
-    struct teacher_force_sink sink = {&feed, push_to_render};
-    if ((rc = teacher_force_stream(&s0.lm, &s0.dd, ids, P, rec.codes, rec.n_steps, &sink)) < 0) goto out;
-    if ((rc = render_finish(r)) < 0) goto out;
-    if (w.rs) {
-        int64_t got = 0;
-        if ((rc = rs_reserve(&w, resample_stream_finish_len(w.rs))) < 0 ||
-            (rc = resample_stream_finish(w.rs, w.rs_buf, w.rs_cap, &got)) < 0 ||
-            (rc = wav_out_write(&w, w.rs_buf, w.rs_cap, got)) < 0)
-            goto out;
-    }
-    uint64_t data = (uint64_t)w.frames * 2 * wav_format_bytes(w.format);
-    wav_header(hdr, 2, rate, w.format, data > 0xFFFFFFFEu ? WAV_DATA_UNKNOWN : (uint32_t)data);
-    if (fseek(w.f, 0, SEEK_SET) != 0 || fwrite(hdr, 1, sizeof hdr, w.f) != sizeof hdr) {
-        rc = mm3_errorf(-EIO, "%s: rewriting the header failed", o->out);
-        goto out;
-    }
-    LOG_INFO("%s: %.2f s of %d Hz stereo", o->out, (double)w.frames / rate, rate);
+    struct rerender_feed feed = {NULL, s0.dd.cfg.n_codebooks * s0.lm.cfg.hidden, &s0, ids, P, &rec};
+    struct render_wav_source src = {&feed, rerender_feed_run};
+    struct render_wav_format fmt = {o->as_float ? WAV_FORMAT_F32 : WAV_FORMAT_PCM16, rate};
+    rc = render_to_wav(o->out, cm, dm, voc, &p, &src, &fmt, NULL);
 out:
-    if (w.f && fclose(w.f) != 0 && rc == 0) rc = mm3_errorf(-EIO, "%s: close failed", o->out);
-    render_free(r);
-    resample_free(w.rs);
-    free(w.rs_buf);
-    free(w.buf);
     condition_free(cm);
     dit_free(dm);
     vocoder_free(voc);

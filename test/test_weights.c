@@ -1,0 +1,208 @@
+/* Weight tables (common/weights.h): carving in table order, values read and widened,
+ * row ranges from disk and from a loaded arena, shape mismatches, missing and
+ * unexpected tensors, and build errors reported at load. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/checkpoint.h"
+#include "common/dtype.h"
+#include "common/error.h"
+#include "common/safetensors.h"
+#include "common/weights.h"
+#include "support/test_support.h"
+
+struct fixture {
+    char *dir;
+    struct ckpt_component c;
+    float a[6];        /* "a" [2, 3] f32 */
+    float b[4];        /* "b" [4] bf16 (values exact in bf16) */
+    float rows[5 * 2]; /* "rows" [5, 2] f32 */
+};
+
+static int setup(void **state)
+{
+    struct fixture *f = calloc(1, sizeof *f);
+    f->dir = test_make_tmpdir("weights");
+    char path[4200];
+    snprintf(path, sizeof path, "%s/comp", f->dir);
+    if (mkdir(path, 0755) < 0) return -1;
+    snprintf(path, sizeof path, "%s/comp/config.json", f->dir);
+    FILE *cf = fopen(path, "w");
+    if (!cf) return -1;
+    fputs("{\"hidden_size\": 3}\n", cf);
+    fclose(cf);
+    uint16_t b16[4];
+    for (int i = 0; i < 6; i++)
+        f->a[i] = 0.25f * (float)i - 1.0f;
+    for (int i = 0; i < 4; i++) {
+        f->b[i] = (float)(i + 1) * 1.5f;
+        b16[i] = mm3_f32_to_bf16(f->b[i]);
+    }
+    for (int i = 0; i < 10; i++)
+        f->rows[i] = 10.0f + (float)i;
+    struct st_writer_tensor t[] = {
+        {"a", MM3_DTYPE_F32, 2, {2, 3}, f->a},
+        {"b", MM3_DTYPE_BF16, 1, {4}, b16},
+        {"rows", MM3_DTYPE_F32, 2, {5, 2}, f->rows},
+    };
+    snprintf(path, sizeof path, "%s/comp/model.safetensors", f->dir);
+    if (st_write_file(path, t, 3, NULL) < 0) return -1;
+    if (ckpt_component_open(&f->c, f->dir, "comp") < 0) return -1;
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    struct fixture *f = *state;
+    ckpt_component_close(&f->c);
+    test_remove_tree(f->dir);
+    free(f->dir);
+    free(f);
+    return 0;
+}
+
+/* Every tensor named: a, b, rows [1, 4) of "rows", then 2 floats of space. */
+static void full_table(struct weight_table *t, float **pa, float **pb, float **pr, float **ps)
+{
+    weight_table_init(t);
+    weight_table_add(t, pa, 2, (int64_t[]){2, 3}, "%s", "a");
+    weight_table_add(t, pb, 1, (int64_t[]){4}, "b");
+    weight_table_add_rows(t, pr, 5, 2, 1, 3, "rows");
+    weight_table_add_space(t, ps, 2);
+}
+
+static void check_full(const struct fixture *f, float *arena, float *pa, float *pb, float *pr, float *ps)
+{
+    assert_ptr_equal(pa, arena);
+    assert_ptr_equal(pb, arena + 6);
+    assert_ptr_equal(pr, arena + 10);
+    assert_ptr_equal(ps, arena + 16);
+    assert_memory_equal(pa, f->a, sizeof f->a);
+    assert_memory_equal(pb, f->b, sizeof f->b);
+    assert_memory_equal(pr, f->rows + 2, sizeof(float) * 6);
+}
+
+static void test_load_from_disk(void **state)
+{
+    struct fixture *f = *state;
+    struct weight_table t;
+    float *pa = NULL, *pb = NULL, *pr = NULL, *ps = NULL, *arena = NULL;
+    size_t n = 0;
+    full_table(&t, &pa, &pb, &pr, &ps);
+    assert_int_equal(weight_table_floats(&t), 18);
+    assert_int_equal(weights_load_table(&f->c, &t, &arena, &n), 0);
+    assert_int_equal(n, 18);
+    check_full(f, arena, pa, pb, pr, ps);
+    weight_table_free(&t);
+    free(arena);
+}
+
+static void test_load_from_arena(void **state)
+{
+    struct fixture *f = *state;
+    assert_int_equal(ckpt_component_load(&f->c), 0);
+    struct weight_table t;
+    float *pa = NULL, *pb = NULL, *pr = NULL, *ps = NULL, *arena = NULL;
+    full_table(&t, &pa, &pb, &pr, &ps);
+    assert_int_equal(weights_load_table(&f->c, &t, &arena, NULL), 0);
+    check_full(f, arena, pa, pb, pr, ps);
+    weight_table_free(&t);
+    free(arena);
+    ckpt_component_unload(&f->c);
+}
+
+static void test_shape_mismatch(void **state)
+{
+    struct fixture *f = *state;
+    struct weight_table t;
+    float *pa, *arena = (float *)&t;
+    weight_table_init(&t);
+    weight_table_add(&t, &pa, 2, (int64_t[]){3, 2}, "a");
+    weight_table_add_elsewhere(&t, "b");
+    weight_table_add_elsewhere(&t, "rows");
+    assert_int_equal(weights_load_table(&f->c, &t, &arena, NULL), -EINVAL);
+    assert_null(arena);
+    const char *msg = mm3_last_error();
+    assert_non_null(strstr(msg, "comp"));
+    assert_non_null(strstr(msg, "'a'"));
+    assert_non_null(strstr(msg, "[2, 3]"));
+    assert_non_null(strstr(msg, "[3, 2]"));
+    weight_table_free(&t);
+    /* rows of a tensor whose width differs from the config's */
+    weight_table_init(&t);
+    weight_table_add_rows(&t, &pa, 5, 3, 0, 1, "rows");
+    assert_int_equal(weights_load_table(&f->c, &t, &arena, NULL), -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "'rows'"));
+    weight_table_free(&t);
+}
+
+static void test_unexpected_and_missing(void **state)
+{
+    struct fixture *f = *state;
+    struct weight_table t;
+    float *pa, *pr, *arena;
+    weight_table_init(&t);
+    weight_table_add(&t, &pa, 2, (int64_t[]){2, 3}, "a");
+    weight_table_add_rows(&t, &pr, 5, 2, 0, 5, "rows");
+    assert_int_equal(weights_load_table(&f->c, &t, &arena, NULL), -EINVAL);
+    assert_null(arena);
+    assert_non_null(strstr(mm3_last_error(), "unexpected tensor 'b'"));
+    /* read by other code: not unexpected, and no space */
+    weight_table_add_elsewhere(&t, "b");
+    assert_int_equal(weight_table_floats(&t), 16);
+    assert_int_equal(weights_load_table(&f->c, &t, &arena, NULL), 0);
+    assert_memory_equal(pr, f->rows, sizeof f->rows);
+    free(arena);
+    /* a tensor the table names but the file lacks */
+    weight_table_add(&t, &pa, 1, (int64_t[]){1}, "layers.%d.w", 7);
+    assert_true(weights_load_table(&f->c, &t, &arena, NULL) < 0);
+    assert_null(arena);
+    assert_non_null(strstr(mm3_last_error(), "layers.7.w"));
+    weight_table_free(&t);
+}
+
+static void test_build_errors(void **state)
+{
+    struct fixture *f = *state;
+    struct weight_table t;
+    float *p, *arena;
+    weight_table_init(&t);
+    weight_table_add_rows(&t, &p, 5, 2, 4, 2, "rows");
+    weight_table_add(&t, &p, 2, (int64_t[]){2, 3}, "a"); /* later adds do not hide the first error */
+    assert_int_equal(weights_load_table(&f->c, &t, &arena, NULL), -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "rows [4, 6) outside [0, 5)"));
+    weight_table_free(&t);
+    char long_name[WEIGHT_NAME_MAX + 8];
+    memset(long_name, 'x', sizeof long_name - 1);
+    long_name[sizeof long_name - 1] = 0;
+    weight_table_init(&t);
+    weight_table_add(&t, &p, 1, (int64_t[]){1}, "%s", long_name);
+    assert_int_equal(weights_load_table(&f->c, &t, &arena, NULL), -ENAMETOOLONG);
+    weight_table_free(&t);
+    weight_table_init(&t);
+    weight_table_add(&t, &p, WEIGHT_MAX_DIMS + 1, (int64_t[]){1, 1, 1, 1, 1}, "a");
+    assert_int_equal(weights_load_table(&f->c, &t, &arena, NULL), -EINVAL);
+    weight_table_free(&t);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_load_from_disk, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_load_from_arena, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_shape_mismatch, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unexpected_and_missing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_build_errors, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
