@@ -12,10 +12,11 @@
 #include "common/frame_mix.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "common/pipeline_channel.h"
 #include "common/pipeline_proto.h"
 #include "shmconn/shmconn.h"
 #include "stage0/scheduler.h"
-#include "stage1/server.h" /* S1_CHANNEL_*: the channel geometry both stages must share */
+#include "stage0/teacher_force.h"
 
 /* Frames per FRAMES message when a held song (async_chunk: false) is sent at its end. */
 #define HELD_FRAMES_PER_MSG 100
@@ -29,6 +30,21 @@ struct eng_req {
     uint32_t chunk;      /* next chunk index (step thread only) */
     float *held;         /* async_chunk false: frames kept until the end */
     int n_held, cap_held;
+    /* Journal (api.journal_dir): lent by the scheduler while it generates, handed
+     * over (jr_owned) when generation ended; an owned one is closed with the entry. */
+    struct journal *jr;
+    int jr_owned;
+    enum journal_stop jr_stop;
+    int jr_frames;
+    int32_t *ids; /* [2, prompt_len] copy: the prompt of a re-send */
+    int prompt_len;
+    /* Stage 1 lost mid-song with a journal: held until it is back (step thread re-sends). */
+    int awaiting;
+    int64_t await_since_ns;
+    int ended, total; /* generation ended while awaiting: END after the re-send */
+    /* PCM (under engine.mu): sample frames got from the current stage 1, and pushed
+     * to the client over all attempts; a re-sent song skips what was pushed. */
+    int64_t pcm_got, pcm_pushed;
     struct eng_req *next;
 };
 
@@ -54,24 +70,11 @@ struct engine {
 
     pthread_mutex_t mu; /* guards reqs, n_reqs */
     struct eng_req *reqs;
-    int n_reqs, max_reqs; /* songs stage 1 holds at once (its own bound) */
+    int n_reqs, max_reqs;   /* songs stage 1 holds at once (its own bound) */
+    _Atomic int n_awaiting; /* entries held for a stage-1 restart */
     pthread_t rx;
     int rx_started;
 };
-
-static void channel_config(const struct mm3_deploy *d, const char *name, const char *prefix, struct shmconn_config *c)
-{
-    const struct mm3_connector_config *k = mm3_deploy_edge_connector(d);
-    memset(c, 0, sizeof *c);
-    snprintf(c->name, sizeof c->name, "%s", name);
-    snprintf(c->prefix, sizeof c->prefix, "%s", prefix);
-    c->shm_threshold_bytes = (uint64_t)k->shm_threshold_bytes;
-    c->payload_bytes = S1_CHANNEL_PAYLOAD_BYTES;
-    c->n_slots = S1_CHANNEL_SLOTS;
-    c->first_chunk_deadline_s = mm3_connector_first_chunk_deadline_s(k);
-    c->steady_deadline_s = mm3_connector_steady_deadline_s(k);
-    c->wait_slice_s = k->get_sleep_s;
-}
 
 /* ---- the request table ---- */
 
@@ -127,7 +130,10 @@ static void req_put(struct engine *e, struct eng_req *r)
     int last = --r->refs == 0;
     pthread_mutex_unlock(&e->mu);
     if (!last) return;
+    if (r->jr && r->jr_owned) journal_close(r->jr, sched_journal_status(r->job), r->jr_stop, r->jr_frames);
+    if (r->awaiting) atomic_fetch_sub(&e->n_awaiting, 1);
     mm3_job_unref(r->job);
+    free(r->ids);
     free(r->held);
     free(r);
 }
@@ -178,6 +184,29 @@ static void tensor_set(struct shmconn_tensor *t, const char *name, uint32_t dtyp
     t->data = (void *)data;
 }
 
+/* Hold an entry with a journal for stage 1's return instead of failing it (engine.mu
+ * held). Returns 1 when held. */
+static int hold_locked(struct engine *e, struct eng_req *r)
+{
+    if (!r->jr || !r->ids) return 0;
+    if (!r->awaiting) {
+        r->awaiting = 1;
+        r->await_since_ns = mm3_job_now_ns();
+        atomic_fetch_add(&e->n_awaiting, 1);
+        LOG_WARN("job %llu: stage 1 lost mid-song; journaled, waiting up to %g s for it to come back",
+                 (unsigned long long)r->job->id, e->cfg_out.first_chunk_deadline_s);
+    }
+    return 1;
+}
+
+static int hold(struct engine *e, struct eng_req *r)
+{
+    pthread_mutex_lock(&e->mu);
+    int held = hold_locked(e, r);
+    pthread_mutex_unlock(&e->mu);
+    return held;
+}
+
 /* Fail a job whose send failed, with what the status means for the client. */
 static void fail_send(struct engine *e, struct mm3_job *job, int rc, const char *what)
 {
@@ -202,6 +231,43 @@ static int sink_can_start(void *ctx)
     return ok;
 }
 
+static int send_start(struct engine *e, struct mm3_job *job, struct eng_req *r);
+
+/* The song's journal stays open until stage 1 delivered it (DONE) or it is lost: the
+ * entry closes it when it goes (req_put). */
+static void sink_journal(void *ctx, struct mm3_job *job, struct journal *jr, enum journal_stop stop, int n_frames)
+{
+    struct engine *e = ctx;
+    struct eng_req *r = req_get(e, job);
+    if (!r) { /* already finished or failed */
+        journal_close(jr, sched_journal_status(job), stop, n_frames);
+        return;
+    }
+    pthread_mutex_lock(&e->mu);
+    r->jr = jr;
+    r->jr_owned = 1;
+    r->jr_stop = stop;
+    r->jr_frames = n_frames;
+    pthread_mutex_unlock(&e->mu);
+    req_put(e, r);
+}
+
+static void sink_journal_open(void *ctx, struct mm3_job *job, struct journal *jr, const int32_t *ids_pair,
+                              int prompt_len)
+{
+    struct engine *e = ctx;
+    struct eng_req *r = req_get(e, job);
+    if (!r) return;
+    int32_t *ids = malloc(sizeof(int32_t) * 2 * (size_t)prompt_len);
+    if (ids) memcpy(ids, ids_pair, sizeof(int32_t) * 2 * (size_t)prompt_len);
+    pthread_mutex_lock(&e->mu);
+    r->jr = jr; /* lent; without the prompt copy a loss fails the job as before */
+    r->ids = ids;
+    r->prompt_len = prompt_len;
+    pthread_mutex_unlock(&e->mu);
+    req_put(e, r);
+}
+
 static int sink_start(void *ctx, struct mm3_job *job)
 {
     struct engine *e = ctx;
@@ -218,6 +284,23 @@ static int sink_start(void *ctx, struct mm3_job *job)
     r->job = job;
     r->refs = 2; /* the table's and ours for the START below */
     req_add(e, r);
+    int rc = send_start(e, job, r);
+    req_put(e, r);
+    if (rc < 0) {
+        if ((r = req_take(e, job->id))) req_put(e, r);
+        pthread_rwlock_rdlock(&e->conn_mu);
+        if (e->in) shmconn_request_end(e->in, job->id);
+        pthread_rwlock_unlock(&e->conn_mu);
+        fail_send(e, job, rc, "the request");
+        return -1;
+    }
+    return 0;
+}
+
+/* START with the job's parameters (the same on a re-send: stage-1 noise is a pure
+ * function of the seed, so the audio is the same). */
+static int send_start(struct engine *e, struct mm3_job *job, struct eng_req *r)
+{
     pthread_rwlock_rdlock(&e->conn_mu);
     if (e->in) shmconn_request_begin(e->in, job->id);
     pthread_rwlock_unlock(&e->conn_mu);
@@ -233,17 +316,7 @@ static int sink_start(void *ctx, struct mm3_job *job)
     };
     struct shmconn_tensor t;
     tensor_set(&t, "params", SHMCONN_DTYPE_U8, 1, (int64_t[]){sizeof p}, &p);
-    int rc = send_msg(e, job, r, PIPE_MSG_START, SHMCONN_FLAG_FIRST, &t, 1);
-    req_put(e, r);
-    if (rc < 0) {
-        if ((r = req_take(e, job->id))) req_put(e, r);
-        pthread_rwlock_rdlock(&e->conn_mu);
-        if (e->in) shmconn_request_end(e->in, job->id);
-        pthread_rwlock_unlock(&e->conn_mu);
-        fail_send(e, job, rc, "the request");
-        return -1;
-    }
-    return 0;
+    return send_msg(e, job, r, PIPE_MSG_START, SHMCONN_FLAG_FIRST, &t, 1);
 }
 
 static int send_frames(struct engine *e, struct mm3_job *job, struct eng_req *r, int first, int n, const float *mixed)
@@ -253,6 +326,7 @@ static int send_frames(struct engine *e, struct mm3_job *job, struct eng_req *r,
     tensor_set(&t[0], "frames", MM3_DTYPE_F32, 2, (int64_t[]){n, e->width}, mixed);
     tensor_set(&t[1], "first", MM3_DTYPE_I64, 1, (int64_t[]){1}, &f);
     int rc = send_msg(e, job, r, PIPE_MSG_FRAMES, 0, t, 2);
+    if (rc < 0 && (rc == SHMCONN_E_PEER_DEAD || rc == SHMCONN_E_CLOSED) && hold(e, r)) return 1;
     if (rc < 0) fail_send(e, job, rc, "frames");
     return rc;
 }
@@ -265,7 +339,11 @@ static int sink_frames(void *ctx, struct mm3_job *job, int first, int n, const f
     struct engine *e = ctx;
     struct eng_req *r = req_get(e, job);
     if (!r) return -1; /* stage 1 already ended it (error, loss): stop generating */
-    int rc = frames_to_stage1(e, job, r, first, n, frames, width);
+    pthread_mutex_lock(&e->mu);
+    int awaiting = r->awaiting;
+    pthread_mutex_unlock(&e->mu);
+    /* Held for stage 1: the frames are in the journal, the re-send recomputes them. */
+    int rc = awaiting ? 0 : frames_to_stage1(e, job, r, first, n, frames, width);
     req_put(e, r);
     return rc;
 }
@@ -283,7 +361,9 @@ static int frames_to_stage1(struct engine *e, struct mm3_job *job, struct eng_re
             return -1;
         }
         if (e->d->async_chunk) {
-            if (send_frames(e, job, r, first + i, k, e->mixed) < 0) return -1;
+            int rc = send_frames(e, job, r, first + i, k, e->mixed);
+            if (rc < 0) return -1;
+            if (rc > 0) return 0; /* held: the re-send recomputes these frames */
             continue;
         }
         if (r->n_held + k > r->cap_held) {
@@ -309,16 +389,25 @@ static int end_to_stage1(struct engine *e, struct mm3_job *job, struct eng_req *
     int H = e->width;
     for (int i = 0; i < r->n_held; i += HELD_FRAMES_PER_MSG) {
         int k = r->n_held - i < HELD_FRAMES_PER_MSG ? r->n_held - i : HELD_FRAMES_PER_MSG;
-        if (send_frames(e, job, r, i, k, r->held + (size_t)i * H) < 0) return -1;
+        int rc = send_frames(e, job, r, i, k, r->held + (size_t)i * H);
+        if (rc < 0) return -1;
+        if (rc > 0) goto held;
     }
     int64_t tot = total;
     struct shmconn_tensor t;
     tensor_set(&t, "total", MM3_DTYPE_I64, 1, (int64_t[]){1}, &tot);
     int rc = send_msg(e, job, r, PIPE_MSG_END, SHMCONN_FLAG_LAST, &t, 1);
+    if (rc < 0 && (rc == SHMCONN_E_PEER_DEAD || rc == SHMCONN_E_CLOSED) && hold(e, r)) goto held;
     if (rc < 0) {
         fail_send(e, job, rc, "the end of the song");
         return -1;
     }
+    return 0;
+held: /* the re-send ends the song */
+    pthread_mutex_lock(&e->mu);
+    r->ended = 1;
+    r->total = total;
+    pthread_mutex_unlock(&e->mu);
     return 0;
 }
 
@@ -327,7 +416,14 @@ static int sink_end(void *ctx, struct mm3_job *job, int total)
     struct engine *e = ctx;
     struct eng_req *r = req_get(e, job);
     if (!r) return -1;
-    int rc = end_to_stage1(e, job, r, total);
+    pthread_mutex_lock(&e->mu);
+    int awaiting = r->awaiting;
+    if (awaiting) {
+        r->ended = 1;
+        r->total = total;
+    }
+    pthread_mutex_unlock(&e->mu);
+    int rc = awaiting ? 0 : end_to_stage1(e, job, r, total);
     req_put(e, r);
     return rc;
 }
@@ -353,7 +449,141 @@ static void sink_abort(void *ctx, struct mm3_job *job)
     req_put(e, r);
 }
 
+/* ---- re-sending a held song (step thread) ---- */
+
+struct resend_ctx {
+    struct engine *e;
+    struct eng_req *r;
+};
+
+static int resend_emit(void *ctx, int t0, const float *frames, int n)
+{
+    struct resend_ctx *c = ctx;
+    return frames_to_stage1(c->e, c->r->job, c->r, t0, n, frames, c->e->raw_width) < 0 ? -EPIPE : 0;
+}
+
+/* Out of the table after a failed re-send (stage 1 will not answer for it). */
+static void drop(struct engine *e, struct mm3_job *job)
+{
+    struct eng_req *t = req_take(e, job->id);
+    if (t) req_put(e, t);
+}
+
+/* Stage 1 is back: START again, the journaled frames by teacher forcing (frames
+ * 0..n-1; generation continues live from n, nothing runs in between on this
+ * thread), and END if generation already ended. */
+static void resend(struct engine *e, struct eng_req *r)
+{
+    struct mm3_job *job = r->job;
+    pthread_mutex_lock(&e->mu);
+    r->awaiting = 0;
+    atomic_fetch_sub(&e->n_awaiting, 1);
+    r->pcm_got = 0;
+    r->n_held = 0;
+    r->chunk = 0;
+    int ended = r->ended, total = r->total;
+    pthread_mutex_unlock(&e->mu);
+    int rc = send_start(e, job, r);
+    if (rc < 0) {
+        if (rc == SHMCONN_E_PEER_DEAD || rc == SHMCONN_E_CLOSED) {
+            hold(e, r);
+            return;
+        }
+        fail_send(e, job, rc, "the request again");
+        drop(e, job);
+        return;
+    }
+    struct resend_ctx c = {e, r};
+    struct teacher_force_sink sink = {.ctx = &c, .emit = resend_emit};
+    int n = 0;
+    rc = teacher_force_journal(e->lm, e->dd, r->jr, r->ids, r->prompt_len, &sink, &n);
+    if (rc < 0 && rc != -EPIPE) {
+        mm3_job_fail(job, 502, "stage 1 died mid-song and the journal cannot re-send it: %s", mm3_last_error());
+        drop(e, job);
+        return;
+    }
+    pthread_mutex_lock(&e->mu);
+    int again = r->awaiting;
+    pthread_mutex_unlock(&e->mu);
+    if (again) return; /* lost again: held */
+    if (rc < 0) {      /* a send failed: the job is failed */
+        drop(e, job);
+        return;
+    }
+    LOG_INFO("job %llu: stage 1 is back: re-sent %d journaled frames%s", (unsigned long long)job->id, n,
+             ended ? " and the end" : "; live frames continue");
+    if (ended && end_to_stage1(e, job, r, total) < 0) drop(e, job);
+}
+
+static void sink_tick(void *ctx)
+{
+    struct engine *e = ctx;
+    if (atomic_load(&e->n_awaiting) == 0) return;
+    double limit = e->cfg_out.first_chunk_deadline_s;
+    int64_t now = mm3_job_now_ns();
+    for (;;) {
+        /* One entry at a time: the table may change while we send. */
+        pthread_mutex_lock(&e->mu);
+        struct eng_req *r = e->reqs;
+        while (r && !r->awaiting)
+            r = r->next;
+        int up = atomic_load(&e->s1_up), late = r && (now - r->await_since_ns) > (int64_t)(limit * 1e9);
+        if (r && !up && !late) {
+            /* others may be late */
+            struct eng_req *q = r;
+            while (q && !(q->awaiting && (now - q->await_since_ns) > (int64_t)(limit * 1e9)))
+                q = q->next;
+            r = q;
+            late = r != NULL;
+        }
+        if (r) r->refs++;
+        pthread_mutex_unlock(&e->mu);
+        if (!r) return;
+        if (late && !up) {
+            struct eng_req *t = req_take(e, r->job->id);
+            mm3_job_fail(r->job, 502, "stage 1 died mid-song and did not come back within %g s", limit);
+            LOG_WARN("job %llu: stage 1 did not come back within %g s", (unsigned long long)r->job->id, limit);
+            if (t) req_put(e, t);
+            req_put(e, r);
+            continue;
+        }
+        resend(e, r);
+        pthread_mutex_lock(&e->mu);
+        int again = r->awaiting; /* lost again before the receiver noticed: next tick */
+        pthread_mutex_unlock(&e->mu);
+        req_put(e, r);
+        if (again || !atomic_load(&e->s1_up)) return;
+    }
+}
+
 /* ---- receiving (receiver thread) ---- */
+
+/* Stage 1 is gone: hold the journaled entries for its return, fail the others. */
+static void hold_or_fail_all(struct engine *e, const char *msg)
+{
+    pthread_mutex_lock(&e->mu);
+    struct eng_req *keep = NULL, *lost = NULL, *r = e->reqs;
+    while (r) {
+        struct eng_req *next = r->next;
+        if (hold_locked(e, r)) {
+            r->next = keep;
+            keep = r;
+        } else {
+            r->next = lost;
+            lost = r;
+            e->n_reqs--;
+        }
+        r = next;
+    }
+    e->reqs = keep;
+    pthread_mutex_unlock(&e->mu);
+    for (r = lost; r;) {
+        struct eng_req *next = r->next;
+        if (mm3_job_fail(r->job, 502, "%s", msg) == 0) LOG_WARN("job %llu: %s", (unsigned long long)r->job->id, msg);
+        req_put(e, r);
+        r = next;
+    }
+}
 
 static void fail_all(struct engine *e, const char *msg)
 {
@@ -388,14 +618,27 @@ static void on_pcm(struct engine *e, const struct shmconn_msg *m)
     }
     size_t n = (size_t)pcm->shape[1];
     const float *src = pcm->data;
+    /* After a re-send stage 1 renders the song from its start: skip what the client has. */
+    size_t skip = 0;
+    pthread_mutex_lock(&e->mu);
+    struct eng_req *q = e->reqs;
+    while (q && q->job != job)
+        q = q->next;
+    if (q) {
+        int64_t have = q->pcm_pushed - q->pcm_got;
+        skip = have <= 0 ? 0 : (size_t)have >= n ? n : (size_t)have;
+        q->pcm_got += (int64_t)n;
+        if (q->pcm_got > q->pcm_pushed) q->pcm_pushed = q->pcm_got;
+    }
+    pthread_mutex_unlock(&e->mu);
     float *il = malloc(sizeof(float) * 2 * (n ? n : 1));
     int rc = il ? 0 : -ENOMEM;
     if (il) {
-        for (size_t i = 0; i < n; i++) {
-            il[2 * i] = src[i];
-            il[2 * i + 1] = src[n + i];
+        for (size_t i = skip; i < n; i++) {
+            il[2 * (i - skip)] = src[i];
+            il[2 * (i - skip) + 1] = src[n + i];
         }
-        rc = n ? mm3_job_push_pcm(job, il, n, PCM_PUSH_TIMEOUT_MS) : 0;
+        rc = n > skip ? mm3_job_push_pcm(job, il, n - skip, PCM_PUSH_TIMEOUT_MS) : 0;
     }
     free(il);
     if (rc == 0 && prog && prog->dtype == MM3_DTYPE_I64 && prog->shape[0] >= 1) {
@@ -464,8 +707,9 @@ static void reset_channels(struct engine *e)
 
 static void stage1_lost(struct engine *e, const char *why)
 {
-    if (atomic_exchange(&e->s1_up, 0)) LOG_WARN("stage 1 lost (%s): failing its requests, waiting for it", why);
-    fail_all(e, "stage 1 died mid-song");
+    if (atomic_exchange(&e->s1_up, 0))
+        LOG_WARN("stage 1 lost (%s): failing its requests without a journal, waiting for it", why);
+    hold_or_fail_all(e, "stage 1 died mid-song");
     reset_channels(e);
 }
 
@@ -546,7 +790,13 @@ static void *rx_thread(void *arg)
                 req_put(e, r);
             }
         } else if (ev.type == SHMCONN_EVENT_PEER_LOST) {
-            struct eng_req *r = req_take(e, ev.req_id);
+            pthread_mutex_lock(&e->mu);
+            struct eng_req *h = e->reqs;
+            while (h && h->job->id != ev.req_id)
+                h = h->next;
+            int held = h && hold_locked(e, h);
+            pthread_mutex_unlock(&e->mu);
+            struct eng_req *r = held ? NULL : req_take(e, ev.req_id);
             if (r) {
                 mm3_job_fail(r->job, 502, "stage 1 died mid-song");
                 LOG_WARN("job %llu: stage 1 died mid-song", (unsigned long long)ev.req_id);
@@ -637,21 +887,31 @@ int engine_create(struct engine **out, const struct mm3_deploy *d, const struct 
         rc = mm3_errorf(-ENOMEM, "engine: out of memory");
         goto fail;
     }
-    channel_config(d, PIPE_CHANNEL_S0_TO_S1, e->prefix, &e->cfg_out);
-    channel_config(d, PIPE_CHANNEL_S1_TO_S0, e->prefix, &e->cfg_in);
+    pipe_channel_config(d, PIPE_CHANNEL_S0_TO_S1, e->prefix, &e->cfg_out);
+    pipe_channel_config(d, PIPE_CHANNEL_S1_TO_S0, e->prefix, &e->cfg_in);
     e->send_timeout_s = e->cfg_out.steady_deadline_s;
     const struct mm3_stage_config *s0 = mm3_deploy_stage(d, 0);
     struct sched_config sc = {.max_rows = s0->max_num_seqs,
                               .max_ctx = s0->max_model_len,
                               .max_batched_tokens = s0->max_num_batched_tokens,
-                              .max_queue = d->api.max_queue_depth};
+                              .max_queue = d->api.max_queue_depth,
+                              .journal_dir = d->api.journal_dir};
+    sc.backend = d->backend == MM3_BACKEND_CUDA ? TALKER_BACKEND_CUDA : TALKER_BACKEND_CPU;
+    /* Size the KV cache from the deploy file and refuse at start-up, with the
+     * numbers, what the device cannot hold (never an allocation failure later). */
+    struct talker_backend_plan plan;
+    talker_backend_plan_compute(sc.backend, lm, dd, sc.max_rows, sc.max_ctx, &plan);
+    if ((rc = talker_backend_plan_check(sc.backend, &plan, s0->gpu_memory_utilization)) < 0) goto fail;
     e->max_reqs = mm3_deploy_stage(d, 1)->max_num_seqs + s0->max_num_seqs;
     struct sched_sink sink = {.ctx = e,
                               .can_start = sink_can_start,
                               .on_start = sink_start,
                               .on_frames = sink_frames,
                               .on_end = sink_end,
-                              .on_abort = sink_abort};
+                              .on_abort = sink_abort,
+                              .on_journal = sink_journal,
+                              .on_journal_open = sink_journal_open,
+                              .on_tick = sink_tick};
     if ((rc = sched_create(&e->sched, &sc, lm, dd, tok, &sink)) < 0) goto fail;
     pthread_mutex_init(&e->mu, NULL);
     pthread_rwlock_init(&e->conn_mu, NULL);

@@ -3,7 +3,7 @@
  *
  * Channels: stage 0 CREATES "s0_to_s1" (producer) and OPENS "s1_to_s0" (consumer,
  * created by stage 1), both under the segment prefix (MM3_SHM_PREFIX, default
- * "mm3-"), with the geometry stage 1 uses (stage1/server.h S1_CHANNEL_*).
+ * "mm3-"), with the geometry stage 1 uses (common/pipeline_channel.h).
  *
  * Frames go to stage 1 as produced (async_chunk: true), pre-mixed to `hidden`
  * floats with common/frame_mix.h, or held and sent when the song ends

@@ -69,11 +69,46 @@ int generate_batch_forward(const struct talker *lm, struct talker_state *ts, str
     return talker_forward(lm, ts, b->n, b->row, b->pos, b->emb, b->out);
 }
 
-int generate_attach(struct generate *g, const struct talker *lm, const struct depth *dd, struct sampler *sp,
-                    struct talker_state *ts, int row_c, int row_u, const int32_t *ids_pair, int prompt_len,
-                    int max_frames, float cfg_scale, const struct generate_hooks *hooks)
+int generate_batch_forward_backend(const struct talker_backend *be, struct generate_batch *b)
 {
-    memset(g, 0, sizeof *g);
+    if (b->n == 0) return 0;
+    return be->forward(be->impl, b->n, b->row, b->pos, b->emb, b->out);
+}
+
+/* ---- the model, through the backend table or the CPU functions on ts / ds ---- */
+
+static int model_forward(struct generate *g, int n, const int *row, const int *pos, const float *emb, float *out)
+{
+    if (g->be) return g->be->forward(g->be->impl, n, row, pos, emb, out);
+    return talker_forward(g->lm, g->ts, n, row, pos, emb, out);
+}
+
+static int model_head(struct generate *g, const float *hidden, float *logits)
+{
+    if (g->be) return g->be->head_drawable(g->be->impl, hidden, 2, logits);
+    talker_head_drawable(g->lm, hidden, 2, logits);
+    return 0;
+}
+
+static int model_depth_step(struct generate *g, const float *x, int pos, float *out)
+{
+    if (g->be) return g->be->depth_step(g->be->impl, 2, x, pos, out);
+    return depth_step(g->dd, &g->ds, 2, x, pos, out);
+}
+
+static int model_depth_logits(struct generate *g, int j, const float *hidden, float *logits)
+{
+    if (g->be) return g->be->depth_logits(g->be->impl, j, hidden, 2, logits);
+    depth_logits(g->dd, j, hidden, 2, logits);
+    return 0;
+}
+
+/* Checks and buffers shared by both attach flavours; rows are checked against the
+ * cache they live in (max_rows x max_ctx). */
+static int attach_common(struct generate *g, const struct talker *lm, const struct depth *dd, struct sampler *sp,
+                         int max_rows, int max_ctx, int row_c, int row_u, const int32_t *ids_pair, int prompt_len,
+                         int max_frames, float cfg_scale, const struct generate_hooks *hooks)
+{
     int H = lm->cfg.hidden, ncb = dd->cfg.n_codebooks, V = dd->cfg.audio_vocab;
     if (dd->cfg.hidden != H)
         return mm3_errorf(-EINVAL, "depth decoder hidden_size %d differs from the language model's %d", dd->cfg.hidden,
@@ -82,16 +117,14 @@ int generate_attach(struct generate *g, const struct talker *lm, const struct de
         return mm3_errorf(-EINVAL, "prompt of %d tokens: expected 1..%d", prompt_len, GENERATE_MAX_PROMPT);
     if (max_frames < 1 || max_frames > GENERATE_MAX_FRAMES)
         return mm3_errorf(-EINVAL, "frame budget %d: expected 1..%d", max_frames, GENERATE_MAX_FRAMES);
-    if (row_c < 0 || row_u < 0 || row_c >= ts->max_rows || row_u >= ts->max_rows || row_c == row_u)
-        return mm3_errorf(-EINVAL, "generate: rows %d/%d: expected two distinct rows below %d", row_c, row_u,
-                          ts->max_rows);
-    if (prompt_len + max_frames > ts->max_ctx)
+    if (row_c < 0 || row_u < 0 || row_c >= max_rows || row_u >= max_rows || row_c == row_u)
+        return mm3_errorf(-EINVAL, "generate: rows %d/%d: expected two distinct rows below %d", row_c, row_u, max_rows);
+    if (prompt_len + max_frames > max_ctx)
         return mm3_errorf(-EINVAL, "prompt of %d tokens + %d frames exceeds the %d positions of a row", prompt_len,
-                          max_frames, ts->max_ctx);
+                          max_frames, max_ctx);
     g->lm = lm;
     g->dd = dd;
     g->sp = sp;
-    g->ts = ts;
     g->row[0] = row_c;
     g->row[1] = row_u;
     if (hooks) g->hooks = *hooks;
@@ -112,10 +145,36 @@ int generate_attach(struct generate *g, const struct talker *lm, const struct de
         goto fail;
     }
     memcpy(g->ids, ids_pair, sizeof(int32_t) * 2 * (size_t)prompt_len);
-    if ((rc = depth_state_init(&g->ds, dd, 2)) < 0) goto fail;
     return 0;
 fail:
     generate_end(g);
+    return rc;
+}
+
+int generate_attach(struct generate *g, const struct talker *lm, const struct depth *dd, struct sampler *sp,
+                    struct talker_state *ts, int row_c, int row_u, const int32_t *ids_pair, int prompt_len,
+                    int max_frames, float cfg_scale, const struct generate_hooks *hooks)
+{
+    memset(g, 0, sizeof *g);
+    int rc = attach_common(g, lm, dd, sp, ts->max_rows, ts->max_ctx, row_c, row_u, ids_pair, prompt_len, max_frames,
+                           cfg_scale, hooks);
+    if (rc < 0) return rc;
+    g->ts = ts;
+    if ((rc = depth_state_init(&g->ds, dd, 2)) < 0) generate_end(g);
+    return rc;
+}
+
+int generate_attach_backend(struct generate *g, const struct talker_backend *be, struct sampler *sp, int row_c,
+                            int row_u, const int32_t *ids_pair, int prompt_len, int max_frames, float cfg_scale,
+                            const struct generate_hooks *hooks)
+{
+    memset(g, 0, sizeof *g);
+    if (be->depth_rows < 2)
+        return mm3_errorf(-EINVAL, "generate: backend %s has %d depth rows, a CFG pair needs 2", be->name,
+                          be->depth_rows);
+    int rc = attach_common(g, be->lm, be->dd, sp, be->max_rows, be->max_ctx, row_c, row_u, ids_pair, prompt_len,
+                           max_frames, cfg_scale, hooks);
+    if (rc == 0) g->be = be;
     return rc;
 }
 
@@ -177,6 +236,19 @@ void generate_take(struct generate *g, const struct generate_batch *b)
     g->phase = GENERATE_SAMPLE;
 }
 
+/* The whole prompt of both rows in one forward, then ready for step 0. */
+static int prefill_whole(struct generate *g)
+{
+    struct generate_batch b;
+    int rc = generate_batch_init(&b, g->lm->cfg.hidden, 2 * g->prompt_len);
+    if (rc < 0) return rc;
+    if ((rc = generate_feed(g, &b, 2 * g->prompt_len)) > 0 &&
+        (rc = model_forward(g, b.n, b.row, b.pos, b.emb, b.out)) == 0)
+        generate_take(g, &b);
+    generate_batch_free(&b);
+    return rc;
+}
+
 int generate_begin(struct generate *g, const struct talker *lm, const struct depth *dd, struct sampler *sp,
                    const int32_t *ids_pair, int prompt_len, int max_frames, float cfg_scale,
                    const struct generate_hooks *hooks)
@@ -196,16 +268,18 @@ int generate_begin(struct generate *g, const struct talker *lm, const struct dep
     }
     g->own_ts = own;
     g->ts = &g->own_ts;
-    struct generate_batch b;
-    if ((rc = generate_batch_init(&b, lm->cfg.hidden, 2 * prompt_len)) < 0) goto fail;
-    if ((rc = generate_feed(g, &b, 2 * prompt_len)) > 0 && (rc = generate_batch_forward(lm, g->ts, &b)) == 0)
-        generate_take(g, &b);
-    generate_batch_free(&b);
-    if (rc < 0) goto fail;
-    return 0;
-fail:
-    generate_end(g);
-    return rc;
+    if ((rc = prefill_whole(g)) < 0) generate_end(g);
+    return rc < 0 ? rc : 0;
+}
+
+int generate_begin_backend(struct generate *g, const struct talker_backend *be, struct sampler *sp,
+                           const int32_t *ids_pair, int prompt_len, int max_frames, float cfg_scale,
+                           const struct generate_hooks *hooks)
+{
+    int rc = generate_attach_backend(g, be, sp, 0, 1, ids_pair, prompt_len, max_frames, cfg_scale, hooks);
+    if (rc < 0) return rc;
+    if ((rc = prefill_whole(g)) < 0) generate_end(g);
+    return rc < 0 ? rc : 0;
 }
 
 /* Depth decoder for one frame: c1.. into g->codes, hiddens d1.. into frame slots 1... */
@@ -215,15 +289,15 @@ static int depth_frame(struct generate *g, int s)
     int H = dd->cfg.hidden, V = dd->cfg.audio_vocab, ncb = dd->cfg.n_codebooks;
     float *x = g->work + 3 * (size_t)SAMPLER_C0_COLS, *y = x + 2 * H;
     float *lg = y + 2 * H, *gd = lg + 2 * V;
-    int rc = depth_step(dd, &g->ds, 2, g->hidden, 0, y);
+    int rc = model_depth_step(g, g->hidden, 0, y);
     if (rc < 0) return rc;
     const float *e = g->lm->embed + ((size_t)g->codes[0] + SAMPLER_CODE_OFFSET) * H;
     memcpy(x, e, sizeof(float) * H);
     memcpy(x + H, e, sizeof(float) * H);
     for (int j = 1; j < ncb; j++) {
-        if ((rc = depth_step(dd, &g->ds, 2, x, j, y)) < 0) return rc;
+        if ((rc = model_depth_step(g, x, j, y)) < 0) return rc;
         memcpy(g->frame + (size_t)j * H, y, sizeof(float) * H);
-        depth_logits(dd, j, y, 2, lg);
+        if ((rc = model_depth_logits(g, j, y, lg)) < 0) return rc;
         if (g->cfg_scale > 1.0f)
             sampler_cfg_blend(gd, lg, lg + V, V, g->cfg_scale);
         else /* guidance off: the conditional logits as they are */
@@ -249,7 +323,8 @@ int generate_sample(struct generate *g)
     const struct talker *lm = g->lm;
     int H = lm->cfg.hidden, ncb = g->dd->cfg.n_codebooks, s = g->step;
     float *logits = g->work, *guided = g->work + 2 * (size_t)SAMPLER_C0_COLS;
-    talker_head_drawable(lm, g->hidden, 2, logits);
+    int col, rc;
+    if ((rc = model_head(g, g->hidden, logits)) < 0) goto fail;
     if (g->cfg_scale > 1.0f) {
         sampler_c0_guide(guided, logits, logits + SAMPLER_C0_COLS, SAMPLER_C0_COLS, g->cfg_scale, SAMPLER_TOP_K);
     } else {
@@ -259,7 +334,6 @@ int generate_sample(struct generate *g)
         sampler_topk_mask(guided, SAMPLER_C0_COLS, SAMPLER_TOP_K);
     }
     if (g->hooks.on_draw) g->hooks.on_draw(g->hooks.ctx, s, 0, guided, SAMPLER_C0_COLS);
-    int col, rc;
     if ((rc = sampler_draw(g->sp, guided, SAMPLER_C0_COLS, (uint32_t)(ncb * s), &col)) < 0) goto fail;
     if (col == 0) {
         g->done = 1;
@@ -294,7 +368,7 @@ int generate_step(struct generate *g)
     int rc = generate_sample(g);
     if (rc < 0 || g->done) return rc;
     int row[2] = {g->row[0], g->row[1]}, pos[2] = {g->prompt_len + g->step, g->prompt_len + g->step};
-    if ((rc = talker_forward(g->lm, g->ts, 2, row, pos, g->fb, g->hidden)) < 0) {
+    if ((rc = model_forward(g, 2, row, pos, g->fb, g->hidden)) < 0) {
         g->done = 1;
         return rc;
     }
@@ -307,6 +381,7 @@ void generate_end(struct generate *g)
 {
     if (g->ts == &g->own_ts) talker_state_free(&g->own_ts);
     g->ts = NULL;
+    g->be = NULL;
     depth_state_free(&g->ds);
     free(g->hidden);
     free(g->fb);

@@ -23,7 +23,12 @@
  *                 if (g.phase == GENERATE_SAMPLE) generate_sample(&g);   // draws + frame
  *
  * generate_begin/step are exactly attach + feed/forward/take + sample on a private
- * 2-row state, so both paths give the same frames bit for bit. */
+ * 2-row state, so both paths give the same frames bit for bit.
+ *
+ * Every model call goes through struct talker_backend (stage0/talker_backend.h):
+ * the *_backend variants bind a request to a backend's rows (CPU or CUDA: one AR
+ * loop for both); the plain variants are the same loop over a host talker_state
+ * (teacher forcing, tests) and reach the CPU functions through the same helpers. */
 #ifndef MM3_STAGE0_GENERATE_H
 #define MM3_STAGE0_GENERATE_H
 
@@ -32,6 +37,7 @@
 #include "common/sampler.h"
 #include "stage0/depth.h"
 #include "stage0/talker.h"
+#include "stage0/talker_backend.h"
 
 #define GENERATE_MAX_FRAMES 9000 /* reference cap (6 min at 25 frames/s) */
 #define GENERATE_MAX_PROMPT 5000
@@ -62,6 +68,8 @@ struct generate_batch {
 int generate_batch_init(struct generate_batch *b, int hidden, int cap);
 void generate_batch_free(struct generate_batch *b);
 int generate_batch_forward(const struct talker *lm, struct talker_state *ts, struct generate_batch *b);
+/* The same forward on a backend's KV rows. */
+int generate_batch_forward_backend(const struct talker_backend *be, struct generate_batch *b);
 
 /* Where a request is between the steps of a batched loop. */
 enum generate_phase {
@@ -75,7 +83,8 @@ struct generate {
     const struct depth *dd;
     struct sampler *sp;
     struct generate_hooks hooks;
-    struct talker_state *ts; /* shared (attach) or &own_ts (begin) */
+    const struct talker_backend *be; /* the model; NULL: CPU functions on ts / ds */
+    struct talker_state *ts;         /* shared (attach) or &own_ts (begin); NULL with be */
     struct talker_state own_ts;
     struct depth_state ds;
     int row[2]; /* KV rows of (cond, uncond) in ts */
@@ -110,6 +119,12 @@ int generate_attach(struct generate *g, const struct talker *lm, const struct de
                     struct talker_state *ts, int row_c, int row_u, const int32_t *ids_pair, int prompt_len,
                     int max_frames, float cfg_scale, const struct generate_hooks *hooks);
 
+/* The same on rows row_c / row_u of a backend's KV cache (be->max_rows, be->max_ctx);
+ * the depth decoder runs on the backend's depth rows 0..1 (be->depth_rows >= 2). */
+int generate_attach_backend(struct generate *g, const struct talker_backend *be, struct sampler *sp, int row_c,
+                            int row_u, const int32_t *ids_pair, int prompt_len, int max_frames, float cfg_scale,
+                            const struct generate_hooks *hooks);
+
 /* Append this request's tokens for the next forward: in PREFILL the next
  * k = min(left, budget / 2) prompt tokens of BOTH rows (pairs stay step-locked),
  * in FEED the two feedback tokens (budget >= 2 needed). Returns the number of
@@ -129,6 +144,12 @@ int generate_sample(struct generate *g);
 int generate_begin(struct generate *g, const struct talker *lm, const struct depth *dd, struct sampler *sp,
                    const int32_t *ids_pair, int prompt_len, int max_frames, float cfg_scale,
                    const struct generate_hooks *hooks);
+
+/* generate_begin on a backend opened with >= 2 rows of >= prompt_len + max_frames
+ * positions: rows 0 and 1 (golden replay, --frames-out on any backend). */
+int generate_begin_backend(struct generate *g, const struct talker_backend *be, struct sampler *sp,
+                           const int32_t *ids_pair, int prompt_len, int max_frames, float cfg_scale,
+                           const struct generate_hooks *hooks);
 
 /* One LM step (sample + forward of the feedback); emits 0 or 1 frame; sets g->done
  * and g->stop when generation ends. */

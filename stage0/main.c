@@ -3,7 +3,7 @@
  *   mm3-stage0 --golden DIR [--backend cpu|cuda]
  *       replay check of a golden directory; exit 0 only when every case passes.
  *   mm3-stage0 --model CKPT --caption TEXT --lyrics-file F [--duration S] [--seed N | --replay FILE]
- *              --frames-out FILE.safetensors [--backend cpu]
+ *              --frames-out FILE.safetensors [--backend cpu|cuda]
  *       generate one song's frames: frame_hiddens [T, 8H] F32, codes [T, 8] I64, and
  *       every draw (lm_sampled, depth_sampled, as in the golden cases) so that the
  *       output can be fed back with --replay (forced draws instead of the seed).
@@ -55,7 +55,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: mm3-stage0 --golden DIR [--backend cpu|cuda]\n"
                "       mm3-stage0 --model CKPT --caption TEXT --lyrics-file F [--duration S] [--seed N | --replay F]\n"
-               "                  --frames-out FILE.safetensors [--backend cpu]\n"
+               "                  --frames-out FILE.safetensors [--backend cpu|cuda]\n"
                "       mm3-stage0 --config DEPLOY.yaml [--model DIR] [--port N]\n");
 }
 
@@ -119,9 +119,8 @@ static int parse_args(int argc, char **argv, struct stage0_args *a)
     enum talker_backend_kind kind;
     if (talker_backend_parse(a->backend, &kind) < 0)
         return mm3_errorf(-EINVAL, "--backend %s: expected cpu or cuda", a->backend);
-    if (kind != TALKER_BACKEND_CPU && !a->golden_dir)
-        return mm3_errorf(-EINVAL, "--backend %s: only --golden runs on the GPU so far; generation and the server use the CPU",
-                          a->backend);
+    if (kind != TALKER_BACKEND_CPU && a->config)
+        return mm3_errorf(-EINVAL, "--backend %s: with --config the deploy file's `backend` decides", a->backend);
     if (a->config) {
         if (a->golden_dir || a->caption || a->lyrics_file || a->frames_out || a->replay || a->seed_given)
             return mm3_errorf(-EINVAL, "--config runs the server: it takes only --model and --port");
@@ -245,10 +244,18 @@ static int run_generate(const struct stage0_args *a)
     }
     struct generate g;
     struct generate_hooks hooks = {.ctx = &sink, .on_frame = sink_frame};
+    struct talker_backend be;
+    int be_open = 0;
+    enum talker_backend_kind kind = TALKER_BACKEND_CPU;
+    talker_backend_parse(a->backend, &kind); /* checked by parse_args */
     if (!sink.frames || !sink.codes || !sink.lm_ids || !sink.depth_codes)
         rc = mm3_errorf(-ENOMEM, "out of memory for %d frames", max_frames);
     else
-        rc = generate_begin(&g, &lm, &dd, &sp, ids, n_ids / 2, max_frames, SAMPLER_CFG_SCALE, &hooks);
+        rc = talker_backend_open(&be, kind, &lm, &dd, 2, n_ids / 2 + max_frames, 2);
+    if (rc == 0) {
+        be_open = 1;
+        rc = generate_begin_backend(&g, &be, &sp, ids, n_ids / 2, max_frames, SAMPLER_CFG_SCALE, &hooks);
+    }
     if (rc == 0) {
         while (!g.done && rc == 0) {
             rc = generate_step(&g);
@@ -269,6 +276,7 @@ static int run_generate(const struct stage0_args *a)
         };
         rc = st_write_file(a->frames_out, t, 4, NULL);
     }
+    if (be_open) talker_backend_close(&be);
 fail_loaded:
     sampler_replay_free(&forced);
     free(sink.frames);
@@ -308,12 +316,13 @@ static int serve_load(struct serve_state *st, const struct stage0_args *a)
     int rc;
     if ((rc = mm3_deploy_load(&st->d, a->config)) < 0) return rc;
     if (a->model && (rc = mm3_deploy_set_model(&st->d, a->model)) < 0) return rc;
-    if (st->d.backend == MM3_BACKEND_CUDA)
-        return mm3_errorf(-ENOTSUP,
-                          "%s: backend: cuda: the CUDA stage-0 path is not built yet; use backend: cpu (or auto, "
-                          "which picks the CPU here)",
+    bool gpu = talker_backend_available(TALKER_BACKEND_CUDA);
+    if (st->d.backend == MM3_BACKEND_CUDA && !gpu)
+        return mm3_errorf(-ENODEV,
+                          "%s: backend cuda: not available in this build or on this machine (configure with "
+                          "-DMM3_CUDA=ON and run where a GPU is visible; or use backend: cpu / auto)",
                           st->d.source);
-    if ((rc = mm3_deploy_resolve_backend(&st->d, false)) < 0) return rc;
+    if ((rc = mm3_deploy_resolve_backend(&st->d, gpu)) < 0) return rc;
     if (!st->d.model[0])
         return mm3_errorf(-EINVAL, "%s: model: no checkpoint directory; set `model:` or pass --model", st->d.source);
     const char *root = st->d.model;

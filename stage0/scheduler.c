@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -20,7 +21,8 @@ struct sched_req {
     struct sampler sp;
     struct generate g;
     int attached;
-    int pair; /* row pair index, -1 while queued */
+    struct journal *jr; /* NULL: not journaled */
+    int pair;           /* row pair index, -1 while queued */
     /* Frames emitted during the current step (at most one per sample). */
     float *out;
     int out_first, out_n;
@@ -33,7 +35,7 @@ struct sched {
     const struct depth *dd;
     const struct tokenizer *tok;
     struct sched_sink sink;
-    struct talker_state ts;
+    struct talker_backend be; /* the KV rows of every pair and the depth rows */
     struct generate_batch batch;
     int n_pairs;
     struct sched_req **active; /* [n_pairs], step thread only */
@@ -48,9 +50,34 @@ struct sched {
     int thread_started;
 };
 
+enum journal_status sched_journal_status(struct mm3_job *job)
+{
+    if (atomic_load(&job->cancel_requested)) return JOURNAL_CANCELLED;
+    switch (mm3_job_state(job)) {
+    case MM3_JOB_DONE:
+        return JOURNAL_DONE;
+    case MM3_JOB_FAILED: {
+        char msg[8];
+        int code = mm3_job_error(job, msg, sizeof msg);
+        return code == 502 || code == 503 ? JOURNAL_INTERRUPTED : JOURNAL_FAILED;
+    }
+    default:
+        return JOURNAL_INTERRUPTED;
+    }
+}
+
+static enum journal_stop journal_stop_of(const struct generate *g)
+{
+    if (!g->done) return JOURNAL_STOP_NONE;
+    return g->stop == GENERATE_STOP_TOKEN    ? JOURNAL_STOP_TOKEN
+           : g->stop == GENERATE_STOP_BUDGET ? JOURNAL_STOP_BUDGET
+                                             : JOURNAL_STOP_NONE;
+}
+
 static void req_free(struct sched_req *r)
 {
     if (!r) return;
+    if (r->jr) journal_close(r->jr, sched_journal_status(r->job), journal_stop_of(&r->g), r->g.n_frames);
     if (r->attached) generate_end(&r->g);
     if (r->job) mm3_job_unref(r->job);
     free(r->ids);
@@ -86,14 +113,14 @@ int sched_create(struct sched **out, const struct sched_config *cfg, const struc
         free(s);
         return mm3_errorf(-ENOMEM, "scheduler: out of memory");
     }
-    if ((rc = talker_state_init(&s->ts, lm, cfg->max_rows, cfg->max_ctx)) < 0) goto fail;
+    if ((rc = talker_backend_open(&s->be, cfg->backend, lm, dd, cfg->max_rows, cfg->max_ctx, 2)) < 0) goto fail;
     if ((rc = generate_batch_init(&s->batch, lm->cfg.hidden, cap)) < 0) goto fail;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cond, NULL);
     *out = s;
     return 0;
 fail:
-    talker_state_free(&s->ts);
+    talker_backend_close(&s->be);
     free(s->active);
     free(s);
     return rc;
@@ -227,20 +254,31 @@ static void admit(struct sched *s)
         if (!(r->out = malloc(sizeof(float) * width)))
             rc = mm3_errorf(-ENOMEM, "scheduler: out of memory");
         else
-            rc = generate_attach(&r->g, s->lm, s->dd, &r->sp, &s->ts, 2 * p, 2 * p + 1, r->ids, r->prompt_len,
-                                 r->max_frames, r->job->params.cfg_scale, &hooks);
+            rc = generate_attach_backend(&r->g, &s->be, &r->sp, 2 * p, 2 * p + 1, r->ids, r->prompt_len, r->max_frames,
+                                         r->job->params.cfg_scale, &hooks);
         if (rc < 0) {
             mm3_job_fail(r->job, 500, "stage 0: %s", mm3_last_error());
             release(s, r);
             continue;
         }
         r->attached = 1;
+        if (s->cfg.journal_dir && s->cfg.journal_dir[0]) {
+            char id[JOURNAL_ID_MAX];
+            journal_make_id(id, r->job->id);
+            if (journal_open_write(&r->jr, s->cfg.journal_dir, id, &r->job->params, s->dd->cfg.n_codebooks,
+                                   s->dd->cfg.audio_vocab, r->ids, r->prompt_len) < 0) {
+                LOG_WARN("job %llu: no journal: %s", (unsigned long long)r->job->id, mm3_last_error());
+                r->jr = NULL;
+            }
+        }
         mm3_job_set_running(r->job);
         mm3_job_set_frames_total(r->job, r->max_frames);
         if (s->sink.on_start && s->sink.on_start(s->sink.ctx, r->job) < 0) {
             release(s, r); /* the sink failed the job and told nobody else */
             continue;
         }
+        if (r->jr && s->sink.on_journal_open)
+            s->sink.on_journal_open(s->sink.ctx, r->job, r->jr, r->ids, r->prompt_len);
     }
 }
 
@@ -270,7 +308,7 @@ int sched_step(struct sched *s)
     }
     if (b->n > 0) {
         s->did_work = 1;
-        int rc = generate_batch_forward(s->lm, &s->ts, b);
+        int rc = generate_batch_forward_backend(&s->be, b);
         if (rc < 0) {
             /* A forward error is not any one request's fault: fail everybody fed. */
             for (int p = 0; p < s->n_pairs; p++) {
@@ -295,6 +333,8 @@ int sched_step(struct sched *s)
             leave_early(s, r);
             continue;
         }
+        /* Every step that drew codes, step 0 and the budget-ending one included. */
+        if (r->jr && !(r->g.done && r->g.stop == GENERATE_STOP_TOKEN)) journal_append_codes(r->jr, r->g.codes, 1);
         int width = s->dd->cfg.n_codebooks * s->lm->cfg.hidden;
         if (r->out_n > 0) {
             mm3_job_progress_add(r->job, r->out_n, 0);
@@ -309,6 +349,13 @@ int sched_step(struct sched *s)
             if (s->sink.on_end && s->sink.on_end(s->sink.ctx, r->job, r->g.n_frames) < 0) {
                 leave_early(s, r);
                 continue;
+            }
+            if (r->jr && s->sink.on_journal) {
+                s->sink.on_journal(s->sink.ctx, r->job, r->jr, journal_stop_of(&r->g), r->g.n_frames);
+                r->jr = NULL;
+            } else if (r->jr) {
+                journal_close(r->jr, JOURNAL_DONE, journal_stop_of(&r->g), r->g.n_frames);
+                r->jr = NULL;
             }
             release(s, r);
         }
@@ -337,11 +384,15 @@ static void *step_thread(void *arg)
     for (;;) {
         pthread_mutex_lock(&s->mu);
         if (idle && !s->stopping) wait_ms(s, 10); /* queued songs held back by can_start */
-        while (!s->stopping && s->n_queued == 0 && s->n_running == 0)
-            wait_ms(s, 100);
-        int stop = s->stopping;
+        if (!s->stopping && s->n_queued == 0 && s->n_running == 0) wait_ms(s, 100);
+        int stop = s->stopping, work = s->n_queued > 0 || s->n_running > 0;
         pthread_mutex_unlock(&s->mu);
         if (stop) break;
+        if (s->sink.on_tick) s->sink.on_tick(s->sink.ctx);
+        if (!work) {
+            idle = 0; /* waited 100 ms above */
+            continue;
+        }
         if (sched_step(s) < 0) LOG_ERROR("scheduler step: %s", mm3_last_error());
         idle = !s->did_work;
     }
@@ -383,7 +434,7 @@ void sched_destroy(struct sched *s, const char *reason)
     metrics_gauge_set(&mm3_metrics.queue_depth, 0);
     metrics_gauge_set(&mm3_metrics.active_rows, 0);
     generate_batch_free(&s->batch);
-    talker_state_free(&s->ts);
+    talker_backend_close(&s->be);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cond);
     free(s->active);

@@ -1,5 +1,5 @@
 /* The stage-0 scheduler: continuous batching of CFG pairs over one shared
- * talker_state (model-stage0.md §3.8, the pipeline issue's "Scheduler").
+ * talker backend's KV cache (model-stage0.md §3.8, the pipeline issue's "Scheduler").
  *
  * Every request owns one row pair (cond, uncond) while it runs. Each step:
  *   1. queued requests take free row pairs (in arrival order),
@@ -16,6 +16,10 @@
  * forwards them to stage 1). The scheduler never finishes a job itself: the sink
  * does (stage 1's DONE); it fails a job only for a stage-0 error.
  *
+ * With cfg.journal_dir set, every request is journaled (docs/journal.md): opened
+ * when it gets its rows, the codes of every step appended, closed when it leaves
+ * (or handed to sink.on_journal when generation ends).
+ *
  *     sched_create(&s, &cfg, &lm, &dd, tok, &sink);
  *     sched_start(s);                 // step-loop thread; or call sched_step() yourself
  *     sched_submit(s, job);           // from any thread
@@ -26,14 +30,18 @@
 
 #include "stage0/depth.h"
 #include "stage0/job.h"
+#include "stage0/journal.h"
 #include "stage0/talker.h"
+#include "stage0/talker_backend.h"
 #include "stage0/tokenizer.h"
 
 struct sched_config {
-    int max_rows;           /* stage-0 max_num_seqs: rows of the shared KV cache (even) */
-    int max_ctx;            /* max_model_len: positions per row (prompt + frames) */
-    int max_batched_tokens; /* tokens per step (>= 2) */
-    int max_queue;          /* requests allowed to wait for a row pair */
+    int max_rows;                     /* stage-0 max_num_seqs: rows of the shared KV cache (even) */
+    int max_ctx;                      /* max_model_len: positions per row (prompt + frames) */
+    int max_batched_tokens;           /* tokens per step (>= 2) */
+    int max_queue;                    /* requests allowed to wait for a row pair */
+    enum talker_backend_kind backend; /* where the talker runs (0: CPU) */
+    const char *journal_dir;          /* api.journal_dir: journal every request there; NULL / "" = off */
 };
 
 /* Called on the step thread. Frames are raw: n_codebooks * hidden floats each. */
@@ -50,7 +58,25 @@ struct sched_sink {
     int (*on_end)(void *ctx, struct mm3_job *job, int total);
     /* The job left early (cancelled, or failed by anyone): tell stage 1 if needed. */
     void (*on_abort)(void *ctx, struct mm3_job *job);
+    /* Optional: generation ended normally (after on_end) and the request's journal
+     * writer (every step's codes) passes to the sink, which closes it once the song
+     * is delivered or lost (journal_close with sched_journal_status). Without it the
+     * scheduler closes the journal JOURNAL_DONE itself. Called only with a journal. */
+    void (*on_journal)(void *ctx, struct mm3_job *job, struct journal *jr, enum journal_stop stop, int n_frames);
+    /* Optional: after on_start, the request's journal (lent: the scheduler appends to
+     * it and frees it, unless on_journal hands it over) and its prompt pair (copy it),
+     * so that the sink can re-send the song's frames by teacher forcing. */
+    void (*on_journal_open)(void *ctx, struct mm3_job *job, struct journal *jr, const int32_t *ids_pair,
+                            int prompt_len);
+    /* Optional: called on the step thread before every step and at least every 100 ms
+     * while idle (the sink's own work that must not race the steps: re-sends). */
+    void (*on_tick)(void *ctx);
 };
+
+/* The journal end status of a job that left: cancelled -> JOURNAL_CANCELLED, done ->
+ * JOURNAL_DONE, failed with 502/503 (stage 1 lost, shutdown) or still running ->
+ * JOURNAL_INTERRUPTED (mm3-rerender can still render it), other failures -> JOURNAL_FAILED. */
+enum journal_status sched_journal_status(struct mm3_job *job);
 
 struct sched;
 

@@ -5,9 +5,12 @@
 #include <string.h>
 
 #include "common/error.h"
+#include "common/log.h"
+#include "common/sampler.h"
 #ifdef MM3_HAVE_CUDA
 #include "common/cuda/ops_cuda.h"
 #include "stage0/cuda/depth_cuda.h"
+#include "stage0/cuda/device_memory.h"
 #include "stage0/cuda/talker_cuda.h"
 #endif
 
@@ -165,6 +168,9 @@ int talker_backend_open(struct talker_backend *b, enum talker_backend_kind kind,
     b->kind = kind;
     b->lm = lm;
     b->dd = dd;
+    b->max_rows = max_rows;
+    b->max_ctx = max_ctx;
+    b->depth_rows = depth_rows;
     if (kind == TALKER_BACKEND_CPU) {
         b->name = "cpu";
         return cpu_open(b, max_rows, max_ctx, depth_rows);
@@ -183,4 +189,82 @@ void talker_backend_close(struct talker_backend *b)
 {
     if (b->destroy) b->destroy(b->impl);
     memset(b, 0, sizeof *b);
+}
+
+/* ---- memory plan: mirrors what talker_cuda_create / depth_cuda_create allocate ---- */
+
+void talker_backend_plan_compute(enum talker_backend_kind kind, const struct talker *lm, const struct depth *dd,
+                                 int rows, int ctx, struct talker_backend_plan *p)
+{
+    const struct talker_config *c = &lm->cfg;
+    const struct depth_config *e = &dd->cfg;
+    /* The GPU keeps matrices in bf16 (2 bytes); the CPU computes from float32 copies. */
+    size_t w = kind == TALKER_BACKEND_CUDA ? 2 : 4;
+    size_t H = (size_t)c->hidden, F = (size_t)c->ffn, D = (size_t)c->head_dim;
+    size_t QD = (size_t)c->n_heads * D, KD = (size_t)c->n_kv_heads * D;
+    size_t lm_mats = (QD * H + 2 * KD * H + H * QD + 3 * F * H) * (size_t)c->n_layers + (size_t)SAMPLER_C0_COLS * H;
+    size_t lm_vecs = (2 * H + 2 * D) * (size_t)c->n_layers + H + D / 2;
+    size_t EH = (size_t)e->hidden, EF = (size_t)e->ffn, nres = (size_t)(e->n_codebooks - 1);
+    size_t dd_mats = (4 * EH * EH + 3 * EF * EH) * (size_t)e->n_layers + EH * EH + nres * (size_t)e->audio_vocab * EH;
+    size_t dd_vecs = 2 * EH * (size_t)e->n_layers + (size_t)e->max_pos * EH + EH;
+    memset(p, 0, sizeof *p);
+    p->rows = rows;
+    p->ctx = ctx;
+    p->weights_bytes = (lm_mats + dd_mats) * w + (lm_vecs + dd_vecs) * sizeof(float);
+    if (kind == TALKER_BACKEND_CPU) /* the embedding tables stay on the host for both; counted for the CPU only */
+        p->weights_bytes += ((size_t)c->vocab * H + nres * (size_t)e->audio_vocab * EH) * sizeof(float);
+    p->kv_bytes_per_row = 2 * (size_t)c->n_layers * (size_t)ctx * KD * sizeof(float);
+    /* Talker activations for a 32-token slice (grown with the batch), the depth cache
+     * of 2 rows and its activations: small next to the cache. */
+    size_t big = QD > H ? QD : H, tok = 32;
+    size_t act = tok * (H + 3 * big + 2 * KD + 2 * F + SAMPLER_C0_COLS) * sizeof(float);
+    size_t dact = 2 *
+                  ((size_t)e->n_layers * (size_t)e->n_codebooks * EH * 2 + 8 * EH + 2 * EF + (size_t)e->audio_vocab) *
+                  sizeof(float);
+    p->workspace_bytes = act + dact;
+    p->total_bytes = p->weights_bytes + (size_t)rows * p->kv_bytes_per_row + p->workspace_bytes;
+}
+
+int talker_backend_device_memory(size_t *free_bytes, size_t *total_bytes)
+{
+#ifdef MM3_HAVE_CUDA
+    if (cuda_device_count_safe() < 1) return mm3_errorf(-ENODEV, "backend cuda: no CUDA device found");
+    return stage0_cuda_device_memory(free_bytes, total_bytes);
+#else
+    (void)free_bytes, (void)total_bytes;
+    return mm3_errorf(-ENODEV, "backend cuda: not available in this build or on this machine");
+#endif
+}
+
+static double mib(size_t b)
+{
+    return (double)b / (1024.0 * 1024.0);
+}
+
+int talker_backend_plan_check(enum talker_backend_kind kind, const struct talker_backend_plan *p, double utilization)
+{
+    if (kind == TALKER_BACKEND_CPU) {
+        LOG_INFO("memory plan (cpu): weights %.1f MiB + KV %.3f MiB/row x %d rows (ctx %d) + workspace %.1f MiB = "
+                 "%.1f MiB of host memory",
+                 mib(p->weights_bytes), mib(p->kv_bytes_per_row), p->rows, p->ctx, mib(p->workspace_bytes),
+                 mib(p->total_bytes));
+        return 0;
+    }
+    size_t free_b = 0, total_b = 0;
+    int rc = talker_backend_device_memory(&free_b, &total_b);
+    if (rc < 0) return rc;
+    double budget = (double)total_b * utilization;
+    LOG_INFO("memory plan (cuda): weights %.1f MiB + KV %.3f MiB/row x %d rows (ctx %d) + workspace %.1f MiB = "
+             "%.1f MiB; budget %.2f x %.1f MiB device = %.1f MiB (%.1f MiB free now)",
+             mib(p->weights_bytes), mib(p->kv_bytes_per_row), p->rows, p->ctx, mib(p->workspace_bytes),
+             mib(p->total_bytes), utilization, mib(total_b), budget / (1024.0 * 1024.0), mib(free_b));
+    if ((double)p->total_bytes > budget || p->total_bytes > free_b)
+        return mm3_errorf(
+            -ENOMEM,
+            "stage 0 on the GPU does not fit: weights %.1f MiB + KV %.3f MiB/row x %d rows (max_num_seqs, "
+            "ctx %d = max_model_len) + workspace %.1f MiB = %.1f MiB, but gpu_memory_utilization %.2f x "
+            "%.1f MiB device = %.1f MiB (%.1f MiB free now); lower max_num_seqs or max_model_len",
+            mib(p->weights_bytes), mib(p->kv_bytes_per_row), p->rows, p->ctx, mib(p->workspace_bytes),
+            mib(p->total_bytes), utilization, mib(total_b), budget / (1024.0 * 1024.0), mib(free_b));
+    return 0;
 }

@@ -12,9 +12,16 @@
  *     talker_backend_close(&b);
  *
  * The backend owns its caches (talker rows x ctx, depth_rows depth rows); lm and
- * dd must outlive it (the CPU backend computes with them). */
+ * dd must outlive it (the CPU backend computes with them). The depth cache is
+ * scratch for one frame (positions restart at 0 every frame), so requests whose
+ * frames are drawn one after the other on one thread share depth rows 0..1.
+ *
+ * The AR loop (stage0/generate.c) calls the model only through this table, so the
+ * CPU and the GPU run the same loop. */
 #ifndef MM3_STAGE0_TALKER_BACKEND_H
 #define MM3_STAGE0_TALKER_BACKEND_H
+
+#include <stddef.h>
 
 #include "stage0/depth.h"
 #include "stage0/talker.h"
@@ -26,6 +33,7 @@ struct talker_backend {
     const char *name; /* "cpu" or "cuda" */
     const struct talker *lm;
     const struct depth *dd;
+    int max_rows, max_ctx, depth_rows;
     void *impl;
     int (*forward)(void *impl, int n, const int *row, const int *pos, const float *emb, float *hidden_out);
     int (*head_drawable)(void *impl, const float *hidden, int n_rows, float *logits);
@@ -44,5 +52,25 @@ int talker_backend_available(enum talker_backend_kind kind);
 int talker_backend_open(struct talker_backend *b, enum talker_backend_kind kind, const struct talker *lm,
                         const struct depth *dd, int max_rows, int max_ctx, int depth_rows);
 void talker_backend_close(struct talker_backend *b);
+
+/* What a backend of `rows` x `ctx` would allocate on its device (the CPU backend:
+ * host memory, weights counted as the float32 copies it computes with). */
+struct talker_backend_plan {
+    size_t weights_bytes;    /* talker + depth decoder parameters as uploaded */
+    size_t kv_bytes_per_row; /* talker K+V for one row of ctx positions */
+    size_t workspace_bytes;  /* activations, depth cache, staging */
+    size_t total_bytes;      /* weights + rows * kv_bytes_per_row + workspace */
+    int rows, ctx;
+};
+
+void talker_backend_plan_compute(enum talker_backend_kind kind, const struct talker *lm, const struct depth *dd,
+                                 int rows, int ctx, struct talker_backend_plan *p);
+
+/* Device memory of the CUDA device in use: -ENODEV without CUDA / GPU. */
+int talker_backend_device_memory(size_t *free_bytes, size_t *total_bytes);
+
+/* Check the plan against utilization x device memory; -ENOMEM with a message
+ * giving every number when it does not fit. One line of the plan goes to the log. */
+int talker_backend_plan_check(enum talker_backend_kind kind, const struct talker_backend_plan *p, double utilization);
 
 #endif

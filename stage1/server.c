@@ -34,16 +34,7 @@ static void on_signal(int sig)
 
 void s1_channel_config(const struct mm3_deploy *d, const char *name, const char *prefix, struct shmconn_config *out)
 {
-    const struct mm3_connector_config *e = mm3_deploy_edge_connector(d);
-    memset(out, 0, sizeof *out);
-    snprintf(out->name, sizeof out->name, "%s", name);
-    snprintf(out->prefix, sizeof out->prefix, "%s", prefix);
-    out->shm_threshold_bytes = (uint64_t)e->shm_threshold_bytes;
-    out->payload_bytes = S1_CHANNEL_PAYLOAD_BYTES;
-    out->n_slots = S1_CHANNEL_SLOTS;
-    out->first_chunk_deadline_s = mm3_connector_first_chunk_deadline_s(e);
-    out->steady_deadline_s = mm3_connector_steady_deadline_s(e);
-    out->wait_slice_s = e->get_sleep_s;
+    pipe_channel_config(d, name, prefix, out);
 }
 
 int s1_shm_prefix(char *out, int cap)

@@ -5,7 +5,7 @@
  *
  * Channels: stage 1 creates "s1_to_s0" (producer) and opens "s0_to_s1" (consumer, created
  * by stage 0), both under the segment prefix $MM3_SHM_PREFIX (default "mm3-"), with the
- * geometry of s1_channel_config (both stages must use the same one: shmconn_open refuses a
+ * geometry of common/pipeline_channel.h (both stages use it: shmconn_open refuses a
  * different geometry).
  *
  * START's num_inference_steps 0 and a negative guidance_scale stand for stage 1's deploy-file
@@ -23,11 +23,9 @@
 #define MM3_STAGE1_SERVER_H
 
 #include "common/deploy.h"
+#include "common/pipeline_channel.h"
 #include "shmconn/shmconn.h"
 
-/* Geometry of both pipeline channels (not in the deploy file; the same for both stages). */
-#define S1_CHANNEL_SLOTS 64
-#define S1_CHANNEL_PAYLOAD_BYTES (64ull << 20) /* a few windows of several requests */
 /* PCM messages carry at most this many samples per channel (2 MiB of float32 stereo),
  * so any vocoder geometry fits the payload area many times over. */
 #define S1_PCM_MAX_SAMPLES (1 << 18)
@@ -37,9 +35,7 @@ struct s1_server_options {
     const char *model;  /* overrides the file's `model:`; NULL = keep */
 };
 
-/* Connector config of channel `name` (PIPE_CHANNEL_*) from the deploy file's edge
- * connector: shm_threshold_bytes, first-chunk and steady deadlines, wait slice; slots and
- * payload area as above. `prefix` "" = SHMCONN_DEFAULT_PREFIX. */
+/* pipe_channel_config (common/pipeline_channel.h) under stage 1's old name. */
 void s1_channel_config(const struct mm3_deploy *d, const char *name, const char *prefix, struct shmconn_config *out);
 
 /* The segment prefix: $MM3_SHM_PREFIX or SHMCONN_DEFAULT_PREFIX; longer than 31 bytes is

@@ -22,6 +22,19 @@ if(TARGET mm3-stage0 AND TARGET mm3)
     COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/e2e/launch_supervision.sh ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR}/test-tmp)
   set_tests_properties(e2e_launch_supervision PROPERTIES ENVIRONMENT "${MM3_TEST_ENV}" TIMEOUT 90)
 endif()
+# `mm3 rerender` runs mm3-rerender with the same arguments: its own usage text and
+# exit status (2 for a bad option) come back through the alias.
+if(TARGET mm3 AND TARGET mm3-rerender)
+  add_test(NAME e2e_mm3_rerender_alias
+    COMMAND sh -c "
+      \"$0/mm3\" rerender --frobnicate > /dev/null 2> \"$1/rerender_alias.err\"; rc=$?
+      test $rc -eq 2 || { echo \"exit $rc, expected 2\"; exit 1; }
+      grep -q 'usage: mm3-rerender' \"$1/rerender_alias.err\" || exit 1
+      \"$0/mm3\" rerender --help | grep -q 'mm3-rerender --model' || exit 1
+      exit 0"
+            ${CMAKE_BINARY_DIR}/bin ${CMAKE_BINARY_DIR})
+  set_tests_properties(e2e_mm3_rerender_alias PROPERTIES ENVIRONMENT "${MM3_TEST_ENV}" TIMEOUT 30)
+endif()
 if(TARGET test_e2e)
   set_tests_properties(test_e2e PROPERTIES TIMEOUT 300)
 endif()

@@ -8,7 +8,9 @@
  *   - a prompt over 5000 tokens is a 400 naming the field;
  *   - a client that disconnects mid-stream cancels its request in both stages and
  *     frees its rows; a kill -9 of stage 1 mid-song fails that request, stage 0
- *     stays up, the launcher restarts stage 1, the next request works;
+ *     stays up, the launcher restarts stage 1, the next request works; with
+ *     api.journal_dir set the song survives it (held, re-sent from the journal,
+ *     the audio equal to the uninterrupted song's) and its journals end DONE;
  *   - async_chunk: false with raw (not pre-mixed) frames gives the same audio, and
  *     codec_streaming: false refuses stream: true;
  *   - SIGTERM to the launcher stops both stages and leaves no segment.
@@ -34,6 +36,7 @@
 #include <unistd.h>
 
 #include "common/http_client.h"
+#include "stage0/journal.h"
 #include "support/test_support.h"
 
 struct replica {
@@ -72,7 +75,8 @@ static char *read_file(const char *path, size_t *len)
     return b;
 }
 
-static int write_deploy(const char *path, const char *ckpt, int async_chunk, int codec_streaming)
+static int write_deploy(const char *path, const char *ckpt, int async_chunk, int codec_streaming,
+                        const char *journal_dir)
 {
     FILE *f = fopen(path, "w");
     if (!f) return -1;
@@ -82,6 +86,7 @@ static int write_deploy(const char *path, const char *ckpt, int async_chunk, int
             "model: %s\n"
             "backend: cpu\n"
             "api:\n  host: 127.0.0.1\n  port: 0\n  max_queue_depth: 8\n  request_timeout_s: 120\n"
+            "  journal_dir: \"%s\"\n"
             "connectors:\n  shm:\n    name: SharedMemoryConnector\n    extra:\n"
             "      codec_streaming: %s\n      connector_get_sleep_s: 0.01\n"
             "      connector_get_max_wait_first_chunk: 6000\n      connector_get_max_wait: 3000\n"
@@ -93,7 +98,7 @@ static int write_deploy(const char *path, const char *ckpt, int async_chunk, int
             "  - stage_id: 1\n    max_num_seqs: 4\n    dtype: float32\n    enforce_eager: true\n"
             "    max_num_batched_tokens: 4\n    input_connectors:\n      from_stage_0: shm\n"
             "    matmul_precision: fp32\n    num_inference_steps: 2\n",
-            async_chunk ? "true" : "false", ckpt, codec_streaming ? "true" : "false");
+            async_chunk ? "true" : "false", ckpt, journal_dir ? journal_dir : "", codec_streaming ? "true" : "false");
     return fclose(f);
 }
 
@@ -120,8 +125,8 @@ static pid_t read_pid(const struct replica *r, const char *name)
 }
 
 /* Start the launcher; 0 once it printed READY (within 120 s). */
-static int replica_start(struct replica *r, const char *tmp, const char *tag, const char *ckpt, int async_chunk,
-                         int codec_streaming, int raw_frames)
+static int replica_start_journal(struct replica *r, const char *tmp, const char *tag, const char *ckpt, int async_chunk,
+                                 int codec_streaming, int raw_frames, const char *journal_dir)
 {
     memset(r, 0, sizeof *r);
     snprintf(r->dir, sizeof r->dir, "%s/%s", tmp, tag);
@@ -133,7 +138,7 @@ static int replica_start(struct replica *r, const char *tmp, const char *tag, co
     snprintf(err, sizeof err, "%s/launch.err", r->dir);
     snprintf(run, sizeof run, "%s/run", r->dir);
     snprintf(launch, sizeof launch, "%s/scripts/launch.sh", test_source_dir());
-    if (write_deploy(deploy, ckpt, async_chunk, codec_streaming) < 0) return -1;
+    if (write_deploy(deploy, ckpt, async_chunk, codec_streaming, journal_dir) < 0) return -1;
     pid_t p = fork();
     if (p < 0) return -1;
     if (p == 0) {
@@ -181,6 +186,12 @@ static int log_contains(const struct replica *r, const char *needle)
 }
 
 /* SIGTERM the launcher: it must exit 0 within 60 s, both stages gone, no segment left. */
+static int replica_start(struct replica *r, const char *tmp, const char *tag, const char *ckpt, int async_chunk,
+                         int codec_streaming, int raw_frames)
+{
+    return replica_start_journal(r, tmp, tag, ckpt, async_chunk, codec_streaming, raw_frames, NULL);
+}
+
 static int replica_stop(struct replica *r)
 {
     if (!r->launcher) return 0;
@@ -570,6 +581,130 @@ static void test_stage1_killed_mid_song(void **state)
     short_song_works(&e->a);
 }
 
+struct collect {
+    uint8_t *buf;
+    size_t len, cap;
+    pid_t kill_pid; /* > 0: kill -9 it once kill_after bytes arrived, keep reading */
+    size_t kill_after;
+};
+
+static int collect_body(void *user, const void *data, size_t n)
+{
+    struct collect *c = user;
+    if (c->len + n > c->cap) {
+        size_t cap = c->cap ? 2 * c->cap : 1 << 16;
+        while (cap < c->len + n)
+            cap *= 2;
+        uint8_t *b = realloc(c->buf, cap);
+        if (!b) return -ENOMEM;
+        c->buf = b;
+        c->cap = cap;
+    }
+    memcpy(c->buf + c->len, data, n);
+    c->len += n;
+    if (c->kill_pid > 0 && c->len > c->kill_after) {
+        kill(c->kill_pid, SIGKILL);
+        c->kill_pid = 0;
+    }
+    return 0;
+}
+
+static int stream_song(const struct replica *r, const char *json, struct collect *c)
+{
+    char url[256];
+    snprintf(url, sizeof url, "%s/v1/audio/speech", r->url);
+    struct http_client_response resp;
+    int rc = http_client_request(&(struct http_client_request){.url = url,
+                                                               .method = "POST",
+                                                               .body = json,
+                                                               .body_len = strlen(json),
+                                                               .timeout_ms = 120000,
+                                                               .on_body = collect_body,
+                                                               .user = c},
+                                 &resp);
+    int ok = rc == 0 && resp.status == 200 && resp.complete;
+    http_client_response_free(&resp);
+    return ok ? 0 : -1;
+}
+
+/* Count the journals of dir by end status. */
+static void journal_counts(const char *dir, int *done, int *other)
+{
+    *done = *other = 0;
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (!strstr(de->d_name, JOURNAL_SUFFIX)) continue;
+        char path[2048];
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        struct journal_record rec;
+        if (journal_read(path, &rec) < 0) {
+            (*other)++;
+            continue;
+        }
+        if (rec.status == JOURNAL_DONE && rec.n_steps == rec.n_frames + 1)
+            (*done)++;
+        else
+            (*other)++;
+        journal_record_free(&rec);
+    }
+    closedir(d);
+}
+
+/* With api.journal_dir set a kill -9 of stage 1 mid-song does not fail the song:
+ * stage 0 holds it, the launcher restarts stage 1, the journaled frames are re-sent
+ * (teacher forcing), the PCM the client already has is skipped, and the client gets
+ * the song complete, equal to the uninterrupted one; both journals end DONE. */
+static void test_stage1_killed_song_completes(void **state)
+{
+    struct e2e *e = *state;
+    if (!e) skip();
+    struct replica b;
+    char jdir[1200];
+    snprintf(jdir, sizeof jdir, "%s/journal", e->tmp);
+    mkdir(jdir, 0755);
+    assert_int_equal(replica_start_journal(&b, e->tmp, "j", e->ckpt, 1, 1, 0, jdir), 0);
+    char json[1024];
+    song_json(json, sizeof json, 24, 12, 1, 44100);
+    struct collect whole = {0}, cut = {0};
+    assert_int_equal(stream_song(&b, json, &whole), 0);
+    assert_true(whole.len > 44 + 4 * 44100);
+    pid_t s1 = read_pid(&b, "stage1.pid");
+    assert_true(s1 > 0);
+    cut.kill_pid = s1;
+    cut.kill_after = 44 + 4096; /* mid-song: some audio delivered, most not */
+    int rc = stream_song(&b, json, &cut);
+    assert_int_equal(cut.kill_pid, 0); /* it was killed mid-song */
+    assert_int_equal(rc, 0);
+    assert_true(log_contains(&b, "journaled, waiting up to"));
+    assert_true(log_contains(&b, "stage 1 is back: re-sent"));
+    assert_int_equal(cut.len, whole.len);
+    /* Teacher forcing sums in another order (frames ~1e-6 relative): the 16-bit PCM
+     * may differ by a rounding step; report it, and require at most 1. */
+    size_t diff = 0;
+    int maxd = 0;
+    for (size_t i = 44; i + 1 < whole.len; i += 2) {
+        int16_t a = (int16_t)(whole.buf[i] | whole.buf[i + 1] << 8), c = (int16_t)(cut.buf[i] | cut.buf[i + 1] << 8);
+        int d = a > c ? a - c : c - a;
+        if (d) diff++;
+        if (d > maxd) maxd = d;
+    }
+    printf("interrupted vs whole: %zu of %zu samples differ, max %d\n", diff, (whole.len - 44) / 2, maxd);
+    assert_memory_equal(cut.buf, whole.buf, 44);
+    assert_true(maxd <= 1);
+    int done = 0, other = 0;
+    for (int i = 0; i < 100 && done < 2; i++) {
+        journal_counts(jdir, &done, &other);
+        if (done < 2) sleep_ms(100);
+    }
+    assert_int_equal(done, 2);
+    assert_int_equal(other, 0);
+    free(whole.buf);
+    free(cut.buf);
+    assert_int_equal(replica_stop(&b), 0);
+}
+
 /* async_chunk: false + raw frames: the same song; codec_streaming: false refuses streams. */
 static void test_held_raw_frames_same_audio(void **state)
 {
@@ -610,9 +745,13 @@ int main(void)
     if (access(p, X_OK) != 0) return 77;
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_song_equals_standalone),   cmocka_unit_test(test_concurrent_equal_single),
-        cmocka_unit_test(test_prompt_too_long),          cmocka_unit_test(test_client_disconnect_cancels),
-        cmocka_unit_test(test_stage1_killed_mid_song),   cmocka_unit_test(test_held_raw_frames_same_audio),
+        cmocka_unit_test(test_song_equals_standalone),
+        cmocka_unit_test(test_concurrent_equal_single),
+        cmocka_unit_test(test_prompt_too_long),
+        cmocka_unit_test(test_client_disconnect_cancels),
+        cmocka_unit_test(test_stage1_killed_mid_song),
+        cmocka_unit_test(test_stage1_killed_song_completes),
+        cmocka_unit_test(test_held_raw_frames_same_audio),
         cmocka_unit_test(test_sigterm_stops_everything),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -2,7 +2,8 @@
  * batched step loop (shared KV cache, interleaved prefill and decode, chunked
  * prefill, row pairs reused, a queue) give exactly the frames of separate
  * generate_begin/step runs; the admission rules (queue bound, prompt cap,
- * cancel frees rows). Skips (77) without the golden directory. */
+ * cancel frees rows); the start-up memory plan. Skips (77) without the golden
+ * directory. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -411,13 +412,51 @@ static void test_thread_and_shutdown(void **state)
     log_free(&log);
 }
 
+/* The start-up memory plan: the KV term is what the cache holds (K and V, float32,
+ * every layer, n_kv_heads x head_dim per position), the total adds up, the GPU's
+ * bf16 weights are half the CPU's float32 matrices, and a plan the device cannot
+ * hold (or a missing GPU) is refused with a message instead of a crash later. */
+static void test_memory_plan(void **state)
+{
+    struct model *m = *state;
+    const struct talker_config *c = &m->lm.cfg;
+    struct talker_backend_plan a, b, g;
+    talker_backend_plan_compute(TALKER_BACKEND_CPU, &m->lm, &m->dd, 8, 100, &a);
+    talker_backend_plan_compute(TALKER_BACKEND_CPU, &m->lm, &m->dd, 8, 200, &b);
+    talker_backend_plan_compute(TALKER_BACKEND_CUDA, &m->lm, &m->dd, 8, 100, &g);
+    size_t kv = 2 * (size_t)c->n_layers * 100 * (size_t)c->n_kv_heads * c->head_dim * sizeof(float);
+    assert_int_equal(a.kv_bytes_per_row, kv);
+    assert_int_equal(b.kv_bytes_per_row, 2 * kv);
+    assert_int_equal(a.total_bytes, a.weights_bytes + 8 * a.kv_bytes_per_row + a.workspace_bytes);
+    assert_int_equal(g.kv_bytes_per_row, kv);
+    assert_true(g.weights_bytes < a.weights_bytes);
+    assert_true(g.weights_bytes > 0 && g.workspace_bytes > 0);
+    assert_int_equal(talker_backend_plan_check(TALKER_BACKEND_CPU, &a, 0.9), 0);
+    if (!talker_backend_available(TALKER_BACKEND_CUDA)) {
+        assert_int_equal(talker_backend_plan_check(TALKER_BACKEND_CUDA, &g, 0.9), -ENODEV);
+        assert_non_null(strstr(mm3_last_error(), "not available"));
+        struct sched_config cfg = {
+            .max_rows = 2, .max_ctx = 64, .max_batched_tokens = 8, .max_queue = 1, .backend = TALKER_BACKEND_CUDA};
+        struct sched_sink sink = {0};
+        struct sched *s = NULL;
+        assert_int_equal(sched_create(&s, &cfg, &m->lm, &m->dd, m->tok, &sink), -ENODEV);
+        assert_null(s);
+        return;
+    }
+    struct talker_backend_plan huge;
+    talker_backend_plan_compute(TALKER_BACKEND_CUDA, &m->lm, &m->dd, 1 << 16, 1 << 16, &huge);
+    assert_int_equal(talker_backend_plan_check(TALKER_BACKEND_CUDA, &huge, 0.9), -ENOMEM);
+    assert_non_null(strstr(mm3_last_error(), "does not fit"));
+    assert_int_equal(talker_backend_plan_check(TALKER_BACKEND_CUDA, &g, 0.9), 0);
+}
+
 int main(void)
 {
     if (!test_golden_dir()) return 77;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batched_equals_separate), cmocka_unit_test(test_admission_and_cancel),
         cmocka_unit_test(test_admission_held),          cmocka_unit_test(test_guidance_off_ignores_uncond),
-        cmocka_unit_test(test_thread_and_shutdown),
+        cmocka_unit_test(test_thread_and_shutdown),     cmocka_unit_test(test_memory_plan),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -4,6 +4,7 @@
  *                [--duration S] [--seed N] [-o song.wav] [--format wav|pcm|flac]
  *                [--sample-rate 44100|32000] [--steps N] [--quiet] [--url URL]
  *   mm3 health [--url URL]
+ *   mm3 rerender ARGS...   (= mm3-rerender ARGS..., docs/journal.md)
  *
  * generate always streams (stream: true): audio is written as stage 1 finishes
  * each window, into OUT.part, renamed to OUT when the stream ended properly (a
@@ -37,6 +38,7 @@ static void usage(FILE *f)
                "               [--duration S] [--seed N] [-o song.wav] [--format wav|pcm|flac]\n"
                "               [--sample-rate 44100|32000] [--steps N] [--quiet] [--url URL]\n"
                "  mm3 health [--url URL]\n"
+               "  mm3 rerender --model CKPT --journal FILE [...] -o OUT.wav   (runs mm3-rerender)\n"
                "URL defaults to $MM3_URL, else " DEFAULT_URL ".\n");
 }
 
@@ -483,6 +485,27 @@ static int cmd_health(int argc, char **argv, const char *url)
     return ret;
 }
 
+/* mm3 rerender: the offline re-render is its own program (it links both stages'
+ * models); run the mm3-rerender installed next to this binary, else the one on PATH. */
+static int cmd_rerender(char **argv)
+{
+    char self[4096], path[4096 + 16];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    argv[0] = "mm3-rerender";
+    if (n > 0) {
+        self[n] = 0;
+        char *slash = strrchr(self, '/');
+        if (slash) {
+            *slash = 0;
+            snprintf(path, sizeof path, "%s/mm3-rerender", self);
+            if (access(path, X_OK) == 0) execv(path, argv);
+        }
+    }
+    execvp("mm3-rerender", argv);
+    fprintf(stderr, "mm3 rerender: cannot run mm3-rerender (next to mm3 or on PATH): %s\n", strerror(errno));
+    return 127;
+}
+
 int main(int argc, char **argv)
 {
     const char *url = getenv("MM3_URL");
@@ -493,6 +516,7 @@ int main(int argc, char **argv)
     }
     if (!strcmp(argv[1], "generate")) return cmd_generate(argc - 1, argv + 1, url);
     if (!strcmp(argv[1], "health")) return cmd_health(argc - 1, argv + 1, url);
+    if (!strcmp(argv[1], "rerender")) return cmd_rerender(argv + 1);
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(stdout);
         return 0;
