@@ -1,5 +1,6 @@
 /* Golden replay of stage 1 (stage1/golden.h). */
 #include "stage1/golden.h"
+#include "stage1/backend.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -27,7 +28,8 @@ struct models {
     struct condition_model *cm;
     struct dit_model *dm;
     struct vocoder *voc;
-    struct flow_cuda *fc; /* backend cuda: the GPU DiT and flow loop, else NULL */
+    struct s1_backend be; /* backend cuda: the GPU DiT, flow loop and vocoder */
+    struct flow_cuda *fc; /* be.flow, for the single DiT-call checks */
     double tol_fwd;       /* one DiT forward */
     double tol_flow;      /* what the flow loop produced: latents, waveform, audio */
 };
@@ -252,7 +254,7 @@ static int render_case(const struct models *m, struct golden_case *gc, int steps
         .observer = {gc, window_cb},
     };
 #ifdef MM3_HAVE_CUDA
-    if (m->fc) p.flow = (struct render_flow){m->fc, flow_cuda_window_run_cb};
+    s1_backend_apply(&m->be, &p);
 #endif
     if ((rc = render_create(&r, m->cm, m->dm, &p)) < 0) goto out;
     /* uneven pieces, so windows start mid-push as they would from a live stage 0 */
@@ -350,21 +352,21 @@ static void pick_tolerances(const struct golden_options *o, struct models *m)
 }
 
 /* Backend cuda: the GPU DiT + flow loop for windows of the render's size. */
-static int models_load_cuda(struct models *m, const struct golden_options *o, FILE *out)
+static int models_load_cuda(struct models *m, const struct golden_options *o, const char *root, FILE *out)
 {
 #ifdef MM3_HAVE_CUDA
     if (cuda_device_count_safe() < 1) return mm3_errorf(-ENODEV, "golden: backend cuda: no CUDA device is present");
-    int rc = cuda_device_set(0);
-    if (rc < 0) return rc;
     int max_L = condition_latent_len(&m->cm->cfg, RENDER_WINDOW_FRAMES);
-    if ((rc = flow_cuda_create(&m->fc, m->dm, o->precision, max_L)) < 0) return rc;
+    int rc = s1_backend_open(&m->be, MM3_BACKEND_CUDA, 0, m->dm, root, o->precision, max_L);
+    if (rc < 0) return rc;
+    m->fc = m->be.flow;
     char dev[256];
     if (cuda_device_describe(dev, sizeof dev) < 0) snprintf(dev, sizeof dev, "?");
     fprintf(out, "backend cuda (%s), matmul precision %s: tolerance %.1e per DiT call, %.1e after the flow loop\n", dev,
             mm3_matmul_precision_name(o->precision), m->tol_fwd, m->tol_flow);
     return 0;
 #else
-    (void)m, (void)o, (void)out;
+    (void)m, (void)o, (void)root, (void)out;
     return mm3_errorf(-ENOTSUP, "golden: backend cuda: this build has no CUDA (configure with -DMM3_CUDA=ON)");
 #endif
 }
@@ -401,7 +403,7 @@ int golden_run(const char *dir, const struct golden_options *o, FILE *out, int *
                         vocoder_latent_channels(m.voc), m.dm->cfg.in_ch);
         goto out;
     }
-    if (o->backend == MM3_BACKEND_CUDA && (rc = models_load_cuda(&m, o, out)) < 0) goto out;
+    if (o->backend == MM3_BACKEND_CUDA && (rc = models_load_cuda(&m, o, root, out)) < 0) goto out;
     for (size_t i = 0; i < json_array_size(cases); i++) {
         if (run_case(&m, dir, json_array_get(cases, i), out))
             ++*n_pass;
@@ -410,9 +412,7 @@ int golden_run(const char *dir, const struct golden_options *o, FILE *out, int *
         fflush(out);
     }
 out:
-#ifdef MM3_HAVE_CUDA
-    flow_cuda_free(m.fc);
-#endif
+    s1_backend_close(&m.be);
     condition_free(m.cm);
     dit_free(m.dm);
     vocoder_free(m.voc);

@@ -7,7 +7,7 @@
  *       render a song from stage-0 frames (tensor `frame_hiddens` [T, 8H], as written by
  *       mm3-stage0 --frames-out) to a 16-bit (or float) stereo WAV, written as the
  *       windows finish.
- *   --backend cuda runs the DiT and the flow loop on the GPU (stage1/cuda/flow_cuda.h)
+ *   --backend cuda runs the DiT, the flow loop and the vocoder on the GPU (stage1/backend.h)
  *   with GEMM operands in --precision (default tf32, as the deploy file's default); the
  *   condition encoder and the vocoder stay on the CPU.
  *
@@ -28,16 +28,13 @@
 #include "stage1/condition.h"
 #include "stage1/dit.h"
 #include "stage1/flow.h"
+#include "stage1/backend.h"
 #include "stage1/golden.h"
 #include "stage1/render.h"
 #include "stage1/render_wav.h"
 #include "stage1/server.h"
 #include "stage1/vocoder.h"
 
-#ifdef MM3_HAVE_CUDA
-#include "common/cuda/ops_cuda.h"
-#include "stage1/cuda/flow_cuda.h"
-#endif
 
 struct options {
     const char *config;
@@ -129,30 +126,14 @@ static int cmd_render(const struct options *o)
     struct vocoder *voc = NULL;
     float *frames = NULL;
     struct frames_feed ff;
-    struct render_flow flow = {0};
-#ifdef MM3_HAVE_CUDA
-    struct flow_cuda *fc = NULL;
-#endif
+    struct s1_backend be = {0};
     int rc;
     if ((rc = condition_load(&cm, o->model)) < 0 || (rc = dit_load(&dm, o->model)) < 0 ||
         (rc = vocoder_load(&voc, o->model)) < 0)
         goto out;
-    if (o->backend == MM3_BACKEND_CUDA) {
-#ifdef MM3_HAVE_CUDA
-        if (cuda_device_count_safe() < 1) {
-            rc = mm3_errorf(-ENODEV, "--backend cuda: no CUDA device is present");
-            goto out;
-        }
-        if ((rc = cuda_device_set(0)) < 0 ||
-            (rc = flow_cuda_create(&fc, dm, o->precision, condition_latent_len(&cm->cfg, RENDER_WINDOW_FRAMES))) < 0)
-            goto out;
-        flow = (struct render_flow){fc, flow_cuda_window_run_cb};
-        LOG_INFO("DiT and flow loop on the GPU, matmul precision %s", mm3_matmul_precision_name(o->precision));
-#else
-        rc = mm3_errorf(-ENOTSUP, "--backend cuda: this build has no CUDA (configure with -DMM3_CUDA=ON)");
+    if ((rc = s1_backend_open(&be, o->backend, 0, dm, o->model, o->precision,
+                              condition_latent_len(&cm->cfg, RENDER_WINDOW_FRAMES))) < 0)
         goto out;
-#endif
-    }
     if ((rc = frames_load(o->frames, &ff, &frames)) < 0) goto out;
     LOG_INFO("%s: %d frames of %d values, %d windows, %d steps, seed %" PRIu64, o->frames, ff.T, ff.W,
              render_window_count(ff.T), o->steps, o->seed);
@@ -160,16 +141,14 @@ static int cmd_render(const struct options *o)
         .n_steps = o->steps,
         .guidance = o->guidance,
         .noise = {RENDER_NOISE_SEEDED, o->seed, 0, NULL, NULL},
-        .flow = flow,
     };
+    s1_backend_apply(&be, &p);
     struct render_wav_source src = {&ff, frames_feed_push};
     struct render_wav_format fmt = {o->as_float ? WAV_FORMAT_F32 : WAV_FORMAT_PCM16, 0};
     rc = render_to_wav(o->out, cm, dm, voc, &p, &src, &fmt, NULL);
 out:
     free(frames);
-#ifdef MM3_HAVE_CUDA
-    flow_cuda_free(fc);
-#endif
+    s1_backend_close(&be);
     condition_free(cm);
     dit_free(dm);
     vocoder_free(voc);

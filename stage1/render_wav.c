@@ -105,7 +105,7 @@ int render_to_wav(const char *path, const struct condition_model *cm, const stru
         .path = path, .format = fmt->format, .rate = fmt->sample_rate ? fmt->sample_rate : native, .t0 = now_s()};
     struct render *r = NULL;
     struct render_params rp = *p;
-    rp.decoder = (struct render_decoder){(void *)voc, vocoder_hop(voc), vocoder_decode_cb};
+    if (!rp.decoder.decode) rp.decoder = (struct render_decoder){(void *)voc, vocoder_hop(voc), vocoder_decode_cb};
     rp.sink = (struct render_sink){&w, wav_out_emit};
     int rc = 0;
     if (frames_out) *frames_out = 0;

@@ -1,0 +1,58 @@
+#include "stage1/backend.h"
+
+#include <string.h>
+
+#include "common/error.h"
+#include "common/log.h"
+#ifdef MM3_HAVE_CUDA
+#include "common/cuda/ops_cuda.h"
+#include "stage1/cuda/flow_cuda.h"
+#include "stage1/cuda/vocoder_cuda.h"
+#endif
+
+int s1_backend_open(struct s1_backend *b, enum mm3_backend kind, int device, const struct dit_model *dm,
+                    const char *ckpt_root, enum mm3_matmul_precision precision, int max_L)
+{
+    memset(b, 0, sizeof *b);
+    b->kind = kind;
+    if (kind != MM3_BACKEND_CUDA) return 0;
+#ifdef MM3_HAVE_CUDA
+    if (cuda_device_count_safe() <= device)
+        return mm3_errorf(-ENODEV, "backend cuda: no CUDA device %d is present", device);
+    struct flow_cuda *fc = NULL;
+    struct vocoder_cuda *vc = NULL;
+    int rc;
+    if ((rc = cuda_device_set(device)) < 0 || (rc = flow_cuda_create(&fc, dm, precision, max_L)) < 0 ||
+        (rc = vocoder_cuda_create(&vc, ckpt_root, max_L)) < 0) {
+        flow_cuda_free(fc);
+        return rc;
+    }
+    b->flow = fc;
+    b->vocoder = vc;
+    LOG_INFO("stage 1 on GPU %d: DiT + flow loop (matmul %s) and vocoder", device,
+             mm3_matmul_precision_name(precision));
+    return 0;
+#else
+    (void)device, (void)dm, (void)ckpt_root, (void)precision, (void)max_L;
+    return mm3_errorf(-ENOTSUP, "backend cuda: this build has no CUDA (configure with -DMM3_CUDA=ON)");
+#endif
+}
+
+void s1_backend_close(struct s1_backend *b)
+{
+#ifdef MM3_HAVE_CUDA
+    flow_cuda_free(b->flow);
+    vocoder_cuda_free(b->vocoder);
+#endif
+    memset(b, 0, sizeof *b);
+}
+
+void s1_backend_apply(const struct s1_backend *b, struct render_params *p)
+{
+#ifdef MM3_HAVE_CUDA
+    if (b->flow) p->flow = (struct render_flow){b->flow, flow_cuda_window_run_cb};
+    if (b->vocoder) vocoder_cuda_render_decoder(b->vocoder, &p->decoder);
+#else
+    (void)b, (void)p;
+#endif
+}

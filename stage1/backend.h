@@ -1,0 +1,28 @@
+/* Where stage 1's heavy work runs: the CPU reference, or the GPU (DiT + flow loop
+ * in stage1/cuda/flow_cuda.h, vocoder in stage1/cuda/vocoder_cuda.h). A render is
+ * pointed at the GPU by the flow and decoder this fills in; the condition encoder,
+ * window bookkeeping and crop stay on the host either way. */
+#ifndef MM3_STAGE1_BACKEND_H
+#define MM3_STAGE1_BACKEND_H
+
+#include "common/deploy.h"
+#include "stage1/dit.h"
+#include "stage1/render.h"
+
+struct s1_backend {
+    enum mm3_backend kind; /* MM3_BACKEND_CPU or MM3_BACKEND_CUDA */
+    void *flow;            /* struct flow_cuda * (cuda) */
+    void *vocoder;         /* struct vocoder_cuda * (cuda) */
+};
+
+/* Open the GPU path on device `device` for windows of up to max_L latents: uploads the
+ * DiT from dm and the vocoder from ckpt_root. -ENOTSUP in a build without CUDA,
+ * -ENODEV without a device; the message says which. kind CPU: nothing to do. */
+int s1_backend_open(struct s1_backend *b, enum mm3_backend kind, int device, const struct dit_model *dm,
+                    const char *ckpt_root, enum mm3_matmul_precision precision, int max_L);
+void s1_backend_close(struct s1_backend *b);
+
+/* Point a render's flow loop and vocoder at the backend (CPU: left as they are). */
+void s1_backend_apply(const struct s1_backend *b, struct render_params *p);
+
+#endif
