@@ -16,7 +16,6 @@
 
 #ifdef MM3_HAVE_CUDA
 #include "common/cuda/ops_cuda.h"
-#include "stage1/cuda/flow_cuda.h"
 #endif
 
 /* Seconds between "still waiting for stage 0" lines. */
@@ -85,18 +84,12 @@ static int server_load(struct s1_server *s, const struct s1_server_options *o)
     if ((rc = condition_load(&s->cm, s->d.model)) < 0 || (rc = dit_load(&s->dm, s->d.model)) < 0 ||
         (rc = vocoder_load(&s->voc, s->d.model)) < 0)
         return rc;
-#ifdef MM3_HAVE_CUDA
-    /* the DiT and its flow loop on the GPU; the condition encoder and vocoder stay on the CPU */
-    if (s->d.backend == MM3_BACKEND_CUDA) {
-        int max_L = condition_latent_len(&s->cm->cfg, RENDER_WINDOW_FRAMES);
-        if ((rc = cuda_device_set(s->st->n_devices > 0 ? s->st->devices[0] : 0)) < 0 ||
-            (rc = flow_cuda_create(&s->fc, s->dm, s->st->matmul_precision, max_L)) < 0)
-            return mm3_error_prefix(rc, "%s: stage 1 on cuda: ", s->d.source);
-        s->flow = (struct render_flow){s->fc, flow_cuda_window_run_cb};
-        LOG_INFO("%s: stage 1 DiT on the GPU, matmul_precision %s", s->d.source,
-                 mm3_matmul_precision_name(s->st->matmul_precision));
-    }
-#endif
+    /* the DiT, its flow loop and the vocoder on the GPU; the condition encoder and the
+     * window bookkeeping stay on the host */
+    if ((rc = s1_backend_open(&s->be, s->d.backend, s->st->n_devices > 0 ? s->st->devices[0] : 0, s->dm,
+                              s->d.model, s->st->matmul_precision,
+                              condition_latent_len(&s->cm->cfg, RENDER_WINDOW_FRAMES))) < 0)
+        return mm3_error_prefix(rc, "%s: stage 1 on %s: ", s->d.source, mm3_backend_name(s->d.backend));
     s->native_rate = vocoder_sample_rate(s->voc);
     s->hop = vocoder_hop(s->voc);
     LOG_INFO("%s: stage 1 on %s, model %s loaded in %.1f s (%d Hz, hop %d); max_num_seqs %d, up to %d requests "
@@ -279,9 +272,7 @@ static void server_free(struct s1_server *s)
     free(s->reqs);
     shmconn_close(s->in);
     shmconn_close(s->out);
-#ifdef MM3_HAVE_CUDA
-    flow_cuda_free(s->fc);
-#endif
+    s1_backend_close(&s->be);
     condition_free(s->cm);
     dit_free(s->dm);
     vocoder_free(s->voc);

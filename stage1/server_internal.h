@@ -10,6 +10,7 @@
 #include "shmconn/shmconn.h"
 #include "stage1/condition.h"
 #include "stage1/dit.h"
+#include "stage1/backend.h"
 #include "stage1/render.h"
 #include "stage1/server.h"
 #include "stage1/vocoder.h"
@@ -53,8 +54,7 @@ struct s1_server {
     struct condition_model *cm;
     struct dit_model *dm;
     struct vocoder *voc;
-    struct flow_cuda *fc;   /* backend cuda: the GPU DiT and flow loop, else NULL */
-    struct render_flow flow; /* what every render's window runs (run NULL: the CPU) */
+    struct s1_backend be;   /* backend cuda: the GPU DiT, flow loop and vocoder */
     int native_rate, hop;
     char prefix[32];
     struct shmconn_config in_cfg, out_cfg;

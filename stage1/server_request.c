@@ -267,8 +267,8 @@ int s1_request_activate(struct s1_server *s, struct s1_request *q)
         .noise = {RENDER_NOISE_SEEDED, q->p.seed, 0, NULL, NULL},
         .decoder = {s->voc, s->hop, vocoder_decode_cb},
         .sink = {q, request_emit},
-        .flow = s->flow,
     };
+    s1_backend_apply(&s->be, &p);
     int rc = render_create(&q->render, s->cm, s->dm, &p);
     if (rc < 0) return rc;
     q->active = 1;
