@@ -177,7 +177,9 @@ int talker_backend_open(struct talker_backend *b, enum talker_backend_kind kind,
     }
     b->name = "cuda";
 #ifdef MM3_HAVE_CUDA
-    if (cuda_device_count_safe() < 1) return mm3_errorf(-ENODEV, "backend cuda: no CUDA device found");
+    if (cuda_device_count_safe() < 1)
+        return mm3_errorf(-ENODEV,
+                          "backend cuda: not available in this build or on this machine (no CUDA device found)");
     return gpu_open(b, max_rows, max_ctx, depth_rows);
 #else
     (void)max_rows, (void)max_ctx, (void)depth_rows;
@@ -228,7 +230,9 @@ void talker_backend_plan_compute(enum talker_backend_kind kind, const struct tal
 int talker_backend_device_memory(size_t *free_bytes, size_t *total_bytes)
 {
 #ifdef MM3_HAVE_CUDA
-    if (cuda_device_count_safe() < 1) return mm3_errorf(-ENODEV, "backend cuda: no CUDA device found");
+    if (cuda_device_count_safe() < 1)
+        return mm3_errorf(-ENODEV,
+                          "backend cuda: not available in this build or on this machine (no CUDA device found)");
     return stage0_cuda_device_memory(free_bytes, total_bytes);
 #else
     (void)free_bytes, (void)total_bytes;
@@ -255,14 +259,14 @@ int talker_backend_plan_check(enum talker_backend_kind kind, const struct talker
     if (rc < 0) return rc;
     double budget = (double)total_b * utilization;
     LOG_INFO("memory plan (cuda): weights %.1f MiB + KV %.3f MiB/row x %d rows (ctx %d) + workspace %.1f MiB = "
-             "%.1f MiB; budget %.2f x %.1f MiB device = %.1f MiB (%.1f MiB free now)",
+             "%.1f MiB; budget %g x %.1f MiB device = %.1f MiB (%.1f MiB free now)",
              mib(p->weights_bytes), mib(p->kv_bytes_per_row), p->rows, p->ctx, mib(p->workspace_bytes),
              mib(p->total_bytes), utilization, mib(total_b), budget / (1024.0 * 1024.0), mib(free_b));
     if ((double)p->total_bytes > budget || p->total_bytes > free_b)
         return mm3_errorf(
             -ENOMEM,
             "stage 0 on the GPU does not fit: weights %.1f MiB + KV %.3f MiB/row x %d rows (max_num_seqs, "
-            "ctx %d = max_model_len) + workspace %.1f MiB = %.1f MiB, but gpu_memory_utilization %.2f x "
+            "ctx %d = max_model_len) + workspace %.1f MiB = %.1f MiB, but gpu_memory_utilization %g x "
             "%.1f MiB device = %.1f MiB (%.1f MiB free now); lower max_num_seqs or max_model_len",
             mib(p->weights_bytes), mib(p->kv_bytes_per_row), p->rows, p->ctx, mib(p->workspace_bytes),
             mib(p->total_bytes), utilization, mib(total_b), budget / (1024.0 * 1024.0), mib(free_b));
