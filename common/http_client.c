@@ -183,7 +183,8 @@ static int sink_put(struct sink *s, const char *p, size_t n)
     if (n == 0) return 0;
     if (s->req->on_body) {
         int rc = s->req->on_body(s->req->user, p, n);
-        return rc < 0 ? mm3_errorf(rc, "http: aborted by the body callback") : 0;
+        /* the callback says why (e.g. the output file is full); keep its message */
+        return rc < 0 ? mm3_error_prefix(rc, "http: body callback: ") : 0;
     }
     struct http_client_response *r = s->resp;
     if (r->body_len + n + 1 > s->cap) {

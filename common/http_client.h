@@ -40,7 +40,8 @@ struct http_client_request {
      * (status and headers set); a negative return aborts. */
     int (*on_headers)(void *user, const struct http_client_response *resp);
     /* Optional streaming: body bytes as they arrive (de-chunked); when set the
-     * body is not collected. A negative return aborts with that code. */
+     * body is not collected. A negative return aborts with that code; set the
+     * reason with mm3_errorf (the client keeps it, prefixed). */
     int (*on_body)(void *user, const void *data, size_t n);
     void *user;
 };

@@ -133,7 +133,7 @@ static int on_body(void *user, const void *data, size_t n)
         if (g->err_len + n + 1 > g->err_cap) {
             size_t cap = (g->err_len + n + 1) * 2;
             char *b = realloc(g->err_body, cap);
-            if (!b) return -ENOMEM;
+            if (!b) return mm3_errorf(-ENOMEM, "out of memory for the error body");
             g->err_body = b;
             g->err_cap = cap;
         }
@@ -142,7 +142,10 @@ static int on_body(void *user, const void *data, size_t n)
         g->err_body[g->err_len] = 0;
         return 0;
     }
-    if (fwrite(data, 1, n, g->out) != n) return -EIO;
+    if (fwrite(data, 1, n, g->out) != n) {
+        int e = errno ? errno : EIO;
+        return mm3_errorf(-e, "%s: cannot write: %s", g->part_path, strerror(e));
+    }
     pthread_mutex_lock(&g->mu);
     g->bytes += n;
     pthread_mutex_unlock(&g->mu);
