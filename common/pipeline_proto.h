@@ -1,7 +1,10 @@
 /* The messages between the two stage processes (over shmconn/, one channel each way).
  *
  * stage 0 -> stage 1 (channel "s0_to_s1"), per request, in order:
- *   PIPE_MSG_START  flags FIRST   tensor "params": U8 [sizeof(struct pipe_request_params)]
+ *   PIPE_MSG_START  flags FIRST   tensor "params": U8 [sizeof(struct pipe_request_params)];
+ *                                 optional tensor "replay": U8 [n] path (no NUL) of a golden
+ *                                 case file whose window.w.noise replaces the seeded noise
+ *                                 (testing aid, refused unless MM3_ALLOW_REPLAY=1 in stage 1)
  *   PIPE_MSG_FRAMES               tensor "frames": F32 [n, width] (width = 8*hidden raw, or
  *                                 hidden when pre-mixed), tensor "first": I64 [1] = index of
  *                                 the first frame; each frame is sent exactly once

@@ -126,7 +126,7 @@ static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params
         "input",          "lyrics",    "instructions",    "caption",       "max_new_tokens",
         "duration_s",     "seed",      "response_format", "sample_rate",   "num_inference_steps",
         "guidance_scale", "cfg_scale", "stream",          "stream_format", "model",
-        "voice",          "speed",
+        "voice",          "speed",     "x_replay_file",
     };
     const char *key;
     json_t *v;
@@ -230,6 +230,16 @@ static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params
     if (GET("speed")) {
         if (!is_number(v) || json_number_value(v) != 1.0)
             return bad(c, "speed", "field '%s': only 1.0 is supported%s", "");
+    }
+    /* Testing aid only: a server-side file path from the client, so it must be opted into. */
+    if (GET("x_replay_file")) {
+        const char *allow = getenv("MM3_ALLOW_REPLAY");
+        if (!allow || strcmp(allow, "1") != 0)
+            return bad(c, "x_replay_file", "field '%s' is not enabled%s",
+                       " (a testing aid: the operator must set MM3_ALLOW_REPLAY=1)");
+        const char *s = json_string_value(v);
+        if (!s || !s[0]) return bad(c, "x_replay_file", "field '%s': expected a non-empty path%s", "");
+        if (!(p->replay_file = strdup(s))) return mm3_errorf(-ENOMEM, "out of memory");
     }
 #undef GET
     return 0;

@@ -314,9 +314,11 @@ static int send_start(struct engine *e, struct mm3_job *job, struct eng_req *r)
         .sample_rate = job->pcm_rate, /* the HTTP layer resamples to the request's rate */
         .premixed = !e->raw,
     };
-    struct shmconn_tensor t;
-    tensor_set(&t, "params", SHMCONN_DTYPE_U8, 1, (int64_t[]){sizeof p}, &p);
-    return send_msg(e, job, r, PIPE_MSG_START, SHMCONN_FLAG_FIRST, &t, 1);
+    struct shmconn_tensor t[2];
+    tensor_set(&t[0], "params", SHMCONN_DTYPE_U8, 1, (int64_t[]){sizeof p}, &p);
+    const char *replay = job->params.replay_file;
+    if (replay) tensor_set(&t[1], "replay", SHMCONN_DTYPE_U8, 1, (int64_t[]){(int64_t)strlen(replay)}, replay);
+    return send_msg(e, job, r, PIPE_MSG_START, SHMCONN_FLAG_FIRST, t, replay ? 2 : 1);
 }
 
 static int send_frames(struct engine *e, struct mm3_job *job, struct eng_req *r, int first, int n, const float *mixed)

@@ -24,7 +24,8 @@ void mm3_job_params_free(struct mm3_job_params *p)
 {
     free(p->lyrics);
     free(p->caption);
-    p->lyrics = p->caption = NULL;
+    free(p->replay_file);
+    p->lyrics = p->caption = p->replay_file = NULL;
 }
 
 int mm3_job_create(struct mm3_job **out, const struct mm3_job_params *params, int32_t channels, int32_t pcm_rate,
@@ -39,9 +40,10 @@ int mm3_job_create(struct mm3_job **out, const struct mm3_job_params *params, in
     j->params = *params;
     j->params.lyrics = strdup(params->lyrics);
     j->params.caption = strdup(params->caption);
+    j->params.replay_file = params->replay_file ? strdup(params->replay_file) : NULL;
     j->ring_cap = queue_chunks + 1;
     j->ring = calloc(j->ring_cap, sizeof *j->ring);
-    if (!j->params.lyrics || !j->params.caption || !j->ring) {
+    if (!j->params.lyrics || !j->params.caption || !j->ring || (params->replay_file && !j->params.replay_file)) {
         mm3_job_params_free(&j->params);
         free(j->ring);
         free(j);

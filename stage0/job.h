@@ -48,6 +48,7 @@ struct mm3_job_params {
     float cfg_scale;      /* AR CFG */
     enum mm3_audio_format format;
     bool stream;
+    char *replay_file; /* testing aid (MM3_ALLOW_REPLAY=1): golden case file of forced draws and noise, or NULL */
 };
 
 enum mm3_job_chunk_kind { MM3_CHUNK_PCM = 0, MM3_CHUNK_END, MM3_CHUNK_ERROR };

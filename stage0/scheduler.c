@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/sampler.h"
+#include "common/sampler_replay.h"
 #include "stage0/generate.h"
 #include "stage0/prompt.h"
 
@@ -19,6 +20,7 @@ struct sched_req {
     int32_t *ids; /* [2, P] */
     int prompt_len, max_frames;
     struct sampler sp;
+    struct sampler_replay_data forced; /* draws of a replayed request (testing aid), else empty */
     struct generate g;
     int attached;
     struct journal *jr; /* NULL: not journaled */
@@ -80,6 +82,7 @@ static void req_free(struct sched_req *r)
     if (r->jr) journal_close(r->jr, sched_journal_status(r->job), journal_stop_of(&r->g), r->g.n_frames);
     if (r->attached) generate_end(&r->g);
     if (r->job) mm3_job_unref(r->job);
+    sampler_replay_free(&r->forced);
     free(r->ids);
     free(r->out);
     free(r);
@@ -249,11 +252,17 @@ static void admit(struct sched *s)
         }
         int width = s->dd->cfg.n_codebooks * s->lm->cfg.hidden;
         struct generate_hooks hooks = {.ctx = r, .on_frame = on_frame};
-        sampler_init_seeded(&r->sp, r->job->params.seed);
-        int rc;
-        if (!(r->out = malloc(sizeof(float) * width)))
-            rc = mm3_errorf(-ENOMEM, "scheduler: out of memory");
-        else
+        int rc = 0;
+        if (r->job->params.replay_file) {
+            rc = sampler_replay_load(&r->forced, r->job->params.replay_file);
+            if (rc == 0)
+                sampler_init_replay(&r->sp, r->forced.lm_ids, r->forced.n_lm, r->forced.depth_codes, r->forced.n_depth,
+                                    s->dd->cfg.n_codebooks);
+        } else {
+            sampler_init_seeded(&r->sp, r->job->params.seed);
+        }
+        if (rc == 0 && !(r->out = malloc(sizeof(float) * width))) rc = mm3_errorf(-ENOMEM, "scheduler: out of memory");
+        if (rc == 0)
             rc = generate_attach_backend(&r->g, &s->be, &r->sp, 2 * p, 2 * p + 1, r->ids, r->prompt_len, r->max_frames,
                                          r->job->params.cfg_scale, &hooks);
         if (rc < 0) {

@@ -12,6 +12,7 @@
 #include "stage1/dit.h"
 #include "stage1/backend.h"
 #include "stage1/render.h"
+#include "stage1/replay_noise.h"
 #include "stage1/server.h"
 #include "stage1/vocoder.h"
 
@@ -46,6 +47,7 @@ struct s1_request {
     int windows_done;    /* for the progress tensor */
     int send_rc;         /* first failed send inside the render's sink */
     double t_start, compute_s;
+    struct replay_noise replay; /* n > 0: START's "replay" file noise instead of the seed */
 };
 
 struct s1_server {

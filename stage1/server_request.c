@@ -30,6 +30,7 @@ static void request_free(struct s1_request *q)
 {
     render_free(q->render);
     resample_free(q->rs);
+    replay_noise_free(&q->replay);
     free(q->held), free(q->rs_buf), free(q->song);
     free(q);
 }
@@ -268,6 +269,7 @@ int s1_request_activate(struct s1_server *s, struct s1_request *q)
         .decoder = {s->voc, s->hop, vocoder_decode_cb},
         .sink = {q, request_emit},
     };
+    if (q->replay.n) p.noise = replay_noise_render(&q->replay);
     s1_backend_apply(&s->be, &p);
     int rc = render_create(&q->render, s->cm, s->dm, &p);
     if (rc < 0) return rc;
@@ -333,6 +335,41 @@ static void refuse(struct s1_server *s, uint64_t id, const char *text)
     q->srv = s;
     s->reqs[s->n_reqs++] = q; /* the list has one spare entry for this */
     s1_request_fail(s, q, 1, "%s", text);
+}
+
+/* START's optional "replay" tensor: a testing aid that reads a server-side file, so it
+ * is honoured only when the operator set MM3_ALLOW_REPLAY=1. Fails q on refusal. */
+static int start_replay(struct s1_server *s, struct s1_request *q, const struct shmconn_msg *m)
+{
+    char why[256];
+    int present = 0;
+    for (uint32_t i = 0; i < m->n_tensors; i++)
+        present |= !strcmp(m->tensors[i].name, "replay");
+    if (!present) return 0;
+    const struct shmconn_tensor *t = tensor_get(m, "replay", SHMCONN_DTYPE_U8, 1, why, sizeof why);
+    if (!t) {
+        s1_request_fail(s, q, 1, "bad START message: %s", why);
+        return -1;
+    }
+    const char *allow = getenv("MM3_ALLOW_REPLAY");
+    if (!allow || strcmp(allow, "1")) {
+        s1_request_fail(s, q, 1, "replay not enabled (stage 1 needs MM3_ALLOW_REPLAY=1)");
+        return -1;
+    }
+    char *path = malloc(t->nbytes + 1);
+    if (!path) {
+        s1_request_fail(s, q, 1, "stage 1 is out of memory");
+        return -1;
+    }
+    memcpy(path, t->data, t->nbytes);
+    path[t->nbytes] = 0;
+    int rc = replay_noise_load(&q->replay, path);
+    free(path);
+    if (rc < 0) {
+        s1_request_fail(s, q, 1, "stage 1 replay: %s", mm3_last_error());
+        return -1;
+    }
+    return 0;
 }
 
 static void on_start(struct s1_server *s, const struct shmconn_msg *m)
@@ -406,6 +443,7 @@ static void on_start(struct s1_server *s, const struct shmconn_msg *m)
         s1_request_fail(s, q, 1, "stage 1 cannot track the request: %s", mm3_last_error());
         return;
     }
+    if (start_replay(s, q, m) < 0) return;
     LOG_INFO("request %" PRIu64 ": start, seed %" PRIu64 ", %d steps, guidance %.3g, %d Hz, %s frames of %u, "
              "%d in flight",
              q->id, p.seed, p.num_inference_steps, (double)p.guidance_scale, p.sample_rate,

@@ -1,0 +1,304 @@
+/* The golden cases replayed through the two served processes: with MM3_ALLOW_REPLAY=1
+ * a request's x_replay_file forces the recorded draws in stage 0 and the recorded
+ * window noise in stage 1, so the HTTP answer must be the reference pipeline's
+ * `audio` (the pipeline itself adds no error). Without the variable the field is a
+ * 400 naming it. Skips (77) without the golden directory or the programs. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "common/http_client.h"
+#include "common/safetensors.h"
+#include "support/test_support.h"
+
+struct replica {
+    pid_t launcher;
+    char dir[1024];
+    char url[160];
+    char prefix[32];
+};
+
+struct env {
+    char *tmp;
+    char ckpt[1024];
+    struct replica on, off; /* MM3_ALLOW_REPLAY=1 / unset */
+};
+
+static void sleep_ms(int ms)
+{
+    struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&t, NULL);
+}
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) n = 0;
+    if (b) b[n] = 0;
+    fclose(f);
+    return b;
+}
+
+static int write_deploy(const char *path, const char *ckpt)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    fprintf(f,
+            "pipeline: minimax_music3\n"
+            "async_chunk: true\n"
+            "model: %s\n"
+            "backend: cpu\n"
+            "api:\n  host: 127.0.0.1\n  port: 0\n  max_queue_depth: 8\n  request_timeout_s: 300\n"
+            "connectors:\n  shm:\n    name: SharedMemoryConnector\n    extra:\n"
+            "      codec_streaming: true\n      connector_get_sleep_s: 0.01\n"
+            "      connector_get_max_wait_first_chunk: 6000\n      connector_get_max_wait: 3000\n"
+            "stages:\n"
+            "  - stage_id: 0\n    max_num_seqs: 2\n    dtype: float32\n    max_model_len: 4096\n"
+            "    max_num_batched_tokens: 64\n    enforce_eager: true\n"
+            "    output_connectors:\n      to_stage_1: shm\n"
+            "    default_sampling_params:\n      max_tokens: 4002\n"
+            "  - stage_id: 1\n    max_num_seqs: 2\n    dtype: float32\n    enforce_eager: true\n"
+            "    max_num_batched_tokens: 4\n    input_connectors:\n      from_stage_0: shm\n"
+            "    matmul_precision: fp32\n    num_inference_steps: 2\n",
+            ckpt);
+    return fclose(f);
+}
+
+/* Start scripts/launch.sh; 0 once it printed READY (within 120 s). */
+static int replica_start(struct replica *r, const char *tmp, const char *tag, const char *ckpt, int allow_replay)
+{
+    memset(r, 0, sizeof *r);
+    snprintf(r->dir, sizeof r->dir, "%s/%s", tmp, tag);
+    mkdir(r->dir, 0755);
+    snprintf(r->prefix, sizeof r->prefix, "rp%d%s-", (int)getpid(), tag);
+    char deploy[1200], out[1200], err[1200], run[1200], launch[1200];
+    snprintf(deploy, sizeof deploy, "%s/deploy.yaml", r->dir);
+    snprintf(out, sizeof out, "%s/launch.out", r->dir);
+    snprintf(err, sizeof err, "%s/launch.err", r->dir);
+    snprintf(run, sizeof run, "%s/run", r->dir);
+    snprintf(launch, sizeof launch, "%s/scripts/launch.sh", test_source_dir());
+    if (write_deploy(deploy, ckpt) < 0) return -1;
+    pid_t p = fork();
+    if (p < 0) return -1;
+    if (p == 0) {
+        int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644), fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fo < 0 || fe < 0) _exit(126);
+        dup2(fo, 1);
+        dup2(fe, 2);
+        setenv("MM3_SHM_PREFIX", r->prefix, 1);
+        setenv("MM3_RUN_DIR", run, 1);
+        setenv("MM3_BIN_DIR", test_bin_dir(), 1);
+        setenv("MM3_LAUNCH_TIMEOUT_S", "120", 1);
+        if (allow_replay)
+            setenv("MM3_ALLOW_REPLAY", "1", 1);
+        else
+            unsetenv("MM3_ALLOW_REPLAY");
+        execl("/bin/bash", "bash", launch, deploy, (char *)NULL);
+        _exit(127);
+    }
+    r->launcher = p;
+    for (int i = 0; i < 1200; i++) {
+        char *s = slurp(out);
+        char *at = s ? strstr(s, "READY ") : NULL;
+        if (at && strchr(at, '\n')) {
+            sscanf(at + 6, "%159s", r->url);
+            free(s);
+            return 0;
+        }
+        free(s);
+        int st;
+        if (waitpid(p, &st, WNOHANG) == p) {
+            r->launcher = 0;
+            fprintf(stderr, "launcher exited while starting; see %s\n", err);
+            return -1;
+        }
+        sleep_ms(100);
+    }
+    return -1;
+}
+
+/* SIGTERM the launcher; 0 when it exits 0 within 60 s with no sanitizer report. */
+static int replica_stop(struct replica *r)
+{
+    if (!r->launcher) return 0;
+    kill(r->launcher, SIGTERM);
+    int st = -1;
+    for (int i = 0; i < 600; i++) {
+        if (waitpid(r->launcher, &st, WNOHANG) == r->launcher) break;
+        sleep_ms(100);
+        st = -1;
+    }
+    if (st == -1) {
+        kill(r->launcher, SIGKILL);
+        waitpid(r->launcher, &st, 0);
+    }
+    r->launcher = 0;
+    if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) return -1;
+    /* Under sanitizers the stages report into the launcher's log. */
+    char path[1200];
+    snprintf(path, sizeof path, "%s/launch.err", r->dir);
+    char *log = slurp(path);
+    int dirty = log && (strstr(log, "Sanitizer") || strstr(log, "runtime error:"));
+    if (dirty) fprintf(stderr, "sanitizer report in %s\n", path);
+    free(log);
+    return dirty ? -1 : 0;
+}
+
+static int post(const struct replica *r, const char *json, struct http_client_response *resp)
+{
+    char url[256];
+    snprintf(url, sizeof url, "%s/v1/audio/speech", r->url);
+    return http_client_request(
+        &(struct http_client_request){
+            .url = url, .method = "POST", .body = json, .body_len = strlen(json), .timeout_ms = 300000},
+        resp);
+}
+
+/* The request of manifest case jc, replaying case file `path`. */
+static char *case_request(json_t *jc, const char *path)
+{
+    json_t *o = json_pack("{s:O, s:O, s:O, s:O, s:O, s:s, s:s}", "caption", json_object_get(jc, "prompt"), "lyrics",
+                          json_object_get(jc, "lyrics"), "duration_s", json_object_get(jc, "audio_duration"),
+                          "num_inference_steps", json_object_get(jc, "num_inference_steps"), "seed",
+                          json_object_get(jc, "seed"), "response_format", "pcm", "x_replay_file", path);
+    if (!o) return NULL;
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    return s;
+}
+
+static int group_setup(void **state)
+{
+    const char *g = test_golden_dir();
+    char probe[1200];
+    snprintf(probe, sizeof probe, "%s/mm3-stage1", test_bin_dir());
+    if (!g || access(probe, X_OK)) return 0;
+    struct env *e = calloc(1, sizeof *e);
+    if (!e) return -1;
+    snprintf(e->ckpt, sizeof e->ckpt, "%s/checkpoint", g);
+    e->tmp = test_make_tmpdir("e2e_replay");
+    if (replica_start(&e->on, e->tmp, "on", e->ckpt, 1) < 0 || replica_start(&e->off, e->tmp, "off", e->ckpt, 0) < 0) {
+        replica_stop(&e->on);
+        replica_stop(&e->off);
+        free(e->tmp);
+        free(e);
+        return -1;
+    }
+    *state = e;
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    struct env *e = *state;
+    if (!e) return 0;
+    int rc = replica_stop(&e->on) | replica_stop(&e->off);
+    test_remove_tree(e->tmp);
+    free(e->tmp);
+    free(e);
+    return rc;
+}
+
+static void test_cases_replay_to_golden_audio(void **state)
+{
+    struct env *e = *state;
+    if (!e) skip();
+    char mpath[1200];
+    snprintf(mpath, sizeof mpath, "%s/manifest.json", test_golden_dir());
+    json_error_t jerr;
+    json_t *man = json_load_file(mpath, 0, &jerr);
+    assert_non_null(man);
+    json_t *cases = json_object_get(man, "cases");
+    assert_true(json_array_size(cases) > 0);
+    size_t i;
+    json_t *jc;
+    json_array_foreach(cases, i, jc)
+    {
+        char path[1200];
+        snprintf(path, sizeof path, "%s/%s", test_golden_dir(), json_string_value(json_object_get(jc, "file")));
+        char *req = case_request(jc, path);
+        assert_non_null(req);
+        struct http_client_response resp;
+        assert_int_equal(post(&e->on, req, &resp), 0);
+        if (resp.status != 200) fprintf(stderr, "case %zu: %d: %s\n", i, resp.status, resp.body ? resp.body : "");
+        assert_int_equal(resp.status, 200);
+        assert_true(resp.complete);
+
+        struct st_file f;
+        assert_int_equal(st_file_open(&f, path), 0);
+        float *gold = NULL;
+        int nd;
+        int64_t sh[ST_MAX_DIMS];
+        assert_int_equal(st_file_load_f32(&f, "audio", &gold, &nd, sh), 0);
+        st_file_close(&f);
+        assert_int_equal(nd, 2);
+        assert_int_equal(sh[0], 2);
+        size_t S = (size_t)sh[1];
+        /* raw PCM16 LE, interleaved stereo: the same length as the reference */
+        assert_int_equal(resp.body_len, 4 * S);
+        const uint8_t *b = (const uint8_t *)resp.body;
+        float *got = malloc(sizeof(float) * 2 * S);
+        assert_non_null(got);
+        for (size_t k = 0; k < S; k++)
+            for (int c = 0; c < 2; c++) {
+                const uint8_t *p = b + 4 * k + 2 * (size_t)c;
+                got[(size_t)c * S + k] = (float)(int16_t)(p[0] | p[1] << 8) / 32767.0f;
+            }
+        /* PCM16 rounding alone costs about 3e-5 relative on these waveforms (half a
+         * step of 1/32767 against an RMS near 0.1), inside the 1e-4 of the float path. */
+        double rel = test_rel_error(got, gold, 2 * S);
+        fprintf(stderr, "case %zu: %zu samples, rel %.3g\n", i, S, rel);
+        assert_true(rel <= 1e-4);
+        free(got);
+        free(gold);
+        free(req);
+        http_client_response_free(&resp);
+    }
+    json_decref(man);
+}
+
+static void test_replay_field_refused_when_not_enabled(void **state)
+{
+    struct env *e = *state;
+    if (!e) skip();
+    char path[1200];
+    snprintf(path, sizeof path, "%s/case0.safetensors", test_golden_dir());
+    char req[2048];
+    snprintf(req, sizeof req, "{\"caption\":\"x\",\"lyrics\":\"y\",\"duration_s\":1,\"x_replay_file\":\"%s\"}", path);
+    struct http_client_response resp;
+    assert_int_equal(post(&e->off, req, &resp), 0);
+    assert_int_equal(resp.status, 400);
+    assert_non_null(resp.body);
+    assert_non_null(strstr(resp.body, "x_replay_file"));
+    http_client_response_free(&resp);
+}
+
+int main(void)
+{
+    if (!test_golden_dir()) return 77;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_replay_field_refused_when_not_enabled),
+        cmocka_unit_test(test_cases_replay_to_golden_audio),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
