@@ -145,9 +145,9 @@ int metrics_render(char **out, size_t *len)
     render_counter(f, "mm3_audio_samples_total", "Audio sample frames (per channel) sent to clients.",
                    &m->audio_samples);
     render_edge_counter(f, "mm3_connector_bytes_total", "Bytes sent over the stage connector.", m->conn_bytes, 1.0);
-    render_edge_counter(f, "mm3_connector_waits_total", "Connector reads that had to wait for the peer.", m->conn_waits,
+    render_edge_counter(f, "mm3_connector_waits_total", "Connector sends that had to wait for room (the receiving stage is behind).", m->conn_waits,
                         1.0);
-    render_edge_counter(f, "mm3_connector_wait_seconds_total", "Time connector readers spent waiting for the peer.",
+    render_edge_counter(f, "mm3_connector_wait_seconds_total", "Time connector senders spent waiting for room.",
                         m->conn_wait_us, 1e-6);
     render_histogram(f, "mm3_time_to_first_audio_seconds", "Request accepted to first audio ready to send.",
                      &m->ttfa_seconds);

@@ -57,8 +57,8 @@ struct mm3_metrics {
     struct metrics_counter windows;          /* stage-1 windows decoded */
     struct metrics_counter audio_samples;    /* sample frames (per channel) sent to clients */
     struct metrics_counter conn_bytes[METRICS_EDGE_COUNT];
-    struct metrics_counter conn_waits[METRICS_EDGE_COUNT];   /* reads that had to block */
-    struct metrics_counter conn_wait_us[METRICS_EDGE_COUNT]; /* time spent blocked, microseconds */
+    struct metrics_counter conn_waits[METRICS_EDGE_COUNT];   /* sends that had to block (backpressure) */
+    struct metrics_counter conn_wait_us[METRICS_EDGE_COUNT]; /* time those sends blocked, microseconds */
     struct metrics_histogram ttfa_seconds;                   /* request accepted -> first audio ready */
     struct metrics_histogram rtf;                            /* wall time / audio duration, per finished song */
     struct metrics_histogram request_seconds;                /* request accepted -> answer complete */

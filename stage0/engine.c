@@ -162,7 +162,21 @@ static int send_msg(struct engine *e, struct mm3_job *job, struct eng_req *r, ui
     }
     m.n_tensors = (uint32_t)n_t;
     pthread_rwlock_rdlock(&e->conn_mu);
-    int rc = e->out ? shmconn_send(e->out, &m, e->send_timeout_s) : SHMCONN_E_CLOSED;
+    int rc = SHMCONN_E_CLOSED;
+    if (e->out) {
+        /* A send that had to sleep (ring or payload area full: stage 1 is behind) is
+         * backpressure: count it and its time for mm3_connector_waits / _wait_seconds. */
+        struct shmconn_stats before, after;
+        shmconn_stats_get(e->out, &before);
+        int64_t t0 = mm3_job_now_ns();
+        rc = shmconn_send(e->out, &m, e->send_timeout_s);
+        shmconn_stats_get(e->out, &after);
+        if (after.waits > before.waits) {
+            metrics_counter_add(&mm3_metrics.conn_waits[METRICS_EDGE_S0_TO_S1], after.waits - before.waits);
+            metrics_counter_add(&mm3_metrics.conn_wait_us[METRICS_EDGE_S0_TO_S1],
+                                (uint64_t)((mm3_job_now_ns() - t0) / 1000));
+        }
+    }
     pthread_rwlock_unlock(&e->conn_mu);
     if (rc == 0) metrics_counter_add(&mm3_metrics.conn_bytes[METRICS_EDGE_S0_TO_S1], bytes);
     return rc;
