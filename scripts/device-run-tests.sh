@@ -7,6 +7,7 @@
 #   --sanitize: also run the tests under compute-sanitizer memcheck (slow)
 set -uo pipefail
 cd "$(dirname "$0")/.."
+pack=${MM3_DEVICE_DIR:-.device} # scripts/device-pack.sh -o
 out=${OUT:-device-out}
 mkdir -p "$out"
 bench=1 sanitize=0
@@ -29,19 +30,19 @@ if [ -z "$cuda_dirs" ]; then
   f=$(find /usr /opt -name 'libcudart.so.13*' 2>/dev/null | head -1)
   [ -n "$f" ] && cuda_dirs="$cuda_dirs:$(dirname "$f")"
 fi
-export LD_LIBRARY_PATH="$PWD/.device/lib$cuda_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export MM3_SOURCE_DIR=$PWD MM3_BIN_DIR=$PWD/.device/bin MM3_TEST_TMP=/tmp/mm3-test
+export LD_LIBRARY_PATH="$PWD/$pack/lib$cuda_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export MM3_SOURCE_DIR=$PWD MM3_BIN_DIR=$PWD/$pack/bin MM3_TEST_TMP=/tmp/mm3-test
 mkdir -p "$MM3_TEST_TMP"
 
 {
   date -u
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>&1
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
-  for b in .device/bin/*; do echo "== ldd $b"; ldd "$b" | grep -E "not found|cuda|cublas"; done
+  for b in $pack/bin/*; do echo "== ldd $b"; ldd "$b" | grep -E "not found|cuda|cublas"; done
 } 2>&1 | tee "$out/env.txt"
 
 status=0
-for t in .device/bin/test_*; do
+for t in $pack/bin/test_*; do
   [ -x "$t" ] || continue
   name=$(basename "$t")
   echo "=== $name"
@@ -51,14 +52,14 @@ for t in .device/bin/test_*; do
   [ "$rc" = 0 ] || [ "$rc" = 77 ] || status=1
 done
 
-if [ "$bench" = 1 ] && [ -x .device/bin/mm3-bench-ops ]; then
+if [ "$bench" = 1 ] && [ -x $pack/bin/mm3-bench-ops ]; then
   echo "=== mm3-bench-ops"
-  .device/bin/mm3-bench-ops 2>&1 | tee "$out/bench.txt"
+  $pack/bin/mm3-bench-ops 2>&1 | tee "$out/bench.txt"
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 # Last, so that a slow sanitizer run cannot cost the timings.
 if [ "$sanitize" = 1 ] && command -v compute-sanitizer >/dev/null; then
-  for t in .device/bin/test_*; do
+  for t in $pack/bin/test_*; do
     name=$(basename "$t")
     timeout 150 compute-sanitizer --tool memcheck --leak-check no --report-api-errors no "$t" > "$out/$name.memcheck.log" 2>&1
     echo "=== $name under compute-sanitizer memcheck: exit $?"
