@@ -126,7 +126,7 @@ static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params
         "input",          "lyrics",    "instructions",    "caption",       "max_new_tokens",
         "duration_s",     "seed",      "response_format", "sample_rate",   "num_inference_steps",
         "guidance_scale", "cfg_scale", "stream",          "stream_format", "model",
-        "voice",          "speed",     "x_replay_file",
+        "voice",          "speed",     "x_replay_file",   "ignore_eos",
     };
     const char *key;
     json_t *v;
@@ -215,6 +215,11 @@ static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params
     if (GET("stream")) {
         if (!json_is_boolean(v)) return bad(c, "stream", "field '%s': expected true or false%s", "");
         p->stream = json_is_true(v);
+    }
+    p->ignore_eos = false;
+    if (GET("ignore_eos")) {
+        if (!json_is_boolean(v)) return bad(c, "ignore_eos", "field '%s': expected true or false%s", "");
+        p->ignore_eos = json_is_true(v);
     }
     if (GET("stream_format")) {
         const char *s = json_string_value(v);

@@ -333,6 +333,9 @@ int generate_sample(struct generate *g)
         memcpy(guided, logits, sizeof(float) * SAMPLER_C0_COLS);
         sampler_topk_mask(guided, SAMPLER_C0_COLS, SAMPLER_TOP_K);
     }
+    /* As vLLM's ignore_eos: the stop id gets no probability, everything else is untouched
+     * (nan_to_num then maps it to -1e9, below every candidate the Gumbel noise can lift). */
+    if (g->ignore_stop) guided[0] = -INFINITY;
     if (g->hooks.on_draw) g->hooks.on_draw(g->hooks.ctx, s, 0, guided, SAMPLER_C0_COLS);
     if ((rc = sampler_draw(g->sp, guided, SAMPLER_C0_COLS, (uint32_t)(ncb * s), &col)) < 0) goto fail;
     if (col == 0) {

@@ -96,6 +96,7 @@ struct generate {
     int fed_at, fed_k; /* this request's slice of the current batch: offset, tokens per row */
     int step;          /* next LM step */
     int n_frames;      /* frames emitted so far */
+    int ignore_stop; /* 1: the stop column is masked before every c0 draw (runs to max_frames) */
     int done;
     enum generate_stop stop;
     float *hidden;  /* [2, hidden]: post-norm LM hidden of (cond, uncond) */

@@ -48,6 +48,7 @@ struct mm3_job_params {
     float cfg_scale;      /* AR CFG */
     enum mm3_audio_format format;
     bool stream;
+    bool ignore_eos; /* never draw the stop code: the song runs to max_frames (vLLM's ignore_eos; benchmarks) */
     char *replay_file; /* testing aid (MM3_ALLOW_REPLAY=1): golden case file of forced draws and noise, or NULL */
 };
 

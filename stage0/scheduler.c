@@ -270,6 +270,7 @@ static void admit(struct sched *s)
             release(s, r);
             continue;
         }
+        r->g.ignore_stop = r->job->params.ignore_eos;
         r->attached = 1;
         if (s->cfg.journal_dir && s->cfg.journal_dir[0]) {
             char id[JOURNAL_ID_MAX];

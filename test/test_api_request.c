@@ -50,6 +50,7 @@ static void test_defaults(void **state)
     assert_true(p.cfg_scale == 1.5f);
     assert_int_equal(p.format, MM3_AUDIO_WAV);
     assert_false(p.stream);
+    assert_false(p.ignore_eos);
     mm3_job_params_free(&p);
 
     lim.default_frames = 750; /* the defaults are configurable */
@@ -93,7 +94,7 @@ static void test_all_fields(void **state)
     assert_int_equal(parse("{\"lyrics\":\"la\",\"caption\":\"jazz\",\"duration_s\":60.5,\"seed\":42,"
                            "\"response_format\":\"flac\",\"sample_rate\":32000,"
                            "\"num_inference_steps\":8,\"guidance_scale\":2,\"cfg_scale\":1.25,"
-                           "\"stream\":true,\"stream_format\":\"audio\",\"model\":\"anything\","
+                           "\"stream\":true,\"stream_format\":\"audio\",\"model\":\"anything\",\"ignore_eos\":true,"
                            "\"voice\":\"default\",\"speed\":1.0,\"temperature\":null}",
                            &p, f),
                      0);
@@ -107,6 +108,7 @@ static void test_all_fields(void **state)
     assert_true(p.guidance_scale == 2.0f);
     assert_true(p.cfg_scale == 1.25f);
     assert_true(p.stream);
+    assert_true(p.ignore_eos);
     mm3_job_params_free(&p);
 
     assert_int_equal(parse("{" BASE ",\"max_new_tokens\":1,\"response_format\":\"pcm\",\"voice\":\"\"}", &p, f), 0);
@@ -177,6 +179,7 @@ static void test_field_errors(void **state)
     expect_bad("{" BASE ",\"guidance_scale\":\"high\"}", "guidance_scale", "number");
     expect_bad("{" BASE ",\"cfg_scale\":-0.5}", "cfg_scale", "out of range");
     expect_bad("{" BASE ",\"stream\":\"yes\"}", "stream", "true or false");
+    expect_bad("{" BASE ",\"ignore_eos\":1}", "ignore_eos", "true or false");
     expect_bad("{" BASE ",\"stream_format\":\"sse\"}", "stream_format", "audio");
     expect_bad("{" BASE ",\"model\":3}", "model", "string");
     expect_bad("{" BASE ",\"voice\":\"alloy\"}", "voice", "no voices");

@@ -10,8 +10,9 @@
    to last byte), p50 / p95 of the per-song wall time and of the time to first audio.
 While both run, nvidia-smi is polled (0.5 s) for the peak GPU memory of every process.
 
-A song that ends before its cap (random weights can draw the stop code) is reported with
-its real audio length and "stopped_early": true; its figures still count its real audio.
+Every song is sent with "ignore_eos": true (the server never draws the stop code), so random
+weights give songs of the full length; --allow-stop sends the model's own stop. A song that
+still ends before its cap is reported with its real audio length and "stopped_early": true.
 """
 import argparse
 import http.client
@@ -33,11 +34,14 @@ LYRICS = ("[verse]\nneon rivers in the night\nwe are running out of time\n"
           "[chorus]\nhold on, hold on\nthe city sings our song")
 
 
+IGNORE_EOS = True
+
+
 def one_song(url, duration, seed, timeout=1800.0):
     """POST one streamed song; returns timings and sizes (never raises)."""
     u = urllib.parse.urlsplit(url)
     body = json.dumps({"caption": CAPTION, "lyrics": LYRICS, "duration_s": duration, "seed": seed,
-                       "stream": True, "response_format": "pcm"}).encode()
+                       "stream": True, "response_format": "pcm", "ignore_eos": IGNORE_EOS}).encode()
     r = {"duration_s": duration, "seed": seed, "ok": False}
     t0 = time.perf_counter()
     conn = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=timeout)
@@ -238,8 +242,11 @@ def main():
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--no-warmup", action="store_true")
     ap.add_argument("--json")
+    ap.add_argument("--allow-stop", action="store_true", help="let the model end songs early (no ignore_eos)")
     ap.add_argument("--selftest", action="store_true")
     args = ap.parse_args()
+    global IGNORE_EOS
+    IGNORE_EOS = not args.allow_stop
     if args.selftest:
         return selftest()
     return bench(args)
