@@ -10,6 +10,13 @@
 #include "common/noise.h"
 #include "stage1/flow.h"
 
+/* Buffers of one window between prepare and finish; two, so that window k+1 can be
+ * prepared (and run) while window k still waits for its vocoder. */
+struct render_slot {
+    int k, s, F, L, ov;
+    float *cond_raw, *cond, *x, *noise;
+};
+
 struct render {
     const struct condition_model *cm;
     const struct dit_model *dm;
@@ -23,13 +30,17 @@ struct render {
     int finished;
     int failed; /* the first error code, sticky */
 
-    int next;         /* next window to run */
+    int next;         /* next window to prepare */
+    int in_flow;      /* window next - 1 is prepared and not collected yet */
+    int n_unfinished; /* windows prepared and not finished (at most 2) */
+    int done;         /* windows finished (vocoded and emitted) */
     int prev_len;     /* carried latents, 0 before window 0 */
     float *prev_lat;  /* [in_ch, prev_len] */
     float *prev_cond; /* [prev_len, cond_dim] */
     float *prev_pack; /* [in_ch, ov] staging when ov < prev_len */
 
-    float *cond_raw, *cond, *x, *noise, *wav, *out; /* per-window buffers for max_L */
+    struct render_slot slot[2]; /* window k in slot[k % 2] */
+    float *wav, *out;           /* per-window buffers for max_L */
 
     int tail_window; /* window whose tail is held back, -1 if none */
     int tail_n;      /* samples per channel held in tail */
@@ -68,16 +79,20 @@ int render_create(struct render **out, const struct condition_model *cm, const s
     r->prev_lat = malloc(sizeof(float) * C * RENDER_OVERLAP_LATENTS);
     r->prev_pack = malloc(sizeof(float) * C * RENDER_OVERLAP_LATENTS);
     r->prev_cond = malloc(sizeof(float) * D * RENDER_OVERLAP_LATENTS);
-    r->cond_raw = malloc(sizeof(float) * L * D);
-    r->cond = malloc(sizeof(float) * L * D);
-    r->x = malloc(sizeof(float) * C * L);
-    r->noise = malloc(sizeof(float) * C * L);
+    int slots_ok = 1;
+    for (int i = 0; i < 2; i++) {
+        struct render_slot *w = &r->slot[i];
+        w->cond_raw = malloc(sizeof(float) * L * D);
+        w->cond = malloc(sizeof(float) * L * D);
+        w->x = malloc(sizeof(float) * C * L);
+        w->noise = malloc(sizeof(float) * C * L);
+        slots_ok = slots_ok && w->cond_raw && w->cond && w->x && w->noise;
+    }
     r->wav = malloc(sizeof(float) * 2 * S);
     r->out = malloc(sizeof(float) * 2 * S);
     r->tail = malloc(sizeof(float) * 2 * RENDER_CROP_RIGHT * (size_t)r->hop);
     int rc = 0;
-    if (!r->prev_lat || !r->prev_pack || !r->prev_cond || !r->cond_raw || !r->cond || !r->x || !r->noise || !r->wav ||
-        !r->out || !r->tail)
+    if (!r->prev_lat || !r->prev_pack || !r->prev_cond || !slots_ok || !r->wav || !r->out || !r->tail)
         rc = mm3_errorf(-ENOMEM, "render: out of memory for windows of %d latents", r->max_L);
     if (rc == 0 && !p->flow.run) rc = dit_workspace_alloc(&r->ws, dm, r->max_L);
     if (rc < 0) {
@@ -92,8 +107,10 @@ void render_free(struct render *r)
 {
     if (!r) return;
     dit_workspace_free(r->ws);
-    free(r->mixed), free(r->prev_lat), free(r->prev_pack), free(r->prev_cond), free(r->cond_raw), free(r->cond);
-    free(r->x), free(r->noise), free(r->wav), free(r->out), free(r->tail);
+    free(r->mixed), free(r->prev_lat), free(r->prev_pack), free(r->prev_cond);
+    for (int i = 0; i < 2; i++)
+        free(r->slot[i].cond_raw), free(r->slot[i].cond), free(r->slot[i].x), free(r->slot[i].noise);
+    free(r->wav), free(r->out), free(r->tail);
     free(r);
 }
 
@@ -125,12 +142,14 @@ static int emit_span(struct render *r, const float *wav, int total, int a, int b
     return 0;
 }
 
-static int fill_noise(struct render *r, int k, int L)
+static void trim_frames(struct render *r);
+
+static int fill_noise(struct render *r, int k, int L, float *noise)
 {
     size_t n = (size_t)r->in_ch * L;
     const struct render_noise *s = &r->p.noise;
     if (s->mode == RENDER_NOISE_SEEDED) {
-        noise_gaussian_fill(r->noise, n, noise_seed_window(s->seed, k), 0);
+        noise_gaussian_fill(noise, n, noise_seed_window(s->seed, k), 0);
         return 0;
     }
     if (k >= s->n_replay || !s->replay[k])
@@ -138,54 +157,95 @@ static int fill_noise(struct render *r, int k, int L)
     if (s->replay_len[k] != (int64_t)n)
         return mm3_errorf(-EINVAL, "render: replay noise of window %d: %lld values, expected %zu (%d x %d)", k,
                           (long long)s->replay_len[k], n, r->in_ch, L);
-    memcpy(r->noise, s->replay[k], sizeof(float) * n);
+    memcpy(noise, s->replay[k], sizeof(float) * n);
     return 0;
 }
 
-/* Run window k over frames [100k, 100k + F); `last`: 1 known last, 0 known not last, -1 unknown. */
-static int run_window(struct render *r, int k, int F, int last)
+/* Condition, splice and noise of window k over frames [100k, 100k + F) into its slot,
+ * and the flow job that turns the slot's noise into latents. */
+static int prepare_window(struct render *r, int k, int F, struct flow_job *job)
 {
     int s = k * RENDER_HOP_FRAMES, C = r->in_ch, D = r->cond_dim;
     int L = condition_latent_len(&r->cm->cfg, F);
+    struct render_slot *w = &r->slot[k % 2];
     CHECK(s >= r->base && s + F <= r->n_have && L <= r->max_L);
-    int rc = condition_project(r->cm, r->mixed + (size_t)(s - r->base) * r->hidden, F, r->cond_raw);
+    int rc = condition_project(r->cm, r->mixed + (size_t)(s - r->base) * r->hidden, F, w->cond_raw);
     if (rc < 0) return rc;
-    memcpy(r->cond, r->cond_raw, sizeof(float) * (size_t)L * D);
+    memcpy(w->cond, w->cond_raw, sizeof(float) * (size_t)L * D);
     int ov = r->prev_len < L ? r->prev_len : L;
     const float *prev = r->prev_lat;
     if (ov > 0) {
-        memcpy(r->cond, r->prev_cond, sizeof(float) * (size_t)ov * D);
+        memcpy(w->cond, r->prev_cond, sizeof(float) * (size_t)ov * D);
         if (ov < r->prev_len) { /* the flow loop wants row stride ov */
             for (int c = 0; c < C; c++)
                 memcpy(r->prev_pack + (size_t)c * ov, r->prev_lat + (size_t)c * r->prev_len, sizeof(float) * ov);
             prev = r->prev_pack;
         }
     }
-    if ((rc = fill_noise(r, k, L)) < 0) return rc;
-    memcpy(r->x, r->noise, sizeof(float) * (size_t)C * L);
-    if (r->p.flow.run)
-        rc = r->p.flow.run(r->p.flow.ctx, r->p.n_steps, r->p.guidance, L, r->cond, ov, prev, r->x);
-    else
-        rc = flow_window_run(r->dm, r->ws, r->p.n_steps, r->p.guidance, L, r->cond, ov, prev, r->x);
-    if (rc < 0) return mm3_error_prefix(rc, "window %d: ", k);
+    if ((rc = fill_noise(r, k, L, w->noise)) < 0) return rc;
+    memcpy(w->x, w->noise, sizeof(float) * (size_t)C * L);
+    w->k = k, w->s = s, w->F = F, w->L = L, w->ov = ov;
+    *job = (struct flow_job){r->p.n_steps, r->p.guidance, L, ov, w->cond, ov > 0 ? prev : NULL, w->x};
+    return 0;
+}
 
+int render_window_prepare(struct render *r, struct flow_job *job)
+{
+    if (r->failed) return mm3_errorf(r->failed, "render: failed earlier");
+    if (!render_window_ready(r)) return 0;
+    int F = RENDER_WINDOW_FRAMES, s = r->next * RENDER_HOP_FRAMES;
+    if (r->finished && r->n_have - s < F) F = r->n_have - s; /* the short last window */
+    int rc = prepare_window(r, r->next, F, job);
+    if (rc < 0) return fail(r, mm3_error_prefix(rc, "window %d: ", r->next));
+    r->next++;
+    r->in_flow = 1;
+    r->n_unfinished++;
+    trim_frames(r);
+    return 1;
+}
+
+int render_window_collect(struct render *r, int flow_rc)
+{
+    CHECK(r->in_flow);
+    r->in_flow = 0;
+    struct render_slot *w = &r->slot[(r->next - 1) % 2];
+    if (r->failed) return mm3_errorf(r->failed, "render: failed earlier");
+    if (flow_rc < 0) return fail(r, mm3_error_prefix(flow_rc, "window %d: ", w->k));
     /* carry [L-344, L-172) of the latents and of the spliced conditioning */
+    int C = r->in_ch, D = r->cond_dim, L = w->L;
     int a = L - 2 * RENDER_OVERLAP_LATENTS > 0 ? L - 2 * RENDER_OVERLAP_LATENTS : 0;
     int b = L - RENDER_OVERLAP_LATENTS > a ? L - RENDER_OVERLAP_LATENTS : a;
     r->prev_len = b - a;
     for (int c = 0; c < C; c++)
-        memcpy(r->prev_lat + (size_t)c * r->prev_len, r->x + (size_t)c * L + a, sizeof(float) * r->prev_len);
-    memcpy(r->prev_cond, r->cond + (size_t)a * D, sizeof(float) * (size_t)r->prev_len * D);
+        memcpy(r->prev_lat + (size_t)c * r->prev_len, w->x + (size_t)c * L + a, sizeof(float) * r->prev_len);
+    memcpy(r->prev_cond, w->cond + (size_t)a * D, sizeof(float) * (size_t)r->prev_len * D);
+    return 0;
+}
 
+int render_window_unfinished(const struct render *r)
+{
+    return r->n_unfinished - r->in_flow;
+}
+
+/* Vocoder, observer, crop and emission of the oldest collected window. Whether it is
+ * the last one is decided now: what arrived since it was prepared only adds knowledge. */
+static int finish_window(struct render *r)
+{
+    struct render_slot *w = &r->slot[r->done % 2];
+    int k = w->k, L = w->L, rc, last;
+    if (r->finished)
+        last = k == render_window_count(r->n_have) - 1;
+    else
+        last = r->n_have > w->s + RENDER_WINDOW_FRAMES ? 0 : -1;
     int total = L * r->hop;
-    if ((rc = r->p.decoder.decode(r->p.decoder.ctx, r->x, L, r->wav)) < 0)
+    if ((rc = r->p.decoder.decode(r->p.decoder.ctx, w->x, L, r->wav)) < 0)
         return mm3_error_prefix(rc, "window %d: vocoder: ", k);
     for (size_t i = 0; i < 2 * (size_t)total; i++)
         if (!isfinite(r->wav[i]))
             return mm3_errorf(-ERANGE, "window %d: vocoder sample %zu of channel %zu is not finite", k,
                               i % (size_t)total, i / (size_t)total);
     if (r->p.observer.window_done) {
-        struct render_window_info info = {k, s, F, L, ov, r->cond_raw, r->noise, r->x, r->wav};
+        struct render_window_info info = {k, w->s, w->F, L, w->ov, w->cond_raw, w->noise, w->x, r->wav};
         if ((rc = r->p.observer.window_done(r->p.observer.ctx, &info)) < 0) return rc;
     }
 
@@ -203,6 +263,17 @@ static int run_window(struct render *r, int k, int F, int last)
         r->tail_n = n;
     }
     return 0;
+}
+
+int render_window_finish(struct render *r)
+{
+    if (r->failed) return mm3_errorf(r->failed, "render: failed earlier");
+    if (render_window_unfinished(r) < 1) return 0;
+    int rc = finish_window(r);
+    if (rc < 0) return fail(r, rc);
+    r->done++;
+    r->n_unfinished--;
+    return 1;
 }
 
 /* Frames before the next window's start are no longer needed. */
@@ -244,34 +315,33 @@ int render_push_frames_deferred(struct render *r, const float *frames, int n, in
 
 int render_window_ready(const struct render *r)
 {
-    if (r->failed) return 0;
+    /* the carry of the window in flow is not known yet; two slots */
+    if (r->failed || r->in_flow || r->n_unfinished >= 2) return 0;
     if (r->finished) return r->next < render_window_count(r->n_have);
     return r->n_have >= r->next * RENDER_HOP_FRAMES + RENDER_WINDOW_FRAMES;
 }
 
 int render_complete(const struct render *r)
 {
-    return !r->failed && r->finished && r->next >= render_window_count(r->n_have);
+    return !r->failed && r->finished && r->next >= render_window_count(r->n_have) && r->n_unfinished == 0;
 }
 
 int render_run_one_window(struct render *r)
 {
     if (r->failed) return mm3_errorf(r->failed, "render: failed earlier");
-    if (!render_window_ready(r)) return 0;
+    if (r->in_flow) return mm3_errorf(-EBUSY, "render: a window is out in a flow batch");
     int rc;
-    if (r->finished) {
-        /* the end is known: the last window may be short and emits everything */
-        int N = r->n_have, K = render_window_count(N);
-        int s = r->next * RENDER_HOP_FRAMES;
-        int F = N - s < RENDER_WINDOW_FRAMES ? N - s : RENDER_WINDOW_FRAMES;
-        rc = run_window(r, r->next, F, r->next == K - 1 ? 1 : 0);
-    } else {
-        int end = r->next * RENDER_HOP_FRAMES + RENDER_WINDOW_FRAMES;
-        rc = run_window(r, r->next, RENDER_WINDOW_FRAMES, r->n_have > end ? 0 : -1);
-    }
-    if (rc < 0) return fail(r, rc);
-    r->next++;
-    trim_frames(r);
+    while ((rc = render_window_finish(r)) == 1) /* a batched window before it */
+        ;
+    if (rc < 0) return rc;
+    struct flow_job j;
+    if ((rc = render_window_prepare(r, &j)) <= 0) return rc;
+    if (r->p.flow.run)
+        rc = r->p.flow.run(r->p.flow.ctx, j.n_steps, j.guidance, j.L, j.cond, j.ov, j.prev, j.x);
+    else
+        rc = flow_window_run(r->dm, r->ws, j.n_steps, j.guidance, j.L, j.cond, j.ov, j.prev, j.x);
+    if ((rc = render_window_collect(r, rc)) < 0) return rc;
+    if ((rc = render_window_finish(r)) < 0) return rc;
     return 1;
 }
 
@@ -311,7 +381,7 @@ int render_finish(struct render *r)
 
 int render_windows_done(const struct render *r)
 {
-    return r->next;
+    return r->done;
 }
 
 int render_frames_pushed(const struct render *r)

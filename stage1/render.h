@@ -28,6 +28,7 @@
 
 #include "stage1/condition.h"
 #include "stage1/dit.h"
+#include "stage1/flow_batch.h"
 
 /* Pipeline constants of the reference (not checkpoint geometry). */
 #define RENDER_WINDOW_FRAMES 200
@@ -119,14 +120,42 @@ int render_push_frames_deferred(struct render *r, const float *frames, int n, in
 /* End of the song (no more frames); emits a held tail if the last window already ran.
  * Zero frames: -EINVAL. */
 int render_end(struct render *r);
-/* 1 when render_run_one_window has a window to run now, else 0 (also after a failure). */
+/* 1 when render_run_one_window (or render_window_prepare) has a window to run now, else 0
+ * (also after a failure, while a window is out in a flow batch, and while two windows
+ * wait for their vocoder). */
 int render_window_ready(const struct render *r);
 /* Run the next ready window: 1 when one ran, 0 when none is ready, < 0 on error (the
  * render is then failed). */
 int render_run_one_window(struct render *r);
-/* 1 once the end is marked and every window has run. */
+/* 1 once the end is marked and every window has run and been emitted. */
 int render_complete(const struct render *r);
+/* Windows finished (vocoded and emitted). */
 int render_windows_done(const struct render *r);
+
+/* A window in three steps, for a scheduler that runs the windows of several songs in one
+ * flow batch (stage1/flow_batch.h) and vocodes one batch while the next one's DiT runs:
+ *   render_window_prepare: condition, splice and noise of the next ready window; fills
+ *     *job (pointers into the render, valid until collect). 1 prepared, 0 none ready,
+ *     < 0 failed (the render is then failed).
+ *   render_window_collect: after the flow ran the job (flow_rc: its result): the carried
+ *     latents for the next window. The next window may be prepared right after.
+ *   render_window_finish: vocoder, observer, crop and emission of the oldest collected
+ *     window. 1 finished one, 0 none waiting, < 0 failed.
+ * At most one window is out in a flow and at most two are unfinished; the PCM is the same
+ * as render_run_one_window's (bit for bit: the same ops on the same values). */
+int render_window_prepare(struct render *r, struct flow_job *job);
+int render_window_collect(struct render *r, int flow_rc);
+int render_window_finish(struct render *r);
+/* Windows collected and not finished yet (0..2). */
+int render_window_unfinished(const struct render *r);
+
+/* The whole cycle over n renders with one flow batch: one window of every render that has
+ * one ready goes into ONE batch (at most fb->max_windows, in array order), then each is
+ * collected and finished, render by render. A render that fails is left failed (its
+ * entry in rc[] < 0, else the number of windows it ran, 0 or 1); the others go on.
+ * NULL entries are skipped. Returns the number of windows run, or < 0 when the batch as
+ * a whole failed. (stage1/render_batch.c) */
+int render_batch_step(struct render *const *r, int n, const struct flow_batch *fb, int *rc);
 int render_frames_pushed(const struct render *r);
 
 /* Sample frames per channel handed to the sink so far. */
