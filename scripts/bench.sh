@@ -196,11 +196,11 @@ if phase e2e && [ -z "$e2e_na" ]; then
     scripts/launch.sh "$config" --model "$ckpt" --port "$port" > "$out/launch.log" 2>&1 &
     launcher=$!
     for _ in $(seq 1200); do
-      grep -q "^READY" "$out/launch.log" 2>/dev/null && break
+      grep -q "^READY http" "$out/launch.log" 2>/dev/null && break
       kill -0 $launcher 2>/dev/null || break
       sleep 0.5
     done
-    if grep -q "^READY" "$out/launch.log"; then
+    if grep -q "^READY http" "$out/launch.log"; then
       log "e2e.py"
       timeout 1500 "$py" scripts/bench/e2e.py --url "http://127.0.0.1:$port" --duration "$e2e_duration" \
         --concurrency "$e2e_conc" --json "$out/e2e.json" > "$out/e2e.log" 2>&1 ||
