@@ -5,11 +5,14 @@
 #   scripts/bench.sh [--out DIR] [--ckpt DIR] [--only PHASES] [--e2e] [--config YAML] [--bin DIR]
 #   scripts/bench.sh --dry-run      tiny shapes on the CPU: checks the harness, measures nothing
 #
-# Phases (--only load,ops,dit,pytorch,e2e; the table is always made from what DIR holds, so a
+# Phases (--only load,ops,stage0,dit,pytorch,e2e; the table is always made from what DIR holds, so a
 # run can be split over several calls with the same --out):
 #   load     mm3-mkckpt --preset full (random weights, release geometry) unless --ckpt, then
 #            mm3-bench-load --cold: load GB/s against the disk's sequential read
 #   ops      mm3-bench-ops: copy bandwidth, stage-0 kernels, the weight-streaming floor
+#   stage0   mm3-bench-stage0: stage 0 through the server's scheduler (ms/frame at 1..8 pairs,
+#            contexts 1000 and 5000, floor, time to first frame, peak memory); extra options from
+#            $MM3_BENCH_STAGE0_ARGS (e.g. "--contexts 1000 --time-limit 400"); dry run: CPU, tiny
 #   dit      mm3-bench-dit when it is built (stage-1 DiT forward)
 #   pytorch  scripts/bench/pytorch_stage0.py and pytorch_dit.py (+ the golden check of the
 #            DiT baseline when golden data is present)
@@ -18,12 +21,13 @@
 # Results: DIR/*.log, DIR/*.json, DIR/bench.json (everything merged), DIR/table.txt, DIR/table.md.
 # DIR defaults to $OUT when set (the device tool brings $OUT back), else results/<UTC date>.
 # Environment: PYTHON (default python3, needs torch + transformers), MM3_BENCH_CKPT (where the
-# random full checkpoint is written, default /tmp/mm3-bench-ckpt), MM3_GOLDEN_DIR.
+# random full checkpoint is written, default /tmp/mm3-bench-ckpt), MM3_GOLDEN_DIR,
+# MM3_BENCH_STAGE0_ARGS.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 root=$PWD
 
-dry=0 out="" ckpt="" only="load,ops,dit,pytorch,e2e" e2e=0 config="" bin="" e2e_duration=30 e2e_conc=8
+dry=0 out="" ckpt="" only="load,ops,stage0,dit,pytorch,e2e" e2e=0 config="" bin="" e2e_duration=30 e2e_conc=8
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry=1 ;;
@@ -35,7 +39,7 @@ while [ $# -gt 0 ]; do
     --e2e-duration) e2e_duration=${2:?--e2e-duration needs a value}; shift ;;
     --e2e-concurrency) e2e_conc=${2:?--e2e-concurrency needs a value}; shift ;;
     --bin) bin=${2:?--bin needs a value}; shift ;;
-    -h|--help) sed -n 2,21p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,25p "$0"; exit 0 ;;
     *) echo "bench.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -76,14 +80,13 @@ if [ "$dry" = 0 ] && command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv > "$out/gpu.txt" 2>&1
 fi
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-stage0_na="stage 0 has no CUDA backend yet"
 e2e_na=""
 [ "$e2e" = 1 ] || e2e_na="the stages have no CUDA backend yet (run with --e2e once they do)"
 [ "$dry" = 1 ] && [ "$e2e" = 0 ] && e2e_na="dry run: no GPU"
 "$py" - "$out/meta.json" <<EOF
 import json, sys
 json.dump({"date": "$(date -u +%Y-%m-%dT%H:%M:%SZ)", "host": "$(hostname)", "device": "$device",
-           "commit": "$commit", "dry_run": bool($dry), "bin": "$bin", "stage0_na": "$stage0_na",
+           "commit": "$commit", "dry_run": bool($dry), "bin": "$bin",
            "e2e_na": "$e2e_na" or None}, open(sys.argv[1], "w"), indent=1)
 EOF
 log "results in $out (programs from $bin, python $py)"
@@ -91,9 +94,10 @@ log "results in $out (programs from $bin, python $py)"
 # ---- checkpoint + load ----------------------------------------------------------------------
 if [ -z "$ckpt" ]; then
   if [ "$dry" = 1 ]; then ckpt=${TMPDIR:-/tmp}/mm3-bench-tiny-ckpt; preset=tiny; else ckpt=${MM3_BENCH_CKPT:-/tmp/mm3-bench-ckpt}; preset=full; fi
-  # Only the load and end-to-end phases need weights; the baselines take its configs when it
-  # exists and their built-in release geometry otherwise.
-  if [ ! -f "$ckpt/modular_model_index.json" ] && { phase load || { phase e2e && [ -z "$e2e_na" ]; }; }; then
+  # Only the load, stage-0 and end-to-end phases need weights; the baselines take its configs
+  # when it exists and their built-in release geometry otherwise.
+  if [ ! -f "$ckpt/modular_model_index.json" ] &&
+     { phase load || phase stage0 || { phase e2e && [ -z "$e2e_na" ]; }; }; then
     if have mm3-mkckpt; then
       log "writing a random $preset checkpoint to $ckpt"
       t0=$SECONDS
@@ -126,6 +130,25 @@ if phase ops; then
     "$py" scripts/bench/parse_tools.py ops "$out/ops.log" --rc $? --json "$out/ops.json" >&2
   else
     stub ops "mm3-bench-ops not built"
+  fi
+fi
+
+# ---- stage 0 through the scheduler ------------------------------------------------------------
+if phase stage0; then
+  if ! have mm3-bench-stage0; then
+    stub stage0 "mm3-bench-stage0 not built"
+  elif [ ! -f "$ckpt/modular_model_index.json" ]; then
+    stub stage0 "no checkpoint (mm3-mkckpt failed or not built)"
+  else
+    s0b_args=()
+    # The tiny model on the CPU: proves the phase and its parser, measures nothing.
+    [ "$dry" = 1 ] && s0b_args=(--backend cpu --pairs "1,2" --contexts "80,160" --frames 3 --warmup 1 --ttff-tokens 80
+                                --copy-mib 8)
+    # shellcheck disable=SC2206 # word splitting of the extra options is wanted
+    s0b_args+=(${MM3_BENCH_STAGE0_ARGS:-})
+    log "mm3-bench-stage0 ${s0b_args[*]}"
+    timeout 900 "$(prog mm3-bench-stage0)" --ckpt "$ckpt" "${s0b_args[@]}" > "$out/stage0.log" 2>&1
+    "$py" scripts/bench/parse_tools.py stage0 "$out/stage0.log" --rc $? --json "$out/stage0.json" >&2
   fi
 fi
 

@@ -4,9 +4,11 @@
     parse_tools.py ops  LOG [--rc N] --json OUT     mm3-bench-ops
     parse_tools.py load LOG [--rc N] --json OUT     mm3-bench-load
     parse_tools.py dit  LOG [--rc N] --json OUT     mm3-bench-dit (free format: best effort)
+    parse_tools.py stage0 LOG [--rc N] --json OUT   mm3-bench-stage0 (its S0BENCH lines)
 
 The programs print tables for people and have no JSON output; the formats parsed here are
-the printf formats of tools/mm3_bench_ops.c and tools/mm3_bench_load.c. A program that exited
+the printf formats of tools/mm3_bench_ops.c and tools/mm3_bench_load.c; mm3-bench-stage0 prints
+one machine-readable `S0BENCH kind=... key=value` line per figure. A program that exited
 77 (no CUDA device) or whose output did not parse gives {"ok": false, "reason": ...}, which
 the table shows as "n/a (reason)".
 """
@@ -158,10 +160,62 @@ def parse_dit(text, rc=0):
         doc["reason"] = "no ms/forward, s/window or TFLOP/s figure found in its output"
     return doc
 
+S0_LINE = re.compile(r"^S0BENCH (.*)$", re.M)
+S0_FIELD = re.compile(r'(\w+)=("(?:[^"]*)"|\S+)')
+
+
+def _s0_value(v):
+    if v.startswith('"'):
+        return v[1:-1]
+    try:
+        return int(v)
+    except ValueError:
+        try:
+            return float(v)
+        except ValueError:
+            return v
+
+
+def parse_stage0(text, rc=0):
+    """tools/mm3_bench_stage0.c: one `S0BENCH kind=K key=value ...` line per figure (kinds setup,
+    copy, frame, skipped, ttff, memory). A run cut short still gives the lines it printed; exit 1
+    (a configuration failed) keeps the figures of the others."""
+    doc = _status("mm3-bench-stage0", text, rc)
+    if doc.get("reason") == "no CUDA device":
+        return doc
+    failed = doc.pop("reason", None)
+    doc["results"], doc["skipped"] = [], []
+    for m in S0_LINE.finditer(text):
+        f = {k: _s0_value(v) for k, v in S0_FIELD.findall(m.group(1))}
+        kind = f.pop("kind", None)
+        if kind == "frame":
+            f["ms_per_frame"] = f.pop("ms_median")
+            doc["results"].append(f)
+        elif kind == "skipped":
+            doc["skipped"].append(f)
+        elif kind == "copy":
+            doc["copy_GBps"] = f.get("GBps")
+        elif kind == "ttff":
+            if "s" in f:
+                doc["ttff_s"], doc["ttff_prompt_tokens"] = f["s"], f.get("prompt_tokens")
+            else:
+                doc["ttff_reason"] = f.get("reason", "not measured")
+        elif kind in ("setup", "memory"):
+            doc[kind] = f
+    if doc["results"]:
+        doc["ok"] = True
+        if failed:
+            doc["warning"] = failed
+    else:
+        why = failed or (doc["skipped"][0]["reason"] if doc["skipped"] else
+                         "output did not parse (no S0BENCH frame lines: format of mm3-bench-stage0 changed?)")
+        doc["reason"] = why
+    return doc
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("kind", choices=("ops", "load", "dit"))
+    ap.add_argument("kind", choices=("ops", "load", "dit", "stage0"))
     ap.add_argument("log")
     ap.add_argument("--rc", type=int, default=0, help="exit status of the program")
     ap.add_argument("--json", required=True)
@@ -171,7 +225,7 @@ def main():
             text = f.read()
     except OSError as e:
         text, args.rc = f"cannot read log: {e}", 1
-    doc = {"ops": parse_ops, "load": parse_load, "dit": parse_dit}[args.kind](text, args.rc)
+    doc = {"ops": parse_ops, "load": parse_load, "dit": parse_dit, "stage0": parse_stage0}[args.kind](text, args.rc)
     doc["log"] = args.log
     common.write_json(args.json, doc)
     print(f"parse_tools: {doc['tool']}: " + ("ok" if doc["ok"] else "n/a (" + doc.get("reason", "?") + ")"))

@@ -3,8 +3,8 @@
 
     python3 scripts/bench/test_harness.py
 
-- parse_tools against text in the exact printf formats of tools/mm3_bench_ops.c and
-  tools/mm3_bench_load.c (and the "no CUDA" exit 77 path);
+- parse_tools against text in the exact printf formats of tools/mm3_bench_ops.c,
+  tools/mm3_bench_load.c and tools/mm3_bench_stage0.c (and the "no CUDA" exit 77 path);
 - table.py on a synthetic H200 run: bounds, ratios, goals met / missed "by how much", and
   "n/a (reason)" rows for everything that is missing;
 - e2e.py's measuring code against a local fake streaming server.
@@ -59,6 +59,31 @@ DIT_TEXT = ("device: NVIDIA H200\nFLOP per sequence forward: %.4g T\n" % 3.489
             + "| drift vs fp32 | %s | 1 (2) | first guided velocity rel %.3g | latents after %d Euler steps "
             "rel %.3g | | | |\n" % ("bf16", 0.0123, 30, 0.0456))
 
+# tools/mm3_bench_stage0.c's S0BENCH lines (its printf formats), a run cut short by --time-limit.
+S0_FRAME_FMT = ("S0BENCH kind=frame context=%d pairs=%d prompt_tokens=%d ms_median=%.4f ms_mean=%.4f ms_min=%.4f "
+                "ms_max=%.4f steps=%d mean_pos=%.1f weight_bytes=%.0f kv_bytes=%.0f floor_ms=%.4f ratio=%.4f "
+                "prefill_s=%.4f prefill_tokens=%.0f\n")
+S0_TEXT = ("bench-s0[1] 12.000 INFO  mm3_bench_stage0.c:700: checkpoint /tmp/ck loaded in 20.1 s\n"
+           "| ms per frame | 1000 | 1 | 20.00 | 5.43 | 3.68 | ... |\n"
+           + "S0BENCH kind=setup backend=%s load_s=%.3f weight_bytes=%.0f kv_bytes_per_pos=%.0f max_rows=%d "
+           "max_ctx=%d max_batched_tokens=%d frames=%d warmup=%d\n"
+           % ("cuda", 20.1, 22.31e9, 294912, 16, 5400, 10240, 16, 2)
+           + "S0BENCH kind=copy GBps=%.2f bytes=%zu\n".replace("%zu", "%d") % (4213.5, 1 << 30)
+           + S0_FRAME_FMT % (1000, 1, 998, 20.0, 20.5, 19.0, 25.0, 16, 1010.0, 22.31e9, 595722240, 5.4365, 3.6788,
+                             0.8, 1996)
+           + S0_FRAME_FMT % (1000, 8, 998, 80.0, 81.0, 78.0, 90.0, 16, 1020.0, 22.31e9, 4812963840, 6.4374, 12.4274,
+                             4.1, 7984)
+           + S0_FRAME_FMT % (5000, 1, 4999, 24.0, 24.5, 23.0, 30.0, 16, 5010.0, 22.31e9, 2955018240, 5.9963,
+                             4.0025, 6.0, 9998)
+           + "S0BENCH kind=skipped context=%d pairs=%d prompt_tokens=%d reason=\"%s\"\n"
+           % (5000, 8, 4999, "time limit 120 s reached while prefilling context 5000, 8 pairs, 40.2 s after its "
+              "submit (at 121.0 s)")
+           + "S0BENCH kind=ttff prompt_tokens=%d s=%.4f\n" % (998, 0.9)
+           + "S0BENCH kind=memory peak_used_bytes=%.0f after_start_bytes=%.0f plan_bytes=%zu total_bytes=%.0f "
+           "utilization=%.3f budget_bytes=%.0f\n".replace("%zu", "%d")
+           % (52e9, 50e9, 49e9, 150e9, 0.6, 90e9)
+           + "mm3-bench-stage0 exit 0, wall 130 s\n")
+
 
 def synthetic_run(d, with_e2e):
     """A run as bench.sh leaves it on an H200, PyTorch figures from prior-art.md."""
@@ -69,6 +94,8 @@ def synthetic_run(d, with_e2e):
                  "stage0_na": "stage 0 has no CUDA backend yet"})
     put("ops", parse_tools.parse_ops(OPS_TEXT))
     put("load", parse_tools.parse_load(LOAD_TEXT))
+    if with_e2e:
+        put("stage0", parse_tools.parse_stage0(S0_TEXT))
     put("dit", parse_tools.parse_dit(DIT_TEXT) if with_e2e else
         {"tool": "mm3-bench-dit", "ok": False, "reason": "mm3-bench-dit not built"})
     wb = 22.31e9
@@ -159,6 +186,38 @@ class ParseTest(unittest.TestCase):
         self.assertFalse(parse_tools.parse_dit("nothing here\n")["ok"])
 
 
+    def test_stage0(self):
+        d = parse_tools.parse_stage0(S0_TEXT)
+        self.assertTrue(d["ok"])
+        self.assertEqual(d["copy_GBps"], 4213.5)
+        self.assertEqual([(r["context"], r["pairs"]) for r in d["results"]], [(1000, 1), (1000, 8), (5000, 1)])
+        r = d["results"][1]
+        self.assertEqual((r["ms_per_frame"], r["floor_ms"], r["prompt_tokens"], r["steps"]), (80.0, 6.4374, 998, 16))
+        self.assertEqual(r["kv_bytes"], 4812963840)
+        self.assertEqual(d["skipped"][0]["pairs"], 8)
+        self.assertIn("40.2 s after its submit", d["skipped"][0]["reason"])
+        self.assertEqual((d["ttff_s"], d["ttff_prompt_tokens"]), (0.9, 998))
+        self.assertEqual(d["memory"]["budget_bytes"], 90e9)
+        self.assertEqual(d["setup"]["backend"], "cuda")
+
+    def test_stage0_failures(self):
+        self.assertEqual(parse_tools.parse_stage0("mm3-bench-stage0: no CUDA device (or built without CUDA)\n", 77)
+                         ["reason"], "no CUDA device")
+        # exit 1 (one configuration failed): the others' figures stay, with a warning
+        d = parse_tools.parse_stage0(S0_TEXT + "mm3-bench-stage0: context 5000, 8 pairs: out of memory\n", 1)
+        self.assertTrue(d["ok"])
+        self.assertIn("exit 1", d["warning"])
+        # everything skipped: not ok, and the reason is the skip's
+        only_skip = "\n".join(l for l in S0_TEXT.splitlines() if "kind=frame" not in l)
+        d = parse_tools.parse_stage0(only_skip, 0)
+        self.assertFalse(d["ok"])
+        self.assertIn("time limit", d["reason"])
+        self.assertIn("did not parse", parse_tools.parse_stage0("garbage\n", 0)["reason"])
+        d = parse_tools.parse_stage0("error: cannot load\n", 1)
+        self.assertFalse(d["ok"])
+        self.assertIn("exit 1", d["reason"])
+
+
 class TableTest(unittest.TestCase):
     def test_windows(self):
         self.assertEqual(table.windows_for(750), 7)
@@ -172,10 +231,20 @@ class TableTest(unittest.TestCase):
             docs = table.load_dir(d)
             rows = table.build_rows(docs)
             # stage 0: PyTorch graph (the faster) in the cell, floor from mm3-bench-ops' copy bandwidth
+            # ... and mm3's figure through the scheduler, its bound mm3's own floor (float32 KV)
             r = by_figure(rows, "ms per frame, context 1000, 1 CFG pair")
             self.assertAlmostEqual(r.pytorch, 15.8)
-            self.assertAlmostEqual(r.bound, (22.31e9 + 147456 * 2 * 1000) / 4213e9 * 1e3)
-            self.assertTrue(r.mm3.startswith("n/a (stage 0 has no CUDA backend"))
+            self.assertEqual((r.mm3, r.bound), (20.0, 5.4365))
+            self.assertAlmostEqual(r.ratio(r.bound), 20.0 / 5.4365)
+            r = by_figure(rows, "ms per frame, context 5000, 8 CFG pairs")
+            self.assertTrue(r.mm3.startswith("n/a (time limit 120 s reached while prefilling"), r.mm3)
+            self.assertAlmostEqual(r.bound, (22.31e9 + 147456 * 2 * 8 * 5000) / 4213e9 * 1e3)  # PyTorch's bytes
+            self.assertEqual(by_figure(rows, "time to first frame, 998-token prompt").mm3, 0.9)
+            r = by_figure(rows, "peak GPU memory, stage 0 benchmark")
+            self.assertAlmostEqual(r.mm3, 52e9 / 2 ** 30)
+            self.assertAlmostEqual(r.bound, 90e9 / 2 ** 30)
+            self.assertAlmostEqual(by_figure(rows, "prefill through the scheduler, context 1000").mm3,
+                                   (1996 + 7984) / (0.8 + 4.1))
             # stage 1: bound = FLOP at the bf16 dense peak
             r = by_figure(rows, "DiT s per window, bf16, 1 window")
             self.assertAlmostEqual(r.pytorch, 0.699, places=3)
@@ -227,6 +296,11 @@ class TableTest(unittest.TestCase):
             r = by_figure(rows, "DiT s per window, bf16, 1 window")
             self.assertAlmostEqual(r.bound, 30 * 6.977 / 989.4, places=4)
             self.assertEqual(r.mm3, "n/a (mm3-bench-dit not built)")
+            # no mm3-bench-stage0 run: its rows say so, the PyTorch floor stays the bound
+            r = by_figure(rows, "ms per frame, context 1000, 1 CFG pair")
+            self.assertEqual(r.mm3, "n/a (mm3-bench-stage0: not run)")
+            self.assertAlmostEqual(r.bound, (22.31e9 + 147456 * 2 * 1000) / 4213e9 * 1e3)
+            self.assertEqual(by_figure(rows, "time to first frame").mm3, "n/a (mm3-bench-stage0: not run)")
 
 
 class E2eTest(unittest.TestCase):
