@@ -217,8 +217,17 @@ static void check_attention(int B, int T, int heads, int head_dim, int rot)
         double tol;
     } variants[] = {{MM3_MATMUL_FP32, DIT_ATTN_SIMT, "SIMT", TOL_ATT_FP32},
                     {MM3_MATMUL_TF32, DIT_ATTN_WMMA, "WMMA", TOL_ATT_TF32},
+                    {MM3_MATMUL_TF32, DIT_ATTN_FLASH64, "FLASH64", TOL_ATT_TF32},
+                    {MM3_MATMUL_TF32, DIT_ATTN_FLASH128, "FLASH128", TOL_ATT_TF32},
+                    {MM3_MATMUL_TF32, DIT_ATTN_FLASH128M2, "FLASH128M2", TOL_ATT_TF32},
                     {MM3_MATMUL_BF16, DIT_ATTN_WMMA, "WMMA", TOL_ATT_BF16},
-                    {MM3_MATMUL_BF16, DIT_ATTN_MMA, "MMA", TOL_ATT_BF16}};
+                    {MM3_MATMUL_BF16, DIT_ATTN_MMA, "MMA", TOL_ATT_BF16},
+                    {MM3_MATMUL_BF16, DIT_ATTN_FLASH64, "FLASH64", TOL_ATT_BF16},
+                    {MM3_MATMUL_BF16, DIT_ATTN_FLASH128, "FLASH128", TOL_ATT_BF16},
+                    {MM3_MATMUL_BF16, DIT_ATTN_FLASH128M2, "FLASH128M2", TOL_ATT_BF16},
+                    {MM3_MATMUL_FP32, DIT_ATTN_AUTO, "AUTO", TOL_ATT_FP32},
+                    {MM3_MATMUL_TF32, DIT_ATTN_AUTO, "AUTO", TOL_ATT_TF32},
+                    {MM3_MATMUL_BF16, DIT_ATTN_AUTO, "AUTO", TOL_ATT_BF16}};
     for (size_t k = 0; k < sizeof variants / sizeof variants[0]; k++)
         for (int bf16 = 0; bf16 < 2; bf16++) {
             void *dout = dev_poisoned(4ul * rows * D);
@@ -233,9 +242,11 @@ static void check_attention(int B, int T, int heads, int head_dim, int rot)
             free(o);
             cuda_free(dout);
         }
-    /* MMA computes in bf16 only */
+    /* MMA computes in bf16 only, the FLASH kernels in tf32 and bf16 */
     assert_true(dit_cuda_attention_kernel(dqkv, 0, dqkv, B, T, heads, head_dim, rot, dcs, scale, MM3_MATMUL_TF32,
                                           DIT_ATTN_MMA, NULL) == -EINVAL);
+    assert_true(dit_cuda_attention_kernel(dqkv, 0, dqkv, B, T, heads, head_dim, rot, dcs, scale, MM3_MATMUL_FP32,
+                                          DIT_ATTN_FLASH128, NULL) == -EINVAL);
     assert_true(dit_cuda_attention(dqkv, 0, dqkv, B, T, heads, 48, 0, NULL, scale, MM3_MATMUL_FP32, NULL) == -EINVAL);
     cuda_free(dqkv), cuda_free(dcs), cuda_free(dinv);
     free(qkv), free(roped), free(ref), free(inv), free(pos);
@@ -248,7 +259,64 @@ static void test_attention(void **state)
     check_attention(1, 38, 2, 32, 16);   /* tiny-a */
     check_attention(3, 129, 2, 128, 0);  /* no RoPE, a partial last tile */
     check_attention(1, 1, 1, 64, 32);    /* a single token */
-    check_attention(2, 70, 2, 32, 4);    /* rotary halves of 2: the element-wise load path */
+    check_attention(2, 70, 2, 32, 4);    /* rotary halves of 2: the element-wise load path (FLASH falls back) */
+    check_attention(4, 37, 3, 64, 32);   /* odd T: one partial query and key tile, B 4 */
+    check_attention(5, 131, 2, 64, 8);   /* rotary halves of 4; tiles of 128 queries + 3 */
+    check_attention(2, 77, 2, 128, 64);  /* head_dim 128 with RoPE */
+}
+
+/* Bytes of one attention run (bf16 output) of kernel k on qkv; the kernels are
+ * deterministic, so equal bytes mean the same kernel ran. */
+static uint16_t *attention_bytes(const float *dqkv, int B, int T, int heads, int head_dim, int rot, const float *dcs,
+                                 enum mm3_matmul_precision prec, enum dit_attn_kernel k)
+{
+    size_t n = (size_t)B * T * heads * head_dim;
+    void *dout = dev_poisoned(2 * n);
+    assert_int_equal(dit_cuda_attention_kernel(dout, 1, dqkv, B, T, heads, head_dim, rot, dcs,
+                                               1.0f / sqrtf((float)head_dim), prec, k, NULL),
+                     0);
+    uint16_t *h = malloc(2 * n);
+    assert_non_null(h);
+    assert_int_equal(cuda_stream_sync(NULL), 0);
+    assert_int_equal(cuda_memcpy_d2h(h, dout, 2 * n), 0);
+    cuda_free(dout);
+    return h;
+}
+
+/* dit_cuda_attention_default_set picks what AUTO (the forward's attention) runs. */
+static void test_attention_default(void **state)
+{
+    (void)state;
+    assert_true(dit_cuda_attention_default_set(MM3_MATMUL_FP32, DIT_ATTN_FLASH64) == -EINVAL);
+    assert_true(dit_cuda_attention_default_set(MM3_MATMUL_TF32, DIT_ATTN_MMA) == -EINVAL);
+    assert_int_equal(dit_cuda_attention_default_set(MM3_MATMUL_TF32, DIT_ATTN_WMMA), 0);
+    assert_int_equal(dit_cuda_attention_default_set(MM3_MATMUL_BF16, DIT_ATTN_MMA), 0);
+    check_attention(1, 38, 2, 32, 16); /* AUTO rows now run the old kernels */
+
+    int B = 2, T = 45, heads = 2, hd = 64, rot = 32;
+    size_t n = (size_t)B * T * heads * hd;
+    float *qkv = rnd_array(3 * n, 1.5f, 0.0f), *inv = malloc(sizeof(float) * rot / 2);
+    assert_non_null(inv);
+    op_rope_inv_freq(inv, 10000.0, rot);
+    float *dqkv = dev_upload(qkv, 12 * n), *dinv = dev_upload(inv, 2ul * rot), *dcs = dev_poisoned(4ul * T * rot);
+    assert_int_equal(dit_cuda_rope_table(dcs, dinv, T, rot, NULL), 0);
+    static const struct {
+        enum mm3_matmul_precision prec;
+        enum dit_attn_kernel kernel;
+    } cases[] = {{MM3_MATMUL_TF32, DIT_ATTN_WMMA},       {MM3_MATMUL_BF16, DIT_ATTN_MMA},
+                 {MM3_MATMUL_TF32, DIT_ATTN_FLASH64},    {MM3_MATMUL_BF16, DIT_ATTN_FLASH128M2},
+                 {MM3_MATMUL_TF32, DIT_ATTN_FLASH128M2}, {MM3_MATMUL_BF16, DIT_ATTN_FLASH64}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        assert_int_equal(dit_cuda_attention_default_set(cases[i].prec, cases[i].kernel), 0);
+        uint16_t *a = attention_bytes(dqkv, B, T, heads, hd, rot, dcs, cases[i].prec, DIT_ATTN_AUTO);
+        uint16_t *k = attention_bytes(dqkv, B, T, heads, hd, rot, dcs, cases[i].prec, cases[i].kernel);
+        assert_memory_equal(a, k, 2 * n);
+        free(a), free(k);
+    }
+    assert_int_equal(dit_cuda_attention_default_set(MM3_MATMUL_TF32, DIT_ATTN_AUTO), 0);
+    assert_int_equal(dit_cuda_attention_default_set(MM3_MATMUL_BF16, DIT_ATTN_AUTO), 0);
+    cuda_free(dqkv), cuda_free(dinv), cuda_free(dcs);
+    free(qkv), free(inv);
 }
 
 static void check_gating(int n, int ff)
@@ -528,6 +596,7 @@ int main(void)
         cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_default),
         cmocka_unit_test(test_gating),
         cmocka_unit_test(test_bad_args),
         cmocka_unit_test(test_forward_tiny_a),

@@ -2,7 +2,7 @@
  * made on the GPU (no files), in each matmul precision.
  *
  *   mm3-bench-dit [--layers N] [--latents L] [--windows 1,2,4,8] [--reps R]
- *                 [--precisions fp32,tf32,bf16] [--euler-steps S]
+ *                 [--precisions fp32,tf32,bf16] [--euler-steps S] [--attention auto,old,flash64,flash128,flash128m2]
  *
  * Per precision: the dense GEMM peak (cuBLASLt 8192^3, median of 10 after warm-up,
  * CUDA events), one forward of B = 2 x windows sequences (CFG pair per window) of L
@@ -10,7 +10,10 @@
  * (dit_cuda_forward_flops) and its ratio to that peak. Then the drift of tf32 and
  * bf16 against fp32: the same weights, noise and condition through S Euler steps with
  * CFG (host-side blend), relative L2 error of the first velocity and of the final latents.
- * Prints a table last. */
+ * --attention: forward rows for each listed attention kernel (dit_cuda_attention_default_set):
+ * auto (the built-in choice), old (the kernels before dit_attention_flash.cu: WMMA for tf32,
+ * MMA for bf16), flash64, flash128, flash128m2; fp32 always runs SIMT. The per-piece breakdown times
+ * every attention kernel of the precision. Prints a table last. */
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
@@ -28,6 +31,7 @@
 #include "stage1/flow.h"
 
 #define MAX_WINDOWS 8
+#define MAX_ATTN 5
 #define STEPS_PER_WINDOW 30
 
 static uint64_t rng = 0x5eed0d17ull;
@@ -107,8 +111,25 @@ static double gemm_peak(enum mm3_matmul_precision p, void *stream, void *e0, voi
     return 2.0 * n * (double)n * n / t / 1e12;
 }
 
+/* The --attention choices: name, kernel in tf32, kernel in bf16 (fp32: SIMT always). */
+static const struct attn_choice {
+    const char *name;
+    enum dit_attn_kernel tf32, bf16;
+} attn_choices[] = {{"auto", DIT_ATTN_AUTO, DIT_ATTN_AUTO},
+                    {"old", DIT_ATTN_WMMA, DIT_ATTN_MMA},
+                    {"flash64", DIT_ATTN_FLASH64, DIT_ATTN_FLASH64},
+                    {"flash128", DIT_ATTN_FLASH128, DIT_ATTN_FLASH128},
+                    {"flash128m2", DIT_ATTN_FLASH128M2, DIT_ATTN_FLASH128M2}};
+
+static const char *kernel_name(enum dit_attn_kernel k)
+{
+    static const char *names[] = {"AUTO", "SIMT", "WMMA", "MMA", "FLASH64", "FLASH128", "FLASH128M2"};
+    return (unsigned)k < sizeof names / sizeof names[0] ? names[k] : "?";
+}
+
 struct row {
     enum mm3_matmul_precision p;
+    const char *attn;
     int windows, B;
     double ms, ms_graph, s_window, tflops, peak;
 };
@@ -269,21 +290,22 @@ static void breakdown(const struct dit_config *cfg, enum mm3_matmul_precision p,
         printf("| %s | %.3f | %.3f | %.1f |\n", names[k], t[0], t[1], flops[k] / (t[1] * 1e-3) / 1e12);
         sum += t[1];
     }
-    float ta, tl, tg;
-    TIME_MS(ta, reps,
-            dit_cuda_attention(o2, bf, qkv, B, T, cfg->n_heads, cfg->head_dim, cfg->rotary_dim,
-                               cfg->rotary_dim ? cs : NULL, 0.125f, p, stream));
-    printf("| attention (%s, default) | | %.3f | %.1f |\n",
-           p == MM3_MATMUL_FP32   ? "SIMT"
-           : p == MM3_MATMUL_TF32 ? "WMMA"
-                                  : "MMA",
-           ta, flop_att / (ta * 1e-3) / 1e12);
-    if (p == MM3_MATMUL_BF16) {
-        float tw;
-        TIME_MS(tw, reps,
+    /* every attention kernel of this precision; the sum counts the default (AUTO) one */
+    static const enum dit_attn_kernel kernels[] = {DIT_ATTN_AUTO,      DIT_ATTN_SIMT,    DIT_ATTN_WMMA,
+                                                   DIT_ATTN_MMA,       DIT_ATTN_FLASH64, DIT_ATTN_FLASH128,
+                                                   DIT_ATTN_FLASH128M2};
+    float ta = 0, tl, tg;
+    for (size_t k = 0; k < sizeof kernels / sizeof kernels[0]; k++) {
+        enum dit_attn_kernel kk = kernels[k];
+        if (kk == DIT_ATTN_SIMT && p != MM3_MATMUL_FP32) continue; /* minutes at B 16 */
+        if (kk != DIT_ATTN_AUTO && kk != DIT_ATTN_SIMT && p == MM3_MATMUL_FP32) continue;
+        if (kk == DIT_ATTN_MMA && p != MM3_MATMUL_BF16) continue;
+        float t;
+        TIME_MS(t, reps,
                 dit_cuda_attention_kernel(o2, bf, qkv, B, T, cfg->n_heads, cfg->head_dim, cfg->rotary_dim,
-                                          cfg->rotary_dim ? cs : NULL, 0.125f, p, DIT_ATTN_WMMA, stream));
-        printf("| attention (WMMA, alternative) | | %.3f | %.1f |\n", tw, flop_att / (tw * 1e-3) / 1e12);
+                                          cfg->rotary_dim ? cs : NULL, 0.125f, p, kk, stream));
+        printf("| attention (%s) | | %.3f | %.1f |\n", kernel_name(kk), t, flop_att / (t * 1e-3) / 1e12);
+        if (kk == DIT_ATTN_AUTO) ta = t;
     }
     TIME_MS(tl, reps, dit_cuda_layernorm(o2, bf, x, lw, lw, N, D, 1e-5f, stream));
     printf("| LayerNorm (x2 per layer) | | %.3f | |\n", tl);
@@ -301,7 +323,8 @@ static void breakdown(const struct dit_config *cfg, enum mm3_matmul_precision p,
 static void usage(void)
 {
     fprintf(stderr, "usage: mm3-bench-dit [--layers N] [--latents L] [--windows 1,2,4,8] [--reps R]\n"
-                    "                     [--precisions fp32,tf32,bf16] [--euler-steps S]\n");
+                    "                     [--precisions fp32,tf32,bf16] [--euler-steps S]\n"
+                    "                     [--attention auto,old,flash64,flash128,flash128m2]\n");
     exit(2);
 }
 
@@ -316,7 +339,7 @@ int main(int argc, char **argv)
                              .rotary_dim = 32,
                              .fourier_dim = 256};
     int L = 689, reps = 5, euler_steps = 4, n_windows = 4, windows[MAX_WINDOWS] = {1, 2, 4, 8};
-    int n_prec = 3;
+    int n_prec = 3, n_attn = 1, attn[MAX_ATTN] = {0};
     enum mm3_matmul_precision precs[3] = {MM3_MATMUL_FP32, MM3_MATMUL_TF32, MM3_MATMUL_BF16};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -338,6 +361,17 @@ int main(int argc, char **argv)
                 else if (*s)
                     usage();
             }
+        } else if (!strcmp(a, "--attention")) {
+            n_attn = 0;
+            for (int c = 0; c < MAX_ATTN; c++) {
+                const char *hit = strstr(val, attn_choices[c].name);
+                /* "flash64" must not match inside another name: whole comma-separated items */
+                size_t len = strlen(attn_choices[c].name);
+                for (; hit; hit = strstr(hit + 1, attn_choices[c].name))
+                    if ((hit == val || hit[-1] == ',') && (hit[len] == ',' || hit[len] == 0)) break;
+                if (hit) attn[n_attn++] = c;
+            }
+            if (n_attn == 0) usage();
         } else if (!strcmp(a, "--precisions")) {
             n_prec = 0;
             if (strstr(val, "fp32")) precs[n_prec++] = MM3_MATMUL_FP32;
@@ -378,7 +412,7 @@ int main(int argc, char **argv)
     float *fin[3], *vfirst[3];
     for (size_t e = 0; e < per; e++)
         x0[e] = rnd_unit() * 1.7f;
-    struct row rows[3 * MAX_WINDOWS];
+    struct row rows[3 * MAX_ATTN * MAX_WINDOWS];
     int n_rows = 0;
     double peaks[3];
     for (int pi = 0; pi < n_prec; pi++) {
@@ -389,32 +423,47 @@ int main(int argc, char **argv)
         struct dit_cuda *h;
         if (dit_cuda_load_random(&h, &cfg, p, 1234) < 0) die("dit_cuda_load_random");
         if (dit_cuda_reserve(h, max_B, L) < 0) die("dit_cuda_reserve");
-        for (int w = 0; w < n_windows; w++) {
-            struct row *r = &rows[n_rows++];
-            r->p = p, r->windows = windows[w], r->B = 2 * windows[w], r->peak = peaks[pi];
-            int rp = p == MM3_MATMUL_FP32 && r->B > 4 ? (reps < 3 ? reps : 3) : reps;
-            time_forward(h, r->B, L, rp, dx, dt, cond, dv, stream, e0, e1, &r->ms, &r->ms_graph);
-            double best = r->ms_graph > 0 && r->ms_graph < r->ms ? r->ms_graph : r->ms;
-            r->s_window = best * 1e-3 * STEPS_PER_WINDOW / r->windows;
-            r->tflops = dit_cuda_forward_flops(&cfg, r->B, L) / (best * 1e-3) / 1e12;
-            printf("%s B %d: %.2f ms eager, %.2f ms graph\n", prec_name(p), r->B, r->ms, r->ms_graph);
-            fflush(stdout);
+        int first = n_rows;
+        for (int a = 0; a < (p == MM3_MATMUL_FP32 ? 1 : n_attn); a++) {
+            const struct attn_choice *ac = &attn_choices[attn[a]];
+            if (dit_cuda_attention_default_set(p, p == MM3_MATMUL_BF16   ? ac->bf16
+                                                  : p == MM3_MATMUL_TF32 ? ac->tf32
+                                                                         : DIT_ATTN_AUTO) < 0)
+                die("dit_cuda_attention_default_set");
+            for (int w = 0; w < n_windows; w++) {
+                struct row *r = &rows[n_rows++];
+                r->p = p, r->attn = p == MM3_MATMUL_FP32 ? "SIMT" : ac->name;
+                r->windows = windows[w], r->B = 2 * windows[w], r->peak = peaks[pi];
+                int rp = p == MM3_MATMUL_FP32 && r->B > 4 ? (reps < 3 ? reps : 3) : reps;
+                time_forward(h, r->B, L, rp, dx, dt, cond, dv, stream, e0, e1, &r->ms, &r->ms_graph);
+                double best = r->ms_graph > 0 && r->ms_graph < r->ms ? r->ms_graph : r->ms;
+                r->s_window = best * 1e-3 * STEPS_PER_WINDOW / r->windows;
+                r->tflops = dit_cuda_forward_flops(&cfg, r->B, L) / (best * 1e-3) / 1e12;
+                printf("%s %s B %d: %.2f ms eager, %.2f ms graph\n", prec_name(p), r->attn, r->B, r->ms, r->ms_graph);
+                fflush(stdout);
+            }
         }
+        if (dit_cuda_attention_default_set(p, DIT_ATTN_AUTO) < 0) die("dit_cuda_attention_default_set");
         /* where the time goes, at the smallest and largest batch */
-        breakdown(&cfg, p, rows[n_rows - n_windows].B, L, rows[n_rows - n_windows].ms, stream, e0, e1);
-        if (n_windows > 1) breakdown(&cfg, p, rows[n_rows - 1].B, L, rows[n_rows - 1].ms, stream, e0, e1);
+        /* ... next to the forward that ran the default attention (the breakdown's sum does) */
+        for (int i = first; i < n_rows; i += n_windows)
+            if (!strcmp(rows[i].attn, "auto")) first = i;
+        breakdown(&cfg, p, rows[first].B, L, rows[first].ms, stream, e0, e1);
+        if (n_windows > 1)
+            breakdown(&cfg, p, rows[first + n_windows - 1].B, L, rows[first + n_windows - 1].ms, stream, e0, e1);
         fin[pi] = malloc(sizeof(float) * per);
         vfirst[pi] = malloc(sizeof(float) * per);
         euler_window(h, L, euler_steps, x0, dcond, fin[pi], vfirst[pi], stream);
         dit_cuda_free(h);
     }
 
-    printf("\n| figure | precision | windows (B) | ms / forward (eager, graph) | s / window (30 steps, CFG) "
-           "| TFLOP/s | dense GEMM peak | ratio |\n|---|---|---|---|---|---|---|---|\n");
+    printf(
+        "\n| figure | precision | attention | windows (B) | ms / forward (eager, graph) "
+        "| s / window (30 steps, CFG) | TFLOP/s | dense GEMM peak | ratio |\n|---|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < n_rows; i++) {
         struct row *r = &rows[i];
-        printf("| DiT forward | %s | %d (%d) | %.1f, %.1f | %.3f | %.1f | %.1f | %.2f |\n", prec_name(r->p), r->windows,
-               r->B, r->ms, r->ms_graph, r->s_window, r->tflops, r->peak, r->tflops / r->peak);
+        printf("| DiT forward | %s | %s | %d (%d) | %.1f, %.1f | %.3f | %.1f | %.1f | %.2f |\n", prec_name(r->p),
+               r->attn, r->windows, r->B, r->ms, r->ms_graph, r->s_window, r->tflops, r->peak, r->tflops / r->peak);
     }
     int ref = -1;
     for (int pi = 0; pi < n_prec; pi++)
@@ -422,8 +471,8 @@ int main(int argc, char **argv)
     if (ref >= 0)
         for (int pi = 0; pi < n_prec; pi++) {
             if (pi == ref) continue;
-            printf("| drift vs fp32 | %s | 1 (2) | first guided velocity rel %.3g | latents after %d Euler steps "
-                   "rel %.3g | | | |\n",
+            printf("| drift vs fp32 | %s | auto | 1 (2) | first guided velocity rel %.3g | latents after %d Euler "
+                   "steps rel %.3g | | | |\n",
                    prec_name(precs[pi]), rel_l2(vfirst[pi], vfirst[ref], per), euler_steps,
                    rel_l2(fin[pi], fin[ref], per));
         }

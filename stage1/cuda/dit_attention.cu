@@ -6,7 +6,10 @@
  * Two variants: a float32 SIMT kernel (each thread owns one query row) for the
  * fp32 precision, and a tensor-core kernel (WMMA, tf32 or bf16 operands, float32
  * accumulators) where each warp owns 16 query rows; its running output stays in
- * shared memory in float32, so the per-row rescale needs no fragment layout. */
+ * shared memory in float32, so the per-row rescale needs no fragment layout.
+ * This file also dispatches: dit_attention_mma.cu (the first bf16 mma.sync kernel)
+ * and dit_attention_flash.cu (the tf32 / bf16 default, FLASH64 / FLASH128 / M2) hold the
+ * others; the WMMA and MMA kernels stay as fallbacks and benchmark baselines. */
 #include <cmath>
 #include <cstdint>
 #include <mma.h>
@@ -16,6 +19,11 @@
 #include "stage1/cuda/dit_kernels.h"
 
 using namespace nvcuda;
+
+/* dit_attention_flash.cu (only this file calls it) */
+int dit_attention_flash(void *out, bool out_bf16, const float *qkv, int n_seq, int T, int H, int head_dim, int half,
+                        const float *cs, float scale, bool tf32, int variant, cudaStream_t s);
+bool dit_attention_flash_usable(const void *out, const float *qkv, int half, const float *cs);
 
 /* ---- float32 SIMT ----------------------------------------------------------------- */
 
@@ -300,6 +308,15 @@ template <int HD>
 static int launch(void *out, bool out_bf16, const float *qkv, int n_seq, int T, int H, int half, const float *cs,
                   float scale, enum mm3_matmul_precision prec, enum dit_attn_kernel k, cudaStream_t s)
 {
+    if (k == DIT_ATTN_FLASH64 || k == DIT_ATTN_FLASH128 || k == DIT_ATTN_FLASH128M2) {
+        if (dit_attention_flash_usable(out, qkv, half, cs))
+            return dit_attention_flash(out, out_bf16, qkv, n_seq, T, H, HD, half, cs, scale, prec == MM3_MATMUL_TF32,
+                                       k == DIT_ATTN_FLASH128M2 ? 2
+                                       : k == DIT_ATTN_FLASH128 ? 1
+                                                                : 0,
+                                       s);
+        k = prec == MM3_MATMUL_BF16 ? DIT_ATTN_MMA : DIT_ATTN_WMMA; /* odd rotary split or alignment */
+    }
     if (k == DIT_ATTN_MMA) return dit_attention_mma_bf16(out, out_bf16, qkv, n_seq, T, H, HD, half, cs, scale, s);
     if (k == DIT_ATTN_WMMA && prec == MM3_MATMUL_BF16)
         return launch_tc<HD, true>(out, out_bf16, qkv, n_seq, T, H, half, cs, scale, s);
@@ -307,6 +324,38 @@ static int launch(void *out, bool out_bf16, const float *qkv, int n_seq, int T, 
     dim3 grid((T + SIMT_Q - 1) / SIMT_Q, H, n_seq);
     attn_simt_kernel<HD><<<grid, SIMT_Q, 0, s>>>(out, out_bf16, qkv, T, H, half, cs, scale);
     return dit_cuda_launched("attn_simt_kernel");
+}
+
+/* What AUTO runs per precision (fp32, tf32, bf16); dit_cuda_attention_default_set. */
+static const enum dit_attn_kernel builtin_kernel[3] = {DIT_ATTN_SIMT, DIT_ATTN_FLASH128, DIT_ATTN_FLASH128};
+static enum dit_attn_kernel auto_kernel[3] = {DIT_ATTN_SIMT, DIT_ATTN_FLASH128, DIT_ATTN_FLASH128};
+
+static bool kernel_computes(enum dit_attn_kernel k, enum mm3_matmul_precision prec)
+{
+    switch (k) {
+    case DIT_ATTN_SIMT:
+        return true;
+    case DIT_ATTN_WMMA:
+    case DIT_ATTN_FLASH64:
+    case DIT_ATTN_FLASH128:
+    case DIT_ATTN_FLASH128M2:
+        return prec != MM3_MATMUL_FP32;
+    case DIT_ATTN_MMA:
+        return prec == MM3_MATMUL_BF16;
+    default:
+        return false;
+    }
+}
+
+extern "C" int dit_cuda_attention_default_set(enum mm3_matmul_precision prec, enum dit_attn_kernel kernel)
+{
+    int i = prec == MM3_MATMUL_BF16 ? 2 : prec == MM3_MATMUL_TF32 ? 1 : 0;
+    if (kernel == DIT_ATTN_AUTO) kernel = builtin_kernel[i];
+    if (!kernel_computes(kernel, prec))
+        return mm3_errorf(-EINVAL, "dit_cuda_attention_default_set: kernel %d does not compute in precision %d",
+                          (int)kernel, (int)prec);
+    auto_kernel[i] = kernel;
+    return 0;
 }
 
 extern "C" int dit_cuda_attention_kernel(void *out, int out_bf16, const float *qkv, int n_seq, int T, int n_heads,
@@ -319,9 +368,8 @@ extern "C" int dit_cuda_attention_kernel(void *out, int out_bf16, const float *q
     if (rotary_dim < 0 || rotary_dim % 2 || rotary_dim > head_dim || (rotary_dim > 0 && !cs))
         return mm3_errorf(-EINVAL, "dit_cuda_attention: rotary_dim %d: expected even, <= head_dim %d, with a table",
                           rotary_dim, head_dim);
-    if (kernel == DIT_ATTN_AUTO)
-        kernel = prec == MM3_MATMUL_BF16 ? DIT_ATTN_MMA : prec == MM3_MATMUL_TF32 ? DIT_ATTN_WMMA : DIT_ATTN_SIMT;
-    if ((kernel == DIT_ATTN_MMA && prec != MM3_MATMUL_BF16) || (kernel == DIT_ATTN_WMMA && prec == MM3_MATMUL_FP32))
+    if (kernel == DIT_ATTN_AUTO) kernel = auto_kernel[prec == MM3_MATMUL_BF16 ? 2 : prec == MM3_MATMUL_TF32 ? 1 : 0];
+    if (!kernel_computes(kernel, prec))
         return mm3_errorf(-EINVAL, "dit_cuda_attention: kernel %d does not compute in precision %d", (int)kernel,
                           (int)prec);
     if (n_seq == 0) return 0;

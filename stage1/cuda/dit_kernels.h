@@ -46,12 +46,32 @@ int dit_cuda_attention(void *out, int out_bf16, const float *qkv, int n_seq, int
 
 /* The attention kernels behind dit_cuda_attention (tests and benchmark pick one):
  * SIMT float32 (any precision: computes in fp32), WMMA (tf32 or bf16: S and O pass
- * through shared memory), MMA (bf16 only: mma.sync, everything in registers).
- * AUTO = SIMT for fp32, WMMA for tf32, MMA for bf16. */
-enum dit_attn_kernel { DIT_ATTN_AUTO = 0, DIT_ATTN_SIMT, DIT_ATTN_WMMA, DIT_ATTN_MMA };
+ * through shared memory), MMA (bf16 only: mma.sync, everything in registers, 64
+ * queries per block), FLASH64 / FLASH128 / FLASH128M2 (tf32 or bf16: mma.sync with
+ * ldmatrix, double-buffered K/V tiles; 64 queries = 4 warps x 16 rows, 128 = 8 warps x
+ * 16 rows, 128 = 4 warps x 32 rows; dit_attention_flash.cu).
+ * The FLASH kernels need rotary_dim % 8 == 0 and 16-byte aligned qkv / cs (8-byte
+ * aligned out); otherwise they run as WMMA (tf32) or MMA (bf16).
+ * AUTO = SIMT for fp32, FLASH128 for tf32 and bf16, unless dit_cuda_attention_default_set
+ * says otherwise. */
+enum dit_attn_kernel {
+    DIT_ATTN_AUTO = 0,
+    DIT_ATTN_SIMT,
+    DIT_ATTN_WMMA,
+    DIT_ATTN_MMA,
+    DIT_ATTN_FLASH64,
+    DIT_ATTN_FLASH128,
+    DIT_ATTN_FLASH128M2
+};
 int dit_cuda_attention_kernel(void *out, int out_bf16, const float *qkv, int n_seq, int T, int n_heads, int head_dim,
                               int rotary_dim, const float *cs, float scale, enum mm3_matmul_precision prec,
                               enum dit_attn_kernel kernel, void *stream);
+
+/* What DIT_ATTN_AUTO (and so dit_cuda_attention and the DiT forward) runs in precision
+ * prec from now on, process-wide; DIT_ATTN_AUTO restores the built-in choice. For
+ * benchmarks comparing kernels inside whole forwards: call it while no forward runs.
+ * -EINVAL when the kernel does not compute in that precision. */
+int dit_cuda_attention_default_set(enum mm3_matmul_precision prec, enum dit_attn_kernel kernel);
 
 /* act[n, ff] = g[:, :ff] * silu(g[:, ff:]) for g[n, 2*ff] (value rows then gate rows of
  * ff_in, as op_silu_mul(act, gate, up)). */
