@@ -913,6 +913,11 @@ int engine_create(struct engine **out, const struct mm3_deploy *d, const struct 
                               .max_queue = d->api.max_queue_depth,
                               .journal_dir = d->api.journal_dir};
     sc.backend = d->backend == MM3_BACKEND_CUDA ? TALKER_BACKEND_CUDA : TALKER_BACKEND_CPU;
+    if (!s0->enforce_eager && s0->compilation.cudagraph_mode == MM3_CUDAGRAPH_FULL_DECODE_ONLY) {
+        sc.n_capture_sizes = s0->compilation.n_capture_sizes;
+        sc.capture_sizes = s0->compilation.capture_sizes;
+        sc.graph_warmups = s0->compilation.cudagraph_num_of_warmups;
+    }
     /* Size the KV cache from the deploy file and refuse at start-up, with the
      * numbers, what the device cannot hold (never an allocation failure later). */
     struct talker_backend_plan plan;

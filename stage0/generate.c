@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -315,16 +316,58 @@ static int depth_frame(struct generate *g, int s)
     return 0;
 }
 
+/* The draws of a step are known (c0 column `col`, depth codes and hiddens in g->codes
+ * and g->frame slots 1..): stop, emit the frame (s > 0), check the budget, and get the
+ * feedback ready (fb: the embedding, or NULL to compute it on the host). */
+static int sample_finish(struct generate *g, int col, const float *fb)
+{
+    int H = g->lm->cfg.hidden, s = g->step, rc;
+    if (col == 0) {
+        g->done = 1;
+        g->stop = GENERATE_STOP_TOKEN;
+        if (g->n_frames == 0)
+            return mm3_errorf(-ENODATA, "the model drew <|audio_end|> at step %d, before the first frame", s);
+        return 0;
+    }
+    if (s > 0) {
+        memcpy(g->frame, g->hidden, sizeof(float) * H);
+        if (g->hooks.on_frame) g->hooks.on_frame(g->hooks.ctx, g->n_frames, g->frame, g->codes);
+        g->n_frames++;
+        if (g->n_frames >= g->max_frames) {
+            g->done = 1;
+            g->stop = GENERATE_STOP_BUDGET;
+            return 0;
+        }
+    }
+    if (fb)
+        memcpy(g->fb, fb, sizeof(float) * H);
+    else if ((rc = talker_feedback_embedding(g->lm, g->dd, g->codes, g->fb)) < 0)
+        return rc;
+    memcpy(g->fb + H, g->fb, sizeof(float) * H);
+    g->phase = GENERATE_FEED;
+    return 0;
+}
+
+/* A failed sample ends the request and keeps its own message (a batch samples many). */
+static int sample_failed(struct generate *g, int rc)
+{
+    g->done = 1;
+    g->err = rc;
+    snprintf(g->err_msg, sizeof g->err_msg, "%s", mm3_last_error());
+    return rc;
+}
+
 int generate_sample(struct generate *g)
 {
     if (g->done) return 0;
+    g->err = 0;
+    g->err_msg[0] = '\0';
     if (g->phase != GENERATE_SAMPLE)
         return mm3_errorf(-EINVAL, "generate: sample called at step %d before the hidden pair is ready", g->step);
-    const struct talker *lm = g->lm;
-    int H = lm->cfg.hidden, ncb = g->dd->cfg.n_codebooks, s = g->step;
+    int ncb = g->dd->cfg.n_codebooks, s = g->step;
     float *logits = g->work, *guided = g->work + 2 * (size_t)SAMPLER_C0_COLS;
     int col, rc;
-    if ((rc = model_head(g, g->hidden, logits)) < 0) goto fail;
+    if ((rc = model_head(g, g->hidden, logits)) < 0) return sample_failed(g, rc);
     if (g->cfg_scale > 1.0f) {
         sampler_c0_guide(guided, logits, logits + SAMPLER_C0_COLS, SAMPLER_C0_COLS, g->cfg_scale, SAMPLER_TOP_K);
     } else {
@@ -337,33 +380,135 @@ int generate_sample(struct generate *g)
      * (nan_to_num then maps it to -1e9, below every candidate the Gumbel noise can lift). */
     if (g->ignore_stop) guided[0] = -INFINITY;
     if (g->hooks.on_draw) g->hooks.on_draw(g->hooks.ctx, s, 0, guided, SAMPLER_C0_COLS);
-    if ((rc = sampler_draw(g->sp, guided, SAMPLER_C0_COLS, (uint32_t)(ncb * s), &col)) < 0) goto fail;
-    if (col == 0) {
-        g->done = 1;
-        g->stop = GENERATE_STOP_TOKEN;
-        if (g->n_frames == 0)
-            return mm3_errorf(-ENODATA, "the model drew <|audio_end|> at step %d, before the first frame", s);
-        return 0;
+    if ((rc = sampler_draw(g->sp, guided, SAMPLER_C0_COLS, (uint32_t)(ncb * s), &col)) < 0) return sample_failed(g, rc);
+    if (col != 0) {
+        g->codes[0] = col - 1;
+        if ((rc = depth_frame(g, s)) < 0) return sample_failed(g, rc);
     }
-    g->codes[0] = col - 1;
-    if ((rc = depth_frame(g, s)) < 0) goto fail;
-    if (s > 0) {
-        memcpy(g->frame, g->hidden, sizeof(float) * H);
-        if (g->hooks.on_frame) g->hooks.on_frame(g->hooks.ctx, g->n_frames, g->frame, g->codes);
-        g->n_frames++;
-        if (g->n_frames >= g->max_frames) {
-            g->done = 1;
-            g->stop = GENERATE_STOP_BUDGET;
-            return 0;
+    if ((rc = sample_finish(g, col, NULL)) < 0) return sample_failed(g, rc);
+    return 0;
+}
+
+/* Whether request g can join the backend's batched step: seeded draws (a replay
+ * forces ids the GPU does not know), no per-draw hook, the standard k. */
+static int batchable(const struct generate *g)
+{
+    return g->be && g->be->sample_pairs && !g->done && g->phase == GENERATE_SAMPLE && g->sp->mode == SAMPLER_SEEDED &&
+           g->sp->top_k == SAMPLER_TOP_K && !g->hooks.on_draw;
+}
+
+/* Scratch of one batched call, sized for n pairs. */
+struct batch_buf {
+    float *hidden, *depth_hidden, *feedback, *scale;
+    uint64_t *seed;
+    int *step;
+    unsigned char *ignore_stop;
+    int32_t *codes;
+};
+
+static void batch_buf_free(struct batch_buf *b)
+{
+    free(b->hidden), free(b->depth_hidden), free(b->feedback), free(b->scale);
+    free(b->seed), free(b->step), free(b->ignore_stop), free(b->codes);
+}
+
+static int batch_buf_init(struct batch_buf *b, int n, int H, int ncb)
+{
+    memset(b, 0, sizeof *b);
+    b->hidden = malloc(sizeof(float) * 2 * (size_t)n * H);
+    b->depth_hidden = malloc(sizeof(float) * (size_t)n * (ncb - 1) * H);
+    b->feedback = malloc(sizeof(float) * (size_t)n * H);
+    b->scale = malloc(sizeof(float) * n);
+    b->seed = malloc(sizeof(uint64_t) * n);
+    b->step = malloc(sizeof(int) * n);
+    b->ignore_stop = malloc((size_t)n);
+    b->codes = malloc(sizeof(int32_t) * (size_t)n * ncb);
+    if (!b->hidden || !b->depth_hidden || !b->feedback || !b->scale || !b->seed || !b->step || !b->ignore_stop ||
+        !b->codes) {
+        batch_buf_free(b);
+        return mm3_errorf(-ENOMEM, "generate: out of memory for a batch of %d pairs", n);
+    }
+    return 0;
+}
+
+/* One backend call for g[0..n-1] (all batchable on the same backend, n <= depth_rows / 2). */
+static int sample_pairs(struct generate *const *g, int n, struct batch_buf *b)
+{
+    const struct talker_backend *be = g[0]->be;
+    int H = g[0]->lm->cfg.hidden, ncb = g[0]->dd->cfg.n_codebooks;
+    for (int p = 0; p < n; p++) {
+        g[p]->err = 0;
+        g[p]->err_msg[0] = '\0';
+        memcpy(b->hidden + 2 * (size_t)p * H, g[p]->hidden, sizeof(float) * 2 * H);
+        b->seed[p] = g[p]->sp->seed;
+        b->step[p] = g[p]->step;
+        b->scale[p] = g[p]->cfg_scale;
+        b->ignore_stop[p] = g[p]->ignore_stop ? 1 : 0;
+    }
+    struct talker_pairs_in in = {.n = n,
+                                 .hidden = b->hidden,
+                                 .seed = b->seed,
+                                 .step = b->step,
+                                 .cfg_scale = b->scale,
+                                 .ignore_stop = b->ignore_stop,
+                                 .top_k = SAMPLER_TOP_K};
+    struct talker_pairs_out out = {.codes = b->codes, .depth_hidden = b->depth_hidden, .feedback = b->feedback};
+    int rc = be->sample_pairs(be->impl, &in, &out), first = 0;
+    for (int p = 0; p < n; p++) {
+        struct generate *q = g[p];
+        if (rc < 0) { /* a device error is nobody's fault in particular: every pair fails */
+            sample_failed(q, rc);
+            continue;
+        }
+        const int32_t *c = b->codes + (size_t)p * ncb;
+        int col = c[0];
+        if (col != 0) {
+            q->codes[0] = col - 1;
+            memcpy(q->codes + 1, c + 1, sizeof(int32_t) * (ncb - 1));
+            memcpy(q->frame + H, b->depth_hidden + (size_t)p * (ncb - 1) * H, sizeof(float) * (ncb - 1) * H);
+        }
+        int r = sample_finish(q, col, b->feedback + (size_t)p * H);
+        if (r < 0) {
+            sample_failed(q, r);
+            if (first == 0) first = r;
         }
     }
-    if ((rc = talker_feedback_embedding(lm, g->dd, g->codes, g->fb)) < 0) goto fail;
-    memcpy(g->fb + H, g->fb, sizeof(float) * H);
-    g->phase = GENERATE_FEED;
-    return 0;
-fail:
-    g->done = 1;
-    return rc;
+    return rc < 0 ? rc : first;
+}
+
+int generate_sample_batch(struct generate *const *g, int n)
+{
+    if (n <= 0) return 0;
+    struct generate **pick = malloc(sizeof *pick * (size_t)n);
+    if (!pick) return mm3_errorf(-ENOMEM, "generate: out of memory for a batch of %d requests", n);
+    int first = 0, n_pick = 0;
+    /* Requests the backend cannot batch sample on their own, in order. */
+    for (int i = 0; i < n; i++) {
+        if (batchable(g[i]) && (n_pick == 0 || g[i]->be == pick[0]->be)) {
+            pick[n_pick++] = g[i];
+            continue;
+        }
+        int rc = generate_sample(g[i]);
+        if (rc < 0 && first == 0) first = rc;
+    }
+    if (n_pick > 0) {
+        const struct talker_backend *be = pick[0]->be;
+        int per_call = be->depth_rows / 2, H = be->lm->cfg.hidden, ncb = be->dd->cfg.n_codebooks;
+        int chunk = n_pick < per_call ? n_pick : per_call;
+        struct batch_buf b;
+        int rc = batch_buf_init(&b, chunk, H, ncb);
+        for (int at = 0; at < n_pick; at += chunk) {
+            int k = n_pick - at < chunk ? n_pick - at : chunk;
+            int r = rc < 0 ? rc : sample_pairs(pick + at, k, &b);
+            if (rc < 0)
+                for (int p = 0; p < k; p++)
+                    sample_failed(pick[at + p], rc);
+            if (r < 0 && first == 0) first = r;
+        }
+        if (rc == 0) batch_buf_free(&b);
+    }
+    free(pick);
+    return first;
 }
 
 int generate_step(struct generate *g)

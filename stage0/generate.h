@@ -22,6 +22,9 @@
  *                 generate_take(&g, &b);
  *                 if (g.phase == GENERATE_SAMPLE) generate_sample(&g);   // draws + frame
  *
+ * or, for all requests whose hidden pair is ready, generate_sample_batch(gs, n):
+ * one backend call for all their draws (the scheduler's step 5).
+ *
  * generate_begin/step are exactly attach + feed/forward/take + sample on a private
  * 2-row state, so both paths give the same frames bit for bit.
  *
@@ -104,6 +107,8 @@ struct generate {
     float *frame;   /* [n_codebooks * hidden] */
     float *work;    /* scratch: logits, depth hiddens, embeddings */
     int32_t *codes; /* c0..c{n-1} drawn by the last step (also step 0's, which is not emitted) */
+    int err;           /* < 0: the last sample failed with this code (done is set) */
+    char err_msg[256]; /* and its message (a batch samples many requests) */
 };
 
 /* Frame budget min(int(duration_s * frame_rate), 9000); -EINVAL when duration_s <= 0
@@ -137,8 +142,17 @@ int generate_feed(struct generate *g, struct generate_batch *b, int budget);
 void generate_take(struct generate *g, const struct generate_batch *b);
 
 /* One LM step's draws (c0, depth codes), the frame (s > 0) and the feedback
- * embedding; phase SAMPLE -> FEED, or done. */
+ * embedding; phase SAMPLE -> FEED, or done. On failure g->done is set and
+ * g->err / g->err_msg keep the code and message. */
 int generate_sample(struct generate *g);
+
+/* generate_sample(g[i]) for every i, with the same results (codes, frames, hooks,
+ * stop, budget, feedback). Requests on a backend with sample_pairs whose sampler is
+ * seeded (top_k SAMPLER_TOP_K) and that have no on_draw hook are sampled together,
+ * up to depth_rows / 2 pairs per backend call (one GPU step instead of one per
+ * request); the others (replay, hooks, the CPU backend) one by one. Returns 0 or
+ * the first failure's code; each failed request has done set and err / err_msg. */
+int generate_sample_batch(struct generate *const *g, int n);
 
 /* Prefill both rows of ids_pair[2, P] (row 0 conditional) and get ready for step 0
  * (own 2-row state; attach + one whole-prompt feed + forward). */

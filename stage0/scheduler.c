@@ -41,6 +41,8 @@ struct sched {
     struct generate_batch batch;
     int n_pairs;
     struct sched_req **active; /* [n_pairs], step thread only */
+    struct sched_req **sample; /* [n_pairs]: the requests sampled this step */
+    struct generate **sample_g;
 
     pthread_mutex_t mu; /* guards the queue, counters and flags below */
     pthread_cond_t cond;
@@ -112,11 +114,19 @@ int sched_create(struct sched **out, const struct sched_config *cfg, const struc
     int cap = cfg->max_batched_tokens > cfg->max_rows ? cfg->max_batched_tokens : cfg->max_rows;
     int rc;
     s->active = calloc((size_t)s->n_pairs, sizeof *s->active);
-    if (!s->active) {
+    s->sample = calloc((size_t)s->n_pairs, sizeof *s->sample);
+    s->sample_g = calloc((size_t)s->n_pairs, sizeof *s->sample_g);
+    if (!s->active || !s->sample || !s->sample_g) {
+        free(s->active), free(s->sample), free(s->sample_g);
         free(s);
         return mm3_errorf(-ENOMEM, "scheduler: out of memory");
     }
-    if ((rc = talker_backend_open(&s->be, cfg->backend, lm, dd, cfg->max_rows, cfg->max_ctx, 2)) < 0) goto fail;
+    /* Depth rows for every pair: the batched sampling step runs them all at once. */
+    if ((rc = talker_backend_open(&s->be, cfg->backend, lm, dd, cfg->max_rows, cfg->max_ctx, cfg->max_rows)) < 0)
+        goto fail;
+    if (cfg->n_capture_sizes > 0 &&
+        (rc = talker_backend_graphs_enable(&s->be, cfg->capture_sizes, cfg->n_capture_sizes, cfg->graph_warmups)) < 0)
+        goto fail;
     if ((rc = generate_batch_init(&s->batch, lm->cfg.hidden, cap)) < 0) goto fail;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cond, NULL);
@@ -124,7 +134,7 @@ int sched_create(struct sched **out, const struct sched_config *cfg, const struc
     return 0;
 fail:
     talker_backend_close(&s->be);
-    free(s->active);
+    free(s->active), free(s->sample), free(s->sample_g);
     free(s);
     return rc;
 }
@@ -332,14 +342,24 @@ int sched_step(struct sched *s)
         for (int p = 0; p < s->n_pairs; p++)
             if (s->active[p]) generate_take(&s->active[p]->g, b);
     }
+    /* Every request with a fresh hidden pair samples, in one batched call (one GPU
+     * step for all seeded songs); then each one's frames and life cycle. */
+    int n_sample = 0;
     for (int p = 0; p < s->n_pairs; p++) {
         struct sched_req *r = s->active[p];
         if (!r || r->g.phase != GENERATE_SAMPLE) continue;
         r->out_n = 0;
+        s->sample[n_sample] = r;
+        s->sample_g[n_sample++] = &r->g;
+    }
+    if (n_sample > 0) {
         s->did_work = 1;
-        int rc = generate_sample(&r->g);
-        if (rc < 0) {
-            mm3_job_fail(r->job, 500, "stage 0: %s", mm3_last_error());
+        generate_sample_batch(s->sample_g, n_sample);
+    }
+    for (int i = 0; i < n_sample; i++) {
+        struct sched_req *r = s->sample[i];
+        if (r->g.err < 0) {
+            mm3_job_fail(r->job, 500, "stage 0: %s", r->g.err_msg);
             leave_early(s, r);
             continue;
         }
@@ -447,6 +467,6 @@ void sched_destroy(struct sched *s, const char *reason)
     talker_backend_close(&s->be);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cond);
-    free(s->active);
+    free(s->active), free(s->sample), free(s->sample_g);
     free(s);
 }

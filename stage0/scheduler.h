@@ -8,7 +8,8 @@
  *      requests feed prompt chunks of both rows (the same count each, so a pair
  *      stays step-locked) within max_batched_tokens,
  *   4. ONE talker_forward runs all of it,
- *   5. every request with a fresh hidden pair samples (c0, depth codes, frame).
+ *   5. every request with a fresh hidden pair samples (c0, depth codes, frame),
+ *      all in one generate_sample_batch call (one GPU step for the seeded songs).
  * A request never waits for another more than one step. Sampling is per request
  * and position-addressed, so a request's song does not depend on what else runs.
  *
@@ -42,6 +43,12 @@ struct sched_config {
     int max_queue;                    /* requests allowed to wait for a row pair */
     enum talker_backend_kind backend; /* where the talker runs (0: CPU) */
     const char *journal_dir;          /* api.journal_dir: journal every request there; NULL / "" = off */
+    /* CUDA graphs of pure-decode steps (cudagraph_mode FULL_DECODE_ONLY, enforce_eager
+     * off): batch sizes in rows (ascending; copied) and eager runs per size before the
+     * capture. n_capture_sizes 0: every step eager. Ignored on the CPU. */
+    int n_capture_sizes;
+    const int *capture_sizes;
+    int graph_warmups;
 };
 
 /* Called on the step thread. Frames are raw: n_codebooks * hidden floats each. */

@@ -11,6 +11,7 @@
 #include "common/cuda/ops_cuda.h"
 #include "stage0/cuda/depth_cuda.h"
 #include "stage0/cuda/device_memory.h"
+#include "stage0/cuda/frame_cuda.h"
 #include "stage0/cuda/talker_cuda.h"
 #endif
 
@@ -100,6 +101,7 @@ static int cpu_open(struct talker_backend *b, int max_rows, int max_ctx, int dep
 struct cuda_impl {
     struct talker_cuda *tc;
     struct depth_cuda *dc;
+    struct frame_cuda *fc; /* NULL: no batched sampling step (see frame_cuda.h) */
 };
 
 static int gpu_forward(void *impl, int n, const int *row, const int *pos, const float *emb, float *hidden_out)
@@ -122,10 +124,17 @@ static int gpu_depth_logits(void *impl, int j, const float *hidden, int n, float
     return depth_cuda_logits(((struct cuda_impl *)impl)->dc, j, hidden, n, logits);
 }
 
+static int gpu_sample_pairs(void *impl, const struct talker_pairs_in *in, const struct talker_pairs_out *out)
+{
+    struct cuda_impl *c = impl;
+    return frame_cuda_sample_pairs(c->fc, c->tc, c->dc, in, out);
+}
+
 static void gpu_destroy(void *impl)
 {
     struct cuda_impl *c = impl;
     if (!c) return;
+    frame_cuda_destroy(c->fc);
     talker_cuda_destroy(c->tc);
     depth_cuda_destroy(c->dc);
     free(c);
@@ -137,6 +146,7 @@ static int gpu_open(struct talker_backend *b, int max_rows, int max_ctx, int dep
     if (!c) return mm3_errorf(-ENOMEM, "talker backend: out of memory");
     int rc = talker_cuda_create(&c->tc, b->lm, max_rows, max_ctx);
     if (rc == 0) rc = depth_cuda_create(&c->dc, b->dd, depth_rows);
+    if (rc == 0 && depth_rows >= 2) rc = frame_cuda_create(&c->fc, b->lm, b->dd, depth_rows / 2);
     if (rc < 0) {
         gpu_destroy(c);
         return rc;
@@ -146,6 +156,7 @@ static int gpu_open(struct talker_backend *b, int max_rows, int max_ctx, int dep
     b->head_drawable = gpu_head_drawable;
     b->depth_step = gpu_depth_step;
     b->depth_logits = gpu_depth_logits;
+    b->sample_pairs = c->fc ? gpu_sample_pairs : NULL;
     b->destroy = gpu_destroy;
     return 0;
 }
@@ -187,6 +198,28 @@ int talker_backend_open(struct talker_backend *b, enum talker_backend_kind kind,
 #endif
 }
 
+int talker_backend_graphs_enable(struct talker_backend *b, const int *sizes, int n_sizes, int warmups)
+{
+#ifdef MM3_HAVE_CUDA
+    if (b->kind == TALKER_BACKEND_CUDA && b->impl)
+        return talker_cuda_graphs_enable(((struct cuda_impl *)b->impl)->tc, sizes, n_sizes, warmups);
+#endif
+    (void)b, (void)sizes, (void)n_sizes, (void)warmups;
+    return 0;
+}
+
+void talker_backend_graph_stats(const struct talker_backend *b, int *captured, long *replays)
+{
+    *captured = 0;
+    *replays = 0;
+#ifdef MM3_HAVE_CUDA
+    if (b->kind == TALKER_BACKEND_CUDA && b->impl)
+        talker_cuda_graph_stats(((struct cuda_impl *)b->impl)->tc, captured, replays);
+#else
+    (void)b;
+#endif
+}
+
 void talker_backend_close(struct talker_backend *b)
 {
     if (b->destroy) b->destroy(b->impl);
@@ -213,15 +246,19 @@ void talker_backend_plan_compute(enum talker_backend_kind kind, const struct tal
     p->rows = rows;
     p->ctx = ctx;
     p->weights_bytes = (lm_mats + dd_mats) * w + (lm_vecs + dd_vecs) * sizeof(float);
-    if (kind == TALKER_BACKEND_CPU) /* the embedding tables stay on the host for both; counted for the CPU only */
+    if (kind == TALKER_BACKEND_CPU) /* the embedding tables stay on the host; the CPU computes from them */
         p->weights_bytes += ((size_t)c->vocab * H + nres * (size_t)e->audio_vocab * EH) * sizeof(float);
+    else /* the batched frame step's copies: c0 rows of embed_tokens and audio_embeddings as bf16 */
+        p->weights_bytes += ((size_t)SAMPLER_N_CODES * H + nres * (size_t)e->audio_vocab * EH) * 2;
     p->kv_bytes_per_row = 2 * (size_t)c->n_layers * (size_t)ctx * KD * sizeof(float);
     /* Talker activations for a 32-token slice (grown with the batch), the depth cache
-     * of 2 rows and its activations: small next to the cache. */
+     * of `rows` rows (the scheduler's batched frame step) with its activations and the
+     * frame step's logits: small next to the cache. */
     size_t big = QD > H ? QD : H, tok = 32;
     size_t act = tok * (H + 3 * big + 2 * KD + 2 * F + SAMPLER_C0_COLS) * sizeof(float);
-    size_t dact = 2 *
-                  ((size_t)e->n_layers * (size_t)e->n_codebooks * EH * 2 + 8 * EH + 2 * EF + (size_t)e->audio_vocab) *
+    size_t dact = (size_t)rows *
+                  ((size_t)e->n_layers * (size_t)e->n_codebooks * EH * 2 + 10 * EH + 2 * EF +
+                   2 * (size_t)e->audio_vocab + SAMPLER_C0_COLS) *
                   sizeof(float);
     p->workspace_bytes = act + dact;
     p->total_bytes = p->weights_bytes + (size_t)rows * p->kv_bytes_per_row + p->workspace_bytes;

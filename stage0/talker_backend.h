@@ -1,7 +1,7 @@
 /* Which hardware runs the stage-0 networks, behind one small table so that the AR
  * loop need not know: the talker forward over a KV cache of rows, the drawable
- * head, the depth decoder's steps and heads. Embeddings and the frame feedback
- * stay on the host (struct talker / struct depth) for now.
+ * head, the depth decoder's steps and heads, and (CUDA) a whole sampling step of
+ * many CFG pairs: draws, depth decoder and frame feedback without host round trips.
  *
  *     struct talker_backend b;
  *     talker_backend_open(&b, TALKER_BACKEND_CUDA, &lm, &dd, rows, ctx, depth_rows);
@@ -9,12 +9,14 @@
  *     b.head_drawable(b.impl, hidden, 2, logits);       // as talker_head_drawable
  *     b.depth_step(b.impl, 2, x, j, y);                 // as depth_step
  *     b.depth_logits(b.impl, j, y, 2, logits);          // as depth_logits
+ *     if (b.sample_pairs) b.sample_pairs(b.impl, &in, &out);  // n pairs' draws at once
  *     talker_backend_close(&b);
  *
  * The backend owns its caches (talker rows x ctx, depth_rows depth rows); lm and
  * dd must outlive it (the CPU backend computes with them). The depth cache is
  * scratch for one frame (positions restart at 0 every frame), so requests whose
- * frames are drawn one after the other on one thread share depth rows 0..1.
+ * frames are drawn one after the other on one thread share depth rows 0..1, and a
+ * batched step of n pairs uses rows 0..2n-1.
  *
  * The AR loop (stage0/generate.c) calls the model only through this table, so the
  * CPU and the GPU run the same loop. */
@@ -22,11 +24,30 @@
 #define MM3_STAGE0_TALKER_BACKEND_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "stage0/depth.h"
 #include "stage0/talker.h"
 
 enum talker_backend_kind { TALKER_BACKEND_CPU = 0, TALKER_BACKEND_CUDA };
+
+/* One sampling step of n CFG pairs (host arrays): what generate_sample does per
+ * request with a seeded sampler and no on_draw hook, for all pairs in one call. */
+struct talker_pairs_in {
+    int n;                            /* pairs, 1..depth_rows / 2 */
+    const float *hidden;              /* [n][2][hidden]: post-norm LM hidden of (cond, uncond) */
+    const uint64_t *seed;             /* [n] sampling seeds (struct sampler.seed) */
+    const int *step;                  /* [n] LM step s: draw positions n_codebooks * s + j */
+    const float *cfg_scale;           /* [n] (<= 1: guidance off, as generate.c) */
+    const unsigned char *ignore_stop; /* [n] nonzero: the stop column is masked before the c0 draw */
+    int top_k;                        /* the c0 rule's and every draw's k (SAMPLER_TOP_K) */
+};
+
+struct talker_pairs_out {
+    int32_t *codes;      /* [n][n_codebooks]: the c0 column (0 = stop, k = code k-1), then c1.. */
+    float *depth_hidden; /* [n][n_codebooks - 1][hidden]: d1.. of the conditional row */
+    float *feedback;     /* [n][hidden]: the frame feedback embedding (§3.7) */
+};
 
 struct talker_backend {
     enum talker_backend_kind kind;
@@ -39,6 +60,10 @@ struct talker_backend {
     int (*head_drawable)(void *impl, const float *hidden, int n_rows, float *logits);
     int (*depth_step)(void *impl, int n, const float *x, int pos, float *out);
     int (*depth_logits)(void *impl, int j, const float *hidden, int n, float *logits);
+    /* NULL when not offered (CPU backend, float32 embedding tables): generate.c then
+     * samples request by request through the four entries above. A pair whose c0 is
+     * the stop column gets codes and hiddens that the caller must ignore. */
+    int (*sample_pairs)(void *impl, const struct talker_pairs_in *in, const struct talker_pairs_out *out);
     void (*destroy)(void *impl);
 };
 
@@ -52,6 +77,14 @@ int talker_backend_available(enum talker_backend_kind kind);
 int talker_backend_open(struct talker_backend *b, enum talker_backend_kind kind, const struct talker *lm,
                         const struct depth *dd, int max_rows, int max_ctx, int depth_rows);
 void talker_backend_close(struct talker_backend *b);
+
+/* CUDA graphs for the talker's decode batches (stage0/cuda/talker_cuda.h:
+ * talker_cuda_graphs_enable: capture sizes in rows, eager warm-ups per size). The
+ * CPU backend has nothing to capture: 0, no effect. */
+int talker_backend_graphs_enable(struct talker_backend *b, const int *sizes, int n_sizes, int warmups);
+
+/* Graphs captured and forwards replayed so far (0 and 0 without graphs). */
+void talker_backend_graph_stats(const struct talker_backend *b, int *captured, long *replays);
 
 /* What a backend of `rows` x `ctx` would allocate on its device (the CPU backend:
  * host memory, weights counted as the float32 copies it computes with). */

@@ -63,8 +63,9 @@ __device__ __forceinline__ void load_rows(const KT *k, const KT *v, size_t kv_of
 template <typename KT, int E, int G>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
     attn_split_kernel(float *__restrict__ part, const float *__restrict__ q, const KT *__restrict__ k,
-                      const KT *__restrict__ v, const int *__restrict__ kv_len, size_t seq_stride,
-                      size_t row_stride, int n_heads, int group, float scale, int n_split, int chunk)
+                      const KT *__restrict__ v, const int *__restrict__ kv_len, const int *__restrict__ seq_row,
+                      size_t seq_stride, size_t row_stride, int n_heads, int group, float scale, int n_split,
+                      int chunk)
 {
     constexpr int HD = 32 * E;
     /* Rows per warp step: more in flight for narrow heads, bounded registers for wide. */
@@ -76,7 +77,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     const int len = kv_len[s];
     const int j0 = split * chunk;
     const int j1 = min(j0 + chunk, len);
-    const size_t kv_off = (size_t)s * seq_stride + (size_t)g * HD + (size_t)lane * E;
+    const size_t kv_off = (size_t)(seq_row ? seq_row[s] : s) * seq_stride + (size_t)g * HD + (size_t)lane * E;
 
     float qv[G][E], acc[G][E], m[G], l[G];
 #pragma unroll
@@ -195,7 +196,7 @@ struct att_args {
     float *part;
     const float *q;
     const void *k, *v;
-    const int *kv_len;
+    const int *kv_len, *seq_row;
     size_t seq_stride, row_stride;
     int n_heads, group;
     float scale;
@@ -205,7 +206,7 @@ struct att_args {
 template <typename KT, int E, int G> static void att_launch(const att_args &a, dim3 grid, cudaStream_t st)
 {
     attn_split_kernel<KT, E, G><<<grid, ATT_WARPS * 32, 0, st>>>(a.part, a.q, (const KT *)a.k, (const KT *)a.v,
-                                                                 a.kv_len, a.seq_stride, a.row_stride,
+                                                                 a.kv_len, a.seq_row, a.seq_stride, a.row_stride,
                                                                  a.n_heads, a.group, a.scale, a.n_split, a.chunk);
 }
 
@@ -244,11 +245,10 @@ extern "C" int cuda_ops_attention_decode(float *out, const float *q, const void 
                                            row_stride, n_seq, n_heads, n_kv_heads, head_dim, scale, 0, stream);
 }
 
-extern "C" int cuda_ops_attention_decode_chunk(float *out, const float *q, const void *k_cache,
-                                               const void *v_cache, enum cuda_kv_dtype kv_dtype, const int *kv_len,
-                                               int max_kv_len, size_t seq_stride, size_t row_stride, int n_seq,
-                                               int n_heads, int n_kv_heads, int head_dim, float scale,
-                                               int chunk_positions, void *stream)
+static int attention_decode(float *out, const float *q, const void *k_cache, const void *v_cache,
+                            enum cuda_kv_dtype kv_dtype, const int *kv_len, const int *seq_row, int max_kv_len,
+                            size_t seq_stride, size_t row_stride, int n_seq, int n_heads, int n_kv_heads,
+                            int head_dim, float scale, int chunk_positions, void *stream)
 {
     if (chunk_positions < 0 || chunk_positions % ATT_CHUNK_ALIGN)
         return mm3_errorf(-EINVAL, "cuda_ops_attention_decode: chunk %d: expected 0 (auto) or a multiple of %d",
@@ -300,8 +300,8 @@ extern "C" int cuda_ops_attention_decode_chunk(float *out, const float *q, const
     int rc = cuda_status(cudaMallocAsync((void **)&part, part_bytes, st), "cudaMallocAsync (attention partials)");
     if (rc < 0) return rc;
 
-    att_args a = {part, q, k_cache, v_cache, kv_len, seq_stride, row_stride, n_heads, group, scale, n_split,
-                  (int)chunk};
+    att_args a = {part,       q,       k_cache, v_cache, kv_len, seq_row, seq_stride, row_stride,
+                  n_heads,    group,   scale,   n_split, (int)chunk};
     dim3 grid((unsigned)n_split, (unsigned)n_kv_heads, (unsigned)n_seq);
     rc = kv_dtype == CUDA_KV_BF16 ? att_launch_e<uint16_t>(a, head_dim, grid, st)
                                   : att_launch_e<float>(a, head_dim, grid, st);
@@ -312,4 +312,24 @@ extern "C" int cuda_ops_attention_decode_chunk(float *out, const float *q, const
     }
     (void)cudaFreeAsync(part, st);
     return rc;
+}
+
+extern "C" int cuda_ops_attention_decode_chunk(float *out, const float *q, const void *k_cache,
+                                               const void *v_cache, enum cuda_kv_dtype kv_dtype, const int *kv_len,
+                                               int max_kv_len, size_t seq_stride, size_t row_stride, int n_seq,
+                                               int n_heads, int n_kv_heads, int head_dim, float scale,
+                                               int chunk_positions, void *stream)
+{
+    return attention_decode(out, q, k_cache, v_cache, kv_dtype, kv_len, NULL, max_kv_len, seq_stride, row_stride,
+                            n_seq, n_heads, n_kv_heads, head_dim, scale, chunk_positions, stream);
+}
+
+/* Declared in stage0/cuda/talker_kernels.h (the stage-0 talker's decode over any rows). */
+extern "C" int cuda_ops_attention_decode_rows(float *out, const float *q, const void *k_cache, const void *v_cache,
+                                              enum cuda_kv_dtype kv_dtype, const int *kv_len, const int *seq_row,
+                                              int max_kv_len, size_t seq_stride, size_t row_stride, int n_seq,
+                                              int n_heads, int n_kv_heads, int head_dim, float scale, void *stream)
+{
+    return attention_decode(out, q, k_cache, v_cache, kv_dtype, kv_len, seq_row, max_kv_len, seq_stride, row_stride,
+                            n_seq, n_heads, n_kv_heads, head_dim, scale, 0, stream);
 }

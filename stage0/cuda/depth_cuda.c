@@ -26,7 +26,10 @@ struct depth_cuda {
     float *kc, *vc;
     /* scratch for max_rows rows */
     float *x, *h, *a, *q, *k, *v, *o, *g, *u, *logits;
-    int *row, *pos, *kv_len;
+    int *row;
+    /* [n_codebooks][max_rows]: every row's position p and kv length p + 1 at depth
+     * position p, so a step needs no upload (all rows of a frame share the position). */
+    int *pos_tab, *len_tab;
 };
 
 static int matmul(float *y, const float *x, const uint16_t *w, int n, int in, int out)
@@ -104,20 +107,27 @@ int depth_cuda_create(struct depth_cuda **out, const struct depth *d, int max_ro
         {(void **)&dc->u, sizeof(float) * R * F},
         {(void **)&dc->logits, sizeof(float) * R * V},
         {(void **)&dc->row, sizeof(int) * R},
-        {(void **)&dc->pos, sizeof(int) * R},
-        {(void **)&dc->kv_len, sizeof(int) * R},
+        {(void **)&dc->pos_tab, sizeof(int) * R * S},
+        {(void **)&dc->len_tab, sizeof(int) * R * S},
     };
     for (size_t i = 0; i < sizeof a / sizeof a[0] && rc == 0; i++)
         rc = cuda_alloc_list_add(l, a[i].dst, a[i].bytes);
     if (rc == 0) rc = cuda_memset(dc->kc, 0, cache);
     if (rc == 0) rc = cuda_memset(dc->vc, 0, cache);
     if (rc == 0) {
-        int *iota = malloc(sizeof(int) * R);
-        if (!iota) rc = mm3_errorf(-ENOMEM, "depth_cuda_create: out of memory");
-        for (int i = 0; rc == 0 && i < max_rows; i++)
-            iota[i] = i;
-        if (rc == 0) rc = cuda_memcpy_h2d(dc->row, iota, sizeof(int) * R);
-        free(iota);
+        int *t = malloc(sizeof(int) * R * (2 * S + 1));
+        if (!t) rc = mm3_errorf(-ENOMEM, "depth_cuda_create: out of memory");
+        for (size_t i = 0; rc == 0 && i < R; i++) {
+            t[i] = (int)i;
+            for (size_t p = 0; p < S; p++) {
+                t[R + p * R + i] = (int)p;
+                t[R + S * R + p * R + i] = (int)p + 1;
+            }
+        }
+        if (rc == 0) rc = cuda_memcpy_h2d(dc->row, t, sizeof(int) * R);
+        if (rc == 0) rc = cuda_memcpy_h2d(dc->pos_tab, t + R, sizeof(int) * R * S);
+        if (rc == 0) rc = cuda_memcpy_h2d(dc->len_tab, t + R + S * R, sizeof(int) * R * S);
+        free(t);
     }
     if (rc < 0) {
         depth_cuda_destroy(dc);
@@ -141,70 +151,78 @@ static int attention(struct depth_cuda *dc, float *kc, float *vc, int n, int pos
 {
     const struct depth_config *c = &dc->cfg;
     size_t H = (size_t)c->hidden, row_stride = (size_t)c->n_codebooks * H;
+    const int *p = dc->pos_tab + (size_t)pos * dc->max_rows, *len = dc->len_tab + (size_t)pos * dc->max_rows;
     float scale = 1.0f / sqrtf((float)c->head_dim);
     if (c->head_dim % 32 == 0 && c->head_dim <= 256)
-        return cuda_ops_attention_decode(dc->o, dc->q, kc, vc, CUDA_KV_F32, dc->kv_len, pos + 1, row_stride, H, n,
-                                         c->n_heads, c->n_heads, c->head_dim, scale, NULL);
-    return talker_cuda_attention_rows(dc->o, dc->q, kc, vc, dc->row, dc->pos, n, c->n_heads, c->n_heads, c->head_dim,
+        return cuda_ops_attention_decode(dc->o, dc->q, kc, vc, CUDA_KV_F32, len, pos + 1, row_stride, H, n, c->n_heads,
+                                         c->n_heads, c->head_dim, scale, NULL);
+    return talker_cuda_attention_rows(dc->o, dc->q, kc, vc, dc->row, p, n, c->n_heads, c->n_heads, c->head_dim,
                                       row_stride, H, scale, NULL);
 }
 
-int depth_cuda_step(struct depth_cuda *dc, int n, const float *x, int pos, float *out)
+static int check_step(const struct depth_cuda *dc, int n, int pos)
+{
+    if (n < 1 || n > dc->max_rows || pos < 0 || pos >= dc->cfg.n_codebooks)
+        return mm3_errorf(-EINVAL, "depth_cuda_step: %d rows at position %d (state holds %d rows, %d positions)", n,
+                          pos, dc->max_rows, dc->cfg.n_codebooks);
+    return 0;
+}
+
+int depth_cuda_step_dev(struct depth_cuda *dc, int n, const float *x, int pos, float *out)
 {
     const struct depth_config *cfg = &dc->cfg;
-    if (n < 1 || n > dc->max_rows || pos < 0 || pos >= cfg->n_codebooks)
-        return mm3_errorf(-EINVAL, "depth_cuda_step: %d rows at position %d (state holds %d rows, %d positions)", n,
-                          pos, dc->max_rows, cfg->n_codebooks);
+    int rc = check_step(dc, n, pos);
+    if (rc < 0) return rc;
     int H = cfg->hidden, F = cfg->ffn;
     size_t row_stride = (size_t)cfg->n_codebooks * H, layer_stride = (size_t)dc->max_rows * row_stride;
-    int *ints = malloc(sizeof(int) * 2 * n);
-    if (!ints) return mm3_errorf(-ENOMEM, "depth_cuda_step: out of memory");
-    for (int i = 0; i < n; i++) {
-        ints[i] = pos;
-        ints[n + i] = pos + 1;
-    }
-    int rc;
-    if ((rc = cuda_memcpy_h2d(dc->pos, ints, sizeof(int) * n)) < 0 ||
-        (rc = cuda_memcpy_h2d(dc->kv_len, ints + n, sizeof(int) * n)) < 0 ||
-        (rc = cuda_memcpy_h2d(dc->x, x, sizeof(float) * n * H)) < 0 ||
-        (rc = matmul(dc->h, dc->x, dc->proj, n, H, H)) < 0 ||
+    const int *p = dc->pos_tab + (size_t)pos * dc->max_rows;
+    if ((rc = matmul(dc->h, x, dc->proj, n, H, H)) < 0 ||
         (rc = talker_cuda_add_row(dc->h, dc->pos_emb + (size_t)pos * H, n, H, NULL)) < 0)
-        goto out;
+        return rc;
     for (int li = 0; li < cfg->n_layers; li++) {
         const struct depth_cuda_layer *L = &dc->layers[li];
         float *kc = dc->kc + li * layer_stride, *vc = dc->vc + li * layer_stride;
         if ((rc = cuda_ops_rmsnorm(dc->a, dc->h, L->attn_norm, n, H, cfg->eps, NULL)) < 0 ||
             (rc = matmul(dc->q, dc->a, L->wq, n, H, H)) < 0 || (rc = matmul(dc->k, dc->a, L->wk, n, H, H)) < 0 ||
             (rc = matmul(dc->v, dc->a, L->wv, n, H, H)) < 0 ||
-            (rc = talker_cuda_kv_store(kc, dc->k, dc->row, dc->pos, n, H, row_stride, H, NULL)) < 0 ||
-            (rc = talker_cuda_kv_store(vc, dc->v, dc->row, dc->pos, n, H, row_stride, H, NULL)) < 0 ||
+            (rc = talker_cuda_kv_store(kc, dc->k, dc->row, p, n, H, row_stride, H, NULL)) < 0 ||
+            (rc = talker_cuda_kv_store(vc, dc->v, dc->row, p, n, H, row_stride, H, NULL)) < 0 ||
             (rc = attention(dc, kc, vc, n, pos)) < 0 || (rc = matmul(dc->a, dc->o, L->wo, n, H, H)) < 0 ||
             (rc = cuda_ops_add_rmsnorm(dc->h, dc->q, dc->a, L->ffn_norm, n, H, cfg->eps, NULL)) < 0 ||
             (rc = matmul(dc->g, dc->q, L->wg, n, H, F)) < 0 || (rc = matmul(dc->u, dc->q, L->wu, n, H, F)) < 0 ||
             (rc = cuda_ops_silu_mul(dc->g, dc->g, dc->u, (size_t)n * F, NULL)) < 0 ||
             (rc = matmul(dc->a, dc->g, L->wd, n, F, H)) < 0 ||
             (rc = cuda_ops_add(dc->h, dc->a, (size_t)n * H, NULL)) < 0)
-            goto out;
+            return rc;
     }
-    if ((rc = cuda_ops_rmsnorm(dc->a, dc->h, dc->norm, n, H, cfg->eps, NULL)) < 0 || (rc = cuda_stream_sync(NULL)) < 0)
-        goto out;
-    rc = cuda_memcpy_d2h(out, dc->a, sizeof(float) * n * H);
-out:
-    free(ints);
-    return rc;
+    return cuda_ops_rmsnorm(out, dc->h, dc->norm, n, H, cfg->eps, NULL);
 }
 
-int depth_cuda_logits(struct depth_cuda *dc, int j, const float *hidden, int n, float *logits)
+int depth_cuda_step(struct depth_cuda *dc, int n, const float *x, int pos, float *out)
+{
+    int rc = check_step(dc, n, pos);
+    if (rc < 0) return rc;
+    size_t bytes = sizeof(float) * (size_t)n * dc->cfg.hidden;
+    if ((rc = cuda_memcpy_h2d(dc->x, x, bytes)) < 0 || (rc = depth_cuda_step_dev(dc, n, dc->x, pos, dc->a)) < 0 ||
+        (rc = cuda_stream_sync(NULL)) < 0)
+        return rc;
+    return cuda_memcpy_d2h(out, dc->a, bytes);
+}
+
+int depth_cuda_logits_dev(struct depth_cuda *dc, int j, const float *hidden, int n, float *logits)
 {
     const struct depth_config *cfg = &dc->cfg;
     if (j < 1 || j >= cfg->n_codebooks || n < 1 || n > dc->max_rows)
         return mm3_errorf(-EINVAL, "depth_cuda_logits: codebook %d, %d rows: expected 1..%d and 1..%d rows", j, n,
                           cfg->n_codebooks - 1, dc->max_rows);
     int H = cfg->hidden, V = cfg->audio_vocab;
-    const uint16_t *w = dc->heads + (size_t)(j - 1) * V * H;
-    int rc;
-    if ((rc = cuda_memcpy_h2d(dc->x, hidden, sizeof(float) * n * H)) < 0 ||
-        (rc = matmul(dc->logits, dc->x, w, n, H, V)) < 0 || (rc = cuda_stream_sync(NULL)) < 0)
-        return rc;
+    return matmul(logits, hidden, dc->heads + (size_t)(j - 1) * V * H, n, H, V);
+}
+
+int depth_cuda_logits(struct depth_cuda *dc, int j, const float *hidden, int n, float *logits)
+{
+    int H = dc->cfg.hidden, V = dc->cfg.audio_vocab, rc;
+    if (n >= 1 && n <= dc->max_rows && (rc = cuda_memcpy_h2d(dc->x, hidden, sizeof(float) * n * H)) < 0) return rc;
+    if ((rc = depth_cuda_logits_dev(dc, j, dc->x, n, dc->logits)) < 0 || (rc = cuda_stream_sync(NULL)) < 0) return rc;
     return cuda_memcpy_d2h(logits, dc->logits, sizeof(float) * n * V);
 }

@@ -2,7 +2,7 @@
  * struct depth: matrices as bf16 (exactly the checkpoint's values), norms and the
  * position table as float32, a float32 KV cache [n_layers][max_rows][n_codebooks][hidden].
  * Same contract as depth_step / depth_logits with host arrays in and out; the
- * 7 steps of a frame stay host-driven until the sampler moves to the GPU.
+ * *_dev variants queue the same work on device arrays for the batched frame step.
  * Only compiled with CUDA. */
 #ifndef MM3_STAGE0_CUDA_DEPTH_CUDA_H
 #define MM3_STAGE0_CUDA_DEPTH_CUDA_H
@@ -19,5 +19,11 @@ int depth_cuda_step(struct depth_cuda *dc, int n, const float *x, int pos, float
 
 /* As depth_logits: host hidden[n, hidden] -> host logits[n, audio_vocab], codebook j >= 1. */
 int depth_cuda_logits(struct depth_cuda *dc, int j, const float *hidden, int n, float *logits);
+
+/* The same two on device arrays, queued on the default stream without a sync (the
+ * batched frame step, stage0/cuda/frame_cuda.h); x and out (n rows) are the
+ * caller's buffers, never the decoder's internal activations. */
+int depth_cuda_step_dev(struct depth_cuda *dc, int n, const float *x, int pos, float *out);
+int depth_cuda_logits_dev(struct depth_cuda *dc, int j, const float *hidden, int n, float *logits);
 
 #endif

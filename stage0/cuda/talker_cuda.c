@@ -25,26 +25,55 @@ struct talker_cuda_scratch {
     int *row, *pos, *kv_len;
 };
 
+/* One captured decode forward of `size` tokens. */
+struct talker_cuda_graph {
+    int size, runs; /* runs: eager warm-up runs so far */
+    void *exec;     /* NULL until captured */
+};
+
 struct talker_cuda {
     struct talker_config cfg;
     int max_rows, max_ctx;
+    /* Positions allocated per row: max_ctx + 1. Position max_ctx is never a real
+     * token's; the padding tokens of a graph batch store their K/V there. */
+    int ctx_alloc;
     struct cuda_alloc_list mem;
     struct talker_cuda_layer *layers;
     const float *norm, *inv_freq;
     const uint16_t *head;
     float *kc, *vc;
     struct talker_cuda_scratch s;
+    /* CUDA graphs of decode batches (talker_cuda_graphs_enable): their own stream and
+     * fixed buffers (s above may be regrown by a long prefill; these never are). */
+    void *stream;
+    struct talker_cuda_scratch gs;
+    float *g_emb; /* host staging [max size][hidden] */
+    int *g_ints;  /* host staging [3][max size]: row, pos, kv_len */
+    struct talker_cuda_graph *graphs;
+    int n_graphs, warmups, n_captured;
+    long n_replays;
 };
 
-/* Rows per product: the float32-input GEMV kernels serve up to 16 rows. */
-static int matmul(float *y, const float *x, const uint16_t *w, int n, int in, int out)
+/* Float32-accurate products for any row count, in slices of 16 rows through the
+ * float32-input GEMV kernels: decode batches and the drawable head (whose logits
+ * feed the draws; a bf16-rounded x could move a draw). */
+static int matmul_exact(float *y, const float *x, const uint16_t *w, int n, int in, int out, void *stream)
 {
     for (int r = 0; r < n; r += CUDA_OPS_GEMV_MAX_ROWS) {
         int k = n - r < CUDA_OPS_GEMV_MAX_ROWS ? n - r : CUDA_OPS_GEMV_MAX_ROWS;
-        int rc = cuda_ops_matmul_bf16(y + (size_t)r * out, x + (size_t)r * in, w, k, in, out, NULL);
+        int rc = cuda_ops_matmul_bf16(y + (size_t)r * out, x + (size_t)r * in, w, k, in, out, stream);
         if (rc < 0) return rc;
     }
     return 0;
+}
+
+/* Prefill batches of more than 16 tokens take cuBLASLt's bf16 GEMM, which reads the
+ * weights once for the whole batch instead of once every 16 tokens (x rounded to
+ * bf16 there, within the issue's rel 2e-2 on frame_hiddens); decode stays exact. */
+static int matmul(float *y, const float *x, const uint16_t *w, int n, int in, int out, int prefill, void *stream)
+{
+    if (prefill) return cuda_ops_matmul_bf16(y, x, w, n, in, out, stream);
+    return matmul_exact(y, x, w, n, in, out, stream);
 }
 
 static void scratch_free(struct talker_cuda_scratch *s)
@@ -56,9 +85,8 @@ static void scratch_free(struct talker_cuda_scratch *s)
     memset(s, 0, sizeof *s);
 }
 
-static int scratch_reserve(struct talker_cuda *tc, int n)
+static int scratch_reserve(struct talker_cuda *tc, struct talker_cuda_scratch *s, int n)
 {
-    struct talker_cuda_scratch *s = &tc->s;
     if (n <= s->cap) return 0;
     scratch_free(s);
     int cap = n < 32 ? 32 : n;
@@ -100,6 +128,7 @@ int talker_cuda_create(struct talker_cuda **out, const struct talker *m, int max
     tc->cfg = *cfg;
     tc->max_rows = max_rows;
     tc->max_ctx = max_ctx;
+    tc->ctx_alloc = max_ctx + 1;
     tc->layers = calloc((size_t)cfg->n_layers, sizeof *tc->layers);
     int rc = tc->layers ? 0 : mm3_errorf(-ENOMEM, "talker_cuda_create: out of memory");
     size_t H = (size_t)cfg->hidden, F = (size_t)cfg->ffn, D = (size_t)cfg->head_dim;
@@ -138,14 +167,14 @@ int talker_cuda_create(struct talker_cuda **out, const struct talker *m, int max
     if (rc == 0 && (rc = cuda_upload_f32(l, &f, m->norm, H)) == 0) tc->norm = f;
     if (rc == 0 && (rc = cuda_upload_f32(l, &f, m->inv_freq, D / 2)) == 0) tc->inv_freq = f;
     if (rc == 0 && (rc = cuda_upload_bf16(l, &w, m->head, (size_t)SAMPLER_C0_COLS * H)) == 0) tc->head = w;
-    size_t cache = (size_t)cfg->n_layers * max_rows * max_ctx * KD * sizeof(float);
+    size_t cache = (size_t)cfg->n_layers * max_rows * tc->ctx_alloc * KD * sizeof(float);
     void *p;
     if (rc == 0 && (rc = cuda_alloc_list_add(l, &p, cache)) == 0) tc->kc = p;
     if (rc == 0 && (rc = cuda_alloc_list_add(l, &p, cache)) == 0) tc->vc = p;
     /* Unwritten cache positions are never read; zeroing keeps a stray read finite. */
     if (rc == 0) rc = cuda_memset(tc->kc, 0, cache);
     if (rc == 0) rc = cuda_memset(tc->vc, 0, cache);
-    if (rc == 0) rc = scratch_reserve(tc, 32);
+    if (rc == 0) rc = scratch_reserve(tc, &tc->s, 32);
     if (rc < 0) {
         talker_cuda_destroy(tc);
         return rc;
@@ -157,22 +186,140 @@ int talker_cuda_create(struct talker_cuda **out, const struct talker *m, int max
 void talker_cuda_destroy(struct talker_cuda *tc)
 {
     if (!tc) return;
+    for (int i = 0; i < tc->n_graphs; i++)
+        cuda_graph_destroy(tc->graphs[i].exec);
+    free(tc->graphs);
+    free(tc->g_emb);
+    free(tc->g_ints);
+    scratch_free(&tc->gs);
+    if (tc->stream) cuda_stream_destroy(tc->stream);
     scratch_free(&tc->s);
     cuda_alloc_list_free(&tc->mem);
     free(tc->layers);
     free(tc);
 }
 
-/* The split-K decode kernel addresses sequence s at s * seq_stride, so it serves a
- * batch of one token per row on consecutive rows (a CFG pair), head_dim a multiple
- * of 32 up to 256 and at most 8 query heads per kv head. */
-static int decode_layout(const struct talker_cuda *tc, int n, const int *row)
+/* Whether a batch is one token per row (decode): those take the split-K decode
+ * kernel (any rows, through a row map) when the head fits it, and CUDA graphs. */
+static int distinct_rows(int n, const int *row)
 {
-    const struct talker_config *c = &tc->cfg;
-    if (c->head_dim % 32 || c->head_dim > 256 || c->n_heads / c->n_kv_heads > 8) return 0;
     for (int i = 1; i < n; i++)
-        if (row[i] != row[0] + i) return 0;
+        for (int j = 0; j < i; j++)
+            if (row[i] == row[j]) return 0;
     return 1;
+}
+
+/* head_dim a multiple of 32 up to 256 and at most 8 query heads per kv head. */
+static int split_k_fits(const struct talker_config *c)
+{
+    return c->head_dim % 32 == 0 && c->head_dim <= 256 && c->n_heads / c->n_kv_heads <= 8;
+}
+
+/* Every kernel of a forward of n tokens whose inputs are in s (h, row, pos, kv_len on
+ * the device), queued on `stream`; the post-norm hiddens end in s->a. split_k: the
+ * decode kernel over rows s->row with kv lengths up to max_len, else the row attention;
+ * prefill: products through the bf16 GEMM (see matmul). */
+static int forward_queue(struct talker_cuda *tc, struct talker_cuda_scratch *s, int n, int split_k, int max_len,
+                         int prefill, void *stream)
+{
+    const struct talker_config *cfg = &tc->cfg;
+    int H = cfg->hidden, F = cfg->ffn, D = cfg->head_dim;
+    int QD = cfg->n_heads * D, KD = cfg->n_kv_heads * D;
+    size_t row_stride = (size_t)tc->ctx_alloc * KD, layer_stride = (size_t)tc->max_rows * row_stride;
+    float scale = 1.0f / sqrtf((float)D);
+    void *st = stream;
+    int rc = 0;
+    for (int li = 0; li < cfg->n_layers && rc == 0; li++) {
+        const struct talker_cuda_layer *L = &tc->layers[li];
+        float *kc = tc->kc + li * layer_stride, *vc = tc->vc + li * layer_stride;
+        /* The residual add of the previous layer is fused into this norm. */
+        if (li == 0)
+            rc = cuda_ops_rmsnorm(s->a, s->h, L->attn_norm, n, H, cfg->eps, st);
+        else
+            rc = cuda_ops_add_rmsnorm(s->h, s->a, s->o, L->attn_norm, n, H, cfg->eps, st);
+        if (rc < 0 || (rc = matmul(s->q, s->a, L->wq, n, H, QD, prefill, st)) < 0 ||
+            (rc = matmul(s->k, s->a, L->wk, n, H, KD, prefill, st)) < 0 ||
+            (rc = matmul(s->v, s->a, L->wv, n, H, KD, prefill, st)) < 0 ||
+            (rc = cuda_ops_qk_norm_rope(s->q, n, QD, cfg->n_heads, D, L->q_norm, cfg->eps, D, s->pos, tc->inv_freq,
+                                        st)) < 0 ||
+            (rc = cuda_ops_qk_norm_rope(s->k, n, KD, cfg->n_kv_heads, D, L->k_norm, cfg->eps, D, s->pos, tc->inv_freq,
+                                        st)) < 0 ||
+            (rc = talker_cuda_kv_store(kc, s->k, s->row, s->pos, n, KD, row_stride, KD, st)) < 0 ||
+            (rc = talker_cuda_kv_store(vc, s->v, s->row, s->pos, n, KD, row_stride, KD, st)) < 0)
+            break;
+        if (split_k)
+            rc = cuda_ops_attention_decode_rows(s->o, s->q, kc, vc, CUDA_KV_F32, s->kv_len, s->row, max_len, row_stride,
+                                                KD, n, cfg->n_heads, cfg->n_kv_heads, D, scale, st);
+        else
+            rc = talker_cuda_attention_rows(s->o, s->q, kc, vc, s->row, s->pos, n, cfg->n_heads, cfg->n_kv_heads, D,
+                                            row_stride, KD, scale, st);
+        /* a = o . Wo^T; then h += a and a = rmsnorm(h) in one kernel; o reused for the FFN output. */
+        if (rc < 0 || (rc = matmul(s->a, s->o, L->wo, n, QD, H, prefill, st)) < 0 ||
+            (rc = cuda_ops_add_rmsnorm(s->h, s->q, s->a, L->ffn_norm, n, H, cfg->eps, st)) < 0 ||
+            (rc = matmul(s->g, s->q, L->wg, n, H, F, prefill, st)) < 0 ||
+            (rc = matmul(s->u, s->q, L->wu, n, H, F, prefill, st)) < 0 ||
+            (rc = cuda_ops_silu_mul(s->g, s->g, s->u, (size_t)n * F, st)) < 0 ||
+            (rc = matmul(s->o, s->g, L->wd, n, F, H, prefill, st)) < 0)
+            break;
+    }
+    if (rc == 0) rc = cuda_ops_add_rmsnorm(s->h, s->a, s->o, tc->norm, n, H, cfg->eps, st);
+    return rc;
+}
+
+/* The smallest captured size that holds n tokens, or NULL. */
+static struct talker_cuda_graph *graph_for(struct talker_cuda *tc, int n)
+{
+    for (int i = 0; i < tc->n_graphs; i++)
+        if (tc->graphs[i].size >= n) return &tc->graphs[i];
+    return NULL;
+}
+
+/* A decode batch padded to the graph's size: the padding tokens (zero embedding) sit
+ * in row[0] at the spare position max_ctx with a kv length of 1, so they touch no
+ * real token's cache. Warm-up runs are eager on the same buffers, then one capture,
+ * then replays. */
+static int forward_graph(struct talker_cuda *tc, struct talker_cuda_graph *gr, int n, const int *row, const int *pos,
+                         const float *emb, float *hidden_out)
+{
+    struct talker_cuda_scratch *s = &tc->gs;
+    int S = gr->size, H = tc->cfg.hidden, cap = tc->graphs[tc->n_graphs - 1].size;
+    int split_k = split_k_fits(&tc->cfg);
+    memcpy(tc->g_emb, emb, sizeof(float) * (size_t)n * H);
+    memset(tc->g_emb + (size_t)n * H, 0, sizeof(float) * (size_t)(S - n) * H);
+    int *r = tc->g_ints, *p = r + cap, *len = p + cap;
+    for (int i = 0; i < S; i++) {
+        r[i] = i < n ? row[i] : row[0];
+        p[i] = i < n ? pos[i] : tc->max_ctx;
+        len[i] = i < n ? pos[i] + 1 : 1;
+    }
+    int rc;
+    if ((rc = talker_cuda_h2d_async(s->h, tc->g_emb, sizeof(float) * (size_t)S * H, tc->stream)) < 0 ||
+        (rc = talker_cuda_h2d_async(s->row, r, sizeof(int) * S, tc->stream)) < 0 ||
+        (rc = talker_cuda_h2d_async(s->pos, p, sizeof(int) * S, tc->stream)) < 0 ||
+        (rc = talker_cuda_h2d_async(s->kv_len, len, sizeof(int) * S, tc->stream)) < 0)
+        return rc;
+    if (!gr->exec && gr->runs >= tc->warmups) {
+        if ((rc = cuda_graph_capture_begin(tc->stream)) < 0) return rc;
+        rc = forward_queue(tc, s, S, split_k, tc->max_ctx, 0, tc->stream);
+        void *exec = NULL;
+        int rc_end = cuda_graph_capture_end(tc->stream, &exec);
+        if (rc < 0 || rc_end < 0) {
+            cuda_graph_destroy(exec);
+            return rc < 0 ? rc : rc_end;
+        }
+        gr->exec = exec;
+        tc->n_captured++;
+    }
+    if (gr->exec) {
+        rc = cuda_graph_launch(gr->exec, tc->stream);
+        tc->n_replays++;
+    } else {
+        rc = forward_queue(tc, s, S, split_k, tc->max_ctx, 0, tc->stream);
+        gr->runs++;
+    }
+    if (rc == 0) rc = cuda_stream_sync(tc->stream);
+    if (rc == 0) rc = cuda_memcpy_d2h(hidden_out, s->a, sizeof(float) * (size_t)n * H);
+    return rc;
 }
 
 int talker_cuda_forward(struct talker_cuda *tc, int n, const int *row, const int *pos, const float *emb,
@@ -189,72 +336,75 @@ int talker_cuda_forward(struct talker_cuda *tc, int n, const int *row, const int
                 row[i], pos[i], tc->max_rows, tc->max_ctx);
         if (pos[i] + 1 > max_len) max_len = pos[i] + 1;
     }
-    int rc = scratch_reserve(tc, n);
+    int decode = distinct_rows(n, row);
+    struct talker_cuda_graph *gr = decode ? graph_for(tc, n) : NULL;
+    if (gr) return forward_graph(tc, gr, n, row, pos, emb, hidden_out);
+    int rc = scratch_reserve(tc, &tc->s, n);
     if (rc < 0) return rc;
     struct talker_cuda_scratch *s = &tc->s;
-    int H = cfg->hidden, F = cfg->ffn, D = cfg->head_dim;
-    int QD = cfg->n_heads * D, KD = cfg->n_kv_heads * D;
-    size_t row_stride = (size_t)tc->max_ctx * KD, layer_stride = (size_t)tc->max_rows * row_stride;
-    int decode = decode_layout(tc, n, row);
+    int H = cfg->hidden;
     int *kv_len = malloc(sizeof(int) * n);
     if (!kv_len) return mm3_errorf(-ENOMEM, "talker_cuda_forward: out of memory");
     for (int i = 0; i < n; i++)
         kv_len[i] = pos[i] + 1;
-    if ((rc = cuda_memcpy_h2d(s->h, emb, sizeof(float) * n * H)) < 0 ||
-        (rc = cuda_memcpy_h2d(s->row, row, sizeof(int) * n)) < 0 ||
-        (rc = cuda_memcpy_h2d(s->pos, pos, sizeof(int) * n)) < 0 ||
-        (rc = cuda_memcpy_h2d(s->kv_len, kv_len, sizeof(int) * n)) < 0)
-        goto out;
-    float scale = 1.0f / sqrtf((float)D);
-    for (int li = 0; li < cfg->n_layers && rc == 0; li++) {
-        const struct talker_cuda_layer *L = &tc->layers[li];
-        float *kc = tc->kc + li * layer_stride, *vc = tc->vc + li * layer_stride;
-        /* The residual add of the previous layer is fused into this norm. */
-        if (li == 0)
-            rc = cuda_ops_rmsnorm(s->a, s->h, L->attn_norm, n, H, cfg->eps, NULL);
-        else
-            rc = cuda_ops_add_rmsnorm(s->h, s->a, s->o, L->attn_norm, n, H, cfg->eps, NULL);
-        if (rc < 0 || (rc = matmul(s->q, s->a, L->wq, n, H, QD)) < 0 ||
-            (rc = matmul(s->k, s->a, L->wk, n, H, KD)) < 0 || (rc = matmul(s->v, s->a, L->wv, n, H, KD)) < 0 ||
-            (rc = cuda_ops_qk_norm_rope(s->q, n, QD, cfg->n_heads, D, L->q_norm, cfg->eps, D, s->pos, tc->inv_freq,
-                                        NULL)) < 0 ||
-            (rc = cuda_ops_qk_norm_rope(s->k, n, KD, cfg->n_kv_heads, D, L->k_norm, cfg->eps, D, s->pos, tc->inv_freq,
-                                        NULL)) < 0 ||
-            (rc = talker_cuda_kv_store(kc, s->k, s->row, s->pos, n, KD, row_stride, KD, NULL)) < 0 ||
-            (rc = talker_cuda_kv_store(vc, s->v, s->row, s->pos, n, KD, row_stride, KD, NULL)) < 0)
-            break;
-        if (decode)
-            rc = cuda_ops_attention_decode(s->o, s->q, kc + row[0] * row_stride, vc + row[0] * row_stride, CUDA_KV_F32,
-                                           s->kv_len, max_len, row_stride, KD, n, cfg->n_heads, cfg->n_kv_heads, D,
-                                           scale, NULL);
-        else
-            rc = talker_cuda_attention_rows(s->o, s->q, kc, vc, s->row, s->pos, n, cfg->n_heads, cfg->n_kv_heads, D,
-                                            row_stride, KD, scale, NULL);
-        /* a = o . Wo^T; then h += a and a = rmsnorm(h) in one kernel; o reused for the FFN output. */
-        if (rc < 0 || (rc = matmul(s->a, s->o, L->wo, n, QD, H)) < 0 ||
-            (rc = cuda_ops_add_rmsnorm(s->h, s->q, s->a, L->ffn_norm, n, H, cfg->eps, NULL)) < 0 ||
-            (rc = matmul(s->g, s->q, L->wg, n, H, F)) < 0 || (rc = matmul(s->u, s->q, L->wu, n, H, F)) < 0 ||
-            (rc = cuda_ops_silu_mul(s->g, s->g, s->u, (size_t)n * F, NULL)) < 0 ||
-            (rc = matmul(s->o, s->g, L->wd, n, F, H)) < 0)
-            break;
-    }
-    if (rc == 0) rc = cuda_ops_add_rmsnorm(s->h, s->a, s->o, tc->norm, n, H, cfg->eps, NULL);
-    if (rc == 0) rc = cuda_stream_sync(NULL);
-    if (rc == 0) rc = cuda_memcpy_d2h(hidden_out, s->a, sizeof(float) * n * H);
-out:
+    if ((rc = cuda_memcpy_h2d(s->h, emb, sizeof(float) * n * H)) == 0 &&
+        (rc = cuda_memcpy_h2d(s->row, row, sizeof(int) * n)) == 0 &&
+        (rc = cuda_memcpy_h2d(s->pos, pos, sizeof(int) * n)) == 0 &&
+        (rc = cuda_memcpy_h2d(s->kv_len, kv_len, sizeof(int) * n)) == 0 &&
+        (rc = forward_queue(tc, s, n, decode && split_k_fits(cfg), max_len, !decode, NULL)) == 0 &&
+        (rc = cuda_stream_sync(NULL)) == 0)
+        rc = cuda_memcpy_d2h(hidden_out, s->a, sizeof(float) * n * H);
     free(kv_len);
     return rc;
+}
+
+int talker_cuda_graphs_enable(struct talker_cuda *tc, const int *sizes, int n_sizes, int warmups)
+{
+    if (tc->n_graphs) return mm3_errorf(-EINVAL, "talker_cuda_graphs_enable: graphs already enabled");
+    if (n_sizes < 1 || warmups < 0)
+        return mm3_errorf(-EINVAL, "talker_cuda_graphs_enable: %d capture sizes, %d warm-ups: expected >= 1 and >= 0",
+                          n_sizes, warmups);
+    for (int i = 0; i < n_sizes; i++)
+        if (sizes[i] < 1 || (i > 0 && sizes[i] <= sizes[i - 1]))
+            return mm3_errorf(-EINVAL, "compilation.capture_sizes[%d] = %d: expected ascending sizes >= 1", i,
+                              sizes[i]);
+    int cap = sizes[n_sizes - 1], H = tc->cfg.hidden;
+    int rc = cuda_stream_create(&tc->stream);
+    if (rc == 0) rc = scratch_reserve(tc, &tc->gs, cap);
+    tc->g_emb = malloc(sizeof(float) * (size_t)cap * H);
+    tc->g_ints = malloc(sizeof(int) * 3 * (size_t)cap);
+    tc->graphs = calloc((size_t)n_sizes, sizeof *tc->graphs);
+    if (rc == 0 && (!tc->g_emb || !tc->g_ints || !tc->graphs))
+        rc = mm3_errorf(-ENOMEM, "talker_cuda_graphs_enable: out of memory");
+    if (rc < 0) return rc; /* the rest is freed by talker_cuda_destroy */
+    for (int i = 0; i < n_sizes; i++)
+        tc->graphs[i].size = sizes[i];
+    tc->n_graphs = n_sizes;
+    tc->warmups = warmups;
+    return 0;
+}
+
+void talker_cuda_graph_stats(const struct talker_cuda *tc, int *captured, long *replays)
+{
+    *captured = tc->n_captured;
+    *replays = tc->n_replays;
 }
 
 int talker_cuda_head_drawable(struct talker_cuda *tc, const float *hidden, int n_rows, float *logits)
 {
     if (n_rows < 1) return mm3_errorf(-EINVAL, "talker_cuda_head_drawable: %d rows, expected >= 1", n_rows);
-    int rc = scratch_reserve(tc, n_rows);
+    int rc = scratch_reserve(tc, &tc->s, n_rows);
     if (rc < 0) return rc;
     int H = tc->cfg.hidden;
     if ((rc = cuda_memcpy_h2d(tc->s.a, hidden, sizeof(float) * n_rows * H)) < 0 ||
-        (rc = matmul(tc->s.logits, tc->s.a, tc->head, n_rows, H, SAMPLER_C0_COLS)) < 0 ||
+        (rc = matmul_exact(tc->s.logits, tc->s.a, tc->head, n_rows, H, SAMPLER_C0_COLS, NULL)) < 0 ||
         (rc = cuda_stream_sync(NULL)) < 0)
         return rc;
     return cuda_memcpy_d2h(logits, tc->s.logits, sizeof(float) * n_rows * SAMPLER_C0_COLS);
+}
+
+int talker_cuda_head_dev(struct talker_cuda *tc, const float *hidden, int n_rows, float *logits)
+{
+    if (n_rows < 1) return mm3_errorf(-EINVAL, "talker_cuda_head_dev: %d rows, expected >= 1", n_rows);
+    return matmul_exact(logits, hidden, tc->head, n_rows, tc->cfg.hidden, SAMPLER_C0_COLS, NULL);
 }

@@ -3,17 +3,21 @@
  * Built from a loaded CPU struct talker: the matrices go to the GPU as bf16 (the
  * CPU copy is the checkpoint's bf16 widened, so these are exactly the checkpoint's
  * values), norm weights and the bf16-rounded RoPE inv_freq as float32. The KV cache
- * lives on the GPU in float32, [n_layers][max_rows][max_ctx][n_kv_heads*head_dim]
- * (accuracy first; a bf16 cache halves it and is the next step).
+ * lives on the GPU in float32, [n_layers][max_rows][max_ctx + 1][n_kv_heads*head_dim]
+ * (accuracy first; a bf16 cache halves it and is the next step; the extra position
+ * takes the K/V of a graph batch's padding tokens).
  *
  * talker_cuda_forward has talker_forward's contract (host arrays in and out): the
  * tokens of a batch may belong to different rows; all of a batch's K/V are stored
  * before attention, so prefill tokens see their predecessors in the same batch.
- * Matrix products run in slices of at most 16 rows through the float32-input GEMV
- * kernels (rel. 1e-6 against the CPU), never through the bf16-input cuBLASLt path,
- * so prefill matches the CPU too. Attention: common/cuda's split-K decode kernel
- * when the batch is one token per consecutive row (the CFG pair step) and the
- * head fits it, else the simple row attention of talker_kernels.h.
+ * Matrix products of decode batches (<= 16 rows) run through the float32-input GEMV
+ * kernels (rel. 1e-6 against the CPU); larger batches (prefill) through the bf16
+ * cuBLASLt GEMM, which reads each weight once per batch but rounds the activations
+ * to bf16 (rel. ~1e-3 against the CPU, inside the issue's 2e-2). The drawable head
+ * always takes the float32-accurate GEMV, in slices of 16 rows. Attention:
+ * common/cuda's split-K decode kernel (through a row map) when the batch is one
+ * token per row (decode) and the head fits it, else the simple row attention of
+ * talker_kernels.h.
  *
  * Only compiled with CUDA (stage0/cuda/ joins mm3_stage0 when MM3_HAVE_CUDA). */
 #ifndef MM3_STAGE0_CUDA_TALKER_CUDA_H
@@ -34,5 +38,19 @@ int talker_cuda_forward(struct talker_cuda *tc, int n, const int *row, const int
 
 /* As talker_head_drawable: host hidden[n_rows, hidden] -> host logits[n_rows, SAMPLER_C0_COLS]. */
 int talker_cuda_head_drawable(struct talker_cuda *tc, const float *hidden, int n_rows, float *logits);
+
+/* The same on device arrays, queued on the default stream without a sync. */
+int talker_cuda_head_dev(struct talker_cuda *tc, const float *hidden, int n_rows, float *logits);
+
+/* CUDA graphs for decode batches (one token per row, at most sizes[n_sizes-1] tokens):
+ * such a batch is padded to the smallest size that holds it, runs eagerly `warmups`
+ * times per size, is then captured once and replayed from then on. Rows, positions,
+ * kv lengths and embeddings go to fixed device buffers before every launch, and the
+ * decode attention reads lengths and rows from them, so one graph serves every step.
+ * sizes strictly ascending, >= 1. Other batches (prefill, mixed) stay eager. */
+int talker_cuda_graphs_enable(struct talker_cuda *tc, const int *sizes, int n_sizes, int warmups);
+
+/* Graphs captured so far and forwards served by a replay. */
+void talker_cuda_graph_stats(const struct talker_cuda *tc, int *captured, long *replays);
 
 #endif

@@ -128,3 +128,9 @@ extern "C" int talker_cuda_add_row(float *y, const float *x, int n_rows, int wid
     add_row_kernel<<<blocks, 256, 0, cuda_stream_of(stream)>>>(y, x, total, width);
     return cuda_launch_status("add_row_kernel");
 }
+
+extern "C" int talker_cuda_h2d_async(void *dst, const void *src, size_t bytes, void *stream)
+{
+    return cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cuda_stream_of(stream)),
+                       "cudaMemcpyAsync (host to device)");
+}

@@ -1,0 +1,34 @@
+/* One batched sampling step for n CFG pairs on the GPU (model-stage0.md §3.4-§3.7):
+ * the drawable head on 2n rows in one product, the guided c0 draw, the depth
+ * decoder's steps for all pairs at once with each codebook's guided draw, and the
+ * frame feedback embedding, with one upload and one download per step. Draws go
+ * through common/cuda/sampler_cuda.h (seeded Gumbel-max, the same columns as
+ * common/sampler.c); products use the float32-accurate GEMV kernels, so codes,
+ * depth hiddens and feedback match the CPU AR loop (stage0/generate.c).
+ *
+ *     frame_cuda_create(&fc, &lm, &dd, max_pairs);   // embedding tables as bf16
+ *     frame_cuda_sample_pairs(fc, tc, dc, &in, &out);
+ *
+ * The embedding tables (the c0 rows of embed_tokens, the depth decoder's
+ * audio_embeddings) go to the GPU as bf16, which holds the checkpoint's values
+ * exactly; when a loaded table is not exactly bf16 (a float32 checkpoint), or the
+ * model is one the AR loop cannot run (hidden sizes differ, no embeddings), create
+ * returns 0 with *out NULL and the caller keeps the per-request host path.
+ * Only compiled with CUDA. */
+#ifndef MM3_STAGE0_CUDA_FRAME_CUDA_H
+#define MM3_STAGE0_CUDA_FRAME_CUDA_H
+
+#include "stage0/cuda/depth_cuda.h"
+#include "stage0/cuda/talker_cuda.h"
+#include "stage0/talker_backend.h"
+
+struct frame_cuda;
+
+int frame_cuda_create(struct frame_cuda **out, const struct talker *lm, const struct depth *dd, int max_pairs);
+void frame_cuda_destroy(struct frame_cuda *fc); /* NULL is fine */
+
+/* The contract of talker_backend.sample_pairs; dc needs 2 * in->n depth rows. */
+int frame_cuda_sample_pairs(struct frame_cuda *fc, struct talker_cuda *tc, struct depth_cuda *dc,
+                            const struct talker_pairs_in *in, const struct talker_pairs_out *out);
+
+#endif
