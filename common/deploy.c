@@ -1,7 +1,10 @@
 /* Deploy file loader: YAML tree (common/deploy_yaml.h) -> struct mm3_deploy.
- * Decoding checks each key's type and range where it is read; the checks that
- * look across keys (CFG pairs, connector names, memory per device, context
- * budget) run once everything is read, pointing at the nodes they kept. */
+ * Each mapping is read through a field table (struct field): the key, the type
+ * and range of its value, where the value lands, and whether its node is kept
+ * for a later check. Keys whose value needs more than a type and a range have a
+ * decoder of their own. The checks that look across keys (CFG pairs, connector
+ * names, memory per device, context budget) run once everything is read,
+ * pointing at the nodes kept. */
 #include "common/deploy.h"
 
 #include <arpa/inet.h>
@@ -10,25 +13,44 @@
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/deploy_yaml.h"
 #include "common/error.h"
 #include "common/log.h"
-#include "common/deploy_yaml.h"
 
 #define KEY_PATH_MAX 256
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
 typedef struct mm3_yaml_node ynode;
+
+/* Stage keys whose value nodes the checks after decoding point at. */
+enum mark {
+    MARK_NONE = 0,
+    MARK_MAX_NUM_SEQS,
+    MARK_GPU_MEMORY_UTILIZATION,
+    MARK_DTYPE,
+    MARK_MAX_MODEL_LEN,
+    MARK_MAX_NUM_BATCHED_TOKENS,
+    MARK_CAPTURE_SIZES,
+    MARK_INPUT_CONNECTOR,
+    MARK_OUTPUT_CONNECTOR,
+    MARK_MAX_TOKENS,
+    MARK_SEED,
+    MARK_CFG_SCALE,
+    MARK_CFG_ROLE,
+    MARK_DEVICES,
+    MARK_COUNT
+};
 
 /* Nodes kept for the checks that run after decoding. NULL = key absent. */
 struct stage_marks {
     const ynode *entry;
     int position; /* index in the stages list, for key paths */
-    const ynode *max_num_seqs, *gpu_memory_utilization, *dtype, *max_model_len;
-    const ynode *max_num_batched_tokens, *capture_sizes, *input_connector, *output_connector;
-    const ynode *max_tokens, *seed, *cfg_scale, *cfg_role, *devices;
+    const ynode *node[MARK_COUNT];
 };
 
 struct load_ctx {
@@ -36,9 +58,14 @@ struct load_ctx {
     struct mm3_deploy *d;
     const ynode *stages;
     const ynode *connectors;
-    const ynode *backend;
     struct stage_marks marks[MM3_DEPLOY_NUM_STAGES];
 };
+
+/* The enums' names, indexed by value: what the file says and what the name
+ * functions print are the same strings. */
+static const char *const backend_names[] = {"auto", "cpu", "cuda"};
+static const char *const precision_names[] = {"fp32", "tf32", "bf16"};
+static const char *const cudagraph_names[] = {"NONE", "FULL_DECODE_ONLY"};
 
 /* ---- messages ------------------------------------------------------------ */
 
@@ -95,9 +122,11 @@ static void path_index(char *out, const char *parent, size_t i)
     memcpy(out + len, index, strlen(index) + 1);
 }
 
-static int unknown_key(const struct load_ctx *c, const ynode *key, const char *path, const char *known)
+/* Appends ", item" (just "item" to an empty list), cut at cap. */
+static void list_append(char *list, size_t cap, const char *item)
 {
-    return fail(c, key, path, "unknown key (expected one of: %s)", known);
+    size_t len = strlen(list);
+    snprintf(list + len, cap - len, "%s%s", len ? ", " : "", item);
 }
 
 /* ---- typed values ------------------------------------------------------- */
@@ -176,10 +205,8 @@ static int get_choice(const struct load_ctx *c, const ynode *n, const char *path
                 *out = i;
                 return 0;
             }
-    for (int i = 0; i < count; i++) {
-        size_t len = strlen(list);
-        snprintf(list + len, sizeof list - len, "%s%s", i ? ", " : "", names[i]);
-    }
+    for (int i = 0; i < count; i++)
+        list_append(list, sizeof list, names[i]);
     return fail(c, n, path, "expected one of %s, got %s", list, mm3_yaml_describe(n, what, sizeof what));
 }
 
@@ -191,6 +218,137 @@ static int get_map(const struct load_ctx *c, const ynode *n, const char *path)
     if (n->kind == MM3_YAML_MAP) return n->n > 0;
     if (mm3_yaml_is_null(n)) return 0;
     return fail(c, n, path, "expected a mapping, got %s", mm3_yaml_describe(n, what, sizeof what));
+}
+
+/* ---- field tables -------------------------------------------------------- */
+
+/* What a field table is read into: fields' offsets point into `target`; stage
+ * tables also keep nodes in `marks` and know their stage (else -1). */
+struct scope {
+    struct load_ctx *c;
+    void *target;
+    struct stage_marks *marks;
+    int stage;
+};
+
+enum field_kind {
+    FIELD_I64,    /* integer in [lo, hi] -> int64_t (uint64_t when lo >= 0) */
+    FIELD_I32,    /* integer in [lo, hi] -> int */
+    FIELD_NUMBER, /* finite number between min and max -> double */
+    FIELD_BOOL,   /* true / false -> bool */
+    FIELD_STRING, /* scalar text -> char[cap] */
+    FIELD_CHOICE, /* one of names[] -> its index, stored in an enum */
+    FIELD_CUSTOM, /* decode() reads it */
+};
+
+struct field {
+    const char *key;
+    enum field_kind kind;
+    size_t at; /* offset of the destination in the scope's target */
+    long long lo, hi;
+    double min, max; /* max = INFINITY: unbounded above */
+    bool min_open, max_open;
+    size_t cap;
+    bool allow_empty; /* a string may be null or "" */
+    const char *const *names;
+    int n_names;
+    enum mark mark;      /* keep the value's node under this mark */
+    bool stage1_only;    /* refused at the key in stage 0's entry */
+    const char *refusal; /* refused at the key with this message; not listed as a known key */
+    int (*decode)(const struct scope *s, const ynode *key, const ynode *v, const char *path);
+    /* Runs after a typed read succeeded; `value` is the destination. */
+    int (*check)(const struct scope *s, const ynode *v, const char *path, const void *value);
+};
+
+/* offsetof(T, m), refusing to compile when m is not `size` bytes wide: a table
+ * entry cannot write a type its member does not have. */
+#define AT(T, m, size) (offsetof(T, m) + 0 * sizeof(char[sizeof(((T *)0)->m) == (size) ? 1 : -1]))
+#define I64_AT(T, m) .kind = FIELD_I64, .at = AT(T, m, sizeof(int64_t))
+#define I32_AT(T, m) .kind = FIELD_I32, .at = AT(T, m, sizeof(int))
+#define NUMBER_AT(T, m) .kind = FIELD_NUMBER, .at = AT(T, m, sizeof(double))
+#define BOOL_AT(T, m) .kind = FIELD_BOOL, .at = AT(T, m, sizeof(bool))
+#define STRING_AT(T, m) .kind = FIELD_STRING, .at = offsetof(T, m), .cap = sizeof(((T *)0)->m)
+#define CHOICE_AT(T, m, list) .kind = FIELD_CHOICE, .at = AT(T, m, sizeof(int)), .names = list, .n_names = COUNT(list)
+#define CUSTOM(fn) .kind = FIELD_CUSTOM, .decode = fn
+
+static int decode_field(const struct scope *s, const struct field *f, const ynode *key, const ynode *v,
+                        const char *path)
+{
+    struct load_ctx *c = s->c;
+    char *dst = (char *)s->target + f->at;
+    long long iv = 0;
+    int rc = 0;
+    if (f->refusal) return fail(c, key, path, "%s", f->refusal);
+    if (f->stage1_only && s->stage != 1) return fail(c, key, path, "only stage 1 (the DiT) has this key");
+    if (f->mark) {
+        CHECK(s->marks);
+        s->marks->node[f->mark] = v;
+    }
+    switch (f->kind) {
+    case FIELD_I64:
+        rc = get_int(c, v, path, f->lo, f->hi, &iv);
+        if (rc == 0) memcpy(dst, &(int64_t){iv}, sizeof(int64_t));
+        break;
+    case FIELD_I32:
+        rc = get_int32(c, v, path, (int)f->lo, (int)f->hi, (int *)(void *)dst);
+        break;
+    case FIELD_NUMBER:
+        rc = get_number(c, v, path, f->min, f->min_open, f->max, f->max_open, (double *)(void *)dst);
+        break;
+    case FIELD_BOOL:
+        rc = get_bool(c, v, path, (bool *)(void *)dst);
+        break;
+    case FIELD_STRING:
+        rc = get_string(c, v, path, dst, f->cap, f->allow_empty);
+        break;
+    case FIELD_CHOICE:
+        rc = get_choice(c, v, path, f->names, f->n_names, (int *)(void *)dst);
+        break;
+    case FIELD_CUSTOM:
+        return f->decode(s, key, v, path);
+    }
+    if (rc == 0 && f->check) rc = f->check(s, v, path, dst);
+    return rc;
+}
+
+static int unknown_key(const struct load_ctx *c, const ynode *key, const char *path, const char *known)
+{
+    return fail(c, key, path, "unknown key (expected one of: %s)", known);
+}
+
+/* Reads every key of mapping n through the table; a key it lacks is an error
+ * that lists the keys it has. */
+static int decode_fields(const struct scope *s, const ynode *n, const char *path, const struct field *fields,
+                         size_t count)
+{
+    int has = get_map(s->c, n, path);
+    if (has <= 0) return has;
+    for (size_t i = 0; i < n->n; i++) {
+        const ynode *key = n->keys[i];
+        char joined[KEY_PATH_MAX];
+        path_join(joined, path, key->text);
+        /* A top-level key is its own path, never cut. */
+        const char *p = path[0] ? joined : key->text;
+        const struct field *f = NULL;
+        for (size_t j = 0; j < count && !f; j++)
+            if (!strcmp(key->text, fields[j].key)) f = &fields[j];
+        int rc;
+        if (f) {
+            rc = decode_field(s, f, key, n->items[i], p);
+        } else {
+            char known[512] = "";
+            for (size_t j = 0; j < count; j++)
+                if (!fields[j].refusal) list_append(known, sizeof known, fields[j].key);
+            rc = unknown_key(s->c, key, p, known);
+        }
+        if (rc < 0) return rc;
+    }
+    return 0;
+}
+
+static struct mm3_stage_config *scope_stage(const struct scope *s)
+{
+    return &s->c->d->stages[s->stage];
 }
 
 /* ---- defaults ------------------------------------------------------------ */
@@ -264,84 +422,66 @@ void mm3_deploy_init_defaults(struct mm3_deploy *d)
 
 /* ---- connectors ---------------------------------------------------------- */
 
-static int decode_connector_extra(struct load_ctx *c, const ynode *n, const char *path, struct mm3_connector_config *k)
+#define DIT_KNOB                                                                                                       \
+    "unknown key: this is a vLLM-Omni acoustic-model knob; in mm3 the DiT's matmul precision is "                      \
+    "stages[<stage 1>].matmul_precision"
+
+static const struct field connector_extra_fields[] = {
+    {"codec_streaming", BOOL_AT(struct mm3_connector_config, codec_streaming)},
+    {"shm_threshold_bytes", I64_AT(struct mm3_connector_config, shm_threshold_bytes), .lo = 0, .hi = 1LL << 30},
+    {"connector_get_sleep_s", NUMBER_AT(struct mm3_connector_config, get_sleep_s), .min = 0, .min_open = true,
+     .max = 60},
+    {"connector_get_max_wait_first_chunk", I64_AT(struct mm3_connector_config, get_max_wait_first_chunk), .lo = 1,
+     .hi = 1000000000},
+    {"connector_get_max_wait", I64_AT(struct mm3_connector_config, get_max_wait), .lo = 1, .hi = 1000000000},
+    {"vocoder_cudnn", .refusal = DIT_KNOB},
+    {"compile_dit", .refusal = DIT_KNOB},
+    {"dit_autocast_dtype", .refusal = DIT_KNOB},
+    {"dit_fp16_linear_weights", .refusal = DIT_KNOB},
+};
+
+static int decode_connector_extra(const struct scope *s, const ynode *key, const ynode *v, const char *path)
 {
+    return decode_fields(s, v, path, connector_extra_fields, COUNT(connector_extra_fields));
+}
+
+static int check_connector_class(const struct scope *s, const ynode *v, const char *path, const void *value)
+{
+    if (!strcmp(value, "SharedMemoryConnector")) return 0;
+    return fail(s->c, v, path,
+                "expected SharedMemoryConnector (the only connector mm3 has: "
+                "a ring over /dev/shm between the two stage processes of one host), got '%s'",
+                (const char *)value);
+}
+
+static const struct field connector_fields[] = {
+    {"name", STRING_AT(struct mm3_connector_config, connector_class), .check = check_connector_class},
+    {"extra", CUSTOM(decode_connector_extra)},
+};
+
+static int decode_connectors(const struct scope *top, const ynode *key, const ynode *n, const char *path)
+{
+    struct load_ctx *c = top->c;
+    struct mm3_deploy *d = c->d;
+    c->connectors = n;
     int has = get_map(c, n, path);
     if (has <= 0) return has;
     for (size_t i = 0; i < n->n; i++) {
-        const char *key = n->keys[i]->text;
-        const ynode *v = n->items[i];
+        const ynode *kn = n->keys[i];
         char p[KEY_PATH_MAX];
-        long long iv;
-        int rc;
-        path_join(p, path, key);
-        if (!strcmp(key, "codec_streaming")) {
-            rc = get_bool(c, v, p, &k->codec_streaming);
-        } else if (!strcmp(key, "shm_threshold_bytes")) {
-            rc = get_int(c, v, p, 0, 1LL << 30, &iv);
-            k->shm_threshold_bytes = iv;
-        } else if (!strcmp(key, "connector_get_sleep_s")) {
-            rc = get_number(c, v, p, 0, true, 60, false, &k->get_sleep_s);
-        } else if (!strcmp(key, "connector_get_max_wait_first_chunk")) {
-            rc = get_int(c, v, p, 1, 1000000000, &iv);
-            k->get_max_wait_first_chunk = iv;
-        } else if (!strcmp(key, "connector_get_max_wait")) {
-            rc = get_int(c, v, p, 1, 1000000000, &iv);
-            k->get_max_wait = iv;
-        } else if (!strcmp(key, "vocoder_cudnn") || !strcmp(key, "compile_dit") || !strcmp(key, "dit_autocast_dtype") ||
-                   !strcmp(key, "dit_fp16_linear_weights")) {
-            rc = fail(c, n->keys[i], p,
-                      "unknown key: this is a vLLM-Omni acoustic-model knob; in mm3 the "
-                      "DiT's matmul precision is stages[<stage 1>].matmul_precision");
-        } else {
-            rc = unknown_key(c, n->keys[i], p,
-                             "codec_streaming, shm_threshold_bytes, connector_get_sleep_s, "
-                             "connector_get_max_wait_first_chunk, connector_get_max_wait");
-        }
-        if (rc < 0) return rc;
-    }
-    return 0;
-}
-
-static int decode_connectors(struct load_ctx *c, const ynode *n)
-{
-    struct mm3_deploy *d = c->d;
-    int has = get_map(c, n, "connectors");
-    if (has <= 0) return has;
-    for (size_t i = 0; i < n->n; i++) {
-        const ynode *kn = n->keys[i], *v = n->items[i];
-        char p[KEY_PATH_MAX];
-        path_join(p, "connectors", kn->text);
+        path_join(p, path, kn->text);
         if (d->n_connectors == MM3_DEPLOY_MAX_CONNECTORS)
             return fail(c, kn, p, "more than %d connectors", MM3_DEPLOY_MAX_CONNECTORS);
         if (!kn->text[0] || strlen(kn->text) >= MM3_DEPLOY_NAME_MAX)
             return fail(c, kn, p, "expected a connector name of 1 to %d characters", MM3_DEPLOY_NAME_MAX - 1);
         struct mm3_connector_config *k = &d->connectors[d->n_connectors++];
         connector_defaults(k, kn->text);
+        /* Set again only by a valid name: key, so empty means it is missing. */
         k->connector_class[0] = 0;
-        int rc = get_map(c, v, p);
+        struct scope s = {c, k, NULL, -1};
+        int rc = decode_fields(&s, n->items[i], p, connector_fields, COUNT(connector_fields));
         if (rc < 0) return rc;
-        const ynode *class_node = NULL;
-        for (size_t j = 0; j < v->n; j++) {
-            const char *key = v->keys[j]->text;
-            char q[KEY_PATH_MAX];
-            path_join(q, p, key);
-            if (!strcmp(key, "name")) {
-                class_node = v->items[j];
-                rc = get_string(c, class_node, q, k->connector_class, sizeof k->connector_class, false);
-                if (rc == 0 && strcmp(k->connector_class, "SharedMemoryConnector"))
-                    rc = fail(c, class_node, q,
-                              "expected SharedMemoryConnector (the only connector mm3 has: "
-                              "a ring over /dev/shm between the two stage processes of one host), got '%s'",
-                              k->connector_class);
-            } else if (!strcmp(key, "extra")) {
-                rc = decode_connector_extra(c, v->items[j], q, k);
-            } else {
-                rc = unknown_key(c, v->keys[j], q, "name, extra");
-            }
-            if (rc < 0) return rc;
-        }
-        if (!class_node) {
+        if (!k->connector_class[0]) {
             char q[KEY_PATH_MAX];
             path_join(q, p, "name");
             return fail(c, kn, q, "missing (expected name: SharedMemoryConnector)");
@@ -352,8 +492,10 @@ static int decode_connectors(struct load_ctx *c, const ynode *n)
 
 /* ---- stages -------------------------------------------------------------- */
 
-static int decode_devices(struct load_ctx *c, const ynode *n, const char *path, struct mm3_stage_config *s)
+static int decode_devices(const struct scope *sc, const ynode *key, const ynode *n, const char *path)
 {
+    struct load_ctx *c = sc->c;
+    struct mm3_stage_config *s = scope_stage(sc);
     char what[96];
     if (n->kind != MM3_YAML_SCALAR || mm3_yaml_is_null(n))
         return fail(c, n, path, "expected a device list like \"0\" or \"0,1\", got %s",
@@ -390,74 +532,72 @@ static int decode_devices(struct load_ctx *c, const ynode *n, const char *path, 
     return 0;
 }
 
-static int decode_compilation(struct load_ctx *c, const ynode *n, const char *path, int stage)
+static int decode_compilation_mode(const struct scope *s, const ynode *key, const ynode *v, const char *path)
 {
-    struct mm3_stage_config *s = &c->d->stages[stage];
-    struct mm3_compilation_config *cc = &s->compilation;
-    int has = get_map(c, n, path);
-    if (has <= 0) return has;
-    for (size_t i = 0; i < n->n; i++) {
-        const char *key = n->keys[i]->text;
-        const ynode *v = n->items[i];
-        char p[KEY_PATH_MAX], what[96];
-        int rc;
-        path_join(p, path, key);
-        if (!strcmp(key, "mode")) {
-            long long m;
-            rc = mm3_yaml_int(v, &m) == 0 && m == 0
-                     ? 0
-                     : fail(c, v, p, "expected 0 (mm3 has no graph compiler; vLLM's other modes do not apply), got %s",
-                            mm3_yaml_describe(v, what, sizeof what));
-            cc->mode = 0;
-        } else if (!strcmp(key, "cudagraph_capture_sizes")) {
-            c->marks[stage].capture_sizes = v;
-            if (v->kind != MM3_YAML_SEQ)
-                return fail(c, v, p, "expected a list of batch sizes like [1, 2, 4], got %s",
-                            mm3_yaml_describe(v, what, sizeof what));
-            if (v->n > MM3_DEPLOY_MAX_CAPTURE_SIZES)
-                return fail(c, v, p, "expected at most %d sizes, got %zu", MM3_DEPLOY_MAX_CAPTURE_SIZES, v->n);
-            cc->n_capture_sizes = 0;
-            rc = 0;
-            for (size_t j = 0; j < v->n && rc == 0; j++) {
-                char q[KEY_PATH_MAX];
-                int size = 0;
-                path_index(q, p, j);
-                rc = get_int32(c, v->items[j], q, 1, 65536, &size);
-                if (rc == 0 && j > 0 && size <= cc->capture_sizes[j - 1])
-                    rc = fail(c, v->items[j], q, "capture sizes must be strictly ascending: %d follows %d", size,
-                              cc->capture_sizes[j - 1]);
-                cc->capture_sizes[cc->n_capture_sizes++] = size;
-            }
-        } else if (!strcmp(key, "cudagraph_mode")) {
-            static const char *const names[] = {"NONE", "FULL_DECODE_ONLY"};
-            int m = 0;
-            rc = get_choice(c, v, p, names, 2, &m);
-            cc->cudagraph_mode = (enum mm3_cudagraph_mode)m;
-        } else if (!strcmp(key, "cudagraph_num_of_warmups")) {
-            rc = get_int32(c, v, p, 0, 100, &cc->cudagraph_num_of_warmups);
-        } else if (!strcmp(key, "custom_ops")) {
-            if (v->kind != MM3_YAML_SEQ || v->n != 1 || v->items[0]->kind != MM3_YAML_SCALAR ||
-                (strcmp(v->items[0]->text, "all") && strcmp(v->items[0]->text, "none")))
-                return fail(c, v, p,
-                            "expected [\"all\"] (fused kernels) or [\"none\"] (unfused op chain); "
-                            "per-op lists are not supported");
-            cc->fused_ops = !strcmp(v->items[0]->text, "all");
-            rc = 0;
-        } else {
-            rc = unknown_key(c, n->keys[i], p,
-                             "mode, cudagraph_capture_sizes, cudagraph_mode, "
-                             "cudagraph_num_of_warmups, custom_ops");
-        }
+    char what[96];
+    long long m;
+    if (mm3_yaml_int(v, &m) == 0 && m == 0) return 0;
+    return fail(s->c, v, path, "expected 0 (mm3 has no graph compiler; vLLM's other modes do not apply), got %s",
+                mm3_yaml_describe(v, what, sizeof what));
+}
+
+static int decode_capture_sizes(const struct scope *s, const ynode *key, const ynode *v, const char *path)
+{
+    struct load_ctx *c = s->c;
+    struct mm3_compilation_config *cc = &scope_stage(s)->compilation;
+    char what[96];
+    if (v->kind != MM3_YAML_SEQ)
+        return fail(c, v, path, "expected a list of batch sizes like [1, 2, 4], got %s",
+                    mm3_yaml_describe(v, what, sizeof what));
+    if (v->n > MM3_DEPLOY_MAX_CAPTURE_SIZES)
+        return fail(c, v, path, "expected at most %d sizes, got %zu", MM3_DEPLOY_MAX_CAPTURE_SIZES, v->n);
+    cc->n_capture_sizes = 0;
+    for (size_t j = 0; j < v->n; j++) {
+        char q[KEY_PATH_MAX];
+        int size = 0;
+        path_index(q, path, j);
+        int rc = get_int32(c, v->items[j], q, 1, 65536, &size);
+        if (rc == 0 && j > 0 && size <= cc->capture_sizes[j - 1])
+            rc = fail(c, v->items[j], q, "capture sizes must be strictly ascending: %d follows %d", size,
+                      cc->capture_sizes[j - 1]);
         if (rc < 0) return rc;
+        cc->capture_sizes[cc->n_capture_sizes++] = size;
     }
     return 0;
 }
 
+static int decode_custom_ops(const struct scope *s, const ynode *key, const ynode *v, const char *path)
+{
+    if (v->kind != MM3_YAML_SEQ || v->n != 1 || v->items[0]->kind != MM3_YAML_SCALAR ||
+        (strcmp(v->items[0]->text, "all") && strcmp(v->items[0]->text, "none")))
+        return fail(s->c, v, path,
+                    "expected [\"all\"] (fused kernels) or [\"none\"] (unfused op chain); "
+                    "per-op lists are not supported");
+    scope_stage(s)->compilation.fused_ops = !strcmp(v->items[0]->text, "all");
+    return 0;
+}
+
+static const struct field compilation_fields[] = {
+    {"mode", CUSTOM(decode_compilation_mode)},
+    {"cudagraph_capture_sizes", CUSTOM(decode_capture_sizes), .mark = MARK_CAPTURE_SIZES},
+    {"cudagraph_mode", CHOICE_AT(struct mm3_compilation_config, cudagraph_mode, cudagraph_names)},
+    {"cudagraph_num_of_warmups", I32_AT(struct mm3_compilation_config, cudagraph_num_of_warmups), .lo = 0, .hi = 100},
+    {"custom_ops", CUSTOM(decode_custom_ops)},
+};
+
+static int decode_compilation(const struct scope *s, const ynode *key, const ynode *v, const char *path)
+{
+    struct scope cs = {s->c, &scope_stage(s)->compilation, s->marks, s->stage};
+    return decode_fields(&cs, v, path, compilation_fields, COUNT(compilation_fields));
+}
+
 /* input_connectors / output_connectors: the only edge is 0 -> 1, written
  * to_stage_1 on stage 0 and from_stage_0 on stage 1. */
-static int decode_edge(struct load_ctx *c, const ynode *n, const char *path, int stage, bool output)
+static int decode_edge(const struct scope *sc, const ynode *n, const char *path, bool output)
 {
-    struct mm3_stage_config *s = &c->d->stages[stage];
+    struct load_ctx *c = sc->c;
+    int stage = sc->stage;
+    struct mm3_stage_config *s = scope_stage(sc);
     const char *want = output ? (stage == 0 ? "to_stage_1" : NULL) : (stage == 1 ? "from_stage_0" : NULL);
     int has = get_map(c, n, path);
     if (has <= 0) return has;
@@ -473,168 +613,141 @@ static int decode_edge(struct load_ctx *c, const ynode *n, const char *path, int
         char *dst = output ? s->output_connector : s->input_connector;
         int rc = get_string(c, n->items[i], p, dst, MM3_DEPLOY_NAME_MAX, false);
         if (rc < 0) return rc;
-        if (output)
-            c->marks[stage].output_connector = n->items[i];
-        else
-            c->marks[stage].input_connector = n->items[i];
+        sc->marks->node[output ? MARK_OUTPUT_CONNECTOR : MARK_INPUT_CONNECTOR] = n->items[i];
     }
     return 0;
 }
 
-static int decode_extra_args(struct load_ctx *c, const ynode *n, const char *path, int stage)
+static int decode_input_edge(const struct scope *s, const ynode *key, const ynode *v, const char *path)
 {
-    struct mm3_stage_config *s = &c->d->stages[stage];
-    int has = get_map(c, n, path);
+    return decode_edge(s, v, path, false);
+}
+
+static int decode_output_edge(const struct scope *s, const ynode *key, const ynode *v, const char *path)
+{
+    return decode_edge(s, v, path, true);
+}
+
+static int decode_cfg_role(const struct scope *s, const ynode *key, const ynode *v, const char *path)
+{
+    char role[16];
+    int rc = get_string(s->c, v, path, role, sizeof role, false);
+    if (rc == 0 && strcmp(role, "cond"))
+        rc = fail(s->c, v, path,
+                  "expected 'cond' (requests enter as the conditional row; mm3 adds the "
+                  "unconditional twin itself), got '%s'",
+                  role);
+    return rc;
+}
+
+static const struct field extra_args_fields[] = {
+    {"cfg_role", CUSTOM(decode_cfg_role), .mark = MARK_CFG_ROLE},
+    {"cfg_scale", NUMBER_AT(struct mm3_stage_config, cfg_scale), .min = 1, .max = 100, .mark = MARK_CFG_SCALE},
+};
+
+static int decode_extra_args(const struct scope *s, const ynode *key, const ynode *v, const char *path)
+{
+    if (s->stage == 0) return decode_fields(s, v, path, extra_args_fields, COUNT(extra_args_fields));
+    int has = get_map(s->c, v, path);
     if (has <= 0) return has;
-    for (size_t i = 0; i < n->n; i++) {
-        const char *key = n->keys[i]->text;
-        const ynode *v = n->items[i];
-        char p[KEY_PATH_MAX], role[16];
-        int rc;
-        path_join(p, path, key);
-        if (stage != 0) {
-            rc = fail(c, n->keys[i], p,
-                      "unknown key: stage 1 takes no extra_args (its knobs are "
-                      "num_inference_steps, guidance_scale and matmul_precision on the stage)");
-        } else if (!strcmp(key, "cfg_role")) {
-            c->marks[0].cfg_role = v;
-            rc = get_string(c, v, p, role, sizeof role, false);
-            if (rc == 0 && strcmp(role, "cond"))
-                rc = fail(c, v, p,
-                          "expected 'cond' (requests enter as the conditional row; mm3 adds the "
-                          "unconditional twin itself), got '%s'",
-                          role);
-        } else if (!strcmp(key, "cfg_scale")) {
-            c->marks[0].cfg_scale = v;
-            rc = get_number(c, v, p, 1, false, 100, false, &s->cfg_scale);
-        } else {
-            rc = unknown_key(c, n->keys[i], p, "cfg_role, cfg_scale");
-        }
-        if (rc < 0) return rc;
-    }
+    char p[KEY_PATH_MAX];
+    path_join(p, path, v->keys[0]->text);
+    return fail(s->c, v->keys[0], p,
+                "unknown key: stage 1 takes no extra_args (its knobs are "
+                "num_inference_steps, guidance_scale and matmul_precision on the stage)");
+}
+
+static int check_temperature(const struct scope *s, const ynode *v, const char *path, const void *value)
+{
+    double t = *(const double *)value;
+    if (s->stage == 0 && t != 1.0)
+        return fail(s->c, v, path,
+                    "expected 1.0: the model's recipe samples at temperature 1 (top-k 50 "
+                    "after CFG); other temperatures are not supported, got %g",
+                    t);
+    if (s->stage == 1 && t != 0.0)
+        return fail(s->c, v, path, "expected 0.0: stage 1 draws no tokens (its noise is seeded), got %g", t);
     return 0;
 }
 
-static int decode_sampling(struct load_ctx *c, const ynode *n, const char *path, int stage)
+static int decode_max_tokens(const struct scope *s, const ynode *key, const ynode *v, const char *path)
 {
-    struct mm3_stage_config *s = &c->d->stages[stage];
-    int has = get_map(c, n, path);
-    if (has <= 0) return has;
-    for (size_t i = 0; i < n->n; i++) {
-        const char *key = n->keys[i]->text;
-        const ynode *v = n->items[i];
-        char p[KEY_PATH_MAX];
-        long long iv;
-        int rc;
-        path_join(p, path, key);
-        if (!strcmp(key, "temperature")) {
-            rc = get_number(c, v, p, 0, false, INFINITY, false, &s->temperature);
-            if (rc == 0 && stage == 0 && s->temperature != 1.0)
-                rc = fail(c, v, p,
-                          "expected 1.0: the model's recipe samples at temperature 1 (top-k 50 "
-                          "after CFG); other temperatures are not supported, got %g",
-                          s->temperature);
-            if (rc == 0 && stage == 1 && s->temperature != 0.0)
-                rc = fail(c, v, p, "expected 0.0: stage 1 draws no tokens (its noise is seeded), got %g",
-                          s->temperature);
-        } else if (!strcmp(key, "max_tokens")) {
-            c->marks[stage].max_tokens = v;
-            if (stage == 0)
-                rc = get_int(c, v, p, 1 + MM3_DEPLOY_EXTRA_AR_STEPS,
-                             MM3_DEPLOY_AUDIO_FRAMES_MAX + MM3_DEPLOY_EXTRA_AR_STEPS, &iv);
-            else
-                rc = get_int(c, v, p, 1, 1 << 20, &iv);
-            s->max_tokens = iv;
-        } else if (!strcmp(key, "seed")) {
-            c->marks[stage].seed = v;
-            rc = get_int(c, v, p, 0, LLONG_MAX, &iv);
-            s->seed = (uint64_t)iv;
-        } else if (!strcmp(key, "extra_args")) {
-            rc = decode_extra_args(c, v, p, stage);
-        } else {
-            rc = unknown_key(c, n->keys[i], p, "temperature, max_tokens, seed, extra_args");
-        }
-        if (rc < 0) return rc;
-    }
-    return 0;
+    long long iv;
+    int rc = s->stage == 0 ? get_int(s->c, v, path, 1 + MM3_DEPLOY_EXTRA_AR_STEPS,
+                                     MM3_DEPLOY_AUDIO_FRAMES_MAX + MM3_DEPLOY_EXTRA_AR_STEPS, &iv)
+                           : get_int(s->c, v, path, 1, 1 << 20, &iv);
+    if (rc == 0) scope_stage(s)->max_tokens = iv;
+    return rc;
 }
 
-static int decode_stage_key(struct load_ctx *c, const ynode *kn, const ynode *v, const char *p, int stage)
+static const struct field sampling_fields[] = {
+    {"temperature", NUMBER_AT(struct mm3_stage_config, temperature), .min = 0, .max = INFINITY,
+     .check = check_temperature},
+    {"max_tokens", CUSTOM(decode_max_tokens), .mark = MARK_MAX_TOKENS},
+    {"seed", I64_AT(struct mm3_stage_config, seed), .lo = 0, .hi = LLONG_MAX, .mark = MARK_SEED},
+    {"extra_args", CUSTOM(decode_extra_args)},
+};
+
+static int decode_sampling(const struct scope *s, const ynode *key, const ynode *v, const char *path)
 {
-    struct mm3_stage_config *s = &c->d->stages[stage];
-    struct stage_marks *m = &c->marks[stage];
-    const char *key = kn->text;
-    bool flag = false;
-    int rc, choice = 0;
-    if (!strcmp(key, "stage_id")) return 0; /* read first, by decode_stage */
-    if (!strcmp(key, "max_num_seqs")) {
-        m->max_num_seqs = v;
-        return get_int32(c, v, p, 1, 65536, &s->max_num_seqs);
-    }
-    if (!strcmp(key, "gpu_memory_utilization")) {
-        m->gpu_memory_utilization = v;
-        return get_number(c, v, p, 0, true, 1, false, &s->gpu_memory_utilization);
-    }
-    if (!strcmp(key, "dtype")) {
-        static const char *const s0[] = {"bfloat16", "float32"}, *const s1[] = {"float32", "bfloat16"};
-        static const enum mm3_dtype t0[] = {MM3_DTYPE_BF16, MM3_DTYPE_F32}, t1[] = {MM3_DTYPE_F32, MM3_DTYPE_BF16};
-        m->dtype = v;
-        rc = get_choice(c, v, p, stage == 0 ? s0 : s1, 2, &choice);
-        s->dtype = stage == 0 ? t0[choice] : t1[choice];
-        return rc;
-    }
-    if (!strcmp(key, "max_model_len")) {
-        m->max_model_len = v;
-        return get_int32(c, v, p, 1, 1 << 24, &s->max_model_len);
-    }
-    if (!strcmp(key, "max_num_batched_tokens")) {
-        m->max_num_batched_tokens = v;
-        return get_int32(c, v, p, 1, 1 << 24, &s->max_num_batched_tokens);
-    }
-    if (!strcmp(key, "enforce_eager")) return get_bool(c, v, p, &s->enforce_eager);
-    if (!strcmp(key, "compilation_config")) return decode_compilation(c, v, p, stage);
-    if (!strcmp(key, "async_scheduling")) {
-        rc = get_bool(c, v, p, &flag);
-        if (rc == 0 && flag)
-            rc = fail(c, v, p,
-                      "expected false: mm3 schedules a step only once the previous step's frames "
-                      "are known (a CFG pair is sampled inside one step)");
-        s->async_scheduling = false;
-        return rc;
-    }
-    if (!strcmp(key, "enable_prefix_caching")) {
-        rc = get_bool(c, v, p, &flag);
-        if (rc == 0 && flag)
-            rc = fail(c, v, p,
-                      "expected false: mm3 has no prefix cache (a shared prefix would also skew the "
-                      "cond/uncond pair)");
-        s->enable_prefix_caching = false;
-        return rc;
-    }
-    if (!strcmp(key, "devices")) {
-        m->devices = v;
-        return decode_devices(c, v, p, s);
-    }
-    if (!strcmp(key, "input_connectors")) return decode_edge(c, v, p, stage, false);
-    if (!strcmp(key, "output_connectors")) return decode_edge(c, v, p, stage, true);
-    if (!strcmp(key, "default_sampling_params")) return decode_sampling(c, v, p, stage);
-    if (!strcmp(key, "matmul_precision") || !strcmp(key, "num_inference_steps") || !strcmp(key, "guidance_scale")) {
-        if (stage != 1) return fail(c, kn, p, "only stage 1 (the DiT) has this key");
-        if (!strcmp(key, "matmul_precision")) {
-            static const char *const names[] = {"fp32", "tf32", "bf16"};
-            rc = get_choice(c, v, p, names, 3, &choice);
-            s->matmul_precision = (enum mm3_matmul_precision)choice;
-            return rc;
-        }
-        if (!strcmp(key, "num_inference_steps")) return get_int32(c, v, p, 1, 1000, &s->num_inference_steps);
-        return get_number(c, v, p, 0, false, 100, false, &s->guidance_scale);
-    }
-    return unknown_key(c, kn, p,
-                       "stage_id, max_num_seqs, gpu_memory_utilization, dtype, max_model_len, "
-                       "max_num_batched_tokens, enforce_eager, compilation_config, async_scheduling, "
-                       "enable_prefix_caching, devices, input_connectors, output_connectors, "
-                       "default_sampling_params, matmul_precision, num_inference_steps, guidance_scale");
+    return decode_fields(s, v, path, sampling_fields, COUNT(sampling_fields));
 }
+
+static int decode_stage_id(const struct scope *s, const ynode *key, const ynode *v, const char *path)
+{
+    return 0; /* read first, by decode_stage */
+}
+
+static int decode_dtype(const struct scope *s, const ynode *key, const ynode *v, const char *path)
+{
+    /* Each stage lists its usual dtype first. */
+    static const char *const s0[] = {"bfloat16", "float32"}, *const s1[] = {"float32", "bfloat16"};
+    static const enum mm3_dtype t0[] = {MM3_DTYPE_BF16, MM3_DTYPE_F32}, t1[] = {MM3_DTYPE_F32, MM3_DTYPE_BF16};
+    int choice = 0;
+    int rc = get_choice(s->c, v, path, s->stage == 0 ? s0 : s1, 2, &choice);
+    if (rc == 0) scope_stage(s)->dtype = s->stage == 0 ? t0[choice] : t1[choice];
+    return rc;
+}
+
+static int check_async_scheduling(const struct scope *s, const ynode *v, const char *path, const void *value)
+{
+    if (!*(const bool *)value) return 0;
+    return fail(s->c, v, path,
+                "expected false: mm3 schedules a step only once the previous step's frames "
+                "are known (a CFG pair is sampled inside one step)");
+}
+
+static int check_prefix_caching(const struct scope *s, const ynode *v, const char *path, const void *value)
+{
+    if (!*(const bool *)value) return 0;
+    return fail(s->c, v, path,
+                "expected false: mm3 has no prefix cache (a shared prefix would also skew the "
+                "cond/uncond pair)");
+}
+
+static const struct field stage_fields[] = {
+    {"stage_id", CUSTOM(decode_stage_id)},
+    {"max_num_seqs", I32_AT(struct mm3_stage_config, max_num_seqs), .lo = 1, .hi = 65536, .mark = MARK_MAX_NUM_SEQS},
+    {"gpu_memory_utilization", NUMBER_AT(struct mm3_stage_config, gpu_memory_utilization), .min = 0, .min_open = true,
+     .max = 1, .mark = MARK_GPU_MEMORY_UTILIZATION},
+    {"dtype", CUSTOM(decode_dtype), .mark = MARK_DTYPE},
+    {"max_model_len", I32_AT(struct mm3_stage_config, max_model_len), .lo = 1, .hi = 1 << 24,
+     .mark = MARK_MAX_MODEL_LEN},
+    {"max_num_batched_tokens", I32_AT(struct mm3_stage_config, max_num_batched_tokens), .lo = 1, .hi = 1 << 24,
+     .mark = MARK_MAX_NUM_BATCHED_TOKENS},
+    {"enforce_eager", BOOL_AT(struct mm3_stage_config, enforce_eager)},
+    {"compilation_config", CUSTOM(decode_compilation)},
+    {"async_scheduling", BOOL_AT(struct mm3_stage_config, async_scheduling), .check = check_async_scheduling},
+    {"enable_prefix_caching", BOOL_AT(struct mm3_stage_config, enable_prefix_caching), .check = check_prefix_caching},
+    {"devices", CUSTOM(decode_devices), .mark = MARK_DEVICES},
+    {"input_connectors", CUSTOM(decode_input_edge)},
+    {"output_connectors", CUSTOM(decode_output_edge)},
+    {"default_sampling_params", CUSTOM(decode_sampling)},
+    {"matmul_precision", CHOICE_AT(struct mm3_stage_config, matmul_precision, precision_names), .stage1_only = true},
+    {"num_inference_steps", I32_AT(struct mm3_stage_config, num_inference_steps), .lo = 1, .hi = 1000,
+     .stage1_only = true},
+    {"guidance_scale", NUMBER_AT(struct mm3_stage_config, guidance_scale), .min = 0, .max = 100, .stage1_only = true},
+};
 
 static int decode_stage(struct load_ctx *c, const ynode *n, int position)
 {
@@ -656,21 +769,20 @@ static int decode_stage(struct load_ctx *c, const ynode *n, int position)
     c->marks[stage].entry = n;
     c->marks[stage].position = position;
     c->d->stages[stage].line = n->line;
-    for (size_t i = 0; i < n->n; i++) {
-        path_join(p, path, n->keys[i]->text);
-        rc = decode_stage_key(c, n->keys[i], n->items[i], p, stage);
-        if (rc < 0) return rc;
-    }
-    if (!c->marks[stage].capture_sizes) capture_sizes_default(&c->d->stages[stage]);
+    struct scope s = {c, &c->d->stages[stage], &c->marks[stage], stage};
+    rc = decode_fields(&s, n, path, stage_fields, COUNT(stage_fields));
+    if (rc < 0) return rc;
+    if (!c->marks[stage].node[MARK_CAPTURE_SIZES]) capture_sizes_default(&c->d->stages[stage]);
     return 0;
 }
 
-static int decode_stages(struct load_ctx *c, const ynode *n)
+static int decode_stages(const struct scope *top, const ynode *key, const ynode *n, const char *path)
 {
+    struct load_ctx *c = top->c;
     char what[96];
     c->stages = n;
     if (n->kind != MM3_YAML_SEQ)
-        return fail(c, n, "stages", "expected a list of two stages (stage_id 0 and 1), got %s",
+        return fail(c, n, path, "expected a list of two stages (stage_id 0 and 1), got %s",
                     mm3_yaml_describe(n, what, sizeof what));
     for (size_t i = 0; i < n->n; i++) {
         int rc = decode_stage(c, n->items[i], (int)i);
@@ -678,109 +790,80 @@ static int decode_stages(struct load_ctx *c, const ynode *n)
     }
     for (int s = 0; s < MM3_DEPLOY_NUM_STAGES; s++)
         if (!c->marks[s].entry)
-            return fail(c, n, "stages", "stage %d is missing (both stage_id 0 and stage_id 1 are required)", s);
+            return fail(c, n, path, "stage %d is missing (both stage_id 0 and stage_id 1 are required)", s);
     return 0;
 }
 
 /* ---- top level ----------------------------------------------------------- */
 
-static int decode_host(const struct load_ctx *c, const ynode *v, const char *p, char *host, size_t cap)
+static int check_host(const struct scope *s, const ynode *v, const char *path, const void *value)
 {
-    int rc = get_string(c, v, p, host, cap, false);
-    if (rc < 0) return rc;
+    const char *host = value;
     unsigned char buf[16];
     if (inet_pton(AF_INET, host, buf) == 1 || inet_pton(AF_INET6, host, buf) == 1) return 0;
     for (const char *q = host; *q; q++)
         if (!isalnum((unsigned char)*q) && *q != '-' && *q != '.')
-            return fail(c, v, p, "expected an IP address or host name, got '%s'", host);
+            return fail(s->c, v, path, "expected an IP address or host name, got '%s'", host);
     return 0;
 }
 
-static int decode_api(struct load_ctx *c, const ynode *n)
+static int decode_sample_rate(const struct scope *s, const ynode *key, const ynode *v, const char *path)
 {
-    struct mm3_api_config *a = &c->d->api;
-    int has = get_map(c, n, "api");
-    if (has <= 0) return has;
-    for (size_t i = 0; i < n->n; i++) {
-        const char *key = n->keys[i]->text;
-        const ynode *v = n->items[i];
-        char p[KEY_PATH_MAX];
-        long long iv;
-        int rc;
-        path_join(p, "api", key);
-        if (!strcmp(key, "host")) {
-            rc = decode_host(c, v, p, a->host, sizeof a->host);
-        } else if (!strcmp(key, "port")) {
-            rc = get_int32(c, v, p, 0, 65535, &a->port);
-        } else if (!strcmp(key, "max_queue_depth")) {
-            rc = get_int32(c, v, p, 0, 1000000, &a->max_queue_depth);
-        } else if (!strcmp(key, "max_body_bytes")) {
-            rc = get_int(c, v, p, 1024, 1LL << 30, &iv);
-            a->max_body_bytes = iv;
-        } else if (!strcmp(key, "max_connections")) {
-            rc = get_int32(c, v, p, 1, 65536, &a->max_connections);
-        } else if (!strcmp(key, "request_timeout_s")) {
-            rc = get_number(c, v, p, 0, true, 7 * 86400, false, &a->request_timeout_s);
-        } else if (!strcmp(key, "journal_dir")) {
-            rc = get_string(c, v, p, a->journal_dir, sizeof a->journal_dir, true);
-        } else if (!strcmp(key, "default_sample_rate")) {
-            long long r = 0;
-            char what[96];
-            rc = mm3_yaml_int(v, &r) == 0 && (r == 44100 || r == 32000)
-                     ? 0
-                     : fail(c, v, p, "expected 44100 or 32000, got %s", mm3_yaml_describe(v, what, sizeof what));
-            a->default_sample_rate = (int)r;
-        } else {
-            rc = unknown_key(c, n->keys[i], p,
-                             "host, port, max_queue_depth, max_body_bytes, max_connections, "
-                             "request_timeout_s, journal_dir, default_sample_rate");
-        }
-        if (rc < 0) return rc;
+    struct mm3_api_config *a = s->target;
+    long long r = 0;
+    char what[96];
+    if (mm3_yaml_int(v, &r) == 0 && (r == 44100 || r == 32000)) {
+        a->default_sample_rate = (int)r;
+        return 0;
     }
-    return 0;
+    return fail(s->c, v, path, "expected 44100 or 32000, got %s", mm3_yaml_describe(v, what, sizeof what));
 }
+
+static const struct field api_fields[] = {
+    {"host", STRING_AT(struct mm3_api_config, host), .check = check_host},
+    {"port", I32_AT(struct mm3_api_config, port), .lo = 0, .hi = 65535},
+    {"max_queue_depth", I32_AT(struct mm3_api_config, max_queue_depth), .lo = 0, .hi = 1000000},
+    {"max_body_bytes", I64_AT(struct mm3_api_config, max_body_bytes), .lo = 1024, .hi = 1LL << 30},
+    {"max_connections", I32_AT(struct mm3_api_config, max_connections), .lo = 1, .hi = 65536},
+    {"request_timeout_s", NUMBER_AT(struct mm3_api_config, request_timeout_s), .min = 0, .min_open = true,
+     .max = 7 * 86400},
+    {"journal_dir", STRING_AT(struct mm3_api_config, journal_dir), .allow_empty = true},
+    {"default_sample_rate", CUSTOM(decode_sample_rate)},
+};
+
+static int decode_api(const struct scope *top, const ynode *key, const ynode *v, const char *path)
+{
+    struct scope s = {top->c, &top->c->d->api, NULL, -1};
+    return decode_fields(&s, v, path, api_fields, COUNT(api_fields));
+}
+
+static int check_pipeline(const struct scope *s, const ynode *v, const char *path, const void *value)
+{
+    if (!strcmp(value, "minimax_music3")) return 0;
+    return fail(s->c, v, path, "expected minimax_music3 (the only pipeline mm3 serves), got '%s'", (const char *)value);
+}
+
+static const struct field top_fields[] = {
+    {"pipeline", STRING_AT(struct mm3_deploy, pipeline), .check = check_pipeline},
+    {"async_chunk", BOOL_AT(struct mm3_deploy, async_chunk)},
+    {"trust_remote_code", BOOL_AT(struct mm3_deploy, trust_remote_code)},
+    {"model", STRING_AT(struct mm3_deploy, model), .allow_empty = true},
+    {"backend", CHOICE_AT(struct mm3_deploy, backend, backend_names)},
+    {"api", CUSTOM(decode_api)},
+    {"connectors", CUSTOM(decode_connectors)},
+    {"stages", CUSTOM(decode_stages)},
+};
 
 static int decode_top(struct load_ctx *c, const ynode *root)
 {
-    struct mm3_deploy *d = c->d;
     char what[96];
     if (!root) return fail(c, NULL, "(top level)", "empty deploy file (expected a mapping with stages:)");
     if (root->kind != MM3_YAML_MAP)
         return fail(c, root, "(top level)", "expected a mapping with stages:, got %s",
                     mm3_yaml_describe(root, what, sizeof what));
-    for (size_t i = 0; i < root->n; i++) {
-        const char *key = root->keys[i]->text;
-        const ynode *v = root->items[i];
-        int rc, choice = 0;
-        if (!strcmp(key, "pipeline")) {
-            rc = get_string(c, v, key, d->pipeline, sizeof d->pipeline, false);
-            if (rc == 0 && strcmp(d->pipeline, "minimax_music3"))
-                rc = fail(c, v, key, "expected minimax_music3 (the only pipeline mm3 serves), got '%s'", d->pipeline);
-        } else if (!strcmp(key, "async_chunk")) {
-            rc = get_bool(c, v, key, &d->async_chunk);
-        } else if (!strcmp(key, "trust_remote_code")) {
-            rc = get_bool(c, v, key, &d->trust_remote_code);
-        } else if (!strcmp(key, "model")) {
-            rc = get_string(c, v, key, d->model, sizeof d->model, true);
-        } else if (!strcmp(key, "backend")) {
-            static const char *const names[] = {"auto", "cpu", "cuda"};
-            c->backend = v;
-            rc = get_choice(c, v, key, names, 3, &choice);
-            d->backend = (enum mm3_backend)choice;
-        } else if (!strcmp(key, "api")) {
-            rc = decode_api(c, v);
-        } else if (!strcmp(key, "connectors")) {
-            c->connectors = v;
-            rc = decode_connectors(c, v);
-        } else if (!strcmp(key, "stages")) {
-            rc = decode_stages(c, v);
-        } else {
-            rc = unknown_key(c, root->keys[i], key,
-                             "pipeline, async_chunk, trust_remote_code, model, backend, "
-                             "api, connectors, stages");
-        }
-        if (rc < 0) return rc;
-    }
+    struct scope s = {c, c->d, NULL, -1};
+    int rc = decode_fields(&s, root, "", top_fields, COUNT(top_fields));
+    if (rc < 0) return rc;
     if (!c->stages) return fail(c, root, "stages", "missing (both stage_id 0 and stage_id 1 are required)");
     return 0;
 }
@@ -795,8 +878,9 @@ static void stage_path(const struct load_ctx *c, int stage, const char *key, cha
 }
 
 /* The node to blame for a stage key: the key's value, else the stage entry. */
-static const ynode *stage_node(const struct load_ctx *c, int stage, const ynode *n)
+static const ynode *stage_node(const struct load_ctx *c, int stage, enum mark m)
 {
+    const ynode *n = c->marks[stage].node[m];
     return n ? n : c->marks[stage].entry;
 }
 
@@ -814,7 +898,7 @@ static int check_connectors(struct load_ctx *c)
 {
     struct mm3_deploy *d = c->d;
     const char *names[2] = {d->stages[0].output_connector, d->stages[1].input_connector};
-    const ynode *nodes[2] = {c->marks[0].output_connector, c->marks[1].input_connector};
+    const ynode *nodes[2] = {c->marks[0].node[MARK_OUTPUT_CONNECTOR], c->marks[1].node[MARK_INPUT_CONNECTOR]};
     const char *keys[2] = {"output_connectors.to_stage_1", "input_connectors.from_stage_0"};
     for (int i = 0; i < 2; i++) {
         if (!names[i][0]) continue;
@@ -823,10 +907,8 @@ static int check_connectors(struct load_ctx *c)
         struct mm3_connector_config *k = (struct mm3_connector_config *)mm3_deploy_connector(d, names[i]);
         if (!k) {
             char list[256] = "";
-            for (int j = 0; j < d->n_connectors; j++) {
-                size_t len = strlen(list);
-                snprintf(list + len, sizeof list - len, "%s%s", j ? ", " : "", d->connectors[j].name);
-            }
+            for (int j = 0; j < d->n_connectors; j++)
+                list_append(list, sizeof list, d->connectors[j].name);
             return fail(c, nodes[i], p, "no connector named '%s' under connectors: (defined: %s)", names[i],
                         list[0] ? list : "none");
         }
@@ -862,14 +944,14 @@ static int check_cross(struct load_ctx *c)
     s0->cfg_enabled = s0->cfg_scale > 1.0;
     if (s0->cfg_enabled && s0->max_num_seqs % 2) {
         stage_path(c, 0, "max_num_seqs", p);
-        return fail(c, stage_node(c, 0, c->marks[0].max_num_seqs), p,
+        return fail(c, stage_node(c, 0, MARK_MAX_NUM_SEQS), p,
                     "expected an even number while CFG is on (cfg_scale %g: every song decodes as a cond/uncond "
                     "row pair), got %d",
                     s0->cfg_scale, s0->max_num_seqs);
     }
     if (!s0->cfg_enabled) {
         stage_path(c, 0, "default_sampling_params.extra_args.cfg_scale", p);
-        warn(c, stage_node(c, 0, c->marks[0].cfg_scale), p,
+        warn(c, stage_node(c, 0, MARK_CFG_SCALE), p,
              "cfg_scale 1 turns classifier-free guidance off; the model is trained to be sampled with it");
     }
 
@@ -878,7 +960,7 @@ static int check_cross(struct load_ctx *c)
         const struct mm3_compilation_config *cc = &s->compilation;
         if (s->max_num_batched_tokens < s->max_num_seqs && i == 0) {
             stage_path(c, i, "max_num_batched_tokens", p);
-            return fail(c, stage_node(c, i, c->marks[i].max_num_batched_tokens), p,
+            return fail(c, stage_node(c, i, MARK_MAX_NUM_BATCHED_TOKENS), p,
                         "expected at least max_num_seqs (%d): a decode step of every row needs one token per row, "
                         "got %d",
                         s->max_num_seqs, s->max_num_batched_tokens);
@@ -886,7 +968,7 @@ static int check_cross(struct load_ctx *c)
         if (!s->enforce_eager && cc->cudagraph_mode != MM3_CUDAGRAPH_NONE && d->backend != MM3_BACKEND_CPU &&
             cc->n_capture_sizes && cc->capture_sizes[cc->n_capture_sizes - 1] < s->max_num_seqs) {
             stage_path(c, i, "compilation_config.cudagraph_capture_sizes", p);
-            warn(c, stage_node(c, i, c->marks[i].capture_sizes), p,
+            warn(c, stage_node(c, i, MARK_CAPTURE_SIZES), p,
                  "largest capture size %d is below max_num_seqs %d: steps with more rows run eager",
                  cc->capture_sizes[cc->n_capture_sizes - 1], s->max_num_seqs);
         }
@@ -894,13 +976,12 @@ static int check_cross(struct load_ctx *c)
             const char *why = dtype_backend_problem(s, d->backend);
             if (why) {
                 stage_path(c, i, "dtype", p);
-                return fail(c, stage_node(c, i, c->marks[i].dtype), p, "%s (backend: %s)", why,
-                            mm3_backend_name(d->backend));
+                return fail(c, stage_node(c, i, MARK_DTYPE), p, "%s (backend: %s)", why, mm3_backend_name(d->backend));
             }
         }
         if (s->n_devices > 1) {
             stage_path(c, i, "devices", p);
-            warn(c, c->marks[i].devices, p,
+            warn(c, c->marks[i].node[MARK_DEVICES], p,
                  "a stage runs on its first device (%d); mm3 does not split a stage "
                  "across GPUs",
                  s->devices[0]);
@@ -917,29 +998,29 @@ static int check_cross(struct load_ctx *c)
             snprintf(tail, sizeof tail, "with a maximal prompt a song ends after %lld frames", room);
         else
             snprintf(tail, sizeof tail, "a maximal prompt leaves no room for a single frame");
-        warn(c, stage_node(c, 0, c->marks[0].max_model_len), p,
+        warn(c, stage_node(c, 0, MARK_MAX_MODEL_LEN), p,
              "%d positions cannot hold a %d-token prompt plus %lld steps (prompt cap + frame budget = %lld); %s",
              s0->max_model_len, MM3_DEPLOY_PROMPT_TOKENS_MAX, (long long)s0->max_tokens, need, tail);
     }
     int rows_per_song = s0->cfg_enabled ? 2 : 1;
     if (s0->max_num_batched_tokens < rows_per_song * MM3_DEPLOY_PROMPT_TOKENS_MAX) {
         stage_path(c, 0, "max_num_batched_tokens", p);
-        warn(c, stage_node(c, 0, c->marks[0].max_num_batched_tokens), p,
+        warn(c, stage_node(c, 0, MARK_MAX_NUM_BATCHED_TOKENS), p,
              "%d tokens per step cannot prefill a maximal prompt%s (%d tokens) in one step; long prompts "
              "prefill over several steps",
              s0->max_num_batched_tokens, s0->cfg_enabled ? " pair" : "", rows_per_song * MM3_DEPLOY_PROMPT_TOKENS_MAX);
     }
     /* An unwritten window cap follows a smaller window capacity. */
-    if (!c->marks[1].max_tokens && s1->max_tokens > s1->max_model_len) s1->max_tokens = s1->max_model_len;
+    if (!c->marks[1].node[MARK_MAX_TOKENS] && s1->max_tokens > s1->max_model_len) s1->max_tokens = s1->max_model_len;
     if (s1->max_tokens > s1->max_model_len) {
         stage_path(c, 1, "default_sampling_params.max_tokens", p);
-        return fail(c, stage_node(c, 1, c->marks[1].max_tokens), p,
+        return fail(c, stage_node(c, 1, MARK_MAX_TOKENS), p,
                     "expected at most max_model_len (%d windows per song), got %lld", s1->max_model_len,
                     (long long)s1->max_tokens);
     }
-    if (c->marks[1].seed && s1->seed != s0->seed) {
+    if (c->marks[1].node[MARK_SEED] && s1->seed != s0->seed) {
         stage_path(c, 1, "default_sampling_params.seed", p);
-        return fail(c, c->marks[1].seed, p,
+        return fail(c, c->marks[1].node[MARK_SEED], p,
                     "expected %llu (stage 0's default seed): the seed travels with each "
                     "request, so stage 1 cannot have its own",
                     (unsigned long long)s0->seed);
@@ -950,7 +1031,7 @@ static int check_cross(struct load_ctx *c)
     if (d->backend != MM3_BACKEND_CPU && s0->devices[0] == s1->devices[0] &&
         s0->gpu_memory_utilization + s1->gpu_memory_utilization > 1.0 + 1e-9) {
         stage_path(c, 1, "gpu_memory_utilization", p);
-        return fail(c, stage_node(c, 1, c->marks[1].gpu_memory_utilization), p,
+        return fail(c, stage_node(c, 1, MARK_GPU_MEMORY_UTILIZATION), p,
                     "stages 0 and 1 share device %d and ask for %g + %g > 1 of its memory", s0->devices[0],
                     s0->gpu_memory_utilization, s1->gpu_memory_utilization);
     }
@@ -994,20 +1075,17 @@ int mm3_deploy_load(struct mm3_deploy *d, const char *path)
     size_t len = fread(buf, 1, MM3_DEPLOY_FILE_BYTES_MAX + 1, f);
     int err = ferror(f);
     fclose(f);
+    int rc;
     if (err) {
-        free(buf);
-        return mm3_errorf(-EIO, "%s: read error", path);
+        rc = mm3_errorf(-EIO, "%s: read error", path);
+    } else if (len > MM3_DEPLOY_FILE_BYTES_MAX) {
+        rc = mm3_errorf(-EFBIG, "%s: deploy file larger than %d bytes", path, MM3_DEPLOY_FILE_BYTES_MAX);
+    } else if (memchr(buf, 0, len)) {
+        rc = mm3_errorf(-EINVAL, "%s: deploy file contains a NUL byte (expected YAML text)", path);
+    } else {
+        buf[len] = 0;
+        rc = mm3_deploy_load_string(d, buf, path);
     }
-    if (len > MM3_DEPLOY_FILE_BYTES_MAX) {
-        free(buf);
-        return mm3_errorf(-EFBIG, "%s: deploy file larger than %d bytes", path, MM3_DEPLOY_FILE_BYTES_MAX);
-    }
-    buf[len] = 0;
-    if (memchr(buf, 0, len)) {
-        free(buf);
-        return mm3_errorf(-EINVAL, "%s: deploy file contains a NUL byte (expected YAML text)", path);
-    }
-    int rc = mm3_deploy_load_string(d, buf, path);
     free(buf);
     return rc;
 }
@@ -1070,39 +1148,23 @@ double mm3_connector_steady_deadline_s(const struct mm3_connector_config *c)
     return c->get_sleep_s * (double)c->get_max_wait;
 }
 
+/* "?" for a value outside the enum. */
+static const char *name_of(const char *const *names, size_t count, int v)
+{
+    return v >= 0 && (size_t)v < count ? names[v] : "?";
+}
+
 const char *mm3_backend_name(enum mm3_backend b)
 {
-    switch (b) {
-    case MM3_BACKEND_AUTO:
-        return "auto";
-    case MM3_BACKEND_CPU:
-        return "cpu";
-    case MM3_BACKEND_CUDA:
-        return "cuda";
-    }
-    return "?";
+    return name_of(backend_names, COUNT(backend_names), (int)b);
 }
 
 const char *mm3_matmul_precision_name(enum mm3_matmul_precision p)
 {
-    switch (p) {
-    case MM3_MATMUL_FP32:
-        return "fp32";
-    case MM3_MATMUL_TF32:
-        return "tf32";
-    case MM3_MATMUL_BF16:
-        return "bf16";
-    }
-    return "?";
+    return name_of(precision_names, COUNT(precision_names), (int)p);
 }
 
 const char *mm3_cudagraph_mode_name(enum mm3_cudagraph_mode m)
 {
-    switch (m) {
-    case MM3_CUDAGRAPH_NONE:
-        return "NONE";
-    case MM3_CUDAGRAPH_FULL_DECODE_ONLY:
-        return "FULL_DECODE_ONLY";
-    }
-    return "?";
+    return name_of(cudagraph_names, COUNT(cudagraph_names), (int)m);
 }

@@ -22,19 +22,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/cli_render.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "common/safetensors.h"
+#include "stage1/backend.h"
 #include "stage1/condition.h"
 #include "stage1/dit.h"
 #include "stage1/flow.h"
-#include "stage1/backend.h"
 #include "stage1/golden.h"
 #include "stage1/render.h"
 #include "stage1/render_wav.h"
 #include "stage1/server.h"
 #include "stage1/vocoder.h"
-
 
 struct options {
     const char *config;
@@ -42,10 +42,7 @@ struct options {
     const char *model;
     const char *frames;
     const char *out;
-    uint64_t seed;
-    int steps;
-    float guidance;
-    int as_float;
+    struct cli_render render;
     enum mm3_backend backend;
     enum mm3_matmul_precision precision;
 };
@@ -136,15 +133,15 @@ static int cmd_render(const struct options *o)
         goto out;
     if ((rc = frames_load(o->frames, &ff, &frames)) < 0) goto out;
     LOG_INFO("%s: %d frames of %d values, %d windows, %d steps, seed %" PRIu64, o->frames, ff.T, ff.W,
-             render_window_count(ff.T), o->steps, o->seed);
+             render_window_count(ff.T), o->render.steps, o->render.seed);
     struct render_params p = {
-        .n_steps = o->steps,
-        .guidance = o->guidance,
-        .noise = {RENDER_NOISE_SEEDED, o->seed, 0, NULL, NULL},
+        .n_steps = o->render.steps,
+        .guidance = o->render.guidance,
+        .noise = {RENDER_NOISE_SEEDED, o->render.seed, 0, NULL, NULL},
     };
     s1_backend_apply(&be, &p);
     struct render_wav_source src = {&ff, frames_feed_push};
-    struct render_wav_format fmt = {o->as_float ? WAV_FORMAT_F32 : WAV_FORMAT_PCM16, 0};
+    struct render_wav_format fmt = {o->render.as_float ? WAV_FORMAT_F32 : WAV_FORMAT_PCM16, 0};
     rc = render_to_wav(o->out, cm, dm, voc, &p, &src, &fmt, NULL);
 out:
     free(frames);
@@ -156,16 +153,6 @@ out:
         fprintf(stderr, "mm3-stage1: %s\n", mm3_last_error());
         return 1;
     }
-    return 0;
-}
-
-static int parse_u64(const char *s, uint64_t *v)
-{
-    char *end;
-    errno = 0;
-    unsigned long long x = strtoull(s, &end, 10);
-    if (errno || end == s || *end || s[0] == '-') return -1;
-    *v = x;
     return 0;
 }
 
@@ -190,8 +177,7 @@ static const char *precision_name(int i)
 int main(int argc, char **argv)
 {
     mm3_log_set_tag("stage1");
-    struct options o = {.steps = FLOW_DEFAULT_STEPS,
-                        .guidance = FLOW_DEFAULT_GUIDANCE,
+    struct options o = {.render = {.steps = FLOW_DEFAULT_STEPS, .guidance = FLOW_DEFAULT_GUIDANCE},
                         .backend = MM3_BACKEND_CPU,
                         .precision = MM3_MATMUL_TF32};
     int backend_set = 0, precision_set = 0;
@@ -200,19 +186,20 @@ int main(int argc, char **argv)
         {"golden", required_argument, NULL, 'g'},
         {"model", required_argument, NULL, 'm'},
         {"frames", required_argument, NULL, 'f'},
-        {"seed", required_argument, NULL, 's'},
-        {"steps", required_argument, NULL, 'n'},
-        {"guidance", required_argument, NULL, 'G'},
-        {"float", no_argument, NULL, 'F'},
+        CLI_RENDER_LONGOPTS,
         {"backend", required_argument, NULL, 'B'},
         {"precision", required_argument, NULL, 'P'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     int c, k;
-    uint64_t v;
-    char *end;
     while ((c = getopt_long(argc, argv, "o:h", longopts, NULL)) != -1) {
+        int taken = cli_render_option(&o.render, c, optarg);
+        if (taken < 0) {
+            fprintf(stderr, "mm3-stage1: %s\n", mm3_last_error());
+            return 2;
+        }
+        if (taken) continue;
         switch (c) {
         case 'c':
             o.config = optarg;
@@ -228,29 +215,6 @@ int main(int argc, char **argv)
             break;
         case 'o':
             o.out = optarg;
-            break;
-        case 'F':
-            o.as_float = 1;
-            break;
-        case 's':
-            if (parse_u64(optarg, &o.seed) < 0) {
-                fprintf(stderr, "mm3-stage1: --seed '%s': expected a non-negative integer\n", optarg);
-                return 2;
-            }
-            break;
-        case 'n':
-            if (parse_u64(optarg, &v) < 0 || v < 1 || v > 1000) {
-                fprintf(stderr, "mm3-stage1: --steps '%s': expected an integer in 1..1000\n", optarg);
-                return 2;
-            }
-            o.steps = (int)v;
-            break;
-        case 'G':
-            o.guidance = strtof(optarg, &end);
-            if (end == optarg || *end || !(o.guidance >= 0.0f && o.guidance <= 100.0f)) {
-                fprintf(stderr, "mm3-stage1: --guidance '%s': expected a number in 0..100\n", optarg);
-                return 2;
-            }
             break;
         case 'B':
             /* auto is the deploy file's business; the command line names one */

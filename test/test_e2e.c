@@ -37,201 +37,68 @@
 
 #include "common/http_client.h"
 #include "stage0/journal.h"
+#include "support/test_replica.h"
 #include "support/test_support.h"
-
-struct replica {
-    pid_t launcher;
-    char dir[1024];
-    char url[160];
-    char prefix[32];
-};
 
 struct e2e {
     char *tmp;
     char ckpt[1024];
-    struct replica a;
+    struct test_replica a;
     uint8_t *ref; /* data bytes of the standalone pipeline's song (seed 5, 3 s, 2 steps) */
     size_t ref_len;
 };
 
-static void sleep_ms(int ms)
+/* The deploy file of a replica with these settings (caller frees), or NULL. */
+static char *deploy_text(const char *ckpt, int async_chunk, int codec_streaming, const char *journal_dir)
 {
-    struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&t, NULL);
+    char *text;
+    if (asprintf(&text,
+                 "pipeline: minimax_music3\n"
+                 "async_chunk: %s\n"
+                 "model: %s\n"
+                 "backend: cpu\n"
+                 "api:\n  host: 127.0.0.1\n  port: 0\n  max_queue_depth: 8\n  request_timeout_s: 120\n"
+                 "  journal_dir: \"%s\"\n"
+                 "connectors:\n  shm:\n    name: SharedMemoryConnector\n    extra:\n"
+                 "      codec_streaming: %s\n      connector_get_sleep_s: 0.01\n"
+                 "      connector_get_max_wait_first_chunk: 6000\n      connector_get_max_wait: 3000\n"
+                 "stages:\n"
+                 "  - stage_id: 0\n    max_num_seqs: 8\n    dtype: float32\n    max_model_len: 4096\n"
+                 "    max_num_batched_tokens: 64\n    enforce_eager: true\n"
+                 "    output_connectors:\n      to_stage_1: shm\n"
+                 "    default_sampling_params:\n      max_tokens: 4002\n"
+                 "  - stage_id: 1\n    max_num_seqs: 4\n    dtype: float32\n    enforce_eager: true\n"
+                 "    max_num_batched_tokens: 4\n    input_connectors:\n      from_stage_0: shm\n"
+                 "    matmul_precision: fp32\n    num_inference_steps: 2\n",
+                 async_chunk ? "true" : "false", ckpt, journal_dir ? journal_dir : "",
+                 codec_streaming ? "true" : "false") < 0)
+        return NULL;
+    return text;
 }
 
-static char *read_file(const char *path, size_t *len)
+/* Start a replica on the deploy file of these settings; 0 once it printed READY. */
+static int replica_start_journal(struct test_replica *r, const char *tmp, const char *tag, const char *ckpt,
+                                 int async_chunk, int codec_streaming, int raw_frames, const char *journal_dir)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) n = 0;
-    if (b) b[n] = 0;
-    fclose(f);
-    if (len) *len = (size_t)n;
-    return b;
+    char *yaml = deploy_text(ckpt, async_chunk, codec_streaming, journal_dir);
+    const char *env[] = {"MM3_STAGE0_RAW_FRAMES", raw_frames ? "1" : NULL, NULL};
+    int rc = yaml ? test_replica_start(r, tmp, tag, "e2e", yaml, env) : -1;
+    free(yaml);
+    return rc;
 }
 
-static int write_deploy(const char *path, const char *ckpt, int async_chunk, int codec_streaming,
-                        const char *journal_dir)
-{
-    FILE *f = fopen(path, "w");
-    if (!f) return -1;
-    fprintf(f,
-            "pipeline: minimax_music3\n"
-            "async_chunk: %s\n"
-            "model: %s\n"
-            "backend: cpu\n"
-            "api:\n  host: 127.0.0.1\n  port: 0\n  max_queue_depth: 8\n  request_timeout_s: 120\n"
-            "  journal_dir: \"%s\"\n"
-            "connectors:\n  shm:\n    name: SharedMemoryConnector\n    extra:\n"
-            "      codec_streaming: %s\n      connector_get_sleep_s: 0.01\n"
-            "      connector_get_max_wait_first_chunk: 6000\n      connector_get_max_wait: 3000\n"
-            "stages:\n"
-            "  - stage_id: 0\n    max_num_seqs: 8\n    dtype: float32\n    max_model_len: 4096\n"
-            "    max_num_batched_tokens: 64\n    enforce_eager: true\n"
-            "    output_connectors:\n      to_stage_1: shm\n"
-            "    default_sampling_params:\n      max_tokens: 4002\n"
-            "  - stage_id: 1\n    max_num_seqs: 4\n    dtype: float32\n    enforce_eager: true\n"
-            "    max_num_batched_tokens: 4\n    input_connectors:\n      from_stage_0: shm\n"
-            "    matmul_precision: fp32\n    num_inference_steps: 2\n",
-            async_chunk ? "true" : "false", ckpt, journal_dir ? journal_dir : "", codec_streaming ? "true" : "false");
-    return fclose(f);
-}
-
-static int segments_left(const char *prefix)
-{
-    DIR *d = opendir("/dev/shm");
-    if (!d) return 0;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (!strncmp(e->d_name, prefix, strlen(prefix))) n++;
-    closedir(d);
-    return n;
-}
-
-static pid_t read_pid(const struct replica *r, const char *name)
-{
-    char path[1200];
-    snprintf(path, sizeof path, "%s/run/%s", r->dir, name);
-    char *s = read_file(path, NULL);
-    pid_t p = s ? (pid_t)atoi(s) : 0;
-    free(s);
-    return p;
-}
-
-/* Start the launcher; 0 once it printed READY (within 120 s). */
-static int replica_start_journal(struct replica *r, const char *tmp, const char *tag, const char *ckpt, int async_chunk,
-                                 int codec_streaming, int raw_frames, const char *journal_dir)
-{
-    memset(r, 0, sizeof *r);
-    snprintf(r->dir, sizeof r->dir, "%s/%s", tmp, tag);
-    mkdir(r->dir, 0755);
-    snprintf(r->prefix, sizeof r->prefix, "e2e%d%s-", (int)getpid(), tag);
-    char deploy[1200], out[1200], err[1200], run[1200], launch[1200];
-    snprintf(deploy, sizeof deploy, "%s/deploy.yaml", r->dir);
-    snprintf(out, sizeof out, "%s/launch.out", r->dir);
-    snprintf(err, sizeof err, "%s/launch.err", r->dir);
-    snprintf(run, sizeof run, "%s/run", r->dir);
-    snprintf(launch, sizeof launch, "%s/scripts/launch.sh", test_source_dir());
-    if (write_deploy(deploy, ckpt, async_chunk, codec_streaming, journal_dir) < 0) return -1;
-    pid_t p = fork();
-    if (p < 0) return -1;
-    if (p == 0) {
-        int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644), fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fo < 0 || fe < 0) _exit(126);
-        dup2(fo, 1);
-        dup2(fe, 2);
-        setenv("MM3_SHM_PREFIX", r->prefix, 1);
-        setenv("MM3_RUN_DIR", run, 1);
-        setenv("MM3_BIN_DIR", test_bin_dir(), 1);
-        setenv("MM3_LAUNCH_TIMEOUT_S", "120", 1);
-        if (raw_frames) setenv("MM3_STAGE0_RAW_FRAMES", "1", 1);
-        execl("/bin/bash", "bash", launch, deploy, (char *)NULL);
-        _exit(127);
-    }
-    r->launcher = p;
-    for (int i = 0; i < 1200; i++) {
-        char *s = read_file(out, NULL);
-        char *at = s ? strstr(s, "READY ") : NULL;
-        if (at && strchr(at, '\n')) {
-            sscanf(at + 6, "%159s", r->url);
-            free(s);
-            return 0;
-        }
-        free(s);
-        int st;
-        if (waitpid(p, &st, WNOHANG) == p) {
-            r->launcher = 0;
-            fprintf(stderr, "launcher exited while starting; see %s\n", err);
-            return -1;
-        }
-        sleep_ms(100);
-    }
-    return -1;
-}
-
-static int log_contains(const struct replica *r, const char *needle)
-{
-    char path[1200];
-    snprintf(path, sizeof path, "%s/launch.err", r->dir);
-    char *s = read_file(path, NULL);
-    int found = s && strstr(s, needle);
-    free(s);
-    return found;
-}
-
-/* SIGTERM the launcher: it must exit 0 within 60 s, both stages gone, no segment left. */
-static int replica_start(struct replica *r, const char *tmp, const char *tag, const char *ckpt, int async_chunk,
+static int replica_start(struct test_replica *r, const char *tmp, const char *tag, const char *ckpt, int async_chunk,
                          int codec_streaming, int raw_frames)
 {
     return replica_start_journal(r, tmp, tag, ckpt, async_chunk, codec_streaming, raw_frames, NULL);
 }
 
-static int replica_stop(struct replica *r)
+static int post(const struct test_replica *r, const char *json, struct http_client_response *resp)
 {
-    if (!r->launcher) return 0;
-    pid_t s0 = read_pid(r, "stage0.pid"), s1 = read_pid(r, "stage1.pid");
-    kill(r->launcher, SIGTERM);
-    int st = -1;
-    for (int i = 0; i < 600; i++) {
-        if (waitpid(r->launcher, &st, WNOHANG) == r->launcher) break;
-        sleep_ms(100);
-        st = -1;
-    }
-    if (st == -1) {
-        kill(r->launcher, SIGKILL);
-        waitpid(r->launcher, &st, 0);
-        r->launcher = 0;
-        return -1;
-    }
-    r->launcher = 0;
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) return -2;
-    if ((s0 > 0 && kill(s0, 0) == 0) || (s1 > 0 && kill(s1, 0) == 0)) return -3;
-    if (segments_left(r->prefix)) return -4;
-    /* Under sanitizers the stages report into the launcher's log. */
-    if (log_contains(r, "Sanitizer") || log_contains(r, "runtime error:")) {
-        fprintf(stderr, "sanitizer report in %s/launch.err\n", r->dir);
-        return -5;
-    }
-    return 0;
+    return test_replica_post(r, json, 120000, resp);
 }
 
-static int post(const struct replica *r, const char *json, struct http_client_response *resp)
-{
-    char url[256];
-    snprintf(url, sizeof url, "%s/v1/audio/speech", r->url);
-    return http_client_request(
-        &(struct http_client_request){
-            .url = url, .method = "POST", .body = json, .body_len = strlen(json), .timeout_ms = 120000},
-        resp);
-}
-
-static char *get_text(const struct replica *r, const char *path, int *status)
+static char *get_text(const struct test_replica *r, const char *path, int *status)
 {
     char url[256];
     snprintf(url, sizeof url, "%s%s", r->url, path);
@@ -246,7 +113,7 @@ static char *get_text(const struct replica *r, const char *path, int *status)
 }
 
 /* Value of a metric line "name value" (exact name incl. labels), -1 if absent. */
-static double metric(const struct replica *r, const char *name)
+static double metric(const struct test_replica *r, const char *name)
 {
     int st;
     char *m = get_text(r, "/metrics", &st);
@@ -290,7 +157,7 @@ static int wav_parse(const uint8_t *b, size_t n, struct wav *w)
 }
 
 /* Whole answer of a request; asserts 200 and a complete body. */
-static void generate(const struct replica *r, const char *json, struct http_client_response *resp)
+static void generate(const struct test_replica *r, const char *json, struct http_client_response *resp)
 {
     assert_int_equal(post(r, json, resp), 0);
     if (resp->status != 200) fprintf(stderr, "%d: %s\n", resp->status, resp->body ? resp->body : "");
@@ -340,7 +207,7 @@ static int group_setup(void **state)
         return -1;
     }
     size_t n;
-    char *b = read_file(wav, &n);
+    char *b = test_file_read(wav, &n);
     struct wav w;
     if (!b || wav_parse((uint8_t *)b, n, &w) < 0) return -1;
     e->ref = malloc(w.data_len);
@@ -359,7 +226,7 @@ static int group_teardown(void **state)
 {
     struct e2e *e = *state;
     if (!e) return 0;
-    if (e->a.launcher) replica_stop(&e->a);
+    if (e->a.launcher) test_replica_stop(&e->a);
     test_remove_tree(e->tmp);
     free(e->tmp);
     free(e->ref);
@@ -413,7 +280,7 @@ static void test_song_equals_standalone(void **state)
 }
 
 struct conc {
-    const struct replica *r;
+    const struct test_replica *r;
     char json[1024];
     struct http_client_response resp;
     int rc;
@@ -496,7 +363,7 @@ static int abort_on_body(void *user, const void *data, size_t n)
     return a->kill_pid == 0 ? 0 : -ECONNABORTED;
 }
 
-static void short_song_works(const struct replica *r)
+static void short_song_works(const struct test_replica *r)
 {
     char json[1024];
     struct http_client_response resp;
@@ -512,28 +379,21 @@ static void test_client_disconnect_cancels(void **state)
     struct e2e *e = *state;
     if (!e) skip();
     double before = metric(&e->a, "mm3_requests_total{outcome=\"cancelled\"}");
-    char json[1024], url[256];
+    char json[1024];
     song_json(json, sizeof json, 21, 40, 1, 44100);
-    snprintf(url, sizeof url, "%s/v1/audio/speech", e->a.url);
     struct abort_ctx a = {0, -1}; /* -1: abort at the first audio */
     struct http_client_response resp;
-    http_client_request(&(struct http_client_request){.url = url,
-                                                      .method = "POST",
-                                                      .body = json,
-                                                      .body_len = strlen(json),
-                                                      .timeout_ms = 60000,
-                                                      .on_body = abort_on_body,
-                                                      .user = &a},
-                        &resp);
+    test_replica_post_stream(&e->a, json, 60000, abort_on_body, &a, &resp);
     http_client_response_free(&resp);
     assert_true(a.got > 44);
     int ok = 0;
     for (int i = 0; i < 600 && !ok; i++) { /* generous: sanitizer builds are slow */
         ok = metric(&e->a, "mm3_requests_total{outcome=\"cancelled\"}") > before &&
              metric(&e->a, "mm3_active_rows") == 0 &&
-             log_contains(&e->a, "client went away; cancelled in both stages") &&
-             (log_contains(&e->a, "cancelled by stage 0; freeing it") || log_contains(&e->a, "stage 0 cancelled it"));
-        if (!ok) sleep_ms(100);
+             test_replica_log_contains(&e->a, "client went away; cancelled in both stages") &&
+             (test_replica_log_contains(&e->a, "cancelled by stage 0; freeing it") ||
+              test_replica_log_contains(&e->a, "stage 0 cancelled it"));
+        if (!ok) test_sleep_ms(100);
     }
     assert_true(ok);
     short_song_works(&e->a); /* rows are free again */
@@ -543,21 +403,13 @@ static void test_stage1_killed_mid_song(void **state)
 {
     struct e2e *e = *state;
     if (!e) skip();
-    pid_t s1 = read_pid(&e->a, "stage1.pid");
+    pid_t s1 = test_replica_pid(&e->a, "stage1.pid");
     assert_true(s1 > 0);
-    char json[1024], url[256];
+    char json[1024];
     song_json(json, sizeof json, 22, 40, 1, 44100);
-    snprintf(url, sizeof url, "%s/v1/audio/speech", e->a.url);
     struct abort_ctx a = {0, s1};
     struct http_client_response resp;
-    int rc = http_client_request(&(struct http_client_request){.url = url,
-                                                               .method = "POST",
-                                                               .body = json,
-                                                               .body_len = strlen(json),
-                                                               .timeout_ms = 60000,
-                                                               .on_body = abort_on_body,
-                                                               .user = &a},
-                                 &resp);
+    int rc = test_replica_post_stream(&e->a, json, 60000, abort_on_body, &a, &resp);
     assert_int_equal(a.kill_pid, 0); /* it was killed mid-song */
     assert_true(rc < 0 || resp.status != 200 || !resp.complete);
     http_client_response_free(&resp);
@@ -567,17 +419,17 @@ static void test_stage1_killed_mid_song(void **state)
     assert_non_null(h);
     assert_non_null(strstr(h, "\"stage0\":{\"state\":\"ready\""));
     free(h);
-    for (int i = 0; i < 300 && read_pid(&e->a, "stage1.pid") == s1; i++)
-        sleep_ms(100);
-    assert_true(read_pid(&e->a, "stage1.pid") != s1);
+    for (int i = 0; i < 300 && test_replica_pid(&e->a, "stage1.pid") == s1; i++)
+        test_sleep_ms(100);
+    assert_true(test_replica_pid(&e->a, "stage1.pid") != s1);
     for (int i = 0; i < 300 && !back; i++) {
         h = get_text(&e->a, "/health", &st);
         back = st == 200 && h && strstr(h, "\"stage1\":{\"state\":\"ready\"");
         free(h);
-        if (!back) sleep_ms(100);
+        if (!back) test_sleep_ms(100);
     }
     assert_true(back);
-    assert_true(log_contains(&e->a, "stage 1 died mid-song"));
+    assert_true(test_replica_log_contains(&e->a, "stage 1 died mid-song"));
     short_song_works(&e->a);
 }
 
@@ -609,19 +461,10 @@ static int collect_body(void *user, const void *data, size_t n)
     return 0;
 }
 
-static int stream_song(const struct replica *r, const char *json, struct collect *c)
+static int stream_song(const struct test_replica *r, const char *json, struct collect *c)
 {
-    char url[256];
-    snprintf(url, sizeof url, "%s/v1/audio/speech", r->url);
     struct http_client_response resp;
-    int rc = http_client_request(&(struct http_client_request){.url = url,
-                                                               .method = "POST",
-                                                               .body = json,
-                                                               .body_len = strlen(json),
-                                                               .timeout_ms = 120000,
-                                                               .on_body = collect_body,
-                                                               .user = c},
-                                 &resp);
+    int rc = test_replica_post_stream(r, json, 120000, collect_body, c, &resp);
     int ok = rc == 0 && resp.status == 200 && resp.complete;
     http_client_response_free(&resp);
     return ok ? 0 : -1;
@@ -660,7 +503,7 @@ static void test_stage1_killed_song_completes(void **state)
 {
     struct e2e *e = *state;
     if (!e) skip();
-    struct replica b;
+    struct test_replica b;
     char jdir[1200];
     snprintf(jdir, sizeof jdir, "%s/journal", e->tmp);
     mkdir(jdir, 0755);
@@ -670,15 +513,15 @@ static void test_stage1_killed_song_completes(void **state)
     struct collect whole = {0}, cut = {0};
     assert_int_equal(stream_song(&b, json, &whole), 0);
     assert_true(whole.len > 44 + 4 * 44100);
-    pid_t s1 = read_pid(&b, "stage1.pid");
+    pid_t s1 = test_replica_pid(&b, "stage1.pid");
     assert_true(s1 > 0);
     cut.kill_pid = s1;
     cut.kill_after = 44 + 4096; /* mid-song: some audio delivered, most not */
     int rc = stream_song(&b, json, &cut);
     assert_int_equal(cut.kill_pid, 0); /* it was killed mid-song */
     assert_int_equal(rc, 0);
-    assert_true(log_contains(&b, "journaled, waiting up to"));
-    assert_true(log_contains(&b, "stage 1 is back: re-sent"));
+    assert_true(test_replica_log_contains(&b, "journaled, waiting up to"));
+    assert_true(test_replica_log_contains(&b, "stage 1 is back: re-sent"));
     assert_int_equal(cut.len, whole.len);
     /* Teacher forcing sums in another order (frames ~1e-6 relative): the 16-bit PCM
      * may differ by a rounding step; report it, and require at most 1. */
@@ -696,13 +539,13 @@ static void test_stage1_killed_song_completes(void **state)
     int done = 0, other = 0;
     for (int i = 0; i < 100 && done < 2; i++) {
         journal_counts(jdir, &done, &other);
-        if (done < 2) sleep_ms(100);
+        if (done < 2) test_sleep_ms(100);
     }
     assert_int_equal(done, 2);
     assert_int_equal(other, 0);
     free(whole.buf);
     free(cut.buf);
-    assert_int_equal(replica_stop(&b), 0);
+    assert_int_equal(test_replica_stop(&b), 0);
 }
 
 /* async_chunk: false + raw frames: the same song; codec_streaming: false refuses streams. */
@@ -710,7 +553,7 @@ static void test_held_raw_frames_same_audio(void **state)
 {
     struct e2e *e = *state;
     if (!e) skip();
-    struct replica b;
+    struct test_replica b;
     assert_int_equal(replica_start(&b, e->tmp, "b", e->ckpt, 0, 0, 1), 0);
     char json[1024];
     struct http_client_response resp;
@@ -726,15 +569,15 @@ static void test_held_raw_frames_same_audio(void **state)
     assert_int_equal(resp.status, 400);
     assert_non_null(strstr(resp.body, "stream"));
     http_client_response_free(&resp);
-    assert_true(log_contains(&b, "MM3_STAGE0_RAW_FRAMES=1"));
-    assert_int_equal(replica_stop(&b), 0);
+    assert_true(test_replica_log_contains(&b, "MM3_STAGE0_RAW_FRAMES=1"));
+    assert_int_equal(test_replica_stop(&b), 0);
 }
 
 static void test_sigterm_stops_everything(void **state)
 {
     struct e2e *e = *state;
     if (!e) skip();
-    assert_int_equal(replica_stop(&e->a), 0);
+    assert_int_equal(test_replica_stop(&e->a), 0);
 }
 
 int main(void)

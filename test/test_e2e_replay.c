@@ -24,154 +24,54 @@
 
 #include "common/http_client.h"
 #include "common/safetensors.h"
+#include "support/test_replica.h"
 #include "support/test_support.h"
-
-struct replica {
-    pid_t launcher;
-    char dir[1024];
-    char url[160];
-    char prefix[32];
-};
 
 struct env {
     char *tmp;
     char ckpt[1024];
-    struct replica on, off; /* MM3_ALLOW_REPLAY=1 / unset */
+    struct test_replica on, off; /* MM3_ALLOW_REPLAY=1 / unset */
 };
 
-static void sleep_ms(int ms)
+/* The deploy file of both replicas (caller frees), or NULL. */
+static char *deploy_text(const char *ckpt)
 {
-    struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&t, NULL);
+    char *text;
+    if (asprintf(&text,
+                 "pipeline: minimax_music3\n"
+                 "async_chunk: true\n"
+                 "model: %s\n"
+                 "backend: cpu\n"
+                 "api:\n  host: 127.0.0.1\n  port: 0\n  max_queue_depth: 8\n  request_timeout_s: 300\n"
+                 "connectors:\n  shm:\n    name: SharedMemoryConnector\n    extra:\n"
+                 "      codec_streaming: true\n      connector_get_sleep_s: 0.01\n"
+                 "      connector_get_max_wait_first_chunk: 6000\n      connector_get_max_wait: 3000\n"
+                 "stages:\n"
+                 "  - stage_id: 0\n    max_num_seqs: 2\n    dtype: float32\n    max_model_len: 4096\n"
+                 "    max_num_batched_tokens: 64\n    enforce_eager: true\n"
+                 "    output_connectors:\n      to_stage_1: shm\n"
+                 "    default_sampling_params:\n      max_tokens: 4002\n"
+                 "  - stage_id: 1\n    max_num_seqs: 2\n    dtype: float32\n    enforce_eager: true\n"
+                 "    max_num_batched_tokens: 4\n    input_connectors:\n      from_stage_0: shm\n"
+                 "    matmul_precision: fp32\n    num_inference_steps: 2\n",
+                 ckpt) < 0)
+        return NULL;
+    return text;
 }
 
-static char *slurp(const char *path)
+/* Start a replica, with MM3_ALLOW_REPLAY=1 or without it; 0 once it printed READY. */
+static int replica_start(struct test_replica *r, const char *tmp, const char *tag, const char *ckpt, int allow_replay)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) n = 0;
-    if (b) b[n] = 0;
-    fclose(f);
-    return b;
+    char *yaml = deploy_text(ckpt);
+    const char *env[] = {"MM3_ALLOW_REPLAY", allow_replay ? "1" : NULL, NULL};
+    int rc = yaml ? test_replica_start(r, tmp, tag, "rp", yaml, env) : -1;
+    free(yaml);
+    return rc;
 }
 
-static int write_deploy(const char *path, const char *ckpt)
+static int post(const struct test_replica *r, const char *json, struct http_client_response *resp)
 {
-    FILE *f = fopen(path, "w");
-    if (!f) return -1;
-    fprintf(f,
-            "pipeline: minimax_music3\n"
-            "async_chunk: true\n"
-            "model: %s\n"
-            "backend: cpu\n"
-            "api:\n  host: 127.0.0.1\n  port: 0\n  max_queue_depth: 8\n  request_timeout_s: 300\n"
-            "connectors:\n  shm:\n    name: SharedMemoryConnector\n    extra:\n"
-            "      codec_streaming: true\n      connector_get_sleep_s: 0.01\n"
-            "      connector_get_max_wait_first_chunk: 6000\n      connector_get_max_wait: 3000\n"
-            "stages:\n"
-            "  - stage_id: 0\n    max_num_seqs: 2\n    dtype: float32\n    max_model_len: 4096\n"
-            "    max_num_batched_tokens: 64\n    enforce_eager: true\n"
-            "    output_connectors:\n      to_stage_1: shm\n"
-            "    default_sampling_params:\n      max_tokens: 4002\n"
-            "  - stage_id: 1\n    max_num_seqs: 2\n    dtype: float32\n    enforce_eager: true\n"
-            "    max_num_batched_tokens: 4\n    input_connectors:\n      from_stage_0: shm\n"
-            "    matmul_precision: fp32\n    num_inference_steps: 2\n",
-            ckpt);
-    return fclose(f);
-}
-
-/* Start scripts/launch.sh; 0 once it printed READY (within 120 s). */
-static int replica_start(struct replica *r, const char *tmp, const char *tag, const char *ckpt, int allow_replay)
-{
-    memset(r, 0, sizeof *r);
-    snprintf(r->dir, sizeof r->dir, "%s/%s", tmp, tag);
-    mkdir(r->dir, 0755);
-    snprintf(r->prefix, sizeof r->prefix, "rp%d%s-", (int)getpid(), tag);
-    char deploy[1200], out[1200], err[1200], run[1200], launch[1200];
-    snprintf(deploy, sizeof deploy, "%s/deploy.yaml", r->dir);
-    snprintf(out, sizeof out, "%s/launch.out", r->dir);
-    snprintf(err, sizeof err, "%s/launch.err", r->dir);
-    snprintf(run, sizeof run, "%s/run", r->dir);
-    snprintf(launch, sizeof launch, "%s/scripts/launch.sh", test_source_dir());
-    if (write_deploy(deploy, ckpt) < 0) return -1;
-    pid_t p = fork();
-    if (p < 0) return -1;
-    if (p == 0) {
-        int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644), fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fo < 0 || fe < 0) _exit(126);
-        dup2(fo, 1);
-        dup2(fe, 2);
-        setenv("MM3_SHM_PREFIX", r->prefix, 1);
-        setenv("MM3_RUN_DIR", run, 1);
-        setenv("MM3_BIN_DIR", test_bin_dir(), 1);
-        setenv("MM3_LAUNCH_TIMEOUT_S", "120", 1);
-        if (allow_replay)
-            setenv("MM3_ALLOW_REPLAY", "1", 1);
-        else
-            unsetenv("MM3_ALLOW_REPLAY");
-        execl("/bin/bash", "bash", launch, deploy, (char *)NULL);
-        _exit(127);
-    }
-    r->launcher = p;
-    for (int i = 0; i < 1200; i++) {
-        char *s = slurp(out);
-        char *at = s ? strstr(s, "READY ") : NULL;
-        if (at && strchr(at, '\n')) {
-            sscanf(at + 6, "%159s", r->url);
-            free(s);
-            return 0;
-        }
-        free(s);
-        int st;
-        if (waitpid(p, &st, WNOHANG) == p) {
-            r->launcher = 0;
-            fprintf(stderr, "launcher exited while starting; see %s\n", err);
-            return -1;
-        }
-        sleep_ms(100);
-    }
-    return -1;
-}
-
-/* SIGTERM the launcher; 0 when it exits 0 within 60 s with no sanitizer report. */
-static int replica_stop(struct replica *r)
-{
-    if (!r->launcher) return 0;
-    kill(r->launcher, SIGTERM);
-    int st = -1;
-    for (int i = 0; i < 600; i++) {
-        if (waitpid(r->launcher, &st, WNOHANG) == r->launcher) break;
-        sleep_ms(100);
-        st = -1;
-    }
-    if (st == -1) {
-        kill(r->launcher, SIGKILL);
-        waitpid(r->launcher, &st, 0);
-    }
-    r->launcher = 0;
-    if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) return -1;
-    /* Under sanitizers the stages report into the launcher's log. */
-    char path[1200];
-    snprintf(path, sizeof path, "%s/launch.err", r->dir);
-    char *log = slurp(path);
-    int dirty = log && (strstr(log, "Sanitizer") || strstr(log, "runtime error:"));
-    if (dirty) fprintf(stderr, "sanitizer report in %s\n", path);
-    free(log);
-    return dirty ? -1 : 0;
-}
-
-static int post(const struct replica *r, const char *json, struct http_client_response *resp)
-{
-    char url[256];
-    snprintf(url, sizeof url, "%s/v1/audio/speech", r->url);
-    return http_client_request(
-        &(struct http_client_request){
-            .url = url, .method = "POST", .body = json, .body_len = strlen(json), .timeout_ms = 300000},
-        resp);
+    return test_replica_post(r, json, 300000, resp);
 }
 
 /* The request of manifest case jc, replaying case file `path`. */
@@ -198,8 +98,8 @@ static int group_setup(void **state)
     snprintf(e->ckpt, sizeof e->ckpt, "%s/checkpoint", g);
     e->tmp = test_make_tmpdir("e2e_replay");
     if (replica_start(&e->on, e->tmp, "on", e->ckpt, 1) < 0 || replica_start(&e->off, e->tmp, "off", e->ckpt, 0) < 0) {
-        replica_stop(&e->on);
-        replica_stop(&e->off);
+        test_replica_stop(&e->on);
+        test_replica_stop(&e->off);
         free(e->tmp);
         free(e);
         return -1;
@@ -212,7 +112,7 @@ static int group_teardown(void **state)
 {
     struct env *e = *state;
     if (!e) return 0;
-    int rc = replica_stop(&e->on) | replica_stop(&e->off);
+    int rc = test_replica_stop(&e->on) | test_replica_stop(&e->off);
     test_remove_tree(e->tmp);
     free(e->tmp);
     free(e);

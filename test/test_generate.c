@@ -21,6 +21,7 @@
 #include "common/sampler.h"
 #include "stage0/generate.h"
 #include "stage0/golden.h"
+#include "support/test_stage0.h"
 #include "support/test_support.h"
 
 static void test_window_plan(void **state)
@@ -97,38 +98,6 @@ static void test_frame_budget(void **state)
     assert_true(generate_frame_budget(NAN, 25.0, &n) < 0);
 }
 
-struct model {
-    char root[1024];
-    struct talker lm;
-    struct depth dd;
-};
-
-static int setup(void **state)
-{
-    const char *g = test_golden_dir();
-    if (!g) return 0;
-    struct model *m = calloc(1, sizeof *m);
-    snprintf(m->root, sizeof m->root, "%s/checkpoint", g);
-    if (talker_load(&m->lm, m->root) < 0 || depth_load(&m->dd, m->root) < 0) {
-        fprintf(stderr, "load: %s\n", mm3_last_error());
-        free(m);
-        return -1;
-    }
-    *state = m;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    struct model *m = *state;
-    if (m) {
-        talker_free(&m->lm);
-        depth_free(&m->dd);
-        free(m);
-    }
-    return 0;
-}
-
 struct collect {
     int width, ncb, n, order_ok;
     float *frames;
@@ -151,7 +120,7 @@ static const int32_t k_prompt[2][6] = {
     {151644, 151654, 151654, 151654, 151645, 151669},
 };
 
-static int run(struct model *m, struct sampler *sp, int max_frames, struct collect *c, enum generate_stop *stop)
+static int run(struct test_stage0 *m, struct sampler *sp, int max_frames, struct collect *c, enum generate_stop *stop)
 {
     int H = m->lm.cfg.hidden, ncb = m->dd.cfg.n_codebooks;
     memset(c, 0, sizeof *c);
@@ -184,7 +153,7 @@ static void free_collect(struct collect *c)
 
 static void test_seeded_generation(void **state)
 {
-    struct model *m = *state;
+    struct test_stage0 *m = *state;
     if (!m) skip();
     struct sampler s1, s2, s3;
     struct collect a, b, c;
@@ -215,7 +184,7 @@ static void test_seeded_generation(void **state)
 
 static void test_replay_of_own_codes(void **state)
 {
-    struct model *m = *state;
+    struct test_stage0 *m = *state;
     if (!m) skip();
     struct sampler s1;
     struct collect a, b;
@@ -262,7 +231,7 @@ static void test_replay_of_own_codes(void **state)
 
 static void test_stop_token(void **state)
 {
-    struct model *m = *state;
+    struct test_stage0 *m = *state;
     if (!m) skip();
     int ncb = m->dd.cfg.n_codebooks;
     int64_t lm[4] = {SAMPLER_CODE_OFFSET + 1, SAMPLER_CODE_OFFSET + 2, SAMPLER_CODE_OFFSET + 3, SAMPLER_STOP_ID};
@@ -286,7 +255,7 @@ static void test_stop_token(void **state)
 
 static void test_bad_begin(void **state)
 {
-    struct model *m = *state;
+    struct test_stage0 *m = *state;
     if (!m) skip();
     struct sampler sp;
     sampler_init_seeded(&sp, 0);
@@ -367,18 +336,8 @@ static void test_golden_checker_fails_on_tampering(void **state)
 static void test_other_geometry(void **state)
 {
     (void)state;
-    struct ckpt_gen_geometry geo;
-    assert_int_equal(ckpt_gen_preset("tiny", &geo), 0);
-    geo.lm_hidden = 24, geo.lm_layers = 2, geo.lm_heads = 3, geo.lm_kv_heads = 1, geo.lm_head_dim = 10;
-    geo.lm_intermediate = 40, geo.lm_vocab = SAMPLER_CODE_OFFSET + SAMPLER_N_CODES + 7, geo.lm_rope_theta = 10000.0;
-    geo.dd_layers = 1, geo.dd_heads = 4, geo.dd_intermediate = 20, geo.dd_audio_vocab = 300, geo.dd_codebooks = 4;
-    geo.dd_max_positions = 4;
-    char *dir = test_make_tmpdir("geometry");
-    struct ckpt_gen_opts o = {.seed = 5, .threads = 1, .rope_top_level = 1};
-    if (ckpt_gen_write(dir, &geo, &o) < 0) fail_msg("ckpt_gen_write: %s", mm3_last_error());
-    struct model m;
-    assert_int_equal(talker_load(&m.lm, dir), 0);
-    assert_int_equal(depth_load(&m.dd, dir), 0);
+    struct test_stage0 m;
+    char *dir = test_stage0_other_geometry(&m, "geometry");
     assert_int_equal(m.lm.cfg.head_dim, 10);
     assert_int_equal(m.dd.cfg.n_codebooks, 4);
     assert_true(m.lm.cfg.rope_theta == 10000.0);
@@ -396,8 +355,7 @@ static void test_other_geometry(void **state)
     assert_memory_equal(a.frames, b.frames, sizeof(float) * 15 * a.width);
     free_collect(&a);
     free_collect(&b);
-    talker_free(&m.lm);
-    depth_free(&m.dd);
+    test_stage0_free(&m);
     test_remove_tree(dir);
     free(dir);
 }
@@ -411,5 +369,5 @@ int main(void)
         cmocka_unit_test(test_bad_begin),           cmocka_unit_test(test_golden_checker_fails_on_tampering),
         cmocka_unit_test(test_other_geometry),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, test_stage0_golden_setup, test_stage0_golden_teardown);
 }

@@ -22,47 +22,7 @@
 #include "common/dtype.h"
 #include "shmconn/shmconn.h"
 #include "shmconn/shmconn_region.h"
-
-static char g_prefix[32];
-
-static struct shmconn_config cfg_make(const char *name, uint64_t threshold, uint64_t payload, uint32_t slots)
-{
-    struct shmconn_config c;
-    memset(&c, 0, sizeof c);
-    snprintf(c.name, sizeof c.name, "%s", name);
-    snprintf(c.prefix, sizeof c.prefix, "%s", g_prefix);
-    c.shm_threshold_bytes = threshold;
-    c.payload_bytes = payload;
-    c.n_slots = slots;
-    c.first_chunk_deadline_s = 30;
-    c.steady_deadline_s = 30;
-    return c;
-}
-
-/* Unlink every segment of this test run (after a failed assertion left some). */
-static void unlink_segments(void)
-{
-    DIR *d = opendir("/dev/shm");
-    struct dirent *e;
-    while (d && (e = readdir(d)))
-        if (strncmp(e->d_name, g_prefix, strlen(g_prefix)) == 0) {
-            char name[300];
-            snprintf(name, sizeof name, "/%s", e->d_name);
-            shm_unlink(name);
-        }
-    if (d) closedir(d);
-}
-
-static int count_segments(void)
-{
-    DIR *d = opendir("/dev/shm");
-    int n = 0;
-    struct dirent *e;
-    while (d && (e = readdir(d)))
-        if (strncmp(e->d_name, g_prefix, strlen(g_prefix)) == 0) n++;
-    if (d) closedir(d);
-    return n;
-}
+#include "support/test_shm.h"
 
 /* Deterministic bytes of (request, chunk, tensor). */
 static void fill_pattern(uint8_t *p, size_t n, uint64_t req, uint32_t chunk, uint32_t t)
@@ -94,22 +54,10 @@ static void msg_make(struct shmconn_msg *m, uint64_t req, uint32_t chunk, uint32
     m->flags = flags;
     m->n_tensors = 2;
     fill_pattern(buf, n, req, chunk, 0);
-    struct shmconn_tensor *t = &m->tensors[0];
-    snprintf(t->name, sizeof t->name, "frames");
-    t->dtype = SHMCONN_DTYPE_U8;
-    t->ndim = 1;
-    t->shape[0] = (int64_t)n;
-    t->nbytes = n;
-    t->data = buf;
+    test_shm_tensor_1d(&m->tensors[0], "frames", SHMCONN_DTYPE_U8, buf, (int64_t)n, 1);
     meta[0] = (int64_t)req;
     meta[1] = chunk;
-    t = &m->tensors[1];
-    snprintf(t->name, sizeof t->name, "meta");
-    t->dtype = MM3_DTYPE_I64;
-    t->ndim = 1;
-    t->shape[0] = 2;
-    t->nbytes = 16;
-    t->data = meta;
+    test_shm_tensor_1d(&m->tensors[1], "meta", MM3_DTYPE_I64, meta, 2, sizeof *meta);
 }
 
 static void msg_check(const struct shmconn_msg *m, uint64_t req, uint32_t chunk, size_t n)
@@ -128,26 +76,42 @@ static void msg_check(const struct shmconn_msg *m, uint64_t req, uint32_t chunk,
     assert_int_equal(meta[1], chunk);
 }
 
+/* A producer and a consumer on one fresh channel. */
+static void pair_open(const struct shmconn_config *cfg, shmconn_t **p, shmconn_t **c)
+{
+    assert_int_equal(shmconn_create(p, cfg), 0);
+    assert_int_equal(shmconn_open(c, cfg, 1.0), 0);
+}
+
+/* Sends a 64-byte msg_make message of (req, chunk); shmconn_send's status. */
+static int send_small(shmconn_t *p, uint64_t req, uint32_t chunk, uint32_t flags, double wait_s)
+{
+    uint8_t buf[64];
+    int64_t meta[2];
+    struct shmconn_msg m;
+    msg_make(&m, req, chunk, flags, buf, sizeof buf, meta);
+    return shmconn_send(p, &m, wait_s);
+}
+
 static void test_config_rejected(void **state)
 {
     (void)state;
     shmconn_t *c;
-    struct shmconn_config cfg = cfg_make("bad", 1024, 0, 6); /* not a power of two */
+    struct shmconn_config cfg = test_shm_config("bad", 1024, 0, 6); /* not a power of two */
     assert_int_equal(shmconn_create(&c, &cfg), -EINVAL);
-    cfg = cfg_make("bad/slash", 1024, 0, 8);
+    cfg = test_shm_config("bad/slash", 1024, 0, 8);
     assert_int_equal(shmconn_create(&c, &cfg), -EINVAL);
-    cfg = cfg_make("bad", 1024, 0, 8);
+    cfg = test_shm_config("bad", 1024, 0, 8);
     cfg.steady_deadline_s = 0;
     assert_int_equal(shmconn_create(&c, &cfg), -EINVAL);
-    assert_int_equal(count_segments(), 0);
+    assert_int_equal(test_shm_count(), 0);
 }
 
 static void roundtrip(uint64_t threshold, uint64_t payload, size_t n)
 {
-    struct shmconn_config cfg = cfg_make("rt", threshold, payload, 4);
+    struct shmconn_config cfg = test_shm_config("rt", threshold, payload, 4);
     shmconn_t *p, *c;
-    assert_int_equal(shmconn_create(&p, &cfg), 0);
-    assert_int_equal(shmconn_open(&c, &cfg, 1.0), 0);
+    pair_open(&cfg, &p, &c);
     uint8_t *buf = malloc(n);
     int64_t meta[2];
     struct shmconn_msg m;
@@ -169,7 +133,7 @@ static void roundtrip(uint64_t threshold, uint64_t payload, size_t n)
     free(buf);
     shmconn_close(p);
     shmconn_close(c);
-    assert_int_equal(count_segments(), 0);
+    assert_int_equal(test_shm_count(), 0);
 }
 
 static void test_roundtrip_inline(void **state)
@@ -187,7 +151,7 @@ static void test_roundtrip_payload(void **state)
 static void test_too_big(void **state)
 {
     (void)state;
-    struct shmconn_config cfg = cfg_make("big", 1024, 1u << 20, 4);
+    struct shmconn_config cfg = test_shm_config("big", 1024, 1u << 20, 4);
     shmconn_t *p;
     assert_int_equal(shmconn_create(&p, &cfg), 0);
     size_t n = (1u << 20) + 1;
@@ -205,10 +169,9 @@ static void test_too_big(void **state)
 static void test_zero_copy_send(void **state)
 {
     (void)state;
-    struct shmconn_config cfg = cfg_make("zc", 256, 1u << 20, 4);
+    struct shmconn_config cfg = test_shm_config("zc", 256, 1u << 20, 4);
     shmconn_t *p, *c;
-    assert_int_equal(shmconn_create(&p, &cfg), 0);
-    assert_int_equal(shmconn_open(&c, &cfg, 1.0), 0);
+    pair_open(&cfg, &p, &c);
     struct shmconn_msg m;
     memset(&m, 0, sizeof m);
     m.req_id = 9;
@@ -275,10 +238,9 @@ static void *feed_main(void *arg)
 static void interleave(int n_req, int n_chunk, uint32_t slots, uint64_t threshold, uint64_t payload,
                        const size_t sizes[5], int hold)
 {
-    struct shmconn_config cfg = cfg_make("il", threshold, payload, slots);
+    struct shmconn_config cfg = test_shm_config("il", threshold, payload, slots);
     shmconn_t *p, *c;
-    assert_int_equal(shmconn_create(&p, &cfg), 0);
-    assert_int_equal(shmconn_open(&c, &cfg, 1.0), 0);
+    pair_open(&cfg, &p, &c);
     for (int r = 0; r < n_req; r++)
         assert_int_equal(shmconn_request_begin(c, (uint64_t)r + 1000), 0);
     struct feed f = {.p = p, .n_req = n_req, .n_chunk = n_chunk};
@@ -336,12 +298,11 @@ static void test_many_requests_interleaved(void **state)
 static void test_first_chunk_timeout(void **state)
 {
     (void)state;
-    struct shmconn_config cfg = cfg_make("fc", 1024, 0, 8);
+    struct shmconn_config cfg = test_shm_config("fc", 1024, 0, 8);
     cfg.first_chunk_deadline_s = 0.2;
     cfg.steady_deadline_s = 0.1;
     shmconn_t *p, *c;
-    assert_int_equal(shmconn_create(&p, &cfg), 0);
-    assert_int_equal(shmconn_open(&c, &cfg, 1.0), 0);
+    pair_open(&cfg, &p, &c);
     double t0 = shmconn_now();
     assert_int_equal(shmconn_request_begin(c, 5), 0);
     assert_int_equal(shmconn_request_begin(c, 5), -EEXIST);
@@ -359,11 +320,7 @@ static void test_first_chunk_timeout(void **state)
     assert_int_equal(id, 5);
     assert_int_equal(why, SHMCONN_CANCEL_TIMEOUT);
     assert_int_equal(shmconn_cancel_poll(p, &id, &why), 0);
-    uint8_t buf[8];
-    int64_t meta[2];
-    struct shmconn_msg m;
-    msg_make(&m, 5, 0, 0, buf, sizeof buf, meta);
-    assert_int_equal(shmconn_send(p, &m, 0.1), SHMCONN_E_CANCELLED);
+    assert_int_equal(send_small(p, 5, 0, 0, 0.1), SHMCONN_E_CANCELLED);
     /* No more events for it. */
     assert_int_equal(shmconn_recv(c, &ev, 0.3), SHMCONN_E_TIMEOUT);
     shmconn_close(p);
@@ -373,26 +330,20 @@ static void test_first_chunk_timeout(void **state)
 static void test_steady_timeout(void **state)
 {
     (void)state;
-    struct shmconn_config cfg = cfg_make("st", 1024, 0, 8);
+    struct shmconn_config cfg = test_shm_config("st", 1024, 0, 8);
     cfg.first_chunk_deadline_s = 2.0;
     cfg.steady_deadline_s = 0.15;
     shmconn_t *p, *c;
-    assert_int_equal(shmconn_create(&p, &cfg), 0);
-    assert_int_equal(shmconn_open(&c, &cfg, 1.0), 0);
+    pair_open(&cfg, &p, &c);
     assert_int_equal(shmconn_request_begin(c, 6), 0);
     assert_int_equal(shmconn_request_begin(c, 7), 0);
-    uint8_t buf[64];
-    int64_t meta[2];
-    struct shmconn_msg m;
     struct shmconn_event ev;
     /* Request 7 keeps sending every 50 ms; 6 sends once and then stalls. */
-    msg_make(&m, 6, 0, SHMCONN_FLAG_FIRST, buf, sizeof buf, meta);
-    assert_int_equal(shmconn_send(p, &m, 1.0), 0);
+    assert_int_equal(send_small(p, 6, 0, SHMCONN_FLAG_FIRST, 1.0), 0);
     double t_last6 = 0;
     int got_timeout = 0;
     for (int k = 0; k < 8 && !got_timeout; k++) {
-        msg_make(&m, 7, (uint32_t)k, 0, buf, sizeof buf, meta);
-        assert_int_equal(shmconn_send(p, &m, 1.0), 0);
+        assert_int_equal(send_small(p, 7, (uint32_t)k, 0, 1.0), 0);
         double until = shmconn_now() + 0.05;
         while (!got_timeout && shmconn_now() < until) {
             int rc = shmconn_recv(c, &ev, until - shmconn_now());
@@ -413,10 +364,8 @@ static void test_steady_timeout(void **state)
     }
     assert_true(got_timeout);
     /* Messages of 6 that were already under way are dropped, 7 still flows. */
-    msg_make(&m, 6, 1, 0, buf, sizeof buf, meta);
-    assert_int_equal(shmconn_send(p, &m, 1.0), SHMCONN_E_CANCELLED);
-    msg_make(&m, 7, 100, SHMCONN_FLAG_LAST, buf, sizeof buf, meta);
-    assert_int_equal(shmconn_send(p, &m, 1.0), 0);
+    assert_int_equal(send_small(p, 6, 1, 0, 1.0), SHMCONN_E_CANCELLED);
+    assert_int_equal(send_small(p, 7, 100, SHMCONN_FLAG_LAST, 1.0), 0);
     assert_int_equal(shmconn_recv(c, &ev, 1.0), 0);
     assert_int_equal(ev.req_id, 7);
     assert_int_equal(ev.msg.chunk, 100);
@@ -428,18 +377,12 @@ static void test_steady_timeout(void **state)
 static void test_cancel_drops(void **state)
 {
     (void)state;
-    struct shmconn_config cfg = cfg_make("cx", 1024, 0, 8);
+    struct shmconn_config cfg = test_shm_config("cx", 1024, 0, 8);
     shmconn_t *p, *c;
-    assert_int_equal(shmconn_create(&p, &cfg), 0);
-    assert_int_equal(shmconn_open(&c, &cfg, 1.0), 0);
-    uint8_t buf[64];
-    int64_t meta[2];
-    struct shmconn_msg m;
-    msg_make(&m, 11, 0, 0, buf, sizeof buf, meta);
-    assert_int_equal(shmconn_send(p, &m, 1.0), 0); /* already in the ring when cancelled */
+    pair_open(&cfg, &p, &c);
+    assert_int_equal(send_small(p, 11, 0, 0, 1.0), 0); /* already in the ring when cancelled */
     assert_int_equal(shmconn_request_cancel(c, 11), 0);
-    msg_make(&m, 12, 0, 0, buf, sizeof buf, meta);
-    assert_int_equal(shmconn_send(p, &m, 1.0), 0);
+    assert_int_equal(send_small(p, 12, 0, 0, 1.0), 0);
     struct shmconn_event ev;
     assert_int_equal(shmconn_recv(c, &ev, 1.0), 0);
     assert_int_equal(ev.req_id, 12);
@@ -459,45 +402,35 @@ static void test_cancel_drops(void **state)
 static void test_backpressure_timeout(void **state)
 {
     (void)state;
-    struct shmconn_config cfg = cfg_make("bp", 1024, 0, 2);
+    struct shmconn_config cfg = test_shm_config("bp", 1024, 0, 2);
     shmconn_t *p, *c;
-    assert_int_equal(shmconn_create(&p, &cfg), 0);
-    assert_int_equal(shmconn_open(&c, &cfg, 1.0), 0);
-    uint8_t buf[64];
-    int64_t meta[2];
-    struct shmconn_msg m;
-    msg_make(&m, 1, 0, 0, buf, sizeof buf, meta);
-    assert_int_equal(shmconn_send(p, &m, 1.0), 0);
-    assert_int_equal(shmconn_send(p, &m, 1.0), 0);
+    pair_open(&cfg, &p, &c);
+    assert_int_equal(send_small(p, 1, 0, 0, 1.0), 0);
+    assert_int_equal(send_small(p, 1, 0, 0, 1.0), 0);
     double t0 = shmconn_now();
-    assert_int_equal(shmconn_send(p, &m, 0.15), SHMCONN_E_TIMEOUT); /* full: never drops, never grows */
+    assert_int_equal(send_small(p, 1, 0, 0, 0.15), SHMCONN_E_TIMEOUT); /* full: never drops, never grows */
     double dt = shmconn_now() - t0;
     assert_true(dt >= 0.15 && dt < 0.4);
     shmconn_close(c);
-    assert_int_equal(shmconn_send(p, &m, 1.0), SHMCONN_E_CLOSED);
+    assert_int_equal(send_small(p, 1, 0, 0, 1.0), SHMCONN_E_CLOSED);
     shmconn_close(p);
 }
 
 static void test_producer_close(void **state)
 {
     (void)state;
-    struct shmconn_config cfg = cfg_make("pc", 1024, 0, 8);
+    struct shmconn_config cfg = test_shm_config("pc", 1024, 0, 8);
     shmconn_t *p, *c;
-    assert_int_equal(shmconn_create(&p, &cfg), 0);
-    assert_int_equal(shmconn_open(&c, &cfg, 1.0), 0);
+    pair_open(&cfg, &p, &c);
     shmconn_t *c2;
     assert_int_equal(shmconn_open(&c2, &cfg, 0.1), -EBUSY); /* one consumer per region */
     assert_int_equal(shmconn_request_begin(c, 1), 0);
     assert_int_equal(shmconn_request_begin(c, 2), 0);
-    uint8_t buf[64];
-    int64_t meta[2];
-    struct shmconn_msg m;
-    msg_make(&m, 1, 0, 0, buf, sizeof buf, meta);
-    assert_int_equal(shmconn_send(p, &m, 1.0), 0);
+    assert_int_equal(send_small(p, 1, 0, 0, 1.0), 0);
     assert_int_equal(shmconn_peer_status(c), 0);
     shmconn_close(p);
     assert_int_equal(shmconn_peer_status(c), SHMCONN_E_CLOSED);
-    assert_int_equal(count_segments(), 0);
+    assert_int_equal(test_shm_count(), 0);
     struct shmconn_event ev;
     assert_int_equal(shmconn_recv(c, &ev, 1.0), 0); /* published before the close: delivered */
     assert_int_equal(ev.type, SHMCONN_EVENT_MESSAGE);
@@ -519,11 +452,11 @@ static void test_producer_close(void **state)
 static void test_corrupt_header_refused(void **state)
 {
     (void)state;
-    struct shmconn_config cfg = cfg_make("cor", 1024, 4096, 4);
+    struct shmconn_config cfg = test_shm_config("cor", 1024, 4096, 4);
     shmconn_t *p, *c;
     assert_int_equal(shmconn_create(&p, &cfg), 0);
     char path[128];
-    snprintf(path, sizeof path, "/%scor", g_prefix);
+    snprintf(path, sizeof path, "/%scor", test_shm_prefix());
     int fd = shm_open(path, O_RDWR, 0);
     assert_true(fd >= 0);
     struct shmconn_geometry g, orig;
@@ -585,7 +518,7 @@ static void test_reclaim_stale(void **state)
 {
     (void)state;
     /* A region whose creator exited without closing (its _exit skips shmconn_close). */
-    struct shmconn_config cfg = cfg_make("stale", 1024, 0, 4);
+    struct shmconn_config cfg = test_shm_config("stale", 1024, 0, 4);
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
@@ -595,16 +528,16 @@ static void test_reclaim_stale(void **state)
     int status;
     assert_int_equal(waitpid(pid, &status, 0), pid);
     assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    assert_int_equal(count_segments(), 1);
+    assert_int_equal(test_shm_count(), 1);
     shmconn_t *c;
     assert_int_equal(shmconn_open(&c, &cfg, 0.1), SHMCONN_E_TIMEOUT); /* never attaches to a dead producer */
     /* A live region of another name is left alone. */
-    struct shmconn_config live = cfg_make("live", 1024, 0, 4);
+    struct shmconn_config live = test_shm_config("live", 1024, 0, 4);
     shmconn_t *p;
     assert_int_equal(shmconn_create(&p, &live), 0);
     assert_int_equal(shmconn_create(&(shmconn_t *){0}, &live), -EEXIST);
-    assert_int_equal(shmconn_reclaim_stale(g_prefix), 1);
-    assert_int_equal(count_segments(), 1);
+    assert_int_equal(shmconn_reclaim_stale(test_shm_prefix()), 1);
+    assert_int_equal(test_shm_count(), 1);
     shmconn_close(p);
     /* create over a stale name also works (the producer restarting). */
     pid = fork();
@@ -615,7 +548,7 @@ static void test_reclaim_stale(void **state)
     assert_int_equal(waitpid(pid, &status, 0), pid);
     assert_int_equal(shmconn_create(&p, &cfg), 0);
     shmconn_close(p);
-    assert_int_equal(count_segments(), 0);
+    assert_int_equal(test_shm_count(), 0);
 }
 
 /* ---- one consumer handle used from two threads (TSan checks the locking) ---- */
@@ -648,10 +581,9 @@ static void *releaser_main(void *arg)
 static void test_release_from_other_thread(void **state)
 {
     (void)state;
-    struct shmconn_config cfg = cfg_make("thr", 64, 1u << 16, 8);
+    struct shmconn_config cfg = test_shm_config("thr", 64, 1u << 16, 8);
     shmconn_t *p, *c;
-    assert_int_equal(shmconn_create(&p, &cfg), 0);
-    assert_int_equal(shmconn_open(&c, &cfg, 1.0), 0);
+    pair_open(&cfg, &p, &c);
     struct feed f = {.p = p, .n_req = 3, .n_chunk = 200, .sizes = {8, 100, 3000, 9000, 40}};
     pthread_t tf, tr;
     struct releaser r = {.c = c};
@@ -686,19 +618,7 @@ static void test_release_from_other_thread(void **state)
 static int group_setup(void **state)
 {
     (void)state;
-    snprintf(g_prefix, sizeof g_prefix, "mm3t%d-", (int)getpid());
-    return 0;
-}
-
-static int group_teardown(void **state)
-{
-    (void)state;
-    int n = count_segments();
-    if (n) {
-        fprintf(stderr, "%d segment(s) /dev/shm/%s* left behind\n", n, g_prefix);
-        unlink_segments();
-        return 1;
-    }
+    test_shm_prefix_init("mm3t");
     return 0;
 }
 
@@ -721,5 +641,5 @@ int main(void)
         cmocka_unit_test(test_reclaim_stale),
         cmocka_unit_test(test_release_from_other_thread),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return cmocka_run_group_tests(tests, group_setup, test_shm_group_teardown);
 }

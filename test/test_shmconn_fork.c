@@ -20,52 +20,13 @@
 #include <unistd.h>
 
 #include "shmconn/shmconn.h"
-
-static char g_prefix[32];
-
-static struct shmconn_config cfg_make(const char *name, uint64_t threshold, uint64_t payload, uint32_t slots)
-{
-    struct shmconn_config c;
-    memset(&c, 0, sizeof c);
-    snprintf(c.name, sizeof c.name, "%s", name);
-    snprintf(c.prefix, sizeof c.prefix, "%s", g_prefix);
-    c.shm_threshold_bytes = threshold;
-    c.payload_bytes = payload;
-    c.n_slots = slots;
-    c.first_chunk_deadline_s = 30;
-    c.steady_deadline_s = 30;
-    return c;
-}
+#include "support/test_shm.h"
 
 static double now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int count_segments(void)
-{
-    DIR *d = opendir("/dev/shm");
-    int n = 0;
-    struct dirent *e;
-    while (d && (e = readdir(d)))
-        if (strncmp(e->d_name, g_prefix, strlen(g_prefix)) == 0) n++;
-    if (d) closedir(d);
-    return n;
-}
-
-static void unlink_segments(void)
-{
-    DIR *d = opendir("/dev/shm");
-    struct dirent *e;
-    while (d && (e = readdir(d)))
-        if (strncmp(e->d_name, g_prefix, strlen(g_prefix)) == 0) {
-            char name[300];
-            snprintf(name, sizeof name, "/%s", e->d_name);
-            shm_unlink(name);
-        }
-    if (d) closedir(d);
 }
 
 /* FNV-1a over the payload, sent along in a second tensor: the receiver in the
@@ -100,18 +61,8 @@ static int send_stream(shmconn_t *p, uint64_t req, uint32_t n_msgs, double gap_s
         m.chunk = k;
         m.flags = (k == 0 ? SHMCONN_FLAG_FIRST : 0) | (k + 1 == n_msgs ? SHMCONN_FLAG_LAST : 0);
         m.n_tensors = 2;
-        snprintf(m.tensors[0].name, 16, "data");
-        m.tensors[0].dtype = SHMCONN_DTYPE_U8;
-        m.tensors[0].ndim = 1;
-        m.tensors[0].shape[0] = (int64_t)n;
-        m.tensors[0].nbytes = n;
-        m.tensors[0].data = buf;
-        snprintf(m.tensors[1].name, 16, "hash");
-        m.tensors[1].dtype = SHMCONN_DTYPE_U8;
-        m.tensors[1].ndim = 1;
-        m.tensors[1].shape[0] = 8;
-        m.tensors[1].nbytes = 8;
-        m.tensors[1].data = &h;
+        test_shm_tensor_1d(&m.tensors[0], "data", SHMCONN_DTYPE_U8, buf, (int64_t)n, 1);
+        test_shm_tensor_1d(&m.tensors[1], "hash", SHMCONN_DTYPE_U8, &h, 8, 1);
         int rc = shmconn_send(p, &m, 10.0);
         if (rc < 0) {
             free(buf);
@@ -193,7 +144,7 @@ static void wait_child_ok(pid_t pid)
 static void test_fork_producer_child(void **state)
 {
     (void)state;
-    struct shmconn_config cfg = cfg_make("f1", 16384, 8u << 20, 8);
+    struct shmconn_config cfg = test_shm_config("f1", 16384, 8u << 20, 8);
     pid_t pid = fork_child();
     assert_true(pid >= 0);
     if (pid == 0) {
@@ -210,13 +161,13 @@ static void test_fork_producer_child(void **state)
     assert_int_equal(shmconn_recv(c, &ev, 5.0), SHMCONN_E_CLOSED);
     shmconn_close(c);
     wait_child_ok(pid);
-    assert_int_equal(count_segments(), 0);
+    assert_int_equal(test_shm_count(), 0);
 }
 
 static void test_fork_consumer_child(void **state)
 {
     (void)state;
-    struct shmconn_config cfg = cfg_make("f2", 65536, 4u << 20, 4);
+    struct shmconn_config cfg = test_shm_config("f2", 65536, 4u << 20, 4);
     shmconn_t *p;
     assert_int_equal(shmconn_create(&p, &cfg), 0);
     pid_t pid = fork_child();
@@ -232,7 +183,7 @@ static void test_fork_consumer_child(void **state)
     assert_int_equal(send_stream(p, 5, 40, 0), 0);
     wait_child_ok(pid);
     shmconn_close(p);
-    assert_int_equal(count_segments(), 0);
+    assert_int_equal(test_shm_count(), 0);
 }
 
 /* A producer that streams request req forever, one small message every 10 ms. */
@@ -249,12 +200,7 @@ static pid_t spawn_endless_producer(const struct shmconn_config *cfg, uint64_t r
         m.req_id = req;
         m.chunk = k;
         m.n_tensors = 1;
-        snprintf(m.tensors[0].name, 16, "x");
-        m.tensors[0].dtype = SHMCONN_DTYPE_U8;
-        m.tensors[0].ndim = 1;
-        m.tensors[0].shape[0] = 64;
-        m.tensors[0].nbytes = 64;
-        m.tensors[0].data = b;
+        test_shm_tensor_1d(&m.tensors[0], "x", SHMCONN_DTYPE_U8, b, 64, 1);
         int rc = shmconn_send(p, &m, 30.0);
         if (rc == SHMCONN_E_CLOSED || rc == SHMCONN_E_PEER_DEAD) {
             shmconn_close(p);
@@ -269,7 +215,7 @@ static pid_t spawn_endless_producer(const struct shmconn_config *cfg, uint64_t r
 static void test_kill_producer(void **state)
 {
     (void)state;
-    struct shmconn_config ca = cfg_make("ka", 1024, 0, 8), cb = cfg_make("kb", 1024, 0, 8);
+    struct shmconn_config ca = test_shm_config("ka", 1024, 0, 8), cb = test_shm_config("kb", 1024, 0, 8);
     pid_t pa = spawn_endless_producer(&ca, 1);
     pid_t pb = spawn_endless_producer(&cb, 2);
     assert_true(pa > 0 && pb > 0);
@@ -310,9 +256,9 @@ static void test_kill_producer(void **state)
     int status;
     assert_int_equal(waitpid(pa, &status, 0), pa);
     assert_true(WIFSIGNALED(status));
-    assert_int_equal(count_segments(), 2);
-    assert_int_equal(shmconn_reclaim_stale(g_prefix), 1);
-    assert_int_equal(count_segments(), 1);
+    assert_int_equal(test_shm_count(), 2);
+    assert_int_equal(shmconn_reclaim_stale(test_shm_prefix()), 1);
+    assert_int_equal(test_shm_count(), 1);
     shmconn_close(a);
     /* A restarted producer under the same name is served again. */
     pa = spawn_endless_producer(&ca, 3);
@@ -324,13 +270,13 @@ static void test_kill_producer(void **state)
     shmconn_close(b);
     wait_child_ok(pa);
     wait_child_ok(pb);
-    assert_int_equal(count_segments(), 0);
+    assert_int_equal(test_shm_count(), 0);
 }
 
 static void test_kill_consumer(void **state)
 {
     (void)state;
-    struct shmconn_config cfg = cfg_make("kc", 256, 4u << 20, 4);
+    struct shmconn_config cfg = test_shm_config("kc", 256, 4u << 20, 4);
     shmconn_t *p;
     assert_int_equal(shmconn_create(&p, &cfg), 0);
     int fds[2];
@@ -379,7 +325,7 @@ static void test_kill_consumer(void **state)
     assert_int_equal(shmconn_peer_status(p), SHMCONN_E_PEER_DEAD);
     /* The producer recreates its region and a new consumer is served. */
     shmconn_close(p);
-    assert_int_equal(count_segments(), 0);
+    assert_int_equal(test_shm_count(), 0);
     assert_int_equal(shmconn_create(&p, &cfg), 0);
     pid = fork_child();
     if (pid == 0) {
@@ -392,7 +338,7 @@ static void test_kill_consumer(void **state)
     assert_int_equal(send_stream(p, 10, 12, 0), 0);
     wait_child_ok(pid);
     shmconn_close(p);
-    assert_int_equal(count_segments(), 0);
+    assert_int_equal(test_shm_count(), 0);
 }
 
 /* A consumer that dies while the ring still has room: the next send after one
@@ -400,7 +346,7 @@ static void test_kill_consumer(void **state)
 static void test_dead_consumer_with_room(void **state)
 {
     (void)state;
-    struct shmconn_config cfg = cfg_make("kr", 1024, 1u << 20, 64);
+    struct shmconn_config cfg = test_shm_config("kr", 1024, 1u << 20, 64);
     cfg.wait_slice_s = 0.02;
     shmconn_t *p;
     assert_int_equal(shmconn_create(&p, &cfg), 0);
@@ -426,25 +372,13 @@ static void test_dead_consumer_with_room(void **state)
     nanosleep(&ts, NULL);
     assert_int_equal(send_stream(p, 1, 1, 0), SHMCONN_E_PEER_DEAD);
     shmconn_close(p);
-    assert_int_equal(count_segments(), 0);
+    assert_int_equal(test_shm_count(), 0);
 }
 
 static int group_setup(void **state)
 {
     (void)state;
-    snprintf(g_prefix, sizeof g_prefix, "mm3f%d-", (int)getpid());
-    return 0;
-}
-
-static int group_teardown(void **state)
-{
-    (void)state;
-    int n = count_segments();
-    if (n) {
-        fprintf(stderr, "%d segment(s) /dev/shm/%s* left behind\n", n, g_prefix);
-        unlink_segments();
-        return 1;
-    }
+    test_shm_prefix_init("mm3f");
     return 0;
 }
 
@@ -455,5 +389,5 @@ int main(void)
         cmocka_unit_test(test_kill_producer),           cmocka_unit_test(test_kill_consumer),
         cmocka_unit_test(test_dead_consumer_with_room),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return cmocka_run_group_tests(tests, group_setup, test_shm_group_teardown);
 }

@@ -20,41 +20,10 @@
 #include "common/sampler.h"
 #include "stage0/generate.h"
 #include "stage0/teacher_force.h"
+#include "support/test_stage0.h"
 #include "support/test_support.h"
 
 #define TF_REL_TOL 1e-5
-
-struct model {
-    struct talker lm;
-    struct depth dd;
-};
-
-static int setup(void **state)
-{
-    const char *g = test_golden_dir();
-    if (!g) return 0;
-    char root[4096];
-    snprintf(root, sizeof root, "%s/checkpoint", g);
-    struct model *m = calloc(1, sizeof *m);
-    if (talker_load(&m->lm, root) < 0 || depth_load(&m->dd, root) < 0) {
-        fprintf(stderr, "load: %s\n", mm3_last_error());
-        free(m);
-        return -1;
-    }
-    *state = m;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    struct model *m = *state;
-    if (m) {
-        talker_free(&m->lm);
-        depth_free(&m->dd);
-        free(m);
-    }
-    return 0;
-}
 
 /* A generated song: frames, and the codes of every LM step (step 0 included). */
 struct song {
@@ -73,7 +42,7 @@ static void song_frame(void *ctx, int t, const float *frame, const int32_t *code
     s->n_frames++;
 }
 
-static void song_alloc(struct song *s, const struct model *m, int max_frames)
+static void song_alloc(struct song *s, const struct test_stage0 *m, int max_frames)
 {
     memset(s, 0, sizeof *s);
     s->ncb = m->dd.cfg.n_codebooks;
@@ -107,7 +76,7 @@ static const int32_t k_prompt[2][6] = {
     {151644, 151654, 151654, 151654, 151645, 151669},
 };
 
-static void generate_song(struct model *m, uint64_t seed, int max_frames, struct song *s)
+static void generate_song(struct test_stage0 *m, uint64_t seed, int max_frames, struct song *s)
 {
     song_alloc(s, m, max_frames);
     struct sampler sp;
@@ -123,7 +92,7 @@ static void generate_song(struct model *m, uint64_t seed, int max_frames, struct
 
 static void test_equals_generation(void **state)
 {
-    struct model *m = *state;
+    struct test_stage0 *m = *state;
     if (!m) skip();
     /* 300 frames: the LM and the depth decoder run in several chunks */
     int F = 2 * TEACHER_FORCE_CHUNK + 44;
@@ -149,7 +118,7 @@ static void test_equals_generation(void **state)
 
 static void test_golden_replay(void **state)
 {
-    struct model *m = *state;
+    struct test_stage0 *m = *state;
     if (!m) skip();
     char path[4096];
     snprintf(path, sizeof path, "%s/case1.safetensors", test_golden_dir());
@@ -192,7 +161,7 @@ static void test_golden_replay(void **state)
  * uninterrupted song: the same codes, and frames equal within the tolerance. */
 static void test_resume(void **state)
 {
-    struct model *m = *state;
+    struct test_stage0 *m = *state;
     if (!m) skip();
     int F = 160;
     struct song full, part;
@@ -227,7 +196,7 @@ static void test_resume(void **state)
  * song: the rows do not see each other, the song is the uninterrupted one. */
 static void test_attach_shared_rows(void **state)
 {
-    struct model *m = *state;
+    struct test_stage0 *m = *state;
     if (!m) skip();
     int F = 40, k = 17;
     struct song full, other, part;
@@ -272,7 +241,7 @@ static void test_attach_shared_rows(void **state)
 
 static void test_bad_input(void **state)
 {
-    struct model *m = *state;
+    struct test_stage0 *m = *state;
     if (!m) skip();
     int ncb = m->dd.cfg.n_codebooks, W = ncb * m->lm.cfg.hidden;
     int32_t codes[3 * 64] = {0};
@@ -305,18 +274,8 @@ static void test_bad_input(void **state)
 static void test_other_geometry(void **state)
 {
     (void)state;
-    struct ckpt_gen_geometry geo;
-    assert_int_equal(ckpt_gen_preset("tiny", &geo), 0);
-    geo.lm_hidden = 24, geo.lm_layers = 2, geo.lm_heads = 3, geo.lm_kv_heads = 1, geo.lm_head_dim = 10;
-    geo.lm_intermediate = 40, geo.lm_vocab = SAMPLER_CODE_OFFSET + SAMPLER_N_CODES + 7, geo.lm_rope_theta = 10000.0;
-    geo.dd_layers = 1, geo.dd_heads = 4, geo.dd_intermediate = 20, geo.dd_audio_vocab = 300, geo.dd_codebooks = 4;
-    geo.dd_max_positions = 4;
-    char *dir = test_make_tmpdir("tf_geometry");
-    struct ckpt_gen_opts o = {.seed = 5, .threads = 1, .rope_top_level = 1};
-    if (ckpt_gen_write(dir, &geo, &o) < 0) fail_msg("ckpt_gen_write: %s", mm3_last_error());
-    struct model m;
-    assert_int_equal(talker_load(&m.lm, dir), 0);
-    assert_int_equal(depth_load(&m.dd, dir), 0);
+    struct test_stage0 m;
+    char *dir = test_stage0_other_geometry(&m, "tf_geometry");
     int F = TEACHER_FORCE_CHUNK + 20;
     struct song s;
     generate_song(&m, 3, F, &s);
@@ -326,8 +285,7 @@ static void test_other_geometry(void **state)
     assert_true(test_rel_error(tf, s.frames, (size_t)s.n_frames * s.width) <= TF_REL_TOL);
     free(tf);
     song_free(&s);
-    talker_free(&m.lm);
-    depth_free(&m.dd);
+    test_stage0_free(&m);
     test_remove_tree(dir);
     free(dir);
 }
@@ -342,5 +300,5 @@ int main(void)
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_other_geometry),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, test_stage0_golden_setup, test_stage0_golden_teardown);
 }

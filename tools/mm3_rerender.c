@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/cli_render.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "stage0/generate_prompt.h"
@@ -30,10 +31,8 @@
 
 struct options {
     const char *model, *journal, *out;
-    uint64_t seed;
-    int seed_given, steps, sample_rate, as_float;
-    float guidance;
-    int guidance_given;
+    struct cli_render render; /* a knob not given: the journaled request's */
+    int sample_rate;
 };
 
 static void usage(FILE *f)
@@ -128,17 +127,17 @@ static int rerender(const struct options *o)
     int native = vocoder_sample_rate(voc);
     int rate = o->sample_rate ? o->sample_rate : jp->sample_rate == 32000 ? 32000 : native;
     struct render_params p = {
-        .n_steps = o->steps                      ? o->steps
+        .n_steps = o->render.steps_given         ? o->render.steps
                    : jp->num_inference_steps > 0 ? jp->num_inference_steps
                                                  : FLOW_DEFAULT_STEPS,
-        .guidance = o->guidance_given ? o->guidance : jp->guidance_scale,
-        .noise = {RENDER_NOISE_SEEDED, o->seed_given ? o->seed : jp->seed, 0, NULL, NULL},
+        .guidance = o->render.guidance_given ? o->render.guidance : jp->guidance_scale,
+        .noise = {RENDER_NOISE_SEEDED, o->render.seed_given ? o->render.seed : jp->seed, 0, NULL, NULL},
     };
     LOG_INFO("%s: request %s, %d frames, seed %" PRIu64 ", %d steps, guidance %.3g, %d Hz", o->journal,
              rec.h.request_id, rec.n_steps - 1, p.noise.seed, p.n_steps, (double)p.guidance, rate);
     struct rerender_feed feed = {NULL, s0.dd.cfg.n_codebooks * s0.lm.cfg.hidden, &s0, ids, P, &rec};
     struct render_wav_source src = {&feed, rerender_feed_run};
-    struct render_wav_format fmt = {o->as_float ? WAV_FORMAT_F32 : WAV_FORMAT_PCM16, rate};
+    struct render_wav_format fmt = {o->render.as_float ? WAV_FORMAT_F32 : WAV_FORMAT_PCM16, rate};
     rc = render_to_wav(o->out, cm, dm, voc, &p, &src, &fmt, NULL);
 out:
     condition_free(cm);
@@ -153,35 +152,29 @@ out:
     return rc;
 }
 
-static int parse_u64(const char *s, uint64_t *v)
-{
-    char *end;
-    errno = 0;
-    unsigned long long x = strtoull(s, &end, 10);
-    if (errno || end == s || *end || s[0] == '-') return -1;
-    *v = x;
-    return 0;
-}
-
 int main(int argc, char **argv)
 {
     mm3_log_set_tag("rerender");
     struct options o = {0};
+    /* clang-format off */
     static const struct option longopts[] = {
         {"model", required_argument, NULL, 'm'},
         {"journal", required_argument, NULL, 'j'},
-        {"seed", required_argument, NULL, 's'},
-        {"steps", required_argument, NULL, 'n'},
-        {"guidance", required_argument, NULL, 'G'},
+        CLI_RENDER_LONGOPTS,
         {"sample-rate", required_argument, NULL, 'r'},
-        {"float", no_argument, NULL, 'F'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
+    /* clang-format on */
     int c;
     uint64_t v;
-    char *end;
     while ((c = getopt_long(argc, argv, "o:h", longopts, NULL)) != -1) {
+        int taken = cli_render_option(&o.render, c, optarg);
+        if (taken < 0) {
+            fprintf(stderr, "mm3-rerender: %s\n", mm3_last_error());
+            return 2;
+        }
+        if (taken) continue;
         switch (c) {
         case 'm':
             o.model = optarg;
@@ -192,33 +185,8 @@ int main(int argc, char **argv)
         case 'o':
             o.out = optarg;
             break;
-        case 'F':
-            o.as_float = 1;
-            break;
-        case 's':
-            if (parse_u64(optarg, &o.seed) < 0) {
-                fprintf(stderr, "mm3-rerender: --seed '%s': expected a non-negative integer\n", optarg);
-                return 2;
-            }
-            o.seed_given = 1;
-            break;
-        case 'n':
-            if (parse_u64(optarg, &v) < 0 || v < 1 || v > 1000) {
-                fprintf(stderr, "mm3-rerender: --steps '%s': expected an integer in 1..1000\n", optarg);
-                return 2;
-            }
-            o.steps = (int)v;
-            break;
-        case 'G':
-            o.guidance = strtof(optarg, &end);
-            if (end == optarg || *end || !(o.guidance >= 0.0f && o.guidance <= 100.0f)) {
-                fprintf(stderr, "mm3-rerender: --guidance '%s': expected a number in 0..100\n", optarg);
-                return 2;
-            }
-            o.guidance_given = 1;
-            break;
         case 'r':
-            if (parse_u64(optarg, &v) < 0 || (v != 44100 && v != 32000)) {
+            if (cli_u64_parse(optarg, &v) < 0 || (v != 44100 && v != 32000)) {
                 fprintf(stderr, "mm3-rerender: --sample-rate '%s': expected 44100 or 32000\n", optarg);
                 return 2;
             }

@@ -14,6 +14,10 @@ const char *test_bin_dir(void);
 char *test_make_tmpdir(const char *tag);
 /* rm -rf a directory made by test_make_tmpdir. */
 void test_remove_tree(const char *dir);
+/* Sleep ms milliseconds. */
+void test_sleep_ms(int ms);
+/* The whole file, NUL-terminated (*len without the NUL when len is not NULL); NULL when unreadable. */
+char *test_file_read(const char *path, size_t *len);
 /* Relative L2 error ||a-b|| / ||b|| (b all zero: ||a||). */
 double test_rel_error(const float *a, const float *b, size_t n);
 

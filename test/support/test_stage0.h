@@ -1,0 +1,98 @@
+/* Stage-0 models (talker + depth decoder) for tests, and a cmocka group fixture
+ * that loads them from the golden checkpoint:
+ *
+ *     return cmocka_run_group_tests(tests, test_stage0_golden_setup, test_stage0_golden_teardown);
+ *     ...
+ *     struct test_stage0 *m = *state;   (NULL without the golden directory: skip)
+ *
+ * Header only (static inline): test/CMakeLists.txt links just test_support.c into
+ * each test, and only the tests that include this need the stage-0 models. */
+#ifndef MM3_TEST_STAGE0_H
+#define MM3_TEST_STAGE0_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "common/ckpt_gen.h"
+#include "common/error.h"
+#include "common/sampler.h"
+#include "stage0/depth.h"
+#include "stage0/talker.h"
+#include "support/test_support.h"
+
+struct test_stage0 {
+    char root[1024]; /* the checkpoint directory */
+    struct talker lm;
+    struct depth dd;
+};
+
+/* Both models of the checkpoint in dir: 0, or the loader's error with nothing left loaded. */
+static inline int test_stage0_load(struct test_stage0 *m, const char *dir)
+{
+    snprintf(m->root, sizeof m->root, "%s", dir);
+    int rc = talker_load(&m->lm, dir);
+    if (rc < 0) return rc;
+    rc = depth_load(&m->dd, dir);
+    if (rc < 0) talker_free(&m->lm);
+    return rc;
+}
+
+static inline void test_stage0_free(struct test_stage0 *m)
+{
+    talker_free(&m->lm);
+    depth_free(&m->dd);
+}
+
+static inline int test_stage0_golden_setup(void **state)
+{
+    const char *g = test_golden_dir();
+    if (!g) return 0;
+    struct test_stage0 *m = calloc(1, sizeof *m);
+    char root[1024];
+    snprintf(root, sizeof root, "%s/checkpoint", g);
+    if (!m || test_stage0_load(m, root) < 0) {
+        fprintf(stderr, "load %s: %s\n", root, mm3_last_error());
+        free(m);
+        return -1;
+    }
+    *state = m;
+    return 0;
+}
+
+static inline int test_stage0_golden_teardown(void **state)
+{
+    struct test_stage0 *m = *state;
+    if (m) {
+        test_stage0_free(m);
+        free(m);
+    }
+    return 0;
+}
+
+/* Nothing of the geometry is fixed: a checkpoint of another shape than tiny-a's
+ * (GQA group 3, head_dim * heads != hidden, 4 codebooks of 300, top-level
+ * rope_theta), written into a fresh directory named after tag and loaded into m.
+ * Returns the directory (test_remove_tree + free it). */
+static inline char *test_stage0_other_geometry(struct test_stage0 *m, const char *tag)
+{
+    struct ckpt_gen_geometry geo;
+    assert_int_equal(ckpt_gen_preset("tiny", &geo), 0);
+    geo.lm_hidden = 24, geo.lm_layers = 2, geo.lm_heads = 3, geo.lm_kv_heads = 1, geo.lm_head_dim = 10;
+    geo.lm_intermediate = 40, geo.lm_vocab = SAMPLER_CODE_OFFSET + SAMPLER_N_CODES + 7, geo.lm_rope_theta = 10000.0;
+    geo.dd_layers = 1, geo.dd_heads = 4, geo.dd_intermediate = 20, geo.dd_audio_vocab = 300, geo.dd_codebooks = 4;
+    geo.dd_max_positions = 4;
+    char *dir = test_make_tmpdir(tag);
+    struct ckpt_gen_opts o = {.seed = 5, .threads = 1, .rope_top_level = 1};
+    if (ckpt_gen_write(dir, &geo, &o) < 0) fail_msg("ckpt_gen_write: %s", mm3_last_error());
+    assert_int_equal(test_stage0_load(m, dir), 0);
+    return dir;
+}
+
+#endif
