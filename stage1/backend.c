@@ -47,6 +47,17 @@ void s1_backend_close(struct s1_backend *b)
     memset(b, 0, sizeof *b);
 }
 
+int s1_backend_flow_batch(struct s1_backend *b, const struct dit_model *dm, int max_L, int max_windows,
+                          struct flow_batch *out)
+{
+#ifdef MM3_HAVE_CUDA
+    if (b->flow) return flow_cuda_batch_open(b->flow, max_windows, out);
+#else
+    (void)b;
+#endif
+    return flow_batch_cpu_create(out, dm, max_L, max_windows);
+}
+
 void s1_backend_apply(const struct s1_backend *b, struct render_params *p)
 {
 #ifdef MM3_HAVE_CUDA

@@ -7,6 +7,7 @@
 
 #include "common/deploy.h"
 #include "stage1/dit.h"
+#include "stage1/flow_batch.h"
 #include "stage1/render.h"
 
 struct s1_backend {
@@ -21,6 +22,12 @@ struct s1_backend {
 int s1_backend_open(struct s1_backend *b, enum mm3_backend kind, int device, const struct dit_model *dm,
                     const char *ckpt_root, enum mm3_matmul_precision precision, int max_L);
 void s1_backend_close(struct s1_backend *b);
+
+/* The flow batch of the backend for up to max_windows windows of up to max_L latents:
+ * the CPU reference (flow_batch_cpu_create) or the GPU's (flow_cuda_batch_open, on the
+ * device s1_backend_open chose). Close it with out->close(out->ctx) before the backend. */
+int s1_backend_flow_batch(struct s1_backend *b, const struct dit_model *dm, int max_L, int max_windows,
+                          struct flow_batch *out);
 
 /* Point a render's flow loop and vocoder at the backend (CPU: left as they are). */
 void s1_backend_apply(const struct s1_backend *b, struct render_params *p);

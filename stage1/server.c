@@ -20,6 +20,9 @@
 
 /* Seconds between "still waiting for stage 0" lines. */
 #define S1_WAIT_LOG_EVERY_S 10.0
+/* Windows in one DiT batch at most, whatever max_num_seqs / max_num_batched_tokens allow:
+ * mm3-bench-dit shows the gain flat from 4 to 8 windows while activations keep growing. */
+#define S1_BATCH_WINDOWS_MAX 8
 /* One bounded attempt to open s0_to_s1; the loop retries until stage 0 is there. */
 #define S1_OPEN_ATTEMPT_S 0.25
 
@@ -86,17 +89,27 @@ static int server_load(struct s1_server *s, const struct s1_server_options *o)
         return rc;
     /* the DiT, its flow loop and the vocoder on the GPU; the condition encoder and the
      * window bookkeeping stay on the host */
-    if ((rc = s1_backend_open(&s->be, s->d.backend, s->st->n_devices > 0 ? s->st->devices[0] : 0, s->dm,
-                              s->d.model, s->st->matmul_precision,
-                              condition_latent_len(&s->cm->cfg, RENDER_WINDOW_FRAMES))) < 0)
+    if ((rc = s1_backend_open(&s->be, s->d.backend, s->st->n_devices > 0 ? s->st->devices[0] : 0, s->dm, s->d.model,
+                              s->st->matmul_precision, condition_latent_len(&s->cm->cfg, RENDER_WINDOW_FRAMES))) < 0)
         return mm3_error_prefix(rc, "%s: stage 1 on %s: ", s->d.source, mm3_backend_name(s->d.backend));
+    int max_windows = s->max_active < S1_BATCH_WINDOWS_MAX ? s->max_active : S1_BATCH_WINDOWS_MAX;
+    if (s->st->max_num_batched_tokens > 0 && s->st->max_num_batched_tokens < max_windows)
+        max_windows = s->st->max_num_batched_tokens;
+    if ((rc = s1_backend_flow_batch(&s->be, s->dm, condition_latent_len(&s->cm->cfg, RENDER_WINDOW_FRAMES), max_windows,
+                                    &s->fb)) < 0)
+        return mm3_error_prefix(rc, "%s: stage 1 flow batch of %d windows: ", s->d.source, max_windows);
+    s->jobs = calloc((size_t)max_windows, sizeof *s->jobs);
+    s->job_ids = calloc((size_t)max_windows, sizeof *s->job_ids);
+    s->job_rc = calloc((size_t)max_windows, sizeof *s->job_rc);
+    if (!s->jobs || !s->job_ids || !s->job_rc) return mm3_errorf(-ENOMEM, "stage 1: out of memory");
     s->native_rate = vocoder_sample_rate(s->voc);
     s->hop = vocoder_hop(s->voc);
-    LOG_INFO("%s: stage 1 on %s, model %s loaded in %.1f s (%d Hz, hop %d); max_num_seqs %d, up to %d requests "
-             "held, codec_streaming %s, deadlines %.2f s first / %.2f s steady, prefix '%s'",
-             s->d.source, mm3_backend_name(s->d.backend), s->d.model, s1_now() - t0, s->native_rate, s->hop,
-             s->max_active, s->max_reqs, s->codec_streaming ? "on" : "off", s->in_cfg.first_chunk_deadline_s,
-             s->in_cfg.steady_deadline_s, s->prefix);
+    LOG_INFO(
+        "%s: stage 1 on %s, model %s loaded in %.1f s (%d Hz, hop %d); max_num_seqs %d, up to %d requests "
+        "held, %d windows per DiT batch (%s), codec_streaming %s, deadlines %.2f s first / %.2f s steady, prefix '%s'",
+        s->d.source, mm3_backend_name(s->d.backend), s->d.model, s1_now() - t0, s->native_rate, s->hop, s->max_active,
+        s->max_reqs, s->fb.max_windows, s->fb.async ? "vocoder overlapped" : "in turn",
+        s->codec_streaming ? "on" : "off", s->in_cfg.first_chunk_deadline_s, s->in_cfg.steady_deadline_s, s->prefix);
     return 0;
 }
 
@@ -217,19 +230,71 @@ static void admit(struct s1_server *s)
     }
 }
 
-/* One window per ready active request, in arrival order; stage 0 is served between windows. */
-static void round_run(struct s1_server *s)
+/* Vocode and emit every collected window, in arrival order; stage 0 is served between
+ * windows. Requests that are complete are finished here too. */
+static void finish_windows(struct s1_server *s)
 {
     uint64_t ids[s->max_reqs + 1];
     int n = 0;
     for (int i = 0; i < s->n_reqs; i++)
-        if (s1_request_ready(s->reqs[i])) ids[n++] = s->reqs[i]->id;
+        if (s->reqs[i]->active) ids[n++] = s->reqs[i]->id;
+    /* a request whose next window is out in the batch still vocodes its previous one:
+     * that is the overlap */
     for (int i = 0; i < n && !g_stop && !s->stage0_lost; i++) {
         struct s1_request *q = s1_request_find(s, ids[i]);
-        if (!q || !s1_request_ready(q)) continue;
+        if (!q || !q->active) continue;
+        int had = render_window_unfinished(q->render) > 0;
         s1_request_step(s, q);
+        if (had) {
+            drain(s, 0.0);
+            poll_cancels(s);
+        }
+    }
+}
+
+/* One round: the next ready window of up to fb.max_windows active requests (round robin
+ * from where the last round stopped) goes into ONE flow batch. With a GPU batch the
+ * previous round's windows are vocoded and sent while the DiT runs; the CPU batch runs in
+ * begin, so there the windows are finished right after it. A request that fails or is
+ * cancelled while its window is out is simply not collected (its latents are dropped). */
+static void round_run(struct s1_server *s)
+{
+    struct flow_batch *fb = &s->fb;
+    int n = 0, start = s->n_reqs ? s->rr % s->n_reqs : 0;
+    uint64_t order[s->max_reqs + 1];
+    int n_order = s->n_reqs;
+    for (int i = 0; i < n_order; i++)
+        order[i] = s->reqs[(start + i) % n_order]->id;
+    for (int i = 0; i < n_order && n < fb->max_windows && !s->stage0_lost; i++) {
+        struct s1_request *q = s1_request_find(s, order[i]);
+        if (!q || !q->active || !render_window_ready(q->render)) continue;
+        if (s1_request_prepare(s, q, &s->jobs[n]) == 1) {
+            s->job_ids[n++] = q->id;
+            s->rr = (start + i + 1) % n_order;
+        }
+    }
+    double t0 = s1_now();
+    int brc = n ? fb->begin(fb->ctx, n, s->jobs) : 0;
+    if (fb->async || !n) finish_windows(s);
+    if (fb->async && n && !s->stage0_lost) { /* stage 0 is served while the DiT runs */
         drain(s, 0.0);
-        poll_cancels(s);
+        if (!s->stage0_lost) poll_cancels(s);
+    }
+    if (n) {
+        for (int i = 0; i < n; i++) {
+            struct s1_request *q = s1_request_find(s, s->job_ids[i]);
+            if (!q || !q->in_flow) s->jobs[i].x = NULL; /* gone while its window was out */
+        }
+        int erc = fb->end(fb->ctx, n, s->jobs, s->job_rc);
+        double dt = s1_now() - t0;
+        s->tot.compute_s += dt;
+        LOG_DEBUG("flow batch of %d window(s): %.3f s", n, dt);
+        for (int i = 0; i < n; i++) {
+            struct s1_request *q = s1_request_find(s, s->job_ids[i]);
+            if (!q || !q->in_flow) continue;
+            s1_request_collect(s, q, brc < 0 ? brc : erc < 0 ? erc : s->job_rc[i], dt / n);
+        }
+        if (!fb->async) finish_windows(s);
     }
 }
 
@@ -249,7 +314,7 @@ static void serve(struct s1_server *s)
             continue;
         }
         admit(s);
-        int busy = 0;
+        int busy = 0; /* a window to run or to finish: do not sleep in drain */
         for (int i = 0; i < s->n_reqs && !busy; i++)
             busy = s1_request_ready(s->reqs[i]);
         drain(s, busy ? 0.0 : slice);
@@ -272,6 +337,8 @@ static void server_free(struct s1_server *s)
     free(s->reqs);
     shmconn_close(s->in);
     shmconn_close(s->out);
+    if (s->fb.close) s->fb.close(s->fb.ctx);
+    free(s->jobs), free(s->job_ids), free(s->job_rc);
     s1_backend_close(&s->be);
     condition_free(s->cm);
     dit_free(s->dm);

@@ -12,8 +12,10 @@
  * defaults (stages[1].num_inference_steps / guidance_scale); stage 0 normally fills both.
  *
  * Scheduling: at most stage 1's max_num_seqs requests are active (own a render and its DiT
- * workspace); each scheduling round runs at most one ready window per active request, in
- * arrival order, so no request waits for another more than one window. Later requests wait
+ * workspace); each scheduling round takes at most one ready window per active request, of
+ * up to min(max_num_seqs, max_num_batched_tokens, 8) requests (round robin), and runs them
+ * as ONE flow batch (stage1/flow_batch.h); on the GPU the previous round's windows are
+ * vocoded and sent while the batch's DiT runs (docs/architecture.md, "Batching"). Later requests wait
  * in arrival order; their frames are copied out of the connector (mixed to `hidden` values
  * per frame) into a buffer of their own, so the ring never stalls on them and deadlines keep
  * running. Bounds: at most max_num_seqs(stage 1) + max_num_seqs(stage 0) requests in stage

@@ -8,9 +8,9 @@
 #include "common/pipeline_proto.h"
 #include "common/resample.h"
 #include "shmconn/shmconn.h"
+#include "stage1/backend.h"
 #include "stage1/condition.h"
 #include "stage1/dit.h"
-#include "stage1/backend.h"
 #include "stage1/render.h"
 #include "stage1/replay_noise.h"
 #include "stage1/server.h"
@@ -45,6 +45,7 @@ struct s1_request {
     uint32_t chunk_out;  /* next chunk index on s1_to_s0 */
     int64_t samples_out; /* samples per channel sent */
     int windows_done;    /* for the progress tensor */
+    int in_flow;         /* a window of it is out in the server's flow batch */
     int send_rc;         /* first failed send inside the render's sink */
     double t_start, compute_s;
     struct replay_noise replay; /* n > 0: START's "replay" file noise instead of the seed */
@@ -56,7 +57,12 @@ struct s1_server {
     struct condition_model *cm;
     struct dit_model *dm;
     struct vocoder *voc;
-    struct s1_backend be;   /* backend cuda: the GPU DiT, flow loop and vocoder */
+    struct s1_backend be;  /* backend cuda: the GPU DiT, flow loop and vocoder */
+    struct flow_batch fb;  /* windows of several requests in one Euler + CFG loop */
+    struct flow_job *jobs; /* [fb.max_windows]: the batch in flight */
+    uint64_t *job_ids;     /* its requests */
+    int *job_rc;
+    int rr; /* where the next batch starts looking (round robin) */
     int native_rate, hop;
     char prefix[32];
     struct shmconn_config in_cfg, out_cfg;
@@ -81,9 +87,16 @@ void s1_request_drop(struct s1_server *s, uint64_t id, const char *why);
 
 /* Waiting -> active (render created, held frames pushed). */
 int s1_request_activate(struct s1_server *s, struct s1_request *q);
-/* Run one ready window of an active request, and finish it when it is complete. */
+/* Window in the batch: prepare the next ready window into *job (1; 0 none ready; < 0 the
+ * request failed and is gone). */
+int s1_request_prepare(struct s1_server *s, struct s1_request *q, struct flow_job *job);
+/* Its flow ended with flow_rc after dit_s seconds of the batch's time: carry it on, or
+ * fail the request (then it is gone). */
+void s1_request_collect(struct s1_server *s, struct s1_request *q, int flow_rc, double dit_s);
+/* Vocode and emit the oldest collected window of an active request, if any, then finish
+ * the request when it is complete (it is then gone). */
 void s1_request_step(struct s1_server *s, struct s1_request *q);
-/* 1 when the request has a window to run now. */
+/* 1 when the request has a window to run, a window to finish, or is complete. */
 int s1_request_ready(const struct s1_request *q);
 
 /* Fail it: ERROR to stage 0 when `tell` and the channel is alive, stop tracking, free. */

@@ -257,7 +257,8 @@ static void request_render_failed(struct s1_server *s, struct s1_request *q, con
 
 int s1_request_ready(const struct s1_request *q)
 {
-    return q->active && (render_window_ready(q->render) || render_complete(q->render));
+    return q->active &&
+           (render_window_ready(q->render) || render_window_unfinished(q->render) > 0 || render_complete(q->render));
 }
 
 int s1_request_activate(struct s1_server *s, struct s1_request *q)
@@ -283,13 +284,36 @@ int s1_request_activate(struct s1_server *s, struct s1_request *q)
     return rc;
 }
 
+int s1_request_prepare(struct s1_server *s, struct s1_request *q, struct flow_job *job)
+{
+    if (!q->active) return 0;
+    double t0 = s1_now();
+    int rc = render_window_prepare(q->render, job);
+    double dt = s1_now() - t0;
+    q->compute_s += dt;
+    s->tot.compute_s += dt;
+    if (rc < 0) {
+        request_render_failed(s, q, "window failed");
+        return rc;
+    }
+    q->in_flow = rc;
+    return rc;
+}
+
+void s1_request_collect(struct s1_server *s, struct s1_request *q, int flow_rc, double dit_s)
+{
+    q->in_flow = 0;
+    q->compute_s += dit_s;
+    if (render_window_collect(q->render, flow_rc) < 0) request_render_failed(s, q, "window failed");
+}
+
 void s1_request_step(struct s1_server *s, struct s1_request *q)
 {
     if (!q->active) return;
-    if (render_window_ready(q->render)) {
+    if (render_window_unfinished(q->render) > 0) {
         double t0 = s1_now();
         q->windows_done = render_windows_done(q->render) + 1;
-        int rc = render_run_one_window(q->render);
+        int rc = render_window_finish(q->render);
         double dt = s1_now() - t0;
         q->compute_s += dt;
         s->tot.compute_s += dt;
@@ -298,7 +322,8 @@ void s1_request_step(struct s1_server *s, struct s1_request *q)
             return;
         }
         s->tot.windows++;
-        LOG_DEBUG("request %" PRIu64 ": window %d in %.3f s", q->id, q->windows_done - 1, dt);
+        LOG_DEBUG("request %" PRIu64 ": window %d finished, %.3f s of compute so far", q->id, q->windows_done - 1,
+                  q->compute_s);
     }
     if (render_complete(q->render)) request_complete(s, q);
 }

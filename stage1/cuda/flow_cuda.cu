@@ -1,5 +1,8 @@
 /* Euler + CFG flow loop on the GPU (stage1/cuda/flow_cuda.h). */
+#include <pthread.h>
+
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -78,19 +81,25 @@ extern "C" void flow_cuda_free(struct flow_cuda *f)
     free(f);
 }
 
-extern "C" int flow_cuda_create(struct flow_cuda **out, const struct dit_model *m, enum mm3_matmul_precision prec,
-                                int max_L)
+extern "C" int flow_cuda_create_with(struct flow_cuda **out, struct dit_cuda *dit, int max_L)
 {
     *out = NULL;
-    if (max_L < 1) return mm3_errorf(-EINVAL, "flow_cuda_create: max_L %d: expected >= 1", max_L);
+    if (max_L < 1) {
+        dit_cuda_free(dit);
+        return mm3_errorf(-EINVAL, "flow_cuda_create: max_L %d: expected >= 1", max_L);
+    }
     struct flow_cuda *f = (struct flow_cuda *)calloc(1, sizeof *f);
-    if (!f) return mm3_errorf(-ENOMEM, "flow_cuda: out of memory");
-    f->in_ch = m->cfg.in_ch;
-    f->cond_dim = m->cfg.cond_dim;
+    if (!f) {
+        dit_cuda_free(dit);
+        return mm3_errorf(-ENOMEM, "flow_cuda: out of memory");
+    }
+    const struct dit_config *g = dit_cuda_config(dit);
+    f->dit = dit;
+    f->in_ch = g->in_ch;
+    f->cond_dim = g->cond_dim;
     f->max_L = max_L;
     size_t n = (size_t)f->in_ch * max_L;
     int rc = dit_cuda_status(cudaStreamCreateWithFlags(&f->stream, cudaStreamNonBlocking), "cudaStreamCreate (flow)");
-    if (rc == 0) rc = dit_cuda_load(&f->dit, m, prec);
     if (rc == 0) rc = dit_cuda_reserve(f->dit, 2, max_L);
     struct {
         float **p;
@@ -104,6 +113,17 @@ extern "C" int flow_cuda_create(struct flow_cuda **out, const struct dit_model *
     }
     *out = f;
     return 0;
+}
+
+extern "C" int flow_cuda_create(struct flow_cuda **out, const struct dit_model *m, enum mm3_matmul_precision prec,
+                                int max_L)
+{
+    *out = NULL;
+    if (max_L < 1) return mm3_errorf(-EINVAL, "flow_cuda_create: max_L %d: expected >= 1", max_L);
+    struct dit_cuda *dit = NULL;
+    int rc = dit_cuda_load(&dit, m, prec);
+    if (rc < 0) return mm3_error_prefix(rc, "flow_cuda_create: ");
+    return flow_cuda_create_with(out, dit, max_L);
 }
 
 extern "C" struct dit_cuda *flow_cuda_dit(struct flow_cuda *f)
@@ -208,4 +228,269 @@ extern "C" int flow_cuda_window_run_cb(void *f, int n_steps, float guidance, int
                                        const float *prev, float *x)
 {
     return flow_cuda_window_run((struct flow_cuda *)f, n_steps, guidance, L, cond, ov, prev, x);
+}
+
+/* ---- several windows in one loop (flow_cuda_batch_open) ---- */
+
+struct flow_cuda_batch {
+    struct flow_cuda *f;
+    int W, C, D, max_L;
+    /* device: per window slot w, regions of C * max_L (x and v: two rows each) */
+    float *xb, *vb, *np, *prev, *cond, *ts;
+    size_t ts_cap;
+    /* pinned host, per job i: x (noise in, latents out), prev, cond; flow times */
+    float *h_x, *h_prev, *h_cond, *h_t;
+    size_t h_t_cap;
+    float *table; /* host [n_steps + 1] */
+    int table_cap;
+    const float **conds; /* host [2W] device pointers for dit_cuda_forward */
+    int *order;          /* jobs grouped by (L, n_steps) */
+    /* A batch is thousands of kernel launches: queued from the caller's thread, the launch
+     * queue would fill and hold it for most of the DiT's time. A worker thread queues and
+     * waits instead, so begin returns at once and the caller's thread is free. */
+    int device;
+    struct flow_job *jobs; /* [W] copy of the batch's sizes (the worker reads no caller memory) */
+    int n;
+    pthread_t th;
+    int th_live;
+    int th_rc;
+    char th_msg[1024];
+};
+
+static void batch_close(void *ctx)
+{
+    struct flow_cuda_batch *b = (struct flow_cuda_batch *)ctx;
+    if (!b) return;
+    if (b->th_live) pthread_join(b->th, NULL);
+    free(b->jobs);
+    if (b->f && b->f->stream) cudaStreamSynchronize(b->f->stream);
+    cudaFree(b->xb), cudaFree(b->vb), cudaFree(b->np), cudaFree(b->prev), cudaFree(b->cond), cudaFree(b->ts);
+    cudaFreeHost(b->h_x), cudaFreeHost(b->h_prev), cudaFreeHost(b->h_cond), cudaFreeHost(b->h_t);
+    free(b->table), free(b->conds), free(b->order);
+    free(b);
+}
+
+/* Room for the flow times of this batch: sum over windows of 2 n_steps. Only called
+ * while the stream is idle (begin). */
+static int batch_times_reserve(struct flow_cuda_batch *b, size_t n_t, int max_steps)
+{
+    if (n_t > b->ts_cap) {
+        cudaFree(b->ts), cudaFreeHost(b->h_t);
+        b->ts = b->h_t = NULL;
+        b->ts_cap = b->h_t_cap = 0;
+        int rc = dit_cuda_status(cudaMalloc((void **)&b->ts, sizeof(float) * n_t), "cudaMalloc (batch times)");
+        if (rc == 0) rc = dit_cuda_status(cudaMallocHost((void **)&b->h_t, sizeof(float) * n_t), "cudaMallocHost");
+        if (rc < 0) return rc;
+        b->ts_cap = b->h_t_cap = n_t;
+    }
+    if (max_steps + 1 > b->table_cap) {
+        free(b->table);
+        b->table = (float *)malloc(sizeof(float) * ((size_t)max_steps + 1));
+        b->table_cap = b->table ? max_steps + 1 : 0;
+        if (!b->table) return mm3_errorf(-ENOMEM, "flow_cuda batch: out of memory for %d steps", max_steps);
+    }
+    return 0;
+}
+
+/* Queue one group: jobs order[0..G) of equal (L, n_steps), in slots base..base+G. */
+static int batch_queue_group(struct flow_cuda_batch *b, const struct flow_job *jobs, const int *order, int G, int base,
+                             float *h_t, float *d_t)
+{
+    struct flow_cuda *f = b->f;
+    cudaStream_t s = f->stream;
+    int C = b->C, D = b->D, L = jobs[order[0]].L, steps = jobs[order[0]].n_steps, rc;
+    size_t n = (size_t)C * L, slot = (size_t)C * b->max_L;
+    float *xg = b->xb + 2 * (size_t)base * slot, *vg = b->vb + 2 * (size_t)base * slot;
+#define TRY(call)                                                                                                      \
+    do {                                                                                                               \
+        if ((rc = (call)) < 0) return rc;                                                                              \
+    } while (0)
+    flow_schedule_fill(b->table, steps);
+    for (int i = 0; i < steps; i++)
+        for (int r = 0; r < 2 * G; r++)
+            h_t[(size_t)i * 2 * G + r] = b->table[i];
+    TRY(dit_cuda_status(cudaMemcpyAsync(d_t, h_t, sizeof(float) * 2 * G * steps, cudaMemcpyHostToDevice, s),
+                        "upload (batch times)"));
+    for (int j = 0; j < G; j++) {
+        const struct flow_job *jb = &jobs[order[j]];
+        size_t w = (size_t)base + j, hi = (size_t)order[j];
+        float *x = xg + 2 * (size_t)j * n;
+        TRY(dit_cuda_status(cudaMemcpyAsync(x, b->h_x + hi * slot, sizeof(float) * n, cudaMemcpyHostToDevice, s),
+                            "upload (batch noise)"));
+        TRY(dit_cuda_status(cudaMemcpyAsync(b->cond + w * (size_t)b->max_L * D, b->h_cond + hi * (size_t)b->max_L * D,
+                                            sizeof(float) * (size_t)L * D, cudaMemcpyHostToDevice, s),
+                            "upload (batch condition)"));
+        if (jb->ov > 0) {
+            TRY(dit_cuda_status(cudaMemcpy2DAsync(b->np + w * slot, sizeof(float) * jb->ov, x, sizeof(float) * L,
+                                                  sizeof(float) * jb->ov, C, cudaMemcpyDeviceToDevice, s),
+                                "copy (batch noise prefix)"));
+            TRY(dit_cuda_status(cudaMemcpyAsync(b->prev + w * slot, b->h_prev + hi * slot,
+                                                sizeof(float) * (size_t)C * jb->ov, cudaMemcpyHostToDevice, s),
+                                "upload (batch carried latents)"));
+        }
+        b->conds[2 * j] = b->cond + w * (size_t)b->max_L * D;
+        b->conds[2 * j + 1] = NULL;
+    }
+    for (int i = 0; i < steps; i++) {
+        for (int j = 0; j < G; j++) {
+            const struct flow_job *jb = &jobs[order[j]];
+            float *x = xg + 2 * (size_t)j * n;
+            size_t w = (size_t)base + j;
+            if (jb->ov > 0) TRY(flow_cuda_pin(x, b->np + w * slot, b->prev + w * slot, C, L, jb->ov, b->table[i], s));
+            TRY(dit_cuda_status(cudaMemcpyAsync(x + n, x, sizeof(float) * n, cudaMemcpyDeviceToDevice, s),
+                                "copy (unconditional row)"));
+        }
+        TRY(dit_cuda_forward(f->dit, 2 * G, L, xg, d_t + (size_t)i * 2 * G, b->conds, vg, s));
+        float dt = b->table[i + 1] - b->table[i];
+        for (int j = 0; j < G; j++) {
+            size_t o = 2 * (size_t)j * n;
+            TRY(flow_cuda_euler_cfg(xg + o, vg + o, vg + o + n, n, jobs[order[j]].guidance, dt, s));
+        }
+    }
+    for (int j = 0; j < G; j++)
+        TRY(dit_cuda_status(cudaMemcpyAsync(b->h_x + (size_t)order[j] * slot, xg + 2 * (size_t)j * n, sizeof(float) * n,
+                                            cudaMemcpyDeviceToHost, s),
+                            "download (batch latents)"));
+#undef TRY
+    return 0;
+}
+
+/* Queue every group of the batch and wait for the stream (on the worker thread). */
+static void *batch_worker(void *arg)
+{
+    struct flow_cuda_batch *b = (struct flow_cuda_batch *)arg;
+    const struct flow_job *jobs = b->jobs;
+    int n = b->n, rc = dit_cuda_status(cudaSetDevice(b->device), "cudaSetDevice (flow batch worker)");
+    size_t t_at = 0;
+    for (int g = 0; g < n && rc == 0;) {
+        int G = 1;
+        const struct flow_job *j0 = &jobs[b->order[g]];
+        while (g + G < n && jobs[b->order[g + G]].L == j0->L && jobs[b->order[g + G]].n_steps == j0->n_steps)
+            G++;
+        rc = batch_queue_group(b, jobs, b->order + g, G, g, b->h_t + t_at, b->ts + t_at);
+        t_at += 2 * (size_t)G * j0->n_steps;
+        g += G;
+    }
+    /* always drain: nothing half-queued may outlive the batch */
+    int rs = dit_cuda_status(cudaStreamSynchronize(b->f->stream), "flow batch");
+    if (rc == 0) rc = rs;
+    if (rc < 0) snprintf(b->th_msg, sizeof b->th_msg, "%s", mm3_last_error()); /* the message is thread-local */
+    b->th_rc = rc;
+    return NULL;
+}
+
+static int batch_begin(void *ctx, int n, const struct flow_job *jobs)
+{
+    struct flow_cuda_batch *b = (struct flow_cuda_batch *)ctx;
+    int C = b->C, D = b->D, max_steps = 0;
+    size_t slot = (size_t)C * b->max_L, n_t = 0;
+    /* until the worker starts, an end of this batch reports the refusal */
+    b->th_rc = -ECANCELED;
+    snprintf(b->th_msg, sizeof b->th_msg, "the batch was refused at begin");
+    if (n < 0 || n > b->W) return mm3_errorf(-EINVAL, "flow_cuda batch: %d windows, expected 0..%d", n, b->W);
+    for (int i = 0; i < n; i++) {
+        const struct flow_job *j = &jobs[i];
+        if (j->n_steps < 1 || j->L < 1 || j->L > b->max_L || j->ov < 0 || j->ov > j->L || (j->ov > 0 && !j->prev))
+            return mm3_errorf(-EINVAL,
+                              "flow_cuda batch: window %d: %d steps, %d latents (max %d), overlap %d: expected "
+                              "steps >= 1, 1 <= L <= max and 0 <= overlap <= L",
+                              i, j->n_steps, j->L, b->max_L, j->ov);
+        max_steps = j->n_steps > max_steps ? j->n_steps : max_steps;
+        n_t += 2 * (size_t)j->n_steps;
+    }
+    int rc = batch_times_reserve(b, n_t, max_steps);
+    if (rc < 0) return rc;
+    for (int i = 0; i < n; i++) {
+        const struct flow_job *j = &jobs[i];
+        memcpy(b->h_x + (size_t)i * slot, j->x, sizeof(float) * (size_t)C * j->L);
+        memcpy(b->h_cond + (size_t)i * b->max_L * D, j->cond, sizeof(float) * (size_t)j->L * D);
+        if (j->ov > 0) memcpy(b->h_prev + (size_t)i * slot, j->prev, sizeof(float) * (size_t)C * j->ov);
+    }
+    /* groups of equal (L, n_steps), each in first-seen order */
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        int seen = 0;
+        for (int k = 0; k < i && !seen; k++)
+            seen = jobs[k].L == jobs[i].L && jobs[k].n_steps == jobs[i].n_steps;
+        if (seen) continue;
+        for (int k = i; k < n; k++)
+            if (jobs[k].L == jobs[i].L && jobs[k].n_steps == jobs[i].n_steps) b->order[m++] = k;
+    }
+    for (int i = 0; i < n; i++) {
+        b->jobs[i] = jobs[i];
+        b->jobs[i].cond = b->jobs[i].prev = b->jobs[i].x = NULL;
+    }
+    b->n = n;
+    b->th_rc = 0;
+    b->th_msg[0] = 0;
+    if (pthread_create(&b->th, NULL, batch_worker, b) == 0)
+        b->th_live = 1;
+    else
+        batch_worker(b); /* no thread: the batch runs here, begin returns when it is done */
+    return 0;
+}
+
+static int batch_end(void *ctx, int n, const struct flow_job *jobs, int *out_rc)
+{
+    struct flow_cuda_batch *b = (struct flow_cuda_batch *)ctx;
+    int C = b->C;
+    size_t slot = (size_t)C * b->max_L;
+    if (b->th_live) {
+        pthread_join(b->th, NULL);
+        b->th_live = 0;
+    }
+    int rc = b->th_rc < 0 ? mm3_errorf(b->th_rc, "flow_cuda batch: %s", b->th_msg) : 0;
+    for (int i = 0; i < n; i++) {
+        const struct flow_job *j = &jobs[i];
+        out_rc[i] = rc;
+        if (rc < 0 || !j->x) continue;
+        int L = j->L, ov = j->ov;
+        memcpy(j->x, b->h_x + (size_t)i * slot, sizeof(float) * (size_t)C * L);
+        for (int c = 0; c < C && ov > 0; c++)
+            memcpy(j->x + (size_t)c * L, b->h_prev + (size_t)i * slot + (size_t)c * ov, sizeof(float) * ov);
+        for (size_t e = 0; e < (size_t)C * L; e++)
+            if (!std::isfinite(j->x[e])) {
+                out_rc[i] = mm3_errorf(-ERANGE, "flow_cuda: latent %zu of channel %zu is not finite after %d steps",
+                                       e % L, e / L, j->n_steps);
+                break;
+            }
+    }
+    return rc;
+}
+
+extern "C" int flow_cuda_batch_open(struct flow_cuda *f, int max_windows, struct flow_batch *out)
+{
+    memset(out, 0, sizeof *out);
+    if (max_windows < 1) return mm3_errorf(-EINVAL, "flow_cuda_batch_open: max_windows %d: expected >= 1", max_windows);
+    struct flow_cuda_batch *b = (struct flow_cuda_batch *)calloc(1, sizeof *b);
+    if (!b) return mm3_errorf(-ENOMEM, "flow_cuda batch: out of memory");
+    b->f = f;
+    b->W = max_windows;
+    b->C = f->in_ch;
+    b->D = f->cond_dim;
+    b->max_L = f->max_L;
+    size_t W = (size_t)max_windows, slot = (size_t)b->C * b->max_L, cslot = (size_t)b->max_L * b->D;
+    b->conds = (const float **)calloc(2 * W, sizeof *b->conds);
+    b->order = (int *)calloc(W, sizeof *b->order);
+    b->jobs = (struct flow_job *)calloc(W, sizeof *b->jobs);
+    int rc = b->conds && b->order && b->jobs ? 0 : mm3_errorf(-ENOMEM, "flow_cuda batch: out of memory");
+    if (rc == 0) rc = dit_cuda_status(cudaGetDevice(&b->device), "cudaGetDevice");
+    if (rc == 0) rc = dit_cuda_reserve(f->dit, 2 * max_windows, b->max_L);
+    struct {
+        float **p;
+        size_t n;
+        int pinned;
+    } a[] = {{&b->xb, 2 * W * slot, 0}, {&b->vb, 2 * W * slot, 0}, {&b->np, W * slot, 0},
+             {&b->prev, W * slot, 0},   {&b->cond, W * cslot, 0},  {&b->h_x, W * slot, 1},
+             {&b->h_prev, W * slot, 1}, {&b->h_cond, W * cslot, 1}};
+    for (size_t i = 0; i < sizeof a / sizeof a[0] && rc == 0; i++)
+        rc = dit_cuda_status(a[i].pinned ? cudaMallocHost((void **)a[i].p, a[i].n * sizeof(float))
+                                         : cudaMalloc((void **)a[i].p, a[i].n * sizeof(float)),
+                             "cudaMalloc (flow batch buffers)");
+    if (rc < 0) {
+        batch_close(b);
+        return mm3_error_prefix(rc, "flow_cuda_batch_open (%d windows of %d latents): ", max_windows, f->max_L);
+    }
+    *out = (struct flow_batch){b, 1, max_windows, batch_begin, batch_end, batch_close};
+    return 0;
 }

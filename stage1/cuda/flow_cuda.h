@@ -22,6 +22,7 @@
 
 #include "common/deploy.h" /* enum mm3_matmul_precision */
 #include "stage1/dit.h"
+#include "stage1/flow_batch.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -34,6 +35,21 @@ struct dit_cuda;
  * device buffers for windows of up to max_L latents. Needs a current CUDA device. */
 int flow_cuda_create(struct flow_cuda **out, const struct dit_model *m, enum mm3_matmul_precision prec, int max_L);
 void flow_cuda_free(struct flow_cuda *f);
+
+/* The same around a DiT already on the device (e.g. dit_cuda_load_random for timings);
+ * the flow takes ownership of `dit` (freed with it, also when this fails). */
+int flow_cuda_create_with(struct flow_cuda **out, struct dit_cuda *dit, int max_L);
+
+/* Windows of several songs in one loop (stage1/flow_batch.h), async: begin copies every
+ * job's inputs into pinned buffers and queues the whole batch on the flow's stream; end
+ * waits, then writes the latents (prefix restored) and checks them. Windows of equal
+ * (L, n_steps) share each DiT forward as a batch of 2 x their number (row 2j: window j's
+ * condition, row 2j+1: zero); other lengths run as further groups on the same stream.
+ * Reserves the DiT activations and buffers for max_windows windows of max_L latents now.
+ * The batch borrows f (f must outlive it; do not use flow_cuda_window_run between begin
+ * and end). Per window, the result is flow_cuda_window_run's up to the GEMM algorithm
+ * cuBLASLt picks for the larger batch. */
+int flow_cuda_batch_open(struct flow_cuda *f, int max_windows, struct flow_batch *out);
 
 /* The DiT it owns (e.g. to replay single forwards) and its stream (a cudaStream_t). */
 struct dit_cuda *flow_cuda_dit(struct flow_cuda *f);
