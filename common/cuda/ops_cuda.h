@@ -138,6 +138,14 @@ int cuda_ops_attention_decode_chunk(float *out, const float *q, const void *k_ca
                                     size_t row_stride, int n_seq, int n_heads, int n_kv_heads, int head_dim,
                                     float scale, int chunk_positions, void *stream);
 
+/* cuda_ops_attention_decode with sequence s reading cache row seq_row[s] (device ints)
+ * instead of row s: a decode batch over any rows, with every length and row in device
+ * memory, so one CUDA graph serves every step. */
+int cuda_ops_attention_decode_rows(float *out, const float *q, const void *k_cache, const void *v_cache,
+                                   enum cuda_kv_dtype kv_dtype, const int *kv_len, const int *seq_row, int max_kv_len,
+                                   size_t seq_stride, size_t row_stride, int n_seq, int n_heads, int n_kv_heads,
+                                   int head_dim, float scale, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -38,15 +38,6 @@ int talker_cuda_add_row(float *y, const float *x, int n_rows, int width, void *s
 /* cudaMemcpyAsync host -> device on `stream` (ordered with that stream's kernels). */
 int talker_cuda_h2d_async(void *dst, const void *src, size_t bytes, void *stream);
 
-/* cuda_ops_attention_decode (common/cuda/ops_cuda.h) with sequence s reading cache
- * row seq_row[s] (device ints) instead of row s: a decode batch over any rows, with
- * every length and row in device memory, so one CUDA graph serves every step.
- * Defined in common/cuda/attention_decode.cu. */
-int cuda_ops_attention_decode_rows(float *out, const float *q, const void *k_cache, const void *v_cache,
-                                   enum cuda_kv_dtype kv_dtype, const int *kv_len, const int *seq_row, int max_kv_len,
-                                   size_t seq_stride, size_t row_stride, int n_seq, int n_heads, int n_kv_heads,
-                                   int head_dim, float scale, void *stream);
-
 #ifdef __cplusplus
 }
 #endif
