@@ -6,6 +6,8 @@
 #include "common/log.h"
 #ifdef MM3_HAVE_CUDA
 #include "common/cuda/ops_cuda.h"
+#include "stage1/condition.h"
+#include "stage1/cuda/condition_cuda.h"
 #include "stage1/cuda/flow_cuda.h"
 #include "stage1/cuda/vocoder_cuda.h"
 #endif
@@ -21,15 +23,22 @@ int s1_backend_open(struct s1_backend *b, enum mm3_backend kind, int device, con
         return mm3_errorf(-ENODEV, "backend cuda: no CUDA device %d is present", device);
     struct flow_cuda *fc = NULL;
     struct vocoder_cuda *vc = NULL;
+    struct condition_model *cm = NULL;
+    struct condition_cuda *cc = NULL;
     int rc;
     if ((rc = cuda_device_set(device)) < 0 || (rc = flow_cuda_create(&fc, dm, precision, max_L)) < 0 ||
-        (rc = vocoder_cuda_create(&vc, ckpt_root, max_L)) < 0) {
+        (rc = vocoder_cuda_create(&vc, ckpt_root, max_L)) < 0 || (rc = condition_load(&cm, ckpt_root)) < 0 ||
+        (rc = condition_cuda_create(&cc, cm, precision, RENDER_WINDOW_FRAMES)) < 0) {
         flow_cuda_free(fc);
+        vocoder_cuda_free(vc);
+        if (cm) condition_free(cm);
         return rc;
     }
+    condition_free(cm); /* the GPU holds the projection now */
     b->flow = fc;
     b->vocoder = vc;
-    LOG_INFO("stage 1 on GPU %d: DiT + flow loop (matmul %s) and vocoder", device,
+    b->condition = cc;
+    LOG_INFO("stage 1 on GPU %d: condition projection, DiT + flow loop (matmul %s) and vocoder", device,
              mm3_matmul_precision_name(precision));
     return 0;
 #else
@@ -43,6 +52,7 @@ void s1_backend_close(struct s1_backend *b)
 #ifdef MM3_HAVE_CUDA
     flow_cuda_free(b->flow);
     vocoder_cuda_free(b->vocoder);
+    condition_cuda_free(b->condition);
 #endif
     memset(b, 0, sizeof *b);
 }
@@ -63,6 +73,7 @@ void s1_backend_apply(const struct s1_backend *b, struct render_params *p)
 #ifdef MM3_HAVE_CUDA
     if (b->flow) p->flow = (struct render_flow){b->flow, flow_cuda_window_run_cb};
     if (b->vocoder) vocoder_cuda_render_decoder(b->vocoder, &p->decoder);
+    if (b->condition) p->condition = (struct render_condition){b->condition, condition_cuda_project_cb};
 #else
     (void)b, (void)p;
 #endif

@@ -14,6 +14,7 @@ struct s1_backend {
     enum mm3_backend kind; /* MM3_BACKEND_CPU or MM3_BACKEND_CUDA */
     void *flow;            /* struct flow_cuda * (cuda) */
     void *vocoder;         /* struct vocoder_cuda * (cuda) */
+    void *condition;       /* struct condition_cuda * (cuda): the window's condition projection */
 };
 
 /* Open the GPU path on device `device` for windows of up to max_L latents: uploads the

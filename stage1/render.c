@@ -169,7 +169,9 @@ static int prepare_window(struct render *r, int k, int F, struct flow_job *job)
     int L = condition_latent_len(&r->cm->cfg, F);
     struct render_slot *w = &r->slot[k % 2];
     CHECK(s >= r->base && s + F <= r->n_have && L <= r->max_L);
-    int rc = condition_project(r->cm, r->mixed + (size_t)(s - r->base) * r->hidden, F, w->cond_raw);
+    const float *mixed = r->mixed + (size_t)(s - r->base) * r->hidden;
+    int rc = r->p.condition.project ? r->p.condition.project(r->p.condition.ctx, mixed, F, w->cond_raw)
+                                    : condition_project(r->cm, mixed, F, w->cond_raw);
     if (rc < 0) return rc;
     memcpy(w->cond, w->cond_raw, sizeof(float) * (size_t)L * D);
     int ov = r->prev_len < L ? r->prev_len : L;

@@ -85,6 +85,14 @@ struct render_flow {
     int (*run)(void *ctx, int n_steps, float guidance, int L, const float *cond, int ov, const float *prev, float *x);
 };
 
+/* The condition projection of a window with condition_project's contract (stage1/condition.h:
+ * mixed[F, hidden] -> cond[L, out_dim]) on some backend, e.g. condition_cuda_project_cb
+ * (stage1/cuda/condition_cuda.h): on the CPU it is ~5 s per release window. */
+struct render_condition {
+    void *ctx;
+    int (*project)(void *ctx, const float *mixed, int F, float *cond);
+};
+
 struct render_params {
     int n_steps;    /* Euler steps per window (FLOW_DEFAULT_STEPS) */
     float guidance; /* CFG scale (FLOW_DEFAULT_GUIDANCE) */
@@ -93,6 +101,7 @@ struct render_params {
     struct render_sink sink;
     struct render_observer observer; /* optional (window_done NULL) */
     struct render_flow flow;         /* optional: run NULL = flow_window_run on the CPU DiT */
+    struct render_condition condition; /* optional: project NULL = condition_project on the CPU */
 };
 
 struct render;

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# One device call that checks and measures everything, for sessions whose device time is
+# short: GPU tests and golden replays first (correctness before speed), then the random
+# full checkpoint, the end-to-end run through both processes, the stage-0 benchmark and
+# the PyTorch baselines, each phase under its own deadline so the call ends inside the
+# run tool's limit. Results: one archive $OUT/results.tgz plus the table on stdout.
+#
+# Here:   scripts/device-final.sh --pack [build-dir]     (builds + packs into .device/)
+# Device: run(command="scripts/device-final.sh", carry=[".device"])
+#         MM3_FINAL_PHASES=tests,e2e,stage0,pytorch (default all, in that order)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+progs=(mm3-stage0 mm3-stage1 mm3-mkckpt mm3-bench-stage0 test_condition_cuda test_dit_cuda test_sampler_cuda)
+
+if [ "${1:-}" = --pack ]; then
+  build=${2:-build-cuda}
+  scripts/device-pack.sh -B "$build" "${progs[@]}" >/dev/null || exit 1
+  strip .device/bin/* 2>/dev/null
+  rm -rf .device/golden && mkdir -p .device/golden && cp -r "${MM3_GOLDEN_DIR:-../shared/golden/tiny-a}" .device/golden/tiny-a
+  du -sh .device
+  exit 0
+fi
+
+out=/tmp/final; mkdir -p "$out"
+phases=${MM3_FINAL_PHASES:-tests,e2e,stage0,pytorch}
+want() { [[ ",$phases," == *",$1,"* ]]; }
+finish() { tar czf "${OUT:-/tmp}/results.tgz" -C "$out" . 2>/dev/null; }
+trap finish EXIT
+t0=$SECONDS
+stamp() { finish; echo "== $* (t=$((SECONDS - t0)) s)"; } # archive what exists at each phase
+export LD_LIBRARY_PATH="$root/.device/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export MM3_GOLDEN_DIR=$root/.device/golden/tiny-a MM3_SOURCE_DIR=$root MM3_BIN_DIR=$root/.device/bin
+export MM3_TEST_TMP=/tmp/mm3-test MM3_BENCH_CKPT=/tmp/mm3-bench-ckpt PYTHONUNBUFFERED=1
+mkdir -p "$MM3_TEST_TMP"
+bin=.device/bin
+
+if want tests; then
+  stamp tests
+  for t in test_condition_cuda test_sampler_cuda; do
+    timeout 60 $bin/$t > "$out/$t.log" 2>&1; echo "$t rc=$?"
+  done
+  MM3_TEST_DIT_QUICK=1 timeout 90 $bin/test_dit_cuda > "$out/test_dit_cuda.log" 2>&1; echo "test_dit_cuda rc=$?"
+  timeout 60 $bin/mm3-stage0 --golden "$MM3_GOLDEN_DIR" --backend cuda > "$out/golden_s0_cuda.log" 2>&1
+  echo "stage0 golden cuda rc=$?"; grep -iE "rel|pass|fail" "$out/golden_s0_cuda.log" | tail -4
+  for p in tf32 bf16; do
+    timeout 60 $bin/mm3-stage1 --golden "$MM3_GOLDEN_DIR" --backend cuda --precision $p > "$out/golden_s1_$p.log" 2>&1
+    echo "stage1 golden cuda $p rc=$?"; grep -iE "rel|pass|fail" "$out/golden_s1_$p.log" | tail -3
+  done
+fi
+if want e2e; then
+  stamp e2e
+  timeout "${MM3_FINAL_E2E_S:-300}" scripts/bench.sh --out "$out" --bin $bin --only e2e --e2e >/dev/null 2>&1
+  echo "e2e rc=$?"; tail -3 "$out/e2e.log" 2>/dev/null
+  grep "request .* done\|totals" "$out/launch.log" | tail -3
+fi
+if want stage0; then
+  stamp stage0
+  MM3_BENCH_STAGE0_ARGS="--contexts 1000 --pairs 1,2,4,8 --time-limit ${MM3_FINAL_STAGE0_S:-100}" \
+    timeout $((${MM3_FINAL_STAGE0_S:-100} + 50)) scripts/bench.sh --out "$out" --bin $bin --only stage0 >/dev/null 2>&1
+  echo "stage0 rc=$?"; grep -E "^\|" "$out/stage0.log" 2>/dev/null | tail -12
+fi
+if want pytorch; then
+  stamp pytorch
+  timeout 100 python3 scripts/bench/pytorch_stage0.py --checkpoint "$MM3_BENCH_CKPT" --contexts 1000 --pairs 1,8 \
+    --modes graph --frames 16 --json "$out/pytorch_stage0.json" > "$out/pytorch_stage0.log" 2>&1
+  echo "pytorch_stage0 rc=$?"
+  timeout 100 python3 scripts/bench/pytorch_dit.py --checkpoint "$MM3_BENCH_CKPT" --windows 1,8 --precisions bf16,tf32 \
+    --modes graph --reps 5 --json "$out/pytorch_dit.json" > "$out/pytorch_dit.log" 2>&1
+  echo "pytorch_dit rc=$?"
+fi
+stamp table
+python3 scripts/bench/table.py --dir "$out" --markdown "$out/table.md" > "$out/table.txt" 2>&1
+cat "$out/table.txt"
