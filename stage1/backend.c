@@ -28,7 +28,7 @@ int s1_backend_open(struct s1_backend *b, enum mm3_backend kind, int device, con
     int rc;
     if ((rc = cuda_device_set(device)) < 0 || (rc = flow_cuda_create(&fc, dm, precision, max_L)) < 0 ||
         (rc = vocoder_cuda_create(&vc, ckpt_root, max_L)) < 0 || (rc = condition_load(&cm, ckpt_root)) < 0 ||
-        (rc = condition_cuda_create(&cc, cm, precision, RENDER_WINDOW_FRAMES)) < 0) {
+        (rc = condition_cuda_create(&cc, cm, RENDER_WINDOW_FRAMES)) < 0) {
         flow_cuda_free(fc);
         vocoder_cuda_free(vc);
         if (cm) condition_free(cm);

@@ -138,7 +138,7 @@ static int window_cb(void *ctx, const struct render_window_info *i)
     double r = rel_error(i->condition, ref, n_cond);
     free(ref);
     if (r > gc->cond_max || isnan(r)) gc->cond_max = r;
-    note(gc, r, GOLDEN_REL_TOL); /* the condition encoder is the CPU one on every backend */
+    note(gc, r, GOLDEN_REL_TOL); /* float32 on every backend (the GPU projection too) */
 
     snprintf(key, sizeof key, "window.%d.latents", i->index);
     if ((rc = load_exact(gc->f, key, n_lat, &ref)) < 0) return rc;

@@ -1,6 +1,6 @@
 /* The condition projection on the GPU against condition_project (the C reference):
  * tiny-a's encoder and a random wider one, several window lengths (1 frame, odd, the full
- * 200), float32 and TF32. Exit 77 without CUDA or without a GPU. */
+ * 200). Exit 77 without CUDA or without a GPU. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -45,8 +45,6 @@ static double rel_l2(const float *a, const float *b, size_t n)
 static void compare(const struct condition_model *m, const int *Fs, int nF)
 {
     const struct condition_config *g = &m->cfg;
-    const enum mm3_matmul_precision precs[] = {MM3_MATMUL_FP32, MM3_MATMUL_TF32, MM3_MATMUL_BF16};
-    const double tol[] = {1e-5, 3e-3, 3e-3}; /* bf16 mode runs this step in TF32 */
     int maxF = 0;
     for (int i = 0; i < nF; i++)
         maxF = Fs[i] > maxF ? Fs[i] : maxF;
@@ -57,17 +55,17 @@ static void compare(const struct condition_model *m, const int *Fs, int nF)
     assert_non_null(mixed), assert_non_null(want), assert_non_null(got);
     for (size_t i = 0; i < (size_t)maxF * g->hidden; i++)
         mixed[i] = uniform();
-    for (int p = 0; p < 3; p++) {
+    {
         struct condition_cuda *cc;
-        if (condition_cuda_create(&cc, m, precs[p], maxF) < 0) fail_msg("%s", mm3_last_error());
+        if (condition_cuda_create(&cc, m, maxF) < 0) fail_msg("%s", mm3_last_error());
         for (int i = 0; i < nF; i++) {
             int F = Fs[i], L = condition_latent_len(g, F);
             assert_int_equal(condition_project(m, mixed, F, want), 0);
             memset(got, 0xff, sizeof(float) * (size_t)L * g->out_dim);
             assert_int_equal(condition_cuda_project(cc, mixed, F, got), 0);
             double r = rel_l2(got, want, (size_t)L * g->out_dim);
-            fprintf(stderr, "  precision %d F %d L %d: rel %.2e\n", p, F, L, r);
-            assert_true(r <= tol[p]);
+            fprintf(stderr, "  F %d L %d: rel %.2e\n", F, L, r);
+            assert_true(r <= 1e-5); /* float32 in another summation order */
         }
         assert_true(condition_cuda_project(cc, mixed, maxF + 1, got) < 0); /* over the reserved size */
         condition_cuda_free(cc);

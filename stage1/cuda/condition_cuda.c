@@ -31,8 +31,7 @@ void condition_cuda_free(struct condition_cuda *cc)
     free(cc);
 }
 
-int condition_cuda_create(struct condition_cuda **out, const struct condition_model *cm,
-                          enum mm3_matmul_precision prec, int max_frames)
+int condition_cuda_create(struct condition_cuda **out, const struct condition_model *cm, int max_frames)
 {
     *out = NULL;
     if (max_frames < 1) return mm3_errorf(-EINVAL, "condition_cuda: max_frames %d: expected >= 1", max_frames);
@@ -41,10 +40,8 @@ int condition_cuda_create(struct condition_cuda **out, const struct condition_mo
     cc->cfg = cm->cfg;
     cc->max_frames = max_frames;
     size_t H = (size_t)cm->cfg.hidden, O = (size_t)cm->cfg.out_dim;
-    /* Operands stay float32, so bf16 mode runs this step in TF32 (see the header). */
-    enum mm3_matmul_precision p = prec == MM3_MATMUL_FP32 ? MM3_MATMUL_FP32 : MM3_MATMUL_TF32;
     int rc;
-    if ((rc = dit_gemm_create(&cc->gemm, p)) < 0 || (rc = cuda_malloc((void **)&cc->w, sizeof(float) * 3 * O * H)) < 0 ||
+    if ((rc = dit_gemm_create(&cc->gemm, MM3_MATMUL_FP32)) < 0 || (rc = cuda_malloc((void **)&cc->w, sizeof(float) * 3 * O * H)) < 0 ||
         (rc = cuda_malloc((void **)&cc->b, sizeof(float) * O)) < 0 ||
         (rc = cuda_malloc((void **)&cc->x_pad, sizeof(float) * (size_t)(max_frames + 2) * H)) < 0 ||
         (rc = cuda_malloc((void **)&cc->y, sizeof(float) * (size_t)max_frames * O)) < 0)

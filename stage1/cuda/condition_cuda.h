@@ -5,11 +5,12 @@
  * multiply-adds (200 x 3 x 4096 x 2048 = 5 GFLOP at the release geometry), about 5 s
  * per window in the strict-order scalar reference, more than the whole DiT loop on the
  * GPU. Here the three taps are three GEMMs over a zero-padded copy of the frames,
- * accumulated in place (y = X[f-1] W0^T + X[f] W1^T + X[f+1] W2^T + b), in float32 or
- * TF32 (bf16 mode uses TF32: the step is 0.1% of a window's FLOPs, not worth a cast).
+ * accumulated in place (y = X[f-1] W0^T + X[f] W1^T + X[f+1] W2^T + b), always in
+ * float32 whatever the DiT's matmul precision: it is 0.1% of a window's FLOPs (~0.1 ms
+ * at the fp32 peak), and TF32 here moved the condition by 2.7e-4 on tiny-a for nothing.
  *
  *     struct condition_cuda *cc;
- *     condition_cuda_create(&cc, cm, MM3_MATMUL_TF32, 200);
+ *     condition_cuda_create(&cc, cm, 200);
  *     condition_cuda_project(cc, mixed, F, cond);   // condition_project's contract
  *     condition_cuda_free(cc);
  *
@@ -17,15 +18,13 @@
 #ifndef MM3_STAGE1_CUDA_CONDITION_CUDA_H
 #define MM3_STAGE1_CUDA_CONDITION_CUDA_H
 
-#include "common/deploy.h"
 #include "stage1/condition.h"
 
 struct condition_cuda;
 
 /* Upload cm's projection (cm may be freed afterwards); buffers for up to max_frames
  * frames per call. Needs a current CUDA device. */
-int condition_cuda_create(struct condition_cuda **out, const struct condition_model *cm,
-                          enum mm3_matmul_precision prec, int max_frames);
+int condition_cuda_create(struct condition_cuda **out, const struct condition_model *cm, int max_frames);
 void condition_cuda_free(struct condition_cuda *cc); /* NULL is fine */
 
 /* As condition_project: mixed[F, hidden] host in, cond[L, out_dim] host out,
