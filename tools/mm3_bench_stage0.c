@@ -3,6 +3,7 @@
  *   mm3-bench-stage0 --ckpt DIR [--backend cuda|cpu] [--pairs 1,2,4,8] [--contexts 1000,5000]
  *                    [--frames N] [--warmup N] [--utilization F] [--ttff-tokens N]
  *                    [--max-batched-tokens N] [--copy-mib N] [--time-limit S]
+ *                    [--capture-sizes LIST|none]
  *
  * It drives the server's own code: one stage-0 scheduler (stage0/scheduler.h) over the
  * chosen talker backend, requests made as the HTTP layer makes them (ignore_eos set, so a
@@ -31,7 +32,9 @@
  * quoted) for scripts/bench/parse_tools.py. --time-limit S: a phase that would start, or a
  * prefill still running, after S seconds is skipped and reported as skipped (the device
  * commands have a hard limit). Exit 0 when every configuration was measured or skipped for
- * time, 1 on an error, 2 on bad arguments, 77 when the CUDA backend is not available. */
+ * time, 1 on an error, 2 on bad arguments, 77 when the CUDA backend is not available.
+ * Decode steps replay CUDA graphs at --capture-sizes (default the shipped deploy file's
+ * cudagraph_capture_sizes, one eager warm-up each), as the server does; `none` = eager. */
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -67,6 +70,7 @@ struct args {
     int contexts[MAX_LIST], n_contexts;
     int frames, warmup, ttff_tokens, max_batched_tokens, copy_mib;
     double utilization, time_limit;
+    int capture[MAX_LIST], n_capture; /* rows; n_capture 0: eager decode */
 };
 
 /* ---- small helpers ---------------------------------------------------------------- */
@@ -155,7 +159,8 @@ static void usage(FILE *f)
                "  --ttff-tokens N prompt length of the time-to-first-frame request (default 1000)\n"
                "  --max-batched-tokens N  tokens per scheduler step (default 10240, the deploy file's)\n"
                "  --copy-mib N    bytes of the copy-bandwidth measurement (default 1024)\n"
-               "  --time-limit S  skip what would run past S seconds from start (default 0: none)\n");
+               "  --time-limit S  skip what would run past S seconds from start (default 0: none)\n"
+               "  --capture-sizes LIST|none  decode rows captured in CUDA graphs (default 1,2,4,8,16,32)\n");
 }
 
 static int parse_args(int argc, char **argv, struct args *a)
@@ -170,6 +175,9 @@ static int parse_args(int argc, char **argv, struct args *a)
     a->max_batched_tokens = 10240;
     a->copy_mib = 1024;
     a->utilization = 0.6;
+    static const int shipped_capture[] = {1, 2, 4, 8, 16, 32}; /* configs/minimax_music3.yaml */
+    a->n_capture = (int)(sizeof shipped_capture / sizeof *shipped_capture);
+    memcpy(a->capture, shipped_capture, sizeof shipped_capture);
     for (int i = 1; i < argc; i++) {
         const char *k = argv[i];
         if (!strcmp(k, "--help") || !strcmp(k, "-h")) {
@@ -199,7 +207,12 @@ static int parse_args(int argc, char **argv, struct args *a)
             rc = parse_int("--copy-mib", v, 1, 1 << 16, &a->copy_mib);
         else if (!strcmp(k, "--utilization"))
             rc = parse_double("--utilization", v, 0.01, 1.0, &a->utilization);
-        else if (!strcmp(k, "--time-limit"))
+        else if (!strcmp(k, "--capture-sizes")) {
+            if (!strcmp(v, "none"))
+                a->n_capture = 0;
+            else
+                rc = parse_list("--capture-sizes", v, 1, 2 * MAX_PAIRS, a->capture, &a->n_capture);
+        } else if (!strcmp(k, "--time-limit"))
             rc = parse_double("--time-limit", v, 0, 1e7, &a->time_limit);
         else
             rc = mm3_errorf(-EINVAL, "unknown option %s", k);
@@ -758,7 +771,10 @@ int main(int argc, char **argv)
                                .max_ctx = max_ctx,
                                .max_batched_tokens = a.max_batched_tokens,
                                .max_queue = max_pairs + 1,
-                               .backend = a.backend};
+                               .backend = a.backend,
+                               .n_capture_sizes = a.n_capture,
+                               .capture_sizes = a.capture,
+                               .graph_warmups = 1};
     struct sched_sink sink = {
         .ctx = &b, .on_start = sink_start, .on_frames = sink_frames, .on_end = sink_end, .on_abort = sink_abort};
     t0 = now_s();
@@ -766,9 +782,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "mm3-bench-stage0: sched_create: %s\n", mm3_last_error());
         return 1;
     }
-    LOG_INFO("scheduler on %s: %d rows x %d positions, %d tokens per step, ready in %.1f s",
+    LOG_INFO("scheduler on %s: %d rows x %d positions, %d tokens per step, decode %s, ready in %.1f s",
              a.backend == TALKER_BACKEND_CUDA ? "cuda" : "cpu", cfg.max_rows, cfg.max_ctx, cfg.max_batched_tokens,
-             now_s() - t0);
+             a.n_capture ? "in CUDA graphs" : "eager", now_s() - t0);
     sample_memory(&b);
     b.mem_after_create = b.mem_peak_used;
 
