@@ -16,8 +16,8 @@
 #   dit      mm3-bench-dit when it is built (stage-1 DiT forward)
 #   pytorch  scripts/bench/pytorch_stage0.py and pytorch_dit.py (+ the golden check of the
 #            DiT baseline when golden data is present)
-#   e2e      only with --e2e: scripts/launch.sh + scripts/bench/e2e.py (one 30 s song, 8 at once;
-#            --e2e-duration S, --e2e-concurrency N; with --dry-run: configs/tiny-cpu.yaml)
+#   e2e      scripts/launch.sh + scripts/bench/e2e.py (one 30 s song, 8 at once; --e2e-duration S,
+#            --e2e-concurrency N); in a --dry-run only with --e2e (configs/tiny-cpu.yaml)
 # Results: DIR/*.log, DIR/*.json, DIR/bench.json (everything merged), DIR/table.txt, DIR/table.md.
 # DIR defaults to $OUT when set (the device tool brings $OUT back), else results/<UTC date>.
 # Environment: PYTHON (default python3, needs torch + transformers), MM3_BENCH_CKPT (where the
@@ -81,8 +81,7 @@ if [ "$dry" = 0 ] && command -v nvidia-smi >/dev/null; then
 fi
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 e2e_na=""
-[ "$e2e" = 1 ] || e2e_na="the stages have no CUDA backend yet (run with --e2e once they do)"
-[ "$dry" = 1 ] && [ "$e2e" = 0 ] && e2e_na="dry run: no GPU"
+[ "$dry" = 1 ] && [ "$e2e" = 0 ] && e2e_na="dry run: no GPU (add --e2e for the CPU pipeline)"
 "$py" - "$out/meta.json" <<EOF
 import json, sys
 json.dump({"date": "$(date -u +%Y-%m-%dT%H:%M:%SZ)", "host": "$(hostname)", "device": "$device",
