@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # Start one mm3 replica (stage 1, then stage 0) from a deploy file and supervise it.
 #
-#   scripts/launch.sh DEPLOY.yaml [--model DIR] [--port N]
+#   scripts/launch.sh DEPLOY.yaml [--model DIR] [--port N] [--mps]
+#
+# --mps (or MM3_MPS=1): run both stages under a private CUDA Multi-Process Service daemon
+# (nvidia-cuda-mps-control -d, pipe and log folders in the run folder, stopped at exit).
+# Two processes on one GPU otherwise time-slice: their kernels never run at the same time,
+# so stage 0's decode steps wait behind stage 1's DiT (docs/performance.md, "Why the goals
+# are missed"). Not yet measured on a GPU.
 #
 # Prints "READY http://HOST:PORT" on stdout once both stages are ready (their logs go
 # to stderr). Supervision (docs/operations.md, "The launcher"):
@@ -19,7 +25,7 @@
 # temporary folder, removed at exit).
 set -u
 
-usage() { echo "usage: launch.sh DEPLOY.yaml [--model DIR] [--port N]" >&2; }
+usage() { echo "usage: launch.sh DEPLOY.yaml [--model DIR] [--port N] [--mps]" >&2; }
 log() { echo "launch: $*" >&2; }
 
 [ $# -ge 1 ] || { usage; exit 2; }
@@ -29,10 +35,12 @@ shift
 [ -r "$deploy" ] || { log "deploy file $deploy: cannot read it"; exit 2; }
 model_args=()
 port_args=()
+mps=${MM3_MPS:-0}
 while [ $# -gt 0 ]; do
     case "$1" in
         --model) [ $# -ge 2 ] || { usage; exit 2; }; model_args=(--model "$2"); shift 2 ;;
         --port) [ $# -ge 2 ] || { usage; exit 2; }; port_args=(--port "$2"); shift 2 ;;
+        --mps) mps=1; shift ;;
         *) log "unknown option $1"; usage; exit 2 ;;
     esac
 done
@@ -57,6 +65,27 @@ fi
 s0=0
 s1=0
 stopping=0
+mps_up=0
+
+# A private MPS daemon for this replica: its pipe folder is what the stages' CUDA
+# runtime finds through CUDA_MPS_PIPE_DIRECTORY.
+start_mps() {
+    command -v nvidia-cuda-mps-control >/dev/null 2>&1 || {
+        log "--mps: nvidia-cuda-mps-control not found (it comes with the NVIDIA driver utilities)"
+        return 1
+    }
+    export CUDA_MPS_PIPE_DIRECTORY=$run/mps-pipe CUDA_MPS_LOG_DIRECTORY=$run/mps-log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY" || return 1
+    nvidia-cuda-mps-control -d || { log "--mps: nvidia-cuda-mps-control -d failed (see $CUDA_MPS_LOG_DIRECTORY)"; return 1; }
+    mps_up=1
+    log "MPS daemon started (pipe $CUDA_MPS_PIPE_DIRECTORY)"
+}
+
+stop_mps() {
+    [ "$mps_up" = 1 ] || return 0
+    echo quit | nvidia-cuda-mps-control >/dev/null 2>&1 || log "--mps: the MPS daemon did not take 'quit'"
+    mps_up=0
+}
 
 alive() { [ "$1" -gt 0 ] && kill -0 "$1" 2>/dev/null; }
 
@@ -93,11 +122,15 @@ stop_all() {
     wait 2>/dev/null
     # Both stages are gone, so any segment of ours is stale.
     rm -f "/dev/shm/${MM3_SHM_PREFIX}s0_to_s1" "/dev/shm/${MM3_SHM_PREFIX}s1_to_s0"
+    stop_mps
     [ "$own_run" = 1 ] && rm -rf "$run"
 }
 
 trap 'stopping=1' INT TERM
 
+if [ "$mps" = 1 ]; then
+    start_mps || { [ "$own_run" = 1 ] && rm -rf "$run"; exit 2; }
+fi
 start_stage1
 start_stage0
 

@@ -21,6 +21,10 @@ if(TARGET mm3-stage0 AND TARGET mm3)
   add_test(NAME e2e_launch_supervision
     COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/e2e/launch_supervision.sh ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR}/test-tmp)
   set_tests_properties(e2e_launch_supervision PROPERTIES ENVIRONMENT "${MM3_TEST_ENV}" TIMEOUT 300)
+
+  add_test(NAME e2e_launch_mps
+    COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/e2e/launch_mps.sh ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR}/test-tmp)
+  set_tests_properties(e2e_launch_mps PROPERTIES ENVIRONMENT "${MM3_TEST_ENV}" TIMEOUT 300)
 endif()
 # `mm3 rerender` runs mm3-rerender with the same arguments: its own usage text and
 # exit status (2 for a bad option) come back through the alias.
