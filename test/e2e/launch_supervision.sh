@@ -63,7 +63,9 @@ grep -q stage0-term "$d/events" || fail "stage 0 not stopped"
 ls /dev/shm | grep -q "^$MM3_SHM_PREFIX" && fail "segment left after the crash loop"
 
 # 2. SIGTERM once both stages are up
-rm -f "$d/s1-dies" "$d/events"
+# The crash loop left a READY line in out: remove it, or the wait below can see it
+# before the new launcher truncates the file and signal a launcher not yet started.
+rm -f "$d/s1-dies" "$d/events" "$d/out"
 bash "$src/scripts/launch.sh" "$d/deploy.yaml" > "$d/out" 2> "$d/err" &
 pid=$!
 wait_for "READY line" grep -q "^READY http://127.0.0.1:1" "$d/out"
