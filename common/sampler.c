@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/sampler_hash.h"
 
 uint64_t sampler_seed_derive(uint64_t public_seed)
 {
@@ -23,45 +24,14 @@ uint64_t sampler_seed_derive(uint64_t public_seed)
     return v & 0x7FFFFFFFu;
 }
 
-static uint32_t rotl32(uint32_t x, int r)
-{
-    return (x << r) | (x >> (32 - r));
-}
-
-static uint32_t murmur_mix(uint32_t h, uint32_t k)
-{
-    k *= 0xCC9E2D51u;
-    k = rotl32(k, 15);
-    k *= 0x1B873593u;
-    h ^= k;
-    h = rotl32(h, 13);
-    return h * 5u + 0xE6546B64u;
-}
-
 uint32_t sampler_murmur(uint64_t seed, uint32_t pos, uint32_t col)
 {
-    uint32_t h = 0;
-    h = murmur_mix(h, (uint32_t)seed);
-    h = murmur_mix(h, (uint32_t)(seed >> 32));
-    h = murmur_mix(h, pos);
-    h = murmur_mix(h, col);
-    h ^= 16u; /* total key length in bytes, as MurmurHash3's finalisation */
-    h ^= h >> 16;
-    h *= 0x85EBCA6Bu;
-    h ^= h >> 13;
-    h *= 0xC2B2AE35u;
-    h ^= h >> 16;
-    return h;
+    return sampler_hash_murmur(seed, pos, col);
 }
 
 double sampler_gumbel(uint64_t seed, uint32_t pos, uint32_t col)
 {
-    double u = (double)sampler_murmur(seed, pos, col) / 4294967295.0;
-    double lu = log(u);
-    /* Clamp both ends (current SGLang): h = 0 gives log 0, h = 2^32-1 gives log 1 = 0. */
-    if (lu < -DBL_MAX) lu = -DBL_MAX;
-    if (lu > -0x1p-32) lu = -0x1p-32;
-    return -log(-lu);
+    return sampler_hash_gumbel(seed, pos, col);
 }
 
 /* Descending order with NaN first, as torch.topk ranks NaN above every number. */

@@ -15,6 +15,7 @@
 
 #include "common/error.h"
 #include "stage1/condition.h"
+#include "support/test_rand.h"
 #include "support/test_support.h"
 
 #ifdef MM3_HAVE_CUDA
@@ -22,15 +23,6 @@
 #include "stage1/cuda/condition_cuda.h"
 
 static uint64_t rng = 12345;
-static float uniform(void)
-{
-    uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return (float)((z >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
-}
-
 static double rel_l2(const float *a, const float *b, size_t n)
 {
     double d = 0, s = 0;
@@ -54,7 +46,7 @@ static void compare(const struct condition_model *m, const int *Fs, int nF)
     float *got = malloc(sizeof(float) * (size_t)maxL * g->out_dim);
     assert_non_null(mixed), assert_non_null(want), assert_non_null(got);
     for (size_t i = 0; i < (size_t)maxF * g->hidden; i++)
-        mixed[i] = uniform();
+        mixed[i] = test_rand_uniform(&rng, 1.0f);
     {
         struct condition_cuda *cc;
         if (condition_cuda_create(&cc, m, maxF) < 0) fail_msg("%s", mm3_last_error());
@@ -97,9 +89,9 @@ static void test_random_wide(void **state)
     m.proj_b = malloc(sizeof(float) * m.cfg.out_dim);
     assert_non_null(m.proj_w), assert_non_null(m.proj_b);
     for (size_t i = 0; i < nw; i++)
-        m.proj_w[i] = 0.05f * uniform();
+        m.proj_w[i] = 0.05f * test_rand_uniform(&rng, 1.0f);
     for (int i = 0; i < m.cfg.out_dim; i++)
-        m.proj_b[i] = uniform();
+        m.proj_b[i] = test_rand_uniform(&rng, 1.0f);
     const int Fs[] = {200, 3, 101};
     compare(&m, Fs, 3);
     free(m.proj_w), free(m.proj_b);

@@ -29,6 +29,8 @@
 #include "common/ops.h"
 #include "common/safetensors.h"
 #include "stage1/dit.h"
+#include "support/test_rand.h"
+#include "support/test_stage1.h"
 #include "support/test_support.h"
 
 #ifdef MM3_HAVE_CUDA
@@ -50,26 +52,12 @@
 
 static uint64_t rng;
 
-static uint64_t rng_next(void)
-{
-    uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-/* Uniform in [-a, a) */
-static float rnd(float a)
-{
-    return a * ((float)(rng_next() >> 40) / 8388608.0f - 1.0f);
-}
-
 static float *rnd_array(size_t n, float a, float offset)
 {
     float *p = malloc(sizeof(float) * (n ? n : 1));
     assert_non_null(p);
     for (size_t i = 0; i < n; i++)
-        p[i] = offset + rnd(a);
+        p[i] = offset + test_rand_uniform(&rng, a);
     return p;
 }
 
@@ -487,7 +475,7 @@ static struct dit_model *random_model(const struct dit_config *cfg)
     do {                                                                                                               \
         dst = p;                                                                                                       \
         for (size_t i_ = 0; i_ < (size_t)(n); i_++)                                                                    \
-            p[i_] = (off) + rnd(a);                                                                                    \
+            p[i_] = (off) + test_rand_uniform(&rng, a);                                                                \
         p += (n);                                                                                                      \
     } while (0)
     struct dit_weights *w = &m->w;
@@ -528,14 +516,7 @@ static void test_forward_release_block(void **state)
 {
     (void)state;
     if (getenv("MM3_TEST_DIT_QUICK")) skip(); /* e.g. under compute-sanitizer: the CPU side takes a minute */
-    struct dit_config cfg = {.in_ch = 128,
-                             .cond_dim = 2048,
-                             .n_layers = 1,
-                             .n_heads = 32,
-                             .head_dim = 64,
-                             .ff_inner = 8192,
-                             .rotary_dim = 32,
-                             .fourier_dim = 256};
+    struct dit_config cfg = test_stage1_release_dit(1);
     const char *env = getenv("MM3_TEST_DIT_LAYERS");
     if (env) cfg.n_layers = atoi(env) > 0 ? atoi(env) : 1;
     struct dit_model *m = random_model(&cfg);

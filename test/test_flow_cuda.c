@@ -23,6 +23,7 @@
 #include "common/error.h"
 #include "stage1/dit.h"
 #include "stage1/flow.h"
+#include "support/test_rand.h"
 #include "support/test_support.h"
 
 #ifdef MM3_HAVE_CUDA
@@ -33,24 +34,6 @@
 #define TOL_WINDOW_FP32 1e-5
 
 static uint64_t rng = 0x5eed1234abcdull;
-
-static float rnd(float a)
-{
-    uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return a * ((float)(z >> 40) / 8388608.0f - 1.0f);
-}
-
-static float *rnd_array(size_t n, float a)
-{
-    float *p = malloc(sizeof(float) * (n ? n : 1));
-    assert_non_null(p);
-    for (size_t i = 0; i < n; i++)
-        p[i] = rnd(a);
-    return p;
-}
 
 static void *upload(const float *h, size_t n)
 {
@@ -86,13 +69,14 @@ static void test_step_bit_exact(void **state)
     float table[8]; /* steps + 1 */
     flow_schedule_fill(table, steps);
     /* wide magnitudes so that rounding differences would show */
-    float *x = rnd_array(n, 3.0f), *np = rnd_array((size_t)C * ov, 2.0f), *prev = rnd_array((size_t)C * ov, 5.0f);
+    float *x = test_rand_array(&rng, n, 3.0f), *np = test_rand_array(&rng, (size_t)C * ov, 2.0f),
+          *prev = test_rand_array(&rng, (size_t)C * ov, 5.0f);
     float *dx = upload(x, n), *dnp = upload(np, (size_t)C * ov), *dprev = upload(prev, (size_t)C * ov);
     float *got = malloc(sizeof(float) * n);
     assert_non_null(got);
     const float guidance[] = {1.7f, 0.37f, 3.1f};
     for (int i = 0; i < steps; i++) {
-        float *vc = rnd_array(n, 10.0f), *vu = rnd_array(n, 10.0f);
+        float *vc = test_rand_array(&rng, n, 10.0f), *vu = test_rand_array(&rng, n, 10.0f);
         float *dvc = upload(vc, n), *dvu = upload(vu, n);
         float t = table[i], dt = table[i + 1] - table[i], s = guidance[i % 3];
         cpu_pin(x, np, prev, C, L, ov, t);
@@ -157,8 +141,9 @@ static void window_case(struct tiny *t, int L, int ov, int steps, float guidance
 {
     int C = t->dm->cfg.in_ch, D = t->dm->cfg.cond_dim;
     size_t n = (size_t)C * L;
-    float *cond = rnd_array((size_t)L * D, 1.0f), *prev = rnd_array((size_t)C * (ov ? ov : 1), 1.0f);
-    float *x_cpu = rnd_array(n, 1.0f), *x_gpu = malloc(sizeof(float) * n);
+    float *cond = test_rand_array(&rng, (size_t)L * D, 1.0f),
+          *prev = test_rand_array(&rng, (size_t)C * (ov ? ov : 1), 1.0f);
+    float *x_cpu = test_rand_array(&rng, n, 1.0f), *x_gpu = malloc(sizeof(float) * n);
     assert_non_null(x_gpu);
     memcpy(x_gpu, x_cpu, sizeof(float) * n);
     assert_int_equal(flow_window_run(t->dm, t->ws, steps, guidance, L, cond, ov, prev, x_cpu), 0);

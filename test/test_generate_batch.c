@@ -35,6 +35,7 @@
 #include "common/error.h"
 #include "common/sampler.h"
 #include "stage0/generate.h"
+#include "support/test_stage0.h"
 #include "support/test_support.h"
 
 #define N_SONGS 5
@@ -45,11 +46,6 @@
 #define STOP_BOOST 4.0f /* a power of two: the row stays exactly bf16, as the GPU holds it */
 #endif
 #define STOP_AT 6
-
-struct model {
-    struct talker lm;
-    struct depth dd;
-};
 
 struct spec {
     uint64_t seed;
@@ -302,7 +298,7 @@ static void probe_frame(void *ctx, int t, const float *frame, const int32_t *cod
 
 /* Song 0's c0 at frame STOP_AT: the stop column gets its head row, scaled up, so that
  * song 0 most likely stops there (in mid-song, inside a batch) and others may too. */
-static int stop_boost(struct model *m)
+static int stop_boost(struct test_stage0 *m)
 {
     struct probe pr = {STOP_AT, -1};
     struct generate_hooks hooks = {.ctx = &pr, .on_frame = probe_frame};
@@ -325,38 +321,22 @@ static int stop_boost(struct model *m)
 
 static int setup(void **state)
 {
-    const char *g = test_golden_dir();
-    if (!g) return 0;
-    char root[1024];
-    snprintf(root, sizeof root, "%s/checkpoint", g);
-    struct model *m = calloc(1, sizeof *m);
-    if (!m || talker_load(&m->lm, root) < 0 || depth_load(&m->dd, root) < 0) {
-        fprintf(stderr, "load: %s\n", mm3_last_error());
-        free(m);
-        return -1;
-    }
+    if (test_stage0_golden_setup(state) < 0) return -1;
+    struct test_stage0 *m = *state;
+    if (!m) return 0;
     /* Random weights seldom rank stop in the top 50: give the stop column the head row
      * of the code the songs draw most often, slightly scaled, so stops occur. */
     if (stop_boost(m) < 0) {
         fprintf(stderr, "probe: %s\n", mm3_last_error());
+        test_stage0_golden_teardown(state);
+        *state = NULL;
         return -1;
     }
-    *state = m;
     return 0;
 }
 
-static int teardown(void **state)
-{
-    struct model *m = *state;
-    if (m) {
-        talker_free(&m->lm);
-        depth_free(&m->dd);
-        free(m);
-    }
-    return 0;
-}
-
-static void open_or_fail(struct talker_backend *be, enum talker_backend_kind kind, struct model *m, int depth_rows)
+static void open_or_fail(struct talker_backend *be, enum talker_backend_kind kind, struct test_stage0 *m,
+                         int depth_rows)
 {
     int rc = talker_backend_open(be, kind, &m->lm, &m->dd, 2 * N_SONGS, MAX_PROMPT + MAX_FRAMES + 2, depth_rows);
     if (rc < 0) fail_msg("backend: %s", mm3_last_error());
@@ -366,7 +346,7 @@ static void open_or_fail(struct talker_backend *be, enum talker_backend_kind kin
  * the fallback is the loop. */
 static void test_cpu_fallback_is_the_loop(void **state)
 {
-    struct model *m = *state;
+    struct test_stage0 *m = *state;
     if (!m) skip();
     struct talker_backend a, b;
     open_or_fail(&a, TALKER_BACKEND_CPU, m, 2);
@@ -380,7 +360,7 @@ static void test_cpu_fallback_is_the_loop(void **state)
     talker_backend_close(&a), talker_backend_close(&b);
 }
 
-static void reference_batched(struct model *m, int depth_rows)
+static void reference_batched(struct test_stage0 *m, int depth_rows)
 {
     struct talker_backend a, b;
     open_or_fail(&a, TALKER_BACKEND_CPU, m, 2);
@@ -402,7 +382,7 @@ static void reference_batched(struct model *m, int depth_rows)
 /* One call for all batchable songs, and chunks of 2 pairs with 4 depth rows. */
 static void test_cpu_reference_batched(void **state)
 {
-    struct model *m = *state;
+    struct test_stage0 *m = *state;
     if (!m) skip();
     reference_batched(m, 2 * N_SONGS);
     reference_batched(m, 4);
@@ -410,7 +390,7 @@ static void test_cpu_reference_batched(void **state)
 
 static void test_cuda_batched(void **state)
 {
-    struct model *m = *state;
+    struct test_stage0 *m = *state;
     if (!m) skip();
     if (!talker_backend_available(TALKER_BACKEND_CUDA)) skip();
     int rows[2] = {2 * N_SONGS, 4};
@@ -433,7 +413,7 @@ static void test_cuda_batched(void **state)
  * sampling (both forwards on the GPU, no hidden copied): the same songs. */
 static void test_cuda_batched_graphs(void **state)
 {
-    struct model *m = *state;
+    struct test_stage0 *m = *state;
     if (!m) skip();
     if (!talker_backend_available(TALKER_BACKEND_CUDA)) skip();
     struct talker_backend a, b;
@@ -468,7 +448,7 @@ static double now_ms(void)
 
 /* ms per AR step (forward of the feedback pairs + sampling) of k songs on the GPU,
  * batched or per request (an on_draw hook keeps a request out of the batch). */
-static double cuda_step_ms(struct model *m, int k, int batched, int graphs)
+static double cuda_step_ms(struct test_stage0 *m, int k, int batched, int graphs)
 {
     enum { STEPS = 30 };
     struct talker_backend be;
@@ -518,7 +498,7 @@ static double cuda_step_ms(struct model *m, int k, int batched, int graphs)
  * songs, batched sampling against the per-request path, for the report. */
 static void test_cuda_step_time(void **state)
 {
-    struct model *m = *state;
+    struct test_stage0 *m = *state;
     if (!m) skip();
     if (!talker_backend_available(TALKER_BACKEND_CUDA)) skip();
     int ks[2] = {1, 8};
@@ -540,5 +520,5 @@ int main(void)
         cmocka_unit_test(test_cuda_batched_graphs),
         cmocka_unit_test(test_cuda_step_time),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, test_stage0_golden_teardown);
 }

@@ -16,39 +16,8 @@
 #include "common/error.h"
 #include "common/sampler.h"
 #include "stage0/generate.h"
+#include "support/test_stage0.h"
 #include "support/test_support.h"
-
-struct model {
-    struct talker lm;
-    struct depth dd;
-};
-
-static int setup(void **state)
-{
-    const char *g = test_golden_dir();
-    if (!g) return 0;
-    char root[1024];
-    snprintf(root, sizeof root, "%s/checkpoint", g);
-    struct model *m = calloc(1, sizeof *m);
-    if (!m || talker_load(&m->lm, root) < 0 || depth_load(&m->dd, root) < 0) {
-        fprintf(stderr, "load: %s\n", mm3_last_error());
-        free(m);
-        return -1;
-    }
-    *state = m;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    struct model *m = *state;
-    if (m) {
-        talker_free(&m->lm);
-        depth_free(&m->dd);
-        free(m);
-    }
-    return 0;
-}
 
 #define MAX_FRAMES 48
 
@@ -80,7 +49,7 @@ static const int32_t k_prompt[2][6] = {
     {151644, 151654, 151654, 151654, 151645, 151669},
 };
 
-static int sing(struct model *m, uint64_t seed, int ignore_stop, struct song *s, enum generate_stop *stop)
+static int sing(struct test_stage0 *m, uint64_t seed, int ignore_stop, struct song *s, enum generate_stop *stop)
 {
     memset(s, 0, sizeof *s);
     s->ncb = m->dd.cfg.n_codebooks;
@@ -102,7 +71,7 @@ static int sing(struct model *m, uint64_t seed, int ignore_stop, struct song *s,
 
 static void test_ignore_stop_runs_to_budget(void **state)
 {
-    struct model *m = *state;
+    struct test_stage0 *m = *state;
     if (!m) skip();
     /* Random tiny weights rarely rank the stop id among the top 50. Give it the head row of
      * the code this model draws most often, so stop ties with that code in every row and
@@ -145,5 +114,5 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ignore_stop_runs_to_budget),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, test_stage0_golden_setup, test_stage0_golden_teardown);
 }

@@ -25,6 +25,7 @@
 #include "stage0/generate_prompt.h"
 #include "stage0/journal.h"
 #include "stage0/teacher_force.h"
+#include "support/test_stage0.h"
 #include "support/test_support.h"
 
 #define NCB 8
@@ -408,38 +409,6 @@ static void test_list_and_reopen(void **state)
 
 /* ---- with the tiny-a checkpoint ---- */
 
-struct model {
-    char root[4096];
-    struct talker lm;
-    struct depth dd;
-};
-
-static int setup(void **state)
-{
-    const char *g = test_golden_dir();
-    if (!g) return 0;
-    struct model *m = calloc(1, sizeof *m);
-    snprintf(m->root, sizeof m->root, "%s/checkpoint", g);
-    if (talker_load(&m->lm, m->root) < 0 || depth_load(&m->dd, m->root) < 0) {
-        fprintf(stderr, "load: %s\n", mm3_last_error());
-        free(m);
-        return -1;
-    }
-    *state = m;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    struct model *m = *state;
-    if (m) {
-        talker_free(&m->lm);
-        depth_free(&m->dd);
-        free(m);
-    }
-    return 0;
-}
-
 static const char k_caption[] = "a bright synth pop song";
 static const char k_lyrics[] = "[verse]\nhello world\n[chorus]\nsing with me\n";
 
@@ -460,7 +429,7 @@ static void keep_frame(void *ctx, int t, const float *frame, const int32_t *code
 /* A seeded song journaled as the scheduler would: every step's codes after each
  * step, the stop or budget in the end record. stop_after < 0: to the end; else the
  * writer "crashes" after that many steps (no end record). */
-static char *journaled_song(struct model *m, const char *dir, const char *id, uint64_t seed, int max_frames,
+static char *journaled_song(struct test_stage0 *m, const char *dir, const char *id, uint64_t seed, int max_frames,
                             int stop_after, struct frames *out)
 {
     int32_t *ids;
@@ -499,7 +468,7 @@ static char *journaled_song(struct model *m, const char *dir, const char *id, ui
     return path;
 }
 
-static void frames_alloc(struct frames *f, const struct model *m, int max_frames)
+static void frames_alloc(struct frames *f, const struct test_stage0 *m, int max_frames)
 {
     f->width = m->dd.cfg.n_codebooks * m->lm.cfg.hidden;
     f->n = 0;
@@ -508,7 +477,7 @@ static void frames_alloc(struct frames *f, const struct model *m, int max_frames
 
 static void test_bytes_per_frame(void **state)
 {
-    struct model *m = *state;
+    struct test_stage0 *m = *state;
     if (!m) skip();
     char *dir = test_make_tmpdir("journal_size");
     int F = 300;
@@ -554,7 +523,7 @@ static int collect_frames(void *ctx, int t0, const float *frames, int n)
  * writer (including steps not yet flushed) equal to the generated ones. */
 static void test_resend_from_live_journal(void **state)
 {
-    struct model *m = *state;
+    struct test_stage0 *m = *state;
     if (!m) skip();
     char *dir = test_make_tmpdir("journal_resend");
     int F = 80, stop_at = 37; /* not a flush boundary */
@@ -601,7 +570,7 @@ static void test_resend_from_live_journal(void **state)
  * teacher_force_resume + the seeded sampler, and equals the uninterrupted song. */
 static void test_complete_interrupted(void **state)
 {
-    struct model *m = *state;
+    struct test_stage0 *m = *state;
     if (!m) skip();
     char *dir = test_make_tmpdir("journal_resume");
     int F = 150;
@@ -686,7 +655,7 @@ static int files_equal(const char *a, const char *b)
  * --frames-out + mm3-stage1 --frames with the same seed and steps, byte for byte. */
 static void test_rerender_equals_direct(void **state)
 {
-    struct model *m = *state;
+    struct test_stage0 *m = *state;
     if (!m) skip();
     const char *bin = test_bin_dir();
     char s0[4096], s1[4096], rr[4096];
@@ -780,5 +749,5 @@ int main(void)
         cmocka_unit_test(test_complete_interrupted),
         cmocka_unit_test(test_rerender_equals_direct),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, test_stage0_golden_setup, test_stage0_golden_teardown);
 }

@@ -55,16 +55,7 @@ static char *slurp(const char *dir, const char *name, size_t *len)
 {
     char p[1024];
     snprintf(p, sizeof p, "%s/%s", dir, name);
-    FILE *f = fopen(p, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    *len = fread(b, 1, (size_t)n, f);
-    b[*len] = 0;
-    fclose(f);
-    return b;
+    return test_file_read(p, len);
 }
 
 /* 1 identical, 0 different; fails when a file is missing. */

@@ -21,6 +21,7 @@
 #include "common/dtype.h"
 #include "common/error.h"
 #include "common/ops.h"
+#include "support/test_rand.h"
 #include "support/test_support.h"
 
 #ifdef MM3_HAVE_CUDA
@@ -37,19 +38,10 @@ static const uint32_t POISON = 0xffffffffu;
 
 static uint64_t rng;
 
-static uint64_t rng_next(void)
-{
-    /* splitmix64 */
-    uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 /* Uniform in [-a, a), never exactly zero. */
 static float rnd(float a)
 {
-    float u = (float)((rng_next() >> 40) + 1) / (float)(1 << 24); /* (0, 1] */
+    float u = (float)((test_rand_next(&rng) >> 40) + 1) / (float)(1 << 24); /* (0, 1] */
     return a * (2.0f * u - 1.0f) + (u == 0.5f ? 1e-3f : 0.0f);
 }
 
@@ -317,7 +309,7 @@ static void check_qk_norm_rope(int n, int n_heads, int head_dim, int rotary_dim,
     float *x = rnd_array(len, 4.0f), *w = rnd_array((size_t)head_dim, 1.5f);
     int *pos = malloc(sizeof(int) * n);
     assert_non_null(pos);
-    for (int t = 0; t < n; t++) pos[t] = (int)(rng_next() % 10240);
+    for (int t = 0; t < n; t++) pos[t] = (int)(test_rand_next(&rng) % 10240);
     pos[0] = 10239; /* largest angle */
     float *inv_freq = malloc(sizeof(float) * (rotary_dim / 2 + 1));
     assert_non_null(inv_freq);

@@ -16,26 +16,10 @@
 #include "common/error.h"
 #include "stage1/render.h"
 #include "stage1/vocoder.h"
+#include "support/test_stage1.h"
 #include "support/test_support.h"
 
-#define HOP 512
-
-struct models {
-    struct condition_model *cm;
-    struct dit_model *dm;
-};
-
-/* Stand-in vocoder: sample n of channel ch follows latent n/HOP of that channel's half,
- * scaled by 3 so that clamping has something to do. */
-static int fake_decode(void *ctx, const float *lat, int L, float *pcm)
-{
-    const struct dit_model *dm = ctx;
-    int C = dm->cfg.in_ch;
-    for (int ch = 0; ch < 2; ch++)
-        for (int n = 0; n < L * HOP; n++)
-            pcm[(size_t)ch * L * HOP + n] = 3.0f * lat[(size_t)ch * (C / 2) * L + n / HOP];
-    return 0;
-}
+#define HOP TEST_STAGE1_FAKE_HOP
 
 #define MAX_CHUNKS 64
 struct record {
@@ -68,33 +52,7 @@ static int record_emit(void *ctx, const float *pcm, int n)
     return 0;
 }
 
-static int setup(void **state)
-{
-    const char *g = test_golden_dir();
-    if (!g) return 0;
-    char root[1024];
-    snprintf(root, sizeof root, "%s/checkpoint", g);
-    struct models *m = calloc(1, sizeof *m);
-    if (condition_load(&m->cm, root) < 0 || dit_load(&m->dm, root) < 0) {
-        fprintf(stderr, "%s\n", mm3_last_error());
-        return -1;
-    }
-    *state = m;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    struct models *m = *state;
-    if (m) {
-        condition_free(m->cm);
-        dit_free(m->dm);
-        free(m);
-    }
-    return 0;
-}
-
-static float *make_frames(const struct models *m, int T, int *width)
+static float *make_frames(const struct test_stage1 *m, int T, int *width)
 {
     *width = m->cm->cfg.n_layers * m->cm->cfg.hidden;
     float *f = malloc(sizeof(float) * (size_t)(T ? T : 1) * *width);
@@ -103,13 +61,13 @@ static float *make_frames(const struct models *m, int T, int *width)
     return f;
 }
 
-static struct render *make_render(const struct models *m, struct record *rec, uint64_t seed)
+static struct render *make_render(const struct test_stage1 *m, struct record *rec, uint64_t seed)
 {
     struct render_params p = {
         .n_steps = 1, /* the schedule does not change the window bookkeeping */
         .guidance = 1.7f,
         .noise = {RENDER_NOISE_SEEDED, seed, 0, NULL, NULL},
-        .decoder = {m->dm, HOP, fake_decode},
+        .decoder = {m->dm, HOP, test_stage1_fake_decode},
         .sink = {rec, record_emit},
     };
     struct render *r;
@@ -118,7 +76,7 @@ static struct render *make_render(const struct models *m, struct record *rec, ui
 }
 
 /* Push T frames in pieces of `piece`, then finish. */
-static void run_song(const struct models *m, int T, int piece, struct record *rec, uint64_t seed)
+static void run_song(const struct test_stage1 *m, int T, int piece, struct record *rec, uint64_t seed)
 {
     int W;
     float *f = make_frames(m, T, &W);
@@ -136,7 +94,7 @@ static void run_song(const struct models *m, int T, int piece, struct record *re
 
 static void test_chunks(void **state)
 {
-    struct models *m = *state;
+    struct test_stage1 *m = *state;
     if (!m) skip();
     /* expected chunks in latents (x 512 samples), and whether each comes at render_finish */
     static const struct {
@@ -176,7 +134,7 @@ static void test_chunks(void **state)
 
 static void test_piece_size_irrelevant(void **state)
 {
-    struct models *m = *state;
+    struct test_stage1 *m = *state;
     if (!m) skip();
     struct record a = {0}, b = {0}, c = {0};
     run_song(m, 225, 225, &a, 9); /* all at once */
@@ -188,7 +146,7 @@ static void test_piece_size_irrelevant(void **state)
 
 static void test_bad_input(void **state)
 {
-    struct models *m = *state;
+    struct test_stage1 *m = *state;
     if (!m) skip();
     int W;
     float *f = make_frames(m, 260, &W);
@@ -299,5 +257,5 @@ int main(void)
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_other_geometry),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, test_stage1_golden_setup, test_stage1_golden_teardown);
 }

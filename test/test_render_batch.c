@@ -27,6 +27,8 @@
 #include "common/error.h"
 #include "stage1/flow_batch.h"
 #include "stage1/render.h"
+#include "support/test_rand.h"
+#include "support/test_stage1.h"
 #include "support/test_support.h"
 
 #ifdef MM3_HAVE_CUDA
@@ -37,27 +39,8 @@
 #include "stage1/cuda/flow_cuda.h"
 #endif
 
-#define HOP 512
+#define HOP TEST_STAGE1_FAKE_HOP
 #define MAX_SONGS 4
-
-struct song_out;
-
-struct models {
-    struct condition_model *cm;
-    struct dit_model *dm;
-    struct song_out *alone; /* [3]: SONGS rendered alone, made once */
-};
-
-/* Stand-in vocoder: sample n of channel ch follows latent n/HOP of that channel's half. */
-static int fake_decode(void *ctx, const float *lat, int L, float *pcm)
-{
-    const struct dit_model *dm = ctx;
-    int C = dm->cfg.in_ch;
-    for (int ch = 0; ch < 2; ch++)
-        for (int n = 0; n < L * HOP; n++)
-            pcm[(size_t)ch * L * HOP + n] = 3.0f * lat[(size_t)ch * (C / 2) * L + n / HOP];
-    return 0;
-}
 
 /* The whole song's PCM, per channel, and the chunk sizes. */
 struct song_out {
@@ -108,37 +91,8 @@ struct song {
     uint64_t seed;
 };
 
-static int setup(void **state)
-{
-    const char *g = test_golden_dir();
-    if (!g) return 0;
-    char root[1024];
-    snprintf(root, sizeof root, "%s/checkpoint", g);
-    struct models *m = calloc(1, sizeof *m);
-    if (condition_load(&m->cm, root) < 0 || dit_load(&m->dm, root) < 0) {
-        fprintf(stderr, "%s\n", mm3_last_error());
-        return -1;
-    }
-    *state = m;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    struct models *m = *state;
-    if (m) {
-        for (int i = 0; m->alone && i < 3; i++)
-            free(m->alone[i].pcm[0]), free(m->alone[i].pcm[1]);
-        free(m->alone);
-        condition_free(m->cm);
-        dit_free(m->dm);
-        free(m);
-    }
-    return 0;
-}
-
 /* Frames of song `which`: distinct per song. */
-static float *make_frames(const struct models *m, int T, int which, int *width)
+static float *make_frames(const struct test_stage1 *m, int T, int which, int *width)
 {
     *width = m->cm->cfg.n_layers * m->cm->cfg.hidden;
     float *f = malloc(sizeof(float) * (size_t)T * *width);
@@ -148,13 +102,13 @@ static float *make_frames(const struct models *m, int T, int which, int *width)
     return f;
 }
 
-static struct render *make_render(const struct models *m, const struct song *s, struct song_out *o)
+static struct render *make_render(const struct test_stage1 *m, const struct song *s, struct song_out *o)
 {
     struct render_params p = {
         .n_steps = s->steps,
         .guidance = s->guidance,
         .noise = {RENDER_NOISE_SEEDED, s->seed, 0, NULL, NULL},
-        .decoder = {m->dm, HOP, fake_decode},
+        .decoder = {m->dm, HOP, test_stage1_fake_decode},
         .sink = {o, out_emit},
     };
     struct render *r;
@@ -162,7 +116,7 @@ static struct render *make_render(const struct models *m, const struct song *s, 
     return r;
 }
 
-static void render_alone(const struct models *m, const struct song *s, int which, struct song_out *o)
+static void render_alone(const struct test_stage1 *m, const struct song *s, int which, struct song_out *o)
 {
     int W;
     float *f = make_frames(m, s->T, which, &W);
@@ -179,39 +133,74 @@ static const struct song SONGS[3] = {
     {130, 1, 1.0f, 13}, /* 1 short window */
 };
 
-/* SONGS rendered alone (shared by the tests: the CPU DiT is the slow part). */
-static const struct song_out *songs_alone(struct models *m)
+/* SONGS rendered alone, made once for all the tests (the CPU DiT is the slow part);
+ * freed by teardown. */
+static struct song_out g_alone[3];
+static int g_alone_made;
+
+static const struct song_out *songs_alone(const struct test_stage1 *m)
 {
-    if (!m->alone) {
-        m->alone = calloc(3, sizeof *m->alone);
-        assert_non_null(m->alone);
+    if (!g_alone_made) {
+        g_alone_made = 1;
         for (int i = 0; i < 3; i++)
-            render_alone(m, &SONGS[i], i, &m->alone[i]);
+            render_alone(m, &SONGS[i], i, &g_alone[i]);
     }
-    return m->alone;
+    return g_alone;
+}
+
+static int teardown(void **state)
+{
+    for (int i = 0; i < 3; i++)
+        out_free(&g_alone[i]);
+    return test_stage1_golden_teardown(state);
+}
+
+/* SONGS rendered together: their renders, frames and outputs. */
+struct songs {
+    struct render *r[3];
+    float *f[3];
+    int W; /* frame width */
+    struct song_out batched[3];
+};
+
+static void songs_open(const struct test_stage1 *m, struct songs *s)
+{
+    memset(s, 0, sizeof *s);
+    for (int i = 0; i < 3; i++) {
+        s->f[i] = make_frames(m, SONGS[i].T, i, &s->W);
+        s->r[i] = make_render(m, &SONGS[i], &s->batched[i]);
+    }
+}
+
+/* All done: each song came out as it did alone; everything freed. */
+static void songs_close_as_alone(struct songs *s, const struct song_out *alone)
+{
+    for (int i = 0; i < 3; i++) {
+        assert_true(render_complete(s->r[i]));
+        out_equal(&alone[i], &s->batched[i]);
+        render_free(s->r[i]);
+        free(s->f[i]);
+        out_free(&s->batched[i]);
+    }
 }
 
 /* 1: everything at once, batches of up to 3 windows. */
 static void test_batched_equals_alone(void **state)
 {
-    struct models *m = *state;
+    struct test_stage1 *m = *state;
     if (!m) skip();
-    struct song_out batched[3] = {0};
     const struct song_out *alone = songs_alone(m);
-    struct render *r[3];
-    float *f[3];
-    int W;
+    struct songs s;
+    songs_open(m, &s);
     for (int i = 0; i < 3; i++) {
-        f[i] = make_frames(m, SONGS[i].T, i, &W);
-        r[i] = make_render(m, &SONGS[i], &batched[i]);
-        assert_int_equal(render_push_frames_deferred(r[i], f[i], SONGS[i].T, W), 0);
-        assert_int_equal(render_end(r[i]), 0);
+        assert_int_equal(render_push_frames_deferred(s.r[i], s.f[i], SONGS[i].T, s.W), 0);
+        assert_int_equal(render_end(s.r[i]), 0);
     }
     struct flow_batch fb;
     assert_int_equal(flow_batch_cpu_create(&fb, m->dm, condition_latent_len(&m->cm->cfg, 200), 3), 0);
     int rc[3], rounds = 0, first = -1, mixed_L = 0;
     for (;;) {
-        int n = render_batch_step(r, 3, &fb, rc);
+        int n = render_batch_step(s.r, 3, &fb, rc);
         assert_true(n >= 0);
         for (int i = 0; i < 3; i++)
             assert_true(rc[i] >= 0);
@@ -224,13 +213,7 @@ static void test_batched_equals_alone(void **state)
     assert_int_equal(first, 3);
     assert_int_equal(rounds, 3);
     assert_true(mixed_L);
-    for (int i = 0; i < 3; i++) {
-        assert_true(render_complete(r[i]));
-        out_equal(&alone[i], &batched[i]);
-        render_free(r[i]);
-        free(f[i]);
-        out_free(&batched[i]);
-    }
+    songs_close_as_alone(&s, alone);
     fb.close(fb.ctx);
 }
 
@@ -256,17 +239,12 @@ static int overlapped_round(struct render **r, const int *live, int n, const str
  * per batch for three songs, and emission lags one round behind the DiT. */
 static void test_trickle_overlapped(void **state)
 {
-    struct models *m = *state;
+    struct test_stage1 *m = *state;
     if (!m) skip();
-    struct song_out batched[3] = {0};
     const struct song_out *alone = songs_alone(m);
-    struct render *r[3];
-    float *f[3];
-    int W, at[3] = {0}, live[3] = {1, 1, 1}, ended[3] = {0};
-    for (int i = 0; i < 3; i++) {
-        f[i] = make_frames(m, SONGS[i].T, i, &W);
-        r[i] = make_render(m, &SONGS[i], &batched[i]);
-    }
+    struct songs s;
+    songs_open(m, &s);
+    int at[3] = {0}, live[3] = {1, 1, 1}, ended[3] = {0};
     struct flow_batch fb;
     assert_int_equal(flow_batch_cpu_create(&fb, m->dm, condition_latent_len(&m->cm->cfg, 200), 2), 0);
     int idle = 0, max_unfinished = 0;
@@ -274,16 +252,16 @@ static void test_trickle_overlapped(void **state)
         for (int i = 0; i < 3; i++) {
             int n = SONGS[i].T - at[i] < 37 ? SONGS[i].T - at[i] : 37;
             if (n > 0) {
-                assert_int_equal(render_push_frames_deferred(r[i], f[i] + (size_t)at[i] * W, n, W), 0);
+                assert_int_equal(render_push_frames_deferred(s.r[i], s.f[i] + (size_t)at[i] * s.W, n, s.W), 0);
                 at[i] += n;
             } else if (!ended[i]) {
-                assert_int_equal(render_end(r[i]), 0);
+                assert_int_equal(render_end(s.r[i]), 0);
                 ended[i] = 1;
             }
         }
-        int k = overlapped_round(r, live, 3, &fb);
+        int k = overlapped_round(s.r, live, 3, &fb);
         for (int i = 0; i < 3; i++) {
-            int u = render_window_unfinished(r[i]);
+            int u = render_window_unfinished(s.r[i]);
             max_unfinished = u > max_unfinished ? u : max_unfinished;
         }
         int all_ended = ended[0] && ended[1] && ended[2];
@@ -291,13 +269,7 @@ static void test_trickle_overlapped(void **state)
     }
     /* the round after a window ran still holds it: emission overlapped the next batch */
     assert_int_equal(max_unfinished, 1);
-    for (int i = 0; i < 3; i++) {
-        assert_true(render_complete(r[i]));
-        out_equal(&alone[i], &batched[i]);
-        render_free(r[i]);
-        free(f[i]);
-        out_free(&batched[i]);
-    }
+    songs_close_as_alone(&s, alone);
     fb.close(fb.ctx);
 }
 
@@ -306,7 +278,7 @@ static void test_trickle_overlapped(void **state)
  * song 0 and song 3 come out as if alone. */
 static void test_cancel_and_failure_mid_batch(void **state)
 {
-    struct models *m = *state;
+    struct test_stage1 *m = *state;
     if (!m) skip();
     const struct song songs[4] = {SONGS[0], {350, 1, 1.7f, 21}, {350, 1, 1.7f, 22}, {250, 2, 2.5f, 23}};
     struct song_out alone[4] = {0}, batched[4] = {0};
@@ -330,7 +302,7 @@ static void test_cancel_and_failure_mid_batch(void **state)
         .n_steps = 1,
         .guidance = 1.7f,
         .noise = {RENDER_NOISE_REPLAY, 0, 2, replay, replay_len},
-        .decoder = {m->dm, HOP, fake_decode},
+        .decoder = {m->dm, HOP, test_stage1_fake_decode},
         .sink = {&batched[2], out_emit},
     };
     assert_int_equal(render_create(&r[2], m->cm, m->dm, &p), 0);
@@ -392,7 +364,7 @@ static void test_cancel_and_failure_mid_batch(void **state)
  * alone. */
 static void test_bad_batch(void **state)
 {
-    struct models *m = *state;
+    struct test_stage1 *m = *state;
     if (!m) skip();
     int Lw = condition_latent_len(&m->cm->cfg, 200), C = m->dm->cfg.in_ch, D = m->dm->cfg.cond_dim;
     struct flow_batch fb;
@@ -414,28 +386,10 @@ static void test_bad_batch(void **state)
 #ifdef MM3_HAVE_CUDA
 static uint64_t rng = 0x5eedba7c40ull;
 
-static float rnd(float a)
-{
-    uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return a * ((float)(z >> 40) / 8388608.0f - 1.0f);
-}
-
-static float *rnd_array(size_t n, float a)
-{
-    float *p = malloc(sizeof(float) * (n ? n : 1));
-    assert_non_null(p);
-    for (size_t i = 0; i < n; i++)
-        p[i] = rnd(a);
-    return p;
-}
-
 /* 5 */
 static void test_cuda_batch_matches_single(void **state)
 {
-    struct models *m = *state;
+    struct test_stage1 *m = *state;
     if (!m || cuda_device_count_safe() < 1) skip();
     int Lw = condition_latent_len(&m->cm->cfg, 200), Ls = condition_latent_len(&m->cm->cfg, 130);
     int C = m->dm->cfg.in_ch, D = m->dm->cfg.cond_dim;
@@ -452,11 +406,11 @@ static void test_cuda_batch_matches_single(void **state)
     float *x_single[4], *cond[4], *prev[4];
     for (int i = 0; i < 4; i++) {
         size_t n = (size_t)C * w[i].L;
-        jobs[i].x = rnd_array(n, 1.0f);
+        jobs[i].x = test_rand_array(&rng, n, 1.0f);
         x_single[i] = malloc(sizeof(float) * n);
         memcpy(x_single[i], jobs[i].x, sizeof(float) * n);
-        cond[i] = rnd_array((size_t)w[i].L * D, 1.0f);
-        prev[i] = rnd_array((size_t)C * w[i].ov, 1.0f);
+        cond[i] = test_rand_array(&rng, (size_t)w[i].L * D, 1.0f);
+        prev[i] = test_rand_array(&rng, (size_t)C * w[i].ov, 1.0f);
         jobs[i] = (struct flow_job){w[i].steps, w[i].g, w[i].L, w[i].ov, cond[i], w[i].ov ? prev[i] : NULL, jobs[i].x};
         assert_int_equal(
             flow_cuda_window_run(f, w[i].steps, w[i].g, w[i].L, cond[i], w[i].ov, jobs[i].prev, x_single[i]), 0);
@@ -504,14 +458,7 @@ static void test_cuda_batch_timing(void **state)
     const char *on = getenv("MM3_BENCH_BATCH");
     if (!on || strcmp(on, "1") || cuda_device_count_safe() < 1) skip();
     /* the release DiT (models/minimax-music3 transformer config.json), random weights */
-    struct dit_config cfg = {.in_ch = 128,
-                             .cond_dim = 2048,
-                             .n_layers = 36,
-                             .n_heads = 32,
-                             .head_dim = 64,
-                             .ff_inner = 8192,
-                             .rotary_dim = 32,
-                             .fourier_dim = 256};
+    struct dit_config cfg = test_stage1_release_dit(36);
     const int L = 689, steps = 4, W = 4;
     enum mm3_matmul_precision precs[2] = {MM3_MATMUL_TF32, MM3_MATMUL_BF16};
     for (int pi = 0; pi < 2; pi++) {
@@ -527,9 +474,9 @@ static void test_cuda_batch_timing(void **state)
                                         1.7f,
                                         L,
                                         172,
-                                        rnd_array((size_t)L * cfg.cond_dim, 1.0f),
-                                        rnd_array((size_t)cfg.in_ch * 172, 1.0f),
-                                        rnd_array((size_t)cfg.in_ch * L, 1.0f)};
+                                        test_rand_array(&rng, (size_t)L * cfg.cond_dim, 1.0f),
+                                        test_rand_array(&rng, (size_t)cfg.in_ch * 172, 1.0f),
+                                        test_rand_array(&rng, (size_t)cfg.in_ch * L, 1.0f)};
         int rc[4];
         double per[2];
         for (int k = 0; k < 2; k++) {
@@ -564,5 +511,5 @@ int main(void)
         cmocka_unit_test(test_cuda_batch_matches_single),    cmocka_unit_test(test_cuda_batch_timing),
 #endif
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, test_stage1_golden_setup, teardown);
 }

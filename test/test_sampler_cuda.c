@@ -29,6 +29,7 @@
 
 #include "common/error.h"
 #include "common/sampler.h"
+#include "support/test_rand.h"
 
 #ifdef MM3_HAVE_CUDA
 #include "common/cuda/ops_cuda.h"
@@ -36,24 +37,15 @@
 
 static uint64_t rng;
 
-static uint64_t rng_next(void)
-{
-    /* splitmix64 */
-    uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static int rnd_int(int n)
 {
-    return (int)(rng_next() % (uint64_t)n);
+    return (int)(test_rand_next(&rng) % (uint64_t)n);
 }
 
 /* Uniform in [-a, a). */
 static float rnd(float a)
 {
-    return a * (float)((double)(rng_next() >> 11) * 0x1p-52 - 1.0);
+    return a * (float)((double)(test_rand_next(&rng) >> 11) * 0x1p-52 - 1.0);
 }
 
 /* One call's inputs on the host. */
@@ -173,8 +165,8 @@ static struct batch *batch_new(int n, int ld, int n_pairs, int c0_rule, int top_
             c[i] = u[i] = NAN;
         b->scale[p] = scales[rnd_int((int)(sizeof scales / sizeof scales[0]))];
         /* Derived seeds have 31 bits; raw 64-bit ones exercise the high word. */
-        b->seed[p] = rnd_int(2) ? (rng_next() & 0x7FFFFFFFu) : rng_next();
-        b->pos[p] = rnd_int(2) ? (uint32_t)rnd_int(9000 * 8) : (uint32_t)rng_next();
+        b->seed[p] = rnd_int(2) ? (test_rand_next(&rng) & 0x7FFFFFFFu) : test_rand_next(&rng);
+        b->pos[p] = rnd_int(2) ? (uint32_t)rnd_int(9000 * 8) : (uint32_t)test_rand_next(&rng);
         if (b->mask) b->mask[p] = rnd_int(4) == 0;
     }
     return b;
@@ -506,8 +498,8 @@ static void test_gumbel_noise(void **state)
     long differ = 0;
     double worst = 0.0;
     for (int r = 0; r < ROUNDS; r++) {
-        uint64_t seed = r == 0 ? 1153769322u : rng_next();
-        uint32_t pos = r == 0 ? 0 : (uint32_t)rng_next(), col0 = r == 0 ? 0 : (uint32_t)rng_next();
+        uint64_t seed = r == 0 ? 1153769322u : test_rand_next(&rng);
+        uint32_t pos = r == 0 ? 0 : (uint32_t)test_rand_next(&rng), col0 = r == 0 ? 0 : (uint32_t)test_rand_next(&rng);
         assert_int_equal(cuda_sampler_gumbel(d, seed, pos, col0, COLS, NULL), 0);
         assert_int_equal(cuda_stream_sync(NULL), 0);
         assert_int_equal(cuda_memcpy_d2h(h, d, sizeof(double) * COLS), 0);

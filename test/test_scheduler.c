@@ -22,15 +22,15 @@
 #include "stage0/prompt.h"
 #include "stage0/scheduler.h"
 #include "stage0/tokenizer.h"
+#include "support/test_stage0.h"
 #include "support/test_support.h"
 
 #define MAX_JOBS 8
 #define MAX_T 64
 
+/* The shared stage-0 fixture plus the tokenizer the scheduler encodes prompts with. */
 struct model {
-    char root[1024];
-    struct talker lm;
-    struct depth dd;
+    struct test_stage0 *s0;
     struct tokenizer *tok;
 };
 
@@ -94,31 +94,37 @@ static void on_abort(void *ctx, struct mm3_job *job)
     if (i >= 0) l->aborted[i]++;
 }
 
-static int setup(void **state)
-{
-    const char *g = test_golden_dir();
-    if (!g) return 0;
-    struct model *m = calloc(1, sizeof *m);
-    char path[1200];
-    snprintf(m->root, sizeof m->root, "%s/checkpoint", g);
-    snprintf(path, sizeof path, "%s/tokenizer/tokenizer.json", m->root);
-    if (talker_load(&m->lm, m->root) < 0 || depth_load(&m->dd, m->root) < 0 || tokenizer_load(&m->tok, path) < 0) {
-        fprintf(stderr, "load: %s\n", mm3_last_error());
-        free(m);
-        return -1;
-    }
-    *state = m;
-    return 0;
-}
-
 static int teardown(void **state)
 {
     struct model *m = *state;
     if (m) {
-        talker_free(&m->lm);
-        depth_free(&m->dd);
+        void *s0 = m->s0;
+        test_stage0_golden_teardown(&s0);
         tokenizer_free(m->tok);
         free(m);
+    }
+    return 0;
+}
+
+static int setup(void **state)
+{
+    void *s0 = NULL;
+    if (test_stage0_golden_setup(&s0) < 0) return -1;
+    if (!s0) return 0;
+    struct model *m = calloc(1, sizeof *m);
+    if (!m) {
+        test_stage0_golden_teardown(&s0);
+        return -1;
+    }
+    m->s0 = s0;
+    *state = m;
+    char path[1200];
+    snprintf(path, sizeof path, "%s/tokenizer/tokenizer.json", m->s0->root);
+    if (tokenizer_load(&m->tok, path) < 0) {
+        fprintf(stderr, "load %s: %s\n", path, mm3_last_error());
+        teardown(state);
+        *state = NULL;
+        return -1;
     }
     return 0;
 }
@@ -161,10 +167,10 @@ static int run_alone(struct model *m, const struct request *q, float *frames, in
     struct sampler sp;
     sampler_init_seeded(&sp, q->seed);
     struct generate g;
-    int rc = generate_begin(&g, &m->lm, &m->dd, &sp, ids, P, q->frames, SAMPLER_CFG_SCALE, NULL);
+    int rc = generate_begin(&g, &m->s0->lm, &m->s0->dd, &sp, ids, P, q->frames, SAMPLER_CFG_SCALE, NULL);
     free(ids);
     if (rc < 0) return rc;
-    int width = m->dd.cfg.n_codebooks * m->lm.cfg.hidden;
+    int width = m->s0->dd.cfg.n_codebooks * m->s0->lm.cfg.hidden;
     while (!g.done && rc == 0) {
         int before = g.n_frames;
         rc = generate_step(&g);
@@ -185,7 +191,7 @@ static struct sched *make_sched(struct model *m, struct sink_log *log, int rows,
                               .on_end = on_end,
                               .on_abort = on_abort};
     struct sched *s;
-    assert_int_equal(sched_create(&s, &cfg, &m->lm, &m->dd, m->tok, &sink), 0);
+    assert_int_equal(sched_create(&s, &cfg, &m->s0->lm, &m->s0->dd, m->tok, &sink), 0);
     return s;
 }
 
@@ -218,7 +224,7 @@ static void test_batched_equals_separate(void **state)
 {
     struct model *m = *state;
     if (!m) skip();
-    int width = m->dd.cfg.n_codebooks * m->lm.cfg.hidden;
+    int width = m->s0->dd.cfg.n_codebooks * m->s0->lm.cfg.hidden;
     struct sink_log log;
     log_init(&log, width);
     struct sched *s = make_sched(m, &log, 4, 12, 8);
@@ -264,7 +270,7 @@ static void test_admission_and_cancel(void **state)
 {
     struct model *m = *state;
     if (!m) skip();
-    int width = m->dd.cfg.n_codebooks * m->lm.cfg.hidden;
+    int width = m->s0->dd.cfg.n_codebooks * m->s0->lm.cfg.hidden;
     struct sink_log log;
     log_init(&log, width);
     struct sched *s = make_sched(m, &log, 2, 64, 1);
@@ -320,7 +326,7 @@ static void test_admission_held(void **state)
     struct model *m = *state;
     if (!m) skip();
     struct sink_log log;
-    log_init(&log, m->dd.cfg.n_codebooks * m->lm.cfg.hidden);
+    log_init(&log, m->s0->dd.cfg.n_codebooks * m->s0->lm.cfg.hidden);
     log.hold = 1;
     struct sched *s = make_sched(m, &log, 2, 64, 2);
     int a = log_add(&log, make_job(&k_req[1]));
@@ -348,8 +354,8 @@ static void run_pair(struct model *m, const int32_t *ids, int P, float scale, fl
     struct sampler sp;
     sampler_init_seeded(&sp, 99);
     struct generate g;
-    assert_int_equal(generate_begin(&g, &m->lm, &m->dd, &sp, ids, P, 12, scale, NULL), 0);
-    int width = m->dd.cfg.n_codebooks * m->lm.cfg.hidden;
+    assert_int_equal(generate_begin(&g, &m->s0->lm, &m->s0->dd, &sp, ids, P, 12, scale, NULL), 0);
+    int width = m->s0->dd.cfg.n_codebooks * m->s0->lm.cfg.hidden;
     while (!g.done) {
         int before = g.n_frames;
         assert_int_equal(generate_step(&g), 0);
@@ -370,7 +376,7 @@ static void test_guidance_off_ignores_uncond(void **state)
     memcpy(other, ids, sizeof(int32_t) * 2 * P);
     for (int i = 1; i < P - 2; i++)
         other[P + i] = ids[i]; /* uncond row := the conditional text */
-    int width = m->dd.cfg.n_codebooks * m->lm.cfg.hidden, na, nb;
+    int width = m->s0->dd.cfg.n_codebooks * m->s0->lm.cfg.hidden, na, nb;
     float *a = malloc(sizeof(float) * 12 * width), *b = malloc(sizeof(float) * 12 * width);
     run_pair(m, ids, P, 1.0f, a, &na);
     run_pair(m, other, P, 1.0f, b, &nb);
@@ -387,7 +393,7 @@ static void test_thread_and_shutdown(void **state)
 {
     struct model *m = *state;
     if (!m) skip();
-    int width = m->dd.cfg.n_codebooks * m->lm.cfg.hidden;
+    int width = m->s0->dd.cfg.n_codebooks * m->s0->lm.cfg.hidden;
     struct sink_log log;
     log_init(&log, width);
     struct sched *s = make_sched(m, &log, 2, 64, 4);
@@ -419,11 +425,11 @@ static void test_thread_and_shutdown(void **state)
 static void test_memory_plan(void **state)
 {
     struct model *m = *state;
-    const struct talker_config *c = &m->lm.cfg;
+    const struct talker_config *c = &m->s0->lm.cfg;
     struct talker_backend_plan a, b, g;
-    talker_backend_plan_compute(TALKER_BACKEND_CPU, &m->lm, &m->dd, 8, 100, &a);
-    talker_backend_plan_compute(TALKER_BACKEND_CPU, &m->lm, &m->dd, 8, 200, &b);
-    talker_backend_plan_compute(TALKER_BACKEND_CUDA, &m->lm, &m->dd, 8, 100, &g);
+    talker_backend_plan_compute(TALKER_BACKEND_CPU, &m->s0->lm, &m->s0->dd, 8, 100, &a);
+    talker_backend_plan_compute(TALKER_BACKEND_CPU, &m->s0->lm, &m->s0->dd, 8, 200, &b);
+    talker_backend_plan_compute(TALKER_BACKEND_CUDA, &m->s0->lm, &m->s0->dd, 8, 100, &g);
     size_t kv = 2 * (size_t)c->n_layers * 100 * (size_t)c->n_kv_heads * c->head_dim * sizeof(float);
     assert_int_equal(a.kv_bytes_per_row, kv);
     assert_int_equal(b.kv_bytes_per_row, 2 * kv);
@@ -439,12 +445,12 @@ static void test_memory_plan(void **state)
             .max_rows = 2, .max_ctx = 64, .max_batched_tokens = 8, .max_queue = 1, .backend = TALKER_BACKEND_CUDA};
         struct sched_sink sink = {0};
         struct sched *s = NULL;
-        assert_int_equal(sched_create(&s, &cfg, &m->lm, &m->dd, m->tok, &sink), -ENODEV);
+        assert_int_equal(sched_create(&s, &cfg, &m->s0->lm, &m->s0->dd, m->tok, &sink), -ENODEV);
         assert_null(s);
         return;
     }
     struct talker_backend_plan huge;
-    talker_backend_plan_compute(TALKER_BACKEND_CUDA, &m->lm, &m->dd, 1 << 16, 1 << 16, &huge);
+    talker_backend_plan_compute(TALKER_BACKEND_CUDA, &m->s0->lm, &m->s0->dd, 1 << 16, 1 << 16, &huge);
     assert_int_equal(talker_backend_plan_check(TALKER_BACKEND_CUDA, &huge, 0.9), -ENOMEM);
     assert_non_null(strstr(mm3_last_error(), "does not fit"));
     assert_int_equal(talker_backend_plan_check(TALKER_BACKEND_CUDA, &g, 0.9), 0);

@@ -21,39 +21,8 @@
 #include "common/sampler.h"
 #include "stage0/depth.h"
 #include "stage0/talker.h"
+#include "support/test_stage0.h"
 #include "support/test_support.h"
-
-struct fixture {
-    char root[1024];
-    struct talker lm;
-    struct depth dd;
-};
-
-static int setup(void **state)
-{
-    const char *g = test_golden_dir();
-    if (!g) return 0;
-    struct fixture *f = calloc(1, sizeof *f);
-    snprintf(f->root, sizeof f->root, "%s/checkpoint", g);
-    if (talker_load(&f->lm, f->root) < 0 || depth_load(&f->dd, f->root) < 0) {
-        fprintf(stderr, "load: %s\n", mm3_last_error());
-        free(f);
-        return -1;
-    }
-    *state = f;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    struct fixture *f = *state;
-    if (f) {
-        talker_free(&f->lm);
-        depth_free(&f->dd);
-        free(f);
-    }
-    return 0;
-}
 
 #define NEED_GOLDEN(f)                                                                                                 \
     do {                                                                                                               \
@@ -71,7 +40,7 @@ static void fill(float *x, size_t n, uint32_t seed)
 
 static void test_head_slice_equals_full(void **state)
 {
-    struct fixture *f = *state;
+    struct test_stage0 *f = *state;
     NEED_GOLDEN(f);
     int H = f->lm.cfg.hidden, V = f->lm.cfg.vocab;
     struct ckpt_component c;
@@ -95,7 +64,7 @@ static void test_head_slice_equals_full(void **state)
 
 static void test_decode_equals_prefill(void **state)
 {
-    struct fixture *f = *state;
+    struct test_stage0 *f = *state;
     NEED_GOLDEN(f);
     enum { N = 9 };
     int H = f->lm.cfg.hidden;
@@ -125,7 +94,7 @@ static void test_decode_equals_prefill(void **state)
 
 static void test_batch_rows_independent(void **state)
 {
-    struct fixture *f = *state;
+    struct test_stage0 *f = *state;
     NEED_GOLDEN(f);
     enum { N = 6 };
     int H = f->lm.cfg.hidden;
@@ -173,7 +142,7 @@ static void test_batch_rows_independent(void **state)
 
 static void test_feedback_embedding(void **state)
 {
-    struct fixture *f = *state;
+    struct test_stage0 *f = *state;
     NEED_GOLDEN(f);
     int H = f->lm.cfg.hidden, ncb = f->dd.cfg.n_codebooks, V = f->dd.cfg.audio_vocab;
     int32_t codes[16];
@@ -208,7 +177,7 @@ static void test_feedback_embedding(void **state)
 
 static void test_bad_inputs(void **state)
 {
-    struct fixture *f = *state;
+    struct test_stage0 *f = *state;
     NEED_GOLDEN(f);
     int H = f->lm.cfg.hidden;
     int bad_id[1] = {f->lm.cfg.vocab};
@@ -228,7 +197,7 @@ static void test_bad_inputs(void **state)
 /* A language_model whose vocab cannot hold the semantic codes is refused by name. */
 static void test_small_vocab_refused(void **state)
 {
-    struct fixture *f = *state;
+    struct test_stage0 *f = *state;
     NEED_GOLDEN(f);
     char *dir = test_make_tmpdir("talker_vocab");
     char p[1024], q[4096];
@@ -269,5 +238,5 @@ int main(void)
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_small_vocab_refused),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, test_stage0_golden_setup, test_stage0_golden_teardown);
 }

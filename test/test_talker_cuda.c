@@ -26,20 +26,11 @@
 #include "common/sampler.h"
 #include "stage0/golden.h"
 #include "stage0/talker_backend.h"
+#include "support/test_stage0.h"
 #include "support/test_support.h"
 
 #define REL_TOL 1e-4
 #define CHUNK 16 /* tokens per forward below which products stay float32-accurate */
-
-static char ckpt[4096];
-
-static int have_golden(void)
-{
-    const char *g = test_golden_dir();
-    if (!g) return 0;
-    snprintf(ckpt, sizeof ckpt, "%s/checkpoint", g);
-    return 1;
-}
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
@@ -220,23 +211,18 @@ static void open_pair(struct talker_backend *cpu, struct talker_backend *gpu, co
     assert_int_equal(rc, 0);
 }
 
+/* The gpu group's fixture holds tiny-a (test_stage0_golden_setup; NULL: no golden directory). */
 static void test_tiny_talker_and_depth(void **state)
 {
-    (void)state;
-    if (!have_golden()) skip();
-    struct talker lm;
-    struct depth dd;
-    assert_int_equal(talker_load(&lm, ckpt), 0);
-    assert_int_equal(depth_load(&dd, ckpt), 0);
+    const struct test_stage0 *m = *state;
+    if (!m) skip();
     struct talker_backend cpu, gpu;
-    open_pair(&cpu, &gpu, &lm, &dd, 3, 64);
+    open_pair(&cpu, &gpu, &m->lm, &m->dd, 3, 64);
     int prompt[3] = {12, 9, 5};
     compare_talker(&cpu, &gpu, 3, prompt, 20);
     compare_depth(&cpu, &gpu, 3, 2);
     talker_backend_close(&cpu);
     talker_backend_close(&gpu);
-    talker_free(&lm);
-    depth_free(&dd);
 }
 
 /* A prefill batch of more than 16 tokens takes the bf16 cuBLASLt GEMM (activations
@@ -244,15 +230,11 @@ static void test_tiny_talker_and_depth(void **state)
  * path's float32 accuracy (which would mean the GEMM never ran). */
 static void test_tiny_prefill_gemm(void **state)
 {
-    (void)state;
-    if (!have_golden()) skip();
-    struct talker lm;
-    struct depth dd;
-    assert_int_equal(talker_load(&lm, ckpt), 0);
-    assert_int_equal(depth_load(&dd, ckpt), 0);
+    const struct test_stage0 *m = *state;
+    if (!m) skip();
     struct talker_backend cpu, gpu;
-    open_pair(&cpu, &gpu, &lm, &dd, 3, 64);
-    int prompt[3] = {20, 17, 9}, n = 46, H = lm.cfg.hidden, k = 0;
+    open_pair(&cpu, &gpu, &m->lm, &m->dd, 3, 64);
+    int prompt[3] = {20, 17, 9}, n = 46, H = m->lm.cfg.hidden, k = 0;
     int row[46], pos[46];
     float *emb = malloc(sizeof(float) * n * H), *a = malloc(sizeof(float) * n * H), *b = malloc(sizeof(float) * n * H);
     assert_non_null(emb), assert_non_null(a), assert_non_null(b);
@@ -271,8 +253,6 @@ static void test_tiny_prefill_gemm(void **state)
     talker_backend_close(&cpu);
     talker_backend_close(&gpu);
     free(emb), free(a), free(b);
-    talker_free(&lm);
-    depth_free(&dd);
 }
 
 /* Decode steps over changing subsets of 8 rows (sizes 1..8, padded to the capture
@@ -334,15 +314,9 @@ static void compare_graphs(const struct talker *m, const struct depth *dd, int s
 
 static void test_tiny_graphs(void **state)
 {
-    (void)state;
-    if (!have_golden()) skip();
-    struct talker lm;
-    struct depth dd;
-    assert_int_equal(talker_load(&lm, ckpt), 0);
-    assert_int_equal(depth_load(&dd, ckpt), 0);
-    compare_graphs(&lm, &dd, 24);
-    talker_free(&lm);
-    depth_free(&dd);
+    const struct test_stage0 *m = *state;
+    if (!m) skip();
+    compare_graphs(&m->lm, &m->dd, 24);
 }
 
 /* The release geometry of one decoder layer: hidden 4096, 32/8 heads x 128, FFN 12288. */
@@ -448,7 +422,7 @@ static void test_release_shaped_depth(void **state)
 
 static void replay(const char *backend, double tol)
 {
-    if (!have_golden()) skip();
+    if (!test_golden_dir()) skip();
     int n_pass, n_fail;
     int rc = golden_check_dir_backend(test_golden_dir(), backend, tol, stdout, &n_pass, &n_fail);
     if (rc < 0) print_error("golden %s: %s\n", backend, mm3_last_error());
@@ -498,5 +472,6 @@ int main(void)
         cmocka_unit_test(test_tiny_graphs),           cmocka_unit_test(test_release_shaped_talker),
         cmocka_unit_test(test_release_shaped_depth),  cmocka_unit_test(test_golden_replay_cuda_backend),
     };
-    return cmocka_run_group_tests_name("talker cuda", gpu, NULL, NULL) ? 1 : 0;
+    rc = cmocka_run_group_tests_name("talker cuda", gpu, test_stage0_golden_setup, test_stage0_golden_teardown);
+    return rc ? 1 : 0;
 }

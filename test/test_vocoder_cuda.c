@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "common/error.h"
+#include "support/test_rand.h"
 #include "support/test_support.h"
 
 #ifdef MM3_HAVE_CUDA
@@ -46,24 +47,6 @@
 
 static uint64_t rng = 0x5eed5eedull;
 
-static float rnd(float a)
-{
-    uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return a * ((float)(z >> 40) / 8388608.0f - 1.0f);
-}
-
-static float *rnd_array(size_t n, float a)
-{
-    float *p = malloc(sizeof(float) * (n ? n : 1));
-    assert_non_null(p);
-    for (size_t i = 0; i < n; i++)
-        p[i] = rnd(a);
-    return p;
-}
-
 /* ---- 1. kernels ---- */
 
 static void check_conv1d_prec(int batch, int c_in, int c_out, int t, int k, int dil, int tf32);
@@ -78,8 +61,9 @@ static void check_conv1d(int batch, int c_in, int c_out, int t, int k, int dil)
 static void check_conv1d_prec(int batch, int c_in, int c_out, int t, int k, int dil, int tf32)
 {
     size_t nx = (size_t)c_in * t, ny = (size_t)c_out * t;
-    float *x = rnd_array(batch * nx, 1.0f), *w = rnd_array((size_t)c_out * c_in * k, 1.0f / sqrtf((float)c_in * k));
-    float *b = rnd_array(c_out, 0.1f), *y = malloc(sizeof(float) * batch * ny),
+    float *x = test_rand_array(&rng, batch * nx, 1.0f),
+          *w = test_rand_array(&rng, (size_t)c_out * c_in * k, 1.0f / sqrtf((float)c_in * k));
+    float *b = test_rand_array(&rng, c_out, 0.1f), *y = malloc(sizeof(float) * batch * ny),
           *ref = malloc(sizeof(float) * batch * ny);
     for (int it = 0; it < batch; it++)
         op_conv1d(ref + it * ny, x + it * nx, w, b, c_in, c_out, t, k, dil, dil * (k - 1) / 2);
@@ -115,8 +99,9 @@ static void check_conv_t_prec(int batch, int c_in, int c_out, int t_in, int s, i
     int k = 2 * s, t_out = op_conv_transpose1d_out_len(t_in, k, s, (s + 1) / 2);
     assert_int_equal(t_out, s * t_in);
     size_t nx = (size_t)c_in * t_in, ny = (size_t)c_out * t_out;
-    float *x = rnd_array(batch * nx, 1.0f), *w = rnd_array((size_t)c_in * c_out * k, 1.0f / sqrtf((float)c_in * 2));
-    float *b = rnd_array(c_out, 0.1f), *y = malloc(sizeof(float) * batch * ny),
+    float *x = test_rand_array(&rng, batch * nx, 1.0f),
+          *w = test_rand_array(&rng, (size_t)c_in * c_out * k, 1.0f / sqrtf((float)c_in * 2));
+    float *b = test_rand_array(&rng, c_out, 0.1f), *y = malloc(sizeof(float) * batch * ny),
           *ref = malloc(sizeof(float) * batch * ny);
     for (int it = 0; it < batch; it++)
         op_conv_transpose1d(ref + it * ny, x + it * nx, w, b, c_in, c_out, t_in, k, s, (s + 1) / 2);
@@ -143,7 +128,8 @@ static void test_snake(void **state)
 {
     (void)state;
     int c = 96, t = 1001;
-    float *x = rnd_array(2 * (size_t)c * t, 3.0f), *a = rnd_array(c, 1.0f), *y = malloc(sizeof(float) * 2 * c * t);
+    float *x = test_rand_array(&rng, 2 * (size_t)c * t, 3.0f), *a = test_rand_array(&rng, c, 1.0f),
+          *y = malloc(sizeof(float) * 2 * c * t);
     float *ref = malloc(sizeof(float) * 2 * c * t);
     for (int i = 0; i < c; i++)
         a[i] += 1.5f;
@@ -248,7 +234,7 @@ static void test_release_shape(void **state)
     struct ckpt_gen_opts o = {.seed = 7};
     if (ckpt_gen_write(dir, &g, &o) < 0) fail_msg("ckpt_gen_write: %s", mm3_last_error());
     int L = 8;
-    float *lat = rnd_array((size_t)128 * L, 1.0f);
+    float *lat = test_rand_array(&rng, (size_t)128 * L, 1.0f);
     assert_true(compare_decode("release-shaped random vocoder", dir, lat, L) <= TOL);
     if (getenv("MM3_TEST_VOCODER_BENCH")) {
         struct vocoder_cuda *h;

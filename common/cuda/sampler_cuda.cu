@@ -16,6 +16,7 @@
 
 #include "common/cuda/cuda_internal.h"
 #include "common/cuda/sampler_cuda.h"
+#include "common/sampler_hash.h"
 
 enum {
     SAMPLER_THREADS = 1024,
@@ -43,42 +44,6 @@ __device__ __forceinline__ uint32_t key_of(float x)
 __device__ __forceinline__ float float_of_key(uint32_t k)
 {
     return __uint_as_float((k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k);
-}
-
-__device__ __forceinline__ uint32_t rotl32(uint32_t x, int r)
-{
-    return (x << r) | (x >> (32 - r));
-}
-
-__device__ __forceinline__ uint32_t murmur_mix(uint32_t h, uint32_t k)
-{
-    k *= 0xCC9E2D51u;
-    k = rotl32(k, 15);
-    k *= 0x1B873593u;
-    h ^= k;
-    h = rotl32(h, 13);
-    return h * 5u + 0xE6546B64u;
-}
-
-/* sampler_murmur + sampler_gumbel of common/sampler.c, in the same double steps. */
-__device__ double gumbel_noise(uint64_t seed, uint32_t pos, uint32_t col)
-{
-    uint32_t h = 0;
-    h = murmur_mix(h, (uint32_t)seed);
-    h = murmur_mix(h, (uint32_t)(seed >> 32));
-    h = murmur_mix(h, pos);
-    h = murmur_mix(h, col);
-    h ^= 16u;
-    h ^= h >> 16;
-    h *= 0x85EBCA6Bu;
-    h ^= h >> 13;
-    h *= 0xC2B2AE35u;
-    h ^= h >> 16;
-    double u = __ddiv_rn((double)h, 4294967295.0);
-    double lu = log(u);
-    if (lu < -DBL_MAX) lu = -DBL_MAX;
-    if (lu > -0x1p-32) lu = -0x1p-32;
-    return -log(-lu);
 }
 
 struct select_shared {
@@ -299,7 +264,7 @@ __global__ void __launch_bounds__(SAMPLER_THREADS)
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         uint32_t k = keys[i];
         if (k < tv) continue;
-        double score = __dadd_rn((double)float_of_key(k), gumbel_noise(sd, ps, (uint32_t)i));
+        double score = __dadd_rn((double)float_of_key(k), sampler_hash_gumbel(sd, ps, (uint32_t)i));
         /* i grows within a thread: strict > keeps the first maximum. */
         if (col == INT_MAX || score > best) {
             best = score;
@@ -326,7 +291,7 @@ __global__ void __launch_bounds__(SAMPLER_THREADS)
 __global__ void gumbel_kernel(double *out, uint64_t seed, uint32_t pos, uint32_t col0, int n)
 {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = gumbel_noise(seed, pos, col0 + (uint32_t)i);
+    if (i < n) out[i] = sampler_hash_gumbel(seed, pos, col0 + (uint32_t)i);
 }
 
 /* Columns that fit the shared-memory key buffer; the kernel's opt-in limit is
