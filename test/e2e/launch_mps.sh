@@ -9,15 +9,7 @@ d="$tmp/e2e_launch_mps.$$"
 rm -rf "$d" && mkdir -p "$d/bin" "$d/fakebin" || exit 1
 fail() { echo "FAIL: $*" >&2; cat "$d/err" >&2; exit 1; }
 deadline_s=120
-wait_for() {
-    what=$1
-    shift
-    end=$(($(date +%s) + deadline_s))
-    until "$@"; do
-        test "$(date +%s)" -lt "$end" || fail "no $what within $deadline_s s"
-        sleep 0.05
-    done
-}
+. "$(dirname "$0")/wait_for.sh"
 
 for s in 0 1; do
     cat > "$d/bin/mm3-stage$s" <<SH

@@ -13,16 +13,7 @@ rm -rf "$d" && mkdir -p "$d/bin" || exit 1
 fail() { echo "FAIL: $*" >&2; cat "$d/err" >&2; exit 1; }
 deadline_s=120
 
-# wait_for WHAT COMMAND...: polls COMMAND until it succeeds, at most deadline_s.
-wait_for() {
-    what=$1
-    shift
-    end=$(($(date +%s) + deadline_s))
-    until "$@"; do
-        test "$(date +%s)" -lt "$end" || fail "no $what within $deadline_s s"
-        sleep 0.05
-    done
-}
+. "$(dirname "$0")/wait_for.sh"
 
 # Stand-ins: write the ready file like the real stages and leave a fake segment that
 # the launcher must clean; both log SIGTERM. While $d/s1-dies exists, stage 1 dies
