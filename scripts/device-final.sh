@@ -8,6 +8,8 @@
 # Here:   scripts/device-final.sh --pack [build-dir]     (builds + packs into .device/)
 # Device: run(command="scripts/device-final.sh", carry=[".device"])
 #         MM3_FINAL_PHASES=tests,e2e,stage0,pytorch (default all, in that order)
+#         MM3_FINAL_CONFIG=deploy.yaml for the e2e phase (default configs/minimax_music3.yaml);
+#         MM3_MPS=1 runs the stages under a private MPS daemon (scripts/launch.sh --mps)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -50,7 +52,8 @@ if want tests; then
 fi
 if want e2e; then
   stamp e2e
-  timeout "${MM3_FINAL_E2E_S:-300}" scripts/bench.sh --out "$out" --bin $bin --only e2e --e2e >/dev/null 2>&1
+  timeout "${MM3_FINAL_E2E_S:-300}" scripts/bench.sh --out "$out" --bin $bin --only e2e --e2e \
+    ${MM3_FINAL_CONFIG:+--config "$MM3_FINAL_CONFIG"} >/dev/null 2>&1
   echo "e2e rc=$?"; tail -3 "$out/e2e.log" 2>/dev/null
   grep "request .* done\|totals" "$out/launch.log" | tail -3
 fi
