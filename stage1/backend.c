@@ -6,14 +6,13 @@
 #include "common/log.h"
 #ifdef MM3_HAVE_CUDA
 #include "common/cuda/ops_cuda.h"
-#include "stage1/condition.h"
 #include "stage1/cuda/condition_cuda.h"
 #include "stage1/cuda/flow_cuda.h"
 #include "stage1/cuda/vocoder_cuda.h"
 #endif
 
-int s1_backend_open(struct s1_backend *b, enum mm3_backend kind, int device, const struct dit_model *dm,
-                    const char *ckpt_root, enum mm3_matmul_precision precision, int max_L)
+int s1_backend_open(struct s1_backend *b, enum mm3_backend kind, int device, const struct condition_model *cm,
+                    const struct dit_model *dm, const char *ckpt_root, enum mm3_matmul_precision precision)
 {
     memset(b, 0, sizeof *b);
     b->kind = kind;
@@ -21,20 +20,18 @@ int s1_backend_open(struct s1_backend *b, enum mm3_backend kind, int device, con
 #ifdef MM3_HAVE_CUDA
     if (cuda_device_count_safe() <= device)
         return mm3_errorf(-ENODEV, "backend cuda: no CUDA device %d is present", device);
+    int max_L = condition_latent_len(&cm->cfg, RENDER_WINDOW_FRAMES);
     struct flow_cuda *fc = NULL;
     struct vocoder_cuda *vc = NULL;
-    struct condition_model *cm = NULL;
     struct condition_cuda *cc = NULL;
     int rc;
     if ((rc = cuda_device_set(device)) < 0 || (rc = flow_cuda_create(&fc, dm, precision, max_L)) < 0 ||
-        (rc = vocoder_cuda_create(&vc, ckpt_root, max_L)) < 0 || (rc = condition_load(&cm, ckpt_root)) < 0 ||
+        (rc = vocoder_cuda_create(&vc, ckpt_root, max_L)) < 0 ||
         (rc = condition_cuda_create(&cc, cm, RENDER_WINDOW_FRAMES)) < 0) {
         flow_cuda_free(fc);
         vocoder_cuda_free(vc);
-        if (cm) condition_free(cm);
         return rc;
     }
-    condition_free(cm); /* the GPU holds the projection now */
     b->flow = fc;
     b->vocoder = vc;
     b->condition = cc;
@@ -42,7 +39,7 @@ int s1_backend_open(struct s1_backend *b, enum mm3_backend kind, int device, con
              mm3_matmul_precision_name(precision));
     return 0;
 #else
-    (void)device, (void)dm, (void)ckpt_root, (void)precision, (void)max_L;
+    (void)device, (void)cm, (void)dm, (void)ckpt_root, (void)precision;
     return mm3_errorf(-ENOTSUP, "backend cuda: this build has no CUDA (configure with -DMM3_CUDA=ON)");
 #endif
 }

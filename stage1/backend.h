@@ -6,6 +6,7 @@
 #define MM3_STAGE1_BACKEND_H
 
 #include "common/deploy.h"
+#include "stage1/condition.h"
 #include "stage1/dit.h"
 #include "stage1/flow_batch.h"
 #include "stage1/render.h"
@@ -17,11 +18,12 @@ struct s1_backend {
     void *condition;       /* struct condition_cuda * (cuda): the window's condition projection */
 };
 
-/* Open the GPU path on device `device` for windows of up to max_L latents: uploads the
- * DiT from dm and the vocoder from ckpt_root. -ENOTSUP in a build without CUDA,
- * -ENODEV without a device; the message says which. kind CPU: nothing to do. */
-int s1_backend_open(struct s1_backend *b, enum mm3_backend kind, int device, const struct dit_model *dm,
-                    const char *ckpt_root, enum mm3_matmul_precision precision, int max_L);
+/* Open the GPU path on device `device` for windows of RENDER_WINDOW_FRAMES frames (the
+ * latent length follows from cm): uploads the condition projection from cm, the DiT from
+ * dm and the vocoder from ckpt_root. -ENOTSUP in a build without CUDA, -ENODEV without a
+ * device; the message says which. kind CPU: nothing to do. */
+int s1_backend_open(struct s1_backend *b, enum mm3_backend kind, int device, const struct condition_model *cm,
+                    const struct dit_model *dm, const char *ckpt_root, enum mm3_matmul_precision precision);
 void s1_backend_close(struct s1_backend *b);
 
 /* The flow batch of the backend for up to max_windows windows of up to max_L latents:

@@ -356,8 +356,7 @@ static int models_load_cuda(struct models *m, const struct golden_options *o, co
 {
 #ifdef MM3_HAVE_CUDA
     if (cuda_device_count_safe() < 1) return mm3_errorf(-ENODEV, "golden: backend cuda: no CUDA device is present");
-    int max_L = condition_latent_len(&m->cm->cfg, RENDER_WINDOW_FRAMES);
-    int rc = s1_backend_open(&m->be, MM3_BACKEND_CUDA, 0, m->dm, root, o->precision, max_L);
+    int rc = s1_backend_open(&m->be, MM3_BACKEND_CUDA, 0, m->cm, m->dm, root, o->precision);
     if (rc < 0) return rc;
     m->fc = m->be.flow;
     char dev[256];

@@ -128,8 +128,7 @@ static int cmd_render(const struct options *o)
     if ((rc = condition_load(&cm, o->model)) < 0 || (rc = dit_load(&dm, o->model)) < 0 ||
         (rc = vocoder_load(&voc, o->model)) < 0)
         goto out;
-    if ((rc = s1_backend_open(&be, o->backend, 0, dm, o->model, o->precision,
-                              condition_latent_len(&cm->cfg, RENDER_WINDOW_FRAMES))) < 0)
+    if ((rc = s1_backend_open(&be, o->backend, 0, cm, dm, o->model, o->precision)) < 0)
         goto out;
     if ((rc = frames_load(o->frames, &ff, &frames)) < 0) goto out;
     LOG_INFO("%s: %d frames of %d values, %d windows, %d steps, seed %" PRIu64, o->frames, ff.T, ff.W,

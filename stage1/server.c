@@ -87,10 +87,10 @@ static int server_load(struct s1_server *s, const struct s1_server_options *o)
     if ((rc = condition_load(&s->cm, s->d.model)) < 0 || (rc = dit_load(&s->dm, s->d.model)) < 0 ||
         (rc = vocoder_load(&s->voc, s->d.model)) < 0)
         return rc;
-    /* the DiT, its flow loop and the vocoder on the GPU; the condition encoder and the
-     * window bookkeeping stay on the host */
-    if ((rc = s1_backend_open(&s->be, s->d.backend, s->st->n_devices > 0 ? s->st->devices[0] : 0, s->dm, s->d.model,
-                              s->st->matmul_precision, condition_latent_len(&s->cm->cfg, RENDER_WINDOW_FRAMES))) < 0)
+    /* the condition projection, the DiT, its flow loop and the vocoder on the GPU; the
+     * slot mix of the frames and the window bookkeeping stay on the host */
+    if ((rc = s1_backend_open(&s->be, s->d.backend, s->st->n_devices > 0 ? s->st->devices[0] : 0, s->cm, s->dm,
+                              s->d.model, s->st->matmul_precision)) < 0)
         return mm3_error_prefix(rc, "%s: stage 1 on %s: ", s->d.source, mm3_backend_name(s->d.backend));
     int max_windows = s->max_active < S1_BATCH_WINDOWS_MAX ? s->max_active : S1_BATCH_WINDOWS_MAX;
     if (s->st->max_num_batched_tokens > 0 && s->st->max_num_batched_tokens < max_windows)
