@@ -34,14 +34,11 @@ LYRICS = ("[verse]\nneon rivers in the night\nwe are running out of time\n"
           "[chorus]\nhold on, hold on\nthe city sings our song")
 
 
-IGNORE_EOS = True
-
-
-def one_song(url, duration, seed, timeout=1800.0):
+def one_song(url, duration, seed, timeout=1800.0, ignore_eos=True):
     """POST one streamed song; returns timings and sizes (never raises)."""
     u = urllib.parse.urlsplit(url)
     body = json.dumps({"caption": CAPTION, "lyrics": LYRICS, "duration_s": duration, "seed": seed,
-                       "stream": True, "response_format": "pcm", "ignore_eos": IGNORE_EOS}).encode()
+                       "stream": True, "response_format": "pcm", "ignore_eos": ignore_eos}).encode()
     r = {"duration_s": duration, "seed": seed, "ok": False}
     t0 = time.perf_counter()
     conn = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=timeout)
@@ -123,13 +120,13 @@ class GpuMemPoller:
         return {k: v / 1024.0 for k, v in self.peak.items()}  # MiB -> GiB
 
 
-def concurrent(url, duration, n, seed0):
+def concurrent(url, duration, n, seed0, ignore_eos=True):
     res = [None] * n
     start = threading.Barrier(n)
 
     def worker(i):
         start.wait()
-        res[i] = one_song(url, duration, seed0 + i)
+        res[i] = one_song(url, duration, seed0 + i, ignore_eos=ignore_eos)
 
     t0 = time.perf_counter()
     th = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
@@ -151,10 +148,11 @@ def concurrent(url, duration, n, seed0):
 
 def bench(args):
     doc = {"tool": "e2e", "url": args.url, "duration_s": args.duration, "concurrency": args.concurrency}
+    ignore_eos = not args.allow_stop
     with GpuMemPoller() as mem:
         if not args.no_warmup:
-            doc["warmup"] = one_song(args.url, min(4.0, args.duration), 1)
-        doc["single"] = one_song(args.url, args.duration, 7)
+            doc["warmup"] = one_song(args.url, min(4.0, args.duration), 1, ignore_eos=ignore_eos)
+        doc["single"] = one_song(args.url, args.duration, 7, ignore_eos=ignore_eos)
         s = doc["single"]
         if s["ok"]:
             print(f"e2e: one {s['audio_s']:.1f} s song: wall {s['wall_s']:.2f} s, RTF {s['rtf']:.3f}, "
@@ -162,7 +160,7 @@ def bench(args):
         else:
             print(f"e2e: one song failed: {s.get('status', '')} {s.get('error', '')[:200]}")
         if args.concurrency > 0:
-            c = concurrent(args.url, args.duration, args.concurrency, 100)
+            c = concurrent(args.url, args.duration, args.concurrency, 100, ignore_eos=ignore_eos)
             doc["concurrent"] = c
             if c["ok"]:
                 print(f"e2e: {c['ok']}/{c['songs']} concurrent songs: {c['audio_s_per_s']:.2f} audio s per s, "
@@ -245,8 +243,6 @@ def main():
     ap.add_argument("--allow-stop", action="store_true", help="let the model end songs early (no ignore_eos)")
     ap.add_argument("--selftest", action="store_true")
     args = ap.parse_args()
-    global IGNORE_EOS
-    IGNORE_EOS = not args.allow_stop
     if args.selftest:
         return selftest()
     return bench(args)
