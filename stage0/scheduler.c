@@ -50,6 +50,7 @@ struct sched {
     int n_queued, n_running; /* n_running: pairs in use */
     int stopping;
     int did_work; /* the last step admitted, forwarded or sampled something (step thread) */
+    int64_t forward_ns, sample_ns; /* wall time of the last step's forward and sampling call */
     pthread_t thread;
     int thread_started;
 };
@@ -199,6 +200,12 @@ void sched_wake(struct sched *s)
     pthread_mutex_unlock(&s->mu);
 }
 
+void sched_last_step_ns(const struct sched *s, int64_t *forward_ns, int64_t *sample_ns)
+{
+    *forward_ns = s->forward_ns;
+    *sample_ns = s->sample_ns;
+}
+
 void sched_counts(struct sched *s, int *queued, int *active_rows)
 {
     pthread_mutex_lock(&s->mu);
@@ -326,9 +333,12 @@ int sched_step(struct sched *s)
             leave_early(s, r);
         }
     }
+    s->forward_ns = s->sample_ns = 0;
     if (b->n > 0) {
         s->did_work = 1;
+        int64_t t0 = mm3_job_now_ns();
         int rc = generate_batch_forward_backend(&s->be, b);
+        s->forward_ns = mm3_job_now_ns() - t0;
         if (rc < 0) {
             /* A forward error is not any one request's fault: fail everybody fed. */
             for (int p = 0; p < s->n_pairs; p++) {
@@ -354,7 +364,9 @@ int sched_step(struct sched *s)
     }
     if (n_sample > 0) {
         s->did_work = 1;
+        int64_t t0 = mm3_job_now_ns();
         generate_sample_batch(s->sample_g, n_sample);
+        s->sample_ns = mm3_job_now_ns() - t0;
     }
     for (int i = 0; i < n_sample; i++) {
         struct sched_req *r = s->sample[i];

@@ -102,6 +102,10 @@ void sched_wake(struct sched *s);
  * of requests still queued or running, or < 0 on an internal error. */
 int sched_step(struct sched *s);
 
+/* Wall time of the last sched_step's one forward and one batched sampling call (0 when
+ * it made none): where a step's time goes, for the benchmark. */
+void sched_last_step_ns(const struct sched *s, int64_t *forward_ns, int64_t *sample_ns);
+
 /* Run sched_step on a thread until sched_destroy. */
 int sched_start(struct sched *s);
 
