@@ -7,14 +7,14 @@
 #
 # Here:   scripts/device-final.sh --pack [build-dir]     (builds + packs into .device/)
 # Device: run(command="scripts/device-final.sh", carry=[".device"])
-#         MM3_FINAL_PHASES=tests,e2e,stage0,pytorch (default all, in that order)
+#         MM3_FINAL_PHASES=tests,e2e,stage0,vocoder,pytorch (default all, in that order)
 #         MM3_FINAL_CONFIG=deploy.yaml for the e2e phase (default configs/minimax_music3.yaml);
 #         MM3_MPS=1 runs the stages under a private MPS daemon (scripts/launch.sh --mps)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 gpu_tests=(test_condition_cuda test_dit_cuda test_flow_cuda test_ops_cuda test_sampler_cuda test_talker_cuda test_vocoder_cuda)
-progs=(mm3-stage0 mm3-stage1 mm3-mkckpt mm3-bench-stage0 "${gpu_tests[@]}")
+progs=(mm3-stage0 mm3-stage1 mm3-mkckpt mm3-bench-stage0 mm3-bench-vocoder mm3-bench-dit "${gpu_tests[@]}")
 
 if [ "${1:-}" = --pack ]; then
   build=${2:-build-cuda}
@@ -29,7 +29,7 @@ fi
 
 [ -f .device/binlib.tgz ] && [ ! -d .device/bin ] && tar xzf .device/binlib.tgz -C .device
 out=/tmp/final; mkdir -p "$out"
-phases=${MM3_FINAL_PHASES:-tests,e2e,stage0,pytorch}
+phases=${MM3_FINAL_PHASES:-tests,e2e,stage0,vocoder,pytorch}
 want() { [[ ",$phases," == *",$1,"* ]]; }
 finish() { tar czf "${OUT:-/tmp}/results.tgz" -C "$out" . 2>/dev/null; }
 trap finish EXIT
@@ -66,6 +66,16 @@ if want stage0; then
   MM3_BENCH_STAGE0_ARGS="--contexts 1000 --pairs 1,2,4,8 --time-limit ${MM3_FINAL_STAGE0_S:-100}" \
     timeout $((${MM3_FINAL_STAGE0_S:-100} + 50)) scripts/bench.sh --out "$out" --bin $bin --only stage0 >/dev/null 2>&1
   echo "stage0 rc=$?"; grep -E "^\|" "$out/stage0.log" 2>/dev/null | tail -12
+fi
+if want vocoder; then
+  # The vocoder per window against the DiT per window, same run (issue 8: <= 5%).
+  stamp vocoder
+  for p in fp32 tf32 bf16; do
+    timeout 60 $bin/mm3-bench-vocoder --release 689 10 $p > "$out/vocoder_$p.log" 2>&1; echo "vocoder $p rc=$?"
+    tail -1 "$out/vocoder_$p.log"
+  done
+  timeout 120 $bin/mm3-bench-dit --windows 1,8 --precisions tf32,bf16 --reps 3 > "$out/dit.log" 2>&1
+  echo "dit rc=$?"; grep -E "^\|" "$out/dit.log" | tail -8
 fi
 if want pytorch; then
   stamp pytorch
