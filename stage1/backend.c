@@ -12,7 +12,7 @@
 #endif
 
 int s1_backend_open(struct s1_backend *b, enum mm3_backend kind, int device, const struct condition_model *cm,
-                    const struct dit_model *dm, const char *ckpt_root, enum mm3_matmul_precision precision)
+                    const struct dit_model *dm, const struct vocoder *voc, enum mm3_matmul_precision precision)
 {
     memset(b, 0, sizeof *b);
     b->kind = kind;
@@ -26,7 +26,7 @@ int s1_backend_open(struct s1_backend *b, enum mm3_backend kind, int device, con
     struct condition_cuda *cc = NULL;
     int rc;
     if ((rc = cuda_device_set(device)) < 0 || (rc = flow_cuda_create(&fc, dm, precision, max_L)) < 0 ||
-        (rc = vocoder_cuda_create(&vc, ckpt_root, max_L)) < 0 ||
+        (rc = vocoder_cuda_create(&vc, voc, precision, max_L)) < 0 ||
         (rc = condition_cuda_create(&cc, cm, RENDER_WINDOW_FRAMES)) < 0) {
         flow_cuda_free(fc);
         vocoder_cuda_free(vc);
@@ -35,11 +35,11 @@ int s1_backend_open(struct s1_backend *b, enum mm3_backend kind, int device, con
     b->flow = fc;
     b->vocoder = vc;
     b->condition = cc;
-    LOG_INFO("stage 1 on GPU %d: condition projection, DiT + flow loop (matmul %s) and vocoder", device,
+    LOG_INFO("stage 1 on GPU %d: condition projection, DiT + flow loop and vocoder (matmul %s)", device,
              mm3_matmul_precision_name(precision));
     return 0;
 #else
-    (void)device, (void)cm, (void)dm, (void)ckpt_root, (void)precision;
+    (void)device, (void)cm, (void)dm, (void)voc, (void)precision;
     return mm3_errorf(-ENOTSUP, "backend cuda: this build has no CUDA (configure with -DMM3_CUDA=ON)");
 #endif
 }

@@ -10,6 +10,7 @@
 #include "stage1/dit.h"
 #include "stage1/flow_batch.h"
 #include "stage1/render.h"
+#include "stage1/vocoder.h"
 
 struct s1_backend {
     enum mm3_backend kind; /* MM3_BACKEND_CPU or MM3_BACKEND_CUDA */
@@ -20,10 +21,12 @@ struct s1_backend {
 
 /* Open the GPU path on device `device` for windows of RENDER_WINDOW_FRAMES frames (the
  * latent length follows from cm): uploads the condition projection from cm, the DiT from
- * dm and the vocoder from ckpt_root. -ENOTSUP in a build without CUDA, -ENODEV without a
- * device; the message says which. kind CPU: nothing to do. */
+ * dm and the vocoder from voc, every GEMM of the DiT and the vocoder in `precision`.
+ * voc's host weights are not read after it returns (a CUDA caller may then
+ * vocoder_drop_weights it). -ENOTSUP in a build without CUDA, -ENODEV without a device;
+ * the message says which. kind CPU: nothing to do. */
 int s1_backend_open(struct s1_backend *b, enum mm3_backend kind, int device, const struct condition_model *cm,
-                    const struct dit_model *dm, const char *ckpt_root, enum mm3_matmul_precision precision);
+                    const struct dit_model *dm, const struct vocoder *voc, enum mm3_matmul_precision precision);
 void s1_backend_close(struct s1_backend *b);
 
 /* The flow batch of the backend for up to max_windows windows of up to max_L latents:

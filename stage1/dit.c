@@ -125,6 +125,15 @@ void dit_free(struct dit_model *m)
     free(m);
 }
 
+void dit_drop_weights(struct dit_model *m)
+{
+    free(m->arena);
+    free(m->w.layers);
+    memset(&m->w, 0, sizeof m->w);
+    m->arena = NULL;
+    m->arena_floats = 0;
+}
+
 int dit_workspace_alloc(struct dit_workspace **out, const struct dit_model *m, int max_L)
 {
     *out = NULL;
@@ -243,6 +252,7 @@ static void forward_one(const struct dit_model *m, struct dit_workspace *ws, int
 int dit_forward(const struct dit_model *m, struct dit_workspace *ws, int B, int L, const float *x, const float *t,
                 const float *const *cond, float *v_out)
 {
+    if (!m->arena) return mm3_errorf(-ENODATA, "dit_forward: the weights were dropped (dit_drop_weights)");
     if (L < 1 || L > ws->max_L)
         return mm3_errorf(-EINVAL, "dit_forward: %d latents: workspace holds 1..%d", L, ws->max_L);
     size_t per = (size_t)m->cfg.in_ch * L;

@@ -62,6 +62,10 @@ struct dit_workspace;
 int dit_load(struct dit_model **out, const char *ckpt_root);
 void dit_free(struct dit_model *m);
 
+/* Free the float32 weights once a GPU copy serves every forward (the release DiT is
+ * ~9.7 GB of host memory); the config stays. dit_forward then returns -ENODATA. */
+void dit_drop_weights(struct dit_model *m);
+
 /* Scratch for sequences of up to max_L latents (any batch size). */
 int dit_workspace_alloc(struct dit_workspace **out, const struct dit_model *m, int max_L);
 void dit_workspace_free(struct dit_workspace *ws);

@@ -31,7 +31,8 @@ struct models {
     struct s1_backend be; /* backend cuda: the GPU DiT, flow loop and vocoder */
     struct flow_cuda *fc; /* be.flow, for the single DiT-call checks */
     double tol_fwd;       /* one DiT forward */
-    double tol_flow;      /* what the flow loop produced: latents, waveform, audio */
+    double tol_flow;      /* what the flow loop produced: latents */
+    double tol_audio;     /* and what the vocoder made of them: waveform, audio */
 };
 
 /* Per case: the file, what has been compared so far and the collected audio. */
@@ -39,7 +40,7 @@ struct golden_case {
     struct st_file *f;
     const char *name;
     int ok;
-    double tol_flow;
+    double tol_flow, tol_audio;
     double cond_max;
     double lat[GOLDEN_MAX_WINDOWS];
     int n_windows;
@@ -153,7 +154,7 @@ static int window_cb(void *ctx, const struct render_window_info *i)
         if ((rc = load_exact(gc->f, "window.0.waveform", n, &ref)) < 0) return rc;
         gc->wav0 = rel_error(i->waveform, ref, n);
         free(ref);
-        note(gc, gc->wav0, gc->tol_flow);
+        note(gc, gc->wav0, gc->tol_audio);
     }
     return 0;
 }
@@ -285,7 +286,8 @@ static int run_case(const struct models *m, const char *dir, json_t *jc, FILE *o
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, file);
     struct st_file f;
-    struct golden_case gc = {.f = &f, .name = file, .ok = 1, .tol_flow = m->tol_flow, .wav0 = -1};
+    struct golden_case gc = {
+        .f = &f, .name = file, .ok = 1, .tol_flow = m->tol_flow, .tol_audio = m->tol_audio, .wav0 = -1};
     double d0 = NAN, d1 = NAN, audio = NAN;
     int rc = st_file_open(&f, path);
     if (rc < 0) {
@@ -317,7 +319,7 @@ static int run_case(const struct models *m, const char *dir, json_t *jc, FILE *o
                         den += (double)ref[ch * want + i] * ref[ch * want + i];
                     }
                 audio = den > 0 ? sqrt(num / den) : sqrt(num);
-                note(&gc, audio, m->tol_flow);
+                note(&gc, audio, m->tol_audio);
             }
             free(ref);
         }
@@ -340,14 +342,16 @@ static int run_case(const struct models *m, const char *dir, json_t *jc, FILE *o
 /* The bounds of o's backend and precision (golden.h). */
 static void pick_tolerances(const struct golden_options *o, struct models *m)
 {
-    m->tol_fwd = m->tol_flow = GOLDEN_REL_TOL;
+    m->tol_fwd = m->tol_flow = m->tol_audio = GOLDEN_REL_TOL;
     if (o->backend != MM3_BACKEND_CUDA) return;
     if (o->precision == MM3_MATMUL_TF32) {
         m->tol_fwd = GOLDEN_REL_TOL_FWD_TF32;
         m->tol_flow = GOLDEN_REL_TOL_FLOW_TF32;
+        m->tol_audio = GOLDEN_REL_TOL_AUDIO_TF32;
     } else if (o->precision == MM3_MATMUL_BF16) {
         m->tol_fwd = GOLDEN_REL_TOL_FWD_BF16;
         m->tol_flow = GOLDEN_REL_TOL_FLOW_BF16;
+        m->tol_audio = GOLDEN_REL_TOL_AUDIO_BF16;
     }
 }
 
@@ -356,13 +360,16 @@ static int models_load_cuda(struct models *m, const struct golden_options *o, co
 {
 #ifdef MM3_HAVE_CUDA
     if (cuda_device_count_safe() < 1) return mm3_errorf(-ENODEV, "golden: backend cuda: no CUDA device is present");
-    int rc = s1_backend_open(&m->be, MM3_BACKEND_CUDA, 0, m->cm, m->dm, root, o->precision);
+    int rc = s1_backend_open(&m->be, MM3_BACKEND_CUDA, 0, m->cm, m->dm, m->voc, o->precision);
     if (rc < 0) return rc;
+    vocoder_drop_weights(m->voc); /* render_case decodes through the GPU copy (s1_backend_apply) */
     m->fc = m->be.flow;
     char dev[256];
     if (cuda_device_describe(dev, sizeof dev) < 0) snprintf(dev, sizeof dev, "?");
-    fprintf(out, "backend cuda (%s), matmul precision %s: tolerance %.1e per DiT call, %.1e after the flow loop\n", dev,
-            mm3_matmul_precision_name(o->precision), m->tol_fwd, m->tol_flow);
+    fprintf(out,
+            "backend cuda (%s), matmul precision %s: tolerance %.1e per DiT call, %.1e after the flow loop, %.1e "
+            "after the vocoder\n",
+            dev, mm3_matmul_precision_name(o->precision), m->tol_fwd, m->tol_flow, m->tol_audio);
     return 0;
 #else
     (void)m, (void)o, (void)root, (void)out;

@@ -128,8 +128,9 @@ static int cmd_render(const struct options *o)
     if ((rc = condition_load(&cm, o->model)) < 0 || (rc = dit_load(&dm, o->model)) < 0 ||
         (rc = vocoder_load(&voc, o->model)) < 0)
         goto out;
-    if ((rc = s1_backend_open(&be, o->backend, 0, cm, dm, o->model, o->precision)) < 0)
-        goto out;
+    if ((rc = s1_backend_open(&be, o->backend, 0, cm, dm, voc, o->precision)) < 0) goto out;
+    if (be.vocoder) vocoder_drop_weights(voc); /* the GPU copy decodes every window */
+    if (be.flow) dit_drop_weights(dm);         /* the GPU flow loop runs every forward */
     if ((rc = frames_load(o->frames, &ff, &frames)) < 0) goto out;
     LOG_INFO("%s: %d frames of %d values, %d windows, %d steps, seed %" PRIu64, o->frames, ff.T, ff.W,
              render_window_count(ff.T), o->render.steps, o->render.seed);

@@ -89,9 +89,11 @@ static int server_load(struct s1_server *s, const struct s1_server_options *o)
         return rc;
     /* the condition projection, the DiT, its flow loop and the vocoder on the GPU; the
      * slot mix of the frames and the window bookkeeping stay on the host */
-    if ((rc = s1_backend_open(&s->be, s->d.backend, s->st->n_devices > 0 ? s->st->devices[0] : 0, s->cm, s->dm,
-                              s->d.model, s->st->matmul_precision)) < 0)
+    if ((rc = s1_backend_open(&s->be, s->d.backend, s->st->n_devices > 0 ? s->st->devices[0] : 0, s->cm, s->dm, s->voc,
+                              s->st->matmul_precision)) < 0)
         return mm3_error_prefix(rc, "%s: stage 1 on %s: ", s->d.source, mm3_backend_name(s->d.backend));
+    if (s->be.vocoder) vocoder_drop_weights(s->voc); /* s1_backend_apply hands every window to the GPU copy */
+    if (s->be.flow) dit_drop_weights(s->dm);         /* and every DiT forward to the GPU flow loop */
     int max_windows = s->max_active < S1_BATCH_WINDOWS_MAX ? s->max_active : S1_BATCH_WINDOWS_MAX;
     if (s->st->max_num_batched_tokens > 0 && s->st->max_num_batched_tokens < max_windows)
         max_windows = s->st->max_num_batched_tokens;

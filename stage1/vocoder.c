@@ -16,8 +16,8 @@
 #include "common/weights.h"
 
 /* Fixed by the architecture (diffusers MiniMaxMusic3Vocoder), not by config.json. */
-#define VOC_MAX_BLOCKS 8
-#define VOC_RES_UNITS 3
+#define VOC_MAX_BLOCKS VOCODER_MAX_BLOCKS
+#define VOC_RES_UNITS VOCODER_RES_UNITS
 #define VOC_K 7 /* conv_in, residual conv1, conv_out */
 static const int voc_dilations[VOC_RES_UNITS] = {1, 3, 9};
 
@@ -242,6 +242,57 @@ int vocoder_sample_rate(const struct vocoder *v)
     return v->sample_rate;
 }
 
+static struct vocoder_conv_ref conv_ref(const struct voc_conv *cv)
+{
+    return (struct vocoder_conv_ref){.w = cv->w, .b = cv->b, .c_in = cv->c_in, .c_out = cv->c_out, .k = cv->k};
+}
+
+int vocoder_layers_get(const struct vocoder *v, struct vocoder_layers *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!v->arena) return mm3_errorf(-ENODATA, "vocoder_layers_get: the weights were dropped (vocoder_drop_weights)");
+    out->latent_channels = v->latent_channels;
+    out->input_dim = v->input_dim;
+    out->hidden_dim = v->hidden_dim;
+    out->n_blocks = v->n_blocks;
+    out->hop = v->hop;
+    out->sample_rate = v->sample_rate;
+    for (int r = 0; r < VOC_RES_UNITS; r++)
+        out->dilation[r] = voc_dilations[r];
+    out->in_proj = conv_ref(&v->in_proj);
+    out->conv_in = conv_ref(&v->conv_in);
+    out->conv_out = conv_ref(&v->conv_out);
+    out->alpha_out = v->alpha_out;
+    for (int b = 0; b < v->n_blocks; b++) {
+        const struct voc_block *blk = &v->blocks[b];
+        out->stride[b] = blk->stride;
+        out->alpha[b] = blk->alpha;
+        out->up[b] = conv_ref(&blk->up);
+        for (int r = 0; r < VOC_RES_UNITS; r++) {
+            out->alpha1[b][r] = blk->res[r].alpha1;
+            out->alpha2[b][r] = blk->res[r].alpha2;
+            out->conv1[b][r] = conv_ref(&blk->res[r].conv1);
+            out->conv2[b][r] = conv_ref(&blk->res[r].conv2);
+        }
+    }
+    return 0;
+}
+
+void vocoder_drop_weights(struct vocoder *v)
+{
+    free(v->arena);
+    v->arena = NULL;
+    v->arena_floats = 0;
+    /* every weight pointer pointed into the arena */
+    v->in_proj = v->conv_in = v->conv_out = (struct voc_conv){0};
+    v->alpha_out = NULL;
+    for (int b = 0; b < v->n_blocks; b++) {
+        int s = v->blocks[b].stride;
+        memset(&v->blocks[b], 0, sizeof v->blocks[b]);
+        v->blocks[b].stride = s;
+    }
+}
+
 /* ---- decoding ---------------------------------------------------------------------------- */
 
 static void conv(float *y, const float *x, const struct voc_conv *cv, int t, int dilation)
@@ -280,6 +331,7 @@ static void vocoder_decode_track(const struct vocoder *v, const float *u, int L,
 
 int vocoder_decode(const struct vocoder *v, const float *latents, int L, float *pcm)
 {
+    if (!v->arena) return mm3_errorf(-ENODATA, "vocoder_decode: the weights were dropped (vocoder_drop_weights)");
     if (L < 1) return mm3_errorf(-EINVAL, "vocoder_decode: latent length %d, expected >= 1", L);
     if ((int64_t)L * v->hop > INT32_MAX / 2)
         return mm3_errorf(-EINVAL, "vocoder_decode: latent length %d gives more than 2^30 samples per channel", L);

@@ -1,5 +1,6 @@
 /* DiT: partial half-split RoPE on a hand case, cos-first time features, batching,
  * and the two recorded DiT calls of tiny-a. */
+#include <errno.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -186,12 +187,36 @@ static void test_flow_schedule(void **state)
     assert_true(t[0] == 0.0f && t[1] == 1.0f);
 }
 
+/* After dit_drop_weights the config stays and a forward is refused, not run on freed memory. */
+static void test_drop_weights(void **state)
+{
+    (void)state;
+    if (!test_golden_dir()) skip();
+    struct dit_model *m;
+    assert_int_equal(dit_load(&m, ckpt), 0);
+    struct dit_config cfg = m->cfg;
+    dit_drop_weights(m);
+    assert_memory_equal(&m->cfg, &cfg, sizeof cfg);
+    assert_null(m->arena);
+    struct dit_workspace *ws;
+    int L = 4;
+    assert_int_equal(dit_workspace_alloc(&ws, m, L), 0);
+    size_t n = (size_t)cfg.in_ch * L;
+    float *x = calloc(n, sizeof(float)), *v = calloc(n, sizeof(float));
+    float t = 0.5f;
+    assert_int_equal(dit_forward(m, ws, 1, L, x, &t, NULL, v), -ENODATA);
+    assert_non_null(strstr(mm3_last_error(), "dropped"));
+    free(x), free(v);
+    dit_workspace_free(ws);
+    dit_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rope_half_split),     cmocka_unit_test(test_time_features),
         cmocka_unit_test(test_batch_equals_single), cmocka_unit_test(test_golden_calls),
-        cmocka_unit_test(test_flow_schedule),
+        cmocka_unit_test(test_flow_schedule),       cmocka_unit_test(test_drop_weights),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -2,7 +2,9 @@
  * case2's stitched audio from two windows (one full 689-latent window). Always (no
  * golden data needed): a second geometry made with diffusers' MiniMaxMusic3Vocoder,
  * and copies of it with a wrong-shape, missing or extra tensor or a bad config, refused
- * with a message naming the tensor or key. Exits 77 (after the always-run part) without
+ * with a message naming the tensor or key; the layers vocoder_layers_get hands a GPU
+ * backend decode bit for bit like vocoder_decode, and vocoder_drop_weights makes decoding
+ * refuse. Exits 77 (after the always-run part) without
  * MM3_GOLDEN_DIR.
  *
  * test/data/vocoder/geom-b: diffusers 0.42.1 MiniMaxMusic3Vocoder(latent_channels 16,
@@ -17,6 +19,7 @@
 #include <cmocka.h>
 
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +27,8 @@
 #include <time.h>
 
 #include "common/error.h"
+#include "common/ops.h"
+#include "common/ops_conv.h"
 #include "common/safetensors.h"
 #include "stage1/vocoder.h"
 #include "support/test_support.h"
@@ -264,6 +269,98 @@ static void test_geometry_b(void **state)
     vocoder_free(v);
 }
 
+/* One track through the layers vocoder_layers_get hands out, with the same ops in the
+ * order vocoder.h documents: must equal vocoder_decode bit for bit, so a GPU backend
+ * built from these layers starts from exactly the CPU's weights. */
+static void decode_track_from_layers(const struct vocoder_layers *l, const float *u, int L, float *y)
+{
+    size_t t = (size_t)L, big = (size_t)L * l->hidden_dim;
+    for (int b = 0; b < l->n_blocks; b++) {
+        t *= (size_t)l->stride[b];
+        if ((size_t)l->up[b].c_out * t > big) big = (size_t)l->up[b].c_out * t;
+    }
+    float *a = malloc(sizeof(float) * big), *r1 = malloc(sizeof(float) * big), *r2 = malloc(sizeof(float) * big);
+    const struct vocoder_conv_ref *cv = &l->in_proj;
+    op_conv1d(r1, u, cv->w, cv->b, cv->c_in, cv->c_out, L, cv->k, 1, 0);
+    cv = &l->conv_in;
+    op_conv1d(a, r1, cv->w, cv->b, cv->c_in, cv->c_out, L, cv->k, 1, (cv->k - 1) / 2);
+    int n = L;
+    for (int b = 0; b < l->n_blocks; b++) {
+        const struct vocoder_conv_ref *up = &l->up[b];
+        int s = l->stride[b], c = up->c_out;
+        assert_int_equal(up->k, 2 * s);
+        op_snake(r1, a, l->alpha[b], up->c_in, n);
+        op_conv_transpose1d(a, r1, up->w, up->b, up->c_in, c, n, up->k, s, (s + 1) / 2);
+        n *= s;
+        for (int r = 0; r < VOCODER_RES_UNITS; r++) {
+            const struct vocoder_conv_ref *c1 = &l->conv1[b][r], *c2 = &l->conv2[b][r];
+            int d = l->dilation[r];
+            op_snake(r1, a, l->alpha1[b][r], c, n);
+            op_conv1d(r2, r1, c1->w, c1->b, c, c, n, c1->k, d, d * (c1->k - 1) / 2);
+            op_snake(r2, r2, l->alpha2[b][r], c, n);
+            op_conv1d(r1, r2, c2->w, c2->b, c, c, n, c2->k, 1, 0);
+            op_add(a, r1, (size_t)c * n);
+        }
+    }
+    cv = &l->conv_out;
+    op_snake(r1, a, l->alpha_out, cv->c_in, n);
+    op_conv1d(y, r1, cv->w, cv->b, cv->c_in, 1, n, cv->k, 1, (cv->k - 1) / 2);
+    for (int i = 0; i < n; i++)
+        y[i] = tanhf(y[i]);
+    free(a), free(r1), free(r2);
+}
+
+/* vocoder_layers_get describes geom-b's geometry and decodes like vocoder_decode;
+ * vocoder_drop_weights leaves the sizes and makes decoding refuse. */
+static void test_layers_and_drop(void **state)
+{
+    (void)state;
+    struct vocoder *v;
+    assert_int_equal(vocoder_load(&v, geom_root), 0);
+    struct vocoder_layers l;
+    assert_int_equal(vocoder_layers_get(v, &l), 0);
+    assert_int_equal(l.latent_channels, 16);
+    assert_int_equal(l.n_blocks, 3);
+    assert_int_equal(l.hop, 16);
+    int strides[3] = {2, 4, 2}, dil[3] = {1, 3, 9};
+    for (int b = 0; b < 3; b++) {
+        assert_int_equal(l.stride[b], strides[b]);
+        assert_int_equal(l.up[b].c_in, 24 >> b);
+        assert_int_equal(l.up[b].c_out, 24 >> (b + 1));
+        for (int r = 0; r < VOCODER_RES_UNITS; r++) {
+            assert_int_equal(l.conv1[b][r].k, 7);
+            assert_int_equal(l.conv2[b][r].k, 1);
+        }
+    }
+    for (int r = 0; r < VOCODER_RES_UNITS; r++)
+        assert_int_equal(l.dilation[r], dil[r]);
+    assert_int_equal(l.in_proj.c_in, 8);
+    assert_int_equal(l.in_proj.c_out, 12);
+    assert_int_equal(l.conv_in.c_out, 24);
+    assert_int_equal(l.conv_out.c_in, 3);
+    assert_int_equal(l.conv_out.c_out, 1);
+
+    int L = 5, hop = vocoder_hop(v);
+    float lat[16 * 5], *pcm = malloc(sizeof(float) * 2 * hop * L), *mine = malloc(sizeof(float) * 2 * hop * L);
+    for (int i = 0; i < 16 * L; i++)
+        lat[i] = sinf(0.37f * (float)i) * 1.5f;
+    assert_int_equal(vocoder_decode(v, lat, L, pcm), 0);
+    for (int track = 0; track < 2; track++)
+        decode_track_from_layers(&l, lat + track * 8 * L, L, mine + track * hop * L);
+    assert_memory_equal(pcm, mine, sizeof(float) * 2 * hop * L);
+
+    vocoder_drop_weights(v);
+    assert_int_equal(vocoder_hop(v), 16);
+    assert_int_equal(vocoder_latent_channels(v), 16);
+    assert_int_equal(vocoder_sample_rate(v), 32000);
+    assert_int_equal(vocoder_decode(v, lat, L, pcm), -ENODATA);
+    assert_non_null(strstr(mm3_last_error(), "vocoder_drop_weights"));
+    assert_int_equal(vocoder_layers_get(v, &l), -ENODATA);
+    vocoder_drop_weights(v); /* twice is harmless */
+    free(pcm), free(mine);
+    vocoder_free(v);
+}
+
 static void test_bad_length(void **state)
 {
     (void)state;
@@ -276,6 +373,7 @@ int main(void)
     snprintf(geom_root, sizeof geom_root, "%s/test/data/vocoder/geom-b", test_source_dir());
     const struct CMUnitTest always[] = {
         cmocka_unit_test(test_geometry_b),
+        cmocka_unit_test(test_layers_and_drop),
         cmocka_unit_test(test_broken_checkpoints),
     };
     int rc = cmocka_run_group_tests_name("vocoder_fixture", always, NULL, NULL);

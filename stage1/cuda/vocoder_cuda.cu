@@ -1,4 +1,18 @@
-/* The vocoder's kernels and decode on the GPU (stage1/cuda/vocoder_cuda.h). */
+/* The vocoder's kernels and decode on the GPU (stage1/cuda/vocoder_cuda.h).
+ *
+ * Layout: every activation is time-major float32, element (track, n, ch) at
+ * p + track*track_stride + n*C + ch (struct vc_act). Time-major turns a convolution
+ * into a GEMM over rows = time with dit_gemm's row-major d[M, N] = a[M, K] . w[N, K]^T:
+ *   Conv1d k taps, dilation d: vc_gather writes a[track*T + n][tap*C + i] =
+ *     snake(x[n + tap*d - pad][i]) (zero outside [0, T)), then one GEMM with K = k*C,
+ *     N = c_out, bias in the epilogue, the residual as its accumulated C.
+ *   ConvTranspose1d k 2s, stride s, pad s/2: gather the 2-tap operand [x[q-1], x[q]] for
+ *     q in [0, T], one GEMM with N = s*c_out whose row q, column (r, o) is output
+ *     n = q*s + r - s/2: the GEMM's output read as [(T+1)*s][c_out] rows IS the
+ *     upsampled sequence, shifted by s/2 rows, with s rows of slack per track.
+ * Both tracks run as one GEMM (M = 2T) except the first residual add of a block, whose
+ * accumulated C (the ConvTranspose output with its slack rows) has a different track
+ * stride: there one GEMM per track. */
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -7,300 +21,380 @@
 #include <cstring>
 #include <vector>
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "stage1/cuda/dit_cuda_internal.h"
+#include "stage1/cuda/dit_gemm.h"
 #include "stage1/cuda/vocoder_cuda.h"
 #include "stage1/cuda/vocoder_cuda_internal.h"
 
 extern "C" {
+#include "common/dtype.h"
 #include "common/error.h"
+#include "stage1/vocoder.h"
 }
 
 /* ---- kernels ------------------------------------------------------------------------------ */
 
-/* One implicit-GEMM convolution: per item and phase, y[o, q*o_stride + o_off + phase] =
- * act(res + b[o] + sum_{kk,i} w[phase][o][kk][i] * x[i, q - pad + kk*dil]) for q < n_q,
- * outputs outside [0, t_out) dropped. M = c_out, N = n_q, K = c_in*k. */
-struct conv_args {
-    const float *x, *w, *b, *res;
-    float *y;
-    int c_in, c_out, k, dil, pad;
-    int t_in, n_q, t_out, o_stride, o_off, n_phase, tanh_out;
-    long long x_item, y_item;
+/* y = x + (1 / (alpha + 1e-9)) * sin(alpha x)^2, separately rounded like op_snake. */
+__device__ __forceinline__ float vc_snake(float x, float al)
+{
+    float inv = __fdiv_rn(1.0f, __fadd_rn(al, 1e-9f));
+    float s = sinf(__fmul_rn(al, x));
+    return __fadd_rn(x, __fmul_rn(inv, __fmul_rn(s, s)));
+}
+
+/* dst[(track*rows + n)][tap*c + ch] = snake(src(track, n + tap*dil - pad, ch)), zero where
+ * the source row is outside [0, t_src); src element at track*src_track + row*src_row +
+ * ch*src_col (time-major activations, or the channels-first latents). */
+struct gather_args {
+    const float *src;
+    long long src_track, src_row, src_col;
+    int t_src;
+    const float *alpha; /* [c] or NULL: no Snake */
+    void *dst;
+    int rows, c, k, dil, pad;
 };
 
-#define CONV_BM 64
-#define CONV_BN 128
-#define CONV_BK 16 /* input channels per step */
-#define CONV_THREADS 256
-#define CONV_HALO 64 /* the most (k-1)*dilation a launch may have (the vocoder: 54) */
-/* Row paddings so that the mma fragment reads (rows t4, t4+4) hit 32 distinct banks. */
-#define CONV_AW (CONV_BM + 8)
-#define CONV_XW (CONV_BN + CONV_HALO + 8)
+#define GATHER_ROWS 32
+#define GATHER_TX 32 /* threads along channels: one warp writes 32 consecutive elements */
+#define GATHER_TY 8
+#define GATHER_SMEM_MAX (48 << 10)
 
-/* bias + sum, then the residual, then tanh: the CPU's order of roundings. */
-__device__ __forceinline__ void vc_store(const conv_args &a, float *y, const float *res, int phase, int o, int q,
-                                         float acc)
+/* A block stages rows [n0 - pad, n0 + GATHER_ROWS + span) of a chunk of cc channels in
+ * shared memory once (the Snake evaluated once per source element, not once per tap),
+ * then writes the k shifted copies of its GATHER_ROWS output rows. */
+template <bool BF16> __global__ void __launch_bounds__(GATHER_TX *GATHER_TY) vc_gather_kernel(gather_args a, int cc)
 {
-    if (o >= a.c_out || q >= a.n_q) return;
-    long long n = (long long)q * a.o_stride + a.o_off + phase;
-    if (n < 0 || n >= a.t_out) return;
-    size_t at = (size_t)o * a.t_out + (size_t)n;
-    float v = __fadd_rn(a.b ? a.b[o] : 0.0f, acc);
-    if (res) v = __fadd_rn(res[at], v);
-    if (a.tanh_out) v = tanhf(v);
-    y[at] = v;
-}
-
-__device__ __forceinline__ uint32_t vc_tf32(float f)
-{
-    uint32_t r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(f));
-    return r;
-}
-
-/* Weights are [phase][c_out][tap][c_in] (tap-major K: see vc_load_tiles). TF32: warp
- * tiles of 32 x 32 on mma.sync m16n8k8 (TF32 in, fp32 accumulate); else fp32 FMAs,
- * 4 x 8 outputs per thread. */
-/* Weights are [phase][c_out][tap][c_in]. Per step of CONV_BK input channels the block
- * loads their input rows once, with the halo every tap needs (Xs), and then runs the k
- * taps as k GEMM steps over shifted views of Xs. TF32: warp tiles of 32 x 32 on
- * mma.sync m16n8k8 (TF32 in, fp32 accumulate); else fp32 FMAs, 4 x 8 outputs per thread. */
-template <bool TF32> __global__ void __launch_bounds__(CONV_THREADS) vc_conv_kernel(conv_args a)
-{
-    __shared__ float As[CONV_BK][CONV_AW];
-    __shared__ float Xs[CONV_BK][CONV_XW];
-    int tid = threadIdx.x;
-    int q0 = blockIdx.x * CONV_BN, o0 = blockIdx.y * CONV_BM;
-    int item = blockIdx.z / a.n_phase, phase = blockIdx.z % a.n_phase;
-    const float *x = a.x + item * a.x_item;
-    const float *w = a.w + (size_t)phase * a.c_out * a.c_in * a.k;
-    int K = a.c_in * a.k, width = CONV_BN + (a.k - 1) * a.dil, x0 = q0 - a.pad;
-    float acc[32];
-#pragma unroll
-    for (int i = 0; i < 32; i++)
-        acc[i] = 0.0f;
-    int lane = tid % 32, warp = tid / 32, g = lane >> 2, t4 = lane & 3;
-    int wm = (warp / 4) * 32, wn = (warp % 4) * 32; /* TF32 warp tile origin */
-    int tx = tid % 16, ty = tid / 16;               /* fp32 thread tile */
-    for (int i0 = 0; i0 < a.c_in; i0 += CONV_BK) {
-#pragma unroll 4
-        for (int kk = 0; kk < CONV_BK; kk++) {
-            bool ch = i0 + kk < a.c_in;
-            const float *xr = x + (size_t)(i0 + kk) * a.t_in;
-            for (int col = tid; col < width; col += CONV_THREADS) {
-                int src = x0 + col;
-                Xs[kk][col] = (ch && src >= 0 && src < a.t_in) ? xr[src] : 0.0f;
+    extern __shared__ float tile[]; /* [GATHER_ROWS + span][cc] */
+    int span = (a.k - 1) * a.dil;
+    int n0 = blockIdx.x * GATHER_ROWS, c0 = blockIdx.y * cc, track = blockIdx.z;
+    int tx = threadIdx.x, ty = threadIdx.y;
+    const float *src = a.src + track * a.src_track;
+    for (int lr = ty; lr < GATHER_ROWS + span; lr += GATHER_TY) {
+        int n = n0 - a.pad + lr;
+        for (int ci = tx; ci < cc; ci += GATHER_TX) {
+            int ch = c0 + ci;
+            float v = 0.0f;
+            if (ch < a.c && n >= 0 && n < a.t_src) {
+                v = src[(long long)n * a.src_row + (long long)ch * a.src_col];
+                if (a.alpha) v = vc_snake(v, a.alpha[ch]);
             }
-        }
-        for (int tap = 0; tap < a.k; tap++) {
-#pragma unroll
-            for (int j = 0; j < (CONV_BM * CONV_BK) / CONV_THREADS; j++) {
-                int e = tid + j * CONV_THREADS, m = e / CONV_BK, kk = e % CONV_BK;
-                int o = o0 + m, i = i0 + kk;
-                As[kk][m] = (o < a.c_out && i < a.c_in) ? w[(size_t)o * K + (size_t)tap * a.c_in + i] : 0.0f;
-            }
-            __syncthreads();
-            int sh = tap * a.dil;
-            if (TF32) {
-#pragma unroll
-                for (int kb = 0; kb < CONV_BK; kb += 8) {
-                    uint32_t af[2][4], bf[4][2];
-#pragma unroll
-                    for (int mt = 0; mt < 2; mt++) {
-                        int m = wm + mt * 16 + g;
-                        af[mt][0] = vc_tf32(As[kb + t4][m]);
-                        af[mt][1] = vc_tf32(As[kb + t4][m + 8]);
-                        af[mt][2] = vc_tf32(As[kb + t4 + 4][m]);
-                        af[mt][3] = vc_tf32(As[kb + t4 + 4][m + 8]);
-                    }
-#pragma unroll
-                    for (int nt = 0; nt < 4; nt++) {
-                        int n = wn + nt * 8 + g + sh;
-                        bf[nt][0] = vc_tf32(Xs[kb + t4][n]);
-                        bf[nt][1] = vc_tf32(Xs[kb + t4 + 4][n]);
-                    }
-#pragma unroll
-                    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                        for (int nt = 0; nt < 4; nt++) {
-                            float *c = &acc[(mt * 4 + nt) * 4];
-                            asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-                                         "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                                         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                                         : "r"(af[mt][0]), "r"(af[mt][1]), "r"(af[mt][2]), "r"(af[mt][3]),
-                                           "r"(bf[nt][0]), "r"(bf[nt][1]));
-                        }
-                }
-            } else {
-#pragma unroll
-                for (int kk = 0; kk < CONV_BK; kk++) {
-                    float av[4], bv[8];
-#pragma unroll
-                    for (int i = 0; i < 4; i++)
-                        av[i] = As[kk][ty * 4 + i];
-#pragma unroll
-                    for (int j = 0; j < 8; j++)
-                        bv[j] = Xs[kk][tx + 16 * j + sh];
-#pragma unroll
-                    for (int i = 0; i < 4; i++)
-#pragma unroll
-                        for (int j = 0; j < 8; j++)
-                            acc[i * 8 + j] = fmaf(av[i], bv[j], acc[i * 8 + j]);
-                }
-            }
-            __syncthreads();
+            tile[lr * cc + ci] = v;
         }
     }
-    float *y = a.y + item * a.y_item;
-    const float *res = a.res ? a.res + item * a.y_item : nullptr;
-    if (TF32) {
+    __syncthreads();
+    size_t K = (size_t)a.k * a.c;
+    for (int rr = ty; rr < GATHER_ROWS; rr += GATHER_TY) {
+        int row = n0 + rr;
+        if (row >= a.rows) break;
+        size_t base = ((size_t)track * a.rows + row) * K;
+        for (int tap = 0; tap < a.k; tap++)
+            for (int ci = tx; ci < cc && c0 + ci < a.c; ci += GATHER_TX)
+                dit_store_operand(a.dst, base + (size_t)tap * a.c + c0 + ci, tile[(rr + tap * a.dil) * cc + ci], BF16);
+    }
+}
+
+#define OUT_ROWS 64
+#define OUT_CC 128
+#define OUT_MAX_SPAN 16
+#define OUT_WARPS 8
+
+/* pcm[track][n] = tanh(b + sum_{tap, i} w[tap][i] * snake(x(track, n + tap - pad, i))),
+ * float32 in every precision: conv_out has one output channel, a GEMV that the Snake
+ * and tanh are fused into. Warp wi owns rows wi, wi + 8, ...; lanes split the channels. */
+__global__ void __launch_bounds__(OUT_WARPS * 32)
+    vc_conv_out_kernel(float *pcm, const float *x, long long x_track, int t, int c, const float *alpha, const float *w,
+                       const float *b, int k)
+{
+    __shared__ float tile[(OUT_ROWS + OUT_MAX_SPAN) * OUT_CC];
+    int n0 = blockIdx.x * OUT_ROWS, track = blockIdx.y, pad = (k - 1) / 2, span = k - 1;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float *xs = x + track * x_track;
+    float acc[OUT_ROWS / OUT_WARPS];
 #pragma unroll
-        for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
-                const float *c = &acc[(mt * 4 + nt) * 4];
-                int o = o0 + wm + mt * 16 + g, q = q0 + wn + nt * 8 + 2 * t4;
-                vc_store(a, y, res, phase, o, q, c[0]);
-                vc_store(a, y, res, phase, o, q + 1, c[1]);
-                vc_store(a, y, res, phase, o + 8, q, c[2]);
-                vc_store(a, y, res, phase, o + 8, q + 1, c[3]);
+    for (int j = 0; j < OUT_ROWS / OUT_WARPS; j++)
+        acc[j] = 0.0f;
+    for (int c0 = 0; c0 < c; c0 += OUT_CC) {
+        int cc = min(OUT_CC, c - c0);
+        __syncthreads(); /* the previous chunk is consumed */
+        for (int lr = warp; lr < OUT_ROWS + span; lr += OUT_WARPS) {
+            int n = n0 - pad + lr;
+            for (int ci = lane; ci < cc; ci += 32) {
+                float v = 0.0f;
+                if (n >= 0 && n < t) v = xs[(size_t)n * c + c0 + ci];
+                if (alpha) v = vc_snake(v, alpha[c0 + ci]);
+                tile[lr * OUT_CC + ci] = v;
             }
-    } else {
+        }
+        __syncthreads();
 #pragma unroll
-        for (int i = 0; i < 4; i++)
+        for (int j = 0; j < OUT_ROWS / OUT_WARPS; j++) {
+            int rr = warp + OUT_WARPS * j;
+            for (int tap = 0; tap < k; tap++)
+                for (int ci = lane; ci < cc; ci += 32)
+                    acc[j] = fmaf(w[(size_t)tap * c + c0 + ci], tile[(rr + tap) * OUT_CC + ci], acc[j]);
+        }
+    }
 #pragma unroll
-            for (int j = 0; j < 8; j++)
-                vc_store(a, y, res, phase, o0 + ty * 4 + i, q0 + tx + 16 * j, acc[i * 8 + j]);
+    for (int j = 0; j < OUT_ROWS / OUT_WARPS; j++) {
+        float v = acc[j];
+        for (int off = 16; off > 0; off >>= 1)
+            v += __shfl_xor_sync(0xffffffffu, v, off);
+        int n = n0 + warp + OUT_WARPS * j;
+        if (lane == 0 && n < t) pcm[(size_t)track * t + n] = tanhf(__fadd_rn(b[0], v));
     }
 }
 
-/* y = x + (1 / (alpha + 1e-9)) * sin(alpha x)^2 per channel, separately rounded like op_snake. */
-__global__ void vc_snake_kernel(float *y, const float *x, const float *alpha, int c, long long t, long long n)
-{
-    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < n;
-         e += (long long)gridDim.x * blockDim.x) {
-        int ch = (int)((e / t) % c);
-        float al = alpha[ch];
-        float inv = __fdiv_rn(1.0f, __fadd_rn(al, 1e-9f));
-        float xv = x[e];
-        float s = sinf(__fmul_rn(al, xv));
-        y[e] = __fadd_rn(xv, __fmul_rn(inv, __fmul_rn(s, s)));
-    }
-}
+/* ---- layers: gather + GEMM ------------------------------------------------------------------ */
 
-static int vc_check(const char *what)
-{
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return mm3_errorf(-EIO, "vocoder_cuda: %s: %s", what, cudaGetErrorString(e));
-    return 0;
-}
+/* What a layer needs besides its operands: the GEMM handle, the stream and the operand
+ * scratch (bf16 or float32, op_elems elements). */
+struct vc_ops {
+    struct dit_gemm *g;
+    cudaStream_t st;
+    bool bf16;
+    void *op;
+    size_t op_elems;
+};
 
-static int vc_conv_launch(const conv_args &a, int batch, int tf32, cudaStream_t st)
+/* A time-major activation view (see the top of the file). */
+struct vc_act {
+    const float *p;
+    long long track_stride;
+    int t, c;
+};
+
+static int vc_gather(const struct vc_ops *o, const gather_args &a, int batch)
 {
-    if ((a.k - 1) * a.dil > CONV_HALO)
-        return mm3_errorf(-EINVAL, "vocoder_cuda: conv k %d dilation %d spans more than %d samples", a.k, a.dil,
-                          CONV_HALO);
-    dim3 grid((unsigned)((a.n_q + CONV_BN - 1) / CONV_BN), (unsigned)((a.c_out + CONV_BM - 1) / CONV_BM),
-              (unsigned)(batch * a.n_phase));
-    if (tf32)
-        vc_conv_kernel<true><<<grid, CONV_THREADS, 0, st>>>(a);
+    if ((size_t)batch * a.rows * a.k * a.c > o->op_elems)
+        return mm3_errorf(-EINVAL,
+                          "vocoder_cuda: gathered operand of %d x %d x %d x %d elements exceeds the %zu reserved",
+                          batch, a.rows, a.k, a.c, o->op_elems);
+    int span = (a.k - 1) * a.dil, cc = a.c <= 128 ? a.c : 64;
+    while (cc > 1 && (size_t)(GATHER_ROWS + span) * cc * sizeof(float) > GATHER_SMEM_MAX)
+        cc = (cc + 1) / 2;
+    size_t smem = (size_t)(GATHER_ROWS + span) * cc * sizeof(float);
+    if (smem > GATHER_SMEM_MAX)
+        return mm3_errorf(-EINVAL, "vocoder_cuda: a conv of k %d and dilation %d spans too many rows", a.k, a.dil);
+    dim3 grid((unsigned)((a.rows + GATHER_ROWS - 1) / GATHER_ROWS), (unsigned)((a.c + cc - 1) / cc), (unsigned)batch);
+    dim3 block(GATHER_TX, GATHER_TY);
+    if (o->bf16)
+        vc_gather_kernel<true><<<grid, block, smem, o->st>>>(a, cc);
     else
-        vc_conv_kernel<false><<<grid, CONV_THREADS, 0, st>>>(a);
-    return vc_check("conv kernel launch");
+        vc_gather_kernel<false><<<grid, block, smem, o->st>>>(a, cc);
+    return dit_cuda_launched("vc_gather_kernel");
 }
 
-/* Conv1d, stride 1, odd k, pad dil*(k-1)/2 (length kept); res: y = res + conv (may alias y). */
-static int vc_conv1d(float *y, const float *x, const float *w, const float *b, const float *res, int batch, int c_in,
-                     int c_out, int t, int k, int dil, int tanh_out, int tf32, cudaStream_t st)
+/* Operand element i of a weight arena as a GEMM's w pointer. */
+static const void *vc_operand_at(const struct vc_ops *o, const void *base, size_t i)
 {
-    conv_args a = {};
-    a.x = x, a.w = w, a.b = b, a.res = res, a.y = y;
-    a.c_in = c_in, a.c_out = c_out, a.k = k, a.dil = dil, a.pad = dil * (k - 1) / 2;
-    a.t_in = t, a.n_q = t, a.t_out = t, a.o_stride = 1, a.o_off = 0, a.n_phase = 1, a.tanh_out = tanh_out;
-    a.x_item = (long long)c_in * t, a.y_item = (long long)c_out * t;
-    return vc_conv_launch(a, batch, tf32, st);
+    return (const char *)base + i * (o->bf16 ? 2 : 4);
 }
 
-/* ConvTranspose1d k 2s, stride s, pad s/2 with phase weights [s][c_out][c_in][2]. */
-static int vc_conv_t(float *y, const float *x, const float *wp, const float *b, int batch, int c_in, int c_out,
-                     int t_in, int s, int tf32, cudaStream_t st)
+/* y[track][n][o] (gapless, track stride t*c_out) = b[o] + (res) + sum_{tap, i}
+ * w[o][tap][i] * snake(x(track, n + tap*dil - pad, i)), pad = dil*(k-1)/2. res: NULL
+ * (res.p) or a view of y's shape with any track stride; it may be y itself. */
+static int vc_conv1d(const struct vc_ops *o, float *y, const struct vc_act &x, const float *alpha, const void *w,
+                     const float *b, const struct vc_act *res, int batch, int c_out, int k, int dil)
 {
-    conv_args a = {};
-    a.x = x, a.w = wp, a.b = b, a.y = y;
-    a.c_in = c_in, a.c_out = c_out, a.k = 2, a.dil = 1, a.pad = 1;
-    a.t_in = t_in, a.n_q = t_in + 1, a.t_out = t_in * s, a.o_stride = s, a.o_off = -((s + 1) / 2), a.n_phase = s;
-    a.x_item = (long long)c_in * t_in, a.y_item = (long long)c_out * t_in * s;
-    return vc_conv_launch(a, batch, tf32, st);
+    gather_args a = {};
+    a.src = x.p, a.src_track = x.track_stride, a.src_row = x.c, a.src_col = 1, a.t_src = x.t;
+    a.alpha = alpha, a.dst = o->op, a.rows = x.t, a.c = x.c, a.k = k, a.dil = dil, a.pad = dil * (k - 1) / 2;
+    int rc = vc_gather(o, a, batch);
+    if (rc < 0) return rc;
+    int K = k * x.c, t = x.t;
+    long long y_track = (long long)t * c_out;
+    if (!res || res->track_stride == y_track)
+        return dit_gemm_run(o->g, y, c_out, o->op, K, w, b, res ? res->p : nullptr, batch * t, K, c_out, o->st);
+    for (int tr = 0; rc == 0 && tr < batch; tr++)
+        rc = dit_gemm_run(o->g, y + tr * y_track, c_out, vc_operand_at(o, o->op, (size_t)tr * t * K), K, w, b,
+                          res->p + tr * res->track_stride, t, K, c_out, o->st);
+    return rc;
 }
 
-static int vc_snake(float *y, const float *x, const float *alpha, int batch, int c, int t, cudaStream_t st)
+/* ConvTranspose1d (k 2s, stride s, pad s/2) of x into ybuf [batch][(t+1)*s][c_out] with
+ * phase weights w and the per-phase bias b [s][c_out]; *out views the result. */
+static int vc_conv_t(const struct vc_ops *o, float *ybuf, const struct vc_act &x, const float *alpha, const void *w,
+                     const float *b, int batch, int c_out, int s, struct vc_act *out)
 {
-    long long n = (long long)batch * c * t;
-    long long blocks = std::min<long long>((n + 255) / 256, 65536);
-    vc_snake_kernel<<<(unsigned)std::max<long long>(blocks, 1), 256, 0, st>>>(y, x, alpha, c, t, n);
-    return vc_check("snake kernel launch");
+    gather_args a = {};
+    a.src = x.p, a.src_track = x.track_stride, a.src_row = x.c, a.src_col = 1, a.t_src = x.t;
+    a.alpha = alpha, a.dst = o->op, a.rows = x.t + 1, a.c = x.c, a.k = 2, a.dil = 1, a.pad = 1;
+    int rc = vc_gather(o, a, batch);
+    if (rc < 0) return rc;
+    int K = 2 * x.c, N = s * c_out;
+    rc = dit_gemm_run(o->g, ybuf, N, o->op, K, w, b, nullptr, batch * (x.t + 1), K, N, o->st);
+    *out = {ybuf + (size_t)(s / 2) * c_out, (long long)(x.t + 1) * N, x.t * s, c_out};
+    return rc;
+}
+
+static int vc_conv_out(const struct vc_ops *o, float *pcm, const struct vc_act &x, const float *alpha, const float *w,
+                       const float *b, int batch, int k)
+{
+    if (k < 1 || k % 2 == 0 || k - 1 > OUT_MAX_SPAN)
+        return mm3_errorf(-EINVAL, "vocoder_cuda: conv_out kernel size %d, expected odd and <= %d", k,
+                          OUT_MAX_SPAN + 1);
+    dim3 grid((unsigned)((x.t + OUT_ROWS - 1) / OUT_ROWS), (unsigned)batch);
+    vc_conv_out_kernel<<<grid, OUT_WARPS * 32, 0, o->st>>>(pcm, x.p, x.track_stride, x.t, x.c, alpha, w, b, k);
+    return dit_cuda_launched("vc_conv_out_kernel");
 }
 
 /* ---- the vocoder --------------------------------------------------------------------------- */
 
 struct vocoder_cuda {
-    struct vocoder_cuda_weights w; /* sizes and offsets; the host arena is freed after upload */
-    float *dw;                     /* device weights */
-    float *a, *r1, *r2;            /* [2, max activation] each */
-    float *lat, *pcm;              /* [latent_channels, max_L], [2, hop * max_L] */
+    struct vocoder_cuda_weights w; /* sizes and offsets; the host arrays are freed after upload */
+    enum mm3_matmul_precision prec;
+    struct vc_ops ops;
+    void *dgemm;            /* GEMM weights, bf16 or float32 */
+    float *df32;            /* biases, alphas, conv_out */
+    float *a, *hbuf, *ybuf; /* residual stream, conv1 output, ConvTranspose output */
+    float *lat, *pcm;       /* [latent_channels, max_L], [2, hop * max_L] */
     int max_L;
-    int tf32; /* vocoder_cuda_set_tf32 */
-    cudaStream_t st;
 };
+
+/* Element counts of the buffers for windows of L latents (both tracks). */
+struct vc_sizes {
+    size_t a, h, y, op;
+};
+
+static struct vc_sizes vc_sizes_for(const struct vocoder_cuda_weights *w, int L)
+{
+    struct vc_sizes z = {};
+    size_t t = (size_t)L;
+    z.h = 2 * t * w->input_dim;
+    z.a = 2 * t * w->hidden_dim;
+    z.op = std::max(2 * t * (w->latent_channels / 2), 2 * t * w->conv_in.k * w->input_dim);
+    for (int b = 0; b < w->n_blocks; b++) {
+        size_t s = (size_t)w->stride[b], c_in = (size_t)w->up[b].c_in, c = (size_t)w->up[b].c_out;
+        z.y = std::max(z.y, 2 * (t + 1) * s * c);
+        z.op = std::max(z.op, 2 * (t + 1) * 2 * c_in);
+        t *= s;
+        z.a = std::max(z.a, 2 * t * c);
+        z.h = std::max(z.h, 2 * t * c);
+        for (int r = 0; r < VOCODER_RES_UNITS; r++)
+            z.op = std::max(z.op, 2 * t * c * (size_t)std::max(w->conv1[b][r].k, w->conv2[b][r].k));
+    }
+    return z;
+}
+
+static int vc_decode_device(struct vocoder_cuda *h, int L)
+{
+    const struct vocoder_cuda_weights *w = &h->w;
+    const struct vc_ops *o = &h->ops;
+    const float *F = h->df32;
+    const void *G = h->dgemm;
+    int half = w->latent_channels / 2;
+
+    /* dec_in_proj (k1) straight from the channels-first latents */
+    gather_args g = {};
+    g.src = h->lat, g.src_track = (long long)half * L, g.src_row = 1, g.src_col = L, g.t_src = L;
+    g.dst = o->op, g.rows = L, g.c = half, g.k = 1, g.dil = 1, g.pad = 0;
+    int rc = vc_gather(o, g, 2);
+    const struct vocoder_cuda_conv *cv = &w->in_proj;
+    if (rc == 0)
+        rc = dit_gemm_run(o->g, h->hbuf, cv->c_out, o->op, half, vc_operand_at(o, G, cv->w), F + cv->b, nullptr, 2 * L,
+                          half, cv->c_out, o->st);
+    cv = &w->conv_in;
+    struct vc_act x = {h->hbuf, (long long)L * w->input_dim, L, w->input_dim};
+    if (rc == 0)
+        rc = vc_conv1d(o, h->a, x, nullptr, vc_operand_at(o, G, cv->w), F + cv->b, nullptr, 2, cv->c_out, cv->k, 1);
+    struct vc_act cur = {h->a, (long long)L * cv->c_out, L, cv->c_out};
+    for (int b = 0; rc == 0 && b < w->n_blocks; b++) {
+        const struct vocoder_cuda_conv *up = &w->up[b];
+        struct vc_act stream;
+        rc = vc_conv_t(o, h->ybuf, cur, F + w->alpha[b], vc_operand_at(o, G, up->w), F + up->b, 2, up->c_out,
+                       w->stride[b], &stream);
+        int t = stream.t, c = stream.c;
+        for (int r = 0; rc == 0 && r < VOCODER_RES_UNITS; r++) {
+            const struct vocoder_cuda_conv *c1 = &w->conv1[b][r], *c2 = &w->conv2[b][r];
+            rc = vc_conv1d(o, h->hbuf, stream, F + w->alpha1[b][r], vc_operand_at(o, G, c1->w), F + c1->b, nullptr, 2,
+                           c, c1->k, w->dilation[r]);
+            struct vc_act hv = {h->hbuf, (long long)t * c, t, c};
+            if (rc == 0)
+                rc = vc_conv1d(o, h->a, hv, F + w->alpha2[b][r], vc_operand_at(o, G, c2->w), F + c2->b, &stream, 2, c,
+                               c2->k, 1);
+            stream = {h->a, (long long)t * c, t, c};
+        }
+        cur = stream;
+    }
+    cv = &w->conv_out;
+    if (rc == 0) rc = vc_conv_out(o, h->pcm, cur, F + w->alpha_out, F + cv->w, F + cv->b, 2, cv->k);
+    return rc;
+}
 
 static int vc_cuda(cudaError_t e, const char *what)
 {
-    return e == cudaSuccess ? 0 : mm3_errorf(-EIO, "vocoder_cuda: %s: %s", what, cudaGetErrorString(e));
+    return dit_cuda_status(e, what);
 }
 
-static size_t vc_max_floats(const struct vocoder_cuda_weights *w, int L)
+/* Upload n float32 host values as GEMM operands (bf16 bits in bf16 precision). */
+static int vc_upload_operands(void **dst, const float *src, size_t n, bool bf16)
 {
-    size_t t = (size_t)L, m = (size_t)std::max(w->input_dim, w->hidden_dim) * t;
-    for (int b = 0; b < w->n_blocks; b++) {
-        t *= (size_t)w->stride[b];
-        m = std::max(m, (size_t)w->up[b].c_out * t);
-    }
-    return m;
+    int rc = vc_cuda(cudaMalloc(dst, std::max<size_t>(n, 1) * (bf16 ? 2 : 4)), "cudaMalloc (vocoder weights)");
+    if (rc < 0 || !n) return rc;
+    if (!bf16) return vc_cuda(cudaMemcpy(*dst, src, n * 4, cudaMemcpyHostToDevice), "vocoder weights upload");
+    std::vector<uint16_t> hb(n);
+    for (size_t i = 0; i < n; i++)
+        hb[i] = mm3_f32_to_bf16(src[i]);
+    return vc_cuda(cudaMemcpy(*dst, hb.data(), n * 2, cudaMemcpyHostToDevice), "vocoder weights upload");
 }
 
-extern "C" int vocoder_cuda_create(struct vocoder_cuda **out, const char *ckpt_root, int max_L)
+static int vc_malloc(float **p, size_t n, const char *what)
+{
+    return vc_cuda(cudaMalloc((void **)p, std::max<size_t>(n, 1) * sizeof(float)), what);
+}
+
+extern "C" int vocoder_cuda_create(struct vocoder_cuda **out, const struct vocoder *v, enum mm3_matmul_precision prec,
+                                   int max_L)
 {
     *out = nullptr;
     if (max_L < 1) return mm3_errorf(-EINVAL, "vocoder_cuda_create: max_L %d, expected >= 1", max_L);
+    if ((int64_t)max_L * vocoder_hop(v) > INT32_MAX / 2)
+        return mm3_errorf(-EINVAL, "vocoder_cuda_create: max_L %d gives more than 2^30 samples per channel", max_L);
+    struct vocoder_layers l;
+    int rc = vocoder_layers_get(v, &l);
+    if (rc < 0) return rc;
     struct vocoder_cuda *h = (struct vocoder_cuda *)calloc(1, sizeof *h);
     if (!h) return mm3_errorf(-ENOMEM, "vocoder_cuda_create: out of memory");
-    int rc = vocoder_cuda_weights_load(&h->w, ckpt_root);
-    if (rc < 0) {
+    h->prec = prec;
+    h->max_L = max_L;
+    h->ops.bf16 = prec == MM3_MATMUL_BF16;
+    if ((rc = vocoder_cuda_weights_build(&h->w, &l)) < 0) {
         free(h);
         return rc;
     }
-    if ((int64_t)max_L * h->w.hop > INT32_MAX / 2) {
-        vocoder_cuda_weights_free(&h->w);
-        free(h);
-        return mm3_errorf(-EINVAL, "vocoder_cuda_create: max_L %d gives more than 2^30 samples per channel", max_L);
-    }
-    h->max_L = max_L;
-    size_t mf = 2 * vc_max_floats(&h->w, max_L);
-    rc = vc_cuda(cudaStreamCreateWithFlags(&h->st, cudaStreamNonBlocking), "stream");
-    if (rc == 0) rc = vc_cuda(cudaMalloc(&h->dw, sizeof(float) * h->w.n_floats), "weights alloc");
+    struct vc_sizes z = vc_sizes_for(&h->w, max_L);
+    h->ops.op_elems = z.op;
+    rc = dit_gemm_create(&h->ops.g, prec);
+    if (rc == 0) rc = vc_cuda(cudaStreamCreateWithFlags(&h->ops.st, cudaStreamNonBlocking), "cudaStreamCreate");
+    if (rc == 0) rc = vc_upload_operands(&h->dgemm, h->w.gemm, h->w.n_gemm, h->ops.bf16);
+    if (rc == 0) rc = vc_malloc(&h->df32, h->w.n_f32, "cudaMalloc (vocoder weights)");
     if (rc == 0)
-        rc = vc_cuda(cudaMemcpy(h->dw, h->w.arena, sizeof(float) * h->w.n_floats, cudaMemcpyHostToDevice), "upload");
-    if (rc == 0) rc = vc_cuda(cudaMalloc(&h->a, sizeof(float) * mf), "activation alloc");
-    if (rc == 0) rc = vc_cuda(cudaMalloc(&h->r1, sizeof(float) * mf), "activation alloc");
-    if (rc == 0) rc = vc_cuda(cudaMalloc(&h->r2, sizeof(float) * mf), "activation alloc");
-    if (rc == 0) rc = vc_cuda(cudaMalloc(&h->lat, sizeof(float) * h->w.latent_channels * max_L), "latent alloc");
-    if (rc == 0) rc = vc_cuda(cudaMalloc(&h->pcm, sizeof(float) * 2 * (size_t)h->w.hop * max_L), "pcm alloc");
-    vocoder_cuda_weights_free(&h->w);
+        rc = vc_cuda(cudaMemcpy(h->df32, h->w.f32, sizeof(float) * h->w.n_f32, cudaMemcpyHostToDevice),
+                     "vocoder weights upload");
+    vocoder_cuda_weights_free(&h->w); /* offsets and sizes stay */
+    if (rc == 0) rc = vc_malloc(&h->a, z.a, "cudaMalloc (vocoder activations)");
+    if (rc == 0) rc = vc_malloc(&h->hbuf, z.h, "cudaMalloc (vocoder activations)");
+    if (rc == 0) rc = vc_malloc(&h->ybuf, z.y, "cudaMalloc (vocoder activations)");
+    if (rc == 0)
+        rc = vc_cuda(cudaMalloc(&h->ops.op, std::max<size_t>(z.op, 1) * (h->ops.bf16 ? 2 : 4)),
+                     "cudaMalloc (vocoder GEMM operand)");
+    if (rc == 0) rc = vc_malloc(&h->lat, (size_t)h->w.latent_channels * max_L, "cudaMalloc (vocoder latents)");
+    if (rc == 0) rc = vc_malloc(&h->pcm, 2 * (size_t)h->w.hop * max_L, "cudaMalloc (vocoder pcm)");
+    /* one decode at the window shape while autotuning is on picks every GEMM's algorithm;
+     * shapes first met later (a song's short last window) take the heuristic's first */
+    if (rc == 0)
+        rc = vc_cuda(cudaMemsetAsync(h->lat, 0, sizeof(float) * h->w.latent_channels * max_L, h->ops.st),
+                     "cudaMemset (vocoder latents)");
+    if (rc == 0) rc = vc_decode_device(h, max_L);
+    if (rc == 0) rc = vc_cuda(cudaStreamSynchronize(h->ops.st), "vocoder warm-up decode");
     if (rc < 0) {
         vocoder_cuda_free(h);
         return rc;
     }
+    dit_gemm_set_autotune(h->ops.g, 0);
     *out = h;
     return 0;
 }
@@ -308,17 +402,25 @@ extern "C" int vocoder_cuda_create(struct vocoder_cuda **out, const char *ckpt_r
 extern "C" void vocoder_cuda_free(struct vocoder_cuda *h)
 {
     if (!h) return;
-    cudaFree(h->dw);
+    if (h->ops.st) cudaStreamSynchronize(h->ops.st);
+    cudaFree(h->dgemm);
+    cudaFree(h->df32);
     cudaFree(h->a);
-    cudaFree(h->r1);
-    cudaFree(h->r2);
+    cudaFree(h->hbuf);
+    cudaFree(h->ybuf);
+    cudaFree(h->ops.op);
     cudaFree(h->lat);
     cudaFree(h->pcm);
-    if (h->st) cudaStreamDestroy(h->st);
+    dit_gemm_destroy(h->ops.g);
+    if (h->ops.st) cudaStreamDestroy(h->ops.st);
     vocoder_cuda_weights_free(&h->w);
     free(h);
 }
 
+extern "C" enum mm3_matmul_precision vocoder_cuda_precision(const struct vocoder_cuda *h)
+{
+    return h->prec;
+}
 extern "C" int vocoder_cuda_hop(const struct vocoder_cuda *h)
 {
     return h->w.hop;
@@ -327,49 +429,9 @@ extern "C" int vocoder_cuda_latent_channels(const struct vocoder_cuda *h)
 {
     return h->w.latent_channels;
 }
-extern "C" void vocoder_cuda_set_tf32(struct vocoder_cuda *h, int on)
-{
-    h->tf32 = on != 0;
-}
-
 extern "C" int vocoder_cuda_max_L(const struct vocoder_cuda *h)
 {
     return h->max_L;
-}
-
-/* Both tracks as a batch of 2: latents [2][half][L] are already that layout. */
-static int vc_decode_device(struct vocoder_cuda *h, int L)
-{
-    const struct vocoder_cuda_weights *w = &h->w;
-    const float *W = h->dw;
-    cudaStream_t st = h->st;
-    const struct vocoder_cuda_conv *cv = &w->in_proj;
-    int rc = vc_conv1d(h->r1, h->lat, W + cv->w, W + cv->b, nullptr, 2, cv->c_in, cv->c_out, L, 1, 1, 0, h->tf32, st);
-    cv = &w->conv_in;
-    if (rc == 0)
-        rc = vc_conv1d(h->a, h->r1, W + cv->w, W + cv->b, nullptr, 2, cv->c_in, cv->c_out, L, cv->k, 1, 0, h->tf32, st);
-    int t = L;
-    static const int dil[VOCODER_CUDA_RES_UNITS] = {1, 3, 9};
-    for (int b = 0; rc == 0 && b < w->n_blocks; b++) {
-        const struct vocoder_cuda_conv *up = &w->up[b];
-        int s = w->stride[b], c = up->c_out;
-        rc = vc_snake(h->r1, h->a, W + w->alpha[b], 2, up->c_in, t, st);
-        if (rc == 0) rc = vc_conv_t(h->a, h->r1, W + up->w, W + up->b, 2, up->c_in, c, t, s, h->tf32, st);
-        t *= s;
-        for (int r = 0; rc == 0 && r < VOCODER_CUDA_RES_UNITS; r++) {
-            const struct vocoder_cuda_conv *c1 = &w->conv1[b][r], *c2 = &w->conv2[b][r];
-            rc = vc_snake(h->r1, h->a, W + w->alpha1[b][r], 2, c, t, st);
-            if (rc == 0)
-                rc = vc_conv1d(h->r2, h->r1, W + c1->w, W + c1->b, nullptr, 2, c, c, t, c1->k, dil[r], 0, h->tf32, st);
-            if (rc == 0) rc = vc_snake(h->r2, h->r2, W + w->alpha2[b][r], 2, c, t, st);
-            if (rc == 0) rc = vc_conv1d(h->a, h->r2, W + c2->w, W + c2->b, h->a, 2, c, c, t, c2->k, 1, 0, h->tf32, st);
-        }
-    }
-    cv = &w->conv_out;
-    if (rc == 0) rc = vc_snake(h->r1, h->a, W + w->alpha_out, 2, cv->c_in, t, st);
-    if (rc == 0)
-        rc = vc_conv1d(h->pcm, h->r1, W + cv->w, W + cv->b, nullptr, 2, cv->c_in, 1, t, cv->k, 1, 1, h->tf32, st);
-    return rc;
 }
 
 extern "C" int vocoder_cuda_decode(struct vocoder_cuda *h, const float *latents, int L, float *pcm)
@@ -377,14 +439,16 @@ extern "C" int vocoder_cuda_decode(struct vocoder_cuda *h, const float *latents,
     if (L < 1 || L > h->max_L)
         return mm3_errorf(-EINVAL, "vocoder_cuda_decode: latent length %d, expected 1..%d (max_L)", L, h->max_L);
     size_t n_lat = (size_t)h->w.latent_channels * L, n_pcm = 2 * (size_t)h->w.hop * L;
-    int rc = vc_cuda(cudaMemcpyAsync(h->lat, latents, sizeof(float) * n_lat, cudaMemcpyHostToDevice, h->st),
-                     "latents upload");
+    cudaStream_t st = h->ops.st;
+    int rc = vc_cuda(cudaMemcpyAsync(h->lat, latents, sizeof(float) * n_lat, cudaMemcpyHostToDevice, st),
+                     "vocoder latents upload");
     if (rc == 0) rc = vc_decode_device(h, L);
     if (rc == 0)
-        rc =
-            vc_cuda(cudaMemcpyAsync(pcm, h->pcm, sizeof(float) * n_pcm, cudaMemcpyDeviceToHost, h->st), "pcm download");
-    if (rc == 0) rc = vc_cuda(cudaStreamSynchronize(h->st), "decode");
-    return rc;
+        rc = vc_cuda(cudaMemcpyAsync(pcm, h->pcm, sizeof(float) * n_pcm, cudaMemcpyDeviceToHost, st),
+                     "vocoder pcm download");
+    /* also after a failed launch: nothing may still run on the caller's buffers */
+    int rs = vc_cuda(cudaStreamSynchronize(st), "vocoder decode");
+    return rc ? rc : rs;
 }
 
 extern "C" int vocoder_cuda_bench(struct vocoder_cuda *h, int L, int reps, float *ms_median)
@@ -398,86 +462,151 @@ extern "C" int vocoder_cuda_bench(struct vocoder_cuda *h, int L, int reps, float
         z = z * 6364136223846793005ull + 1442695040888963407ull;
         lat[i] = (float)((z >> 40) / 16777216.0) * 2.0f - 1.0f;
     }
-    cudaEvent_t e0, e1;
-    int rc = vc_cuda(cudaEventCreate(&e0), "event");
-    if (rc == 0) rc = vc_cuda(cudaEventCreate(&e1), "event");
+    cudaEvent_t e0 = nullptr, e1 = nullptr;
+    int rc = vc_cuda(cudaEventCreate(&e0), "cudaEventCreate");
+    if (rc == 0) rc = vc_cuda(cudaEventCreate(&e1), "cudaEventCreate");
     for (int i = 0; rc == 0 && i < 2; i++)
         rc = vocoder_cuda_decode(h, lat.data(), L, pcm.data());
     for (int i = 0; rc == 0 && i < reps; i++) {
-        rc = vc_cuda(cudaEventRecord(e0, h->st), "event");
+        rc = vc_cuda(cudaEventRecord(e0, h->ops.st), "cudaEventRecord");
         if (rc == 0) rc = vocoder_cuda_decode(h, lat.data(), L, pcm.data());
-        if (rc == 0) rc = vc_cuda(cudaEventRecord(e1, h->st), "event");
-        if (rc == 0) rc = vc_cuda(cudaEventSynchronize(e1), "event");
-        if (rc == 0) rc = vc_cuda(cudaEventElapsedTime(&ms[i], e0, e1), "event");
+        if (rc == 0) rc = vc_cuda(cudaEventRecord(e1, h->ops.st), "cudaEventRecord");
+        if (rc == 0) rc = vc_cuda(cudaEventSynchronize(e1), "cudaEventSynchronize");
+        if (rc == 0) rc = vc_cuda(cudaEventElapsedTime(&ms[i], e0, e1), "cudaEventElapsedTime");
     }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
     if (rc < 0) return rc;
     std::sort(ms.begin(), ms.end());
     *ms_median = ms[reps / 2];
     return 0;
 }
 
-/* ---- single kernels on host arrays (tests) ------------------------------------------------ */
+/* ---- single layers on host arrays (tests) ---------------------------------------------------- */
 
 namespace
 {
-struct dev_bufs {
-    std::vector<float *> p;
-    ~dev_bufs()
+/* Device buffers, a GEMM handle and the operand scratch of one test call, freed at scope exit. */
+struct host_run {
+    std::vector<void *> p;
+    struct vc_ops o = {};
+    int rc = 0;
+    ~host_run()
     {
-        for (float *q : p)
+        if (o.st) cudaStreamSynchronize(o.st);
+        for (void *q : p)
             cudaFree(q);
+        dit_gemm_destroy(o.g);
+        if (o.st) cudaStreamDestroy(o.st);
     }
-    float *up(const float *h, size_t n, int *rc)
+    void open(enum mm3_matmul_precision prec, size_t op_elems)
+    {
+        o.bf16 = prec == MM3_MATMUL_BF16;
+        o.op_elems = op_elems;
+        if (rc == 0) rc = dit_gemm_create(&o.g, prec);
+        if (rc == 0) dit_gemm_set_autotune(o.g, 0);
+        if (rc == 0) rc = vc_cuda(cudaStreamCreateWithFlags(&o.st, cudaStreamNonBlocking), "cudaStreamCreate");
+        if (rc == 0) rc = vc_cuda(cudaMalloc(&o.op, std::max<size_t>(op_elems, 1) * (o.bf16 ? 2 : 4)), "cudaMalloc");
+        if (rc == 0) p.push_back(o.op);
+    }
+    float *up(const float *h, size_t n)
     {
         float *d = nullptr;
-        if (*rc == 0) *rc = vc_cuda(cudaMalloc(&d, sizeof(float) * std::max<size_t>(n, 1)), "alloc");
-        if (*rc == 0) p.push_back(d);
-        if (*rc == 0 && h) *rc = vc_cuda(cudaMemcpy(d, h, sizeof(float) * n, cudaMemcpyHostToDevice), "upload");
+        if (rc == 0) rc = vc_cuda(cudaMalloc((void **)&d, sizeof(float) * std::max<size_t>(n, 1)), "cudaMalloc");
+        if (rc == 0) p.push_back(d);
+        if (rc == 0 && h) rc = vc_cuda(cudaMemcpy(d, h, sizeof(float) * n, cudaMemcpyHostToDevice), "upload");
         return d;
     }
+    const void *up_operands(const float *h, size_t n)
+    {
+        void *d = nullptr;
+        if (rc == 0) rc = vc_upload_operands(&d, h, n, o.bf16);
+        if (d) p.push_back(d);
+        return d;
+    }
+    void down(float *h, const float *d, size_t n)
+    {
+        if (rc == 0) rc = vc_cuda(cudaStreamSynchronize(o.st), "test layer");
+        if (rc == 0) rc = vc_cuda(cudaMemcpy(h, d, sizeof(float) * n, cudaMemcpyDeviceToHost), "download");
+    }
 };
+
+/* Channels-first items [batch][c][t] -> time-major [batch][t][c]. */
+std::vector<float> to_time_major(const float *x, int batch, int c, int t)
+{
+    std::vector<float> y((size_t)batch * c * t);
+    for (int b = 0; b < batch; b++)
+        for (int i = 0; i < c; i++)
+            for (int n = 0; n < t; n++)
+                y[((size_t)b * t + n) * c + i] = x[((size_t)b * c + i) * t + n];
+    return y;
+}
 } // namespace
 
-extern "C" int vocoder_cuda_conv1d_host(float *y, const float *x, const float *w, const float *b, int batch, int c_in,
-                                        int c_out, int t, int k, int dilation, int tf32)
+extern "C" int vocoder_cuda_conv1d_host(float *y, const float *x, const float *alpha, const float *w, const float *b,
+                                        int batch, int c_in, int c_out, int t, int k, int dilation,
+                                        enum mm3_matmul_precision prec)
 {
-    std::vector<float> wt((size_t)c_out * c_in * k);
+    std::vector<float> wt((size_t)c_out * c_in * k), xt = to_time_major(x, batch, c_in, t);
     vocoder_cuda_tap_major(wt.data(), w, c_out, c_in, k);
-    dev_bufs d;
-    int rc = 0;
-    float *dx = d.up(x, (size_t)batch * c_in * t, &rc), *dw = d.up(wt.data(), wt.size(), &rc);
-    float *db = b ? d.up(b, (size_t)c_out, &rc) : nullptr, *dy = d.up(nullptr, (size_t)batch * c_out * t, &rc);
-    if (rc == 0) rc = vc_conv1d(dy, dx, dw, db, nullptr, batch, c_in, c_out, t, k, dilation, 0, tf32, 0);
-    if (rc == 0) rc = vc_cuda(cudaMemcpy(y, dy, sizeof(float) * batch * c_out * t, cudaMemcpyDeviceToHost), "download");
-    return rc;
+    host_run r;
+    r.open(prec, (size_t)batch * t * k * c_in);
+    const float *dx = r.up(xt.data(), xt.size()), *da = alpha ? r.up(alpha, (size_t)c_in) : nullptr;
+    const float *db = r.up(b, (size_t)c_out);
+    const void *dw = r.up_operands(wt.data(), wt.size());
+    float *dy = r.up(nullptr, (size_t)batch * t * c_out);
+    if (r.rc == 0)
+        r.rc = vc_conv1d(&r.o, dy, {dx, (long long)t * c_in, t, c_in}, da, dw, db, nullptr, batch, c_out, k, dilation);
+    std::vector<float> yt((size_t)batch * t * c_out);
+    r.down(yt.data(), dy, yt.size());
+    for (int it = 0; r.rc == 0 && it < batch; it++)
+        for (int n = 0; n < t; n++)
+            for (int o = 0; o < c_out; o++)
+                y[((size_t)it * c_out + o) * t + n] = yt[((size_t)it * t + n) * c_out + o];
+    return r.rc;
 }
 
-extern "C" int vocoder_cuda_conv_transpose1d_host(float *y, const float *x, const float *w, const float *b, int batch,
-                                                  int c_in, int c_out, int t_in, int s, int tf32)
+extern "C" int vocoder_cuda_conv_transpose1d_host(float *y, const float *x, const float *alpha, const float *w,
+                                                  const float *b, int batch, int c_in, int c_out, int t_in, int s,
+                                                  enum mm3_matmul_precision prec)
 {
-    size_t nw = (size_t)c_in * c_out * 2 * s;
-    std::vector<float> wp(nw);
+    std::vector<float> wp((size_t)c_in * c_out * 2 * s), bias((size_t)s * c_out),
+        xt = to_time_major(x, batch, c_in, t_in);
     vocoder_cuda_phase_weights(wp.data(), w, c_in, c_out, s);
-    dev_bufs d;
-    int rc = 0;
-    float *dx = d.up(x, (size_t)batch * c_in * t_in, &rc), *dw = d.up(wp.data(), nw, &rc);
-    float *db = b ? d.up(b, (size_t)c_out, &rc) : nullptr;
-    float *dy = d.up(nullptr, (size_t)batch * c_out * t_in * s, &rc);
-    if (rc == 0) rc = vc_conv_t(dy, dx, dw, db, batch, c_in, c_out, t_in, s, tf32, 0);
-    if (rc == 0)
-        rc = vc_cuda(cudaMemcpy(y, dy, sizeof(float) * batch * c_out * t_in * s, cudaMemcpyDeviceToHost), "download");
-    return rc;
+    for (int p = 0; p < s; p++)
+        std::copy(b, b + c_out, bias.begin() + (size_t)p * c_out);
+    host_run r;
+    r.open(prec, (size_t)batch * (t_in + 1) * 2 * c_in);
+    const float *dx = r.up(xt.data(), xt.size()), *da = alpha ? r.up(alpha, (size_t)c_in) : nullptr;
+    const float *db = r.up(bias.data(), bias.size());
+    const void *dw = r.up_operands(wp.data(), wp.size());
+    size_t ny = (size_t)batch * (t_in + 1) * s * c_out;
+    float *dy = r.up(nullptr, ny);
+    struct vc_act v = {};
+    if (r.rc == 0)
+        r.rc = vc_conv_t(&r.o, dy, {dx, (long long)t_in * c_in, t_in, c_in}, da, dw, db, batch, c_out, s, &v);
+    std::vector<float> yt(ny);
+    r.down(yt.data(), dy, ny);
+    /* the view *v says where each track's output starts inside the slack layout */
+    size_t first = (size_t)(v.p - dy);
+    for (int it = 0; r.rc == 0 && it < batch; it++)
+        for (int n = 0; n < v.t; n++)
+            for (int o = 0; o < c_out; o++)
+                y[((size_t)it * c_out + o) * v.t + n] = yt[first + it * v.track_stride + (size_t)n * c_out + o];
+    return r.rc;
 }
 
-extern "C" int vocoder_cuda_snake_host(float *y, const float *x, const float *alpha, int batch, int c, int t)
+extern "C" int vocoder_cuda_conv_out_host(float *y, const float *x, const float *alpha, const float *w, const float *b,
+                                          int batch, int c_in, int t, int k)
 {
-    dev_bufs d;
-    int rc = 0;
-    size_t n = (size_t)batch * c * t;
-    float *dx = d.up(x, n, &rc), *da = d.up(alpha, (size_t)c, &rc);
-    if (rc == 0) rc = vc_snake(dx, dx, da, batch, c, t, 0);
-    if (rc == 0) rc = vc_cuda(cudaMemcpy(y, dx, sizeof(float) * n, cudaMemcpyDeviceToHost), "download");
-    return rc;
+    std::vector<float> wt((size_t)c_in * k), xt = to_time_major(x, batch, c_in, t);
+    vocoder_cuda_tap_major(wt.data(), w, 1, c_in, k);
+    host_run r;
+    r.open(MM3_MATMUL_FP32, 1);
+    const float *dx = r.up(xt.data(), xt.size()), *da = alpha ? r.up(alpha, (size_t)c_in) : nullptr;
+    const float *dw = r.up(wt.data(), wt.size()), *db = r.up(b, 1);
+    float *dy = r.up(nullptr, (size_t)batch * t);
+    if (r.rc == 0) r.rc = vc_conv_out(&r.o, dy, {dx, (long long)t * c_in, t, c_in}, da, dw, db, batch, k);
+    r.down(y, dy, (size_t)batch * t);
+    return r.rc;
 }

@@ -1,20 +1,21 @@
-/* The vocoder (stage1/vocoder.h) on the GPU: float32 kernels, both stereo tracks as a
- * batch of 2, the same contract as vocoder_decode.
+/* The vocoder (stage1/vocoder.h) on the GPU: both stereo tracks in one pass, the same
+ * contract as vocoder_decode.
  *
- * Every convolution is an implicit GEMM with float32 accumulation (only the summation
- * order differs from the CPU reference: rel ~1e-6 on a whole window; optional TF32
- * tensor cores, vocoder_cuda_set_tf32). ConvTranspose1d
- * (k 2s, stride s, pad s/2) runs as s phase convolutions of 2 taps each, its weights
- * rearranged at load. Snake is its own elementwise pass; the residual add is fused into
- * the k1 conv, tanh into conv_out. Weight norm is folded at load with the CPU's
- * op_weight_norm_fold, so the weights are bit for bit the CPU vocoder's.
+ * Activations are time-major ([track][T][C]), so every convolution is a cuBLASLt GEMM
+ * (stage1/cuda/dit_gemm.h) over rows = time: a k-tap dilated Conv1d is one GEMM with
+ * K = k*C on an operand gathered by one pass that also applies the Snake in front of
+ * it; a ConvTranspose1d (k 2s, stride s) is one GEMM with N = s*c_out on a 2-tap operand
+ * whose output rows, read s at a time, are already the upsampled sequence. Bias and the
+ * residual add ride in the GEMM epilogue; conv_out (c_out 1) with its Snake and tanh is
+ * one float32 kernel. The GEMMs run in the stage's matmul precision: fp32 (float32
+ * FMAs, only the summation order differs from the CPU), tf32 (tensor cores on float32
+ * operands) or bf16 (bf16 operands); accumulation and every activation stay float32.
  *
- * The CPU vocoder's struct is private to stage1/vocoder.c, so the weights are read from
- * the checkpoint again (<ckpt_root>/vocoder); load the CPU vocoder first where the
- * tensor set must be checked for exactness (vocoder_load does that, this does not).
+ * Built from the already loaded CPU vocoder (its folded weights), which may then drop
+ * its copy (vocoder_drop_weights):
  *
  *     struct vocoder_cuda *h;
- *     if ((rc = vocoder_cuda_create(&h, ckpt_root, max_L)) < 0) ... mm3_last_error() ...
+ *     if ((rc = vocoder_cuda_create(&h, voc, MM3_MATMUL_BF16, max_L)) < 0) ... mm3_last_error() ...
  *     vocoder_cuda_decode(h, latents, L, pcm);   // host arrays, L <= max_L
  *     vocoder_cuda_free(h);
  *
@@ -23,29 +24,32 @@
 #ifndef MM3_STAGE1_CUDA_VOCODER_CUDA_H
 #define MM3_STAGE1_CUDA_VOCODER_CUDA_H
 
+#include "common/deploy.h" /* enum mm3_matmul_precision */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
+struct vocoder;
 struct vocoder_cuda;
 struct render_decoder;
 
-/* Read and fold <ckpt_root>/vocoder (sizes from its config.json), upload the weights and
- * reserve device buffers for windows of up to max_L latents (3 x 2 x the largest
- * activation: 3 x 271 MB for the release at 689). Needs a current CUDA device.
- * Returns 0 or a negative errno with a message naming the file/tensor. */
-int vocoder_cuda_create(struct vocoder_cuda **out, const char *ckpt_root, int max_L);
+/* Upload v's folded weights (GEMM weights as bf16 in bf16 precision), reserve device
+ * buffers for windows of up to max_L latents and run one decode of max_L zeros, which
+ * picks (times) every GEMM's cuBLASLt algorithm at the window shape; shorter windows
+ * later take cuBLASLt's first heuristic choice, untimed. Memory for the release at
+ * max_L 689: ~0.8 GB of float32 activations + the gathered GEMM operand, 7 x 2 x
+ * 352768 x 96 elements (1.9 GB fp32/tf32, 0.95 GB bf16). Needs a current CUDA device;
+ * v's weights are not needed after it returns. 0 or a negative errno with a message. */
+int vocoder_cuda_create(struct vocoder_cuda **out, const struct vocoder *v, enum mm3_matmul_precision prec, int max_L);
 void vocoder_cuda_free(struct vocoder_cuda *h);
 
 /* latents [latent_channels, L] channels-first (host) -> pcm [2, hop*L] channel-major
  * (host), tanh-bounded, not clamped; synchronous. -EINVAL for L < 1 or L > max_L,
- * -EIO for a CUDA failure. */
+ * -ENODEV/-ENOMEM for a CUDA or cuBLASLt failure. */
 int vocoder_cuda_decode(struct vocoder_cuda *h, const float *latents, int L, float *pcm);
 
-/* TF32 tensor cores (mma.sync, fp32 accumulate) for every convolution instead of fp32
- * FMAs: several times faster, rel ~1e-3 against the CPU instead of ~1e-6. Off at create. */
-void vocoder_cuda_set_tf32(struct vocoder_cuda *h, int on);
-
+enum mm3_matmul_precision vocoder_cuda_precision(const struct vocoder_cuda *h);
 int vocoder_cuda_hop(const struct vocoder_cuda *h);
 int vocoder_cuda_latent_channels(const struct vocoder_cuda *h);
 int vocoder_cuda_max_L(const struct vocoder_cuda *h);

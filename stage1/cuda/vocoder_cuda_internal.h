@@ -1,42 +1,46 @@
-/* Internals of stage1/cuda/vocoder_cuda.h shared by its C loader
- * (vocoder_cuda_weights.c), its kernels (vocoder_cuda.cu) and the tests. */
+/* Internals of stage1/cuda/vocoder_cuda.h shared by its host-side weight builder
+ * (vocoder_cuda_weights.c), its kernels and decode (vocoder_cuda.cu) and the tests. */
 #ifndef MM3_STAGE1_CUDA_VOCODER_CUDA_INTERNAL_H
 #define MM3_STAGE1_CUDA_VOCODER_CUDA_INTERNAL_H
 
 #include <stddef.h>
 
+#include "common/deploy.h"
+#include "stage1/vocoder.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define VOCODER_CUDA_MAX_BLOCKS 8
-#define VOCODER_CUDA_RES_UNITS 3
-
-/* Offsets (in floats) into the weight arena. Conv1d weights tap-major [c_out, k, c_in]
- * (vocoder_cuda_tap_major: a K step of the GEMM then reads one tap); a transposed conv
- * (stride s) is stored as s phases of a 2-tap Conv1d, [s][c_out][2][c_in]
- * (vocoder_cuda_phase_weights). */
+/* One convolution: w is an offset (in elements) into the GEMM weight arena, laid out as
+ * the GEMM's [N][K] (Conv1d tap-major [c_out][k][c_in], vocoder_cuda_tap_major; a
+ * ConvTranspose1d of stride s as [s][c_out][2][c_in], vocoder_cuda_phase_weights, with
+ * k = 2 taps), except conv_out, whose [k][c_in] float32 weights sit in the float32 arena.
+ * b is an offset into the float32 arena: [c_out], or [s][c_out] (the bias repeated per
+ * phase) for a ConvTranspose1d. */
 struct vocoder_cuda_conv {
     size_t w, b;
     int c_in, c_out, k;
 };
 
 struct vocoder_cuda_weights {
-    int latent_channels, input_dim, hidden_dim, n_blocks, hop, sample_rate;
-    int stride[VOCODER_CUDA_MAX_BLOCKS];
+    int latent_channels, input_dim, hidden_dim, n_blocks, hop;
+    int stride[VOCODER_MAX_BLOCKS], dilation[VOCODER_RES_UNITS];
     struct vocoder_cuda_conv in_proj, conv_in, conv_out;
-    struct vocoder_cuda_conv up[VOCODER_CUDA_MAX_BLOCKS];
-    struct vocoder_cuda_conv conv1[VOCODER_CUDA_MAX_BLOCKS][VOCODER_CUDA_RES_UNITS];
-    struct vocoder_cuda_conv conv2[VOCODER_CUDA_MAX_BLOCKS][VOCODER_CUDA_RES_UNITS];
-    size_t alpha[VOCODER_CUDA_MAX_BLOCKS], alpha_out;
-    size_t alpha1[VOCODER_CUDA_MAX_BLOCKS][VOCODER_CUDA_RES_UNITS];
-    size_t alpha2[VOCODER_CUDA_MAX_BLOCKS][VOCODER_CUDA_RES_UNITS];
-    float *arena; /* host */
-    size_t n_floats;
+    struct vocoder_cuda_conv up[VOCODER_MAX_BLOCKS];
+    struct vocoder_cuda_conv conv1[VOCODER_MAX_BLOCKS][VOCODER_RES_UNITS];
+    struct vocoder_cuda_conv conv2[VOCODER_MAX_BLOCKS][VOCODER_RES_UNITS];
+    size_t alpha[VOCODER_MAX_BLOCKS], alpha_out; /* float32 arena */
+    size_t alpha1[VOCODER_MAX_BLOCKS][VOCODER_RES_UNITS];
+    size_t alpha2[VOCODER_MAX_BLOCKS][VOCODER_RES_UNITS];
+    float *gemm; /* host, float32: every GEMM's weights */
+    size_t n_gemm;
+    float *f32; /* host: biases, Snake alphas, conv_out's weights */
+    size_t n_f32;
 };
 
-/* Read <ckpt_root>/vocoder into w (folded, phases rearranged). 0 or negative errno. */
-int vocoder_cuda_weights_load(struct vocoder_cuda_weights *w, const char *ckpt_root);
+/* The kernels' layouts of l's weights (host arrays; sizes copied). 0 or -ENOMEM. */
+int vocoder_cuda_weights_build(struct vocoder_cuda_weights *w, const struct vocoder_layers *l);
 void vocoder_cuda_weights_free(struct vocoder_cuda_weights *w);
 
 /* ConvTranspose1d weights wt [c_in, c_out, 2s] -> dst [s][c_out][2][c_in]: phase r
@@ -47,16 +51,20 @@ void vocoder_cuda_phase_weights(float *dst, const float *wt, int c_in, int c_out
 /* Conv1d weights w [c_out, c_in, k] -> dst [c_out, k, c_in] (dst != w). */
 void vocoder_cuda_tap_major(float *dst, const float *w, int c_out, int c_in, int k);
 
-/* Single kernels on host arrays (upload, run, download), for the tests (tf32: the
- * tensor-core variant): the shapes and
- * contracts of op_conv1d (pad = dilation*(k-1)/2, odd k), op_conv_transpose1d (k 2s,
- * stride s, pad s/2; weights in the STORED layout [c_in, c_out, 2s]) and op_snake, on
- * a batch of `batch` independent [C, T] items. 0 or -EIO/-ENOMEM. */
-int vocoder_cuda_conv1d_host(float *y, const float *x, const float *w, const float *b, int batch, int c_in, int c_out,
-                             int t, int k, int dilation, int tf32);
-int vocoder_cuda_conv_transpose1d_host(float *y, const float *x, const float *w, const float *b, int batch, int c_in,
-                                       int c_out, int t_in, int s, int tf32);
-int vocoder_cuda_snake_host(float *y, const float *x, const float *alpha, int batch, int c, int t);
+/* Single layers on host arrays (upload, run the decode's device path, download), for the
+ * tests: `batch` independent channels-first items [C, T] like common/ops_conv.h, each
+ * through op_snake with alpha (NULL: no Snake) and then
+ *   conv1d: op_conv1d (odd k, pad dilation*(k-1)/2), GEMMs in precision prec;
+ *   conv_transpose1d: op_conv_transpose1d (k 2s, stride s, pad s/2; w in the stored
+ *     layout [c_in, c_out, 2s]), GEMMs in precision prec;
+ *   conv_out: op_conv1d to one channel (odd k <= 17, w [1, c_in, k]) and tanh, float32.
+ * 0 or a negative errno. */
+int vocoder_cuda_conv1d_host(float *y, const float *x, const float *alpha, const float *w, const float *b, int batch,
+                             int c_in, int c_out, int t, int k, int dilation, enum mm3_matmul_precision prec);
+int vocoder_cuda_conv_transpose1d_host(float *y, const float *x, const float *alpha, const float *w, const float *b,
+                                       int batch, int c_in, int c_out, int t_in, int s, enum mm3_matmul_precision prec);
+int vocoder_cuda_conv_out_host(float *y, const float *x, const float *alpha, const float *w, const float *b, int batch,
+                               int c_in, int t, int k);
 
 #ifdef __cplusplus
 }
