@@ -32,11 +32,12 @@ struct depth_cuda {
     int *pos_tab, *len_tab;
 };
 
-static int matmul(float *y, const float *x, const uint16_t *w, int n, int in, int out)
+/* In slices of at most 16 rows: the float32-accurate GEMV kernels, never cuBLASLt. */
+static int matmul(float *y, const float *x, const uint16_t *w, int n, int in, int out, void *stream)
 {
     for (int r = 0; r < n; r += CUDA_OPS_GEMV_MAX_ROWS) {
         int k = n - r < CUDA_OPS_GEMV_MAX_ROWS ? n - r : CUDA_OPS_GEMV_MAX_ROWS;
-        int rc = cuda_ops_matmul_bf16(y + (size_t)r * out, x + (size_t)r * in, w, k, in, out, NULL);
+        int rc = cuda_ops_matmul_bf16(y + (size_t)r * out, x + (size_t)r * in, w, k, in, out, stream);
         if (rc < 0) return rc;
     }
     return 0;
@@ -145,19 +146,19 @@ void depth_cuda_destroy(struct depth_cuda *dc)
     free(dc);
 }
 
-/* The split-K decode kernel needs head_dim a multiple of 32 (<= 256); other heads
- * (the tiny test checkpoints) take the simple row attention. */
-static int attention(struct depth_cuda *dc, float *kc, float *vc, int n, int pos)
+/* The split-K decode kernel takes head_dim 32, 64, 128 or 256; other heads (the
+ * tiny test checkpoints, 96, 160 ...) take the simple row attention. */
+static int attention(struct depth_cuda *dc, float *kc, float *vc, int n, int pos, void *st)
 {
     const struct depth_config *c = &dc->cfg;
     size_t H = (size_t)c->hidden, row_stride = (size_t)c->n_codebooks * H;
     const int *p = dc->pos_tab + (size_t)pos * dc->max_rows, *len = dc->len_tab + (size_t)pos * dc->max_rows;
     float scale = 1.0f / sqrtf((float)c->head_dim);
-    if (c->head_dim % 32 == 0 && c->head_dim <= 256)
+    if (c->head_dim == 32 || c->head_dim == 64 || c->head_dim == 128 || c->head_dim == 256)
         return cuda_ops_attention_decode(dc->o, dc->q, kc, vc, CUDA_KV_F32, len, pos + 1, row_stride, H, n, c->n_heads,
-                                         c->n_heads, c->head_dim, scale, NULL);
+                                         c->n_heads, c->head_dim, scale, st);
     return talker_cuda_attention_rows(dc->o, dc->q, kc, vc, dc->row, p, n, c->n_heads, c->n_heads, c->head_dim,
-                                      row_stride, H, scale, NULL);
+                                      row_stride, H, scale, st);
 }
 
 static int check_step(const struct depth_cuda *dc, int n, int pos)
@@ -168,7 +169,7 @@ static int check_step(const struct depth_cuda *dc, int n, int pos)
     return 0;
 }
 
-int depth_cuda_step_dev(struct depth_cuda *dc, int n, const float *x, int pos, float *out)
+int depth_cuda_step_dev(struct depth_cuda *dc, int n, const float *x, int pos, float *out, void *st)
 {
     const struct depth_config *cfg = &dc->cfg;
     int rc = check_step(dc, n, pos);
@@ -176,26 +177,28 @@ int depth_cuda_step_dev(struct depth_cuda *dc, int n, const float *x, int pos, f
     int H = cfg->hidden, F = cfg->ffn;
     size_t row_stride = (size_t)cfg->n_codebooks * H, layer_stride = (size_t)dc->max_rows * row_stride;
     const int *p = dc->pos_tab + (size_t)pos * dc->max_rows;
-    if ((rc = matmul(dc->h, x, dc->proj, n, H, H)) < 0 ||
-        (rc = talker_cuda_add_row(dc->h, dc->pos_emb + (size_t)pos * H, n, H, NULL)) < 0)
+    if ((rc = matmul(dc->h, x, dc->proj, n, H, H, st)) < 0 ||
+        (rc = talker_cuda_add_row(dc->h, dc->pos_emb + (size_t)pos * H, n, H, st)) < 0)
         return rc;
     for (int li = 0; li < cfg->n_layers; li++) {
         const struct depth_cuda_layer *L = &dc->layers[li];
         float *kc = dc->kc + li * layer_stride, *vc = dc->vc + li * layer_stride;
-        if ((rc = cuda_ops_rmsnorm(dc->a, dc->h, L->attn_norm, n, H, cfg->eps, NULL)) < 0 ||
-            (rc = matmul(dc->q, dc->a, L->wq, n, H, H)) < 0 || (rc = matmul(dc->k, dc->a, L->wk, n, H, H)) < 0 ||
-            (rc = matmul(dc->v, dc->a, L->wv, n, H, H)) < 0 ||
-            (rc = talker_cuda_kv_store(kc, dc->k, dc->row, p, n, H, row_stride, H, NULL)) < 0 ||
-            (rc = talker_cuda_kv_store(vc, dc->v, dc->row, p, n, H, row_stride, H, NULL)) < 0 ||
-            (rc = attention(dc, kc, vc, n, pos)) < 0 || (rc = matmul(dc->a, dc->o, L->wo, n, H, H)) < 0 ||
-            (rc = cuda_ops_add_rmsnorm(dc->h, dc->q, dc->a, L->ffn_norm, n, H, cfg->eps, NULL)) < 0 ||
-            (rc = matmul(dc->g, dc->q, L->wg, n, H, F)) < 0 || (rc = matmul(dc->u, dc->q, L->wu, n, H, F)) < 0 ||
-            (rc = cuda_ops_silu_mul(dc->g, dc->g, dc->u, (size_t)n * F, NULL)) < 0 ||
-            (rc = matmul(dc->a, dc->g, L->wd, n, F, H)) < 0 ||
-            (rc = cuda_ops_add(dc->h, dc->a, (size_t)n * H, NULL)) < 0)
+        if ((rc = cuda_ops_rmsnorm(dc->a, dc->h, L->attn_norm, n, H, cfg->eps, st)) < 0 ||
+            (rc = matmul(dc->q, dc->a, L->wq, n, H, H, st)) < 0 ||
+            (rc = matmul(dc->k, dc->a, L->wk, n, H, H, st)) < 0 ||
+            (rc = matmul(dc->v, dc->a, L->wv, n, H, H, st)) < 0 ||
+            (rc = talker_cuda_kv_store(kc, dc->k, dc->row, p, n, H, row_stride, H, st)) < 0 ||
+            (rc = talker_cuda_kv_store(vc, dc->v, dc->row, p, n, H, row_stride, H, st)) < 0 ||
+            (rc = attention(dc, kc, vc, n, pos, st)) < 0 || (rc = matmul(dc->a, dc->o, L->wo, n, H, H, st)) < 0 ||
+            (rc = cuda_ops_add_rmsnorm(dc->h, dc->q, dc->a, L->ffn_norm, n, H, cfg->eps, st)) < 0 ||
+            (rc = matmul(dc->g, dc->q, L->wg, n, H, F, st)) < 0 ||
+            (rc = matmul(dc->u, dc->q, L->wu, n, H, F, st)) < 0 ||
+            (rc = cuda_ops_silu_mul(dc->g, dc->g, dc->u, (size_t)n * F, st)) < 0 ||
+            (rc = matmul(dc->a, dc->g, L->wd, n, F, H, st)) < 0 ||
+            (rc = cuda_ops_add(dc->h, dc->a, (size_t)n * H, st)) < 0)
             return rc;
     }
-    return cuda_ops_rmsnorm(out, dc->h, dc->norm, n, H, cfg->eps, NULL);
+    return cuda_ops_rmsnorm(out, dc->h, dc->norm, n, H, cfg->eps, st);
 }
 
 int depth_cuda_step(struct depth_cuda *dc, int n, const float *x, int pos, float *out)
@@ -203,26 +206,27 @@ int depth_cuda_step(struct depth_cuda *dc, int n, const float *x, int pos, float
     int rc = check_step(dc, n, pos);
     if (rc < 0) return rc;
     size_t bytes = sizeof(float) * (size_t)n * dc->cfg.hidden;
-    if ((rc = cuda_memcpy_h2d(dc->x, x, bytes)) < 0 || (rc = depth_cuda_step_dev(dc, n, dc->x, pos, dc->a)) < 0 ||
+    if ((rc = cuda_memcpy_h2d(dc->x, x, bytes)) < 0 || (rc = depth_cuda_step_dev(dc, n, dc->x, pos, dc->a, NULL)) < 0 ||
         (rc = cuda_stream_sync(NULL)) < 0)
         return rc;
     return cuda_memcpy_d2h(out, dc->a, bytes);
 }
 
-int depth_cuda_logits_dev(struct depth_cuda *dc, int j, const float *hidden, int n, float *logits)
+int depth_cuda_logits_dev(struct depth_cuda *dc, int j, const float *hidden, int n, float *logits, void *stream)
 {
     const struct depth_config *cfg = &dc->cfg;
     if (j < 1 || j >= cfg->n_codebooks || n < 1 || n > dc->max_rows)
         return mm3_errorf(-EINVAL, "depth_cuda_logits: codebook %d, %d rows: expected 1..%d and 1..%d rows", j, n,
                           cfg->n_codebooks - 1, dc->max_rows);
     int H = cfg->hidden, V = cfg->audio_vocab;
-    return matmul(logits, hidden, dc->heads + (size_t)(j - 1) * V * H, n, H, V);
+    return matmul(logits, hidden, dc->heads + (size_t)(j - 1) * V * H, n, H, V, stream);
 }
 
 int depth_cuda_logits(struct depth_cuda *dc, int j, const float *hidden, int n, float *logits)
 {
     int H = dc->cfg.hidden, V = dc->cfg.audio_vocab, rc;
     if (n >= 1 && n <= dc->max_rows && (rc = cuda_memcpy_h2d(dc->x, hidden, sizeof(float) * n * H)) < 0) return rc;
-    if ((rc = depth_cuda_logits_dev(dc, j, dc->x, n, dc->logits)) < 0 || (rc = cuda_stream_sync(NULL)) < 0) return rc;
+    if ((rc = depth_cuda_logits_dev(dc, j, dc->x, n, dc->logits, NULL)) < 0 || (rc = cuda_stream_sync(NULL)) < 0)
+        return rc;
     return cuda_memcpy_d2h(logits, dc->logits, sizeof(float) * n * V);
 }

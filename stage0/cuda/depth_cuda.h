@@ -20,10 +20,12 @@ int depth_cuda_step(struct depth_cuda *dc, int n, const float *x, int pos, float
 /* As depth_logits: host hidden[n, hidden] -> host logits[n, audio_vocab], codebook j >= 1. */
 int depth_cuda_logits(struct depth_cuda *dc, int j, const float *hidden, int n, float *logits);
 
-/* The same two on device arrays, queued on the default stream without a sync (the
- * batched frame step, stage0/cuda/frame_cuda.h); x and out (n rows) are the
- * caller's buffers, never the decoder's internal activations. */
-int depth_cuda_step_dev(struct depth_cuda *dc, int n, const float *x, int pos, float *out);
-int depth_cuda_logits_dev(struct depth_cuda *dc, int j, const float *hidden, int n, float *logits);
+/* The same two on device arrays, queued on `stream` (a cudaStream_t as void *, NULL =
+ * the default stream) without a sync or a host-dependent value that changes between
+ * calls, so the batched frame step (stage0/cuda/frame_cuda.h) can capture them in a
+ * CUDA graph; x and out (n rows) are the caller's buffers, never the decoder's
+ * internal activations. */
+int depth_cuda_step_dev(struct depth_cuda *dc, int n, const float *x, int pos, float *out, void *stream);
+int depth_cuda_logits_dev(struct depth_cuda *dc, int j, const float *hidden, int n, float *logits, void *stream);
 
 #endif

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,6 +14,7 @@
 #include "common/sampler.h"
 #include "stage0/cuda/cuda_upload.h"
 #include "stage0/cuda/frame_kernels.h"
+#include "stage0/cuda/host_pinned.h"
 
 /* Where each array of a step's upload / download sits in one block (offsets in
  * bytes, 256-aligned so every array suits the 16-byte vector loads). */
@@ -24,16 +26,28 @@ struct frame_out_layout {
     size_t codes, depth_hidden, feedback, bytes;
 };
 
+/* One captured sampling step: the chain's launches depend on n (sizes, layouts)
+ * and top_k (a kernel argument), nothing else of a call. */
+struct frame_graph {
+    int n, top_k, runs; /* runs: eager warm-up runs so far */
+    void *exec;         /* NULL until captured */
+};
+
 struct frame_cuda {
     int max_pairs, hidden, ncb, vocab;
     struct cuda_alloc_list mem;
     const uint16_t *e0;    /* [SAMPLER_N_CODES][hidden]: embed_tokens rows of the c0 codes */
     const uint16_t *audio; /* [n_codebooks-1][vocab][hidden] */
     float feedback_scale;
-    void *in_dev, *out_dev; /* one block each, laid out per call for n pairs */
-    unsigned char *in_host, *out_host;
-    float *logits, *dlogits, *x, *y; /* [2P][C0], [2P][vocab], [2P][hidden] x 2 */
-    int *col;                        /* [P] */
+    void *in_dev, *out_dev;            /* one block each, laid out per call for n pairs */
+    unsigned char *in_host, *out_host; /* page-locked, for the asynchronous copies */
+    float *logits, *dlogits, *x, *y;   /* [2P][C0], [2P][vocab], [2P][hidden] x 2 */
+    int *col;                          /* [P] */
+    /* CUDA graphs (frame_cuda_graphs_enable): stream NULL = eager on the default stream. */
+    void *stream;
+    struct frame_graph *graphs;
+    int n_graphs, cap_graphs, warmups, n_captured;
+    long n_replays;
 };
 
 static size_t align256(size_t b)
@@ -110,8 +124,9 @@ int frame_cuda_create(struct frame_cuda **out, const struct talker *lm, const st
     if (rc == 0) rc = cuda_alloc_list_add(l, (void **)&fc->x, sizeof(float) * R * H);
     if (rc == 0) rc = cuda_alloc_list_add(l, (void **)&fc->y, sizeof(float) * R * H);
     if (rc == 0) rc = cuda_alloc_list_add(l, (void **)&fc->col, sizeof(int) * (size_t)max_pairs);
-    if (rc == 0 && (!(fc->in_host = malloc(il.bytes)) || !(fc->out_host = malloc(ol.bytes))))
-        rc = mm3_errorf(-ENOMEM, "frame_cuda_create: out of memory");
+    void *h;
+    if (rc == 0 && (rc = host_pinned_alloc(&h, il.bytes)) == 0) fc->in_host = h;
+    if (rc == 0 && (rc = host_pinned_alloc(&h, ol.bytes)) == 0) fc->out_host = h;
     if (rc < 0) {
         frame_cuda_destroy(fc);
         return rc;
@@ -123,42 +138,61 @@ int frame_cuda_create(struct frame_cuda **out, const struct talker *lm, const st
 void frame_cuda_destroy(struct frame_cuda *fc)
 {
     if (!fc) return;
+    for (int i = 0; i < fc->n_graphs; i++)
+        cuda_graph_destroy(fc->graphs[i].exec);
+    free(fc->graphs);
+    if (fc->stream) cuda_stream_destroy(fc->stream);
     cuda_alloc_list_free(&fc->mem);
-    free(fc->in_host);
-    free(fc->out_host);
+    host_pinned_free(fc->in_host);
+    host_pinned_free(fc->out_host);
     free(fc);
 }
 
-/* Inputs into one host block, uploaded with one copy. */
-static int upload_inputs(struct frame_cuda *fc, const struct talker_pairs_in *in, struct frame_in_layout *l)
+int frame_cuda_graphs_enable(struct frame_cuda *fc, int warmups)
+{
+    if (fc->stream) return mm3_errorf(-EINVAL, "frame_cuda_graphs_enable: graphs already enabled");
+    if (warmups < 0) return mm3_errorf(-EINVAL, "frame_cuda_graphs_enable: %d warm-ups, expected >= 0", warmups);
+    int rc = cuda_stream_create(&fc->stream);
+    if (rc < 0) return rc;
+    fc->warmups = warmups;
+    return 0;
+}
+
+void frame_cuda_graph_stats(const struct frame_cuda *fc, int *captured, long *replays)
+{
+    *captured = fc ? fc->n_captured : 0;
+    *replays = fc ? fc->n_replays : 0;
+}
+
+/* A call's inputs into the pinned host block, at the offsets of in_layout(n). */
+static struct frame_in_layout pack_inputs(struct frame_cuda *fc, const struct talker_pairs_in *in)
 {
     int n = in->n, H = fc->hidden, ncb = fc->ncb;
-    *l = in_layout(n, H, ncb);
+    struct frame_in_layout l = in_layout(n, H, ncb);
     unsigned char *b = fc->in_host;
-    memcpy(b + l->hidden, in->hidden, sizeof(float) * 2 * (size_t)n * H);
-    memcpy(b + l->seed, in->seed, sizeof(uint64_t) * n);
-    memcpy(b + l->scale, in->cfg_scale, sizeof(float) * n);
-    uint32_t *pos = (uint32_t *)(b + l->pos);
+    memcpy(b + l.hidden, in->hidden, sizeof(float) * 2 * (size_t)n * H);
+    memcpy(b + l.seed, in->seed, sizeof(uint64_t) * n);
+    memcpy(b + l.scale, in->cfg_scale, sizeof(float) * n);
+    uint32_t *pos = (uint32_t *)(b + l.pos);
     for (int j = 0; j < ncb; j++)
         for (int p = 0; p < n; p++)
             pos[(size_t)j * n + p] = (uint32_t)(ncb * in->step[p] + j);
     for (int p = 0; p < n; p++)
-        b[l->mask + p] = in->ignore_stop && in->ignore_stop[p] ? 1 : 0;
-    return cuda_memcpy_h2d(fc->in_dev, b, l->bytes);
+        b[l.mask + p] = in->ignore_stop && in->ignore_stop[p] ? 1 : 0;
+    return l;
 }
 
-int frame_cuda_sample_pairs(struct frame_cuda *fc, struct talker_cuda *tc, struct depth_cuda *dc,
-                            const struct talker_pairs_in *in, const struct talker_pairs_out *out)
+/* Every launch of a step of n pairs after the upload, on `stream`. Its arguments are
+ * fixed for (n, top_k): device addresses of fc, tc and dc, the layouts of n, the
+ * depth position j of each step; every per-call value (hidden pair, seeds, scales,
+ * positions, masks) is read from in_dev. So the chain can be captured once per
+ * (n, top_k) and replayed. No sync, no allocation outside the stream-ordered ones. */
+static int queue_step(struct frame_cuda *fc, struct talker_cuda *tc, struct depth_cuda *dc, int n, int top_k,
+                      void *stream)
 {
-    int n = in->n, H = fc->hidden, ncb = fc->ncb, V = fc->vocab, R = 2 * n;
-    if (n < 1 || n > fc->max_pairs)
-        return mm3_errorf(-EINVAL, "frame_cuda_sample_pairs: %d pairs, expected 1..%d", n, fc->max_pairs);
-    for (int p = 0; p < n; p++)
-        if (in->step[p] < 0) return mm3_errorf(-EINVAL, "frame_cuda_sample_pairs: pair %d at step %d", p, in->step[p]);
-    struct frame_in_layout il;
+    int H = fc->hidden, ncb = fc->ncb, V = fc->vocab, R = 2 * n, rc;
+    struct frame_in_layout il = in_layout(n, H, ncb);
     struct frame_out_layout ol = out_layout(n, H, ncb);
-    int rc = upload_inputs(fc, in, &il);
-    if (rc < 0) return rc;
     unsigned char *ib = fc->in_dev, *ob = fc->out_dev;
     const float *hidden = (const float *)(ib + il.hidden), *scale = (const float *)(ib + il.scale);
     const uint64_t *seed = (const uint64_t *)(ib + il.seed);
@@ -169,26 +203,109 @@ int frame_cuda_sample_pairs(struct frame_cuda *fc, struct talker_cuda *tc, struc
     size_t dh_stride = (size_t)(ncb - 1) * H;
     /* c0: head on all 2n rows, guide + draw; then position 0 of the depth decoder
      * (the LM hidden pair), whose input does not depend on the draw. */
-    if ((rc = talker_cuda_head_dev(tc, hidden, R, fc->logits)) < 0 ||
-        (rc = cuda_sampler_draw_pairs(fc->logits, SAMPLER_C0_COLS, SAMPLER_C0_COLS, n, scale, 1, in->top_k, seed, pos,
-                                      mask, fc->col, NULL, NULL)) < 0 ||
-        (rc = depth_cuda_step_dev(dc, R, hidden, 0, fc->y)) < 0 ||
-        (rc = frame_cuda_take_codes(codes, ncb, 0, fc->col, n, fc->x, fc->e0, SAMPLER_N_CODES, -1, H, NULL)) < 0)
+    if ((rc = talker_cuda_head_dev(tc, hidden, R, fc->logits, stream)) < 0 ||
+        (rc = cuda_sampler_draw_pairs(fc->logits, SAMPLER_C0_COLS, SAMPLER_C0_COLS, n, scale, 1, top_k, seed, pos, mask,
+                                      fc->col, NULL, stream)) < 0 ||
+        (rc = depth_cuda_step_dev(dc, R, hidden, 0, fc->y, stream)) < 0 ||
+        (rc = frame_cuda_take_codes(codes, ncb, 0, fc->col, n, fc->x, fc->e0, SAMPLER_N_CODES, -1, H, stream)) < 0)
         return rc;
     for (int j = 1; j < ncb; j++) {
         const uint16_t *next = j < ncb - 1 ? fc->audio + (size_t)(j - 1) * V * H : NULL;
-        if ((rc = depth_cuda_step_dev(dc, R, fc->x, j, fc->y)) < 0 ||
-            (rc = frame_cuda_copy_rows(dh + (size_t)(j - 1) * H, dh_stride, fc->y, 2 * (size_t)H, n, H, NULL)) < 0 ||
-            (rc = depth_cuda_logits_dev(dc, j, fc->y, R, fc->dlogits)) < 0 ||
-            (rc = cuda_sampler_draw_pairs(fc->dlogits, V, V, n, scale, 0, in->top_k, seed, pos + (size_t)j * n, NULL,
-                                          fc->col, NULL, NULL)) < 0 ||
-            (rc = frame_cuda_take_codes(codes, ncb, j, fc->col, n, fc->x, next, V, 0, H, NULL)) < 0)
+        if ((rc = depth_cuda_step_dev(dc, R, fc->x, j, fc->y, stream)) < 0 ||
+            (rc = frame_cuda_copy_rows(dh + (size_t)(j - 1) * H, dh_stride, fc->y, 2 * (size_t)H, n, H, stream)) < 0 ||
+            (rc = depth_cuda_logits_dev(dc, j, fc->y, R, fc->dlogits, stream)) < 0 ||
+            (rc = cuda_sampler_draw_pairs(fc->dlogits, V, V, n, scale, 0, top_k, seed, pos + (size_t)j * n, NULL,
+                                          fc->col, NULL, stream)) < 0 ||
+            (rc = frame_cuda_take_codes(codes, ncb, j, fc->col, n, fc->x, next, V, 0, H, stream)) < 0)
             return rc;
     }
-    if ((rc = frame_cuda_feedback(fb, codes, ncb, n, fc->e0, SAMPLER_N_CODES, fc->audio, V, H, fc->feedback_scale,
-                                  NULL)) < 0 ||
-        (rc = cuda_stream_sync(NULL)) < 0 || (rc = cuda_memcpy_d2h(fc->out_host, ob, ol.bytes)) < 0)
-        return rc;
+    return frame_cuda_feedback(fb, codes, ncb, n, fc->e0, SAMPLER_N_CODES, fc->audio, V, H, fc->feedback_scale, stream);
+}
+
+/* The graph of (n, top_k), added (not yet captured) when new. */
+static int graph_get(struct frame_cuda *fc, int n, int top_k, struct frame_graph **out)
+{
+    for (int i = 0; i < fc->n_graphs; i++)
+        if (fc->graphs[i].n == n && fc->graphs[i].top_k == top_k) {
+            *out = &fc->graphs[i];
+            return 0;
+        }
+    if (fc->n_graphs == fc->cap_graphs) {
+        int cap = fc->cap_graphs ? 2 * fc->cap_graphs : fc->max_pairs;
+        struct frame_graph *g = realloc(fc->graphs, sizeof *g * (size_t)cap);
+        if (!g) return mm3_errorf(-ENOMEM, "frame_cuda_sample_pairs: out of memory for a graph of %d pairs", n);
+        fc->graphs = g;
+        fc->cap_graphs = cap;
+    }
+    struct frame_graph *g = &fc->graphs[fc->n_graphs++];
+    memset(g, 0, sizeof *g);
+    g->n = n;
+    g->top_k = top_k;
+    *out = g;
+    return 0;
+}
+
+/* Eager warm-ups on the graph stream (lazy initialisations happen outside a
+ * capture), then one capture, then replays. */
+static int run_graph(struct frame_cuda *fc, struct talker_cuda *tc, struct depth_cuda *dc, int n, int top_k)
+{
+    struct frame_graph *gr = NULL;
+    int rc = graph_get(fc, n, top_k, &gr);
+    if (rc < 0) return rc;
+    if (!gr->exec && gr->runs >= fc->warmups) {
+        if ((rc = cuda_graph_capture_begin(fc->stream)) < 0) return rc;
+        rc = queue_step(fc, tc, dc, n, top_k, fc->stream);
+        void *exec = NULL;
+        int rc_end = cuda_graph_capture_end(fc->stream, &exec);
+        if (rc < 0 || rc_end < 0) {
+            cuda_graph_destroy(exec);
+            return rc < 0 ? rc : rc_end;
+        }
+        gr->exec = exec;
+        fc->n_captured++;
+    }
+    if (gr->exec) {
+        fc->n_replays++;
+        return cuda_graph_launch(gr->exec, fc->stream);
+    }
+    gr->runs++;
+    return queue_step(fc, tc, dc, n, top_k, fc->stream);
+}
+
+/* After a failed graph-path call: wait for what was queued (the next call rewrites
+ * the pinned blocks the queued copies read and write), keeping the first message. */
+static int drain_failed(struct frame_cuda *fc, int rc)
+{
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", mm3_last_error());
+    (void)cuda_stream_sync(fc->stream);
+    return mm3_errorf(rc, "%s", msg);
+}
+
+int frame_cuda_sample_pairs(struct frame_cuda *fc, struct talker_cuda *tc, struct depth_cuda *dc,
+                            const struct talker_pairs_in *in, const struct talker_pairs_out *out)
+{
+    int n = in->n, H = fc->hidden, ncb = fc->ncb;
+    if (n < 1 || n > fc->max_pairs)
+        return mm3_errorf(-EINVAL, "frame_cuda_sample_pairs: %d pairs, expected 1..%d", n, fc->max_pairs);
+    for (int p = 0; p < n; p++)
+        if (in->step[p] < 0) return mm3_errorf(-EINVAL, "frame_cuda_sample_pairs: pair %d at step %d", p, in->step[p]);
+    struct frame_in_layout il = pack_inputs(fc, in);
+    struct frame_out_layout ol = out_layout(n, H, ncb);
+    int rc;
+    if (!fc->stream) { /* eager, the reference: default stream, synchronous copies */
+        if ((rc = cuda_memcpy_h2d(fc->in_dev, fc->in_host, il.bytes)) < 0 ||
+            (rc = queue_step(fc, tc, dc, n, in->top_k, NULL)) < 0 || (rc = cuda_stream_sync(NULL)) < 0 ||
+            (rc = cuda_memcpy_d2h(fc->out_host, fc->out_dev, ol.bytes)) < 0)
+            return rc;
+    } else { /* upload, the step, download on one stream; one sync */
+        if ((rc = host_pinned_h2d_async(fc->in_dev, fc->in_host, il.bytes, fc->stream)) < 0 ||
+            (rc = run_graph(fc, tc, dc, n, in->top_k)) < 0 ||
+            (rc = host_pinned_d2h_async(fc->out_host, fc->out_dev, ol.bytes, fc->stream)) < 0 ||
+            (rc = cuda_stream_sync(fc->stream)) < 0)
+            return drain_failed(fc, rc);
+    }
+    size_t dh_stride = (size_t)(ncb - 1) * H;
     memcpy(out->codes, fc->out_host + ol.codes, sizeof(int32_t) * (size_t)n * ncb);
     memcpy(out->depth_hidden, fc->out_host + ol.depth_hidden, sizeof(float) * (size_t)n * dh_stride);
     memcpy(out->feedback, fc->out_host + ol.feedback, sizeof(float) * (size_t)n * H);

@@ -7,6 +7,7 @@
  * depth hiddens and feedback match the CPU AR loop (stage0/generate.c).
  *
  *     frame_cuda_create(&fc, &lm, &dd, max_pairs);   // embedding tables as bf16
+ *     frame_cuda_graphs_enable(fc, 1);                // optional: replay CUDA graphs
  *     frame_cuda_sample_pairs(fc, tc, dc, &in, &out);
  *
  * The embedding tables (the c0 rows of embed_tokens, the depth decoder's
@@ -26,6 +27,19 @@ struct frame_cuda;
 
 int frame_cuda_create(struct frame_cuda **out, const struct talker *lm, const struct depth *dd, int max_pairs);
 void frame_cuda_destroy(struct frame_cuda *fc); /* NULL is fine */
+
+/* CUDA graphs for the step (the scheduler's switch, talker_backend_graphs_enable):
+ * from now on a call uploads its inputs from a pinned block with one asynchronous
+ * copy on the step's own stream, runs the step, downloads the outputs the same way
+ * and syncs that stream once. The step of each (n pairs, top_k) runs eagerly on
+ * that stream `warmups` times, is then captured once and replayed: every per-call
+ * value (hidden pair, seeds, steps, cfg scales, stop masks) lives in the fixed
+ * device input block, so one graph serves every call. Results are bit for bit the
+ * eager step's. Without this call every step is eager on the default stream. */
+int frame_cuda_graphs_enable(struct frame_cuda *fc, int warmups);
+
+/* Graphs captured so far and steps served by a replay (0 and 0 for NULL). */
+void frame_cuda_graph_stats(const struct frame_cuda *fc, int *captured, long *replays);
 
 /* The contract of talker_backend.sample_pairs; dc needs 2 * in->n depth rows. */
 int frame_cuda_sample_pairs(struct frame_cuda *fc, struct talker_cuda *tc, struct depth_cuda *dc,
