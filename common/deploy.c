@@ -66,6 +66,7 @@ struct load_ctx {
 static const char *const backend_names[] = {"auto", "cpu", "cuda"};
 static const char *const precision_names[] = {"fp32", "tf32", "bf16"};
 static const char *const cudagraph_names[] = {"NONE", "FULL_DECODE_ONLY"};
+static const char *const kv_cache_dtype_names[] = {"auto", "bfloat16", "float32"};
 
 /* ---- messages ------------------------------------------------------------ */
 
@@ -254,6 +255,7 @@ struct field {
     int n_names;
     enum mark mark;      /* keep the value's node under this mark */
     bool stage1_only;    /* refused at the key in stage 0's entry */
+    bool stage0_only;    /* refused at the key in stage 1's entry */
     const char *refusal; /* refused at the key with this message; not listed as a known key */
     int (*decode)(const struct scope *s, const ynode *key, const ynode *v, const char *path);
     /* Runs after a typed read succeeded; `value` is the destination. */
@@ -280,6 +282,8 @@ static int decode_field(const struct scope *s, const struct field *f, const ynod
     int rc = 0;
     if (f->refusal) return fail(c, key, path, "%s", f->refusal);
     if (f->stage1_only && s->stage != 1) return fail(c, key, path, "only stage 1 (the DiT) has this key");
+    if (f->stage0_only && s->stage != 0)
+        return fail(c, key, path, "only stage 0 (the talker, the one KV cache) has this key");
     if (f->mark) {
         CHECK(s->marks);
         s->marks->node[f->mark] = v;
@@ -731,6 +735,7 @@ static const struct field stage_fields[] = {
     {"gpu_memory_utilization", NUMBER_AT(struct mm3_stage_config, gpu_memory_utilization), .min = 0, .min_open = true,
      .max = 1, .mark = MARK_GPU_MEMORY_UTILIZATION},
     {"dtype", CUSTOM(decode_dtype), .mark = MARK_DTYPE},
+    {"kv_cache_dtype", CHOICE_AT(struct mm3_stage_config, kv_cache_dtype, kv_cache_dtype_names), .stage0_only = true},
     {"max_model_len", I32_AT(struct mm3_stage_config, max_model_len), .lo = 1, .hi = 1 << 24,
      .mark = MARK_MAX_MODEL_LEN},
     {"max_num_batched_tokens", I32_AT(struct mm3_stage_config, max_num_batched_tokens), .lo = 1, .hi = 1 << 24,
@@ -1167,4 +1172,19 @@ const char *mm3_matmul_precision_name(enum mm3_matmul_precision p)
 const char *mm3_cudagraph_mode_name(enum mm3_cudagraph_mode m)
 {
     return name_of(cudagraph_names, COUNT(cudagraph_names), (int)m);
+}
+
+const char *mm3_kv_cache_dtype_name(enum mm3_kv_cache_dtype t)
+{
+    return name_of(kv_cache_dtype_names, COUNT(kv_cache_dtype_names), (int)t);
+}
+
+int mm3_kv_cache_dtype_parse(const char *name, enum mm3_kv_cache_dtype *out)
+{
+    for (size_t i = 0; name && i < COUNT(kv_cache_dtype_names); i++)
+        if (!strcmp(name, kv_cache_dtype_names[i])) {
+            *out = (enum mm3_kv_cache_dtype)i;
+            return 0;
+        }
+    return mm3_errorf(-EINVAL, "kv cache dtype '%s': expected auto, bfloat16 or float32", name ? name : "(null)");
 }

@@ -50,6 +50,11 @@ enum mm3_matmul_precision { MM3_MATMUL_FP32 = 0, MM3_MATMUL_TF32, MM3_MATMUL_BF1
  * steady state (stage 0: pure decode) replay a graph captured per batch size. */
 enum mm3_cudagraph_mode { MM3_CUDAGRAPH_NONE = 0, MM3_CUDAGRAPH_FULL_DECODE_ONLY };
 
+/* Element type of stage 0's KV cache (vLLM's kv_cache_dtype). AUTO: bfloat16 on the
+ * CUDA backend (the model runs in bf16), float32 on the CPU backend, which keeps
+ * float32 whatever is asked (stage0/talker_backend.h decides). */
+enum mm3_kv_cache_dtype { MM3_KV_CACHE_AUTO = 0, MM3_KV_CACHE_BF16, MM3_KV_CACHE_F32 };
+
 /* One entry of `connectors:`. */
 struct mm3_connector_config {
     char name[MM3_DEPLOY_NAME_MAX];            /* key under connectors:, what stages refer to */
@@ -73,12 +78,13 @@ struct mm3_compilation_config {
 
 struct mm3_stage_config {
     int stage_id;
-    int max_num_seqs;              /* stage 0: rows (2 per song with CFG); stage 1: songs */
-    double gpu_memory_utilization; /* share of the device this stage may allocate, (0,1] */
-    enum mm3_dtype dtype;          /* MM3_DTYPE_BF16 or MM3_DTYPE_F32 */
-    int max_model_len;             /* stage 0: KV positions per row; stage 1: windows per song */
-    int max_num_batched_tokens;    /* stage 0: tokens per step; stage 1: windows per DiT batch */
-    bool enforce_eager;            /* true: no CUDA graphs in this stage */
+    int max_num_seqs;                       /* stage 0: rows (2 per song with CFG); stage 1: songs */
+    double gpu_memory_utilization;          /* share of the device this stage may allocate, (0,1] */
+    enum mm3_dtype dtype;                   /* MM3_DTYPE_BF16 or MM3_DTYPE_F32 */
+    enum mm3_kv_cache_dtype kv_cache_dtype; /* stage 0 only: "auto" | "bfloat16" | "float32" */
+    int max_model_len;                      /* stage 0: KV positions per row; stage 1: windows per song */
+    int max_num_batched_tokens;             /* stage 0: tokens per step; stage 1: windows per DiT batch */
+    bool enforce_eager;                     /* true: no CUDA graphs in this stage */
     struct mm3_compilation_config compilation;
     bool async_scheduling;      /* always false (checked) */
     bool enable_prefix_caching; /* always false (checked) */
@@ -167,5 +173,9 @@ double mm3_connector_steady_deadline_s(const struct mm3_connector_config *c);
 const char *mm3_backend_name(enum mm3_backend b);
 const char *mm3_matmul_precision_name(enum mm3_matmul_precision p);
 const char *mm3_cudagraph_mode_name(enum mm3_cudagraph_mode m);
+/* "auto", "bfloat16" or "float32" (the deploy file's spelling). */
+const char *mm3_kv_cache_dtype_name(enum mm3_kv_cache_dtype t);
+/* The inverse (command-line options); -EINVAL naming the accepted values. */
+int mm3_kv_cache_dtype_parse(const char *name, enum mm3_kv_cache_dtype *out);
 
 #endif

@@ -913,6 +913,7 @@ int engine_create(struct engine **out, const struct mm3_deploy *d, const struct 
                               .max_queue = d->api.max_queue_depth,
                               .journal_dir = d->api.journal_dir};
     sc.backend = d->backend == MM3_BACKEND_CUDA ? TALKER_BACKEND_CUDA : TALKER_BACKEND_CPU;
+    sc.kv_dtype = s0->kv_cache_dtype;
     if (!s0->enforce_eager && s0->compilation.cudagraph_mode == MM3_CUDAGRAPH_FULL_DECODE_ONLY) {
         sc.n_capture_sizes = s0->compilation.n_capture_sizes;
         sc.capture_sizes = s0->compilation.capture_sizes;
@@ -921,7 +922,7 @@ int engine_create(struct engine **out, const struct mm3_deploy *d, const struct 
     /* Size the KV cache from the deploy file and refuse at start-up, with the
      * numbers, what the device cannot hold (never an allocation failure later). */
     struct talker_backend_plan plan;
-    talker_backend_plan_compute(sc.backend, lm, dd, sc.max_rows, sc.max_ctx, &plan);
+    talker_backend_plan_compute_kv(sc.backend, sc.kv_dtype, lm, dd, sc.max_rows, sc.max_ctx, &plan);
     if ((rc = talker_backend_plan_check(sc.backend, &plan, s0->gpu_memory_utilization)) < 0) goto fail;
     e->max_reqs = mm3_deploy_stage(d, 1)->max_num_seqs + s0->max_num_seqs;
     struct sched_sink sink = {.ctx = e,

@@ -123,7 +123,8 @@ int sched_create(struct sched **out, const struct sched_config *cfg, const struc
         return mm3_errorf(-ENOMEM, "scheduler: out of memory");
     }
     /* Depth rows for every pair: the batched sampling step runs them all at once. */
-    if ((rc = talker_backend_open(&s->be, cfg->backend, lm, dd, cfg->max_rows, cfg->max_ctx, cfg->max_rows)) < 0)
+    if ((rc = talker_backend_open_kv(&s->be, cfg->backend, lm, dd, cfg->max_rows, cfg->max_ctx, cfg->max_rows,
+                                     cfg->kv_dtype)) < 0)
         goto fail;
     if (cfg->n_capture_sizes > 0 &&
         (rc = talker_backend_graphs_enable(&s->be, cfg->capture_sizes, cfg->n_capture_sizes, cfg->graph_warmups)) < 0)

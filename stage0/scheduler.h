@@ -42,6 +42,7 @@ struct sched_config {
     int max_batched_tokens;           /* tokens per step (>= 2) */
     int max_queue;                    /* requests allowed to wait for a row pair */
     enum talker_backend_kind backend; /* where the talker runs (0: CPU) */
+    enum mm3_kv_cache_dtype kv_dtype; /* stage-0 kv_cache_dtype (0: auto, talker_backend_kv_dtype) */
     const char *journal_dir;          /* api.journal_dir: journal every request there; NULL / "" = off */
     /* CUDA graphs of pure-decode steps (cudagraph_mode FULL_DECODE_ONLY, enforce_eager
      * off): batch sizes in rows (ascending; copied) and eager runs per size before the

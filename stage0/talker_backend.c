@@ -144,7 +144,8 @@ static int gpu_open(struct talker_backend *b, int max_rows, int max_ctx, int dep
 {
     struct cuda_impl *c = calloc(1, sizeof *c);
     if (!c) return mm3_errorf(-ENOMEM, "talker backend: out of memory");
-    int rc = talker_cuda_create(&c->tc, b->lm, max_rows, max_ctx);
+    int rc = talker_cuda_create(&c->tc, b->lm, max_rows, max_ctx,
+                                b->kv_dtype == MM3_KV_CACHE_BF16 ? CUDA_KV_BF16 : CUDA_KV_F32);
     if (rc == 0) rc = depth_cuda_create(&c->dc, b->dd, depth_rows);
     if (rc == 0 && depth_rows >= 2) rc = frame_cuda_create(&c->fc, b->lm, b->dd, depth_rows / 2);
     if (rc < 0) {
@@ -172,11 +173,30 @@ int talker_backend_available(enum talker_backend_kind kind)
 #endif
 }
 
+enum mm3_kv_cache_dtype talker_backend_kv_dtype(enum talker_backend_kind kind, enum mm3_kv_cache_dtype asked)
+{
+    if (kind == TALKER_BACKEND_CPU) return MM3_KV_CACHE_F32;
+    return asked == MM3_KV_CACHE_F32 ? MM3_KV_CACHE_F32 : MM3_KV_CACHE_BF16;
+}
+
 int talker_backend_open(struct talker_backend *b, enum talker_backend_kind kind, const struct talker *lm,
                         const struct depth *dd, int max_rows, int max_ctx, int depth_rows)
 {
+    return talker_backend_open_kv(b, kind, lm, dd, max_rows, max_ctx, depth_rows, MM3_KV_CACHE_AUTO);
+}
+
+int talker_backend_open_kv(struct talker_backend *b, enum talker_backend_kind kind, const struct talker *lm,
+                           const struct depth *dd, int max_rows, int max_ctx, int depth_rows,
+                           enum mm3_kv_cache_dtype kv_dtype)
+{
     memset(b, 0, sizeof *b);
+    if (kv_dtype != MM3_KV_CACHE_AUTO && kv_dtype != MM3_KV_CACHE_BF16 && kv_dtype != MM3_KV_CACHE_F32)
+        return mm3_errorf(-EINVAL, "talker backend: kv_cache_dtype %d: expected auto, bfloat16 or float32",
+                          (int)kv_dtype);
+    if (kind == TALKER_BACKEND_CPU && kv_dtype == MM3_KV_CACHE_BF16)
+        LOG_INFO("kv_cache_dtype bfloat16: the cpu backend keeps its KV cache in float32");
     b->kind = kind;
+    b->kv_dtype = talker_backend_kv_dtype(kind, kv_dtype);
     b->lm = lm;
     b->dd = dd;
     b->max_rows = max_rows;
@@ -201,11 +221,28 @@ int talker_backend_open(struct talker_backend *b, enum talker_backend_kind kind,
 int talker_backend_graphs_enable(struct talker_backend *b, const int *sizes, int n_sizes, int warmups)
 {
 #ifdef MM3_HAVE_CUDA
-    if (b->kind == TALKER_BACKEND_CUDA && b->impl)
-        return talker_cuda_graphs_enable(((struct cuda_impl *)b->impl)->tc, sizes, n_sizes, warmups);
+    if (b->kind == TALKER_BACKEND_CUDA && b->impl) {
+        struct cuda_impl *c = b->impl;
+        int rc = talker_cuda_graphs_enable(c->tc, sizes, n_sizes, warmups);
+        /* The batched sampling step follows the same switch (one graph per pair count). */
+        if (rc == 0 && c->fc) rc = frame_cuda_graphs_enable(c->fc, warmups);
+        return rc;
+    }
 #endif
     (void)b, (void)sizes, (void)n_sizes, (void)warmups;
     return 0;
+}
+
+void talker_backend_sample_graph_stats(const struct talker_backend *b, int *captured, long *replays)
+{
+    *captured = 0;
+    *replays = 0;
+#ifdef MM3_HAVE_CUDA
+    if (b->kind == TALKER_BACKEND_CUDA && b->impl)
+        frame_cuda_graph_stats(((struct cuda_impl *)b->impl)->fc, captured, replays);
+#else
+    (void)b;
+#endif
 }
 
 void talker_backend_graph_stats(const struct talker_backend *b, int *captured, long *replays)
@@ -231,6 +268,13 @@ void talker_backend_close(struct talker_backend *b)
 void talker_backend_plan_compute(enum talker_backend_kind kind, const struct talker *lm, const struct depth *dd,
                                  int rows, int ctx, struct talker_backend_plan *p)
 {
+    talker_backend_plan_compute_kv(kind, MM3_KV_CACHE_AUTO, lm, dd, rows, ctx, p);
+}
+
+void talker_backend_plan_compute_kv(enum talker_backend_kind kind, enum mm3_kv_cache_dtype kv_dtype,
+                                    const struct talker *lm, const struct depth *dd, int rows, int ctx,
+                                    struct talker_backend_plan *p)
+{
     const struct talker_config *c = &lm->cfg;
     const struct depth_config *e = &dd->cfg;
     /* The GPU keeps matrices in bf16 (2 bytes); the CPU computes from float32 copies. */
@@ -250,12 +294,15 @@ void talker_backend_plan_compute(enum talker_backend_kind kind, const struct tal
         p->weights_bytes += ((size_t)c->vocab * H + nres * (size_t)e->audio_vocab * EH) * sizeof(float);
     else /* the batched frame step's copies: c0 rows of embed_tokens and audio_embeddings as bf16 */
         p->weights_bytes += ((size_t)SAMPLER_N_CODES * H + nres * (size_t)e->audio_vocab * EH) * 2;
-    p->kv_bytes_per_row = 2 * (size_t)c->n_layers * (size_t)ctx * KD * sizeof(float);
-    /* Talker activations for a 32-token slice (grown with the batch), the depth cache
-     * of `rows` rows (the scheduler's batched frame step) with its activations and the
-     * frame step's logits: small next to the cache. */
+    p->kv_dtype = talker_backend_kv_dtype(kind, kv_dtype);
+    size_t kv_elem = p->kv_dtype == MM3_KV_CACHE_BF16 ? 2 : sizeof(float);
+    p->kv_bytes_per_row = 2 * (size_t)c->n_layers * (size_t)ctx * KD * kv_elem;
+    /* Talker activations for a 32-token slice (grown with the batch: h, a, o, fused
+     * QKV, fused gate|up, silu out, logits), the depth cache of `rows` rows (the
+     * scheduler's batched frame step) with its activations and the frame step's
+     * logits: small next to the cache. */
     size_t big = QD > H ? QD : H, tok = 32;
-    size_t act = tok * (H + 3 * big + 2 * KD + 2 * F + SAMPLER_C0_COLS) * sizeof(float);
+    size_t act = tok * (H + 2 * big + QD + 2 * KD + 3 * F + SAMPLER_C0_COLS) * sizeof(float);
     size_t dact = (size_t)rows *
                   ((size_t)e->n_layers * (size_t)e->n_codebooks * EH * 2 + 10 * EH + 2 * EF +
                    2 * (size_t)e->audio_vocab + SAMPLER_C0_COLS) *
@@ -282,30 +329,37 @@ static double mib(size_t b)
     return (double)b / (1024.0 * 1024.0);
 }
 
+int talker_backend_plan_fits(const struct talker_backend_plan *p, double utilization, size_t total_bytes)
+{
+    return (double)p->total_bytes <= (double)total_bytes * utilization;
+}
+
 int talker_backend_plan_check(enum talker_backend_kind kind, const struct talker_backend_plan *p, double utilization)
 {
     if (kind == TALKER_BACKEND_CPU) {
-        LOG_INFO("memory plan (cpu): weights %.1f MiB + KV %.3f MiB/row x %d rows (ctx %d) + workspace %.1f MiB = "
-                 "%.1f MiB of host memory",
-                 mib(p->weights_bytes), mib(p->kv_bytes_per_row), p->rows, p->ctx, mib(p->workspace_bytes),
-                 mib(p->total_bytes));
+        LOG_INFO("memory plan (cpu): weights %.1f MiB + KV (%s) %.3f MiB/row x %d rows (ctx %d) + workspace %.1f "
+                 "MiB = %.1f MiB of host memory",
+                 mib(p->weights_bytes), mm3_kv_cache_dtype_name(p->kv_dtype), mib(p->kv_bytes_per_row), p->rows, p->ctx,
+                 mib(p->workspace_bytes), mib(p->total_bytes));
         return 0;
     }
     size_t free_b = 0, total_b = 0;
     int rc = talker_backend_device_memory(&free_b, &total_b);
     if (rc < 0) return rc;
     double budget = (double)total_b * utilization;
-    LOG_INFO("memory plan (cuda): weights %.1f MiB + KV %.3f MiB/row x %d rows (ctx %d) + workspace %.1f MiB = "
-             "%.1f MiB; budget %g x %.1f MiB device = %.1f MiB (%.1f MiB free now)",
-             mib(p->weights_bytes), mib(p->kv_bytes_per_row), p->rows, p->ctx, mib(p->workspace_bytes),
-             mib(p->total_bytes), utilization, mib(total_b), budget / (1024.0 * 1024.0), mib(free_b));
-    if ((double)p->total_bytes > budget || p->total_bytes > free_b)
+    LOG_INFO("memory plan (cuda): weights %.1f MiB + KV (%s) %.3f MiB/row x %d rows (ctx %d) + workspace %.1f MiB "
+             "= %.1f MiB; budget %g x %.1f MiB device = %.1f MiB (%.1f MiB free now)",
+             mib(p->weights_bytes), mm3_kv_cache_dtype_name(p->kv_dtype), mib(p->kv_bytes_per_row), p->rows, p->ctx,
+             mib(p->workspace_bytes), mib(p->total_bytes), utilization, mib(total_b), budget / (1024.0 * 1024.0),
+             mib(free_b));
+    if (!talker_backend_plan_fits(p, utilization, total_b) || p->total_bytes > free_b)
         return mm3_errorf(
             -ENOMEM,
-            "stage 0 on the GPU does not fit: weights %.1f MiB + KV %.3f MiB/row x %d rows (max_num_seqs, "
+            "stage 0 on the GPU does not fit: weights %.1f MiB + KV (%s) %.3f MiB/row x %d rows (max_num_seqs, "
             "ctx %d = max_model_len) + workspace %.1f MiB = %.1f MiB, but gpu_memory_utilization %g x "
             "%.1f MiB device = %.1f MiB (%.1f MiB free now); lower max_num_seqs or max_model_len",
-            mib(p->weights_bytes), mib(p->kv_bytes_per_row), p->rows, p->ctx, mib(p->workspace_bytes),
-            mib(p->total_bytes), utilization, mib(total_b), budget / (1024.0 * 1024.0), mib(free_b));
+            mib(p->weights_bytes), mm3_kv_cache_dtype_name(p->kv_dtype), mib(p->kv_bytes_per_row), p->rows, p->ctx,
+            mib(p->workspace_bytes), mib(p->total_bytes), utilization, mib(total_b), budget / (1024.0 * 1024.0),
+            mib(free_b));
     return 0;
 }

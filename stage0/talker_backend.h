@@ -26,6 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/deploy.h"
 #include "stage0/depth.h"
 #include "stage0/talker.h"
 
@@ -51,7 +52,8 @@ struct talker_pairs_out {
 
 struct talker_backend {
     enum talker_backend_kind kind;
-    const char *name; /* "cpu" or "cuda" */
+    const char *name;                 /* "cpu" or "cuda" */
+    enum mm3_kv_cache_dtype kv_dtype; /* what the talker's KV cache stores: BF16 or F32, never AUTO */
     const struct talker *lm;
     const struct depth *dd;
     int max_rows, max_ctx, depth_rows;
@@ -73,31 +75,56 @@ int talker_backend_parse(const char *name, enum talker_backend_kind *kind);
 /* Whether the build has the backend and (CUDA) a GPU is present. */
 int talker_backend_available(enum talker_backend_kind kind);
 
-/* -ENODEV for CUDA in a build without CUDA or on a machine without a GPU. */
+/* The KV element type a backend of `kind` stores when `asked` is requested
+ * (the deploy key kv_cache_dtype): AUTO is bfloat16 on CUDA (the reference model
+ * runs in bf16) and float32 on the CPU; the CPU backend is float32 whatever is asked. */
+enum mm3_kv_cache_dtype talker_backend_kv_dtype(enum talker_backend_kind kind, enum mm3_kv_cache_dtype asked);
+
+/* -ENODEV for CUDA in a build without CUDA or on a machine without a GPU.
+ * talker_backend_open is talker_backend_open_kv with MM3_KV_CACHE_AUTO. The CPU
+ * backend logs that it keeps float32 when bfloat16 is asked of it. */
 int talker_backend_open(struct talker_backend *b, enum talker_backend_kind kind, const struct talker *lm,
                         const struct depth *dd, int max_rows, int max_ctx, int depth_rows);
+int talker_backend_open_kv(struct talker_backend *b, enum talker_backend_kind kind, const struct talker *lm,
+                           const struct depth *dd, int max_rows, int max_ctx, int depth_rows,
+                           enum mm3_kv_cache_dtype kv_dtype);
 void talker_backend_close(struct talker_backend *b);
 
 /* CUDA graphs for the talker's decode batches (stage0/cuda/talker_cuda.h:
- * talker_cuda_graphs_enable: capture sizes in rows, eager warm-ups per size). The
- * CPU backend has nothing to capture: 0, no effect. */
+ * talker_cuda_graphs_enable: capture sizes in rows, eager warm-ups per size) and for
+ * the batched sampling step (stage0/cuda/frame_cuda.h: frame_cuda_graphs_enable, one
+ * graph per pair count and top_k after the same warm-ups). The CPU backend has
+ * nothing to capture: 0, no effect. */
 int talker_backend_graphs_enable(struct talker_backend *b, const int *sizes, int n_sizes, int warmups);
 
 /* Graphs captured and forwards replayed so far (0 and 0 without graphs). */
 void talker_backend_graph_stats(const struct talker_backend *b, int *captured, long *replays);
 
+/* The same for the sampling step's graphs (sample_pairs calls served by a replay). */
+void talker_backend_sample_graph_stats(const struct talker_backend *b, int *captured, long *replays);
+
 /* What a backend of `rows` x `ctx` would allocate on its device (the CPU backend:
- * host memory, weights counted as the float32 copies it computes with). */
+ * host memory, weights counted as the float32 copies it computes with). Only the
+ * configs of lm and dd are read (a plan needs no weights). */
 struct talker_backend_plan {
-    size_t weights_bytes;    /* talker + depth decoder parameters as uploaded */
-    size_t kv_bytes_per_row; /* talker K+V for one row of ctx positions */
-    size_t workspace_bytes;  /* activations, depth cache, staging */
-    size_t total_bytes;      /* weights + rows * kv_bytes_per_row + workspace */
+    size_t weights_bytes;             /* talker + depth decoder parameters as uploaded */
+    size_t kv_bytes_per_row;          /* talker K+V for one row of ctx positions, in kv_dtype */
+    enum mm3_kv_cache_dtype kv_dtype; /* BF16 or F32 (resolved, as talker_backend_kv_dtype) */
+    size_t workspace_bytes;           /* activations, depth cache, staging */
+    size_t total_bytes;               /* weights + rows * kv_bytes_per_row + workspace */
     int rows, ctx;
 };
 
 void talker_backend_plan_compute(enum talker_backend_kind kind, const struct talker *lm, const struct depth *dd,
                                  int rows, int ctx, struct talker_backend_plan *p);
+/* The same for a KV cache of `kv_dtype` (talker_backend_plan_compute: AUTO). */
+void talker_backend_plan_compute_kv(enum talker_backend_kind kind, enum mm3_kv_cache_dtype kv_dtype,
+                                    const struct talker *lm, const struct depth *dd, int rows, int ctx,
+                                    struct talker_backend_plan *p);
+
+/* Whether plan p fits `utilization` of a device of total_bytes (the budget
+ * talker_backend_plan_check enforces, without asking a device): 1 or 0. */
+int talker_backend_plan_fits(const struct talker_backend_plan *p, double utilization, size_t total_bytes);
 
 /* Device memory of the CUDA device in use: -ENODEV without CUDA / GPU. */
 int talker_backend_device_memory(size_t *free_bytes, size_t *total_bytes);

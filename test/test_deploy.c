@@ -80,7 +80,8 @@ static void test_one_gpu_config_values(void **state)
     assert_non_null(s0);
     assert_non_null(s1);
     assert_null(mm3_deploy_stage(&deploy, 2));
-    assert_int_equal(s0->max_num_seqs, 16); /* 8 songs: what a float32 KV cache of 10240 positions fits in 0.6 */
+    assert_int_equal(s0->max_num_seqs, 32); /* 16 songs, as many as stage 1 holds; test_deploy_fit checks the room */
+    assert_int_equal(s0->kv_cache_dtype, MM3_KV_CACHE_AUTO);
     assert_int_equal(s1->max_num_seqs, 16);
     assert_true(s0->gpu_memory_utilization == 0.6 && s1->gpu_memory_utilization == 0.2);
     assert_int_equal(s0->dtype, MM3_DTYPE_BF16);
@@ -162,6 +163,42 @@ static void test_deadlines(void **state)
     assert_string_equal(e->name, "c");
     assert_true(fabs(mm3_connector_first_chunk_deadline_s(e) - 1.0) < 1e-12);
     assert_true(fabs(mm3_connector_steady_deadline_s(e) - 0.5) < 1e-12);
+}
+
+/* kv_cache_dtype: vLLM's key and spellings, stage 0 only; a bad value names the
+ * place and the accepted values. */
+static void test_kv_cache_dtype_key(void **state)
+{
+    (void)state;
+    static const char *const names[] = {"auto", "bfloat16", "float32"};
+    static const enum mm3_kv_cache_dtype want[] = {MM3_KV_CACHE_AUTO, MM3_KV_CACHE_BF16, MM3_KV_CACHE_F32};
+    char yaml[256];
+    for (int i = 0; i < 3; i++) {
+        snprintf(yaml, sizeof yaml, "stages:\n  - stage_id: 0\n    kv_cache_dtype: %s\n  - stage_id: 1\n", names[i]);
+        assert_int_equal(mm3_deploy_load_string(&deploy, yaml, "kv"), 0);
+        assert_int_equal(mm3_deploy_stage(&deploy, 0)->kv_cache_dtype, want[i]);
+        assert_string_equal(mm3_kv_cache_dtype_name(want[i]), names[i]);
+        enum mm3_kv_cache_dtype t = MM3_KV_CACHE_AUTO;
+        assert_int_equal(mm3_kv_cache_dtype_parse(names[i], &t), 0);
+        assert_int_equal(t, want[i]);
+    }
+    assert_int_equal(mm3_deploy_load_string(&deploy, "stages:\n  - stage_id: 0\n  - stage_id: 1\n", "kv"), 0);
+    assert_int_equal(mm3_deploy_stage(&deploy, 0)->kv_cache_dtype, MM3_KV_CACHE_AUTO);
+    assert_int_equal(mm3_deploy_load_string(&deploy, "stages:\n  - stage_id: 0\n    kv_cache_dtype: fp8\n"
+                                                     "  - stage_id: 1\n", "kv"),
+                     -EINVAL);
+    const char *msg = mm3_last_error();
+    assert_non_null(strstr(msg, "kv:3:21: stages[0].kv_cache_dtype"));
+    assert_non_null(strstr(msg, "auto, bfloat16, float32"));
+    assert_non_null(strstr(msg, "fp8"));
+    assert_int_equal(mm3_deploy_stage(&deploy, 0)->kv_cache_dtype, MM3_KV_CACHE_AUTO); /* defaults again */
+    assert_int_equal(mm3_deploy_load_string(&deploy, "stages:\n  - stage_id: 0\n  - stage_id: 1\n"
+                                                     "    kv_cache_dtype: bfloat16\n", "kv"),
+                     -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "kv:4:5: stages[1].kv_cache_dtype: only stage 0"));
+    enum mm3_kv_cache_dtype t;
+    assert_int_equal(mm3_kv_cache_dtype_parse("half", &t), -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "half"));
 }
 
 static void test_defaults(void **state)
@@ -425,6 +462,7 @@ int main(void)
         cmocka_unit_test(test_tiny_cpu_config_values),
         cmocka_unit_test(test_deadlines),
         cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_kv_cache_dtype_key),
         cmocka_unit_test(test_bad_files_rejected),
         cmocka_unit_test(test_short_context_warns),
         cmocka_unit_test(test_inline_errors),

@@ -418,10 +418,11 @@ static void test_thread_and_shutdown(void **state)
     log_free(&log);
 }
 
-/* The start-up memory plan: the KV term is what the cache holds (K and V, float32,
- * every layer, n_kv_heads x head_dim per position), the total adds up, the GPU's
- * bf16 weights are half the CPU's float32 matrices, and a plan the device cannot
- * hold (or a missing GPU) is refused with a message instead of a crash later. */
+/* The start-up memory plan: the KV term is what the cache holds (K and V, float32 on
+ * the CPU and bf16 on the GPU by default, every layer, n_kv_heads x head_dim per
+ * position), the total adds up, the GPU's bf16 weights are half the CPU's float32
+ * matrices, and a plan the device cannot hold (or a missing GPU) is refused with a
+ * message instead of a crash later. */
 static void test_memory_plan(void **state)
 {
     struct model *m = *state;
@@ -434,7 +435,7 @@ static void test_memory_plan(void **state)
     assert_int_equal(a.kv_bytes_per_row, kv);
     assert_int_equal(b.kv_bytes_per_row, 2 * kv);
     assert_int_equal(a.total_bytes, a.weights_bytes + 8 * a.kv_bytes_per_row + a.workspace_bytes);
-    assert_int_equal(g.kv_bytes_per_row, kv);
+    assert_int_equal(g.kv_bytes_per_row, kv / 2); /* the GPU's cache is bf16 (kv_cache_dtype auto) */
     assert_true(g.weights_bytes < a.weights_bytes);
     assert_true(g.weights_bytes > 0 && g.workspace_bytes > 0);
     assert_int_equal(talker_backend_plan_check(TALKER_BACKEND_CPU, &a, 0.9), 0);

@@ -5,7 +5,12 @@
  * GEMM within GOLDEN_REL_TOL_BF16. The batched sampling step: test_generate_batch.c. Then the golden replay of tiny-a
  * through the backend table: the CPU backend must reproduce the golden like stage0/generate.c does (runs everywhere),
  * the CUDA backend within GOLDEN_REL_TOL_BF16 with the same draws. Without a GPU (or a CUDA build) only the CPU-backend
- * replay runs and the program exits 77. */
+ * replay runs and the program exits 77.
+ * The KV cache: the comparisons above at float32 accuracy use a float32 cache
+ * (kv_cache_dtype float32); the default bf16 cache is compared with the CPU within
+ * KV_BF16_REL_TOL (tiny-a and a release-shaped layer), its store is checked bit for
+ * bit against mm3_f32_to_bf16 and its attention kernels against op_attention on the
+ * widened values; the golden replay runs with the default (bf16) cache. */
 /* cmocka.h needs these first */
 /* clang-format off */
 #include <setjmp.h>
@@ -26,11 +31,22 @@
 #include "common/sampler.h"
 #include "stage0/golden.h"
 #include "stage0/talker_backend.h"
+#ifdef MM3_HAVE_CUDA
+#include "common/cuda/ops_cuda.h"
+#include "stage0/cuda/talker_kernels.h"
+#endif
 #include "support/test_stage0.h"
 #include "support/test_support.h"
 
 #define REL_TOL 1e-4
 #define CHUNK 16 /* tokens per forward below which products stay float32-accurate */
+/* Talker hiddens with a bf16 KV cache against the float32 CPU reference. Rounding K
+ * and V to bf16 (rel. 2^-9 per element at most) moves the attention outputs by rel.
+ * ~1e-3 and the end hidden by less (the residual stream carries the embedding and
+ * the FFN): 4e-4 on tiny-a when the CPU's cache is rounded the same way (measured
+ * here with the CPU reference, 3 rows, 20 decode steps). 5e-3 leaves 10x room and
+ * stays well inside the golden's GOLDEN_REL_TOL_BF16 (2e-2). */
+#define KV_BF16_REL_TOL 5e-3
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
@@ -74,9 +90,10 @@ static void expect_close(const char *what, int step, const float *got, const flo
  * lengths; the float32-accurate GEMV path), then decode steps alternating
  * consecutive rows (the split-K kernel's layout) and a reversed subset (the row
  * attention), each compared with the CPU; the head too. */
-static void compare_talker(struct talker_backend *cpu, struct talker_backend *gpu, int n_rows, const int *prompt,
-                           int n_steps)
+static double compare_talker_tol(struct talker_backend *cpu, struct talker_backend *gpu, int n_rows, const int *prompt,
+                                 int n_steps, double tol)
 {
+    double worst = 0;
     const struct talker *m = cpu->lm;
     int H = m->cfg.hidden, n = 0;
     for (int r = 0; r < n_rows; r++)
@@ -104,7 +121,8 @@ static void compare_talker(struct talker_backend *cpu, struct talker_backend *gp
         int k = n - at < CHUNK ? n - at : CHUNK;
         assert_int_equal(gpu->forward(gpu->impl, k, row + at, pos + at, emb + (size_t)at * H, b + (size_t)at * H), 0);
     }
-    expect_close("prefill hidden", -1, b, a, (size_t)n * H, REL_TOL);
+    expect_close("prefill hidden", -1, b, a, (size_t)n * H, tol);
+    worst = fmax(worst, test_rel_error(b, a, (size_t)n * H));
     for (int s = 0; s < n_steps; s++) {
         int nt = 0;
         if (s % 2 == 0)
@@ -119,7 +137,8 @@ static void compare_talker(struct talker_backend *cpu, struct talker_backend *gp
             emb[i] = frand();
         assert_int_equal(cpu->forward(cpu->impl, nt, row, pos, emb, a), 0);
         assert_int_equal(gpu->forward(gpu->impl, nt, row, pos, emb, b), 0);
-        expect_close("decode hidden", s, b, a, (size_t)nt * H, REL_TOL);
+        expect_close("decode hidden", s, b, a, (size_t)nt * H, tol);
+        worst = fmax(worst, test_rel_error(b, a, (size_t)nt * H));
         if (s == 0 || s == n_steps - 1) {
             assert_int_equal(cpu->head_drawable(cpu->impl, a, nt, la), 0);
             assert_int_equal(gpu->head_drawable(gpu->impl, a, nt, lb), 0);
@@ -127,6 +146,13 @@ static void compare_talker(struct talker_backend *cpu, struct talker_backend *gp
         }
     }
     free(row), free(pos), free(len), free(emb), free(a), free(b), free(la), free(lb);
+    return worst;
+}
+
+static void compare_talker(struct talker_backend *cpu, struct talker_backend *gpu, int n_rows, const int *prompt,
+                           int n_steps)
+{
+    compare_talker_tol(cpu, gpu, n_rows, prompt, n_steps, REL_TOL);
 }
 
 /* Every depth position of n rows (a frame), outputs and every codebook head compared. */
@@ -202,13 +228,23 @@ static float *stub_depth(struct depth *d, struct depth_layer *L)
     return w;
 }
 
+/* The GPU backend with a KV cache of kv (the CPU one is float32 whatever is asked). */
+static void open_pair_kv(struct talker_backend *cpu, struct talker_backend *gpu, const struct talker *lm,
+                         const struct depth *dd, int rows, int ctx, enum mm3_kv_cache_dtype kv)
+{
+    assert_int_equal(talker_backend_open_kv(cpu, TALKER_BACKEND_CPU, lm, dd, rows, ctx, rows, kv), 0);
+    assert_int_equal(cpu->kv_dtype, MM3_KV_CACHE_F32);
+    int rc = talker_backend_open_kv(gpu, TALKER_BACKEND_CUDA, lm, dd, rows, ctx, rows, kv);
+    if (rc < 0) print_error("cuda backend: %s\n", mm3_last_error());
+    assert_int_equal(rc, 0);
+    assert_int_equal(gpu->kv_dtype, talker_backend_kv_dtype(TALKER_BACKEND_CUDA, kv));
+}
+
+/* Float32-accurate comparisons: a float32 KV cache (the default is bf16). */
 static void open_pair(struct talker_backend *cpu, struct talker_backend *gpu, const struct talker *lm,
                       const struct depth *dd, int rows, int ctx)
 {
-    assert_int_equal(talker_backend_open(cpu, TALKER_BACKEND_CPU, lm, dd, rows, ctx, rows), 0);
-    int rc = talker_backend_open(gpu, TALKER_BACKEND_CUDA, lm, dd, rows, ctx, rows);
-    if (rc < 0) print_error("cuda backend: %s\n", mm3_last_error());
-    assert_int_equal(rc, 0);
+    open_pair_kv(cpu, gpu, lm, dd, rows, ctx, MM3_KV_CACHE_F32);
 }
 
 /* The gpu group's fixture holds tiny-a (test_stage0_golden_setup; NULL: no golden directory). */
@@ -420,6 +456,326 @@ static void test_release_shaped_depth(void **state)
     free(mh);
 }
 
+/* ---- the bf16 KV cache (kv_cache_dtype auto / bfloat16 on CUDA) ---- */
+
+/* Prefill + decode of a bf16-cache backend against the float32 CPU: within
+ * KV_BF16_REL_TOL, and not float32-accurate (else the cache was not bf16). */
+static void compare_talker_bf16_kv(const struct talker *lm, const struct depth *dd, int rows, int ctx,
+                                   const int *prompt, int steps)
+{
+    struct talker_backend cpu, gpu;
+    open_pair_kv(&cpu, &gpu, lm, dd, rows, ctx, MM3_KV_CACHE_AUTO);
+    assert_int_equal(gpu.kv_dtype, MM3_KV_CACHE_BF16);
+    double worst = compare_talker_tol(&cpu, &gpu, rows, prompt, steps, KV_BF16_REL_TOL);
+    print_message("bf16 KV cache: worst hidden rel %.3g (bound %.3g)\n", worst, KV_BF16_REL_TOL);
+    assert_true(worst > 1e-6);
+    talker_backend_close(&cpu);
+    talker_backend_close(&gpu);
+}
+
+static void test_tiny_talker_bf16_kv(void **state)
+{
+    const struct test_stage0 *m = *state;
+    if (!m) skip();
+    int prompt[3] = {12, 9, 5};
+    compare_talker_bf16_kv(&m->lm, &m->dd, 3, 64, prompt, 20);
+}
+
+/* One release-shaped decoder layer (hidden 4096, 32/8 heads x 128, FFN 12288) with
+ * a bf16 cache: the split-K decode kernel and the row attention on bf16, and the
+ * fused QKV / gate|up products at their real widths. */
+static void test_release_shaped_talker_bf16_kv(void **state)
+{
+    (void)state;
+    if (getenv("MM3_TALKER_TINY_ONLY")) skip();
+    const int H = 4096, F = 12288, NH = 32, NKV = 8, D = 128;
+    struct talker m = {.cfg = {.hidden = H,
+                               .n_layers = 1,
+                               .n_heads = NH,
+                               .n_kv_heads = NKV,
+                               .head_dim = D,
+                               .ffn = F,
+                               .vocab = SAMPLER_CODE_OFFSET + SAMPLER_N_CODES,
+                               .eps = 1e-6f,
+                               .rope_theta = 1e6}};
+    size_t QD = (size_t)NH * D, KD = (size_t)NKV * D, C0 = SAMPLER_C0_COLS;
+    size_t total = 3 * (size_t)H + 2 * (size_t)D + QD * H + 2 * KD * H + H * QD + 3 * (size_t)F * H + C0 * H + D / 2;
+    float *w = malloc(sizeof(float) * total), *p = w;
+    assert_non_null(w);
+    struct talker_layer L;
+#define TAKE(dst, n) (dst = p, p += (n))
+    TAKE(L.attn_norm, H), TAKE(L.ffn_norm, H), TAKE(m.norm, H), TAKE(L.q_norm, D), TAKE(L.k_norm, D);
+    fill_norm(L.attn_norm, 3 * (size_t)H + 2 * D);
+    float sh = 1.0f / sqrtf((float)H);
+    TAKE(L.wq, QD * H), TAKE(L.wk, KD * H), TAKE(L.wv, KD * H), TAKE(L.wo, H * QD), TAKE(L.wg, (size_t)F * H);
+    TAKE(L.wu, (size_t)F * H), TAKE(m.head, C0 * H);
+    fill_bf16(L.wq, QD * H + 2 * KD * H + H * QD + 2 * (size_t)F * H + C0 * H, sh);
+    TAKE(L.wd, (size_t)H * F);
+    fill_bf16(L.wd, (size_t)H * F, 1.0f / sqrtf((float)F));
+    TAKE(m.inv_freq, D / 2);
+#undef TAKE
+    assert_true((size_t)(p - w) == total);
+    op_rope_inv_freq(m.inv_freq, m.cfg.rope_theta, D);
+    for (int i = 0; i < D / 2; i++)
+        m.inv_freq[i] = bf16_round(m.inv_freq[i]);
+    m.layers = &L;
+    struct depth dd;
+    struct depth_layer dl;
+    float *dbuf = stub_depth(&dd, &dl);
+    int prompt[3] = {5, 3, 2};
+    compare_talker_bf16_kv(&m, &dd, 3, 32, prompt, 4);
+    free(w);
+    free(dbuf);
+}
+
+#ifdef MM3_HAVE_CUDA
+/* The kernels on a bf16 cache in isolation: the K/V store rounds exactly as
+ * mm3_f32_to_bf16 (ties to even, NaN kept, infinities), the float32 store copies;
+ * both attention kernels reading q at a fused-QKV stride match op_attention over
+ * the widened cache (rel 1e-5: float32 sums in another order). */
+static void test_kv_bf16_kernels(void **state)
+{
+    (void)state;
+    enum { NH = 8, NKV = 2, D = 128, ROWS = 3, CTX = 40 };
+    const int QD = NH * D, KD = NKV * D, QKV = QD + 2 * KD;
+    const int len[ROWS] = {33, 7, 20};
+    int n = 0, row[ROWS * CTX], pos[ROWS * CTX];
+    for (int r = 0; r < ROWS; r++)
+        for (int j = 0; j < len[r]; j++, n++)
+            row[n] = r, pos[n] = j;
+    float *qkv = malloc(sizeof(float) * n * QKV);
+    assert_non_null(qkv);
+    for (size_t i = 0; i < (size_t)n * QKV; i++)
+        qkv[i] = 2.0f * frand();
+    /* Rounding ties (low half 0x8000: to even, both ways) in every token's K and V. */
+    for (int i = 0; i < n; i++) {
+        uint32_t tie_down = 0x3f808000u, tie_up = 0x3f818000u;
+        memcpy(&qkv[(size_t)i * QKV + QD + i % KD], &tie_down, 4);
+        memcpy(&qkv[(size_t)i * QKV + QD + KD + (i * 7) % KD], &tie_up, 4);
+    }
+    size_t row_stride = (size_t)CTX * KD, cache_n = (size_t)ROWS * row_stride;
+    float *d_qkv, *d_out, *d_k32, *d_v32;
+    uint16_t *d_k16, *d_v16;
+    int *d_row, *d_pos, *d_len, *d_seq;
+    assert_int_equal(cuda_malloc((void **)&d_qkv, sizeof(float) * n * QKV), 0);
+    assert_int_equal(cuda_malloc((void **)&d_out, sizeof(float) * n * QD), 0);
+    assert_int_equal(cuda_malloc((void **)&d_k32, sizeof(float) * cache_n), 0);
+    assert_int_equal(cuda_malloc((void **)&d_v32, sizeof(float) * cache_n), 0);
+    assert_int_equal(cuda_malloc((void **)&d_k16, sizeof(uint16_t) * cache_n), 0);
+    assert_int_equal(cuda_malloc((void **)&d_v16, sizeof(uint16_t) * cache_n), 0);
+    assert_int_equal(cuda_malloc((void **)&d_row, sizeof(int) * n), 0);
+    assert_int_equal(cuda_malloc((void **)&d_pos, sizeof(int) * n), 0);
+    assert_int_equal(cuda_malloc((void **)&d_len, sizeof(int) * ROWS), 0);
+    assert_int_equal(cuda_malloc((void **)&d_seq, sizeof(int) * ROWS), 0);
+    assert_int_equal(cuda_memcpy_h2d(d_qkv, qkv, sizeof(float) * n * QKV), 0);
+    assert_int_equal(cuda_memcpy_h2d(d_row, row, sizeof(int) * n), 0);
+    assert_int_equal(cuda_memcpy_h2d(d_pos, pos, sizeof(int) * n), 0);
+    assert_int_equal(cuda_memset(d_k16, 0, sizeof(uint16_t) * cache_n), 0);
+    assert_int_equal(cuda_memset(d_v16, 0, sizeof(uint16_t) * cache_n), 0);
+    const float *k = d_qkv + QD, *v = d_qkv + QD + KD;
+    assert_int_equal(talker_cuda_kv_store_pair(d_k16, d_v16, CUDA_KV_BF16, k, v, (size_t)QKV, d_row, d_pos, n, KD,
+                                               row_stride, KD, NULL),
+                     0);
+    assert_int_equal(talker_cuda_kv_store_pair(d_k32, d_v32, CUDA_KV_F32, k, v, (size_t)QKV, d_row, d_pos, n, KD,
+                                               row_stride, KD, NULL),
+                     0);
+    assert_int_equal(cuda_stream_sync(NULL), 0);
+    uint16_t *k16 = malloc(sizeof(uint16_t) * cache_n), *v16 = malloc(sizeof(uint16_t) * cache_n);
+    float *k32 = malloc(sizeof(float) * cache_n), *v32 = malloc(sizeof(float) * cache_n);
+    float *kw = malloc(sizeof(float) * cache_n), *vw = malloc(sizeof(float) * cache_n);
+    assert_non_null(k16), assert_non_null(v16), assert_non_null(k32), assert_non_null(v32);
+    assert_non_null(kw), assert_non_null(vw);
+    assert_int_equal(cuda_memcpy_d2h(k16, d_k16, sizeof(uint16_t) * cache_n), 0);
+    assert_int_equal(cuda_memcpy_d2h(v16, d_v16, sizeof(uint16_t) * cache_n), 0);
+    assert_int_equal(cuda_memcpy_d2h(k32, d_k32, sizeof(float) * cache_n), 0);
+    assert_int_equal(cuda_memcpy_d2h(v32, d_v32, sizeof(float) * cache_n), 0);
+    int bad = 0;
+    for (int i = 0; i < n; i++)
+        for (int c = 0; c < KD; c++) {
+            size_t at = (size_t)row[i] * row_stride + (size_t)pos[i] * KD + c;
+            float kv = qkv[(size_t)i * QKV + QD + c], vv = qkv[(size_t)i * QKV + QD + KD + c];
+            bad += k16[at] != mm3_f32_to_bf16(kv) || v16[at] != mm3_f32_to_bf16(vv);
+            bad += memcmp(&k32[at], &kv, 4) != 0 || memcmp(&v32[at], &vv, 4) != 0;
+        }
+    assert_int_equal(bad, 0);
+    for (size_t i = 0; i < cache_n; i++)
+        kw[i] = mm3_bf16_to_f32(k16[i]), vw[i] = mm3_bf16_to_f32(v16[i]);
+
+    /* Row attention: every token over its row's positions 0..pos. */
+    float scale = 1.0f / sqrtf((float)D);
+    float *got = malloc(sizeof(float) * n * QD), *want = malloc(sizeof(float) * n * QD);
+    assert_non_null(got), assert_non_null(want);
+    assert_int_equal(talker_cuda_attention_rows_kv(d_out, d_qkv, (size_t)QKV, d_k16, d_v16, CUDA_KV_BF16, d_row, d_pos,
+                                                   n, NH, NKV, D, row_stride, KD, scale, NULL),
+                     0);
+    assert_int_equal(cuda_stream_sync(NULL), 0);
+    assert_int_equal(cuda_memcpy_d2h(got, d_out, sizeof(float) * n * QD), 0);
+    for (int i = 0; i < n; i++) {
+        size_t base = (size_t)row[i] * row_stride;
+        op_attention(want + (size_t)i * QD, QD, qkv + (size_t)i * QKV, QKV, kw + base, vw + base, KD, 1, pos[i] + 1, NH,
+                     NKV, D, 0, 0, scale);
+    }
+    expect_close("row attention, bf16 cache", 0, got, want, (size_t)n * QD, 1e-5);
+
+    /* Split-K decode: the last token of each row, rows in reverse order, q at the
+     * fused stride (token i's query row is read at qkv + i * QKV). */
+    int last[ROWS], seq_row[ROWS], kv_len[ROWS];
+    for (int r = 0, at = 0; r < ROWS; at += len[r], r++)
+        last[r] = at + len[r] - 1;
+    float *dq = malloc(sizeof(float) * ROWS * QKV);
+    assert_non_null(dq);
+    for (int s = 0; s < ROWS; s++) {
+        int r = ROWS - 1 - s;
+        seq_row[s] = r;
+        kv_len[s] = len[r];
+        memcpy(dq + (size_t)s * QKV, qkv + (size_t)last[r] * QKV, sizeof(float) * QKV);
+    }
+    assert_int_equal(cuda_memcpy_h2d(d_qkv, dq, sizeof(float) * ROWS * QKV), 0);
+    assert_int_equal(cuda_memcpy_h2d(d_seq, seq_row, sizeof(int) * ROWS), 0);
+    assert_int_equal(cuda_memcpy_h2d(d_len, kv_len, sizeof(int) * ROWS), 0);
+    assert_int_equal(talker_cuda_attention_decode_rows_q(d_out, d_qkv, (size_t)QKV, d_k16, d_v16, CUDA_KV_BF16, d_len,
+                                                         d_seq, CTX, row_stride, KD, ROWS, NH, NKV, D, scale, NULL),
+                     0);
+    assert_int_equal(cuda_stream_sync(NULL), 0);
+    assert_int_equal(cuda_memcpy_d2h(got, d_out, sizeof(float) * ROWS * QD), 0);
+    for (int s = 0; s < ROWS; s++) {
+        size_t base = (size_t)seq_row[s] * row_stride;
+        op_attention(want + (size_t)s * QD, QD, dq + (size_t)s * QKV, QKV, kw + base, vw + base, KD, 1, kv_len[s], NH,
+                     NKV, D, 0, 0, scale);
+    }
+    expect_close("split-K decode attention, bf16 cache", 0, got, want, (size_t)ROWS * QD, 1e-5);
+
+    /* Special values: NaN stays NaN, infinities stay infinite, as on the host. */
+    float special[4] = {INFINITY, -INFINITY, NAN, 65504.0f};
+    float *d_sp;
+    uint16_t *d_sk, *d_sv, sk[4], sv[4];
+    int zero = 0;
+    assert_int_equal(cuda_malloc((void **)&d_sp, sizeof special), 0);
+    assert_int_equal(cuda_malloc((void **)&d_sk, sizeof sk), 0);
+    assert_int_equal(cuda_malloc((void **)&d_sv, sizeof sv), 0);
+    assert_int_equal(cuda_memcpy_h2d(d_sp, special, sizeof special), 0);
+    assert_int_equal(cuda_memcpy_h2d(d_row, &zero, sizeof zero), 0);
+    assert_int_equal(cuda_memcpy_h2d(d_pos, &zero, sizeof zero), 0);
+    assert_int_equal(talker_cuda_kv_store_pair(d_sk, d_sv, CUDA_KV_BF16, d_sp, d_sp, 4, d_row, d_pos, 1, 4, 4, 4, NULL),
+                     0);
+    assert_int_equal(cuda_stream_sync(NULL), 0);
+    assert_int_equal(cuda_memcpy_d2h(sk, d_sk, sizeof sk), 0);
+    assert_int_equal(cuda_memcpy_d2h(sv, d_sv, sizeof sv), 0);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(sk[i], mm3_f32_to_bf16(special[i]));
+        assert_int_equal(sv[i], mm3_f32_to_bf16(special[i]));
+    }
+    /* Bad arguments are refused with a message, not launched. */
+    assert_int_equal(
+        talker_cuda_kv_store_pair(d_sk, d_sv, (enum cuda_kv_dtype)7, d_sp, d_sp, 4, d_row, d_pos, 1, 4, 4, 4, NULL),
+        -EINVAL);
+    assert_int_equal(talker_cuda_attention_rows_kv(d_out, d_qkv, (size_t)QD - 1, d_k16, d_v16, CUDA_KV_BF16, d_row,
+                                                   d_pos, 1, NH, NKV, D, row_stride, KD, scale, NULL),
+                     -EINVAL);
+    void *dev[] = {d_qkv, d_out, d_k32, d_v32, d_k16, d_v16, d_row, d_pos, d_len, d_seq, d_sp, d_sk, d_sv};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        cuda_free(dev[i]);
+    free(qkv), free(k16), free(v16), free(k32), free(v32), free(kw), free(vw), free(got), free(want), free(dq);
+}
+
+/* The fused step after the QKV product (talker_cuda_qkv_norm_rope_store) against the
+ * op chain it replaces (cuda_ops_qk_norm_rope on q, on k, talker_cuda_kv_store_pair):
+ * bit for bit, rows and caches, for both cache types, at tiny-like and release head
+ * shapes; positions are scattered over rows as in a mixed batch. */
+static void check_qkv_fused(int NH, int NKV, int D, enum cuda_kv_dtype dt)
+{
+    enum { ROWS = 3, CTX = 24, N = 19 };
+    const int QD = NH * D, KD = NKV * D, QKV = QD + 2 * KD;
+    const size_t elem = dt == CUDA_KV_BF16 ? 2 : 4, row_stride = (size_t)CTX * KD, cache = ROWS * row_stride * elem;
+    int row[N], pos[N];
+    for (int i = 0; i < N; i++)
+        row[i] = (i * 2) % ROWS, pos[i] = (i * 5) % CTX;
+    /* One token per cache slot, so the two paths' stores cannot race differently. */
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < i; j++)
+            assert_false(row[i] == row[j] && pos[i] == pos[j]);
+    float *x = malloc(sizeof(float) * N * QKV), *qn = malloc(sizeof(float) * D), *kn = malloc(sizeof(float) * D);
+    float *inv = malloc(sizeof(float) * D / 2);
+    assert_non_null(x), assert_non_null(qn), assert_non_null(kn), assert_non_null(inv);
+    for (size_t i = 0; i < (size_t)N * QKV; i++)
+        x[i] = 3.0f * frand();
+    fill_norm(qn, D), fill_norm(kn, D);
+    op_rope_inv_freq(inv, 1e6, D);
+    float *d_a, *d_b, *d_qn, *d_kn, *d_inv;
+    void *d_ka, *d_va, *d_kb, *d_vb;
+    int *d_row, *d_pos;
+    assert_int_equal(cuda_malloc((void **)&d_a, sizeof(float) * N * QKV), 0);
+    assert_int_equal(cuda_malloc((void **)&d_b, sizeof(float) * N * QKV), 0);
+    assert_int_equal(cuda_malloc((void **)&d_qn, sizeof(float) * D), 0);
+    assert_int_equal(cuda_malloc((void **)&d_kn, sizeof(float) * D), 0);
+    assert_int_equal(cuda_malloc((void **)&d_inv, sizeof(float) * D / 2), 0);
+    assert_int_equal(cuda_malloc(&d_ka, cache), 0);
+    assert_int_equal(cuda_malloc(&d_va, cache), 0);
+    assert_int_equal(cuda_malloc(&d_kb, cache), 0);
+    assert_int_equal(cuda_malloc(&d_vb, cache), 0);
+    assert_int_equal(cuda_malloc((void **)&d_row, sizeof(int) * N), 0);
+    assert_int_equal(cuda_malloc((void **)&d_pos, sizeof(int) * N), 0);
+    void *caches[4] = {d_ka, d_va, d_kb, d_vb};
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(cuda_memset(caches[i], 0, cache), 0);
+    assert_int_equal(cuda_memcpy_h2d(d_a, x, sizeof(float) * N * QKV), 0);
+    assert_int_equal(cuda_memcpy_h2d(d_b, x, sizeof(float) * N * QKV), 0);
+    assert_int_equal(cuda_memcpy_h2d(d_qn, qn, sizeof(float) * D), 0);
+    assert_int_equal(cuda_memcpy_h2d(d_kn, kn, sizeof(float) * D), 0);
+    assert_int_equal(cuda_memcpy_h2d(d_inv, inv, sizeof(float) * D / 2), 0);
+    assert_int_equal(cuda_memcpy_h2d(d_row, row, sizeof(int) * N), 0);
+    assert_int_equal(cuda_memcpy_h2d(d_pos, pos, sizeof(int) * N), 0);
+    assert_int_equal(cuda_ops_qk_norm_rope(d_a, N, QKV, NH, D, d_qn, 1e-6f, D, d_pos, d_inv, NULL), 0);
+    assert_int_equal(cuda_ops_qk_norm_rope(d_a + QD, N, QKV, NKV, D, d_kn, 1e-6f, D, d_pos, d_inv, NULL), 0);
+    assert_int_equal(talker_cuda_kv_store_pair(d_ka, d_va, dt, d_a + QD, d_a + QD + KD, (size_t)QKV, d_row, d_pos, N,
+                                               KD, row_stride, KD, NULL),
+                     0);
+    assert_int_equal(talker_cuda_qkv_norm_rope_store(d_b, N, NH, NKV, D, d_qn, d_kn, 1e-6f, D, d_pos, d_inv, d_kb, d_vb,
+                                                     dt, d_row, row_stride, KD, NULL),
+                     0);
+    assert_int_equal(cuda_stream_sync(NULL), 0);
+    float *ha = malloc(sizeof(float) * N * QKV), *hb = malloc(sizeof(float) * N * QKV);
+    char *ca = malloc(cache), *cb = malloc(cache);
+    assert_non_null(ha), assert_non_null(hb), assert_non_null(ca), assert_non_null(cb);
+    assert_int_equal(cuda_memcpy_d2h(ha, d_a, sizeof(float) * N * QKV), 0);
+    assert_int_equal(cuda_memcpy_d2h(hb, d_b, sizeof(float) * N * QKV), 0);
+    assert_memory_equal(ha, hb, sizeof(float) * N * QKV);
+    assert_true(memcmp(ha, x, sizeof(float) * N * QKV) != 0); /* something was normed */
+    for (int c = 0; c < 2; c++) {
+        assert_int_equal(cuda_memcpy_d2h(ca, caches[c], cache), 0);
+        assert_int_equal(cuda_memcpy_d2h(cb, caches[2 + c], cache), 0);
+        assert_memory_equal(ca, cb, cache);
+    }
+    print_message("fused qkv norm/rope/store: %d/%d heads of %d, %s cache: bit-identical\n", NH, NKV, D,
+                  dt == CUDA_KV_BF16 ? "bf16" : "float32");
+    void *dev[] = {d_a, d_b, d_qn, d_kn, d_inv, d_ka, d_va, d_kb, d_vb, d_row, d_pos};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        cuda_free(dev[i]);
+    free(x), free(qn), free(kn), free(inv), free(ha), free(hb), free(ca), free(cb);
+}
+
+static void test_qkv_norm_rope_store_fused(void **state)
+{
+    (void)state;
+    check_qkv_fused(4, 2, 32, CUDA_KV_BF16);
+    check_qkv_fused(4, 2, 32, CUDA_KV_F32);
+    check_qkv_fused(32, 8, 128, CUDA_KV_BF16);
+    check_qkv_fused(32, 8, 128, CUDA_KV_F32);
+}
+#else
+static void test_kv_bf16_kernels(void **state)
+{
+    (void)state;
+    skip();
+}
+
+static void test_qkv_norm_rope_store_fused(void **state)
+{
+    (void)state;
+    skip();
+}
+#endif
+
 static void replay(const char *backend, double tol)
 {
     if (!test_golden_dir()) skip();
@@ -471,6 +827,8 @@ int main(void)
         cmocka_unit_test(test_tiny_talker_and_depth), cmocka_unit_test(test_tiny_prefill_gemm),
         cmocka_unit_test(test_tiny_graphs),           cmocka_unit_test(test_release_shaped_talker),
         cmocka_unit_test(test_release_shaped_depth),  cmocka_unit_test(test_golden_replay_cuda_backend),
+        cmocka_unit_test(test_kv_bf16_kernels),       cmocka_unit_test(test_qkv_norm_rope_store_fused),
+        cmocka_unit_test(test_tiny_talker_bf16_kv),   cmocka_unit_test(test_release_shaped_talker_bf16_kv),
     };
     rc = cmocka_run_group_tests_name("talker cuda", gpu, test_stage0_golden_setup, test_stage0_golden_teardown);
     return rc ? 1 : 0;

@@ -3,7 +3,7 @@
  *   mm3-bench-stage0 --ckpt DIR [--backend cuda|cpu] [--pairs 1,2,4,8] [--contexts 1000,5000]
  *                    [--frames N] [--warmup N] [--utilization F] [--ttff-tokens N]
  *                    [--max-batched-tokens N] [--copy-mib N] [--time-limit S]
- *                    [--capture-sizes LIST|none]
+ *                    [--capture-sizes LIST|none] [--kv-dtype auto|bfloat16|float32]
  *
  * It drives the server's own code: one stage-0 scheduler (stage0/scheduler.h) over the
  * chosen talker backend, requests made as the HTTP layer makes them (ignore_eos set, so a
@@ -66,6 +66,7 @@
 struct args {
     const char *ckpt;
     enum talker_backend_kind backend;
+    enum mm3_kv_cache_dtype kv_dtype; /* --kv-dtype, as the deploy key kv_cache_dtype */
     int pairs[MAX_LIST], n_pairs;
     int contexts[MAX_LIST], n_contexts;
     int frames, warmup, ttff_tokens, max_batched_tokens, copy_mib;
@@ -153,6 +154,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: mm3-bench-stage0 --ckpt DIR [--backend cuda|cpu] [--pairs 1,2,4,8] [--contexts 1000,5000]\n"
                "                        [--frames N] [--warmup N] [--utilization F] [--ttff-tokens N]\n"
                "                        [--max-batched-tokens N] [--copy-mib N] [--time-limit S]\n"
+               "                        [--capture-sizes LIST|none] [--kv-dtype auto|bfloat16|float32]\n"
                "  --frames N      timed decode steps per configuration (default 32)\n"
                "  --warmup N      steady decode steps skipped before timing (default 3)\n"
                "  --utilization F gpu_memory_utilization the plan is checked against (default 0.6)\n"
@@ -160,7 +162,9 @@ static void usage(FILE *f)
                "  --max-batched-tokens N  tokens per scheduler step (default 10240, the deploy file's)\n"
                "  --copy-mib N    bytes of the copy-bandwidth measurement (default 1024)\n"
                "  --time-limit S  skip what would run past S seconds from start (default 0: none)\n"
-               "  --capture-sizes LIST|none  decode rows captured in CUDA graphs (default 1,2,4,8,16,32)\n");
+               "  --capture-sizes LIST|none  decode rows captured in CUDA graphs (default 1,2,4,8,16,32)\n"
+               "  --kv-dtype auto|bfloat16|float32  talker KV cache elements (default auto: bfloat16 on cuda,\n"
+               "                  float32 on cpu), as the deploy key kv_cache_dtype\n");
 }
 
 static int parse_args(int argc, char **argv, struct args *a)
@@ -212,7 +216,9 @@ static int parse_args(int argc, char **argv, struct args *a)
                 a->n_capture = 0;
             else
                 rc = parse_list("--capture-sizes", v, 1, 2 * MAX_PAIRS, a->capture, &a->n_capture);
-        } else if (!strcmp(k, "--time-limit"))
+        } else if (!strcmp(k, "--kv-dtype"))
+            rc = mm3_kv_cache_dtype_parse(v, &a->kv_dtype);
+        else if (!strcmp(k, "--time-limit"))
             rc = parse_double("--time-limit", v, 0, 1e7, &a->time_limit);
         else
             rc = mm3_errorf(-EINVAL, "unknown option %s", k);
@@ -318,7 +324,7 @@ struct bench {
     int ended;       /* songs that ended on their own (must not happen: ignore_eos) */
     double mem_peak_used, mem_total, mem_after_create;
     int mem_ok;
-    int failures;    /* configurations that failed (not skipped for time) */
+    int failures;        /* configurations that failed (not skipped for time) */
     char timed_out[256]; /* why the rest is skipped; "" while there is time */
 };
 
@@ -387,8 +393,8 @@ static int out_of_time(struct bench *b, const char *what)
     if (b->timed_out[0]) return 1;
     double el = now_s() - b->t_start;
     if (b->a->time_limit > 0 && el > b->a->time_limit) {
-        snprintf(b->timed_out, sizeof b->timed_out, "time limit %g s reached %s (at %.1f s)", b->a->time_limit,
-                 what, el);
+        snprintf(b->timed_out, sizeof b->timed_out, "time limit %g s reached %s (at %.1f s)", b->a->time_limit, what,
+                 el);
         return 1;
     }
     return 0;
@@ -434,7 +440,7 @@ static int drop_all(struct bench *b)
 /* ---- prompts of a given token count --------------------------------------------------- */
 
 static const char *const k_caption = "benchmark song, steady drums, warm bass, bright synth lead, 120 bpm";
-static const char *const k_words[] = {"light", "river", "dance", "shadow", "morning", "fire",  "stone", "heart",
+static const char *const k_words[] = {"light",  "river", "dance", "shadow", "morning", "fire",  "stone", "heart",
                                       "window", "song",  "city",  "golden", "rain",    "night", "open",  "sky"};
 
 /* Lyrics of `words` words, 8 per line. */
@@ -582,7 +588,8 @@ static int run_level(struct bench *b, struct result *r, const char *lyrics, int 
     double *fwd_ms = ms + a->frames, *smp_ms = ms + 2 * a->frames;
     double pos_sum = 0;
     for (int k = 0; k < a->frames; k++) {
-        for (int i = 0; i < r->pairs; i++) pos_sum += r->prompt_tokens + b->songs[i].frames;
+        for (int i = 0; i < r->pairs; i++)
+            pos_sum += r->prompt_tokens + b->songs[i].frames;
         double wall;
         if ((rc = step(b, &wall)) < 0) break;
         if (b->step_frames != r->pairs || b->ended) {
@@ -626,7 +633,8 @@ static int warm_up(struct bench *b)
     int rc = submit(b, "warm up", "la la la", 1, &b->songs[0]);
     if (rc < 0) return rc;
     b->n_songs = 1;
-    for (int i = 0; i < 10000 && rc == 0 && b->songs[0].frames < 2 && !b->ended; i++) rc = step(b, NULL);
+    for (int i = 0; i < 10000 && rc == 0 && b->songs[0].frames < 2 && !b->ended; i++)
+        rc = step(b, NULL);
     int frames = b->songs[0].frames;
     int rc2 = drop_all(b);
     if (rc == 0) rc = rc2;
@@ -641,8 +649,9 @@ static void print_results(struct bench *b, int ttff_done, double ttff_s, int ttf
     const char *be = a->backend == TALKER_BACKEND_CUDA ? "cuda" : "cpu";
     printf("\n## Stage 0 through the scheduler (%s backend)\n\n", be);
     printf("copy bandwidth %.1f GB/s (read + write, %d MiB, median of 15); weights per step %.3f GB; "
-           "KV %.0f bytes per row and position\n\n",
-           b->copy_bw * 1e-9, a->copy_mib, b->weight_bytes * 1e-9, b->kv_bytes_per_pos);
+           "KV %.0f bytes per row and position (%s)\n\n",
+           b->copy_bw * 1e-9, a->copy_mib, b->weight_bytes * 1e-9, b->kv_bytes_per_pos,
+           mm3_kv_cache_dtype_name(b->plan.kv_dtype));
     printf("| figure | context | pairs | value | floor | ratio | notes |\n|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < n_results; i++) {
         struct result *r = &results[i];
@@ -673,10 +682,10 @@ static void print_results(struct bench *b, int ttff_done, double ttff_s, int ttf
                gib((double)b->plan.total_bytes), b->plan.rows, b->plan.ctx);
     printf("\n");
 
-    printf("S0BENCH kind=setup backend=%s load_s=%.3f weight_bytes=%.0f kv_bytes_per_pos=%.0f max_rows=%d "
-           "max_ctx=%d max_batched_tokens=%d frames=%d warmup=%d\n",
-           be, load_s, b->weight_bytes, b->kv_bytes_per_pos, b->plan.rows, b->plan.ctx, a->max_batched_tokens,
-           a->frames, a->warmup);
+    printf("S0BENCH kind=setup backend=%s load_s=%.3f weight_bytes=%.0f kv_bytes_per_pos=%.0f kv_dtype=%s "
+           "max_rows=%d max_ctx=%d max_batched_tokens=%d frames=%d warmup=%d\n",
+           be, load_s, b->weight_bytes, b->kv_bytes_per_pos, mm3_kv_cache_dtype_name(b->plan.kv_dtype), b->plan.rows,
+           b->plan.ctx, a->max_batched_tokens, a->frames, a->warmup);
     printf("S0BENCH kind=copy GBps=%.2f bytes=%zu\n", b->copy_bw * 1e-9, (size_t)a->copy_mib << 20);
     for (int i = 0; i < n_results; i++) {
         struct result *r = &results[i];
@@ -759,17 +768,19 @@ int main(int argc, char **argv)
             return 1;
         }
     int max_pairs = a.pairs[a.n_pairs - 1], max_prompt = 0;
-    for (int c = 0; c < a.n_contexts; c++) max_prompt = prompt_of_ctx[c] > max_prompt ? prompt_of_ctx[c] : max_prompt;
+    for (int c = 0; c < a.n_contexts; c++)
+        max_prompt = prompt_of_ctx[c] > max_prompt ? prompt_of_ctx[c] : max_prompt;
     /* Room for every frame the first song of a context can make: the steps of every
      * prefill (one chunk of max_batched_tokens each at worst) and of every timed phase. */
     long steps = 0;
-    for (int l = 0; l < a.n_pairs; l++) steps += a.warmup + a.frames + 4;
+    for (int l = 0; l < a.n_pairs; l++)
+        steps += a.warmup + a.frames + 4;
     steps += 2L * max_pairs * max_prompt / a.max_batched_tokens + 2L * a.n_pairs + 16;
     int max_ctx = (int)(max_prompt + steps + 64);
 
-    talker_backend_plan_compute(a.backend, &b.lm, &b.dd, 2 * max_pairs, max_ctx, &b.plan);
+    talker_backend_plan_compute_kv(a.backend, a.kv_dtype, &b.lm, &b.dd, 2 * max_pairs, max_ctx, &b.plan);
     struct talker_backend_plan one;
-    talker_backend_plan_compute(a.backend, &b.lm, &b.dd, 1, 1, &one);
+    talker_backend_plan_compute_kv(a.backend, a.kv_dtype, &b.lm, &b.dd, 1, 1, &one);
     b.kv_bytes_per_pos = (double)one.kv_bytes_per_row;
     b.weight_bytes = frame_weight_bytes(a.backend, &b.lm, &b.dd);
     if ((rc = talker_backend_plan_check(a.backend, &b.plan, a.utilization)) < 0) {
@@ -781,6 +792,7 @@ int main(int argc, char **argv)
                                .max_batched_tokens = a.max_batched_tokens,
                                .max_queue = max_pairs + 1,
                                .backend = a.backend,
+                               .kv_dtype = a.kv_dtype,
                                .n_capture_sizes = a.n_capture,
                                .capture_sizes = a.capture,
                                .graph_warmups = 1};
@@ -848,8 +860,7 @@ int main(int argc, char **argv)
             }
             if (rc < 0) {
                 snprintf(r->reason, sizeof r->reason, "failed: %s", mm3_last_error());
-                fprintf(stderr, "mm3-bench-stage0: context %d, %d pairs: %s\n", r->context, r->pairs,
-                        mm3_last_error());
+                fprintf(stderr, "mm3-bench-stage0: context %d, %d pairs: %s\n", r->context, r->pairs, mm3_last_error());
                 b.failures++;
                 /* The songs of this context are in an unknown state: on to the next context. */
                 for (int k = l + 1; k < a.n_pairs; k++)
@@ -867,7 +878,8 @@ int main(int argc, char **argv)
     }
     print_results(&b, ttff_done, ttff_s, ttff_prompt, load_s);
     sched_destroy(b.s, "benchmark done");
-    for (int c = 0; c < a.n_contexts; c++) free(lyrics[c]);
+    for (int c = 0; c < a.n_contexts; c++)
+        free(lyrics[c]);
     talker_free(&b.lm);
     depth_free(&b.dd);
     tokenizer_free(b.tok);

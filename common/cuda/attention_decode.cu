@@ -62,10 +62,10 @@ __device__ __forceinline__ void load_rows(const KT *k, const KT *v, size_t kv_of
 
 template <typename KT, int E, int G>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
-    attn_split_kernel(float *__restrict__ part, const float *__restrict__ q, const KT *__restrict__ k,
-                      const KT *__restrict__ v, const int *__restrict__ kv_len, const int *__restrict__ seq_row,
-                      size_t seq_stride, size_t row_stride, int n_heads, int group, float scale, int n_split,
-                      int chunk)
+    attn_split_kernel(float *__restrict__ part, const float *__restrict__ q, size_t q_stride,
+                      const KT *__restrict__ k, const KT *__restrict__ v, const int *__restrict__ kv_len,
+                      const int *__restrict__ seq_row, size_t seq_stride, size_t row_stride, int n_heads, int group,
+                      float scale, int n_split, int chunk)
 {
     constexpr int HD = 32 * E;
     /* Rows per warp step: more in flight for narrow heads, bounded registers for wide. */
@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 #pragma unroll
     for (int gi = 0; gi < G; gi++) {
         const int h = g * group + (gi < group ? gi : 0);
-        const float *qh = q + ((size_t)s * n_heads + h) * HD + lane * E;
+        const float *qh = q + (size_t)s * q_stride + (size_t)h * HD + lane * E;
 #pragma unroll
         for (int e = 0; e < E; e++) {
             qv[gi][e] = qh[e];
@@ -195,6 +195,7 @@ __global__ void attn_combine_kernel(float *__restrict__ out, const float *__rest
 struct att_args {
     float *part;
     const float *q;
+    size_t q_stride; /* floats from one sequence's query row to the next */
     const void *k, *v;
     const int *kv_len, *seq_row;
     size_t seq_stride, row_stride;
@@ -205,9 +206,9 @@ struct att_args {
 
 template <typename KT, int E, int G> static void att_launch(const att_args &a, dim3 grid, cudaStream_t st)
 {
-    attn_split_kernel<KT, E, G><<<grid, ATT_WARPS * 32, 0, st>>>(a.part, a.q, (const KT *)a.k, (const KT *)a.v,
-                                                                 a.kv_len, a.seq_row, a.seq_stride, a.row_stride,
-                                                                 a.n_heads, a.group, a.scale, a.n_split, a.chunk);
+    attn_split_kernel<KT, E, G><<<grid, ATT_WARPS * 32, 0, st>>>(
+        a.part, a.q, a.q_stride, (const KT *)a.k, (const KT *)a.v, a.kv_len, a.seq_row, a.seq_stride, a.row_stride,
+        a.n_heads, a.group, a.scale, a.n_split, a.chunk);
 }
 
 template <typename KT, int E> static void att_launch_g(const att_args &a, dim3 grid, cudaStream_t st)
@@ -245,7 +246,7 @@ extern "C" int cuda_ops_attention_decode(float *out, const float *q, const void 
                                            row_stride, n_seq, n_heads, n_kv_heads, head_dim, scale, 0, stream);
 }
 
-static int attention_decode(float *out, const float *q, const void *k_cache, const void *v_cache,
+static int attention_decode(float *out, const float *q, size_t q_stride, const void *k_cache, const void *v_cache,
                             enum cuda_kv_dtype kv_dtype, const int *kv_len, const int *seq_row, int max_kv_len,
                             size_t seq_stride, size_t row_stride, int n_seq, int n_heads, int n_kv_heads,
                             int head_dim, float scale, int chunk_positions, void *stream)
@@ -267,6 +268,9 @@ static int attention_decode(float *out, const float *q, const void *k_cache, con
                           (int)kv_dtype);
     if (head_dim != 32 && head_dim != 64 && head_dim != 128 && head_dim != ATT_MAX_HEAD_DIM)
         return mm3_errorf(-EINVAL, "cuda_ops_attention_decode: head_dim %d: expected 32, 64, 128 or 256", head_dim);
+    if (q_stride < (size_t)n_heads * head_dim)
+        return mm3_errorf(-EINVAL, "cuda_ops_attention_decode: q stride %zu < heads x head_dim %d", q_stride,
+                          n_heads * head_dim);
     if (row_stride < (size_t)n_kv_heads * head_dim)
         return mm3_errorf(-EINVAL, "cuda_ops_attention_decode: row_stride %zu < kv heads x head_dim %d", row_stride,
                           n_kv_heads * head_dim);
@@ -300,8 +304,8 @@ static int attention_decode(float *out, const float *q, const void *k_cache, con
     int rc = cuda_status(cudaMallocAsync((void **)&part, part_bytes, st), "cudaMallocAsync (attention partials)");
     if (rc < 0) return rc;
 
-    att_args a = {part,       q,       k_cache, v_cache, kv_len, seq_row, seq_stride, row_stride,
-                  n_heads,    group,   scale,   n_split, (int)chunk};
+    att_args a = {part,       q,          q_stride, k_cache, v_cache, kv_len,  seq_row,
+                  seq_stride, row_stride, n_heads,  group,   scale,   n_split, (int)chunk};
     dim3 grid((unsigned)n_split, (unsigned)n_kv_heads, (unsigned)n_seq);
     rc = kv_dtype == CUDA_KV_BF16 ? att_launch_e<uint16_t>(a, head_dim, grid, st)
                                   : att_launch_e<float>(a, head_dim, grid, st);
@@ -320,16 +324,30 @@ extern "C" int cuda_ops_attention_decode_chunk(float *out, const float *q, const
                                                int n_heads, int n_kv_heads, int head_dim, float scale,
                                                int chunk_positions, void *stream)
 {
-    return attention_decode(out, q, k_cache, v_cache, kv_dtype, kv_len, NULL, max_kv_len, seq_stride, row_stride,
-                            n_seq, n_heads, n_kv_heads, head_dim, scale, chunk_positions, stream);
+    return attention_decode(out, q, (size_t)(n_heads > 0 ? n_heads : 0) * (head_dim > 0 ? head_dim : 0), k_cache,
+                            v_cache, kv_dtype, kv_len, NULL, max_kv_len, seq_stride, row_stride, n_seq, n_heads,
+                            n_kv_heads, head_dim, scale, chunk_positions, stream);
 }
 
-/* Declared in stage0/cuda/talker_kernels.h (the stage-0 talker's decode over any rows). */
+/* The stage-0 talker's decode over any rows (ops_cuda.h). */
 extern "C" int cuda_ops_attention_decode_rows(float *out, const float *q, const void *k_cache, const void *v_cache,
                                               enum cuda_kv_dtype kv_dtype, const int *kv_len, const int *seq_row,
                                               int max_kv_len, size_t seq_stride, size_t row_stride, int n_seq,
                                               int n_heads, int n_kv_heads, int head_dim, float scale, void *stream)
 {
-    return attention_decode(out, q, k_cache, v_cache, kv_dtype, kv_len, seq_row, max_kv_len, seq_stride, row_stride,
-                            n_seq, n_heads, n_kv_heads, head_dim, scale, 0, stream);
+    return attention_decode(out, q, (size_t)(n_heads > 0 ? n_heads : 0) * (head_dim > 0 ? head_dim : 0), k_cache,
+                            v_cache, kv_dtype, kv_len, seq_row, max_kv_len, seq_stride, row_stride, n_seq, n_heads,
+                            n_kv_heads, head_dim, scale, 0, stream);
+}
+
+/* The same with a query row stride: declared in stage0/cuda/talker_kernels.h (the
+ * talker reads q from its fused QKV rows). */
+extern "C" int talker_cuda_attention_decode_rows_q(float *out, const float *q, size_t q_stride, const void *k_cache,
+                                                   const void *v_cache, enum cuda_kv_dtype kv_dtype, const int *kv_len,
+                                                   const int *seq_row, int max_kv_len, size_t seq_stride,
+                                                   size_t row_stride, int n_seq, int n_heads, int n_kv_heads,
+                                                   int head_dim, float scale, void *stream)
+{
+    return attention_decode(out, q, q_stride, k_cache, v_cache, kv_dtype, kv_len, seq_row, max_kv_len, seq_stride,
+                            row_stride, n_seq, n_heads, n_kv_heads, head_dim, scale, 0, stream);
 }

@@ -7,21 +7,26 @@
 #include <string.h>
 
 #include "common/cuda/ops_cuda.h"
+#include "common/dtype.h"
 #include "common/error.h"
 #include "common/sampler.h"
 #include "stage0/cuda/cuda_upload.h"
 #include "stage0/cuda/talker_kernels.h"
 
+/* wqkv: the rows of Wq, Wk, Wv one after the other ([q width + 2 kv width, hidden]),
+ * wgu: Wg then Wu ([2 ffn, hidden]): one product each instead of three and two, the
+ * same dot products (each output row is one weight row), packed at upload. */
 struct talker_cuda_layer {
-    const uint16_t *wq, *wk, *wv, *wo, *wg, *wu, *wd;
+    const uint16_t *wqkv, *wo, *wgu, *wd;
     const float *attn_norm, *q_norm, *k_norm, *ffn_norm;
 };
 
-/* Activations of up to `cap` tokens, grown on demand; q and o also hold hidden-wide
- * rows (the FFN input and output), hence max(q width, hidden). */
+/* Activations of up to `cap` tokens, grown on demand. qkv: fused rows [q | k | v];
+ * a and o also hold hidden-wide rows (norm outputs, the FFN input and output), hence
+ * max(q width, hidden); gu: fused gate|up rows, g: silu(gate) * up. */
 struct talker_cuda_scratch {
     int cap;
-    float *h, *a, *q, *o, *k, *v, *g, *u, *logits;
+    float *h, *a, *o, *qkv, *gu, *g, *logits;
     int *row, *pos, *kv_len;
 };
 
@@ -41,7 +46,10 @@ struct talker_cuda {
     struct talker_cuda_layer *layers;
     const float *norm, *inv_freq;
     const uint16_t *head;
-    float *kc, *vc;
+    /* KV cache elements: float or bf16 bits (kv_dtype), kv_elem bytes each. */
+    enum cuda_kv_dtype kv_dtype;
+    size_t kv_elem;
+    void *kc, *vc;
     struct talker_cuda_scratch s;
     /* CUDA graphs of decode batches (talker_cuda_graphs_enable): their own stream and
      * fixed buffers (s above may be regrown by a long prefill; these never are). */
@@ -78,7 +86,7 @@ static int matmul(float *y, const float *x, const uint16_t *w, int n, int in, in
 
 static void scratch_free(struct talker_cuda_scratch *s)
 {
-    float *f[] = {s->h, s->a, s->q, s->o, s->k, s->v, s->g, s->u, s->logits};
+    float *f[] = {s->h, s->a, s->o, s->qkv, s->gu, s->g, s->logits};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         cuda_free(f[i]);
     cuda_free(s->row), cuda_free(s->pos), cuda_free(s->kv_len);
@@ -96,12 +104,10 @@ static int scratch_reserve(struct talker_cuda *tc, struct talker_cuda_scratch *s
     int rc;
     if ((rc = cuda_malloc((void **)&s->h, sizeof(float) * cap * H)) < 0 ||
         (rc = cuda_malloc((void **)&s->a, sizeof(float) * cap * big)) < 0 ||
-        (rc = cuda_malloc((void **)&s->q, sizeof(float) * cap * big)) < 0 ||
         (rc = cuda_malloc((void **)&s->o, sizeof(float) * cap * big)) < 0 ||
-        (rc = cuda_malloc((void **)&s->k, sizeof(float) * cap * KD)) < 0 ||
-        (rc = cuda_malloc((void **)&s->v, sizeof(float) * cap * KD)) < 0 ||
+        (rc = cuda_malloc((void **)&s->qkv, sizeof(float) * cap * (QD + 2 * KD))) < 0 ||
+        (rc = cuda_malloc((void **)&s->gu, sizeof(float) * cap * 2 * F)) < 0 ||
         (rc = cuda_malloc((void **)&s->g, sizeof(float) * cap * F)) < 0 ||
-        (rc = cuda_malloc((void **)&s->u, sizeof(float) * cap * F)) < 0 ||
         (rc = cuda_malloc((void **)&s->logits, sizeof(float) * cap * SAMPLER_C0_COLS)) < 0 ||
         (rc = cuda_malloc((void **)&s->row, sizeof(int) * cap)) < 0 ||
         (rc = cuda_malloc((void **)&s->pos, sizeof(int) * cap)) < 0 ||
@@ -113,7 +119,38 @@ static int scratch_reserve(struct talker_cuda *tc, struct talker_cuda_scratch *s
     return 0;
 }
 
-int talker_cuda_create(struct talker_cuda **out, const struct talker *m, int max_rows, int max_ctx)
+/* Host float32 matrices (bf16 widened) stacked row-wise into one device bf16 matrix:
+ * parts[i] has rows[i] rows of `in`; converted in slices (no full host copy). */
+static int upload_stacked_bf16(struct cuda_alloc_list *l, uint16_t **out, const float *const *parts, const size_t *rows,
+                               int n_parts, size_t in)
+{
+    size_t total = 0;
+    for (int i = 0; i < n_parts; i++)
+        total += rows[i] * in;
+    void *d;
+    int rc = cuda_alloc_list_add(l, &d, total * sizeof(uint16_t));
+    if (rc < 0) return rc;
+    enum { SLICE = 1 << 22 };
+    uint16_t *buf = malloc(sizeof(uint16_t) * (total < SLICE ? (total ? total : 1) : SLICE));
+    if (!buf) return mm3_errorf(-ENOMEM, "talker_cuda_create: out of host memory");
+    size_t at = 0;
+    for (int i = 0; i < n_parts && rc == 0; i++) {
+        size_t n = rows[i] * in;
+        for (size_t j = 0; j < n && rc == 0; j += SLICE) {
+            size_t k = n - j < SLICE ? n - j : SLICE;
+            for (size_t e = 0; e < k; e++)
+                buf[e] = mm3_f32_to_bf16(parts[i][j + e]);
+            rc = cuda_memcpy_h2d((uint16_t *)d + at + j, buf, k * sizeof(uint16_t));
+        }
+        at += n;
+    }
+    free(buf);
+    *out = d;
+    return rc;
+}
+
+int talker_cuda_create(struct talker_cuda **out, const struct talker *m, int max_rows, int max_ctx,
+                       enum cuda_kv_dtype kv_dtype)
 {
     *out = NULL;
     const struct talker_config *cfg = &m->cfg;
@@ -122,6 +159,9 @@ int talker_cuda_create(struct talker_cuda **out, const struct talker *m, int max
     if (cfg->head_dim > TALKER_CUDA_MAX_HEAD_DIM)
         return mm3_errorf(-EINVAL, "talker_cuda_create: head_dim %d: at most %d supported", cfg->head_dim,
                           TALKER_CUDA_MAX_HEAD_DIM);
+    if (kv_dtype != CUDA_KV_F32 && kv_dtype != CUDA_KV_BF16)
+        return mm3_errorf(-EINVAL, "talker_cuda_create: kv dtype %d: expected CUDA_KV_F32 or CUDA_KV_BF16",
+                          (int)kv_dtype);
     if (cuda_device_count_safe() < 1) return mm3_errorf(-ENODEV, "talker_cuda_create: no CUDA device");
     struct talker_cuda *tc = calloc(1, sizeof *tc);
     if (!tc) return mm3_errorf(-ENOMEM, "talker_cuda_create: out of memory");
@@ -129,6 +169,8 @@ int talker_cuda_create(struct talker_cuda **out, const struct talker *m, int max
     tc->max_rows = max_rows;
     tc->max_ctx = max_ctx;
     tc->ctx_alloc = max_ctx + 1;
+    tc->kv_dtype = kv_dtype;
+    tc->kv_elem = kv_dtype == CUDA_KV_BF16 ? sizeof(uint16_t) : sizeof(float);
     tc->layers = calloc((size_t)cfg->n_layers, sizeof *tc->layers);
     int rc = tc->layers ? 0 : mm3_errorf(-ENOMEM, "talker_cuda_create: out of memory");
     size_t H = (size_t)cfg->hidden, F = (size_t)cfg->ffn, D = (size_t)cfg->head_dim;
@@ -147,18 +189,14 @@ int talker_cuda_create(struct talker_cuda **out, const struct talker *m, int max
         G->k_norm = f;
         if ((rc = cuda_upload_f32(l, &f, L->ffn_norm, H)) < 0) break;
         G->ffn_norm = f;
-        if ((rc = cuda_upload_bf16(l, &w, L->wq, QD * H)) < 0) break;
-        G->wq = w;
-        if ((rc = cuda_upload_bf16(l, &w, L->wk, KD * H)) < 0) break;
-        G->wk = w;
-        if ((rc = cuda_upload_bf16(l, &w, L->wv, KD * H)) < 0) break;
-        G->wv = w;
+        const float *qkv[3] = {L->wq, L->wk, L->wv}, *gu[2] = {L->wg, L->wu};
+        const size_t qkv_rows[3] = {QD, KD, KD}, gu_rows[2] = {F, F};
+        if ((rc = upload_stacked_bf16(l, &w, qkv, qkv_rows, 3, H)) < 0) break;
+        G->wqkv = w;
         if ((rc = cuda_upload_bf16(l, &w, L->wo, H * QD)) < 0) break;
         G->wo = w;
-        if ((rc = cuda_upload_bf16(l, &w, L->wg, F * H)) < 0) break;
-        G->wg = w;
-        if ((rc = cuda_upload_bf16(l, &w, L->wu, F * H)) < 0) break;
-        G->wu = w;
+        if ((rc = upload_stacked_bf16(l, &w, gu, gu_rows, 2, H)) < 0) break;
+        G->wgu = w;
         if ((rc = cuda_upload_bf16(l, &w, L->wd, H * F)) < 0) break;
         G->wd = w;
     }
@@ -167,7 +205,7 @@ int talker_cuda_create(struct talker_cuda **out, const struct talker *m, int max
     if (rc == 0 && (rc = cuda_upload_f32(l, &f, m->norm, H)) == 0) tc->norm = f;
     if (rc == 0 && (rc = cuda_upload_f32(l, &f, m->inv_freq, D / 2)) == 0) tc->inv_freq = f;
     if (rc == 0 && (rc = cuda_upload_bf16(l, &w, m->head, (size_t)SAMPLER_C0_COLS * H)) == 0) tc->head = w;
-    size_t cache = (size_t)cfg->n_layers * max_rows * tc->ctx_alloc * KD * sizeof(float);
+    size_t cache = (size_t)cfg->n_layers * max_rows * tc->ctx_alloc * KD * tc->kv_elem;
     void *p;
     if (rc == 0 && (rc = cuda_alloc_list_add(l, &p, cache)) == 0) tc->kc = p;
     if (rc == 0 && (rc = cuda_alloc_list_add(l, &p, cache)) == 0) tc->vc = p;
@@ -218,47 +256,50 @@ static int split_k_fits(const struct talker_config *c)
 /* Every kernel of a forward of n tokens whose inputs are in s (h, row, pos, kv_len on
  * the device), queued on `stream`; the post-norm hiddens end in s->a. split_k: the
  * decode kernel over rows s->row with kv lengths up to max_len, else the row attention;
- * prefill: products through the bf16 GEMM (see matmul). */
+ * prefill: products through the bf16 GEMM (see matmul). Per layer (10 launches, 11
+ * with split-K's combine; 16 before the fusions): norm (fused with the previous residual add), QKV product,
+ * q and k norm + RoPE in place with the K/V store, attention reading q from the QKV
+ * rows, Wo, residual add + norm, gate|up product, silu * up, Wd. */
 static int forward_queue(struct talker_cuda *tc, struct talker_cuda_scratch *s, int n, int split_k, int max_len,
                          int prefill, void *stream)
 {
     const struct talker_config *cfg = &tc->cfg;
     int H = cfg->hidden, F = cfg->ffn, D = cfg->head_dim;
-    int QD = cfg->n_heads * D, KD = cfg->n_kv_heads * D;
+    int QD = cfg->n_heads * D, KD = cfg->n_kv_heads * D, QKV = QD + 2 * KD;
     size_t row_stride = (size_t)tc->ctx_alloc * KD, layer_stride = (size_t)tc->max_rows * row_stride;
     float scale = 1.0f / sqrtf((float)D);
+    const float *q = s->qkv; /* query rows inside the QKV rows */
     void *st = stream;
     int rc = 0;
     for (int li = 0; li < cfg->n_layers && rc == 0; li++) {
         const struct talker_cuda_layer *L = &tc->layers[li];
-        float *kc = tc->kc + li * layer_stride, *vc = tc->vc + li * layer_stride;
+        void *kc = (char *)tc->kc + li * layer_stride * tc->kv_elem;
+        void *vc = (char *)tc->vc + li * layer_stride * tc->kv_elem;
         /* The residual add of the previous layer is fused into this norm. */
         if (li == 0)
             rc = cuda_ops_rmsnorm(s->a, s->h, L->attn_norm, n, H, cfg->eps, st);
         else
             rc = cuda_ops_add_rmsnorm(s->h, s->a, s->o, L->attn_norm, n, H, cfg->eps, st);
-        if (rc < 0 || (rc = matmul(s->q, s->a, L->wq, n, H, QD, prefill, st)) < 0 ||
-            (rc = matmul(s->k, s->a, L->wk, n, H, KD, prefill, st)) < 0 ||
-            (rc = matmul(s->v, s->a, L->wv, n, H, KD, prefill, st)) < 0 ||
-            (rc = cuda_ops_qk_norm_rope(s->q, n, QD, cfg->n_heads, D, L->q_norm, cfg->eps, D, s->pos, tc->inv_freq,
-                                        st)) < 0 ||
-            (rc = cuda_ops_qk_norm_rope(s->k, n, KD, cfg->n_kv_heads, D, L->k_norm, cfg->eps, D, s->pos, tc->inv_freq,
-                                        st)) < 0 ||
-            (rc = talker_cuda_kv_store(kc, s->k, s->row, s->pos, n, KD, row_stride, KD, st)) < 0 ||
-            (rc = talker_cuda_kv_store(vc, s->v, s->row, s->pos, n, KD, row_stride, KD, st)) < 0)
+        /* q and k norm + RoPE in place and the K/V store: one launch (the same results as
+         * cuda_ops_qk_norm_rope twice and talker_cuda_kv_store_pair). */
+        if (rc < 0 || (rc = matmul(s->qkv, s->a, L->wqkv, n, H, QKV, prefill, st)) < 0 ||
+            (rc = talker_cuda_qkv_norm_rope_store(s->qkv, n, cfg->n_heads, cfg->n_kv_heads, D, L->q_norm, L->k_norm,
+                                                  cfg->eps, D, s->pos, tc->inv_freq, kc, vc, tc->kv_dtype, s->row,
+                                                  row_stride, KD, st)) < 0)
             break;
         if (split_k)
-            rc = cuda_ops_attention_decode_rows(s->o, s->q, kc, vc, CUDA_KV_F32, s->kv_len, s->row, max_len, row_stride,
-                                                KD, n, cfg->n_heads, cfg->n_kv_heads, D, scale, st);
+            rc = talker_cuda_attention_decode_rows_q(s->o, q, (size_t)QKV, kc, vc, tc->kv_dtype, s->kv_len, s->row,
+                                                     max_len, row_stride, KD, n, cfg->n_heads, cfg->n_kv_heads, D,
+                                                     scale, st);
         else
-            rc = talker_cuda_attention_rows(s->o, s->q, kc, vc, s->row, s->pos, n, cfg->n_heads, cfg->n_kv_heads, D,
-                                            row_stride, KD, scale, st);
-        /* a = o . Wo^T; then h += a and a = rmsnorm(h) in one kernel; o reused for the FFN output. */
+            rc = talker_cuda_attention_rows_kv(s->o, q, (size_t)QKV, kc, vc, tc->kv_dtype, s->row, s->pos, n,
+                                               cfg->n_heads, cfg->n_kv_heads, D, row_stride, KD, scale, st);
+        /* a = o . Wo^T; then h += a and o = rmsnorm(h) in one kernel (o is free once
+         * Wo has read it); the FFN output lands in o again for the next layer's add. */
         if (rc < 0 || (rc = matmul(s->a, s->o, L->wo, n, QD, H, prefill, st)) < 0 ||
-            (rc = cuda_ops_add_rmsnorm(s->h, s->q, s->a, L->ffn_norm, n, H, cfg->eps, st)) < 0 ||
-            (rc = matmul(s->g, s->q, L->wg, n, H, F, prefill, st)) < 0 ||
-            (rc = matmul(s->u, s->q, L->wu, n, H, F, prefill, st)) < 0 ||
-            (rc = cuda_ops_silu_mul(s->g, s->g, s->u, (size_t)n * F, st)) < 0 ||
+            (rc = cuda_ops_add_rmsnorm(s->h, s->o, s->a, L->ffn_norm, n, H, cfg->eps, st)) < 0 ||
+            (rc = matmul(s->gu, s->o, L->wgu, n, H, 2 * F, prefill, st)) < 0 ||
+            (rc = cuda_ops_silu_mul_fused(s->g, s->gu, n, F, st)) < 0 ||
             (rc = matmul(s->o, s->g, L->wd, n, F, H, prefill, st)) < 0)
             break;
     }
@@ -403,8 +444,8 @@ int talker_cuda_head_drawable(struct talker_cuda *tc, const float *hidden, int n
     return cuda_memcpy_d2h(logits, tc->s.logits, sizeof(float) * n_rows * SAMPLER_C0_COLS);
 }
 
-int talker_cuda_head_dev(struct talker_cuda *tc, const float *hidden, int n_rows, float *logits)
+int talker_cuda_head_dev(struct talker_cuda *tc, const float *hidden, int n_rows, float *logits, void *stream)
 {
     if (n_rows < 1) return mm3_errorf(-EINVAL, "talker_cuda_head_dev: %d rows, expected >= 1", n_rows);
-    return matmul_exact(logits, hidden, tc->head, n_rows, tc->cfg.hidden, SAMPLER_C0_COLS, NULL);
+    return matmul_exact(logits, hidden, tc->head, n_rows, tc->cfg.hidden, SAMPLER_C0_COLS, stream);
 }

@@ -2,10 +2,12 @@
  *
  * Built from a loaded CPU struct talker: the matrices go to the GPU as bf16 (the
  * CPU copy is the checkpoint's bf16 widened, so these are exactly the checkpoint's
- * values), norm weights and the bf16-rounded RoPE inv_freq as float32. The KV cache
- * lives on the GPU in float32, [n_layers][max_rows][max_ctx + 1][n_kv_heads*head_dim]
- * (accuracy first; a bf16 cache halves it and is the next step; the extra position
- * takes the K/V of a graph batch's padding tokens).
+ * values), norm weights and the bf16-rounded RoPE inv_freq as float32; Wq|Wk|Wv and
+ * Wg|Wu are packed row-wise into one matrix each (one product instead of three and two,
+ * the same dot products). The KV cache lives on the GPU as bf16 (rounded to nearest
+ * even when stored, as the reference model's bf16 cache; half the bytes) or float32
+ * (accuracy tests), [n_layers][max_rows][max_ctx + 1][n_kv_heads*head_dim] (the extra
+ * position takes the K/V of a graph batch's padding tokens).
  *
  * talker_cuda_forward has talker_forward's contract (host arrays in and out): the
  * tokens of a batch may belong to different rows; all of a batch's K/V are stored
@@ -23,13 +25,16 @@
 #ifndef MM3_STAGE0_CUDA_TALKER_CUDA_H
 #define MM3_STAGE0_CUDA_TALKER_CUDA_H
 
+#include "common/cuda/ops_cuda.h"
 #include "stage0/talker.h"
 
 struct talker_cuda;
 
-/* Upload m's weights and allocate a cache of max_rows x max_ctx. m may be freed
- * afterwards. -ENODEV without a usable GPU. */
-int talker_cuda_create(struct talker_cuda **out, const struct talker *m, int max_rows, int max_ctx);
+/* Upload m's weights and allocate a cache of max_rows x max_ctx with elements of
+ * kv_dtype (CUDA_KV_BF16 or CUDA_KV_F32). m may be freed afterwards. -ENODEV without
+ * a usable GPU. */
+int talker_cuda_create(struct talker_cuda **out, const struct talker *m, int max_rows, int max_ctx,
+                       enum cuda_kv_dtype kv_dtype);
 void talker_cuda_destroy(struct talker_cuda *tc); /* NULL is fine */
 
 /* As talker_forward (host emb[n, hidden] in, host hidden_out[n, hidden] out). */
@@ -39,8 +44,9 @@ int talker_cuda_forward(struct talker_cuda *tc, int n, const int *row, const int
 /* As talker_head_drawable: host hidden[n_rows, hidden] -> host logits[n_rows, SAMPLER_C0_COLS]. */
 int talker_cuda_head_drawable(struct talker_cuda *tc, const float *hidden, int n_rows, float *logits);
 
-/* The same on device arrays, queued on the default stream without a sync. */
-int talker_cuda_head_dev(struct talker_cuda *tc, const float *hidden, int n_rows, float *logits);
+/* The same on device arrays, queued on `stream` (cudaStream_t as void *, NULL = the
+ * default stream) without a sync: capturable in a CUDA graph (the frame step). */
+int talker_cuda_head_dev(struct talker_cuda *tc, const float *hidden, int n_rows, float *logits, void *stream);
 
 /* CUDA graphs for decode batches (one token per row, at most sizes[n_sizes-1] tokens):
  * such a batch is padded to the smallest size that holds it, runs eagerly `warmups`

@@ -1,5 +1,5 @@
-/* Simple, correct kernels for the first GPU talker (see talker_kernels.h); the
- * decode hot path uses common/cuda's split-K attention where its layout fits. */
+/* Simple, correct kernels for the GPU talker (see talker_kernels.h); the decode hot
+ * path uses common/cuda's split-K attention where its layout fits. */
 #include <math.h>
 #include <stdint.h>
 
@@ -8,16 +8,37 @@
 
 enum { ATT_WARPS = 4, ATT_PER_LANE = TALKER_CUDA_MAX_HEAD_DIM / 32 };
 
+__device__ __forceinline__ float kv_widen(float f)
+{
+    return f;
+}
+
+__device__ __forceinline__ float kv_widen(uint16_t b)
+{
+    return __uint_as_float((uint32_t)b << 16);
+}
+
+/* Round to nearest even with NaN kept NaN: bit for bit mm3_f32_to_bf16 (common/dtype.h). */
+__device__ __forceinline__ uint16_t kv_narrow_bf16(float f)
+{
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+template <typename KT>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
-    attention_rows_kernel(float *__restrict__ out, const float *__restrict__ q, const float *__restrict__ kc,
-                          const float *__restrict__ vc, const int *__restrict__ row, const int *__restrict__ pos,
-                          int n_heads, int group, int D, size_t row_stride, size_t pos_stride, float scale)
+    attention_rows_kernel(float *__restrict__ out, const float *__restrict__ q, size_t q_stride,
+                          const KT *__restrict__ kc, const KT *__restrict__ vc, const int *__restrict__ row,
+                          const int *__restrict__ pos, int n_heads, int group, int D, size_t row_stride,
+                          size_t pos_stride, float scale)
 {
     __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
     __shared__ float s_acc[ATT_WARPS][TALKER_CUDA_MAX_HEAD_DIM];
     const int h = blockIdx.x, i = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int p = pos[i];
-    const float *qi = q + ((size_t)i * n_heads + h) * D;
+    const float *qi = q + (size_t)i * q_stride + (size_t)h * D;
     const size_t base = (size_t)row[i] * row_stride + (size_t)(h / group) * D;
     float qv[ATT_PER_LANE], acc[ATT_PER_LANE];
 #pragma unroll
@@ -28,13 +49,13 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     }
     float m = -INFINITY, l = 0.0f;
     for (int j = warp; j <= p; j += ATT_WARPS) {
-        const float *kr = kc + base + (size_t)j * pos_stride;
-        const float *vr = vc + base + (size_t)j * pos_stride;
+        const KT *kr = kc + base + (size_t)j * pos_stride;
+        const KT *vr = vc + base + (size_t)j * pos_stride;
         float s = 0.0f;
 #pragma unroll
         for (int t = 0; t < ATT_PER_LANE; t++) {
             int d = lane + 32 * t;
-            if (d < D) s = fmaf(qv[t], kr[d], s);
+            if (d < D) s = fmaf(qv[t], kv_widen(kr[d]), s);
         }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1)
@@ -46,7 +67,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 #pragma unroll
         for (int t = 0; t < ATT_PER_LANE; t++) {
             int d = lane + 32 * t;
-            if (d < D) acc[t] = acc[t] * c + e * vr[d];
+            if (d < D) acc[t] = acc[t] * c + e * kv_widen(vr[d]);
         }
         m = mn;
     }
@@ -74,21 +95,42 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     }
 }
 
+extern "C" int talker_cuda_attention_rows_kv(float *out, const float *q, size_t q_stride, const void *k_cache,
+                                             const void *v_cache, enum cuda_kv_dtype kv_dtype, const int *row,
+                                             const int *pos, int n_tok, int n_heads, int n_kv_heads, int head_dim,
+                                             size_t row_stride, size_t pos_stride, float scale, void *stream)
+{
+    if (n_tok == 0) return 0;
+    if (n_tok < 0 || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || head_dim <= 0 ||
+        head_dim > TALKER_CUDA_MAX_HEAD_DIM || n_tok > 65535 || q_stride < (size_t)n_heads * head_dim)
+        return mm3_errorf(-EINVAL,
+                          "talker_cuda_attention_rows: %d tokens, %d/%d heads of %d, q stride %zu: expected heads a "
+                          "multiple of kv heads, head_dim 1..%d, at most 65535 tokens, q stride >= heads x head_dim",
+                          n_tok, n_heads, n_kv_heads, head_dim, q_stride, TALKER_CUDA_MAX_HEAD_DIM);
+    if (kv_dtype != CUDA_KV_F32 && kv_dtype != CUDA_KV_BF16)
+        return mm3_errorf(-EINVAL, "talker_cuda_attention_rows: kv dtype %d: expected CUDA_KV_F32 or CUDA_KV_BF16",
+                          (int)kv_dtype);
+    dim3 grid((unsigned)n_heads, (unsigned)n_tok);
+    cudaStream_t st = cuda_stream_of(stream);
+    int group = n_heads / n_kv_heads;
+    if (kv_dtype == CUDA_KV_BF16)
+        attention_rows_kernel<uint16_t>
+            <<<grid, ATT_WARPS * 32, 0, st>>>(out, q, q_stride, (const uint16_t *)k_cache, (const uint16_t *)v_cache,
+                                              row, pos, n_heads, group, head_dim, row_stride, pos_stride, scale);
+    else
+        attention_rows_kernel<float><<<grid, ATT_WARPS * 32, 0, st>>>(out, q, q_stride, (const float *)k_cache,
+                                                                      (const float *)v_cache, row, pos, n_heads, group,
+                                                                      head_dim, row_stride, pos_stride, scale);
+    return cuda_launch_status("attention_rows_kernel");
+}
+
 extern "C" int talker_cuda_attention_rows(float *out, const float *q, const float *k_cache, const float *v_cache,
                                           const int *row, const int *pos, int n_tok, int n_heads, int n_kv_heads,
                                           int head_dim, size_t row_stride, size_t pos_stride, float scale, void *stream)
 {
-    if (n_tok == 0) return 0;
-    if (n_tok < 0 || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || head_dim <= 0 ||
-        head_dim > TALKER_CUDA_MAX_HEAD_DIM || n_tok > 65535)
-        return mm3_errorf(-EINVAL,
-                          "talker_cuda_attention_rows: %d tokens, %d/%d heads of %d: expected heads a multiple of "
-                          "kv heads, head_dim 1..%d, at most 65535 tokens",
-                          n_tok, n_heads, n_kv_heads, head_dim, TALKER_CUDA_MAX_HEAD_DIM);
-    dim3 grid((unsigned)n_heads, (unsigned)n_tok);
-    attention_rows_kernel<<<grid, ATT_WARPS * 32, 0, cuda_stream_of(stream)>>>(
-        out, q, k_cache, v_cache, row, pos, n_heads, n_heads / n_kv_heads, head_dim, row_stride, pos_stride, scale);
-    return cuda_launch_status("attention_rows_kernel");
+    size_t q_stride = n_heads > 0 && head_dim > 0 ? (size_t)n_heads * head_dim : 0;
+    return talker_cuda_attention_rows_kv(out, q, q_stride, k_cache, v_cache, CUDA_KV_F32, row, pos, n_tok, n_heads,
+                                         n_kv_heads, head_dim, row_stride, pos_stride, scale, stream);
 }
 
 __global__ void kv_store_kernel(float *__restrict__ cache, const float *__restrict__ src, const int *__restrict__ row,
@@ -111,6 +153,140 @@ extern "C" int talker_cuda_kv_store(float *cache, const float *src, const int *r
     kv_store_kernel<<<dim3(bx, (unsigned)n), 256, 0, cuda_stream_of(stream)>>>(cache, src, row, pos, width, row_stride,
                                                                                pos_stride);
     return cuda_launch_status("kv_store_kernel");
+}
+
+/* blockIdx.z: 0 = K, 1 = V. */
+template <typename KT>
+__global__ void kv_store_pair_kernel(KT *__restrict__ kc, KT *__restrict__ vc, const float *__restrict__ k,
+                                     const float *__restrict__ v, size_t src_stride, const int *__restrict__ row,
+                                     const int *__restrict__ pos, int width, size_t row_stride, size_t pos_stride)
+{
+    const int i = blockIdx.y;
+    KT *dst = (blockIdx.z ? vc : kc) + (size_t)row[i] * row_stride + (size_t)pos[i] * pos_stride;
+    const float *src = (blockIdx.z ? v : k) + (size_t)i * src_stride;
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < width; c += gridDim.x * blockDim.x) {
+        if constexpr (sizeof(KT) == 2)
+            dst[c] = kv_narrow_bf16(src[c]);
+        else
+            dst[c] = src[c];
+    }
+}
+
+extern "C" int talker_cuda_kv_store_pair(void *k_cache, void *v_cache, enum cuda_kv_dtype kv_dtype, const float *k,
+                                         const float *v, size_t src_stride, const int *row, const int *pos, int n,
+                                         int width, size_t row_stride, size_t pos_stride, void *stream)
+{
+    if (n == 0) return 0;
+    if (n < 0 || n > 65535 || width <= 0 || src_stride < (size_t)width)
+        return mm3_errorf(-EINVAL,
+                          "talker_cuda_kv_store_pair: %d tokens of width %d, source stride %zu: expected 0..65535 "
+                          "tokens, width > 0, stride >= width",
+                          n, width, src_stride);
+    if (kv_dtype != CUDA_KV_F32 && kv_dtype != CUDA_KV_BF16)
+        return mm3_errorf(-EINVAL, "talker_cuda_kv_store_pair: kv dtype %d: expected CUDA_KV_F32 or CUDA_KV_BF16",
+                          (int)kv_dtype);
+    dim3 grid((unsigned)((width + 255) / 256), (unsigned)n, 2);
+    cudaStream_t st = cuda_stream_of(stream);
+    if (kv_dtype == CUDA_KV_BF16)
+        kv_store_pair_kernel<uint16_t><<<grid, 256, 0, st>>>((uint16_t *)k_cache, (uint16_t *)v_cache, k, v, src_stride,
+                                                             row, pos, width, row_stride, pos_stride);
+    else
+        kv_store_pair_kernel<float><<<grid, 256, 0, st>>>((float *)k_cache, (float *)v_cache, k, v, src_stride, row,
+                                                          pos, width, row_stride, pos_stride);
+    return cuda_launch_status("kv_store_pair_kernel");
+}
+
+/* One warp per (token, item): items [0, n_heads) are q heads, then n_kv_heads k heads,
+ * then n_kv_heads v heads. The norm and RoPE are elementwise.cu's qk_norm_rope_kernel
+ * step for step (same operations, same order), so the results are bit-identical. */
+template <typename KT>
+__global__ void qkv_norm_rope_store_kernel(float *qkv, int n, int n_heads, int n_kv_heads, int D,
+                                           const float *__restrict__ q_norm, const float *__restrict__ k_norm,
+                                           float eps, int rotary_dim, const int *__restrict__ pos,
+                                           const float *__restrict__ inv_freq, KT *__restrict__ kc, KT *__restrict__ vc,
+                                           const int *__restrict__ row, size_t row_stride, size_t pos_stride)
+{
+    const int lane = threadIdx.x & 31;
+    const int items = n_heads + 2 * n_kv_heads;
+    const long item = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (item >= (long)n * items) return;
+    const int t = (int)(item / items), h = (int)(item % items);
+    const size_t width = (size_t)items * D;
+    float *u = qkv + (size_t)t * width + (size_t)h * D;
+    if (h >= n_heads + n_kv_heads) { /* v head: stored as is */
+        const int g = h - n_heads - n_kv_heads;
+        KT *dst = vc + (size_t)row[t] * row_stride + (size_t)pos[t] * pos_stride + (size_t)g * D;
+        for (int i = lane; i < D; i += 32) {
+            if constexpr (sizeof(KT) == 2)
+                dst[i] = kv_narrow_bf16(u[i]);
+            else
+                dst[i] = u[i];
+        }
+        return;
+    }
+    const float *w = h < n_heads ? q_norm : k_norm;
+    if (w) {
+        float ss = 0.0f;
+        for (int i = lane; i < D; i += 32)
+            ss = fmaf(u[i], u[i], ss);
+        for (int off = 16; off > 0; off >>= 1)
+            ss += __shfl_xor_sync(0xffffffffu, ss, off);
+        float r = 1.0f / sqrtf(ss / (float)D + eps);
+        for (int i = lane; i < D; i += 32)
+            u[i] = __fmul_rn(w[i], __fmul_rn(u[i], r));
+        __syncwarp(); /* RoPE reads elements other lanes just wrote */
+    }
+    const int half = rotary_dim / 2;
+    const float p = (float)pos[t];
+    for (int i = lane; i < half; i += 32) {
+        float ang = __fmul_rn(inv_freq[i], p);
+        float sn, cs;
+        sincosf(ang, &sn, &cs);
+        float x1 = u[i], x2 = u[i + half];
+        u[i] = __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn));
+        u[i + half] = __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn));
+    }
+    if (h < n_heads) return;
+    __syncwarp(); /* the store reads elements other lanes' RoPE wrote */
+    KT *dst = kc + (size_t)row[t] * row_stride + (size_t)pos[t] * pos_stride + (size_t)(h - n_heads) * D;
+    for (int i = lane; i < D; i += 32) {
+        if constexpr (sizeof(KT) == 2)
+            dst[i] = kv_narrow_bf16(u[i]);
+        else
+            dst[i] = u[i];
+    }
+}
+
+extern "C" int talker_cuda_qkv_norm_rope_store(float *qkv, int n, int n_heads, int n_kv_heads, int head_dim,
+                                               const float *q_norm, const float *k_norm, float eps, int rotary_dim,
+                                               const int *pos, const float *inv_freq, void *k_cache, void *v_cache,
+                                               enum cuda_kv_dtype kv_dtype, const int *row, size_t row_stride,
+                                               size_t pos_stride, void *stream)
+{
+    if (n == 0) return 0;
+    if (n < 0 || n_heads < 1 || n_kv_heads < 1 || head_dim < 1 || head_dim > 1024 || rotary_dim < 0 ||
+        rotary_dim > head_dim || rotary_dim % 2 || (rotary_dim > 0 && (!pos || !inv_freq)))
+        return mm3_errorf(-EINVAL,
+                          "talker_cuda_qkv_norm_rope_store: %d tokens, %d/%d heads of %d, rotary_dim %d: expected "
+                          "head_dim 1..1024, rotary_dim even and <= head_dim (with pos and inv_freq)",
+                          n, n_heads, n_kv_heads, head_dim, rotary_dim);
+    if (kv_dtype != CUDA_KV_F32 && kv_dtype != CUDA_KV_BF16)
+        return mm3_errorf(-EINVAL, "talker_cuda_qkv_norm_rope_store: kv dtype %d: expected CUDA_KV_F32 or CUDA_KV_BF16",
+                          (int)kv_dtype);
+    const long items = (long)n * (n_heads + 2 * n_kv_heads);
+    const int warps_per_block = 4;
+    const long blocks = (items + warps_per_block - 1) / warps_per_block;
+    if (blocks > 0x7fffffffL) return mm3_errorf(-EINVAL, "talker_cuda_qkv_norm_rope_store: %d tokens: too many", n);
+    cudaStream_t st = cuda_stream_of(stream);
+    if (kv_dtype == CUDA_KV_BF16)
+        qkv_norm_rope_store_kernel<uint16_t><<<(unsigned)blocks, 32 * warps_per_block, 0, st>>>(
+            qkv, n, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, rotary_dim, pos, inv_freq, (uint16_t *)k_cache,
+            (uint16_t *)v_cache, row, row_stride, pos_stride);
+    else
+        qkv_norm_rope_store_kernel<float><<<(unsigned)blocks, 32 * warps_per_block, 0, st>>>(
+            qkv, n, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, rotary_dim, pos, inv_freq, (float *)k_cache,
+            (float *)v_cache, row, row_stride, pos_stride);
+    return cuda_launch_status("qkv_norm_rope_store_kernel");
 }
 
 __global__ void add_row_kernel(float *__restrict__ y, const float *__restrict__ x, size_t total, int width)

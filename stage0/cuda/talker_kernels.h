@@ -2,7 +2,9 @@
  * of tokens over the rows of a KV cache (prefill and mixed batches), the KV-cache
  * scatter, and a broadcast row add. C-callable; device pointers, `stream` is a
  * cudaStream_t as void * (NULL = default stream). Return 0 or a negative errno
- * code with a message (common/error.h). Float32 throughout. */
+ * code with a message (common/error.h). Activations float32; the KV cache float32
+ * or bf16 (enum cuda_kv_dtype: the _kv variants; bf16 elements are rounded to
+ * nearest even on store, as mm3_f32_to_bf16, and widened exactly on read). */
 #ifndef MM3_STAGE0_CUDA_TALKER_KERNELS_H
 #define MM3_STAGE0_CUDA_TALKER_KERNELS_H
 
@@ -28,9 +30,43 @@ int talker_cuda_attention_rows(float *out, const float *q, const float *k_cache,
                                const int *pos, int n_tok, int n_heads, int n_kv_heads, int head_dim, size_t row_stride,
                                size_t pos_stride, float scale, void *stream);
 
+/* The same over a cache of kv_dtype, with query row i at q + i*q_stride (q_stride >=
+ * n_heads*head_dim: q may sit inside a fused QKV row). */
+int talker_cuda_attention_rows_kv(float *out, const float *q, size_t q_stride, const void *k_cache, const void *v_cache,
+                                  enum cuda_kv_dtype kv_dtype, const int *row, const int *pos, int n_tok, int n_heads,
+                                  int n_kv_heads, int head_dim, size_t row_stride, size_t pos_stride, float scale,
+                                  void *stream);
+
 /* cache[row[i]*row_stride + pos[i]*pos_stride + c] = src[i*width + c], c < width. */
 int talker_cuda_kv_store(float *cache, const float *src, const int *row, const int *pos, int n, int width,
                          size_t row_stride, size_t pos_stride, void *stream);
+
+/* K and V of n tokens into their caches of kv_dtype in one launch:
+ *   k_cache[row[i]*row_stride + pos[i]*pos_stride + c] = k[i*src_stride + c], c < width
+ * and the same for v (k, v may be columns of one fused QKV row: src_stride >= width). */
+int talker_cuda_kv_store_pair(void *k_cache, void *v_cache, enum cuda_kv_dtype kv_dtype, const float *k, const float *v,
+                              size_t src_stride, const int *row, const int *pos, int n, int width, size_t row_stride,
+                              size_t pos_stride, void *stream);
+
+/* The step between the QKV product and attention, in one launch, on fused rows
+ * qkv[n][q width | kv width | kv width] (q width = n_heads*head_dim, kv width =
+ * n_kv_heads*head_dim): per-head RMSNorm (q_norm on q heads, k_norm on k heads; NULL
+ * skips it) then NeoX RoPE over the first rotary_dim dims at position pos[i], in place
+ * on q and k, and K and V stored into their caches of kv_dtype at (row[i], pos[i])
+ * (layout of talker_cuda_kv_store_pair). Bit for bit cuda_ops_qk_norm_rope on q, the
+ * same on k, then talker_cuda_kv_store_pair: one warp per head, the same arithmetic. */
+int talker_cuda_qkv_norm_rope_store(float *qkv, int n, int n_heads, int n_kv_heads, int head_dim, const float *q_norm,
+                                    const float *k_norm, float eps, int rotary_dim, const int *pos,
+                                    const float *inv_freq, void *k_cache, void *v_cache, enum cuda_kv_dtype kv_dtype,
+                                    const int *row, size_t row_stride, size_t pos_stride, void *stream);
+
+/* cuda_ops_attention_decode_rows with query row s at q + s*q_stride (defined in
+ * common/cuda/attention_decode.cu): the decode attention reading q from a fused QKV row. */
+int talker_cuda_attention_decode_rows_q(float *out, const float *q, size_t q_stride, const void *k_cache,
+                                        const void *v_cache, enum cuda_kv_dtype kv_dtype, const int *kv_len,
+                                        const int *seq_row, int max_kv_len, size_t seq_stride, size_t row_stride,
+                                        int n_seq, int n_heads, int n_kv_heads, int head_dim, float scale,
+                                        void *stream);
 
 /* y[r*width + c] += x[c] for r < n_rows. */
 int talker_cuda_add_row(float *y, const float *x, int n_rows, int width, void *stream);
