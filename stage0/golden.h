@@ -37,4 +37,13 @@ int golden_check_dir_with(const char *dir, golden_run_fn run, void *ctx, double 
  * with the loop of stage0/golden_backend.c. -ENODEV when the backend is missing. */
 int golden_check_dir_backend(const char *dir, const char *backend, double tol, FILE *out, int *n_pass, int *n_fail);
 
+/* The c0 candidate set of one draw against the reference's: guided[n] is ours in
+ * compact columns (non-finite = outside the set), ref_ids[k] / ref_logits[k] the
+ * reference's set and logits. Returns the number of differences that count: a
+ * different size, or an id in one set and not the other whose logit is more than
+ * tol x RMS(ref_logits) above its set's lowest (a tie at the top-k edge, which bf16
+ * rounding may order either way, is counted in *swaps instead). */
+int golden_support_compare(const float *guided, int n, const int64_t *ref_ids, const float *ref_logits, int k,
+                           double tol, int *swaps);
+
 #endif
