@@ -456,6 +456,65 @@ static void test_release_shaped_depth(void **state)
     free(mh);
 }
 
+/* The fused products of the depth decoder (Wq|Wk|Wv and Wg|Wu packed at upload) on
+ * the paths the other depth tests miss: 6 rows (the tensor-core GEMV, whose split of
+ * `in` depends on the fused width, so its summation order may differ from three
+ * separate products: still within REL_TOL), heads of 32 (the split-K decode kernel
+ * reading q from the fused QKV rows), an FFN wider than 3 x hidden (silu(gate) * up
+ * shares the QKV scratch, sized for the wider of the two), 2 layers (the residual add
+ * fused into the next layer's norm) and 2 frames (the cache rewritten). */
+static void test_depth_fused_many_rows(void **state)
+{
+    (void)state;
+    size_t H = 64, F = 224, V = 96, S = 4, NL = 2;
+    struct depth d = {.cfg = {.hidden = (int)H,
+                              .n_layers = (int)NL,
+                              .n_heads = 2,
+                              .head_dim = 32,
+                              .ffn = (int)F,
+                              .audio_vocab = (int)V,
+                              .n_codebooks = (int)S,
+                              .max_pos = (int)S,
+                              .eps = 1e-6f}};
+    assert_true(F > 3 * H);
+    struct depth_layer L[2];
+    size_t per_layer = 2 * H + 4 * H * H + 3 * F * H;
+    size_t total = NL * per_layer + H * H + S * H + H + (S - 1) * V * H;
+    float *w = malloc(sizeof(float) * total);
+    assert_non_null(w);
+    float *p = w;
+    float sh = 1.0f / sqrtf((float)H);
+    for (size_t l = 0; l < NL; l++) {
+        L[l].attn_norm = p, p += H, L[l].ffn_norm = p, p += H;
+        fill_norm(L[l].attn_norm, 2 * H);
+        L[l].wq = p, p += H * H, L[l].wk = p, p += H * H, L[l].wv = p, p += H * H, L[l].wo = p, p += H * H;
+        L[l].wg = p, p += F * H, L[l].wu = p, p += F * H;
+        fill_bf16(L[l].wq, 4 * H * H + 2 * F * H, sh);
+        L[l].wd = p, p += H * F;
+        fill_bf16(L[l].wd, H * F, 1.0f / sqrtf((float)F));
+    }
+    d.proj = p, p += H * H;
+    fill_bf16(d.proj, H * H, sh);
+    d.pos_emb = p, p += S * H;
+    fill_bf16(d.pos_emb, S * H, 0.5f);
+    d.norm = p, p += H;
+    fill_norm(d.norm, H);
+    d.heads = p, p += (S - 1) * V * H;
+    fill_bf16(d.heads, (S - 1) * V * H, sh);
+    assert_true((size_t)(p - w) == total);
+    d.layers = L;
+    struct talker m;
+    struct talker_layer ml;
+    float *mh = stub_talker(&m, &ml);
+    struct talker_backend cpu, gpu;
+    open_pair(&cpu, &gpu, &m, &d, 6, 4);
+    compare_depth(&cpu, &gpu, 6, 2);
+    talker_backend_close(&cpu);
+    talker_backend_close(&gpu);
+    free(w);
+    free(mh);
+}
+
 /* ---- the bf16 KV cache (kv_cache_dtype auto / bfloat16 on CUDA) ---- */
 
 /* Prefill + decode of a bf16-cache backend against the float32 CPU: within
@@ -824,11 +883,17 @@ int main(void)
         return 77;
     }
     const struct CMUnitTest gpu[] = {
-        cmocka_unit_test(test_tiny_talker_and_depth), cmocka_unit_test(test_tiny_prefill_gemm),
-        cmocka_unit_test(test_tiny_graphs),           cmocka_unit_test(test_release_shaped_talker),
-        cmocka_unit_test(test_release_shaped_depth),  cmocka_unit_test(test_golden_replay_cuda_backend),
-        cmocka_unit_test(test_kv_bf16_kernels),       cmocka_unit_test(test_qkv_norm_rope_store_fused),
-        cmocka_unit_test(test_tiny_talker_bf16_kv),   cmocka_unit_test(test_release_shaped_talker_bf16_kv),
+        cmocka_unit_test(test_tiny_talker_and_depth),
+        cmocka_unit_test(test_tiny_prefill_gemm),
+        cmocka_unit_test(test_tiny_graphs),
+        cmocka_unit_test(test_release_shaped_talker),
+        cmocka_unit_test(test_release_shaped_depth),
+        cmocka_unit_test(test_depth_fused_many_rows),
+        cmocka_unit_test(test_golden_replay_cuda_backend),
+        cmocka_unit_test(test_kv_bf16_kernels),
+        cmocka_unit_test(test_qkv_norm_rope_store_fused),
+        cmocka_unit_test(test_tiny_talker_bf16_kv),
+        cmocka_unit_test(test_release_shaped_talker_bf16_kv),
     };
     rc = cmocka_run_group_tests_name("talker cuda", gpu, test_stage0_golden_setup, test_stage0_golden_teardown);
     return rc ? 1 : 0;

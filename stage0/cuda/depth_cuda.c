@@ -7,12 +7,16 @@
 #include <string.h>
 
 #include "common/cuda/ops_cuda.h"
+#include "common/dtype.h"
 #include "common/error.h"
 #include "stage0/cuda/cuda_upload.h"
 #include "stage0/cuda/talker_kernels.h"
 
+/* wqkv: the rows of Wq, Wk, Wv one after the other ([3 hidden, hidden]); wgu: Wg
+ * then Wu ([2 ffn, hidden]): one product each instead of three and two, the same dot
+ * products (each output is one weight row), packed at upload (as the talker's). */
 struct depth_cuda_layer {
-    const uint16_t *wq, *wk, *wv, *wo, *wg, *wu, *wd;
+    const uint16_t *wqkv, *wo, *wgu, *wd;
     const float *attn_norm, *ffn_norm;
 };
 
@@ -24,8 +28,11 @@ struct depth_cuda {
     const uint16_t *proj, *heads;
     const float *pos_emb, *norm;
     float *kc, *vc;
-    /* scratch for max_rows rows */
-    float *x, *h, *a, *q, *k, *v, *o, *g, *u, *logits;
+    /* Scratch for max_rows rows. qkv: fused rows [q | k | v], free again once attention
+     * has run, so the FFN's silu(gate) * up rows (ffn wide) reuse it: qkv holds
+     * max(3 hidden, ffn) per row (the memory of the former q, k, v and u buffers when
+     * ffn <= 3 hidden, as talker_backend_plan_compute counts). gu: fused gate|up rows. */
+    float *x, *h, *a, *o, *qkv, *gu, *logits;
     int *row;
     /* [n_codebooks][max_rows]: every row's position p and kv length p + 1 at depth
      * position p, so a step needs no upload (all rows of a frame share the position). */
@@ -41,6 +48,37 @@ static int matmul(float *y, const float *x, const uint16_t *w, int n, int in, in
         if (rc < 0) return rc;
     }
     return 0;
+}
+
+/* Host float32 matrices (bf16 widened) stacked row-wise into one device bf16 matrix:
+ * parts[i] has rows[i] rows of `in`; converted in slices (no full host copy, no
+ * second device copy). */
+static int upload_stacked_bf16(struct cuda_alloc_list *l, uint16_t **out, const float *const *parts, const size_t *rows,
+                               int n_parts, size_t in)
+{
+    size_t total = 0;
+    for (int i = 0; i < n_parts; i++)
+        total += rows[i] * in;
+    void *d;
+    int rc = cuda_alloc_list_add(l, &d, total * sizeof(uint16_t));
+    if (rc < 0) return rc;
+    enum { SLICE = 1 << 22 };
+    uint16_t *buf = malloc(sizeof(uint16_t) * (total < SLICE ? (total ? total : 1) : SLICE));
+    if (!buf) return mm3_errorf(-ENOMEM, "depth_cuda_create: out of host memory");
+    size_t at = 0;
+    for (int i = 0; i < n_parts && rc == 0; i++) {
+        size_t n = rows[i] * in;
+        for (size_t j = 0; j < n && rc == 0; j += SLICE) {
+            size_t k = n - j < SLICE ? n - j : SLICE;
+            for (size_t e = 0; e < k; e++)
+                buf[e] = mm3_f32_to_bf16(parts[i][j + e]);
+            rc = cuda_memcpy_h2d((uint16_t *)d + at + j, buf, k * sizeof(uint16_t));
+        }
+        at += n;
+    }
+    free(buf);
+    *out = d;
+    return rc;
 }
 
 int depth_cuda_create(struct depth_cuda **out, const struct depth *d, int max_rows)
@@ -70,18 +108,14 @@ int depth_cuda_create(struct depth_cuda **out, const struct depth *d, int max_ro
         G->attn_norm = f;
         if ((rc = cuda_upload_f32(l, &f, L->ffn_norm, H)) < 0) break;
         G->ffn_norm = f;
-        if ((rc = cuda_upload_bf16(l, &w, L->wq, H * H)) < 0) break;
-        G->wq = w;
-        if ((rc = cuda_upload_bf16(l, &w, L->wk, H * H)) < 0) break;
-        G->wk = w;
-        if ((rc = cuda_upload_bf16(l, &w, L->wv, H * H)) < 0) break;
-        G->wv = w;
+        const float *qkv[3] = {L->wq, L->wk, L->wv}, *gu[2] = {L->wg, L->wu};
+        const size_t qkv_rows[3] = {H, H, H}, gu_rows[2] = {F, F};
+        if ((rc = upload_stacked_bf16(l, &w, qkv, qkv_rows, 3, H)) < 0) break;
+        G->wqkv = w;
         if ((rc = cuda_upload_bf16(l, &w, L->wo, H * H)) < 0) break;
         G->wo = w;
-        if ((rc = cuda_upload_bf16(l, &w, L->wg, F * H)) < 0) break;
-        G->wg = w;
-        if ((rc = cuda_upload_bf16(l, &w, L->wu, F * H)) < 0) break;
-        G->wu = w;
+        if ((rc = upload_stacked_bf16(l, &w, gu, gu_rows, 2, H)) < 0) break;
+        G->wgu = w;
         if ((rc = cuda_upload_bf16(l, &w, L->wd, H * F)) < 0) break;
         G->wd = w;
     }
@@ -100,12 +134,9 @@ int depth_cuda_create(struct depth_cuda **out, const struct depth *d, int max_ro
         {(void **)&dc->x, sizeof(float) * R * H},
         {(void **)&dc->h, sizeof(float) * R * H},
         {(void **)&dc->a, sizeof(float) * R * H},
-        {(void **)&dc->q, sizeof(float) * R * H},
-        {(void **)&dc->k, sizeof(float) * R * H},
-        {(void **)&dc->v, sizeof(float) * R * H},
         {(void **)&dc->o, sizeof(float) * R * H},
-        {(void **)&dc->g, sizeof(float) * R * F},
-        {(void **)&dc->u, sizeof(float) * R * F},
+        {(void **)&dc->qkv, sizeof(float) * R * (3 * H > F ? 3 * H : F)},
+        {(void **)&dc->gu, sizeof(float) * R * 2 * F},
         {(void **)&dc->logits, sizeof(float) * R * V},
         {(void **)&dc->row, sizeof(int) * R},
         {(void **)&dc->pos_tab, sizeof(int) * R * S},
@@ -146,8 +177,10 @@ void depth_cuda_destroy(struct depth_cuda *dc)
     free(dc);
 }
 
-/* The split-K decode kernel takes head_dim 32, 64, 128 or 256; other heads (the
- * tiny test checkpoints, 96, 160 ...) take the simple row attention. */
+/* Attention of the n query rows (q inside the fused QKV rows, stride 3 hidden) over
+ * positions 0..pos of their cache rows, into o. The split-K decode kernel takes
+ * head_dim 32, 64, 128 or 256; other heads (the tiny test checkpoints, 96, 160 ...)
+ * take the simple row attention. */
 static int attention(struct depth_cuda *dc, float *kc, float *vc, int n, int pos, void *st)
 {
     const struct depth_config *c = &dc->cfg;
@@ -155,10 +188,10 @@ static int attention(struct depth_cuda *dc, float *kc, float *vc, int n, int pos
     const int *p = dc->pos_tab + (size_t)pos * dc->max_rows, *len = dc->len_tab + (size_t)pos * dc->max_rows;
     float scale = 1.0f / sqrtf((float)c->head_dim);
     if (c->head_dim == 32 || c->head_dim == 64 || c->head_dim == 128 || c->head_dim == 256)
-        return cuda_ops_attention_decode(dc->o, dc->q, kc, vc, CUDA_KV_F32, len, pos + 1, row_stride, H, n, c->n_heads,
-                                         c->n_heads, c->head_dim, scale, st);
-    return talker_cuda_attention_rows(dc->o, dc->q, kc, vc, dc->row, p, n, c->n_heads, c->n_heads, c->head_dim,
-                                      row_stride, H, scale, st);
+        return talker_cuda_attention_decode_rows_q(dc->o, dc->qkv, 3 * H, kc, vc, CUDA_KV_F32, len, dc->row, pos + 1,
+                                                   row_stride, H, n, c->n_heads, c->n_heads, c->head_dim, scale, st);
+    return talker_cuda_attention_rows_kv(dc->o, dc->qkv, 3 * H, kc, vc, CUDA_KV_F32, dc->row, p, n, c->n_heads,
+                                         c->n_heads, c->head_dim, row_stride, H, scale, st);
 }
 
 static int check_step(const struct depth_cuda *dc, int n, int pos)
@@ -169,6 +202,14 @@ static int check_step(const struct depth_cuda *dc, int n, int pos)
     return 0;
 }
 
+/* Per layer 8 launches (9 with split-K's combine; 14 before the fusions): norm (fused
+ * with the previous layer's residual add), QKV product, K/V store, attention reading q
+ * from the QKV rows, Wo, residual add + norm, gate|up product, silu * up, Wd. No q/k
+ * norm and no RoPE here (model-stage0.md 3.5: learned positions, added once to the
+ * input), so the talker's fused norm/RoPE/store kernel has nothing to fuse: the K/V
+ * store is talker_cuda_kv_store_pair. Every product, add and norm computes what the
+ * unfused chain did (the same kernels on the same rows, the add inside the norm
+ * kernel is the same single rounding). */
 int depth_cuda_step_dev(struct depth_cuda *dc, int n, const float *x, int pos, float *out, void *st)
 {
     const struct depth_config *cfg = &dc->cfg;
@@ -177,28 +218,31 @@ int depth_cuda_step_dev(struct depth_cuda *dc, int n, const float *x, int pos, f
     int H = cfg->hidden, F = cfg->ffn;
     size_t row_stride = (size_t)cfg->n_codebooks * H, layer_stride = (size_t)dc->max_rows * row_stride;
     const int *p = dc->pos_tab + (size_t)pos * dc->max_rows;
+    float *g = dc->qkv; /* silu(gate) * up: the QKV rows are free by then */
     if ((rc = matmul(dc->h, x, dc->proj, n, H, H, st)) < 0 ||
         (rc = talker_cuda_add_row(dc->h, dc->pos_emb + (size_t)pos * H, n, H, st)) < 0)
         return rc;
     for (int li = 0; li < cfg->n_layers; li++) {
         const struct depth_cuda_layer *L = &dc->layers[li];
         float *kc = dc->kc + li * layer_stride, *vc = dc->vc + li * layer_stride;
-        if ((rc = cuda_ops_rmsnorm(dc->a, dc->h, L->attn_norm, n, H, cfg->eps, st)) < 0 ||
-            (rc = matmul(dc->q, dc->a, L->wq, n, H, H, st)) < 0 ||
-            (rc = matmul(dc->k, dc->a, L->wk, n, H, H, st)) < 0 ||
-            (rc = matmul(dc->v, dc->a, L->wv, n, H, H, st)) < 0 ||
-            (rc = talker_cuda_kv_store(kc, dc->k, dc->row, p, n, H, row_stride, H, st)) < 0 ||
-            (rc = talker_cuda_kv_store(vc, dc->v, dc->row, p, n, H, row_stride, H, st)) < 0 ||
+        /* The FFN output of the previous layer (in o) is added to h inside this norm. */
+        if (li == 0)
+            rc = cuda_ops_rmsnorm(dc->a, dc->h, L->attn_norm, n, H, cfg->eps, st);
+        else
+            rc = cuda_ops_add_rmsnorm(dc->h, dc->a, dc->o, L->attn_norm, n, H, cfg->eps, st);
+        /* a = o . Wo^T; then h += a and o = rmsnorm(h) (o is free once Wo has read it);
+         * the FFN output lands in o for the next norm's add. */
+        if (rc < 0 || (rc = matmul(dc->qkv, dc->a, L->wqkv, n, H, 3 * H, st)) < 0 ||
+            (rc = talker_cuda_kv_store_pair(kc, vc, CUDA_KV_F32, dc->qkv + H, dc->qkv + 2 * H, 3 * (size_t)H, dc->row,
+                                            p, n, H, row_stride, H, st)) < 0 ||
             (rc = attention(dc, kc, vc, n, pos, st)) < 0 || (rc = matmul(dc->a, dc->o, L->wo, n, H, H, st)) < 0 ||
-            (rc = cuda_ops_add_rmsnorm(dc->h, dc->q, dc->a, L->ffn_norm, n, H, cfg->eps, st)) < 0 ||
-            (rc = matmul(dc->g, dc->q, L->wg, n, H, F, st)) < 0 ||
-            (rc = matmul(dc->u, dc->q, L->wu, n, H, F, st)) < 0 ||
-            (rc = cuda_ops_silu_mul(dc->g, dc->g, dc->u, (size_t)n * F, st)) < 0 ||
-            (rc = matmul(dc->a, dc->g, L->wd, n, F, H, st)) < 0 ||
-            (rc = cuda_ops_add(dc->h, dc->a, (size_t)n * H, st)) < 0)
+            (rc = cuda_ops_add_rmsnorm(dc->h, dc->o, dc->a, L->ffn_norm, n, H, cfg->eps, st)) < 0 ||
+            (rc = matmul(dc->gu, dc->o, L->wgu, n, H, 2 * F, st)) < 0 ||
+            (rc = cuda_ops_silu_mul_fused(g, dc->gu, n, F, st)) < 0 || (rc = matmul(dc->o, g, L->wd, n, F, H, st)) < 0)
             return rc;
     }
-    return cuda_ops_rmsnorm(out, dc->h, dc->norm, n, H, cfg->eps, st);
+    if (cfg->n_layers == 0) return cuda_ops_rmsnorm(out, dc->h, dc->norm, n, H, cfg->eps, st);
+    return cuda_ops_add_rmsnorm(dc->h, out, dc->o, dc->norm, n, H, cfg->eps, st);
 }
 
 int depth_cuda_step(struct depth_cuda *dc, int n, const float *x, int pos, float *out)

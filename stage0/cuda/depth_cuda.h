@@ -1,6 +1,7 @@
-/* The RVQ depth decoder on the GPU (first version), built from a loaded CPU
- * struct depth: matrices as bf16 (exactly the checkpoint's values), norms and the
- * position table as float32, a float32 KV cache [n_layers][max_rows][n_codebooks][hidden].
+/* The RVQ depth decoder on the GPU, built from a loaded CPU struct depth: matrices as
+ * bf16 (exactly the checkpoint's values; Wq|Wk|Wv and Wg|Wu packed into one matrix
+ * each at upload, one product each), norms and the position table as float32, a
+ * float32 KV cache [n_layers][max_rows][n_codebooks][hidden].
  * Same contract as depth_step / depth_logits with host arrays in and out; the
  * *_dev variants queue the same work on device arrays for the batched frame step.
  * Only compiled with CUDA. */
