@@ -42,6 +42,7 @@ struct golden_run {
     int lm_support_mismatch;
     int lm_support_swaps; /* top-k boundary ties that rounding may order either way (tolerated) */
     double tol;
+    char support_detail[768]; /* the first differing candidate set, for the report */
 };
 
 static int load_i64(const struct st_file *f, const char *name, int64_t **out, int *ndim, int64_t *shape)
@@ -157,7 +158,7 @@ static int64_t sampler_c0_col_of_id(int64_t id)
 }
 
 int golden_support_compare(const float *guided, int n, const int64_t *ref_ids, const float *ref_logits, int k,
-                           double tol, int *swaps)
+                           double tol, int max_flips, int *swaps)
 {
     int n_finite = 0;
     float min_ours = INFINITY, min_ref = INFINITY;
@@ -202,9 +203,36 @@ int golden_support_compare(const float *guided, int n, const int64_t *ref_ids, c
     double edge = tol * sqrt(sq / k);
     int tie = miss_hi - min_ref <= edge && extra_hi - min_ours <= edge && fabsf(miss_hi - extra_lo) <= edge &&
               fabsf(extra_hi - miss_lo) <= edge;
-    if (!tie) return n_missing + n_extra;
+    if (!tie && n_missing > max_flips) return n_missing + n_extra;
     *swaps = n_missing;
     return 0;
+}
+
+/* Which ids differ between the two candidate sets of draw s, with their logits. */
+static void describe_support(char *buf, size_t size, int s, const float *guided, int n, const struct golden_case *gc)
+{
+    int k = gc->support_len[s], n_finite = 0, at = 0;
+    float min_ours = INFINITY, min_ref = INFINITY;
+    for (int c = 0; c < n; c++)
+        if (isfinite(guided[c])) n_finite++, min_ours = fminf(min_ours, guided[c]);
+    for (int i = 0; i < k; i++)
+        min_ref = fminf(min_ref, gc->lm_logits[s][i]);
+    at += snprintf(buf + at, size - at, "draw %d: %d candidates (reference %d), lowest %.6g (reference %.6g); missing:", s,
+                   n_finite, k, min_ours, min_ref);
+    for (int i = 0; i < k && at < (int)size - 40; i++) {
+        int64_t col = sampler_c0_col_of_id(gc->lm_support[s][i]);
+        if (col < 0 || col >= n || !isfinite(guided[col]))
+            at += snprintf(buf + at, size - at, " %lld (ref %.6g, ours %.6g)", (long long)gc->lm_support[s][i],
+                           gc->lm_logits[s][i], col >= 0 && col < n ? guided[col] : NAN);
+    }
+    at += snprintf(buf + at, size - at, "; extra:");
+    for (int c = 0; c < n && at < (int)size - 40; c++) {
+        if (!isfinite(guided[c])) continue;
+        int in_ref = 0;
+        for (int i = 0; i < k && !in_ref; i++)
+            in_ref = sampler_c0_col_of_id(gc->lm_support[s][i]) == c;
+        if (!in_ref) at += snprintf(buf + at, size - at, " column %d (ours %.6g)", c, guided[c]);
+    }
 }
 
 static void on_frame(void *ctx, int t, const float *frame, const int32_t *codes)
@@ -222,8 +250,12 @@ static void on_draw(void *ctx, int s, int j, const float *guided, int n)
     if (j == 0) {
         if (s >= gc->n_lm_guided) return;
         int swaps = 0;
-        r->lm_support_mismatch +=
-            golden_support_compare(guided, n, gc->lm_support[s], gc->lm_logits[s], gc->support_len[s], r->tol, &swaps);
+        /* Under a bf16 tolerance an id may also cross the c0 rule's threshold (the
+         * conditional row's top-k edge, which the guided logits do not show). */
+        int k = gc->support_len[s], flips = r->tol > GOLDEN_REL_TOL ? (k / 50 > 1 ? k / 50 : 1) : 0;
+        int bad = golden_support_compare(guided, n, gc->lm_support[s], gc->lm_logits[s], k, r->tol, flips, &swaps);
+        if ((bad || swaps) && !r->support_detail[0]) describe_support(r->support_detail, sizeof r->support_detail, s, guided, n, gc);
+        r->lm_support_mismatch += bad;
         r->lm_support_swaps += swaps;
         for (int i = 0; i < gc->support_len[s]; i++) {
             int64_t col = sampler_c0_col_of_id(gc->lm_support[s][i]);
@@ -365,17 +397,18 @@ static int run_case(const char *dir, const char *root, json_t *jc, const struct 
         double rel_frames = frames_ok ? rel_error(r.frames, gc.frames, (size_t)gc.n_frames * gc.frame_width) : INFINITY;
         int ended = stop == GENERATE_STOP_TOKEN;
         int end_ok = !json_is_boolean(jend) || json_is_true(jend) == ended;
-        pass &= frames_ok && end_ok && r.lm_support_mismatch == 0 && rel_lm <= gr->tol && rel_depth <= gr->tol &&
-                rel_frames <= gr->tol;
+        pass &= frames_ok && end_ok && r.lm_support_mismatch == 0 && sp.n_outside == 0 && rel_lm <= gr->tol &&
+                rel_depth <= gr->tol && rel_frames <= gr->tol;
         fprintf(out,
                 "%s: frames %d/%d%s lm_guided rel %.3g (%d draws%s%s) depth_guided rel %.3g (%d draws) "
                 "frame_hiddens rel %.3g%s %s %s\n",
                 file, r.n_frames, gc.n_frames, end_ok ? "" : " (stop reason differs)", rel_lm, gc.n_lm_guided,
                 r.lm_support_mismatch ? ", SUPPORT DIFFERS" : "",
-                r.lm_support_swaps ? ", a top-k edge tie ordered the other way" : "", rel_depth, gc.n_depth_guided,
+                r.lm_support_swaps ? ", candidate sets differ at their edge" : "", rel_depth, gc.n_depth_guided,
                 rel_frames,
                 sp.n_outside ? " (forced draws outside the candidate set)" : "", ids_msg, pass ? "PASS" : "FAIL");
     }
+    if (r.support_detail[0]) fprintf(out, "  %s\n", r.support_detail);
     free(ids);
     free(r.lm_ours);
     free(r.lm_ref);

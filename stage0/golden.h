@@ -40,10 +40,11 @@ int golden_check_dir_backend(const char *dir, const char *backend, double tol, F
 /* The c0 candidate set of one draw against the reference's: guided[n] is ours in
  * compact columns (non-finite = outside the set), ref_ids[k] / ref_logits[k] the
  * reference's set and logits. Returns the number of differences that count: a
- * different size, or an id in one set and not the other whose logit is more than
- * tol x RMS(ref_logits) above its set's lowest (a tie at the top-k edge, which bf16
- * rounding may order either way, is counted in *swaps instead). */
+ * different size, or ids in one set and not the other, unless they tie at both sets'
+ * lower edge within tol x RMS(ref_logits) or number at most max_flips (a bf16
+ * backend: an id whose conditional logit crosses the c0 rule's threshold); such
+ * tolerated ids are counted in *swaps. */
 int golden_support_compare(const float *guided, int n, const int64_t *ref_ids, const float *ref_logits, int k,
-                           double tol, int *swaps);
+                           double tol, int max_flips, int *swaps);
 
 #endif
