@@ -406,54 +406,76 @@ static void test_release_shaped_talker(void **state)
     free(dbuf);
 }
 
+/* A depth decoder of n_layers with bf16-exact random weights (free with free_depth). */
+static void make_depth(struct depth *d, size_t H, size_t F, size_t V, size_t S, int n_layers, int n_heads,
+                       int head_dim)
+{
+    *d = (struct depth){.cfg = {.hidden = (int)H,
+                                .n_layers = n_layers,
+                                .n_heads = n_heads,
+                                .head_dim = head_dim,
+                                .ffn = (int)F,
+                                .audio_vocab = (int)V,
+                                .n_codebooks = (int)S,
+                                .max_pos = (int)S,
+                                .eps = 1e-6f}};
+    struct depth_layer *L = calloc((size_t)n_layers, sizeof *L);
+    size_t per_layer = 2 * H + 4 * H * H + 3 * F * H;
+    size_t total = n_layers * per_layer + H * H + S * H + H + (S - 1) * V * H;
+    float *w = malloc(sizeof(float) * total);
+    assert_true(L && w);
+    float *p = w;
+    float sh = 1.0f / sqrtf((float)H);
+    for (int l = 0; l < n_layers; l++) {
+        L[l].attn_norm = p, p += H, L[l].ffn_norm = p, p += H;
+        fill_norm(L[l].attn_norm, 2 * H);
+        L[l].wq = p, p += H * H, L[l].wk = p, p += H * H, L[l].wv = p, p += H * H, L[l].wo = p, p += H * H;
+        L[l].wg = p, p += F * H, L[l].wu = p, p += F * H;
+        fill_bf16(L[l].wq, 4 * H * H + 2 * F * H, sh);
+        L[l].wd = p, p += H * F;
+        fill_bf16(L[l].wd, H * F, 1.0f / sqrtf((float)F));
+    }
+    d->proj = p, p += H * H;
+    fill_bf16(d->proj, H * H, sh);
+    d->pos_emb = p, p += S * H;
+    fill_bf16(d->pos_emb, S * H, 0.5f);
+    d->norm = p, p += H;
+    fill_norm(d->norm, H);
+    d->heads = p, p += (S - 1) * V * H;
+    fill_bf16(d->heads, (S - 1) * V * H, sh);
+    assert_true((size_t)(p - w) == total);
+    d->layers = L;
+}
+
+static void free_depth(struct depth *d)
+{
+    free(d->layers[0].attn_norm); /* the start of the one weight block */
+    free(d->layers);
+}
+
+/* The GPU depth decoder against the CPU's on `rows` rows for `frames` frames. */
+static void check_depth(const struct depth *d, int rows, int frames)
+{
+    struct talker m;
+    struct talker_layer ml;
+    float *mh = stub_talker(&m, &ml);
+    struct talker_backend cpu, gpu;
+    open_pair(&cpu, &gpu, &m, d, rows, 4);
+    compare_depth(&cpu, &gpu, rows, frames);
+    talker_backend_close(&cpu);
+    talker_backend_close(&gpu);
+    free(mh);
+}
+
 /* The release geometry of one depth-decoder layer: hidden 4096, 16 heads x 256, FFN 6144. */
 static void test_release_shaped_depth(void **state)
 {
     (void)state;
     if (getenv("MM3_TALKER_TINY_ONLY")) skip(); /* the quick run under compute-sanitizer */
-    size_t H = 4096, F = 6144, V = 1024, S = 8;
-    struct depth d = {.cfg = {.hidden = (int)H,
-                              .n_layers = 1,
-                              .n_heads = 16,
-                              .head_dim = 256,
-                              .ffn = (int)F,
-                              .audio_vocab = (int)V,
-                              .n_codebooks = (int)S,
-                              .max_pos = (int)S,
-                              .eps = 1e-6f}};
-    struct depth_layer L;
-    size_t total = 2 * H + 4 * H * H + 3 * F * H + H * H + S * H + H + (S - 1) * V * H;
-    float *w = malloc(sizeof(float) * total);
-    assert_non_null(w);
-    float *p = w;
-    L.attn_norm = p, p += H, L.ffn_norm = p, p += H;
-    fill_norm(L.attn_norm, 2 * H);
-    float sh = 1.0f / sqrtf((float)H);
-    L.wq = p, p += H * H, L.wk = p, p += H * H, L.wv = p, p += H * H, L.wo = p, p += H * H;
-    L.wg = p, p += F * H, L.wu = p, p += F * H;
-    fill_bf16(L.wq, 4 * H * H + 2 * F * H, sh);
-    L.wd = p, p += H * F;
-    fill_bf16(L.wd, H * F, 1.0f / sqrtf((float)F));
-    d.proj = p, p += H * H;
-    fill_bf16(d.proj, H * H, sh);
-    d.pos_emb = p, p += S * H;
-    fill_bf16(d.pos_emb, S * H, 0.5f);
-    d.norm = p, p += H;
-    fill_norm(d.norm, H);
-    d.heads = p, p += (S - 1) * V * H;
-    fill_bf16(d.heads, (S - 1) * V * H, sh);
-    assert_true((size_t)(p - w) == total);
-    d.layers = &L;
-    struct talker m;
-    struct talker_layer ml;
-    float *mh = stub_talker(&m, &ml);
-    struct talker_backend cpu, gpu;
-    open_pair(&cpu, &gpu, &m, &d, 2, 4);
-    compare_depth(&cpu, &gpu, 2, 1);
-    talker_backend_close(&cpu);
-    talker_backend_close(&gpu);
-    free(w);
-    free(mh);
+    struct depth d;
+    make_depth(&d, 4096, 6144, 1024, 8, 1, 16, 256);
+    check_depth(&d, 2, 1);
+    free_depth(&d);
 }
 
 /* The fused products of the depth decoder (Wq|Wk|Wv and Wg|Wu packed at upload) on
@@ -466,53 +488,11 @@ static void test_release_shaped_depth(void **state)
 static void test_depth_fused_many_rows(void **state)
 {
     (void)state;
-    size_t H = 64, F = 224, V = 96, S = 4, NL = 2;
-    struct depth d = {.cfg = {.hidden = (int)H,
-                              .n_layers = (int)NL,
-                              .n_heads = 2,
-                              .head_dim = 32,
-                              .ffn = (int)F,
-                              .audio_vocab = (int)V,
-                              .n_codebooks = (int)S,
-                              .max_pos = (int)S,
-                              .eps = 1e-6f}};
-    assert_true(F > 3 * H);
-    struct depth_layer L[2];
-    size_t per_layer = 2 * H + 4 * H * H + 3 * F * H;
-    size_t total = NL * per_layer + H * H + S * H + H + (S - 1) * V * H;
-    float *w = malloc(sizeof(float) * total);
-    assert_non_null(w);
-    float *p = w;
-    float sh = 1.0f / sqrtf((float)H);
-    for (size_t l = 0; l < NL; l++) {
-        L[l].attn_norm = p, p += H, L[l].ffn_norm = p, p += H;
-        fill_norm(L[l].attn_norm, 2 * H);
-        L[l].wq = p, p += H * H, L[l].wk = p, p += H * H, L[l].wv = p, p += H * H, L[l].wo = p, p += H * H;
-        L[l].wg = p, p += F * H, L[l].wu = p, p += F * H;
-        fill_bf16(L[l].wq, 4 * H * H + 2 * F * H, sh);
-        L[l].wd = p, p += H * F;
-        fill_bf16(L[l].wd, H * F, 1.0f / sqrtf((float)F));
-    }
-    d.proj = p, p += H * H;
-    fill_bf16(d.proj, H * H, sh);
-    d.pos_emb = p, p += S * H;
-    fill_bf16(d.pos_emb, S * H, 0.5f);
-    d.norm = p, p += H;
-    fill_norm(d.norm, H);
-    d.heads = p, p += (S - 1) * V * H;
-    fill_bf16(d.heads, (S - 1) * V * H, sh);
-    assert_true((size_t)(p - w) == total);
-    d.layers = L;
-    struct talker m;
-    struct talker_layer ml;
-    float *mh = stub_talker(&m, &ml);
-    struct talker_backend cpu, gpu;
-    open_pair(&cpu, &gpu, &m, &d, 6, 4);
-    compare_depth(&cpu, &gpu, 6, 2);
-    talker_backend_close(&cpu);
-    talker_backend_close(&gpu);
-    free(w);
-    free(mh);
+    struct depth d;
+    make_depth(&d, 64, 224, 96, 4, 2, 2, 32);
+    assert_true(d.cfg.ffn > 3 * d.cfg.hidden);
+    check_depth(&d, 6, 2);
+    free_depth(&d);
 }
 
 /* ---- the bf16 KV cache (kv_cache_dtype auto / bfloat16 on CUDA) ---- */

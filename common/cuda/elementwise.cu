@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "common/cuda/cuda_internal.h"
+#include "common/cuda/head_norm_rope.cuh"
 #include "common/cuda/ops_cuda.h"
 
 enum { ROW_THREADS = 256, EW_THREADS = 256, EW_MAX_BLOCKS = 4096 };
@@ -85,24 +86,7 @@ __global__ void qk_norm_rope_kernel(float *x, int n_rows, int stride, int n_head
     if (item >= (long)n_rows * n_heads) return;
     const int t = (int)(item / n_heads), h = (int)(item % n_heads);
     float *u = x + (size_t)t * stride + (size_t)h * head_dim;
-    if (w) {
-        float ss = 0.0f;
-        for (int i = lane; i < head_dim; i += 32) ss = fmaf(u[i], u[i], ss);
-        for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-        float r = 1.0f / sqrtf(ss / (float)head_dim + eps);
-        for (int i = lane; i < head_dim; i += 32) u[i] = __fmul_rn(w[i], __fmul_rn(u[i], r));
-        __syncwarp(); /* RoPE reads elements other lanes just wrote */
-    }
-    const int half = rotary_dim / 2;
-    const float p = (float)pos[t];
-    for (int i = lane; i < half; i += 32) {
-        float ang = __fmul_rn(inv_freq[i], p);
-        float s, c;
-        sincosf(ang, &s, &c);
-        float x1 = u[i], x2 = u[i + half];
-        u[i] = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
-        u[i + half] = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
-    }
+    warp_head_norm_rope(u, head_dim, w, eps, rotary_dim, (float)pos[t], inv_freq, lane);
 }
 
 extern "C" int cuda_ops_qk_norm_rope(float *x, int n_rows, int stride, int n_heads, int head_dim, const float *w,

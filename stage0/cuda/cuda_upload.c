@@ -23,24 +23,39 @@ int cuda_alloc_list_add(struct cuda_alloc_list *l, void **out, size_t bytes)
     return 0;
 }
 
-int cuda_upload_bf16(struct cuda_alloc_list *l, uint16_t **out, const float *src, size_t n)
+int cuda_upload_stacked_bf16(struct cuda_alloc_list *l, uint16_t **out, const float *const *parts, const size_t *rows,
+                             int n_parts, size_t in)
 {
+    size_t total = 0;
+    for (int i = 0; i < n_parts; i++)
+        total += rows[i] * in;
     void *d;
-    int rc = cuda_alloc_list_add(l, &d, n * sizeof(uint16_t));
+    int rc = cuda_alloc_list_add(l, &d, total * sizeof(uint16_t));
     if (rc < 0) return rc;
     /* Converted in slices so that a release-sized tensor needs no second full copy on the host. */
     enum { SLICE = 1 << 22 };
-    uint16_t *buf = malloc(sizeof(uint16_t) * (n < SLICE ? (n ? n : 1) : SLICE));
+    uint16_t *buf = malloc(sizeof(uint16_t) * (total < SLICE ? (total ? total : 1) : SLICE));
     if (!buf) return mm3_errorf(-ENOMEM, "cuda upload: out of host memory");
-    for (size_t at = 0; at < n && rc == 0; at += SLICE) {
-        size_t k = n - at < SLICE ? n - at : SLICE;
-        for (size_t i = 0; i < k; i++)
-            buf[i] = mm3_f32_to_bf16(src[at + i]);
-        rc = cuda_memcpy_h2d((uint16_t *)d + at, buf, k * sizeof(uint16_t));
+    size_t at = 0;
+    for (int i = 0; i < n_parts && rc == 0; i++) {
+        size_t n = rows[i] * in;
+        for (size_t j = 0; j < n && rc == 0; j += SLICE) {
+            size_t k = n - j < SLICE ? n - j : SLICE;
+            for (size_t e = 0; e < k; e++)
+                buf[e] = mm3_f32_to_bf16(parts[i][j + e]);
+            rc = cuda_memcpy_h2d((uint16_t *)d + at + j, buf, k * sizeof(uint16_t));
+        }
+        at += n;
     }
     free(buf);
     *out = d;
     return rc;
+}
+
+int cuda_upload_bf16(struct cuda_alloc_list *l, uint16_t **out, const float *src, size_t n)
+{
+    size_t rows = 1;
+    return cuda_upload_stacked_bf16(l, out, &src, &rows, 1, n);
 }
 
 int cuda_upload_f32(struct cuda_alloc_list *l, float **out, const float *src, size_t n)

@@ -16,6 +16,10 @@ struct cuda_alloc_list {
 int cuda_alloc_list_add(struct cuda_alloc_list *l, void **out, size_t bytes);
 /* src[n] -> device bf16 (round to nearest even; exact for widened bf16). */
 int cuda_upload_bf16(struct cuda_alloc_list *l, uint16_t **out, const float *src, size_t n);
+/* Host float32 matrices stacked row-wise into one device bf16 matrix (a fused
+ * product's weights): parts[i] has rows[i] rows of `in`. */
+int cuda_upload_stacked_bf16(struct cuda_alloc_list *l, uint16_t **out, const float *const *parts, const size_t *rows,
+                             int n_parts, size_t in);
 /* src[n] -> device float32. */
 int cuda_upload_f32(struct cuda_alloc_list *l, float **out, const float *src, size_t n);
 void cuda_alloc_list_free(struct cuda_alloc_list *l);

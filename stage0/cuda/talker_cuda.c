@@ -119,36 +119,6 @@ static int scratch_reserve(struct talker_cuda *tc, struct talker_cuda_scratch *s
     return 0;
 }
 
-/* Host float32 matrices (bf16 widened) stacked row-wise into one device bf16 matrix:
- * parts[i] has rows[i] rows of `in`; converted in slices (no full host copy). */
-static int upload_stacked_bf16(struct cuda_alloc_list *l, uint16_t **out, const float *const *parts, const size_t *rows,
-                               int n_parts, size_t in)
-{
-    size_t total = 0;
-    for (int i = 0; i < n_parts; i++)
-        total += rows[i] * in;
-    void *d;
-    int rc = cuda_alloc_list_add(l, &d, total * sizeof(uint16_t));
-    if (rc < 0) return rc;
-    enum { SLICE = 1 << 22 };
-    uint16_t *buf = malloc(sizeof(uint16_t) * (total < SLICE ? (total ? total : 1) : SLICE));
-    if (!buf) return mm3_errorf(-ENOMEM, "talker_cuda_create: out of host memory");
-    size_t at = 0;
-    for (int i = 0; i < n_parts && rc == 0; i++) {
-        size_t n = rows[i] * in;
-        for (size_t j = 0; j < n && rc == 0; j += SLICE) {
-            size_t k = n - j < SLICE ? n - j : SLICE;
-            for (size_t e = 0; e < k; e++)
-                buf[e] = mm3_f32_to_bf16(parts[i][j + e]);
-            rc = cuda_memcpy_h2d((uint16_t *)d + at + j, buf, k * sizeof(uint16_t));
-        }
-        at += n;
-    }
-    free(buf);
-    *out = d;
-    return rc;
-}
-
 int talker_cuda_create(struct talker_cuda **out, const struct talker *m, int max_rows, int max_ctx,
                        enum cuda_kv_dtype kv_dtype)
 {
@@ -191,11 +161,11 @@ int talker_cuda_create(struct talker_cuda **out, const struct talker *m, int max
         G->ffn_norm = f;
         const float *qkv[3] = {L->wq, L->wk, L->wv}, *gu[2] = {L->wg, L->wu};
         const size_t qkv_rows[3] = {QD, KD, KD}, gu_rows[2] = {F, F};
-        if ((rc = upload_stacked_bf16(l, &w, qkv, qkv_rows, 3, H)) < 0) break;
+        if ((rc = cuda_upload_stacked_bf16(l, &w, qkv, qkv_rows, 3, H)) < 0) break;
         G->wqkv = w;
         if ((rc = cuda_upload_bf16(l, &w, L->wo, H * QD)) < 0) break;
         G->wo = w;
-        if ((rc = upload_stacked_bf16(l, &w, gu, gu_rows, 2, H)) < 0) break;
+        if ((rc = cuda_upload_stacked_bf16(l, &w, gu, gu_rows, 2, H)) < 0) break;
         G->wgu = w;
         if ((rc = cuda_upload_bf16(l, &w, L->wd, H * F)) < 0) break;
         G->wd = w;

@@ -4,6 +4,7 @@
 #include <stdint.h>
 
 #include "common/cuda/cuda_internal.h"
+#include "common/cuda/head_norm_rope.cuh"
 #include "stage0/cuda/talker_kernels.h"
 
 enum { ATT_WARPS = 4, ATT_PER_LANE = TALKER_CUDA_MAX_HEAD_DIM / 32 };
@@ -225,27 +226,7 @@ __global__ void qkv_norm_rope_store_kernel(float *qkv, int n, int n_heads, int n
         return;
     }
     const float *w = h < n_heads ? q_norm : k_norm;
-    if (w) {
-        float ss = 0.0f;
-        for (int i = lane; i < D; i += 32)
-            ss = fmaf(u[i], u[i], ss);
-        for (int off = 16; off > 0; off >>= 1)
-            ss += __shfl_xor_sync(0xffffffffu, ss, off);
-        float r = 1.0f / sqrtf(ss / (float)D + eps);
-        for (int i = lane; i < D; i += 32)
-            u[i] = __fmul_rn(w[i], __fmul_rn(u[i], r));
-        __syncwarp(); /* RoPE reads elements other lanes just wrote */
-    }
-    const int half = rotary_dim / 2;
-    const float p = (float)pos[t];
-    for (int i = lane; i < half; i += 32) {
-        float ang = __fmul_rn(inv_freq[i], p);
-        float sn, cs;
-        sincosf(ang, &sn, &cs);
-        float x1 = u[i], x2 = u[i + half];
-        u[i] = __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn));
-        u[i + half] = __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn));
-    }
+    warp_head_norm_rope(u, D, w, eps, rotary_dim, (float)pos[t], inv_freq, lane);
     if (h < n_heads) return;
     __syncwarp(); /* the store reads elements other lanes' RoPE wrote */
     KT *dst = kc + (size_t)row[t] * row_stride + (size_t)pos[t] * pos_stride + (size_t)(h - n_heads) * D;
