@@ -29,6 +29,7 @@
 #include "stage1/cuda/dit_gemm.h"
 #include "stage1/cuda/dit_kernels.h"
 #include "stage1/flow.h"
+#include "stage1/render.h"
 
 #define MAX_WINDOWS 8
 #define MAX_ATTN 5
@@ -323,7 +324,7 @@ static void breakdown(const struct dit_config *cfg, enum mm3_matmul_precision p,
 static void usage(void)
 {
     fprintf(stderr, "usage: mm3-bench-dit [--layers N] [--latents L] [--windows 1,2,4,8] [--reps R]\n"
-                    "                     [--precisions fp32,tf32,bf16] [--euler-steps S]\n"
+                    "                     [--precisions fp32,tf32,bf16] [--euler-steps S] [--frame-rate FPS]\n"
                     "                     [--attention auto,old,flash64,flash128,flash128m2]\n");
     exit(2);
 }
@@ -338,6 +339,8 @@ int main(int argc, char **argv)
                              .ff_inner = 8192,
                              .rotary_dim = 32,
                              .fourier_dim = 256};
+    /* frames per second of the AR stream: the release's 44100 / 1764 (condition encoder config) */
+    double frame_rate = 25.0;
     int L = 689, reps = 5, euler_steps = 4, n_windows = 4, windows[MAX_WINDOWS] = {1, 2, 4, 8};
     int n_prec = 3, n_attn = 1, attn[MAX_ATTN] = {0};
     enum mm3_matmul_precision precs[3] = {MM3_MATMUL_FP32, MM3_MATMUL_TF32, MM3_MATMUL_BF16};
@@ -352,6 +355,8 @@ int main(int argc, char **argv)
             reps = atoi(val);
         else if (!strcmp(a, "--euler-steps"))
             euler_steps = atoi(val);
+        else if (!strcmp(a, "--frame-rate"))
+            frame_rate = atof(val);
         else if (!strcmp(a, "--windows")) {
             n_windows = 0;
             for (char *s = (char *)val; *s && n_windows < MAX_WINDOWS;) {
@@ -381,7 +386,7 @@ int main(int argc, char **argv)
             usage();
         i++;
     }
-    if (cfg.n_layers < 1 || L < 1 || reps < 1 || n_windows < 1 || n_prec < 1) usage();
+    if (cfg.n_layers < 1 || L < 1 || reps < 1 || n_windows < 1 || n_prec < 1 || !(frame_rate > 0)) usage();
     for (int w = 0; w < n_windows; w++)
         if (windows[w] < 1 || windows[w] > 64) usage();
     if (cuda_device_count_safe() < 1) {
@@ -457,13 +462,16 @@ int main(int argc, char **argv)
         dit_cuda_free(h);
     }
 
-    printf(
-        "\n| figure | precision | attention | windows (B) | ms / forward (eager, graph) "
-        "| s / window (30 steps, CFG) | TFLOP/s | dense GEMM peak | ratio |\n|---|---|---|---|---|---|---|---|---|\n");
+    /* Each window adds one hop of new audio in steady state. */
+    double audio_s_per_window = RENDER_HOP_FRAMES / frame_rate;
+    printf("\n| figure | precision | attention | windows (B) | ms / forward (eager, graph) "
+           "| s / window (30 steps, CFG) | GPU s per audio s | TFLOP/s | dense GEMM peak | ratio |\n"
+           "|---|---|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < n_rows; i++) {
         struct row *r = &rows[i];
-        printf("| DiT forward | %s | %s | %d (%d) | %.1f, %.1f | %.3f | %.1f | %.1f | %.2f |\n", prec_name(r->p),
-               r->attn, r->windows, r->B, r->ms, r->ms_graph, r->s_window, r->tflops, r->peak, r->tflops / r->peak);
+        printf("| DiT forward | %s | %s | %d (%d) | %.1f, %.1f | %.3f | %.3f | %.1f | %.1f | %.2f |\n", prec_name(r->p),
+               r->attn, r->windows, r->B, r->ms, r->ms_graph, r->s_window, r->s_window / audio_s_per_window,
+               r->tflops, r->peak, r->tflops / r->peak);
     }
     int ref = -1;
     for (int pi = 0; pi < n_prec; pi++)
@@ -472,7 +480,7 @@ int main(int argc, char **argv)
         for (int pi = 0; pi < n_prec; pi++) {
             if (pi == ref) continue;
             printf("| drift vs fp32 | %s | auto | 1 (2) | first guided velocity rel %.3g | latents after %d Euler "
-                   "steps rel %.3g | | | |\n",
+                   "steps rel %.3g | | | | |\n",
                    prec_name(precs[pi]), rel_l2(vfirst[pi], vfirst[ref], per), euler_steps,
                    rel_l2(fin[pi], fin[ref], per));
         }

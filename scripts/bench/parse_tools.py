@@ -95,26 +95,35 @@ def parse_load(text, rc=0):
     return doc
 
 
-DIT_ROW = re.compile(r"^\| DiT forward \| (\w+) \| (\d+) \((\d+)\) \| " + NUM + ", " + NUM + r" \| " + NUM
-                     + r" \| " + NUM + r" \| " + NUM + r" \| " + NUM + r" \|", re.M)
+# The attention column (since the flash kernels) and the GPU-seconds-per-audio-second column
+# (third session) are optional so that older logs still parse.
+DIT_ROW = re.compile(r"^\| DiT forward \| (?P<prec>\w+) \| (?:(?P<attn>[A-Za-z]\w*) \| )?(?P<w>\d+) \((?P<b>\d+)\) \| "
+                     + "(?P<eager>" + NUM + "), (?P<graph>" + NUM + r") \| (?P<sw>" + NUM + r") \| (?:(?P<gpu_s>" + NUM
+                     + r") \| )?(?P<tf>" + NUM + r") \| (?P<peak>" + NUM + r") \| (?P<ratio>" + NUM + r") \|", re.M)
 DIT_DRIFT = re.compile(r"^\| drift vs fp32 \| (\w+) \|.*?velocity rel " + NUM + r".*?Euler steps rel " + NUM, re.M)
 
 
 def parse_dit(text, rc=0):
     """The final table of tools/mm3_bench_dit.c, one row per precision and window count:
-    | DiT forward | prec | W (B) | ms eager, ms graph | s/window | TFLOP/s | GEMM peak | ratio |.
+    | DiT forward | prec | [attention |] W (B) | ms eager, ms graph | s/window | [GPU s per audio s |]
+    TFLOP/s | GEMM peak | ratio |.
     Output in another format falls back to a best-effort search for the figures."""
     doc = _status("mm3-bench-dit", text, rc)
     if "reason" in doc:
         return doc
     rows = []
     for m in DIT_ROW.finditer(text):
-        eager, graph = float(m.group(4)), float(m.group(5))
+        eager, graph = float(m.group("eager")), float(m.group("graph"))
         best = graph if 0 < graph < eager else eager
-        rows.append({"precision": m.group(1), "windows": int(m.group(2)), "batch": int(m.group(3)),
-                     "ms_eager": eager, "ms_graph": graph, "ms_per_forward": best,
-                     "s_per_window": float(m.group(6)), "tflops": float(m.group(7)),
-                     "gemm_peak_tflops": float(m.group(8)), "fraction_of_peak": float(m.group(9))})
+        row = {"precision": m.group("prec"), "windows": int(m.group("w")), "batch": int(m.group("b")),
+               "ms_eager": eager, "ms_graph": graph, "ms_per_forward": best,
+               "s_per_window": float(m.group("sw")), "tflops": float(m.group("tf")),
+               "gemm_peak_tflops": float(m.group("peak")), "fraction_of_peak": float(m.group("ratio"))}
+        if m.group("attn"):
+            row["attention"] = m.group("attn")
+        if m.group("gpu_s"):
+            row["gpu_s_per_audio_s"] = float(m.group("gpu_s"))
+        rows.append(row)
     if rows:
         doc["results"] = rows
         doc["drift"] = {m.group(1): {"velocity_rel": float(m.group(2)), "latents_rel": float(m.group(3))}

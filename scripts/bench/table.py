@@ -286,6 +286,12 @@ def build_rows(docs):
                         "mm3/bound = fraction of peak)", "TFLOP/s", "higher",
                         mr["tflops"] if mr else mm3_missing, peak if peak else na("unknown device peak"),
                         pr["tflops"] if pr else na(pd_na or "not run")))
+        # issue 8: seconds of GPU time per second of audio (a window adds one hop of audio)
+        hop_s = HOP_FRAMES / FRAMES_PER_S
+        rows.append(Row(sec, f"DiT GPU seconds per second of audio, {prec}, batch {2 * w}", "s/s", "lower",
+                        mr.get("gpu_s_per_audio_s", mr["s_per_window"] / hop_s) if mr else mm3_missing, None,
+                        pr["s_per_window"] / hop_s if pr else na(pd_na or "not run"),
+                        note=f"s per window / {hop_s:g} s of new audio per window"))
     # ---- end to end ----------------------------------------------------------------------
     sec = "end to end"
     # PyTorch has no serving path here: its end-to-end figures are composed from the two

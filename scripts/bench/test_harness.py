@@ -48,16 +48,19 @@ LOAD_TEXT = ("%-20s %14s %9s %9s %9s %9s %7s  %s\n" % ("component", "bytes", "se
              + LOAD_FMT % ("total", 26896621072, 9.5, 2.83, 10.1, 2.66, 0.94, "cold"))
 
 # tools/mm3_bench_dit.c's closing table (its printf formats).
-DIT_ROW_FMT = "| DiT forward | %s | %d (%d) | %.1f, %.1f | %.3f | %.1f | %.1f | %.2f |\n"
+DIT_ROW_FMT = "| DiT forward | %s | %s | %d (%d) | %.1f, %.1f | %.3f | %.3f | %.1f | %.1f | %.2f |\n"
 DIT_TEXT = ("device: NVIDIA H200\nFLOP per sequence forward: %.4g T\n" % 3.489
             + "bf16: dense GEMM 8192^3 %.1f TFLOP/s\n" % 780.1
-            + "\n| figure | precision | windows (B) | ms / forward (eager, graph) | s / window (30 steps, CFG) "
-            "| TFLOP/s | dense GEMM peak | ratio |\n|---|---|---|---|---|---|---|---|\n"
-            + DIT_ROW_FMT % ("bf16", 1, 2, 15.1, 13.2, 0.396, 528.6, 780.1, 0.68)
-            + DIT_ROW_FMT % ("bf16", 8, 16, 99.0, 98.0, 0.368, 570.1, 780.1, 0.73)
-            + DIT_ROW_FMT % ("fp32", 1, 2, 180.2, 0.0, 5.406, 38.7, 50.1, 0.77)
-            + "| drift vs fp32 | %s | 1 (2) | first guided velocity rel %.3g | latents after %d Euler steps "
-            "rel %.3g | | | |\n" % ("bf16", 0.0123, 30, 0.0456))
+            + "\n| figure | precision | attention | windows (B) | ms / forward (eager, graph) | s / window (30 steps, CFG) "
+            "| GPU s per audio s | TFLOP/s | dense GEMM peak | ratio |\n|---|---|---|---|---|---|---|---|---|---|\n"
+            + DIT_ROW_FMT % ("bf16", "auto", 1, 2, 15.1, 13.2, 0.396, 0.099, 528.6, 780.1, 0.68)
+            + DIT_ROW_FMT % ("bf16", "auto", 8, 16, 99.0, 98.0, 0.368, 0.092, 570.1, 780.1, 0.73)
+            + DIT_ROW_FMT % ("fp32", "SIMT", 1, 2, 180.2, 0.0, 5.406, 1.352, 38.7, 50.1, 0.77)
+            + "| drift vs fp32 | %s | auto | 1 (2) | first guided velocity rel %.3g | latents after %d Euler steps "
+            "rel %.3g | | | | |\n" % ("bf16", 0.0123, 30, 0.0456))
+# The same table as the tool printed it before the attention and GPU-s columns (older logs).
+DIT_TEXT_OLD = ("| DiT forward | %s | %d (%d) | %.1f, %.1f | %.3f | %.1f | %.1f | %.2f |\n"
+                % ("tf32", 8, 16, 209.4, 197.0, 0.739, 283.3, 414.0, 0.68))
 
 # tools/mm3_bench_stage0.c's S0BENCH lines (its printf formats), a run cut short by --time-limit.
 S0_FRAME_FMT = ("S0BENCH kind=frame context=%d pairs=%d prompt_tokens=%d ms_median=%.4f ms_mean=%.4f ms_min=%.4f "
@@ -174,6 +177,10 @@ class ParseTest(unittest.TestCase):
         self.assertEqual(r["ms_per_forward"], 13.2)  # the graph, faster than eager
         self.assertEqual(d["results"][2]["ms_per_forward"], 180.2)  # no graph figure (0.0): eager
         self.assertEqual(d["drift"]["bf16"]["latents_rel"], 0.0456)
+        self.assertEqual((r["attention"], r["gpu_s_per_audio_s"]), ("auto", 0.099))
+        old = parse_tools.parse_dit(DIT_TEXT_OLD)["results"][0]
+        self.assertEqual((old["windows"], old["s_per_window"], old["fraction_of_peak"]), (8, 0.739, 0.68))
+        self.assertNotIn("gpu_s_per_audio_s", old)
         self.assertEqual(parse_tools.parse_dit("mm3-bench-dit: built without CUDA\n", 77)["reason"],
                          "no CUDA device")
 
@@ -255,6 +262,11 @@ class TableTest(unittest.TestCase):
             self.assertAlmostEqual(r.ratio(r.pytorch), 0.396 / 0.699, places=3)
             r = by_figure(rows, "DiT TFLOP/s, bf16, batch 16")
             self.assertEqual((r.mm3, r.bound), (570.1, 780.1))
+            # GPU seconds per audio second: the tool's own column for mm3, s/window over 4 s for PyTorch
+            r = by_figure(rows, "DiT GPU seconds per second of audio, bf16, batch 16")
+            self.assertEqual(r.mm3, 0.092)
+            pt8 = by_figure(rows, "DiT s per window, bf16, 8 windows").pytorch
+            self.assertAlmostEqual(r.pytorch, pt8 / 4.0, places=6)
             self.assertTrue(by_figure(rows, "DiT s per window, tf32, 1 window").mm3.startswith("n/a (not in"))
             # goals: wall 8 s vs <= 6 -> missed by 33%; aggregate 12 >= 10 met
             r = by_figure(rows, "one 30 s song alone, wall time")
