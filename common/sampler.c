@@ -154,12 +154,8 @@ static int replay_col(struct sampler *s, int n, uint32_t pos, int *col)
     if (j == 0) {
         if (step >= s->n_lm)
             return mm3_errorf(-ERANGE, "replay: no forced c0 draw for step %d (have %d)", step, s->n_lm);
-        id = s->lm_ids[step];
-        if (id == SAMPLER_STOP_ID)
-            id = 0;
-        else if (id >= SAMPLER_CODE_OFFSET)
-            id = id - SAMPLER_CODE_OFFSET + 1;
-        else
+        id = sampler_c0_id_to_col(s->lm_ids[step]);
+        if (id < 0)
             return mm3_errorf(-ERANGE, "replay: forced c0 id %lld at step %d is neither stop nor a code",
                               (long long)s->lm_ids[step], step);
     } else {

@@ -87,4 +87,12 @@ static inline int64_t sampler_c0_col_to_id(int col)
     return col == 0 ? SAMPLER_STOP_ID : (int64_t)SAMPLER_CODE_OFFSET + col - 1;
 }
 
+/* -1 for an id that is neither the stop id nor a code (a code past the last column
+ * gives a column >= SAMPLER_C0_COLS: callers check the range). */
+static inline int64_t sampler_c0_id_to_col(int64_t id)
+{
+    if (id == SAMPLER_STOP_ID) return 0;
+    return id >= SAMPLER_CODE_OFFSET ? id - SAMPLER_CODE_OFFSET + 1 : -1;
+}
+
 #endif

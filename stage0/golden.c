@@ -152,9 +152,12 @@ out:
     return rc;
 }
 
-static int64_t sampler_c0_col_of_id(int64_t id)
+/* Whether compact column c is in the reference's candidate set ids[k]. */
+static int ref_has_col(const int64_t *ids, int k, int c)
 {
-    return id == SAMPLER_STOP_ID ? 0 : id - SAMPLER_CODE_OFFSET + 1;
+    for (int i = 0; i < k; i++)
+        if (sampler_c0_id_to_col(ids[i]) == c) return 1;
+    return 0;
 }
 
 int golden_support_compare(const float *guided, int n, const int64_t *ref_ids, const float *ref_logits, int k,
@@ -174,7 +177,7 @@ int golden_support_compare(const float *guided, int n, const int64_t *ref_ids, c
     int n_missing = 0, n_extra = 0, bad = 0;
     float miss_lo = INFINITY, miss_hi = -INFINITY, extra_lo = INFINITY, extra_hi = -INFINITY;
     for (int i = 0; i < k; i++) {
-        int64_t col = sampler_c0_col_of_id(ref_ids[i]);
+        int64_t col = sampler_c0_id_to_col(ref_ids[i]);
         if (col < 0 || col >= n) {
             bad++;
             continue;
@@ -185,11 +188,7 @@ int golden_support_compare(const float *guided, int n, const int64_t *ref_ids, c
         miss_hi = fmaxf(miss_hi, ref_logits[i]);
     }
     for (int c = 0; c < n; c++) {
-        if (!isfinite(guided[c])) continue;
-        int in_ref = 0;
-        for (int i = 0; i < k && !in_ref; i++)
-            in_ref = sampler_c0_col_of_id(ref_ids[i]) == c;
-        if (in_ref) continue;
+        if (!isfinite(guided[c]) || ref_has_col(ref_ids, k, c)) continue;
         n_extra++;
         extra_lo = fminf(extra_lo, guided[c]);
         extra_hi = fmaxf(extra_hi, guided[c]);
@@ -217,21 +216,19 @@ static void describe_support(char *buf, size_t size, int s, const float *guided,
         if (isfinite(guided[c])) n_finite++, min_ours = fminf(min_ours, guided[c]);
     for (int i = 0; i < k; i++)
         min_ref = fminf(min_ref, gc->lm_logits[s][i]);
-    at += snprintf(buf + at, size - at, "draw %d: %d candidates (reference %d), lowest %.6g (reference %.6g); missing:", s,
-                   n_finite, k, min_ours, min_ref);
+    at += snprintf(buf + at, size - at,
+                   "draw %d: %d candidates (reference %d), lowest %.6g (reference %.6g); missing:", s, n_finite, k,
+                   min_ours, min_ref);
     for (int i = 0; i < k && at < (int)size - 40; i++) {
-        int64_t col = sampler_c0_col_of_id(gc->lm_support[s][i]);
+        int64_t col = sampler_c0_id_to_col(gc->lm_support[s][i]);
         if (col < 0 || col >= n || !isfinite(guided[col]))
             at += snprintf(buf + at, size - at, " %lld (ref %.6g, ours %.6g)", (long long)gc->lm_support[s][i],
                            gc->lm_logits[s][i], col >= 0 && col < n ? guided[col] : NAN);
     }
     at += snprintf(buf + at, size - at, "; extra:");
     for (int c = 0; c < n && at < (int)size - 40; c++) {
-        if (!isfinite(guided[c])) continue;
-        int in_ref = 0;
-        for (int i = 0; i < k && !in_ref; i++)
-            in_ref = sampler_c0_col_of_id(gc->lm_support[s][i]) == c;
-        if (!in_ref) at += snprintf(buf + at, size - at, " column %d (ours %.6g)", c, guided[c]);
+        if (isfinite(guided[c]) && !ref_has_col(gc->lm_support[s], k, c))
+            at += snprintf(buf + at, size - at, " column %d (ours %.6g)", c, guided[c]);
     }
 }
 
@@ -254,11 +251,12 @@ static void on_draw(void *ctx, int s, int j, const float *guided, int n)
          * conditional row's top-k edge, which the guided logits do not show). */
         int k = gc->support_len[s], flips = r->tol > GOLDEN_REL_TOL ? (k / 50 > 1 ? k / 50 : 1) : 0;
         int bad = golden_support_compare(guided, n, gc->lm_support[s], gc->lm_logits[s], k, r->tol, flips, &swaps);
-        if ((bad || swaps) && !r->support_detail[0]) describe_support(r->support_detail, sizeof r->support_detail, s, guided, n, gc);
+        if ((bad || swaps) && !r->support_detail[0])
+            describe_support(r->support_detail, sizeof r->support_detail, s, guided, n, gc);
         r->lm_support_mismatch += bad;
         r->lm_support_swaps += swaps;
         for (int i = 0; i < gc->support_len[s]; i++) {
-            int64_t col = sampler_c0_col_of_id(gc->lm_support[s][i]);
+            int64_t col = sampler_c0_id_to_col(gc->lm_support[s][i]);
             if (col < 0 || col >= n || !isfinite(guided[col])) continue;
             r->lm_ours[r->lm_n] = guided[col];
             r->lm_ref[r->lm_n] = gc->lm_logits[s][i];
@@ -405,8 +403,8 @@ static int run_case(const char *dir, const char *root, json_t *jc, const struct 
                 file, r.n_frames, gc.n_frames, end_ok ? "" : " (stop reason differs)", rel_lm, gc.n_lm_guided,
                 r.lm_support_mismatch ? ", SUPPORT DIFFERS" : "",
                 r.lm_support_swaps ? ", candidate sets differ at their edge" : "", rel_depth, gc.n_depth_guided,
-                rel_frames,
-                sp.n_outside ? " (forced draws outside the candidate set)" : "", ids_msg, pass ? "PASS" : "FAIL");
+                rel_frames, sp.n_outside ? " (forced draws outside the candidate set)" : "", ids_msg,
+                pass ? "PASS" : "FAIL");
     }
     if (r.support_detail[0]) fprintf(out, "  %s\n", r.support_detail);
     free(ids);

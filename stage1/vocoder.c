@@ -16,10 +16,8 @@
 #include "common/weights.h"
 
 /* Fixed by the architecture (diffusers MiniMaxMusic3Vocoder), not by config.json. */
-#define VOC_MAX_BLOCKS VOCODER_MAX_BLOCKS
-#define VOC_RES_UNITS VOCODER_RES_UNITS
 #define VOC_K 7 /* conv_in, residual conv1, conv_out */
-static const int voc_dilations[VOC_RES_UNITS] = {1, 3, 9};
+static const int voc_dilations[VOCODER_RES_UNITS] = {1, 3, 9};
 
 struct voc_conv {
     float *w; /* stored layout, weight norm folded: Conv1d [c_out, c_in, k]; transposed [c_in, c_out, k] */
@@ -39,7 +37,7 @@ struct voc_block {
     float *alpha;       /* [c_in] */
     struct voc_conv up; /* ConvTranspose1d k 2s, stride s, pad ceil(s/2) */
     int stride;
-    struct voc_res_unit res[VOC_RES_UNITS];
+    struct voc_res_unit res[VOCODER_RES_UNITS];
 };
 
 struct vocoder {
@@ -48,7 +46,7 @@ struct vocoder {
     int n_blocks, hop, sample_rate;
     struct voc_conv in_proj; /* plain Conv1d k1 [input_dim, latent_channels/2, 1] */
     struct voc_conv conv_in; /* [hidden_dim, input_dim, 7] */
-    struct voc_block blocks[VOC_MAX_BLOCKS];
+    struct voc_block blocks[VOCODER_MAX_BLOCKS];
     float *alpha_out;         /* [hidden_dim >> n_blocks] */
     struct voc_conv conv_out; /* [1, hidden_dim >> n_blocks, 7] */
     float *arena;             /* every weight above, one allocation */
@@ -119,7 +117,7 @@ static void loader_run(struct voc_loader *ld, struct vocoder *v)
         loader_alpha(ld, p, c_in, &blk->alpha);
         snprintf(p, sizeof p, "blocks.%d.conv_t1", b);
         loader_wn_conv(ld, p, &blk->up, c_in, c_out, 2 * s, 1);
-        for (int r = 0; r < VOC_RES_UNITS; r++) {
+        for (int r = 0; r < VOCODER_RES_UNITS; r++) {
             struct voc_res_unit *ru = &blk->res[r];
             ru->dilation = voc_dilations[r];
             snprintf(p, sizeof p, "blocks.%d.res_unit%d.snake1", b, r + 1);
@@ -140,8 +138,8 @@ static void loader_run(struct voc_loader *ld, struct vocoder *v)
 /* Sizes from config.json, checked so that every later size computation is in range. */
 static int vocoder_config_read(struct vocoder *v, const struct ckpt_component *c)
 {
-    int64_t lat, in_dim, hid, rate, ratios[VOC_MAX_BLOCKS + 1];
-    int n = VOC_MAX_BLOCKS + 1, rc;
+    int64_t lat, in_dim, hid, rate, ratios[VOCODER_MAX_BLOCKS + 1];
+    int n = VOCODER_MAX_BLOCKS + 1, rc;
     if ((rc = ckpt_config_int(c, "latent_channels", &lat)) < 0) return rc;
     if ((rc = ckpt_config_int(c, "decoder_input_dim", &in_dim)) < 0) return rc;
     if ((rc = ckpt_config_int(c, "decoder_hidden_dim", &hid)) < 0) return rc;
@@ -161,9 +159,9 @@ static int vocoder_config_read(struct vocoder *v, const struct ckpt_component *c
     if (rate < 1 || rate > 1000000)
         return mm3_errorf(-EINVAL, "%s/config.json: key 'sampling_rate': expected [1, 1000000], got %lld", c->dir,
                           (long long)rate);
-    if (n < 1 || n > VOC_MAX_BLOCKS)
+    if (n < 1 || n > VOCODER_MAX_BLOCKS)
         return mm3_errorf(-EINVAL, "%s/config.json: key 'upsampling_ratios': expected 1 to %d ratios, got %d", c->dir,
-                          VOC_MAX_BLOCKS, n);
+                          VOCODER_MAX_BLOCKS, n);
     if (hid % (1 << n))
         return mm3_errorf(-EINVAL,
                           "%s/config.json: 'decoder_hidden_dim' %lld must be divisible by 2^%d (each of the %d "
@@ -257,7 +255,7 @@ int vocoder_layers_get(const struct vocoder *v, struct vocoder_layers *out)
     out->n_blocks = v->n_blocks;
     out->hop = v->hop;
     out->sample_rate = v->sample_rate;
-    for (int r = 0; r < VOC_RES_UNITS; r++)
+    for (int r = 0; r < VOCODER_RES_UNITS; r++)
         out->dilation[r] = voc_dilations[r];
     out->in_proj = conv_ref(&v->in_proj);
     out->conv_in = conv_ref(&v->conv_in);
@@ -268,7 +266,7 @@ int vocoder_layers_get(const struct vocoder *v, struct vocoder_layers *out)
         out->stride[b] = blk->stride;
         out->alpha[b] = blk->alpha;
         out->up[b] = conv_ref(&blk->up);
-        for (int r = 0; r < VOC_RES_UNITS; r++) {
+        for (int r = 0; r < VOCODER_RES_UNITS; r++) {
             out->alpha1[b][r] = blk->res[r].alpha1;
             out->alpha2[b][r] = blk->res[r].alpha2;
             out->conv1[b][r] = conv_ref(&blk->res[r].conv1);
@@ -314,7 +312,7 @@ static void vocoder_decode_track(const struct vocoder *v, const float *u, int L,
         CHECK(op_conv_transpose1d_out_len(t, 2 * s, s, (s + 1) / 2) == s * t);
         op_conv_transpose1d(a, r1, blk->up.w, blk->up.b, blk->up.c_in, c, t, 2 * s, s, (s + 1) / 2);
         t *= s;
-        for (int r = 0; r < VOC_RES_UNITS; r++) {
+        for (int r = 0; r < VOCODER_RES_UNITS; r++) {
             const struct voc_res_unit *ru = &blk->res[r];
             op_snake(r1, a, ru->alpha1, c, t);
             conv(r2, r1, &ru->conv1, t, ru->dilation);
