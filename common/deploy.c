@@ -196,17 +196,24 @@ static int get_string(const struct load_ctx *c, const ynode *n, const char *path
     return 0;
 }
 
+/* The index of text in names[count], -1 if absent. */
+static int index_of(const char *const *names, int count, const char *text)
+{
+    for (int i = 0; text && i < count; i++)
+        if (!strcmp(text, names[i])) return i;
+    return -1;
+}
+
 static int get_choice(const struct load_ctx *c, const ynode *n, const char *path, const char *const *names, int count,
                       int *out)
 {
     char what[96], list[256] = "";
-    if (n->kind == MM3_YAML_SCALAR)
-        for (int i = 0; i < count; i++)
-            if (!strcmp(n->text, names[i])) {
-                *out = i;
-                return 0;
-            }
-    for (int i = 0; i < count; i++)
+    int i = n->kind == MM3_YAML_SCALAR ? index_of(names, count, n->text) : -1;
+    if (i >= 0) {
+        *out = i;
+        return 0;
+    }
+    for (i = 0; i < count; i++)
         list_append(list, sizeof list, names[i]);
     return fail(c, n, path, "expected one of %s, got %s", list, mm3_yaml_describe(n, what, sizeof what));
 }
@@ -1181,10 +1188,10 @@ const char *mm3_kv_cache_dtype_name(enum mm3_kv_cache_dtype t)
 
 int mm3_kv_cache_dtype_parse(const char *name, enum mm3_kv_cache_dtype *out)
 {
-    for (size_t i = 0; name && i < COUNT(kv_cache_dtype_names); i++)
-        if (!strcmp(name, kv_cache_dtype_names[i])) {
-            *out = (enum mm3_kv_cache_dtype)i;
-            return 0;
-        }
+    int i = index_of(kv_cache_dtype_names, (int)COUNT(kv_cache_dtype_names), name);
+    if (i >= 0) {
+        *out = (enum mm3_kv_cache_dtype)i;
+        return 0;
+    }
     return mm3_errorf(-EINVAL, "kv cache dtype '%s': expected auto, bfloat16 or float32", name ? name : "(null)");
 }

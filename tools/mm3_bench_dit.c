@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "common/error.h"
+#include "tools/bench_median.h"
 
 #ifdef MM3_HAVE_CUDA
 #include "common/cuda/ops_cuda.h"
@@ -64,18 +65,6 @@ static float *dev_random(size_t n, float a)
     return d;
 }
 
-static int cmp_float(const void *a, const void *b)
-{
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
-
-static float median(float *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_float);
-    return n % 2 ? v[n / 2] : 0.5f * (v[n / 2 - 1] + v[n / 2]);
-}
-
 static const char *prec_name(enum mm3_matmul_precision p)
 {
     return p == MM3_MATMUL_FP32 ? "fp32" : p == MM3_MATMUL_TF32 ? "tf32" : "bf16";
@@ -105,7 +94,7 @@ static double gemm_peak(enum mm3_matmul_precision p, void *stream, void *e0, voi
         cuda_event_record(e1, stream);
         if (cuda_event_elapsed_ms(&ms[i], e0, e1) < 0) die("events");
     }
-    double t = median(ms, 10) * 1e-3;
+    double t = bench_median_f(ms, 10) * 1e-3;
     dit_gemm_destroy(g);
     if (a != a32) cuda_free(a), cuda_free(w);
     cuda_free(a32), cuda_free(w32), cuda_free(d);
@@ -150,7 +139,7 @@ static void time_forward(struct dit_cuda *h, int B, int L, int reps, float *x, f
         cuda_event_record(e1, stream);
         if (cuda_event_elapsed_ms(&ms[i], e0, e1) < 0) die("forward (events)");
     }
-    *ms_eager = median(ms, reps);
+    *ms_eager = bench_median_f(ms, reps);
     *ms_graph = 0;
     void *graph = NULL;
     if (cuda_graph_capture_begin(stream) < 0) return;
@@ -166,7 +155,7 @@ static void time_forward(struct dit_cuda *h, int B, int L, int reps, float *x, f
         cuda_event_record(e1, stream);
         if (cuda_event_elapsed_ms(&ms[i], e0, e1) < 0) die("graph (events)");
     }
-    *ms_graph = median(ms, reps);
+    *ms_graph = bench_median_f(ms, reps);
     cuda_graph_destroy(graph);
 }
 
@@ -225,7 +214,7 @@ static double rel_l2(const float *a, const float *b, size_t n)
             cuda_event_record(e1, stream);                                                                             \
             if (cuda_event_elapsed_ms(&ms_[r_], e0, e1) < 0) die("events");                                            \
         }                                                                                                              \
-        (out) = median(ms_, (reps));                                                                                   \
+        (out) = bench_median_f(ms_, (reps));                                                                           \
     } while (0)
 
 static void *dev_operand(size_t n, float a, enum mm3_matmul_precision p, void *stream)

@@ -22,6 +22,7 @@
 
 #include "common/dtype.h"
 #include "common/error.h"
+#include "tools/bench_median.h"
 
 #ifdef MM3_HAVE_CUDA
 #include "common/cuda/ops_cuda.h"
@@ -45,18 +46,6 @@ static float rnd(void)
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     z ^= z >> 31;
     return (float)((z >> 40) + 1) / (float)(1 << 23) - 1.0f; /* (-1, 1], never 0 except rarely */
-}
-
-static int cmp_float(const void *a, const void *b)
-{
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
-
-static float median(float *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_float);
-    return n % 2 ? v[n / 2] : 0.5f * (v[n / 2 - 1] + v[n / 2]);
 }
 
 /* Median seconds per call over `reps` samples; each sample runs fn(arg, i) for
@@ -87,7 +76,7 @@ static double time_median_mode(bench_fn fn, void *arg, int per_sample, int graph
         TRY(cuda_event_elapsed_ms(&ms[r], e0, e1));
     }
     TRY(cuda_stream_sync(stream));
-    double t = median(ms, reps) * 1e-3 / per_sample;
+    double t = bench_median_f(ms, reps) * 1e-3 / per_sample;
     free(ms);
     cuda_graph_destroy(exec);
     cuda_event_destroy(e0);

@@ -46,6 +46,7 @@
 #include <time.h>
 
 #include "common/error.h"
+#include "tools/bench_median.h"
 #include "common/log.h"
 #include "common/sampler.h"
 #include "stage0/depth.h"
@@ -79,18 +80,6 @@ struct args {
 static double now_s(void)
 {
     return (double)mm3_job_now_ns() * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 static double gib(double bytes)
@@ -251,7 +240,7 @@ static int copy_bandwidth(enum talker_backend_kind kind, size_t bytes, double *b
         }
         free(src);
         free(dst);
-        *bw = 2.0 * (double)bytes / median(t, REPS);
+        *bw = 2.0 * (double)bytes / bench_median(t, REPS);
         return 0;
     }
 #ifdef MM3_HAVE_CUDA
@@ -268,7 +257,7 @@ static int copy_bandwidth(enum talker_backend_kind kind, size_t bytes, double *b
             goto out;
         if (r >= 0) t[r] = ms * 1e-3;
     }
-    *bw = 2.0 * (double)bytes / median(t, REPS);
+    *bw = 2.0 * (double)bytes / bench_median(t, REPS);
 out:
     cuda_event_destroy(e0);
     cuda_event_destroy(e1);
@@ -613,9 +602,9 @@ static int run_level(struct bench *b, struct result *r, const char *lyrics, int 
         r->ms_mean = sum / a->frames;
         r->ms_min = lo;
         r->ms_max = hi;
-        r->ms_median = median(ms, a->frames);
-        r->forward_ms = median(fwd_ms, a->frames);
-        r->sample_ms = median(smp_ms, a->frames);
+        r->ms_median = bench_median(ms, a->frames);
+        r->forward_ms = bench_median(fwd_ms, a->frames);
+        r->sample_ms = bench_median(smp_ms, a->frames);
         r->steps = a->frames;
         r->mean_pos = pos_sum / ((double)a->frames * r->pairs);
         r->kv_bytes = 2.0 * r->pairs * r->mean_pos * b->kv_bytes_per_pos;
