@@ -447,6 +447,78 @@ static void test_elementwise(void **state)
     check_add(1001);
 }
 
+/* ---- fused SwiGLU product ------------------------------------------------------------ */
+
+/* cuda_ops_matmul_bf16_swiglu against the float32 reference silu(x.Wg) * (x.Wu)
+ * (x rounded to bf16 where cuBLASLt serves, as in check_matmul), and, where a GEMV
+ * fuses the epilogue, bit for bit against the unfused chain: the product into gu,
+ * then cuda_ops_silu_mul_interleaved. */
+static void check_swiglu(int n, int in, int ffn)
+{
+    char what[128];
+    snprintf(what, sizeof what, "matmul_bf16_swiglu n=%d in=%d ffn=%d", n, in, ffn);
+    float *gf, *uf;
+    uint16_t *gb = rnd_bf16((size_t)ffn * in, 0.05f, &gf), *ub = rnd_bf16((size_t)ffn * in, 0.05f, &uf);
+    uint16_t *wi = malloc(2 * (size_t)2 * ffn * in); /* rows interleaved: gate j, up j */
+    assert_non_null(wi);
+    for (int j = 0; j < ffn; j++) {
+        memcpy(wi + (size_t)(2 * j) * in, gb + (size_t)j * in, 2 * (size_t)in);
+        memcpy(wi + (size_t)(2 * j + 1) * in, ub + (size_t)j * in, 2 * (size_t)in);
+    }
+    float *x = rnd_array((size_t)n * in, 1.0f), *xr = malloc(sizeof(float) * (size_t)n * in);
+    float *g = malloc(sizeof(float) * (size_t)n * ffn), *u = malloc(sizeof(float) * (size_t)n * ffn);
+    float *ref = malloc(sizeof(float) * (size_t)n * ffn);
+    assert_true(xr && g && u && ref);
+    for (size_t i = 0; i < (size_t)n * in; i++)
+        xr[i] = n > CUDA_OPS_GEMV_MAX_ROWS ? mm3_bf16_to_f32(mm3_f32_to_bf16(x[i])) : x[i];
+    op_matmul(g, xr, gf, NULL, n, in, ffn);
+    op_matmul(u, xr, uf, NULL, n, in, ffn);
+    op_silu_mul(ref, g, u, (size_t)n * ffn);
+
+    uint16_t *dw = dev_upload(wi, 2 * (size_t)2 * ffn * in);
+    float *dx = dev_upload(x, sizeof(float) * (size_t)n * in);
+    float *dgu, *dref;
+    assert_int_equal(cuda_malloc((void **)&dgu, sizeof(float) * (size_t)n * 2 * ffn), 0);
+    assert_int_equal(cuda_malloc((void **)&dref, sizeof(float) * (size_t)n * ffn), 0);
+    float *dy_inner, *dy = dev_guarded((size_t)n * ffn, &dy_inner);
+    if (cuda_ops_matmul_bf16_swiglu(dy_inner, dgu, dx, dw, n, in, ffn, NULL))
+        fail_msg("%s: %s", what, mm3_last_error());
+    float *got = dev_fetch_checked(dy, (size_t)n * ffn, what);
+    /* silu's expf on the device (<= 2 ulp) on top of the summation order. */
+    expect_close(got, ref, (size_t)n * ffn, n > CUDA_OPS_GEMV_MAX_ROWS ? 2e-2 : TOL_F32_SUM, what);
+
+    assert_int_equal(cuda_ops_matmul_bf16(dgu, dx, dw, n, in, 2 * ffn, NULL), 0);
+    assert_int_equal(cuda_ops_silu_mul_interleaved(dref, dgu, n, ffn, NULL), 0);
+    assert_int_equal(cuda_stream_sync(NULL), 0);
+    float *unfused = malloc(sizeof(float) * (size_t)n * ffn);
+    assert_non_null(unfused);
+    assert_int_equal(cuda_memcpy_d2h(unfused, dref, sizeof(float) * (size_t)n * ffn), 0);
+    if (memcmp(unfused, got, sizeof(float) * (size_t)n * ffn))
+        fail_msg("%s: fused and unfused (product, then silu * up) differ", what);
+    printf("  %-58s same bits as the unfused chain\n", what);
+
+    cuda_free(dw), cuda_free(dx), cuda_free(dgu), cuda_free(dref), cuda_free(dy);
+    free(unfused), free(got), free(ref), free(u), free(g), free(xr), free(x), free(wi);
+    free(gb), free(ub), free(gf), free(uf);
+}
+
+static void test_swiglu(void **state)
+{
+    (void)state;
+    check_swiglu(2, 4096, 12288); /* LM gate/up, one CFG pair */
+    check_swiglu(16, 4096, 6144); /* depth gate/up, 8 pairs (tensor-core kernel) */
+    const int rows[] = {1, 3, 4, 5, 8, 9, 16};
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+        check_swiglu(rows[i], 96, 37);
+    check_swiglu(17, 264, 40); /* cuBLASLt, then the interleaved silu kernel */
+    check_swiglu(3, 100, 9);   /* in % 8 != 0: unfused through gu */
+    float *d = NULL;
+    assert_int_equal(cuda_malloc((void **)&d, 4096), 0);
+    assert_int_equal(cuda_ops_matmul_bf16_swiglu(d, NULL, d, (const uint16_t *)d, 17, 8, 4, NULL), -EINVAL);
+    assert_int_equal(cuda_ops_matmul_bf16_swiglu(d, d, d, (const uint16_t *)d, 0, 8, 4, NULL), -EINVAL);
+    cuda_free(d);
+}
+
 /* ---- decode attention ------------------------------------------------------------ */
 
 struct att_case {
@@ -590,6 +662,7 @@ int main(void)
         cmocka_unit_test(test_qk_norm_rope),
         cmocka_unit_test(test_qk_norm_rope_bad_args),
         cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_attention_release),
         cmocka_unit_test(test_attention_odd),
         cmocka_unit_test(test_attention_bad_args),

@@ -12,6 +12,7 @@
 
 #include "common/cuda/cuda_internal.h"
 #include "common/cuda/ops_cuda.h"
+#include "common/cuda/pdl.cuh"
 
 enum { ATT_WARPS = 4, ATT_MAX_GROUP = 8, ATT_MAX_HEAD_DIM = 256, ATT_CHUNK_ALIGN = 64, ATT_BLOCKS_PER_SM = 4 };
 
@@ -26,14 +27,16 @@ template <typename KT, int E> __device__ __forceinline__ void raw_load(kv_raw<KT
     constexpr int BYTES = E * (int)sizeof(KT);
     if constexpr (BYTES % 16 == 0) {
 #pragma unroll
-        for (int i = 0; i < BYTES / 16; i++) ((uint4 *)r.e)[i] = ((const uint4 *)p)[i];
+        for (int i = 0; i < BYTES / 16; i++)
+            ((uint4 *)r.e)[i] = ((const uint4 *)p)[i];
     } else if constexpr (BYTES == 8) {
         *(uint2 *)r.e = *(const uint2 *)p;
     } else if constexpr (BYTES == 4) {
         *(uint32_t *)r.e = *(const uint32_t *)p;
     } else {
 #pragma unroll
-        for (int i = 0; i < E; i++) r.e[i] = p[i];
+        for (int i = 0; i < E; i++)
+            r.e[i] = p[i];
     }
 }
 
@@ -62,11 +65,12 @@ __device__ __forceinline__ void load_rows(const KT *k, const KT *v, size_t kv_of
 
 template <typename KT, int E, int G>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
-    attn_split_kernel(float *__restrict__ part, const float *__restrict__ q, size_t q_stride,
-                      const KT *__restrict__ k, const KT *__restrict__ v, const int *__restrict__ kv_len,
-                      const int *__restrict__ seq_row, size_t seq_stride, size_t row_stride, int n_heads, int group,
-                      float scale, int n_split, int chunk)
+    attn_split_kernel(float *__restrict__ part, const float *__restrict__ q, size_t q_stride, const KT *__restrict__ k,
+                      const KT *__restrict__ v, const int *__restrict__ kv_len, const int *__restrict__ seq_row,
+                      size_t seq_stride, size_t row_stride, int n_heads, int group, float scale, int n_split, int chunk)
 {
+    pdl_launch_dependents();
+    pdl_wait();
     constexpr int HD = 32 * E;
     /* Rows per warp step: more in flight for narrow heads, bounded registers for wide. */
     constexpr int POS = E <= 4 ? 8 : 4;
@@ -114,9 +118,11 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
             for (int p = 0; p < POS; p++) {
                 float d = 0.0f;
 #pragma unroll
-                for (int e = 0; e < E; e++) d = fmaf(qv[gi][e], widen(kf[p].e[e]), d);
+                for (int e = 0; e < E; e++)
+                    d = fmaf(qv[gi][e], widen(kf[p].e[e]), d);
 #pragma unroll
-                for (int off = 16; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffffu, d, off);
+                for (int off = 16; off > 0; off >>= 1)
+                    d += __shfl_xor_sync(0xffffffffu, d, off);
                 sc[p] = j + p < j1 ? d * scale : -INFINITY;
                 mx = fmaxf(mx, sc[p]);
             }
@@ -124,13 +130,15 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
             const float corr = expf(m[gi] - mx);
             float lsum = l[gi] * corr;
 #pragma unroll
-            for (int e = 0; e < E; e++) acc[gi][e] *= corr;
+            for (int e = 0; e < E; e++)
+                acc[gi][e] *= corr;
 #pragma unroll
             for (int p = 0; p < POS; p++) {
                 const float pe = expf(sc[p] - mx);
                 lsum += pe;
 #pragma unroll
-                for (int e = 0; e < E; e++) acc[gi][e] = fmaf(pe, widen(vf[p].e[e]), acc[gi][e]);
+                for (int e = 0; e < E; e++)
+                    acc[gi][e] = fmaf(pe, widen(vf[p].e[e]), acc[gi][e]);
             }
             m[gi] = mx;
             l[gi] = lsum;
@@ -140,7 +148,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 #pragma unroll
     for (int gi = 0; gi < G; gi++) {
 #pragma unroll
-        for (int e = 0; e < E; e++) sm_acc[warp][gi][lane * E + e] = acc[gi][e];
+        for (int e = 0; e < E; e++)
+            sm_acc[warp][gi][lane * E + e] = acc[gi][e];
         if (lane == 0) {
             sm_m[warp][gi] = m[gi];
             sm_l[warp][gi] = l[gi];
@@ -151,7 +160,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
         const int gi = idx / HD, d = idx % HD;
         float mx = -INFINITY;
 #pragma unroll
-        for (int w = 0; w < ATT_WARPS; w++) mx = fmaxf(mx, sm_m[w][gi]);
+        for (int w = 0; w < ATT_WARPS; w++)
+            mx = fmaxf(mx, sm_m[w][gi]);
         float a = 0.0f, ls = 0.0f;
         if (mx != -INFINITY) {
 #pragma unroll
@@ -171,13 +181,16 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 }
 
 /* Block (query head, sequence), one thread per dim. */
-__global__ void attn_combine_kernel(float *__restrict__ out, const float *__restrict__ part, int n_heads,
-                                    int head_dim, int n_split)
+__global__ void attn_combine_kernel(float *__restrict__ out, const float *__restrict__ part, int n_heads, int head_dim,
+                                    int n_split)
 {
+    pdl_launch_dependents();
+    pdl_wait();
     const int h = blockIdx.x, s = blockIdx.y;
     const float *ph = part + ((size_t)s * n_heads + h) * n_split * (head_dim + 2);
     float mx = -INFINITY;
-    for (int i = 0; i < n_split; i++) mx = fmaxf(mx, ph[(size_t)i * (head_dim + 2) + head_dim]);
+    for (int i = 0; i < n_split; i++)
+        mx = fmaxf(mx, ph[(size_t)i * (head_dim + 2) + head_dim]);
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         float a = 0.0f, ls = 0.0f;
         if (mx != -INFINITY) {
@@ -204,52 +217,73 @@ struct att_args {
     int n_split, chunk;
 };
 
-template <typename KT, int E, int G> static void att_launch(const att_args &a, dim3 grid, cudaStream_t st)
+template <typename KT, int E, int G> static int att_launch(const att_args &a, dim3 grid, cudaStream_t st)
 {
-    attn_split_kernel<KT, E, G><<<grid, ATT_WARPS * 32, 0, st>>>(
-        a.part, a.q, a.q_stride, (const KT *)a.k, (const KT *)a.v, a.kv_len, a.seq_row, a.seq_stride, a.row_stride,
-        a.n_heads, a.group, a.scale, a.n_split, a.chunk);
+    return launch_pdl("attn_split_kernel", attn_split_kernel<KT, E, G>, grid, ATT_WARPS * 32, 0, st, a.part, a.q,
+                      a.q_stride, (const KT *)a.k, (const KT *)a.v, a.kv_len, a.seq_row, a.seq_stride, a.row_stride,
+                      a.n_heads, a.group, a.scale, a.n_split, a.chunk);
 }
 
-template <typename KT, int E> static void att_launch_g(const att_args &a, dim3 grid, cudaStream_t st)
+template <typename KT, int E> static int att_launch_g(const att_args &a, dim3 grid, cudaStream_t st)
 {
-    if (a.group <= 1)
-        att_launch<KT, E, 1>(a, grid, st);
-    else if (a.group <= 2)
-        att_launch<KT, E, 2>(a, grid, st);
-    else if (a.group <= 4)
-        att_launch<KT, E, 4>(a, grid, st);
-    else
-        att_launch<KT, E, 8>(a, grid, st);
+    if (a.group <= 1) return att_launch<KT, E, 1>(a, grid, st);
+    if (a.group <= 2) return att_launch<KT, E, 2>(a, grid, st);
+    if (a.group <= 4) return att_launch<KT, E, 4>(a, grid, st);
+    return att_launch<KT, E, 8>(a, grid, st);
 }
 
 template <typename KT> static int att_launch_e(const att_args &a, int head_dim, dim3 grid, cudaStream_t st)
 {
     switch (head_dim) {
-    case 32: att_launch_g<KT, 1>(a, grid, st); break;
-    case 64: att_launch_g<KT, 2>(a, grid, st); break;
-    case 128: att_launch_g<KT, 4>(a, grid, st); break;
-    case 256: att_launch_g<KT, 8>(a, grid, st); break;
+    case 32:
+        return att_launch_g<KT, 1>(a, grid, st);
+    case 64:
+        return att_launch_g<KT, 2>(a, grid, st);
+    case 128:
+        return att_launch_g<KT, 4>(a, grid, st);
+    case 256:
+        return att_launch_g<KT, 8>(a, grid, st);
     default:
-        return mm3_errorf(-EINVAL, "cuda_ops_attention_decode: head_dim %d: expected 32, 64, 128 or 256",
-                          head_dim);
+        return mm3_errorf(-EINVAL, "cuda_ops_attention_decode: head_dim %d: expected 32, 64, 128 or 256", head_dim);
     }
-    return cuda_launch_status("attn_split_kernel");
 }
 
 extern "C" int cuda_ops_attention_decode(float *out, const float *q, const void *k_cache, const void *v_cache,
                                          enum cuda_kv_dtype kv_dtype, const int *kv_len, int max_kv_len,
-                                         size_t seq_stride, size_t row_stride, int n_seq, int n_heads,
-                                         int n_kv_heads, int head_dim, float scale, void *stream)
+                                         size_t seq_stride, size_t row_stride, int n_seq, int n_heads, int n_kv_heads,
+                                         int head_dim, float scale, void *stream)
 {
     return cuda_ops_attention_decode_chunk(out, q, k_cache, v_cache, kv_dtype, kv_len, max_kv_len, seq_stride,
                                            row_stride, n_seq, n_heads, n_kv_heads, head_dim, scale, 0, stream);
 }
 
+/* Chunk so that the grid has about ATT_BLOCKS_PER_SM blocks per SM: few sequences
+ * get many splits, many sequences long chunks (fewer partials). */
+static void att_plan(int n_seq, int n_kv_heads, int max_kv_len, int chunk_positions, long *chunk_out, int *n_split_out)
+{
+    int sms = 132, dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev))
+        sms = 132;
+    long pairs = (long)(n_seq > 0 ? n_seq : 1) * n_kv_heads;
+    long want_splits = (ATT_BLOCKS_PER_SM * (long)sms + pairs - 1) / pairs;
+    long chunk = want_splits > 0 ? ((long)max_kv_len + want_splits - 1) / want_splits : max_kv_len;
+    chunk = (chunk + ATT_CHUNK_ALIGN - 1) / ATT_CHUNK_ALIGN * ATT_CHUNK_ALIGN;
+    if (chunk < ATT_CHUNK_ALIGN) chunk = ATT_CHUNK_ALIGN;
+    if (chunk_positions) chunk = chunk_positions;
+    *chunk_out = chunk;
+    *n_split_out = max_kv_len > 0 ? (int)((max_kv_len + chunk - 1) / chunk) : 1;
+}
+
+/* Partial results of every (sequence, head, chunk): head_dim accumulators, max, sum. */
+static size_t att_part_bytes(int n_seq, int n_heads, int head_dim, int n_split)
+{
+    return sizeof(float) * (size_t)n_seq * n_heads * n_split * (head_dim + 2);
+}
+
 static int attention_decode(float *out, const float *q, size_t q_stride, const void *k_cache, const void *v_cache,
                             enum cuda_kv_dtype kv_dtype, const int *kv_len, const int *seq_row, int max_kv_len,
-                            size_t seq_stride, size_t row_stride, int n_seq, int n_heads, int n_kv_heads,
-                            int head_dim, float scale, int chunk_positions, void *stream)
+                            size_t seq_stride, size_t row_stride, int n_seq, int n_heads, int n_kv_heads, int head_dim,
+                            float scale, int chunk_positions, void *workspace, size_t workspace_bytes, void *stream)
 {
     if (chunk_positions < 0 || chunk_positions % ATT_CHUNK_ALIGN)
         return mm3_errorf(-EINVAL, "cuda_ops_attention_decode: chunk %d: expected 0 (auto) or a multiple of %d",
@@ -278,8 +312,7 @@ static int attention_decode(float *out, const float *q, size_t q_stride, const v
     const size_t elem = kv_dtype == CUDA_KV_BF16 ? 2 : 4;
     size_t align = elem * (size_t)(head_dim / 32);
     if (align > 16) align = 16;
-    if (((uintptr_t)k_cache | (uintptr_t)v_cache) % align || (row_stride * elem) % align ||
-        (seq_stride * elem) % align)
+    if (((uintptr_t)k_cache | (uintptr_t)v_cache) % align || (row_stride * elem) % align || (seq_stride * elem) % align)
         return mm3_errorf(-EINVAL,
                           "cuda_ops_attention_decode: KV cache pointers and strides must be %zu-byte aligned "
                           "(row_stride %zu, seq_stride %zu elements)",
@@ -287,21 +320,17 @@ static int attention_decode(float *out, const float *q, size_t q_stride, const v
     if (n_seq == 0) return 0;
 
     cudaStream_t st = cuda_stream_of(stream);
-    /* Chunk so that the grid has about ATT_BLOCKS_PER_SM blocks per SM: few
-     * sequences get many splits, many sequences long chunks (fewer partials). */
-    int sms = 132, dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev))
-        sms = 132;
-    long pairs = (long)n_seq * n_kv_heads;
-    long want_splits = (ATT_BLOCKS_PER_SM * (long)sms + pairs - 1) / pairs;
-    long chunk = want_splits > 0 ? ((long)max_kv_len + want_splits - 1) / want_splits : max_kv_len;
-    chunk = (chunk + ATT_CHUNK_ALIGN - 1) / ATT_CHUNK_ALIGN * ATT_CHUNK_ALIGN;
-    if (chunk < ATT_CHUNK_ALIGN) chunk = ATT_CHUNK_ALIGN;
-    if (chunk_positions) chunk = chunk_positions;
-    const int n_split = max_kv_len > 0 ? (int)((max_kv_len + chunk - 1) / chunk) : 1;
-    float *part = NULL;
-    const size_t part_bytes = sizeof(float) * (size_t)n_seq * n_heads * n_split * (head_dim + 2);
-    int rc = cuda_status(cudaMallocAsync((void **)&part, part_bytes, st), "cudaMallocAsync (attention partials)");
+    long chunk;
+    int n_split;
+    att_plan(n_seq, n_kv_heads, max_kv_len, chunk_positions, &chunk, &n_split);
+    const size_t part_bytes = att_part_bytes(n_seq, n_heads, head_dim, n_split);
+    float *part = (float *)workspace;
+    int rc = 0;
+    if (!part)
+        rc = cuda_status(cudaMallocAsync((void **)&part, part_bytes, st), "cudaMallocAsync (attention partials)");
+    else if (workspace_bytes < part_bytes)
+        rc = mm3_errorf(-EINVAL, "cuda_ops_attention_decode: workspace of %zu bytes, %zu needed", workspace_bytes,
+                        part_bytes);
     if (rc < 0) return rc;
 
     att_args a = {part,       q,          q_stride, k_cache, v_cache, kv_len,  seq_row,
@@ -309,24 +338,22 @@ static int attention_decode(float *out, const float *q, size_t q_stride, const v
     dim3 grid((unsigned)n_split, (unsigned)n_kv_heads, (unsigned)n_seq);
     rc = kv_dtype == CUDA_KV_BF16 ? att_launch_e<uint16_t>(a, head_dim, grid, st)
                                   : att_launch_e<float>(a, head_dim, grid, st);
-    if (rc == 0) {
-        attn_combine_kernel<<<dim3((unsigned)n_heads, (unsigned)n_seq), head_dim, 0, st>>>(out, part, n_heads,
-                                                                                           head_dim, n_split);
-        rc = cuda_launch_status("attn_combine_kernel");
-    }
-    (void)cudaFreeAsync(part, st);
+    if (rc == 0)
+        rc = launch_pdl("attn_combine_kernel", attn_combine_kernel, dim3((unsigned)n_heads, (unsigned)n_seq), head_dim,
+                        0, st, out, (const float *)part, n_heads, head_dim, n_split);
+    if (!workspace) (void)cudaFreeAsync(part, st);
     return rc;
 }
 
-extern "C" int cuda_ops_attention_decode_chunk(float *out, const float *q, const void *k_cache,
-                                               const void *v_cache, enum cuda_kv_dtype kv_dtype, const int *kv_len,
-                                               int max_kv_len, size_t seq_stride, size_t row_stride, int n_seq,
-                                               int n_heads, int n_kv_heads, int head_dim, float scale,
-                                               int chunk_positions, void *stream)
+extern "C" int cuda_ops_attention_decode_chunk(float *out, const float *q, const void *k_cache, const void *v_cache,
+                                               enum cuda_kv_dtype kv_dtype, const int *kv_len, int max_kv_len,
+                                               size_t seq_stride, size_t row_stride, int n_seq, int n_heads,
+                                               int n_kv_heads, int head_dim, float scale, int chunk_positions,
+                                               void *stream)
 {
     return attention_decode(out, q, (size_t)(n_heads > 0 ? n_heads : 0) * (head_dim > 0 ? head_dim : 0), k_cache,
                             v_cache, kv_dtype, kv_len, NULL, max_kv_len, seq_stride, row_stride, n_seq, n_heads,
-                            n_kv_heads, head_dim, scale, chunk_positions, stream);
+                            n_kv_heads, head_dim, scale, chunk_positions, NULL, 0, stream);
 }
 
 /* The stage-0 talker's decode over any rows (ops_cuda.h). */
@@ -337,7 +364,7 @@ extern "C" int cuda_ops_attention_decode_rows(float *out, const float *q, const 
 {
     return attention_decode(out, q, (size_t)(n_heads > 0 ? n_heads : 0) * (head_dim > 0 ? head_dim : 0), k_cache,
                             v_cache, kv_dtype, kv_len, seq_row, max_kv_len, seq_stride, row_stride, n_seq, n_heads,
-                            n_kv_heads, head_dim, scale, 0, stream);
+                            n_kv_heads, head_dim, scale, 0, NULL, 0, stream);
 }
 
 /* The same with a query row stride: declared in stage0/cuda/talker_kernels.h (the
@@ -346,8 +373,19 @@ extern "C" int talker_cuda_attention_decode_rows_q(float *out, const float *q, s
                                                    const void *v_cache, enum cuda_kv_dtype kv_dtype, const int *kv_len,
                                                    const int *seq_row, int max_kv_len, size_t seq_stride,
                                                    size_t row_stride, int n_seq, int n_heads, int n_kv_heads,
-                                                   int head_dim, float scale, void *stream)
+                                                   int head_dim, float scale, void *workspace, size_t workspace_bytes,
+                                                   void *stream)
 {
     return attention_decode(out, q, q_stride, k_cache, v_cache, kv_dtype, kv_len, seq_row, max_kv_len, seq_stride,
-                            row_stride, n_seq, n_heads, n_kv_heads, head_dim, scale, 0, stream);
+                            row_stride, n_seq, n_heads, n_kv_heads, head_dim, scale, 0, workspace, workspace_bytes,
+                            stream);
+}
+
+extern "C" size_t talker_cuda_attention_workspace_bytes(int n_seq, int n_heads, int n_kv_heads, int head_dim,
+                                                        int max_kv_len)
+{
+    long chunk;
+    int n_split;
+    att_plan(n_seq, n_kv_heads, max_kv_len, 0, &chunk, &n_split);
+    return att_part_bytes(n_seq, n_heads, head_dim, n_split);
 }

@@ -3,6 +3,7 @@
 #define MM3_CUDA_INTERNAL_H
 
 #include <cuda_runtime.h>
+#include <stdint.h>
 
 extern "C" {
 #include "common/error.h"
@@ -29,5 +30,10 @@ static inline cudaStream_t cuda_stream_of(void *stream)
 {
     return (cudaStream_t)stream;
 }
+
+/* The tensor-core GEMV of gemv_mma.cu (m_tiles 0 = default); swiglu: the epilogue
+ * of cuda_ops_matmul_bf16_swiglu (y has out / 2 columns). */
+int gemv_mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int m_tiles, bool swiglu,
+                    cudaStream_t st);
 
 #endif

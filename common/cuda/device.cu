@@ -1,5 +1,7 @@
 /* Device, memory, stream and event wrappers: CUDA errors become error codes. */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "common/cuda/cuda_internal.h"
 #include "common/cuda/ops_cuda.h"
@@ -16,6 +18,17 @@ extern "C" int cuda_device_count_safe(void)
     return n;
 }
 
+/* common/cuda/pdl.cuh: on unless MM3_PDL=0. Read once; every launch asks. */
+extern "C" int cuda_pdl_enabled(void)
+{
+    static int state = -1; /* benign race: every thread computes the same value */
+    if (state < 0) {
+        const char *v = getenv("MM3_PDL");
+        state = !(v && strcmp(v, "0") == 0);
+    }
+    return state;
+}
+
 extern "C" int cuda_device_set(int device)
 {
     return cuda_status(cudaSetDevice(device), "cudaSetDevice");
@@ -29,8 +42,8 @@ extern "C" int cuda_device_describe(char *buf, size_t size)
     cudaDeviceProp p;
     rc = cuda_status(cudaGetDeviceProperties(&p, dev), "cudaGetDeviceProperties");
     if (rc < 0) return rc;
-    snprintf(buf, size, "%s, sm_%d%d, %d SMs, %d MiB L2, %.1f GiB", p.name, p.major, p.minor,
-             p.multiProcessorCount, p.l2CacheSize >> 20, (double)p.totalGlobalMem / (1 << 30));
+    snprintf(buf, size, "%s, sm_%d%d, %d SMs, %d MiB L2, %.1f GiB", p.name, p.major, p.minor, p.multiProcessorCount,
+             p.l2CacheSize >> 20, (double)p.totalGlobalMem / (1 << 30));
     return 0;
 }
 
@@ -41,8 +54,8 @@ extern "C" int cuda_malloc(void **ptr, size_t bytes)
     if (e != cudaSuccess) {
         (void)cudaGetLastError(); /* not sticky: keep it out of the next launch check */
         *ptr = NULL;
-        return mm3_errorf(e == cudaErrorMemoryAllocation ? -ENOMEM : -ENODEV, "cudaMalloc(%zu bytes): %s",
-                          bytes, cudaGetErrorString(e));
+        return mm3_errorf(e == cudaErrorMemoryAllocation ? -ENOMEM : -ENODEV, "cudaMalloc(%zu bytes): %s", bytes,
+                          cudaGetErrorString(e));
     }
     return 0;
 }

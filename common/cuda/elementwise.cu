@@ -8,6 +8,8 @@
 #include "common/cuda/cuda_internal.h"
 #include "common/cuda/head_norm_rope.cuh"
 #include "common/cuda/ops_cuda.h"
+#include "common/cuda/pdl.cuh"
+#include "common/cuda/silu.cuh"
 
 enum { ROW_THREADS = 256, EW_THREADS = 256, EW_MAX_BLOCKS = 4096 };
 
@@ -23,20 +25,24 @@ __device__ float block_sum(float v)
 {
     __shared__ float warp_sums[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = (blockDim.x + 31) >> 5;
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    for (int off = 16; off > 0; off >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, off);
     __syncthreads(); /* warp_sums may still be read by an earlier call */
     if (lane == 0) warp_sums[warp] = v;
     __syncthreads();
     float s = 0.0f;
-    for (int k = 0; k < n_warps; k++) s += warp_sums[k];
+    for (int k = 0; k < n_warps; k++)
+        s += warp_sums[k];
     return s;
 }
 
 /* One block per row. When add != NULL: h += add first and h is stored back. */
-__global__ void __launch_bounds__(ROW_THREADS) rmsnorm_kernel(float *__restrict__ y, float *h,
-                                                              const float *__restrict__ add,
-                                                              const float *__restrict__ w, int dim, float eps)
+__global__ void __launch_bounds__(ROW_THREADS)
+    rmsnorm_kernel(float *__restrict__ y, float *h, const float *__restrict__ add, const float *__restrict__ w, int dim,
+                   float eps)
 {
+    pdl_launch_dependents();
+    pdl_wait();
     float *xr = h + (size_t)blockIdx.x * dim;
     const float *ar = add ? add + (size_t)blockIdx.x * dim : NULL;
     float *yr = y + (size_t)blockIdx.x * dim;
@@ -51,36 +57,37 @@ __global__ void __launch_bounds__(ROW_THREADS) rmsnorm_kernel(float *__restrict_
     }
     ss = block_sum(ss);
     float r = 1.0f / sqrtf(ss / (float)dim + eps);
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = __fmul_rn(w[i], __fmul_rn(xr[i], r));
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        yr[i] = __fmul_rn(w[i], __fmul_rn(xr[i], r));
 }
 
-extern "C" int cuda_ops_rmsnorm(float *y, const float *x, const float *w, int n_rows, int dim, float eps,
-                                void *stream)
+extern "C" int cuda_ops_rmsnorm(float *y, const float *x, const float *w, int n_rows, int dim, float eps, void *stream)
 {
     if (n_rows < 0 || dim < 1)
         return mm3_errorf(-EINVAL, "cuda_ops_rmsnorm: %d rows of %d: expected rows >= 0, dim >= 1", n_rows, dim);
     if (n_rows == 0) return 0;
     /* y may alias x: each thread reads its elements before the block writes them. */
-    rmsnorm_kernel<<<n_rows, ROW_THREADS, 0, cuda_stream_of(stream)>>>(y, (float *)x, NULL, w, dim, eps);
-    return cuda_launch_status("rmsnorm_kernel");
+    return launch_pdl("rmsnorm_kernel", rmsnorm_kernel, n_rows, ROW_THREADS, 0, cuda_stream_of(stream), y, (float *)x,
+                      (const float *)NULL, w, dim, eps);
 }
 
 extern "C" int cuda_ops_add_rmsnorm(float *h, float *y, const float *x_add, const float *w, int n_rows, int dim,
                                     float eps, void *stream)
 {
     if (n_rows < 0 || dim < 1)
-        return mm3_errorf(-EINVAL, "cuda_ops_add_rmsnorm: %d rows of %d: expected rows >= 0, dim >= 1", n_rows,
-                          dim);
+        return mm3_errorf(-EINVAL, "cuda_ops_add_rmsnorm: %d rows of %d: expected rows >= 0, dim >= 1", n_rows, dim);
     if (n_rows == 0) return 0;
-    rmsnorm_kernel<<<n_rows, ROW_THREADS, 0, cuda_stream_of(stream)>>>(y, h, x_add, w, dim, eps);
-    return cuda_launch_status("rmsnorm_kernel (add)");
+    return launch_pdl("rmsnorm_kernel (add)", rmsnorm_kernel, n_rows, ROW_THREADS, 0, cuda_stream_of(stream), y, h,
+                      x_add, w, dim, eps);
 }
 
 /* One warp per (row, head): RMSNorm over the head, then rotate pairs (i, i+half). */
 __global__ void qk_norm_rope_kernel(float *x, int n_rows, int stride, int n_heads, int head_dim,
-                                    const float *__restrict__ w, float eps, int rotary_dim,
-                                    const int *__restrict__ pos, const float *__restrict__ inv_freq)
+                                    const float *__restrict__ w, float eps, int rotary_dim, const int *__restrict__ pos,
+                                    const float *__restrict__ inv_freq)
 {
+    pdl_launch_dependents();
+    pdl_wait();
     const int lane = threadIdx.x & 31;
     const long item = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (item >= (long)n_rows * n_heads) return;
@@ -98,32 +105,30 @@ extern "C" int cuda_ops_qk_norm_rope(float *x, int n_rows, int stride, int n_hea
                           "and stride >= heads*head_dim",
                           n_rows, n_heads, head_dim, stride);
     if (rotary_dim < 0 || rotary_dim > head_dim || rotary_dim % 2)
-        return mm3_errorf(-EINVAL, "cuda_ops_qk_norm_rope: rotary_dim %d: expected even, <= head_dim %d",
-                          rotary_dim, head_dim);
+        return mm3_errorf(-EINVAL, "cuda_ops_qk_norm_rope: rotary_dim %d: expected even, <= head_dim %d", rotary_dim,
+                          head_dim);
     if (rotary_dim > 0 && (!pos || !inv_freq))
         return mm3_errorf(-EINVAL, "cuda_ops_qk_norm_rope: rotary_dim %d needs pos and inv_freq", rotary_dim);
     long items = (long)n_rows * n_heads;
     if (items == 0) return 0;
     const int warps_per_block = 4;
     unsigned blocks = (unsigned)((items + warps_per_block - 1) / warps_per_block);
-    qk_norm_rope_kernel<<<blocks, 32 * warps_per_block, 0, cuda_stream_of(stream)>>>(
-        x, n_rows, stride, n_heads, head_dim, w, eps, rotary_dim, pos, inv_freq);
-    return cuda_launch_status("qk_norm_rope_kernel");
-}
-
-__device__ __forceinline__ float silu_mul1(float g, float u)
-{
-    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+    return launch_pdl("qk_norm_rope_kernel", qk_norm_rope_kernel, blocks, 32 * warps_per_block, 0,
+                      cuda_stream_of(stream), x, n_rows, stride, n_heads, head_dim, w, eps, rotary_dim, pos, inv_freq);
 }
 
 __global__ void silu_mul_kernel(float *y, const float *gate, const float *up, size_t n)
 {
+    pdl_launch_dependents();
+    pdl_wait();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         y[i] = silu_mul1(gate[i], up[i]);
 }
 
 __global__ void silu_mul_fused_kernel(float *__restrict__ y, const float *__restrict__ gu, int n_rows, int ffn)
 {
+    pdl_launch_dependents();
+    pdl_wait();
     size_t n = (size_t)n_rows * ffn;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         size_t r = i / ffn, c = i % ffn;
@@ -132,8 +137,24 @@ __global__ void silu_mul_fused_kernel(float *__restrict__ y, const float *__rest
     }
 }
 
+/* gu rows of 2*ffn: gate j at column 2j, up j at 2j+1 (the interleaved packing of
+ * cuda_ops_matmul_bf16_swiglu's weights). */
+__global__ void silu_mul_interleaved_kernel(float *__restrict__ y, const float *__restrict__ gu, int n_rows, int ffn)
+{
+    pdl_launch_dependents();
+    pdl_wait();
+    size_t n = (size_t)n_rows * ffn;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / ffn, c = i % ffn;
+        const float *row = gu + r * 2 * ffn;
+        y[i] = silu_mul1(row[2 * c], row[2 * c + 1]);
+    }
+}
+
 __global__ void add_kernel(float *y, const float *x, size_t n)
 {
+    pdl_launch_dependents();
+    pdl_wait();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         y[i] = __fadd_rn(y[i], x[i]);
 }
@@ -141,24 +162,34 @@ __global__ void add_kernel(float *y, const float *x, size_t n)
 extern "C" int cuda_ops_silu_mul(float *y, const float *gate, const float *up, size_t n, void *stream)
 {
     if (n == 0) return 0;
-    silu_mul_kernel<<<ew_blocks(n), EW_THREADS, 0, cuda_stream_of(stream)>>>(y, gate, up, n);
-    return cuda_launch_status("silu_mul_kernel");
+    return launch_pdl("silu_mul_kernel", silu_mul_kernel, ew_blocks(n), EW_THREADS, 0, cuda_stream_of(stream), y, gate,
+                      up, n);
 }
 
 extern "C" int cuda_ops_silu_mul_fused(float *y, const float *gu, int n_rows, int ffn, void *stream)
 {
     if (n_rows < 0 || ffn < 1)
-        return mm3_errorf(-EINVAL, "cuda_ops_silu_mul_fused: %d rows of ffn %d: expected rows >= 0, ffn >= 1",
+        return mm3_errorf(-EINVAL, "cuda_ops_silu_mul_fused: %d rows of ffn %d: expected rows >= 0, ffn >= 1", n_rows,
+                          ffn);
+    size_t n = (size_t)n_rows * ffn;
+    if (n == 0) return 0;
+    return launch_pdl("silu_mul_fused_kernel", silu_mul_fused_kernel, ew_blocks(n), EW_THREADS, 0,
+                      cuda_stream_of(stream), y, gu, n_rows, ffn);
+}
+
+extern "C" int cuda_ops_silu_mul_interleaved(float *y, const float *gu, int n_rows, int ffn, void *stream)
+{
+    if (n_rows < 0 || ffn < 1)
+        return mm3_errorf(-EINVAL, "cuda_ops_silu_mul_interleaved: %d rows of ffn %d: expected rows >= 0, ffn >= 1",
                           n_rows, ffn);
     size_t n = (size_t)n_rows * ffn;
     if (n == 0) return 0;
-    silu_mul_fused_kernel<<<ew_blocks(n), EW_THREADS, 0, cuda_stream_of(stream)>>>(y, gu, n_rows, ffn);
-    return cuda_launch_status("silu_mul_fused_kernel");
+    return launch_pdl("silu_mul_interleaved_kernel", silu_mul_interleaved_kernel, ew_blocks(n), EW_THREADS, 0,
+                      cuda_stream_of(stream), y, gu, n_rows, ffn);
 }
 
 extern "C" int cuda_ops_add(float *y, const float *x, size_t n, void *stream)
 {
     if (n == 0) return 0;
-    add_kernel<<<ew_blocks(n), EW_THREADS, 0, cuda_stream_of(stream)>>>(y, x, n);
-    return cuda_launch_status("add_kernel");
+    return launch_pdl("add_kernel", add_kernel, ew_blocks(n), EW_THREADS, 0, cuda_stream_of(stream), y, x, n);
 }

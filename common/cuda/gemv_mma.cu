@@ -11,16 +11,22 @@
  * consecutive k (16 bytes) of a weight row and feeds them to two MMAs; the B
  * fragment uses the same k permutation.
  *
- * Work split: a block owns 16 x MT outputs (MT = 4 by default) and walks its share of `in` with
- * 8 warps; when the matrix has too few output tiles to fill the GPU, KS blocks
- * (a thread-block cluster) split `in` and add their partial sums through
- * distributed shared memory, in a fixed order (deterministic). */
+ * Work split: a tile is 16 x MT outputs (MT = 4 by default); a block walks its share of
+ * `in` with 8 warps; when the matrix has too few tiles to fill the GPU, KS blocks (a
+ * thread-block cluster) split `in` and add their partial sums through distributed
+ * shared memory, in a fixed order (deterministic). The grid is one wave: never more
+ * blocks than fit on the GPU at once, each taking the same number of tiles. A grid
+ * of 1.2 or 1.45 waves (what "two blocks per SM" gave for 4096 and 24576 outputs)
+ * ends with a second wave of a few blocks that cannot stream at full speed. */
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "common/cuda/cuda_internal.h"
 #include "common/cuda/ops_cuda.h"
+#include "common/cuda/pdl.cuh"
+#include "common/cuda/silu.cuh"
 
 namespace cg = cooperative_groups;
 
@@ -46,30 +52,20 @@ __device__ __forceinline__ void split_pair(float a, float b, uint32_t *hi, uint3
 }
 
 /* NT: 8-row tiles of x (1 for n <= 8, 2 for n <= 16). MMA_MT: 16-row tiles of W
- * per block; more tiles re-read x (from L2) fewer times per weight byte. */
-template <int NT, int MMA_MT>
-__global__ void __launch_bounds__(MMA_THREADS) gemv_mma_kernel(float *__restrict__ y, const float *__restrict__ x,
-                                                               const uint16_t *__restrict__ w, int n_rows, int in,
-                                                               int out, int ks)
+ * per block; more tiles re-read x (from L2) fewer times per weight byte. SWIGLU:
+ * rows 2j, 2j + 1 are gate j and up j; y (out / 2 columns) gets silu(gate) * up. */
+template <int NT, int MMA_MT, bool SWIGLU>
+__global__ void __launch_bounds__(MMA_THREADS)
+    gemv_mma_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int n_rows,
+                    int in, int out, int ks, int tiles)
 {
+    pdl_launch_dependents();
     constexpr int MMA_OUT = 16 * MMA_MT;
     __shared__ float red[MMA_WARPS][MMA_OUT * 8 * NT];
     __shared__ float block_sum[MMA_OUT * 8 * NT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int o0 = blockIdx.x * MMA_OUT;
     const int rank = blockIdx.y; /* cluster is (1, ks, 1) and the grid's y is ks */
-
-    /* Weight rows this lane reads: g and g+8 of each M tile (clamped past `out`). */
-    const uint4 *wr[MMA_MT][2];
-#pragma unroll
-    for (int mt = 0; mt < MMA_MT; mt++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int o = o0 + mt * 16 + h * 8 + g;
-            o = o < out ? o : out - 1;
-            wr[mt][h] = (const uint4 *)(w + (size_t)o * in + 8 * t);
-        }
     /* x rows g and 8+g; rows past n_rows read as zero. */
     const float4 *xr[NT];
     bool xv[NT];
@@ -79,138 +75,217 @@ __global__ void __launch_bounds__(MMA_THREADS) gemv_mma_kernel(float *__restrict
         xv[nt] = n < n_rows;
         xr[nt] = (const float4 *)(x + (size_t)(xv[nt] ? n : 0) * in + 8 * t);
     }
-
-    float acc[MMA_MT][NT][4];
-#pragma unroll
-    for (int mt = 0; mt < MMA_MT; mt++)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) acc[mt][nt][i] = 0.0f;
-
+    cg::cluster_group cluster = cg::this_cluster();
     const int steps = in / MMA_KSTEP;
     const int stride = MMA_WARPS * ks;
-#pragma unroll 2
-    for (int st = rank * MMA_WARPS + warp; st < steps; st += stride) {
-        const int kq = st * (MMA_KSTEP / 8); /* offset in uint4 (8 bf16) units */
-        uint4 wa[MMA_MT][2];
+    const int ncols = 8 * NT;
+    pdl_wait();
+
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const int o0 = tile * MMA_OUT;
+        /* Weight rows this lane reads: g and g+8 of each M tile (clamped past `out`). */
+        const uint4 *wr[MMA_MT][2];
 #pragma unroll
         for (int mt = 0; mt < MMA_MT; mt++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) wa[mt][h] = __ldcs(wr[mt][h] + kq);
-        uint32_t bh[NT][4], bl[NT][4];
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            float4 p = make_float4(0.f, 0.f, 0.f, 0.f), q = p;
-            if (xv[nt]) {
-                p = __ldg(xr[nt] + 2 * kq);
-                q = __ldg(xr[nt] + 2 * kq + 1);
+            for (int h = 0; h < 2; h++) {
+                int o = o0 + mt * 16 + h * 8 + g;
+                o = o < out ? o : out - 1;
+                wr[mt][h] = (const uint4 *)(w + (size_t)o * in + 8 * t);
             }
-            split_pair(p.x, p.y, &bh[nt][0], &bl[nt][0]);
-            split_pair(p.z, p.w, &bh[nt][1], &bl[nt][1]);
-            split_pair(q.x, q.y, &bh[nt][2], &bl[nt][2]);
-            split_pair(q.z, q.w, &bh[nt][3], &bl[nt][3]);
+        float acc[MMA_MT][NT][4];
+#pragma unroll
+        for (int mt = 0; mt < MMA_MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    acc[mt][nt][i] = 0.0f;
+
+#pragma unroll 2
+        for (int st = rank * MMA_WARPS + warp; st < steps; st += stride) {
+            const int kq = st * (MMA_KSTEP / 8); /* offset in uint4 (8 bf16) units */
+            uint4 wa[MMA_MT][2];
+#pragma unroll
+            for (int mt = 0; mt < MMA_MT; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    wa[mt][h] = __ldcs(wr[mt][h] + kq);
+            uint32_t bh[NT][4], bl[NT][4];
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                float4 p = make_float4(0.f, 0.f, 0.f, 0.f), q = p;
+                if (xv[nt]) {
+                    p = __ldg(xr[nt] + 2 * kq);
+                    q = __ldg(xr[nt] + 2 * kq + 1);
+                }
+                split_pair(p.x, p.y, &bh[nt][0], &bl[nt][0]);
+                split_pair(p.z, p.w, &bh[nt][1], &bl[nt][1]);
+                split_pair(q.x, q.y, &bh[nt][2], &bl[nt][2]);
+                split_pair(q.z, q.w, &bh[nt][3], &bl[nt][3]);
+            }
+#pragma unroll
+            for (int mt = 0; mt < MMA_MT; mt++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    /* k pairs (0,1),(2,3) of the 8 -> MMA 1; (4,5),(6,7) -> MMA 2. */
+                    mma_bf16(acc[mt][nt], wa[mt][0].x, wa[mt][1].x, wa[mt][0].y, wa[mt][1].y, bh[nt][0], bh[nt][1]);
+                    mma_bf16(acc[mt][nt], wa[mt][0].z, wa[mt][1].z, wa[mt][0].w, wa[mt][1].w, bh[nt][2], bh[nt][3]);
+                    mma_bf16(acc[mt][nt], wa[mt][0].x, wa[mt][1].x, wa[mt][0].y, wa[mt][1].y, bl[nt][0], bl[nt][1]);
+                    mma_bf16(acc[mt][nt], wa[mt][0].z, wa[mt][1].z, wa[mt][0].w, wa[mt][1].w, bl[nt][2], bl[nt][3]);
+                }
         }
+
+        /* C fragment: c0,c1 -> (out mt*16+g, x rows nt*8+2t+{0,1}); c2,c3 -> out +8. Layout [o][n]. */
 #pragma unroll
         for (int mt = 0; mt < MMA_MT; mt++)
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
-                /* k pairs (0,1),(2,3) of the 8 -> MMA 1; (4,5),(6,7) -> MMA 2. */
-                mma_bf16(acc[mt][nt], wa[mt][0].x, wa[mt][1].x, wa[mt][0].y, wa[mt][1].y, bh[nt][0], bh[nt][1]);
-                mma_bf16(acc[mt][nt], wa[mt][0].z, wa[mt][1].z, wa[mt][0].w, wa[mt][1].w, bh[nt][2], bh[nt][3]);
-                mma_bf16(acc[mt][nt], wa[mt][0].x, wa[mt][1].x, wa[mt][0].y, wa[mt][1].y, bl[nt][0], bl[nt][1]);
-                mma_bf16(acc[mt][nt], wa[mt][0].z, wa[mt][1].z, wa[mt][0].w, wa[mt][1].w, bl[nt][2], bl[nt][3]);
+                const int o = mt * 16 + g, n = nt * 8 + 2 * t;
+                red[warp][o * ncols + n] = acc[mt][nt][0];
+                red[warp][o * ncols + n + 1] = acc[mt][nt][1];
+                red[warp][(o + 8) * ncols + n] = acc[mt][nt][2];
+                red[warp][(o + 8) * ncols + n + 1] = acc[mt][nt][3];
             }
-    }
-
-    /* C fragment: c0,c1 -> (out mt*16+g, x rows nt*8+2t+{0,1}); c2,c3 -> out +8. Layout [o][n]. */
-    const int ncols = 8 * NT;
-#pragma unroll
-    for (int mt = 0; mt < MMA_MT; mt++)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            const int o = mt * 16 + g, n = nt * 8 + 2 * t;
-            red[warp][o * ncols + n] = acc[mt][nt][0];
-            red[warp][o * ncols + n + 1] = acc[mt][nt][1];
-            red[warp][(o + 8) * ncols + n] = acc[mt][nt][2];
-            red[warp][(o + 8) * ncols + n + 1] = acc[mt][nt][3];
-        }
-    __syncthreads();
-    for (int i = threadIdx.x; i < MMA_OUT * ncols; i += MMA_THREADS) {
-        float s = 0.0f;
-#pragma unroll
-        for (int k = 0; k < MMA_WARPS; k++) s += red[k][i];
-        block_sum[i] = s;
-    }
-    cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync(); /* every block's block_sum is complete */
-    if (rank == 0) {
+        __syncthreads();
         for (int i = threadIdx.x; i < MMA_OUT * ncols; i += MMA_THREADS) {
-            const int o = i / ncols, n = i % ncols;
-            float s = block_sum[i];
-            for (int r = 1; r < ks; r++) s += cluster.map_shared_rank(block_sum, r)[i];
-            if (o0 + o < out && n < n_rows) y[(size_t)n * out + o0 + o] = s;
+            float s = 0.0f;
+#pragma unroll
+            for (int k = 0; k < MMA_WARPS; k++)
+                s += red[k][i];
+            block_sum[i] = s;
         }
+        cluster.sync(); /* every block's block_sum is complete (and red is free again) */
+        if (rank == 0 && SWIGLU) {
+            for (int i = threadIdx.x; i < MMA_OUT / 2 * ncols; i += MMA_THREADS) {
+                const int jp = i / ncols, n = i % ncols, ig = 2 * jp * ncols + n, iu = ig + ncols;
+                float g = block_sum[ig], u = block_sum[iu];
+                for (int r = 1; r < ks; r++) {
+                    g += cluster.map_shared_rank(block_sum, r)[ig];
+                    u += cluster.map_shared_rank(block_sum, r)[iu];
+                }
+                if (o0 + 2 * jp + 1 < out && n < n_rows) y[(size_t)n * (out / 2) + o0 / 2 + jp] = silu_mul1(g, u);
+            }
+        } else if (rank == 0) {
+            for (int i = threadIdx.x; i < MMA_OUT * ncols; i += MMA_THREADS) {
+                const int o = i / ncols, n = i % ncols;
+                float s = block_sum[i];
+                for (int r = 1; r < ks; r++)
+                    s += cluster.map_shared_rank(block_sum, r)[i];
+                if (o0 + o < out && n < n_rows) y[(size_t)n * out + o0 + o] = s;
+            }
+        }
+        cluster.sync(); /* keep the other blocks' block_sum alive until rank 0 has read it */
     }
-    cluster.sync(); /* keep the other blocks' shared memory alive until rank 0 has read it */
 }
 
-static int sm_count(void)
+/* MM3_PDL_MMA=0: this kernel without the PDL attribute even where the rest has it
+ * (measured separately: a cluster launch waiting early holds its SMs' slots). */
+static int mma_pdl(void)
 {
-    static int n; /* benign race: every thread computes the same value */
-    if (!n) {
-        int dev = 0, v = 0;
-        if (cudaGetDevice(&dev) == cudaSuccess &&
-            cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && v > 0)
-            n = v;
-        else
-            n = 132;
+    static int state = -1;
+    if (state < 0) {
+        const char *v = getenv("MM3_PDL_MMA");
+        state = !(v && v[0] == '0' && !v[1]);
     }
-    return n;
+    return state;
 }
 
-template <int MT>
-static cudaError_t mma_launch(cudaLaunchConfig_t *cfg, float *y, const float *x, const uint16_t *w, int n_rows,
-                              int in, int out, int ks)
+/* Clusters of ks blocks of this kernel that fit on the GPU at once (cached; every
+ * thread computes the same values, so the race is benign). */
+template <int NT, int MT> static int mma_resident_clusters(int ks)
 {
-    return n_rows <= 8 ? cudaLaunchKernelEx(cfg, gemv_mma_kernel<1, MT>, y, x, w, n_rows, in, out, ks)
-                       : cudaLaunchKernelEx(cfg, gemv_mma_kernel<2, MT>, y, x, w, n_rows, in, out, ks);
+    static int cache[MMA_MAX_CLUSTER + 1];
+    if (!cache[ks]) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(1, (unsigned)ks, 1);
+        cfg.blockDim = dim3(MMA_THREADS, 1, 1);
+        cudaLaunchAttribute a;
+        a.id = cudaLaunchAttributeClusterDimension;
+        a.val.clusterDim.x = 1;
+        a.val.clusterDim.y = (unsigned)ks;
+        a.val.clusterDim.z = 1;
+        cfg.attrs = &a;
+        cfg.numAttrs = 1;
+        int n = 0;
+        if (cudaOccupancyMaxActiveClusters(&n, gemv_mma_kernel<NT, MT, false>, &cfg) != cudaSuccess || n < 1) {
+            (void)cudaGetLastError();
+            n = 1;
+        }
+        cache[ks] = n;
+    }
+    return cache[ks];
 }
 
-extern "C" int cuda_ops_gemv_bf16_mma(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out,
-                                      int m_tiles, void *stream)
+/* One wave: more tiles than resident blocks -> each block takes the same number of
+ * tiles; fewer -> split `in` over as many blocks per tile as fit (at most a cluster
+ * of 8, each warp keeping at least one k step). */
+template <int NT, int MT> static void mma_plan(int tiles, int steps, int *ks_out, int *grid_out)
 {
-    if (m_tiles == 0) m_tiles = MMA_DEFAULT_MT;
-    if (m_tiles != 2 && m_tiles != 4)
-        return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_mma: %d weight tiles per block, expected 2 or 4", m_tiles);
-    const int MMA_OUT = 16 * m_tiles;
-    if (n_rows < 1 || n_rows > CUDA_OPS_GEMV_MAX_ROWS || out < 1 || in < MMA_KSTEP || in % MMA_KSTEP || !y || !x ||
-        !w)
-        return mm3_errorf(-EINVAL,
-                          "cuda_ops_gemv_bf16_mma: %d rows, in %d, out %d: expected rows 1..%d, in a multiple of %d",
-                          n_rows, in, out, CUDA_OPS_GEMV_MAX_ROWS, MMA_KSTEP);
-    if (((uintptr_t)w | (uintptr_t)x) & 15)
-        return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_mma: w and x must be 16-byte aligned");
-    const int blocks_m = (out + MMA_OUT - 1) / MMA_OUT;
-    const int steps = in / MMA_KSTEP;
-    /* Enough blocks for two per SM; never more splits than leave each warp a step. */
-    int ks = (2 * sm_count() + blocks_m - 1) / blocks_m;
-    if (ks > MMA_MAX_CLUSTER) ks = MMA_MAX_CLUSTER;
-    while (ks > 1 && ks * MMA_WARPS > steps) ks--;
-    if (ks < 1) ks = 1;
+    const int slots = mma_resident_clusters<NT, MT>(1);
+    int ks = 1, grid = tiles;
+    if (tiles >= slots) {
+        const int per = (tiles + slots - 1) / slots;
+        grid = (tiles + per - 1) / per;
+    } else {
+        ks = slots / tiles;
+        if (ks > MMA_MAX_CLUSTER) ks = MMA_MAX_CLUSTER;
+        while (ks > 1 && ks * MMA_WARPS > steps)
+            ks--;
+        while (ks > 1 && mma_resident_clusters<NT, MT>(ks) < tiles)
+            ks--;
+    }
+    *ks_out = ks;
+    *grid_out = grid;
+}
 
+template <int NT, int MT, bool SWIGLU>
+static int mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, cudaStream_t st)
+{
+    const int tiles = (out + 16 * MT - 1) / (16 * MT);
+    int ks, grid;
+    mma_plan<NT, MT>(tiles, in / MMA_KSTEP, &ks, &grid);
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)blocks_m, (unsigned)ks, 1);
+    cfg.gridDim = dim3((unsigned)grid, (unsigned)ks, 1);
     cfg.blockDim = dim3(MMA_THREADS, 1, 1);
-    cfg.stream = cuda_stream_of(stream);
-    cudaLaunchAttribute attr[1];
+    cfg.stream = st;
+    cudaLaunchAttribute attr[2];
     attr[0].id = cudaLaunchAttributeClusterDimension;
     attr[0].val.clusterDim.x = 1;
     attr[0].val.clusterDim.y = (unsigned)ks;
     attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    cudaError_t e = m_tiles == 2 ? mma_launch<2>(&cfg, y, x, w, n_rows, in, out, ks)
-                                 : mma_launch<4>(&cfg, y, x, w, n_rows, in, out, ks);
-    return cuda_status(e, "cudaLaunchKernelEx(gemv_mma_kernel)");
+    cfg.numAttrs = 1 + (mma_pdl() ? pdl_attr(&attr[1]) : 0);
+    return cuda_status(cudaLaunchKernelEx(&cfg, gemv_mma_kernel<NT, MT, SWIGLU>, y, x, w, n_rows, in, out, ks, tiles),
+                       "cudaLaunchKernelEx(gemv_mma_kernel)");
+}
+
+int gemv_mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int m_tiles, bool swiglu,
+                    cudaStream_t st)
+{
+    if (m_tiles == 0) m_tiles = MMA_DEFAULT_MT;
+    if (m_tiles != 2 && m_tiles != 4)
+        return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_mma: %d weight tiles per block, expected 2 or 4", m_tiles);
+    if (n_rows < 1 || n_rows > CUDA_OPS_GEMV_MAX_ROWS || out < 1 || in < MMA_KSTEP || in % MMA_KSTEP || !y || !x || !w)
+        return mm3_errorf(-EINVAL,
+                          "cuda_ops_gemv_bf16_mma: %d rows, in %d, out %d: expected rows 1..%d, in a multiple of %d",
+                          n_rows, in, out, CUDA_OPS_GEMV_MAX_ROWS, MMA_KSTEP);
+    if (((uintptr_t)w | (uintptr_t)x) & 15)
+        return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_mma: w and x must be 16-byte aligned");
+    if (swiglu) { /* the default tile count only: one instantiation per x tile count */
+        if (out % 2) return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_mma (swiglu): %d outputs, expected even", out);
+        return n_rows <= 8 ? mma_launch<1, MMA_DEFAULT_MT, true>(y, x, w, n_rows, in, out, st)
+                           : mma_launch<2, MMA_DEFAULT_MT, true>(y, x, w, n_rows, in, out, st);
+    }
+    if (n_rows <= 8)
+        return m_tiles == 2 ? mma_launch<1, 2, false>(y, x, w, n_rows, in, out, st)
+                            : mma_launch<1, 4, false>(y, x, w, n_rows, in, out, st);
+    return m_tiles == 2 ? mma_launch<2, 2, false>(y, x, w, n_rows, in, out, st)
+                        : mma_launch<2, 4, false>(y, x, w, n_rows, in, out, st);
+}
+
+extern "C" int cuda_ops_gemv_bf16_mma(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out,
+                                      int m_tiles, void *stream)
+{
+    return gemv_mma_launch(y, x, w, n_rows, in, out, m_tiles, false, cuda_stream_of(stream));
 }

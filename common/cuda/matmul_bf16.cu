@@ -14,6 +14,8 @@
 
 #include "common/cuda/cuda_internal.h"
 #include "common/cuda/ops_cuda.h"
+#include "common/cuda/pdl.cuh"
+#include "common/cuda/silu.cuh"
 
 enum { GEMV_THREADS = 256, GEMV_WARPS = GEMV_THREADS / 32 };
 /* Row counts above this go to the tensor-core kernel (gemv_mma.cu). */
@@ -43,12 +45,32 @@ __device__ __forceinline__ float dot8(uint4 w, float4 xa, float4 xb, float acc)
     return acc;
 }
 
+/* acc[r][j] += the 8 weights of wv[j] times the 8 x of row r at unit c. */
+template <int NR, int OPW>
+__device__ __forceinline__ void gemv_apply8(float (&acc)[NR][OPW], const uint4 (&wv)[OPW], const float *x, int in,
+                                            int c)
+{
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        const float4 *xr = (const float4 *)(x + (size_t)r * in) + 2 * c;
+        float4 xa = __ldg(xr), xb = __ldg(xr + 1);
+#pragma unroll
+        for (int j = 0; j < OPW; j++)
+            acc[r][j] = dot8(wv[j], xa, xb, acc[r][j]);
+    }
+}
+
 /* VEC: in % 8 == 0 and 16-byte aligned rows, one unit = 8 elements; otherwise a
- * unit is one element (odd sizes; correct, not fast). */
-template <int NR, int OPW, bool VEC>
+ * unit is one element (odd sizes; correct, not fast). The first GEMV_PREFETCH
+ * passes of weights are loaded before pdl_wait (weights are no earlier kernel's
+ * output), so they stream while the previous kernel finishes. SWIGLU: rows 2j and
+ * 2j + 1 are gate j and up j, and y (out / 2 columns) gets silu(gate) * up. */
+enum { GEMV_PREFETCH = 2 };
+template <int NR, int OPW, bool VEC, bool SWIGLU = false>
 __global__ void __launch_bounds__(GEMV_THREADS) gemv_bf16_kernel(float *__restrict__ y, const float *__restrict__ x,
                                                                  const uint16_t *__restrict__ w, int in, int out)
 {
+    pdl_launch_dependents();
     __shared__ float part[GEMV_WARPS][NR * OPW];
     const int o0 = blockIdx.x * OPW;
     const int units = VEC ? in / 8 : in;
@@ -63,30 +85,45 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_bf16_kernel(float *__restri
 #pragma unroll
     for (int r = 0; r < NR; r++)
 #pragma unroll
-        for (int j = 0; j < OPW; j++) acc[r][j] = 0.0f;
+        for (int j = 0; j < OPW; j++)
+            acc[r][j] = 0.0f;
 
+    if (VEC) {
+        uint4 pre[GEMV_PREFETCH][OPW];
+#pragma unroll
+        for (int p = 0; p < GEMV_PREFETCH; p++) {
+            const int c = threadIdx.x + p * GEMV_THREADS;
+#pragma unroll
+            for (int j = 0; j < OPW; j++)
+                pre[p][j] = c < units ? __ldcs((const uint4 *)wr[j] + c) : make_uint4(0, 0, 0, 0);
+        }
+        pdl_wait();
+#pragma unroll
+        for (int p = 0; p < GEMV_PREFETCH; p++) {
+            const int c = threadIdx.x + p * GEMV_THREADS;
+            if (c < units) gemv_apply8<NR, OPW>(acc, pre[p], x, in, c);
+        }
 #pragma unroll 2
-    for (int c = threadIdx.x; c < units; c += GEMV_THREADS) {
-        if (VEC) {
+        for (int c = threadIdx.x + GEMV_PREFETCH * GEMV_THREADS; c < units; c += GEMV_THREADS) {
             uint4 wv[OPW];
 #pragma unroll
-            for (int j = 0; j < OPW; j++) wv[j] = __ldcs((const uint4 *)wr[j] + c);
-#pragma unroll
-            for (int r = 0; r < NR; r++) {
-                const float4 *xr = (const float4 *)(x + (size_t)r * in) + 2 * c;
-                float4 xa = __ldg(xr), xb = __ldg(xr + 1);
-#pragma unroll
-                for (int j = 0; j < OPW; j++) acc[r][j] = dot8(wv[j], xa, xb, acc[r][j]);
-            }
-        } else {
+            for (int j = 0; j < OPW; j++)
+                wv[j] = __ldcs((const uint4 *)wr[j] + c);
+            gemv_apply8<NR, OPW>(acc, wv, x, in, c);
+        }
+    } else {
+        pdl_wait();
+        for (int c = threadIdx.x; c < units; c += GEMV_THREADS) {
             float wv[OPW];
 #pragma unroll
-            for (int j = 0; j < OPW; j++) wv[j] = __uint_as_float((uint32_t)__ldg(wr[j] + c) << 16);
+            for (int j = 0; j < OPW; j++)
+                wv[j] = __uint_as_float((uint32_t)__ldg(wr[j] + c) << 16);
 #pragma unroll
             for (int r = 0; r < NR; r++) {
                 float xv = __ldg(x + (size_t)r * in + c);
 #pragma unroll
-                for (int j = 0; j < OPW; j++) acc[r][j] = fmaf(wv[j], xv, acc[r][j]);
+                for (int j = 0; j < OPW; j++)
+                    acc[r][j] = fmaf(wv[j], xv, acc[r][j]);
             }
         }
     }
@@ -98,17 +135,34 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_bf16_kernel(float *__restri
         for (int j = 0; j < OPW; j++) {
             float s = acc[r][j];
 #pragma unroll
-            for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+            for (int off = 16; off > 0; off >>= 1)
+                s += __shfl_xor_sync(0xffffffffu, s, off);
             if (lane == 0) part[warp][r * OPW + j] = s;
         }
     __syncthreads();
-    for (int t = threadIdx.x; t < NR * OPW; t += GEMV_THREADS) {
-        int r = t / OPW, j = t % OPW;
-        if (o0 + j >= out) continue;
-        float s = 0.0f;
+    if constexpr (SWIGLU) {
+        const int half = out / 2;
+        for (int t = threadIdx.x; t < NR * OPW / 2; t += GEMV_THREADS) {
+            int r = t / (OPW / 2), jp = t % (OPW / 2);
+            if (o0 + 2 * jp + 1 >= out) continue;
+            float g = 0.0f, u = 0.0f;
 #pragma unroll
-        for (int k = 0; k < GEMV_WARPS; k++) s += part[k][t];
-        y[(size_t)r * out + o0 + j] = s;
+            for (int k = 0; k < GEMV_WARPS; k++) {
+                g += part[k][r * OPW + 2 * jp];
+                u += part[k][r * OPW + 2 * jp + 1];
+            }
+            y[(size_t)r * half + o0 / 2 + jp] = silu_mul1(g, u);
+        }
+    } else {
+        for (int t = threadIdx.x; t < NR * OPW; t += GEMV_THREADS) {
+            int r = t / OPW, j = t % OPW;
+            if (o0 + j >= out) continue;
+            float s = 0.0f;
+#pragma unroll
+            for (int k = 0; k < GEMV_WARPS; k++)
+                s += part[k][t];
+            y[(size_t)r * out + o0 + j] = s;
+        }
     }
 }
 
@@ -120,49 +174,68 @@ static int gemv_default_opw(int n_rows)
 }
 
 template <int NR, int OPW>
-static void gemv_launch_opw(float *y, const float *x, const uint16_t *w, int in, int out, bool vec, cudaStream_t s)
+static int gemv_launch_opw(float *y, const float *x, const uint16_t *w, int in, int out, bool vec, cudaStream_t s)
 {
     dim3 grid((unsigned)((out + OPW - 1) / OPW));
     if (vec)
-        gemv_bf16_kernel<NR, OPW, true><<<grid, GEMV_THREADS, 0, s>>>(y, x, w, in, out);
-    else
-        gemv_bf16_kernel<NR, OPW, false><<<grid, GEMV_THREADS, 0, s>>>(y, x, w, in, out);
+        return launch_pdl("gemv_bf16_kernel", gemv_bf16_kernel<NR, OPW, true>, grid, GEMV_THREADS, 0, s, y, x, w, in,
+                          out);
+    return launch_pdl("gemv_bf16_kernel", gemv_bf16_kernel<NR, OPW, false>, grid, GEMV_THREADS, 0, s, y, x, w, in, out);
 }
 
 template <int NR>
-static int gemv_launch(float *y, const float *x, const uint16_t *w, int in, int out, bool vec, int opw,
-                       cudaStream_t s)
+static int gemv_launch(float *y, const float *x, const uint16_t *w, int in, int out, bool vec, int opw, cudaStream_t s)
 {
     switch (opw) {
-    case 2: gemv_launch_opw<NR, 2>(y, x, w, in, out, vec, s); break;
-    case 4: gemv_launch_opw<NR, 4>(y, x, w, in, out, vec, s); break;
-    case 8: gemv_launch_opw<NR, 8>(y, x, w, in, out, vec, s); break;
-    default: return mm3_errorf(-EINVAL, "gemv: %d outputs per warp, expected 2, 4 or 8", opw);
+    case 2:
+        return gemv_launch_opw<NR, 2>(y, x, w, in, out, vec, s);
+    case 4:
+        return gemv_launch_opw<NR, 4>(y, x, w, in, out, vec, s);
+    case 8:
+        return gemv_launch_opw<NR, 8>(y, x, w, in, out, vec, s);
+    default:
+        return mm3_errorf(-EINVAL, "gemv: %d outputs per warp, expected 2, 4 or 8", opw);
     }
-    return cuda_launch_status("gemv_bf16_kernel");
 }
 
 static int gemv_dispatch(float *y, const float *x, const uint16_t *w, int n, int in, int out, bool vec, int opw,
                          cudaStream_t s)
 {
     switch (n) {
-    case 1: return gemv_launch<1>(y, x, w, in, out, vec, opw, s);
-    case 2: return gemv_launch<2>(y, x, w, in, out, vec, opw, s);
-    case 3: return gemv_launch<3>(y, x, w, in, out, vec, opw, s);
-    case 4: return gemv_launch<4>(y, x, w, in, out, vec, opw, s);
-    case 5: return gemv_launch<5>(y, x, w, in, out, vec, opw, s);
-    case 6: return gemv_launch<6>(y, x, w, in, out, vec, opw, s);
-    case 7: return gemv_launch<7>(y, x, w, in, out, vec, opw, s);
-    case 8: return gemv_launch<8>(y, x, w, in, out, vec, opw, s);
-    case 9: return gemv_launch<9>(y, x, w, in, out, vec, opw, s);
-    case 10: return gemv_launch<10>(y, x, w, in, out, vec, opw, s);
-    case 11: return gemv_launch<11>(y, x, w, in, out, vec, opw, s);
-    case 12: return gemv_launch<12>(y, x, w, in, out, vec, opw, s);
-    case 13: return gemv_launch<13>(y, x, w, in, out, vec, opw, s);
-    case 14: return gemv_launch<14>(y, x, w, in, out, vec, opw, s);
-    case 15: return gemv_launch<15>(y, x, w, in, out, vec, opw, s);
-    case 16: return gemv_launch<16>(y, x, w, in, out, vec, opw, s);
-    default: return mm3_errorf(-EINVAL, "gemv: %d rows, expected 1..%d", n, CUDA_OPS_GEMV_MAX_ROWS);
+    case 1:
+        return gemv_launch<1>(y, x, w, in, out, vec, opw, s);
+    case 2:
+        return gemv_launch<2>(y, x, w, in, out, vec, opw, s);
+    case 3:
+        return gemv_launch<3>(y, x, w, in, out, vec, opw, s);
+    case 4:
+        return gemv_launch<4>(y, x, w, in, out, vec, opw, s);
+    case 5:
+        return gemv_launch<5>(y, x, w, in, out, vec, opw, s);
+    case 6:
+        return gemv_launch<6>(y, x, w, in, out, vec, opw, s);
+    case 7:
+        return gemv_launch<7>(y, x, w, in, out, vec, opw, s);
+    case 8:
+        return gemv_launch<8>(y, x, w, in, out, vec, opw, s);
+    case 9:
+        return gemv_launch<9>(y, x, w, in, out, vec, opw, s);
+    case 10:
+        return gemv_launch<10>(y, x, w, in, out, vec, opw, s);
+    case 11:
+        return gemv_launch<11>(y, x, w, in, out, vec, opw, s);
+    case 12:
+        return gemv_launch<12>(y, x, w, in, out, vec, opw, s);
+    case 13:
+        return gemv_launch<13>(y, x, w, in, out, vec, opw, s);
+    case 14:
+        return gemv_launch<14>(y, x, w, in, out, vec, opw, s);
+    case 15:
+        return gemv_launch<15>(y, x, w, in, out, vec, opw, s);
+    case 16:
+        return gemv_launch<16>(y, x, w, in, out, vec, opw, s);
+    default:
+        return mm3_errorf(-EINVAL, "gemv: %d rows, expected 1..%d", n, CUDA_OPS_GEMV_MAX_ROWS);
     }
 }
 
@@ -178,7 +251,8 @@ static cublasStatus_t lt_create_status;
 static uint32_t ptr_alignment(const void *p)
 {
     uint32_t a = 256;
-    while (a > 1 && (uintptr_t)p % a) a >>= 1;
+    while (a > 1 && (uintptr_t)p % a)
+        a >>= 1;
     return a;
 }
 
@@ -193,13 +267,13 @@ __global__ void f32_to_bf16_kernel(__nv_bfloat16 *dst, const float *src, size_t 
         dst[i] = __float2bfloat16_rn(src[i]);
 }
 
-#define LT_TRY(call)                                                                       \
-    do {                                                                                   \
-        cublasStatus_t st_ = (call);                                                       \
-        if (st_ != CUBLAS_STATUS_SUCCESS) {                                                \
-            rc = mm3_errorf(-ENODEV, "cuBLASLt %s: status %d", #call, (int)st_);           \
-            goto done;                                                                     \
-        }                                                                                  \
+#define LT_TRY(call)                                                                                                   \
+    do {                                                                                                               \
+        cublasStatus_t st_ = (call);                                                                                   \
+        if (st_ != CUBLAS_STATUS_SUCCESS) {                                                                            \
+            rc = mm3_errorf(-ENODEV, "cuBLASLt %s: status %d", #call, (int)st_);                                       \
+            goto done;                                                                                                 \
+        }                                                                                                              \
     } while (0)
 
 /* Column-major view: y^T[out, n] = W_cm[in, out]^T . x^T[in, n] (the "TN" GEMM). */
@@ -238,8 +312,8 @@ static int lt_matmul(float *y, const float *x, const uint16_t *w, int n, int in,
     LT_TRY(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, (uint64_t)in, (uint64_t)n, (int64_t)in));
     LT_TRY(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, (uint64_t)out, (uint64_t)n, (int64_t)out));
     LT_TRY(cublasLtMatmulPreferenceCreate(&pref));
-    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_size,
-                                                sizeof ws_size));
+    LT_TRY(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_size, sizeof ws_size));
     align_a = ptr_alignment(w);
     align_c = ptr_alignment(y);
     LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
@@ -270,8 +344,7 @@ extern "C" int cuda_ops_matmul_bf16(float *y, const float *x, const uint16_t *w,
                                     void *stream)
 {
     if (n_rows < 1 || in < 1 || out < 1)
-        return mm3_errorf(-EINVAL, "cuda_ops_matmul_bf16: %d rows, in %d, out %d: expected all >= 1", n_rows,
-                          in, out);
+        return mm3_errorf(-EINVAL, "cuda_ops_matmul_bf16: %d rows, in %d, out %d: expected all >= 1", n_rows, in, out);
     if (!y || !x || !w) return mm3_errorf(-EINVAL, "cuda_ops_matmul_bf16: NULL pointer");
     cudaStream_t s = cuda_stream_of(stream);
     if (n_rows > CUDA_OPS_GEMV_MAX_ROWS) return lt_matmul(y, x, w, n_rows, in, out, s);
@@ -287,8 +360,79 @@ extern "C" int cuda_ops_gemv_bf16_opw(float *y, const float *x, const uint16_t *
                                       int outputs_per_warp, void *stream)
 {
     if (n_rows < 1 || n_rows > CUDA_OPS_GEMV_MAX_ROWS || in < 1 || out < 1 || !y || !x || !w)
-        return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_opw: %d rows, in %d, out %d: expected rows 1..%d", n_rows,
-                          in, out, CUDA_OPS_GEMV_MAX_ROWS);
+        return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_opw: %d rows, in %d, out %d: expected rows 1..%d", n_rows, in,
+                          out, CUDA_OPS_GEMV_MAX_ROWS);
     bool vec = in % 8 == 0 && ((uintptr_t)w & 15) == 0 && ((uintptr_t)x & 15) == 0;
     return gemv_dispatch(y, x, w, n_rows, in, out, vec, outputs_per_warp, cuda_stream_of(stream));
+}
+
+/* The fused SwiGLU product at each row count, with the default outputs per warp
+ * (even, so a block holds whole gate/up pairs). */
+template <int NR>
+static int gemv_swiglu_launch(float *y, const float *x, const uint16_t *w, int in, int out, cudaStream_t s)
+{
+    constexpr int OPW = NR <= 4 ? 4 : 8;
+    dim3 grid((unsigned)((out + OPW - 1) / OPW));
+    return launch_pdl("gemv_bf16_kernel (swiglu)", gemv_bf16_kernel<NR, OPW, true, true>, grid, GEMV_THREADS, 0, s, y,
+                      x, w, in, out);
+}
+
+static int gemv_swiglu_dispatch(float *y, const float *x, const uint16_t *w, int n, int in, int out, cudaStream_t s)
+{
+    switch (n) {
+    case 1:
+        return gemv_swiglu_launch<1>(y, x, w, in, out, s);
+    case 2:
+        return gemv_swiglu_launch<2>(y, x, w, in, out, s);
+    case 3:
+        return gemv_swiglu_launch<3>(y, x, w, in, out, s);
+    case 4:
+        return gemv_swiglu_launch<4>(y, x, w, in, out, s);
+    case 5:
+        return gemv_swiglu_launch<5>(y, x, w, in, out, s);
+    case 6:
+        return gemv_swiglu_launch<6>(y, x, w, in, out, s);
+    case 7:
+        return gemv_swiglu_launch<7>(y, x, w, in, out, s);
+    case 8:
+        return gemv_swiglu_launch<8>(y, x, w, in, out, s);
+    case 9:
+        return gemv_swiglu_launch<9>(y, x, w, in, out, s);
+    case 10:
+        return gemv_swiglu_launch<10>(y, x, w, in, out, s);
+    case 11:
+        return gemv_swiglu_launch<11>(y, x, w, in, out, s);
+    case 12:
+        return gemv_swiglu_launch<12>(y, x, w, in, out, s);
+    case 13:
+        return gemv_swiglu_launch<13>(y, x, w, in, out, s);
+    case 14:
+        return gemv_swiglu_launch<14>(y, x, w, in, out, s);
+    case 15:
+        return gemv_swiglu_launch<15>(y, x, w, in, out, s);
+    case 16:
+        return gemv_swiglu_launch<16>(y, x, w, in, out, s);
+    default:
+        return mm3_errorf(-EINVAL, "gemv (swiglu): %d rows, expected 1..%d", n, CUDA_OPS_GEMV_MAX_ROWS);
+    }
+}
+
+extern "C" int cuda_ops_matmul_bf16_swiglu(float *y, float *gu, const float *x, const uint16_t *w_gu, int n_rows,
+                                           int in, int ffn, void *stream)
+{
+    if (n_rows < 1 || in < 1 || ffn < 1)
+        return mm3_errorf(-EINVAL, "cuda_ops_matmul_bf16_swiglu: %d rows, in %d, ffn %d: expected all >= 1", n_rows, in,
+                          ffn);
+    if (!y || !x || !w_gu) return mm3_errorf(-EINVAL, "cuda_ops_matmul_bf16_swiglu: NULL pointer");
+    cudaStream_t s = cuda_stream_of(stream);
+    const int out = 2 * ffn;
+    const bool aligned = in % 8 == 0 && (((uintptr_t)w_gu | (uintptr_t)x) & 15) == 0;
+    if (n_rows <= CUDA_OPS_GEMV_MAX_ROWS && aligned) {
+        /* The same kernel choice as cuda_ops_matmul_bf16, with the epilogue. */
+        if (n_rows > GEMV_MMA_MIN_ROWS && in % 32 == 0) return gemv_mma_launch(y, x, w_gu, n_rows, in, out, 0, true, s);
+        return gemv_swiglu_dispatch(y, x, w_gu, n_rows, in, out, s);
+    }
+    if (!gu) return mm3_errorf(-EINVAL, "cuda_ops_matmul_bf16_swiglu: %d rows need the gu scratch", n_rows);
+    int rc = cuda_ops_matmul_bf16(gu, x, w_gu, n_rows, in, out, stream);
+    return rc < 0 ? rc : cuda_ops_silu_mul_interleaved(y, gu, n_rows, ffn, stream);
 }

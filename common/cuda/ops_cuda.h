@@ -27,6 +27,9 @@ extern "C" {
 /* Number of CUDA devices, 0 on any error (no driver, no device, error 35 ...). */
 int cuda_device_count_safe(void);
 int cuda_device_set(int device);
+/* Whether stage 0's kernels launch with programmatic dependent launch (pdl.cuh;
+ * MM3_PDL=0 turns it off). */
+int cuda_pdl_enabled(void);
 /* "NVIDIA H200, 132 SMs, 60 MiB L2, 139 GiB" into buf. */
 int cuda_device_describe(char *buf, size_t size);
 
@@ -81,16 +84,15 @@ int cuda_ops_gemv_bf16_mma(float *y, const float *x, const uint16_t *w, int n_ro
  * n > 16:  cuBLASLt bf16 GEMM with float32 accumulate and float32 output; x is
  *          rounded to bf16 first (as the model's bf16 activations are).
  * y must not alias x. */
-int cuda_ops_matmul_bf16(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out,
-                         void *stream);
+int cuda_ops_matmul_bf16(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, void *stream);
 
 /* y = x * rsqrt(mean(x^2) + eps) * w over rows of `dim` (as op_rmsnorm). y may alias x. */
 int cuda_ops_rmsnorm(float *y, const float *x, const float *w, int n_rows, int dim, float eps, void *stream);
 
 /* Fused residual add + RMSNorm: h += x_add, then y = rmsnorm(h) (as op_add then
  * op_rmsnorm). y must not alias h or x_add. */
-int cuda_ops_add_rmsnorm(float *h, float *y, const float *x_add, const float *w, int n_rows, int dim,
-                         float eps, void *stream);
+int cuda_ops_add_rmsnorm(float *h, float *y, const float *x_add, const float *w, int n_rows, int dim, float eps,
+                         void *stream);
 
 /* In place on x[n_rows, *] (row stride `stride` floats), heads of head_dim at
  * column h*head_dim: per-head RMSNorm over head_dim with weight w[head_dim]
@@ -98,8 +100,8 @@ int cuda_ops_add_rmsnorm(float *h, float *y, const float *x_add, const float *w,
  * position pos[row] (device int array) and inv_freq[rotary_dim/2] (device, from
  * op_rope_inv_freq). Same as op_rmsnorm per head followed by op_rope.
  * Requires head_dim <= 1024 and rotary_dim even, <= head_dim (0 = no RoPE). */
-int cuda_ops_qk_norm_rope(float *x, int n_rows, int stride, int n_heads, int head_dim, const float *w,
-                          float eps, int rotary_dim, const int *pos, const float *inv_freq, void *stream);
+int cuda_ops_qk_norm_rope(float *x, int n_rows, int stride, int n_heads, int head_dim, const float *w, float eps,
+                          int rotary_dim, const int *pos, const float *inv_freq, void *stream);
 
 /* y[i] = silu(gate[i]) * up[i] for i < n. y may alias gate or up. */
 int cuda_ops_silu_mul(float *y, const float *gate, const float *up, size_t n, void *stream);
@@ -107,6 +109,19 @@ int cuda_ops_silu_mul(float *y, const float *gate, const float *up, size_t n, vo
 /* Fused gate/up layout: gu[n_rows, 2*ffn] holds gate in columns [0, ffn) and up
  * in [ffn, 2*ffn) (one matmul over concatenated weights); y[n_rows, ffn]. */
 int cuda_ops_silu_mul_fused(float *y, const float *gu, int n_rows, int ffn, void *stream);
+
+/* The same with gate j at column 2j and up j at 2j + 1 of each gu row (weights
+ * packed interleaved, see cuda_ops_matmul_bf16_swiglu). */
+int cuda_ops_silu_mul_interleaved(float *y, const float *gu, int n_rows, int ffn, void *stream);
+
+/* y[n_rows, ffn] = silu(x . Wg^T) * (x . Wu^T) with w_gu [2*ffn, in] holding the rows
+ * of Wg and Wu interleaved (row 2j = gate j, row 2j + 1 = up j): for up to 16 rows
+ * the GEMV kernels of cuda_ops_matmul_bf16 apply silu * up as they store (no gu
+ * round trip, one launch); otherwise the product goes to gu [n_rows, 2*ffn] (the
+ * caller's scratch) and cuda_ops_silu_mul_interleaved follows. Same values either
+ * way as cuda_ops_matmul_bf16 then the silu kernel. */
+int cuda_ops_matmul_bf16_swiglu(float *y, float *gu, const float *x, const uint16_t *w_gu, int n_rows, int in, int ffn,
+                                void *stream);
 
 /* y[i] += x[i] */
 int cuda_ops_add(float *y, const float *x, size_t n, void *stream);
@@ -127,9 +142,9 @@ enum cuda_kv_dtype { CUDA_KV_F32 = 0, CUDA_KV_BF16 = 1 };
  * Requires head_dim a multiple of 32 and <= 256, n_heads/n_kv_heads <= 8, and
  * 16-byte aligned rows where the row is >= 16 bytes per lane. */
 int cuda_ops_attention_decode(float *out, const float *q, const void *k_cache, const void *v_cache,
-                              enum cuda_kv_dtype kv_dtype, const int *kv_len, int max_kv_len,
-                              size_t seq_stride, size_t row_stride, int n_seq, int n_heads, int n_kv_heads,
-                              int head_dim, float scale, void *stream);
+                              enum cuda_kv_dtype kv_dtype, const int *kv_len, int max_kv_len, size_t seq_stride,
+                              size_t row_stride, int n_seq, int n_heads, int n_kv_heads, int head_dim, float scale,
+                              void *stream);
 
 /* Tuning hook: the same with a fixed chunk of positions per block (a multiple of 64;
  * 0 = automatic, about 4 blocks per SM). */

@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "common/cuda/cuda_internal.h"
+#include "common/cuda/pdl.cuh"
 #include "common/cuda/sampler_cuda.h"
 #include "common/sampler_hash.h"
 
@@ -208,6 +209,8 @@ __global__ void __launch_bounds__(SAMPLER_THREADS)
                       const unsigned char *__restrict__ mask_col0, int *__restrict__ col_out,
                       float *__restrict__ guided_out)
 {
+    pdl_launch_dependents();
+    pdl_wait();
     extern __shared__ uint32_t keys[];
     __shared__ struct select_shared sh;
     __shared__ double warp_score[SAMPLER_WARPS];
@@ -290,6 +293,8 @@ __global__ void __launch_bounds__(SAMPLER_THREADS)
 
 __global__ void gumbel_kernel(double *out, uint64_t seed, uint32_t pos, uint32_t col0, int n)
 {
+    pdl_launch_dependents();
+    pdl_wait();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = sampler_hash_gumbel(seed, pos, col0 + (uint32_t)i);
 }
@@ -341,9 +346,9 @@ extern "C" int cuda_sampler_draw_pairs(const float *logits, int ld, int n, int n
         return mm3_errorf(-EINVAL, "cuda_sampler_draw_pairs: n %d columns: expected at most %d (shared memory)", n,
                           max_cols);
     size_t smem = sizeof(uint32_t) * (size_t)n;
-    draw_pairs_kernel<<<(unsigned)n_pairs, SAMPLER_THREADS, smem, cuda_stream_of(stream)>>>(
-        logits, ld, n, scale, c0_rule, top_k, seed, pos, mask_col0, col_out, guided_out);
-    return cuda_launch_status("draw_pairs_kernel");
+    return launch_pdl("draw_pairs_kernel", draw_pairs_kernel, (unsigned)n_pairs, SAMPLER_THREADS, smem,
+                      cuda_stream_of(stream), logits, ld, n, scale, c0_rule, top_k, seed, pos, mask_col0, col_out,
+                      guided_out);
 }
 
 extern "C" int cuda_sampler_gumbel(double *out, uint64_t seed, uint32_t pos, uint32_t col0, int n, void *stream)
@@ -353,7 +358,6 @@ extern "C" int cuda_sampler_gumbel(double *out, uint64_t seed, uint32_t pos, uin
                           (void *)out);
     if (n == 0) return 0;
     const int threads = 256;
-    gumbel_kernel<<<(unsigned)((n + threads - 1) / threads), threads, 0, cuda_stream_of(stream)>>>(out, seed, pos, col0,
-                                                                                                   n);
-    return cuda_launch_status("gumbel_kernel");
+    return launch_pdl("gumbel_kernel", gumbel_kernel, (unsigned)((n + threads - 1) / threads), threads, 0,
+                      cuda_stream_of(stream), out, seed, pos, col0, n);
 }

@@ -52,6 +52,30 @@ int cuda_upload_stacked_bf16(struct cuda_alloc_list *l, uint16_t **out, const fl
     return rc;
 }
 
+int cuda_upload_interleaved_bf16(struct cuda_alloc_list *l, uint16_t **out, const float *a, const float *b, size_t rows,
+                                 size_t in)
+{
+    void *d;
+    int rc = cuda_alloc_list_add(l, &d, 2 * rows * in * sizeof(uint16_t));
+    if (rc < 0) return rc;
+    /* A few rows at a time: no second full copy of a release-sized pair on the host. */
+    size_t batch = ((size_t)1 << 22) / (2 * in) + 1;
+    uint16_t *buf = malloc(sizeof(uint16_t) * 2 * in * batch);
+    if (!buf) return mm3_errorf(-ENOMEM, "cuda upload: out of host memory");
+    for (size_t r0 = 0; r0 < rows && rc == 0; r0 += batch) {
+        size_t k = rows - r0 < batch ? rows - r0 : batch;
+        for (size_t r = 0; r < k; r++)
+            for (size_t e = 0; e < in; e++) {
+                buf[(2 * r) * in + e] = mm3_f32_to_bf16(a[(r0 + r) * in + e]);
+                buf[(2 * r + 1) * in + e] = mm3_f32_to_bf16(b[(r0 + r) * in + e]);
+            }
+        rc = cuda_memcpy_h2d((uint16_t *)d + 2 * r0 * in, buf, 2 * k * in * sizeof(uint16_t));
+    }
+    free(buf);
+    *out = d;
+    return rc;
+}
+
 int cuda_upload_bf16(struct cuda_alloc_list *l, uint16_t **out, const float *src, size_t n)
 {
     size_t rows = 1;

@@ -10,11 +10,13 @@
 #include "common/dtype.h"
 #include "common/error.h"
 #include "stage0/cuda/cuda_upload.h"
+#include "stage0/cuda/depth_kernels.h"
 #include "stage0/cuda/talker_kernels.h"
 
-/* wqkv: the rows of Wq, Wk, Wv one after the other ([3 hidden, hidden]); wgu: Wg
- * then Wu ([2 ffn, hidden]): one product each instead of three and two, the same dot
- * products (each output is one weight row), packed at upload (as the talker's). */
+/* wqkv: the rows of Wq, Wk, Wv one after the other ([3 hidden, hidden]); wgu: the rows
+ * of Wg and Wu interleaved ([2 ffn, hidden]): one product each instead of three and
+ * two, the same dot products (each output is one weight row), packed at upload (as
+ * the talker's); the gate/up product applies silu * up as it stores. */
 struct depth_cuda_layer {
     const uint16_t *wqkv, *wo, *wgu, *wd;
     const float *attn_norm, *ffn_norm;
@@ -31,12 +33,9 @@ struct depth_cuda {
     /* Scratch for max_rows rows. qkv: fused rows [q | k | v], free again once attention
      * has run, so the FFN's silu(gate) * up rows (ffn wide) reuse it: qkv holds
      * max(3 hidden, ffn) per row (the memory of the former q, k, v and u buffers when
-     * ffn <= 3 hidden, as talker_backend_plan_compute counts). gu: fused gate|up rows. */
+     * ffn <= 3 hidden, as talker_backend_plan_compute counts). gu: fused gate|up rows
+     * (only where the product cannot apply silu * up as it stores: unaligned widths). */
     float *x, *h, *a, *o, *qkv, *gu, *logits;
-    int *row;
-    /* [n_codebooks][max_rows]: every row's position p and kv length p + 1 at depth
-     * position p, so a step needs no upload (all rows of a frame share the position). */
-    int *pos_tab, *len_tab;
 };
 
 /* In slices of at most 16 rows: the float32-accurate GEMV kernels, never cuBLASLt. */
@@ -45,6 +44,18 @@ static int matmul(float *y, const float *x, const uint16_t *w, int n, int in, in
     for (int r = 0; r < n; r += CUDA_OPS_GEMV_MAX_ROWS) {
         int k = n - r < CUDA_OPS_GEMV_MAX_ROWS ? n - r : CUDA_OPS_GEMV_MAX_ROWS;
         int rc = cuda_ops_matmul_bf16(y + (size_t)r * out, x + (size_t)r * in, w, k, in, out, stream);
+        if (rc < 0) return rc;
+    }
+    return 0;
+}
+
+/* silu(x . Wg^T) * (x . Wu^T) in the same slices (fused in the GEMV's store). */
+static int matmul_swiglu(float *y, float *gu, const float *x, const uint16_t *wgu, int n, int in, int ffn, void *stream)
+{
+    for (int r = 0; r < n; r += CUDA_OPS_GEMV_MAX_ROWS) {
+        int k = n - r < CUDA_OPS_GEMV_MAX_ROWS ? n - r : CUDA_OPS_GEMV_MAX_ROWS;
+        int rc = cuda_ops_matmul_bf16_swiglu(y + (size_t)r * ffn, gu + (size_t)r * 2 * ffn, x + (size_t)r * in, wgu, k,
+                                             in, ffn, stream);
         if (rc < 0) return rc;
     }
     return 0;
@@ -77,13 +88,13 @@ int depth_cuda_create(struct depth_cuda **out, const struct depth *d, int max_ro
         G->attn_norm = f;
         if ((rc = cuda_upload_f32(l, &f, L->ffn_norm, H)) < 0) break;
         G->ffn_norm = f;
-        const float *qkv[3] = {L->wq, L->wk, L->wv}, *gu[2] = {L->wg, L->wu};
-        const size_t qkv_rows[3] = {H, H, H}, gu_rows[2] = {F, F};
+        const float *qkv[3] = {L->wq, L->wk, L->wv};
+        const size_t qkv_rows[3] = {H, H, H};
         if ((rc = cuda_upload_stacked_bf16(l, &w, qkv, qkv_rows, 3, H)) < 0) break;
         G->wqkv = w;
         if ((rc = cuda_upload_bf16(l, &w, L->wo, H * H)) < 0) break;
         G->wo = w;
-        if ((rc = cuda_upload_stacked_bf16(l, &w, gu, gu_rows, 2, H)) < 0) break;
+        if ((rc = cuda_upload_interleaved_bf16(l, &w, L->wg, L->wu, F, H)) < 0) break;
         G->wgu = w;
         if ((rc = cuda_upload_bf16(l, &w, L->wd, H * F)) < 0) break;
         G->wd = w;
@@ -107,29 +118,11 @@ int depth_cuda_create(struct depth_cuda **out, const struct depth *d, int max_ro
         {(void **)&dc->qkv, sizeof(float) * R * (3 * H > F ? 3 * H : F)},
         {(void **)&dc->gu, sizeof(float) * R * 2 * F},
         {(void **)&dc->logits, sizeof(float) * R * V},
-        {(void **)&dc->row, sizeof(int) * R},
-        {(void **)&dc->pos_tab, sizeof(int) * R * S},
-        {(void **)&dc->len_tab, sizeof(int) * R * S},
     };
     for (size_t i = 0; i < sizeof a / sizeof a[0] && rc == 0; i++)
         rc = cuda_alloc_list_add(l, a[i].dst, a[i].bytes);
     if (rc == 0) rc = cuda_memset(dc->kc, 0, cache);
     if (rc == 0) rc = cuda_memset(dc->vc, 0, cache);
-    if (rc == 0) {
-        int *t = malloc(sizeof(int) * R * (2 * S + 1));
-        if (!t) rc = mm3_errorf(-ENOMEM, "depth_cuda_create: out of memory");
-        for (size_t i = 0; rc == 0 && i < R; i++) {
-            t[i] = (int)i;
-            for (size_t p = 0; p < S; p++) {
-                t[R + p * R + i] = (int)p;
-                t[R + S * R + p * R + i] = (int)p + 1;
-            }
-        }
-        if (rc == 0) rc = cuda_memcpy_h2d(dc->row, t, sizeof(int) * R);
-        if (rc == 0) rc = cuda_memcpy_h2d(dc->pos_tab, t + R, sizeof(int) * R * S);
-        if (rc == 0) rc = cuda_memcpy_h2d(dc->len_tab, t + R + S * R, sizeof(int) * R * S);
-        free(t);
-    }
     if (rc < 0) {
         depth_cuda_destroy(dc);
         return rc;
@@ -146,23 +139,6 @@ void depth_cuda_destroy(struct depth_cuda *dc)
     free(dc);
 }
 
-/* Attention of the n query rows (q inside the fused QKV rows, stride 3 hidden) over
- * positions 0..pos of their cache rows, into o. The split-K decode kernel takes
- * head_dim 32, 64, 128 or 256; other heads (the tiny test checkpoints, 96, 160 ...)
- * take the simple row attention. */
-static int attention(struct depth_cuda *dc, float *kc, float *vc, int n, int pos, void *st)
-{
-    const struct depth_config *c = &dc->cfg;
-    size_t H = (size_t)c->hidden, row_stride = (size_t)c->n_codebooks * H;
-    const int *p = dc->pos_tab + (size_t)pos * dc->max_rows, *len = dc->len_tab + (size_t)pos * dc->max_rows;
-    float scale = 1.0f / sqrtf((float)c->head_dim);
-    if (c->head_dim == 32 || c->head_dim == 64 || c->head_dim == 128 || c->head_dim == 256)
-        return talker_cuda_attention_decode_rows_q(dc->o, dc->qkv, 3 * H, kc, vc, CUDA_KV_F32, len, dc->row, pos + 1,
-                                                   row_stride, H, n, c->n_heads, c->n_heads, c->head_dim, scale, st);
-    return talker_cuda_attention_rows_kv(dc->o, dc->qkv, 3 * H, kc, vc, CUDA_KV_F32, dc->row, p, n, c->n_heads,
-                                         c->n_heads, c->head_dim, row_stride, H, scale, st);
-}
-
 static int check_step(const struct depth_cuda *dc, int n, int pos)
 {
     if (n < 1 || n > dc->max_rows || pos < 0 || pos >= dc->cfg.n_codebooks)
@@ -171,14 +147,13 @@ static int check_step(const struct depth_cuda *dc, int n, int pos)
     return 0;
 }
 
-/* Per layer 8 launches (9 with split-K's combine; 14 before the fusions): norm (fused
- * with the previous layer's residual add), QKV product, K/V store, attention reading q
- * from the QKV rows, Wo, residual add + norm, gate|up product, silu * up, Wd. No q/k
- * norm and no RoPE here (model-stage0.md 3.5: learned positions, added once to the
- * input), so the talker's fused norm/RoPE/store kernel has nothing to fuse: the K/V
- * store is talker_cuda_kv_store_pair. Every product, add and norm computes what the
- * unfused chain did (the same kernels on the same rows, the add inside the norm
- * kernel is the same single rounding). */
+/* Per layer 7 launches (14 before the fusions): norm (fused with the previous layer's
+ * residual add), QKV product, K/V store + attention in one kernel (the context is at
+ * most n_codebooks positions: no split), Wo, residual add + norm, gate|up product with
+ * silu * up, Wd. No q/k norm and no RoPE here (model-stage0.md 3.5: learned positions,
+ * added once to the input). Every product, add and norm computes what the unfused chain
+ * did (the same kernels on the same rows, the add inside the norm kernel is the same
+ * single rounding). */
 int depth_cuda_step_dev(struct depth_cuda *dc, int n, const float *x, int pos, float *out, void *st)
 {
     const struct depth_config *cfg = &dc->cfg;
@@ -186,7 +161,7 @@ int depth_cuda_step_dev(struct depth_cuda *dc, int n, const float *x, int pos, f
     if (rc < 0) return rc;
     int H = cfg->hidden, F = cfg->ffn;
     size_t row_stride = (size_t)cfg->n_codebooks * H, layer_stride = (size_t)dc->max_rows * row_stride;
-    const int *p = dc->pos_tab + (size_t)pos * dc->max_rows;
+    float scale = 1.0f / sqrtf((float)cfg->head_dim);
     float *g = dc->qkv; /* silu(gate) * up: the QKV rows are free by then */
     if ((rc = matmul(dc->h, x, dc->proj, n, H, H, st)) < 0 ||
         (rc = talker_cuda_add_row(dc->h, dc->pos_emb + (size_t)pos * H, n, H, st)) < 0)
@@ -202,12 +177,12 @@ int depth_cuda_step_dev(struct depth_cuda *dc, int n, const float *x, int pos, f
         /* a = o . Wo^T; then h += a and o = rmsnorm(h) (o is free once Wo has read it);
          * the FFN output lands in o for the next norm's add. */
         if (rc < 0 || (rc = matmul(dc->qkv, dc->a, L->wqkv, n, H, 3 * H, st)) < 0 ||
-            (rc = talker_cuda_kv_store_pair(kc, vc, CUDA_KV_F32, dc->qkv + H, dc->qkv + 2 * H, 3 * (size_t)H, dc->row,
-                                            p, n, H, row_stride, H, st)) < 0 ||
-            (rc = attention(dc, kc, vc, n, pos, st)) < 0 || (rc = matmul(dc->a, dc->o, L->wo, n, H, H, st)) < 0 ||
+            (rc = depth_cuda_attention_store(dc->o, dc->qkv, kc, vc, n, pos, cfg->n_heads, cfg->head_dim, row_stride,
+                                             scale, st)) < 0 ||
+            (rc = matmul(dc->a, dc->o, L->wo, n, H, H, st)) < 0 ||
             (rc = cuda_ops_add_rmsnorm(dc->h, dc->o, dc->a, L->ffn_norm, n, H, cfg->eps, st)) < 0 ||
-            (rc = matmul(dc->gu, dc->o, L->wgu, n, H, 2 * F, st)) < 0 ||
-            (rc = cuda_ops_silu_mul_fused(g, dc->gu, n, F, st)) < 0 || (rc = matmul(dc->o, g, L->wd, n, F, H, st)) < 0)
+            (rc = matmul_swiglu(g, dc->gu, dc->o, L->wgu, n, H, F, st)) < 0 ||
+            (rc = matmul(dc->o, g, L->wd, n, F, H, st)) < 0)
             return rc;
     }
     if (cfg->n_layers == 0) return cuda_ops_rmsnorm(out, dc->h, dc->norm, n, H, cfg->eps, st);

@@ -14,8 +14,10 @@
 #include "stage0/cuda/talker_kernels.h"
 
 /* wqkv: the rows of Wq, Wk, Wv one after the other ([q width + 2 kv width, hidden]),
- * wgu: Wg then Wu ([2 ffn, hidden]): one product each instead of three and two, the
- * same dot products (each output row is one weight row), packed at upload. */
+ * wgu: the rows of Wg and Wu interleaved ([2 ffn, hidden], gate j at row 2j): one
+ * product each instead of three and two, the same dot products (each output row is
+ * one weight row), packed at upload; the gate/up product also applies silu * up as
+ * it stores (cuda_ops_matmul_bf16_swiglu). */
 struct talker_cuda_layer {
     const uint16_t *wqkv, *wo, *wgu, *wd;
     const float *attn_norm, *q_norm, *k_norm, *ffn_norm;
@@ -28,6 +30,10 @@ struct talker_cuda_scratch {
     int cap;
     float *h, *a, *o, *qkv, *gu, *g, *logits;
     int *row, *pos, *kv_len;
+    /* Split-K attention partials for up to cap rows over max_ctx positions (graph
+     * scratch only; NULL: stream-ordered memory per call). */
+    void *att_ws;
+    size_t att_ws_bytes;
 };
 
 /* One captured decode forward of `size` tokens. */
@@ -84,12 +90,28 @@ static int matmul(float *y, const float *x, const uint16_t *w, int n, int in, in
     return matmul_exact(y, x, w, n, in, out, stream);
 }
 
+/* y = silu(x . Wg^T) * (x . Wu^T) over interleaved wgu, choosing kernels as matmul
+ * does; gu is the [n, 2 ffn] scratch of the unfused (cuBLASLt) path. */
+static int matmul_swiglu(float *y, float *gu, const float *x, const uint16_t *wgu, int n, int in, int ffn, int prefill,
+                         void *stream)
+{
+    if (prefill) return cuda_ops_matmul_bf16_swiglu(y, gu, x, wgu, n, in, ffn, stream);
+    for (int r = 0; r < n; r += CUDA_OPS_GEMV_MAX_ROWS) {
+        int k = n - r < CUDA_OPS_GEMV_MAX_ROWS ? n - r : CUDA_OPS_GEMV_MAX_ROWS;
+        int rc = cuda_ops_matmul_bf16_swiglu(y + (size_t)r * ffn, gu + (size_t)r * 2 * ffn, x + (size_t)r * in, wgu, k,
+                                             in, ffn, stream);
+        if (rc < 0) return rc;
+    }
+    return 0;
+}
+
 static void scratch_free(struct talker_cuda_scratch *s)
 {
     float *f[] = {s->h, s->a, s->o, s->qkv, s->gu, s->g, s->logits};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         cuda_free(f[i]);
     cuda_free(s->row), cuda_free(s->pos), cuda_free(s->kv_len);
+    cuda_free(s->att_ws);
     memset(s, 0, sizeof *s);
 }
 
@@ -159,13 +181,13 @@ int talker_cuda_create(struct talker_cuda **out, const struct talker *m, int max
         G->k_norm = f;
         if ((rc = cuda_upload_f32(l, &f, L->ffn_norm, H)) < 0) break;
         G->ffn_norm = f;
-        const float *qkv[3] = {L->wq, L->wk, L->wv}, *gu[2] = {L->wg, L->wu};
-        const size_t qkv_rows[3] = {QD, KD, KD}, gu_rows[2] = {F, F};
+        const float *qkv[3] = {L->wq, L->wk, L->wv};
+        const size_t qkv_rows[3] = {QD, KD, KD};
         if ((rc = cuda_upload_stacked_bf16(l, &w, qkv, qkv_rows, 3, H)) < 0) break;
         G->wqkv = w;
         if ((rc = cuda_upload_bf16(l, &w, L->wo, H * QD)) < 0) break;
         G->wo = w;
-        if ((rc = cuda_upload_stacked_bf16(l, &w, gu, gu_rows, 2, H)) < 0) break;
+        if ((rc = cuda_upload_interleaved_bf16(l, &w, L->wg, L->wu, F, H)) < 0) break;
         G->wgu = w;
         if ((rc = cuda_upload_bf16(l, &w, L->wd, H * F)) < 0) break;
         G->wd = w;
@@ -226,10 +248,10 @@ static int split_k_fits(const struct talker_config *c)
 /* Every kernel of a forward of n tokens whose inputs are in s (h, row, pos, kv_len on
  * the device), queued on `stream`; the post-norm hiddens end in s->a. split_k: the
  * decode kernel over rows s->row with kv lengths up to max_len, else the row attention;
- * prefill: products through the bf16 GEMM (see matmul). Per layer (10 launches, 11
- * with split-K's combine; 16 before the fusions): norm (fused with the previous residual add), QKV product,
- * q and k norm + RoPE in place with the K/V store, attention reading q from the QKV
- * rows, Wo, residual add + norm, gate|up product, silu * up, Wd. */
+ * prefill: products through the bf16 GEMM (see matmul). Per layer (9 launches, 10
+ * with split-K's combine; 16 before the fusions): norm (fused with the previous residual
+ * add), QKV product, q and k norm + RoPE in place with the K/V store, attention reading
+ * q from the QKV rows, Wo, residual add + norm, gate|up product with silu * up, Wd. */
 static int forward_queue(struct talker_cuda *tc, struct talker_cuda_scratch *s, int n, int split_k, int max_len,
                          int prefill, void *stream)
 {
@@ -260,7 +282,7 @@ static int forward_queue(struct talker_cuda *tc, struct talker_cuda_scratch *s, 
         if (split_k)
             rc = talker_cuda_attention_decode_rows_q(s->o, q, (size_t)QKV, kc, vc, tc->kv_dtype, s->kv_len, s->row,
                                                      max_len, row_stride, KD, n, cfg->n_heads, cfg->n_kv_heads, D,
-                                                     scale, st);
+                                                     scale, s->att_ws, s->att_ws_bytes, st);
         else
             rc = talker_cuda_attention_rows_kv(s->o, q, (size_t)QKV, kc, vc, tc->kv_dtype, s->row, s->pos, n,
                                                cfg->n_heads, cfg->n_kv_heads, D, row_stride, KD, scale, st);
@@ -268,8 +290,7 @@ static int forward_queue(struct talker_cuda *tc, struct talker_cuda_scratch *s, 
          * Wo has read it); the FFN output lands in o again for the next layer's add. */
         if (rc < 0 || (rc = matmul(s->a, s->o, L->wo, n, QD, H, prefill, st)) < 0 ||
             (rc = cuda_ops_add_rmsnorm(s->h, s->o, s->a, L->ffn_norm, n, H, cfg->eps, st)) < 0 ||
-            (rc = matmul(s->gu, s->o, L->wgu, n, H, 2 * F, prefill, st)) < 0 ||
-            (rc = cuda_ops_silu_mul_fused(s->g, s->gu, n, F, st)) < 0 ||
+            (rc = matmul_swiglu(s->g, s->gu, s->o, L->wgu, n, H, F, prefill, st)) < 0 ||
             (rc = matmul(s->o, s->g, L->wd, n, F, H, prefill, st)) < 0)
             break;
     }
@@ -382,6 +403,15 @@ int talker_cuda_graphs_enable(struct talker_cuda *tc, const int *sizes, int n_si
     int cap = sizes[n_sizes - 1], H = tc->cfg.hidden;
     int rc = cuda_stream_create(&tc->stream);
     if (rc == 0) rc = scratch_reserve(tc, &tc->gs, cap);
+    if (rc == 0 && split_k_fits(&tc->cfg)) {
+        const struct talker_config *c = &tc->cfg;
+        size_t bytes = 0;
+        for (int n = 1; n <= cap; n++) {
+            size_t b = talker_cuda_attention_workspace_bytes(n, c->n_heads, c->n_kv_heads, c->head_dim, tc->max_ctx);
+            if (b > bytes) bytes = b;
+        }
+        if ((rc = cuda_malloc(&tc->gs.att_ws, bytes)) == 0) tc->gs.att_ws_bytes = bytes;
+    }
     tc->g_emb = malloc(sizeof(float) * (size_t)cap * H);
     tc->g_ints = malloc(sizeof(int) * 3 * (size_t)cap);
     tc->graphs = calloc((size_t)n_sizes, sizeof *tc->graphs);

@@ -5,6 +5,7 @@
 
 #include "common/cuda/cuda_internal.h"
 #include "common/cuda/head_norm_rope.cuh"
+#include "common/cuda/pdl.cuh"
 #include "stage0/cuda/talker_kernels.h"
 
 enum { ATT_WARPS = 4, ATT_PER_LANE = TALKER_CUDA_MAX_HEAD_DIM / 32 };
@@ -35,6 +36,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
                           const int *__restrict__ pos, int n_heads, int group, int D, size_t row_stride,
                           size_t pos_stride, float scale)
 {
+    pdl_launch_dependents();
+    pdl_wait();
     __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
     __shared__ float s_acc[ATT_WARPS][TALKER_CUDA_MAX_HEAD_DIM];
     const int h = blockIdx.x, i = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -115,14 +118,13 @@ extern "C" int talker_cuda_attention_rows_kv(float *out, const float *q, size_t 
     cudaStream_t st = cuda_stream_of(stream);
     int group = n_heads / n_kv_heads;
     if (kv_dtype == CUDA_KV_BF16)
-        attention_rows_kernel<uint16_t>
-            <<<grid, ATT_WARPS * 32, 0, st>>>(out, q, q_stride, (const uint16_t *)k_cache, (const uint16_t *)v_cache,
-                                              row, pos, n_heads, group, head_dim, row_stride, pos_stride, scale);
+        return launch_pdl("attention_rows_kernel<uint16_t>", attention_rows_kernel<uint16_t>, grid, ATT_WARPS * 32, 0,
+                          st, out, q, q_stride, (const uint16_t *)k_cache, (const uint16_t *)v_cache, row, pos, n_heads,
+                          group, head_dim, row_stride, pos_stride, scale);
     else
-        attention_rows_kernel<float><<<grid, ATT_WARPS * 32, 0, st>>>(out, q, q_stride, (const float *)k_cache,
-                                                                      (const float *)v_cache, row, pos, n_heads, group,
-                                                                      head_dim, row_stride, pos_stride, scale);
-    return cuda_launch_status("attention_rows_kernel");
+        return launch_pdl("attention_rows_kernel<float>", attention_rows_kernel<float>, grid, ATT_WARPS * 32, 0, st,
+                          out, q, q_stride, (const float *)k_cache, (const float *)v_cache, row, pos, n_heads, group,
+                          head_dim, row_stride, pos_stride, scale);
 }
 
 extern "C" int talker_cuda_attention_rows(float *out, const float *q, const float *k_cache, const float *v_cache,
@@ -137,6 +139,8 @@ extern "C" int talker_cuda_attention_rows(float *out, const float *q, const floa
 __global__ void kv_store_kernel(float *__restrict__ cache, const float *__restrict__ src, const int *__restrict__ row,
                                 const int *__restrict__ pos, int width, size_t row_stride, size_t pos_stride)
 {
+    pdl_launch_dependents();
+    pdl_wait();
     const int i = blockIdx.y;
     float *dst = cache + (size_t)row[i] * row_stride + (size_t)pos[i] * pos_stride;
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < width; c += gridDim.x * blockDim.x)
@@ -151,9 +155,8 @@ extern "C" int talker_cuda_kv_store(float *cache, const float *src, const int *r
         return mm3_errorf(-EINVAL, "talker_cuda_kv_store: %d tokens of width %d: expected 0..65535 and width > 0", n,
                           width);
     unsigned bx = (unsigned)((width + 255) / 256);
-    kv_store_kernel<<<dim3(bx, (unsigned)n), 256, 0, cuda_stream_of(stream)>>>(cache, src, row, pos, width, row_stride,
-                                                                               pos_stride);
-    return cuda_launch_status("kv_store_kernel");
+    return launch_pdl("kv_store_kernel", kv_store_kernel, dim3(bx, (unsigned)n), 256, 0, cuda_stream_of(stream), cache,
+                      src, row, pos, width, row_stride, pos_stride);
 }
 
 /* blockIdx.z: 0 = K, 1 = V. */
@@ -162,6 +165,8 @@ __global__ void kv_store_pair_kernel(KT *__restrict__ kc, KT *__restrict__ vc, c
                                      const float *__restrict__ v, size_t src_stride, const int *__restrict__ row,
                                      const int *__restrict__ pos, int width, size_t row_stride, size_t pos_stride)
 {
+    pdl_launch_dependents();
+    pdl_wait();
     const int i = blockIdx.y;
     KT *dst = (blockIdx.z ? vc : kc) + (size_t)row[i] * row_stride + (size_t)pos[i] * pos_stride;
     const float *src = (blockIdx.z ? v : k) + (size_t)i * src_stride;
@@ -189,12 +194,13 @@ extern "C" int talker_cuda_kv_store_pair(void *k_cache, void *v_cache, enum cuda
     dim3 grid((unsigned)((width + 255) / 256), (unsigned)n, 2);
     cudaStream_t st = cuda_stream_of(stream);
     if (kv_dtype == CUDA_KV_BF16)
-        kv_store_pair_kernel<uint16_t><<<grid, 256, 0, st>>>((uint16_t *)k_cache, (uint16_t *)v_cache, k, v, src_stride,
-                                                             row, pos, width, row_stride, pos_stride);
+        return launch_pdl("kv_store_pair_kernel<uint16_t>", kv_store_pair_kernel<uint16_t>, grid, 256, 0, st,
+                          (uint16_t *)k_cache, (uint16_t *)v_cache, k, v, src_stride, row, pos, width, row_stride,
+                          pos_stride);
     else
-        kv_store_pair_kernel<float><<<grid, 256, 0, st>>>((float *)k_cache, (float *)v_cache, k, v, src_stride, row,
-                                                          pos, width, row_stride, pos_stride);
-    return cuda_launch_status("kv_store_pair_kernel");
+        return launch_pdl("kv_store_pair_kernel<float>", kv_store_pair_kernel<float>, grid, 256, 0, st,
+                          (float *)k_cache, (float *)v_cache, k, v, src_stride, row, pos, width, row_stride,
+                          pos_stride);
 }
 
 /* One warp per (token, item): items [0, n_heads) are q heads, then n_kv_heads k heads,
@@ -207,6 +213,8 @@ __global__ void qkv_norm_rope_store_kernel(float *qkv, int n, int n_heads, int n
                                            const float *__restrict__ inv_freq, KT *__restrict__ kc, KT *__restrict__ vc,
                                            const int *__restrict__ row, size_t row_stride, size_t pos_stride)
 {
+    pdl_launch_dependents();
+    pdl_wait();
     const int lane = threadIdx.x & 31;
     const int items = n_heads + 2 * n_kv_heads;
     const long item = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -260,18 +268,20 @@ extern "C" int talker_cuda_qkv_norm_rope_store(float *qkv, int n, int n_heads, i
     if (blocks > 0x7fffffffL) return mm3_errorf(-EINVAL, "talker_cuda_qkv_norm_rope_store: %d tokens: too many", n);
     cudaStream_t st = cuda_stream_of(stream);
     if (kv_dtype == CUDA_KV_BF16)
-        qkv_norm_rope_store_kernel<uint16_t><<<(unsigned)blocks, 32 * warps_per_block, 0, st>>>(
-            qkv, n, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, rotary_dim, pos, inv_freq, (uint16_t *)k_cache,
-            (uint16_t *)v_cache, row, row_stride, pos_stride);
+        return launch_pdl("qkv_norm_rope_store_kernel<uint16_t>", qkv_norm_rope_store_kernel<uint16_t>,
+                          (unsigned)blocks, 32 * warps_per_block, 0, st, qkv, n, n_heads, n_kv_heads, head_dim, q_norm,
+                          k_norm, eps, rotary_dim, pos, inv_freq, (uint16_t *)k_cache, (uint16_t *)v_cache, row,
+                          row_stride, pos_stride);
     else
-        qkv_norm_rope_store_kernel<float><<<(unsigned)blocks, 32 * warps_per_block, 0, st>>>(
-            qkv, n, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, rotary_dim, pos, inv_freq, (float *)k_cache,
-            (float *)v_cache, row, row_stride, pos_stride);
-    return cuda_launch_status("qkv_norm_rope_store_kernel");
+        return launch_pdl("qkv_norm_rope_store_kernel<float>", qkv_norm_rope_store_kernel<float>, (unsigned)blocks,
+                          32 * warps_per_block, 0, st, qkv, n, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps,
+                          rotary_dim, pos, inv_freq, (float *)k_cache, (float *)v_cache, row, row_stride, pos_stride);
 }
 
 __global__ void add_row_kernel(float *__restrict__ y, const float *__restrict__ x, size_t total, int width)
 {
+    pdl_launch_dependents();
+    pdl_wait();
     for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < total; k += (size_t)gridDim.x * blockDim.x)
         y[k] += x[k % (size_t)width];
 }
@@ -282,8 +292,7 @@ extern "C" int talker_cuda_add_row(float *y, const float *x, int n_rows, int wid
     if (n_rows < 0 || width <= 0) return mm3_errorf(-EINVAL, "talker_cuda_add_row: %d rows of width %d", n_rows, width);
     size_t total = (size_t)n_rows * width;
     unsigned blocks = (unsigned)((total + 255) / 256 < 4096 ? (total + 255) / 256 : 4096);
-    add_row_kernel<<<blocks, 256, 0, cuda_stream_of(stream)>>>(y, x, total, width);
-    return cuda_launch_status("add_row_kernel");
+    return launch_pdl("add_row_kernel", add_row_kernel, blocks, 256, 0, cuda_stream_of(stream), y, x, total, width);
 }
 
 extern "C" int talker_cuda_h2d_async(void *dst, const void *src, size_t bytes, void *stream)

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Stage 0 on the GPU in one device call: its GPU tests and the golden replay through
+# CUDA (correctness first), then mm3-bench-stage0 once per argument set on the random
+# release-geometry checkpoint. Results: $OUT/results.tgz plus the tables on stdout.
+#
+# Here:   scripts/device-stage0.sh --pack [build-dir]   (stage 0's programs only: smaller than device-final's)
+# Device: run(command='scripts/device-stage0.sh "--pairs 1,8 --contexts 1000" \
+#                      "MM3_PDL=0 --pairs 1,8 --contexts 1000"', carry=[".device"])
+#         Each argument: optional VAR=value words (environment), then bench arguments.
+#         MM3_S0_TESTS=0 skips the tests; MM3_S0_OPS=1 adds mm3-bench-ops with PDL on and off.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+tests=(test_ops_cuda test_talker_cuda test_sampler_cuda test_frame_cuda test_generate_batch)
+if [ "${1:-}" = --pack ]; then
+  scripts/device-pack.sh -B "${2:-build-cuda}" mm3-stage0 mm3-mkckpt mm3-bench-stage0 mm3-bench-ops "${tests[@]}" >/dev/null || exit 1
+  strip .device/bin/* 2>/dev/null
+  rm -rf .device/golden && mkdir -p .device/golden && cp -r "${MM3_GOLDEN_DIR:-../shared/golden/tiny-a}" .device/golden/tiny-a
+  tar czf .device/binlib.tgz -C .device bin lib golden && rm -rf .device/bin .device/lib .device/golden
+  du -sh .device
+  exit 0
+fi
+[ -f .device/binlib.tgz ] && [ ! -d .device/bin ] && tar xzf .device/binlib.tgz -C .device
+out=/tmp/s0; mkdir -p "$out"
+finish() { tar czf "${OUT:-/tmp}/results.tgz" -C "$out" . 2>/dev/null; }
+trap finish EXIT
+export LD_LIBRARY_PATH="$root/.device/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export MM3_GOLDEN_DIR=$root/.device/golden/tiny-a MM3_SOURCE_DIR=$root MM3_BIN_DIR=$root/.device/bin
+export MM3_TEST_TMP=/tmp/mm3-test
+mkdir -p "$MM3_TEST_TMP"
+bin=.device/bin
+ckpt=/tmp/mm3-bench-ckpt
+
+if [ "${MM3_S0_TESTS:-1}" != 0 ]; then
+  for t in "${tests[@]}"; do
+    timeout 120 $bin/$t > "$out/$t.log" 2>&1; rc=$?
+    echo "$t rc=$rc"; [ $rc = 0 ] || grep -E "FAIL|ERROR|error" "$out/$t.log" | head -5
+  done
+  timeout 60 $bin/mm3-stage0 --golden "$MM3_GOLDEN_DIR" --backend cuda > "$out/golden_s0_cuda.log" 2>&1
+  echo "stage0 golden cuda rc=$?"; grep -iE "rel|pass|fail" "$out/golden_s0_cuda.log" | tail -4
+fi
+if [ "${MM3_S0_OPS:-0}" != 0 ]; then # the kernels alone (mm3-bench-ops), PDL on and off
+  $bin/mm3-bench-ops > "$out/ops.log" 2>&1; echo "ops rc=$?"
+  MM3_PDL=0 $bin/mm3-bench-ops > "$out/ops_nopdl.log" 2>&1; echo "ops (MM3_PDL=0) rc=$?"
+fi
+[ -d "$ckpt" ] || $bin/mm3-mkckpt --preset full --out "$ckpt" --seed 1 > "$out/mkckpt.log" 2>&1 || { echo "mkckpt failed"; exit 1; }
+i=0
+for set in "$@"; do
+  i=$((i + 1))
+  envs=(); args=()
+  for w in $set; do if [[ $w == *=* && $w != -* && ${#args[@]} == 0 ]]; then envs+=("$w"); else args+=("$w"); fi; done
+  echo "== run $i: ${envs[*]} ${args[*]}"
+  env "${envs[@]}" $bin/mm3-bench-stage0 --ckpt "$ckpt" --backend cuda "${args[@]}" > "$out/bench$i.log" 2>&1
+  echo "rc=$?"; grep -v "^S0BENCH" "$out/bench$i.log" | tail -30
+done
