@@ -519,6 +519,88 @@ static void test_swiglu(void **state)
     cuda_free(d);
 }
 
+/* ---- fused decode GEMV (norm in, SwiGLU / residual add out) ------------------------ */
+
+/* cuda_ops_gemv_bf16_fused against the float32 chain it replaces: RMSNorm (op_rmsnorm)
+ * when norm, the product, then store / silu(gate) * up over interleaved rows / add to
+ * what y held. The norm's scale is applied to the sums instead of to x: float32
+ * rounding in another place (~1e-7), inside TOL_F32_SUM. */
+static void check_fused(int n, int in, int out, enum cuda_gemv_epi epi, int norm)
+{
+    static const char *names[] = {"store", "swiglu", "add"};
+    char what[128];
+    snprintf(what, sizeof what, "gemv_bf16_fused n=%d in=%d out=%d %s%s", n, in, out, names[epi],
+             norm ? " + norm" : "");
+    assert_true(cuda_ops_gemv_fused_ok(n, in, out, epi, norm));
+    const float eps = 1e-6f;
+    float *wf, *x = rnd_array((size_t)n * in, 3.0f), *wn = rnd_array((size_t)in, 1.0f);
+    uint16_t *wb = rnd_bf16((size_t)out * in, 0.05f, &wf);
+    const int yw = epi == CUDA_GEMV_SWIGLU ? out / 2 : out;
+    float *y0 = rnd_array((size_t)n * yw, 1.0f);
+    float *xn = malloc(sizeof(float) * (size_t)n * in), *prod = malloc(sizeof(float) * (size_t)n * out);
+    float *ref = malloc(sizeof(float) * (size_t)n * yw);
+    assert_true(xn && prod && ref);
+    if (norm)
+        op_rmsnorm(xn, x, wn, n, in, eps);
+    else
+        memcpy(xn, x, sizeof(float) * (size_t)n * in);
+    op_matmul(prod, xn, wf, NULL, n, in, out);
+    for (int r = 0; r < n; r++)
+        for (int j = 0; j < yw; j++) {
+            const float *pr = prod + (size_t)r * out;
+            float *o = ref + (size_t)r * yw + j;
+            if (epi == CUDA_GEMV_SWIGLU)
+                op_silu_mul(o, pr + 2 * j, pr + 2 * j + 1, 1);
+            else
+                *o = epi == CUDA_GEMV_ADD ? y0[(size_t)r * yw + j] + pr[j] : pr[j];
+        }
+
+    uint16_t *dw = dev_upload(wb, 2 * (size_t)out * in);
+    float *dx = dev_upload(x, sizeof(float) * (size_t)n * in), *dwn = dev_upload(wn, sizeof(float) * in);
+    float *dy_inner, *dy = dev_guarded((size_t)n * yw, &dy_inner);
+    if (epi == CUDA_GEMV_ADD) assert_int_equal(cuda_memcpy_h2d(dy_inner, y0, sizeof(float) * (size_t)n * yw), 0);
+    if (cuda_ops_gemv_bf16_fused(dy_inner, dx, dw, n, in, out, epi, norm ? dwn : NULL, eps, NULL))
+        fail_msg("%s: %s", what, mm3_last_error());
+    float *got = dev_fetch_checked(dy, (size_t)n * yw, what);
+    expect_close(got, ref, (size_t)n * yw, TOL_F32_SUM, what);
+
+    cuda_free(dw), cuda_free(dx), cuda_free(dwn), cuda_free(dy);
+    free(got), free(ref), free(prod), free(xn), free(y0), free(wb), free(wf), free(wn), free(x);
+}
+
+static void test_gemv_fused(void **state)
+{
+    (void)state;
+    /* Release shapes: the LM layer at 1 and 8 CFG pairs, the depth layer at 1 pair. */
+    const int rows[] = {2, 16};
+    for (int i = 0; i < 2; i++) {
+        check_fused(rows[i], 4096, 6144, CUDA_GEMV_STORE, 1);   /* QKV of the normed h */
+        check_fused(rows[i], 4096, 4096, CUDA_GEMV_ADD, 0);     /* h += o . Wo^T */
+        check_fused(rows[i], 4096, 24576, CUDA_GEMV_SWIGLU, 1); /* silu * up of the normed h */
+        check_fused(rows[i], 12288, 4096, CUDA_GEMV_ADD, 0);    /* h += g . Wd^T */
+    }
+    check_fused(2, 4096, 12288, CUDA_GEMV_SWIGLU, 1);
+    /* Every row count (both kernels, both x tiles of the tensor-core one), k splits. */
+    for (int n = 1; n <= CUDA_OPS_GEMV_MAX_ROWS; n++) {
+        check_fused(n, 96, 46, CUDA_GEMV_STORE, 1);
+        check_fused(n, 96, 46, CUDA_GEMV_SWIGLU, 1);
+        check_fused(n, 96, 45, CUDA_GEMV_ADD, 0);
+        check_fused(n, 4096, 130, CUDA_GEMV_SWIGLU, 0);
+    }
+    check_fused(3, 40, 7, CUDA_GEMV_STORE, 1); /* in % 32 != 0 at <= 4 rows */
+    assert_false(cuda_ops_gemv_fused_ok(5, 40, 8, CUDA_GEMV_STORE, 1));
+    assert_false(cuda_ops_gemv_fused_ok(2, 44, 8, CUDA_GEMV_STORE, 0));
+    assert_false(cuda_ops_gemv_fused_ok(2, 64, 7, CUDA_GEMV_SWIGLU, 0));
+    assert_false(cuda_ops_gemv_fused_ok(2, 64, 8, CUDA_GEMV_ADD, 1));
+    assert_false(cuda_ops_gemv_fused_ok(17, 64, 8, CUDA_GEMV_STORE, 0));
+    float *d = NULL;
+    assert_int_equal(cuda_malloc((void **)&d, 4096), 0);
+    assert_int_equal(cuda_ops_gemv_bf16_fused(d, d, (const uint16_t *)d, 5, 40, 8, CUDA_GEMV_STORE, NULL, 0.0f, NULL),
+                     -ENOTSUP);
+    assert_non_null(strstr(mm3_last_error(), "cuda_ops_gemv_bf16_fused"));
+    cuda_free(d);
+}
+
 /* ---- decode attention ------------------------------------------------------------ */
 
 struct att_case {
@@ -663,6 +745,7 @@ int main(void)
         cmocka_unit_test(test_qk_norm_rope_bad_args),
         cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_swiglu),
+        cmocka_unit_test(test_gemv_fused),
         cmocka_unit_test(test_attention_release),
         cmocka_unit_test(test_attention_odd),
         cmocka_unit_test(test_attention_bad_args),

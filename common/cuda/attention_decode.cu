@@ -79,8 +79,12 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     const int split = blockIdx.x, g = blockIdx.y, s = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int len = kv_len[s];
-    const int j0 = split * chunk;
-    const int j1 = min(j0 + chunk, len);
+    /* chunk 0: cut this sequence's own length into the n_split chunks (a graph is
+     * planned for the longest context it may see; a short one still gets every split). */
+    int c = chunk;
+    if (c == 0) c = ((len + n_split - 1) / n_split + ATT_CHUNK_ALIGN - 1) / ATT_CHUNK_ALIGN * ATT_CHUNK_ALIGN;
+    const int j0 = split * c;
+    const int j1 = min(j0 + c, len);
     const size_t kv_off = (size_t)(seq_row ? seq_row[s] : s) * seq_stride + (size_t)g * HD + (size_t)lane * E;
 
     float qv[G][E], acc[G][E], m[G], l[G];
@@ -333,8 +337,9 @@ static int attention_decode(float *out, const float *q, size_t q_stride, const v
                         part_bytes);
     if (rc < 0) return rc;
 
+    /* Automatic plans let each sequence cut its own length (chunk 0 in the kernel). */
     att_args a = {part,       q,          q_stride, k_cache, v_cache, kv_len,  seq_row,
-                  seq_stride, row_stride, n_heads,  group,   scale,   n_split, (int)chunk};
+                  seq_stride, row_stride, n_heads,  group,   scale,   n_split, chunk_positions ? (int)chunk : 0};
     dim3 grid((unsigned)n_split, (unsigned)n_kv_heads, (unsigned)n_seq);
     rc = kv_dtype == CUDA_KV_BF16 ? att_launch_e<uint16_t>(a, head_dim, grid, st)
                                   : att_launch_e<float>(a, head_dim, grid, st);

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 extern "C" {
+#include "common/cuda/ops_cuda.h"
 #include "common/error.h"
 }
 
@@ -31,9 +32,9 @@ static inline cudaStream_t cuda_stream_of(void *stream)
     return (cudaStream_t)stream;
 }
 
-/* The tensor-core GEMV of gemv_mma.cu (m_tiles 0 = default); swiglu: the epilogue
- * of cuda_ops_matmul_bf16_swiglu (y has out / 2 columns). */
-int gemv_mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int m_tiles, bool swiglu,
-                    cudaStream_t st);
+/* The tensor-core GEMV of gemv_mma.cu (m_tiles 0 = default) with the epilogue and
+ * norm of cuda_ops_gemv_bf16_fused (norm_w NULL: none). */
+int gemv_mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int m_tiles,
+                    enum cuda_gemv_epi epi, const float *norm_w, float eps, cudaStream_t st);
 
 #endif

@@ -52,17 +52,19 @@ __device__ __forceinline__ void split_pair(float a, float b, uint32_t *hi, uint3
 }
 
 /* NT: 8-row tiles of x (1 for n <= 8, 2 for n <= 16). MMA_MT: 16-row tiles of W
- * per block; more tiles re-read x (from L2) fewer times per weight byte. SWIGLU:
- * rows 2j, 2j + 1 are gate j and up j; y (out / 2 columns) gets silu(gate) * up. */
-template <int NT, int MMA_MT, bool SWIGLU>
+ * per block; more tiles re-read x (from L2) fewer times per weight byte. EPI and
+ * NORM: as cuda_ops_gemv_bf16_fused (the k-split blocks of a cluster each sum x^2
+ * over their share of the row and rank 0 adds them up with the partial products). */
+template <int NT, int MMA_MT, int EPI, bool NORM>
 __global__ void __launch_bounds__(MMA_THREADS)
     gemv_mma_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int n_rows,
-                    int in, int out, int ks, int tiles)
+                    int in, int out, int ks, int tiles, const float *__restrict__ wn, float eps)
 {
     pdl_launch_dependents();
     constexpr int MMA_OUT = 16 * MMA_MT;
     __shared__ float red[MMA_WARPS][MMA_OUT * 8 * NT];
     __shared__ float block_sum[MMA_OUT * 8 * NT];
+    __shared__ float red_ss[MMA_WARPS][8 * NT], block_ss[8 * NT], row_scale[8 * NT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int rank = blockIdx.y; /* cluster is (1, ks, 1) and the grid's y is ks */
@@ -101,6 +103,10 @@ __global__ void __launch_bounds__(MMA_THREADS)
 #pragma unroll
                 for (int i = 0; i < 4; i++)
                     acc[mt][nt][i] = 0.0f;
+        float ss[NT];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+            ss[nt] = 0.0f;
 
 #pragma unroll 2
         for (int st = rank * MMA_WARPS + warp; st < steps; st += stride) {
@@ -118,6 +124,14 @@ __global__ void __launch_bounds__(MMA_THREADS)
                 if (xv[nt]) {
                     p = __ldg(xr[nt] + 2 * kq);
                     q = __ldg(xr[nt] + 2 * kq + 1);
+                }
+                if (NORM) {
+                    const float4 *nr = (const float4 *)(wn + 8 * t) + 2 * kq;
+                    const float4 na = __ldg(nr), nb = __ldg(nr + 1);
+                    ss[nt] = fmaf(p.x, p.x, fmaf(p.y, p.y, fmaf(p.z, p.z, fmaf(p.w, p.w, ss[nt]))));
+                    ss[nt] = fmaf(q.x, q.x, fmaf(q.y, q.y, fmaf(q.z, q.z, fmaf(q.w, q.w, ss[nt]))));
+                    p = make_float4(p.x * na.x, p.y * na.y, p.z * na.z, p.w * na.w);
+                    q = make_float4(q.x * nb.x, q.y * nb.y, q.z * nb.z, q.w * nb.w);
                 }
                 split_pair(p.x, p.y, &bh[nt][0], &bl[nt][0]);
                 split_pair(p.z, p.w, &bh[nt][1], &bl[nt][1]);
@@ -147,6 +161,15 @@ __global__ void __launch_bounds__(MMA_THREADS)
                 red[warp][(o + 8) * ncols + n] = acc[mt][nt][2];
                 red[warp][(o + 8) * ncols + n + 1] = acc[mt][nt][3];
             }
+        if (NORM) { /* lanes 4g..4g+3 hold row nt*8+g's x^2 over their k: add them up */
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                float v = ss[nt];
+                v += __shfl_xor_sync(0xffffffffu, v, 1);
+                v += __shfl_xor_sync(0xffffffffu, v, 2);
+                if (t == 0) red_ss[warp][nt * 8 + g] = v;
+            }
+        }
         __syncthreads();
         for (int i = threadIdx.x; i < MMA_OUT * ncols; i += MMA_THREADS) {
             float s = 0.0f;
@@ -155,24 +178,49 @@ __global__ void __launch_bounds__(MMA_THREADS)
                 s += red[k][i];
             block_sum[i] = s;
         }
+        if (NORM && threadIdx.x < ncols) {
+            float v = 0.0f;
+#pragma unroll
+            for (int k = 0; k < MMA_WARPS; k++)
+                v += red_ss[k][threadIdx.x];
+            block_ss[threadIdx.x] = v;
+        }
         cluster.sync(); /* every block's block_sum is complete (and red is free again) */
-        if (rank == 0 && SWIGLU) {
-            for (int i = threadIdx.x; i < MMA_OUT / 2 * ncols; i += MMA_THREADS) {
-                const int jp = i / ncols, n = i % ncols, ig = 2 * jp * ncols + n, iu = ig + ncols;
-                float g = block_sum[ig], u = block_sum[iu];
-                for (int r = 1; r < ks; r++) {
-                    g += cluster.map_shared_rank(block_sum, r)[ig];
-                    u += cluster.map_shared_rank(block_sum, r)[iu];
+        if (rank == 0) {
+            if (threadIdx.x < ncols) {
+                float sc = 1.0f;
+                if (NORM) {
+                    float v = block_ss[threadIdx.x];
+                    for (int r = 1; r < ks; r++)
+                        v += cluster.map_shared_rank(block_ss, r)[threadIdx.x];
+                    sc = 1.0f / sqrtf(v / (float)in + eps);
                 }
-                if (o0 + 2 * jp + 1 < out && n < n_rows) y[(size_t)n * (out / 2) + o0 / 2 + jp] = silu_mul1(g, u);
+                row_scale[threadIdx.x] = sc;
             }
-        } else if (rank == 0) {
-            for (int i = threadIdx.x; i < MMA_OUT * ncols; i += MMA_THREADS) {
-                const int o = i / ncols, n = i % ncols;
-                float s = block_sum[i];
-                for (int r = 1; r < ks; r++)
-                    s += cluster.map_shared_rank(block_sum, r)[i];
-                if (o0 + o < out && n < n_rows) y[(size_t)n * out + o0 + o] = s;
+            __syncthreads();
+            if constexpr (EPI == CUDA_GEMV_SWIGLU) {
+                for (int i = threadIdx.x; i < MMA_OUT / 2 * ncols; i += MMA_THREADS) {
+                    const int jp = i / ncols, n = i % ncols, ig = 2 * jp * ncols + n, iu = ig + ncols;
+                    float g = block_sum[ig], u = block_sum[iu];
+                    for (int r = 1; r < ks; r++) {
+                        g += cluster.map_shared_rank(block_sum, r)[ig];
+                        u += cluster.map_shared_rank(block_sum, r)[iu];
+                    }
+                    if (o0 + 2 * jp + 1 < out && n < n_rows)
+                        y[(size_t)n * (out / 2) + o0 / 2 + jp] = silu_mul1(g * row_scale[n], u * row_scale[n]);
+                }
+            } else {
+                for (int i = threadIdx.x; i < MMA_OUT * ncols; i += MMA_THREADS) {
+                    const int o = i / ncols, n = i % ncols;
+                    float s = block_sum[i];
+                    for (int r = 1; r < ks; r++)
+                        s += cluster.map_shared_rank(block_sum, r)[i];
+                    s *= row_scale[n];
+                    if (o0 + o < out && n < n_rows) {
+                        float *yo = y + (size_t)n * out + o0 + o;
+                        *yo = EPI == CUDA_GEMV_ADD ? __fadd_rn(*yo, s) : s;
+                    }
+                }
             }
         }
         cluster.sync(); /* keep the other blocks' block_sum alive until rank 0 has read it */
@@ -208,7 +256,8 @@ template <int NT, int MT> static int mma_resident_clusters(int ks)
         cfg.attrs = &a;
         cfg.numAttrs = 1;
         int n = 0;
-        if (cudaOccupancyMaxActiveClusters(&n, gemv_mma_kernel<NT, MT, false>, &cfg) != cudaSuccess || n < 1) {
+        if (cudaOccupancyMaxActiveClusters(&n, gemv_mma_kernel<NT, MT, CUDA_GEMV_STORE, false>, &cfg) != cudaSuccess ||
+            n < 1) {
             (void)cudaGetLastError();
             n = 1;
         }
@@ -239,8 +288,9 @@ template <int NT, int MT> static void mma_plan(int tiles, int steps, int *ks_out
     *grid_out = grid;
 }
 
-template <int NT, int MT, bool SWIGLU>
-static int mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, cudaStream_t st)
+template <int NT, int MT, int EPI, bool NORM>
+static int mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, const float *wn,
+                      float eps, cudaStream_t st)
 {
     const int tiles = (out + 16 * MT - 1) / (16 * MT);
     int ks, grid;
@@ -256,12 +306,27 @@ static int mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, i
     attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1 + (mma_pdl() ? pdl_attr(&attr[1]) : 0);
-    return cuda_status(cudaLaunchKernelEx(&cfg, gemv_mma_kernel<NT, MT, SWIGLU>, y, x, w, n_rows, in, out, ks, tiles),
-                       "cudaLaunchKernelEx(gemv_mma_kernel)");
+    return cuda_status(
+        cudaLaunchKernelEx(&cfg, gemv_mma_kernel<NT, MT, EPI, NORM>, y, x, w, n_rows, in, out, ks, tiles, wn, eps),
+        "cudaLaunchKernelEx(gemv_mma_kernel)");
 }
 
-int gemv_mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int m_tiles, bool swiglu,
-                    cudaStream_t st)
+/* The fused variants (default tile count only) for one x tile count. */
+template <int NT>
+static int mma_launch_fused(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out,
+                            enum cuda_gemv_epi epi, const float *wn, float eps, cudaStream_t st)
+{
+    constexpr int MT = MMA_DEFAULT_MT;
+    if (wn && epi == CUDA_GEMV_SWIGLU)
+        return mma_launch<NT, MT, CUDA_GEMV_SWIGLU, true>(y, x, w, n_rows, in, out, wn, eps, st);
+    if (wn) return mma_launch<NT, MT, CUDA_GEMV_STORE, true>(y, x, w, n_rows, in, out, wn, eps, st);
+    if (epi == CUDA_GEMV_SWIGLU)
+        return mma_launch<NT, MT, CUDA_GEMV_SWIGLU, false>(y, x, w, n_rows, in, out, wn, eps, st);
+    return mma_launch<NT, MT, CUDA_GEMV_ADD, false>(y, x, w, n_rows, in, out, wn, eps, st);
+}
+
+int gemv_mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int m_tiles,
+                    enum cuda_gemv_epi epi, const float *norm_w, float eps, cudaStream_t st)
 {
     if (m_tiles == 0) m_tiles = MMA_DEFAULT_MT;
     if (m_tiles != 2 && m_tiles != 4)
@@ -272,20 +337,24 @@ int gemv_mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, int
                           n_rows, in, out, CUDA_OPS_GEMV_MAX_ROWS, MMA_KSTEP);
     if (((uintptr_t)w | (uintptr_t)x) & 15)
         return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_mma: w and x must be 16-byte aligned");
-    if (swiglu) { /* the default tile count only: one instantiation per x tile count */
-        if (out % 2) return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_mma (swiglu): %d outputs, expected even", out);
-        return n_rows <= 8 ? mma_launch<1, MMA_DEFAULT_MT, true>(y, x, w, n_rows, in, out, st)
-                           : mma_launch<2, MMA_DEFAULT_MT, true>(y, x, w, n_rows, in, out, st);
+    if (norm_w || epi != CUDA_GEMV_STORE) {
+        if (epi == CUDA_GEMV_SWIGLU && out % 2)
+            return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_mma (swiglu): %d outputs, expected even", out);
+        if (norm_w && epi == CUDA_GEMV_ADD)
+            return mm3_errorf(-ENOTSUP, "cuda_ops_gemv_bf16_mma: no norm with the residual add");
+        return n_rows <= 8 ? mma_launch_fused<1>(y, x, w, n_rows, in, out, epi, norm_w, eps, st)
+                           : mma_launch_fused<2>(y, x, w, n_rows, in, out, epi, norm_w, eps, st);
     }
+    const float *no_norm = NULL;
     if (n_rows <= 8)
-        return m_tiles == 2 ? mma_launch<1, 2, false>(y, x, w, n_rows, in, out, st)
-                            : mma_launch<1, 4, false>(y, x, w, n_rows, in, out, st);
-    return m_tiles == 2 ? mma_launch<2, 2, false>(y, x, w, n_rows, in, out, st)
-                        : mma_launch<2, 4, false>(y, x, w, n_rows, in, out, st);
+        return m_tiles == 2 ? mma_launch<1, 2, CUDA_GEMV_STORE, false>(y, x, w, n_rows, in, out, no_norm, 0.0f, st)
+                            : mma_launch<1, 4, CUDA_GEMV_STORE, false>(y, x, w, n_rows, in, out, no_norm, 0.0f, st);
+    return m_tiles == 2 ? mma_launch<2, 2, CUDA_GEMV_STORE, false>(y, x, w, n_rows, in, out, no_norm, 0.0f, st)
+                        : mma_launch<2, 4, CUDA_GEMV_STORE, false>(y, x, w, n_rows, in, out, no_norm, 0.0f, st);
 }
 
 extern "C" int cuda_ops_gemv_bf16_mma(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out,
                                       int m_tiles, void *stream)
 {
-    return gemv_mma_launch(y, x, w, n_rows, in, out, m_tiles, false, cuda_stream_of(stream));
+    return gemv_mma_launch(y, x, w, n_rows, in, out, m_tiles, CUDA_GEMV_STORE, NULL, 0.0f, cuda_stream_of(stream));
 }

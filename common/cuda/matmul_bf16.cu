@@ -11,6 +11,8 @@
 #include <cuda_bf16.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "common/cuda/cuda_internal.h"
 #include "common/cuda/ops_cuda.h"
@@ -45,15 +47,28 @@ __device__ __forceinline__ float dot8(uint4 w, float4 xa, float4 xb, float acc)
     return acc;
 }
 
-/* acc[r][j] += the 8 weights of wv[j] times the 8 x of row r at unit c. */
-template <int NR, int OPW>
-__device__ __forceinline__ void gemv_apply8(float (&acc)[NR][OPW], const uint4 (&wv)[OPW], const float *x, int in,
-                                            int c)
+/* acc[r][j] += the 8 weights of wv[j] times the 8 x of row r at unit c. NORM: x is
+ * multiplied by the norm weights wn as it is read and ss[r] collects x^2 (the
+ * RMSNorm of cuda_ops_gemv_bf16_fused, whose scale is applied to the sums). */
+template <int NR, int OPW, bool NORM>
+__device__ __forceinline__ void gemv_apply8(float (&acc)[NR][OPW], float (&ss)[NR], const uint4 (&wv)[OPW],
+                                            const float *x, const float *wn, int in, int c)
 {
+    float4 na, nb;
+    if (NORM) {
+        const float4 *nr = (const float4 *)wn + 2 * c;
+        na = __ldg(nr), nb = __ldg(nr + 1);
+    }
 #pragma unroll
     for (int r = 0; r < NR; r++) {
         const float4 *xr = (const float4 *)(x + (size_t)r * in) + 2 * c;
         float4 xa = __ldg(xr), xb = __ldg(xr + 1);
+        if (NORM) {
+            ss[r] = fmaf(xa.x, xa.x, fmaf(xa.y, xa.y, fmaf(xa.z, xa.z, fmaf(xa.w, xa.w, ss[r]))));
+            ss[r] = fmaf(xb.x, xb.x, fmaf(xb.y, xb.y, fmaf(xb.z, xb.z, fmaf(xb.w, xb.w, ss[r]))));
+            xa = make_float4(xa.x * na.x, xa.y * na.y, xa.z * na.z, xa.w * na.w);
+            xb = make_float4(xb.x * nb.x, xb.y * nb.y, xb.z * nb.z, xb.w * nb.w);
+        }
 #pragma unroll
         for (int j = 0; j < OPW; j++)
             acc[r][j] = dot8(wv[j], xa, xb, acc[r][j]);
@@ -63,15 +78,24 @@ __device__ __forceinline__ void gemv_apply8(float (&acc)[NR][OPW], const uint4 (
 /* VEC: in % 8 == 0 and 16-byte aligned rows, one unit = 8 elements; otherwise a
  * unit is one element (odd sizes; correct, not fast). The first GEMV_PREFETCH
  * passes of weights are loaded before pdl_wait (weights are no earlier kernel's
- * output), so they stream while the previous kernel finishes. SWIGLU: rows 2j and
- * 2j + 1 are gate j and up j, and y (out / 2 columns) gets silu(gate) * up. */
+ * output), so they stream while the previous kernel finishes.
+ * EPI (what is stored): CUDA_GEMV_STORE y = sum; CUDA_GEMV_SWIGLU rows 2j and 2j + 1 are gate j
+ * and up j, and y (out / 2 columns) gets silu(gate) * up; CUDA_GEMV_ADD y += sum (the
+ * residual add, in place). NORM (VEC only): x is RMSNorm(x; wn, eps) on the fly, each
+ * block summing x^2 over the whole row it reads anyway. */
 enum { GEMV_PREFETCH = 2 };
-template <int NR, int OPW, bool VEC, bool SWIGLU = false>
-__global__ void __launch_bounds__(GEMV_THREADS) gemv_bf16_kernel(float *__restrict__ y, const float *__restrict__ x,
-                                                                 const uint16_t *__restrict__ w, int in, int out)
+/* Register caps (blocks per SM in the launch bounds): unbounded, the compiler gave the
+ * 2-row kernel 120 registers (2 blocks per SM instead of 3) once the norm and the
+ * epilogues were in the template; 80 (1-2 rows) and 128 (3-4 rows) fit without spills.
+ * Wider row counts only serve odd widths and the benchmark's variants: left alone. */
+template <int NR, int OPW, bool VEC, int EPI = CUDA_GEMV_STORE, bool NORM = false>
+__global__ void __launch_bounds__(GEMV_THREADS, NR <= 2 ? 3 : NR <= 4 ? 2 : 1)
+    gemv_bf16_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int in,
+                     int out, const float *__restrict__ wn, float eps)
 {
+    static_assert(VEC || !NORM, "the fused norm reads x in 8-element units");
     pdl_launch_dependents();
-    __shared__ float part[GEMV_WARPS][NR * OPW];
+    __shared__ float part[GEMV_WARPS][NR * OPW + NR];
     const int o0 = blockIdx.x * OPW;
     const int units = VEC ? in / 8 : in;
     const uint16_t *wr[OPW];
@@ -81,12 +105,14 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_bf16_kernel(float *__restri
         int o = o0 + j < out ? o0 + j : out - 1;
         wr[j] = w + (size_t)o * in;
     }
-    float acc[NR][OPW];
+    float acc[NR][OPW], ss[NR];
 #pragma unroll
-    for (int r = 0; r < NR; r++)
+    for (int r = 0; r < NR; r++) {
+        ss[r] = 0.0f;
 #pragma unroll
         for (int j = 0; j < OPW; j++)
             acc[r][j] = 0.0f;
+    }
 
     if (VEC) {
         uint4 pre[GEMV_PREFETCH][OPW];
@@ -101,7 +127,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_bf16_kernel(float *__restri
 #pragma unroll
         for (int p = 0; p < GEMV_PREFETCH; p++) {
             const int c = threadIdx.x + p * GEMV_THREADS;
-            if (c < units) gemv_apply8<NR, OPW>(acc, pre[p], x, in, c);
+            if (c < units) gemv_apply8<NR, OPW, NORM>(acc, ss, pre[p], x, wn, in, c);
         }
 #pragma unroll 2
         for (int c = threadIdx.x + GEMV_PREFETCH * GEMV_THREADS; c < units; c += GEMV_THREADS) {
@@ -109,7 +135,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_bf16_kernel(float *__restri
 #pragma unroll
             for (int j = 0; j < OPW; j++)
                 wv[j] = __ldcs((const uint4 *)wr[j] + c);
-            gemv_apply8<NR, OPW>(acc, wv, x, in, c);
+            gemv_apply8<NR, OPW, NORM>(acc, ss, wv, x, wn, in, c);
         }
     } else {
         pdl_wait();
@@ -130,7 +156,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_bf16_kernel(float *__restri
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
-    for (int r = 0; r < NR; r++)
+    for (int r = 0; r < NR; r++) {
 #pragma unroll
         for (int j = 0; j < OPW; j++) {
             float s = acc[r][j];
@@ -139,8 +165,28 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_bf16_kernel(float *__restri
                 s += __shfl_xor_sync(0xffffffffu, s, off);
             if (lane == 0) part[warp][r * OPW + j] = s;
         }
+        if (NORM) {
+            float s = ss[r];
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1)
+                s += __shfl_xor_sync(0xffffffffu, s, off);
+            if (lane == 0) part[warp][NR * OPW + r] = s;
+        }
+    }
     __syncthreads();
-    if constexpr (SWIGLU) {
+    float scale[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        scale[r] = 1.0f;
+        if (NORM) {
+            float t = 0.0f;
+#pragma unroll
+            for (int k = 0; k < GEMV_WARPS; k++)
+                t += part[k][NR * OPW + r];
+            scale[r] = 1.0f / sqrtf(t / (float)in + eps);
+        }
+    }
+    if constexpr (EPI == CUDA_GEMV_SWIGLU) {
         const int half = out / 2;
         for (int t = threadIdx.x; t < NR * OPW / 2; t += GEMV_THREADS) {
             int r = t / (OPW / 2), jp = t % (OPW / 2);
@@ -151,6 +197,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_bf16_kernel(float *__restri
                 g += part[k][r * OPW + 2 * jp];
                 u += part[k][r * OPW + 2 * jp + 1];
             }
+            if (NORM) g *= scale[r], u *= scale[r];
             y[(size_t)r * half + o0 / 2 + jp] = silu_mul1(g, u);
         }
     } else {
@@ -161,7 +208,9 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_bf16_kernel(float *__restri
 #pragma unroll
             for (int k = 0; k < GEMV_WARPS; k++)
                 s += part[k][t];
-            y[(size_t)r * out + o0 + j] = s;
+            if (NORM) s *= scale[r];
+            float *yo = y + (size_t)r * out + o0 + j;
+            *yo = EPI == CUDA_GEMV_ADD ? __fadd_rn(*yo, s) : s;
         }
     }
 }
@@ -177,10 +226,12 @@ template <int NR, int OPW>
 static int gemv_launch_opw(float *y, const float *x, const uint16_t *w, int in, int out, bool vec, cudaStream_t s)
 {
     dim3 grid((unsigned)((out + OPW - 1) / OPW));
+    const float *no_norm = NULL;
     if (vec)
         return launch_pdl("gemv_bf16_kernel", gemv_bf16_kernel<NR, OPW, true>, grid, GEMV_THREADS, 0, s, y, x, w, in,
-                          out);
-    return launch_pdl("gemv_bf16_kernel", gemv_bf16_kernel<NR, OPW, false>, grid, GEMV_THREADS, 0, s, y, x, w, in, out);
+                          out, no_norm, 0.0f);
+    return launch_pdl("gemv_bf16_kernel", gemv_bf16_kernel<NR, OPW, false>, grid, GEMV_THREADS, 0, s, y, x, w, in, out,
+                      no_norm, 0.0f);
 }
 
 template <int NR>
@@ -351,7 +402,7 @@ extern "C" int cuda_ops_matmul_bf16(float *y, const float *x, const uint16_t *w,
     /* Measured on the H200 (docs/performance.md): the float32 kernel is short of
      * ALU and L1 for many rows; the tensor-core kernel serves them. */
     if (n_rows > GEMV_MMA_MIN_ROWS && in % 32 == 0 && (((uintptr_t)w | (uintptr_t)x) & 15) == 0)
-        return cuda_ops_gemv_bf16_mma(y, x, w, n_rows, in, out, 0, stream);
+        return gemv_mma_launch(y, x, w, n_rows, in, out, 0, CUDA_GEMV_STORE, NULL, 0.0f, s);
     bool vec = in % 8 == 0 && ((uintptr_t)w & 15) == 0 && ((uintptr_t)x & 15) == 0;
     return gemv_dispatch(y, x, w, n_rows, in, out, vec, gemv_default_opw(n_rows), s);
 }
@@ -366,54 +417,72 @@ extern "C" int cuda_ops_gemv_bf16_opw(float *y, const float *x, const uint16_t *
     return gemv_dispatch(y, x, w, n_rows, in, out, vec, outputs_per_warp, cuda_stream_of(stream));
 }
 
-/* The fused SwiGLU product at each row count, with the default outputs per warp
- * (even, so a block holds whole gate/up pairs). */
-template <int NR>
-static int gemv_swiglu_launch(float *y, const float *x, const uint16_t *w, int in, int out, cudaStream_t s)
+/* The fused variants of the float32 kernel, for up to GEMV_MMA_MIN_ROWS rows (more
+ * go to the tensor-core kernel): instantiated only for the combinations the decode
+ * layers use, with 4 outputs per warp (even: a block holds whole gate/up pairs). */
+template <int NR, int EPI, bool NORM>
+static int gemv_fused_launch(float *y, const float *x, const uint16_t *w, int in, int out, const float *wn, float eps,
+                             cudaStream_t s)
 {
-    constexpr int OPW = NR <= 4 ? 4 : 8;
-    dim3 grid((unsigned)((out + OPW - 1) / OPW));
-    return launch_pdl("gemv_bf16_kernel (swiglu)", gemv_bf16_kernel<NR, OPW, true, true>, grid, GEMV_THREADS, 0, s, y,
-                      x, w, in, out);
+    dim3 grid((unsigned)((out + 3) / 4));
+    return launch_pdl("gemv_bf16_kernel (fused)", gemv_bf16_kernel<NR, 4, true, EPI, NORM>, grid, GEMV_THREADS, 0, s, y,
+                      x, w, in, out, wn, eps);
 }
 
-static int gemv_swiglu_dispatch(float *y, const float *x, const uint16_t *w, int n, int in, int out, cudaStream_t s)
+template <int NR>
+static int gemv_fused_rows(float *y, const float *x, const uint16_t *w, int in, int out, enum cuda_gemv_epi epi,
+                           const float *wn, float eps, cudaStream_t s)
 {
-    switch (n) {
+    if (wn && epi == CUDA_GEMV_SWIGLU)
+        return gemv_fused_launch<NR, CUDA_GEMV_SWIGLU, true>(y, x, w, in, out, wn, eps, s);
+    if (wn) return gemv_fused_launch<NR, CUDA_GEMV_STORE, true>(y, x, w, in, out, wn, eps, s);
+    if (epi == CUDA_GEMV_SWIGLU) return gemv_fused_launch<NR, CUDA_GEMV_SWIGLU, false>(y, x, w, in, out, wn, eps, s);
+    if (epi == CUDA_GEMV_ADD) return gemv_fused_launch<NR, CUDA_GEMV_ADD, false>(y, x, w, in, out, wn, eps, s);
+    return gemv_fused_launch<NR, CUDA_GEMV_STORE, false>(y, x, w, in, out, wn, eps, s);
+}
+
+extern "C" int cuda_ops_gemv_fused_pays(int n_rows)
+{
+    static int mode = -1; /* MM3_GEMV_FUSE: 0 never, 1 always, else by row count */
+    if (mode < 0) {
+        const char *v = getenv("MM3_GEMV_FUSE");
+        mode = v && !strcmp(v, "0") ? 0 : v && !strcmp(v, "1") ? 1 : 2;
+    }
+    if (n_rows < 1 || n_rows > CUDA_OPS_GEMV_MAX_ROWS || mode == 0) return 0;
+    return mode == 1 || n_rows <= 2 || n_rows > GEMV_MMA_MIN_ROWS;
+}
+
+extern "C" int cuda_ops_gemv_fused_ok(int n_rows, int in, int out, enum cuda_gemv_epi epi, int norm)
+{
+    if (n_rows < 1 || n_rows > CUDA_OPS_GEMV_MAX_ROWS || in < 8 || in % 8 || out < 1) return 0;
+    if (n_rows > GEMV_MMA_MIN_ROWS && in % 32) return 0;
+    if (epi == CUDA_GEMV_SWIGLU && out % 2) return 0;
+    if (norm && epi == CUDA_GEMV_ADD) return 0;
+    return epi == CUDA_GEMV_STORE || epi == CUDA_GEMV_SWIGLU || epi == CUDA_GEMV_ADD;
+}
+
+extern "C" int cuda_ops_gemv_bf16_fused(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out,
+                                        enum cuda_gemv_epi epi, const float *norm_w, float eps, void *stream)
+{
+    if (!cuda_ops_gemv_fused_ok(n_rows, in, out, epi, norm_w != NULL))
+        return mm3_errorf(-ENOTSUP,
+                          "cuda_ops_gemv_bf16_fused: %d rows, in %d, out %d, epilogue %d%s: not a fused shape (see "
+                          "cuda_ops_gemv_fused_ok)",
+                          n_rows, in, out, (int)epi, norm_w ? " with norm" : "");
+    if (!y || !x || !w) return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_fused: NULL pointer");
+    if ((((uintptr_t)w | (uintptr_t)x) & 15) || (norm_w && ((uintptr_t)norm_w & 15)))
+        return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_fused: w, x and the norm weights must be 16-byte aligned");
+    cudaStream_t s = cuda_stream_of(stream);
+    if (n_rows > GEMV_MMA_MIN_ROWS) return gemv_mma_launch(y, x, w, n_rows, in, out, 0, epi, norm_w, eps, s);
+    switch (n_rows) {
     case 1:
-        return gemv_swiglu_launch<1>(y, x, w, in, out, s);
+        return gemv_fused_rows<1>(y, x, w, in, out, epi, norm_w, eps, s);
     case 2:
-        return gemv_swiglu_launch<2>(y, x, w, in, out, s);
+        return gemv_fused_rows<2>(y, x, w, in, out, epi, norm_w, eps, s);
     case 3:
-        return gemv_swiglu_launch<3>(y, x, w, in, out, s);
-    case 4:
-        return gemv_swiglu_launch<4>(y, x, w, in, out, s);
-    case 5:
-        return gemv_swiglu_launch<5>(y, x, w, in, out, s);
-    case 6:
-        return gemv_swiglu_launch<6>(y, x, w, in, out, s);
-    case 7:
-        return gemv_swiglu_launch<7>(y, x, w, in, out, s);
-    case 8:
-        return gemv_swiglu_launch<8>(y, x, w, in, out, s);
-    case 9:
-        return gemv_swiglu_launch<9>(y, x, w, in, out, s);
-    case 10:
-        return gemv_swiglu_launch<10>(y, x, w, in, out, s);
-    case 11:
-        return gemv_swiglu_launch<11>(y, x, w, in, out, s);
-    case 12:
-        return gemv_swiglu_launch<12>(y, x, w, in, out, s);
-    case 13:
-        return gemv_swiglu_launch<13>(y, x, w, in, out, s);
-    case 14:
-        return gemv_swiglu_launch<14>(y, x, w, in, out, s);
-    case 15:
-        return gemv_swiglu_launch<15>(y, x, w, in, out, s);
-    case 16:
-        return gemv_swiglu_launch<16>(y, x, w, in, out, s);
+        return gemv_fused_rows<3>(y, x, w, in, out, epi, norm_w, eps, s);
     default:
-        return mm3_errorf(-EINVAL, "gemv (swiglu): %d rows, expected 1..%d", n, CUDA_OPS_GEMV_MAX_ROWS);
+        return gemv_fused_rows<4>(y, x, w, in, out, epi, norm_w, eps, s);
     }
 }
 
@@ -424,14 +493,9 @@ extern "C" int cuda_ops_matmul_bf16_swiglu(float *y, float *gu, const float *x, 
         return mm3_errorf(-EINVAL, "cuda_ops_matmul_bf16_swiglu: %d rows, in %d, ffn %d: expected all >= 1", n_rows, in,
                           ffn);
     if (!y || !x || !w_gu) return mm3_errorf(-EINVAL, "cuda_ops_matmul_bf16_swiglu: NULL pointer");
-    cudaStream_t s = cuda_stream_of(stream);
     const int out = 2 * ffn;
-    const bool aligned = in % 8 == 0 && (((uintptr_t)w_gu | (uintptr_t)x) & 15) == 0;
-    if (n_rows <= CUDA_OPS_GEMV_MAX_ROWS && aligned) {
-        /* The same kernel choice as cuda_ops_matmul_bf16, with the epilogue. */
-        if (n_rows > GEMV_MMA_MIN_ROWS && in % 32 == 0) return gemv_mma_launch(y, x, w_gu, n_rows, in, out, 0, true, s);
-        return gemv_swiglu_dispatch(y, x, w_gu, n_rows, in, out, s);
-    }
+    if (cuda_ops_gemv_fused_ok(n_rows, in, out, CUDA_GEMV_SWIGLU, 0) && ((((uintptr_t)w_gu | (uintptr_t)x) & 15) == 0))
+        return cuda_ops_gemv_bf16_fused(y, x, w_gu, n_rows, in, out, CUDA_GEMV_SWIGLU, NULL, 0.0f, stream);
     if (!gu) return mm3_errorf(-EINVAL, "cuda_ops_matmul_bf16_swiglu: %d rows need the gu scratch", n_rows);
     int rc = cuda_ops_matmul_bf16(gu, x, w_gu, n_rows, in, out, stream);
     return rc < 0 ? rc : cuda_ops_silu_mul_interleaved(y, gu, n_rows, ffn, stream);

@@ -114,6 +114,31 @@ int cuda_ops_silu_mul_fused(float *y, const float *gu, int n_rows, int ffn, void
  * packed interleaved, see cuda_ops_matmul_bf16_swiglu). */
 int cuda_ops_silu_mul_interleaved(float *y, const float *gu, int n_rows, int ffn, void *stream);
 
+/* What a fused GEMV stores: y = sum; y[n, out / 2] = silu(gate) * up over rows
+ * interleaved gate j = 2j, up j = 2j + 1; y += sum (the residual add, in place). */
+enum cuda_gemv_epi { CUDA_GEMV_STORE = 0, CUDA_GEMV_SWIGLU = 1, CUDA_GEMV_ADD = 2 };
+
+/* y = epi(RMSNorm(x; norm_w, eps) . W^T) for 1..16 rows, float32-accurate like
+ * cuda_ops_matmul_bf16 (same kernels): the decode layer's norm, product and SwiGLU
+ * or residual add in one launch. norm_w NULL: x as is; the norm is applied as x is
+ * read (each block sums x^2 over the part of the row it reads, the k-split blocks of
+ * a cluster share theirs), its scale on the sums, so it rounds differently from
+ * cuda_ops_rmsnorm then the product (~1e-7 relative). -ENOTSUP where
+ * cuda_ops_gemv_fused_ok says no (the caller runs the unfused ops); w, x, norm_w
+ * 16-byte aligned; y must not alias x. */
+int cuda_ops_gemv_bf16_fused(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out,
+                             enum cuda_gemv_epi epi, const float *norm_w, float eps, void *stream);
+/* Whether that shape fuses: rows 1..16, in % 8 == 0 (in % 32 == 0 beyond 4 rows), out
+ * even for SWIGLU, no norm with ADD. */
+int cuda_ops_gemv_fused_ok(int n_rows, int in, int out, enum cuda_gemv_epi epi, int norm);
+/* Whether fusing the norm and the residual add into the products is faster at this
+ * row count (measured on the H200, ctx 1000, docs/performance.md): at 1-2 rows (1 CFG
+ * pair 8.13 -> 7.68 ms per frame) and on the tensor-core kernel, 5..16 rows (8 pairs
+ * 12.42 -> 11.98); not at 3-4 rows, where every block re-deriving the normed x for 4
+ * rows makes the float32 kernel ALU-bound (2 pairs 10.58 -> 11.89). MM3_GEMV_FUSE=0 /
+ * =1 in the environment: never / at every row count (for measuring). */
+int cuda_ops_gemv_fused_pays(int n_rows);
+
 /* y[n_rows, ffn] = silu(x . Wg^T) * (x . Wu^T) with w_gu [2*ffn, in] holding the rows
  * of Wg and Wu interleaved (row 2j = gate j, row 2j + 1 = up j): for up to 16 rows
  * the GEMV kernels of cuda_ops_matmul_bf16 apply silu * up as they store (no gu
@@ -136,8 +161,10 @@ enum cuda_kv_dtype { CUDA_KV_F32 = 0, CUDA_KV_BF16 = 1 };
  *   k_cache, v_cache: element (s, j, g, d) at s*seq_stride + j*row_stride + g*head_dim + d
  *     (elements, not bytes), type kv_dtype; query head h reads kv head h / (n_heads/n_kv_heads).
  *   kv_len: device int[n_seq], each in [0, max_kv_len]; 0 gives a zero output row.
- * Split-K: the positions are cut into chunks of 256, one block per (chunk, kv head,
- * sequence), merged by a combine kernel (float32 log-sum-exp). The partial results
+ * Split-K: about 4 blocks per SM are planned for max_kv_len (n_split chunks per kv
+ * head and sequence); each sequence cuts its own length into those n_split chunks
+ * (multiples of 64 positions), so a graph planned for a long context stays parallel
+ * at a short one; a combine kernel merges them (float32 log-sum-exp). The partial results
  * live in stream-ordered memory (cudaMallocAsync), so the call captures into graphs.
  * Requires head_dim a multiple of 32 and <= 256, n_heads/n_kv_heads <= 8, and
  * 16-byte aligned rows where the row is >= 16 bytes per lane. */

@@ -147,13 +147,34 @@ static int check_step(const struct depth_cuda *dc, int n, int pos)
     return 0;
 }
 
-/* Per layer 7 launches (14 before the fusions): norm (fused with the previous layer's
- * residual add), QKV product, K/V store + attention in one kernel (the context is at
- * most n_codebooks positions: no split), Wo, residual add + norm, gate|up product with
- * silu * up, Wd. No q/k norm and no RoPE here (model-stage0.md 3.5: learned positions,
- * added once to the input). Every product, add and norm computes what the unfused chain
- * did (the same kernels on the same rows, the add inside the norm kernel is the same
- * single rounding). */
+/* The fused GEMV in 16-row slices (as matmul), and whether every slice fuses and
+ * gains by it. */
+static int gemv_fused(float *y, const float *x, const uint16_t *w, int n, int in, int out, enum cuda_gemv_epi epi,
+                      const float *norm_w, float eps, void *stream)
+{
+    int y_width = epi == CUDA_GEMV_SWIGLU ? out / 2 : out;
+    for (int r = 0; r < n; r += CUDA_OPS_GEMV_MAX_ROWS) {
+        int k = n - r < CUDA_OPS_GEMV_MAX_ROWS ? n - r : CUDA_OPS_GEMV_MAX_ROWS;
+        int rc = cuda_ops_gemv_bf16_fused(y + (size_t)r * y_width, x + (size_t)r * in, w, k, in, out, epi, norm_w, eps,
+                                          stream);
+        if (rc < 0) return rc;
+    }
+    return 0;
+}
+
+static int fused_ok(int n, int in, int out, enum cuda_gemv_epi epi, int norm)
+{
+    int full = n >= CUDA_OPS_GEMV_MAX_ROWS, rest = n % CUDA_OPS_GEMV_MAX_ROWS;
+    return (!full || cuda_ops_gemv_fused_ok(CUDA_OPS_GEMV_MAX_ROWS, in, out, epi, norm)) &&
+           (!rest || (cuda_ops_gemv_fused_ok(rest, in, out, epi, norm) && cuda_ops_gemv_fused_pays(rest)));
+}
+
+/* Per layer 5 launches (14 before the fusions): QKV product of the normed h, K/V store
+ * + attention in one kernel (the context is at most n_codebooks positions: no split),
+ * h += o . Wo^T, silu * up of the normed h, h += g . Wd^T; the norms, SwiGLU and
+ * residual adds inside the products (cuda_ops_gemv_bf16_fused). Widths that do not
+ * fuse take the same chain with separate norm/add kernels (7 launches). No q/k norm
+ * and no RoPE here (model-stage0.md 3.5: learned positions, added once to the input). */
 int depth_cuda_step_dev(struct depth_cuda *dc, int n, const float *x, int pos, float *out, void *st)
 {
     const struct depth_config *cfg = &dc->cfg;
@@ -163,12 +184,25 @@ int depth_cuda_step_dev(struct depth_cuda *dc, int n, const float *x, int pos, f
     size_t row_stride = (size_t)cfg->n_codebooks * H, layer_stride = (size_t)dc->max_rows * row_stride;
     float scale = 1.0f / sqrtf((float)cfg->head_dim);
     float *g = dc->qkv; /* silu(gate) * up: the QKV rows are free by then */
+    int fused = fused_ok(n, H, 3 * H, CUDA_GEMV_STORE, 1) && fused_ok(n, H, H, CUDA_GEMV_ADD, 0) &&
+                fused_ok(n, H, 2 * F, CUDA_GEMV_SWIGLU, 1) && fused_ok(n, F, H, CUDA_GEMV_ADD, 0);
     if ((rc = matmul(dc->h, x, dc->proj, n, H, H, st)) < 0 ||
         (rc = talker_cuda_add_row(dc->h, dc->pos_emb + (size_t)pos * H, n, H, st)) < 0)
         return rc;
     for (int li = 0; li < cfg->n_layers; li++) {
         const struct depth_cuda_layer *L = &dc->layers[li];
         float *kc = dc->kc + li * layer_stride, *vc = dc->vc + li * layer_stride;
+        if (fused) {
+            if ((rc = gemv_fused(dc->qkv, dc->h, L->wqkv, n, H, 3 * H, CUDA_GEMV_STORE, L->attn_norm, cfg->eps, st)) <
+                    0 ||
+                (rc = depth_cuda_attention_store(dc->o, dc->qkv, kc, vc, n, pos, cfg->n_heads, cfg->head_dim,
+                                                 row_stride, scale, st)) < 0 ||
+                (rc = gemv_fused(dc->h, dc->o, L->wo, n, H, H, CUDA_GEMV_ADD, NULL, 0.0f, st)) < 0 ||
+                (rc = gemv_fused(g, dc->h, L->wgu, n, H, 2 * F, CUDA_GEMV_SWIGLU, L->ffn_norm, cfg->eps, st)) < 0 ||
+                (rc = gemv_fused(dc->h, g, L->wd, n, F, H, CUDA_GEMV_ADD, NULL, 0.0f, st)) < 0)
+                return rc;
+            continue;
+        }
         /* The FFN output of the previous layer (in o) is added to h inside this norm. */
         if (li == 0)
             rc = cuda_ops_rmsnorm(dc->a, dc->h, L->attn_norm, n, H, cfg->eps, st);
@@ -185,7 +219,7 @@ int depth_cuda_step_dev(struct depth_cuda *dc, int n, const float *x, int pos, f
             (rc = matmul(dc->o, g, L->wd, n, F, H, st)) < 0)
             return rc;
     }
-    if (cfg->n_layers == 0) return cuda_ops_rmsnorm(out, dc->h, dc->norm, n, H, cfg->eps, st);
+    if (fused || cfg->n_layers == 0) return cuda_ops_rmsnorm(out, dc->h, dc->norm, n, H, cfg->eps, st);
     return cuda_ops_add_rmsnorm(dc->h, out, dc->o, dc->norm, n, H, cfg->eps, st);
 }
 

@@ -105,6 +105,29 @@ static int matmul_swiglu(float *y, float *gu, const float *x, const uint16_t *wg
     return 0;
 }
 
+/* The same in 16-row slices through the fused GEMV (ops_cuda.h): norm on the way in
+ * (norm_w non-NULL), SwiGLU or the residual add on the way out. */
+static int gemv_fused(float *y, const float *x, const uint16_t *w, int n, int in, int out, enum cuda_gemv_epi epi,
+                      const float *norm_w, float eps, void *stream)
+{
+    int y_width = epi == CUDA_GEMV_SWIGLU ? out / 2 : out;
+    for (int r = 0; r < n; r += CUDA_OPS_GEMV_MAX_ROWS) {
+        int k = n - r < CUDA_OPS_GEMV_MAX_ROWS ? n - r : CUDA_OPS_GEMV_MAX_ROWS;
+        int rc = cuda_ops_gemv_bf16_fused(y + (size_t)r * y_width, x + (size_t)r * in, w, k, in, out, epi, norm_w, eps,
+                                          stream);
+        if (rc < 0) return rc;
+    }
+    return 0;
+}
+
+/* Whether every 16-row slice of n rows fuses for this product, and gains by it. */
+static int fused_ok(int n, int in, int out, enum cuda_gemv_epi epi, int norm)
+{
+    int full = n >= CUDA_OPS_GEMV_MAX_ROWS, rest = n % CUDA_OPS_GEMV_MAX_ROWS;
+    return (!full || cuda_ops_gemv_fused_ok(CUDA_OPS_GEMV_MAX_ROWS, in, out, epi, norm)) &&
+           (!rest || (cuda_ops_gemv_fused_ok(rest, in, out, epi, norm) && cuda_ops_gemv_fused_pays(rest)));
+}
+
 static void scratch_free(struct talker_cuda_scratch *s)
 {
     float *f[] = {s->h, s->a, s->o, s->qkv, s->gu, s->g, s->logits};
@@ -245,8 +268,48 @@ static int split_k_fits(const struct talker_config *c)
     return c->head_dim % 32 == 0 && c->head_dim <= 256 && c->n_heads / c->n_kv_heads <= 8;
 }
 
+/* The decode layers with the norms, SwiGLU and residual adds inside the products
+ * (7 launches per layer, 8 with split-K's combine): QKV product of the normed h,
+ * q/k norm + RoPE + K/V store, attention, h += o . Wo^T, silu * up of the normed h,
+ * h += g . Wd^T; the final norm into s->a. */
+static int forward_fused_queue(struct talker_cuda *tc, struct talker_cuda_scratch *s, int n, int split_k, int max_len,
+                               void *stream)
+{
+    const struct talker_config *cfg = &tc->cfg;
+    int H = cfg->hidden, F = cfg->ffn, D = cfg->head_dim;
+    int QD = cfg->n_heads * D, KD = cfg->n_kv_heads * D, QKV = QD + 2 * KD;
+    size_t row_stride = (size_t)tc->ctx_alloc * KD, layer_stride = (size_t)tc->max_rows * row_stride;
+    float scale = 1.0f / sqrtf((float)D);
+    void *st = stream;
+    int rc = 0;
+    for (int li = 0; li < cfg->n_layers && rc == 0; li++) {
+        const struct talker_cuda_layer *L = &tc->layers[li];
+        void *kc = (char *)tc->kc + li * layer_stride * tc->kv_elem;
+        void *vc = (char *)tc->vc + li * layer_stride * tc->kv_elem;
+        if ((rc = gemv_fused(s->qkv, s->h, L->wqkv, n, H, QKV, CUDA_GEMV_STORE, L->attn_norm, cfg->eps, st)) < 0 ||
+            (rc = talker_cuda_qkv_norm_rope_store(s->qkv, n, cfg->n_heads, cfg->n_kv_heads, D, L->q_norm, L->k_norm,
+                                                  cfg->eps, D, s->pos, tc->inv_freq, kc, vc, tc->kv_dtype, s->row,
+                                                  row_stride, KD, st)) < 0)
+            break;
+        if (split_k)
+            rc = talker_cuda_attention_decode_rows_q(s->o, s->qkv, (size_t)QKV, kc, vc, tc->kv_dtype, s->kv_len, s->row,
+                                                     max_len, row_stride, KD, n, cfg->n_heads, cfg->n_kv_heads, D,
+                                                     scale, s->att_ws, s->att_ws_bytes, st);
+        else
+            rc = talker_cuda_attention_rows_kv(s->o, s->qkv, (size_t)QKV, kc, vc, tc->kv_dtype, s->row, s->pos, n,
+                                               cfg->n_heads, cfg->n_kv_heads, D, row_stride, KD, scale, st);
+        if (rc < 0 || (rc = gemv_fused(s->h, s->o, L->wo, n, QD, H, CUDA_GEMV_ADD, NULL, 0.0f, st)) < 0 ||
+            (rc = gemv_fused(s->g, s->h, L->wgu, n, H, 2 * F, CUDA_GEMV_SWIGLU, L->ffn_norm, cfg->eps, st)) < 0)
+            break;
+        rc = gemv_fused(s->h, s->g, L->wd, n, F, H, CUDA_GEMV_ADD, NULL, 0.0f, st);
+    }
+    if (rc == 0) rc = cuda_ops_rmsnorm(s->a, s->h, tc->norm, n, H, cfg->eps, st);
+    return rc;
+}
+
 /* Every kernel of a forward of n tokens whose inputs are in s (h, row, pos, kv_len on
- * the device), queued on `stream`; the post-norm hiddens end in s->a. split_k: the
+ * the device), queued on `stream`; the post-norm hiddens end in s->a. Decode batches
+ * whose products all fuse take forward_fused_queue; the rest (prefill, odd widths): split_k: the
  * decode kernel over rows s->row with kv lengths up to max_len, else the row attention;
  * prefill: products through the bf16 GEMM (see matmul). Per layer (9 launches, 10
  * with split-K's combine; 16 before the fusions): norm (fused with the previous residual
@@ -260,6 +323,9 @@ static int forward_queue(struct talker_cuda *tc, struct talker_cuda_scratch *s, 
     int QD = cfg->n_heads * D, KD = cfg->n_kv_heads * D, QKV = QD + 2 * KD;
     size_t row_stride = (size_t)tc->ctx_alloc * KD, layer_stride = (size_t)tc->max_rows * row_stride;
     float scale = 1.0f / sqrtf((float)D);
+    if (!prefill && fused_ok(n, H, QKV, CUDA_GEMV_STORE, 1) && fused_ok(n, QD, H, CUDA_GEMV_ADD, 0) &&
+        fused_ok(n, H, 2 * F, CUDA_GEMV_SWIGLU, 1) && fused_ok(n, F, H, CUDA_GEMV_ADD, 0))
+        return forward_fused_queue(tc, s, n, split_k, max_len, stream);
     const float *q = s->qkv; /* query rows inside the QKV rows */
     void *st = stream;
     int rc = 0;
