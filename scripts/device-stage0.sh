@@ -7,7 +7,8 @@
 # Device: run(command='scripts/device-stage0.sh "--pairs 1,8 --contexts 1000" \
 #                      "MM3_PDL=0 --pairs 1,8 --contexts 1000"', carry=[".device"])
 #         Each argument: optional VAR=value words (environment), then bench arguments.
-#         MM3_S0_TESTS=0 skips the tests; MM3_S0_OPS=1 adds mm3-bench-ops with PDL on and off.
+#         MM3_S0_TESTS=0 skips the tests ("test_a test_b": only those, then the golden
+#         replay); MM3_S0_OPS=1 adds mm3-bench-ops with PDL on and off.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -32,6 +33,7 @@ bin=.device/bin
 ckpt=/tmp/mm3-bench-ckpt
 
 if [ "${MM3_S0_TESTS:-1}" != 0 ]; then
+  [ "${MM3_S0_TESTS:-1}" != 1 ] && read -ra tests <<< "$MM3_S0_TESTS"
   for t in "${tests[@]}"; do
     timeout 120 $bin/$t > "$out/$t.log" 2>&1; rc=$?
     echo "$t rc=$rc"; [ $rc = 0 ] || grep -E "FAIL|ERROR|error" "$out/$t.log" | head -5

@@ -15,6 +15,7 @@
 #include "common/pipeline_channel.h"
 #include "common/pipeline_proto.h"
 #include "shmconn/shmconn.h"
+#include "stage0/frame_spool.h"
 #include "stage0/scheduler.h"
 #include "stage0/teacher_force.h"
 
@@ -38,10 +39,13 @@ struct eng_req {
     int jr_frames;
     int32_t *ids; /* [2, prompt_len] copy: the prompt of a re-send */
     int prompt_len;
+    /* The payloads sent (or, while held, to be sent) so far, beside the journal: a
+     * re-send reads them back instead of teacher forcing (step thread only). */
+    struct frame_spool *spool;
     /* Stage 1 lost mid-song with a journal: held until it is back (step thread re-sends). */
     int awaiting;
     int64_t await_since_ns;
-    int ended, total; /* generation ended while awaiting: END after the re-send */
+    int ended, total; /* generation ended (END sent or not): a re-send ends the song too */
     /* PCM (under engine.mu): sample frames got from the current stage 1, and pushed
      * to the client over all attempts; a re-sent song skips what was pushed. */
     int64_t pcm_got, pcm_pushed;
@@ -132,6 +136,7 @@ static void req_put(struct engine *e, struct eng_req *r)
     if (!last) return;
     if (r->jr && r->jr_owned) journal_close(r->jr, sched_journal_status(r->job), r->jr_stop, r->jr_frames);
     if (r->awaiting) atomic_fetch_sub(&e->n_awaiting, 1);
+    frame_spool_remove(r->spool); /* no re-send can follow */
     mm3_job_unref(r->job);
     free(r->ids);
     free(r->held);
@@ -266,6 +271,20 @@ static void sink_journal(void *ctx, struct mm3_job *job, struct journal *jr, enu
     req_put(e, r);
 }
 
+/* The spool of the entry's journal, <journal_dir>/<request id>.mm3s; NULL when it
+ * cannot be created (logged: a re-send then teacher-forces from the journal). */
+static struct frame_spool *spool_open(struct engine *e, struct mm3_job *job, struct journal *jr)
+{
+    char *path = NULL, id[JOURNAL_ID_MAX];
+    struct frame_spool *sp = NULL;
+    if (frame_spool_path_for(journal_path(jr), &path, id) < 0 ||
+        frame_spool_open(&sp, path, id, e->width, MM3_DTYPE_F32) < 0)
+        LOG_WARN("job %llu: no frame spool (a re-send would teacher-force): %s", (unsigned long long)job->id,
+                 mm3_last_error());
+    free(path);
+    return sp;
+}
+
 static void sink_journal_open(void *ctx, struct mm3_job *job, struct journal *jr, const int32_t *ids_pair,
                               int prompt_len)
 {
@@ -274,10 +293,12 @@ static void sink_journal_open(void *ctx, struct mm3_job *job, struct journal *jr
     if (!r) return;
     int32_t *ids = malloc(sizeof(int32_t) * 2 * (size_t)prompt_len);
     if (ids) memcpy(ids, ids_pair, sizeof(int32_t) * 2 * (size_t)prompt_len);
+    struct frame_spool *sp = ids ? spool_open(e, job, jr) : NULL; /* before the first frame */
     pthread_mutex_lock(&e->mu);
     r->jr = jr; /* lent; without the prompt copy a loss fails the job as before */
     r->ids = ids;
     r->prompt_len = prompt_len;
+    r->spool = sp;
     pthread_mutex_unlock(&e->mu);
     req_put(e, r);
 }
@@ -348,7 +369,7 @@ static int send_frames(struct engine *e, struct mm3_job *job, struct eng_req *r,
 }
 
 static int frames_to_stage1(struct engine *e, struct mm3_job *job, struct eng_req *r, int first, int n,
-                            const float *frames, int width);
+                            const float *frames, int width, int send);
 
 static int sink_frames(void *ctx, struct mm3_job *job, int first, int n, const float *frames, int width)
 {
@@ -358,16 +379,45 @@ static int sink_frames(void *ctx, struct mm3_job *job, int first, int n, const f
     pthread_mutex_lock(&e->mu);
     int awaiting = r->awaiting;
     pthread_mutex_unlock(&e->mu);
-    /* Held for stage 1: the frames are in the journal, the re-send recomputes them. */
-    int rc = awaiting ? 0 : frames_to_stage1(e, job, r, first, n, frames, width);
+    /* Held for stage 1: the frames only go to the spool, the re-send reads them back. */
+    int rc = frames_to_stage1(e, job, r, first, n, frames, width, !awaiting);
     req_put(e, r);
     return rc;
 }
 
-static int frames_to_stage1(struct engine *e, struct mm3_job *job, struct eng_req *r, int first, int n,
-                            const float *frames, int width)
+/* Payload frames [first, first + k) to stage 1: sent (async_chunk), or kept for the
+ * end of the song. -1: the job failed; 1: stage 1 was lost, the entry is held. */
+static int payload_to_stage1(struct engine *e, struct mm3_job *job, struct eng_req *r, int first, int k,
+                             const float *payload)
 {
     int H = e->width;
+    if (e->d->async_chunk) {
+        int rc = send_frames(e, job, r, first, k, payload);
+        return rc < 0 ? -1 : rc;
+    }
+    if (r->n_held + k > r->cap_held) {
+        int cap = r->cap_held ? 2 * r->cap_held : 256;
+        while (cap < r->n_held + k)
+            cap *= 2;
+        float *nh = realloc(r->held, sizeof(float) * (size_t)cap * H);
+        if (!nh) {
+            mm3_job_fail(job, 500, "stage 0: out of memory holding %d frames", cap);
+            return -1;
+        }
+        r->held = nh;
+        r->cap_held = cap;
+    }
+    memcpy(r->held + (size_t)r->n_held * H, payload, sizeof(float) * (size_t)k * H);
+    r->n_held += k;
+    return 0;
+}
+
+/* Frames [first, first + n) of the model (width floats each) as payloads (pre-mixed,
+ * or raw): each one into the spool, then to stage 1 unless send is 0 or stage 1 was
+ * lost meanwhile (held: the re-send reads them back from the spool). */
+static int frames_to_stage1(struct engine *e, struct mm3_job *job, struct eng_req *r, int first, int n,
+                            const float *frames, int width, int send)
+{
     for (int i = 0; i < n; i += HELD_FRAMES_PER_MSG) {
         int k = n - i < HELD_FRAMES_PER_MSG ? n - i : HELD_FRAMES_PER_MSG;
         if (e->raw)
@@ -376,26 +426,11 @@ static int frames_to_stage1(struct engine *e, struct mm3_job *job, struct eng_re
             mm3_job_fail(job, 500, "stage 0: %s", mm3_last_error());
             return -1;
         }
-        if (e->d->async_chunk) {
-            int rc = send_frames(e, job, r, first + i, k, e->mixed);
-            if (rc < 0) return -1;
-            if (rc > 0) return 0; /* held: the re-send recomputes these frames */
-            continue;
-        }
-        if (r->n_held + k > r->cap_held) {
-            int cap = r->cap_held ? 2 * r->cap_held : 256;
-            while (cap < r->n_held + k)
-                cap *= 2;
-            float *nh = realloc(r->held, sizeof(float) * (size_t)cap * H);
-            if (!nh) {
-                mm3_job_fail(job, 500, "stage 0: out of memory holding %d frames", cap);
-                return -1;
-            }
-            r->held = nh;
-            r->cap_held = cap;
-        }
-        memcpy(r->held + (size_t)r->n_held * H, e->mixed, sizeof(float) * (size_t)k * H);
-        r->n_held += k;
+        frame_spool_append(r->spool, first + i, k, e->mixed); /* never fails the song */
+        if (!send) continue;
+        int rc = payload_to_stage1(e, job, r, first + i, k, e->mixed);
+        if (rc < 0) return -1;
+        if (rc > 0) send = 0;
     }
     return 0;
 }
@@ -407,19 +442,18 @@ static int end_to_stage1(struct engine *e, struct mm3_job *job, struct eng_req *
         int k = r->n_held - i < HELD_FRAMES_PER_MSG ? r->n_held - i : HELD_FRAMES_PER_MSG;
         int rc = send_frames(e, job, r, i, k, r->held + (size_t)i * H);
         if (rc < 0) return -1;
-        if (rc > 0) goto held;
+        if (rc > 0) goto ended;
     }
     int64_t tot = total;
     struct shmconn_tensor t;
     tensor_set(&t, "total", MM3_DTYPE_I64, 1, (int64_t[]){1}, &tot);
     int rc = send_msg(e, job, r, PIPE_MSG_END, SHMCONN_FLAG_LAST, &t, 1);
-    if (rc < 0 && (rc == SHMCONN_E_PEER_DEAD || rc == SHMCONN_E_CLOSED) && hold(e, r)) goto held;
+    if (rc < 0 && (rc == SHMCONN_E_PEER_DEAD || rc == SHMCONN_E_CLOSED) && hold(e, r)) goto ended;
     if (rc < 0) {
         fail_send(e, job, rc, "the end of the song");
         return -1;
     }
-    return 0;
-held: /* the re-send ends the song */
+ended: /* delivered or not: a stage 1 lost later renders the song anew, the re-send ends it */
     pthread_mutex_lock(&e->mu);
     r->ended = 1;
     r->total = total;
@@ -475,7 +509,48 @@ struct resend_ctx {
 static int resend_emit(void *ctx, int t0, const float *frames, int n)
 {
     struct resend_ctx *c = ctx;
-    return frames_to_stage1(c->e, c->r->job, c->r, t0, n, frames, c->e->raw_width) < 0 ? -EPIPE : 0;
+    return frames_to_stage1(c->e, c->r->job, c->r, t0, n, frames, c->e->raw_width, 1) < 0 ? -EPIPE : 0;
+}
+
+struct spool_ctx {
+    struct engine *e;
+    struct eng_req *r;
+    int sent; /* frames handed to stage 1 */
+};
+
+/* Spooled payloads go out as they were first sent: no mix, not spooled again. */
+static int spool_emit(void *ctx, int first, const void *frames, int n)
+{
+    struct spool_ctx *c = ctx;
+    int rc = payload_to_stage1(c->e, c->r->job, c->r, first, n, frames);
+    if (rc < 0) return -EPIPE;
+    c->sent += n;
+    return rc; /* 1: lost again, stop reading */
+}
+
+/* Frames 0..n-1 to stage 1 from the spool. Returns 0, 1 (stage 1 lost again: held),
+ * -EPIPE (the job failed: a send, or the spool broke after frames went out), or
+ * another error when the spool is not usable and nothing was sent (message set). */
+static int resend_from_spool(struct engine *e, struct eng_req *r, int *n)
+{
+    *n = 0;
+    struct frame_spool *sp = r->spool;
+    /* The journal has a step per frame plus step 0: a spool that disagrees missed frames. */
+    int want = frame_spool_frames(sp), steps = journal_steps(r->jr);
+    if (sp && !frame_spool_disabled(sp) && !journal_disabled(r->jr) && steps - 1 != want && !(steps == 0 && want == 0))
+        return mm3_errorf(-ENODATA, "frame spool %s: %d frames, but the journal has %d steps (%d frames)",
+                          frame_spool_path(sp), want, steps, steps - 1);
+    struct spool_ctx c = {e, r, 0};
+    struct frame_spool_sink sink = {.ctx = &c, .emit = spool_emit};
+    int rc = frame_spool_read_back(sp, HELD_FRAMES_PER_MSG, &sink, n);
+    if (rc == -EPIPE || rc == 1) return rc;
+    if (rc < 0 && c.sent > 0) {
+        mm3_job_fail(r->job, 502,
+                     "stage 1 died mid-song and re-sending from the frame spool failed after %d frames: %s", c.sent,
+                     mm3_last_error());
+        return -EPIPE;
+    }
+    return rc;
 }
 
 /* Out of the table after a failed re-send (stage 1 will not answer for it). */
@@ -485,9 +560,10 @@ static void drop(struct engine *e, struct mm3_job *job)
     if (t) req_put(e, t);
 }
 
-/* Stage 1 is back: START again, the journaled frames by teacher forcing (frames
- * 0..n-1; generation continues live from n, nothing runs in between on this
- * thread), and END if generation already ended. */
+/* Stage 1 is back: START again, frames 0..n-1 as first sent from the spool (or, when
+ * it is missing, short or unreadable, recomputed by teacher forcing from the journal;
+ * generation continues live from n, nothing runs in between on this thread), and
+ * END if generation already ended. */
 static void resend(struct engine *e, struct eng_req *r)
 {
     struct mm3_job *job = r->job;
@@ -509,14 +585,24 @@ static void resend(struct engine *e, struct eng_req *r)
         drop(e, job);
         return;
     }
-    struct resend_ctx c = {e, r};
-    struct teacher_force_sink sink = {.ctx = &c, .emit = resend_emit};
-    int n = 0;
-    rc = teacher_force_journal(e->lm, e->dd, r->jr, r->ids, r->prompt_len, &sink, &n);
+    int n = 0, spooled = 1;
+    rc = resend_from_spool(e, r, &n);
     if (rc < 0 && rc != -EPIPE) {
-        mm3_job_fail(job, 502, "stage 1 died mid-song and the journal cannot re-send it: %s", mm3_last_error());
-        drop(e, job);
-        return;
+        /* Nothing went out: start a fresh spool, which the recomputed frames fill, so
+         * that a later loss reads them back. */
+        spooled = 0;
+        LOG_WARN("job %llu: %s: re-sending by teacher forcing from the journal", (unsigned long long)job->id,
+                 mm3_last_error());
+        frame_spool_remove(r->spool);
+        r->spool = r->jr ? spool_open(e, job, r->jr) : NULL;
+        struct resend_ctx c = {e, r};
+        struct teacher_force_sink sink = {.ctx = &c, .emit = resend_emit};
+        rc = teacher_force_journal(e->lm, e->dd, r->jr, r->ids, r->prompt_len, &sink, &n);
+        if (rc < 0 && rc != -EPIPE) {
+            mm3_job_fail(job, 502, "stage 1 died mid-song and the journal cannot re-send it: %s", mm3_last_error());
+            drop(e, job);
+            return;
+        }
     }
     pthread_mutex_lock(&e->mu);
     int again = r->awaiting;
@@ -526,9 +612,25 @@ static void resend(struct engine *e, struct eng_req *r)
         drop(e, job);
         return;
     }
-    LOG_INFO("job %llu: stage 1 is back: re-sent %d journaled frames%s", (unsigned long long)job->id, n,
-             ended ? " and the end" : "; live frames continue");
+    if (spooled)
+        LOG_INFO("job %llu: stage 1 is back: re-sent %d frames from the frame spool %s%s", (unsigned long long)job->id,
+                 n, frame_spool_path(r->spool), ended ? " and the end" : "; live frames continue");
+    else
+        LOG_INFO("job %llu: stage 1 is back: re-sent %d journaled frames (teacher forcing)%s",
+                 (unsigned long long)job->id, n, ended ? " and the end" : "; live frames continue");
     if (ended && end_to_stage1(e, job, r, total) < 0) drop(e, job);
+}
+
+/* Stage 1 attached and its channel's consumer not dead. A song is held on the
+ * receiver's PEER_LOST event before it marks the stage lost (s1_up): without the
+ * peer check the step thread would re-send into the dead one at once. */
+static int stage1_alive(struct engine *e)
+{
+    if (!atomic_load(&e->s1_up)) return 0;
+    pthread_rwlock_rdlock(&e->conn_mu);
+    int alive = e->out && shmconn_peer_status(e->out) == 0;
+    pthread_rwlock_unlock(&e->conn_mu);
+    return alive;
 }
 
 static void sink_tick(void *ctx)
@@ -537,13 +639,14 @@ static void sink_tick(void *ctx)
     if (atomic_load(&e->n_awaiting) == 0) return;
     double limit = e->cfg_out.first_chunk_deadline_s;
     int64_t now = mm3_job_now_ns();
+    int up = stage1_alive(e);
     for (;;) {
         /* One entry at a time: the table may change while we send. */
         pthread_mutex_lock(&e->mu);
         struct eng_req *r = e->reqs;
         while (r && !r->awaiting)
             r = r->next;
-        int up = atomic_load(&e->s1_up), late = r && (now - r->await_since_ns) > (int64_t)(limit * 1e9);
+        int late = r && (now - r->await_since_ns) > (int64_t)(limit * 1e9);
         if (r && !up && !late) {
             /* others may be late */
             struct eng_req *q = r;
