@@ -51,29 +51,7 @@ struct e2e {
 /* The deploy file of a replica with these settings (caller frees), or NULL. */
 static char *deploy_text(const char *ckpt, int async_chunk, int codec_streaming, const char *journal_dir)
 {
-    char *text;
-    if (asprintf(&text,
-                 "pipeline: minimax_music3\n"
-                 "async_chunk: %s\n"
-                 "model: %s\n"
-                 "backend: cpu\n"
-                 "api:\n  host: 127.0.0.1\n  port: 0\n  max_queue_depth: 8\n  request_timeout_s: 120\n"
-                 "  journal_dir: \"%s\"\n"
-                 "connectors:\n  shm:\n    name: SharedMemoryConnector\n    extra:\n"
-                 "      codec_streaming: %s\n      connector_get_sleep_s: 0.01\n"
-                 "      connector_get_max_wait_first_chunk: 6000\n      connector_get_max_wait: 3000\n"
-                 "stages:\n"
-                 "  - stage_id: 0\n    max_num_seqs: 8\n    dtype: float32\n    max_model_len: 4096\n"
-                 "    max_num_batched_tokens: 64\n    enforce_eager: true\n"
-                 "    output_connectors:\n      to_stage_1: shm\n"
-                 "    default_sampling_params:\n      max_tokens: 4002\n"
-                 "  - stage_id: 1\n    max_num_seqs: 4\n    dtype: float32\n    enforce_eager: true\n"
-                 "    max_num_batched_tokens: 4\n    input_connectors:\n      from_stage_0: shm\n"
-                 "    matmul_precision: fp32\n    num_inference_steps: 2\n",
-                 async_chunk ? "true" : "false", ckpt, journal_dir ? journal_dir : "",
-                 codec_streaming ? "true" : "false") < 0)
-        return NULL;
-    return text;
+    return test_replica_cpu_deploy(ckpt, async_chunk, codec_streaming, journal_dir, 8, 4, 120);
 }
 
 /* Start a replica on the deploy file of these settings; 0 once it printed READY. */
@@ -433,38 +411,10 @@ static void test_stage1_killed_mid_song(void **state)
     short_song_works(&e->a);
 }
 
-struct collect {
-    uint8_t *buf;
-    size_t len, cap;
-    pid_t kill_pid; /* > 0: kill -9 it once kill_after bytes arrived, keep reading */
-    size_t kill_after;
-};
-
-static int collect_body(void *user, const void *data, size_t n)
-{
-    struct collect *c = user;
-    if (c->len + n > c->cap) {
-        size_t cap = c->cap ? 2 * c->cap : 1 << 16;
-        while (cap < c->len + n)
-            cap *= 2;
-        uint8_t *b = realloc(c->buf, cap);
-        if (!b) return -ENOMEM;
-        c->buf = b;
-        c->cap = cap;
-    }
-    memcpy(c->buf + c->len, data, n);
-    c->len += n;
-    if (c->kill_pid > 0 && c->len > c->kill_after) {
-        kill(c->kill_pid, SIGKILL);
-        c->kill_pid = 0;
-    }
-    return 0;
-}
-
-static int stream_song(const struct test_replica *r, const char *json, struct collect *c)
+static int stream_song(const struct test_replica *r, const char *json, struct test_collect *c)
 {
     struct http_client_response resp;
-    int rc = test_replica_post_stream(r, json, 120000, collect_body, c, &resp);
+    int rc = test_replica_post_stream(r, json, 120000, test_collect_body, c, &resp);
     int ok = rc == 0 && resp.status == 200 && resp.complete;
     http_client_response_free(&resp);
     return ok ? 0 : -1;
@@ -510,7 +460,7 @@ static void test_stage1_killed_song_completes(void **state)
     assert_int_equal(replica_start_journal(&b, e->tmp, "j", e->ckpt, 1, 1, 0, jdir), 0);
     char json[1024];
     song_json(json, sizeof json, 24, 12, 1, 44100);
-    struct collect whole = {0}, cut = {0};
+    struct test_collect whole = {0}, cut = {0};
     assert_int_equal(stream_song(&b, json, &whole), 0);
     assert_true(whole.len > 44 + 4 * 44100);
     pid_t s1 = test_replica_pid(&b, "stage1.pid");

@@ -36,27 +36,7 @@ struct env {
 /* The deploy file of both replicas (caller frees), or NULL. */
 static char *deploy_text(const char *ckpt)
 {
-    char *text;
-    if (asprintf(&text,
-                 "pipeline: minimax_music3\n"
-                 "async_chunk: true\n"
-                 "model: %s\n"
-                 "backend: cpu\n"
-                 "api:\n  host: 127.0.0.1\n  port: 0\n  max_queue_depth: 8\n  request_timeout_s: 300\n"
-                 "connectors:\n  shm:\n    name: SharedMemoryConnector\n    extra:\n"
-                 "      codec_streaming: true\n      connector_get_sleep_s: 0.01\n"
-                 "      connector_get_max_wait_first_chunk: 6000\n      connector_get_max_wait: 3000\n"
-                 "stages:\n"
-                 "  - stage_id: 0\n    max_num_seqs: 2\n    dtype: float32\n    max_model_len: 4096\n"
-                 "    max_num_batched_tokens: 64\n    enforce_eager: true\n"
-                 "    output_connectors:\n      to_stage_1: shm\n"
-                 "    default_sampling_params:\n      max_tokens: 4002\n"
-                 "  - stage_id: 1\n    max_num_seqs: 2\n    dtype: float32\n    enforce_eager: true\n"
-                 "    max_num_batched_tokens: 4\n    input_connectors:\n      from_stage_0: shm\n"
-                 "    matmul_precision: fp32\n    num_inference_steps: 2\n",
-                 ckpt) < 0)
-        return NULL;
-    return text;
+    return test_replica_cpu_deploy(ckpt, 1, 1, NULL, 2, 2, 300);
 }
 
 /* Start a replica, with MM3_ALLOW_REPLAY=1 or without it; 0 once it printed READY. */

@@ -475,32 +475,25 @@ static int served_ready(struct served *s)
 static int start_replica(struct test_replica *r, const struct served *s, const char *tag, int async_chunk,
                          const char *jdir)
 {
-    char *yaml;
-    if (asprintf(&yaml,
-                 "pipeline: minimax_music3\n"
-                 "async_chunk: %s\n"
-                 "model: %s\n"
-                 "backend: cpu\n"
-                 "api:\n  host: 127.0.0.1\n  port: 0\n  max_queue_depth: 8\n  request_timeout_s: 120\n"
-                 "  journal_dir: \"%s\"\n"
-                 "connectors:\n  shm:\n    name: SharedMemoryConnector\n    extra:\n"
-                 "      codec_streaming: %s\n      connector_get_sleep_s: 0.01\n"
-                 "      connector_get_max_wait_first_chunk: 6000\n      connector_get_max_wait: 3000\n"
-                 "stages:\n"
-                 "  - stage_id: 0\n    max_num_seqs: 2\n    dtype: float32\n    max_model_len: 4096\n"
-                 "    max_num_batched_tokens: 64\n    enforce_eager: true\n"
-                 "    output_connectors:\n      to_stage_1: shm\n"
-                 "    default_sampling_params:\n      max_tokens: 4002\n"
-                 "  - stage_id: 1\n    max_num_seqs: 2\n    dtype: float32\n    enforce_eager: true\n"
-                 "    max_num_batched_tokens: 4\n    input_connectors:\n      from_stage_0: shm\n"
-                 "    matmul_precision: fp32\n    num_inference_steps: 2\n",
-                 async_chunk ? "true" : "false", s->ckpt, jdir, async_chunk ? "true" : "false") < 0)
-        return -1;
+    char *yaml = test_replica_cpu_deploy(s->ckpt, async_chunk, async_chunk, jdir, 2, 2, 120);
+    if (!yaml) return -1;
     /* held songs (async_chunk: false) go out raw: the spool has the raw width then */
     const char *env[] = {"MM3_STAGE0_RAW_FRAMES", async_chunk ? NULL : "1", NULL};
     int rc = test_replica_start(r, s->tmp, tag, "spool", yaml, env);
     free(yaml);
     return rc;
+}
+
+/* A replica (tag, async_chunk) journaling into <tmp>/journal (its path into jdir);
+ * 0 without the tiny golden checkpoint (the test skips). */
+static int served_start(struct served *s, struct test_replica *r, const char *tag, int async_chunk, char *jdir,
+                        size_t jdir_size)
+{
+    if (!served_ready(s)) return 0;
+    snprintf(jdir, jdir_size, "%s/journal", s->tmp);
+    mkdir(jdir, 0755);
+    assert_int_equal(start_replica(r, s, tag, async_chunk, jdir), 0);
+    return 1;
 }
 
 static void song_json(char *buf, size_t cap, int seed, double seconds, int stream)
@@ -541,40 +534,15 @@ static void delete_spools(const char *dir)
     if (d) closedir(d);
 }
 
-struct collect {
-    uint8_t *buf;
-    size_t len, cap;
-    pid_t kill_pid; /* > 0: kill -9 it once kill_after bytes arrived, keep reading */
-    size_t kill_after;
-    const char *delete_spools_in; /* then also delete the spools (the fallback path) */
-};
-
-static int collect_body(void *user, const void *data, size_t n)
+static void delete_spools_on_kill(void *dir)
 {
-    struct collect *c = user;
-    if (c->len + n > c->cap) {
-        size_t cap = c->cap ? 2 * c->cap : 1 << 16;
-        while (cap < c->len + n)
-            cap *= 2;
-        uint8_t *b = realloc(c->buf, cap);
-        if (!b) return -ENOMEM;
-        c->buf = b;
-        c->cap = cap;
-    }
-    memcpy(c->buf + c->len, data, n);
-    c->len += n;
-    if (c->kill_pid > 0 && c->len > c->kill_after) {
-        kill(c->kill_pid, SIGKILL);
-        c->kill_pid = 0;
-        if (c->delete_spools_in) delete_spools(c->delete_spools_in);
-    }
-    return 0;
+    delete_spools((const char *)dir);
 }
 
-static int post_collect(const struct test_replica *r, const char *json, struct collect *c)
+static int post_collect(const struct test_replica *r, const char *json, struct test_collect *c)
 {
     struct http_client_response resp;
-    int rc = test_replica_post_stream(r, json, 120000, collect_body, c, &resp);
+    int rc = test_replica_post_stream(r, json, 120000, test_collect_body, c, &resp);
     int ok = rc == 0 && resp.status == 200 && resp.complete;
     if (!ok) fprintf(stderr, "request: rc %d status %d\n", rc, resp.status);
     http_client_response_free(&resp);
@@ -685,30 +653,27 @@ static void test_served_stage1_killed(void **state)
 {
     (void)state;
     struct served s;
-    if (!served_ready(&s)) skip();
-    char jdir[1200];
-    snprintf(jdir, sizeof jdir, "%s/journal", s.tmp);
-    mkdir(jdir, 0755);
     struct test_replica r;
-    assert_int_equal(start_replica(&r, &s, "a", 1, jdir), 0);
-    char json[1024];
+    char jdir[1200], json[1024];
+    if (!served_start(&s, &r, "a", 1, jdir, sizeof jdir)) skip();
     song_json(json, sizeof json, 31, 16, 1);
-    struct collect whole = {0};
+    struct test_collect whole = {0};
     assert_int_equal(post_collect(&r, json, &whole), 0);
     assert_true(whole.len > 44 + 4 * 44100);
     assert_int_equal(count_files(jdir, FRAME_SPOOL_SUFFIX), 0); /* removed once delivered */
     for (int c = 0; c < 3; c++) {
         pid_t s1 = test_replica_pid(&r, "stage1.pid");
         assert_true(s1 > 0);
-        struct collect cut = {0};
+        struct test_collect cut = {0};
         struct killer k = {&r, s1, 0};
         pthread_t t;
         if (c == 0)
             assert_int_equal(pthread_create(&t, NULL, kill_when_running, &k), 0);
         else if (c == 1)
-            cut = (struct collect){.kill_pid = s1, .kill_after = whole.len / 2};
+            cut = (struct test_collect){.kill_pid = s1, .kill_after = whole.len / 2};
         else
-            cut = (struct collect){.kill_pid = s1, .kill_after = 44 + 4096, .delete_spools_in = jdir};
+            cut = (struct test_collect){
+                .kill_pid = s1, .kill_after = 44 + 4096, .on_kill = delete_spools_on_kill, .on_kill_ctx = jdir};
         int rc = post_collect(&r, json, &cut);
         if (c == 0) pthread_join(t, NULL);
         assert_int_equal(rc, 0);
@@ -742,15 +707,11 @@ static void test_served_held_song(void **state)
 {
     (void)state;
     struct served s;
-    if (!served_ready(&s)) skip();
-    char jdir[1200];
-    snprintf(jdir, sizeof jdir, "%s/journal", s.tmp);
-    mkdir(jdir, 0755);
     struct test_replica r;
-    assert_int_equal(start_replica(&r, &s, "b", 0, jdir), 0);
-    char json[1024];
+    char jdir[1200], json[1024];
+    if (!served_start(&s, &r, "b", 0, jdir, sizeof jdir)) skip();
     song_json(json, sizeof json, 32, 16, 0);
-    struct collect whole = {0}, cut = {0};
+    struct test_collect whole = {0}, cut = {0};
     assert_int_equal(post_collect(&r, json, &whole), 0);
     assert_true(whole.len > 44 + 4 * 44100);
     struct killer k = {&r, test_replica_pid(&r, "stage1.pid"), 0};

@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "stage0/cuda/cuda_upload.h"
 #include "stage0/cuda/depth_kernels.h"
+#include "stage0/cuda/gemv_rows.h"
 #include "stage0/cuda/talker_kernels.h"
 
 /* wqkv: the rows of Wq, Wk, Wv one after the other ([3 hidden, hidden]); wgu: the rows
@@ -37,29 +38,6 @@ struct depth_cuda {
      * (only where the product cannot apply silu * up as it stores: unaligned widths). */
     float *x, *h, *a, *o, *qkv, *gu, *logits;
 };
-
-/* In slices of at most 16 rows: the float32-accurate GEMV kernels, never cuBLASLt. */
-static int matmul(float *y, const float *x, const uint16_t *w, int n, int in, int out, void *stream)
-{
-    for (int r = 0; r < n; r += CUDA_OPS_GEMV_MAX_ROWS) {
-        int k = n - r < CUDA_OPS_GEMV_MAX_ROWS ? n - r : CUDA_OPS_GEMV_MAX_ROWS;
-        int rc = cuda_ops_matmul_bf16(y + (size_t)r * out, x + (size_t)r * in, w, k, in, out, stream);
-        if (rc < 0) return rc;
-    }
-    return 0;
-}
-
-/* silu(x . Wg^T) * (x . Wu^T) in the same slices (fused in the GEMV's store). */
-static int matmul_swiglu(float *y, float *gu, const float *x, const uint16_t *wgu, int n, int in, int ffn, void *stream)
-{
-    for (int r = 0; r < n; r += CUDA_OPS_GEMV_MAX_ROWS) {
-        int k = n - r < CUDA_OPS_GEMV_MAX_ROWS ? n - r : CUDA_OPS_GEMV_MAX_ROWS;
-        int rc = cuda_ops_matmul_bf16_swiglu(y + (size_t)r * ffn, gu + (size_t)r * 2 * ffn, x + (size_t)r * in, wgu, k,
-                                             in, ffn, stream);
-        if (rc < 0) return rc;
-    }
-    return 0;
-}
 
 int depth_cuda_create(struct depth_cuda **out, const struct depth *d, int max_rows)
 {
@@ -147,28 +125,6 @@ static int check_step(const struct depth_cuda *dc, int n, int pos)
     return 0;
 }
 
-/* The fused GEMV in 16-row slices (as matmul), and whether every slice fuses and
- * gains by it. */
-static int gemv_fused(float *y, const float *x, const uint16_t *w, int n, int in, int out, enum cuda_gemv_epi epi,
-                      const float *norm_w, float eps, void *stream)
-{
-    int y_width = epi == CUDA_GEMV_SWIGLU ? out / 2 : out;
-    for (int r = 0; r < n; r += CUDA_OPS_GEMV_MAX_ROWS) {
-        int k = n - r < CUDA_OPS_GEMV_MAX_ROWS ? n - r : CUDA_OPS_GEMV_MAX_ROWS;
-        int rc = cuda_ops_gemv_bf16_fused(y + (size_t)r * y_width, x + (size_t)r * in, w, k, in, out, epi, norm_w, eps,
-                                          stream);
-        if (rc < 0) return rc;
-    }
-    return 0;
-}
-
-static int fused_ok(int n, int in, int out, enum cuda_gemv_epi epi, int norm)
-{
-    int full = n >= CUDA_OPS_GEMV_MAX_ROWS, rest = n % CUDA_OPS_GEMV_MAX_ROWS;
-    return (!full || cuda_ops_gemv_fused_ok(CUDA_OPS_GEMV_MAX_ROWS, in, out, epi, norm)) &&
-           (!rest || (cuda_ops_gemv_fused_ok(rest, in, out, epi, norm) && cuda_ops_gemv_fused_pays(rest)));
-}
-
 /* Per layer 5 launches (14 before the fusions): QKV product of the normed h, K/V store
  * + attention in one kernel (the context is at most n_codebooks positions: no split),
  * h += o . Wo^T, silu * up of the normed h, h += g . Wd^T; the norms, SwiGLU and
@@ -184,22 +140,23 @@ int depth_cuda_step_dev(struct depth_cuda *dc, int n, const float *x, int pos, f
     size_t row_stride = (size_t)cfg->n_codebooks * H, layer_stride = (size_t)dc->max_rows * row_stride;
     float scale = 1.0f / sqrtf((float)cfg->head_dim);
     float *g = dc->qkv; /* silu(gate) * up: the QKV rows are free by then */
-    int fused = fused_ok(n, H, 3 * H, CUDA_GEMV_STORE, 1) && fused_ok(n, H, H, CUDA_GEMV_ADD, 0) &&
-                fused_ok(n, H, 2 * F, CUDA_GEMV_SWIGLU, 1) && fused_ok(n, F, H, CUDA_GEMV_ADD, 0);
-    if ((rc = matmul(dc->h, x, dc->proj, n, H, H, st)) < 0 ||
+    int fused = gemv_rows_fused_ok(n, H, 3 * H, CUDA_GEMV_STORE, 1) && gemv_rows_fused_ok(n, H, H, CUDA_GEMV_ADD, 0) &&
+                gemv_rows_fused_ok(n, H, 2 * F, CUDA_GEMV_SWIGLU, 1) && gemv_rows_fused_ok(n, F, H, CUDA_GEMV_ADD, 0);
+    if ((rc = gemv_rows(dc->h, x, dc->proj, n, H, H, st)) < 0 ||
         (rc = talker_cuda_add_row(dc->h, dc->pos_emb + (size_t)pos * H, n, H, st)) < 0)
         return rc;
     for (int li = 0; li < cfg->n_layers; li++) {
         const struct depth_cuda_layer *L = &dc->layers[li];
         float *kc = dc->kc + li * layer_stride, *vc = dc->vc + li * layer_stride;
         if (fused) {
-            if ((rc = gemv_fused(dc->qkv, dc->h, L->wqkv, n, H, 3 * H, CUDA_GEMV_STORE, L->attn_norm, cfg->eps, st)) <
-                    0 ||
+            if ((rc = gemv_rows_fused(dc->qkv, dc->h, L->wqkv, n, H, 3 * H, CUDA_GEMV_STORE, L->attn_norm, cfg->eps,
+                                      st)) < 0 ||
                 (rc = depth_cuda_attention_store(dc->o, dc->qkv, kc, vc, n, pos, cfg->n_heads, cfg->head_dim,
                                                  row_stride, scale, st)) < 0 ||
-                (rc = gemv_fused(dc->h, dc->o, L->wo, n, H, H, CUDA_GEMV_ADD, NULL, 0.0f, st)) < 0 ||
-                (rc = gemv_fused(g, dc->h, L->wgu, n, H, 2 * F, CUDA_GEMV_SWIGLU, L->ffn_norm, cfg->eps, st)) < 0 ||
-                (rc = gemv_fused(dc->h, g, L->wd, n, F, H, CUDA_GEMV_ADD, NULL, 0.0f, st)) < 0)
+                (rc = gemv_rows_fused(dc->h, dc->o, L->wo, n, H, H, CUDA_GEMV_ADD, NULL, 0.0f, st)) < 0 ||
+                (rc = gemv_rows_fused(g, dc->h, L->wgu, n, H, 2 * F, CUDA_GEMV_SWIGLU, L->ffn_norm, cfg->eps, st)) <
+                    0 ||
+                (rc = gemv_rows_fused(dc->h, g, L->wd, n, F, H, CUDA_GEMV_ADD, NULL, 0.0f, st)) < 0)
                 return rc;
             continue;
         }
@@ -210,13 +167,13 @@ int depth_cuda_step_dev(struct depth_cuda *dc, int n, const float *x, int pos, f
             rc = cuda_ops_add_rmsnorm(dc->h, dc->a, dc->o, L->attn_norm, n, H, cfg->eps, st);
         /* a = o . Wo^T; then h += a and o = rmsnorm(h) (o is free once Wo has read it);
          * the FFN output lands in o for the next norm's add. */
-        if (rc < 0 || (rc = matmul(dc->qkv, dc->a, L->wqkv, n, H, 3 * H, st)) < 0 ||
+        if (rc < 0 || (rc = gemv_rows(dc->qkv, dc->a, L->wqkv, n, H, 3 * H, st)) < 0 ||
             (rc = depth_cuda_attention_store(dc->o, dc->qkv, kc, vc, n, pos, cfg->n_heads, cfg->head_dim, row_stride,
                                              scale, st)) < 0 ||
-            (rc = matmul(dc->a, dc->o, L->wo, n, H, H, st)) < 0 ||
+            (rc = gemv_rows(dc->a, dc->o, L->wo, n, H, H, st)) < 0 ||
             (rc = cuda_ops_add_rmsnorm(dc->h, dc->o, dc->a, L->ffn_norm, n, H, cfg->eps, st)) < 0 ||
-            (rc = matmul_swiglu(g, dc->gu, dc->o, L->wgu, n, H, F, st)) < 0 ||
-            (rc = matmul(dc->o, g, L->wd, n, F, H, st)) < 0)
+            (rc = gemv_rows_swiglu(g, dc->gu, dc->o, L->wgu, n, H, F, st)) < 0 ||
+            (rc = gemv_rows(dc->o, g, L->wd, n, F, H, st)) < 0)
             return rc;
     }
     if (fused || cfg->n_layers == 0) return cuda_ops_rmsnorm(out, dc->h, dc->norm, n, H, cfg->eps, st);
@@ -241,7 +198,7 @@ int depth_cuda_logits_dev(struct depth_cuda *dc, int j, const float *hidden, int
         return mm3_errorf(-EINVAL, "depth_cuda_logits: codebook %d, %d rows: expected 1..%d and 1..%d rows", j, n,
                           cfg->n_codebooks - 1, dc->max_rows);
     int H = cfg->hidden, V = cfg->audio_vocab;
-    return matmul(logits, hidden, dc->heads + (size_t)(j - 1) * V * H, n, H, V, stream);
+    return gemv_rows(logits, hidden, dc->heads + (size_t)(j - 1) * V * H, n, H, V, stream);
 }
 
 int depth_cuda_logits(struct depth_cuda *dc, int j, const float *hidden, int n, float *logits)

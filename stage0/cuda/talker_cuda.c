@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "common/sampler.h"
 #include "stage0/cuda/cuda_upload.h"
+#include "stage0/cuda/gemv_rows.h"
 #include "stage0/cuda/talker_kernels.h"
 
 /* wqkv: the rows of Wq, Wk, Wv one after the other ([q width + 2 kv width, hidden]),
@@ -68,26 +69,14 @@ struct talker_cuda {
     long n_replays;
 };
 
-/* Float32-accurate products for any row count, in slices of 16 rows through the
- * float32-input GEMV kernels: decode batches and the drawable head (whose logits
- * feed the draws; a bf16-rounded x could move a draw). */
-static int matmul_exact(float *y, const float *x, const uint16_t *w, int n, int in, int out, void *stream)
-{
-    for (int r = 0; r < n; r += CUDA_OPS_GEMV_MAX_ROWS) {
-        int k = n - r < CUDA_OPS_GEMV_MAX_ROWS ? n - r : CUDA_OPS_GEMV_MAX_ROWS;
-        int rc = cuda_ops_matmul_bf16(y + (size_t)r * out, x + (size_t)r * in, w, k, in, out, stream);
-        if (rc < 0) return rc;
-    }
-    return 0;
-}
-
 /* Prefill batches of more than 16 tokens take cuBLASLt's bf16 GEMM, which reads the
  * weights once for the whole batch instead of once every 16 tokens (x rounded to
- * bf16 there, within the issue's rel 2e-2 on frame_hiddens); decode stays exact. */
+ * bf16 there, within the issue's rel 2e-2 on frame_hiddens); decode stays exact
+ * (16-row slices, gemv_rows.h). */
 static int matmul(float *y, const float *x, const uint16_t *w, int n, int in, int out, int prefill, void *stream)
 {
     if (prefill) return cuda_ops_matmul_bf16(y, x, w, n, in, out, stream);
-    return matmul_exact(y, x, w, n, in, out, stream);
+    return gemv_rows(y, x, w, n, in, out, stream);
 }
 
 /* y = silu(x . Wg^T) * (x . Wu^T) over interleaved wgu, choosing kernels as matmul
@@ -96,36 +85,7 @@ static int matmul_swiglu(float *y, float *gu, const float *x, const uint16_t *wg
                          void *stream)
 {
     if (prefill) return cuda_ops_matmul_bf16_swiglu(y, gu, x, wgu, n, in, ffn, stream);
-    for (int r = 0; r < n; r += CUDA_OPS_GEMV_MAX_ROWS) {
-        int k = n - r < CUDA_OPS_GEMV_MAX_ROWS ? n - r : CUDA_OPS_GEMV_MAX_ROWS;
-        int rc = cuda_ops_matmul_bf16_swiglu(y + (size_t)r * ffn, gu + (size_t)r * 2 * ffn, x + (size_t)r * in, wgu, k,
-                                             in, ffn, stream);
-        if (rc < 0) return rc;
-    }
-    return 0;
-}
-
-/* The same in 16-row slices through the fused GEMV (ops_cuda.h): norm on the way in
- * (norm_w non-NULL), SwiGLU or the residual add on the way out. */
-static int gemv_fused(float *y, const float *x, const uint16_t *w, int n, int in, int out, enum cuda_gemv_epi epi,
-                      const float *norm_w, float eps, void *stream)
-{
-    int y_width = epi == CUDA_GEMV_SWIGLU ? out / 2 : out;
-    for (int r = 0; r < n; r += CUDA_OPS_GEMV_MAX_ROWS) {
-        int k = n - r < CUDA_OPS_GEMV_MAX_ROWS ? n - r : CUDA_OPS_GEMV_MAX_ROWS;
-        int rc = cuda_ops_gemv_bf16_fused(y + (size_t)r * y_width, x + (size_t)r * in, w, k, in, out, epi, norm_w, eps,
-                                          stream);
-        if (rc < 0) return rc;
-    }
-    return 0;
-}
-
-/* Whether every 16-row slice of n rows fuses for this product, and gains by it. */
-static int fused_ok(int n, int in, int out, enum cuda_gemv_epi epi, int norm)
-{
-    int full = n >= CUDA_OPS_GEMV_MAX_ROWS, rest = n % CUDA_OPS_GEMV_MAX_ROWS;
-    return (!full || cuda_ops_gemv_fused_ok(CUDA_OPS_GEMV_MAX_ROWS, in, out, epi, norm)) &&
-           (!rest || (cuda_ops_gemv_fused_ok(rest, in, out, epi, norm) && cuda_ops_gemv_fused_pays(rest)));
+    return gemv_rows_swiglu(y, gu, x, wgu, n, in, ffn, stream);
 }
 
 static void scratch_free(struct talker_cuda_scratch *s)
@@ -268,6 +228,33 @@ static int split_k_fits(const struct talker_config *c)
     return c->head_dim % 32 == 0 && c->head_dim <= 256 && c->n_heads / c->n_kv_heads <= 8;
 }
 
+/* Layer li's attention on the QKV rows in s->qkv: q and k norm + RoPE in place with
+ * the K/V store (one launch: the same results as cuda_ops_qk_norm_rope twice and
+ * talker_cuda_kv_store_pair), then the attention of each query row into s->o: the
+ * split-K decode kernel over rows s->row with kv lengths up to max_len, or the row
+ * attention (prefill, heads the decode kernel does not take). */
+static int attention_queue(struct talker_cuda *tc, struct talker_cuda_scratch *s, int li, int n, int split_k,
+                           int max_len, void *st)
+{
+    const struct talker_config *cfg = &tc->cfg;
+    int D = cfg->head_dim, QD = cfg->n_heads * D, KD = cfg->n_kv_heads * D, QKV = QD + 2 * KD;
+    size_t row_stride = (size_t)tc->ctx_alloc * KD, layer_stride = (size_t)tc->max_rows * row_stride;
+    void *kc = (char *)tc->kc + li * layer_stride * tc->kv_elem;
+    void *vc = (char *)tc->vc + li * layer_stride * tc->kv_elem;
+    float scale = 1.0f / sqrtf((float)D);
+    const struct talker_cuda_layer *L = &tc->layers[li];
+    int rc =
+        talker_cuda_qkv_norm_rope_store(s->qkv, n, cfg->n_heads, cfg->n_kv_heads, D, L->q_norm, L->k_norm, cfg->eps, D,
+                                        s->pos, tc->inv_freq, kc, vc, tc->kv_dtype, s->row, row_stride, KD, st);
+    if (rc < 0) return rc;
+    if (split_k)
+        return talker_cuda_attention_decode_rows_q(s->o, s->qkv, (size_t)QKV, kc, vc, tc->kv_dtype, s->kv_len, s->row,
+                                                   max_len, row_stride, KD, n, cfg->n_heads, cfg->n_kv_heads, D, scale,
+                                                   s->att_ws, s->att_ws_bytes, st);
+    return talker_cuda_attention_rows_kv(s->o, s->qkv, (size_t)QKV, kc, vc, tc->kv_dtype, s->row, s->pos, n,
+                                         cfg->n_heads, cfg->n_kv_heads, D, row_stride, KD, scale, st);
+}
+
 /* The decode layers with the norms, SwiGLU and residual adds inside the products
  * (7 launches per layer, 8 with split-K's combine): QKV product of the normed h,
  * q/k norm + RoPE + K/V store, attention, h += o . Wo^T, silu * up of the normed h,
@@ -276,32 +263,18 @@ static int forward_fused_queue(struct talker_cuda *tc, struct talker_cuda_scratc
                                void *stream)
 {
     const struct talker_config *cfg = &tc->cfg;
-    int H = cfg->hidden, F = cfg->ffn, D = cfg->head_dim;
-    int QD = cfg->n_heads * D, KD = cfg->n_kv_heads * D, QKV = QD + 2 * KD;
-    size_t row_stride = (size_t)tc->ctx_alloc * KD, layer_stride = (size_t)tc->max_rows * row_stride;
-    float scale = 1.0f / sqrtf((float)D);
+    int H = cfg->hidden, F = cfg->ffn, QD = cfg->n_heads * cfg->head_dim;
+    int QKV = QD + 2 * cfg->n_kv_heads * cfg->head_dim;
     void *st = stream;
     int rc = 0;
     for (int li = 0; li < cfg->n_layers && rc == 0; li++) {
         const struct talker_cuda_layer *L = &tc->layers[li];
-        void *kc = (char *)tc->kc + li * layer_stride * tc->kv_elem;
-        void *vc = (char *)tc->vc + li * layer_stride * tc->kv_elem;
-        if ((rc = gemv_fused(s->qkv, s->h, L->wqkv, n, H, QKV, CUDA_GEMV_STORE, L->attn_norm, cfg->eps, st)) < 0 ||
-            (rc = talker_cuda_qkv_norm_rope_store(s->qkv, n, cfg->n_heads, cfg->n_kv_heads, D, L->q_norm, L->k_norm,
-                                                  cfg->eps, D, s->pos, tc->inv_freq, kc, vc, tc->kv_dtype, s->row,
-                                                  row_stride, KD, st)) < 0)
+        if ((rc = gemv_rows_fused(s->qkv, s->h, L->wqkv, n, H, QKV, CUDA_GEMV_STORE, L->attn_norm, cfg->eps, st)) < 0 ||
+            (rc = attention_queue(tc, s, li, n, split_k, max_len, st)) < 0 ||
+            (rc = gemv_rows_fused(s->h, s->o, L->wo, n, QD, H, CUDA_GEMV_ADD, NULL, 0.0f, st)) < 0 ||
+            (rc = gemv_rows_fused(s->g, s->h, L->wgu, n, H, 2 * F, CUDA_GEMV_SWIGLU, L->ffn_norm, cfg->eps, st)) < 0)
             break;
-        if (split_k)
-            rc = talker_cuda_attention_decode_rows_q(s->o, s->qkv, (size_t)QKV, kc, vc, tc->kv_dtype, s->kv_len, s->row,
-                                                     max_len, row_stride, KD, n, cfg->n_heads, cfg->n_kv_heads, D,
-                                                     scale, s->att_ws, s->att_ws_bytes, st);
-        else
-            rc = talker_cuda_attention_rows_kv(s->o, s->qkv, (size_t)QKV, kc, vc, tc->kv_dtype, s->row, s->pos, n,
-                                               cfg->n_heads, cfg->n_kv_heads, D, row_stride, KD, scale, st);
-        if (rc < 0 || (rc = gemv_fused(s->h, s->o, L->wo, n, QD, H, CUDA_GEMV_ADD, NULL, 0.0f, st)) < 0 ||
-            (rc = gemv_fused(s->g, s->h, L->wgu, n, H, 2 * F, CUDA_GEMV_SWIGLU, L->ffn_norm, cfg->eps, st)) < 0)
-            break;
-        rc = gemv_fused(s->h, s->g, L->wd, n, F, H, CUDA_GEMV_ADD, NULL, 0.0f, st);
+        rc = gemv_rows_fused(s->h, s->g, L->wd, n, F, H, CUDA_GEMV_ADD, NULL, 0.0f, st);
     }
     if (rc == 0) rc = cuda_ops_rmsnorm(s->a, s->h, tc->norm, n, H, cfg->eps, st);
     return rc;
@@ -309,52 +282,36 @@ static int forward_fused_queue(struct talker_cuda *tc, struct talker_cuda_scratc
 
 /* Every kernel of a forward of n tokens whose inputs are in s (h, row, pos, kv_len on
  * the device), queued on `stream`; the post-norm hiddens end in s->a. Decode batches
- * whose products all fuse take forward_fused_queue; the rest (prefill, odd widths): split_k: the
- * decode kernel over rows s->row with kv lengths up to max_len, else the row attention;
- * prefill: products through the bf16 GEMM (see matmul). Per layer (9 launches, 10
- * with split-K's combine; 16 before the fusions): norm (fused with the previous residual
- * add), QKV product, q and k norm + RoPE in place with the K/V store, attention reading
- * q from the QKV rows, Wo, residual add + norm, gate|up product with silu * up, Wd. */
+ * whose products all fuse take forward_fused_queue; the rest (prefill, odd widths)
+ * this chain, prefill's products through the bf16 GEMM (see matmul). Per layer (9
+ * launches, 10 with split-K's combine; 16 before the fusions): norm (fused with the
+ * previous residual add), QKV product, attention_queue's two, Wo, residual add + norm,
+ * gate|up product with silu * up, Wd. */
 static int forward_queue(struct talker_cuda *tc, struct talker_cuda_scratch *s, int n, int split_k, int max_len,
                          int prefill, void *stream)
 {
     const struct talker_config *cfg = &tc->cfg;
-    int H = cfg->hidden, F = cfg->ffn, D = cfg->head_dim;
-    int QD = cfg->n_heads * D, KD = cfg->n_kv_heads * D, QKV = QD + 2 * KD;
-    size_t row_stride = (size_t)tc->ctx_alloc * KD, layer_stride = (size_t)tc->max_rows * row_stride;
-    float scale = 1.0f / sqrtf((float)D);
-    if (!prefill && fused_ok(n, H, QKV, CUDA_GEMV_STORE, 1) && fused_ok(n, QD, H, CUDA_GEMV_ADD, 0) &&
-        fused_ok(n, H, 2 * F, CUDA_GEMV_SWIGLU, 1) && fused_ok(n, F, H, CUDA_GEMV_ADD, 0))
+    int H = cfg->hidden, F = cfg->ffn, QD = cfg->n_heads * cfg->head_dim;
+    int QKV = QD + 2 * cfg->n_kv_heads * cfg->head_dim;
+    if (!prefill && gemv_rows_fused_ok(n, H, QKV, CUDA_GEMV_STORE, 1) &&
+        gemv_rows_fused_ok(n, QD, H, CUDA_GEMV_ADD, 0) && gemv_rows_fused_ok(n, H, 2 * F, CUDA_GEMV_SWIGLU, 1) &&
+        gemv_rows_fused_ok(n, F, H, CUDA_GEMV_ADD, 0))
         return forward_fused_queue(tc, s, n, split_k, max_len, stream);
-    const float *q = s->qkv; /* query rows inside the QKV rows */
     void *st = stream;
     int rc = 0;
     for (int li = 0; li < cfg->n_layers && rc == 0; li++) {
         const struct talker_cuda_layer *L = &tc->layers[li];
-        void *kc = (char *)tc->kc + li * layer_stride * tc->kv_elem;
-        void *vc = (char *)tc->vc + li * layer_stride * tc->kv_elem;
         /* The residual add of the previous layer is fused into this norm. */
         if (li == 0)
             rc = cuda_ops_rmsnorm(s->a, s->h, L->attn_norm, n, H, cfg->eps, st);
         else
             rc = cuda_ops_add_rmsnorm(s->h, s->a, s->o, L->attn_norm, n, H, cfg->eps, st);
-        /* q and k norm + RoPE in place and the K/V store: one launch (the same results as
-         * cuda_ops_qk_norm_rope twice and talker_cuda_kv_store_pair). */
         if (rc < 0 || (rc = matmul(s->qkv, s->a, L->wqkv, n, H, QKV, prefill, st)) < 0 ||
-            (rc = talker_cuda_qkv_norm_rope_store(s->qkv, n, cfg->n_heads, cfg->n_kv_heads, D, L->q_norm, L->k_norm,
-                                                  cfg->eps, D, s->pos, tc->inv_freq, kc, vc, tc->kv_dtype, s->row,
-                                                  row_stride, KD, st)) < 0)
+            (rc = attention_queue(tc, s, li, n, split_k, max_len, st)) < 0)
             break;
-        if (split_k)
-            rc = talker_cuda_attention_decode_rows_q(s->o, q, (size_t)QKV, kc, vc, tc->kv_dtype, s->kv_len, s->row,
-                                                     max_len, row_stride, KD, n, cfg->n_heads, cfg->n_kv_heads, D,
-                                                     scale, s->att_ws, s->att_ws_bytes, st);
-        else
-            rc = talker_cuda_attention_rows_kv(s->o, q, (size_t)QKV, kc, vc, tc->kv_dtype, s->row, s->pos, n,
-                                               cfg->n_heads, cfg->n_kv_heads, D, row_stride, KD, scale, st);
         /* a = o . Wo^T; then h += a and o = rmsnorm(h) in one kernel (o is free once
          * Wo has read it); the FFN output lands in o again for the next layer's add. */
-        if (rc < 0 || (rc = matmul(s->a, s->o, L->wo, n, QD, H, prefill, st)) < 0 ||
+        if ((rc = matmul(s->a, s->o, L->wo, n, QD, H, prefill, st)) < 0 ||
             (rc = cuda_ops_add_rmsnorm(s->h, s->o, s->a, L->ffn_norm, n, H, cfg->eps, st)) < 0 ||
             (rc = matmul_swiglu(s->g, s->gu, s->o, L->wgu, n, H, F, prefill, st)) < 0 ||
             (rc = matmul(s->o, s->g, L->wd, n, F, H, prefill, st)) < 0)
@@ -504,7 +461,7 @@ int talker_cuda_head_drawable(struct talker_cuda *tc, const float *hidden, int n
     if (rc < 0) return rc;
     int H = tc->cfg.hidden;
     if ((rc = cuda_memcpy_h2d(tc->s.a, hidden, sizeof(float) * n_rows * H)) < 0 ||
-        (rc = matmul_exact(tc->s.logits, tc->s.a, tc->head, n_rows, H, SAMPLER_C0_COLS, NULL)) < 0 ||
+        (rc = gemv_rows(tc->s.logits, tc->s.a, tc->head, n_rows, H, SAMPLER_C0_COLS, NULL)) < 0 ||
         (rc = cuda_stream_sync(NULL)) < 0)
         return rc;
     return cuda_memcpy_d2h(logits, tc->s.logits, sizeof(float) * n_rows * SAMPLER_C0_COLS);
@@ -513,5 +470,5 @@ int talker_cuda_head_drawable(struct talker_cuda *tc, const float *hidden, int n
 int talker_cuda_head_dev(struct talker_cuda *tc, const float *hidden, int n_rows, float *logits, void *stream)
 {
     if (n_rows < 1) return mm3_errorf(-EINVAL, "talker_cuda_head_dev: %d rows, expected >= 1", n_rows);
-    return matmul_exact(logits, hidden, tc->head, n_rows, tc->cfg.hidden, SAMPLER_C0_COLS, stream);
+    return gemv_rows(logits, hidden, tc->head, n_rows, tc->cfg.hidden, SAMPLER_C0_COLS, stream);
 }

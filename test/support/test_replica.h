@@ -13,8 +13,10 @@
 #ifndef MM3_TEST_REPLICA_H
 #define MM3_TEST_REPLICA_H
 
+#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -170,6 +172,71 @@ static inline int test_replica_post(const struct test_replica *r, const char *js
                                     struct http_client_response *resp)
 {
     return test_replica_post_stream(r, json, timeout_ms, NULL, NULL, resp);
+}
+
+/* The deploy file of a served test on the tiny CPU model (caller frees), or NULL:
+ * stage 0 with s0_seqs rows, stage 1 with s1_seqs, two flow steps, fp32; journal_dir
+ * NULL or "" for none. */
+static inline char *test_replica_cpu_deploy(const char *ckpt, int async_chunk, int codec_streaming,
+                                            const char *journal_dir, int s0_seqs, int s1_seqs, int request_timeout_s)
+{
+    char *text;
+    if (asprintf(&text,
+                 "pipeline: minimax_music3\n"
+                 "async_chunk: %s\n"
+                 "model: %s\n"
+                 "backend: cpu\n"
+                 "api:\n  host: 127.0.0.1\n  port: 0\n  max_queue_depth: 8\n  request_timeout_s: %d\n"
+                 "  journal_dir: \"%s\"\n"
+                 "connectors:\n  shm:\n    name: SharedMemoryConnector\n    extra:\n"
+                 "      codec_streaming: %s\n      connector_get_sleep_s: 0.01\n"
+                 "      connector_get_max_wait_first_chunk: 6000\n      connector_get_max_wait: 3000\n"
+                 "stages:\n"
+                 "  - stage_id: 0\n    max_num_seqs: %d\n    dtype: float32\n    max_model_len: 4096\n"
+                 "    max_num_batched_tokens: 64\n    enforce_eager: true\n"
+                 "    output_connectors:\n      to_stage_1: shm\n"
+                 "    default_sampling_params:\n      max_tokens: 4002\n"
+                 "  - stage_id: 1\n    max_num_seqs: %d\n    dtype: float32\n    enforce_eager: true\n"
+                 "    max_num_batched_tokens: 4\n    input_connectors:\n      from_stage_0: shm\n"
+                 "    matmul_precision: fp32\n    num_inference_steps: 2\n",
+                 async_chunk ? "true" : "false", ckpt, request_timeout_s, journal_dir ? journal_dir : "",
+                 codec_streaming ? "true" : "false", s0_seqs, s1_seqs) < 0)
+        return NULL;
+    return text;
+}
+
+/* A streamed answer's body, growing; with kill_pid > 0 that process gets SIGKILL once
+ * more than kill_after bytes arrived (and on_kill(on_kill_ctx) runs), reading on. */
+struct test_collect {
+    uint8_t *buf;
+    size_t len, cap;
+    pid_t kill_pid;
+    size_t kill_after;
+    void (*on_kill)(void *ctx);
+    void *on_kill_ctx;
+};
+
+/* The body callback of test_replica_post_stream for a struct test_collect. */
+static inline int test_collect_body(void *user, const void *data, size_t n)
+{
+    struct test_collect *c = (struct test_collect *)user;
+    if (c->len + n > c->cap) {
+        size_t cap = c->cap ? 2 * c->cap : 1 << 16;
+        while (cap < c->len + n)
+            cap *= 2;
+        uint8_t *b = (uint8_t *)realloc(c->buf, cap);
+        if (!b) return -ENOMEM;
+        c->buf = b;
+        c->cap = cap;
+    }
+    memcpy(c->buf + c->len, data, n);
+    c->len += n;
+    if (c->kill_pid > 0 && c->len > c->kill_after) {
+        kill(c->kill_pid, SIGKILL);
+        c->kill_pid = 0;
+        if (c->on_kill) c->on_kill(c->on_kill_ctx);
+    }
+    return 0;
 }
 
 #endif

@@ -1,0 +1,27 @@
+/* The decode products of common/cuda/ops_cuda.h over any number of rows, in slices
+ * of 16 (CUDA_OPS_GEMV_MAX_ROWS, the float32-accurate GEMV kernels' limit; cuBLASLt
+ * beyond would round x to bf16), for the GPU talker and depth decoder. Only compiled
+ * with CUDA. */
+#ifndef MM3_STAGE0_CUDA_GEMV_ROWS_H
+#define MM3_STAGE0_CUDA_GEMV_ROWS_H
+
+#include <stdint.h>
+
+#include "common/cuda/ops_cuda.h"
+
+/* y[n, out] = x[n, in] . w^T (cuda_ops_matmul_bf16 per slice). */
+int gemv_rows(float *y, const float *x, const uint16_t *w, int n, int in, int out, void *stream);
+
+/* y[n, ffn] = silu(x . Wg^T) * (x . Wu^T) over interleaved gate/up rows
+ * (cuda_ops_matmul_bf16_swiglu per slice; gu [n, 2 ffn] its scratch). */
+int gemv_rows_swiglu(float *y, float *gu, const float *x, const uint16_t *wgu, int n, int in, int ffn, void *stream);
+
+/* cuda_ops_gemv_bf16_fused per slice (y has out / 2 columns with CUDA_GEMV_SWIGLU). */
+int gemv_rows_fused(float *y, const float *x, const uint16_t *w, int n, int in, int out, enum cuda_gemv_epi epi,
+                    const float *norm_w, float eps, void *stream);
+
+/* Whether every slice of n rows fuses for this product and gains by it
+ * (cuda_ops_gemv_fused_ok, cuda_ops_gemv_fused_pays). */
+int gemv_rows_fused_ok(int n, int in, int out, enum cuda_gemv_epi epi, int norm);
+
+#endif
