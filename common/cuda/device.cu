@@ -18,14 +18,19 @@ extern "C" int cuda_device_count_safe(void)
     return n;
 }
 
+int cuda_env_switch(const char *name, int unset)
+{
+    const char *v = getenv(name);
+    if (v && !strcmp(v, "0")) return 0;
+    if (v && !strcmp(v, "1")) return 1;
+    return unset;
+}
+
 /* common/cuda/pdl.cuh: on unless MM3_PDL=0. Read once; every launch asks. */
 extern "C" int cuda_pdl_enabled(void)
 {
     static int state = -1; /* benign race: every thread computes the same value */
-    if (state < 0) {
-        const char *v = getenv("MM3_PDL");
-        state = !(v && strcmp(v, "0") == 0);
-    }
+    if (state < 0) state = cuda_env_switch("MM3_PDL", 1);
     return state;
 }
 

@@ -11,8 +11,6 @@
 #include <cuda_bf16.h>
 #include <pthread.h>
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "common/cuda/cuda_internal.h"
 #include "common/cuda/ops_cuda.h"
@@ -89,7 +87,9 @@ enum { GEMV_PREFETCH = 2 };
  * epilogues were in the template; 80 (1-2 rows) and 128 (3-4 rows) fit without spills.
  * Wider row counts only serve odd widths and the benchmark's variants: left alone. */
 template <int NR, int OPW, bool VEC, int EPI = CUDA_GEMV_STORE, bool NORM = false>
-__global__ void __launch_bounds__(GEMV_THREADS, NR <= 2 ? 3 : NR <= 4 ? 2 : 1)
+__global__ void __launch_bounds__(GEMV_THREADS, NR <= 2   ? 3
+                                                : NR <= 4 ? 2
+                                                          : 1)
     gemv_bf16_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int in,
                      int out, const float *__restrict__ wn, float eps)
 {
@@ -443,11 +443,8 @@ static int gemv_fused_rows(float *y, const float *x, const uint16_t *w, int in, 
 
 extern "C" int cuda_ops_gemv_fused_pays(int n_rows)
 {
-    static int mode = -1; /* MM3_GEMV_FUSE: 0 never, 1 always, else by row count */
-    if (mode < 0) {
-        const char *v = getenv("MM3_GEMV_FUSE");
-        mode = v && !strcmp(v, "0") ? 0 : v && !strcmp(v, "1") ? 1 : 2;
-    }
+    static int mode = -1; /* MM3_GEMV_FUSE: 0 never, 1 always, else (2) by row count */
+    if (mode < 0) mode = cuda_env_switch("MM3_GEMV_FUSE", 2);
     if (n_rows < 1 || n_rows > CUDA_OPS_GEMV_MAX_ROWS || mode == 0) return 0;
     return mode == 1 || n_rows <= 2 || n_rows > GEMV_MMA_MIN_ROWS;
 }
