@@ -394,18 +394,19 @@ static void check_silu_mul(size_t n)
     free(u);
 }
 
-static void check_silu_mul_fused(int rows, int ffn)
+/* Interleaved gate/up rows (gate j at column 2j, up j at 2j + 1) against op_silu_mul. */
+static void check_silu_mul_interleaved(int rows, int ffn)
 {
     char what[96];
-    snprintf(what, sizeof what, "silu_mul_fused rows=%d ffn=%d", rows, ffn);
+    snprintf(what, sizeof what, "silu_mul_interleaved rows=%d ffn=%d", rows, ffn);
     size_t n = (size_t)rows * ffn;
     float *gu = rnd_array(2 * n, 8.0f), *ref = malloc(sizeof(float) * n);
     assert_non_null(ref);
-    for (int r = 0; r < rows; r++)
-        op_silu_mul(ref + (size_t)r * ffn, gu + (size_t)r * 2 * ffn, gu + (size_t)r * 2 * ffn + ffn, (size_t)ffn);
+    for (size_t i = 0; i < n; i++)
+        op_silu_mul(ref + i, gu + 2 * i, gu + 2 * i + 1, 1);
     float *dgu = dev_upload(gu, sizeof(float) * 2 * n);
     float *dy_inner, *dy = dev_guarded(n, &dy_inner);
-    assert_int_equal(cuda_ops_silu_mul_fused(dy_inner, dgu, rows, ffn, NULL), 0);
+    assert_int_equal(cuda_ops_silu_mul_interleaved(dy_inner, dgu, rows, ffn, NULL), 0);
     float *got = dev_fetch_checked(dy, n, what);
     expect_close(got, ref, n, TOL_F32_EXP, what);
     cuda_free(dgu);
@@ -441,8 +442,8 @@ static void test_elementwise(void **state)
     check_silu_mul((size_t)16 * 12288);
     check_silu_mul((size_t)2 * 6144);
     check_silu_mul(7);
-    check_silu_mul_fused(2, 12288);
-    check_silu_mul_fused(3, 77);
+    check_silu_mul_interleaved(2, 12288);
+    check_silu_mul_interleaved(3, 77);
     check_add((size_t)16 * 4096);
     check_add(1001);
 }

@@ -125,18 +125,6 @@ __global__ void silu_mul_kernel(float *y, const float *gate, const float *up, si
         y[i] = silu_mul1(gate[i], up[i]);
 }
 
-__global__ void silu_mul_fused_kernel(float *__restrict__ y, const float *__restrict__ gu, int n_rows, int ffn)
-{
-    pdl_launch_dependents();
-    pdl_wait();
-    size_t n = (size_t)n_rows * ffn;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        size_t r = i / ffn, c = i % ffn;
-        const float *row = gu + r * 2 * ffn;
-        y[i] = silu_mul1(row[c], row[ffn + c]);
-    }
-}
-
 /* gu rows of 2*ffn: gate j at column 2j, up j at 2j+1 (the interleaved packing of
  * cuda_ops_matmul_bf16_swiglu's weights). */
 __global__ void silu_mul_interleaved_kernel(float *__restrict__ y, const float *__restrict__ gu, int n_rows, int ffn)
@@ -164,17 +152,6 @@ extern "C" int cuda_ops_silu_mul(float *y, const float *gate, const float *up, s
     if (n == 0) return 0;
     return launch_pdl("silu_mul_kernel", silu_mul_kernel, ew_blocks(n), EW_THREADS, 0, cuda_stream_of(stream), y, gate,
                       up, n);
-}
-
-extern "C" int cuda_ops_silu_mul_fused(float *y, const float *gu, int n_rows, int ffn, void *stream)
-{
-    if (n_rows < 0 || ffn < 1)
-        return mm3_errorf(-EINVAL, "cuda_ops_silu_mul_fused: %d rows of ffn %d: expected rows >= 0, ffn >= 1", n_rows,
-                          ffn);
-    size_t n = (size_t)n_rows * ffn;
-    if (n == 0) return 0;
-    return launch_pdl("silu_mul_fused_kernel", silu_mul_fused_kernel, ew_blocks(n), EW_THREADS, 0,
-                      cuda_stream_of(stream), y, gu, n_rows, ffn);
 }
 
 extern "C" int cuda_ops_silu_mul_interleaved(float *y, const float *gu, int n_rows, int ffn, void *stream)

@@ -106,12 +106,8 @@ int cuda_ops_qk_norm_rope(float *x, int n_rows, int stride, int n_heads, int hea
 /* y[i] = silu(gate[i]) * up[i] for i < n. y may alias gate or up. */
 int cuda_ops_silu_mul(float *y, const float *gate, const float *up, size_t n, void *stream);
 
-/* Fused gate/up layout: gu[n_rows, 2*ffn] holds gate in columns [0, ffn) and up
- * in [ffn, 2*ffn) (one matmul over concatenated weights); y[n_rows, ffn]. */
-int cuda_ops_silu_mul_fused(float *y, const float *gu, int n_rows, int ffn, void *stream);
-
-/* The same with gate j at column 2j and up j at 2j + 1 of each gu row (weights
- * packed interleaved, see cuda_ops_matmul_bf16_swiglu). */
+/* Fused gate/up rows gu[n_rows, 2*ffn] with gate j at column 2j and up j at 2j + 1
+ * (weights packed interleaved, see cuda_ops_matmul_bf16_swiglu); y[n_rows, ffn]. */
 int cuda_ops_silu_mul_interleaved(float *y, const float *gu, int n_rows, int ffn, void *stream);
 
 /* What a fused GEMV stores: y = sum; y[n, out / 2] = silu(gate) * up over rows

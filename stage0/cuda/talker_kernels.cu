@@ -108,11 +108,11 @@ extern "C" int talker_cuda_attention_rows_kv(float *out, const float *q, size_t 
     if (n_tok < 0 || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || head_dim <= 0 ||
         head_dim > TALKER_CUDA_MAX_HEAD_DIM || n_tok > 65535 || q_stride < (size_t)n_heads * head_dim)
         return mm3_errorf(-EINVAL,
-                          "talker_cuda_attention_rows: %d tokens, %d/%d heads of %d, q stride %zu: expected heads a "
+                          "talker_cuda_attention_rows_kv: %d tokens, %d/%d heads of %d, q stride %zu: expected heads a "
                           "multiple of kv heads, head_dim 1..%d, at most 65535 tokens, q stride >= heads x head_dim",
                           n_tok, n_heads, n_kv_heads, head_dim, q_stride, TALKER_CUDA_MAX_HEAD_DIM);
     if (kv_dtype != CUDA_KV_F32 && kv_dtype != CUDA_KV_BF16)
-        return mm3_errorf(-EINVAL, "talker_cuda_attention_rows: kv dtype %d: expected CUDA_KV_F32 or CUDA_KV_BF16",
+        return mm3_errorf(-EINVAL, "talker_cuda_attention_rows_kv: kv dtype %d: expected CUDA_KV_F32 or CUDA_KV_BF16",
                           (int)kv_dtype);
     dim3 grid((unsigned)n_heads, (unsigned)n_tok);
     cudaStream_t st = cuda_stream_of(stream);
@@ -125,38 +125,6 @@ extern "C" int talker_cuda_attention_rows_kv(float *out, const float *q, size_t 
         return launch_pdl("attention_rows_kernel<float>", attention_rows_kernel<float>, grid, ATT_WARPS * 32, 0, st,
                           out, q, q_stride, (const float *)k_cache, (const float *)v_cache, row, pos, n_heads, group,
                           head_dim, row_stride, pos_stride, scale);
-}
-
-extern "C" int talker_cuda_attention_rows(float *out, const float *q, const float *k_cache, const float *v_cache,
-                                          const int *row, const int *pos, int n_tok, int n_heads, int n_kv_heads,
-                                          int head_dim, size_t row_stride, size_t pos_stride, float scale, void *stream)
-{
-    size_t q_stride = n_heads > 0 && head_dim > 0 ? (size_t)n_heads * head_dim : 0;
-    return talker_cuda_attention_rows_kv(out, q, q_stride, k_cache, v_cache, CUDA_KV_F32, row, pos, n_tok, n_heads,
-                                         n_kv_heads, head_dim, row_stride, pos_stride, scale, stream);
-}
-
-__global__ void kv_store_kernel(float *__restrict__ cache, const float *__restrict__ src, const int *__restrict__ row,
-                                const int *__restrict__ pos, int width, size_t row_stride, size_t pos_stride)
-{
-    pdl_launch_dependents();
-    pdl_wait();
-    const int i = blockIdx.y;
-    float *dst = cache + (size_t)row[i] * row_stride + (size_t)pos[i] * pos_stride;
-    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < width; c += gridDim.x * blockDim.x)
-        dst[c] = src[(size_t)i * width + c];
-}
-
-extern "C" int talker_cuda_kv_store(float *cache, const float *src, const int *row, const int *pos, int n, int width,
-                                    size_t row_stride, size_t pos_stride, void *stream)
-{
-    if (n == 0) return 0;
-    if (n < 0 || n > 65535 || width <= 0)
-        return mm3_errorf(-EINVAL, "talker_cuda_kv_store: %d tokens of width %d: expected 0..65535 and width > 0", n,
-                          width);
-    unsigned bx = (unsigned)((width + 255) / 256);
-    return launch_pdl("kv_store_kernel", kv_store_kernel, dim3(bx, (unsigned)n), 256, 0, cuda_stream_of(stream), cache,
-                      src, row, pos, width, row_stride, pos_stride);
 }
 
 /* blockIdx.z: 0 = K, 1 = V. */

@@ -16,30 +16,21 @@
 extern "C" {
 #endif
 
-/* Largest head_dim of talker_cuda_attention_rows (8 values per lane of a warp). */
+/* Largest head_dim of talker_cuda_attention_rows_kv (8 values per lane of a warp). */
 #define TALKER_CUDA_MAX_HEAD_DIM 256
 
 /* Token i (i < n_tok) attends over positions 0..pos[i] of cache row row[i]:
- *   q[n_tok, n_heads*head_dim] -> out[n_tok, n_heads*head_dim]
- *   k/v element (r, j, g, d) at r*row_stride + j*pos_stride + g*head_dim + d
+ *   query row i at q + i*q_stride (q_stride >= n_heads*head_dim: q may sit inside a
+ *   fused QKV row) -> out[n_tok, n_heads*head_dim]
+ *   k/v element (r, j, g, d) of kv_dtype at r*row_stride + j*pos_stride + g*head_dim + d
  * (query head h reads kv head h / (n_heads / n_kv_heads)); row, pos device ints.
  * Same result as op_attention (causal, q_pos0 = pos[i]) up to summation order:
  * one block per (head, token), warps take positions round-robin with an online
  * softmax and merge at the end. Correct for any head_dim <= 256, not tuned. */
-int talker_cuda_attention_rows(float *out, const float *q, const float *k_cache, const float *v_cache, const int *row,
-                               const int *pos, int n_tok, int n_heads, int n_kv_heads, int head_dim, size_t row_stride,
-                               size_t pos_stride, float scale, void *stream);
-
-/* The same over a cache of kv_dtype, with query row i at q + i*q_stride (q_stride >=
- * n_heads*head_dim: q may sit inside a fused QKV row). */
 int talker_cuda_attention_rows_kv(float *out, const float *q, size_t q_stride, const void *k_cache, const void *v_cache,
                                   enum cuda_kv_dtype kv_dtype, const int *row, const int *pos, int n_tok, int n_heads,
                                   int n_kv_heads, int head_dim, size_t row_stride, size_t pos_stride, float scale,
                                   void *stream);
-
-/* cache[row[i]*row_stride + pos[i]*pos_stride + c] = src[i*width + c], c < width. */
-int talker_cuda_kv_store(float *cache, const float *src, const int *row, const int *pos, int n, int width,
-                         size_t row_stride, size_t pos_stride, void *stream);
 
 /* K and V of n tokens into their caches of kv_dtype in one launch:
  *   k_cache[row[i]*row_stride + pos[i]*pos_stride + c] = k[i*src_stride + c], c < width
