@@ -679,13 +679,13 @@ static void test_kv_bf16_kernels(void **state)
     }
     /* Partials in stream-ordered memory, then in a caller's workspace (what the
      * captured graphs use); one byte short of the size asked for is refused. */
-    size_t ws_bytes = talker_cuda_attention_workspace_bytes(ROWS, NH, NKV, D, CTX);
+    size_t ws_bytes = cuda_ops_attention_decode_workspace_bytes(ROWS, NH, NKV, D, CTX);
     void *d_ws;
     assert_true(ws_bytes > 0);
     assert_int_equal(cuda_malloc(&d_ws, ws_bytes), 0);
     for (int with_ws = 0; with_ws < 2; with_ws++) {
         assert_int_equal(cuda_memset(d_out, 0, sizeof(float) * ROWS * QD), 0);
-        assert_int_equal(talker_cuda_attention_decode_rows_q(d_out, d_qkv, (size_t)QKV, d_k16, d_v16, CUDA_KV_BF16,
+        assert_int_equal(cuda_ops_attention_decode_rows(d_out, d_qkv, (size_t)QKV, d_k16, d_v16, CUDA_KV_BF16,
                                                              d_len, d_seq, CTX, row_stride, KD, ROWS, NH, NKV, D, scale,
                                                              with_ws ? d_ws : NULL, with_ws ? ws_bytes : 0, NULL),
                          0);
@@ -695,7 +695,7 @@ static void test_kv_bf16_kernels(void **state)
                              : "split-K decode attention, bf16 cache",
                      0, got, want, (size_t)ROWS * QD, 1e-5);
     }
-    assert_int_equal(talker_cuda_attention_decode_rows_q(d_out, d_qkv, (size_t)QKV, d_k16, d_v16, CUDA_KV_BF16, d_len,
+    assert_int_equal(cuda_ops_attention_decode_rows(d_out, d_qkv, (size_t)QKV, d_k16, d_v16, CUDA_KV_BF16, d_len,
                                                          d_seq, CTX, row_stride, KD, ROWS, NH, NKV, D, scale, d_ws,
                                                          ws_bytes - 1, NULL),
                      -EINVAL);

@@ -361,33 +361,20 @@ extern "C" int cuda_ops_attention_decode_chunk(float *out, const float *q, const
                             n_kv_heads, head_dim, scale, chunk_positions, NULL, 0, stream);
 }
 
-/* The stage-0 talker's decode over any rows (ops_cuda.h). */
-extern "C" int cuda_ops_attention_decode_rows(float *out, const float *q, const void *k_cache, const void *v_cache,
-                                              enum cuda_kv_dtype kv_dtype, const int *kv_len, const int *seq_row,
-                                              int max_kv_len, size_t seq_stride, size_t row_stride, int n_seq,
-                                              int n_heads, int n_kv_heads, int head_dim, float scale, void *stream)
-{
-    return attention_decode(out, q, (size_t)(n_heads > 0 ? n_heads : 0) * (head_dim > 0 ? head_dim : 0), k_cache,
-                            v_cache, kv_dtype, kv_len, seq_row, max_kv_len, seq_stride, row_stride, n_seq, n_heads,
-                            n_kv_heads, head_dim, scale, 0, NULL, 0, stream);
-}
-
-/* The same with a query row stride: declared in stage0/cuda/talker_kernels.h (the
- * talker reads q from its fused QKV rows). */
-extern "C" int talker_cuda_attention_decode_rows_q(float *out, const float *q, size_t q_stride, const void *k_cache,
-                                                   const void *v_cache, enum cuda_kv_dtype kv_dtype, const int *kv_len,
-                                                   const int *seq_row, int max_kv_len, size_t seq_stride,
-                                                   size_t row_stride, int n_seq, int n_heads, int n_kv_heads,
-                                                   int head_dim, float scale, void *workspace, size_t workspace_bytes,
-                                                   void *stream)
+/* Any rows, a query row stride, a caller's workspace (ops_cuda.h). */
+extern "C" int cuda_ops_attention_decode_rows(float *out, const float *q, size_t q_stride, const void *k_cache,
+                                              const void *v_cache, enum cuda_kv_dtype kv_dtype, const int *kv_len,
+                                              const int *seq_row, int max_kv_len, size_t seq_stride, size_t row_stride,
+                                              int n_seq, int n_heads, int n_kv_heads, int head_dim, float scale,
+                                              void *workspace, size_t workspace_bytes, void *stream)
 {
     return attention_decode(out, q, q_stride, k_cache, v_cache, kv_dtype, kv_len, seq_row, max_kv_len, seq_stride,
                             row_stride, n_seq, n_heads, n_kv_heads, head_dim, scale, 0, workspace, workspace_bytes,
                             stream);
 }
 
-extern "C" size_t talker_cuda_attention_workspace_bytes(int n_seq, int n_heads, int n_kv_heads, int head_dim,
-                                                        int max_kv_len)
+extern "C" size_t cuda_ops_attention_decode_workspace_bytes(int n_seq, int n_heads, int n_kv_heads, int head_dim,
+                                                            int max_kv_len)
 {
     long chunk;
     int n_split;

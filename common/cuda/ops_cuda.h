@@ -177,12 +177,18 @@ int cuda_ops_attention_decode_chunk(float *out, const float *q, const void *k_ca
                                     float scale, int chunk_positions, void *stream);
 
 /* cuda_ops_attention_decode with sequence s reading cache row seq_row[s] (device ints)
- * instead of row s: a decode batch over any rows, with every length and row in device
- * memory, so one CUDA graph serves every step. */
-int cuda_ops_attention_decode_rows(float *out, const float *q, const void *k_cache, const void *v_cache,
-                                   enum cuda_kv_dtype kv_dtype, const int *kv_len, const int *seq_row, int max_kv_len,
-                                   size_t seq_stride, size_t row_stride, int n_seq, int n_heads, int n_kv_heads,
-                                   int head_dim, float scale, void *stream);
+ * instead of row s and its query row at q + s*q_stride (q may sit inside a fused QKV
+ * row): a decode batch over any rows, with every length and row in device memory, so
+ * one CUDA graph serves every step. workspace: device memory of at least
+ * cuda_ops_attention_decode_workspace_bytes() for the call's n_seq and max_kv_len, or
+ * NULL for stream-ordered memory (an allocation and a free that a captured graph
+ * records as nodes, which also cut the overlap of pdl.cuh there). */
+int cuda_ops_attention_decode_rows(float *out, const float *q, size_t q_stride, const void *k_cache,
+                                   const void *v_cache, enum cuda_kv_dtype kv_dtype, const int *kv_len,
+                                   const int *seq_row, int max_kv_len, size_t seq_stride, size_t row_stride, int n_seq,
+                                   int n_heads, int n_kv_heads, int head_dim, float scale, void *workspace,
+                                   size_t workspace_bytes, void *stream);
+size_t cuda_ops_attention_decode_workspace_bytes(int n_seq, int n_heads, int n_kv_heads, int head_dim, int max_kv_len);
 
 #ifdef __cplusplus
 }

@@ -248,9 +248,9 @@ static int attention_queue(struct talker_cuda *tc, struct talker_cuda_scratch *s
                                         s->pos, tc->inv_freq, kc, vc, tc->kv_dtype, s->row, row_stride, KD, st);
     if (rc < 0) return rc;
     if (split_k)
-        return talker_cuda_attention_decode_rows_q(s->o, s->qkv, (size_t)QKV, kc, vc, tc->kv_dtype, s->kv_len, s->row,
-                                                   max_len, row_stride, KD, n, cfg->n_heads, cfg->n_kv_heads, D, scale,
-                                                   s->att_ws, s->att_ws_bytes, st);
+        return cuda_ops_attention_decode_rows(s->o, s->qkv, (size_t)QKV, kc, vc, tc->kv_dtype, s->kv_len, s->row,
+                                              max_len, row_stride, KD, n, cfg->n_heads, cfg->n_kv_heads, D, scale,
+                                              s->att_ws, s->att_ws_bytes, st);
     return talker_cuda_attention_rows_kv(s->o, s->qkv, (size_t)QKV, kc, vc, tc->kv_dtype, s->row, s->pos, n,
                                          cfg->n_heads, cfg->n_kv_heads, D, row_stride, KD, scale, st);
 }
@@ -430,7 +430,8 @@ int talker_cuda_graphs_enable(struct talker_cuda *tc, const int *sizes, int n_si
         const struct talker_config *c = &tc->cfg;
         size_t bytes = 0;
         for (int n = 1; n <= cap; n++) {
-            size_t b = talker_cuda_attention_workspace_bytes(n, c->n_heads, c->n_kv_heads, c->head_dim, tc->max_ctx);
+            size_t b =
+                cuda_ops_attention_decode_workspace_bytes(n, c->n_heads, c->n_kv_heads, c->head_dim, tc->max_ctx);
             if (b > bytes) bytes = b;
         }
         if ((rc = cuda_malloc(&tc->gs.att_ws, bytes)) == 0) tc->gs.att_ws_bytes = bytes;

@@ -51,18 +51,6 @@ int talker_cuda_qkv_norm_rope_store(float *qkv, int n, int n_heads, int n_kv_hea
                                     const float *inv_freq, void *k_cache, void *v_cache, enum cuda_kv_dtype kv_dtype,
                                     const int *row, size_t row_stride, size_t pos_stride, void *stream);
 
-/* cuda_ops_attention_decode_rows with query row s at q + s*q_stride (defined in
- * common/cuda/attention_decode.cu): the decode attention reading q from a fused QKV row.
- * workspace: device memory of at least talker_cuda_attention_workspace_bytes() for
- * the call's n_seq and max_kv_len, or NULL for stream-ordered memory (an allocation
- * and a free in a captured graph, which also cut the overlap of pdl.cuh there). */
-int talker_cuda_attention_decode_rows_q(float *out, const float *q, size_t q_stride, const void *k_cache,
-                                        const void *v_cache, enum cuda_kv_dtype kv_dtype, const int *kv_len,
-                                        const int *seq_row, int max_kv_len, size_t seq_stride, size_t row_stride,
-                                        int n_seq, int n_heads, int n_kv_heads, int head_dim, float scale,
-                                        void *workspace, size_t workspace_bytes, void *stream);
-size_t talker_cuda_attention_workspace_bytes(int n_seq, int n_heads, int n_kv_heads, int head_dim, int max_kv_len);
-
 /* y[r*width + c] += x[c] for r < n_rows. */
 int talker_cuda_add_row(float *y, const float *x, int n_rows, int width, void *stream);
 
