@@ -588,7 +588,19 @@ static void test_gemv_fused(void **state)
         check_fused(n, 96, 45, CUDA_GEMV_ADD, 0);
         check_fused(n, 4096, 130, CUDA_GEMV_SWIGLU, 0);
     }
-    check_fused(3, 40, 7, CUDA_GEMV_STORE, 1); /* in % 32 != 0 at <= 4 rows */
+    /* The same with 3-4 rows on the float32 kernel (the tuning setting). */
+    assert_int_equal(cuda_ops_gemv_set_mma_rows(4), 0);
+    for (int n = 3; n <= 4; n++) {
+        check_fused(n, 96, 46, CUDA_GEMV_STORE, 1);
+        check_fused(n, 96, 46, CUDA_GEMV_SWIGLU, 1);
+        check_fused(n, 96, 45, CUDA_GEMV_ADD, 0);
+        check_fused(n, 4096, 130, CUDA_GEMV_SWIGLU, 0);
+    }
+    check_fused(3, 40, 7, CUDA_GEMV_STORE, 1); /* in % 32 != 0 on the float32 kernel */
+    assert_int_equal(cuda_ops_gemv_set_mma_rows(0), 0);
+    assert_int_equal(cuda_ops_gemv_set_mma_rows(5), -EINVAL);
+    check_fused(2, 40, 7, CUDA_GEMV_STORE, 1);
+    assert_false(cuda_ops_gemv_fused_ok(3, 40, 8, CUDA_GEMV_STORE, 1)); /* tensor cores need in % 32 == 0 */
     assert_false(cuda_ops_gemv_fused_ok(5, 40, 8, CUDA_GEMV_STORE, 1));
     assert_false(cuda_ops_gemv_fused_ok(2, 44, 8, CUDA_GEMV_STORE, 0));
     assert_false(cuda_ops_gemv_fused_ok(2, 64, 7, CUDA_GEMV_SWIGLU, 0));
@@ -694,6 +706,128 @@ static void test_attention_odd(void **state)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_attention(&cases[i]);
 }
 
+/* cuda_ops_attention_decode_qkv against the chain it replaces, on the CPU: q and k
+ * heads normed (op_rmsnorm) and rotated (op_rope) at pos, k and v stored at pos of
+ * the sequence's cache row (rounded to the cache's type), op_attention over kv_len.
+ * pad: the last sequence is a graph padding token (pos past its kv_len of 1). The
+ * call runs on a poisoned output with stream-ordered partials, then with a workspace
+ * of the caller (as the graphs do). */
+struct att_qkv_case {
+    int n_seq, n_heads, n_kv_heads, head_dim, rotary_dim, with_norm, max_len;
+    int kv_len[3];
+    int pad;
+    enum cuda_kv_dtype dtype;
+};
+
+static void check_attention_qkv(const struct att_qkv_case *c)
+{
+    char what[160];
+    snprintf(what, sizeof what, "attention_decode_qkv %s seqs=%d heads=%d/%d hd=%d rot=%d%s len=%d,%d%s",
+             c->dtype == CUDA_KV_BF16 ? "bf16" : "f32", c->n_seq, c->n_heads, c->n_kv_heads, c->head_dim,
+             c->rotary_dim, c->with_norm ? "" : " no-norm", c->kv_len[0], c->n_seq > 1 ? c->kv_len[1] : -1,
+             c->pad ? " +pad" : "");
+    const int D = c->head_dim, QD = c->n_heads * D, KD = c->n_kv_heads * D, S = c->n_seq;
+    const size_t row = (size_t)KD + 8, seq = (size_t)(c->max_len + 1) * row, n_cache = seq * S;
+    const size_t qkv_stride = (size_t)QD + 2 * KD + 5;
+    float *kf, *vf;
+    uint16_t *kb = rnd_bf16(n_cache, 2.0f, &kf), *vb = rnd_bf16(n_cache, 1.0f, &vf);
+    float *qkv = rnd_array(S * qkv_stride, 3.0f), *qn = rnd_array(D, 1.5f), *kn = rnd_array(D, 1.5f);
+    float *inv_freq = malloc(sizeof(float) * (c->rotary_dim / 2 + 1));
+    float *ref = malloc(sizeof(float) * (size_t)S * QD), *qr = malloc(sizeof(float) * qkv_stride);
+    int pos[3], seq_row[3];
+    assert_true(inv_freq && ref && qr);
+    op_rope_inv_freq(inv_freq, 1e6, c->rotary_dim);
+    if (c->dtype == CUDA_KV_F32) /* the float cache holds any float: not only bf16 values */
+        for (size_t i = 0; i < n_cache; i++) kf[i] += 1e-3f * rnd(1.0f), vf[i] += 1e-3f * rnd(1.0f);
+    float *kf0 = malloc(sizeof(float) * n_cache), *vf0 = malloc(sizeof(float) * n_cache);
+    assert_true(kf0 && vf0);
+    memcpy(kf0, kf, sizeof(float) * n_cache), memcpy(vf0, vf, sizeof(float) * n_cache);
+    int len[3];
+    for (int s = 0; s < S; s++) {
+        const int pad = c->pad && s == S - 1;
+        len[s] = pad ? 1 : c->kv_len[s];
+        pos[s] = pad ? c->max_len : len[s] - 1;
+        seq_row[s] = S - 1 - s;
+        memcpy(qr, qkv + s * qkv_stride, sizeof(float) * qkv_stride);
+        if (c->with_norm) {
+            op_rmsnorm(qr, qr, qn, c->n_heads, D, 1e-6f);
+            op_rmsnorm(qr + QD, qr + QD, kn, c->n_kv_heads, D, 1e-6f);
+        }
+        op_rope(qr, 1, QD + KD, c->n_heads + c->n_kv_heads, D, c->rotary_dim, &pos[s], inv_freq);
+        size_t at = (size_t)seq_row[s] * seq + (size_t)pos[s] * row;
+        for (int i = 0; i < KD; i++) {
+            float k = qr[QD + i], v = qr[QD + KD + i];
+            if (c->dtype == CUDA_KV_BF16) k = mm3_bf16_to_f32(mm3_f32_to_bf16(k)), v = mm3_bf16_to_f32(mm3_f32_to_bf16(v));
+            kf[at + i] = k, vf[at + i] = v;
+        }
+        op_attention(ref + (size_t)s * QD, QD, qr, QD, kf + (size_t)seq_row[s] * seq, vf + (size_t)seq_row[s] * seq,
+                     (int)row, 1, len[s], c->n_heads, c->n_kv_heads, D, 1, len[s] - 1, 1.0f / sqrtf((float)D));
+    }
+
+    const size_t elem = c->dtype == CUDA_KV_BF16 ? 2 : 4;
+    void *dk = c->dtype == CUDA_KV_BF16 ? dev_upload(kb, 2 * n_cache) : dev_upload(kf0, 4 * n_cache);
+    void *dv = c->dtype == CUDA_KV_BF16 ? dev_upload(vb, 2 * n_cache) : dev_upload(vf0, 4 * n_cache);
+    float *dqkv = dev_upload(qkv, sizeof(float) * S * qkv_stride), *dqn = dev_upload(qn, sizeof(float) * D);
+    float *dkn = dev_upload(kn, sizeof(float) * D), *dfreq = dev_upload(inv_freq, sizeof(float) * (c->rotary_dim / 2 + 1));
+    int *dlen = dev_upload(len, sizeof(int) * S), *dpos = dev_upload(pos, sizeof(int) * S);
+    int *drow = dev_upload(seq_row, sizeof(int) * S);
+    size_t ws_bytes = cuda_ops_attention_decode_workspace_bytes(S, c->n_heads, c->n_kv_heads, D, c->max_len);
+    void *ws = NULL;
+    assert_int_equal(cuda_malloc(&ws, ws_bytes), 0);
+    struct cuda_qkv_prep prep = {c->with_norm ? dqn : NULL, c->with_norm ? dkn : NULL, 1e-6f, c->rotary_dim, dfreq, dpos};
+    float *dout_inner, *dout = dev_guarded((size_t)S * QD, &dout_inner);
+    for (int run = 0; run < 2; run++) { /* the same k/v stored again at the same places */
+        assert_int_equal(cuda_memset(dout_inner, 0xff, sizeof(float) * (size_t)S * QD), 0);
+        int rc = cuda_ops_attention_decode_qkv(dout_inner, dqkv, qkv_stride, dk, dv, c->dtype, dlen, drow, c->max_len,
+                                               seq, row, S, c->n_heads, c->n_kv_heads, D, 1.0f / sqrtf((float)D), &prep,
+                                               run ? ws : NULL, run ? ws_bytes : 0, NULL);
+        if (rc) fail_msg("%s: %s", what, mm3_last_error());
+        float *got = dev_fetch_checked(dout, (size_t)S * QD, what);
+        expect_close(got, ref, (size_t)S * QD, TOL_F32_SUM, what);
+        free(got);
+    }
+    /* The cache: the new k/v rows as the reference stored them, nothing else touched. */
+    void *hk = malloc(elem * n_cache), *hv = malloc(elem * n_cache);
+    float *gk = malloc(sizeof(float) * KD), *gv = malloc(sizeof(float) * KD);
+    assert_true(hk && hv && gk && gv);
+    assert_int_equal(cuda_memcpy_d2h(hk, dk, elem * n_cache), 0);
+    assert_int_equal(cuda_memcpy_d2h(hv, dv, elem * n_cache), 0);
+    for (int s = 0; s < S; s++) {
+        size_t at = (size_t)seq_row[s] * seq + (size_t)pos[s] * row;
+        for (int i = 0; i < KD; i++) {
+            gk[i] = elem == 2 ? mm3_bf16_to_f32(((uint16_t *)hk)[at + i]) : ((float *)hk)[at + i];
+            gv[i] = elem == 2 ? mm3_bf16_to_f32(((uint16_t *)hv)[at + i]) : ((float *)hv)[at + i];
+        }
+        expect_close(gk, kf + at, KD, elem == 2 ? 2e-3 : TOL_F32_TRIG, "  new k row");
+        expect_close(gv, vf + at, KD, 0.0, "  new v row");
+    }
+    size_t changed = 0;
+    for (size_t i = 0; i < n_cache; i++) {
+        int same_k = elem == 2 ? ((uint16_t *)hk)[i] == kb[i] : ((float *)hk)[i] == kf0[i];
+        int same_v = elem == 2 ? ((uint16_t *)hv)[i] == vb[i] : ((float *)hv)[i] == vf0[i];
+        changed += !same_k || !same_v;
+    }
+    assert_true(changed <= (size_t)S * KD); /* only the new rows (a value may round to itself) */
+
+    cuda_free(dk), cuda_free(dv), cuda_free(dqkv), cuda_free(dqn), cuda_free(dkn), cuda_free(dfreq);
+    cuda_free(dlen), cuda_free(dpos), cuda_free(drow), cuda_free(ws), cuda_free(dout);
+    free(hk), free(hv), free(gk), free(gv), free(kf0), free(vf0), free(ref), free(qr), free(inv_freq);
+    free(qkv), free(qn), free(kn), free(kb), free(vb), free(kf), free(vf);
+}
+
+static void test_attention_qkv(void **state)
+{
+    (void)state;
+    const struct att_qkv_case cases[] = {
+        {2, 32, 8, 128, 128, 1, 10240, {1, 1000}, 0, CUDA_KV_BF16},  /* LM, CFG pair */
+        {3, 32, 8, 128, 128, 1, 6000, {5000, 4097}, 1, CUDA_KV_BF16}, /* + a graph padding token */
+        {3, 12, 4, 64, 32, 1, 700, {700, 65}, 1, CUDA_KV_F32},        /* partial rotary, group 3 */
+        {2, 16, 16, 256, 128, 0, 300, {300, 2}, 0, CUDA_KV_BF16},     /* no norm, group 1 */
+        {2, 16, 2, 32, 32, 1, 200, {129, 64}, 0, CUDA_KV_F32},        /* group 8 */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_attention_qkv(&cases[i]);
+}
+
 static void test_attention_bad_args(void **state)
 {
     (void)state;
@@ -712,6 +846,20 @@ static void test_attention_bad_args(void **state)
     assert_int_equal(cuda_ops_attention_decode(NULL, NULL, dummy, dummy, CUDA_KV_BF16, NULL, 1, 1024, 100, 1, 32, 8,
                                                128, 1.0f, NULL),
                      -EINVAL);
+    assert_int_equal(cuda_ops_attention_decode_qkv(NULL, NULL, 6144, dummy, dummy, CUDA_KV_BF16, NULL, NULL, 1, 1024,
+                                                   1024, 1, 32, 8, 128, 1.0f, NULL, NULL, 0, NULL),
+                     -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "prep"));
+    struct cuda_qkv_prep prep = {NULL, NULL, 1e-6f, 127, NULL, dummy};
+    assert_int_equal(cuda_ops_attention_decode_qkv(NULL, NULL, 6144, dummy, dummy, CUDA_KV_BF16, NULL, NULL, 1, 1024,
+                                                   1024, 1, 32, 8, 128, 1.0f, &prep, NULL, 0, NULL),
+                     -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "rotary_dim"));
+    prep.rotary_dim = 128;
+    assert_int_equal(cuda_ops_attention_decode_qkv(NULL, NULL, 4096, dummy, dummy, CUDA_KV_BF16, NULL, NULL, 1, 1024,
+                                                   1024, 1, 32, 8, 128, 1.0f, &prep, NULL, 0, NULL),
+                     -EINVAL); /* a q|k|v row is 6144 floats */
+    assert_non_null(strstr(mm3_last_error(), "q|k|v"));
 }
 
 static void test_device_helpers(void **state)
@@ -749,6 +897,7 @@ int main(void)
         cmocka_unit_test(test_gemv_fused),
         cmocka_unit_test(test_attention_release),
         cmocka_unit_test(test_attention_odd),
+        cmocka_unit_test(test_attention_qkv),
         cmocka_unit_test(test_attention_bad_args),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -6,9 +6,20 @@
  * warp takes POS positions per step (loads first, then the reductions) and keeps
  * an online softmax (running max m, sum l, acc). The 4 warps merge in shared
  * memory and write (acc[head_dim], m, l) for the chunk.
- * Pass 2: one block per (query head, sequence) merges the chunks (log-sum-exp). */
+ * Pass 2: one block per (query head, sequence) merges the chunks (log-sum-exp).
+ *
+ * The fused variant (cuda_ops_attention_decode_qkv) takes the new token's q/k/v as
+ * the QKV product left them: each block norms and rotates its q heads itself, the
+ * block whose chunk holds the new position also its k head, stores k and v in the
+ * cache and uses them from shared memory (no block reads that position from the
+ * cache, so the store races with nothing). One launch per layer fewer. (Merging the
+ * splits in the last block of each kv head instead of pass 2 was measured slower:
+ * 26.8 against 15.2 us per layer at 2 sequences, context 1000; one block walks
+ * what pass 2 spreads over `group` blocks.) */
+#include "common/cuda/head_norm_rope.cuh"
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "common/cuda/cuda_internal.h"
 #include "common/cuda/ops_cuda.h"
@@ -63,11 +74,76 @@ __device__ __forceinline__ void load_rows(const KT *k, const KT *v, size_t kv_of
     }
 }
 
-template <typename KT, int E, int G>
-__global__ void __launch_bounds__(ATT_WARPS * 32)
+/* What the fused variant adds to the kernel's arguments (unused otherwise). */
+struct att_fuse {
+    const float *q_norm, *k_norm, *inv_freq; /* norm weights [HD] (NULL: none), RoPE [rotary_dim / 2] */
+    float eps;
+    int rotary_dim;
+    const int *pos;   /* [sequence]: where the new k/v go */
+    int k_col, v_col; /* columns of k head 0 and v head 0 in a q row */
+    void *kw, *vw;    /* the caches again, for the store */
+};
+
+template <typename KT> __device__ __forceinline__ KT narrow_kv(float f);
+template <> __device__ __forceinline__ float narrow_kv<float>(float f)
+{
+    return f;
+}
+/* Round to nearest even with NaN kept NaN: bit for bit mm3_f32_to_bf16 (common/dtype.h). */
+template <> __device__ __forceinline__ uint16_t narrow_kv<uint16_t>(float f)
+{
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* The fused variant's prologue: q heads of this kv head normed and rotated into sq
+ * (one warp per head, the same steps as cuda_ops_qk_norm_rope, with the RoPE cos/sin
+ * computed once for all heads); with `store`, the k head too and the k/v of the new
+ * position written to the cache at cache_off, kept in sk/sv as the cache holds them
+ * (rounded to KT). */
+template <typename KT, int HD, int G>
+__device__ void att_prepare(float (&sq)[G][HD], float *sk, float *sv, float *cs, float *sn, const float *qrow, int g,
+                            int group, bool store, const att_fuse &f, size_t cache_off, float p)
+{
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int i = threadIdx.x; i < group * HD; i += ATT_WARPS * 32)
+        sq[i / HD][i % HD] = qrow[(size_t)(g * group + i / HD) * HD + i % HD];
+    if (store)
+        for (int i = threadIdx.x; i < HD; i += ATT_WARPS * 32) {
+            sk[i] = qrow[f.k_col + (size_t)g * HD + i];
+            sv[i] = qrow[f.v_col + (size_t)g * HD + i];
+        }
+    for (int i = threadIdx.x; i < f.rotary_dim / 2; i += ATT_WARPS * 32)
+        rope_cos_sin(f.inv_freq, i, p, &cs[i], &sn[i]);
+    __syncthreads();
+    for (int item = warp; item < group + (store ? 1 : 0); item += ATT_WARPS) {
+        float *u = item < group ? sq[item] : sk;
+        warp_head_norm_rope_table(u, HD, item < group ? f.q_norm : f.k_norm, f.eps, f.rotary_dim, cs, sn, lane);
+    }
+    __syncthreads();
+    if (store)
+        for (int i = threadIdx.x; i < HD; i += ATT_WARPS * 32) {
+            const KT kq = narrow_kv<KT>(sk[i]), vq = narrow_kv<KT>(sv[i]);
+            ((KT *)f.kw)[cache_off + i] = kq;
+            ((KT *)f.vw)[cache_off + i] = vq;
+            sk[i] = widen(kq);
+            sv[i] = widen(vq);
+        }
+    __syncthreads();
+}
+
+/* 3 blocks per SM for the talker's heads (bf16 KV, E 4, G 4) and those no wider: the
+ * fused prologue had taken its instance from 168 to 172 registers, 2 blocks per SM,
+ * and 16 sequences at context 5000 from 142 to 173 us per layer. Other instances
+ * would spill under that cap. */
+template <typename KT, int E, int G, bool FUSE>
+__global__ void __launch_bounds__(ATT_WARPS * 32, (sizeof(KT) == 2 && E >= 4 && E * G <= 16) ? 3 : 1)
     attn_split_kernel(float *__restrict__ part, const float *__restrict__ q, size_t q_stride, const KT *__restrict__ k,
                       const KT *__restrict__ v, const int *__restrict__ kv_len, const int *__restrict__ seq_row,
-                      size_t seq_stride, size_t row_stride, int n_heads, int group, float scale, int n_split, int chunk)
+                      size_t seq_stride, size_t row_stride, int n_heads, int group, float scale, int n_split, int chunk,
+                      att_fuse f)
 {
     pdl_launch_dependents();
     pdl_wait();
@@ -76,6 +152,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     constexpr int POS = E <= 4 ? 8 : 4;
     __shared__ float sm_acc[ATT_WARPS][G][HD];
     __shared__ float sm_m[ATT_WARPS][G], sm_l[ATT_WARPS][G];
+    __shared__ float sq[FUSE ? G : 1][FUSE ? HD : 1], sk[FUSE ? HD : 1], sv[FUSE ? HD : 1];
+    __shared__ float rope_cs[FUSE ? HD / 2 : 1], rope_sn[FUSE ? HD / 2 : 1];
     const int split = blockIdx.x, g = blockIdx.y, s = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int len = kv_len[s];
@@ -85,7 +163,25 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     if (c == 0) c = ((len + n_split - 1) / n_split + ATT_CHUNK_ALIGN - 1) / ATT_CHUNK_ALIGN * ATT_CHUNK_ALIGN;
     const int j0 = split * c;
     const int j1 = min(j0 + c, len);
-    const size_t kv_off = (size_t)(seq_row ? seq_row[s] : s) * seq_stride + (size_t)g * HD + (size_t)lane * E;
+    const size_t seq_off = (size_t)(seq_row ? seq_row[s] : s) * seq_stride + (size_t)g * HD;
+    const size_t kv_off = seq_off + (size_t)lane * E;
+    /* FUSE: the new position is this block's when its chunk holds it (then it is the
+     * chunk's last, kv_len - 1), or split 0's when it is not attended (padding). */
+    const int pnew = FUSE ? f.pos[s] : -1;
+    const bool mine = FUSE && pnew >= j0 && pnew < j1;
+    const int je = mine ? pnew : j1; /* rows read from the cache: [j0, je) */
+
+    /* Software pipeline: the next POS rows of K and V are in flight while the
+     * current ones are reduced (the first ones during the fused prologue). */
+    kv_raw<KT, E> kf[POS], vf[POS], kn[POS], vn[POS];
+    const int step = ATT_WARPS * POS;
+    int j = j0 + warp * POS;
+    if (j < je) load_rows<KT, E, POS>(k, v, kv_off, row_stride, j, je, kn, vn);
+    const bool store = mine || (FUSE && split == 0 && pnew >= len);
+    if constexpr (FUSE)
+        if (j0 < len || store) /* an empty chunk needs no q */
+            att_prepare<KT, HD, G>(sq, sk, sv, rope_cs, rope_sn, q + (size_t)s * q_stride, g, group, store, f,
+                                   seq_off + (size_t)pnew * row_stride, (float)pnew);
 
     float qv[G][E], acc[G][E], m[G], l[G];
 #pragma unroll
@@ -94,26 +190,20 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
         const float *qh = q + (size_t)s * q_stride + (size_t)h * HD + lane * E;
 #pragma unroll
         for (int e = 0; e < E; e++) {
-            qv[gi][e] = qh[e];
+            qv[gi][e] = FUSE ? sq[gi < group ? gi : 0][lane * E + e] : qh[e];
             acc[gi][e] = 0.0f;
         }
         m[gi] = -INFINITY;
         l[gi] = 0.0f;
     }
 
-    /* Software pipeline: the next POS rows of K and V are in flight while the
-     * current ones are reduced. */
-    kv_raw<KT, E> kf[POS], vf[POS], kn[POS], vn[POS];
-    const int step = ATT_WARPS * POS;
-    int j = j0 + warp * POS;
-    if (j < j1) load_rows<KT, E, POS>(k, v, kv_off, row_stride, j, j1, kn, vn);
-    for (; j < j1; j += step) {
+    for (; j < je; j += step) {
 #pragma unroll
         for (int p = 0; p < POS; p++) {
             kf[p] = kn[p];
             vf[p] = vn[p];
         }
-        if (j + step < j1) load_rows<KT, E, POS>(k, v, kv_off, row_stride, j + step, j1, kn, vn);
+        if (j + step < je) load_rows<KT, E, POS>(k, v, kv_off, row_stride, j + step, je, kn, vn);
 #pragma unroll
         for (int gi = 0; gi < G; gi++) {
             float sc[POS];
@@ -127,7 +217,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 #pragma unroll
                 for (int off = 16; off > 0; off >>= 1)
                     d += __shfl_xor_sync(0xffffffffu, d, off);
-                sc[p] = j + p < j1 ? d * scale : -INFINITY;
+                sc[p] = j + p < je ? d * scale : -INFINITY;
                 mx = fmaxf(mx, sc[p]);
             }
             /* mx is finite: position j is always valid. */
@@ -148,6 +238,25 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
             l[gi] = lsum;
         }
     }
+
+    if (FUSE && mine && warp == 0) /* the new position, from shared memory */
+#pragma unroll
+        for (int gi = 0; gi < G; gi++) {
+            float d = 0.0f;
+#pragma unroll
+            for (int e = 0; e < E; e++)
+                d = fmaf(qv[gi][e], sk[lane * E + e], d);
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1)
+                d += __shfl_xor_sync(0xffffffffu, d, off);
+            const float sc = d * scale, mx = fmaxf(m[gi], sc);
+            const float corr = expf(m[gi] - mx), pe = expf(sc - mx);
+#pragma unroll
+            for (int e = 0; e < E; e++)
+                acc[gi][e] = fmaf(pe, sv[lane * E + e], acc[gi][e] * corr);
+            l[gi] = l[gi] * corr + pe;
+            m[gi] = mx;
+        }
 
 #pragma unroll
     for (int gi = 0; gi < G; gi++) {
@@ -219,13 +328,19 @@ struct att_args {
     int n_heads, group;
     float scale;
     int n_split, chunk;
+    bool prep; /* the fused variant (q/k/v as the QKV product left them) */
+    att_fuse fuse;
 };
 
 template <typename KT, int E, int G> static int att_launch(const att_args &a, dim3 grid, cudaStream_t st)
 {
-    return launch_pdl("attn_split_kernel", attn_split_kernel<KT, E, G>, grid, ATT_WARPS * 32, 0, st, a.part, a.q,
+    if (a.prep)
+        return launch_pdl("attn_split_kernel (qkv)", attn_split_kernel<KT, E, G, true>, grid, ATT_WARPS * 32, 0, st,
+                          a.part, a.q, a.q_stride, (const KT *)a.k, (const KT *)a.v, a.kv_len, a.seq_row, a.seq_stride,
+                          a.row_stride, a.n_heads, a.group, a.scale, a.n_split, a.chunk, a.fuse);
+    return launch_pdl("attn_split_kernel", attn_split_kernel<KT, E, G, false>, grid, ATT_WARPS * 32, 0, st, a.part, a.q,
                       a.q_stride, (const KT *)a.k, (const KT *)a.v, a.kv_len, a.seq_row, a.seq_stride, a.row_stride,
-                      a.n_heads, a.group, a.scale, a.n_split, a.chunk);
+                      a.n_heads, a.group, a.scale, a.n_split, a.chunk, a.fuse);
 }
 
 template <typename KT, int E> static int att_launch_g(const att_args &a, dim3 grid, cudaStream_t st)
@@ -284,10 +399,13 @@ static size_t att_part_bytes(int n_seq, int n_heads, int head_dim, int n_split)
     return sizeof(float) * (size_t)n_seq * n_heads * n_split * (head_dim + 2);
 }
 
+/* prep NULL: the plain kernels (q already normed and rotated, k/v stored); else the
+ * fused variant (cuda_ops_attention_decode_qkv). */
 static int attention_decode(float *out, const float *q, size_t q_stride, const void *k_cache, const void *v_cache,
                             enum cuda_kv_dtype kv_dtype, const int *kv_len, const int *seq_row, int max_kv_len,
                             size_t seq_stride, size_t row_stride, int n_seq, int n_heads, int n_kv_heads, int head_dim,
-                            float scale, int chunk_positions, void *workspace, size_t workspace_bytes, void *stream)
+                            float scale, int chunk_positions, const struct cuda_qkv_prep *prep, void *workspace,
+                            size_t workspace_bytes, void *stream)
 {
     if (chunk_positions < 0 || chunk_positions % ATT_CHUNK_ALIGN)
         return mm3_errorf(-EINVAL, "cuda_ops_attention_decode: chunk %d: expected 0 (auto) or a multiple of %d",
@@ -306,9 +424,16 @@ static int attention_decode(float *out, const float *q, size_t q_stride, const v
                           (int)kv_dtype);
     if (head_dim != 32 && head_dim != 64 && head_dim != 128 && head_dim != ATT_MAX_HEAD_DIM)
         return mm3_errorf(-EINVAL, "cuda_ops_attention_decode: head_dim %d: expected 32, 64, 128 or 256", head_dim);
-    if (q_stride < (size_t)n_heads * head_dim)
-        return mm3_errorf(-EINVAL, "cuda_ops_attention_decode: q stride %zu < heads x head_dim %d", q_stride,
-                          n_heads * head_dim);
+    const size_t q_width = (size_t)(n_heads + (prep ? 2 * n_kv_heads : 0)) * head_dim;
+    if (q_stride < q_width)
+        return mm3_errorf(-EINVAL, "cuda_ops_attention_decode: q stride %zu < the %zu floats of a %s row", q_stride,
+                          q_width, prep ? "q|k|v" : "q");
+    if (prep && (prep->rotary_dim < 0 || prep->rotary_dim > head_dim || prep->rotary_dim % 2 ||
+                 (prep->rotary_dim && !prep->inv_freq) || !prep->pos))
+        return mm3_errorf(-EINVAL,
+                          "cuda_ops_attention_decode_qkv: rotary_dim %d: expected even, <= head_dim %d (with "
+                          "inv_freq), and pos",
+                          prep->rotary_dim, head_dim);
     if (row_stride < (size_t)n_kv_heads * head_dim)
         return mm3_errorf(-EINVAL, "cuda_ops_attention_decode: row_stride %zu < kv heads x head_dim %d", row_stride,
                           n_kv_heads * head_dim);
@@ -340,6 +465,20 @@ static int attention_decode(float *out, const float *q, size_t q_stride, const v
     /* Automatic plans let each sequence cut its own length (chunk 0 in the kernel). */
     att_args a = {part,       q,          q_stride, k_cache, v_cache, kv_len,  seq_row,
                   seq_stride, row_stride, n_heads,  group,   scale,   n_split, chunk_positions ? (int)chunk : 0};
+    memset(&a.fuse, 0, sizeof a.fuse);
+    a.prep = prep != NULL;
+    if (prep) {
+        a.fuse.q_norm = prep->q_norm;
+        a.fuse.k_norm = prep->k_norm;
+        a.fuse.inv_freq = prep->inv_freq;
+        a.fuse.eps = prep->eps;
+        a.fuse.rotary_dim = prep->rotary_dim;
+        a.fuse.pos = prep->pos;
+        a.fuse.k_col = n_heads * head_dim;
+        a.fuse.v_col = (n_heads + n_kv_heads) * head_dim;
+        a.fuse.kw = (void *)k_cache;
+        a.fuse.vw = (void *)v_cache;
+    }
     dim3 grid((unsigned)n_split, (unsigned)n_kv_heads, (unsigned)n_seq);
     rc = kv_dtype == CUDA_KV_BF16 ? att_launch_e<uint16_t>(a, head_dim, grid, st)
                                   : att_launch_e<float>(a, head_dim, grid, st);
@@ -358,7 +497,7 @@ extern "C" int cuda_ops_attention_decode_chunk(float *out, const float *q, const
 {
     return attention_decode(out, q, (size_t)(n_heads > 0 ? n_heads : 0) * (head_dim > 0 ? head_dim : 0), k_cache,
                             v_cache, kv_dtype, kv_len, NULL, max_kv_len, seq_stride, row_stride, n_seq, n_heads,
-                            n_kv_heads, head_dim, scale, chunk_positions, NULL, 0, stream);
+                            n_kv_heads, head_dim, scale, chunk_positions, NULL, NULL, 0, stream);
 }
 
 /* Any rows, a query row stride, a caller's workspace (ops_cuda.h). */
@@ -369,8 +508,21 @@ extern "C" int cuda_ops_attention_decode_rows(float *out, const float *q, size_t
                                               void *workspace, size_t workspace_bytes, void *stream)
 {
     return attention_decode(out, q, q_stride, k_cache, v_cache, kv_dtype, kv_len, seq_row, max_kv_len, seq_stride,
-                            row_stride, n_seq, n_heads, n_kv_heads, head_dim, scale, 0, workspace, workspace_bytes,
-                            stream);
+                            row_stride, n_seq, n_heads, n_kv_heads, head_dim, scale, 0, NULL, workspace,
+                            workspace_bytes, stream);
+}
+
+extern "C" int cuda_ops_attention_decode_qkv(float *out, const float *qkv, size_t qkv_stride, void *k_cache,
+                                             void *v_cache, enum cuda_kv_dtype kv_dtype, const int *kv_len,
+                                             const int *seq_row, int max_kv_len, size_t seq_stride, size_t row_stride,
+                                             int n_seq, int n_heads, int n_kv_heads, int head_dim, float scale,
+                                             const struct cuda_qkv_prep *prep, void *workspace, size_t workspace_bytes,
+                                             void *stream)
+{
+    if (!prep) return mm3_errorf(-EINVAL, "cuda_ops_attention_decode_qkv: NULL prep");
+    return attention_decode(out, qkv, qkv_stride, k_cache, v_cache, kv_dtype, kv_len, seq_row, max_kv_len, seq_stride,
+                            row_stride, n_seq, n_heads, n_kv_heads, head_dim, scale, 0, prep, workspace,
+                            workspace_bytes, stream);
 }
 
 extern "C" size_t cuda_ops_attention_decode_workspace_bytes(int n_seq, int n_heads, int n_kv_heads, int head_dim,

@@ -32,9 +32,6 @@ static inline cudaStream_t cuda_stream_of(void *stream)
     return (cudaStream_t)stream;
 }
 
-/* The measuring switches of the kernels (MM3_PDL, MM3_PDL_MMA, MM3_GEMV_FUSE): 0 or 1
- * when the variable is "0" or "1", else `unset`. Callers read it once and keep it. */
-int cuda_env_switch(const char *name, int unset);
 
 /* The tensor-core GEMV of gemv_mma.cu (m_tiles 0 = default) with the epilogue and
  * norm of cuda_ops_gemv_bf16_fused (norm_w NULL: none). */

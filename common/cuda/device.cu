@@ -18,11 +18,10 @@ extern "C" int cuda_device_count_safe(void)
     return n;
 }
 
-int cuda_env_switch(const char *name, int unset)
+extern "C" int cuda_env_switch(const char *name, int unset)
 {
     const char *v = getenv(name);
-    if (v && !strcmp(v, "0")) return 0;
-    if (v && !strcmp(v, "1")) return 1;
+    if (v && v[0] >= '0' && v[0] <= '9' && v[1] == '\0') return v[0] - '0';
     return unset;
 }
 

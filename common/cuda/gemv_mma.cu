@@ -262,26 +262,36 @@ template <int NT, int MT, int EPI, bool NORM> static int mma_resident_clusters(i
     return cache[ks];
 }
 
-/* One wave: more tiles than resident blocks -> each block takes the same number of
- * tiles; fewer -> split `in` over as many blocks per tile as fit (at most a cluster
- * of 8, each warp keeping at least one k step). */
+/* MM3_MMA_BALANCE=0: the plan below without k splits of several tiles per block
+ * (measuring). */
+static int mma_balance(void)
+{
+    static int state = -1; /* benign race, as mma_pdl */
+    if (state < 0) state = cuda_env_switch("MM3_MMA_BALANCE", 1);
+    return state;
+}
+
+/* One wave. Clusters of ks blocks split `in` (ks = 1: none); each cluster takes `per`
+ * tiles, the same number for all. ks is chosen so that the fewest block slots idle:
+ * 384 tiles on 264 slots as 2 tiles per block leave 72 slots empty, as 3 tiles per
+ * cluster of 2 blocks 8; 64 tiles take clusters of 4 (256 slots busy). Each warp keeps
+ * at least one k step, MMA_MIN_TILE_STEPS where a block walks several tiles (its
+ * pipeline restarts at every tile); a split must beat the best so far by 3% (its
+ * blocks merge through distributed shared memory). */
+enum { MMA_MIN_TILE_STEPS = 4 };
 template <int NT, int MT, int EPI, bool NORM> static void mma_plan(int tiles, int steps, int *ks_out, int *grid_out)
 {
     const int slots = mma_resident_clusters<NT, MT, EPI, NORM>(1);
-    int ks = 1, grid = tiles;
-    if (tiles >= slots) {
-        const int per = (tiles + slots - 1) / slots;
-        grid = (tiles + per - 1) / per;
-    } else {
-        ks = slots / tiles;
-        if (ks > MMA_MAX_CLUSTER) ks = MMA_MAX_CLUSTER;
-        while (ks > 1 && ks * MMA_WARPS > steps)
-            ks--;
-        while (ks > 1 && mma_resident_clusters<NT, MT, EPI, NORM>(ks) < tiles)
-            ks--;
+    int ks = 1, per = (tiles + slots - 1) / slots;
+    long best = tiles; /* block-tiles of work of ks = 1; busy fraction best / (per * slots) */
+    for (int k = 2; k <= MMA_MAX_CLUSTER && k * MMA_WARPS <= steps; k++) {
+        const int clusters = mma_resident_clusters<NT, MT, EPI, NORM>(k);
+        const int p = (tiles + clusters - 1) / clusters;
+        if (p > 1 && (!mma_balance() || k * MMA_WARPS * MMA_MIN_TILE_STEPS > steps)) continue;
+        if ((long)tiles * k * per * 100 > best * p * 103) best = (long)tiles * k, per = p, ks = k;
     }
     *ks_out = ks;
-    *grid_out = grid;
+    *grid_out = (tiles + per - 1) / per;
 }
 
 template <int NT, int MT, int EPI, bool NORM>

@@ -11,6 +11,7 @@
 #include <cuda_bf16.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "common/cuda/cuda_internal.h"
 #include "common/cuda/ops_cuda.h"
@@ -18,8 +19,31 @@
 #include "common/cuda/silu.cuh"
 
 enum { GEMV_THREADS = 256, GEMV_WARPS = GEMV_THREADS / 32 };
-/* Row counts above this go to the tensor-core kernel (gemv_mma.cu). */
-enum { GEMV_MMA_MIN_ROWS = 4 };
+/* Row counts above mma_rows go to the tensor-core kernel (gemv_mma.cu): 2 by default
+ * (cuda_ops_gemv_set_mma_rows). */
+enum { GEMV_MMA_ROWS_DEFAULT = 2, GEMV_MMA_ROWS_MAX = 4 }; /* the float32 fused kernel exists up to 4 */
+static int mma_rows_setting;                               /* 0: not yet read */
+
+static int mma_rows(void)
+{
+    int r = __atomic_load_n(&mma_rows_setting, __ATOMIC_RELAXED);
+    if (r == 0) {
+        const char *v = getenv("MM3_GEMV_MMA_ROWS");
+        r = v ? atoi(v) : 0;
+        if (r < GEMV_MMA_ROWS_DEFAULT || r > GEMV_MMA_ROWS_MAX) r = GEMV_MMA_ROWS_DEFAULT;
+        __atomic_store_n(&mma_rows_setting, r, __ATOMIC_RELAXED);
+    }
+    return r;
+}
+
+extern "C" int cuda_ops_gemv_set_mma_rows(int rows)
+{
+    if (rows != 0 && (rows < GEMV_MMA_ROWS_DEFAULT || rows > GEMV_MMA_ROWS_MAX))
+        return mm3_errorf(-EINVAL, "cuda_ops_gemv_set_mma_rows: %d: expected 0 (default) or %d..%d", rows,
+                          GEMV_MMA_ROWS_DEFAULT, GEMV_MMA_ROWS_MAX);
+    __atomic_store_n(&mma_rows_setting, rows, __ATOMIC_RELAXED);
+    return 0;
+}
 
 __device__ __forceinline__ float bf16_lo(uint32_t u)
 {
@@ -401,7 +425,7 @@ extern "C" int cuda_ops_matmul_bf16(float *y, const float *x, const uint16_t *w,
     if (n_rows > CUDA_OPS_GEMV_MAX_ROWS) return lt_matmul(y, x, w, n_rows, in, out, s);
     /* Measured on the H200 (docs/performance.md): the float32 kernel is short of
      * ALU and L1 for many rows; the tensor-core kernel serves them. */
-    if (n_rows > GEMV_MMA_MIN_ROWS && in % 32 == 0 && (((uintptr_t)w | (uintptr_t)x) & 15) == 0)
+    if (n_rows > mma_rows() && in % 32 == 0 && (((uintptr_t)w | (uintptr_t)x) & 15) == 0)
         return gemv_mma_launch(y, x, w, n_rows, in, out, 0, CUDA_GEMV_STORE, NULL, 0.0f, s);
     bool vec = in % 8 == 0 && ((uintptr_t)w & 15) == 0 && ((uintptr_t)x & 15) == 0;
     return gemv_dispatch(y, x, w, n_rows, in, out, vec, gemv_default_opw(n_rows), s);
@@ -417,8 +441,8 @@ extern "C" int cuda_ops_gemv_bf16_opw(float *y, const float *x, const uint16_t *
     return gemv_dispatch(y, x, w, n_rows, in, out, vec, outputs_per_warp, cuda_stream_of(stream));
 }
 
-/* The fused variants of the float32 kernel, for up to GEMV_MMA_MIN_ROWS rows (more
- * go to the tensor-core kernel): instantiated only for the combinations the decode
+/* The fused variants of the float32 kernel, for up to mma_rows() rows (more go to
+ * the tensor-core kernel): instantiated only for the combinations the decode
  * layers use, with 4 outputs per warp (even: a block holds whole gate/up pairs). */
 template <int NR, int EPI, bool NORM>
 static int gemv_fused_launch(float *y, const float *x, const uint16_t *w, int in, int out, const float *wn, float eps,
@@ -446,13 +470,13 @@ extern "C" int cuda_ops_gemv_fused_pays(int n_rows)
     static int mode = -1; /* MM3_GEMV_FUSE: 0 never, 1 always, else (2) by row count */
     if (mode < 0) mode = cuda_env_switch("MM3_GEMV_FUSE", 2);
     if (n_rows < 1 || n_rows > CUDA_OPS_GEMV_MAX_ROWS || mode == 0) return 0;
-    return mode == 1 || n_rows <= 2 || n_rows > GEMV_MMA_MIN_ROWS;
+    return mode == 1 || n_rows <= 2 || n_rows > mma_rows();
 }
 
 extern "C" int cuda_ops_gemv_fused_ok(int n_rows, int in, int out, enum cuda_gemv_epi epi, int norm)
 {
     if (n_rows < 1 || n_rows > CUDA_OPS_GEMV_MAX_ROWS || in < 8 || in % 8 || out < 1) return 0;
-    if (n_rows > GEMV_MMA_MIN_ROWS && in % 32) return 0;
+    if (n_rows > mma_rows() && in % 32) return 0;
     if (epi == CUDA_GEMV_SWIGLU && out % 2) return 0;
     if (norm && epi == CUDA_GEMV_ADD) return 0;
     return epi == CUDA_GEMV_STORE || epi == CUDA_GEMV_SWIGLU || epi == CUDA_GEMV_ADD;
@@ -470,7 +494,7 @@ extern "C" int cuda_ops_gemv_bf16_fused(float *y, const float *x, const uint16_t
     if ((((uintptr_t)w | (uintptr_t)x) & 15) || (norm_w && ((uintptr_t)norm_w & 15)))
         return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_fused: w, x and the norm weights must be 16-byte aligned");
     cudaStream_t s = cuda_stream_of(stream);
-    if (n_rows > GEMV_MMA_MIN_ROWS) return gemv_mma_launch(y, x, w, n_rows, in, out, 0, epi, norm_w, eps, s);
+    if (n_rows > mma_rows()) return gemv_mma_launch(y, x, w, n_rows, in, out, 0, epi, norm_w, eps, s);
     switch (n_rows) {
     case 1:
         return gemv_fused_rows<1>(y, x, w, in, out, epi, norm_w, eps, s);

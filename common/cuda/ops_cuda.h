@@ -24,6 +24,11 @@ extern "C" {
 
 /* ---- device and memory ---------------------------------------------------- */
 
+/* The measuring switches of the GPU paths (MM3_PDL, MM3_GEMV_FUSE, ...; listed in
+ * docs/operations.md): the digit when the variable is one digit ("0", "1", "2"...),
+ * else `unset`. Callers read it once and keep it. */
+int cuda_env_switch(const char *name, int unset);
+
 /* Number of CUDA devices, 0 on any error (no driver, no device, error 35 ...). */
 int cuda_device_count_safe(void);
 int cuda_device_set(int device);
@@ -75,12 +80,19 @@ int cuda_ops_gemv_bf16_opw(float *y, const float *x, const uint16_t *w, int n_ro
 int cuda_ops_gemv_bf16_mma(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int m_tiles,
                            void *stream);
 
+/* Tuning hook: row counts above `rows` (2..4; 0 = the default, 2, or the environment's
+ * MM3_GEMV_MMA_ROWS) go to the tensor-core GEMV, the rest to the float32 kernel; for
+ * cuda_ops_matmul_bf16 and cuda_ops_gemv_bf16_fused alike. Not for use while kernels
+ * are being queued on another thread. */
+int cuda_ops_gemv_set_mma_rows(int rows);
+
 /* y[n, out] = x[n, in] . w[out, in]^T, w bf16 (uint16 bit patterns), x and y float32.
- * n <= 4:  float32 GEMV kernel: one pass over w with 16-byte loads serves all
+ * n <= 2:  float32 GEMV kernel: one pass over w with 16-byte loads serves all
  *          rows; x stays float32 (matches op_matmul on widened w up to summation order).
- * n 5..16: tensor-core GEMV (cuda_ops_gemv_bf16_mma) when in % 32 == 0 and w, x are
+ * n 3..16: tensor-core GEMV (cuda_ops_gemv_bf16_mma) when in % 32 == 0 and w, x are
  *          16-byte aligned (else the float32 kernel): x split into bf16 hi + lo, float32
- *          accumulation, rel. error vs op_matmul ~3e-6; deterministic.
+ *          accumulation, rel. error vs op_matmul ~3e-6; deterministic. (The 2 is
+ *          cuda_ops_gemv_set_mma_rows's.)
  * n > 16:  cuBLASLt bf16 GEMM with float32 accumulate and float32 output; x is
  *          rounded to bf16 first (as the model's bf16 activations are).
  * y must not alias x. */
@@ -124,14 +136,15 @@ enum cuda_gemv_epi { CUDA_GEMV_STORE = 0, CUDA_GEMV_SWIGLU = 1, CUDA_GEMV_ADD = 
  * 16-byte aligned; y must not alias x. */
 int cuda_ops_gemv_bf16_fused(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out,
                              enum cuda_gemv_epi epi, const float *norm_w, float eps, void *stream);
-/* Whether that shape fuses: rows 1..16, in % 8 == 0 (in % 32 == 0 beyond 4 rows), out
- * even for SWIGLU, no norm with ADD. */
+/* Whether that shape fuses: rows 1..16, in % 8 == 0 (in % 32 == 0 on the tensor-core
+ * kernel, beyond 2 rows by default), out even for SWIGLU, no norm with ADD. */
 int cuda_ops_gemv_fused_ok(int n_rows, int in, int out, enum cuda_gemv_epi epi, int norm);
 /* Whether fusing the norm and the residual add into the products is faster at this
  * row count (measured on the H200, ctx 1000, docs/performance.md): at 1-2 rows (1 CFG
- * pair 8.13 -> 7.68 ms per frame) and on the tensor-core kernel, 5..16 rows (8 pairs
- * 12.42 -> 11.98); not at 3-4 rows, where every block re-deriving the normed x for 4
- * rows makes the float32 kernel ALU-bound (2 pairs 10.58 -> 11.89). MM3_GEMV_FUSE=0 /
+ * pair 8.13 -> 7.68 ms per frame) and on the tensor-core kernel (8 pairs 12.42 -> 11.98);
+ * not with 3-4 rows on the float32 kernel (cuda_ops_gemv_set_mma_rows 3 or 4), where
+ * every block re-deriving the normed x for 4 rows makes it ALU-bound (2 pairs 10.58 ->
+ * 11.89). MM3_GEMV_FUSE=0 /
  * =1 in the environment: never / at every row count (for measuring). */
 int cuda_ops_gemv_fused_pays(int n_rows);
 
@@ -189,6 +202,29 @@ int cuda_ops_attention_decode_rows(float *out, const float *q, size_t q_stride, 
                                    int n_heads, int n_kv_heads, int head_dim, float scale, void *workspace,
                                    size_t workspace_bytes, void *stream);
 size_t cuda_ops_attention_decode_workspace_bytes(int n_seq, int n_heads, int n_kv_heads, int head_dim, int max_kv_len);
+
+/* The decode step of a layer with the q/k/v rows as the QKV product leaves them. */
+struct cuda_qkv_prep {
+    const float *q_norm, *k_norm; /* [head_dim] per-head RMSNorm weights; NULL: no norm */
+    float eps;
+    int rotary_dim;        /* NeoX RoPE over the first rotary_dim dims (even; 0: none) */
+    const float *inv_freq; /* [rotary_dim / 2], device (op_rope_inv_freq) */
+    const int *pos;        /* device int[n_seq]: the new token's position */
+};
+
+/* cuda_ops_attention_decode_rows where the row at qkv + s*qkv_stride holds n_heads q
+ * heads, then n_kv_heads k heads, then n_kv_heads v heads (the QKV product's output,
+ * unmodified by the call). Inside the split-K kernel: q and k norm + RoPE at pos[s]
+ * (the same steps as cuda_ops_qk_norm_rope, same bits) and the store of k and v at
+ * position pos[s] of cache row seq_row[s] (rounded to kv_dtype); then the attention
+ * over [0, kv_len[s]) and the combine kernel, as _rows. pos[s] must be kv_len[s] - 1
+ * (the token attends to itself) or >= kv_len[s] (stored, not attended: graph
+ * padding). workspace: as _rows. */
+int cuda_ops_attention_decode_qkv(float *out, const float *qkv, size_t qkv_stride, void *k_cache, void *v_cache,
+                                  enum cuda_kv_dtype kv_dtype, const int *kv_len, const int *seq_row, int max_kv_len,
+                                  size_t seq_stride, size_t row_stride, int n_seq, int n_heads, int n_kv_heads,
+                                  int head_dim, float scale, const struct cuda_qkv_prep *prep, void *workspace,
+                                  size_t workspace_bytes, void *stream);
 
 #ifdef __cplusplus
 }

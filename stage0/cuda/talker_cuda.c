@@ -222,17 +222,29 @@ static int distinct_rows(int n, const int *row)
     return 1;
 }
 
-/* head_dim a multiple of 32 up to 256 and at most 8 query heads per kv head. */
+/* The heads cuda_ops_attention_decode takes: head_dim 32, 64, 128 or 256 and at most
+ * 8 query heads per kv head. */
 static int split_k_fits(const struct talker_config *c)
 {
-    return c->head_dim % 32 == 0 && c->head_dim <= 256 && c->n_heads / c->n_kv_heads <= 8;
+    int d = c->head_dim;
+    return (d == 32 || d == 64 || d == 128 || d == 256) && c->n_heads / c->n_kv_heads <= 8;
 }
 
-/* Layer li's attention on the QKV rows in s->qkv: q and k norm + RoPE in place with
- * the K/V store (one launch: the same results as cuda_ops_qk_norm_rope twice and
- * talker_cuda_kv_store_pair), then the attention of each query row into s->o: the
- * split-K decode kernel over rows s->row with kv lengths up to max_len, or the row
- * attention (prefill, heads the decode kernel does not take). */
+/* MM3_ATT_FUSE=0: decode through the separate norm/RoPE/store kernel (measuring). */
+static int attention_fused(void)
+{
+    static int state = -1; /* benign race: every thread computes the same value */
+    if (state < 0) state = cuda_env_switch("MM3_ATT_FUSE", 1);
+    return state;
+}
+
+/* Layer li's attention on the QKV rows in s->qkv into s->o. Split-K decode: q and k
+ * norm + RoPE and the K/V store inside the split kernel over rows s->row with kv
+ * lengths up to max_len, then its combine (cuda_ops_attention_decode_qkv). Otherwise
+ * q and k norm + RoPE in place with the K/V store (one launch: the same results as
+ * cuda_ops_qk_norm_rope twice and talker_cuda_kv_store_pair), then the split-K kernel
+ * and its combine, or the row attention (prefill, heads the decode kernel does not
+ * take). */
 static int attention_queue(struct talker_cuda *tc, struct talker_cuda_scratch *s, int li, int n, int split_k,
                            int max_len, void *st)
 {
@@ -243,6 +255,12 @@ static int attention_queue(struct talker_cuda *tc, struct talker_cuda_scratch *s
     void *vc = (char *)tc->vc + li * layer_stride * tc->kv_elem;
     float scale = 1.0f / sqrtf((float)D);
     const struct talker_cuda_layer *L = &tc->layers[li];
+    if (split_k && attention_fused()) {
+        struct cuda_qkv_prep prep = {L->q_norm, L->k_norm, cfg->eps, D, tc->inv_freq, s->pos};
+        return cuda_ops_attention_decode_qkv(s->o, s->qkv, (size_t)QKV, kc, vc, tc->kv_dtype, s->kv_len, s->row,
+                                             max_len, row_stride, KD, n, cfg->n_heads, cfg->n_kv_heads, D, scale, &prep,
+                                             s->att_ws, s->att_ws_bytes, st);
+    }
     int rc =
         talker_cuda_qkv_norm_rope_store(s->qkv, n, cfg->n_heads, cfg->n_kv_heads, D, L->q_norm, L->k_norm, cfg->eps, D,
                                         s->pos, tc->inv_freq, kc, vc, tc->kv_dtype, s->row, row_stride, KD, st);
@@ -256,9 +274,9 @@ static int attention_queue(struct talker_cuda *tc, struct talker_cuda_scratch *s
 }
 
 /* The decode layers with the norms, SwiGLU and residual adds inside the products
- * (7 launches per layer, 8 with split-K's combine): QKV product of the normed h,
- * q/k norm + RoPE + K/V store, attention, h += o . Wo^T, silu * up of the normed h,
- * h += g . Wd^T; the final norm into s->a. */
+ * (6 launches per layer with split-K: 7 before the fused attention, 10 before the
+ * fused products): QKV product of the normed h, attention_queue, h += o . Wo^T,
+ * silu * up of the normed h, h += g . Wd^T; the final norm into s->a. */
 static int forward_fused_queue(struct talker_cuda *tc, struct talker_cuda_scratch *s, int n, int split_k, int max_len,
                                void *stream)
 {
