@@ -207,16 +207,17 @@ static int queue_step(struct frame_cuda *fc, struct talker_cuda *tc, struct dept
         (rc = cuda_sampler_draw_pairs(fc->logits, SAMPLER_C0_COLS, SAMPLER_C0_COLS, n, scale, 1, top_k, seed, pos, mask,
                                       fc->col, NULL, stream)) < 0 ||
         (rc = depth_cuda_step_dev(dc, R, hidden, 0, fc->y, stream)) < 0 ||
-        (rc = frame_cuda_take_codes(codes, ncb, 0, fc->col, n, fc->x, fc->e0, SAMPLER_N_CODES, -1, H, stream)) < 0)
+        (rc = frame_cuda_take_codes(codes, ncb, 0, fc->col, n, fc->x, fc->e0, SAMPLER_N_CODES, -1, H, NULL, 0, NULL,
+                                    stream)) < 0)
         return rc;
     for (int j = 1; j < ncb; j++) {
         const uint16_t *next = j < ncb - 1 ? fc->audio + (size_t)(j - 1) * V * H : NULL;
         if ((rc = depth_cuda_step_dev(dc, R, fc->x, j, fc->y, stream)) < 0 ||
-            (rc = frame_cuda_copy_rows(dh + (size_t)(j - 1) * H, dh_stride, fc->y, 2 * (size_t)H, n, H, stream)) < 0 ||
             (rc = depth_cuda_logits_dev(dc, j, fc->y, R, fc->dlogits, stream)) < 0 ||
             (rc = cuda_sampler_draw_pairs(fc->dlogits, V, V, n, scale, 0, top_k, seed, pos + (size_t)j * n, NULL,
                                           fc->col, NULL, stream)) < 0 ||
-            (rc = frame_cuda_take_codes(codes, ncb, j, fc->col, n, fc->x, next, V, 0, H, stream)) < 0)
+            (rc = frame_cuda_take_codes(codes, ncb, j, fc->col, n, fc->x, next, V, 0, H, dh + (size_t)(j - 1) * H,
+                                        dh_stride, fc->y, stream)) < 0)
             return rc;
     }
     return frame_cuda_feedback(fb, codes, ncb, n, fc->e0, SAMPLER_N_CODES, fc->audio, V, H, fc->feedback_scale, stream);
