@@ -8,7 +8,8 @@
 #                      "MM3_PDL=0 --pairs 1,8 --contexts 1000"', carry=[".device"])
 #         Each argument: optional VAR=value words (environment), then bench arguments.
 #         MM3_S0_TESTS=0 skips the tests ("test_a test_b": only those, then the golden
-#         replay); MM3_S0_OPS=1 adds mm3-bench-ops with PDL on and off.
+#         replay); MM3_S0_OPS=1 adds mm3-bench-ops with PDL on and off, MM3_S0_OPS="A=1;B=0 C=1"
+#         one run per ';'-separated list of VAR=value words.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -17,11 +18,13 @@ if [ "${1:-}" = --pack ]; then
   scripts/device-pack.sh -B "${2:-build-cuda}" mm3-stage0 mm3-mkckpt mm3-bench-stage0 mm3-bench-ops "${tests[@]}" >/dev/null || exit 1
   strip .device/bin/* 2>/dev/null
   rm -rf .device/golden && mkdir -p .device/golden && cp -r "${MM3_GOLDEN_DIR:-../shared/golden/tiny-a}" .device/golden/tiny-a
-  tar czf .device/binlib.tgz -C .device bin lib golden && rm -rf .device/bin .device/lib .device/golden
+  # xz: the programs share most of their device code; gzip left 68 MB, over the 64 MiB a call carries
+  rm -f .device/binlib.tgz
+  XZ_OPT="-9 -T2" tar cJf .device/binlib.txz -C .device bin lib golden && rm -rf .device/bin .device/lib .device/golden
   du -sh .device
   exit 0
 fi
-[ -f .device/binlib.tgz ] && [ ! -d .device/bin ] && tar xzf .device/binlib.tgz -C .device
+[ -f .device/binlib.txz ] && [ ! -d .device/bin ] && tar xJf .device/binlib.txz -C .device
 out=/tmp/s0; mkdir -p "$out"
 finish() { tar czf "${OUT:-/tmp}/results.tgz" -C "$out" . 2>/dev/null; }
 trap finish EXIT
@@ -41,9 +44,13 @@ if [ "${MM3_S0_TESTS:-1}" != 0 ]; then
   timeout 60 $bin/mm3-stage0 --golden "$MM3_GOLDEN_DIR" --backend cuda > "$out/golden_s0_cuda.log" 2>&1
   echo "stage0 golden cuda rc=$?"; grep -iE "rel|pass|fail" "$out/golden_s0_cuda.log" | tail -4
 fi
-if [ "${MM3_S0_OPS:-0}" != 0 ]; then # the kernels alone (mm3-bench-ops), PDL on and off
-  $bin/mm3-bench-ops > "$out/ops.log" 2>&1; echo "ops rc=$?"
-  MM3_PDL=0 $bin/mm3-bench-ops > "$out/ops_nopdl.log" 2>&1; echo "ops (MM3_PDL=0) rc=$?"
+if [ "${MM3_S0_OPS:-0}" != 0 ]; then # the kernels alone (mm3-bench-ops), once per ';'-separated setting
+  settings=${MM3_S0_OPS}; [ "$settings" = 1 ] && settings="MM3_PDL=1;MM3_PDL=0"
+  IFS=';' read -ra runs <<< "$settings"
+  for k in "${!runs[@]}"; do
+    read -ra envs <<< "${runs[$k]}"
+    env "${envs[@]}" $bin/mm3-bench-ops > "$out/ops$k.log" 2>&1; echo "ops (${runs[$k]}) rc=$?"
+  done
 fi
 [ -d "$ckpt" ] || $bin/mm3-mkckpt --preset full --out "$ckpt" --seed 1 > "$out/mkckpt.log" 2>&1 || { echo "mkckpt failed"; exit 1; }
 i=0

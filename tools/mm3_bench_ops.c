@@ -26,6 +26,7 @@
 
 #ifdef MM3_HAVE_CUDA
 #include "common/cuda/ops_cuda.h"
+#include "stage0/cuda/talker_kernels.h"
 
 #define TRY(call)                                                              \
     do {                                                                       \
@@ -183,6 +184,85 @@ static void att_once(void *arg, int i)
     TRY(cuda_ops_attention_decode_chunk(a->out, a->q, a->k, a->v, CUDA_KV_BF16, a->len, a->max_len,
                                         (size_t)a->max_len * row, row, a->n_seq, 32, 8, 128, 1.0f / sqrtf(128.0f),
                                         a->chunk, stream));
+}
+
+/* One talker layer's decode attention as the graph runs it: the QKV rows as the
+ * product leaves them, a cache planned for `plan` positions, every sequence at `len`.
+ * mode 0: norm/RoPE/store kernel, split-K kernel, combine kernel; 1: the split-K
+ * kernel with the norm/RoPE/store inside, combine kernel. */
+struct step_arg {
+    float *out, *qkv, *qn, *kn, *inv_freq, *ws;
+    void *k, *v;
+    int *len, *pos, *row;
+    size_t ws_bytes;
+    int n_seq, plan, mode;
+};
+
+static void step_once(void *arg, int i)
+{
+    (void)i;
+    struct step_arg *a = arg;
+    const size_t row = 8 * 128, seq = (size_t)(a->plan + 1) * row, qkv = 6144;
+    const float scale = 1.0f / sqrtf(128.0f);
+    if (a->mode == 0) {
+        TRY(talker_cuda_qkv_norm_rope_store(a->qkv, a->n_seq, 32, 8, 128, a->qn, a->kn, 1e-6f, 128, a->pos,
+                                            a->inv_freq, a->k, a->v, CUDA_KV_BF16, a->row, seq, row, stream));
+        TRY(cuda_ops_attention_decode_rows(a->out, a->qkv, qkv, a->k, a->v, CUDA_KV_BF16, a->len, a->row, a->plan, seq,
+                                           row, a->n_seq, 32, 8, 128, scale, a->ws, a->ws_bytes, stream));
+        return;
+    }
+    struct cuda_qkv_prep prep = {a->qn, a->kn, 1e-6f, 128, a->inv_freq, a->pos};
+    TRY(cuda_ops_attention_decode_qkv(a->out, a->qkv, qkv, a->k, a->v, CUDA_KV_BF16, a->len, a->row, a->plan, seq, row,
+                                      a->n_seq, 32, 8, 128, scale, &prep, a->ws, a->ws_bytes, stream));
+}
+
+static void fill_random_bf16(void *dev, size_t n);
+static void fill_random_f32(void *dev, size_t n);
+
+static void bench_attention_step(void)
+{
+    printf("\nDecode attention step, LM layer (32/8 heads x 128, bf16 KV, planned for 5249 positions; graph "
+           "replays of 8 layers' calls, us per call): norm/RoPE/store + split + combine | fused norm/RoPE/store\n");
+    const int plan = 5249, seqs[2] = {2, 16}, lens[2] = {1000, 5000};
+    for (int si = 0; si < 2; si++) {
+        struct step_arg a = {0};
+        a.n_seq = seqs[si];
+        a.plan = plan;
+        const size_t kvn = (size_t)a.n_seq * (plan + 1) * 8 * 128;
+        TRY(cuda_malloc(&a.k, 2 * kvn));
+        TRY(cuda_malloc(&a.v, 2 * kvn));
+        fill_random_bf16(a.k, kvn);
+        fill_random_bf16(a.v, kvn);
+        TRY(cuda_malloc((void **)&a.qkv, sizeof(float) * a.n_seq * 6144));
+        TRY(cuda_malloc((void **)&a.out, sizeof(float) * a.n_seq * 4096));
+        TRY(cuda_malloc((void **)&a.qn, sizeof(float) * 128));
+        TRY(cuda_malloc((void **)&a.kn, sizeof(float) * 128));
+        TRY(cuda_malloc((void **)&a.inv_freq, sizeof(float) * 64));
+        fill_random_f32(a.qkv, (size_t)a.n_seq * 6144);
+        fill_random_f32(a.qn, 128);
+        fill_random_f32(a.kn, 128);
+        float freq[64];
+        for (int i = 0; i < 64; i++) freq[i] = powf(1e6f, -(float)i / 64.0f);
+        TRY(cuda_memcpy_h2d(a.inv_freq, freq, sizeof freq));
+        a.ws_bytes = cuda_ops_attention_decode_workspace_bytes(a.n_seq, 32, 8, 128, plan);
+        TRY(cuda_malloc((void **)&a.ws, a.ws_bytes));
+        TRY(cuda_malloc((void **)&a.len, sizeof(int) * a.n_seq));
+        TRY(cuda_malloc((void **)&a.pos, sizeof(int) * a.n_seq));
+        TRY(cuda_malloc((void **)&a.row, sizeof(int) * a.n_seq));
+        for (int li = 0; li < 2; li++) {
+            int h_len[16], h_pos[16], h_row[16];
+            for (int i = 0; i < a.n_seq; i++) h_len[i] = lens[li], h_pos[i] = lens[li] - 1, h_row[i] = i;
+            TRY(cuda_memcpy_h2d(a.len, h_len, sizeof(int) * a.n_seq));
+            TRY(cuda_memcpy_h2d(a.pos, h_pos, sizeof(int) * a.n_seq));
+            TRY(cuda_memcpy_h2d(a.row, h_row, sizeof(int) * a.n_seq));
+            double t[2];
+            for (a.mode = 0; a.mode < 2; a.mode++) t[a.mode] = time_median_mode(step_once, &a, 8, 1);
+            printf("  %2d sequences at %4d positions: %7.1f | %7.1f us\n", a.n_seq, lens[li], t[0] * 1e6, t[1] * 1e6);
+        }
+        cuda_free(a.k), cuda_free(a.v), cuda_free(a.qkv), cuda_free(a.out), cuda_free(a.qn), cuda_free(a.kn);
+        cuda_free(a.inv_freq), cuda_free(a.ws), cuda_free(a.len), cuda_free(a.pos);
+        cuda_free(a.row);
+    }
 }
 
 static void fill_random_bf16(void *dev, size_t n)
@@ -368,6 +448,8 @@ int main(int argc, char **argv)
         cuda_free(a.out);
         cuda_free(a.len);
     }
+
+    bench_attention_step();
 
     printf("\nFrame (weights only: %.2f GB of bf16 matmul weights, KV and small ops excluded):\n",
            frame_bytes * 1e-9);
