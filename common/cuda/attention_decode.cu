@@ -16,12 +16,13 @@
  * splits in the last block of each kv head instead of pass 2 was measured slower:
  * 26.8 against 15.2 us per layer at 2 sequences, context 1000; one block walks
  * what pass 2 spreads over `group` blocks.) */
-#include "common/cuda/head_norm_rope.cuh"
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "common/cuda/cuda_internal.h"
+#include "common/cuda/head_norm_rope.cuh"
+#include "common/cuda/kv_elem.cuh"
 #include "common/cuda/ops_cuda.h"
 #include "common/cuda/pdl.cuh"
 
@@ -51,16 +52,6 @@ template <typename KT, int E> __device__ __forceinline__ void raw_load(kv_raw<KT
     }
 }
 
-__device__ __forceinline__ float widen(uint16_t b)
-{
-    return __uint_as_float((uint32_t)b << 16);
-}
-
-__device__ __forceinline__ float widen(float f)
-{
-    return f;
-}
-
 /* POS rows of K and V from position j on; rows past j1 re-read row j (masked later). */
 template <typename KT, int E, int POS>
 __device__ __forceinline__ void load_rows(const KT *k, const KT *v, size_t kv_off, size_t row_stride, int j, int j1,
@@ -83,20 +74,6 @@ struct att_fuse {
     int k_col, v_col; /* columns of k head 0 and v head 0 in a q row */
     void *kw, *vw;    /* the caches again, for the store */
 };
-
-template <typename KT> __device__ __forceinline__ KT narrow_kv(float f);
-template <> __device__ __forceinline__ float narrow_kv<float>(float f)
-{
-    return f;
-}
-/* Round to nearest even with NaN kept NaN: bit for bit mm3_f32_to_bf16 (common/dtype.h). */
-template <> __device__ __forceinline__ uint16_t narrow_kv<uint16_t>(float f)
-{
-    uint32_t u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
 
 /* The fused variant's prologue: q heads of this kv head normed and rotated into sq
  * (one warp per head, the same steps as cuda_ops_qk_norm_rope, with the RoPE cos/sin
@@ -125,11 +102,11 @@ __device__ void att_prepare(float (&sq)[G][HD], float *sk, float *sv, float *cs,
     __syncthreads();
     if (store)
         for (int i = threadIdx.x; i < HD; i += ATT_WARPS * 32) {
-            const KT kq = narrow_kv<KT>(sk[i]), vq = narrow_kv<KT>(sv[i]);
+            const KT kq = kv_narrow<KT>(sk[i]), vq = kv_narrow<KT>(sv[i]);
             ((KT *)f.kw)[cache_off + i] = kq;
             ((KT *)f.vw)[cache_off + i] = vq;
-            sk[i] = widen(kq);
-            sv[i] = widen(vq);
+            sk[i] = kv_widen(kq);
+            sv[i] = kv_widen(vq);
         }
     __syncthreads();
 }
@@ -213,7 +190,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32, (sizeof(KT) == 2 && E >= 4 && 
                 float d = 0.0f;
 #pragma unroll
                 for (int e = 0; e < E; e++)
-                    d = fmaf(qv[gi][e], widen(kf[p].e[e]), d);
+                    d = fmaf(qv[gi][e], kv_widen(kf[p].e[e]), d);
 #pragma unroll
                 for (int off = 16; off > 0; off >>= 1)
                     d += __shfl_xor_sync(0xffffffffu, d, off);
@@ -232,7 +209,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32, (sizeof(KT) == 2 && E >= 4 && 
                 lsum += pe;
 #pragma unroll
                 for (int e = 0; e < E; e++)
-                    acc[gi][e] = fmaf(pe, widen(vf[p].e[e]), acc[gi][e]);
+                    acc[gi][e] = fmaf(pe, kv_widen(vf[p].e[e]), acc[gi][e]);
             }
             m[gi] = mx;
             l[gi] = lsum;

@@ -5,29 +5,11 @@
 
 #include "common/cuda/cuda_internal.h"
 #include "common/cuda/head_norm_rope.cuh"
+#include "common/cuda/kv_elem.cuh"
 #include "common/cuda/pdl.cuh"
 #include "stage0/cuda/talker_kernels.h"
 
 enum { ATT_WARPS = 4, ATT_PER_LANE = TALKER_CUDA_MAX_HEAD_DIM / 32 };
-
-__device__ __forceinline__ float kv_widen(float f)
-{
-    return f;
-}
-
-__device__ __forceinline__ float kv_widen(uint16_t b)
-{
-    return __uint_as_float((uint32_t)b << 16);
-}
-
-/* Round to nearest even with NaN kept NaN: bit for bit mm3_f32_to_bf16 (common/dtype.h). */
-__device__ __forceinline__ uint16_t kv_narrow_bf16(float f)
-{
-    uint32_t u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
 
 template <typename KT>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
@@ -140,7 +122,7 @@ __global__ void kv_store_pair_kernel(KT *__restrict__ kc, KT *__restrict__ vc, c
     const float *src = (blockIdx.z ? v : k) + (size_t)i * src_stride;
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < width; c += gridDim.x * blockDim.x) {
         if constexpr (sizeof(KT) == 2)
-            dst[c] = kv_narrow_bf16(src[c]);
+            dst[c] = kv_narrow<uint16_t>(src[c]);
         else
             dst[c] = src[c];
     }
@@ -195,7 +177,7 @@ __global__ void qkv_norm_rope_store_kernel(float *qkv, int n, int n_heads, int n
         KT *dst = vc + (size_t)row[t] * row_stride + (size_t)pos[t] * pos_stride + (size_t)g * D;
         for (int i = lane; i < D; i += 32) {
             if constexpr (sizeof(KT) == 2)
-                dst[i] = kv_narrow_bf16(u[i]);
+                dst[i] = kv_narrow<uint16_t>(u[i]);
             else
                 dst[i] = u[i];
         }
@@ -208,7 +190,7 @@ __global__ void qkv_norm_rope_store_kernel(float *qkv, int n, int n_heads, int n
     KT *dst = kc + (size_t)row[t] * row_stride + (size_t)pos[t] * pos_stride + (size_t)(h - n_heads) * D;
     for (int i = lane; i < D; i += 32) {
         if constexpr (sizeof(KT) == 2)
-            dst[i] = kv_narrow_bf16(u[i]);
+            dst[i] = kv_narrow<uint16_t>(u[i]);
         else
             dst[i] = u[i];
     }
