@@ -569,6 +569,15 @@ static void check_fused(int n, int in, int out, enum cuda_gemv_epi epi, int norm
     free(got), free(ref), free(prod), free(xn), free(y0), free(wb), free(wf), free(wn), free(x);
 }
 
+/* Small shapes at n rows: both epilogues with the norm, the add, a k split. */
+static void check_fused_small(int n)
+{
+    check_fused(n, 96, 46, CUDA_GEMV_STORE, 1);
+    check_fused(n, 96, 46, CUDA_GEMV_SWIGLU, 1);
+    check_fused(n, 96, 45, CUDA_GEMV_ADD, 0);
+    check_fused(n, 4096, 130, CUDA_GEMV_SWIGLU, 0);
+}
+
 static void test_gemv_fused(void **state)
 {
     (void)state;
@@ -582,20 +591,12 @@ static void test_gemv_fused(void **state)
     }
     check_fused(2, 4096, 12288, CUDA_GEMV_SWIGLU, 1);
     /* Every row count (both kernels, both x tiles of the tensor-core one), k splits. */
-    for (int n = 1; n <= CUDA_OPS_GEMV_MAX_ROWS; n++) {
-        check_fused(n, 96, 46, CUDA_GEMV_STORE, 1);
-        check_fused(n, 96, 46, CUDA_GEMV_SWIGLU, 1);
-        check_fused(n, 96, 45, CUDA_GEMV_ADD, 0);
-        check_fused(n, 4096, 130, CUDA_GEMV_SWIGLU, 0);
-    }
+    for (int n = 1; n <= CUDA_OPS_GEMV_MAX_ROWS; n++)
+        check_fused_small(n);
     /* The same with 3-4 rows on the float32 kernel (the tuning setting). */
     assert_int_equal(cuda_ops_gemv_set_mma_rows(4), 0);
-    for (int n = 3; n <= 4; n++) {
-        check_fused(n, 96, 46, CUDA_GEMV_STORE, 1);
-        check_fused(n, 96, 46, CUDA_GEMV_SWIGLU, 1);
-        check_fused(n, 96, 45, CUDA_GEMV_ADD, 0);
-        check_fused(n, 4096, 130, CUDA_GEMV_SWIGLU, 0);
-    }
+    for (int n = 3; n <= 4; n++)
+        check_fused_small(n);
     check_fused(3, 40, 7, CUDA_GEMV_STORE, 1); /* in % 32 != 0 on the float32 kernel */
     assert_int_equal(cuda_ops_gemv_set_mma_rows(0), 0);
     assert_int_equal(cuda_ops_gemv_set_mma_rows(5), -EINVAL);

@@ -18,7 +18,6 @@
  * what pass 2 spreads over `group` blocks.) */
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
 
 #include "common/cuda/cuda_internal.h"
 #include "common/cuda/head_norm_rope.cuh"
@@ -70,9 +69,8 @@ struct att_fuse {
     const float *q_norm, *k_norm, *inv_freq; /* norm weights [HD] (NULL: none), RoPE [rotary_dim / 2] */
     float eps;
     int rotary_dim;
-    const int *pos;   /* [sequence]: where the new k/v go */
-    int k_col, v_col; /* columns of k head 0 and v head 0 in a q row */
-    void *kw, *vw;    /* the caches again, for the store */
+    const int *pos; /* [sequence]: where the new k/v go */
+    void *kw, *vw;  /* the caches again, for the store */
 };
 
 /* The fused variant's prologue: q heads of this kv head normed and rotated into sq
@@ -85,12 +83,14 @@ __device__ void att_prepare(float (&sq)[G][HD], float *sk, float *sv, float *cs,
                             int group, bool store, const att_fuse &f, size_t cache_off, float p)
 {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    /* The row: gridDim.y * group q heads, then gridDim.y k heads, then as many v heads. */
+    const float *krow = qrow + (size_t)gridDim.y * group * HD, *vrow = krow + (size_t)gridDim.y * HD;
     for (int i = threadIdx.x; i < group * HD; i += ATT_WARPS * 32)
         sq[i / HD][i % HD] = qrow[(size_t)(g * group + i / HD) * HD + i % HD];
     if (store)
         for (int i = threadIdx.x; i < HD; i += ATT_WARPS * 32) {
-            sk[i] = qrow[f.k_col + (size_t)g * HD + i];
-            sv[i] = qrow[f.v_col + (size_t)g * HD + i];
+            sk[i] = krow[(size_t)g * HD + i];
+            sv[i] = vrow[(size_t)g * HD + i];
         }
     for (int i = threadIdx.x; i < f.rotary_dim / 2; i += ATT_WARPS * 32)
         rope_cos_sin(f.inv_freq, i, p, &cs[i], &sn[i]);
@@ -442,8 +442,7 @@ static int attention_decode(float *out, const float *q, size_t q_stride, const v
     /* Automatic plans let each sequence cut its own length (chunk 0 in the kernel). */
     att_args a = {part,       q,          q_stride, k_cache, v_cache, kv_len,  seq_row,
                   seq_stride, row_stride, n_heads,  group,   scale,   n_split, chunk_positions ? (int)chunk : 0};
-    memset(&a.fuse, 0, sizeof a.fuse);
-    a.prep = prep != NULL;
+    a.prep = prep != NULL; /* a.fuse stays zero (the plain kernel ignores it) without prep */
     if (prep) {
         a.fuse.q_norm = prep->q_norm;
         a.fuse.k_norm = prep->k_norm;
@@ -451,8 +450,6 @@ static int attention_decode(float *out, const float *q, size_t q_stride, const v
         a.fuse.eps = prep->eps;
         a.fuse.rotary_dim = prep->rotary_dim;
         a.fuse.pos = prep->pos;
-        a.fuse.k_col = n_heads * head_dim;
-        a.fuse.v_col = (n_heads + n_kv_heads) * head_dim;
         a.fuse.kw = (void *)k_cache;
         a.fuse.vw = (void *)v_cache;
     }

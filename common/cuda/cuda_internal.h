@@ -32,7 +32,6 @@ static inline cudaStream_t cuda_stream_of(void *stream)
     return (cudaStream_t)stream;
 }
 
-
 /* The tensor-core GEMV of gemv_mma.cu (m_tiles 0 = default) with the epilogue and
  * norm of cuda_ops_gemv_bf16_fused (norm_w NULL: none). */
 int gemv_mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int m_tiles,

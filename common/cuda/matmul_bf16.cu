@@ -11,7 +11,6 @@
 #include <cuda_bf16.h>
 #include <pthread.h>
 #include <stdint.h>
-#include <stdlib.h>
 
 #include "common/cuda/cuda_internal.h"
 #include "common/cuda/ops_cuda.h"
@@ -28,8 +27,7 @@ static int mma_rows(void)
 {
     int r = __atomic_load_n(&mma_rows_setting, __ATOMIC_RELAXED);
     if (r == 0) {
-        const char *v = getenv("MM3_GEMV_MMA_ROWS");
-        r = v ? atoi(v) : 0;
+        r = cuda_env_switch("MM3_GEMV_MMA_ROWS", GEMV_MMA_ROWS_DEFAULT);
         if (r < GEMV_MMA_ROWS_DEFAULT || r > GEMV_MMA_ROWS_MAX) r = GEMV_MMA_ROWS_DEFAULT;
         __atomic_store_n(&mma_rows_setting, r, __ATOMIC_RELAXED);
     }
