@@ -7,6 +7,10 @@
  * an online softmax (running max m, sum l, acc). The 4 warps merge in shared
  * memory and write (acc[head_dim], m, l) for the chunk.
  * Pass 2: one block per (query head, sequence) merges the chunks (log-sum-exp).
+ * With bf16 caches and head_dim 64 or 128 (the talker's), pass 1 runs on the tensor
+ * cores instead (attention_decode_mma.cu; MM3_ATT_MMA=0 keeps this kernel): 16
+ * sequences at context 1000 took 43 us per layer here, bound by the shuffles and
+ * exps, 23.5 there.
  *
  * The fused variant (cuda_ops_attention_decode_qkv) takes the new token's q/k/v as
  * the QKV product left them: each block norms and rotates its q heads itself, the
@@ -19,13 +23,11 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "common/cuda/attention_decode.cuh"
 #include "common/cuda/cuda_internal.h"
-#include "common/cuda/head_norm_rope.cuh"
 #include "common/cuda/kv_elem.cuh"
 #include "common/cuda/ops_cuda.h"
 #include "common/cuda/pdl.cuh"
-
-enum { ATT_WARPS = 4, ATT_MAX_GROUP = 8, ATT_MAX_HEAD_DIM = 256, ATT_CHUNK_ALIGN = 64, ATT_BLOCKS_PER_SM = 4 };
 
 /* One lane's E elements of a cache row, as stored (bf16 bits or float): kept packed
  * while in flight so that more rows fit in registers, widened when used. */
@@ -62,53 +64,6 @@ __device__ __forceinline__ void load_rows(const KT *k, const KT *v, size_t kv_of
         raw_load<KT, E>(kr[p], k + off);
         raw_load<KT, E>(vr[p], v + off);
     }
-}
-
-/* What the fused variant adds to the kernel's arguments (unused otherwise). */
-struct att_fuse {
-    const float *q_norm, *k_norm, *inv_freq; /* norm weights [HD] (NULL: none), RoPE [rotary_dim / 2] */
-    float eps;
-    int rotary_dim;
-    const int *pos; /* [sequence]: where the new k/v go */
-    void *kw, *vw;  /* the caches again, for the store */
-};
-
-/* The fused variant's prologue: q heads of this kv head normed and rotated into sq
- * (one warp per head, the same steps as cuda_ops_qk_norm_rope, with the RoPE cos/sin
- * computed once for all heads); with `store`, the k head too and the k/v of the new
- * position written to the cache at cache_off, kept in sk/sv as the cache holds them
- * (rounded to KT). */
-template <typename KT, int HD, int G>
-__device__ void att_prepare(float (&sq)[G][HD], float *sk, float *sv, float *cs, float *sn, const float *qrow, int g,
-                            int group, bool store, const att_fuse &f, size_t cache_off, float p)
-{
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    /* The row: gridDim.y * group q heads, then gridDim.y k heads, then as many v heads. */
-    const float *krow = qrow + (size_t)gridDim.y * group * HD, *vrow = krow + (size_t)gridDim.y * HD;
-    for (int i = threadIdx.x; i < group * HD; i += ATT_WARPS * 32)
-        sq[i / HD][i % HD] = qrow[(size_t)(g * group + i / HD) * HD + i % HD];
-    if (store)
-        for (int i = threadIdx.x; i < HD; i += ATT_WARPS * 32) {
-            sk[i] = krow[(size_t)g * HD + i];
-            sv[i] = vrow[(size_t)g * HD + i];
-        }
-    for (int i = threadIdx.x; i < f.rotary_dim / 2; i += ATT_WARPS * 32)
-        rope_cos_sin(f.inv_freq, i, p, &cs[i], &sn[i]);
-    __syncthreads();
-    for (int item = warp; item < group + (store ? 1 : 0); item += ATT_WARPS) {
-        float *u = item < group ? sq[item] : sk;
-        warp_head_norm_rope_table(u, HD, item < group ? f.q_norm : f.k_norm, f.eps, f.rotary_dim, cs, sn, lane);
-    }
-    __syncthreads();
-    if (store)
-        for (int i = threadIdx.x; i < HD; i += ATT_WARPS * 32) {
-            const KT kq = kv_narrow<KT>(sk[i]), vq = kv_narrow<KT>(sv[i]);
-            ((KT *)f.kw)[cache_off + i] = kq;
-            ((KT *)f.vw)[cache_off + i] = vq;
-            sk[i] = kv_widen(kq);
-            sv[i] = kv_widen(vq);
-        }
-    __syncthreads();
 }
 
 /* 3 blocks per SM for the talker's heads (bf16 KV, E 4, G 4) and those no wider: the
@@ -246,28 +201,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32, (sizeof(KT) == 2 && E >= 4 && 
         }
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < group * HD; idx += ATT_WARPS * 32) {
-        const int gi = idx / HD, d = idx % HD;
-        float mx = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < ATT_WARPS; w++)
-            mx = fmaxf(mx, sm_m[w][gi]);
-        float a = 0.0f, ls = 0.0f;
-        if (mx != -INFINITY) {
-#pragma unroll
-            for (int w = 0; w < ATT_WARPS; w++) {
-                const float f = expf(sm_m[w][gi] - mx);
-                a = fmaf(f, sm_acc[w][gi][d], a);
-                ls = fmaf(f, sm_l[w][gi], ls);
-            }
-        }
-        float *out = part + (((size_t)s * n_heads + g * group + gi) * n_split + split) * (HD + 2);
-        out[d] = a;
-        if (d == 0) {
-            out[HD] = mx;
-            out[HD + 1] = ls;
-        }
-    }
+    att_write_partial<HD, G>(part, sm_acc, sm_m, sm_l, group, n_heads, n_split);
 }
 
 /* Block (query head, sequence), one thread per dim. */
@@ -294,20 +228,6 @@ __global__ void attn_combine_kernel(float *__restrict__ out, const float *__rest
         out[((size_t)s * n_heads + h) * head_dim + d] = ls > 0.0f ? a / ls : 0.0f;
     }
 }
-
-struct att_args {
-    float *part;
-    const float *q;
-    size_t q_stride; /* floats from one sequence's query row to the next */
-    const void *k, *v;
-    const int *kv_len, *seq_row;
-    size_t seq_stride, row_stride;
-    int n_heads, group;
-    float scale;
-    int n_split, chunk;
-    bool prep; /* the fused variant (q/k/v as the QKV product left them) */
-    att_fuse fuse;
-};
 
 template <typename KT, int E, int G> static int att_launch(const att_args &a, dim3 grid, cudaStream_t st)
 {
@@ -353,13 +273,19 @@ extern "C" int cuda_ops_attention_decode(float *out, const float *q, const void 
                                            row_stride, n_seq, n_heads, n_kv_heads, head_dim, scale, 0, stream);
 }
 
-/* Chunk so that the grid has about ATT_BLOCKS_PER_SM blocks per SM: few sequences
- * get many splits, many sequences long chunks (fewer partials). */
-static void att_plan(int n_seq, int n_kv_heads, int max_kv_len, int chunk_positions, long *chunk_out, int *n_split_out)
+static int att_sm_count(void)
 {
     int sms = 132, dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev))
         sms = 132;
+    return sms;
+}
+
+/* Chunk so that the grid has about ATT_BLOCKS_PER_SM blocks per SM: few sequences
+ * get many splits, many sequences long chunks (fewer partials). */
+static void att_plan(int n_seq, int n_kv_heads, int max_kv_len, int chunk_positions, long *chunk_out, int *n_split_out)
+{
+    const int sms = att_sm_count();
     long pairs = (long)(n_seq > 0 ? n_seq : 1) * n_kv_heads;
     long want_splits = (ATT_BLOCKS_PER_SM * (long)sms + pairs - 1) / pairs;
     long chunk = want_splits > 0 ? ((long)max_kv_len + want_splits - 1) / want_splits : max_kv_len;
@@ -368,6 +294,29 @@ static void att_plan(int n_seq, int n_kv_heads, int max_kv_len, int chunk_positi
     if (chunk_positions) chunk = chunk_positions;
     *chunk_out = chunk;
     *n_split_out = max_kv_len > 0 ? (int)((max_kv_len + chunk - 1) / chunk) : 1;
+}
+
+/* MM3_ATT_MMA=0: the CUDA-core kernel where the tensor-core one fits (measuring). */
+static int att_use_mma(void)
+{
+    static int state = -1; /* benign race: every thread computes the same value */
+    if (state < 0) state = cuda_env_switch("MM3_ATT_MMA", 1);
+    return state;
+}
+
+/* The tensor-core kernel's split count: one wave of its blocks (it keeps more bytes
+ * in flight per block than the CUDA-core kernel, which wants several), each split at
+ * least one step of all warps, never more than att_plan's (the workspace is sized by
+ * att_plan). */
+static int att_mma_splits(int n_seq, int n_kv_heads, int max_kv_len, int plan_splits, int blocks_per_sm)
+{
+    const int sms = att_sm_count();
+    const long pairs = (long)(n_seq > 0 ? n_seq : 1) * n_kv_heads;
+    long n = (long)blocks_per_sm * sms / pairs;
+    const long most = ((long)max_kv_len + ATT_CHUNK_ALIGN - 1) / ATT_CHUNK_ALIGN;
+    if (n > most) n = most;
+    if (n > plan_splits) n = plan_splits;
+    return n < 1 ? 1 : (int)n;
 }
 
 /* Partial results of every (sequence, head, chunk): head_dim accumulators, max, sum. */
@@ -429,6 +378,9 @@ static int attention_decode(float *out, const float *q, size_t q_stride, const v
     long chunk;
     int n_split;
     att_plan(n_seq, n_kv_heads, max_kv_len, chunk_positions, &chunk, &n_split);
+    const bool mma = att_use_mma() && att_mma_fits(kv_dtype == CUDA_KV_BF16, head_dim, group);
+    if (mma && !chunk_positions)
+        n_split = att_mma_splits(n_seq, n_kv_heads, max_kv_len, n_split, att_mma_blocks_per_sm(head_dim, prep != NULL));
     const size_t part_bytes = att_part_bytes(n_seq, n_heads, head_dim, n_split);
     float *part = (float *)workspace;
     int rc = 0;
@@ -454,8 +406,11 @@ static int attention_decode(float *out, const float *q, size_t q_stride, const v
         a.fuse.vw = (void *)v_cache;
     }
     dim3 grid((unsigned)n_split, (unsigned)n_kv_heads, (unsigned)n_seq);
-    rc = kv_dtype == CUDA_KV_BF16 ? att_launch_e<uint16_t>(a, head_dim, grid, st)
-                                  : att_launch_e<float>(a, head_dim, grid, st);
+    if (mma)
+        rc = att_mma_launch(a, head_dim, grid, st);
+    else
+        rc = kv_dtype == CUDA_KV_BF16 ? att_launch_e<uint16_t>(a, head_dim, grid, st)
+                                      : att_launch_e<float>(a, head_dim, grid, st);
     if (rc == 0)
         rc = launch_pdl("attn_combine_kernel", attn_combine_kernel, dim3((unsigned)n_heads, (unsigned)n_seq), head_dim,
                         0, st, out, (const float *)part, n_heads, head_dim, n_split);

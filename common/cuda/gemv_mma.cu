@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "common/cuda/cuda_internal.h"
+#include "common/cuda/mma_bf16.cuh"
 #include "common/cuda/ops_cuda.h"
 #include "common/cuda/pdl.cuh"
 #include "common/cuda/silu.cuh"
@@ -30,25 +31,6 @@
 namespace cg = cooperative_groups;
 
 enum { MMA_WARPS = 8, MMA_THREADS = MMA_WARPS * 32, MMA_KSTEP = 32, MMA_MAX_CLUSTER = 8, MMA_DEFAULT_MT = 4 };
-
-__device__ __forceinline__ void mma_bf16(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                         uint32_t b1)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-/* Two floats -> packed bf16 hi parts and bf16 lo parts (a in the low half). */
-__device__ __forceinline__ void split_pair(float a, float b, uint32_t *hi, uint32_t *lo)
-{
-    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    float2 hf = __bfloat1622float2(h);
-    __nv_bfloat162 l = __floats2bfloat162_rn(a - hf.x, b - hf.y);
-    *hi = *(uint32_t *)&h;
-    *lo = *(uint32_t *)&l;
-}
 
 /* NT: 8-row tiles of x (1 for n <= 8, 2 for n <= 16). MMA_MT: 16-row tiles of W
  * per block; more tiles re-read x (from L2) fewer times per weight byte. EPI and
