@@ -8,8 +8,8 @@
 #                      "MM3_PDL=0 --pairs 1,8 --contexts 1000"', carry=[".device"])
 #         Each argument: optional VAR=value words (environment), then bench arguments.
 #         MM3_S0_TESTS=0 skips the tests ("test_a test_b": only those, then the golden
-#         replay); MM3_S0_OPS=1 adds mm3-bench-ops with PDL on and off, MM3_S0_OPS="A=1;B=0 C=1"
-#         one run per ';'-separated list of VAR=value words.
+#         replay); MM3_S0_OPS=1 adds mm3-bench-ops with PDL on and off, MM3_S0_OPS="A=1;B=0 C=1 --x"
+#         one run per ';'-separated list of VAR=value words and mm3-bench-ops arguments.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -48,8 +48,9 @@ if [ "${MM3_S0_OPS:-0}" != 0 ]; then # the kernels alone (mm3-bench-ops), once p
   settings=${MM3_S0_OPS}; [ "$settings" = 1 ] && settings="MM3_PDL=1;MM3_PDL=0"
   IFS=';' read -ra runs <<< "$settings"
   for k in "${!runs[@]}"; do
-    read -ra envs <<< "${runs[$k]}"
-    env "${envs[@]}" $bin/mm3-bench-ops > "$out/ops$k.log" 2>&1; echo "ops (${runs[$k]}) rc=$?"
+    envs=(); args=()
+    for w in ${runs[$k]}; do if [[ $w == *=* && $w != -* ]]; then envs+=("$w"); else args+=("$w"); fi; done
+    env "${envs[@]}" $bin/mm3-bench-ops "${args[@]}" > "$out/ops$k.log" 2>&1; echo "ops (${runs[$k]}) rc=$?"
   done
 fi
 [ -d "$ckpt" ] || $bin/mm3-mkckpt --preset full --out "$ckpt" --seed 1 > "$out/mkckpt.log" 2>&1 || { echo "mkckpt failed"; exit 1; }

@@ -281,15 +281,121 @@ static void fill_random_f32(void *dev, size_t n)
     free(h);
 }
 
+/* Both decode attention sections: the bare kernels at 10240 positions with a chunk
+ * sweep, then one layer's step as the graph runs it. */
+static void bench_attention(double bw)
+{
+    const int rows[2] = {2, 16};
+    printf("\nDecode attention, LM layer (32/8 heads x 128, bf16 KV, 10240 positions each; graph replays):\n");
+    for (int r = 0; r < 2; r++) {
+        struct att_arg a = {NULL, NULL, NULL, NULL, NULL, rows[r], 10240, 0};
+        const size_t kvn = (size_t)a.n_seq * a.max_len * 8 * 128;
+        TRY(cuda_malloc(&a.k, 2 * kvn));
+        TRY(cuda_malloc(&a.v, 2 * kvn));
+        fill_random_bf16(a.k, kvn);
+        fill_random_bf16(a.v, kvn);
+        TRY(cuda_malloc((void **)&a.q, sizeof(float) * a.n_seq * 4096));
+        TRY(cuda_malloc((void **)&a.out, sizeof(float) * a.n_seq * 4096));
+        fill_random_f32(a.q, (size_t)a.n_seq * 4096);
+        int lens[16];
+        for (int i = 0; i < 16; i++) lens[i] = a.max_len;
+        TRY(cuda_malloc((void **)&a.len, sizeof lens));
+        TRY(cuda_memcpy_h2d(a.len, lens, sizeof lens));
+        double t = time_median_mode(att_once, &a, 4, 1);
+        double bytes = 2.0 * 2 * kvn;
+        printf("%-28s %13s %4d %10.1f %8.0f %6.0f%%\n", "attention_decode", "10240 pos", a.n_seq, t * 1e6,
+               bytes / t * 1e-9, 100.0 * bytes / t / bw);
+        printf("    chunk sweep:");
+        for (a.chunk = 64; a.chunk <= 2048; a.chunk *= 2) {
+            double tc = time_median_mode(att_once, &a, 4, 1);
+            printf("  %d: %.1f us %.0f%%", a.chunk, tc * 1e6, 100.0 * bytes / tc / bw);
+            if (a.chunk == 256) printf("\n                ");
+        }
+        printf("\n");
+        a.chunk = 0;
+        cuda_free(a.k);
+        cuda_free(a.v);
+        cuda_free(a.q);
+        cuda_free(a.out);
+        cuda_free(a.len);
+    }
+
+    bench_attention_step();
+}
+
+/* --profile: a few plain launches of one kernel and nothing else, for a profiler
+ * (ncu) to pick up: a matmul shape (index into shapes[]) at `rows` rows, or (shape
+ * -1) one talker layer's fused decode attention of `rows` sequences at 1000
+ * positions. */
+static int profile_once(int shape, int rows)
+{
+    if (shape < 0) {
+        struct step_arg a = {0};
+        a.n_seq = rows;
+        a.plan = 5249;
+        a.mode = 1;
+        const size_t kvn = (size_t)a.n_seq * (a.plan + 1) * 8 * 128;
+        TRY(cuda_malloc(&a.k, 2 * kvn));
+        TRY(cuda_malloc(&a.v, 2 * kvn));
+        fill_random_bf16(a.k, kvn);
+        fill_random_bf16(a.v, kvn);
+        TRY(cuda_malloc((void **)&a.qkv, sizeof(float) * a.n_seq * 6144));
+        TRY(cuda_malloc((void **)&a.out, sizeof(float) * a.n_seq * 4096));
+        TRY(cuda_malloc((void **)&a.qn, sizeof(float) * 128));
+        TRY(cuda_malloc((void **)&a.kn, sizeof(float) * 128));
+        TRY(cuda_malloc((void **)&a.inv_freq, sizeof(float) * 64));
+        fill_random_f32(a.qkv, (size_t)a.n_seq * 6144);
+        fill_random_f32(a.qn, 128);
+        fill_random_f32(a.kn, 128);
+        fill_random_f32(a.inv_freq, 64);
+        a.ws_bytes = cuda_ops_attention_decode_workspace_bytes(a.n_seq, 32, 8, 128, a.plan);
+        TRY(cuda_malloc((void **)&a.ws, a.ws_bytes));
+        TRY(cuda_malloc((void **)&a.len, sizeof(int) * a.n_seq));
+        TRY(cuda_malloc((void **)&a.pos, sizeof(int) * a.n_seq));
+        TRY(cuda_malloc((void **)&a.row, sizeof(int) * a.n_seq));
+        int h[64][3];
+        for (int i = 0; i < a.n_seq && i < 64; i++) h[i][0] = 1000, h[i][1] = 999, h[i][2] = i;
+        for (int i = 0; i < a.n_seq && i < 64; i++) {
+            TRY(cuda_memcpy_h2d(a.len + i, &h[i][0], sizeof(int)));
+            TRY(cuda_memcpy_h2d(a.pos + i, &h[i][1], sizeof(int)));
+            TRY(cuda_memcpy_h2d(a.row + i, &h[i][2], sizeof(int)));
+        }
+        for (int i = 0; i < 4; i++) step_once(&a, i);
+    } else {
+        const struct shape *sh = &shapes[shape];
+        const size_t wn = (size_t)sh->out * sh->in;
+        uint16_t *w = NULL;
+        TRY(cuda_malloc((void **)&w, 2 * wn));
+        fill_random_bf16(w, wn);
+        struct mm_arg a = {&w, 1, NULL, NULL, rows, sh->in, sh->out, 0};
+        TRY(cuda_malloc((void **)&a.x, sizeof(float) * rows * sh->in));
+        TRY(cuda_malloc((void **)&a.y, sizeof(float) * rows * sh->out));
+        fill_random_f32(a.x, (size_t)rows * sh->in);
+        for (int i = 0; i < 4; i++) mm_once(&a, i);
+    }
+    TRY(cuda_stream_sync(stream));
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    int profile_shape = -2, profile_rows = 0, attention_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
             reps = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--attention-only")) {
+            attention_only = 1;
+        } else if (!strcmp(argv[i], "--profile") && i + 2 < argc) {
+            profile_shape = atoi(argv[++i]);
+            profile_rows = atoi(argv[++i]);
         } else {
-            fprintf(stderr, "usage: %s [--reps N]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--reps N] [--attention-only] [--profile SHAPE|-1 ROWS]\n", argv[0]);
             return 2;
         }
+    }
+    if (profile_shape >= N_SHAPES || profile_shape < -2 || (profile_shape > -2 && (profile_rows < 1 || profile_rows > 64))) {
+        fprintf(stderr, "--profile: shape 0..%d or -1 (attention), rows 1..64\n", N_SHAPES - 1);
+        return 2;
     }
     if (reps < 1) reps = 1;
     if (cuda_device_count_safe() < 1) {
@@ -297,6 +403,7 @@ int main(int argc, char **argv)
         return 77;
     }
     TRY(cuda_stream_create(&stream));
+    if (profile_shape > -2) return profile_once(profile_shape, profile_rows);
     char desc[256];
     TRY(cuda_device_describe(desc, sizeof desc));
     printf("device: %s; median of %d samples\n", desc, reps);
@@ -304,6 +411,10 @@ int main(int argc, char **argv)
     const double bw = copy_bandwidth();
     printf("device-to-device copy: %.1f GB/s (read + write, 1 GiB, median)\n\n", bw * 1e-9);
 
+    if (attention_only) {
+        bench_attention(bw);
+        return 0;
+    }
     printf("%-28s %13s %4s %10s %10s %8s %7s %9s\n", "kernel", "out x in", "rows", "launch us", "graph us",
            "GB/s", "vs copy", "per frame");
     double frame_s[2] = {0, 0}, frame_fused_s[2] = {0, 0}, frame_bytes = 0;
@@ -415,41 +526,7 @@ int main(int argc, char **argv)
         cuda_free(a.y);
     }
 
-    printf("\nDecode attention, LM layer (32/8 heads x 128, bf16 KV, 10240 positions each; graph replays):\n");
-    for (int r = 0; r < 2; r++) {
-        struct att_arg a = {NULL, NULL, NULL, NULL, NULL, row_counts[r], 10240, 0};
-        const size_t kvn = (size_t)a.n_seq * a.max_len * 8 * 128;
-        TRY(cuda_malloc(&a.k, 2 * kvn));
-        TRY(cuda_malloc(&a.v, 2 * kvn));
-        fill_random_bf16(a.k, kvn);
-        fill_random_bf16(a.v, kvn);
-        TRY(cuda_malloc((void **)&a.q, sizeof(float) * a.n_seq * 4096));
-        TRY(cuda_malloc((void **)&a.out, sizeof(float) * a.n_seq * 4096));
-        fill_random_f32(a.q, (size_t)a.n_seq * 4096);
-        int lens[16];
-        for (int i = 0; i < 16; i++) lens[i] = a.max_len;
-        TRY(cuda_malloc((void **)&a.len, sizeof lens));
-        TRY(cuda_memcpy_h2d(a.len, lens, sizeof lens));
-        double t = time_median_mode(att_once, &a, 4, 1);
-        double bytes = 2.0 * 2 * kvn;
-        printf("%-28s %13s %4d %10.1f %8.0f %6.0f%%\n", "attention_decode", "10240 pos", a.n_seq, t * 1e6,
-               bytes / t * 1e-9, 100.0 * bytes / t / bw);
-        printf("    chunk sweep:");
-        for (a.chunk = 64; a.chunk <= 2048; a.chunk *= 2) {
-            double tc = time_median_mode(att_once, &a, 4, 1);
-            printf("  %d: %.1f us %.0f%%", a.chunk, tc * 1e6, 100.0 * bytes / tc / bw);
-            if (a.chunk == 256) printf("\n                ");
-        }
-        printf("\n");
-        a.chunk = 0;
-        cuda_free(a.k);
-        cuda_free(a.v);
-        cuda_free(a.q);
-        cuda_free(a.out);
-        cuda_free(a.len);
-    }
-
-    bench_attention_step();
+    bench_attention(bw);
 
     printf("\nFrame (weights only: %.2f GB of bf16 matmul weights, KV and small ops excluded):\n",
            frame_bytes * 1e-9);
