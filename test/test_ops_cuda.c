@@ -593,6 +593,16 @@ static void test_gemv_fused(void **state)
     /* Every row count (both kernels, both x tiles of the tensor-core one), k splits. */
     for (int n = 1; n <= CUDA_OPS_GEMV_MAX_ROWS; n++)
         check_fused_small(n);
+    /* Both weight tile counts of the tensor-core kernel for every variant (the
+     * small shapes above take 2 per block, the release ones 2 or 4). */
+    for (int m = 2; m <= 4; m += 2) {
+        assert_int_equal(cuda_ops_gemv_set_mma_tiles(m), 0);
+        check_fused_small(5);
+        check_fused_small(16);
+        check_fused(16, 4096, 4096, CUDA_GEMV_ADD, 0);
+    }
+    assert_int_equal(cuda_ops_gemv_set_mma_tiles(0), 0);
+    assert_int_equal(cuda_ops_gemv_set_mma_tiles(3), -EINVAL);
     /* The same with 3-4 rows on the float32 kernel (the tuning setting). */
     assert_int_equal(cuda_ops_gemv_set_mma_rows(4), 0);
     for (int n = 3; n <= 4; n++)

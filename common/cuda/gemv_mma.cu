@@ -11,7 +11,7 @@
  * consecutive k (16 bytes) of a weight row and feeds them to two MMAs; the B
  * fragment uses the same k permutation.
  *
- * Work split: a tile is 16 x MT outputs (MT = 4 by default); a block walks its share of
+ * Work split: a tile is 16 x MT outputs (MT = 2 or 4 per shape: mma_auto_tiles); a block walks its share of
  * `in` with 8 warps; when the matrix has too few tiles to fill the GPU, KS blocks (a
  * thread-block cluster) split `in` and add their partial sums through distributed
  * shared memory, in a fixed order (deterministic). The grid is one wave: never more
@@ -30,7 +30,7 @@
 
 namespace cg = cooperative_groups;
 
-enum { MMA_WARPS = 8, MMA_THREADS = MMA_WARPS * 32, MMA_KSTEP = 32, MMA_MAX_CLUSTER = 8, MMA_DEFAULT_MT = 4 };
+enum { MMA_WARPS = 8, MMA_THREADS = MMA_WARPS * 32, MMA_KSTEP = 32, MMA_MAX_CLUSTER = 8 };
 
 /* NT: 8-row tiles of x (1 for n <= 8, 2 for n <= 16). MMA_MT: 16-row tiles of W
  * per block; more tiles re-read x (from L2) fewer times per weight byte. EPI and
@@ -299,46 +299,86 @@ static int mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, i
         "cudaLaunchKernelEx(gemv_mma_kernel)");
 }
 
-/* The fused variants (default tile count only) for one x tile count. */
-template <int NT>
-static int mma_launch_fused(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out,
-                            enum cuda_gemv_epi epi, const float *wn, float eps, cudaStream_t st)
+/* cuda_ops_gemv_set_mma_tiles: 2 or 4 weight tiles per block for every launch, or
+ * (0) the choice below; -1: not yet read from MM3_MMA_MT. */
+static int mma_tiles_setting = -1;
+
+extern "C" int cuda_ops_gemv_set_mma_tiles(int m_tiles)
 {
-    constexpr int MT = MMA_DEFAULT_MT;
+    if (m_tiles != 0 && m_tiles != 2 && m_tiles != 4)
+        return mm3_errorf(-EINVAL, "cuda_ops_gemv_set_mma_tiles: %d: expected 0 (per shape), 2 or 4", m_tiles);
+    __atomic_store_n(&mma_tiles_setting, m_tiles, __ATOMIC_RELAXED);
+    return 0;
+}
+
+static int mma_forced_tiles(void)
+{
+    int m = __atomic_load_n(&mma_tiles_setting, __ATOMIC_RELAXED);
+    if (m < 0) {
+        m = cuda_env_switch("MM3_MMA_MT", 0);
+        if (m != 2 && m != 4) m = 0;
+        __atomic_store_n(&mma_tiles_setting, m, __ATOMIC_RELAXED);
+    }
+    return m;
+}
+
+/* Weight tiles per block for out x in. Four tiles read x from L2 half as often per
+ * weight byte, but a matrix with few of them is split over clusters of 4-8 blocks
+ * whose merges cost more than that: measured at 16 rows on the H200, 4096 x 4096 took
+ * 13.8 us with 2 tiles (k split in 2) against 16.8 with 4 (split in 4), 4096 x 12288
+ * 33.6 against 39.5, 24576 x 4096 66.9 against 65.0, 6144 x 4096 21.3 against 20.6. */
+enum { MMA_SPLIT_FOR_2_TILES = 4 };
+template <int NT, int EPI, bool NORM> static int mma_auto_tiles(int in, int out)
+{
+    const int forced = mma_forced_tiles();
+    if (forced) return forced;
+    int ks, grid;
+    mma_plan<NT, 4, EPI, NORM>((out + 63) / 64, in / MMA_KSTEP, &ks, &grid);
+    return ks >= MMA_SPLIT_FOR_2_TILES ? 2 : 4;
+}
+
+template <int NT, int EPI, bool NORM>
+static int mma_launch_tiles(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int m_tiles,
+                            const float *wn, float eps, cudaStream_t st)
+{
+    if (m_tiles == 0) m_tiles = mma_auto_tiles<NT, EPI, NORM>(in, out);
+    return m_tiles == 2 ? mma_launch<NT, 2, EPI, NORM>(y, x, w, n_rows, in, out, wn, eps, st)
+                        : mma_launch<NT, 4, EPI, NORM>(y, x, w, n_rows, in, out, wn, eps, st);
+}
+
+/* Every epilogue / norm variant for one x tile count. */
+template <int NT>
+static int mma_launch_variant(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int m_tiles,
+                              enum cuda_gemv_epi epi, const float *wn, float eps, cudaStream_t st)
+{
     if (wn && epi == CUDA_GEMV_SWIGLU)
-        return mma_launch<NT, MT, CUDA_GEMV_SWIGLU, true>(y, x, w, n_rows, in, out, wn, eps, st);
-    if (wn) return mma_launch<NT, MT, CUDA_GEMV_STORE, true>(y, x, w, n_rows, in, out, wn, eps, st);
+        return mma_launch_tiles<NT, CUDA_GEMV_SWIGLU, true>(y, x, w, n_rows, in, out, m_tiles, wn, eps, st);
+    if (wn) return mma_launch_tiles<NT, CUDA_GEMV_STORE, true>(y, x, w, n_rows, in, out, m_tiles, wn, eps, st);
     if (epi == CUDA_GEMV_SWIGLU)
-        return mma_launch<NT, MT, CUDA_GEMV_SWIGLU, false>(y, x, w, n_rows, in, out, wn, eps, st);
-    return mma_launch<NT, MT, CUDA_GEMV_ADD, false>(y, x, w, n_rows, in, out, wn, eps, st);
+        return mma_launch_tiles<NT, CUDA_GEMV_SWIGLU, false>(y, x, w, n_rows, in, out, m_tiles, wn, eps, st);
+    if (epi == CUDA_GEMV_ADD)
+        return mma_launch_tiles<NT, CUDA_GEMV_ADD, false>(y, x, w, n_rows, in, out, m_tiles, wn, eps, st);
+    return mma_launch_tiles<NT, CUDA_GEMV_STORE, false>(y, x, w, n_rows, in, out, m_tiles, wn, eps, st);
 }
 
 int gemv_mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int m_tiles,
                     enum cuda_gemv_epi epi, const float *norm_w, float eps, cudaStream_t st)
 {
-    if (m_tiles == 0) m_tiles = MMA_DEFAULT_MT;
-    if (m_tiles != 2 && m_tiles != 4)
-        return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_mma: %d weight tiles per block, expected 2 or 4", m_tiles);
+    if (m_tiles != 0 && m_tiles != 2 && m_tiles != 4)
+        return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_mma: %d weight tiles per block, expected 0 (auto), 2 or 4",
+                          m_tiles);
     if (n_rows < 1 || n_rows > CUDA_OPS_GEMV_MAX_ROWS || out < 1 || in < MMA_KSTEP || in % MMA_KSTEP || !y || !x || !w)
         return mm3_errorf(-EINVAL,
                           "cuda_ops_gemv_bf16_mma: %d rows, in %d, out %d: expected rows 1..%d, in a multiple of %d",
                           n_rows, in, out, CUDA_OPS_GEMV_MAX_ROWS, MMA_KSTEP);
     if (((uintptr_t)w | (uintptr_t)x) & 15)
         return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_mma: w and x must be 16-byte aligned");
-    if (norm_w || epi != CUDA_GEMV_STORE) {
-        if (epi == CUDA_GEMV_SWIGLU && out % 2)
-            return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_mma (swiglu): %d outputs, expected even", out);
-        if (norm_w && epi == CUDA_GEMV_ADD)
-            return mm3_errorf(-ENOTSUP, "cuda_ops_gemv_bf16_mma: no norm with the residual add");
-        return n_rows <= 8 ? mma_launch_fused<1>(y, x, w, n_rows, in, out, epi, norm_w, eps, st)
-                           : mma_launch_fused<2>(y, x, w, n_rows, in, out, epi, norm_w, eps, st);
-    }
-    const float *no_norm = NULL;
-    if (n_rows <= 8)
-        return m_tiles == 2 ? mma_launch<1, 2, CUDA_GEMV_STORE, false>(y, x, w, n_rows, in, out, no_norm, 0.0f, st)
-                            : mma_launch<1, 4, CUDA_GEMV_STORE, false>(y, x, w, n_rows, in, out, no_norm, 0.0f, st);
-    return m_tiles == 2 ? mma_launch<2, 2, CUDA_GEMV_STORE, false>(y, x, w, n_rows, in, out, no_norm, 0.0f, st)
-                        : mma_launch<2, 4, CUDA_GEMV_STORE, false>(y, x, w, n_rows, in, out, no_norm, 0.0f, st);
+    if (epi == CUDA_GEMV_SWIGLU && out % 2)
+        return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_mma (swiglu): %d outputs, expected even", out);
+    if (norm_w && epi == CUDA_GEMV_ADD)
+        return mm3_errorf(-ENOTSUP, "cuda_ops_gemv_bf16_mma: no norm with the residual add");
+    return n_rows <= 8 ? mma_launch_variant<1>(y, x, w, n_rows, in, out, m_tiles, epi, norm_w, eps, st)
+                       : mma_launch_variant<2>(y, x, w, n_rows, in, out, m_tiles, epi, norm_w, eps, st);
 }
 
 extern "C" int cuda_ops_gemv_bf16_mma(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out,

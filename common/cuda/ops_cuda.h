@@ -76,7 +76,7 @@ int cuda_ops_gemv_bf16_opw(float *y, const float *x, const uint16_t *w, int n_ro
 
 /* Tuning hook: the tensor-core GEMV (mma.sync, x split into bf16 hi + lo so that
  * the result keeps float32 accuracy); n_rows 1..16, in a multiple of 32, w and x
- * 16-byte aligned. m_tiles: 16-row weight tiles per block, 2 or 4 (0 = default). */
+ * 16-byte aligned. m_tiles: 16-row weight tiles per block, 2 or 4 (0: chosen per shape). */
 int cuda_ops_gemv_bf16_mma(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int m_tiles,
                            void *stream);
 
@@ -85,6 +85,10 @@ int cuda_ops_gemv_bf16_mma(float *y, const float *x, const uint16_t *w, int n_ro
  * cuda_ops_matmul_bf16 and cuda_ops_gemv_bf16_fused alike. Not for use while kernels
  * are being queued on another thread. */
 int cuda_ops_gemv_set_mma_rows(int rows);
+/* Tuning hook: 16-row weight tiles per block of the tensor-core GEMV where its caller
+ * leaves the choice (m_tiles 0): 2 or 4 for every shape, or 0 = chosen per shape (the
+ * default, or the environment's MM3_MMA_MT). Same threading rule. */
+int cuda_ops_gemv_set_mma_tiles(int m_tiles);
 
 /* y[n, out] = x[n, in] . w[out, in]^T, w bf16 (uint16 bit patterns), x and y float32.
  * n <= 2:  float32 GEMV kernel: one pass over w with 16-byte loads serves all
