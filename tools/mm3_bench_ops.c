@@ -219,49 +219,68 @@ static void step_once(void *arg, int i)
 static void fill_random_bf16(void *dev, size_t n);
 static void fill_random_f32(void *dev, size_t n);
 
+/* One layer's inputs for step_once: a cache planned for `plan` positions of n_seq
+ * sequences, random q/k/v rows and norm weights, the real RoPE frequencies. */
+static void step_arg_alloc(struct step_arg *a, int n_seq, int plan)
+{
+    memset(a, 0, sizeof *a);
+    a->n_seq = n_seq;
+    a->plan = plan;
+    const size_t kvn = (size_t)n_seq * (plan + 1) * 8 * 128;
+    TRY(cuda_malloc(&a->k, 2 * kvn));
+    TRY(cuda_malloc(&a->v, 2 * kvn));
+    fill_random_bf16(a->k, kvn);
+    fill_random_bf16(a->v, kvn);
+    TRY(cuda_malloc((void **)&a->qkv, sizeof(float) * n_seq * 6144));
+    TRY(cuda_malloc((void **)&a->out, sizeof(float) * n_seq * 4096));
+    TRY(cuda_malloc((void **)&a->qn, sizeof(float) * 128));
+    TRY(cuda_malloc((void **)&a->kn, sizeof(float) * 128));
+    TRY(cuda_malloc((void **)&a->inv_freq, sizeof(float) * 64));
+    fill_random_f32(a->qkv, (size_t)n_seq * 6144);
+    fill_random_f32(a->qn, 128);
+    fill_random_f32(a->kn, 128);
+    float freq[64];
+    for (int i = 0; i < 64; i++) freq[i] = powf(1e6f, -(float)i / 64.0f);
+    TRY(cuda_memcpy_h2d(a->inv_freq, freq, sizeof freq));
+    a->ws_bytes = cuda_ops_attention_decode_workspace_bytes(n_seq, 32, 8, 128, plan);
+    TRY(cuda_malloc((void **)&a->ws, a->ws_bytes));
+    TRY(cuda_malloc((void **)&a->len, sizeof(int) * n_seq));
+    TRY(cuda_malloc((void **)&a->pos, sizeof(int) * n_seq));
+    TRY(cuda_malloc((void **)&a->row, sizeof(int) * n_seq));
+}
+
+/* Every sequence at len positions (the new token at len - 1), sequence i in row i. */
+static void step_arg_set_len(struct step_arg *a, int len)
+{
+    int *h = malloc(sizeof(int) * 3 * a->n_seq);
+    for (int i = 0; i < a->n_seq; i++) h[i] = len, h[a->n_seq + i] = len - 1, h[2 * a->n_seq + i] = i;
+    TRY(cuda_memcpy_h2d(a->len, h, sizeof(int) * a->n_seq));
+    TRY(cuda_memcpy_h2d(a->pos, h + a->n_seq, sizeof(int) * a->n_seq));
+    TRY(cuda_memcpy_h2d(a->row, h + 2 * a->n_seq, sizeof(int) * a->n_seq));
+    free(h);
+}
+
+static void step_arg_free(struct step_arg *a)
+{
+    cuda_free(a->k), cuda_free(a->v), cuda_free(a->qkv), cuda_free(a->out), cuda_free(a->qn), cuda_free(a->kn);
+    cuda_free(a->inv_freq), cuda_free(a->ws), cuda_free(a->len), cuda_free(a->pos), cuda_free(a->row);
+}
+
 static void bench_attention_step(void)
 {
     printf("\nDecode attention step, LM layer (32/8 heads x 128, bf16 KV, planned for 5249 positions; graph "
            "replays of 8 layers' calls, us per call): norm/RoPE/store + split + combine | fused norm/RoPE/store\n");
     const int plan = 5249, seqs[2] = {2, 16}, lens[2] = {1000, 5000};
     for (int si = 0; si < 2; si++) {
-        struct step_arg a = {0};
-        a.n_seq = seqs[si];
-        a.plan = plan;
-        const size_t kvn = (size_t)a.n_seq * (plan + 1) * 8 * 128;
-        TRY(cuda_malloc(&a.k, 2 * kvn));
-        TRY(cuda_malloc(&a.v, 2 * kvn));
-        fill_random_bf16(a.k, kvn);
-        fill_random_bf16(a.v, kvn);
-        TRY(cuda_malloc((void **)&a.qkv, sizeof(float) * a.n_seq * 6144));
-        TRY(cuda_malloc((void **)&a.out, sizeof(float) * a.n_seq * 4096));
-        TRY(cuda_malloc((void **)&a.qn, sizeof(float) * 128));
-        TRY(cuda_malloc((void **)&a.kn, sizeof(float) * 128));
-        TRY(cuda_malloc((void **)&a.inv_freq, sizeof(float) * 64));
-        fill_random_f32(a.qkv, (size_t)a.n_seq * 6144);
-        fill_random_f32(a.qn, 128);
-        fill_random_f32(a.kn, 128);
-        float freq[64];
-        for (int i = 0; i < 64; i++) freq[i] = powf(1e6f, -(float)i / 64.0f);
-        TRY(cuda_memcpy_h2d(a.inv_freq, freq, sizeof freq));
-        a.ws_bytes = cuda_ops_attention_decode_workspace_bytes(a.n_seq, 32, 8, 128, plan);
-        TRY(cuda_malloc((void **)&a.ws, a.ws_bytes));
-        TRY(cuda_malloc((void **)&a.len, sizeof(int) * a.n_seq));
-        TRY(cuda_malloc((void **)&a.pos, sizeof(int) * a.n_seq));
-        TRY(cuda_malloc((void **)&a.row, sizeof(int) * a.n_seq));
+        struct step_arg a;
+        step_arg_alloc(&a, seqs[si], plan);
         for (int li = 0; li < 2; li++) {
-            int h_len[16], h_pos[16], h_row[16];
-            for (int i = 0; i < a.n_seq; i++) h_len[i] = lens[li], h_pos[i] = lens[li] - 1, h_row[i] = i;
-            TRY(cuda_memcpy_h2d(a.len, h_len, sizeof(int) * a.n_seq));
-            TRY(cuda_memcpy_h2d(a.pos, h_pos, sizeof(int) * a.n_seq));
-            TRY(cuda_memcpy_h2d(a.row, h_row, sizeof(int) * a.n_seq));
+            step_arg_set_len(&a, lens[li]);
             double t[2];
             for (a.mode = 0; a.mode < 2; a.mode++) t[a.mode] = time_median_mode(step_once, &a, 8, 1);
             printf("  %2d sequences at %4d positions: %7.1f | %7.1f us\n", a.n_seq, lens[li], t[0] * 1e6, t[1] * 1e6);
         }
-        cuda_free(a.k), cuda_free(a.v), cuda_free(a.qkv), cuda_free(a.out), cuda_free(a.qn), cuda_free(a.kn);
-        cuda_free(a.inv_freq), cuda_free(a.ws), cuda_free(a.len), cuda_free(a.pos);
-        cuda_free(a.row);
+        step_arg_free(&a);
     }
 }
 
@@ -330,37 +349,13 @@ static void bench_attention(double bw)
 static int profile_once(int shape, int rows)
 {
     if (shape < 0) {
-        struct step_arg a = {0};
-        a.n_seq = rows;
-        a.plan = 5249;
+        struct step_arg a;
+        step_arg_alloc(&a, rows, 5249);
+        step_arg_set_len(&a, 1000);
         a.mode = 1;
-        const size_t kvn = (size_t)a.n_seq * (a.plan + 1) * 8 * 128;
-        TRY(cuda_malloc(&a.k, 2 * kvn));
-        TRY(cuda_malloc(&a.v, 2 * kvn));
-        fill_random_bf16(a.k, kvn);
-        fill_random_bf16(a.v, kvn);
-        TRY(cuda_malloc((void **)&a.qkv, sizeof(float) * a.n_seq * 6144));
-        TRY(cuda_malloc((void **)&a.out, sizeof(float) * a.n_seq * 4096));
-        TRY(cuda_malloc((void **)&a.qn, sizeof(float) * 128));
-        TRY(cuda_malloc((void **)&a.kn, sizeof(float) * 128));
-        TRY(cuda_malloc((void **)&a.inv_freq, sizeof(float) * 64));
-        fill_random_f32(a.qkv, (size_t)a.n_seq * 6144);
-        fill_random_f32(a.qn, 128);
-        fill_random_f32(a.kn, 128);
-        fill_random_f32(a.inv_freq, 64);
-        a.ws_bytes = cuda_ops_attention_decode_workspace_bytes(a.n_seq, 32, 8, 128, a.plan);
-        TRY(cuda_malloc((void **)&a.ws, a.ws_bytes));
-        TRY(cuda_malloc((void **)&a.len, sizeof(int) * a.n_seq));
-        TRY(cuda_malloc((void **)&a.pos, sizeof(int) * a.n_seq));
-        TRY(cuda_malloc((void **)&a.row, sizeof(int) * a.n_seq));
-        int h[64][3];
-        for (int i = 0; i < a.n_seq && i < 64; i++) h[i][0] = 1000, h[i][1] = 999, h[i][2] = i;
-        for (int i = 0; i < a.n_seq && i < 64; i++) {
-            TRY(cuda_memcpy_h2d(a.len + i, &h[i][0], sizeof(int)));
-            TRY(cuda_memcpy_h2d(a.pos + i, &h[i][1], sizeof(int)));
-            TRY(cuda_memcpy_h2d(a.row + i, &h[i][2], sizeof(int)));
-        }
         for (int i = 0; i < 4; i++) step_once(&a, i);
+        TRY(cuda_stream_sync(stream));
+        step_arg_free(&a);
     } else {
         const struct shape *sh = &shapes[shape];
         const size_t wn = (size_t)sh->out * sh->in;
@@ -372,8 +367,9 @@ static int profile_once(int shape, int rows)
         TRY(cuda_malloc((void **)&a.y, sizeof(float) * rows * sh->out));
         fill_random_f32(a.x, (size_t)rows * sh->in);
         for (int i = 0; i < 4; i++) mm_once(&a, i);
+        TRY(cuda_stream_sync(stream));
+        cuda_free(w), cuda_free(a.x), cuda_free(a.y);
     }
-    TRY(cuda_stream_sync(stream));
     return 0;
 }
 
