@@ -833,6 +833,7 @@ static void test_attention_qkv(void **state)
         {2, 32, 8, 128, 128, 1, 10240, {1, 1000}, 0, CUDA_KV_BF16},  /* LM, CFG pair */
         {3, 32, 8, 128, 128, 1, 6000, {5000, 4097}, 1, CUDA_KV_BF16}, /* + a graph padding token */
         {3, 12, 4, 64, 32, 1, 700, {700, 65}, 1, CUDA_KV_F32},        /* partial rotary, group 3 */
+        {3, 12, 4, 64, 32, 1, 700, {700, 65}, 1, CUDA_KV_BF16},       /* ... on the tensor-core kernel */
         {2, 16, 16, 256, 128, 0, 300, {300, 2}, 0, CUDA_KV_BF16},     /* no norm, group 1 */
         {2, 16, 2, 32, 32, 1, 200, {129, 64}, 0, CUDA_KV_F32},        /* group 8 */
     };
