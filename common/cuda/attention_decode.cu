@@ -299,9 +299,8 @@ static void att_plan(int n_seq, int n_kv_heads, int max_kv_len, int chunk_positi
 /* MM3_ATT_MMA=0: the CUDA-core kernel where the tensor-core one fits (measuring). */
 static int att_use_mma(void)
 {
-    static int state = -1; /* benign race: every thread computes the same value */
-    if (state < 0) state = cuda_env_switch("MM3_ATT_MMA", 1);
-    return state;
+    static int state = -1;
+    return cuda_env_switch(&state, "MM3_ATT_MMA", 1);
 }
 
 /* The tensor-core kernel's split count: one wave of its blocks (it keeps more bytes

@@ -18,19 +18,23 @@ extern "C" int cuda_device_count_safe(void)
     return n;
 }
 
-extern "C" int cuda_env_switch(const char *name, int unset)
+/* Threads racing on the first read all store the same value. */
+extern "C" int cuda_env_switch(int *slot, const char *name, int unset)
 {
-    const char *v = getenv(name);
-    if (v && v[0] >= '0' && v[0] <= '9' && v[1] == '\0') return v[0] - '0';
-    return unset;
+    int v = __atomic_load_n(slot, __ATOMIC_RELAXED);
+    if (v < 0) {
+        const char *e = getenv(name);
+        v = e && e[0] >= '0' && e[0] <= '9' && e[1] == '\0' ? e[0] - '0' : unset;
+        __atomic_store_n(slot, v, __ATOMIC_RELAXED);
+    }
+    return v;
 }
 
-/* common/cuda/pdl.cuh: on unless MM3_PDL=0. Read once; every launch asks. */
+/* common/cuda/pdl.cuh: on unless MM3_PDL=0. Every launch asks. */
 extern "C" int cuda_pdl_enabled(void)
 {
-    static int state = -1; /* benign race: every thread computes the same value */
-    if (state < 0) state = cuda_env_switch("MM3_PDL", 1);
-    return state;
+    static int state = -1;
+    return cuda_env_switch(&state, "MM3_PDL", 1);
 }
 
 extern "C" int cuda_device_set(int device)

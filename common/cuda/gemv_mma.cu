@@ -213,9 +213,8 @@ __global__ void __launch_bounds__(MMA_THREADS)
  * spread; left on with the rest). */
 static int mma_pdl(void)
 {
-    static int state = -1; /* benign race: every thread computes the same value */
-    if (state < 0) state = cuda_env_switch("MM3_PDL_MMA", 1);
-    return state;
+    static int state = -1;
+    return cuda_env_switch(&state, "MM3_PDL_MMA", 1);
 }
 
 /* Clusters of ks blocks of this kernel that fit on the GPU at once (cached per
@@ -248,9 +247,8 @@ template <int NT, int MT, int EPI, bool NORM> static int mma_resident_clusters(i
  * (measuring). */
 static int mma_balance(void)
 {
-    static int state = -1; /* benign race, as mma_pdl */
-    if (state < 0) state = cuda_env_switch("MM3_MMA_BALANCE", 1);
-    return state;
+    static int state = -1;
+    return cuda_env_switch(&state, "MM3_MMA_BALANCE", 1);
 }
 
 /* One wave. Clusters of ks blocks split `in` (ks = 1: none); each cluster takes `per`
@@ -313,13 +311,8 @@ extern "C" int cuda_ops_gemv_set_mma_tiles(int m_tiles)
 
 static int mma_forced_tiles(void)
 {
-    int m = __atomic_load_n(&mma_tiles_setting, __ATOMIC_RELAXED);
-    if (m < 0) {
-        m = cuda_env_switch("MM3_MMA_MT", 0);
-        if (m != 2 && m != 4) m = 0;
-        __atomic_store_n(&mma_tiles_setting, m, __ATOMIC_RELAXED);
-    }
-    return m;
+    const int m = cuda_env_switch(&mma_tiles_setting, "MM3_MMA_MT", 0);
+    return m == 2 || m == 4 ? m : 0;
 }
 
 /* Weight tiles per block for out x in. Four tiles read x from L2 half as often per

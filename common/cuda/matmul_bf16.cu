@@ -21,17 +21,12 @@ enum { GEMV_THREADS = 256, GEMV_WARPS = GEMV_THREADS / 32 };
 /* Row counts above mma_rows go to the tensor-core kernel (gemv_mma.cu): 2 by default
  * (cuda_ops_gemv_set_mma_rows). */
 enum { GEMV_MMA_ROWS_DEFAULT = 2, GEMV_MMA_ROWS_MAX = 4 }; /* the float32 fused kernel exists up to 4 */
-static int mma_rows_setting;                               /* 0: not yet read */
+static int mma_rows_setting = -1;                          /* -1: not yet read */
 
 static int mma_rows(void)
 {
-    int r = __atomic_load_n(&mma_rows_setting, __ATOMIC_RELAXED);
-    if (r == 0) {
-        r = cuda_env_switch("MM3_GEMV_MMA_ROWS", GEMV_MMA_ROWS_DEFAULT);
-        if (r < GEMV_MMA_ROWS_DEFAULT || r > GEMV_MMA_ROWS_MAX) r = GEMV_MMA_ROWS_DEFAULT;
-        __atomic_store_n(&mma_rows_setting, r, __ATOMIC_RELAXED);
-    }
-    return r;
+    const int r = cuda_env_switch(&mma_rows_setting, "MM3_GEMV_MMA_ROWS", GEMV_MMA_ROWS_DEFAULT);
+    return r < GEMV_MMA_ROWS_DEFAULT || r > GEMV_MMA_ROWS_MAX ? GEMV_MMA_ROWS_DEFAULT : r;
 }
 
 extern "C" int cuda_ops_gemv_set_mma_rows(int rows)
@@ -39,7 +34,7 @@ extern "C" int cuda_ops_gemv_set_mma_rows(int rows)
     if (rows != 0 && (rows < GEMV_MMA_ROWS_DEFAULT || rows > GEMV_MMA_ROWS_MAX))
         return mm3_errorf(-EINVAL, "cuda_ops_gemv_set_mma_rows: %d: expected 0 (default) or %d..%d", rows,
                           GEMV_MMA_ROWS_DEFAULT, GEMV_MMA_ROWS_MAX);
-    __atomic_store_n(&mma_rows_setting, rows, __ATOMIC_RELAXED);
+    __atomic_store_n(&mma_rows_setting, rows ? rows : -1, __ATOMIC_RELAXED); /* 0: read the environment again */
     return 0;
 }
 
@@ -465,8 +460,8 @@ static int gemv_fused_rows(float *y, const float *x, const uint16_t *w, int in, 
 
 extern "C" int cuda_ops_gemv_fused_pays(int n_rows)
 {
-    static int mode = -1; /* MM3_GEMV_FUSE: 0 never, 1 always, else (2) by row count */
-    if (mode < 0) mode = cuda_env_switch("MM3_GEMV_FUSE", 2);
+    static int state = -1;
+    const int mode = cuda_env_switch(&state, "MM3_GEMV_FUSE", 2); /* 0 never, 1 always, else by row count */
     if (n_rows < 1 || n_rows > CUDA_OPS_GEMV_MAX_ROWS || mode == 0) return 0;
     return mode == 1 || n_rows <= 2 || n_rows > mma_rows();
 }

@@ -26,8 +26,9 @@ extern "C" {
 
 /* The measuring switches of the GPU paths (MM3_PDL, MM3_GEMV_FUSE, ...; listed in
  * docs/operations.md): the digit when the variable is one digit ("0", "1", "2"...),
- * else `unset`. Callers read it once and keep it. */
-int cuda_env_switch(const char *name, int unset);
+ * else `unset`; read once into *slot (a static of the caller, -1 until then, which a
+ * tuning hook may also set) and taken from there afterwards. */
+int cuda_env_switch(int *slot, const char *name, int unset);
 
 /* Number of CUDA devices, 0 on any error (no driver, no device, error 35 ...). */
 int cuda_device_count_safe(void);

@@ -233,9 +233,8 @@ static int split_k_fits(const struct talker_config *c)
 /* MM3_ATT_FUSE=0: decode through the separate norm/RoPE/store kernel (measuring). */
 static int attention_fused(void)
 {
-    static int state = -1; /* benign race: every thread computes the same value */
-    if (state < 0) state = cuda_env_switch("MM3_ATT_FUSE", 1);
-    return state;
+    static int state = -1;
+    return cuda_env_switch(&state, "MM3_ATT_FUSE", 1);
 }
 
 /* Layer li's attention on the QKV rows in s->qkv into s->o. Split-K decode: q and k
