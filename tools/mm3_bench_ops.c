@@ -22,6 +22,7 @@
 
 #include "common/dtype.h"
 #include "common/error.h"
+#include "common/ops.h"
 #include "tools/bench_median.h"
 
 #ifdef MM3_HAVE_CUDA
@@ -240,7 +241,7 @@ static void step_arg_alloc(struct step_arg *a, int n_seq, int plan)
     fill_random_f32(a->qn, 128);
     fill_random_f32(a->kn, 128);
     float freq[64];
-    for (int i = 0; i < 64; i++) freq[i] = powf(1e6f, -(float)i / 64.0f);
+    op_rope_inv_freq(freq, 1e6, 128); /* the release's rope_theta and head_dim */
     TRY(cuda_memcpy_h2d(a->inv_freq, freq, sizeof freq));
     a->ws_bytes = cuda_ops_attention_decode_workspace_bytes(n_seq, 32, 8, 128, plan);
     TRY(cuda_malloc((void **)&a->ws, a->ws_bytes));

@@ -121,10 +121,7 @@ __global__ void kv_store_pair_kernel(KT *__restrict__ kc, KT *__restrict__ vc, c
     KT *dst = (blockIdx.z ? vc : kc) + (size_t)row[i] * row_stride + (size_t)pos[i] * pos_stride;
     const float *src = (blockIdx.z ? v : k) + (size_t)i * src_stride;
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < width; c += gridDim.x * blockDim.x) {
-        if constexpr (sizeof(KT) == 2)
-            dst[c] = kv_narrow<uint16_t>(src[c]);
-        else
-            dst[c] = src[c];
+        dst[c] = kv_narrow<KT>(src[c]);
     }
 }
 
@@ -176,10 +173,7 @@ __global__ void qkv_norm_rope_store_kernel(float *qkv, int n, int n_heads, int n
         const int g = h - n_heads - n_kv_heads;
         KT *dst = vc + (size_t)row[t] * row_stride + (size_t)pos[t] * pos_stride + (size_t)g * D;
         for (int i = lane; i < D; i += 32) {
-            if constexpr (sizeof(KT) == 2)
-                dst[i] = kv_narrow<uint16_t>(u[i]);
-            else
-                dst[i] = u[i];
+            dst[i] = kv_narrow<KT>(u[i]);
         }
         return;
     }
@@ -189,10 +183,7 @@ __global__ void qkv_norm_rope_store_kernel(float *qkv, int n, int n_heads, int n
     __syncwarp(); /* the store reads elements other lanes' RoPE wrote */
     KT *dst = kc + (size_t)row[t] * row_stride + (size_t)pos[t] * pos_stride + (size_t)(h - n_heads) * D;
     for (int i = lane; i < D; i += 32) {
-        if constexpr (sizeof(KT) == 2)
-            dst[i] = kv_narrow<uint16_t>(u[i]);
-        else
-            dst[i] = u[i];
+        dst[i] = kv_narrow<KT>(u[i]);
     }
 }
 
