@@ -30,6 +30,19 @@
 
 namespace cg = cooperative_groups;
 
+/* A weight load, read once (evict first), with the L2 prefetch-size hint of 256
+ * bytes: a lane reads 64 bytes of a row per k step, so L2 fetches the row's next
+ * three steps with this one. Measured at 16 rows on the H200: LM down_proj 33.0 ->
+ * 32.3 us, head 40.4 -> 38.0 (MT=4); 8 pairs 11.10 -> 10.85 ms/frame in one call. */
+__device__ __forceinline__ uint4 mma_weight_load(const uint4 *p)
+{
+    uint4 v;
+    asm volatile("ld.global.cs.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
 enum { MMA_WARPS = 8, MMA_THREADS = MMA_WARPS * 32, MMA_KSTEP = 32, MMA_MAX_CLUSTER = 8 };
 
 /* NT: 8-row tiles of x (1 for n <= 8, 2 for n <= 16). MMA_MT: 16-row tiles of W
@@ -97,7 +110,7 @@ __global__ void __launch_bounds__(MMA_THREADS)
             for (int mt = 0; mt < MMA_MT; mt++)
 #pragma unroll
                 for (int h = 0; h < 2; h++)
-                    wa[mt][h] = __ldcs(wr[mt][h] + kq);
+                    wa[mt][h] = mma_weight_load(wr[mt][h] + kq);
             uint32_t bh[NT][4], bl[NT][4];
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
