@@ -11,7 +11,7 @@
  * consecutive k (16 bytes) of a weight row and feeds them to two MMAs; the B
  * fragment uses the same k permutation.
  *
- * Work split: a tile is 16 x MT outputs (MT = 2 or 4 per shape: mma_auto_tiles); a block walks its share of
+ * Work split: a tile is 16 x MT outputs (MT = 2, or 4 when forced: mma_auto_tiles); a block walks its share of
  * `in` with 8 warps; when the matrix has too few tiles to fill the GPU, KS blocks (a
  * thread-block cluster) split `in` and add their partial sums through distributed
  * shared memory, in a fixed order (deterministic). The grid is one wave: never more
@@ -43,6 +43,31 @@ __device__ __forceinline__ uint4 mma_weight_load(const uint4 *p)
     return v;
 }
 
+/* This lane's weight rows of a tile: g and g + 8 of each 16-row M tile (clamped past `out`). */
+template <int MT>
+__device__ __forceinline__ void mma_tile_rows(const uint4 *(&wr)[MT][2], const uint16_t *w, int tile, int in, int out,
+                                              int g, int t)
+{
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int o = tile * 16 * MT + mt * 16 + h * 8 + g;
+            o = o < out ? o : out - 1;
+            wr[mt][h] = (const uint4 *)(w + (size_t)o * in + 8 * t);
+        }
+}
+
+template <int MT>
+__device__ __forceinline__ void mma_load_step(uint4 (&wa)[MT][2], const uint4 *const (&wr)[MT][2], int st)
+{
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            wa[mt][h] = mma_weight_load(wr[mt][h] + st * 4); /* 4 uint4 = one 32-wide k step */
+}
+
 enum { MMA_WARPS = 8, MMA_THREADS = MMA_WARPS * 32, MMA_KSTEP = 32, MMA_MAX_CLUSTER = 8 };
 
 /* NT: 8-row tiles of x (1 for n <= 8, 2 for n <= 16). MMA_MT: 16-row tiles of W
@@ -50,9 +75,9 @@ enum { MMA_WARPS = 8, MMA_THREADS = MMA_WARPS * 32, MMA_KSTEP = 32, MMA_MAX_CLUS
  * NORM: as cuda_ops_gemv_bf16_fused (the k-split blocks of a cluster each sum x^2
  * over their share of the row and rank 0 adds them up with the partial products). */
 template <int NT, int MMA_MT, int EPI, bool NORM>
-__global__ void __launch_bounds__(MMA_THREADS)
+__global__ void __launch_bounds__(MMA_THREADS, 2)
     gemv_mma_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int n_rows,
-                    int in, int out, int ks, int tiles, const float *__restrict__ wn, float eps)
+                    int in, int out, int ks, int tiles, const float *__restrict__ wn, float eps, int pre)
 {
     pdl_launch_dependents();
     constexpr int MMA_OUT = 16 * MMA_MT;
@@ -75,20 +100,27 @@ __global__ void __launch_bounds__(MMA_THREADS)
     const int steps = in / MMA_KSTEP;
     const int stride = MMA_WARPS * ks;
     const int ncols = 8 * NT;
-    pdl_wait();
+    const int st0 = rank * MMA_WARPS + warp;
+    /* Two k steps of weights in registers (steps st and st + stride of the tile); the
+     * first tile's are loaded before pdl_wait when `pre` (weights are no earlier
+     * kernel's output), so a block placed while the previous kernel finishes streams. */
+    const uint4 *wr[MMA_MT][2];
+    uint4 wa[2][MMA_MT][2];
+    if (!pre) pdl_wait();
+    if (blockIdx.x < tiles) {
+        mma_tile_rows<MMA_MT>(wr, w, blockIdx.x, in, out, g, t);
+        if (st0 < steps) mma_load_step<MMA_MT>(wa[0], wr, st0);
+        if (st0 + stride < steps) mma_load_step<MMA_MT>(wa[1], wr, st0 + stride);
+    }
+    if (pre) pdl_wait();
 
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         const int o0 = tile * MMA_OUT;
-        /* Weight rows this lane reads: g and g+8 of each M tile (clamped past `out`). */
-        const uint4 *wr[MMA_MT][2];
-#pragma unroll
-        for (int mt = 0; mt < MMA_MT; mt++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                int o = o0 + mt * 16 + h * 8 + g;
-                o = o < out ? o : out - 1;
-                wr[mt][h] = (const uint4 *)(w + (size_t)o * in + 8 * t);
-            }
+        if (tile != (int)blockIdx.x) {
+            mma_tile_rows<MMA_MT>(wr, w, tile, in, out, g, t);
+            if (st0 < steps) mma_load_step<MMA_MT>(wa[0], wr, st0);
+            if (st0 + stride < steps) mma_load_step<MMA_MT>(wa[1], wr, st0 + stride);
+        }
         float acc[MMA_MT][NT][4];
 #pragma unroll
         for (int mt = 0; mt < MMA_MT; mt++)
@@ -102,46 +134,47 @@ __global__ void __launch_bounds__(MMA_THREADS)
         for (int nt = 0; nt < NT; nt++)
             ss[nt] = 0.0f;
 
-#pragma unroll 2
-        for (int st = rank * MMA_WARPS + warp; st < steps; st += stride) {
-            const int kq = st * (MMA_KSTEP / 8); /* offset in uint4 (8 bf16) units */
-            uint4 wa[MMA_MT][2];
+        for (int st = st0; st < steps; st += 2 * stride) {
 #pragma unroll
-            for (int mt = 0; mt < MMA_MT; mt++)
+            for (int b = 0; b < 2; b++) {
+                const int sb = st + b * stride;
+                if (sb < steps) {
+                    const int kq = sb * (MMA_KSTEP / 8); /* offset in uint4 (8 bf16) units */
+                    uint32_t bh[NT][4], bl[NT][4];
 #pragma unroll
-                for (int h = 0; h < 2; h++)
-                    wa[mt][h] = mma_weight_load(wr[mt][h] + kq);
-            uint32_t bh[NT][4], bl[NT][4];
+                    for (int nt = 0; nt < NT; nt++) {
+                        float4 p = make_float4(0.f, 0.f, 0.f, 0.f), q = p;
+                        if (xv[nt]) {
+                            p = __ldg(xr[nt] + 2 * kq);
+                            q = __ldg(xr[nt] + 2 * kq + 1);
+                        }
+                        if (NORM) {
+                            const float4 *nr = (const float4 *)(wn + 8 * t) + 2 * kq;
+                            const float4 na = __ldg(nr), nb = __ldg(nr + 1);
+                            ss[nt] = fmaf(p.x, p.x, fmaf(p.y, p.y, fmaf(p.z, p.z, fmaf(p.w, p.w, ss[nt]))));
+                            ss[nt] = fmaf(q.x, q.x, fmaf(q.y, q.y, fmaf(q.z, q.z, fmaf(q.w, q.w, ss[nt]))));
+                            p = make_float4(p.x * na.x, p.y * na.y, p.z * na.z, p.w * na.w);
+                            q = make_float4(q.x * nb.x, q.y * nb.y, q.z * nb.z, q.w * nb.w);
+                        }
+                        split_pair(p.x, p.y, &bh[nt][0], &bl[nt][0]);
+                        split_pair(p.z, p.w, &bh[nt][1], &bl[nt][1]);
+                        split_pair(q.x, q.y, &bh[nt][2], &bl[nt][2]);
+                        split_pair(q.z, q.w, &bh[nt][3], &bl[nt][3]);
+                    }
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                float4 p = make_float4(0.f, 0.f, 0.f, 0.f), q = p;
-                if (xv[nt]) {
-                    p = __ldg(xr[nt] + 2 * kq);
-                    q = __ldg(xr[nt] + 2 * kq + 1);
+                    for (int mt = 0; mt < MMA_MT; mt++)
+#pragma unroll
+                        for (int nt = 0; nt < NT; nt++) {
+                            /* k pairs (0,1),(2,3) of the 8 -> MMA 1; (4,5),(6,7) -> MMA 2. */
+                            const uint4 a0 = wa[b][mt][0], a1 = wa[b][mt][1];
+                            mma_bf16(acc[mt][nt], a0.x, a1.x, a0.y, a1.y, bh[nt][0], bh[nt][1]);
+                            mma_bf16(acc[mt][nt], a0.z, a1.z, a0.w, a1.w, bh[nt][2], bh[nt][3]);
+                            mma_bf16(acc[mt][nt], a0.x, a1.x, a0.y, a1.y, bl[nt][0], bl[nt][1]);
+                            mma_bf16(acc[mt][nt], a0.z, a1.z, a0.w, a1.w, bl[nt][2], bl[nt][3]);
+                        }
+                    if (sb + 2 * stride < steps) mma_load_step<MMA_MT>(wa[b], wr, sb + 2 * stride);
                 }
-                if (NORM) {
-                    const float4 *nr = (const float4 *)(wn + 8 * t) + 2 * kq;
-                    const float4 na = __ldg(nr), nb = __ldg(nr + 1);
-                    ss[nt] = fmaf(p.x, p.x, fmaf(p.y, p.y, fmaf(p.z, p.z, fmaf(p.w, p.w, ss[nt]))));
-                    ss[nt] = fmaf(q.x, q.x, fmaf(q.y, q.y, fmaf(q.z, q.z, fmaf(q.w, q.w, ss[nt]))));
-                    p = make_float4(p.x * na.x, p.y * na.y, p.z * na.z, p.w * na.w);
-                    q = make_float4(q.x * nb.x, q.y * nb.y, q.z * nb.z, q.w * nb.w);
-                }
-                split_pair(p.x, p.y, &bh[nt][0], &bl[nt][0]);
-                split_pair(p.z, p.w, &bh[nt][1], &bl[nt][1]);
-                split_pair(q.x, q.y, &bh[nt][2], &bl[nt][2]);
-                split_pair(q.z, q.w, &bh[nt][3], &bl[nt][3]);
             }
-#pragma unroll
-            for (int mt = 0; mt < MMA_MT; mt++)
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    /* k pairs (0,1),(2,3) of the 8 -> MMA 1; (4,5),(6,7) -> MMA 2. */
-                    mma_bf16(acc[mt][nt], wa[mt][0].x, wa[mt][1].x, wa[mt][0].y, wa[mt][1].y, bh[nt][0], bh[nt][1]);
-                    mma_bf16(acc[mt][nt], wa[mt][0].z, wa[mt][1].z, wa[mt][0].w, wa[mt][1].w, bh[nt][2], bh[nt][3]);
-                    mma_bf16(acc[mt][nt], wa[mt][0].x, wa[mt][1].x, wa[mt][0].y, wa[mt][1].y, bl[nt][0], bl[nt][1]);
-                    mma_bf16(acc[mt][nt], wa[mt][0].z, wa[mt][1].z, wa[mt][0].w, wa[mt][1].w, bl[nt][2], bl[nt][3]);
-                }
         }
 
         /* C fragment: c0,c1 -> (out mt*16+g, x rows nt*8+2t+{0,1}); c2,c3 -> out +8. Layout [o][n]. */
@@ -219,6 +252,14 @@ __global__ void __launch_bounds__(MMA_THREADS)
         }
         cluster.sync(); /* keep the other blocks' block_sum alive until rank 0 has read it */
     }
+}
+
+/* MM3_MMA_PRE=0: the first weight loads after griddepcontrol.wait (measuring; on:
+ * 2 pairs 8.39 -> 8.16 ms/frame, 8 pairs 10.83 -> 10.64 in one call). */
+static int mma_switch_pre(void)
+{
+    static int state = -1;
+    return cuda_env_switch(&state, "MM3_MMA_PRE", 1);
 }
 
 /* MM3_PDL_MMA=0: this kernel without the PDL attribute even where the rest has it
@@ -305,9 +346,9 @@ static int mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, i
     attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1 + (mma_pdl() ? pdl_attr(&attr[1]) : 0);
-    return cuda_status(
-        cudaLaunchKernelEx(&cfg, gemv_mma_kernel<NT, MT, EPI, NORM>, y, x, w, n_rows, in, out, ks, tiles, wn, eps),
-        "cudaLaunchKernelEx(gemv_mma_kernel)");
+    return cuda_status(cudaLaunchKernelEx(&cfg, gemv_mma_kernel<NT, MT, EPI, NORM>, y, x, w, n_rows, in, out, ks, tiles,
+                                          wn, eps, mma_switch_pre()),
+                       "cudaLaunchKernelEx(gemv_mma_kernel)");
 }
 
 /* cuda_ops_gemv_set_mma_tiles: 2 or 4 weight tiles per block for every launch, or
@@ -328,19 +369,15 @@ static int mma_forced_tiles(void)
     return m == 2 || m == 4 ? m : 0;
 }
 
-/* Weight tiles per block for out x in. Four tiles read x from L2 half as often per
- * weight byte, but a matrix with few of them is split over clusters of 4-8 blocks
- * whose merges cost more than that: measured at 16 rows on the H200, 4096 x 4096 took
- * 13.8 us with 2 tiles (k split in 2) against 16.8 with 4 (split in 4), 4096 x 12288
- * 33.6 against 39.5, 24576 x 4096 66.9 against 65.0, 6144 x 4096 21.3 against 20.6. */
-enum { MMA_SPLIT_FOR_2_TILES = 4 };
+/* Weight tiles per block: 2 unless forced. With two k steps of weights held per warp
+ * (the kernel's pipeline), 4 tiles need more than the 128 registers that keep two
+ * blocks per SM and spill; measured with 2 everywhere against the kernel before the
+ * pipeline with 2 or 4 per shape: 2 pairs 9.13 -> 8.16 ms/frame, 8 pairs 10.83 -> 10.64. */
 template <int NT, int EPI, bool NORM> static int mma_auto_tiles(int in, int out)
 {
+    (void)in, (void)out;
     const int forced = mma_forced_tiles();
-    if (forced) return forced;
-    int ks, grid;
-    mma_plan<NT, 4, EPI, NORM>((out + 63) / 64, in / MMA_KSTEP, &ks, &grid);
-    return ks >= MMA_SPLIT_FOR_2_TILES ? 2 : 4;
+    return forced ? forced : 2;
 }
 
 template <int NT, int EPI, bool NORM>

@@ -87,8 +87,8 @@ int cuda_ops_gemv_bf16_mma(float *y, const float *x, const uint16_t *w, int n_ro
  * are being queued on another thread. */
 int cuda_ops_gemv_set_mma_rows(int rows);
 /* Tuning hook: 16-row weight tiles per block of the tensor-core GEMV where its caller
- * leaves the choice (m_tiles 0): 2 or 4 for every shape, or 0 = chosen per shape (the
- * default, or the environment's MM3_MMA_MT). Same threading rule. */
+ * leaves the choice (m_tiles 0): 2 or 4 for every shape, or 0 = the default (2, or
+ * the environment's MM3_MMA_MT). Same threading rule. */
 int cuda_ops_gemv_set_mma_tiles(int m_tiles);
 
 /* y[n, out] = x[n, in] . w[out, in]^T, w bf16 (uint16 bit patterns), x and y float32.
