@@ -33,6 +33,7 @@
 #include "stage0/talker_backend.h"
 #ifdef MM3_HAVE_CUDA
 #include "common/cuda/ops_cuda.h"
+#include "stage0/cuda/depth_cuda.h"
 #include "stage0/cuda/depth_kernels.h"
 #include "stage0/cuda/talker_kernels.h"
 #endif
@@ -872,7 +873,71 @@ static void test_qkv_norm_rope_store_fused(void **state)
     check_qkv_fused(32, 8, 128, CUDA_KV_BF16);
     check_qkv_fused(32, 8, 128, CUDA_KV_F32);
 }
+
+/* Positions 0 and 1 in one pass (depth_cuda_step01_dev, the frame step's first depth
+ * call) against the CPU decoder run position by position, then position 2 on both,
+ * which attends to what the pass left in the caches. */
+static void check_depth_step01(const struct depth *d, int n)
+{
+    const int H = d->cfg.hidden;
+    const size_t nh = (size_t)n * H;
+    struct depth_state cs;
+    struct depth_cuda *dc = NULL;
+    assert_int_equal(depth_state_init(&cs, d, n), 0);
+    assert_int_equal(depth_cuda_create(&dc, d, n), 0);
+    assert_true(depth_cuda_step01_fits(dc, n));
+    float *x = malloc(sizeof(float) * 3 * nh), *ref = malloc(sizeof(float) * nh), *got = malloc(sizeof(float) * nh);
+    float *dx = NULL, *dout = NULL;
+    assert_true(x && ref && got);
+    assert_int_equal(cuda_malloc((void **)&dx, sizeof(float) * 3 * nh), 0);
+    assert_int_equal(cuda_malloc((void **)&dout, sizeof(float) * nh), 0);
+    for (size_t i = 0; i < 3 * nh; i++)
+        x[i] = frand();
+    assert_int_equal(cuda_memcpy_h2d(dx, x, sizeof(float) * 3 * nh), 0);
+    assert_int_equal(depth_step(d, &cs, n, x, 0, ref), 0);
+    assert_int_equal(depth_step(d, &cs, n, x + nh, 1, ref), 0);
+    assert_int_equal(depth_cuda_step01_dev(dc, n, dx, dx + nh, dout, NULL), 0);
+    assert_int_equal(cuda_stream_sync(NULL), 0);
+    assert_int_equal(cuda_memcpy_d2h(got, dout, sizeof(float) * nh), 0);
+    expect_close("depth positions 0+1", n, got, ref, nh, REL_TOL);
+    assert_int_equal(depth_step(d, &cs, n, x + 2 * nh, 2, ref), 0);
+    assert_int_equal(depth_cuda_step_dev(dc, n, dx + 2 * nh, 2, dout, NULL), 0);
+    assert_int_equal(cuda_stream_sync(NULL), 0);
+    assert_int_equal(cuda_memcpy_d2h(got, dout, sizeof(float) * nh), 0);
+    expect_close("depth position 2 after the pair", n, got, ref, nh, REL_TOL);
+    assert_false(depth_cuda_step01_fits(dc, n + 1));
+    assert_int_equal(depth_cuda_step01_dev(dc, n + 1, dx, dx + nh, dout, NULL), -EINVAL);
+    cuda_free(dx), cuda_free(dout);
+    free(x), free(ref), free(got);
+    depth_cuda_destroy(dc);
+    depth_state_free(&cs);
+}
+
+static void test_depth_two_positions(void **state)
+{
+    (void)state;
+    struct depth d;
+    make_depth(&d, 64, 224, 96, 4, 2, 2, 32); /* fused products (in % 32 == 0) */
+    for (int n = 1; n <= 8; n++)
+        check_depth_step01(&d, n);
+    free_depth(&d);
+    make_depth(&d, 40, 72, 24, 4, 2, 2, 20); /* widths the fused products refuse: the separate chain */
+    check_depth_step01(&d, 2);
+    check_depth_step01(&d, 5);
+    free_depth(&d);
+    if (getenv("MM3_TALKER_TINY_ONLY")) return;
+    make_depth(&d, 4096, 6144, 1024, 8, 1, 16, 256); /* release-shaped layer, 1 and 4 CFG pairs */
+    check_depth_step01(&d, 2);
+    check_depth_step01(&d, 8);
+    free_depth(&d);
+}
 #else
+static void test_depth_two_positions(void **state)
+{
+    (void)state;
+    skip();
+}
+
 static void test_kv_bf16_kernels(void **state)
 {
     (void)state;
@@ -946,6 +1011,7 @@ int main(void)
         cmocka_unit_test(test_release_shaped_talker),
         cmocka_unit_test(test_release_shaped_depth),
         cmocka_unit_test(test_depth_fused_many_rows),
+        cmocka_unit_test(test_depth_two_positions),
         cmocka_unit_test(test_golden_replay_cuda_backend),
         cmocka_unit_test(test_kv_bf16_kernels),
         cmocka_unit_test(test_qkv_norm_rope_store_fused),

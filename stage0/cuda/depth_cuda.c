@@ -23,19 +23,24 @@ struct depth_cuda_layer {
     const float *attn_norm, *ffn_norm;
 };
 
+/* The two-position pass reads the weights once for 2n product rows only while 2n
+ * fits one GEMV slice. */
+enum { DEPTH_PAIR_MAX_ROWS = CUDA_OPS_GEMV_MAX_ROWS / 2 };
+
 struct depth_cuda {
     struct depth_config cfg;
-    int max_rows;
+    int max_rows, scratch_rows;
     struct cuda_alloc_list mem;
     struct depth_cuda_layer *layers;
     const uint16_t *proj, *heads;
     const float *pos_emb, *norm;
     float *kc, *vc;
-    /* Scratch for max_rows rows. qkv: fused rows [q | k | v], free again once attention
-     * has run, so the FFN's silu(gate) * up rows (ffn wide) reuse it: qkv holds
-     * max(3 hidden, ffn) per row (the memory of the former q, k, v and u buffers when
-     * ffn <= 3 hidden, as talker_backend_plan_compute counts). gu: fused gate|up rows
-     * (only where the product cannot apply silu * up as it stores: unaligned widths). */
+    /* Scratch for scratch_rows rows: max_rows, plus one more position block of up to
+     * DEPTH_PAIR_MAX_ROWS rows for the two-position pass (depth_cuda_step01_dev). qkv: fused rows [q | k | v], free
+     * again once attention has run, so the FFN's silu(gate) * up rows (ffn wide) reuse it: qkv holds max(3 hidden, ffn)
+     * per row (the memory of the former q, k, v and u buffers when ffn <= 3 hidden, as talker_backend_plan_compute
+     * counts). gu: fused gate|up rows (only where the product cannot apply silu * up as it stores: unaligned widths).
+     */
     float *x, *h, *a, *o, *qkv, *gu, *logits;
 };
 
@@ -82,7 +87,8 @@ int depth_cuda_create(struct depth_cuda **out, const struct depth *d, int max_ro
     if (rc == 0 && (rc = cuda_upload_f32(l, &f, d->pos_emb, (size_t)cfg->max_pos * H)) == 0) dc->pos_emb = f;
     if (rc == 0 && (rc = cuda_upload_f32(l, &f, d->norm, H)) == 0) dc->norm = f;
     size_t cache = (size_t)cfg->n_layers * max_rows * S * H * sizeof(float);
-    size_t R = (size_t)max_rows;
+    dc->scratch_rows = max_rows + (max_rows < DEPTH_PAIR_MAX_ROWS ? max_rows : DEPTH_PAIR_MAX_ROWS);
+    size_t R = (size_t)dc->scratch_rows;
     struct {
         void **dst;
         size_t bytes;
@@ -95,7 +101,7 @@ int depth_cuda_create(struct depth_cuda **out, const struct depth *d, int max_ro
         {(void **)&dc->o, sizeof(float) * R * H},
         {(void **)&dc->qkv, sizeof(float) * R * (3 * H > F ? 3 * H : F)},
         {(void **)&dc->gu, sizeof(float) * R * 2 * F},
-        {(void **)&dc->logits, sizeof(float) * R * V},
+        {(void **)&dc->logits, sizeof(float) * (size_t)max_rows * V},
     };
     for (size_t i = 0; i < sizeof a / sizeof a[0] && rc == 0; i++)
         rc = cuda_alloc_list_add(l, a[i].dst, a[i].bytes);
@@ -130,54 +136,95 @@ static int check_step(const struct depth_cuda *dc, int n, int pos)
  * h += o . Wo^T, silu * up of the normed h, h += g . Wd^T; the norms, SwiGLU and
  * residual adds inside the products (cuda_ops_gemv_bf16_fused). Widths that do not
  * fuse take the same chain with separate norm/add kernels (7 launches). No q/k norm
- * and no RoPE here (model-stage0.md 3.5: learned positions, added once to the input). */
-int depth_cuda_step_dev(struct depth_cuda *dc, int n, const float *x, int pos, float *out, void *st)
+ * and no RoPE here (model-stage0.md 3.5: learned positions, added once to the input).
+ *
+ * Positions pos .. pos + n_pos - 1 of n sequences in one pass: x holds n_pos blocks of
+ * n rows (position-major), the products run on all n_pos * n rows at once (the weights
+ * are read once), the attention once per position (causal: each position's K/V is
+ * stored before the next position attends), and out gets the last position's rows.
+ * The last layer's products after the attention run on the last position's rows only:
+ * earlier positions of the pass only feed the caches. */
+static int depth_forward(struct depth_cuda *dc, int n, const float *x, int pos, int n_pos, float *out, void *st)
 {
     const struct depth_config *cfg = &dc->cfg;
-    int rc = check_step(dc, n, pos);
-    if (rc < 0) return rc;
-    int H = cfg->hidden, F = cfg->ffn;
+    const int N = n * n_pos, H = cfg->hidden, F = cfg->ffn;
+    const size_t last = (size_t)(n_pos - 1) * n; /* first row of the last position */
     size_t row_stride = (size_t)cfg->n_codebooks * H, layer_stride = (size_t)dc->max_rows * row_stride;
     float scale = 1.0f / sqrtf((float)cfg->head_dim);
     float *g = dc->qkv; /* silu(gate) * up: the QKV rows are free by then */
-    int fused = gemv_rows_fused_ok(n, H, 3 * H, CUDA_GEMV_STORE, 1) && gemv_rows_fused_ok(n, H, H, CUDA_GEMV_ADD, 0) &&
-                gemv_rows_fused_ok(n, H, 2 * F, CUDA_GEMV_SWIGLU, 1) && gemv_rows_fused_ok(n, F, H, CUDA_GEMV_ADD, 0);
-    if ((rc = gemv_rows(dc->h, x, dc->proj, n, H, H, st)) < 0 ||
-        (rc = talker_cuda_add_row(dc->h, dc->pos_emb + (size_t)pos * H, n, H, st)) < 0)
-        return rc;
+    int fused = gemv_rows_fused_ok(N, H, 3 * H, CUDA_GEMV_STORE, 1) && gemv_rows_fused_ok(N, H, H, CUDA_GEMV_ADD, 0) &&
+                gemv_rows_fused_ok(N, H, 2 * F, CUDA_GEMV_SWIGLU, 1) && gemv_rows_fused_ok(N, F, H, CUDA_GEMV_ADD, 0) &&
+                gemv_rows_fused_ok(n, H, H, CUDA_GEMV_ADD, 0) && gemv_rows_fused_ok(n, H, 2 * F, CUDA_GEMV_SWIGLU, 1) &&
+                gemv_rows_fused_ok(n, F, H, CUDA_GEMV_ADD, 0);
+    int rc = gemv_rows(dc->h, x, dc->proj, N, H, H, st);
+    for (int p = 0; p < n_pos && rc == 0; p++)
+        rc = talker_cuda_add_row(dc->h + (size_t)p * n * H, dc->pos_emb + (size_t)(pos + p) * H, n, H, st);
+    if (rc < 0) return rc;
     for (int li = 0; li < cfg->n_layers; li++) {
         const struct depth_cuda_layer *L = &dc->layers[li];
         float *kc = dc->kc + li * layer_stride, *vc = dc->vc + li * layer_stride;
+        const size_t r0 = li == cfg->n_layers - 1 ? last : 0; /* rows after the attention: r0 .. N-1 */
+        const int M = N - (int)r0;
+        float *h = dc->h + r0 * H, *o = dc->o + r0 * H, *a = dc->a + r0 * H;
         if (fused) {
-            if ((rc = gemv_rows_fused(dc->qkv, dc->h, L->wqkv, n, H, 3 * H, CUDA_GEMV_STORE, L->attn_norm, cfg->eps,
-                                      st)) < 0 ||
-                (rc = depth_cuda_attention_store(dc->o, dc->qkv, kc, vc, n, pos, cfg->n_heads, cfg->head_dim,
-                                                 row_stride, scale, st)) < 0 ||
-                (rc = gemv_rows_fused(dc->h, dc->o, L->wo, n, H, H, CUDA_GEMV_ADD, NULL, 0.0f, st)) < 0 ||
-                (rc = gemv_rows_fused(g, dc->h, L->wgu, n, H, 2 * F, CUDA_GEMV_SWIGLU, L->ffn_norm, cfg->eps, st)) <
-                    0 ||
-                (rc = gemv_rows_fused(dc->h, g, L->wd, n, F, H, CUDA_GEMV_ADD, NULL, 0.0f, st)) < 0)
+            if ((rc = gemv_rows_fused(dc->qkv, dc->h, L->wqkv, N, H, 3 * H, CUDA_GEMV_STORE, L->attn_norm, cfg->eps,
+                                      st)) < 0)
+                return rc;
+            for (int p = 0; p < n_pos && rc == 0; p++)
+                rc = depth_cuda_attention_store(dc->o + (size_t)p * n * H, dc->qkv + (size_t)p * n * 3 * H, kc, vc, n,
+                                                pos + p, cfg->n_heads, cfg->head_dim, row_stride, scale, st);
+            if (rc < 0 || (rc = gemv_rows_fused(h, o, L->wo, M, H, H, CUDA_GEMV_ADD, NULL, 0.0f, st)) < 0 ||
+                (rc = gemv_rows_fused(g, h, L->wgu, M, H, 2 * F, CUDA_GEMV_SWIGLU, L->ffn_norm, cfg->eps, st)) < 0 ||
+                (rc = gemv_rows_fused(h, g, L->wd, M, F, H, CUDA_GEMV_ADD, NULL, 0.0f, st)) < 0)
                 return rc;
             continue;
         }
         /* The FFN output of the previous layer (in o) is added to h inside this norm. */
         if (li == 0)
-            rc = cuda_ops_rmsnorm(dc->a, dc->h, L->attn_norm, n, H, cfg->eps, st);
+            rc = cuda_ops_rmsnorm(dc->a, dc->h, L->attn_norm, N, H, cfg->eps, st);
         else
-            rc = cuda_ops_add_rmsnorm(dc->h, dc->a, dc->o, L->attn_norm, n, H, cfg->eps, st);
+            rc = cuda_ops_add_rmsnorm(dc->h, dc->a, dc->o, L->attn_norm, N, H, cfg->eps, st);
+        if (rc == 0) rc = gemv_rows(dc->qkv, dc->a, L->wqkv, N, H, 3 * H, st);
+        for (int p = 0; p < n_pos && rc == 0; p++)
+            rc = depth_cuda_attention_store(dc->o + (size_t)p * n * H, dc->qkv + (size_t)p * n * 3 * H, kc, vc, n,
+                                            pos + p, cfg->n_heads, cfg->head_dim, row_stride, scale, st);
         /* a = o . Wo^T; then h += a and o = rmsnorm(h) (o is free once Wo has read it);
          * the FFN output lands in o for the next norm's add. */
-        if (rc < 0 || (rc = gemv_rows(dc->qkv, dc->a, L->wqkv, n, H, 3 * H, st)) < 0 ||
-            (rc = depth_cuda_attention_store(dc->o, dc->qkv, kc, vc, n, pos, cfg->n_heads, cfg->head_dim, row_stride,
-                                             scale, st)) < 0 ||
-            (rc = gemv_rows(dc->a, dc->o, L->wo, n, H, H, st)) < 0 ||
-            (rc = cuda_ops_add_rmsnorm(dc->h, dc->o, dc->a, L->ffn_norm, n, H, cfg->eps, st)) < 0 ||
-            (rc = gemv_rows_swiglu(g, dc->gu, dc->o, L->wgu, n, H, F, st)) < 0 ||
-            (rc = gemv_rows(dc->o, g, L->wd, n, F, H, st)) < 0)
+        if (rc < 0 || (rc = gemv_rows(a, o, L->wo, M, H, H, st)) < 0 ||
+            (rc = cuda_ops_add_rmsnorm(h, o, a, L->ffn_norm, M, H, cfg->eps, st)) < 0 ||
+            (rc = gemv_rows_swiglu(g, dc->gu, o, L->wgu, M, H, F, st)) < 0 ||
+            (rc = gemv_rows(o, g, L->wd, M, F, H, st)) < 0)
             return rc;
     }
-    if (fused || cfg->n_layers == 0) return cuda_ops_rmsnorm(out, dc->h, dc->norm, n, H, cfg->eps, st);
-    return cuda_ops_add_rmsnorm(dc->h, out, dc->o, dc->norm, n, H, cfg->eps, st);
+    if (fused || cfg->n_layers == 0) return cuda_ops_rmsnorm(out, dc->h + last * H, dc->norm, n, H, cfg->eps, st);
+    return cuda_ops_add_rmsnorm(dc->h + last * H, out, dc->o + last * H, dc->norm, n, H, cfg->eps, st);
+}
+
+int depth_cuda_step_dev(struct depth_cuda *dc, int n, const float *x, int pos, float *out, void *st)
+{
+    int rc = check_step(dc, n, pos);
+    return rc < 0 ? rc : depth_forward(dc, n, x, pos, 1, out, st);
+}
+
+int depth_cuda_step01_fits(const struct depth_cuda *dc, int n)
+{
+    return n >= 1 && n <= dc->max_rows && n <= DEPTH_PAIR_MAX_ROWS && dc->cfg.n_codebooks >= 2;
+}
+
+int depth_cuda_step01_dev(struct depth_cuda *dc, int n, const float *x0, const float *x1, float *out, void *st)
+{
+    if (!depth_cuda_step01_fits(dc, n))
+        return mm3_errorf(-EINVAL,
+                          "depth_cuda_step01: %d rows: expected 1..%d (state holds %d rows; two positions in one pass "
+                          "up to %d)",
+                          n, dc->max_rows < DEPTH_PAIR_MAX_ROWS ? dc->max_rows : DEPTH_PAIR_MAX_ROWS, dc->max_rows,
+                          DEPTH_PAIR_MAX_ROWS);
+    size_t bytes = sizeof(float) * (size_t)n * dc->cfg.hidden;
+    int rc;
+    if ((rc = cuda_memcpy_d2d(dc->x, x0, bytes, st)) < 0 ||
+        (rc = cuda_memcpy_d2d(dc->x + (size_t)n * dc->cfg.hidden, x1, bytes, st)) < 0)
+        return rc;
+    return depth_forward(dc, n, dc->x, 0, 2, out, st);
 }
 
 int depth_cuda_step(struct depth_cuda *dc, int n, const float *x, int pos, float *out)

@@ -29,4 +29,13 @@ int depth_cuda_logits(struct depth_cuda *dc, int j, const float *hidden, int n, 
 int depth_cuda_step_dev(struct depth_cuda *dc, int n, const float *x, int pos, float *out, void *stream);
 int depth_cuda_logits_dev(struct depth_cuda *dc, int j, const float *hidden, int n, float *logits, void *stream);
 
+/* Positions 0 and 1 in one pass, as the reference's first depth call ([P(LM hidden),
+ * P(c0 embedding)]): the weights are read once for both. x0: the position-0 inputs,
+ * x1: the position-1 inputs (n rows each, device); out gets position 1's output, as
+ * depth_cuda_step_dev at position 0 then 1 would leave it. Only where
+ * depth_cuda_step01_fits(n): 2n product rows must fit one GEMV slice (more would read
+ * the weights twice anyway). */
+int depth_cuda_step01_fits(const struct depth_cuda *dc, int n);
+int depth_cuda_step01_dev(struct depth_cuda *dc, int n, const float *x0, const float *x1, float *out, void *stream);
+
 #endif

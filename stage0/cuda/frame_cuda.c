@@ -201,18 +201,21 @@ static int queue_step(struct frame_cuda *fc, struct talker_cuda *tc, struct dept
     int32_t *codes = (int32_t *)(ob + ol.codes);
     float *dh = (float *)(ob + ol.depth_hidden), *fb = (float *)(ob + ol.feedback);
     size_t dh_stride = (size_t)(ncb - 1) * H;
-    /* c0: head on all 2n rows, guide + draw; then position 0 of the depth decoder
-     * (the LM hidden pair), whose input does not depend on the draw. */
+    /* c0: head on all 2n rows, guide + draw; then positions 0 (the LM hidden pair) and
+     * 1 (c0's embedding) of the depth decoder, in one pass where it fits (the weights
+     * read once, as the reference's first depth call), else one pass each. */
+    const int step01 = depth_cuda_step01_fits(dc, R);
     if ((rc = talker_cuda_head_dev(tc, hidden, R, fc->logits, stream)) < 0 ||
         (rc = cuda_sampler_draw_pairs(fc->logits, SAMPLER_C0_COLS, SAMPLER_C0_COLS, n, scale, 1, top_k, seed, pos, mask,
                                       fc->col, NULL, stream)) < 0 ||
-        (rc = depth_cuda_step_dev(dc, R, hidden, 0, fc->y, stream)) < 0 ||
+        (!step01 && (rc = depth_cuda_step_dev(dc, R, hidden, 0, fc->y, stream)) < 0) ||
         (rc = frame_cuda_take_codes(codes, ncb, 0, fc->col, n, fc->x, fc->e0, SAMPLER_N_CODES, -1, H, NULL, 0, NULL,
                                     stream)) < 0)
         return rc;
     for (int j = 1; j < ncb; j++) {
         const uint16_t *next = j < ncb - 1 ? fc->audio + (size_t)(j - 1) * V * H : NULL;
-        if ((rc = depth_cuda_step_dev(dc, R, fc->x, j, fc->y, stream)) < 0 ||
+        if ((rc = j == 1 && step01 ? depth_cuda_step01_dev(dc, R, hidden, fc->x, fc->y, stream)
+                                   : depth_cuda_step_dev(dc, R, fc->x, j, fc->y, stream)) < 0 ||
             (rc = depth_cuda_logits_dev(dc, j, fc->y, R, fc->dlogits, stream)) < 0 ||
             (rc = cuda_sampler_draw_pairs(fc->dlogits, V, V, n, scale, 0, top_k, seed, pos + (size_t)j * n, NULL,
                                           fc->col, NULL, stream)) < 0 ||
