@@ -603,6 +603,21 @@ static void test_gemv_fused(void **state)
     }
     assert_int_equal(cuda_ops_gemv_set_mma_tiles(0), 0);
     assert_int_equal(cuda_ops_gemv_set_mma_tiles(3), -EINVAL);
+    /* Both places for the weights in flight at both x tile counts (the default uses
+     * registers at 3-8 rows and the ring at 9-16), with several tiles per block (24576
+     * and 12288 outputs: the next tile's loads overlap the merge) and k splits. */
+    for (int mode = 1; mode <= 2; mode++) {
+        assert_int_equal(cuda_ops_gemv_set_mma_ring(mode), 0);
+        check_fused_small(5);
+        check_fused_small(16);
+        check_fused(16, 4096, 24576, CUDA_GEMV_SWIGLU, 1);
+        check_fused(7, 4096, 12288, CUDA_GEMV_STORE, 1);
+        check_fused(12, 12288, 4096, CUDA_GEMV_ADD, 0);
+        check_matmul_opw(3, 6144, 16385, 0, 1);
+        check_matmul_opw(16, 4096, 1024, 0, -2);
+    }
+    assert_int_equal(cuda_ops_gemv_set_mma_ring(0), 0);
+    assert_int_equal(cuda_ops_gemv_set_mma_ring(3), -EINVAL);
     /* The same with 3-4 rows on the float32 kernel (the tuning setting). */
     assert_int_equal(cuda_ops_gemv_set_mma_rows(4), 0);
     for (int n = 3; n <= 4; n++)

@@ -1,7 +1,7 @@
 /* mm3-bench-ops: times the stage-0 decode kernels on the GPU at the release shapes
  * against the weight-streaming floor.
  *
- *   mm3-bench-ops [--reps N]
+ *   mm3-bench-ops [--reps N] [--attention-only | --no-attention]
  *
  * 1. Device-to-device copy bandwidth: (bytes read + bytes written) / time of a
  *    1 GiB cudaMemcpyAsync, median of N after warm-up. This is the ceiling every
@@ -376,17 +376,19 @@ static int profile_once(int shape, int rows)
 
 int main(int argc, char **argv)
 {
-    int profile_shape = -2, profile_rows = 0, attention_only = 0;
+    int profile_shape = -2, profile_rows = 0, attention_only = 0, no_attention = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
             reps = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--attention-only")) {
             attention_only = 1;
+        } else if (!strcmp(argv[i], "--no-attention")) {
+            no_attention = 1;
         } else if (!strcmp(argv[i], "--profile") && i + 2 < argc) {
             profile_shape = atoi(argv[++i]);
             profile_rows = atoi(argv[++i]);
         } else {
-            fprintf(stderr, "usage: %s [--reps N] [--attention-only] [--profile SHAPE|-1 ROWS]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--reps N] [--attention-only | --no-attention] [--profile SHAPE|-1 ROWS]\n", argv[0]);
             return 2;
         }
     }
@@ -523,7 +525,7 @@ int main(int argc, char **argv)
         cuda_free(a.y);
     }
 
-    bench_attention(bw);
+    if (!no_attention) bench_attention(bw);
 
     printf("\nFrame (weights only: %.2f GB of bf16 matmul weights, KV and small ops excluded):\n",
            frame_bytes * 1e-9);

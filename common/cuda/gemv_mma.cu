@@ -17,7 +17,11 @@
  * shared memory, in a fixed order (deterministic). The grid is one wave: never more
  * blocks than fit on the GPU at once, each taking the same number of tiles. A grid
  * of 1.2 or 1.45 waves (what "two blocks per SM" gave for 4096 and 24576 outputs)
- * ends with a second wave of a few blocks that cannot stream at full speed. */
+ * ends with a second wave of a few blocks that cannot stream at full speed.
+ *
+ * Weights in flight: each warp keeps two k steps in registers, or (9-16 rows) three
+ * in a shared-memory ring filled by cp.async (cuda_ops_gemv_set_mma_ring says why).
+ * A block's next tile starts loading before the current tile's sums are merged. */
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -68,13 +72,96 @@ __device__ __forceinline__ void mma_load_step(uint4 (&wa)[MT][2], const uint4 *c
             wa[mt][h] = mma_weight_load(wr[mt][h] + st * 4); /* 4 uint4 = one 32-wide k step */
 }
 
+/* A weight copy global -> shared that holds no register while in flight (LDGSTS,
+ * L1 bypassed, same L2 prefetch-size hint as mma_weight_load). */
+__device__ __forceinline__ void mma_weight_copy(uint4 *dst, const uint4 *src)
+{
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void mma_copy_commit(void)
+{
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+template <int N> __device__ __forceinline__ void mma_copy_wait(void)
+{
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 enum { MMA_WARPS = 8, MMA_THREADS = MMA_WARPS * 32, MMA_KSTEP = 32, MMA_MAX_CLUSTER = 8 };
+
+/* One k step of one warp: x rows (normed when NORM, summing x^2 into ss) split into
+ * bf16 hi + lo, times this lane's weights a of every tile. */
+template <int NT, int MMA_MT, bool NORM>
+__device__ __forceinline__ void mma_step(float (&acc)[MMA_MT][NT][4], float (&ss)[NT], const uint4 (&a)[MMA_MT][2],
+                                         const float4 *const (&xr)[NT], const bool (&xv)[NT],
+                                         const float *__restrict__ wn, int t, int sb)
+{
+    const int kq = sb * (MMA_KSTEP / 8); /* offset in uint4 (8 bf16) units */
+    uint32_t bh[NT][4], bl[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        float4 p = make_float4(0.f, 0.f, 0.f, 0.f), q = p;
+        if (xv[nt]) {
+            p = __ldg(xr[nt] + 2 * kq);
+            q = __ldg(xr[nt] + 2 * kq + 1);
+        }
+        if (NORM) {
+            const float4 *nr = (const float4 *)(wn + 8 * t) + 2 * kq;
+            const float4 na = __ldg(nr), nb = __ldg(nr + 1);
+            ss[nt] = fmaf(p.x, p.x, fmaf(p.y, p.y, fmaf(p.z, p.z, fmaf(p.w, p.w, ss[nt]))));
+            ss[nt] = fmaf(q.x, q.x, fmaf(q.y, q.y, fmaf(q.z, q.z, fmaf(q.w, q.w, ss[nt]))));
+            p = make_float4(p.x * na.x, p.y * na.y, p.z * na.z, p.w * na.w);
+            q = make_float4(q.x * nb.x, q.y * nb.y, q.z * nb.z, q.w * nb.w);
+        }
+        split_pair(p.x, p.y, &bh[nt][0], &bl[nt][0]);
+        split_pair(p.z, p.w, &bh[nt][1], &bl[nt][1]);
+        split_pair(q.x, q.y, &bh[nt][2], &bl[nt][2]);
+        split_pair(q.z, q.w, &bh[nt][3], &bl[nt][3]);
+    }
+#pragma unroll
+    for (int mt = 0; mt < MMA_MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            /* k pairs (0,1),(2,3) of the 8 -> MMA 1; (4,5),(6,7) -> MMA 2. */
+            const uint4 a0 = a[mt][0], a1 = a[mt][1];
+            mma_bf16(acc[mt][nt], a0.x, a1.x, a0.y, a1.y, bh[nt][0], bh[nt][1]);
+            mma_bf16(acc[mt][nt], a0.z, a1.z, a0.w, a1.w, bh[nt][2], bh[nt][3]);
+            mma_bf16(acc[mt][nt], a0.x, a1.x, a0.y, a1.y, bl[nt][0], bl[nt][1]);
+            mma_bf16(acc[mt][nt], a0.z, a1.z, a0.w, a1.w, bl[nt][2], bl[nt][3]);
+        }
+}
+
+/* A warp's ring of STAGES k steps of weights in shared memory, filled by
+ * cp.async: a lane reads back only the 16-byte pieces it copied itself, so
+ * cp.async.wait_group is all the synchronisation the ring needs. */
+template <int MMA_MT, int STAGES>
+__device__ __forceinline__ void mma_copy_step(uint4 *ring, const uint4 *const (&wr)[MMA_MT][2], int lane, int i, int sb,
+                                              int steps)
+{
+    if (sb < steps)
+#pragma unroll
+        for (int mt = 0; mt < MMA_MT; mt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                mma_weight_copy(ring + (((i % STAGES) * MMA_MT + mt) * 2 + h) * 32 + lane, wr[mt][h] + sb * 4);
+    mma_copy_commit(); /* empty groups too: wait_group counts them */
+}
+
+template <int MMA_MT, int STAGES> constexpr int mma_ring_bytes()
+{
+    return STAGES ? MMA_WARPS * STAGES * MMA_MT * 2 * 32 * 16 : 0;
+}
 
 /* NT: 8-row tiles of x (1 for n <= 8, 2 for n <= 16). MMA_MT: 16-row tiles of W
  * per block; more tiles re-read x (from L2) fewer times per weight byte. EPI and
  * NORM: as cuda_ops_gemv_bf16_fused (the k-split blocks of a cluster each sum x^2
- * over their share of the row and rank 0 adds them up with the partial products). */
-template <int NT, int MMA_MT, int EPI, bool NORM>
+ * over their share of the row and rank 0 adds them up with the partial products).
+ * STAGES: 0 keeps two k steps of weights per warp in registers; n > 0 keeps n - 1
+ * in flight through a shared-memory ring (no registers held while in flight). */
+template <int NT, int MMA_MT, int EPI, bool NORM, int STAGES>
 __global__ void __launch_bounds__(MMA_THREADS, 2)
     gemv_mma_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int n_rows,
                     int in, int out, int ks, int tiles, const float *__restrict__ wn, float eps, int pre)
@@ -84,6 +171,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2)
     __shared__ float red[MMA_WARPS][MMA_OUT * 8 * NT];
     __shared__ float block_sum[MMA_OUT * 8 * NT];
     __shared__ float red_ss[MMA_WARPS][8 * NT], block_ss[8 * NT], row_scale[8 * NT];
+    extern __shared__ uint4 mma_ring[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int rank = blockIdx.y; /* cluster is (1, ks, 1) and the grid's y is ks */
@@ -101,26 +189,29 @@ __global__ void __launch_bounds__(MMA_THREADS, 2)
     const int stride = MMA_WARPS * ks;
     const int ncols = 8 * NT;
     const int st0 = rank * MMA_WARPS + warp;
-    /* Two k steps of weights in registers (steps st and st + stride of the tile); the
-     * first tile's are loaded before pdl_wait when `pre` (weights are no earlier
-     * kernel's output), so a block placed while the previous kernel finishes streams. */
+    uint4 *ring = mma_ring + (size_t)warp * (STAGES ? STAGES : 1) * MMA_MT * 2 * 32;
+    /* The first tile's first weights are loaded before pdl_wait when `pre` (weights
+     * are no earlier kernel's output), so a block placed while the previous kernel
+     * finishes streams. Registers: steps st0 and st0 + stride; ring: STAGES - 1 steps. */
     const uint4 *wr[MMA_MT][2];
     uint4 wa[2][MMA_MT][2];
+    auto start_tile = [&](int tile) {
+        mma_tile_rows<MMA_MT>(wr, w, tile, in, out, g, t);
+        if constexpr (STAGES > 0) {
+#pragma unroll
+            for (int i = 0; i < STAGES - 1; i++)
+                mma_copy_step<MMA_MT, STAGES>(ring, wr, lane, i, st0 + i * stride, steps);
+        } else {
+            if (st0 < steps) mma_load_step<MMA_MT>(wa[0], wr, st0);
+            if (st0 + stride < steps) mma_load_step<MMA_MT>(wa[1], wr, st0 + stride);
+        }
+    };
     if (!pre) pdl_wait();
-    if (blockIdx.x < tiles) {
-        mma_tile_rows<MMA_MT>(wr, w, blockIdx.x, in, out, g, t);
-        if (st0 < steps) mma_load_step<MMA_MT>(wa[0], wr, st0);
-        if (st0 + stride < steps) mma_load_step<MMA_MT>(wa[1], wr, st0 + stride);
-    }
+    if (blockIdx.x < tiles) start_tile(blockIdx.x);
     if (pre) pdl_wait();
 
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         const int o0 = tile * MMA_OUT;
-        if (tile != (int)blockIdx.x) {
-            mma_tile_rows<MMA_MT>(wr, w, tile, in, out, g, t);
-            if (st0 < steps) mma_load_step<MMA_MT>(wa[0], wr, st0);
-            if (st0 + stride < steps) mma_load_step<MMA_MT>(wa[1], wr, st0 + stride);
-        }
         float acc[MMA_MT][NT][4];
 #pragma unroll
         for (int mt = 0; mt < MMA_MT; mt++)
@@ -134,50 +225,37 @@ __global__ void __launch_bounds__(MMA_THREADS, 2)
         for (int nt = 0; nt < NT; nt++)
             ss[nt] = 0.0f;
 
-        for (int st = st0; st < steps; st += 2 * stride) {
+        if constexpr (STAGES > 0) {
+            int i = 0;
+            for (int sb = st0; sb < steps; sb += stride, i++) {
+                mma_copy_wait<STAGES - 2>(); /* step i has landed */
+                uint4 a[MMA_MT][2];
 #pragma unroll
-            for (int b = 0; b < 2; b++) {
-                const int sb = st + b * stride;
-                if (sb < steps) {
-                    const int kq = sb * (MMA_KSTEP / 8); /* offset in uint4 (8 bf16) units */
-                    uint32_t bh[NT][4], bl[NT][4];
+                for (int mt = 0; mt < MMA_MT; mt++)
 #pragma unroll
-                    for (int nt = 0; nt < NT; nt++) {
-                        float4 p = make_float4(0.f, 0.f, 0.f, 0.f), q = p;
-                        if (xv[nt]) {
-                            p = __ldg(xr[nt] + 2 * kq);
-                            q = __ldg(xr[nt] + 2 * kq + 1);
-                        }
-                        if (NORM) {
-                            const float4 *nr = (const float4 *)(wn + 8 * t) + 2 * kq;
-                            const float4 na = __ldg(nr), nb = __ldg(nr + 1);
-                            ss[nt] = fmaf(p.x, p.x, fmaf(p.y, p.y, fmaf(p.z, p.z, fmaf(p.w, p.w, ss[nt]))));
-                            ss[nt] = fmaf(q.x, q.x, fmaf(q.y, q.y, fmaf(q.z, q.z, fmaf(q.w, q.w, ss[nt]))));
-                            p = make_float4(p.x * na.x, p.y * na.y, p.z * na.z, p.w * na.w);
-                            q = make_float4(q.x * nb.x, q.y * nb.y, q.z * nb.z, q.w * nb.w);
-                        }
-                        split_pair(p.x, p.y, &bh[nt][0], &bl[nt][0]);
-                        split_pair(p.z, p.w, &bh[nt][1], &bl[nt][1]);
-                        split_pair(q.x, q.y, &bh[nt][2], &bl[nt][2]);
-                        split_pair(q.z, q.w, &bh[nt][3], &bl[nt][3]);
+                    for (int h = 0; h < 2; h++)
+                        a[mt][h] = ring[(((i % STAGES) * MMA_MT + mt) * 2 + h) * 32 + lane];
+                /* refills the slot read in the previous step (its values are in registers) */
+                mma_copy_step<MMA_MT, STAGES>(ring, wr, lane, i + STAGES - 1, sb + (STAGES - 1) * stride, steps);
+                mma_step<NT, MMA_MT, NORM>(acc, ss, a, xr, xv, wn, t, sb);
+            }
+        } else {
+            for (int st = st0; st < steps; st += 2 * stride) {
+#pragma unroll
+                for (int b = 0; b < 2; b++) {
+                    const int sb = st + b * stride;
+                    if (sb < steps) {
+                        mma_step<NT, MMA_MT, NORM>(acc, ss, wa[b], xr, xv, wn, t, sb);
+                        if (sb + 2 * stride < steps) mma_load_step<MMA_MT>(wa[b], wr, sb + 2 * stride);
                     }
-#pragma unroll
-                    for (int mt = 0; mt < MMA_MT; mt++)
-#pragma unroll
-                        for (int nt = 0; nt < NT; nt++) {
-                            /* k pairs (0,1),(2,3) of the 8 -> MMA 1; (4,5),(6,7) -> MMA 2. */
-                            const uint4 a0 = wa[b][mt][0], a1 = wa[b][mt][1];
-                            mma_bf16(acc[mt][nt], a0.x, a1.x, a0.y, a1.y, bh[nt][0], bh[nt][1]);
-                            mma_bf16(acc[mt][nt], a0.z, a1.z, a0.w, a1.w, bh[nt][2], bh[nt][3]);
-                            mma_bf16(acc[mt][nt], a0.x, a1.x, a0.y, a1.y, bl[nt][0], bl[nt][1]);
-                            mma_bf16(acc[mt][nt], a0.z, a1.z, a0.w, a1.w, bl[nt][2], bl[nt][3]);
-                        }
-                    if (sb + 2 * stride < steps) mma_load_step<MMA_MT>(wa[b], wr, sb + 2 * stride);
                 }
             }
         }
 
-        /* C fragment: c0,c1 -> (out mt*16+g, x rows nt*8+2t+{0,1}); c2,c3 -> out +8. Layout [o][n]. */
+        /* The next tile's first weights stream while this tile's sums are merged. */
+        if (tile + (int)gridDim.x < tiles) start_tile(tile + (int)gridDim.x);
+
+            /* C fragment: c0,c1 -> (out mt*16+g, x rows nt*8+2t+{0,1}); c2,c3 -> out +8. Layout [o][n]. */
 #pragma unroll
         for (int mt = 0; mt < MMA_MT; mt++)
 #pragma unroll
@@ -273,13 +351,17 @@ static int mma_pdl(void)
 
 /* Clusters of ks blocks of this kernel that fit on the GPU at once (cached per
  * instantiation; every thread computes the same values, so the race is benign). */
-template <int NT, int MT, int EPI, bool NORM> static int mma_resident_clusters(int ks)
+template <int NT, int MT, int EPI, bool NORM, int S> static int mma_resident_clusters(int ks)
 {
     static int cache[MMA_MAX_CLUSTER + 1];
     if (!cache[ks]) {
         cudaLaunchConfig_t cfg = {};
         cfg.gridDim = dim3(1, (unsigned)ks, 1);
         cfg.blockDim = dim3(MMA_THREADS, 1, 1);
+        cfg.dynamicSmemBytes = mma_ring_bytes<MT, S>();
+        if (S) /* the ring is past the 48 KiB a launch gets unasked */
+            (void)cudaFuncSetAttribute(gemv_mma_kernel<NT, MT, EPI, NORM, S>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, mma_ring_bytes<MT, S>());
         cudaLaunchAttribute a;
         a.id = cudaLaunchAttributeClusterDimension;
         a.val.clusterDim.x = 1;
@@ -288,7 +370,7 @@ template <int NT, int MT, int EPI, bool NORM> static int mma_resident_clusters(i
         cfg.attrs = &a;
         cfg.numAttrs = 1;
         int n = 0;
-        if (cudaOccupancyMaxActiveClusters(&n, gemv_mma_kernel<NT, MT, EPI, NORM>, &cfg) != cudaSuccess || n < 1) {
+        if (cudaOccupancyMaxActiveClusters(&n, gemv_mma_kernel<NT, MT, EPI, NORM, S>, &cfg) != cudaSuccess || n < 1) {
             (void)cudaGetLastError();
             n = 1;
         }
@@ -313,13 +395,19 @@ static int mma_balance(void)
  * pipeline restarts at every tile); a split must beat the best so far by 3% (its
  * blocks merge through distributed shared memory). */
 enum { MMA_MIN_TILE_STEPS = 4 };
-template <int NT, int MT, int EPI, bool NORM> static void mma_plan(int tiles, int steps, int *ks_out, int *grid_out)
+template <int NT, int MT, int EPI, bool NORM, int S> static int mma_slots(int ks)
 {
-    const int slots = mma_resident_clusters<NT, MT, EPI, NORM>(1);
+    return mma_resident_clusters<NT, MT, EPI, NORM, S>(ks);
+}
+
+template <int NT, int MT, int EPI, bool NORM, int S>
+static void mma_plan(int tiles, int steps, int *ks_out, int *grid_out)
+{
+    const int slots = mma_slots<NT, MT, EPI, NORM, S>(1);
     int ks = 1, per = (tiles + slots - 1) / slots;
     long best = tiles; /* block-tiles of work of ks = 1; busy fraction best / (per * slots) */
     for (int k = 2; k <= MMA_MAX_CLUSTER && k * MMA_WARPS <= steps; k++) {
-        const int clusters = mma_resident_clusters<NT, MT, EPI, NORM>(k);
+        const int clusters = mma_slots<NT, MT, EPI, NORM, S>(k);
         const int p = (tiles + clusters - 1) / clusters;
         if (p > 1 && (!mma_balance() || k * MMA_WARPS * MMA_MIN_TILE_STEPS > steps)) continue;
         if ((long)tiles * k * per * 100 > best * p * 103) best = (long)tiles * k, per = p, ks = k;
@@ -328,14 +416,15 @@ template <int NT, int MT, int EPI, bool NORM> static void mma_plan(int tiles, in
     *grid_out = (tiles + per - 1) / per;
 }
 
-template <int NT, int MT, int EPI, bool NORM>
+template <int NT, int MT, int EPI, bool NORM, int S>
 static int mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, const float *wn,
                       float eps, cudaStream_t st)
 {
     const int tiles = (out + 16 * MT - 1) / (16 * MT);
     int ks, grid;
-    mma_plan<NT, MT, EPI, NORM>(tiles, in / MMA_KSTEP, &ks, &grid);
+    mma_plan<NT, MT, EPI, NORM, S>(tiles, in / MMA_KSTEP, &ks, &grid);
     cudaLaunchConfig_t cfg = {};
+    cfg.dynamicSmemBytes = mma_ring_bytes<MT, S>();
     cfg.gridDim = dim3((unsigned)grid, (unsigned)ks, 1);
     cfg.blockDim = dim3(MMA_THREADS, 1, 1);
     cfg.stream = st;
@@ -346,20 +435,20 @@ static int mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, i
     attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1 + (mma_pdl() ? pdl_attr(&attr[1]) : 0);
-    return cuda_status(cudaLaunchKernelEx(&cfg, gemv_mma_kernel<NT, MT, EPI, NORM>, y, x, w, n_rows, in, out, ks, tiles,
-                                          wn, eps, mma_switch_pre()),
+    return cuda_status(cudaLaunchKernelEx(&cfg, gemv_mma_kernel<NT, MT, EPI, NORM, S>, y, x, w, n_rows, in, out, ks,
+                                          tiles, wn, eps, mma_switch_pre()),
                        "cudaLaunchKernelEx(gemv_mma_kernel)");
 }
 
 /* cuda_ops_gemv_set_mma_tiles: 2 or 4 weight tiles per block for every launch, or
- * (0) the choice below; -1: not yet read from MM3_MMA_MT. */
+ * (0) the choice below or MM3_MMA_MT; -1: not yet read from the environment. */
 static int mma_tiles_setting = -1;
 
 extern "C" int cuda_ops_gemv_set_mma_tiles(int m_tiles)
 {
     if (m_tiles != 0 && m_tiles != 2 && m_tiles != 4)
         return mm3_errorf(-EINVAL, "cuda_ops_gemv_set_mma_tiles: %d: expected 0 (per shape), 2 or 4", m_tiles);
-    __atomic_store_n(&mma_tiles_setting, m_tiles, __ATOMIC_RELAXED);
+    __atomic_store_n(&mma_tiles_setting, m_tiles ? m_tiles : -1, __ATOMIC_RELAXED); /* 0: read the environment again */
     return 0;
 }
 
@@ -380,13 +469,42 @@ template <int NT, int EPI, bool NORM> static int mma_auto_tiles(int in, int out)
     return forced ? forced : 2;
 }
 
+/* Where a warp's weights wait for the tensor cores: 0 = per row count (below; or the
+ * environment's MM3_MMA_RING), 1 = the shared-memory ring, 2 = registers; -1 = not yet
+ * read. Measured on the H200, ctx 1000, both in one call: at 9-16 rows (8 pairs) the
+ * ring of 3 steps 10.26 against 10.68 ms/frame for registers (10.34 / 10.57 in another
+ * call; rings of 4 or 5 steps 10.62 / 10.98), at 3-8 rows (2 and 4 pairs) registers
+ * 7.63 / 8.00 against 8.66 / 9.07. The ring's 48 KiB per block come out of L1, where x
+ * is re-read once per weight tile: up to 8 rows it fits L1 beside two blocks of
+ * registers-only kernel, at 16 rows (256 KiB at 4096 wide) it does not fit either way,
+ * and there the ring's extra steps in flight win. */
+static int mma_ring_setting = -1;
+
+extern "C" int cuda_ops_gemv_set_mma_ring(int mode)
+{
+    if (mode < 0 || mode > 2)
+        return mm3_errorf(-EINVAL,
+                          "cuda_ops_gemv_set_mma_ring: %d: expected 0 (per row count), 1 (ring), 2 (registers)", mode);
+    __atomic_store_n(&mma_ring_setting, mode ? mode : -1, __ATOMIC_RELAXED); /* 0: read the environment again */
+    return 0;
+}
+
+template <int NT> static bool mma_uses_ring(void)
+{
+    const int m = cuda_env_switch(&mma_ring_setting, "MM3_MMA_RING", 0);
+    return m == 1 || (m != 2 && NT == 2);
+}
+
+enum { MMA_RING_STAGES = 3 };
+
 template <int NT, int EPI, bool NORM>
 static int mma_launch_tiles(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int m_tiles,
                             const float *wn, float eps, cudaStream_t st)
 {
     if (m_tiles == 0) m_tiles = mma_auto_tiles<NT, EPI, NORM>(in, out);
-    return m_tiles == 2 ? mma_launch<NT, 2, EPI, NORM>(y, x, w, n_rows, in, out, wn, eps, st)
-                        : mma_launch<NT, 4, EPI, NORM>(y, x, w, n_rows, in, out, wn, eps, st);
+    if (m_tiles == 4) return mma_launch<NT, 4, EPI, NORM, 0>(y, x, w, n_rows, in, out, wn, eps, st);
+    return mma_uses_ring<NT>() ? mma_launch<NT, 2, EPI, NORM, MMA_RING_STAGES>(y, x, w, n_rows, in, out, wn, eps, st)
+                               : mma_launch<NT, 2, EPI, NORM, 0>(y, x, w, n_rows, in, out, wn, eps, st);
 }
 
 /* Every epilogue / norm variant for one x tile count. */

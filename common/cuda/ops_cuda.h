@@ -90,6 +90,11 @@ int cuda_ops_gemv_set_mma_rows(int rows);
  * leaves the choice (m_tiles 0): 2 or 4 for every shape, or 0 = the default (2, or
  * the environment's MM3_MMA_MT). Same threading rule. */
 int cuda_ops_gemv_set_mma_tiles(int m_tiles);
+/* Tuning hook: where the tensor-core GEMV keeps a warp's weights between load and
+ * use: 1 = a shared-memory ring (cp.async, three k steps), 2 = registers (two steps),
+ * 0 = the default (the ring at 9-16 rows, registers at 3-8; or the environment's
+ * MM3_MMA_RING). 4 weight tiles per block always use registers. Same threading rule. */
+int cuda_ops_gemv_set_mma_ring(int mode);
 
 /* y[n, out] = x[n, in] . w[out, in]^T, w bf16 (uint16 bit patterns), x and y float32.
  * n <= 2:  float32 GEMV kernel: one pass over w with 16-byte loads serves all
