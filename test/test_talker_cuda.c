@@ -522,7 +522,15 @@ static void test_tiny_talker_bf16_kv(void **state)
 }
 
 /* A one-layer talker of the given shape with random bf16-valued weights in one
- * buffer (returned; free it after the model). */
+ * buffer, and the stub depth decoder beside it. */
+struct layer_model {
+    struct talker m;
+    struct talker_layer L;
+    struct depth dd;
+    struct depth_layer dl;
+    float *w, *dbuf;
+};
+
 static float *one_layer_talker(struct talker *m, struct talker_layer *L, int H, int F, int NH, int NKV, int D)
 {
     *m = (struct talker){.cfg = {.hidden = H,
@@ -557,6 +565,18 @@ static float *one_layer_talker(struct talker *m, struct talker_layer *L, int H, 
     return w;
 }
 
+static void layer_model_open(struct layer_model *lm, int H, int F, int NH, int NKV, int D)
+{
+    lm->w = one_layer_talker(&lm->m, &lm->L, H, F, NH, NKV, D);
+    lm->dbuf = stub_depth(&lm->dd, &lm->dl);
+}
+
+static void layer_model_free(struct layer_model *lm)
+{
+    free(lm->w);
+    free(lm->dbuf);
+}
+
 /* One release-shaped decoder layer (hidden 4096, 32/8 heads x 128, FFN 12288) with
  * a bf16 cache: the split-K decode kernel (prefill too) and the row attention on
  * bf16, and the fused QKV / gate|up products at their real widths. */
@@ -564,16 +584,11 @@ static void test_release_shaped_talker_bf16_kv(void **state)
 {
     (void)state;
     if (getenv("MM3_TALKER_TINY_ONLY")) skip();
-    struct talker m;
-    struct talker_layer L;
-    float *w = one_layer_talker(&m, &L, 4096, 12288, 32, 8, 128);
-    struct depth dd;
-    struct depth_layer dl;
-    float *dbuf = stub_depth(&dd, &dl);
+    struct layer_model lm;
+    layer_model_open(&lm, 4096, 12288, 32, 8, 128);
     int prompt[3] = {5, 3, 2};
-    compare_talker_bf16_kv(&m, &dd, 3, 32, prompt, 4);
-    free(w);
-    free(dbuf);
+    compare_talker_bf16_kv(&lm.m, &lm.dd, 3, 32, prompt, 4);
+    layer_model_free(&lm);
 }
 
 /* A prompt longer than one prefill attention call (PREFILL_ATTENTION_TOKENS, 4096, in
@@ -585,13 +600,9 @@ static void test_release_shaped_talker_bf16_kv(void **state)
 static void test_long_prefill(void **state)
 {
     (void)state;
-    struct talker m;
-    struct talker_layer L;
-    float *w = one_layer_talker(&m, &L, 128, 256, 4, 2, 64);
-    struct depth dd;
-    struct depth_layer dl;
-    float *dbuf = stub_depth(&dd, &dl);
-    const int first = 4300, more = 40, second = 200, ctx = 4400, H = m.cfg.hidden;
+    struct layer_model lm;
+    layer_model_open(&lm, 128, 256, 4, 2, 64);
+    const int first = 4300, more = 40, second = 200, ctx = 4400, H = lm.m.cfg.hidden;
     int n_max = first > more + second ? first : more + second;
     int *row = malloc(sizeof(int) * n_max), *pos = malloc(sizeof(int) * n_max);
     float *emb = malloc(sizeof(float) * n_max * H), *a = malloc(sizeof(float) * n_max * H);
@@ -599,7 +610,7 @@ static void test_long_prefill(void **state)
     assert_true(row && pos && emb && a && b);
     for (int kv = 0; kv < 2; kv++) {
         struct talker_backend cpu, gpu;
-        open_pair_kv(&cpu, &gpu, &m, &dd, 2, ctx, kv ? MM3_KV_CACHE_BF16 : MM3_KV_CACHE_F32);
+        open_pair_kv(&cpu, &gpu, &lm.m, &lm.dd, 2, ctx, kv ? MM3_KV_CACHE_BF16 : MM3_KV_CACHE_F32);
         for (int batch = 0; batch < 2; batch++) {
             int n = batch ? more + second : first;
             for (int i = 0; i < n; i++) {
@@ -617,7 +628,8 @@ static void test_long_prefill(void **state)
         talker_backend_close(&cpu);
         talker_backend_close(&gpu);
     }
-    free(row), free(pos), free(emb), free(a), free(b), free(w), free(dbuf);
+    free(row), free(pos), free(emb), free(a), free(b);
+    layer_model_free(&lm);
 }
 
 #ifdef MM3_HAVE_CUDA
