@@ -11,7 +11,7 @@
  * consecutive k (16 bytes) of a weight row and feeds them to two MMAs; the B
  * fragment uses the same k permutation.
  *
- * Work split: a tile is 16 x MT outputs (MT = 2, or 4 when forced: mma_auto_tiles); a block walks its share of
+ * Work split: a tile is 16 x MT outputs (MT = 2, or 4 when forced: mma_default_tiles); a block walks its share of
  * `in` with 8 warps; when the matrix has too few tiles to fill the GPU, KS blocks (a
  * thread-block cluster) split `in` and add their partial sums through distributed
  * shared memory, in a fixed order (deterministic). The grid is one wave: never more
@@ -395,19 +395,14 @@ static int mma_balance(void)
  * pipeline restarts at every tile); a split must beat the best so far by 3% (its
  * blocks merge through distributed shared memory). */
 enum { MMA_MIN_TILE_STEPS = 4 };
-template <int NT, int MT, int EPI, bool NORM, int S> static int mma_slots(int ks)
-{
-    return mma_resident_clusters<NT, MT, EPI, NORM, S>(ks);
-}
-
 template <int NT, int MT, int EPI, bool NORM, int S>
 static void mma_plan(int tiles, int steps, int *ks_out, int *grid_out)
 {
-    const int slots = mma_slots<NT, MT, EPI, NORM, S>(1);
+    const int slots = mma_resident_clusters<NT, MT, EPI, NORM, S>(1);
     int ks = 1, per = (tiles + slots - 1) / slots;
     long best = tiles; /* block-tiles of work of ks = 1; busy fraction best / (per * slots) */
     for (int k = 2; k <= MMA_MAX_CLUSTER && k * MMA_WARPS <= steps; k++) {
-        const int clusters = mma_slots<NT, MT, EPI, NORM, S>(k);
+        const int clusters = mma_resident_clusters<NT, MT, EPI, NORM, S>(k);
         const int p = (tiles + clusters - 1) / clusters;
         if (p > 1 && (!mma_balance() || k * MMA_WARPS * MMA_MIN_TILE_STEPS > steps)) continue;
         if ((long)tiles * k * per * 100 > best * p * 103) best = (long)tiles * k, per = p, ks = k;
@@ -452,21 +447,13 @@ extern "C" int cuda_ops_gemv_set_mma_tiles(int m_tiles)
     return 0;
 }
 
-static int mma_forced_tiles(void)
-{
-    const int m = cuda_env_switch(&mma_tiles_setting, "MM3_MMA_MT", 0);
-    return m == 2 || m == 4 ? m : 0;
-}
-
-/* Weight tiles per block: 2 unless forced. With two k steps of weights held per warp
- * (the kernel's pipeline), 4 tiles need more than the 128 registers that keep two
+/* Weight tiles per block: 2 unless 4 is forced. With two k steps of weights held per
+ * warp (the kernel's pipeline), 4 tiles need more than the 128 registers that keep two
  * blocks per SM and spill; measured with 2 everywhere against the kernel before the
  * pipeline with 2 or 4 per shape: 2 pairs 9.13 -> 8.16 ms/frame, 8 pairs 10.83 -> 10.64. */
-template <int NT, int EPI, bool NORM> static int mma_auto_tiles(int in, int out)
+static int mma_default_tiles(void)
 {
-    (void)in, (void)out;
-    const int forced = mma_forced_tiles();
-    return forced ? forced : 2;
+    return cuda_env_switch(&mma_tiles_setting, "MM3_MMA_MT", 0) == 4 ? 4 : 2;
 }
 
 /* Where a warp's weights wait for the tensor cores: 0 = per row count (below; or the
@@ -501,7 +488,7 @@ template <int NT, int EPI, bool NORM>
 static int mma_launch_tiles(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int m_tiles,
                             const float *wn, float eps, cudaStream_t st)
 {
-    if (m_tiles == 0) m_tiles = mma_auto_tiles<NT, EPI, NORM>(in, out);
+    if (m_tiles == 0) m_tiles = mma_default_tiles();
     if (m_tiles == 4) return mma_launch<NT, 4, EPI, NORM, 0>(y, x, w, n_rows, in, out, wn, eps, st);
     return mma_uses_ring<NT>() ? mma_launch<NT, 2, EPI, NORM, MMA_RING_STAGES>(y, x, w, n_rows, in, out, wn, eps, st)
                                : mma_launch<NT, 2, EPI, NORM, 0>(y, x, w, n_rows, in, out, wn, eps, st);
