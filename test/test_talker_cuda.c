@@ -521,51 +521,115 @@ static void test_tiny_talker_bf16_kv(void **state)
     compare_talker_bf16_kv(&m->lm, &m->dd, 3, 64, prompt, 20);
 }
 
-/* One release-shaped decoder layer (hidden 4096, 32/8 heads x 128, FFN 12288) with
- * a bf16 cache: the split-K decode kernel and the row attention on bf16, and the
- * fused QKV / gate|up products at their real widths. */
-static void test_release_shaped_talker_bf16_kv(void **state)
+/* A one-layer talker of the given shape with random bf16-valued weights in one
+ * buffer, and the stub depth decoder beside it. */
+struct layer_model {
+    struct talker m;
+    struct talker_layer L;
+    struct depth dd;
+    struct depth_layer dl;
+    float *w, *dbuf;
+};
+
+static float *one_layer_talker(struct talker *m, struct talker_layer *L, int H, int F, int NH, int NKV, int D)
 {
-    (void)state;
-    if (getenv("MM3_TALKER_TINY_ONLY")) skip();
-    const int H = 4096, F = 12288, NH = 32, NKV = 8, D = 128;
-    struct talker m = {.cfg = {.hidden = H,
-                               .n_layers = 1,
-                               .n_heads = NH,
-                               .n_kv_heads = NKV,
-                               .head_dim = D,
-                               .ffn = F,
-                               .vocab = SAMPLER_CODE_OFFSET + SAMPLER_N_CODES,
-                               .eps = 1e-6f,
-                               .rope_theta = 1e6}};
+    *m = (struct talker){.cfg = {.hidden = H,
+                                 .n_layers = 1,
+                                 .n_heads = NH,
+                                 .n_kv_heads = NKV,
+                                 .head_dim = D,
+                                 .ffn = F,
+                                 .vocab = SAMPLER_CODE_OFFSET + SAMPLER_N_CODES,
+                                 .eps = 1e-6f,
+                                 .rope_theta = 1e6}};
     size_t QD = (size_t)NH * D, KD = (size_t)NKV * D, C0 = SAMPLER_C0_COLS;
     size_t total = 3 * (size_t)H + 2 * (size_t)D + QD * H + 2 * KD * H + H * QD + 3 * (size_t)F * H + C0 * H + D / 2;
     float *w = malloc(sizeof(float) * total), *p = w;
     assert_non_null(w);
-    struct talker_layer L;
 #define TAKE(dst, n) (dst = p, p += (n))
-    TAKE(L.attn_norm, H), TAKE(L.ffn_norm, H), TAKE(m.norm, H), TAKE(L.q_norm, D), TAKE(L.k_norm, D);
-    fill_norm(L.attn_norm, 3 * (size_t)H + 2 * D);
+    TAKE(L->attn_norm, H), TAKE(L->ffn_norm, H), TAKE(m->norm, H), TAKE(L->q_norm, D), TAKE(L->k_norm, D);
+    fill_norm(L->attn_norm, 3 * (size_t)H + 2 * D);
     float sh = 1.0f / sqrtf((float)H);
-    TAKE(L.wq, QD * H), TAKE(L.wk, KD * H), TAKE(L.wv, KD * H), TAKE(L.wo, H * QD), TAKE(L.wg, (size_t)F * H);
-    TAKE(L.wu, (size_t)F * H), TAKE(m.head, C0 * H);
-    fill_bf16(L.wq, QD * H + 2 * KD * H + H * QD + 2 * (size_t)F * H + C0 * H, sh);
-    TAKE(L.wd, (size_t)H * F);
-    fill_bf16(L.wd, (size_t)H * F, 1.0f / sqrtf((float)F));
-    TAKE(m.inv_freq, D / 2);
+    TAKE(L->wq, QD * H), TAKE(L->wk, KD * H), TAKE(L->wv, KD * H), TAKE(L->wo, H * QD), TAKE(L->wg, (size_t)F * H);
+    TAKE(L->wu, (size_t)F * H), TAKE(m->head, C0 * H);
+    fill_bf16(L->wq, QD * H + 2 * KD * H + H * QD + 2 * (size_t)F * H + C0 * H, sh);
+    TAKE(L->wd, (size_t)H * F);
+    fill_bf16(L->wd, (size_t)H * F, 1.0f / sqrtf((float)F));
+    TAKE(m->inv_freq, D / 2);
 #undef TAKE
     assert_true((size_t)(p - w) == total);
-    op_rope_inv_freq(m.inv_freq, m.cfg.rope_theta, D);
+    op_rope_inv_freq(m->inv_freq, m->cfg.rope_theta, D);
     for (int i = 0; i < D / 2; i++)
-        m.inv_freq[i] = bf16_round(m.inv_freq[i]);
-    m.layers = &L;
-    struct depth dd;
-    struct depth_layer dl;
-    float *dbuf = stub_depth(&dd, &dl);
+        m->inv_freq[i] = bf16_round(m->inv_freq[i]);
+    m->layers = L;
+    return w;
+}
+
+static void layer_model_open(struct layer_model *lm, int H, int F, int NH, int NKV, int D)
+{
+    lm->w = one_layer_talker(&lm->m, &lm->L, H, F, NH, NKV, D);
+    lm->dbuf = stub_depth(&lm->dd, &lm->dl);
+}
+
+static void layer_model_free(struct layer_model *lm)
+{
+    free(lm->w);
+    free(lm->dbuf);
+}
+
+/* One release-shaped decoder layer (hidden 4096, 32/8 heads x 128, FFN 12288) with
+ * a bf16 cache: the split-K decode kernel (prefill too) and the row attention on
+ * bf16, and the fused QKV / gate|up products at their real widths. */
+static void test_release_shaped_talker_bf16_kv(void **state)
+{
+    (void)state;
+    if (getenv("MM3_TALKER_TINY_ONLY")) skip();
+    struct layer_model lm;
+    layer_model_open(&lm, 4096, 12288, 32, 8, 128);
     int prompt[3] = {5, 3, 2};
-    compare_talker_bf16_kv(&m, &dd, 3, 32, prompt, 4);
-    free(w);
-    free(dbuf);
+    compare_talker_bf16_kv(&lm.m, &lm.dd, 3, 32, prompt, 4);
+    layer_model_free(&lm);
+}
+
+/* A prompt longer than one prefill attention call (PREFILL_ATTENTION_TOKENS, 4096, in
+ * talker_cuda.c) in one forward, then a continuation of it and a second row's
+ * prompt in one batch: the split-K attention treats every token as a sequence of
+ * kv_len = pos + 1 over the cache that the same forward filled, on the tensor-core
+ * kernel (bf16 cache, head_dim 64) and on the CUDA-core one (float32 cache). Within
+ * the bf16 GEMM's bound of the CPU (prefill products take cuBLASLt). */
+static void test_long_prefill(void **state)
+{
+    (void)state;
+    struct layer_model lm;
+    layer_model_open(&lm, 128, 256, 4, 2, 64);
+    const int first = 4300, more = 40, second = 200, ctx = 4400, H = lm.m.cfg.hidden;
+    int n_max = first > more + second ? first : more + second;
+    int *row = malloc(sizeof(int) * n_max), *pos = malloc(sizeof(int) * n_max);
+    float *emb = malloc(sizeof(float) * n_max * H), *a = malloc(sizeof(float) * n_max * H);
+    float *b = malloc(sizeof(float) * n_max * H);
+    assert_true(row && pos && emb && a && b);
+    for (int kv = 0; kv < 2; kv++) {
+        struct talker_backend cpu, gpu;
+        open_pair_kv(&cpu, &gpu, &lm.m, &lm.dd, 2, ctx, kv ? MM3_KV_CACHE_BF16 : MM3_KV_CACHE_F32);
+        for (int batch = 0; batch < 2; batch++) {
+            int n = batch ? more + second : first;
+            for (int i = 0; i < n; i++) {
+                int cont = batch && i < more;
+                row[i] = batch && !cont ? 1 : 0, pos[i] = !batch ? i : cont ? first + i : i - more;
+            }
+            for (size_t i = 0; i < (size_t)n * H; i++)
+                emb[i] = frand();
+            assert_int_equal(cpu.forward(cpu.impl, n, row, pos, emb, a), 0);
+            assert_int_equal(gpu.forward(gpu.impl, n, row, pos, emb, b), 0);
+            char what[64];
+            snprintf(what, sizeof what, "long prefill, %s cache, batch %d", kv ? "bf16" : "float32", batch);
+            expect_close(what, 0, b, a, (size_t)n * H, GOLDEN_REL_TOL_BF16);
+        }
+        talker_backend_close(&cpu);
+        talker_backend_close(&gpu);
+    }
+    free(row), free(pos), free(emb), free(a), free(b);
+    layer_model_free(&lm);
 }
 
 #ifdef MM3_HAVE_CUDA
@@ -686,9 +750,9 @@ static void test_kv_bf16_kernels(void **state)
     assert_int_equal(cuda_malloc(&d_ws, ws_bytes), 0);
     for (int with_ws = 0; with_ws < 2; with_ws++) {
         assert_int_equal(cuda_memset(d_out, 0, sizeof(float) * ROWS * QD), 0);
-        assert_int_equal(cuda_ops_attention_decode_rows(d_out, d_qkv, (size_t)QKV, d_k16, d_v16, CUDA_KV_BF16,
-                                                             d_len, d_seq, CTX, row_stride, KD, ROWS, NH, NKV, D, scale,
-                                                             with_ws ? d_ws : NULL, with_ws ? ws_bytes : 0, NULL),
+        assert_int_equal(cuda_ops_attention_decode_rows(d_out, d_qkv, (size_t)QKV, d_k16, d_v16, CUDA_KV_BF16, d_len,
+                                                        d_seq, CTX, row_stride, KD, ROWS, NH, NKV, D, scale,
+                                                        with_ws ? d_ws : NULL, with_ws ? ws_bytes : 0, NULL),
                          0);
         assert_int_equal(cuda_stream_sync(NULL), 0);
         assert_int_equal(cuda_memcpy_d2h(got, d_out, sizeof(float) * ROWS * QD), 0);
@@ -696,9 +760,9 @@ static void test_kv_bf16_kernels(void **state)
                              : "split-K decode attention, bf16 cache",
                      0, got, want, (size_t)ROWS * QD, 1e-5);
     }
-    assert_int_equal(cuda_ops_attention_decode_rows(d_out, d_qkv, (size_t)QKV, d_k16, d_v16, CUDA_KV_BF16, d_len,
-                                                         d_seq, CTX, row_stride, KD, ROWS, NH, NKV, D, scale, d_ws,
-                                                         ws_bytes - 1, NULL),
+    assert_int_equal(cuda_ops_attention_decode_rows(d_out, d_qkv, (size_t)QKV, d_k16, d_v16, CUDA_KV_BF16, d_len, d_seq,
+                                                    CTX, row_stride, KD, ROWS, NH, NKV, D, scale, d_ws, ws_bytes - 1,
+                                                    NULL),
                      -EINVAL);
     cuda_free(d_ws);
 
@@ -1018,6 +1082,7 @@ int main(void)
         cmocka_unit_test(test_depth_attention_store),
         cmocka_unit_test(test_tiny_talker_bf16_kv),
         cmocka_unit_test(test_release_shaped_talker_bf16_kv),
+        cmocka_unit_test(test_long_prefill),
     };
     rc = cmocka_run_group_tests_name("talker cuda", gpu, test_stage0_golden_setup, test_stage0_golden_teardown);
     return rc ? 1 : 0;

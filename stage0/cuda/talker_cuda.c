@@ -237,15 +237,30 @@ static int attention_fused(void)
     return cuda_env_switch(&state, "MM3_ATT_FUSE", 1);
 }
 
+/* MM3_PREFILL_SPLITK=0: prefill through the row attention (one block per token and
+ * query head) instead of the split-K kernels (measuring). */
+static int prefill_split_k(void)
+{
+    static int state = -1;
+    return cuda_env_switch(&state, "MM3_PREFILL_SPLITK", 1);
+}
+
+/* Prefill tokens per split-K attention call: bounds its stream-ordered partials
+ * (tokens x query heads x (head_dim + 2) floats: 68 MB at 4096 x 32 x 128). */
+enum { PREFILL_ATTENTION_TOKENS = 4096 };
+
 /* Layer li's attention on the QKV rows in s->qkv into s->o. Split-K decode: q and k
  * norm + RoPE and the K/V store inside the split kernel over rows s->row with kv
  * lengths up to max_len, then its combine (cuda_ops_attention_decode_qkv). Otherwise
  * q and k norm + RoPE in place with the K/V store (one launch: the same results as
  * cuda_ops_qk_norm_rope twice and talker_cuda_kv_store_pair), then the split-K kernel
- * and its combine, or the row attention (prefill, heads the decode kernel does not
- * take). */
+ * and its combine, or the row attention (heads the decode kernel does not take). A
+ * prefill stores every token's K/V before any token attends (its tokens read each
+ * other's), so it never takes the fused variant; the split-K kernel then treats each
+ * token as a sequence of kv_len = pos + 1, which shares each K/V read among the query
+ * heads of a kv head and runs on the tensor cores with the bf16 cache. */
 static int attention_queue(struct talker_cuda *tc, struct talker_cuda_scratch *s, int li, int n, int split_k,
-                           int max_len, void *st)
+                           int prefill, int max_len, void *st)
 {
     const struct talker_config *cfg = &tc->cfg;
     int D = cfg->head_dim, QD = cfg->n_heads * D, KD = cfg->n_kv_heads * D, QKV = QD + 2 * KD;
@@ -254,7 +269,7 @@ static int attention_queue(struct talker_cuda *tc, struct talker_cuda_scratch *s
     void *vc = (char *)tc->vc + li * layer_stride * tc->kv_elem;
     float scale = 1.0f / sqrtf((float)D);
     const struct talker_cuda_layer *L = &tc->layers[li];
-    if (split_k && attention_fused()) {
+    if (split_k && !prefill && attention_fused()) {
         struct cuda_qkv_prep prep = {L->q_norm, L->k_norm, cfg->eps, D, tc->inv_freq, s->pos};
         return cuda_ops_attention_decode_qkv(s->o, s->qkv, (size_t)QKV, kc, vc, tc->kv_dtype, s->kv_len, s->row,
                                              max_len, row_stride, KD, n, cfg->n_heads, cfg->n_kv_heads, D, scale, &prep,
@@ -264,6 +279,15 @@ static int attention_queue(struct talker_cuda *tc, struct talker_cuda_scratch *s
         talker_cuda_qkv_norm_rope_store(s->qkv, n, cfg->n_heads, cfg->n_kv_heads, D, L->q_norm, L->k_norm, cfg->eps, D,
                                         s->pos, tc->inv_freq, kc, vc, tc->kv_dtype, s->row, row_stride, KD, st);
     if (rc < 0) return rc;
+    if (split_k && prefill) {
+        for (int t = 0; t < n && rc == 0; t += PREFILL_ATTENTION_TOKENS) {
+            int m = n - t < PREFILL_ATTENTION_TOKENS ? n - t : PREFILL_ATTENTION_TOKENS;
+            rc = cuda_ops_attention_decode_rows(s->o + (size_t)t * QD, s->qkv + (size_t)t * QKV, (size_t)QKV, kc, vc,
+                                                tc->kv_dtype, s->kv_len + t, s->row + t, max_len, row_stride, KD, m,
+                                                cfg->n_heads, cfg->n_kv_heads, D, scale, NULL, 0, st);
+        }
+        return rc;
+    }
     if (split_k)
         return cuda_ops_attention_decode_rows(s->o, s->qkv, (size_t)QKV, kc, vc, tc->kv_dtype, s->kv_len, s->row,
                                               max_len, row_stride, KD, n, cfg->n_heads, cfg->n_kv_heads, D, scale,
@@ -287,7 +311,7 @@ static int forward_fused_queue(struct talker_cuda *tc, struct talker_cuda_scratc
     for (int li = 0; li < cfg->n_layers && rc == 0; li++) {
         const struct talker_cuda_layer *L = &tc->layers[li];
         if ((rc = gemv_rows_fused(s->qkv, s->h, L->wqkv, n, H, QKV, CUDA_GEMV_STORE, L->attn_norm, cfg->eps, st)) < 0 ||
-            (rc = attention_queue(tc, s, li, n, split_k, max_len, st)) < 0 ||
+            (rc = attention_queue(tc, s, li, n, split_k, 0, max_len, st)) < 0 ||
             (rc = gemv_rows_fused(s->h, s->o, L->wo, n, QD, H, CUDA_GEMV_ADD, NULL, 0.0f, st)) < 0 ||
             (rc = gemv_rows_fused(s->g, s->h, L->wgu, n, H, 2 * F, CUDA_GEMV_SWIGLU, L->ffn_norm, cfg->eps, st)) < 0)
             break;
@@ -324,7 +348,7 @@ static int forward_queue(struct talker_cuda *tc, struct talker_cuda_scratch *s, 
         else
             rc = cuda_ops_add_rmsnorm(s->h, s->a, s->o, L->attn_norm, n, H, cfg->eps, st);
         if (rc < 0 || (rc = matmul(s->qkv, s->a, L->wqkv, n, H, QKV, prefill, st)) < 0 ||
-            (rc = attention_queue(tc, s, li, n, split_k, max_len, st)) < 0)
+            (rc = attention_queue(tc, s, li, n, split_k, prefill, max_len, st)) < 0)
             break;
         /* a = o . Wo^T; then h += a and o = rmsnorm(h) in one kernel (o is free once
          * Wo has read it); the FFN output lands in o again for the next layer's add. */
@@ -423,7 +447,8 @@ int talker_cuda_forward(struct talker_cuda *tc, int n, const int *row, const int
         (rc = cuda_memcpy_h2d(s->row, row, sizeof(int) * n)) == 0 &&
         (rc = cuda_memcpy_h2d(s->pos, pos, sizeof(int) * n)) == 0 &&
         (rc = cuda_memcpy_h2d(s->kv_len, kv_len, sizeof(int) * n)) == 0 &&
-        (rc = forward_queue(tc, s, n, decode && split_k_fits(cfg), max_len, !decode, NULL)) == 0 &&
+        (rc = forward_queue(tc, s, n, (decode || prefill_split_k()) && split_k_fits(cfg), max_len, !decode, NULL)) ==
+            0 &&
         (rc = cuda_stream_sync(NULL)) == 0)
         rc = cuda_memcpy_d2h(hidden_out, s->a, sizeof(float) * n * H);
     free(kv_len);
