@@ -7,6 +7,10 @@
 # Device: run(command='scripts/device-stage0.sh "--pairs 1,8 --contexts 1000" \
 #                      "MM3_PDL=0 --pairs 1,8 --contexts 1000"', carry=[".device"])
 #         Each argument: optional VAR=value words (environment), then bench arguments.
+#         Two words are not environment: BIN=prog runs another bench binary (a path, or a
+#         name under .device/bin, e.g. a copy of an earlier build for an A/B), NCU=1 runs it
+#         under ncu (one kernel duration per launch, $OUT/results.tgz: ncu<run>.csv; pair it
+#         with --profile-frame K so only one step is recorded).
 #         MM3_S0_TESTS=0 skips the tests ("test_a test_b": only those, then the golden
 #         replay); MM3_S0_OPS=1 adds mm3-bench-ops with PDL on and off, MM3_S0_OPS="A=1;B=0 C=1 --x"
 #         one run per ';'-separated list of VAR=value words and mm3-bench-ops arguments.
@@ -57,9 +61,18 @@ fi
 i=0
 for set in "$@"; do
   i=$((i + 1))
-  envs=(); args=()
-  for w in $set; do if [[ $w == *=* && $w != -* && ${#args[@]} == 0 ]]; then envs+=("$w"); else args+=("$w"); fi; done
-  echo "== run $i: ${envs[*]} ${args[*]}"
-  env "${envs[@]}" $bin/mm3-bench-stage0 --ckpt "$ckpt" --backend cuda "${args[@]}" > "$out/bench$i.log" 2>&1
+  envs=(); args=(); prog=$bin/mm3-bench-stage0; wrap=()
+  for w in $set; do
+    if [[ $w == *=* && $w != -* && ${#args[@]} == 0 ]]; then
+      case $w in
+        BIN=*) prog=${w#BIN=}; [[ $prog == */* ]] || prog=$bin/$prog ;;
+        NCU=1) wrap=(ncu --profile-from-start off --metrics gpu__time_duration.sum --cache-control none
+                     --clock-control none --csv --log-file "$out/ncu$i.csv") ;;
+        *) envs+=("$w") ;;
+      esac
+    else args+=("$w"); fi
+  done
+  echo "== run $i: ${envs[*]} ${prog##*/} ${wrap[*]:0:1} ${args[*]}"
+  env "${envs[@]}" "${wrap[@]}" $prog --ckpt "$ckpt" --backend cuda "${args[@]}" > "$out/bench$i.log" 2>&1
   echo "rc=$?"; grep -v "^S0BENCH" "$out/bench$i.log" | tail -30
 done

@@ -71,6 +71,7 @@ struct args {
     int pairs[MAX_LIST], n_pairs;
     int contexts[MAX_LIST], n_contexts;
     int frames, warmup, ttff_tokens, max_batched_tokens, copy_mib;
+    int profile_frame; /* --profile-frame: 1-based timed step run inside cuda_profiler_range, 0 none */
     double utilization, time_limit;
     int capture[MAX_LIST], n_capture; /* rows; n_capture 0: eager decode */
 };
@@ -144,6 +145,7 @@ static void usage(FILE *f)
                "                        [--frames N] [--warmup N] [--utilization F] [--ttff-tokens N]\n"
                "                        [--max-batched-tokens N] [--copy-mib N] [--time-limit S]\n"
                "                        [--capture-sizes LIST|none] [--kv-dtype auto|bfloat16|float32]\n"
+               "                        [--profile-frame K]\n"
                "  --frames N      timed decode steps per configuration (default 32)\n"
                "  --warmup N      steady decode steps skipped before timing (default 3)\n"
                "  --utilization F gpu_memory_utilization the plan is checked against (default 0.6)\n"
@@ -153,7 +155,9 @@ static void usage(FILE *f)
                "  --time-limit S  skip what would run past S seconds from start (default 0: none)\n"
                "  --capture-sizes LIST|none  decode rows captured in CUDA graphs (default 1,2,4,8,16,32)\n"
                "  --kv-dtype auto|bfloat16|float32  talker KV cache elements (default auto: bfloat16 on cuda,\n"
-               "                  float32 on cpu), as the deploy key kv_cache_dtype\n");
+               "                  float32 on cpu), as the deploy key kv_cache_dtype\n"
+               "  --profile-frame K  timed step K of every configuration runs inside a profiler range\n"
+               "                  (cuda: for ncu --profile-from-start off; default 0: none)\n");
 }
 
 static int parse_args(int argc, char **argv, struct args *a)
@@ -207,6 +211,8 @@ static int parse_args(int argc, char **argv, struct args *a)
                 rc = parse_list("--capture-sizes", v, 1, 2 * MAX_PAIRS, a->capture, &a->n_capture);
         } else if (!strcmp(k, "--kv-dtype"))
             rc = mm3_kv_cache_dtype_parse(v, &a->kv_dtype);
+        else if (!strcmp(k, "--profile-frame"))
+            rc = parse_int("--profile-frame", v, 0, 100000, &a->profile_frame);
         else if (!strcmp(k, "--time-limit"))
             rc = parse_double("--time-limit", v, 0, 1e7, &a->time_limit);
         else
@@ -367,12 +373,26 @@ static void sample_memory(struct bench *b)
     b->mem_ok = 1;
 }
 
-static int step(struct bench *b, double *wall)
+/* profile: the step runs inside the profiler's range (--profile-frame); its wall time then
+ * includes the profiler's own and is not meant to be read. */
+static int step(struct bench *b, double *wall, int profile)
 {
     b->step_frames = 0;
+    int rc = 0;
+#ifdef MM3_HAVE_CUDA
+    if (profile && (rc = cuda_profiler_range(1)) < 0) return rc;
+#else
+    (void)profile;
+#endif
     double t0 = now_s();
-    int rc = sched_step(b->s);
+    rc = sched_step(b->s);
     if (wall) *wall = now_s() - t0;
+#ifdef MM3_HAVE_CUDA
+    if (profile) {
+        int rs = cuda_profiler_range(0);
+        if (rc >= 0 && rs < 0) rc = rs;
+    }
+#endif
     sample_memory(b);
     return rc < 0 ? rc : 0;
 }
@@ -419,7 +439,7 @@ static int drop_all(struct bench *b)
 {
     for (int i = 0; i < b->n_songs; i++)
         if (b->songs[i].job) mm3_job_cancel(b->songs[i].job);
-    int rc = step(b, NULL);
+    int rc = step(b, NULL, 0);
     for (int i = 0; i < b->n_songs; i++)
         if (b->songs[i].job) mm3_job_unref(b->songs[i].job);
     b->n_songs = 0;
@@ -537,7 +557,7 @@ static int wait_steady(struct bench *b, int n, const char *what, double t_sub)
         char why[160];
         snprintf(why, sizeof why, "%s, %.1f s after its submit", what, now_s() - t_sub);
         if (out_of_time(b, why)) return 1;
-        int rc = step(b, NULL);
+        int rc = step(b, NULL, 0);
         if (rc < 0) return rc;
         if (b->ended) return mm3_errorf(-EIO, "a song ended during %s (max_model_len too small?)", what);
         streak = b->step_frames == n ? streak + 1 : 0;
@@ -580,7 +600,7 @@ static int run_level(struct bench *b, struct result *r, const char *lyrics, int 
         for (int i = 0; i < r->pairs; i++)
             pos_sum += r->prompt_tokens + b->songs[i].frames;
         double wall;
-        if ((rc = step(b, &wall)) < 0) break;
+        if ((rc = step(b, &wall, k + 1 == a->profile_frame && a->backend == TALKER_BACKEND_CUDA)) < 0) break;
         if (b->step_frames != r->pairs || b->ended) {
             rc = mm3_errorf(-EIO, "context %d, %d pairs: a timed step gave %d frames, expected one per song%s",
                             r->context, r->pairs, b->step_frames, b->ended ? " (a song ended)" : "");
@@ -623,7 +643,7 @@ static int warm_up(struct bench *b)
     if (rc < 0) return rc;
     b->n_songs = 1;
     for (int i = 0; i < 10000 && rc == 0 && b->songs[0].frames < 2 && !b->ended; i++)
-        rc = step(b, NULL);
+        rc = step(b, NULL, 0);
     int frames = b->songs[0].frames;
     int rc2 = drop_all(b);
     if (rc == 0) rc = rc2;

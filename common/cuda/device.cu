@@ -1,4 +1,5 @@
 /* Device, memory, stream and event wrappers: CUDA errors become error codes. */
+#include <cuda_profiler_api.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -135,6 +136,11 @@ extern "C" int cuda_event_elapsed_ms(float *ms, void *start, void *stop)
     int rc = cuda_status(cudaEventSynchronize((cudaEvent_t)stop), "cudaEventSynchronize");
     if (rc < 0) return rc;
     return cuda_status(cudaEventElapsedTime(ms, (cudaEvent_t)start, (cudaEvent_t)stop), "cudaEventElapsedTime");
+}
+
+extern "C" int cuda_profiler_range(int on)
+{
+    return on ? cuda_status(cudaProfilerStart(), "cudaProfilerStart") : cuda_status(cudaProfilerStop(), "cudaProfilerStop");
 }
 
 extern "C" int cuda_graph_capture_begin(void *stream)

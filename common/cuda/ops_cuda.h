@@ -58,6 +58,10 @@ int cuda_event_record(void *event, void *stream);
 /* Milliseconds between two recorded events (waits for `stop`). */
 int cuda_event_elapsed_ms(float *ms, void *start, void *stop);
 
+/* Starts (on != 0) or stops the range a profiler started with --profile-from-start off
+ * records (ncu), so that one decode step can be picked out of a long run. */
+int cuda_profiler_range(int on);
+
 /* Capture the work queued on `stream` (not NULL) into an instantiated graph; replay
  * it with cuda_graph_launch. Removes the launch gaps between small kernels. */
 int cuda_graph_capture_begin(void *stream);
