@@ -140,7 +140,8 @@ extern "C" int cuda_event_elapsed_ms(float *ms, void *start, void *stop)
 
 extern "C" int cuda_profiler_range(int on)
 {
-    return on ? cuda_status(cudaProfilerStart(), "cudaProfilerStart") : cuda_status(cudaProfilerStop(), "cudaProfilerStop");
+    return on ? cuda_status(cudaProfilerStart(), "cudaProfilerStart")
+              : cuda_status(cudaProfilerStop(), "cudaProfilerStop");
 }
 
 extern "C" int cuda_graph_capture_begin(void *stream)
