@@ -144,6 +144,19 @@ static int check_step(const struct depth_cuda *dc, int n, int pos)
  * stored before the next position attends), and out gets the last position's rows.
  * The last layer's products after the attention run on the last position's rows only:
  * earlier positions of the pass only feed the caches. */
+/* Whether the layers of a pass of n sequences at n_pos positions run as the fused chain
+ * (then the last layer's output is complete in h before the final norm). */
+static int depth_fused(const struct depth_config *cfg, int n, int n_pos)
+{
+    const int N = n * n_pos, H = cfg->hidden, F = cfg->ffn;
+    return gemv_rows_fused_ok(N, H, 3 * H, CUDA_GEMV_STORE, 1) && gemv_rows_fused_ok(N, H, H, CUDA_GEMV_ADD, 0) &&
+           gemv_rows_fused_ok(N, H, 2 * F, CUDA_GEMV_SWIGLU, 1) && gemv_rows_fused_ok(N, F, H, CUDA_GEMV_ADD, 0) &&
+           gemv_rows_fused_ok(n, H, H, CUDA_GEMV_ADD, 0) && gemv_rows_fused_ok(n, H, 2 * F, CUDA_GEMV_SWIGLU, 1) &&
+           gemv_rows_fused_ok(n, F, H, CUDA_GEMV_ADD, 0);
+}
+
+/* out NULL (only where depth_cuda_raw_fits): no final norm, the last position's rows
+ * stay as they are in depth_cuda_raw_rows. */
 static int depth_forward(struct depth_cuda *dc, int n, const float *x, int pos, int n_pos, float *out, void *st)
 {
     const struct depth_config *cfg = &dc->cfg;
@@ -152,10 +165,7 @@ static int depth_forward(struct depth_cuda *dc, int n, const float *x, int pos, 
     size_t row_stride = (size_t)cfg->n_codebooks * H, layer_stride = (size_t)dc->max_rows * row_stride;
     float scale = 1.0f / sqrtf((float)cfg->head_dim);
     float *g = dc->qkv; /* silu(gate) * up: the QKV rows are free by then */
-    int fused = gemv_rows_fused_ok(N, H, 3 * H, CUDA_GEMV_STORE, 1) && gemv_rows_fused_ok(N, H, H, CUDA_GEMV_ADD, 0) &&
-                gemv_rows_fused_ok(N, H, 2 * F, CUDA_GEMV_SWIGLU, 1) && gemv_rows_fused_ok(N, F, H, CUDA_GEMV_ADD, 0) &&
-                gemv_rows_fused_ok(n, H, H, CUDA_GEMV_ADD, 0) && gemv_rows_fused_ok(n, H, 2 * F, CUDA_GEMV_SWIGLU, 1) &&
-                gemv_rows_fused_ok(n, F, H, CUDA_GEMV_ADD, 0);
+    const int fused = depth_fused(cfg, n, n_pos);
     int rc = gemv_rows(dc->h, x, dc->proj, N, H, H, st);
     for (int p = 0; p < n_pos && rc == 0; p++)
         rc = talker_cuda_add_row(dc->h + (size_t)p * n * H, dc->pos_emb + (size_t)(pos + p) * H, n, H, st);
@@ -196,6 +206,7 @@ static int depth_forward(struct depth_cuda *dc, int n, const float *x, int pos, 
             (rc = gemv_rows(o, g, L->wd, M, F, H, st)) < 0)
             return rc;
     }
+    if (!out) return 0; /* depth_cuda_raw_fits: the caller norms the last rows itself */
     if (fused || cfg->n_layers == 0) return cuda_ops_rmsnorm(out, dc->h + last * H, dc->norm, n, H, cfg->eps, st);
     return cuda_ops_add_rmsnorm(dc->h + last * H, out, dc->o + last * H, dc->norm, n, H, cfg->eps, st);
 }
@@ -203,7 +214,46 @@ static int depth_forward(struct depth_cuda *dc, int n, const float *x, int pos, 
 int depth_cuda_step_dev(struct depth_cuda *dc, int n, const float *x, int pos, float *out, void *st)
 {
     int rc = check_step(dc, n, pos);
+    if (rc == 0 && !out && !depth_cuda_raw_fits(dc, n, 1))
+        rc = mm3_errorf(-EINVAL,
+                        "depth_cuda_step: no output for %d rows, where the final norm is not left to the caller", n);
     return rc < 0 ? rc : depth_forward(dc, n, x, pos, 1, out, st);
+}
+
+int depth_cuda_raw_fits(const struct depth_cuda *dc, int n, int n_pos)
+{
+    const struct depth_config *cfg = &dc->cfg;
+    return n >= 1 && n <= dc->max_rows && cfg->n_layers > 0 && depth_fused(cfg, n, n_pos) &&
+           gemv_rows_fused_ok(n, cfg->hidden, cfg->audio_vocab, CUDA_GEMV_STORE, 1);
+}
+
+const float *depth_cuda_raw_rows(const struct depth_cuda *dc, int n, int n_pos)
+{
+    return dc->h + (size_t)(n_pos - 1) * n * dc->cfg.hidden;
+}
+
+const float *depth_cuda_norm_weight(const struct depth_cuda *dc, float *eps)
+{
+    *eps = dc->cfg.eps;
+    return dc->norm;
+}
+
+float *depth_cuda_step01_inputs(struct depth_cuda *dc, int n)
+{
+    return depth_cuda_step01_fits(dc, n) ? dc->x : NULL;
+}
+
+int depth_cuda_logits_raw_dev(struct depth_cuda *dc, int j, const float *raw, int n, float *logits, void *stream)
+{
+    const struct depth_config *cfg = &dc->cfg;
+    if (j < 1 || j >= cfg->n_codebooks || !depth_cuda_raw_fits(dc, n, 1))
+        return mm3_errorf(-EINVAL,
+                          "depth_cuda_logits_raw: codebook %d, %d rows: expected 1..%d and rows whose norm "
+                          "fuses into the head",
+                          j, n, cfg->n_codebooks - 1);
+    int H = cfg->hidden, V = cfg->audio_vocab;
+    return gemv_rows_fused(logits, raw, dc->heads + (size_t)(j - 1) * V * H, n, H, V, CUDA_GEMV_STORE, dc->norm,
+                           cfg->eps, stream);
 }
 
 int depth_cuda_step01_fits(const struct depth_cuda *dc, int n)
@@ -219,10 +269,18 @@ int depth_cuda_step01_dev(struct depth_cuda *dc, int n, const float *x0, const f
                           "up to %d)",
                           n, dc->max_rows < DEPTH_PAIR_MAX_ROWS ? dc->max_rows : DEPTH_PAIR_MAX_ROWS, dc->max_rows,
                           DEPTH_PAIR_MAX_ROWS);
+    if (!out && !depth_cuda_raw_fits(dc, n, 2))
+        return mm3_errorf(-EINVAL,
+                          "depth_cuda_step01: no output for %d rows, where the final norm is not left to the "
+                          "caller",
+                          n);
+    /* Inputs already in place (depth_cuda_step01_inputs) need no copy: a copy node in a
+     * graph also ends the programmatic overlap of the kernels around it. */
     size_t bytes = sizeof(float) * (size_t)n * dc->cfg.hidden;
+    float *x1_at = dc->x + (size_t)n * dc->cfg.hidden;
     int rc;
-    if ((rc = cuda_memcpy_d2d(dc->x, x0, bytes, st)) < 0 ||
-        (rc = cuda_memcpy_d2d(dc->x + (size_t)n * dc->cfg.hidden, x1, bytes, st)) < 0)
+    if ((x0 != dc->x && (rc = cuda_memcpy_d2d(dc->x, x0, bytes, st)) < 0) ||
+        (x1 != x1_at && (rc = cuda_memcpy_d2d(x1_at, x1, bytes, st)) < 0))
         return rc;
     return depth_forward(dc, n, dc->x, 0, 2, out, st);
 }

@@ -42,7 +42,6 @@ struct frame_cuda {
     void *in_dev, *out_dev;            /* one block each, laid out per call for n pairs */
     unsigned char *in_host, *out_host; /* page-locked, for the asynchronous copies */
     float *logits, *dlogits, *x, *y;   /* [2P][C0], [2P][vocab], [2P][hidden] x 2 */
-    int *col;                          /* [P] */
     /* CUDA graphs (frame_cuda_graphs_enable): stream NULL = eager on the default stream. */
     void *stream;
     struct frame_graph *graphs;
@@ -100,7 +99,7 @@ int frame_cuda_create(struct frame_cuda **out, const struct talker *lm, const st
     const float *e0 = lm->embed + (size_t)SAMPLER_CODE_OFFSET * H;
     size_t n_e0 = (size_t)SAMPLER_N_CODES * H, n_audio = (size_t)(ncb - 1) * V * H;
     if (!exact_bf16(e0, n_e0) || !exact_bf16(dd->audio_emb, n_audio)) return 0;
-    int max_cols = cuda_sampler_max_cols();
+    int max_cols = frame_cuda_draw_take_max_cols();
     if (SAMPLER_C0_COLS > max_cols || V > max_cols) return 0; /* rows too wide for the GPU draw */
     struct frame_cuda *fc = calloc(1, sizeof *fc);
     if (!fc) return mm3_errorf(-ENOMEM, "frame_cuda_create: out of memory");
@@ -123,7 +122,6 @@ int frame_cuda_create(struct frame_cuda **out, const struct talker *lm, const st
     if (rc == 0) rc = cuda_alloc_list_add(l, (void **)&fc->dlogits, sizeof(float) * R * V);
     if (rc == 0) rc = cuda_alloc_list_add(l, (void **)&fc->x, sizeof(float) * R * H);
     if (rc == 0) rc = cuda_alloc_list_add(l, (void **)&fc->y, sizeof(float) * R * H);
-    if (rc == 0) rc = cuda_alloc_list_add(l, (void **)&fc->col, sizeof(int) * (size_t)max_pairs);
     void *h;
     if (rc == 0 && (rc = host_pinned_alloc(&h, il.bytes)) == 0) fc->in_host = h;
     if (rc == 0 && (rc = host_pinned_alloc(&h, ol.bytes)) == 0) fc->out_host = h;
@@ -203,24 +201,65 @@ static int queue_step(struct frame_cuda *fc, struct talker_cuda *tc, struct dept
     size_t dh_stride = (size_t)(ncb - 1) * H;
     /* c0: head on all 2n rows, guide + draw; then positions 0 (the LM hidden pair) and
      * 1 (c0's embedding) of the depth decoder, in one pass where it fits (the weights
-     * read once, as the reference's first depth call), else one pass each. */
+     * read once, as the reference's first depth call), else one pass each. The draw's
+     * kernel also writes what the next pass reads: the drawn code's embedding, and for
+     * the two-position pass the LM hidden pair, into the depth decoder's input rows. */
     const int step01 = depth_cuda_step01_fits(dc, R);
+    /* raw: the depth decoder's final norm inside the head's product and the draw's kernel */
+    const int raw = depth_cuda_raw_fits(dc, R, 1) && (!step01 || depth_cuda_raw_fits(dc, R, 2));
+    float *in01 = step01 ? depth_cuda_step01_inputs(dc, R) : NULL;
+    float norm_eps = 0.0f;
+    const float *norm_w = raw ? depth_cuda_norm_weight(dc, &norm_eps) : NULL;
+    struct frame_draw_take d = {.logits = fc->logits,
+                                .n_cols = SAMPLER_C0_COLS,
+                                .c0_rule = 1,
+                                .top_k = top_k,
+                                .scale = scale,
+                                .seed = seed,
+                                .pos = pos,
+                                .mask_col0 = mask,
+                                .codes = codes,
+                                .ncb = ncb,
+                                .j = 0,
+                                .width = H,
+                                .table = fc->e0,
+                                .table_rows = SAMPLER_N_CODES,
+                                .col_offset = -1,
+                                .x = step01 ? in01 + (size_t)R * H : fc->x,
+                                .copy_dst = in01,
+                                .copy_src = step01 ? hidden : NULL};
     if ((rc = talker_cuda_head_dev(tc, hidden, R, fc->logits, stream)) < 0 ||
-        (rc = cuda_sampler_draw_pairs(fc->logits, SAMPLER_C0_COLS, SAMPLER_C0_COLS, n, scale, 1, top_k, seed, pos, mask,
-                                      fc->col, NULL, stream)) < 0 ||
-        (!step01 && (rc = depth_cuda_step_dev(dc, R, hidden, 0, fc->y, stream)) < 0) ||
-        (rc = frame_cuda_take_codes(codes, ncb, 0, fc->col, n, fc->x, fc->e0, SAMPLER_N_CODES, -1, H, NULL, 0, NULL,
-                                    stream)) < 0)
+        (rc = frame_cuda_draw_take(&d, n, stream)) < 0 ||
+        (!step01 && (rc = depth_cuda_step_dev(dc, R, hidden, 0, fc->y, stream)) < 0))
         return rc;
     for (int j = 1; j < ncb; j++) {
-        const uint16_t *next = j < ncb - 1 ? fc->audio + (size_t)(j - 1) * V * H : NULL;
-        if ((rc = j == 1 && step01 ? depth_cuda_step01_dev(dc, R, hidden, fc->x, fc->y, stream)
-                                   : depth_cuda_step_dev(dc, R, fc->x, j, fc->y, stream)) < 0 ||
-            (rc = depth_cuda_logits_dev(dc, j, fc->y, R, fc->dlogits, stream)) < 0 ||
-            (rc = cuda_sampler_draw_pairs(fc->dlogits, V, V, n, scale, 0, top_k, seed, pos + (size_t)j * n, NULL,
-                                          fc->col, NULL, stream)) < 0 ||
-            (rc = frame_cuda_take_codes(codes, ncb, j, fc->col, n, fc->x, next, V, 0, H, dh + (size_t)(j - 1) * H,
-                                        dh_stride, fc->y, stream)) < 0)
+        const int two = j == 1 && step01;
+        float *out = raw ? NULL : fc->y;
+        const float *h = raw ? depth_cuda_raw_rows(dc, R, two ? 2 : 1) : fc->y;
+        d = (struct frame_draw_take){.logits = fc->dlogits,
+                                     .n_cols = V,
+                                     .c0_rule = 0,
+                                     .top_k = top_k,
+                                     .scale = scale,
+                                     .seed = seed,
+                                     .pos = pos + (size_t)j * n,
+                                     .codes = codes,
+                                     .ncb = ncb,
+                                     .j = j,
+                                     .width = H,
+                                     .table = j < ncb - 1 ? fc->audio + (size_t)(j - 1) * V * H : NULL,
+                                     .table_rows = V,
+                                     .x = fc->x,
+                                     .dh = dh + (size_t)(j - 1) * H,
+                                     .dh_stride = dh_stride,
+                                     .h = h,
+                                     .norm_w = norm_w,
+                                     .eps = norm_eps};
+        if ((rc = two ? depth_cuda_step01_dev(dc, R, in01, in01 + (size_t)R * H, out, stream)
+                      : depth_cuda_step_dev(dc, R, fc->x, j, out, stream)) < 0 ||
+            (rc = raw ? depth_cuda_logits_raw_dev(dc, j, h, R, fc->dlogits, stream)
+                      : depth_cuda_logits_dev(dc, j, fc->y, R, fc->dlogits, stream)) < 0 ||
+            (rc = frame_cuda_draw_take(&d, n, stream)) < 0)
             return rc;
     }
     return frame_cuda_feedback(fb, codes, ncb, n, fc->e0, SAMPLER_N_CODES, fc->audio, V, H, fc->feedback_scale, stream);

@@ -3,6 +3,7 @@
 
 #include "common/cuda/cuda_internal.h"
 #include "common/cuda/pdl.cuh"
+#include "common/cuda/sampler_draw.cuh"
 #include "stage0/cuda/frame_kernels.h"
 
 static __device__ __forceinline__ float bf16_to_f32(uint16_t b)
@@ -15,41 +16,80 @@ static __device__ __forceinline__ int clamp_row(int r, int rows)
     return r < 0 ? 0 : r >= rows ? rows - 1 : r;
 }
 
-__global__ void take_codes_kernel(int32_t *__restrict__ codes, int ncb, int j, const int *__restrict__ col,
-                                  float *__restrict__ x, const uint16_t *__restrict__ table, int table_rows,
-                                  int col_offset, int width, float *__restrict__ dh, size_t dh_stride,
-                                  const float *__restrict__ y)
+/* Sum of v over the block (every thread gets it); scratch: SAMPLER_WARPS floats. */
+static __device__ float block_sum_all(float v, float *scratch)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int off = 16; off > 0; off >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, off);
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float s = 0.0f;
+    for (int k = 0; k < (int)(blockDim.x >> 5); k++)
+        s += scratch[k];
+    return s;
+}
+
+__global__ void __launch_bounds__(SAMPLER_THREADS) draw_take_kernel(struct frame_draw_take a)
 {
     pdl_launch_dependents();
     pdl_wait();
-    const int p = blockIdx.x;
-    const int c = col[p];
-    if (threadIdx.x == 0) codes[(size_t)p * ncb + j] = c;
-    if (dh)
-        for (int i = threadIdx.x; i < width; i += blockDim.x)
-            dh[(size_t)p * dh_stride + i] = y[(size_t)2 * p * width + i];
-    if (!table) return;
-    const uint16_t *e = table + (size_t)clamp_row(c + col_offset, table_rows) * width;
-    float *x0 = x + (size_t)2 * p * width, *x1 = x0 + width;
-    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+    extern __shared__ uint32_t keys[];
+    __shared__ float warp_ss[SAMPLER_WARPS];
+    const int p = blockIdx.x, W = a.width;
+    const int c = sampler_draw_pair(a.logits, a.n_cols, a.n_cols, a.scale, a.c0_rule, a.top_k, a.seed, a.pos,
+                                    a.mask_col0, NULL, p, keys);
+    if (threadIdx.x == 0) a.codes[(size_t)p * a.ncb + a.j] = c;
+    if (a.dh) { /* the pair's conditional row, normed as rmsnorm_kernel does */
+        const float *hr = a.h + (size_t)2 * p * W;
+        float r = 1.0f;
+        if (a.norm_w) {
+            float ss = 0.0f;
+            for (int i = threadIdx.x; i < W; i += blockDim.x)
+                ss = fmaf(hr[i], hr[i], ss);
+            r = 1.0f / sqrtf(block_sum_all(ss, warp_ss) / (float)W + a.eps);
+        }
+        float *d = a.dh + (size_t)p * a.dh_stride;
+        for (int i = threadIdx.x; i < W; i += blockDim.x)
+            d[i] = a.norm_w ? __fmul_rn(a.norm_w[i], __fmul_rn(hr[i], r)) : hr[i];
+    }
+    if (a.copy_dst)
+        for (int i = threadIdx.x; i < 2 * W; i += blockDim.x)
+            a.copy_dst[(size_t)2 * p * W + i] = a.copy_src[(size_t)2 * p * W + i];
+    if (!a.table) return;
+    const uint16_t *e = a.table + (size_t)clamp_row(c + a.col_offset, a.table_rows) * W;
+    float *x0 = a.x + (size_t)2 * p * W, *x1 = x0 + W;
+    for (int i = threadIdx.x; i < W; i += blockDim.x) {
         float v = bf16_to_f32(e[i]);
         x0[i] = v;
         x1[i] = v;
     }
 }
 
-extern "C" int frame_cuda_take_codes(int32_t *codes, int ncb, int j, const int *col, int n, float *x,
-                                     const uint16_t *table, int table_rows, int col_offset, int width, float *dh,
-                                     size_t dh_stride, const float *y, void *stream)
+static int draw_take_cols;
+
+extern "C" int frame_cuda_draw_take_max_cols(void)
 {
-    if (n < 1 || ncb < 1 || j < 0 || j >= ncb || width < 1 || (table && table_rows < 1) ||
-        (dh && (!y || dh_stride < (size_t)width)))
+    return sampler_draw_max_cols((const void *)draw_take_kernel, "draw_take_kernel", &draw_take_cols);
+}
+
+extern "C" int frame_cuda_draw_take(const struct frame_draw_take *a, int n, void *stream)
+{
+    if (n < 1 || a->n_cols < 1 || a->ncb < 1 || a->j < 0 || a->j >= a->ncb || a->width < 1 || !a->logits || !a->scale ||
+        !a->seed || !a->pos || !a->codes || (a->table && (a->table_rows < 1 || !a->x)) ||
+        (a->dh && (!a->h || a->dh_stride < (size_t)a->width)) || (!a->copy_dst != !a->copy_src))
         return mm3_errorf(-EINVAL,
-                          "frame_cuda_take_codes: %d pairs, codebook %d of %d, width %d, %d table rows, hidden copy "
-                          "stride %zu%s",
-                          n, j, ncb, width, table_rows, dh_stride, dh && !y ? " without a source" : "");
-    return launch_pdl("take_codes_kernel", take_codes_kernel, n, 256, 0, cuda_stream_of(stream), codes, ncb, j, col, x,
-                      table, table_rows, col_offset, width, dh, dh_stride, y);
+                          "frame_cuda_draw_take: %d pairs, %d columns, codebook %d of %d, width %d, %d table rows, "
+                          "hidden stride %zu: expected positive sizes, j < ncb, the draw's device arrays, a table with "
+                          "its x, dh with its rows and a stride >= width, copy_dst with copy_src",
+                          n, a->n_cols, a->j, a->ncb, a->width, a->table_rows, a->dh_stride);
+    const int max_cols = frame_cuda_draw_take_max_cols();
+    if (max_cols == 0) return mm3_error_prefix(-ENODEV, "frame_cuda_draw_take: ");
+    if (a->n_cols > max_cols)
+        return mm3_errorf(-EINVAL, "frame_cuda_draw_take: %d columns: expected at most %d (shared memory)", a->n_cols,
+                          max_cols);
+    return launch_pdl("draw_take_kernel", draw_take_kernel, (unsigned)n, SAMPLER_THREADS,
+                      sizeof(uint32_t) * (size_t)a->n_cols, cuda_stream_of(stream), *a);
 }
 
 __global__ void feedback_kernel(float *__restrict__ fb, const int32_t *__restrict__ codes, int ncb,

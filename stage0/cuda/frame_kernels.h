@@ -1,5 +1,5 @@
-/* Small kernels of the batched frame step (stage0/cuda/frame_cuda.h): the drawn
- * codes into the codes array and into the next depth input, the frame feedback
+/* Small kernels of the batched frame step (stage0/cuda/frame_cuda.h): the draw with
+ * its codes into the codes array and into the next depth input, the frame feedback
  * embedding. C-callable; device pointers; `stream` is a
  * cudaStream_t as void * (NULL = default stream). Return 0 or a negative errno
  * code with a message (common/error.h). Embedding tables are bf16 [rows][width]. */
@@ -13,14 +13,37 @@
 extern "C" {
 #endif
 
-/* For every pair p < n: codes[p * ncb + j] = col[p]; when table is not NULL, rows
- * 2p and 2p+1 of x[2n, width] = table[col[p] + col_offset] widened to float32 (the
- * index clamped into [0, table_rows): a stop column's pair is discarded by the host
- * but must not read outside the table); when dh is not NULL, dh[p * dh_stride + i] =
- * y[2p * width + i] (the pair's conditional depth hidden, copied in the same launch). */
-int frame_cuda_take_codes(int32_t *codes, int ncb, int j, const int *col, int n, float *x, const uint16_t *table,
-                          int table_rows, int col_offset, int width, float *dh, size_t dh_stride, const float *y,
-                          void *stream);
+/* One block per pair p < n: the pair's draw (cuda_sampler_draw_pairs's contract for
+ * logits .. mask_col0, rows of n_cols columns, ld = n_cols), then with its column c:
+ * codes[p * ncb + j] = c; when table is not NULL, rows 2p and 2p+1 of x[2n, width] =
+ * table[c + col_offset] widened to float32 (the index clamped into [0, table_rows): a
+ * stop column's pair is discarded by the host but must not read outside the table);
+ * when dh is not NULL, dh[p * dh_stride + i] = the pair's conditional row h[2p], RMS-
+ * normed with norm_w and eps as cuda_ops_rmsnorm (copied as is when norm_w is NULL);
+ * when copy_dst is not NULL, its rows 2p and 2p+1 = copy_src's. One launch for what was
+ * the draw, a norm and a copy kernel. */
+struct frame_draw_take {
+    const float *logits;
+    int n_cols, c0_rule, top_k;
+    const float *scale;
+    const uint64_t *seed;
+    const uint32_t *pos;
+    const unsigned char *mask_col0;
+    int32_t *codes;
+    int ncb, j, width;
+    const uint16_t *table;
+    int table_rows, col_offset;
+    float *x;
+    float *dh;
+    size_t dh_stride;
+    const float *h, *norm_w;
+    float eps;
+    float *copy_dst;
+    const float *copy_src;
+};
+int frame_cuda_draw_take(const struct frame_draw_take *a, int n, void *stream);
+/* Largest n_cols frame_cuda_draw_take accepts on the current device (0 on a CUDA error). */
+int frame_cuda_draw_take_max_cols(void);
 
 /* fb[p, i] = (e0[codes[p*ncb] - 1, i] + sum_{j=1..ncb-1} audio[(j-1)*V + codes[p*ncb+j], i]) * scale,
  * summed in talker_feedback_embedding's order with every operation rounded separately

@@ -1,0 +1,326 @@
+/* The seeded stage-0 draw of one CFG pair by one thread block, shared by the
+ * sampler's kernel (sampler_cuda.cu) and kernels that go on with the drawn column in
+ * the same launch (stage0/cuda/frame_kernels.cu).
+ *
+ * A block stages the order-preserving uint32 keys of one row in shared memory and
+ * finds the k-th largest key with a radix select, first on the conditional row (the
+ * c0 rule), then on the nan_to_num'd guided row (the draw's top-k). Wide rows take
+ * one 12-bit histogram pass over all keys; when the bin that holds the k-th largest
+ * and the bins above it hold few keys (top-50 of logits: a few hundred), those are
+ * compacted and the select finishes on them alone, else (heavy ties) it goes on over
+ * all keys. The Gumbel noise is only computed for the surviving candidates. Every
+ * float op that the CPU rounds separately is an explicit _rn intrinsic so nvcc cannot
+ * contract it into an FMA. */
+#ifndef MM3_SAMPLER_DRAW_CUH
+#define MM3_SAMPLER_DRAW_CUH
+
+#include <float.h>
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "common/cuda/cuda_internal.h"
+#include "common/sampler_hash.h"
+
+enum {
+    SAMPLER_THREADS = 1024,
+    SAMPLER_WARPS = SAMPLER_THREADS / 32,
+    FIRST_BITS = 12, /* the first pass over a wide row */
+    HIST_BINS = 1 << FIRST_BITS,
+    PASS_BITS = 8,   /* the other passes */
+    SMALL_CAP = 2048 /* keys a select finishes on after compaction */
+};
+
+static const unsigned FULL_MASK = 0xFFFFFFFFu;
+/* The key of every NaN; no number maps to it. */
+static const uint32_t KEY_NAN = 0xFFFFFFFFu;
+
+/* Keys compare as the floats do, with -0 == +0 and NaN above +inf (torch.topk's
+ * order, which common/sampler.c follows). */
+static __device__ __forceinline__ uint32_t key_of(float x)
+{
+    if (isnan(x)) return KEY_NAN;
+    uint32_t b = __float_as_uint(x);
+    if ((b << 1) == 0) b = 0;
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+static __device__ __forceinline__ float float_of_key(uint32_t k)
+{
+    return __uint_as_float((k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k);
+}
+
+struct select_shared {
+    unsigned hist[HIST_BINS];
+    uint32_t buf[SMALL_CAP];
+    unsigned warp_total[SAMPLER_WARPS];
+    unsigned n_buf;
+    /* The result of radix_find: */
+    int digit;      /* the digit that holds the k-th largest */
+    int rank;       /* k among the keys with that digit */
+    unsigned count; /* keys with that digit or a larger one */
+};
+
+/* Inclusive prefix sum over the block in thread order. */
+static __device__ unsigned block_scan(unsigned v, unsigned *warp_total)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int off = 1; off < 32; off <<= 1) {
+        unsigned t = __shfl_up_sync(FULL_MASK, v, off);
+        if (lane >= off) v += t;
+    }
+    if (lane == 31) warp_total[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        unsigned w = warp_total[lane];
+        for (int off = 1; off < 32; off <<= 1) {
+            unsigned t = __shfl_up_sync(FULL_MASK, w, off);
+            if (lane >= off) w += t;
+        }
+        warp_total[lane] = w;
+    }
+    __syncthreads();
+    return v + (warp > 0 ? warp_total[warp - 1] : 0u);
+}
+
+/* hist[d] = how many of keys[0..n) with (key & pmask) == prefix have digit d =
+ * (key >> shift) & (bins - 1). */
+static __device__ void radix_histogram(const uint32_t *keys, int n, uint32_t prefix, uint32_t pmask, int shift,
+                                       int bins, unsigned *hist)
+{
+    const int lane = threadIdx.x & 31;
+    for (int b = threadIdx.x; b < bins; b += blockDim.x)
+        hist[b] = 0;
+    __syncthreads();
+    /* blockDim is a multiple of 32: every lane runs every iteration (full-mask votes).
+     * A warp whose keys share one digit adds once: a masked row is thousands of equal
+     * keys, and per-lane atomics on one address would serialise. */
+    for (int base = 0; base < n; base += blockDim.x) {
+        int i = base + (int)threadIdx.x, d = -1;
+        if (i < n) {
+            uint32_t key = keys[i];
+            if ((key & pmask) == prefix) d = (int)((key >> shift) & (uint32_t)(bins - 1));
+        }
+        int d0 = __shfl_sync(FULL_MASK, d, 0);
+        if (__all_sync(FULL_MASK, d == d0)) {
+            if (lane == 0 && d0 >= 0) atomicAdd(&hist[d0], 32u);
+        } else if (d >= 0) {
+            atomicAdd(&hist[d], 1u);
+        }
+    }
+    __syncthreads();
+}
+
+/* The digit holding the k-th largest counted key (1 <= k <= the count), into
+ * sh->digit, sh->rank and sh->count. Thread t owns the bins-per-thread bins below
+ * bins-1-per*t, so the scan in thread order counts from the largest digit down. */
+static __device__ void radix_find(struct select_shared *sh, int bins, int k)
+{
+    const int per = bins > SAMPLER_THREADS ? bins / SAMPLER_THREADS : 1;
+    const int top = bins - 1 - per * (int)threadIdx.x;
+    unsigned sum = 0;
+    if (top >= 0)
+        for (int j = 0; j < per; j++)
+            sum += sh->hist[top - j];
+    unsigned incl = block_scan(sum, sh->warp_total);
+    unsigned above = incl - sum;
+    if (top >= 0 && above < (unsigned)k && (unsigned)k <= incl) {
+        for (int j = 0; j < per; j++) {
+            unsigned c = sh->hist[top - j];
+            if (above + c >= (unsigned)k) {
+                sh->digit = top - j;
+                sh->rank = k - (int)above;
+                sh->count = above + c;
+                break;
+            }
+            above += c;
+        }
+    }
+    __syncthreads();
+}
+
+/* Finish a select: the remaining low `bits` of the k-th largest key among those that
+ * match prefix under pmask, PASS_BITS at a time. */
+static __device__ uint32_t radix_passes(const uint32_t *keys, int n, int k, uint32_t prefix, uint32_t pmask, int bits,
+                                        struct select_shared *sh)
+{
+    while (bits > 0) {
+        int b = bits < PASS_BITS ? bits : PASS_BITS, shift = bits - b, bins = 1 << b;
+        radix_histogram(keys, n, prefix, pmask, shift, bins, sh->hist);
+        radix_find(sh, bins, k);
+        prefix |= (uint32_t)sh->digit << shift;
+        pmask |= (uint32_t)(bins - 1) << shift;
+        k = sh->rank;
+        bits = shift;
+    }
+    return prefix;
+}
+
+/* The k-th largest of keys[0..n) (1 <= k <= n, duplicates counted). Called by the
+ * whole block; every thread gets the result. keys are only read. */
+static __device__ uint32_t radix_select(const uint32_t *keys, int n, int k, struct select_shared *sh)
+{
+    if (n <= SMALL_CAP) return radix_passes(keys, n, k, 0, 0, 32, sh);
+    const int lane = threadIdx.x & 31, shift = 32 - FIRST_BITS;
+    radix_histogram(keys, n, 0, 0, shift, HIST_BINS, sh->hist);
+    radix_find(sh, HIST_BINS, k);
+    const uint32_t lo = (uint32_t)sh->digit << shift;
+    const unsigned count = sh->count;
+    const int rank = sh->rank;
+    if (count > SMALL_CAP) /* heavy ties: go on over all keys in that bin */
+        return radix_passes(keys, n, rank, lo, ~0u << shift, shift, sh);
+    /* Every key >= lo (count of them, k-th largest among them) into buf. */
+    if (threadIdx.x == 0) sh->n_buf = 0;
+    __syncthreads();
+    for (int base = 0; base < n; base += blockDim.x) {
+        int i = base + (int)threadIdx.x;
+        uint32_t key = i < n ? keys[i] : 0u;
+        bool take = i < n && key >= lo;
+        unsigned ballot = __ballot_sync(FULL_MASK, take);
+        unsigned at = 0;
+        if (lane == 0 && ballot) at = atomicAdd(&sh->n_buf, (unsigned)__popc(ballot));
+        at = __shfl_sync(FULL_MASK, at, 0);
+        if (take) sh->buf[at + (unsigned)__popc(ballot & ((1u << lane) - 1u))] = key;
+    }
+    __syncthreads();
+    return radix_passes(sh->buf, (int)count, k, 0, 0, 32, sh);
+}
+
+/* (score, col) pairs: the larger score wins, on equal scores the smaller column
+ * (torch.argmax returns the first maximum). col INT_MAX = no candidate. */
+static __device__ __forceinline__ void best_merge(double *score, int *col, double other_score, int other_col)
+{
+    if (other_col == INT_MAX) return;
+    if (*col == INT_MAX || other_score > *score || (other_score == *score && other_col < *col)) {
+        *score = other_score;
+        *col = other_col;
+    }
+}
+
+static __device__ __forceinline__ void best_warp_reduce(double *score, int *col)
+{
+    for (int off = 16; off > 0; off >>= 1) {
+        double s = __shfl_down_sync(FULL_MASK, *score, off);
+        int c = __shfl_down_sync(FULL_MASK, *col, off);
+        best_merge(score, col, s, c);
+    }
+}
+
+/* The draw of pair p (one block of SAMPLER_THREADS threads; cuda_sampler_draw_pairs
+ * has the contract): every thread gets the column. keys: n words of (dynamic) shared
+ * memory. Called once per block: its shared state is static. */
+static __device__ int sampler_draw_pair(const float *__restrict__ logits, int ld, int n,
+                                        const float *__restrict__ scale, int c0_rule, int top_k,
+                                        const uint64_t *__restrict__ seed, const uint32_t *__restrict__ pos,
+                                        const unsigned char *__restrict__ mask_col0, float *__restrict__ guided_out,
+                                        int p, uint32_t *keys)
+{
+    __shared__ struct select_shared sh;
+    __shared__ double warp_score[SAMPLER_WARPS];
+    __shared__ int warp_col[SAMPLER_WARPS];
+    __shared__ int drawn;
+
+    const float *c = logits + (size_t)2 * (size_t)p * (size_t)ld;
+    const float *u = c + ld;
+    const float s = scale[p];
+    const bool blend = s > 1.0f;
+    const bool limit = top_k > 0 && top_k < n;
+    const bool c0 = c0_rule && limit;
+
+    /* The c0 rule's threshold: the conditional row's top_k-th value. */
+    uint32_t tc = KEY_NAN;
+    if (c0) {
+        for (int i = threadIdx.x; i < n; i += blockDim.x)
+            keys[i] = key_of(c[i]);
+        __syncthreads();
+        tc = radix_select(keys, n, top_k, &sh);
+    }
+    /* A NaN threshold masks nothing: c < NaN is false everywhere. */
+    const bool c0_mask = c0 && tc != KEY_NAN;
+    const bool mask0 = mask_col0 && mask_col0[p];
+    float *gout = guided_out ? guided_out + (size_t)p * (size_t)n : NULL;
+
+    /* Guidance, then the draw's keys in place of c's (each thread rewrites only the
+     * entries it read). */
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float ci = c[i];
+        float g = ci;
+        if (blend) {
+            float ui = u[i];
+            g = __fadd_rn(ui, __fmul_rn(__fsub_rn(ci, ui), s));
+        }
+        if (c0_mask && keys[i] < tc) g = -INFINITY;
+        if (i == 0 && mask0) g = -INFINITY;
+        if (gout) gout[i] = g;
+        float v = g;
+        if (isnan(v))
+            v = -1e9f;
+        else if (isinf(v))
+            v = v > 0.0f ? 1e9f : -1e9f;
+        keys[i] = key_of(v);
+    }
+    __syncthreads();
+
+    /* v has no NaN, so key order is float order; key 0 keeps every column. */
+    const uint32_t tv = limit ? radix_select(keys, n, top_k, &sh) : 0u;
+    const uint64_t sd = seed[p];
+    const uint32_t ps = pos[p];
+    double best = -INFINITY;
+    int col = INT_MAX;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        uint32_t k = keys[i];
+        if (k < tv) continue;
+        double score = __dadd_rn((double)float_of_key(k), sampler_hash_gumbel(sd, ps, (uint32_t)i));
+        /* i grows within a thread: strict > keeps the first maximum. */
+        if (col == INT_MAX || score > best) {
+            best = score;
+            col = i;
+        }
+    }
+    best_warp_reduce(&best, &col);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) {
+        warp_score[warp] = best;
+        warp_col[warp] = col;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        best = warp_score[lane];
+        col = warp_col[lane];
+        best_warp_reduce(&best, &col);
+        /* No candidate cannot happen (top-k keeps >= 1 finite value); 0 is what the
+         * CPU loop would answer. */
+        if (lane == 0) drawn = col == INT_MAX ? 0 : col;
+    }
+    __syncthreads();
+    return drawn;
+}
+
+/* Columns whose keys fit the dynamic shared memory of `kernel` (a kernel calling
+ * sampler_draw_pair); its opt-in limit is raised on the first call, once per process
+ * (not a stream operation: fine during graph capture). 0 on a CUDA error. */
+static inline int sampler_draw_max_cols(const void *kernel, const char *name, int *cache)
+{
+    int cached = __atomic_load_n(cache, __ATOMIC_ACQUIRE);
+    if (cached > 0) return cached;
+    int dev = 0, optin = 0;
+    cudaFuncAttributes fa;
+    if (cuda_status(cudaGetDevice(&dev), "cudaGetDevice") < 0) return 0;
+    if (cuda_status(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+                    "cudaDeviceGetAttribute(shared memory per block opt-in)") < 0)
+        return 0;
+    if (cuda_status(cudaFuncGetAttributes(&fa, kernel), "cudaFuncGetAttributes(draw kernel)") < 0) return 0;
+    int dyn = optin - (int)fa.sharedSizeBytes;
+    if (dyn < (int)sizeof(uint32_t)) {
+        mm3_errorf(-ENODEV, "%s: %d bytes of shared memory per block leave no room for keys", name, optin);
+        return 0;
+    }
+    if (cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn),
+                    "cudaFuncSetAttribute(draw kernel, max dynamic shared memory)") < 0)
+        return 0;
+    cached = dyn / (int)sizeof(uint32_t);
+    __atomic_store_n(cache, cached, __ATOMIC_RELEASE);
+    return cached;
+}
+
+#endif
