@@ -7,9 +7,9 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/sampler.h"
+#include "stage0/cuda/depth_cuda.h" /* also in CPU-only builds: DEPTH_CUDA_PAIR_MAX_ROWS for the plan */
 #ifdef MM3_HAVE_CUDA
 #include "common/cuda/ops_cuda.h"
-#include "stage0/cuda/depth_cuda.h"
 #include "stage0/cuda/device_memory.h"
 #include "stage0/cuda/frame_cuda.h"
 #include "stage0/cuda/talker_cuda.h"
@@ -307,9 +307,9 @@ void talker_backend_plan_compute_kv(enum talker_backend_kind kind, enum mm3_kv_c
                   ((size_t)e->n_layers * (size_t)e->n_codebooks * EH * 2 + 10 * EH + 2 * EF +
                    2 * (size_t)e->audio_vocab + SAMPLER_C0_COLS) *
                   sizeof(float);
-    /* The depth decoder's second position block of up to 8 rows (two positions per pass;
-     * DEPTH_PAIR_MAX_ROWS in stage0/cuda/depth_cuda.c, not visible to CPU-only builds). */
-    dact += (size_t)(rows < 8 ? rows : 8) * (7 * EH + 3 * EF) * sizeof(float);
+    /* The depth decoder's second position block (two positions per pass). */
+    const int pair_rows = DEPTH_CUDA_PAIR_MAX_ROWS;
+    dact += (size_t)(rows < pair_rows ? rows : pair_rows) * (7 * EH + 3 * EF) * sizeof(float);
     p->workspace_bytes = act + dact;
     p->total_bytes = p->weights_bytes + (size_t)rows * p->kv_bytes_per_row + p->workspace_bytes;
 }

@@ -25,7 +25,6 @@ struct depth_cuda_layer {
 
 /* The two-position pass reads the weights once for 2n product rows only while 2n
  * fits one GEMV slice. */
-enum { DEPTH_PAIR_MAX_ROWS = CUDA_OPS_GEMV_MAX_ROWS / 2 };
 
 struct depth_cuda {
     struct depth_config cfg;
@@ -36,9 +35,9 @@ struct depth_cuda {
     const float *pos_emb, *norm;
     float *kc, *vc;
     /* Scratch for scratch_rows rows: max_rows, plus one more position block of up to
-     * DEPTH_PAIR_MAX_ROWS rows for the two-position pass (depth_cuda_step01_dev). qkv: fused rows [q | k | v], free
-     * again once attention has run, so the FFN's silu(gate) * up rows (ffn wide) reuse it: qkv holds max(3 hidden, ffn)
-     * per row (the memory of the former q, k, v and u buffers when ffn <= 3 hidden, as talker_backend_plan_compute
+     * DEPTH_CUDA_PAIR_MAX_ROWS rows for the two-position pass (depth_cuda_step01_dev). qkv: fused rows [q | k | v],
+     * free again once attention has run, so the FFN's silu(gate) * up rows (ffn wide) reuse it: qkv holds max(3 hidden,
+     * ffn) per row (the memory of the former q, k, v and u buffers when ffn <= 3 hidden, as talker_backend_plan_compute
      * counts). gu: fused gate|up rows (only where the product cannot apply silu * up as it stores: unaligned widths).
      */
     float *x, *h, *a, *o, *qkv, *gu, *logits;
@@ -87,7 +86,7 @@ int depth_cuda_create(struct depth_cuda **out, const struct depth *d, int max_ro
     if (rc == 0 && (rc = cuda_upload_f32(l, &f, d->pos_emb, (size_t)cfg->max_pos * H)) == 0) dc->pos_emb = f;
     if (rc == 0 && (rc = cuda_upload_f32(l, &f, d->norm, H)) == 0) dc->norm = f;
     size_t cache = (size_t)cfg->n_layers * max_rows * S * H * sizeof(float);
-    dc->scratch_rows = max_rows + (max_rows < DEPTH_PAIR_MAX_ROWS ? max_rows : DEPTH_PAIR_MAX_ROWS);
+    dc->scratch_rows = max_rows + (max_rows < DEPTH_CUDA_PAIR_MAX_ROWS ? max_rows : DEPTH_CUDA_PAIR_MAX_ROWS);
     size_t R = (size_t)dc->scratch_rows;
     struct {
         void **dst;
@@ -258,7 +257,7 @@ int depth_cuda_logits_raw_dev(struct depth_cuda *dc, int j, const float *raw, in
 
 int depth_cuda_step01_fits(const struct depth_cuda *dc, int n)
 {
-    return n >= 1 && n <= dc->max_rows && n <= DEPTH_PAIR_MAX_ROWS && dc->cfg.n_codebooks >= 2;
+    return n >= 1 && n <= dc->max_rows && n <= DEPTH_CUDA_PAIR_MAX_ROWS && dc->cfg.n_codebooks >= 2;
 }
 
 int depth_cuda_step01_dev(struct depth_cuda *dc, int n, const float *x0, const float *x1, float *out, void *st)
@@ -267,8 +266,8 @@ int depth_cuda_step01_dev(struct depth_cuda *dc, int n, const float *x0, const f
         return mm3_errorf(-EINVAL,
                           "depth_cuda_step01: %d rows: expected 1..%d (state holds %d rows; two positions in one pass "
                           "up to %d)",
-                          n, dc->max_rows < DEPTH_PAIR_MAX_ROWS ? dc->max_rows : DEPTH_PAIR_MAX_ROWS, dc->max_rows,
-                          DEPTH_PAIR_MAX_ROWS);
+                          n, dc->max_rows < DEPTH_CUDA_PAIR_MAX_ROWS ? dc->max_rows : DEPTH_CUDA_PAIR_MAX_ROWS,
+                          dc->max_rows, DEPTH_CUDA_PAIR_MAX_ROWS);
     if (!out && !depth_cuda_raw_fits(dc, n, 2))
         return mm3_errorf(-EINVAL,
                           "depth_cuda_step01: no output for %d rows, where the final norm is not left to the "

@@ -8,7 +8,13 @@
 #ifndef MM3_STAGE0_CUDA_DEPTH_CUDA_H
 #define MM3_STAGE0_CUDA_DEPTH_CUDA_H
 
+#include "common/cuda/ops_cuda.h"
 #include "stage0/depth.h"
+
+/* Rows of one position in the two-position pass (depth_cuda_step01_dev): the pass's
+ * 2n product rows must fit one GEMV slice. A plain constant: the memory plan of a
+ * CPU-only build reads it too (stage0/talker_backend.c). */
+#define DEPTH_CUDA_PAIR_MAX_ROWS (CUDA_OPS_GEMV_MAX_ROWS / 2)
 
 struct depth_cuda;
 
