@@ -42,6 +42,11 @@ int depth_cuda_logits_dev(struct depth_cuda *dc, int j, const float *hidden, int
  * depth_cuda_step01_fits(n): 2n product rows must fit one GEMV slice (more would read
  * the weights twice anyway). */
 int depth_cuda_step01_fits(const struct depth_cuda *dc, int n);
+int depth_cuda_step01_dev(struct depth_cuda *dc, int n, const float *x0, const float *x1, float *out, void *stream);
+/* The decoder's own input rows of the two-position pass (position 0 at rows 0..n-1,
+ * position 1 at n..2n-1; NULL where it does not fit): a caller that writes x0 and x1
+ * there saves depth_cuda_step01_dev its two copies. */
+float *depth_cuda_step01_inputs(struct depth_cuda *dc, int n);
 
 /* The final norm left to the head and the caller: where depth_cuda_raw_fits(n, n_pos)
  * (the layers and the head's product fuse at n rows; n_pos 2 for step01), out may be
@@ -53,10 +58,5 @@ int depth_cuda_raw_fits(const struct depth_cuda *dc, int n, int n_pos);
 const float *depth_cuda_raw_rows(const struct depth_cuda *dc, int n, int n_pos);
 const float *depth_cuda_norm_weight(const struct depth_cuda *dc, float *eps);
 int depth_cuda_logits_raw_dev(struct depth_cuda *dc, int j, const float *raw, int n, float *logits, void *stream);
-int depth_cuda_step01_dev(struct depth_cuda *dc, int n, const float *x0, const float *x1, float *out, void *stream);
-/* The decoder's own input rows of the two-position pass (position 0 at rows 0..n-1,
- * position 1 at n..2n-1; NULL where it does not fit): a caller that writes x0 and x1
- * there saves depth_cuda_step01_dev its two copies. */
-float *depth_cuda_step01_inputs(struct depth_cuda *dc, int n);
 
 #endif
