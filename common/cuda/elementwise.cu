@@ -5,6 +5,7 @@
  * compiler cannot contract them into FMAs. */
 #include <stdint.h>
 
+#include "common/cuda/block_sum.cuh"
 #include "common/cuda/cuda_internal.h"
 #include "common/cuda/head_norm_rope.cuh"
 #include "common/cuda/ops_cuda.h"
@@ -18,22 +19,6 @@ static unsigned ew_blocks(size_t n)
     size_t b = (n + EW_THREADS - 1) / EW_THREADS;
     if (b < 1) b = 1;
     return (unsigned)(b < EW_MAX_BLOCKS ? b : EW_MAX_BLOCKS);
-}
-
-/* Sum over the block; every thread gets the result. */
-__device__ float block_sum(float v)
-{
-    __shared__ float warp_sums[32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = (blockDim.x + 31) >> 5;
-    for (int off = 16; off > 0; off >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, off);
-    __syncthreads(); /* warp_sums may still be read by an earlier call */
-    if (lane == 0) warp_sums[warp] = v;
-    __syncthreads();
-    float s = 0.0f;
-    for (int k = 0; k < n_warps; k++)
-        s += warp_sums[k];
-    return s;
 }
 
 /* One block per row. When add != NULL: h += add first and h is stored back. */

@@ -1,6 +1,7 @@
 /* Kernels of the batched frame step (see frame_kernels.h). */
 #include <stdint.h>
 
+#include "common/cuda/block_sum.cuh"
 #include "common/cuda/cuda_internal.h"
 #include "common/cuda/pdl.cuh"
 #include "common/cuda/sampler_draw.cuh"
@@ -16,26 +17,11 @@ static __device__ __forceinline__ int clamp_row(int r, int rows)
     return r < 0 ? 0 : r >= rows ? rows - 1 : r;
 }
 
-/* Sum of v over the block (every thread gets it); scratch: SAMPLER_WARPS floats. */
-static __device__ float block_sum_all(float v, float *scratch)
-{
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int off = 16; off > 0; off >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, off);
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    float s = 0.0f;
-    for (int k = 0; k < (int)(blockDim.x >> 5); k++)
-        s += scratch[k];
-    return s;
-}
-
 __global__ void __launch_bounds__(SAMPLER_THREADS) draw_take_kernel(struct frame_draw_take a)
 {
     pdl_launch_dependents();
     pdl_wait();
     extern __shared__ uint32_t keys[];
-    __shared__ float warp_ss[SAMPLER_WARPS];
     const int p = blockIdx.x, W = a.width;
     const int c = sampler_draw_pair(a.logits, a.n_cols, a.n_cols, a.scale, a.c0_rule, a.top_k, a.seed, a.pos,
                                     a.mask_col0, NULL, p, keys);
@@ -47,7 +33,7 @@ __global__ void __launch_bounds__(SAMPLER_THREADS) draw_take_kernel(struct frame
             float ss = 0.0f;
             for (int i = threadIdx.x; i < W; i += blockDim.x)
                 ss = fmaf(hr[i], hr[i], ss);
-            r = 1.0f / sqrtf(block_sum_all(ss, warp_ss) / (float)W + a.eps);
+            r = 1.0f / sqrtf(block_sum(ss) / (float)W + a.eps);
         }
         float *d = a.dh + (size_t)p * a.dh_stride;
         for (int i = threadIdx.x; i < W; i += blockDim.x)
