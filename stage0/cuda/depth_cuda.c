@@ -23,9 +23,6 @@ struct depth_cuda_layer {
     const float *attn_norm, *ffn_norm;
 };
 
-/* The two-position pass reads the weights once for 2n product rows only while 2n
- * fits one GEMV slice. */
-
 struct depth_cuda {
     struct depth_config cfg;
     int max_rows, scratch_rows;
@@ -130,6 +127,17 @@ static int check_step(const struct depth_cuda *dc, int n, int pos)
     return 0;
 }
 
+/* Whether the layers of a pass of n sequences at n_pos positions run as the fused chain
+ * (then the last layer's output is complete in h before the final norm). */
+static int depth_fused(const struct depth_config *cfg, int n, int n_pos)
+{
+    const int N = n * n_pos, H = cfg->hidden, F = cfg->ffn;
+    return gemv_rows_fused_ok(N, H, 3 * H, CUDA_GEMV_STORE, 1) && gemv_rows_fused_ok(N, H, H, CUDA_GEMV_ADD, 0) &&
+           gemv_rows_fused_ok(N, H, 2 * F, CUDA_GEMV_SWIGLU, 1) && gemv_rows_fused_ok(N, F, H, CUDA_GEMV_ADD, 0) &&
+           gemv_rows_fused_ok(n, H, H, CUDA_GEMV_ADD, 0) && gemv_rows_fused_ok(n, H, 2 * F, CUDA_GEMV_SWIGLU, 1) &&
+           gemv_rows_fused_ok(n, F, H, CUDA_GEMV_ADD, 0);
+}
+
 /* Per layer 5 launches (14 before the fusions): QKV product of the normed h, K/V store
  * + attention in one kernel (the context is at most n_codebooks positions: no split),
  * h += o . Wo^T, silu * up of the normed h, h += g . Wd^T; the norms, SwiGLU and
@@ -142,19 +150,9 @@ static int check_step(const struct depth_cuda *dc, int n, int pos)
  * are read once), the attention once per position (causal: each position's K/V is
  * stored before the next position attends), and out gets the last position's rows.
  * The last layer's products after the attention run on the last position's rows only:
- * earlier positions of the pass only feed the caches. */
-/* Whether the layers of a pass of n sequences at n_pos positions run as the fused chain
- * (then the last layer's output is complete in h before the final norm). */
-static int depth_fused(const struct depth_config *cfg, int n, int n_pos)
-{
-    const int N = n * n_pos, H = cfg->hidden, F = cfg->ffn;
-    return gemv_rows_fused_ok(N, H, 3 * H, CUDA_GEMV_STORE, 1) && gemv_rows_fused_ok(N, H, H, CUDA_GEMV_ADD, 0) &&
-           gemv_rows_fused_ok(N, H, 2 * F, CUDA_GEMV_SWIGLU, 1) && gemv_rows_fused_ok(N, F, H, CUDA_GEMV_ADD, 0) &&
-           gemv_rows_fused_ok(n, H, H, CUDA_GEMV_ADD, 0) && gemv_rows_fused_ok(n, H, 2 * F, CUDA_GEMV_SWIGLU, 1) &&
-           gemv_rows_fused_ok(n, F, H, CUDA_GEMV_ADD, 0);
-}
-
-/* out NULL (only where depth_cuda_raw_fits): no final norm, the last position's rows
+ * earlier positions of the pass only feed the caches.
+ *
+ * out NULL (only where depth_cuda_raw_fits): no final norm, the last position's rows
  * stay as they are in depth_cuda_raw_rows. */
 static int depth_forward(struct depth_cuda *dc, int n, const float *x, int pos, int n_pos, float *out, void *st)
 {
