@@ -133,8 +133,9 @@ static void check_matmul_opw(int n, int in, int out, int x_offset, int opw)
     /* Beyond the GEMV rows cuBLASLt takes bf16 x: the reference sees the same rounding. */
     float *xr = malloc(sizeof(float) * (size_t)n * in);
     assert_non_null(xr);
+    const int lt = n > (x_offset % 4 ? CUDA_OPS_GEMV_MAX_ROWS : cuda_ops_gemv_max_rows(in));
     for (size_t i = 0; i < (size_t)n * in; i++)
-        xr[i] = n > CUDA_OPS_GEMV_MAX_ROWS ? mm3_bf16_to_f32(mm3_f32_to_bf16(xs[i])) : xs[i];
+        xr[i] = lt ? mm3_bf16_to_f32(mm3_f32_to_bf16(xs[i])) : xs[i];
     float *ref = malloc(sizeof(float) * (size_t)n * out);
     assert_non_null(ref);
     op_matmul(ref, xr, wf, NULL, n, in, out);
@@ -187,7 +188,11 @@ static void test_matmul_odd_shapes(void **state)
     check_matmul(5, 4101, 33, 0); /* in % 8 != 0: element path */
     check_matmul(7, 7, 1, 0);
     check_matmul(2, 4096, 64, 1); /* x not 16-byte aligned */
-    check_matmul(17, 4096, 1024, 0); /* first cuBLASLt size */
+    check_matmul(17, 1000, 300, 0);  /* first cuBLASLt size where in % 32 != 0 */
+    check_matmul(17, 4096, 1024, 0); /* tensor-core GEMV up to 32 rows (in % 32 == 0) */
+    check_matmul(32, 4096, 1024, 0);
+    check_matmul(32, 4096, 64, 1);   /* x not 16-byte aligned: cuBLASLt */
+    check_matmul(33, 4096, 1024, 0); /* first cuBLASLt size */
     check_matmul(40, 1000, 300, 0);
     for (int opw = 2; opw <= 8; opw *= 2) {
         check_matmul_opw(1, 1032, 45, 0, opw);
@@ -195,7 +200,7 @@ static void test_matmul_odd_shapes(void **state)
         check_matmul_opw(9, 1001, 13, 0, opw);
     }
     /* Tensor-core kernel: every x-tile count, clusters of 1..8 blocks, odd out. */
-    const int mma_rows[] = {1, 2, 7, 8, 9, 16};
+    const int mma_rows[] = {1, 2, 7, 8, 9, 16, 17, 25, 32};
     for (size_t i = 0; i < sizeof mma_rows / sizeof mma_rows[0]; i++) {
         check_matmul_opw(mma_rows[i], 4096, 1024, 0, -2);
         check_matmul_opw(mma_rows[i], 4096, 1024, 0, -4);
@@ -210,6 +215,10 @@ static void test_matmul_odd_shapes(void **state)
     assert_int_equal(cuda_malloc((void **)&d, 64), 0);
     assert_int_equal(cuda_ops_gemv_bf16_mma(d, d, (const uint16_t *)d, 1, 40, 1, 0, NULL), -EINVAL);
     assert_int_equal(cuda_ops_gemv_bf16_mma(d, d, (const uint16_t *)d, 1, 64, 1, 3, NULL), -EINVAL);
+    assert_int_equal(cuda_ops_gemv_bf16_mma(d, d, (const uint16_t *)d, 33, 64, 1, 0, NULL), -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "rows 1..32"));
+    assert_int_equal(cuda_ops_gemv_max_rows(4096), 32);
+    assert_int_equal(cuda_ops_gemv_max_rows(1000), 16);
     assert_int_equal(cuda_ops_gemv_bf16_opw(d, d, (const uint16_t *)d, 1, 8, 1, 3, NULL), -EINVAL);
     assert_int_equal(cuda_ops_gemv_bf16_opw(d, d, (const uint16_t *)d, 17, 8, 1, 4, NULL), -EINVAL);
     cuda_free(d);
@@ -471,7 +480,7 @@ static void check_swiglu(int n, int in, int ffn)
     float *ref = malloc(sizeof(float) * (size_t)n * ffn);
     assert_true(xr && g && u && ref);
     for (size_t i = 0; i < (size_t)n * in; i++)
-        xr[i] = n > CUDA_OPS_GEMV_MAX_ROWS ? mm3_bf16_to_f32(mm3_f32_to_bf16(x[i])) : x[i];
+        xr[i] = n > cuda_ops_gemv_max_rows(in) ? mm3_bf16_to_f32(mm3_f32_to_bf16(x[i])) : x[i];
     op_matmul(g, xr, gf, NULL, n, in, ffn);
     op_matmul(u, xr, uf, NULL, n, in, ffn);
     op_silu_mul(ref, g, u, (size_t)n * ffn);
@@ -486,7 +495,7 @@ static void check_swiglu(int n, int in, int ffn)
         fail_msg("%s: %s", what, mm3_last_error());
     float *got = dev_fetch_checked(dy, (size_t)n * ffn, what);
     /* silu's expf on the device (<= 2 ulp) on top of the summation order. */
-    expect_close(got, ref, (size_t)n * ffn, n > CUDA_OPS_GEMV_MAX_ROWS ? 2e-2 : TOL_F32_SUM, what);
+    expect_close(got, ref, (size_t)n * ffn, n > cuda_ops_gemv_max_rows(in) ? 2e-2 : TOL_F32_SUM, what);
 
     assert_int_equal(cuda_ops_matmul_bf16(dgu, dx, dw, n, in, 2 * ffn, NULL), 0);
     assert_int_equal(cuda_ops_silu_mul_interleaved(dref, dgu, n, ffn, NULL), 0);
@@ -512,6 +521,8 @@ static void test_swiglu(void **state)
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
         check_swiglu(rows[i], 96, 37);
     check_swiglu(17, 264, 40); /* cuBLASLt, then the interleaved silu kernel */
+    check_swiglu(32, 4096, 6144); /* depth gate/up, two positions of 8 pairs */
+    check_swiglu(33, 96, 37);     /* cuBLASLt */
     check_swiglu(3, 100, 9);   /* in % 8 != 0: unfused through gu */
     float *d = NULL;
     assert_int_equal(cuda_malloc((void **)&d, 4096), 0);
@@ -590,9 +601,18 @@ static void test_gemv_fused(void **state)
         check_fused(rows[i], 12288, 4096, CUDA_GEMV_ADD, 0);    /* h += g . Wd^T */
     }
     check_fused(2, 4096, 12288, CUDA_GEMV_SWIGLU, 1);
-    /* Every row count (both kernels, both x tiles of the tensor-core one), k splits. */
-    for (int n = 1; n <= CUDA_OPS_GEMV_MAX_ROWS; n++)
+    /* Every row count (both kernels, every x tile count of the tensor-core one), k splits. */
+    for (int n = 1; n <= CUDA_OPS_GEMV_MMA_MAX_ROWS; n++)
         check_fused_small(n);
+    /* 17-32 rows: the depth decoder's two-position pass at 8 pairs (all four products,
+     * several tiles per block at 12288 outputs) and a shape beyond the slice. */
+    check_fused(32, 4096, 12288, CUDA_GEMV_STORE, 1);
+    check_fused(32, 4096, 4096, CUDA_GEMV_ADD, 0);
+    check_fused(32, 4096, 12288, CUDA_GEMV_SWIGLU, 1);
+    check_fused(32, 6144, 4096, CUDA_GEMV_ADD, 0);
+    check_fused(17, 4096, 1024, CUDA_GEMV_STORE, 1);
+    assert_false(cuda_ops_gemv_fused_ok(33, 4096, 1024, CUDA_GEMV_STORE, 1));
+    assert_false(cuda_ops_gemv_fused_ok(17, 264, 40, CUDA_GEMV_STORE, 0));
     /* Both weight tile counts of the tensor-core kernel for every variant (the
      * small shapes above take 2 per block, the release ones 2 or 4). */
     for (int m = 2; m <= 4; m += 2) {

@@ -981,18 +981,24 @@ static void test_depth_two_positions(void **state)
 {
     (void)state;
     struct depth d;
-    make_depth(&d, 64, 224, 96, 4, 2, 2, 32); /* fused products (in % 32 == 0) */
-    for (int n = 1; n <= 8; n++)
+    make_depth(&d, 64, 224, 96, 4, 2, 2, 32); /* fused products (in % 32 == 0): 32-row slices, 16 per position */
+    for (int n = 1; n <= 16; n++)
         check_depth_step01(&d, n);
     free_depth(&d);
-    make_depth(&d, 40, 72, 24, 4, 2, 2, 20); /* widths the fused products refuse: the separate chain */
-    check_depth_step01(&d, 2);
-    check_depth_step01(&d, 5);
-    free_depth(&d);
-    if (getenv("MM3_TALKER_TINY_ONLY")) return;
-    make_depth(&d, 4096, 6144, 1024, 8, 1, 16, 256); /* release-shaped layer, 1 and 4 CFG pairs */
+    /* Widths the fused products refuse: the separate chain, 16-row slices, 8 per position. */
+    make_depth(&d, 40, 72, 24, 4, 2, 2, 20);
     check_depth_step01(&d, 2);
     check_depth_step01(&d, 8);
+    struct depth_cuda *dc = NULL;
+    assert_int_equal(depth_cuda_create(&dc, &d, 9), 0);
+    assert_false(depth_cuda_step01_fits(dc, 9));
+    depth_cuda_destroy(dc);
+    free_depth(&d);
+    if (getenv("MM3_TALKER_TINY_ONLY")) return;
+    make_depth(&d, 4096, 6144, 1024, 8, 1, 16, 256); /* release-shaped layer, 1, 4 and 8 CFG pairs */
+    check_depth_step01(&d, 2);
+    check_depth_step01(&d, 8);
+    check_depth_step01(&d, 16);
     free_depth(&d);
 }
 #else

@@ -1,4 +1,4 @@
-/* Weight-streaming GEMV on the tensor cores, for up to 16 rows.
+/* Weight-streaming GEMV on the tensor cores, for up to 32 rows.
  *
  * The float32 kernel (matmul_bf16.cu) spends 16 FMAs and 32 bytes of x per
  * weight at 16 rows and runs far below HBM speed; here mma.sync m16n8k16 does the
@@ -19,7 +19,7 @@
  * of 1.2 or 1.45 waves (what "two blocks per SM" gave for 4096 and 24576 outputs)
  * ends with a second wave of a few blocks that cannot stream at full speed.
  *
- * Weights in flight: each warp keeps two k steps in registers, or (9-16 rows) three
+ * Weights in flight: each warp keeps two k steps in registers, or (9-32 rows) three
  * in a shared-memory ring filled by cp.async (cuda_ops_gemv_set_mma_ring says why).
  * A block's next tile starts loading before the current tile's sums are merged. */
 #include <cooperative_groups.h>
@@ -92,46 +92,71 @@ template <int N> __device__ __forceinline__ void mma_copy_wait(void)
 
 enum { MMA_WARPS = 8, MMA_THREADS = MMA_WARPS * 32, MMA_KSTEP = 32, MMA_MAX_CLUSTER = 8 };
 
-/* One k step of one warp: x rows (normed when NORM, summing x^2 into ss) split into
- * bf16 hi + lo, times this lane's weights a of every tile. */
+/* x tile nt's B fragments of k step sb: its rows (normed when NORM, summing x^2 into
+ * ss) split into bf16 hi + lo. */
+template <bool NORM>
+__device__ __forceinline__ void mma_x_fragment(uint32_t (&bh)[4], uint32_t (&bl)[4], float &ss, const float4 *xr,
+                                               bool xv, const float *__restrict__ wn, int t, int kq)
+{
+    float4 p = make_float4(0.f, 0.f, 0.f, 0.f), q = p;
+    if (xv) {
+        p = __ldg(xr + 2 * kq);
+        q = __ldg(xr + 2 * kq + 1);
+    }
+    if (NORM) {
+        const float4 *nr = (const float4 *)(wn + 8 * t) + 2 * kq;
+        const float4 na = __ldg(nr), nb = __ldg(nr + 1);
+        ss = fmaf(p.x, p.x, fmaf(p.y, p.y, fmaf(p.z, p.z, fmaf(p.w, p.w, ss))));
+        ss = fmaf(q.x, q.x, fmaf(q.y, q.y, fmaf(q.z, q.z, fmaf(q.w, q.w, ss))));
+        p = make_float4(p.x * na.x, p.y * na.y, p.z * na.z, p.w * na.w);
+        q = make_float4(q.x * nb.x, q.y * nb.y, q.z * nb.z, q.w * nb.w);
+    }
+    split_pair(p.x, p.y, &bh[0], &bl[0]);
+    split_pair(p.z, p.w, &bh[1], &bl[1]);
+    split_pair(q.x, q.y, &bh[2], &bl[2]);
+    split_pair(q.z, q.w, &bh[3], &bl[3]);
+}
+
+/* The four MMAs of one weight tile and one x tile: k pairs (0,1),(2,3) of the lane's 8
+ * -> MMA 1; (4,5),(6,7) -> MMA 2; hi parts, then lo. */
+__device__ __forceinline__ void mma_tile(float (&acc)[4], const uint4 (&a)[2], const uint32_t (&bh)[4],
+                                         const uint32_t (&bl)[4])
+{
+    mma_bf16(acc, a[0].x, a[1].x, a[0].y, a[1].y, bh[0], bh[1]);
+    mma_bf16(acc, a[0].z, a[1].z, a[0].w, a[1].w, bh[2], bh[3]);
+    mma_bf16(acc, a[0].x, a[1].x, a[0].y, a[1].y, bl[0], bl[1]);
+    mma_bf16(acc, a[0].z, a[1].z, a[0].w, a[1].w, bl[2], bl[3]);
+}
+
+/* One k step of one warp: x times this lane's weights a of every tile. Up to 16 rows
+ * every x tile is split first; at 32 rows (NT 4) one x tile at a time, which keeps 24
+ * fewer words live (the norm's variants spilled) and adds in the same order. */
 template <int NT, int MMA_MT, bool NORM>
 __device__ __forceinline__ void mma_step(float (&acc)[MMA_MT][NT][4], float (&ss)[NT], const uint4 (&a)[MMA_MT][2],
                                          const float4 *const (&xr)[NT], const bool (&xv)[NT],
                                          const float *__restrict__ wn, int t, int sb)
 {
     const int kq = sb * (MMA_KSTEP / 8); /* offset in uint4 (8 bf16) units */
-    uint32_t bh[NT][4], bl[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++) {
-        float4 p = make_float4(0.f, 0.f, 0.f, 0.f), q = p;
-        if (xv[nt]) {
-            p = __ldg(xr[nt] + 2 * kq);
-            q = __ldg(xr[nt] + 2 * kq + 1);
-        }
-        if (NORM) {
-            const float4 *nr = (const float4 *)(wn + 8 * t) + 2 * kq;
-            const float4 na = __ldg(nr), nb = __ldg(nr + 1);
-            ss[nt] = fmaf(p.x, p.x, fmaf(p.y, p.y, fmaf(p.z, p.z, fmaf(p.w, p.w, ss[nt]))));
-            ss[nt] = fmaf(q.x, q.x, fmaf(q.y, q.y, fmaf(q.z, q.z, fmaf(q.w, q.w, ss[nt]))));
-            p = make_float4(p.x * na.x, p.y * na.y, p.z * na.z, p.w * na.w);
-            q = make_float4(q.x * nb.x, q.y * nb.y, q.z * nb.z, q.w * nb.w);
-        }
-        split_pair(p.x, p.y, &bh[nt][0], &bl[nt][0]);
-        split_pair(p.z, p.w, &bh[nt][1], &bl[nt][1]);
-        split_pair(q.x, q.y, &bh[nt][2], &bl[nt][2]);
-        split_pair(q.z, q.w, &bh[nt][3], &bl[nt][3]);
-    }
-#pragma unroll
-    for (int mt = 0; mt < MMA_MT; mt++)
+    if constexpr (NT > 2) {
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
-            /* k pairs (0,1),(2,3) of the 8 -> MMA 1; (4,5),(6,7) -> MMA 2. */
-            const uint4 a0 = a[mt][0], a1 = a[mt][1];
-            mma_bf16(acc[mt][nt], a0.x, a1.x, a0.y, a1.y, bh[nt][0], bh[nt][1]);
-            mma_bf16(acc[mt][nt], a0.z, a1.z, a0.w, a1.w, bh[nt][2], bh[nt][3]);
-            mma_bf16(acc[mt][nt], a0.x, a1.x, a0.y, a1.y, bl[nt][0], bl[nt][1]);
-            mma_bf16(acc[mt][nt], a0.z, a1.z, a0.w, a1.w, bl[nt][2], bl[nt][3]);
+            uint32_t bh[4], bl[4];
+            mma_x_fragment<NORM>(bh, bl, ss[nt], xr[nt], xv[nt], wn, t, kq);
+#pragma unroll
+            for (int mt = 0; mt < MMA_MT; mt++)
+                mma_tile(acc[mt][nt], a[mt], bh, bl);
         }
+    } else {
+        uint32_t bh[NT][4], bl[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+            mma_x_fragment<NORM>(bh[nt], bl[nt], ss[nt], xr[nt], xv[nt], wn, t, kq);
+#pragma unroll
+        for (int mt = 0; mt < MMA_MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+                mma_tile(acc[mt][nt], a[mt], bh[nt], bl[nt]);
+    }
 }
 
 /* A warp's ring of STAGES k steps of weights in shared memory, filled by
@@ -155,7 +180,7 @@ template <int MMA_MT, int STAGES> constexpr int mma_ring_bytes()
     return STAGES ? MMA_WARPS * STAGES * MMA_MT * 2 * 32 * 16 : 0;
 }
 
-/* NT: 8-row tiles of x (1 for n <= 8, 2 for n <= 16). MMA_MT: 16-row tiles of W
+/* NT: 8-row tiles of x (1 for n <= 8, 2 for n <= 16, 4 for n <= 32). MMA_MT: 16-row tiles of W
  * per block; more tiles re-read x (from L2) fewer times per weight byte. EPI and
  * NORM: as cuda_ops_gemv_bf16_fused (the k-split blocks of a cluster each sum x^2
  * over their share of the row and rank 0 adds them up with the partial products).
@@ -484,14 +509,21 @@ template <int NT> static bool mma_uses_ring(void)
 
 enum { MMA_RING_STAGES = 3 };
 
+/* 17-32 rows (NT 4) always take the ring and 2 tiles: 32 accumulators and 32 words of
+ * split x per step leave no registers for weights in flight (ptxas: spills). */
 template <int NT, int EPI, bool NORM>
 static int mma_launch_tiles(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int m_tiles,
                             const float *wn, float eps, cudaStream_t st)
 {
-    if (m_tiles == 0) m_tiles = mma_default_tiles();
-    if (m_tiles == 4) return mma_launch<NT, 4, EPI, NORM, 0>(y, x, w, n_rows, in, out, wn, eps, st);
-    return mma_uses_ring<NT>() ? mma_launch<NT, 2, EPI, NORM, MMA_RING_STAGES>(y, x, w, n_rows, in, out, wn, eps, st)
-                               : mma_launch<NT, 2, EPI, NORM, 0>(y, x, w, n_rows, in, out, wn, eps, st);
+    if constexpr (NT > 2) {
+        return mma_launch<NT, 2, EPI, NORM, MMA_RING_STAGES>(y, x, w, n_rows, in, out, wn, eps, st);
+    } else {
+        if (m_tiles == 0) m_tiles = mma_default_tiles();
+        if (m_tiles == 4) return mma_launch<NT, 4, EPI, NORM, 0>(y, x, w, n_rows, in, out, wn, eps, st);
+        return mma_uses_ring<NT>()
+                   ? mma_launch<NT, 2, EPI, NORM, MMA_RING_STAGES>(y, x, w, n_rows, in, out, wn, eps, st)
+                   : mma_launch<NT, 2, EPI, NORM, 0>(y, x, w, n_rows, in, out, wn, eps, st);
+    }
 }
 
 /* Every epilogue / norm variant for one x tile count. */
@@ -515,18 +547,20 @@ int gemv_mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, int
     if (m_tiles != 0 && m_tiles != 2 && m_tiles != 4)
         return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_mma: %d weight tiles per block, expected 0 (auto), 2 or 4",
                           m_tiles);
-    if (n_rows < 1 || n_rows > CUDA_OPS_GEMV_MAX_ROWS || out < 1 || in < MMA_KSTEP || in % MMA_KSTEP || !y || !x || !w)
+    if (n_rows < 1 || n_rows > CUDA_OPS_GEMV_MMA_MAX_ROWS || out < 1 || in < MMA_KSTEP || in % MMA_KSTEP || !y || !x ||
+        !w)
         return mm3_errorf(-EINVAL,
                           "cuda_ops_gemv_bf16_mma: %d rows, in %d, out %d: expected rows 1..%d, in a multiple of %d",
-                          n_rows, in, out, CUDA_OPS_GEMV_MAX_ROWS, MMA_KSTEP);
+                          n_rows, in, out, CUDA_OPS_GEMV_MMA_MAX_ROWS, MMA_KSTEP);
     if (((uintptr_t)w | (uintptr_t)x) & 15)
         return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_mma: w and x must be 16-byte aligned");
     if (epi == CUDA_GEMV_SWIGLU && out % 2)
         return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_mma (swiglu): %d outputs, expected even", out);
     if (norm_w && epi == CUDA_GEMV_ADD)
         return mm3_errorf(-ENOTSUP, "cuda_ops_gemv_bf16_mma: no norm with the residual add");
-    return n_rows <= 8 ? mma_launch_variant<1>(y, x, w, n_rows, in, out, m_tiles, epi, norm_w, eps, st)
-                       : mma_launch_variant<2>(y, x, w, n_rows, in, out, m_tiles, epi, norm_w, eps, st);
+    if (n_rows <= 8) return mma_launch_variant<1>(y, x, w, n_rows, in, out, m_tiles, epi, norm_w, eps, st);
+    if (n_rows <= 16) return mma_launch_variant<2>(y, x, w, n_rows, in, out, m_tiles, epi, norm_w, eps, st);
+    return mma_launch_variant<4>(y, x, w, n_rows, in, out, m_tiles, epi, norm_w, eps, st);
 }
 
 extern "C" int cuda_ops_gemv_bf16_mma(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out,

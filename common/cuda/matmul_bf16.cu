@@ -415,10 +415,12 @@ extern "C" int cuda_ops_matmul_bf16(float *y, const float *x, const uint16_t *w,
         return mm3_errorf(-EINVAL, "cuda_ops_matmul_bf16: %d rows, in %d, out %d: expected all >= 1", n_rows, in, out);
     if (!y || !x || !w) return mm3_errorf(-EINVAL, "cuda_ops_matmul_bf16: NULL pointer");
     cudaStream_t s = cuda_stream_of(stream);
-    if (n_rows > CUDA_OPS_GEMV_MAX_ROWS) return lt_matmul(y, x, w, n_rows, in, out, s);
     /* Measured on the H200 (docs/performance.md): the float32 kernel is short of
      * ALU and L1 for many rows; the tensor-core kernel serves them. */
-    if (n_rows > mma_rows() && in % 32 == 0 && (((uintptr_t)w | (uintptr_t)x) & 15) == 0)
+    const bool mma_fits = in % 32 == 0 && (((uintptr_t)w | (uintptr_t)x) & 15) == 0;
+    if (n_rows > (mma_fits ? CUDA_OPS_GEMV_MMA_MAX_ROWS : CUDA_OPS_GEMV_MAX_ROWS))
+        return lt_matmul(y, x, w, n_rows, in, out, s);
+    if (n_rows > mma_rows() && mma_fits)
         return gemv_mma_launch(y, x, w, n_rows, in, out, 0, CUDA_GEMV_STORE, NULL, 0.0f, s);
     bool vec = in % 8 == 0 && ((uintptr_t)w & 15) == 0 && ((uintptr_t)x & 15) == 0;
     return gemv_dispatch(y, x, w, n_rows, in, out, vec, gemv_default_opw(n_rows), s);
@@ -458,17 +460,22 @@ static int gemv_fused_rows(float *y, const float *x, const uint16_t *w, int in, 
     return gemv_fused_launch<NR, CUDA_GEMV_STORE, false>(y, x, w, in, out, wn, eps, s);
 }
 
+extern "C" int cuda_ops_gemv_max_rows(int in)
+{
+    return in > 0 && in % 32 == 0 ? CUDA_OPS_GEMV_MMA_MAX_ROWS : CUDA_OPS_GEMV_MAX_ROWS;
+}
+
 extern "C" int cuda_ops_gemv_fused_pays(int n_rows)
 {
     static int state = -1;
     const int mode = cuda_env_switch(&state, "MM3_GEMV_FUSE", 2); /* 0 never, 1 always, else by row count */
-    if (n_rows < 1 || n_rows > CUDA_OPS_GEMV_MAX_ROWS || mode == 0) return 0;
+    if (n_rows < 1 || n_rows > CUDA_OPS_GEMV_MMA_MAX_ROWS || mode == 0) return 0;
     return mode == 1 || n_rows <= 2 || n_rows > mma_rows();
 }
 
 extern "C" int cuda_ops_gemv_fused_ok(int n_rows, int in, int out, enum cuda_gemv_epi epi, int norm)
 {
-    if (n_rows < 1 || n_rows > CUDA_OPS_GEMV_MAX_ROWS || in < 8 || in % 8 || out < 1) return 0;
+    if (n_rows < 1 || n_rows > cuda_ops_gemv_max_rows(in) || in < 8 || in % 8 || out < 1) return 0;
     if (n_rows > mma_rows() && in % 32) return 0;
     if (epi == CUDA_GEMV_SWIGLU && out % 2) return 0;
     if (norm && epi == CUDA_GEMV_ADD) return 0;

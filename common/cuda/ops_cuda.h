@@ -71,8 +71,17 @@ void cuda_graph_destroy(void *graph_exec);
 
 /* ---- kernels ---------------------------------------------------------------- */
 
-/* Largest row count served by the weight-streaming GEMV kernel. */
+/* Largest row count the weight-streaming GEMV kernels serve for any shape; the
+ * tensor-core kernel serves up to CUDA_OPS_GEMV_MMA_MAX_ROWS where `in` is a multiple
+ * of 32 and w and x are 16-byte aligned (cuda_ops_gemv_max_rows). Beyond, cuBLASLt
+ * (x rounded to bf16). */
 #define CUDA_OPS_GEMV_MAX_ROWS 16
+#define CUDA_OPS_GEMV_MMA_MAX_ROWS 32
+
+/* Rows one float32-accurate product takes at once for `in` wide rows of 16-byte
+ * aligned x and w: CUDA_OPS_GEMV_MMA_MAX_ROWS where the tensor-core kernel serves
+ * them, else CUDA_OPS_GEMV_MAX_ROWS (the decode layers slice their rows by it). */
+int cuda_ops_gemv_max_rows(int in);
 
 /* Tuning hook (benchmark and tests): the GEMV kernel with a chosen number of
  * output rows per warp (2, 4 or 8; cuda_ops_matmul_bf16 picks 4 up to 4 rows, else 8). */
@@ -80,7 +89,7 @@ int cuda_ops_gemv_bf16_opw(float *y, const float *x, const uint16_t *w, int n_ro
                            int outputs_per_warp, void *stream);
 
 /* Tuning hook: the tensor-core GEMV (mma.sync, x split into bf16 hi + lo so that
- * the result keeps float32 accuracy); n_rows 1..16, in a multiple of 32, w and x
+ * the result keeps float32 accuracy); n_rows 1..32, in a multiple of 32, w and x
  * 16-byte aligned. m_tiles: 16-row weight tiles per block, 2 or 4 (0: chosen per shape). */
 int cuda_ops_gemv_bf16_mma(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int m_tiles,
                            void *stream);
@@ -96,18 +105,18 @@ int cuda_ops_gemv_set_mma_rows(int rows);
 int cuda_ops_gemv_set_mma_tiles(int m_tiles);
 /* Tuning hook: where the tensor-core GEMV keeps a warp's weights between load and
  * use: 1 = a shared-memory ring (cp.async, three k steps), 2 = registers (two steps),
- * 0 = the default (the ring at 9-16 rows, registers at 3-8; or the environment's
+ * 0 = the default (the ring at 9-32 rows, registers at 3-8; or the environment's
  * MM3_MMA_RING). 4 weight tiles per block always use registers. Same threading rule. */
 int cuda_ops_gemv_set_mma_ring(int mode);
 
 /* y[n, out] = x[n, in] . w[out, in]^T, w bf16 (uint16 bit patterns), x and y float32.
  * n <= 2:  float32 GEMV kernel: one pass over w with 16-byte loads serves all
  *          rows; x stays float32 (matches op_matmul on widened w up to summation order).
- * n 3..16: tensor-core GEMV (cuda_ops_gemv_bf16_mma) when in % 32 == 0 and w, x are
- *          16-byte aligned (else the float32 kernel): x split into bf16 hi + lo, float32
- *          accumulation, rel. error vs op_matmul ~3e-6; deterministic. (The 2 is
- *          cuda_ops_gemv_set_mma_rows's.)
- * n > 16:  cuBLASLt bf16 GEMM with float32 accumulate and float32 output; x is
+ * n 3..32: tensor-core GEMV (cuda_ops_gemv_bf16_mma) when in % 32 == 0 and w, x are
+ *          16-byte aligned (else the float32 kernel up to 16 rows): x split into bf16
+ *          hi + lo, float32 accumulation, rel. error vs op_matmul ~3e-6; deterministic.
+ *          (The 2 is cuda_ops_gemv_set_mma_rows's.)
+ * more:    cuBLASLt bf16 GEMM with float32 accumulate and float32 output; x is
  *          rounded to bf16 first (as the model's bf16 activations are).
  * y must not alias x. */
 int cuda_ops_matmul_bf16(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, void *stream);
@@ -140,7 +149,7 @@ int cuda_ops_silu_mul_interleaved(float *y, const float *gu, int n_rows, int ffn
  * interleaved gate j = 2j, up j = 2j + 1; y += sum (the residual add, in place). */
 enum cuda_gemv_epi { CUDA_GEMV_STORE = 0, CUDA_GEMV_SWIGLU = 1, CUDA_GEMV_ADD = 2 };
 
-/* y = epi(RMSNorm(x; norm_w, eps) . W^T) for 1..16 rows, float32-accurate like
+/* y = epi(RMSNorm(x; norm_w, eps) . W^T) for 1..cuda_ops_gemv_max_rows(in) rows, float32-accurate like
  * cuda_ops_matmul_bf16 (same kernels): the decode layer's norm, product and SwiGLU
  * or residual add in one launch. norm_w NULL: x as is; the norm is applied as x is
  * read (each block sums x^2 over the part of the row it reads, the k-split blocks of
@@ -150,8 +159,8 @@ enum cuda_gemv_epi { CUDA_GEMV_STORE = 0, CUDA_GEMV_SWIGLU = 1, CUDA_GEMV_ADD = 
  * 16-byte aligned; y must not alias x. */
 int cuda_ops_gemv_bf16_fused(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out,
                              enum cuda_gemv_epi epi, const float *norm_w, float eps, void *stream);
-/* Whether that shape fuses: rows 1..16, in % 8 == 0 (in % 32 == 0 on the tensor-core
- * kernel, beyond 2 rows by default), out even for SWIGLU, no norm with ADD. */
+/* Whether that shape fuses: rows 1..cuda_ops_gemv_max_rows(in), in % 8 == 0 (in % 32
+ * == 0 on the tensor-core kernel, beyond 2 rows by default), out even for SWIGLU, no norm with ADD. */
 int cuda_ops_gemv_fused_ok(int n_rows, int in, int out, enum cuda_gemv_epi epi, int norm);
 /* Whether fusing the norm and the residual add into the products is faster at this
  * row count (measured on the H200, ctx 1000, docs/performance.md): at 1-2 rows (1 CFG
@@ -163,8 +172,8 @@ int cuda_ops_gemv_fused_ok(int n_rows, int in, int out, enum cuda_gemv_epi epi, 
 int cuda_ops_gemv_fused_pays(int n_rows);
 
 /* y[n_rows, ffn] = silu(x . Wg^T) * (x . Wu^T) with w_gu [2*ffn, in] holding the rows
- * of Wg and Wu interleaved (row 2j = gate j, row 2j + 1 = up j): for up to 16 rows
- * the GEMV kernels of cuda_ops_matmul_bf16 apply silu * up as they store (no gu
+ * of Wg and Wu interleaved (row 2j = gate j, row 2j + 1 = up j): for up to
+ * cuda_ops_gemv_max_rows(in) rows the GEMV kernels of cuda_ops_matmul_bf16 apply silu * up as they store (no gu
  * round trip, one launch); otherwise the product goes to gu [n_rows, 2*ffn] (the
  * caller's scratch) and cuda_ops_silu_mul_interleaved follows. Same values either
  * way as cuda_ops_matmul_bf16 then the silu kernel. */

@@ -40,6 +40,15 @@ struct depth_cuda {
     float *x, *h, *a, *o, *qkv, *gu, *logits;
 };
 
+/* Rows per position of the two-position pass: its 2n rows in one GEMV slice of every
+ * product (inputs hidden or ffn wide), within the state's rows. */
+static int step01_max_rows(const struct depth_cuda *dc)
+{
+    int slice = cuda_ops_gemv_max_rows(dc->cfg.hidden), f = cuda_ops_gemv_max_rows(dc->cfg.ffn);
+    if (f < slice) slice = f;
+    return dc->max_rows < slice / 2 ? dc->max_rows : slice / 2;
+}
+
 int depth_cuda_create(struct depth_cuda **out, const struct depth *d, int max_rows)
 {
     *out = NULL;
@@ -83,7 +92,7 @@ int depth_cuda_create(struct depth_cuda **out, const struct depth *d, int max_ro
     if (rc == 0 && (rc = cuda_upload_f32(l, &f, d->pos_emb, (size_t)cfg->max_pos * H)) == 0) dc->pos_emb = f;
     if (rc == 0 && (rc = cuda_upload_f32(l, &f, d->norm, H)) == 0) dc->norm = f;
     size_t cache = (size_t)cfg->n_layers * max_rows * S * H * sizeof(float);
-    dc->scratch_rows = max_rows + (max_rows < DEPTH_CUDA_PAIR_MAX_ROWS ? max_rows : DEPTH_CUDA_PAIR_MAX_ROWS);
+    dc->scratch_rows = max_rows + step01_max_rows(dc);
     size_t R = (size_t)dc->scratch_rows;
     struct {
         void **dst;
@@ -255,7 +264,7 @@ int depth_cuda_logits_raw_dev(struct depth_cuda *dc, int j, const float *raw, in
 
 int depth_cuda_step01_fits(const struct depth_cuda *dc, int n)
 {
-    return n >= 1 && n <= dc->max_rows && n <= DEPTH_CUDA_PAIR_MAX_ROWS && dc->cfg.n_codebooks >= 2;
+    return n >= 1 && n <= step01_max_rows(dc) && dc->cfg.n_codebooks >= 2;
 }
 
 int depth_cuda_step01_dev(struct depth_cuda *dc, int n, const float *x0, const float *x1, float *out, void *st)
@@ -263,9 +272,9 @@ int depth_cuda_step01_dev(struct depth_cuda *dc, int n, const float *x0, const f
     if (!depth_cuda_step01_fits(dc, n))
         return mm3_errorf(-EINVAL,
                           "depth_cuda_step01: %d rows: expected 1..%d (state holds %d rows; two positions in one pass "
-                          "up to %d)",
-                          n, dc->max_rows < DEPTH_CUDA_PAIR_MAX_ROWS ? dc->max_rows : DEPTH_CUDA_PAIR_MAX_ROWS,
-                          dc->max_rows, DEPTH_CUDA_PAIR_MAX_ROWS);
+                          "up to half a GEMV slice, %d at hidden %d and ffn %d; %d codebooks, at least 2)",
+                          n, step01_max_rows(dc), dc->max_rows, step01_max_rows(dc), dc->cfg.hidden, dc->cfg.ffn,
+                          dc->cfg.n_codebooks);
     if (!out && !depth_cuda_raw_fits(dc, n, 2))
         return mm3_errorf(-EINVAL,
                           "depth_cuda_step01: no output for %d rows, where the final norm is not left to the "

@@ -11,10 +11,11 @@
 #include "common/cuda/ops_cuda.h"
 #include "stage0/depth.h"
 
-/* Rows of one position in the two-position pass (depth_cuda_step01_dev): the pass's
- * 2n product rows must fit one GEMV slice. A plain constant: the memory plan of a
+/* Most rows of one position in the two-position pass (depth_cuda_step01_dev): the
+ * pass's 2n product rows must fit one GEMV slice, 32 rows on the tensor-core GEMV
+ * (depth_cuda_step01_fits checks the widths). A plain constant: the memory plan of a
  * CPU-only build reads it too (stage0/talker_backend.c). */
-#define DEPTH_CUDA_PAIR_MAX_ROWS (CUDA_OPS_GEMV_MAX_ROWS / 2)
+#define DEPTH_CUDA_PAIR_MAX_ROWS (CUDA_OPS_GEMV_MMA_MAX_ROWS / 2)
 
 struct depth_cuda;
 

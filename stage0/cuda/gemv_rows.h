@@ -1,7 +1,7 @@
 /* The decode products of common/cuda/ops_cuda.h over any number of rows, in slices
- * of 16 (CUDA_OPS_GEMV_MAX_ROWS, the float32-accurate GEMV kernels' limit; cuBLASLt
- * beyond would round x to bf16), for the GPU talker and depth decoder. Only compiled
- * with CUDA. */
+ * of cuda_ops_gemv_max_rows(in) (32 on the tensor-core GEMV, else 16: the
+ * float32-accurate GEMV kernels' limits; cuBLASLt beyond would round x to bf16), for
+ * the GPU talker and depth decoder. Only compiled with CUDA. */
 #ifndef MM3_STAGE0_CUDA_GEMV_ROWS_H
 #define MM3_STAGE0_CUDA_GEMV_ROWS_H
 

@@ -69,10 +69,10 @@ struct talker_cuda {
     long n_replays;
 };
 
-/* Prefill batches of more than 16 tokens take cuBLASLt's bf16 GEMM, which reads the
- * weights once for the whole batch instead of once every 16 tokens (x rounded to
- * bf16 there, within the issue's rel 2e-2 on frame_hiddens); decode stays exact
- * (16-row slices, gemv_rows.h). */
+/* Prefill batches of more than 32 tokens (16 at widths not a multiple of 32) take
+ * cuBLASLt's bf16 GEMM, which reads the weights once for the whole batch instead of
+ * once every slice (x rounded to bf16 there, within the issue's rel 2e-2 on
+ * frame_hiddens); decode stays exact (GEMV slices, gemv_rows.h). */
 static int matmul(float *y, const float *x, const uint16_t *w, int n, int in, int out, int prefill, void *stream)
 {
     if (prefill) return cuda_ops_matmul_bf16(y, x, w, n, in, out, stream);

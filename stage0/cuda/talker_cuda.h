@@ -12,11 +12,11 @@
  * talker_cuda_forward has talker_forward's contract (host arrays in and out): the
  * tokens of a batch may belong to different rows; all of a batch's K/V are stored
  * before attention, so prefill tokens see their predecessors in the same batch.
- * Matrix products of decode batches (<= 16 rows) run through the float32-input GEMV
+ * Matrix products of decode batches (slices of up to 32 rows, gemv_rows.h) run through the float32-input GEMV
  * kernels (rel. 1e-6 against the CPU); larger batches (prefill) through the bf16
  * cuBLASLt GEMM, which reads each weight once per batch but rounds the activations
  * to bf16 (rel. ~1e-3 against the CPU, inside the issue's 2e-2). The drawable head
- * always takes the float32-accurate GEMV, in slices of 16 rows. Attention:
+ * always takes the float32-accurate GEMV, in the same slices. Attention:
  * common/cuda's split-K decode kernel (through a row map) when the batch is one
  * token per row (decode) and the head fits it, else the simple row attention of
  * talker_kernels.h.
