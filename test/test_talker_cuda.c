@@ -927,6 +927,7 @@ static void test_depth_attention_store(void **state)
     check_depth_attention_store(2, 16, 256, 8);
     check_depth_attention_store(3, 3, 96, 5); /* a head that is no multiple of 32 lanes' share */
     check_depth_attention_store(1, 2, 20, 3);
+    check_depth_attention_store(2, 4, 64, 16); /* the position table's 16: two chunks of positions merged */
 }
 
 static void test_qkv_norm_rope_store_fused(void **state)
