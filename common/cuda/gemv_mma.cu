@@ -420,28 +420,9 @@ static int mma_balance(void)
  * pipeline restarts at every tile); a split must beat the best so far by 3% (its
  * blocks merge through distributed shared memory). */
 enum { MMA_MIN_TILE_STEPS = 4 };
-
-/* MM3_MMA_KS=k (2..8): at 9-32 rows every product splits `in` over clusters of k
- * blocks where it has the steps (measuring whether a block's share of x staying in L1
- * beats the plan below). */
-static int mma_forced_ks(void)
-{
-    static int state = -1;
-    const int k = cuda_env_switch(&state, "MM3_MMA_KS", 0);
-    return k >= 2 && k <= MMA_MAX_CLUSTER ? k : 0;
-}
-
 template <int NT, int MT, int EPI, bool NORM, int S>
 static void mma_plan(int tiles, int steps, int *ks_out, int *grid_out)
 {
-    const int forced = NT >= 2 ? mma_forced_ks() : 0;
-    if (forced && forced * MMA_WARPS <= steps) {
-        const int clusters = mma_resident_clusters<NT, MT, EPI, NORM, S>(forced);
-        const int per = (tiles + clusters - 1) / clusters;
-        *ks_out = forced;
-        *grid_out = (tiles + per - 1) / per;
-        return;
-    }
     const int slots = mma_resident_clusters<NT, MT, EPI, NORM, S>(1);
     int ks = 1, per = (tiles + slots - 1) / slots;
     long best = tiles; /* block-tiles of work of ks = 1; busy fraction best / (per * slots) */
