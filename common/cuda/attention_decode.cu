@@ -22,7 +22,6 @@
  * what pass 2 spreads over `group` blocks.) */
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 
 #include "common/cuda/attention_decode.cuh"
 #include "common/cuda/cuda_internal.h"
@@ -308,24 +307,11 @@ static int att_use_mma(void)
  * in flight per block than the CUDA-core kernel, which wants several), each split at
  * least one step of all warps, never more than att_plan's (the workspace is sized by
  * att_plan). */
-/* MM3_ATT_MAX_SPLITS=n: at most n splits (measuring whether fewer attention blocks
- * leave SMs to the next product's early weight loads). */
-static int att_max_splits(void)
-{
-    static int n = -1; /* benign race: every thread reads the same value */
-    if (n < 0) {
-        const char *e = getenv("MM3_ATT_MAX_SPLITS");
-        n = e ? atoi(e) : 0;
-    }
-    return n;
-}
-
 static int att_mma_splits(int n_seq, int n_kv_heads, int max_kv_len, int plan_splits, int blocks_per_sm)
 {
     const int sms = att_sm_count();
     const long pairs = (long)(n_seq > 0 ? n_seq : 1) * n_kv_heads;
     long n = (long)blocks_per_sm * sms / pairs;
-    if (att_max_splits() > 0 && n > att_max_splits()) n = att_max_splits();
     const long most = ((long)max_kv_len + ATT_CHUNK_ALIGN - 1) / ATT_CHUNK_ALIGN;
     if (n > most) n = most;
     if (n > plan_splits) n = plan_splits;
