@@ -101,12 +101,13 @@ int cuda_ops_gemv_bf16_mma(float *y, const float *x, const uint16_t *w, int n_ro
 int cuda_ops_gemv_set_mma_rows(int rows);
 /* Tuning hook: 16-row weight tiles per block of the tensor-core GEMV where its caller
  * leaves the choice (m_tiles 0): 2 or 4 for every shape, or 0 = the default (2, or
- * the environment's MM3_MMA_MT). Same threading rule. */
+ * the environment's MM3_MMA_MT). 17-32 rows always take 2. Same threading rule. */
 int cuda_ops_gemv_set_mma_tiles(int m_tiles);
 /* Tuning hook: where the tensor-core GEMV keeps a warp's weights between load and
  * use: 1 = a shared-memory ring (cp.async, three k steps), 2 = registers (two steps),
  * 0 = the default (the ring at 9-32 rows, registers at 3-8; or the environment's
- * MM3_MMA_RING). 4 weight tiles per block always use registers. Same threading rule. */
+ * MM3_MMA_RING). 4 weight tiles per block always use registers, 17-32 rows always the
+ * ring. Same threading rule. */
 int cuda_ops_gemv_set_mma_ring(int mode);
 
 /* y[n, out] = x[n, in] . w[out, in]^T, w bf16 (uint16 bit patterns), x and y float32.
