@@ -150,18 +150,19 @@ int cuda_ops_silu_mul_interleaved(float *y, const float *gu, int n_rows, int ffn
  * interleaved gate j = 2j, up j = 2j + 1; y += sum (the residual add, in place). */
 enum cuda_gemv_epi { CUDA_GEMV_STORE = 0, CUDA_GEMV_SWIGLU = 1, CUDA_GEMV_ADD = 2 };
 
-/* y = epi(RMSNorm(x; norm_w, eps) . W^T) for 1..cuda_ops_gemv_max_rows(in) rows, float32-accurate like
- * cuda_ops_matmul_bf16 (same kernels): the decode layer's norm, product and SwiGLU
- * or residual add in one launch. norm_w NULL: x as is; the norm is applied as x is
- * read (each block sums x^2 over the part of the row it reads, the k-split blocks of
- * a cluster share theirs), its scale on the sums, so it rounds differently from
- * cuda_ops_rmsnorm then the product (~1e-7 relative). -ENOTSUP where
+/* y = epi(RMSNorm(x; norm_w, eps) . W^T) for 1..cuda_ops_gemv_max_rows(in) rows,
+ * float32-accurate like cuda_ops_matmul_bf16 (same kernels): the decode layer's norm,
+ * product and SwiGLU or residual add in one launch. norm_w NULL: x as is; the norm is
+ * applied as x is read (each block sums x^2 over the part of the row it reads, the
+ * k-split blocks of a cluster share theirs), its scale on the sums, so it rounds
+ * differently from cuda_ops_rmsnorm then the product (~1e-7 relative). -ENOTSUP where
  * cuda_ops_gemv_fused_ok says no (the caller runs the unfused ops); w, x, norm_w
  * 16-byte aligned; y must not alias x. */
 int cuda_ops_gemv_bf16_fused(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out,
                              enum cuda_gemv_epi epi, const float *norm_w, float eps, void *stream);
 /* Whether that shape fuses: rows 1..cuda_ops_gemv_max_rows(in), in % 8 == 0 (in % 32
- * == 0 on the tensor-core kernel, beyond 2 rows by default), out even for SWIGLU, no norm with ADD. */
+ * == 0 on the tensor-core kernel, beyond 2 rows by default), out even for SWIGLU, no
+ * norm with ADD. */
 int cuda_ops_gemv_fused_ok(int n_rows, int in, int out, enum cuda_gemv_epi epi, int norm);
 /* Whether fusing the norm and the residual add into the products is faster at this
  * row count (measured on the H200, ctx 1000, docs/performance.md): at 1-2 rows (1 CFG
@@ -174,8 +175,8 @@ int cuda_ops_gemv_fused_pays(int n_rows);
 
 /* y[n_rows, ffn] = silu(x . Wg^T) * (x . Wu^T) with w_gu [2*ffn, in] holding the rows
  * of Wg and Wu interleaved (row 2j = gate j, row 2j + 1 = up j): for up to
- * cuda_ops_gemv_max_rows(in) rows the GEMV kernels of cuda_ops_matmul_bf16 apply silu * up as they store (no gu
- * round trip, one launch); otherwise the product goes to gu [n_rows, 2*ffn] (the
+ * cuda_ops_gemv_max_rows(in) rows the GEMV kernels of cuda_ops_matmul_bf16 apply
+ * silu * up as they store (no gu round trip, one launch); otherwise the product goes to gu [n_rows, 2*ffn] (the
  * caller's scratch) and cuda_ops_silu_mul_interleaved follows. Same values either
  * way as cuda_ops_matmul_bf16 then the silu kernel. */
 int cuda_ops_matmul_bf16_swiglu(float *y, float *gu, const float *x, const uint16_t *w_gu, int n_rows, int in, int ffn,

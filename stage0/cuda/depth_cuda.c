@@ -32,7 +32,7 @@ struct depth_cuda {
     const float *pos_emb, *norm;
     float *kc, *vc;
     /* Scratch for scratch_rows rows: max_rows, plus one more position block of up to
-     * DEPTH_CUDA_PAIR_MAX_ROWS rows for the two-position pass (depth_cuda_step01_dev). qkv: fused rows [q | k | v],
+     * step01_max_rows rows for the two-position pass (depth_cuda_step01_dev). qkv: fused rows [q | k | v],
      * free again once attention has run, so the FFN's silu(gate) * up rows (ffn wide) reuse it: qkv holds max(3 hidden,
      * ffn) per row (the memory of the former q, k, v and u buffers when ffn <= 3 hidden, as talker_backend_plan_compute
      * counts). gu: fused gate|up rows (only where the product cannot apply silu * up as it stores: unaligned widths).
