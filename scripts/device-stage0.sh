@@ -10,7 +10,8 @@
 #         Two words are not environment: BIN=prog runs another bench binary (a path, or a
 #         name under .device/bin, e.g. a copy of an earlier build for an A/B), NCU=1 runs it
 #         under ncu (one kernel duration per launch, $OUT/results.tgz: ncu<run>.csv; pair it
-#         with --profile-frame K so only one step is recorded).
+#         with --profile-frame K so only one step is recorded; scripts/bench/ncu_step.py
+#         sums it per kernel).
 #         MM3_S0_TESTS=0 skips the tests ("test_a test_b": only those, then the golden
 #         replay); MM3_S0_OPS=1 adds mm3-bench-ops with PDL on and off, MM3_S0_OPS="A=1;B=0 C=1 --x"
 #         one run per ';'-separated list of VAR=value words and mm3-bench-ops arguments.

@@ -7,7 +7,8 @@
   tools/mm3_bench_load.c and tools/mm3_bench_stage0.c (and the "no CUDA" exit 77 path);
 - table.py on a synthetic H200 run: bounds, ratios, goals met / missed "by how much", and
   "n/a (reason)" rows for everything that is missing;
-- e2e.py's measuring code against a local fake streaming server.
+- e2e.py's measuring code against a local fake streaming server;
+- ncu_step.py on a CSV in ncu's --csv layout.
 """
 import json
 import os
@@ -18,6 +19,7 @@ import unittest
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import e2e  # noqa: E402
+import ncu_step  # noqa: E402
 import parse_tools  # noqa: E402
 import table  # noqa: E402
 
@@ -328,6 +330,49 @@ class E2eTest(unittest.TestCase):
         r = e2e.one_song("http://127.0.0.1:9", 1.0, 0, timeout=2)  # discard port: nothing listens
         self.assertFalse(r["ok"])
         self.assertIn("error", r)
+
+
+# ncu --csv --metrics gpu__time_duration.sum, as scripts/device-stage0.sh NCU=1 writes it.
+NCU_HEAD = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size",'
+            '"Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"\n')
+
+
+def ncu_row(i, name, grid, unit, value):
+    return (f'"{i}","1","mm3-bench-stage0","h","{name}","1","7","(256, 1, 1)","{grid}","0","9.0",'
+            f'"Command line profiler metrics","gpu__time_duration.sum","{unit}","{value}"\n')
+
+
+class NcuStepTest(unittest.TestCase):
+    def write(self, text):
+        f = tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False)
+        f.write(text)
+        f.close()
+        self.addCleanup(os.unlink, f.name)
+        return f.name
+
+    def test_summary(self):
+        path = self.write("==PROF== Connected to process 1\n" + NCU_HEAD +
+                          ncu_row(0, "void gemv_mma_kernel<2, 2, 0, 1, 3>(float *, const float *)", "(192, 1, 1)",
+                                  "ns", "26,496") +
+                          ncu_row(1, "attn_combine_kernel(float *, const float *, int, int, int)", "(32, 16, 1)",
+                                  "ns", "3296") +
+                          ncu_row(2, "void gemv_mma_kernel<2, 2, 0, 1, 3>(float *, const float *)", "(192, 1, 1)",
+                                  "us", "21.5"))
+        launches = ncu_step.read_launches(path)
+        self.assertEqual([k for k, _, _ in launches],
+                         ["gemv_mma_kernel<2, 2, 0, 1, 3>", "attn_combine_kernel", "gemv_mma_kernel<2, 2, 0, 1, 3>"])
+        self.assertAlmostEqual(launches[0][2], 26.496)
+        rows = ncu_step.summarize(launches)
+        self.assertEqual(rows[0][:3], ("gemv_mma_kernel<2, 2, 0, 1, 3>", "(192, 1, 1)", 2))
+        self.assertAlmostEqual(rows[0][3], 47.996)
+        self.assertEqual(rows[1][2], 1)
+
+    def test_bad_input(self):
+        with self.assertRaisesRegex(ValueError, "no gpu__time_duration.sum rows"):
+            ncu_step.read_launches(self.write(NCU_HEAD))
+        with self.assertRaisesRegex(ValueError, "unit 'cycle'"):
+            ncu_step.read_launches(self.write(NCU_HEAD + ncu_row(0, "k(int)", "(1, 1, 1)", "cycle", "5")))
+        self.assertEqual(ncu_step.main([self.write(NCU_HEAD)]), 1)
 
 
 if __name__ == "__main__":
