@@ -36,5 +36,11 @@ static inline cudaStream_t cuda_stream_of(void *stream)
  * norm of cuda_ops_gemv_bf16_fused (norm_w NULL: none). */
 int gemv_mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int m_tiles,
                     enum cuda_gemv_epi epi, const float *norm_w, float eps, cudaStream_t st);
+/* gemv_xs.cu: the tensor-core GEMV with x staged in shared memory, which
+ * gemv_mma_launch hands the shapes gemv_xs_serves says (same checks, same
+ * arguments, no weight tile count). */
+bool gemv_xs_serves(int n_rows, int in, int out);
+int gemv_xs_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, enum cuda_gemv_epi epi,
+                   const float *norm_w, float eps, cudaStream_t st);
 
 #endif

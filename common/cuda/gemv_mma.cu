@@ -27,25 +27,12 @@
 #include <stdint.h>
 
 #include "common/cuda/cuda_internal.h"
-#include "common/cuda/mma_bf16.cuh"
+#include "common/cuda/gemv_mma.cuh"
 #include "common/cuda/ops_cuda.h"
 #include "common/cuda/pdl.cuh"
 #include "common/cuda/silu.cuh"
 
 namespace cg = cooperative_groups;
-
-/* A weight load, read once (evict first), with the L2 prefetch-size hint of 256
- * bytes: a lane reads 64 bytes of a row per k step, so L2 fetches the row's next
- * three steps with this one. Measured at 16 rows on the H200: LM down_proj 33.0 ->
- * 32.3 us, head 40.4 -> 38.0 (MT=4); 8 pairs 11.10 -> 10.85 ms/frame in one call. */
-__device__ __forceinline__ uint4 mma_weight_load(const uint4 *p)
-{
-    uint4 v;
-    asm volatile("ld.global.cs.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
 
 /* This lane's weight rows of a tile: g and g + 8 of each 16-row M tile (clamped past `out`). */
 template <int MT>
@@ -72,25 +59,7 @@ __device__ __forceinline__ void mma_load_step(uint4 (&wa)[MT][2], const uint4 *c
             wa[mt][h] = mma_weight_load(wr[mt][h] + st * 4); /* 4 uint4 = one 32-wide k step */
 }
 
-/* A weight copy global -> shared that holds no register while in flight (LDGSTS,
- * L1 bypassed, same L2 prefetch-size hint as mma_weight_load). */
-__device__ __forceinline__ void mma_weight_copy(uint4 *dst, const uint4 *src)
-{
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
-}
-
-__device__ __forceinline__ void mma_copy_commit(void)
-{
-    asm volatile("cp.async.commit_group;" ::: "memory");
-}
-
-template <int N> __device__ __forceinline__ void mma_copy_wait(void)
-{
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
-enum { MMA_WARPS = 8, MMA_THREADS = MMA_WARPS * 32, MMA_KSTEP = 32, MMA_MAX_CLUSTER = 8 };
+enum { MMA_WARPS = 8, MMA_THREADS = MMA_WARPS * 32, MMA_MAX_CLUSTER = 8 };
 
 /* x tile nt's B fragments of k step sb: its rows (normed when NORM, summing x^2 into
  * ss) split into bf16 hi + lo. */
@@ -98,34 +67,17 @@ template <bool NORM>
 __device__ __forceinline__ void mma_x_fragment(uint32_t (&bh)[4], uint32_t (&bl)[4], float &ss, const float4 *xr,
                                                bool xv, const float *__restrict__ wn, int t, int kq)
 {
-    float4 p = make_float4(0.f, 0.f, 0.f, 0.f), q = p;
+    float4 p = make_float4(0.f, 0.f, 0.f, 0.f), q = p, na = p, nb = p;
     if (xv) {
         p = __ldg(xr + 2 * kq);
         q = __ldg(xr + 2 * kq + 1);
     }
     if (NORM) {
         const float4 *nr = (const float4 *)(wn + 8 * t) + 2 * kq;
-        const float4 na = __ldg(nr), nb = __ldg(nr + 1);
-        ss = fmaf(p.x, p.x, fmaf(p.y, p.y, fmaf(p.z, p.z, fmaf(p.w, p.w, ss))));
-        ss = fmaf(q.x, q.x, fmaf(q.y, q.y, fmaf(q.z, q.z, fmaf(q.w, q.w, ss))));
-        p = make_float4(p.x * na.x, p.y * na.y, p.z * na.z, p.w * na.w);
-        q = make_float4(q.x * nb.x, q.y * nb.y, q.z * nb.z, q.w * nb.w);
+        na = __ldg(nr);
+        nb = __ldg(nr + 1);
     }
-    split_pair(p.x, p.y, &bh[0], &bl[0]);
-    split_pair(p.z, p.w, &bh[1], &bl[1]);
-    split_pair(q.x, q.y, &bh[2], &bl[2]);
-    split_pair(q.z, q.w, &bh[3], &bl[3]);
-}
-
-/* The four MMAs of one weight tile and one x tile: k pairs (0,1),(2,3) of the lane's 8
- * -> MMA 1; (4,5),(6,7) -> MMA 2; hi parts, then lo. */
-__device__ __forceinline__ void mma_tile(float (&acc)[4], const uint4 (&a)[2], const uint32_t (&bh)[4],
-                                         const uint32_t (&bl)[4])
-{
-    mma_bf16(acc, a[0].x, a[1].x, a[0].y, a[1].y, bh[0], bh[1]);
-    mma_bf16(acc, a[0].z, a[1].z, a[0].w, a[1].w, bh[2], bh[3]);
-    mma_bf16(acc, a[0].x, a[1].x, a[0].y, a[1].y, bl[0], bl[1]);
-    mma_bf16(acc, a[0].z, a[1].z, a[0].w, a[1].w, bl[2], bl[3]);
+    mma_x_split<NORM>(bh, bl, ss, p, q, na, nb);
 }
 
 /* One k step of one warp: x times this lane's weights a of every tile. Up to 16 rows
@@ -171,7 +123,7 @@ __device__ __forceinline__ void mma_copy_step(uint4 *ring, const uint4 *const (&
         for (int mt = 0; mt < MMA_MT; mt++)
 #pragma unroll
             for (int h = 0; h < 2; h++)
-                mma_weight_copy(ring + (((i % STAGES) * MMA_MT + mt) * 2 + h) * 32 + lane, wr[mt][h] + sb * 4);
+                mma_async_copy(ring + (((i % STAGES) * MMA_MT + mt) * 2 + h) * 32 + lane, wr[mt][h] + sb * 4);
     mma_copy_commit(); /* empty groups too: wait_group counts them */
 }
 
@@ -380,13 +332,13 @@ template <int NT, int MT, int EPI, bool NORM, int S> static int mma_resident_clu
 {
     static int cache[MMA_MAX_CLUSTER + 1];
     if (!cache[ks]) {
+        if (S) /* the ring is past the 48 KiB a launch gets unasked */
+            (void)cudaFuncSetAttribute(gemv_mma_kernel<NT, MT, EPI, NORM, S>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, mma_ring_bytes<MT, S>());
         cudaLaunchConfig_t cfg = {};
         cfg.gridDim = dim3(1, (unsigned)ks, 1);
         cfg.blockDim = dim3(MMA_THREADS, 1, 1);
         cfg.dynamicSmemBytes = mma_ring_bytes<MT, S>();
-        if (S) /* the ring is past the 48 KiB a launch gets unasked */
-            (void)cudaFuncSetAttribute(gemv_mma_kernel<NT, MT, EPI, NORM, S>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, mma_ring_bytes<MT, S>());
         cudaLaunchAttribute a;
         a.id = cudaLaunchAttributeClusterDimension;
         a.val.clusterDim.x = 1;
@@ -558,6 +510,8 @@ int gemv_mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, int
         return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_mma (swiglu): %d outputs, expected even", out);
     if (norm_w && epi == CUDA_GEMV_ADD)
         return mm3_errorf(-ENOTSUP, "cuda_ops_gemv_bf16_mma: no norm with the residual add");
+    if (m_tiles == 0 && gemv_xs_serves(n_rows, in, out))
+        return gemv_xs_launch(y, x, w, n_rows, in, out, epi, norm_w, eps, st);
     if (n_rows <= 8) return mma_launch_variant<1>(y, x, w, n_rows, in, out, m_tiles, epi, norm_w, eps, st);
     if (n_rows <= 16) return mma_launch_variant<2>(y, x, w, n_rows, in, out, m_tiles, epi, norm_w, eps, st);
     return mma_launch_variant<4>(y, x, w, n_rows, in, out, m_tiles, epi, norm_w, eps, st);

@@ -90,7 +90,8 @@ int cuda_ops_gemv_bf16_opw(float *y, const float *x, const uint16_t *w, int n_ro
 
 /* Tuning hook: the tensor-core GEMV (mma.sync, x split into bf16 hi + lo so that
  * the result keeps float32 accuracy); n_rows 1..32, in a multiple of 32, w and x
- * 16-byte aligned. m_tiles: 16-row weight tiles per block, 2 or 4 (0: chosen per shape). */
+ * 16-byte aligned. m_tiles: 16-row weight tiles per block, 2 or 4 (0: chosen per shape, and
+ * the x-staged kernel where cuda_ops_gemv_set_xs says). */
 int cuda_ops_gemv_bf16_mma(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int m_tiles,
                            void *stream);
 
@@ -109,6 +110,13 @@ int cuda_ops_gemv_set_mma_tiles(int m_tiles);
  * MM3_MMA_RING). 4 weight tiles per block always use registers, 17-32 rows always the
  * ring. Same threading rule. */
 int cuda_ops_gemv_set_mma_ring(int mode);
+/* Tuning hook: which tensor-core GEMV serves a row count where the caller leaves the
+ * weight tile count open: 1 = the x-staged kernel (gemv_xs.cu: x copied into shared
+ * memory once per block, warps split the outputs) for every tensor-core row count,
+ * 2 = never (gemv_mma.cu only), 0 = the default (x-staged at 9-32 rows where the
+ * outputs alone nearly fill the GPU, or the environment's MM3_GEMV_XS). Same
+ * threading rule. */
+int cuda_ops_gemv_set_xs(int mode);
 
 /* y[n, out] = x[n, in] . w[out, in]^T, w bf16 (uint16 bit patterns), x and y float32.
  * n <= 2:  float32 GEMV kernel: one pass over w with 16-byte loads serves all
