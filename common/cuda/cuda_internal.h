@@ -32,6 +32,35 @@ static inline cudaStream_t cuda_stream_of(void *stream)
     return (cudaStream_t)stream;
 }
 
+/* A cluster of (1, ks, 1) blocks as a launch attribute (the GEMVs' k splits). */
+static inline void cuda_cluster_y_attr(cudaLaunchAttribute *a, int ks)
+{
+    a->id = cudaLaunchAttributeClusterDimension;
+    a->val.clusterDim.x = 1;
+    a->val.clusterDim.y = (unsigned)ks;
+    a->val.clusterDim.z = 1;
+}
+
+/* Clusters of (1, ks, 1) blocks of `threads` threads and `dyn_smem` bytes of dynamic
+ * shared memory that fit on the GPU at once; 1 where the runtime cannot say. */
+template <typename K> static int cuda_resident_clusters_y(K kernel, int threads, int dyn_smem, int ks)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(1, (unsigned)ks, 1);
+    cfg.blockDim = dim3((unsigned)threads, 1, 1);
+    cfg.dynamicSmemBytes = (size_t)dyn_smem;
+    cudaLaunchAttribute a;
+    cuda_cluster_y_attr(&a, ks);
+    cfg.attrs = &a;
+    cfg.numAttrs = 1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess || n < 1) {
+        (void)cudaGetLastError();
+        n = 1;
+    }
+    return n;
+}
+
 /* The tensor-core GEMV of gemv_mma.cu (m_tiles 0 = default) with the epilogue and
  * norm of cuda_ops_gemv_bf16_fused (norm_w NULL: none). */
 int gemv_mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int m_tiles,

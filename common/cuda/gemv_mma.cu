@@ -335,23 +335,8 @@ template <int NT, int MT, int EPI, bool NORM, int S> static int mma_resident_clu
         if (S) /* the ring is past the 48 KiB a launch gets unasked */
             (void)cudaFuncSetAttribute(gemv_mma_kernel<NT, MT, EPI, NORM, S>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, mma_ring_bytes<MT, S>());
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(1, (unsigned)ks, 1);
-        cfg.blockDim = dim3(MMA_THREADS, 1, 1);
-        cfg.dynamicSmemBytes = mma_ring_bytes<MT, S>();
-        cudaLaunchAttribute a;
-        a.id = cudaLaunchAttributeClusterDimension;
-        a.val.clusterDim.x = 1;
-        a.val.clusterDim.y = (unsigned)ks;
-        a.val.clusterDim.z = 1;
-        cfg.attrs = &a;
-        cfg.numAttrs = 1;
-        int n = 0;
-        if (cudaOccupancyMaxActiveClusters(&n, gemv_mma_kernel<NT, MT, EPI, NORM, S>, &cfg) != cudaSuccess || n < 1) {
-            (void)cudaGetLastError();
-            n = 1;
-        }
-        cache[ks] = n;
+        cache[ks] =
+            cuda_resident_clusters_y(gemv_mma_kernel<NT, MT, EPI, NORM, S>, MMA_THREADS, mma_ring_bytes<MT, S>(), ks);
     }
     return cache[ks];
 }
@@ -401,10 +386,7 @@ static int mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, i
     cfg.blockDim = dim3(MMA_THREADS, 1, 1);
     cfg.stream = st;
     cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 1;
-    attr[0].val.clusterDim.y = (unsigned)ks;
-    attr[0].val.clusterDim.z = 1;
+    cuda_cluster_y_attr(&attr[0], ks);
     cfg.attrs = attr;
     cfg.numAttrs = 1 + (mma_pdl() ? pdl_attr(&attr[1]) : 0);
     return cuda_status(cudaLaunchKernelEx(&cfg, gemv_mma_kernel<NT, MT, EPI, NORM, S>, y, x, w, n_rows, in, out, ks,

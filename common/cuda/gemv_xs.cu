@@ -266,24 +266,7 @@ static int xs_resident_clusters(int ks)
     static int cache[XS_MAX_CLUSTER + 1];
     if (!cache[ks]) {
         xs_allow_smem<2, CUDA_GEMV_STORE, false>();
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(1, (unsigned)ks, 1);
-        cfg.blockDim = dim3(XS_THREADS, 1, 1);
-        cfg.dynamicSmemBytes = XS_SMEM_BYTES;
-        cudaLaunchAttribute a;
-        a.id = cudaLaunchAttributeClusterDimension;
-        a.val.clusterDim.x = 1;
-        a.val.clusterDim.y = (unsigned)ks;
-        a.val.clusterDim.z = 1;
-        cfg.attrs = &a;
-        cfg.numAttrs = 1;
-        int n = 0;
-        if (cudaOccupancyMaxActiveClusters(&n, gemv_xs_kernel<2, CUDA_GEMV_STORE, false>, &cfg) != cudaSuccess ||
-            n < 1) {
-            (void)cudaGetLastError();
-            n = 1;
-        }
-        cache[ks] = n;
+        cache[ks] = cuda_resident_clusters_y(gemv_xs_kernel<2, CUDA_GEMV_STORE, false>, XS_THREADS, XS_SMEM_BYTES, ks);
     }
     return cache[ks];
 }
@@ -322,10 +305,7 @@ static int xs_launch(float *y, const float *x, const uint16_t *w, int n_rows, in
     cfg.blockDim = dim3(XS_THREADS, 1, 1);
     cfg.stream = st;
     cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 1;
-    attr[0].val.clusterDim.y = (unsigned)ks;
-    attr[0].val.clusterDim.z = 1;
+    cuda_cluster_y_attr(&attr[0], ks);
     cfg.attrs = attr;
     cfg.numAttrs = 1 + pdl_attr(&attr[1]);
     return cuda_status(cudaLaunchKernelEx(&cfg, gemv_xs_kernel<NT, EPI, NORM>, y, x, w, n_rows, in, out, ks, wn, eps),
