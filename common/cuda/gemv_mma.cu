@@ -269,16 +269,9 @@ __global__ void __launch_bounds__(MMA_THREADS, 2)
         }
         cluster.sync(); /* every block's block_sum is complete (and red is free again) */
         if (rank == 0) {
-            if (threadIdx.x < ncols) {
-                float sc = 1.0f;
-                if (NORM) {
-                    float v = block_ss[threadIdx.x];
-                    for (int r = 1; r < ks; r++)
-                        v += cluster.map_shared_rank(block_ss, r)[threadIdx.x];
-                    sc = 1.0f / sqrtf(v / (float)in + eps);
-                }
-                row_scale[threadIdx.x] = sc;
-            }
+            if (threadIdx.x < ncols) /* 0 + rank 0's sum first: the same bits as starting from it */
+                row_scale[threadIdx.x] =
+                    NORM ? mma_cluster_norm_scale(cluster, block_ss, ks, threadIdx.x, in, eps) : 1.0f;
             __syncthreads();
             if constexpr (EPI == CUDA_GEMV_SWIGLU) {
                 for (int i = threadIdx.x; i < MMA_OUT / 2 * ncols; i += MMA_THREADS) {

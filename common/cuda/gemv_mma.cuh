@@ -4,6 +4,7 @@
 #ifndef MM3_CUDA_GEMV_MMA_CUH
 #define MM3_CUDA_GEMV_MMA_CUH
 
+#include <cooperative_groups.h>
 #include <stdint.h>
 
 #include "common/cuda/mma_bf16.cuh"
@@ -70,6 +71,17 @@ __device__ __forceinline__ void mma_tile(float (&acc)[4], const uint4 (&a)[2], c
     mma_bf16(acc, a[0].z, a[1].z, a[0].w, a[1].w, bh[2], bh[3]);
     mma_bf16(acc, a[0].x, a[1].x, a[0].y, a[1].y, bl[0], bl[1]);
     mma_bf16(acc, a[0].z, a[1].z, a[0].w, a[1].w, bl[2], bl[3]);
+}
+
+/* The RMSNorm scale 1 / sqrt(mean(x^2) + eps) of row i from the x^2 sums the ks blocks
+ * of a k-split cluster keep in block_ss (added in rank order: deterministic). */
+__device__ __forceinline__ float mma_cluster_norm_scale(cooperative_groups::cluster_group &cluster, float *block_ss,
+                                                        int ks, int i, int in, float eps)
+{
+    float v = 0.0f;
+    for (int r = 0; r < ks; r++)
+        v += cluster.map_shared_rank(block_ss, r)[i];
+    return 1.0f / sqrtf(v / (float)in + eps);
 }
 
 #endif

@@ -207,16 +207,8 @@ __global__ void __launch_bounds__(XS_THREADS, 2)
     }
     cg::cluster_group cluster = cg::this_cluster();
     cluster.sync(); /* every block's partials are complete */
-    if (threadIdx.x < ROWS) {
-        float sc = 1.0f;
-        if (NORM) {
-            float v = 0.0f;
-            for (int r = 0; r < ks; r++)
-                v += cluster.map_shared_rank(block_ss, r)[threadIdx.x];
-            sc = 1.0f / sqrtf(v / (float)in + eps);
-        }
-        row_scale[threadIdx.x] = sc;
-    }
+    if (threadIdx.x < ROWS)
+        row_scale[threadIdx.x] = NORM ? mma_cluster_norm_scale(cluster, block_ss, ks, threadIdx.x, in, eps) : 1.0f;
     __syncthreads();
     /* The ks blocks share the group's outputs out (interleaved); consecutive threads
      * take consecutive outputs of one row (coalesced stores). */
