@@ -21,7 +21,10 @@
  *
  * Weights in flight: each warp keeps two k steps in registers, or (9-32 rows) three
  * in a shared-memory ring filled by cp.async (cuda_ops_gemv_set_mma_ring says why).
- * A block's next tile starts loading before the current tile's sums are merged. */
+ * A block's next tile starts loading before the current tile's sums are merged.
+ *
+ * At 9-32 rows, where the outputs alone nearly fill the GPU, gemv_mma_launch hands the
+ * product to gemv_xs.cu, which reads x once per block instead of once per tile. */
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <stdint.h>
