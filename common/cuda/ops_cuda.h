@@ -121,7 +121,8 @@ int cuda_ops_gemv_set_xs(int mode);
 /* y[n, out] = x[n, in] . w[out, in]^T, w bf16 (uint16 bit patterns), x and y float32.
  * n <= 2:  float32 GEMV kernel: one pass over w with 16-byte loads serves all
  *          rows; x stays float32 (matches op_matmul on widened w up to summation order).
- * n 3..32: tensor-core GEMV (cuda_ops_gemv_bf16_mma) when in % 32 == 0 and w, x are
+ * n 3..32: tensor-core GEMV (cuda_ops_gemv_bf16_mma, or at 9-32 rows the x-staged one:
+ *          cuda_ops_gemv_set_xs) when in % 32 == 0 and w, x are
  *          16-byte aligned (else the float32 kernel up to 16 rows): x split into bf16
  *          hi + lo, float32 accumulation, rel. error vs op_matmul ~3e-6; deterministic.
  *          (The 2 is cuda_ops_gemv_set_mma_rows's.)
