@@ -534,6 +534,133 @@ static void test_swiglu(void **state)
     cuda_free(d);
 }
 
+/* ---- products queued back to back (programmatic dependent launch) ------------------ */
+
+/* A decode layer's chain of fused products, each reading the previous one's output:
+ * a = norm1(h) . Wa^T, h += a . Wo^T, f = silu * up of norm2(h) . Wgu^T, h += f . Wd^T,
+ * for `layers` layers queued on one stream without a sync, so each kernel starts
+ * while the one before it finishes (PDL). The checks above launch one product after a
+ * copy, with nothing to overlap: this is where a kernel reading its input before
+ * pdl_wait shows (the x-staged GEMV did with __ldg: rel 0.1-0.4 in the talker's tests).
+ * Then the same chain as a CUDA graph must give the same bits. Shapes: the 12288-output
+ * products take the x-staged kernel at 9-32 rows, the 1024-output ones gemv_mma.cu. */
+enum { CHAIN_H = 1024, CHAIN_A = 12288, CHAIN_F = 6144, CHAIN_LAYERS = 3 };
+
+struct chain_dev {
+    uint16_t *wa, *wo, *wgu, *wd;
+    float *n1, *n2, *h, *a, *f;
+};
+
+static int chain_queue(const struct chain_dev *d, int n, void *st)
+{
+    const float eps = 1e-6f;
+    for (int l = 0; l < CHAIN_LAYERS; l++) {
+        const size_t wa = (size_t)l * CHAIN_A * CHAIN_H, wgu = (size_t)l * 2 * CHAIN_F * CHAIN_H;
+        if (cuda_ops_gemv_bf16_fused(d->a, d->h, d->wa + wa, n, CHAIN_H, CHAIN_A, CUDA_GEMV_STORE, d->n1, eps, st) ||
+            cuda_ops_gemv_bf16_fused(d->h, d->a, d->wo + wa, n, CHAIN_A, CHAIN_H, CUDA_GEMV_ADD, NULL, 0.0f, st) ||
+            cuda_ops_gemv_bf16_fused(d->f, d->h, d->wgu + wgu, n, CHAIN_H, 2 * CHAIN_F, CUDA_GEMV_SWIGLU, d->n2, eps,
+                                     st) ||
+            cuda_ops_gemv_bf16_fused(d->h, d->f, d->wd + wgu / 2, n, CHAIN_F, CHAIN_H, CUDA_GEMV_ADD, NULL, 0.0f, st))
+            return -1;
+    }
+    return 0;
+}
+
+static void check_chain(int n)
+{
+    char what[96];
+    snprintf(what, sizeof what, "fused products chained, n=%d, %d layers", n, CHAIN_LAYERS);
+    const float eps = 1e-6f;
+    const size_t na = (size_t)CHAIN_LAYERS * CHAIN_A * CHAIN_H, nf = (size_t)CHAIN_LAYERS * CHAIN_F * CHAIN_H;
+    float *waf, *wof, *wguf, *wdf; /* per-layer scales keep h near unit size */
+    uint16_t *wa = rnd_bf16(na, 0.053f, &waf), *wo = rnd_bf16(na, 0.015f, &wof);
+    uint16_t *wgu = rnd_bf16(2 * nf, 0.053f, &wguf), *wd = rnd_bf16(nf, 0.022f, &wdf);
+    float *n1 = rnd_array(CHAIN_H, 1.0f), *n2 = rnd_array(CHAIN_H, 1.0f), *h0 = rnd_array((size_t)n * CHAIN_H, 1.0f);
+
+    /* The reference: the same chain on the CPU ops (gate and up rows interleaved). */
+    float *h = malloc(sizeof(float) * (size_t)n * CHAIN_H), *xn = malloc(sizeof(float) * (size_t)n * CHAIN_H);
+    float *a = malloc(sizeof(float) * (size_t)n * CHAIN_A), *gu = malloc(sizeof(float) * (size_t)n * 2 * CHAIN_F);
+    float *f = malloc(sizeof(float) * (size_t)n * CHAIN_F), *o = malloc(sizeof(float) * (size_t)n * CHAIN_H);
+    assert_true(h && xn && a && gu && f && o);
+    memcpy(h, h0, sizeof(float) * (size_t)n * CHAIN_H);
+    for (int l = 0; l < CHAIN_LAYERS; l++) {
+        const size_t la = (size_t)l * CHAIN_A * CHAIN_H, lf = (size_t)l * CHAIN_F * CHAIN_H;
+        op_rmsnorm(xn, h, n1, n, CHAIN_H, eps);
+        op_matmul(a, xn, waf + la, NULL, n, CHAIN_H, CHAIN_A);
+        op_matmul(o, a, wof + la, NULL, n, CHAIN_A, CHAIN_H);
+        for (size_t i = 0; i < (size_t)n * CHAIN_H; i++)
+            h[i] += o[i];
+        op_rmsnorm(xn, h, n2, n, CHAIN_H, eps);
+        op_matmul(gu, xn, wguf + 2 * lf, NULL, n, CHAIN_H, 2 * CHAIN_F);
+        for (int r = 0; r < n; r++)
+            for (int j = 0; j < CHAIN_F; j++) {
+                const float *pr = gu + (size_t)r * 2 * CHAIN_F;
+                op_silu_mul(f + (size_t)r * CHAIN_F + j, pr + 2 * j, pr + 2 * j + 1, 1);
+            }
+        op_matmul(o, f, wdf + lf, NULL, n, CHAIN_F, CHAIN_H);
+        for (size_t i = 0; i < (size_t)n * CHAIN_H; i++)
+            h[i] += o[i];
+    }
+
+    struct chain_dev d = {dev_upload(wa, 2 * na),
+                          dev_upload(wo, 2 * na),
+                          dev_upload(wgu, 4 * nf),
+                          dev_upload(wd, 2 * nf),
+                          dev_upload(n1, sizeof(float) * CHAIN_H),
+                          dev_upload(n2, sizeof(float) * CHAIN_H),
+                          NULL,
+                          NULL,
+                          NULL};
+    float *h_inner;
+    float *dh = dev_guarded((size_t)n * CHAIN_H, &h_inner);
+    d.h = h_inner;
+    assert_int_equal(cuda_malloc((void **)&d.a, sizeof(float) * (size_t)n * CHAIN_A), 0);
+    assert_int_equal(cuda_malloc((void **)&d.f, sizeof(float) * (size_t)n * CHAIN_F), 0);
+    void *st = NULL;
+    assert_int_equal(cuda_stream_create(&st), 0);
+    /* The default routing, then each tensor-core kernel for every product. */
+    for (int mode = 0; mode <= 2; mode++) {
+        char run[128];
+        snprintf(run, sizeof run, "%s, x-staged %s", what, mode == 0 ? "default" : mode == 1 ? "always" : "never");
+        assert_int_equal(cuda_ops_gemv_set_xs(mode), 0);
+        assert_int_equal(cuda_memcpy_h2d(d.h, h0, sizeof(float) * (size_t)n * CHAIN_H), 0);
+        if (chain_queue(&d, n, st)) fail_msg("%s: %s", run, mm3_last_error());
+        assert_int_equal(cuda_stream_sync(st), 0);
+        float *eager = dev_fetch_checked(dh, (size_t)n * CHAIN_H, run);
+        /* 12 products with x split into bf16 hi + lo (~2e-5 each); a stale input is ~1e-1 */
+        expect_close(eager, h, (size_t)n * CHAIN_H, 5e-4, run);
+
+        void *graph = NULL;
+        assert_int_equal(cuda_memcpy_h2d(d.h, h0, sizeof(float) * (size_t)n * CHAIN_H), 0);
+        assert_int_equal(cuda_graph_capture_begin(st), 0);
+        if (chain_queue(&d, n, st)) fail_msg("%s (capture): %s", run, mm3_last_error());
+        assert_int_equal(cuda_graph_capture_end(st, &graph), 0);
+        assert_int_equal(cuda_graph_launch(graph, st), 0);
+        assert_int_equal(cuda_stream_sync(st), 0);
+        float *replayed = dev_fetch_checked(dh, (size_t)n * CHAIN_H, run);
+        if (memcmp(eager, replayed, sizeof(float) * (size_t)n * CHAIN_H))
+            fail_msg("%s: the graph replay differs from the eager chain", run);
+        printf("  %-58s graph replay: same bits\n", run);
+        cuda_graph_destroy(graph);
+        free(eager), free(replayed);
+    }
+    assert_int_equal(cuda_ops_gemv_set_xs(0), 0);
+
+    cuda_stream_destroy(st);
+    cuda_free(d.wa), cuda_free(d.wo), cuda_free(d.wgu), cuda_free(d.wd), cuda_free(d.n1), cuda_free(d.n2);
+    cuda_free(dh), cuda_free(d.a), cuda_free(d.f);
+    free(h), free(xn), free(a), free(gu), free(f), free(o), free(h0), free(n1), free(n2);
+    free(wa), free(wo), free(wgu), free(wd), free(waf), free(wof), free(wguf), free(wdf);
+}
+
+static void test_gemv_chain(void **state)
+{
+    (void)state;
+    check_chain(2);  /* the float32 kernel */
+    check_chain(16); /* 8 pairs */
+    check_chain(32); /* the depth decoder's two-position pass at 8 pairs */
+}
+
 /* ---- fused decode GEMV (norm in, SwiGLU / residual add out) ------------------------ */
 
 /* cuda_ops_gemv_bf16_fused against the float32 chain it replaces: RMSNorm (op_rmsnorm)
@@ -965,6 +1092,7 @@ int main(void)
         cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_gemv_fused),
+        cmocka_unit_test(test_gemv_chain),
         cmocka_unit_test(test_attention_release),
         cmocka_unit_test(test_attention_odd),
         cmocka_unit_test(test_attention_qkv),
