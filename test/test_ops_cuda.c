@@ -588,8 +588,7 @@ static void check_chain(int n)
         op_rmsnorm(xn, h, n1, n, CHAIN_H, eps);
         op_matmul(a, xn, waf + la, NULL, n, CHAIN_H, CHAIN_A);
         op_matmul(o, a, wof + la, NULL, n, CHAIN_A, CHAIN_H);
-        for (size_t i = 0; i < (size_t)n * CHAIN_H; i++)
-            h[i] += o[i];
+        op_add(h, o, (size_t)n * CHAIN_H);
         op_rmsnorm(xn, h, n2, n, CHAIN_H, eps);
         op_matmul(gu, xn, wguf + 2 * lf, NULL, n, CHAIN_H, 2 * CHAIN_F);
         for (int r = 0; r < n; r++)
@@ -598,8 +597,7 @@ static void check_chain(int n)
                 op_silu_mul(f + (size_t)r * CHAIN_F + j, pr + 2 * j, pr + 2 * j + 1, 1);
             }
         op_matmul(o, f, wdf + lf, NULL, n, CHAIN_F, CHAIN_H);
-        for (size_t i = 0; i < (size_t)n * CHAIN_H; i++)
-            h[i] += o[i];
+        op_add(h, o, (size_t)n * CHAIN_H);
     }
 
     struct chain_dev d = {dev_upload(wa, 2 * na),
