@@ -65,11 +65,12 @@ template <typename K> static int cuda_resident_clusters_y(K kernel, int threads,
  * norm of cuda_ops_gemv_bf16_fused (norm_w NULL: none). */
 int gemv_mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int m_tiles,
                     enum cuda_gemv_epi epi, const float *norm_w, float eps, cudaStream_t st);
-/* gemv_xs.cu: the tensor-core GEMV with x staged in shared memory, which
- * gemv_mma_launch hands the shapes gemv_xs_serves says (same checks, same
- * arguments, no weight tile count). */
-bool gemv_xs_serves(int n_rows, int in, int out);
-int gemv_xs_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, enum cuda_gemv_epi epi,
-                   const float *norm_w, float eps, cudaStream_t st);
+/* gemv_xs.cu: the tensor-core GEMV with x staged in shared memory, to which
+ * gemv_mma_launch hands the shapes gemv_xs_plan gives a k split (blocks per output
+ * group, >= 1) for; 0: gemv_mma.cu serves the shape. gemv_xs_launch takes that split
+ * and the arguments gemv_mma_launch has checked (no weight tile count). */
+int gemv_xs_plan(int n_rows, int in, int out);
+int gemv_xs_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int ks,
+                   enum cuda_gemv_epi epi, const float *norm_w, float eps, cudaStream_t st);
 
 #endif

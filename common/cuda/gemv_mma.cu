@@ -488,8 +488,8 @@ int gemv_mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, int
         return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_mma (swiglu): %d outputs, expected even", out);
     if (norm_w && epi == CUDA_GEMV_ADD)
         return mm3_errorf(-ENOTSUP, "cuda_ops_gemv_bf16_mma: no norm with the residual add");
-    if (m_tiles == 0 && gemv_xs_serves(n_rows, in, out))
-        return gemv_xs_launch(y, x, w, n_rows, in, out, epi, norm_w, eps, st);
+    const int xs_split = m_tiles == 0 ? gemv_xs_plan(n_rows, in, out) : 0;
+    if (xs_split) return gemv_xs_launch(y, x, w, n_rows, in, out, xs_split, epi, norm_w, eps, st);
     if (n_rows <= 8) return mma_launch_variant<1>(y, x, w, n_rows, in, out, m_tiles, epi, norm_w, eps, st);
     if (n_rows <= 16) return mma_launch_variant<2>(y, x, w, n_rows, in, out, m_tiles, epi, norm_w, eps, st);
     return mma_launch_variant<4>(y, x, w, n_rows, in, out, m_tiles, epi, norm_w, eps, st);

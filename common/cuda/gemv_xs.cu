@@ -1,5 +1,5 @@
 /* Weight-streaming GEMV on the tensor cores with x staged in shared memory, for the
- * 9-32 rows of 8 CFG pairs where the outputs alone nearly fill the GPU (gemv_xs_serves;
+ * 9-32 rows of 8 CFG pairs where the outputs alone nearly fill the GPU (gemv_xs_plan;
  * gemv_mma.cu serves the rest).
  *
  * gemv_mma.cu's blocks split `in` over their 8 warps and re-read x from L2 for every
@@ -274,9 +274,9 @@ static int xs_forced_split(void)
 /* The largest k split whose grid still fits on the GPU at once (one wave: a second
  * wave of a few blocks streams at a fraction of the rate); none where the output
  * groups alone fill it. Each block keeps at least one k step. */
-static int xs_plan(int groups, int steps)
+static int xs_plan(int out, int steps)
 {
-    const int forced = xs_forced_split();
+    const int groups = (out + XS_OUT - 1) / XS_OUT, forced = xs_forced_split();
     if (forced) return forced < steps ? forced : steps;
     int ks = 1;
     for (int k = 2; k <= XS_MAX_CLUSTER && k <= steps; k++)
@@ -285,11 +285,10 @@ static int xs_plan(int groups, int steps)
 }
 
 template <int NT, int EPI, bool NORM>
-static int xs_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, const float *wn,
+static int xs_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int ks, const float *wn,
                      float eps, cudaStream_t st)
 {
     const int groups = (out + XS_OUT - 1) / XS_OUT;
-    const int ks = xs_plan(groups, in / MMA_KSTEP);
     xs_allow_smem<NT, EPI, NORM>();
     cudaLaunchConfig_t cfg = {};
     cfg.dynamicSmemBytes = XS_SMEM_BYTES;
@@ -305,15 +304,16 @@ static int xs_launch(float *y, const float *x, const uint16_t *w, int n_rows, in
 }
 
 template <int NT>
-static int xs_launch_variant(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out,
+static int xs_launch_variant(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int ks,
                              enum cuda_gemv_epi epi, const float *wn, float eps, cudaStream_t st)
 {
     if (wn && epi == CUDA_GEMV_SWIGLU)
-        return xs_launch<NT, CUDA_GEMV_SWIGLU, true>(y, x, w, n_rows, in, out, wn, eps, st);
-    if (wn) return xs_launch<NT, CUDA_GEMV_STORE, true>(y, x, w, n_rows, in, out, wn, eps, st);
-    if (epi == CUDA_GEMV_SWIGLU) return xs_launch<NT, CUDA_GEMV_SWIGLU, false>(y, x, w, n_rows, in, out, wn, eps, st);
-    if (epi == CUDA_GEMV_ADD) return xs_launch<NT, CUDA_GEMV_ADD, false>(y, x, w, n_rows, in, out, wn, eps, st);
-    return xs_launch<NT, CUDA_GEMV_STORE, false>(y, x, w, n_rows, in, out, wn, eps, st);
+        return xs_launch<NT, CUDA_GEMV_SWIGLU, true>(y, x, w, n_rows, in, out, ks, wn, eps, st);
+    if (wn) return xs_launch<NT, CUDA_GEMV_STORE, true>(y, x, w, n_rows, in, out, ks, wn, eps, st);
+    if (epi == CUDA_GEMV_SWIGLU)
+        return xs_launch<NT, CUDA_GEMV_SWIGLU, false>(y, x, w, n_rows, in, out, ks, wn, eps, st);
+    if (epi == CUDA_GEMV_ADD) return xs_launch<NT, CUDA_GEMV_ADD, false>(y, x, w, n_rows, in, out, ks, wn, eps, st);
+    return xs_launch<NT, CUDA_GEMV_STORE, false>(y, x, w, n_rows, in, out, ks, wn, eps, st);
 }
 
 /* cuda_ops_gemv_set_xs: 0 = per row count (or MM3_GEMV_XS), 1 = every tensor-core
@@ -334,18 +334,19 @@ extern "C" int cuda_ops_gemv_set_xs(int mode)
  * (4096 x 4096: 13.8 -> 19.7 us; 4096 x 12288: 32.7 -> 36.0). */
 enum { XS_SERVE_MAX_SPLIT = 2 };
 
-bool gemv_xs_serves(int n_rows, int in, int out)
+int gemv_xs_plan(int n_rows, int in, int out)
 {
     const int m = cuda_env_switch(&xs_setting, "MM3_GEMV_XS", 0);
-    if (m != 0) return m == 1;
-    return n_rows > 8 && xs_plan((out + XS_OUT - 1) / XS_OUT, in / MMA_KSTEP) <= XS_SERVE_MAX_SPLIT;
+    if (m == 2 || (m == 0 && n_rows <= 8)) return 0;
+    const int ks = xs_plan(out, in / MMA_KSTEP);
+    return m == 1 || ks <= XS_SERVE_MAX_SPLIT ? ks : 0;
 }
 
 /* The caller (gemv_mma_launch) has checked rows, in % 32, alignment and the epilogue. */
-int gemv_xs_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, enum cuda_gemv_epi epi,
-                   const float *norm_w, float eps, cudaStream_t st)
+int gemv_xs_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int ks,
+                   enum cuda_gemv_epi epi, const float *norm_w, float eps, cudaStream_t st)
 {
-    if (n_rows <= 8) return xs_launch_variant<1>(y, x, w, n_rows, in, out, epi, norm_w, eps, st);
-    if (n_rows <= 16) return xs_launch_variant<2>(y, x, w, n_rows, in, out, epi, norm_w, eps, st);
-    return xs_launch_variant<4>(y, x, w, n_rows, in, out, epi, norm_w, eps, st);
+    if (n_rows <= 8) return xs_launch_variant<1>(y, x, w, n_rows, in, out, ks, epi, norm_w, eps, st);
+    if (n_rows <= 16) return xs_launch_variant<2>(y, x, w, n_rows, in, out, ks, epi, norm_w, eps, st);
+    return xs_launch_variant<4>(y, x, w, n_rows, in, out, ks, epi, norm_w, eps, st);
 }
