@@ -376,18 +376,9 @@ static int mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, i
     const int tiles = (out + 16 * MT - 1) / (16 * MT);
     int ks, grid;
     mma_plan<NT, MT, EPI, NORM, S>(tiles, in / MMA_KSTEP, &ks, &grid);
-    cudaLaunchConfig_t cfg = {};
-    cfg.dynamicSmemBytes = mma_ring_bytes<MT, S>();
-    cfg.gridDim = dim3((unsigned)grid, (unsigned)ks, 1);
-    cfg.blockDim = dim3(MMA_THREADS, 1, 1);
-    cfg.stream = st;
-    cudaLaunchAttribute attr[2];
-    cuda_cluster_y_attr(&attr[0], ks);
-    cfg.attrs = attr;
-    cfg.numAttrs = 1 + (mma_pdl() ? pdl_attr(&attr[1]) : 0);
-    return cuda_status(cudaLaunchKernelEx(&cfg, gemv_mma_kernel<NT, MT, EPI, NORM, S>, y, x, w, n_rows, in, out, ks,
-                                          tiles, wn, eps, mma_switch_pre()),
-                       "cudaLaunchKernelEx(gemv_mma_kernel)");
+    return launch_ex("cudaLaunchKernelEx(gemv_mma_kernel)", gemv_mma_kernel<NT, MT, EPI, NORM, S>,
+                     dim3((unsigned)grid, (unsigned)ks), dim3(MMA_THREADS), mma_ring_bytes<MT, S>(), st, ks,
+                     mma_pdl() != 0, y, x, w, n_rows, in, out, ks, tiles, wn, eps, mma_switch_pre());
 }
 
 /* cuda_ops_gemv_set_mma_tiles: 2 or 4 weight tiles per block for every launch, or

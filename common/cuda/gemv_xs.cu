@@ -290,17 +290,9 @@ static int xs_launch(float *y, const float *x, const uint16_t *w, int n_rows, in
 {
     const int groups = (out + XS_OUT - 1) / XS_OUT;
     xs_allow_smem<NT, EPI, NORM>();
-    cudaLaunchConfig_t cfg = {};
-    cfg.dynamicSmemBytes = XS_SMEM_BYTES;
-    cfg.gridDim = dim3((unsigned)groups, (unsigned)ks, 1);
-    cfg.blockDim = dim3(XS_THREADS, 1, 1);
-    cfg.stream = st;
-    cudaLaunchAttribute attr[2];
-    cuda_cluster_y_attr(&attr[0], ks);
-    cfg.attrs = attr;
-    cfg.numAttrs = 1 + pdl_attr(&attr[1]);
-    return cuda_status(cudaLaunchKernelEx(&cfg, gemv_xs_kernel<NT, EPI, NORM>, y, x, w, n_rows, in, out, ks, wn, eps),
-                       "cudaLaunchKernelEx(gemv_xs_kernel)");
+    return launch_ex("cudaLaunchKernelEx(gemv_xs_kernel)", gemv_xs_kernel<NT, EPI, NORM>,
+                     dim3((unsigned)groups, (unsigned)ks), dim3(XS_THREADS), XS_SMEM_BYTES, st, ks, true, y, x, w,
+                     n_rows, in, out, ks, wn, eps);
 }
 
 template <int NT>

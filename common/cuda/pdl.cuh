@@ -43,21 +43,33 @@ static inline unsigned pdl_attr(cudaLaunchAttribute *attr)
     return 1;
 }
 
-/* kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute; `name`
- * names the kernel in the error message. */
+/* kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute when `pdl` (and
+ * MM3_PDL allows it) and, for cluster_y > 0, thread-block clusters of (1, cluster_y, 1);
+ * `name` names the launch in the error message. */
 template <typename... KArgs, typename... Args>
-static inline int launch_pdl(const char *name, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
-                             cudaStream_t stream, Args &&...args)
+static inline int launch_ex(const char *name, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                            cudaStream_t stream, int cluster_y, bool pdl, Args &&...args)
 {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    cfg.numAttrs = pdl_attr(attr);
+    cudaLaunchAttribute attr[2];
+    unsigned n = 0;
+    if (cluster_y > 0) cuda_cluster_y_attr(&attr[n++], cluster_y);
+    if (pdl) n += pdl_attr(&attr[n]);
     cfg.attrs = attr;
+    cfg.numAttrs = n;
     return cuda_status(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), name);
+}
+
+/* kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute. */
+template <typename... KArgs, typename... Args>
+static inline int launch_pdl(const char *name, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                             cudaStream_t stream, Args &&...args)
+{
+    return launch_ex(name, kernel, grid, block, smem, stream, 0, true, std::forward<Args>(args)...);
 }
 
 #endif
