@@ -1,7 +1,7 @@
 /* mm3-bench-ops: times the stage-0 decode kernels on the GPU at the release shapes
  * against the weight-streaming floor.
  *
- *   mm3-bench-ops [--reps N] [--attention-only | --no-attention]
+ *   mm3-bench-ops [--reps N] [--rows A,B] [--attention-only | --no-attention]
  *
  * 1. Device-to-device copy bandwidth: (bytes read + bytes written) / time of a
  *    1 GiB cudaMemcpyAsync, median of N after warm-up. This is the ceiling every
@@ -38,6 +38,7 @@
     } while (0)
 
 static int reps = 15;
+static int row_counts[2] = {2, 16}; /* --rows A,B */
 static void *stream; /* one non-default stream, so that graphs can be captured */
 static uint64_t rng = 0x6d6d33; /* fixed: timings must not depend on the draw */
 
@@ -380,6 +381,12 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
             reps = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--rows") && i + 1 < argc) {
+            if (sscanf(argv[++i], "%d,%d", &row_counts[0], &row_counts[1]) != 2 || row_counts[0] < 1 ||
+                row_counts[1] < 1 || row_counts[0] > 64 || row_counts[1] > 64) {
+                fprintf(stderr, "--rows: expected two row counts 1..64 as A,B, got '%s'\n", argv[i]);
+                return 2;
+            }
         } else if (!strcmp(argv[i], "--attention-only")) {
             attention_only = 1;
         } else if (!strcmp(argv[i], "--no-attention")) {
@@ -388,7 +395,7 @@ int main(int argc, char **argv)
             profile_shape = atoi(argv[++i]);
             profile_rows = atoi(argv[++i]);
         } else {
-            fprintf(stderr, "usage: %s [--reps N] [--attention-only | --no-attention] [--profile SHAPE|-1 ROWS]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--reps N] [--rows A,B] [--attention-only | --no-attention] [--profile SHAPE|-1 ROWS]\n", argv[0]);
             return 2;
         }
     }
@@ -419,7 +426,6 @@ int main(int argc, char **argv)
     double frame_s[2] = {0, 0}, frame_fused_s[2] = {0, 0}, frame_bytes = 0;
     double frame_f32_s[2] = {0, 0}, frame_mma_s[2] = {0, 0}, frame_best_s[2] = {0, 0}, frame_launch_s[2] = {0, 0};
     double t_of[N_SHAPES][2];
-    const int row_counts[2] = {2, 16};
     const size_t rotate_bytes = (size_t)512 << 20;
     for (int s = 0; s < N_SHAPES; s++) {
         const struct shape *sh = &shapes[s];
@@ -434,9 +440,9 @@ int main(int argc, char **argv)
             TRY(cuda_memcpy_d2d(w[c], w[0], 2 * wn, stream));
         }
         struct mm_arg a = {w, copies, NULL, NULL, 0, sh->in, sh->out, 0};
-        TRY(cuda_malloc((void **)&a.x, sizeof(float) * 16 * sh->in));
-        TRY(cuda_malloc((void **)&a.y, sizeof(float) * 16 * sh->out));
-        fill_random_f32(a.x, (size_t)16 * sh->in);
+        TRY(cuda_malloc((void **)&a.x, sizeof(float) * 64 * sh->in));
+        TRY(cuda_malloc((void **)&a.y, sizeof(float) * 64 * sh->out));
+        fill_random_f32(a.x, (size_t)64 * sh->in);
         for (int r = 0; r < 2; r++) {
             a.n = row_counts[r];
             double tl = time_median(mm_once, &a, copies);
@@ -452,8 +458,8 @@ int main(int argc, char **argv)
                 frame_launch_s[r] += sh->per_frame * tl;
             }
             /* Both kernels, whichever the default picked. */
-            a.opw = a.n <= 4 ? 4 : 8;
-            double tf = time_median_mode(mm_once, &a, copies, 1);
+            a.opw = a.n <= 4 ? 4 : 8; /* past its row limit the float32 kernel counts as never faster */
+            double tf = a.n <= CUDA_OPS_GEMV_MAX_ROWS ? time_median_mode(mm_once, &a, copies, 1) : INFINITY;
             a.opw = -2;
             double tm2 = time_median_mode(mm_once, &a, copies, 1);
             a.opw = -4;
@@ -473,6 +479,7 @@ int main(int argc, char **argv)
             /* Outputs-per-warp sweep: which default suits which row count. */
             for (int r = 0; r < 2; r++) {
                 a.n = row_counts[r];
+                if (a.n > CUDA_OPS_GEMV_MAX_ROWS) continue;
                 printf("    opw sweep, %2d rows:", a.n);
                 for (a.opw = 2; a.opw <= 8; a.opw *= 2) {
                     double t = time_median(mm_once, &a, copies);
