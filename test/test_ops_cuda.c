@@ -406,6 +406,14 @@ static void check_silu_mul(size_t n)
     free(u);
 }
 
+/* The reference of the interleaved SwiGLU: y[i] = silu(gu[2i]) * gu[2i + 1] for i < n
+ * (rows of gate/up pairs follow each other, so one run covers every row). */
+static void ref_silu_mul_interleaved(float *y, const float *gu, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        op_silu_mul(y + i, gu + 2 * i, gu + 2 * i + 1, 1);
+}
+
 /* Interleaved gate/up rows (gate j at column 2j, up j at 2j + 1) against op_silu_mul. */
 static void check_silu_mul_interleaved(int rows, int ffn)
 {
@@ -414,8 +422,7 @@ static void check_silu_mul_interleaved(int rows, int ffn)
     size_t n = (size_t)rows * ffn;
     float *gu = rnd_array(2 * n, 8.0f), *ref = malloc(sizeof(float) * n);
     assert_non_null(ref);
-    for (size_t i = 0; i < n; i++)
-        op_silu_mul(ref + i, gu + 2 * i, gu + 2 * i + 1, 1);
+    ref_silu_mul_interleaved(ref, gu, n);
     float *dgu = dev_upload(gu, sizeof(float) * 2 * n);
     float *dy_inner, *dy = dev_guarded(n, &dy_inner);
     assert_int_equal(cuda_ops_silu_mul_interleaved(dy_inner, dgu, rows, ffn, NULL), 0);
@@ -591,11 +598,7 @@ static void check_chain(int n)
         op_add(h, o, (size_t)n * CHAIN_H);
         op_rmsnorm(xn, h, n2, n, CHAIN_H, eps);
         op_matmul(gu, xn, wguf + 2 * lf, NULL, n, CHAIN_H, 2 * CHAIN_F);
-        for (int r = 0; r < n; r++)
-            for (int j = 0; j < CHAIN_F; j++) {
-                const float *pr = gu + (size_t)r * 2 * CHAIN_F;
-                op_silu_mul(f + (size_t)r * CHAIN_F + j, pr + 2 * j, pr + 2 * j + 1, 1);
-            }
+        ref_silu_mul_interleaved(f, gu, (size_t)n * CHAIN_F);
         op_matmul(o, f, wdf + lf, NULL, n, CHAIN_F, CHAIN_H);
         op_add(h, o, (size_t)n * CHAIN_H);
     }
