@@ -38,6 +38,7 @@
     } while (0)
 
 static int reps = 15;
+enum { BENCH_MAX_ROWS = 64 };       /* the per-shape table's x and y hold this many rows */
 static int row_counts[2] = {2, 16}; /* --rows A,B */
 static void *stream; /* one non-default stream, so that graphs can be captured */
 static uint64_t rng = 0x6d6d33; /* fixed: timings must not depend on the draw */
@@ -166,6 +167,18 @@ static void mm_once(void *arg, int i)
         TRY(cuda_ops_gemv_bf16_opw(a->y, a->x, a->w[i % a->copies], a->n, a->in, a->out, a->opw, stream));
     else
         TRY(cuda_ops_matmul_bf16(a->y, a->x, a->w[i % a->copies], a->n, a->in, a->out, stream));
+}
+
+/* Graph time of one kernel variant (opw as in struct mm_arg). Past the variant's row
+ * limit the call would fail: it counts as never faster (INFINITY). */
+static double time_variant(struct mm_arg *a, int copies, int opw)
+{
+    const int limit = opw > 0 ? CUDA_OPS_GEMV_MAX_ROWS : CUDA_OPS_GEMV_MMA_MAX_ROWS;
+    if (a->n > limit) return INFINITY;
+    a->opw = opw;
+    const double t = time_median_mode(mm_once, a, copies, 1);
+    a->opw = 0;
+    return t;
 }
 
 /* ---- attention ------------------------------------------------------------------- */
@@ -383,8 +396,8 @@ int main(int argc, char **argv)
             reps = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--rows") && i + 1 < argc) {
             if (sscanf(argv[++i], "%d,%d", &row_counts[0], &row_counts[1]) != 2 || row_counts[0] < 1 ||
-                row_counts[1] < 1 || row_counts[0] > 64 || row_counts[1] > 64) {
-                fprintf(stderr, "--rows: expected two row counts 1..64 as A,B, got '%s'\n", argv[i]);
+                row_counts[1] < 1 || row_counts[0] > BENCH_MAX_ROWS || row_counts[1] > BENCH_MAX_ROWS) {
+                fprintf(stderr, "--rows: expected two row counts 1..%d as A,B, got '%s'\n", BENCH_MAX_ROWS, argv[i]);
                 return 2;
             }
         } else if (!strcmp(argv[i], "--attention-only")) {
@@ -399,8 +412,8 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (profile_shape >= N_SHAPES || profile_shape < -2 || (profile_shape > -2 && (profile_rows < 1 || profile_rows > 64))) {
-        fprintf(stderr, "--profile: shape 0..%d or -1 (attention), rows 1..64\n", N_SHAPES - 1);
+    if (profile_shape >= N_SHAPES || profile_shape < -2 || (profile_shape > -2 && (profile_rows < 1 || profile_rows > BENCH_MAX_ROWS))) {
+        fprintf(stderr, "--profile: shape 0..%d or -1 (attention), rows 1..%d\n", N_SHAPES - 1, BENCH_MAX_ROWS);
         return 2;
     }
     if (reps < 1) reps = 1;
@@ -440,9 +453,9 @@ int main(int argc, char **argv)
             TRY(cuda_memcpy_d2d(w[c], w[0], 2 * wn, stream));
         }
         struct mm_arg a = {w, copies, NULL, NULL, 0, sh->in, sh->out, 0};
-        TRY(cuda_malloc((void **)&a.x, sizeof(float) * 64 * sh->in));
-        TRY(cuda_malloc((void **)&a.y, sizeof(float) * 64 * sh->out));
-        fill_random_f32(a.x, (size_t)64 * sh->in);
+        TRY(cuda_malloc((void **)&a.x, sizeof(float) * BENCH_MAX_ROWS * sh->in));
+        TRY(cuda_malloc((void **)&a.y, sizeof(float) * BENCH_MAX_ROWS * sh->out));
+        fill_random_f32(a.x, (size_t)BENCH_MAX_ROWS * sh->in);
         for (int r = 0; r < 2; r++) {
             a.n = row_counts[r];
             double tl = time_median(mm_once, &a, copies);
@@ -458,13 +471,9 @@ int main(int argc, char **argv)
                 frame_launch_s[r] += sh->per_frame * tl;
             }
             /* Both kernels, whichever the default picked. */
-            a.opw = a.n <= 4 ? 4 : 8; /* past its row limit the float32 kernel counts as never faster */
-            double tf = a.n <= CUDA_OPS_GEMV_MAX_ROWS ? time_median_mode(mm_once, &a, copies, 1) : INFINITY;
-            a.opw = -2;
-            double tm2 = time_median_mode(mm_once, &a, copies, 1);
-            a.opw = -4;
-            double tm = time_median_mode(mm_once, &a, copies, 1);
-            a.opw = 0;
+            const double tf = time_variant(&a, copies, a.n <= 4 ? 4 : 8);
+            const double tm2 = time_variant(&a, copies, -2);
+            double tm = time_variant(&a, copies, -4);
             printf("    %-24s %4d %21.1f %8.0f %6.0f%% | tensor-core MT=2 %6.1f us %4.0f%%, MT=4 %6.1f us %4.0f%%\n",
                    "float32 kernel (graph)", a.n, tf * 1e6, bytes / tf * 1e-9, 100.0 * bytes / tf / bw, tm2 * 1e6,
                    100.0 * bytes / tm2 / bw, tm * 1e6, 100.0 * bytes / tm / bw);
