@@ -30,6 +30,7 @@
 #include <stdint.h>
 
 #include "common/cuda/cuda_internal.h"
+#include "common/cuda/gemv_epi.cuh"
 #include "common/cuda/gemv_mma.cuh"
 #include "common/cuda/ops_cuda.h"
 #include "common/cuda/pdl.cuh"
@@ -452,14 +453,10 @@ template <int NT>
 static int mma_launch_variant(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int m_tiles,
                               enum cuda_gemv_epi epi, const float *wn, float eps, cudaStream_t st)
 {
-    if (wn && epi == CUDA_GEMV_SWIGLU)
-        return mma_launch_tiles<NT, CUDA_GEMV_SWIGLU, true>(y, x, w, n_rows, in, out, m_tiles, wn, eps, st);
-    if (wn) return mma_launch_tiles<NT, CUDA_GEMV_STORE, true>(y, x, w, n_rows, in, out, m_tiles, wn, eps, st);
-    if (epi == CUDA_GEMV_SWIGLU)
-        return mma_launch_tiles<NT, CUDA_GEMV_SWIGLU, false>(y, x, w, n_rows, in, out, m_tiles, wn, eps, st);
-    if (epi == CUDA_GEMV_ADD)
-        return mma_launch_tiles<NT, CUDA_GEMV_ADD, false>(y, x, w, n_rows, in, out, m_tiles, wn, eps, st);
-    return mma_launch_tiles<NT, CUDA_GEMV_STORE, false>(y, x, w, n_rows, in, out, m_tiles, wn, eps, st);
+    return gemv_epi_dispatch(epi, wn != NULL, [&](auto e, auto norm) {
+        return mma_launch_tiles<NT, decltype(e)::value, decltype(norm)::value>(y, x, w, n_rows, in, out, m_tiles, wn,
+                                                                                eps, st);
+    });
 }
 
 int gemv_mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int m_tiles,

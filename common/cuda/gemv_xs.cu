@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "common/cuda/cuda_internal.h"
+#include "common/cuda/gemv_epi.cuh"
 #include "common/cuda/gemv_mma.cuh"
 #include "common/cuda/pdl.cuh"
 #include "common/cuda/silu.cuh"
@@ -299,13 +300,9 @@ template <int NT>
 static int xs_launch_variant(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int ks,
                              enum cuda_gemv_epi epi, const float *wn, float eps, cudaStream_t st)
 {
-    if (wn && epi == CUDA_GEMV_SWIGLU)
-        return xs_launch<NT, CUDA_GEMV_SWIGLU, true>(y, x, w, n_rows, in, out, ks, wn, eps, st);
-    if (wn) return xs_launch<NT, CUDA_GEMV_STORE, true>(y, x, w, n_rows, in, out, ks, wn, eps, st);
-    if (epi == CUDA_GEMV_SWIGLU)
-        return xs_launch<NT, CUDA_GEMV_SWIGLU, false>(y, x, w, n_rows, in, out, ks, wn, eps, st);
-    if (epi == CUDA_GEMV_ADD) return xs_launch<NT, CUDA_GEMV_ADD, false>(y, x, w, n_rows, in, out, ks, wn, eps, st);
-    return xs_launch<NT, CUDA_GEMV_STORE, false>(y, x, w, n_rows, in, out, ks, wn, eps, st);
+    return gemv_epi_dispatch(epi, wn != NULL, [&](auto e, auto norm) {
+        return xs_launch<NT, decltype(e)::value, decltype(norm)::value>(y, x, w, n_rows, in, out, ks, wn, eps, st);
+    });
 }
 
 /* cuda_ops_gemv_set_xs: 0 = per row count (or MM3_GEMV_XS), 1 = every tensor-core

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "common/cuda/cuda_internal.h"
+#include "common/cuda/gemv_epi.cuh"
 #include "common/cuda/ops_cuda.h"
 #include "common/cuda/pdl.cuh"
 #include "common/cuda/silu.cuh"
@@ -452,12 +453,9 @@ template <int NR>
 static int gemv_fused_rows(float *y, const float *x, const uint16_t *w, int in, int out, enum cuda_gemv_epi epi,
                            const float *wn, float eps, cudaStream_t s)
 {
-    if (wn && epi == CUDA_GEMV_SWIGLU)
-        return gemv_fused_launch<NR, CUDA_GEMV_SWIGLU, true>(y, x, w, in, out, wn, eps, s);
-    if (wn) return gemv_fused_launch<NR, CUDA_GEMV_STORE, true>(y, x, w, in, out, wn, eps, s);
-    if (epi == CUDA_GEMV_SWIGLU) return gemv_fused_launch<NR, CUDA_GEMV_SWIGLU, false>(y, x, w, in, out, wn, eps, s);
-    if (epi == CUDA_GEMV_ADD) return gemv_fused_launch<NR, CUDA_GEMV_ADD, false>(y, x, w, in, out, wn, eps, s);
-    return gemv_fused_launch<NR, CUDA_GEMV_STORE, false>(y, x, w, in, out, wn, eps, s);
+    return gemv_epi_dispatch(epi, wn != NULL, [&](auto e, auto norm) {
+        return gemv_fused_launch<NR, decltype(e)::value, decltype(norm)::value>(y, x, w, in, out, wn, eps, s);
+    });
 }
 
 extern "C" int cuda_ops_gemv_max_rows(int in)
