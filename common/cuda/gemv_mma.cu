@@ -455,7 +455,7 @@ static int mma_launch_variant(float *y, const float *x, const uint16_t *w, int n
 {
     return gemv_epi_dispatch(epi, wn != NULL, [&](auto e, auto norm) {
         return mma_launch_tiles<NT, decltype(e)::value, decltype(norm)::value>(y, x, w, n_rows, in, out, m_tiles, wn,
-                                                                                eps, st);
+                                                                               eps, st);
     });
 }
 
