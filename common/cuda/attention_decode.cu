@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32, (sizeof(KT) == 2 && E >= 4 && 
     if constexpr (FUSE)
         if (j0 < len || store) /* an empty chunk needs no q */
             att_prepare<KT, HD, G>(sq, sk, sv, rope_cs, rope_sn, q + (size_t)s * q_stride, g, group, store, f,
-                                   seq_off + (size_t)pnew * row_stride, (float)pnew);
+                                   seq_off + (size_t)pnew * row_stride, (float)pnew, false);
 
     float qv[G][E], acc[G][E], m[G], l[G];
 #pragma unroll
@@ -296,6 +296,14 @@ static void att_plan(int n_seq, int n_kv_heads, int max_kv_len, int chunk_positi
     *n_split_out = max_kv_len > 0 ? (int)((max_kv_len + chunk - 1) / chunk) : 1;
 }
 
+/* MM3_ATT_EARLY=0: the tensor-core kernel's fused variant waits for the previous
+ * kernel before any load (measuring). */
+static int att_early(void)
+{
+    static int state = -1;
+    return cuda_env_switch(&state, "MM3_ATT_EARLY", 1);
+}
+
 /* MM3_ATT_MMA=0: the CUDA-core kernel where the tensor-core one fits (measuring). */
 static int att_use_mma(void)
 {
@@ -403,6 +411,7 @@ static int attention_decode(float *out, const float *q, size_t q_stride, const v
         a.fuse.pos = prep->pos;
         a.fuse.kw = (void *)k_cache;
         a.fuse.vw = (void *)v_cache;
+        a.fuse.early = att_early();
     }
     dim3 grid((unsigned)n_split, (unsigned)n_kv_heads, (unsigned)n_seq);
     if (mma)

@@ -21,16 +21,25 @@ struct att_fuse {
     int rotary_dim;
     const int *pos; /* [sequence]: where the new k/v go */
     void *kw, *vw;  /* the caches again, for the store */
+    int early;      /* the tensor-core kernel's first K/V loads and RoPE table before its PDL wait */
 };
+
+/* The RoPE cos/sin of position p for the prologue below (no sync: att_prepare's first
+ * __syncthreads orders it). Reads nothing an earlier kernel writes. */
+__device__ __forceinline__ void att_rope_table(float *cs, float *sn, const float *inv_freq, int rotary_dim, float p)
+{
+    for (int i = threadIdx.x; i < rotary_dim / 2; i += ATT_WARPS * 32)
+        rope_cos_sin(inv_freq, i, p, &cs[i], &sn[i]);
+}
 
 /* The fused variant's prologue: q heads of this kv head normed and rotated into sq
  * (one warp per head, the same steps as cuda_ops_qk_norm_rope, with the RoPE cos/sin
  * computed once for all heads); with `store`, the k head too and the k/v of the new
  * position written to the cache at cache_off, kept in sk/sv as the cache holds them
- * (rounded to KT). */
+ * (rounded to KT). table_ready: the caller has run att_rope_table already. */
 template <typename KT, int HD, int G>
 __device__ void att_prepare(float (&sq)[G][HD], float *sk, float *sv, float *cs, float *sn, const float *qrow, int g,
-                            int group, bool store, const att_fuse &f, size_t cache_off, float p)
+                            int group, bool store, const att_fuse &f, size_t cache_off, float p, bool table_ready)
 {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     /* The row: gridDim.y * group q heads, then gridDim.y k heads, then as many v heads. */
@@ -42,8 +51,7 @@ __device__ void att_prepare(float (&sq)[G][HD], float *sk, float *sv, float *cs,
             sk[i] = krow[(size_t)g * HD + i];
             sv[i] = vrow[(size_t)g * HD + i];
         }
-    for (int i = threadIdx.x; i < f.rotary_dim / 2; i += ATT_WARPS * 32)
-        rope_cos_sin(f.inv_freq, i, p, &cs[i], &sn[i]);
+    if (!table_ready) att_rope_table(cs, sn, f.inv_freq, f.rotary_dim, p);
     __syncthreads();
     for (int item = warp; item < group + (store ? 1 : 0); item += ATT_WARPS) {
         float *u = item < group ? sq[item] : sk;

@@ -87,7 +87,13 @@ __global__ void __launch_bounds__(ATT_WARPS * 32, 2)
                           int chunk, att_fuse f)
 {
     pdl_launch_dependents();
-    pdl_wait();
+    /* Decode (FUSE, f.early): every index below comes from the host (kv_len, pos,
+     * seq_row are copied in before the step) and the cache rows read before this
+     * kernel's own store hold earlier steps' K/V, so the first K/V step and the RoPE
+     * table are under way while the QKV product finishes. A prefill's K/V were stored
+     * by the kernel just before: wait first. */
+    const bool early = FUSE && f.early;
+    if (!early) pdl_wait();
     constexpr int KC = HD / 32, VB = HD / 64, G = MMA_ATT_ROWS;
     __shared__ float sm_acc[ATT_WARPS][G][HD];
     __shared__ float sm_m[ATT_WARPS][G], sm_l[ATT_WARPS][G];
@@ -112,10 +118,16 @@ __global__ void __launch_bounds__(ATT_WARPS * 32, 2)
         att_load_k<HD>(r, k, seq_off, row_stride, j, j1, g, t);
         att_load_v<HD>(r, v, seq_off, row_stride, j, j1, g, t);
     }
-    if constexpr (FUSE)
-        if (j0 < len || store)
+    if constexpr (FUSE) {
+        const bool prep = j0 < len || store;
+        if (early) {
+            if (prep) att_rope_table(rope_cs, rope_sn, f.inv_freq, f.rotary_dim, (float)pnew);
+            pdl_wait();
+        }
+        if (prep)
             att_prepare<uint16_t, HD, G>(sq, sk, sv, rope_cs, rope_sn, q + (size_t)s * q_stride, hk, group, store, f,
-                                         seq_off + (size_t)pnew * row_stride, (float)pnew);
+                                         seq_off + (size_t)pnew * row_stride, (float)pnew, early);
+    }
     if (mine && j < j1) {
         att_load_k<HD>(r, k, seq_off, row_stride, j, j1, g, t);
         att_load_v<HD>(r, v, seq_off, row_stride, j, j1, g, t);
