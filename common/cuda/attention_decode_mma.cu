@@ -88,13 +88,14 @@ __global__ void __launch_bounds__(ATT_WARPS * 32, 2)
 {
     pdl_launch_dependents();
     /* Decode (FUSE, f.early): every index below comes from the host (kv_len, pos,
-     * seq_row are copied in before the step) and the cache rows read before this
+     * seq_row are copied in before the step), the cache rows read before this
      * kernel's own store hold earlier forwards' K/V, and the host waits for each
-     * forward (stream sync in talker_cuda.c) before it queues the next, so those rows
-     * are complete even where a chain of early-started kernels is still running. The first K/V step and the
-     * RoPE table are then under way while the QKV product finishes. A prefill's K/V
-     * were stored by the kernel just before: wait first. (The depth decoder cannot do
-     * the same: its earlier positions come from the same graph, no copy in between.) */
+     * forward (stream sync in talker_cuda.c) before it queues the next: those rows
+     * are complete even where a chain of early-started kernels is still running. So
+     * the first K/V step and the RoPE table are under way while the QKV product
+     * finishes. A prefill's K/V were stored by the kernel just before: wait first.
+     * (The depth decoder cannot do the same: its earlier positions come from the
+     * same graph, with no sync in between.) */
     const bool early = FUSE && f.early;
     if (!early) pdl_wait();
     constexpr int KC = HD / 32, VB = HD / 64, G = MMA_ATT_ROWS;
