@@ -4,6 +4,7 @@
  *                    [--frames N] [--warmup N] [--utilization F] [--ttff-tokens N]
  *                    [--max-batched-tokens N] [--copy-mib N] [--time-limit S]
  *                    [--capture-sizes LIST|none] [--kv-dtype auto|bfloat16|float32]
+ *                    [--env-sets "A=1,B=0;A=0"]
  *
  * It drives the server's own code: one stage-0 scheduler (stage0/scheduler.h) over the
  * chosen talker backend, requests made as the HTTP layer makes them (ignore_eos set, so a
@@ -34,7 +35,11 @@
  * commands have a hard limit). Exit 0 when every configuration was measured or skipped for
  * time, 1 on an error, 2 on bad arguments, 77 when the CUDA backend is not available.
  * Decode steps replay CUDA graphs at --capture-sizes (default the shipped deploy file's
- * cudagraph_capture_sizes, one eager warm-up each), as the server does; `none` = eager. */
+ * cudagraph_capture_sizes, one eager warm-up each), as the server does; `none` = eager.
+ * --env-sets: the whole grid once per ';'-separated set of ','-separated VAR=value
+ * assignments (the GPU paths' measuring switches, docs/operations.md), the checkpoint
+ * loaded once: each set gets a fresh scheduler (weights uploaded, graphs captured) with the
+ * switches read again, so an A/B costs one load instead of one per setting. */
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -46,7 +51,6 @@
 #include <time.h>
 
 #include "common/error.h"
-#include "tools/bench_median.h"
 #include "common/log.h"
 #include "common/sampler.h"
 #include "stage0/depth.h"
@@ -56,6 +60,7 @@
 #include "stage0/talker.h"
 #include "stage0/talker_backend.h"
 #include "stage0/tokenizer.h"
+#include "tools/bench_median.h"
 
 #ifdef MM3_HAVE_CUDA
 #include "common/cuda/ops_cuda.h"
@@ -63,6 +68,8 @@
 
 #define MAX_LIST 16
 #define MAX_PAIRS 64
+#define MAX_ENV_SETS 8
+#define MAX_ENV_VARS 8
 
 struct args {
     const char *ckpt;
@@ -74,6 +81,15 @@ struct args {
     int profile_frame; /* --profile-frame: 1-based timed step run inside cuda_profiler_range, 0 none */
     double utilization, time_limit;
     int capture[MAX_LIST], n_capture; /* rows; n_capture 0: eager decode */
+    const char *env_sets;             /* --env-sets as given; NULL: the environment as it is */
+};
+
+/* --env-sets parsed: set k assigns value[k][i] to name[k][i]; every name any set assigns
+ * is restored to its value at start (or unset) before the next set's assignments. */
+struct env_sets {
+    int n, n_vars[MAX_ENV_SETS];
+    char name[MAX_ENV_SETS][MAX_ENV_VARS][64], value[MAX_ENV_SETS][MAX_ENV_VARS][64];
+    char label[MAX_ENV_SETS][MAX_ENV_VARS * 130];
 };
 
 /* ---- small helpers ---------------------------------------------------------------- */
@@ -145,7 +161,7 @@ static void usage(FILE *f)
                "                        [--frames N] [--warmup N] [--utilization F] [--ttff-tokens N]\n"
                "                        [--max-batched-tokens N] [--copy-mib N] [--time-limit S]\n"
                "                        [--capture-sizes LIST|none] [--kv-dtype auto|bfloat16|float32]\n"
-               "                        [--profile-frame K]\n"
+               "                        [--profile-frame K] [--env-sets SETS]\n"
                "  --frames N      timed decode steps per configuration (default 32)\n"
                "  --warmup N      steady decode steps skipped before timing (default 3)\n"
                "  --utilization F gpu_memory_utilization the plan is checked against (default 0.6)\n"
@@ -157,7 +173,96 @@ static void usage(FILE *f)
                "  --kv-dtype auto|bfloat16|float32  talker KV cache elements (default auto: bfloat16 on cuda,\n"
                "                  float32 on cpu), as the deploy key kv_cache_dtype\n"
                "  --profile-frame K  timed step K of every configuration runs inside a profiler range\n"
-               "                  (cuda: for ncu --profile-from-start off; default 0: none)\n");
+               "                  (cuda: for ncu --profile-from-start off; default 0: none)\n"
+               "  --env-sets \"A=1,B=0;A=0\"  the grid once per set of environment assignments (';' between\n"
+               "                  sets, ',' within one), the checkpoint loaded once\n");
+}
+
+/* "A=1,B=0;A=0" -> sets; an absent option is one set that assigns nothing, and so is an
+ * empty set ("A=0;" runs A=0, then the environment as started). */
+static int parse_env_sets(const char *s, struct env_sets *e)
+{
+    memset(e, 0, sizeof *e);
+    e->n = 1;
+    if (!s) return 0;
+    e->n = 0;
+    const char *p = s;
+    for (;;) {
+        if (e->n == MAX_ENV_SETS) return mm3_errorf(-EINVAL, "--env-sets '%s': at most %d sets", s, MAX_ENV_SETS);
+        const int k = e->n++;
+        for (; *p != ';' && *p != '\0';) {
+            size_t len = strcspn(p, ",;");
+            const char *eq = memchr(p, '=', len);
+            size_t nl = eq ? (size_t)(eq - p) : 0, vl = eq ? len - nl - 1 : 0;
+            int name_ok = nl > 0 && nl < sizeof e->name[0][0] &&
+                          (p[0] == '_' || (p[0] >= 'A' && p[0] <= 'Z') || (p[0] >= 'a' && p[0] <= 'z'));
+            for (size_t i = 1; i < nl && name_ok; i++)
+                name_ok = p[i] == '_' || (p[i] >= 'A' && p[i] <= 'Z') || (p[i] >= 'a' && p[i] <= 'z') ||
+                          (p[i] >= '0' && p[i] <= '9');
+            if (!name_ok || vl >= sizeof e->value[0][0])
+                return mm3_errorf(-EINVAL,
+                                  "--env-sets '%s': '%.*s' is not NAME=value (a variable name, at most 63 "
+                                  "characters each)",
+                                  s, (int)len, p);
+            if (e->n_vars[k] == MAX_ENV_VARS)
+                return mm3_errorf(-EINVAL, "--env-sets '%s': at most %d assignments per set", s, MAX_ENV_VARS);
+            const int i = e->n_vars[k]++;
+            memcpy(e->name[k][i], p, nl);
+            memcpy(e->value[k][i], eq + 1, vl);
+            size_t at = strlen(e->label[k]);
+            snprintf(e->label[k] + at, sizeof e->label[k] - at, "%s%.*s", i ? "," : "", (int)len, p);
+            p += len;
+            if (*p != ',') break;
+            p++;
+            if (*p == ',' || *p == ';' || *p == '\0')
+                return mm3_errorf(-EINVAL, "--env-sets '%s': an empty assignment after ','", s);
+        }
+        if (*p == '\0') return 0;
+        p++; /* ';' */
+    }
+}
+
+/* Set k's environment: every variable any set names back to its value at start (saved
+ * in `saved` / `was_set` on the first call), then set k's assignments. */
+static int env_sets_apply(const struct env_sets *e, int k)
+{
+    static char *saved[MAX_ENV_SETS * MAX_ENV_VARS]; /* NULL: was not set (kept for the process's life) */
+    static int saved_done;
+    for (int s = 0, j = 0; s < e->n; s++)
+        for (int i = 0; i < e->n_vars[s]; i++, j++) {
+            if (!saved_done) {
+                const char *v = getenv(e->name[s][i]);
+                if (v && !(saved[j] = strdup(v))) return mm3_errorf(-ENOMEM, "--env-sets: out of memory");
+            }
+            int rc = saved[j] ? setenv(e->name[s][i], saved[j], 1) : unsetenv(e->name[s][i]);
+            if (rc != 0) return mm3_errorf(-errno, "--env-sets: cannot restore %s: %s", e->name[s][i], strerror(errno));
+        }
+    saved_done = 1;
+    for (int i = 0; i < e->n_vars[k]; i++)
+        if (setenv(e->name[k][i], e->value[k][i], 1) != 0)
+            return mm3_errorf(-errno, "--env-sets: cannot set %s: %s", e->name[k][i], strerror(errno));
+#ifdef MM3_HAVE_CUDA
+    cuda_env_switches_reset(); /* no scheduler exists between sets: nothing captured under the old values */
+#endif
+    return 0;
+}
+
+/* What every variable the sets name holds now, "A=1,B unset" (each name once). */
+static void env_sets_effective(const struct env_sets *e, char *out, size_t size)
+{
+    size_t at = 0;
+    out[0] = '\0';
+    for (int s = 0; s < e->n; s++)
+        for (int i = 0; i < e->n_vars[s]; i++) {
+            int seen = 0;
+            for (int s2 = 0; s2 <= s && !seen; s2++)
+                for (int i2 = 0; i2 < (s2 == s ? i : e->n_vars[s2]) && !seen; i2++)
+                    seen = !strcmp(e->name[s2][i2], e->name[s][i]);
+            if (seen || at >= size) continue;
+            const char *v = getenv(e->name[s][i]);
+            at += (size_t)snprintf(out + at, size - at, "%s%s%s%s", at ? "," : "", e->name[s][i], v ? "=" : " unset",
+                                   v ? v : "");
+        }
 }
 
 static int parse_args(int argc, char **argv, struct args *a)
@@ -215,6 +320,8 @@ static int parse_args(int argc, char **argv, struct args *a)
             rc = parse_int("--profile-frame", v, 0, 100000, &a->profile_frame);
         else if (!strcmp(k, "--time-limit"))
             rc = parse_double("--time-limit", v, 0, 1e7, &a->time_limit);
+        else if (!strcmp(k, "--env-sets"))
+            a->env_sets = v;
         else
             rc = mm3_errorf(-EINVAL, "unknown option %s", k);
         if (rc < 0) return rc;
@@ -537,6 +644,7 @@ struct result {
 
 static struct result results[MAX_LIST * MAX_LIST];
 static int n_results;
+static const char *env_label; /* the current --env-sets set, NULL without the option */
 
 static struct result *result_new(int context, int pairs, int prompt)
 {
@@ -656,7 +764,11 @@ static void print_results(struct bench *b, int ttff_done, double ttff_s, int ttf
 {
     const struct args *a = b->a;
     const char *be = a->backend == TALKER_BACKEND_CUDA ? "cuda" : "cpu";
-    printf("\n## Stage 0 through the scheduler (%s backend)\n\n", be);
+    if (env_label)
+        printf("\n## Stage 0 through the scheduler (%s backend; environment %s)\n\n", be,
+               env_label[0] ? env_label : "as started");
+    else
+        printf("\n## Stage 0 through the scheduler (%s backend)\n\n", be);
     printf("copy bandwidth %.1f GB/s (read + write, %d MiB, median of 15); weights per step %.3f GB; "
            "KV %.0f bytes per row and position (%s)\n\n",
            b->copy_bw * 1e-9, a->copy_mib, b->weight_bytes * 1e-9, b->kv_bytes_per_pos,
@@ -705,10 +817,11 @@ static void print_results(struct bench *b, int ttff_done, double ttff_s, int ttf
         }
         printf("S0BENCH kind=frame context=%d pairs=%d prompt_tokens=%d ms_median=%.4f ms_mean=%.4f ms_min=%.4f "
                "ms_max=%.4f steps=%d mean_pos=%.1f weight_bytes=%.0f kv_bytes=%.0f floor_ms=%.4f ratio=%.4f "
-               "prefill_s=%.4f prefill_tokens=%.0f forward_ms=%.4f sample_ms=%.4f\n",
+               "prefill_s=%.4f prefill_tokens=%.0f forward_ms=%.4f sample_ms=%.4f%s%s%s\n",
                r->context, r->pairs, r->prompt_tokens, r->ms_median, r->ms_mean, r->ms_min, r->ms_max, r->steps,
                r->mean_pos, b->weight_bytes, r->kv_bytes, r->floor_ms, r->ms_median / r->floor_ms, r->prefill_s,
-               r->prefill_tokens, r->forward_ms, r->sample_ms);
+               r->prefill_tokens, r->forward_ms, r->sample_ms, env_label ? " env=\"" : "", env_label ? env_label : "",
+               env_label ? "\"" : "");
     }
     if (ttff_done)
         printf("S0BENCH kind=ttff prompt_tokens=%d s=%.4f\n", ttff_prompt, ttff_s);
@@ -733,11 +846,105 @@ static void skip_rest(struct bench *b, int ci, int li, const int *prompt_of_ctx)
         }
 }
 
+/* One pass of the whole grid on a fresh scheduler, in the environment of the current
+ * --env-sets set: 0 when it ran (failed configurations are counted in b->failures), 1 when
+ * the scheduler could not start or warm up. */
+static int bench_grid(struct bench *b, struct args *a, const struct sched_config *cfg, char *const *lyrics,
+                      const int *prompt_of_ctx, double load_s)
+{
+    int rc;
+    double t0;
+    struct sched_sink sink = {
+        .ctx = b, .on_start = sink_start, .on_frames = sink_frames, .on_end = sink_end, .on_abort = sink_abort};
+    t0 = now_s();
+    if ((rc = sched_create(&b->s, cfg, &b->lm, &b->dd, b->tok, &sink)) < 0) {
+        fprintf(stderr, "mm3-bench-stage0: sched_create: %s\n", mm3_last_error());
+        return 1;
+    }
+    LOG_INFO("scheduler on %s: %d rows x %d positions, %d tokens per step, decode %s, ready in %.1f s",
+             a->backend == TALKER_BACKEND_CUDA ? "cuda" : "cpu", cfg->max_rows, cfg->max_ctx, cfg->max_batched_tokens,
+             a->n_capture ? "in CUDA graphs" : "eager", now_s() - t0);
+    sample_memory(b);
+    b->mem_after_create = b->mem_peak_used;
+
+    int ttff_done = 0, ttff_prompt = 0;
+    double ttff_s = 0;
+    if ((rc = warm_up(b)) < 0) {
+        fprintf(stderr, "mm3-bench-stage0: warm-up: %s\n", mm3_last_error());
+        sched_destroy(b->s, "benchmark failed");
+        return 1;
+    }
+    /* TTFF needs a context of exactly --ttff-tokens measured from one song alone; without
+     * one, a separate request does it first. */
+    int ttff_in_grid = a->pairs[0] == 1;
+    int ttff_ctx = -1;
+    for (int c = 0; c < a->n_contexts; c++)
+        if (a->contexts[c] == a->ttff_tokens) ttff_ctx = c;
+    if (!(ttff_in_grid && ttff_ctx >= 0)) {
+        char *ly = NULL;
+        int n = 0;
+        if ((rc = prompt_for(b, a->ttff_tokens, &ly, &n)) == 0) {
+            struct result tmp = {.context = a->ttff_tokens, .pairs = 1, .prompt_tokens = n};
+            int save_frames = a->frames;
+            a->frames = 1;
+            rc = run_level(b, &tmp, ly, &ttff_done, &ttff_s);
+            a->frames = save_frames;
+            if (rc == 0 && !ttff_done) {
+                ttff_s = b->songs[0].t_first - b->songs[0].t_submit;
+                ttff_done = 1;
+            }
+            ttff_prompt = n;
+            if (rc >= 0 && drop_all(b) < 0) rc = -EIO;
+        }
+        free(ly);
+        if (rc < 0) {
+            fprintf(stderr, "mm3-bench-stage0: time to first frame: %s\n", mm3_last_error());
+            b->failures++;
+            drop_all(b);
+        }
+    } else {
+        ttff_prompt = prompt_of_ctx[ttff_ctx];
+    }
+
+    for (int c = 0; c < a->n_contexts; c++) {
+        for (int l = 0; l < a->n_pairs; l++) {
+            struct result *r = result_new(a->contexts[c], a->pairs[l], prompt_of_ctx[c]);
+            rc = run_level(b, r, lyrics[c], &ttff_done, &ttff_s);
+            if (rc == 1) { /* out of time */
+                n_results--;
+                skip_rest(b, c, l, prompt_of_ctx);
+                c = a->n_contexts;
+                break;
+            }
+            if (rc < 0) {
+                snprintf(r->reason, sizeof r->reason, "failed: %s", mm3_last_error());
+                fprintf(stderr, "mm3-bench-stage0: context %d, %d pairs: %s\n", r->context, r->pairs, mm3_last_error());
+                b->failures++;
+                /* The songs of this context are in an unknown state: on to the next context. */
+                for (int k = l + 1; k < a->n_pairs; k++)
+                    snprintf(result_new(a->contexts[c], a->pairs[k], prompt_of_ctx[c])->reason, sizeof r->reason,
+                             "not run: %d pairs at this context failed", a->pairs[l]);
+                break;
+            }
+            LOG_INFO("context %d, %d pairs: %.2f ms/frame (floor %.2f ms), prefill %.2f s", r->context, r->pairs,
+                     r->ms_median, r->floor_ms, r->prefill_s);
+        }
+        if (drop_all(b) < 0) {
+            fprintf(stderr, "mm3-bench-stage0: %s\n", mm3_last_error());
+            b->failures++;
+        }
+    }
+    print_results(b, ttff_done, ttff_s, ttff_prompt, load_s);
+    sched_destroy(b->s, "benchmark done");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     mm3_log_set_tag("bench-s0");
     struct args a;
-    if (parse_args(argc, argv, &a) < 0) {
+    struct env_sets sets;
+    if (parse_args(argc, argv, &a) < 0 || parse_env_sets(a.env_sets, &sets) < 0) {
         fprintf(stderr, "mm3-bench-stage0: %s\n", mm3_last_error());
         usage(stderr);
         return 2;
@@ -805,88 +1012,24 @@ int main(int argc, char **argv)
                                .n_capture_sizes = a.n_capture,
                                .capture_sizes = a.capture,
                                .graph_warmups = 1};
-    struct sched_sink sink = {
-        .ctx = &b, .on_start = sink_start, .on_frames = sink_frames, .on_end = sink_end, .on_abort = sink_abort};
-    t0 = now_s();
-    if ((rc = sched_create(&b.s, &cfg, &b.lm, &b.dd, b.tok, &sink)) < 0) {
-        fprintf(stderr, "mm3-bench-stage0: sched_create: %s\n", mm3_last_error());
-        return 1;
-    }
-    LOG_INFO("scheduler on %s: %d rows x %d positions, %d tokens per step, decode %s, ready in %.1f s",
-             a.backend == TALKER_BACKEND_CUDA ? "cuda" : "cpu", cfg.max_rows, cfg.max_ctx, cfg.max_batched_tokens,
-             a.n_capture ? "in CUDA graphs" : "eager", now_s() - t0);
-    sample_memory(&b);
-    b.mem_after_create = b.mem_peak_used;
-
-    int ttff_done = 0, ttff_prompt = 0;
-    double ttff_s = 0;
-    if ((rc = warm_up(&b)) < 0) {
-        fprintf(stderr, "mm3-bench-stage0: warm-up: %s\n", mm3_last_error());
-        sched_destroy(b.s, "benchmark failed");
-        return 1;
-    }
-    /* TTFF needs a context of exactly --ttff-tokens measured from one song alone; without
-     * one, a separate request does it first. */
-    int ttff_in_grid = a.pairs[0] == 1;
-    int ttff_ctx = -1;
-    for (int c = 0; c < a.n_contexts; c++)
-        if (a.contexts[c] == a.ttff_tokens) ttff_ctx = c;
-    if (!(ttff_in_grid && ttff_ctx >= 0)) {
-        char *ly = NULL;
-        int n = 0;
-        if ((rc = prompt_for(&b, a.ttff_tokens, &ly, &n)) == 0) {
-            struct result tmp = {.context = a.ttff_tokens, .pairs = 1, .prompt_tokens = n};
-            int save_frames = a.frames;
-            a.frames = 1;
-            rc = run_level(&b, &tmp, ly, &ttff_done, &ttff_s);
-            a.frames = save_frames;
-            if (rc == 0 && !ttff_done) {
-                ttff_s = b.songs[0].t_first - b.songs[0].t_submit;
-                ttff_done = 1;
+    for (int k = 0; k < sets.n; k++) {
+        if (a.env_sets) {
+            if ((rc = env_sets_apply(&sets, k)) < 0) {
+                fprintf(stderr, "mm3-bench-stage0: %s\n", mm3_last_error());
+                return 1;
             }
-            ttff_prompt = n;
-            if (rc >= 0 && drop_all(&b) < 0) rc = -EIO;
+            env_label = sets.label[k];
+            char effective[sizeof sets.label];
+            env_sets_effective(&sets, effective, sizeof effective);
+            printf("\n# Environment set %d of %d: %s (in effect: %s)\n", k + 1, sets.n,
+                   env_label[0] ? env_label : "nothing set", effective);
+            printf("S0BENCH kind=set index=%d env=\"%s\" effective=\"%s\"\n", k, env_label, effective);
+            fflush(stdout);
         }
-        free(ly);
-        if (rc < 0) {
-            fprintf(stderr, "mm3-bench-stage0: time to first frame: %s\n", mm3_last_error());
-            b.failures++;
-            drop_all(&b);
-        }
-    } else {
-        ttff_prompt = prompt_of_ctx[ttff_ctx];
+        n_results = 0;
+        b.mem_peak_used = 0;
+        if (bench_grid(&b, &a, &cfg, lyrics, prompt_of_ctx, load_s)) return 1;
     }
-
-    for (int c = 0; c < a.n_contexts; c++) {
-        for (int l = 0; l < a.n_pairs; l++) {
-            struct result *r = result_new(a.contexts[c], a.pairs[l], prompt_of_ctx[c]);
-            rc = run_level(&b, r, lyrics[c], &ttff_done, &ttff_s);
-            if (rc == 1) { /* out of time */
-                n_results--;
-                skip_rest(&b, c, l, prompt_of_ctx);
-                c = a.n_contexts;
-                break;
-            }
-            if (rc < 0) {
-                snprintf(r->reason, sizeof r->reason, "failed: %s", mm3_last_error());
-                fprintf(stderr, "mm3-bench-stage0: context %d, %d pairs: %s\n", r->context, r->pairs, mm3_last_error());
-                b.failures++;
-                /* The songs of this context are in an unknown state: on to the next context. */
-                for (int k = l + 1; k < a.n_pairs; k++)
-                    snprintf(result_new(a.contexts[c], a.pairs[k], prompt_of_ctx[c])->reason, sizeof r->reason,
-                             "not run: %d pairs at this context failed", a.pairs[l]);
-                break;
-            }
-            LOG_INFO("context %d, %d pairs: %.2f ms/frame (floor %.2f ms), prefill %.2f s", r->context, r->pairs,
-                     r->ms_median, r->floor_ms, r->prefill_s);
-        }
-        if (drop_all(&b) < 0) {
-            fprintf(stderr, "mm3-bench-stage0: %s\n", mm3_last_error());
-            b.failures++;
-        }
-    }
-    print_results(&b, ttff_done, ttff_s, ttff_prompt, load_s);
-    sched_destroy(b.s, "benchmark done");
     for (int c = 0; c < a.n_contexts; c++)
         free(lyrics[c]);
     talker_free(&b.lm);

@@ -1,5 +1,6 @@
 /* Device, memory, stream and event wrappers: CUDA errors become error codes. */
 #include <cuda_profiler_api.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,23 @@ extern "C" int cuda_device_count_safe(void)
     return n;
 }
 
+/* Every slot cuda_env_switch has filled, for cuda_env_switches_reset (a few dozen
+ * switches exist; the bound only has to hold them all). */
+enum { ENV_SLOTS_MAX = 128 };
+static int *env_slots[ENV_SLOTS_MAX];
+static int n_env_slots;
+static pthread_mutex_t env_slots_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void env_slot_remember(int *slot)
+{
+    pthread_mutex_lock(&env_slots_lock);
+    int known = 0;
+    for (int i = 0; i < n_env_slots && !known; i++)
+        known = env_slots[i] == slot;
+    if (!known && n_env_slots < ENV_SLOTS_MAX) env_slots[n_env_slots++] = slot;
+    pthread_mutex_unlock(&env_slots_lock);
+}
+
 /* Threads racing on the first read all store the same value. */
 extern "C" int cuda_env_switch(int *slot, const char *name, int unset)
 {
@@ -26,9 +44,18 @@ extern "C" int cuda_env_switch(int *slot, const char *name, int unset)
     if (v < 0) {
         const char *e = getenv(name);
         v = e && e[0] >= '0' && e[0] <= '9' && e[1] == '\0' ? e[0] - '0' : unset;
+        env_slot_remember(slot);
         __atomic_store_n(slot, v, __ATOMIC_RELAXED);
     }
     return v;
+}
+
+extern "C" void cuda_env_switches_reset(void)
+{
+    pthread_mutex_lock(&env_slots_lock);
+    for (int i = 0; i < n_env_slots; i++)
+        __atomic_store_n(env_slots[i], -1, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&env_slots_lock);
 }
 
 /* common/cuda/pdl.cuh: on unless MM3_PDL=0. Every launch asks. */

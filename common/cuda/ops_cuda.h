@@ -27,8 +27,13 @@ extern "C" {
 /* The measuring switches of the GPU paths (MM3_PDL, MM3_GEMV_FUSE, ...; listed in
  * docs/operations.md): the digit when the variable is one digit ("0", "1", "2"...),
  * else `unset`; read once into *slot (a static of the caller, -1 until then, which a
- * tuning hook may also set) and taken from there afterwards. */
+ * tuning hook may also set) and taken from there afterwards. cuda_env_switches_reset:
+ * every switch read from the environment so far reads it again at its next use (a value
+ * a tuning hook stored into such a switch since is forgotten too); for a benchmark that
+ * changes the environment between runs, with no kernel queued and no graph captured
+ * under the old values. */
 int cuda_env_switch(int *slot, const char *name, int unset);
+void cuda_env_switches_reset(void);
 
 /* Number of CUDA devices, 0 on any error (no driver, no device, error 35 ...). */
 int cuda_device_count_safe(void);
