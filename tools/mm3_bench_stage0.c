@@ -40,6 +40,7 @@
  * assignments (the GPU paths' measuring switches, docs/operations.md), the checkpoint
  * loaded once: each set gets a fresh scheduler (weights uploaded, graphs captured) with the
  * switches read again, so an A/B costs one load instead of one per setting. */
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -84,12 +85,16 @@ struct args {
     const char *env_sets;             /* --env-sets as given; NULL: the environment as it is */
 };
 
-/* --env-sets parsed: set k assigns value[k][i] to name[k][i]; every name any set assigns
- * is restored to its value at start (or unset) before the next set's assignments. */
+/* --env-sets parsed: set k assigns value[k][i] to name[k][i]. `vars` are the distinct
+ * names any set assigns with their values at start (`start` NULL: unset), restored before
+ * each set's assignments. */
 struct env_sets {
     int n, n_vars[MAX_ENV_SETS];
     char name[MAX_ENV_SETS][MAX_ENV_VARS][64], value[MAX_ENV_SETS][MAX_ENV_VARS][64];
     char label[MAX_ENV_SETS][MAX_ENV_VARS * 130];
+    int n_distinct;
+    const char *distinct[MAX_ENV_SETS * MAX_ENV_VARS]; /* points into name[][] */
+    char *start[MAX_ENV_SETS * MAX_ENV_VARS];          /* strdup'd, kept for the process's life */
 };
 
 /* ---- small helpers ---------------------------------------------------------------- */
@@ -194,11 +199,9 @@ static int parse_env_sets(const char *s, struct env_sets *e)
             size_t len = strcspn(p, ",;");
             const char *eq = memchr(p, '=', len);
             size_t nl = eq ? (size_t)(eq - p) : 0, vl = eq ? len - nl - 1 : 0;
-            int name_ok = nl > 0 && nl < sizeof e->name[0][0] &&
-                          (p[0] == '_' || (p[0] >= 'A' && p[0] <= 'Z') || (p[0] >= 'a' && p[0] <= 'z'));
-            for (size_t i = 1; i < nl && name_ok; i++)
-                name_ok = p[i] == '_' || (p[i] >= 'A' && p[i] <= 'Z') || (p[i] >= 'a' && p[i] <= 'z') ||
-                          (p[i] >= '0' && p[i] <= '9');
+            int name_ok = nl > 0 && nl < sizeof e->name[0][0] && !isdigit((unsigned char)p[0]);
+            for (size_t i = 0; i < nl && name_ok; i++)
+                name_ok = p[i] == '_' || isalnum((unsigned char)p[i]);
             if (!name_ok || vl >= sizeof e->value[0][0])
                 return mm3_errorf(-EINVAL,
                                   "--env-sets '%s': '%.*s' is not NAME=value (a variable name, at most 63 "
@@ -209,6 +212,16 @@ static int parse_env_sets(const char *s, struct env_sets *e)
             const int i = e->n_vars[k]++;
             memcpy(e->name[k][i], p, nl);
             memcpy(e->value[k][i], eq + 1, vl);
+            int known = 0;
+            for (int d = 0; d < e->n_distinct && !known; d++)
+                known = !strcmp(e->distinct[d], e->name[k][i]);
+            if (!known) {
+                const char *v = getenv(e->name[k][i]);
+                e->distinct[e->n_distinct] = e->name[k][i];
+                if (v && !(e->start[e->n_distinct] = strdup(v)))
+                    return mm3_errorf(-ENOMEM, "--env-sets: out of memory");
+                e->n_distinct++;
+            }
             size_t at = strlen(e->label[k]);
             snprintf(e->label[k] + at, sizeof e->label[k] - at, "%s%.*s", i ? "," : "", (int)len, p);
             p += len;
@@ -222,22 +235,14 @@ static int parse_env_sets(const char *s, struct env_sets *e)
     }
 }
 
-/* Set k's environment: every variable any set names back to its value at start (saved
- * in `saved` / `was_set` on the first call), then set k's assignments. */
+/* Set k's environment: every variable any set names back to its value at start, then set
+ * k's assignments. */
 static int env_sets_apply(const struct env_sets *e, int k)
 {
-    static char *saved[MAX_ENV_SETS * MAX_ENV_VARS]; /* NULL: was not set (kept for the process's life) */
-    static int saved_done;
-    for (int s = 0, j = 0; s < e->n; s++)
-        for (int i = 0; i < e->n_vars[s]; i++, j++) {
-            if (!saved_done) {
-                const char *v = getenv(e->name[s][i]);
-                if (v && !(saved[j] = strdup(v))) return mm3_errorf(-ENOMEM, "--env-sets: out of memory");
-            }
-            int rc = saved[j] ? setenv(e->name[s][i], saved[j], 1) : unsetenv(e->name[s][i]);
-            if (rc != 0) return mm3_errorf(-errno, "--env-sets: cannot restore %s: %s", e->name[s][i], strerror(errno));
-        }
-    saved_done = 1;
+    for (int d = 0; d < e->n_distinct; d++) {
+        int rc = e->start[d] ? setenv(e->distinct[d], e->start[d], 1) : unsetenv(e->distinct[d]);
+        if (rc != 0) return mm3_errorf(-errno, "--env-sets: cannot restore %s: %s", e->distinct[d], strerror(errno));
+    }
     for (int i = 0; i < e->n_vars[k]; i++)
         if (setenv(e->name[k][i], e->value[k][i], 1) != 0)
             return mm3_errorf(-errno, "--env-sets: cannot set %s: %s", e->name[k][i], strerror(errno));
@@ -252,17 +257,11 @@ static void env_sets_effective(const struct env_sets *e, char *out, size_t size)
 {
     size_t at = 0;
     out[0] = '\0';
-    for (int s = 0; s < e->n; s++)
-        for (int i = 0; i < e->n_vars[s]; i++) {
-            int seen = 0;
-            for (int s2 = 0; s2 <= s && !seen; s2++)
-                for (int i2 = 0; i2 < (s2 == s ? i : e->n_vars[s2]) && !seen; i2++)
-                    seen = !strcmp(e->name[s2][i2], e->name[s][i]);
-            if (seen || at >= size) continue;
-            const char *v = getenv(e->name[s][i]);
-            at += (size_t)snprintf(out + at, size - at, "%s%s%s%s", at ? "," : "", e->name[s][i], v ? "=" : " unset",
-                                   v ? v : "");
-        }
+    for (int d = 0; d < e->n_distinct && at < size; d++) {
+        const char *v = getenv(e->distinct[d]);
+        at += (size_t)snprintf(out + at, size - at, "%s%s%s%s", at ? "," : "", e->distinct[d], v ? "=" : " unset",
+                               v ? v : "");
+    }
 }
 
 static int parse_args(int argc, char **argv, struct args *a)
@@ -853,10 +852,9 @@ static int bench_grid(struct bench *b, struct args *a, const struct sched_config
                       const int *prompt_of_ctx, double load_s)
 {
     int rc;
-    double t0;
     struct sched_sink sink = {
         .ctx = b, .on_start = sink_start, .on_frames = sink_frames, .on_end = sink_end, .on_abort = sink_abort};
-    t0 = now_s();
+    double t0 = now_s();
     if ((rc = sched_create(&b->s, cfg, &b->lm, &b->dd, b->tok, &sink)) < 0) {
         fprintf(stderr, "mm3-bench-stage0: sched_create: %s\n", mm3_last_error());
         return 1;
