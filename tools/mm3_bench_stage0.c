@@ -941,7 +941,7 @@ int main(int argc, char **argv)
 {
     mm3_log_set_tag("bench-s0");
     struct args a;
-    struct env_sets sets;
+    static struct env_sets sets; /* static: its saved start values stay reachable to the end */
     if (parse_args(argc, argv, &a) < 0 || parse_env_sets(a.env_sets, &sets) < 0) {
         fprintf(stderr, "mm3-bench-stage0: %s\n", mm3_last_error());
         usage(stderr);
