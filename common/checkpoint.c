@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 
+#include "common/dtype.h"
 #include "common/error.h"
 #include "common/log.h"
 
@@ -236,6 +237,55 @@ int ckpt_read_f32(const struct ckpt_component *c, const char *name, float *dst, 
         return 0;
     }
     return st_file_read_f32(&c->files[t->file], name, dst, -1, NULL);
+}
+
+int ckpt_read_raw(const struct ckpt_component *c, const struct ckpt_tensor *t, uint64_t offset, uint64_t nbytes,
+                  void *dst)
+{
+    if (offset > t->st->nbytes || nbytes > t->st->nbytes - offset)
+        return mm3_errorf(-EINVAL, "%s: bytes [%llu, %llu) of '%s' outside its %llu bytes", c->dir,
+                          (unsigned long long)offset, (unsigned long long)(offset + nbytes), t->st->name,
+                          (unsigned long long)t->st->nbytes);
+    if (t->data) {
+        memcpy(dst, (const char *)t->data + offset, nbytes);
+        return 0;
+    }
+    const struct st_file *f = &c->files[t->file];
+    struct file_read r = {f->fd, t->st->offset + offset, nbytes, dst, f->path};
+    return file_reader_run(&r, 1, NULL, NULL);
+}
+
+int ckpt_read_rows_bf16(const struct ckpt_component *c, const char *name, int64_t row0, int64_t n, uint16_t *dst)
+{
+    const struct ckpt_tensor *t = ckpt_find(c, name);
+    if (!t) return mm3_errorf(-ENOENT, "%s: missing tensor '%s'", c->dir, name);
+    enum mm3_dtype dt = t->st->dtype;
+    if (dt != MM3_DTYPE_BF16 && dt != MM3_DTYPE_F32 && dt != MM3_DTYPE_F16)
+        return mm3_errorf(-EINVAL, "%s: tensor '%s' is %s: expected BF16, F16 or F32", c->dir, name, mm3_dtype_name(dt));
+    int64_t rows = t->st->ndim > 0 ? t->st->shape[0] : 1;
+    if (row0 < 0 || n < 0 || row0 > rows || n > rows - row0)
+        return mm3_errorf(-EINVAL, "%s: rows [%lld, %lld) of '%s' outside its %lld rows", c->dir, (long long)row0,
+                          (long long)(row0 + n), name, (long long)rows);
+    uint64_t cols = rows ? st_tensor_numel(t->st) / (uint64_t)rows : 0;
+    uint64_t es = mm3_dtype_size(dt), count = (uint64_t)n * cols;
+    uint64_t offset = (uint64_t)row0 * cols * es;
+    if (dt == MM3_DTYPE_BF16) return ckpt_read_raw(c, t, offset, count * es, dst);
+    /* Wider on disk: rounded through float32 in slices, so no full-size temporary. */
+    enum { SLICE = 1 << 20 };
+    uint64_t cap = count < SLICE ? (count ? count : 1) : SLICE;
+    void *raw = malloc(cap * es);
+    float *f = malloc(cap * sizeof(float));
+    int rc = raw && f ? 0 : mm3_errorf(-ENOMEM, "%s: out of memory converting '%s' to bf16", c->dir, name);
+    for (uint64_t at = 0; at < count && rc == 0; at += SLICE) {
+        uint64_t k = count - at < SLICE ? count - at : SLICE;
+        if ((rc = ckpt_read_raw(c, t, offset + at * es, k * es, raw)) < 0) break;
+        mm3_convert_to_f32(f, raw, dt, k);
+        for (uint64_t e = 0; e < k; e++)
+            dst[at + e] = mm3_f32_to_bf16(f[e]);
+    }
+    free(raw);
+    free(f);
+    return rc;
 }
 
 static json_t *config_get(const struct ckpt_component *c, const char *key)

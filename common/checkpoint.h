@@ -80,6 +80,17 @@ const struct ckpt_tensor *ckpt_find(const struct ckpt_component *c, const char *
  * Errors name the component, the tensor and the shapes. Uses the arena if loaded. */
 int ckpt_read_f32(const struct ckpt_component *c, const char *name, float *dst, int ndim, const int64_t *shape);
 
+/* Bytes [offset, offset + nbytes) of tensor t as stored (from the arena if loaded,
+ * else read through file_reader). -EINVAL naming the tensor when outside it. */
+int ckpt_read_raw(const struct ckpt_component *c, const struct ckpt_tensor *t, uint64_t offset, uint64_t nbytes,
+                  void *dst);
+
+/* Rows [row0, row0 + n) of tensor `name` as bf16 into dst (a row: the product of
+ * every dimension after the first): BF16 bytes are read as stored, F32 and F16
+ * rounded to nearest even (as mm3_f32_to_bf16). For GPU uploads of bf16 weights
+ * without a float32 detour. Errors name the component, the tensor and the rows. */
+int ckpt_read_rows_bf16(const struct ckpt_component *c, const char *name, int64_t row0, int64_t n, uint16_t *dst);
+
 /* config.json accessors; errors name "<dir>/config.json: key 'x': expected ..." */
 int ckpt_config_int(const struct ckpt_component *c, const char *key, int64_t *out);
 int ckpt_config_double(const struct ckpt_component *c, const char *key, double *out);

@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "common/dtype.h"
 #include "common/error.h"
@@ -135,9 +134,56 @@ void weight_table_add_elsewhere(struct weight_table *t, const char *name)
     s->kind = WEIGHT_ELSEWHERE;
 }
 
+void weight_table_defer_matrices(struct weight_table *t, int from, int to)
+{
+    for (int i = from < 0 ? 0 : from; i < to && i < t->n; i++) {
+        struct weight_spec *s = &t->specs[i];
+        if ((s->kind == WEIGHT_TENSOR || s->kind == WEIGHT_ROWS) && s->ndim == 2) s->deferred = 1;
+    }
+}
+
+void weight_table_defer(struct weight_table *t, float **dst)
+{
+    for (int i = 0; i < t->n; i++) {
+        if (t->specs[i].dst != dst) continue;
+        do
+            t->specs[i++].deferred = 1;
+        while (i < t->n && !t->specs[i].dst && t->specs[i].kind != WEIGHT_SPACE && t->specs[i].kind != WEIGHT_ELSEWHERE);
+        return;
+    }
+    if (t->rc == 0) t->rc = mm3_errorf(-EINVAL, "weight table: no entry fills the field to defer");
+}
+
+const struct weight_spec *weight_deferred_find(const struct weight_deferred *d, float *const *dst, int *n)
+{
+    *n = 0;
+    const struct weight_table *t = &d->table;
+    for (int i = 0; i < t->n; i++) {
+        if (t->specs[i].dst != dst) continue;
+        int k = 1;
+        while (i + k < t->n && !t->specs[i + k].dst) k++;
+        *n = k;
+        return &t->specs[i];
+    }
+    return NULL;
+}
+
+int weight_deferred_any(const struct weight_deferred *d)
+{
+    return d->table.n > 0;
+}
+
+void weight_deferred_free(struct weight_deferred *d)
+{
+    free(d->root);
+    free(d->component);
+    weight_table_free(&d->table);
+    memset(d, 0, sizeof *d);
+}
+
 static size_t spec_floats(const struct weight_spec *s)
 {
-    if (s->kind == WEIGHT_ELSEWHERE) return 0;
+    if (s->kind == WEIGHT_ELSEWHERE || s->deferred) return 0;
     size_t e = s->kind == WEIGHT_ROWS ? (size_t)s->n_rows : 1;
     for (int d = s->kind == WEIGHT_ROWS ? 1 : 0; d < s->ndim; d++)
         e *= (size_t)s->shape[d];
@@ -152,18 +198,31 @@ size_t weight_table_floats(const struct weight_table *t)
     return total;
 }
 
+/* The tensor an entry names exists with the entry's shape (the whole shape of a
+ * WEIGHT_ROWS entry's tensor); the error names component, tensor and both shapes. */
+static int check_shape(const struct ckpt_component *c, const struct weight_spec *s, const struct ckpt_tensor **out)
+{
+    const struct ckpt_tensor *t = ckpt_find(c, s->name);
+    if (!t) return mm3_errorf(-ENOENT, "%s: missing tensor '%s'", c->dir, s->name);
+    int same = t->st->ndim == s->ndim;
+    for (int d = 0; same && d < s->ndim; d++)
+        same = t->st->shape[d] == s->shape[d];
+    if (!same) {
+        char a[128], b[128];
+        return mm3_errorf(-EINVAL, "%s: tensor '%s' has shape %s, expected %s (from config.json)", c->dir, s->name,
+                          st_shape_str(a, sizeof a, t->st->ndim, t->st->shape), st_shape_str(b, sizeof b, s->ndim, s->shape));
+    }
+    if (out) *out = t;
+    return 0;
+}
+
 /* Rows of a 2-D tensor, widened, without materialising the rest of it. */
 static int read_rows(const struct ckpt_component *c, const struct weight_spec *s, float *dst)
 {
-    const char *name = s->name;
-    int64_t rows = s->shape[0], cols = s->shape[1];
-    const struct ckpt_tensor *t = ckpt_find(c, name);
-    if (!t) return mm3_errorf(-ENOENT, "%s: missing tensor '%s'", c->dir, name);
-    if (t->st->ndim != 2 || t->st->shape[0] != rows || t->st->shape[1] != cols) {
-        char a[128];
-        return mm3_errorf(-EINVAL, "%s: tensor '%s' has shape %s, expected [%lld, %lld] (from config.json)", c->dir,
-                          name, st_shape_str(a, sizeof a, t->st->ndim, t->st->shape), (long long)rows, (long long)cols);
-    }
+    const struct ckpt_tensor *t;
+    int rc = check_shape(c, s, &t);
+    if (rc < 0) return rc;
+    int64_t cols = s->shape[1];
     size_t es = mm3_dtype_size(t->st->dtype), count = (size_t)(s->n_rows * cols);
     size_t nbytes = count * es;
     uint64_t off = (uint64_t)s->row0 * (uint64_t)cols * es;
@@ -172,20 +231,11 @@ static int read_rows(const struct ckpt_component *c, const struct weight_spec *s
         return 0;
     }
     char *buf = malloc(nbytes ? nbytes : 1);
-    if (!buf) return mm3_errorf(-ENOMEM, "%s: cannot allocate %zu bytes for '%s'", c->dir, nbytes, name);
-    const struct st_file *f = &c->files[t->file];
-    size_t got = 0;
-    while (got < nbytes) {
-        ssize_t r = pread(f->fd, buf + got, nbytes - got, (off_t)(t->st->offset + off + got));
-        if (r <= 0) {
-            free(buf);
-            return mm3_errorf(-EIO, "%s: short read of '%s'", f->path, name);
-        }
-        got += (size_t)r;
-    }
-    mm3_convert_to_f32(dst, buf, t->st->dtype, count);
+    if (!buf) return mm3_errorf(-ENOMEM, "%s: cannot allocate %zu bytes for '%s'", c->dir, nbytes, s->name);
+    rc = ckpt_read_raw(c, t, off, nbytes, buf);
+    if (rc == 0) mm3_convert_to_f32(dst, buf, t->st->dtype, count);
     free(buf);
-    return 0;
+    return rc;
 }
 
 /* Every tensor of c is named by the table. */
@@ -223,6 +273,14 @@ int weights_load_table(const struct ckpt_component *c, const struct weight_table
     for (int i = 0; i < t->n && rc == 0; i++) {
         const struct weight_spec *s = &t->specs[i];
         if (s->kind == WEIGHT_ELSEWHERE) continue;
+        if (s->deferred) {
+            if (!s->dst && (i == 0 || !t->specs[i - 1].deferred))
+                rc = mm3_errorf(-EINVAL, "%s: '%s' is deferred but the rows it continues are not", c->dir, s->name);
+            else
+                rc = check_shape(c, s, NULL);
+            if (s->dst) *s->dst = NULL;
+            continue;
+        }
         if (s->dst) *s->dst = p;
         if (s->kind == WEIGHT_TENSOR) rc = ckpt_read_f32(c, s->name, p, s->ndim, s->shape);
         if (s->kind == WEIGHT_ROWS) rc = read_rows(c, s, p);
@@ -238,17 +296,51 @@ int weights_load_table(const struct ckpt_component *c, const struct weight_table
     return 0;
 }
 
-int weights_component_load(const char *root, const char *name, void *model, weights_describe_fn describe, float **arena,
-                           size_t *arena_floats)
+/* The deferred entries of t, in order, with where they live. */
+static int keep_deferred(const struct weight_table *t, const char *root, const char *name, struct weight_deferred *d)
+{
+    int n = 0;
+    for (int i = 0; i < t->n; i++)
+        n += t->specs[i].deferred;
+    d->root = strdup(root);
+    d->component = strdup(name);
+    d->table.specs = malloc(sizeof *d->table.specs * (size_t)(n ? n : 1));
+    if (!d->root || !d->component || !d->table.specs) {
+        weight_deferred_free(d);
+        return mm3_errorf(-ENOMEM, "%s/%s: out of memory for %d deferred tensors", root, name, n);
+    }
+    for (int i = 0; i < t->n; i++)
+        if (t->specs[i].deferred) d->table.specs[d->table.n++] = t->specs[i];
+    d->table.cap = d->table.n;
+    return 0;
+}
+
+int weights_component_load_deferred(const char *root, const char *name, void *model, weights_describe_fn describe,
+                                    float **arena, size_t *arena_floats, struct weight_deferred *deferred)
 {
     *arena = NULL;
+    if (deferred) memset(deferred, 0, sizeof *deferred);
     struct ckpt_component c;
     int rc = ckpt_component_open(&c, root, name);
     if (rc < 0) return rc;
     struct weight_table t;
     weight_table_init(&t);
     if ((rc = describe(model, &c, &t)) == 0) rc = weights_load_table(&c, &t, arena, arena_floats);
+    for (int i = 0; rc == 0 && !deferred && i < t.n; i++)
+        if (t.specs[i].deferred)
+            rc = mm3_errorf(-EINVAL, "%s: '%s' deferred, but the load keeps no deferred tensors", c.dir, t.specs[i].name);
+    if (rc == 0 && deferred) rc = keep_deferred(&t, root, name, deferred);
+    if (rc < 0) {
+        free(*arena);
+        *arena = NULL;
+    }
     weight_table_free(&t);
     ckpt_component_close(&c);
     return rc;
+}
+
+int weights_component_load(const char *root, const char *name, void *model, weights_describe_fn describe, float **arena,
+                           size_t *arena_floats)
+{
+    return weights_component_load_deferred(root, name, model, describe, arena, arena_floats, NULL);
 }

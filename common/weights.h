@@ -39,6 +39,7 @@ struct weight_spec {
     int ndim;
     int64_t shape[WEIGHT_MAX_DIMS];
     int64_t row0, n_rows; /* WEIGHT_ROWS only */
+    int deferred;         /* left in the checkpoint (weight_table_defer): not carved, *dst stays NULL */
 };
 
 struct weight_table {
@@ -69,6 +70,30 @@ void weight_table_add_space(struct weight_table *t, float **dst, size_t n);
 /* A tensor of the component that other code reads (not carved, not unexpected). */
 void weight_table_add_elsewhere(struct weight_table *t, const char *name);
 
+/* Leave tensors in the checkpoint for a reader that takes them straight from its
+ * bytes (stage 0's GPU upload): they get no arena space and their *dst stays NULL,
+ * but their shapes are still checked and they still count as named.
+ * weight_table_defer_matrices: every 2-D entry among entries [from, to) (vectors stay
+ * on the host). weight_table_defer: the entry that fills *dst and the NULL-dst
+ * entries right after it (the rows carved contiguously after it). */
+void weight_table_defer_matrices(struct weight_table *t, int from, int to);
+void weight_table_defer(struct weight_table *t, float **dst);
+
+/* What a load left in the checkpoint: where (root, component) and the deferred
+ * entries in table order. An entry is found by the model field it would have
+ * filled, so the model must stay where it was loaded. */
+struct weight_deferred {
+    char *root, *component;
+    struct weight_table table;
+};
+
+/* The deferred entries of field dst: the one whose dst is `dst`, then the NULL-dst
+ * ones after it; *n receives their count. NULL (and *n = 0) when dst was not deferred. */
+const struct weight_spec *weight_deferred_find(const struct weight_deferred *d, float *const *dst, int *n);
+/* Whether the load deferred anything. */
+int weight_deferred_any(const struct weight_deferred *d);
+void weight_deferred_free(struct weight_deferred *d);
+
 /* The whole load of one component: open root/name, describe() reads config.json into
  * the model and fills the table, the table is loaded (weights_load_table) into *arena,
  * the component is closed. The caller finishes (computed tables, re-layouts) and, on
@@ -76,6 +101,10 @@ void weight_table_add_elsewhere(struct weight_table *t, const char *name);
 typedef int (*weights_describe_fn)(void *model, const struct ckpt_component *c, struct weight_table *t);
 int weights_component_load(const char *root, const char *name, void *model, weights_describe_fn describe, float **arena,
                            size_t *arena_floats);
+/* The same, for a describe() that defers tensors: *deferred (zeroed first, freed with
+ * weight_deferred_free) receives them. weights_component_load refuses deferred entries. */
+int weights_component_load_deferred(const char *root, const char *name, void *model, weights_describe_fn describe,
+                                    float **arena, size_t *arena_floats, struct weight_deferred *deferred);
 
 /* A size from config.json: an integer in [1, max], else -EINVAL naming the file and key. */
 int weights_config_size(const struct ckpt_component *c, const char *key, int max, int *out);

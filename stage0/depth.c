@@ -54,6 +54,7 @@ static int depth_describe(void *model, const struct ckpt_component *c, struct we
     weight_table_add(t, &d->audio_emb, 2, (int64_t[]){nres * V, H}, "audio_embeddings.weight");
     weight_table_add(t, &d->proj, 2, (int64_t[]){H, H}, "projection.weight");
     weight_table_add(t, &d->pos_emb, 2, (int64_t[]){cfg->max_pos, H}, "pos_embedding.weight");
+    int first_layer = t->n;
     for (int l = 0; l < cfg->n_layers; l++) {
         struct depth_layer *L = &d->layers[l];
         const struct weight_leaf w[] = {
@@ -75,21 +76,43 @@ static int depth_describe(void *model, const struct ckpt_component *c, struct we
     /* Consecutive entries are contiguous: heads = [n_codebooks - 1][V, H]. */
     for (int64_t k = 0; k < nres; k++)
         weight_table_add(t, k == 0 ? &d->heads : NULL, 2, (int64_t[]){V, H}, "audio_heads.%lld.weight", (long long)k);
+    if (d->host_parts_only) {
+        weight_table_defer_matrices(t, first_layer, t->n); /* the layers' and the heads */
+        weight_table_defer(t, &d->proj);
+    }
     return 0;
+}
+
+static int load(struct depth *d, const char *ckpt_root, int host_parts_only)
+{
+    memset(d, 0, sizeof *d);
+    d->host_parts_only = host_parts_only;
+    int rc = weights_component_load_deferred(ckpt_root, "rvq_depth_decoder", d, depth_describe, &d->arena, NULL,
+                                             host_parts_only ? &d->deferred : NULL);
+    if (rc < 0) depth_free(d);
+    return rc;
 }
 
 int depth_load(struct depth *d, const char *ckpt_root)
 {
-    memset(d, 0, sizeof *d);
-    int rc = weights_component_load(ckpt_root, "rvq_depth_decoder", d, depth_describe, &d->arena, NULL);
-    if (rc < 0) depth_free(d);
-    return rc;
+    return load(d, ckpt_root, 0);
+}
+
+int depth_load_host_parts(struct depth *d, const char *ckpt_root)
+{
+    return load(d, ckpt_root, 1);
+}
+
+int depth_has_matrices(const struct depth *d)
+{
+    return !d->host_parts_only;
 }
 
 void depth_free(struct depth *d)
 {
     free(d->arena);
     free(d->layers);
+    weight_deferred_free(&d->deferred);
     memset(d, 0, sizeof *d);
 }
 

@@ -15,6 +15,8 @@
 
 #include <stdint.h>
 
+#include "common/weights.h"
+
 struct depth_config {
     int hidden, n_layers, n_heads, head_dim, ffn;
     int audio_vocab, n_codebooks, max_pos;
@@ -34,6 +36,8 @@ struct depth {
     struct depth_layer *layers;
     float *norm;
     float *heads; /* [(n_codebooks-1), audio_vocab, hidden]; head k predicts codebook k+1 */
+    int host_parts_only;             /* loaded by depth_load_host_parts */
+    struct weight_deferred deferred; /* the matrices it left in the checkpoint */
 };
 
 struct depth_state {
@@ -43,6 +47,11 @@ struct depth_state {
 
 /* Load root/rvq_depth_decoder. */
 int depth_load(struct depth *d, const char *ckpt_root);
+/* Load root/rvq_depth_decoder for the CUDA backend: the code embeddings, position
+ * embeddings and norms on the host; the projection, every layer's matrices and the
+ * heads left in the checkpoint for the GPU upload (as talker_load_host_parts). */
+int depth_load_host_parts(struct depth *d, const char *ckpt_root);
+int depth_has_matrices(const struct depth *d);
 void depth_free(struct depth *d);
 
 int depth_state_init(struct depth_state *s, const struct depth *d, int max_rows);

@@ -157,6 +157,9 @@ int generate_attach(struct generate *g, const struct talker *lm, const struct de
                     int max_frames, float cfg_scale, const struct generate_hooks *hooks)
 {
     memset(g, 0, sizeof *g);
+    if (!talker_has_matrices(lm) || !depth_has_matrices(dd))
+        return mm3_errorf(-EINVAL, "generate: the model was loaded for the GPU (its matrices are in the checkpoint); "
+                                   "the CPU loop needs talker_load / depth_load");
     int rc = attach_common(g, lm, dd, sp, ts->max_rows, ts->max_ctx, row_c, row_u, ids_pair, prompt_len, max_frames,
                            cfg_scale, hooks);
     if (rc < 0) return rc;

@@ -418,10 +418,11 @@ static int run_case(const char *dir, const char *root, json_t *jc, const struct 
 
 int golden_check_dir(const char *dir, FILE *out, int *n_pass, int *n_fail)
 {
-    return golden_check_dir_with(dir, run_generate, NULL, GOLDEN_REL_TOL, out, n_pass, n_fail);
+    return golden_check_dir_with(dir, run_generate, NULL, TALKER_BACKEND_CPU, GOLDEN_REL_TOL, out, n_pass, n_fail);
 }
 
-int golden_check_dir_with(const char *dir, golden_run_fn run, void *ctx, double tol, FILE *out, int *n_pass,
+int golden_check_dir_with(const char *dir, golden_run_fn run, void *ctx, enum talker_backend_kind models_for,
+                          double tol, FILE *out, int *n_pass,
                           int *n_fail)
 {
     const struct golden_runner gr = {.run = run, .ctx = ctx, .tol = tol};
@@ -444,11 +445,7 @@ int golden_check_dir_with(const char *dir, golden_run_fn run, void *ctx, double 
     struct depth dd;
     double fps;
     if ((rc = generate_frame_rate(root, &fps)) < 0) goto out;
-    if ((rc = talker_load(&lm, root)) < 0) goto out;
-    if ((rc = depth_load(&dd, root)) < 0) {
-        talker_free(&lm);
-        goto out;
-    }
+    if ((rc = talker_backend_load_models(models_for, root, &lm, &dd)) < 0) goto out;
     size_t i;
     json_t *jc;
     json_array_foreach(cases, i, jc)

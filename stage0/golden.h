@@ -28,9 +28,11 @@ typedef int (*golden_run_fn)(void *ctx, const struct talker *lm, const struct de
                              const struct generate_hooks *hooks, enum generate_stop *stop);
 
 /* golden_check_dir with another AR loop and relative tolerance `tol` (guided
- * logits and frame hiddens). golden_check_dir = this with the CPU generate loop
- * and GOLDEN_REL_TOL. */
-int golden_check_dir_with(const char *dir, golden_run_fn run, void *ctx, double tol, FILE *out, int *n_pass,
+ * logits and frame hiddens), the models loaded as a backend of `models_for` needs
+ * them (talker_backend_load_models). golden_check_dir = this with the CPU generate
+ * loop and GOLDEN_REL_TOL. */
+int golden_check_dir_with(const char *dir, golden_run_fn run, void *ctx, enum talker_backend_kind models_for,
+                          double tol, FILE *out, int *n_pass,
                           int *n_fail);
 
 /* The replay through a talker backend ("cpu" or "cuda", stage0/talker_backend.h)

@@ -55,5 +55,5 @@ int golden_check_dir_backend(const char *dir, const char *backend, double tol, F
     if (rc < 0) return rc;
     if (!talker_backend_available(c.kind))
         return mm3_errorf(-ENODEV, "backend %s: not available in this build or on this machine", backend);
-    return golden_check_dir_with(dir, run_backend, &c, tol, out, n_pass, n_fail);
+    return golden_check_dir_with(dir, run_backend, &c, c.kind, tol, out, n_pass, n_fail);
 }

@@ -224,11 +224,9 @@ static int run_generate(const struct stage0_args *a)
     if ((rc = generate_frame_rate(a->model, &fps)) < 0) goto fail_early;
     if ((rc = generate_frame_budget(a->duration, fps, &max_frames)) < 0) goto fail_early;
     if ((rc = generate_prompt_ids(a->model, a->caption, lyrics, &ids, &n_ids)) < 0) goto fail_early;
-    if ((rc = talker_load(&lm, a->model)) < 0) goto fail_early;
-    if ((rc = depth_load(&dd, a->model)) < 0) {
-        talker_free(&lm);
-        goto fail_early;
-    }
+    enum talker_backend_kind kind = TALKER_BACKEND_CPU;
+    talker_backend_parse(a->backend, &kind); /* checked by parse_args */
+    if ((rc = talker_backend_load_models(kind, a->model, &lm, &dd)) < 0) goto fail_early;
     int H = lm.cfg.hidden, ncb = dd.cfg.n_codebooks;
     struct frames_sink sink = {.width = ncb * H, .ncb = ncb};
     sink.frames = malloc(sizeof(float) * (size_t)max_frames * ncb * H);
@@ -246,8 +244,6 @@ static int run_generate(const struct stage0_args *a)
     struct generate_hooks hooks = {.ctx = &sink, .on_frame = sink_frame};
     struct talker_backend be;
     int be_open = 0;
-    enum talker_backend_kind kind = TALKER_BACKEND_CPU;
-    talker_backend_parse(a->backend, &kind); /* checked by parse_args */
     if (!sink.frames || !sink.codes || !sink.lm_ids || !sink.depth_codes)
         rc = mm3_errorf(-ENOMEM, "out of memory for %d frames", max_frames);
     else
@@ -329,10 +325,11 @@ static int serve_load(struct serve_state *st, const struct stage0_args *a)
     char path[MM3_DEPLOY_PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/tokenizer/tokenizer.json", root);
     if ((rc = tokenizer_load(&st->tok, path)) < 0) return rc;
-    if ((rc = talker_load(&st->lm, root)) < 0) return rc;
-    st->have_lm = 1;
-    if ((rc = depth_load(&st->dd, root)) < 0) return rc;
-    st->have_dd = 1;
+    /* The CUDA backend uploads the matrices straight from the checkpoint; the
+     * teacher-forcing fallback of a re-send loads the whole model when it needs it. */
+    enum talker_backend_kind kind = st->d.backend == MM3_BACKEND_CUDA ? TALKER_BACKEND_CUDA : TALKER_BACKEND_CPU;
+    if ((rc = talker_backend_load_models(kind, root, &st->lm, &st->dd)) < 0) return rc;
+    st->have_lm = st->have_dd = 1;
     LOG_INFO("loaded %s: talker %d layers x %d hidden, %d codebooks", root, st->lm.cfg.n_layers, st->lm.cfg.hidden,
              st->dd.cfg.n_codebooks);
     return 0;

@@ -63,6 +63,7 @@ static int talker_describe(void *model, const struct ckpt_component *c, struct w
     m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
     if (!m->layers) return mm3_errorf(-ENOMEM, "%s: cannot allocate %d layers", c->dir, cfg->n_layers);
     weight_table_add(t, &m->embed, 2, (int64_t[]){cfg->vocab, H}, "model.embed_tokens.weight");
+    int first_matrix = t->n;
     for (int l = 0; l < cfg->n_layers; l++) {
         struct talker_layer *L = &m->layers[l];
         const struct weight_leaf w[] = {
@@ -86,14 +87,17 @@ static int talker_describe(void *model, const struct ckpt_component *c, struct w
     /* Consecutive entries are contiguous: head = [stop row; the semantic code rows]. */
     weight_table_add_rows(t, &m->head, cfg->vocab, H, SAMPLER_STOP_ID, 1, "lm_head.weight");
     weight_table_add_rows(t, NULL, cfg->vocab, H, SAMPLER_CODE_OFFSET, SAMPLER_N_CODES, "lm_head.weight");
+    if (m->host_parts_only) weight_table_defer_matrices(t, first_matrix, t->n);
     weight_table_add_space(t, &m->inv_freq, (size_t)D / 2);
     return 0;
 }
 
-int talker_load(struct talker *m, const char *ckpt_root)
+static int load(struct talker *m, const char *ckpt_root, int host_parts_only)
 {
     memset(m, 0, sizeof *m);
-    int rc = weights_component_load(ckpt_root, "language_model", m, talker_describe, &m->arena, NULL);
+    m->host_parts_only = host_parts_only;
+    int rc = weights_component_load_deferred(ckpt_root, "language_model", m, talker_describe, &m->arena, NULL,
+                                             host_parts_only ? &m->deferred : NULL);
     if (rc < 0) {
         talker_free(m);
         return rc;
@@ -109,10 +113,26 @@ int talker_load(struct talker *m, const char *ckpt_root)
     return 0;
 }
 
+int talker_load(struct talker *m, const char *ckpt_root)
+{
+    return load(m, ckpt_root, 0);
+}
+
+int talker_load_host_parts(struct talker *m, const char *ckpt_root)
+{
+    return load(m, ckpt_root, 1);
+}
+
+int talker_has_matrices(const struct talker *m)
+{
+    return !m->host_parts_only;
+}
+
 void talker_free(struct talker *m)
 {
     free(m->arena);
     free(m->layers);
+    weight_deferred_free(&m->deferred);
     memset(m, 0, sizeof *m);
 }
 

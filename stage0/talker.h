@@ -16,6 +16,7 @@
 
 #include <stdint.h>
 
+#include "common/weights.h"
 #include "stage0/depth.h"
 
 struct talker_config {
@@ -36,6 +37,8 @@ struct talker {
     float *norm;
     float *head;     /* [SAMPLER_C0_COLS, hidden]: lm_head rows of the drawable ids, compact order */
     float *inv_freq; /* [head_dim / 2] */
+    int host_parts_only;             /* loaded by talker_load_host_parts */
+    struct weight_deferred deferred; /* the matrices it left in the checkpoint */
 };
 
 struct talker_state {
@@ -45,6 +48,14 @@ struct talker_state {
 
 /* Load root/language_model. Checks vocab_size >= 151675 + 16384. */
 int talker_load(struct talker *m, const char *ckpt_root);
+/* Load root/language_model for the CUDA backend: only what the host reads (token
+ * embeddings, norms, RoPE frequencies). The matrices (every layer's and the drawable
+ * head rows) stay in the checkpoint, their pointers NULL, and the GPU upload reads
+ * them as bf16 from m->deferred (shapes checked here). m must stay where it was
+ * loaded. Host memory: the embedding table instead of the whole model in float32. */
+int talker_load_host_parts(struct talker *m, const char *ckpt_root);
+/* Whether every weight is in host memory (talker_load), as the CPU computation needs. */
+int talker_has_matrices(const struct talker *m);
 void talker_free(struct talker *m);
 
 int talker_state_init(struct talker_state *s, const struct talker *m, int max_rows, int max_ctx);

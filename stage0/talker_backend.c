@@ -76,6 +76,9 @@ static void cpu_destroy(void *impl)
 
 static int cpu_open(struct talker_backend *b, int max_rows, int max_ctx, int depth_rows)
 {
+    if (!talker_has_matrices(b->lm) || !depth_has_matrices(b->dd))
+        return mm3_errorf(-EINVAL, "backend cpu: the model was loaded for the GPU (its matrices were left in the "
+                                   "checkpoint); load it with talker_load / depth_load");
     struct cpu_impl *c = calloc(1, sizeof *c);
     if (!c) return mm3_errorf(-ENOMEM, "talker backend: out of memory");
     c->lm = b->lm;
@@ -177,6 +180,17 @@ enum mm3_kv_cache_dtype talker_backend_kv_dtype(enum talker_backend_kind kind, e
 {
     if (kind == TALKER_BACKEND_CPU) return MM3_KV_CACHE_F32;
     return asked == MM3_KV_CACHE_F32 ? MM3_KV_CACHE_F32 : MM3_KV_CACHE_BF16;
+}
+
+int talker_backend_load_models(enum talker_backend_kind kind, const char *ckpt_root, struct talker *lm,
+                               struct depth *dd)
+{
+    int gpu = kind == TALKER_BACKEND_CUDA;
+    int rc = gpu ? talker_load_host_parts(lm, ckpt_root) : talker_load(lm, ckpt_root);
+    if (rc < 0) return rc;
+    rc = gpu ? depth_load_host_parts(dd, ckpt_root) : depth_load(dd, ckpt_root);
+    if (rc < 0) talker_free(lm);
+    return rc;
 }
 
 int talker_backend_open(struct talker_backend *b, enum talker_backend_kind kind, const struct talker *lm,

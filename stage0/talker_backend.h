@@ -80,6 +80,13 @@ int talker_backend_available(enum talker_backend_kind kind);
  * runs in bf16) and float32 on the CPU; the CPU backend is float32 whatever is asked. */
 enum mm3_kv_cache_dtype talker_backend_kv_dtype(enum talker_backend_kind kind, enum mm3_kv_cache_dtype asked);
 
+/* How to load the models for a backend of `kind`: the CPU computes with the
+ * whole models in float32 (talker_load / depth_load); the CUDA backend uploads bf16
+ * matrices straight from the checkpoint, so only the host parts are loaded
+ * (talker_load_host_parts / depth_load_host_parts). On error nothing stays loaded. */
+int talker_backend_load_models(enum talker_backend_kind kind, const char *ckpt_root, struct talker *lm,
+                               struct depth *dd);
+
 /* -ENODEV for CUDA in a build without CUDA or on a machine without a GPU.
  * talker_backend_open is talker_backend_open_kv with MM3_KV_CACHE_AUTO. The CPU
  * backend logs that it keeps float32 when bfloat16 is asked of it. */

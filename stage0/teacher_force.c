@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "common/error.h"
+#include "common/log.h"
 #include "common/sampler.h"
 
 /* One teacher-forced pass over rows[0..n_rows) of ts (row 0 conditional). */
@@ -126,7 +127,7 @@ out:
     return rc;
 }
 
-int teacher_force_stream(const struct talker *lm, const struct depth *dd, const int32_t *ids_pair, int prompt_len,
+static int stream_loaded(const struct talker *lm, const struct depth *dd, const int32_t *ids_pair, int prompt_len,
                          const int32_t *codes, int n_steps, const struct teacher_force_sink *sink)
 {
     int H = lm->cfg.hidden, rc;
@@ -145,6 +146,27 @@ int teacher_force_stream(const struct talker *lm, const struct depth *dd, const 
     rc = last ? tf_run(&p) : mm3_errorf(-ENOMEM, "teacher forcing: out of memory");
     free(last);
     talker_state_free(&ts);
+    return rc;
+}
+
+int teacher_force_stream(const struct talker *lm, const struct depth *dd, const int32_t *ids_pair, int prompt_len,
+                         const int32_t *codes, int n_steps, const struct teacher_force_sink *sink)
+{
+    if (talker_has_matrices(lm) && depth_has_matrices(dd))
+        return stream_loaded(lm, dd, ids_pair, prompt_len, codes, n_steps, sink);
+    /* Models loaded for the GPU keep their matrices in the checkpoint. The CPU
+     * recomputation is the rare fallback (a re-send whose frame spool is lost), so
+     * the whole model is loaded for this call only rather than held for the
+     * process's life. */
+    const char *root = !talker_has_matrices(lm) ? lm->deferred.root : dd->deferred.root;
+    LOG_INFO("teacher forcing on the CPU: loading the whole model from %s for this re-send", root);
+    struct talker full_lm;
+    struct depth full_dd;
+    int rc = talker_backend_load_models(TALKER_BACKEND_CPU, root, &full_lm, &full_dd);
+    if (rc < 0) return mm3_error_prefix(rc, "teacher forcing: ");
+    rc = stream_loaded(&full_lm, &full_dd, ids_pair, prompt_len, codes, n_steps, sink);
+    talker_free(&full_lm);
+    depth_free(&full_dd);
     return rc;
 }
 

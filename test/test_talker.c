@@ -1,6 +1,7 @@
 /* Talker (stage-0 LM) on the tiny-a checkpoint: the sliced head equals the full
  * head's columns, KV-cached decode equals a full prefill, rows of a batch are
- * independent, the feedback embedding formula, bad inputs. */
+ * independent, the feedback embedding formula, bad inputs, and the load for the GPU
+ * (host parts only, matrices left in the checkpoint). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,11 +17,13 @@
 #include <cmocka.h>
 
 #include "common/checkpoint.h"
+#include "common/dtype.h"
 #include "common/error.h"
 #include "common/ops.h"
 #include "common/sampler.h"
 #include "stage0/depth.h"
 #include "stage0/talker.h"
+#include "stage0/talker_backend.h"
 #include "support/test_stage0.h"
 #include "support/test_support.h"
 
@@ -227,6 +230,93 @@ static void test_small_vocab_refused(void **state)
     free(dir);
 }
 
+/* The rows a deferred field names, read as bf16 the way the CUDA upload reads them,
+ * equal the fully loaded model's floats (exactly: the checkpoint is bf16). */
+static void check_deferred_rows(const struct weight_deferred *d, float *const *field, const float *want, size_t n)
+{
+    int k;
+    const struct weight_spec *s = weight_deferred_find(d, field, &k);
+    assert_non_null(s);
+    struct ckpt_component c;
+    assert_int_equal(ckpt_component_open(&c, d->root, d->component), 0);
+    uint16_t *got = malloc(sizeof(uint16_t) * n);
+    size_t at = 0;
+    for (int i = 0; i < k; i++) {
+        int64_t rows = s[i].kind == WEIGHT_ROWS ? s[i].n_rows : s[i].shape[0];
+        assert_true(at + (size_t)(rows * s[i].shape[1]) <= n);
+        assert_int_equal(ckpt_read_rows_bf16(&c, s[i].name, s[i].kind == WEIGHT_ROWS ? s[i].row0 : 0, rows, got + at), 0);
+        at += (size_t)(rows * s[i].shape[1]);
+    }
+    assert_int_equal(at, n);
+    for (size_t e = 0; e < n; e++)
+        assert_true(mm3_bf16_to_f32(got[e]) == want[e]);
+    free(got);
+    ckpt_component_close(&c);
+}
+
+/* Loaded for the GPU: the host parts equal the full load's, every matrix is left in
+ * the checkpoint (NULL, found by its field with the right rows), and the CPU
+ * backend refuses the model. */
+static void test_host_parts(void **state)
+{
+    struct test_stage0 *f = *state;
+    NEED_GOLDEN(f);
+    struct talker lm;
+    struct depth dd;
+    assert_int_equal(talker_backend_load_models(TALKER_BACKEND_CUDA, f->root, &lm, &dd), 0);
+    assert_false(talker_has_matrices(&lm));
+    assert_false(depth_has_matrices(&dd));
+    assert_true(talker_has_matrices(&f->lm) && depth_has_matrices(&f->dd));
+    const struct talker_config *c = &lm.cfg;
+    size_t H = (size_t)c->hidden, FF = (size_t)c->ffn, D = (size_t)c->head_dim;
+    size_t QD = (size_t)c->n_heads * D, KD = (size_t)c->n_kv_heads * D;
+    assert_memory_equal(lm.embed, f->lm.embed, sizeof(float) * (size_t)c->vocab * H);
+    assert_memory_equal(lm.norm, f->lm.norm, sizeof(float) * H);
+    assert_memory_equal(lm.inv_freq, f->lm.inv_freq, sizeof(float) * D / 2);
+    assert_null(lm.head);
+    check_deferred_rows(&lm.deferred, &lm.head, f->lm.head, (size_t)SAMPLER_C0_COLS * H);
+    for (int l = 0; l < c->n_layers; l++) {
+        struct talker_layer *L = &lm.layers[l];
+        const struct talker_layer *W = &f->lm.layers[l];
+        assert_memory_equal(L->attn_norm, W->attn_norm, sizeof(float) * H);
+        assert_memory_equal(L->q_norm, W->q_norm, sizeof(float) * D);
+        assert_memory_equal(L->ffn_norm, W->ffn_norm, sizeof(float) * H);
+        float *const *field[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->wu, &L->wd};
+        const float *want[] = {W->wq, W->wk, W->wv, W->wo, W->wg, W->wu, W->wd};
+        const size_t n[] = {QD * H, KD * H, KD * H, H * QD, FF * H, FF * H, H * FF};
+        for (int i = 0; i < 7; i++) {
+            assert_null(*field[i]);
+            check_deferred_rows(&lm.deferred, field[i], want[i], n[i]);
+        }
+    }
+    const struct depth_config *dc = &dd.cfg;
+    size_t DH = (size_t)dc->hidden, DF = (size_t)dc->ffn, V = (size_t)dc->audio_vocab, nres = (size_t)dc->n_codebooks - 1;
+    assert_memory_equal(dd.audio_emb, f->dd.audio_emb, sizeof(float) * nres * V * DH);
+    assert_memory_equal(dd.pos_emb, f->dd.pos_emb, sizeof(float) * (size_t)dc->max_pos * DH);
+    assert_memory_equal(dd.norm, f->dd.norm, sizeof(float) * DH);
+    assert_null(dd.proj);
+    assert_null(dd.heads);
+    check_deferred_rows(&dd.deferred, &dd.proj, f->dd.proj, DH * DH);
+    check_deferred_rows(&dd.deferred, &dd.heads, f->dd.heads, nres * V * DH);
+    for (int l = 0; l < dc->n_layers; l++) {
+        struct depth_layer *L = &dd.layers[l];
+        const struct depth_layer *W = &f->dd.layers[l];
+        assert_memory_equal(L->attn_norm, W->attn_norm, sizeof(float) * DH);
+        float *const *field[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->wu, &L->wd};
+        const float *want[] = {W->wq, W->wk, W->wv, W->wo, W->wg, W->wu, W->wd};
+        const size_t n[] = {DH * DH, DH * DH, DH * DH, DH * DH, DF * DH, DF * DH, DH * DF};
+        for (int i = 0; i < 7; i++) {
+            assert_null(*field[i]);
+            check_deferred_rows(&dd.deferred, field[i], want[i], n[i]);
+        }
+    }
+    struct talker_backend b;
+    assert_int_equal(talker_backend_open(&b, TALKER_BACKEND_CPU, &lm, &dd, 2, 16, 2), -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "loaded for the GPU"));
+    talker_free(&lm);
+    depth_free(&dd);
+}
+
 int main(void)
 {
     if (!test_golden_dir()) return 77;
@@ -237,6 +327,7 @@ int main(void)
         cmocka_unit_test(test_feedback_embedding),
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_small_vocab_refused),
+        cmocka_unit_test(test_host_parts),
     };
     return cmocka_run_group_tests(tests, test_stage0_golden_setup, test_stage0_golden_teardown);
 }

@@ -33,6 +33,7 @@
 #include "stage0/talker_backend.h"
 #ifdef MM3_HAVE_CUDA
 #include "common/cuda/ops_cuda.h"
+#include "stage0/cuda/cuda_upload.h"
 #include "stage0/cuda/depth_cuda.h"
 #include "stage0/cuda/depth_kernels.h"
 #include "stage0/cuda/talker_kernels.h"
@@ -1028,6 +1029,54 @@ static void test_depth_attention_store(void **state)
 }
 #endif
 
+#ifdef MM3_HAVE_CUDA
+/* The CUDA backend of a model loaded for the GPU (its matrices read as bf16 straight
+ * from the checkpoint) computes what the backend of the fully loaded model (matrices
+ * rounded from its float32 copies) computes: the same device weights, stacked and
+ * interleaved alike. The staging is shrunk for the first so that every matrix
+ * crosses many chunks of the two-buffer ring. */
+static void check_upload_from_checkpoint(const char *root, const struct talker *lm, const struct depth *dd)
+{
+    struct talker hl;
+    struct depth hd;
+    assert_int_equal(talker_backend_load_models(TALKER_BACKEND_CUDA, root, &hl, &hd), 0);
+    struct talker_backend full, parts;
+    assert_int_equal(talker_backend_open_kv(&full, TALKER_BACKEND_CUDA, lm, dd, 2, 32, 2, MM3_KV_CACHE_F32), 0);
+    cuda_upload_set_stage_bytes(200);
+    int rc = talker_backend_open_kv(&parts, TALKER_BACKEND_CUDA, &hl, &hd, 2, 32, 2, MM3_KV_CACHE_F32);
+    cuda_upload_set_stage_bytes(0);
+    if (rc < 0) print_error("cuda backend from the checkpoint: %s\n", mm3_last_error());
+    assert_int_equal(rc, 0);
+    int prompt[2] = {7, 4};
+    double worst = compare_talker_tol(&full, &parts, 2, prompt, 6, 1e-6);
+    printf("%s: backend from the checkpoint vs from float32 copies: rel %.3g\n", root, worst);
+    compare_depth(&full, &parts, 2, 2);
+    talker_backend_close(&full);
+    talker_backend_close(&parts);
+    talker_free(&hl);
+    depth_free(&hd);
+}
+
+static void test_upload_from_checkpoint(void **state)
+{
+    const struct test_stage0 *m = *state;
+    if (!m) skip();
+    check_upload_from_checkpoint(m->root, &m->lm, &m->dd);
+    struct test_stage0 other;
+    char *dir = test_stage0_other_geometry(&other, "upload-geometry");
+    check_upload_from_checkpoint(dir, &other.lm, &other.dd);
+    test_stage0_free(&other);
+    test_remove_tree(dir);
+    free(dir);
+}
+#else
+static void test_upload_from_checkpoint(void **state)
+{
+    (void)state;
+    skip();
+}
+#endif
+
 static void replay(const char *backend, double tol)
 {
     if (!test_golden_dir()) skip();
@@ -1077,6 +1126,7 @@ int main(void)
     }
     const struct CMUnitTest gpu[] = {
         cmocka_unit_test(test_tiny_talker_and_depth),
+        cmocka_unit_test(test_upload_from_checkpoint),
         cmocka_unit_test(test_tiny_prefill_gemm),
         cmocka_unit_test(test_tiny_graphs),
         cmocka_unit_test(test_release_shaped_talker),

@@ -1,6 +1,7 @@
 /* Teacher forcing (stage0/teacher_force.h): frames recomputed from the codes of a
  * seeded generation equal the generated ones; frames from the golden replay draws
- * equal the reference's frame_hiddens; a resumed generation continues the same song;
+ * equal the reference's frame_hiddens (also from models loaded for the GPU, for which
+ * the whole model is loaded per call); a resumed generation continues the same song;
  * bad codes are refused; another geometry works too. */
 #include <math.h>
 #include <setjmp.h>
@@ -154,6 +155,24 @@ static void test_golden_replay(void **state)
     double rel = test_rel_error(got, want, (size_t)sh[0] * W);
     printf("teacher forcing vs golden case1 frame_hiddens: rel %.3g over %lld frames\n", rel, (long long)sh[0]);
     assert_true(rel <= 1e-4);
+    /* Models loaded for the GPU (matrices left in the checkpoint): the CPU
+     * recomputation loads the whole model for the call, same frames bit for bit. */
+    struct talker hl;
+    struct depth hd;
+    assert_int_equal(talker_backend_load_models(TALKER_BACKEND_CUDA, m->root, &hl, &hd), 0);
+    float *again = malloc(sizeof(float) * (size_t)sh[0] * W);
+    assert_int_equal(teacher_force_frames(&hl, &hd, ids, P, codes, n_steps, again), 0);
+    assert_memory_equal(again, got, sizeof(float) * (size_t)sh[0] * W);
+    assert_false(talker_has_matrices(&hl)); /* the caller's model stays as it was */
+    /* the step-by-step CPU loop does not load on demand: refused with a message */
+    struct generate g;
+    struct sampler sp;
+    sampler_init_seeded(&sp, 1);
+    assert_int_equal(teacher_force_resume(&g, &hl, &hd, &sp, ids, P, 8, SAMPLER_CFG_SCALE, NULL, codes, 0), -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "loaded for the GPU"));
+    talker_free(&hl);
+    depth_free(&hd);
+    free(again);
     free(got), free(codes), free(ids), free(want), free(ids64), free(lm), free(dep);
 }
 

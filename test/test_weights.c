@@ -1,6 +1,7 @@
 /* Weight tables (common/weights.h): carving in table order, values read and widened,
  * row ranges from disk and from a loaded arena, shape mismatches, missing and
- * unexpected tensors, and build errors reported at load. */
+ * unexpected tensors, build errors reported at load, and deferred tensors (left in
+ * the checkpoint, read later as bf16 rows by ckpt_read_rows_bf16). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -195,6 +196,122 @@ static void test_build_errors(void **state)
     weight_table_free(&t);
 }
 
+/* a, b, rows [1, 4) then [4, 5) of "rows" (one field, carved contiguously). */
+static void split_table(struct weight_table *t, float **pa, float **pb, float **pr)
+{
+    weight_table_init(t);
+    weight_table_add(t, pa, 2, (int64_t[]){2, 3}, "a");
+    weight_table_add(t, pb, 1, (int64_t[]){4}, "b");
+    weight_table_add_rows(t, pr, 5, 2, 1, 3, "rows");
+    weight_table_add_rows(t, NULL, 5, 2, 4, 1, "rows");
+}
+
+struct defer_model {
+    float *a, *b, *r;
+    int defer;
+};
+
+static int defer_describe(void *model, const struct ckpt_component *c, struct weight_table *t)
+{
+    (void)c;
+    struct defer_model *m = model;
+    split_table(t, &m->a, &m->b, &m->r);
+    if (m->defer) weight_table_defer_matrices(t, 0, t->n);
+    return 0;
+}
+
+/* Deferred entries: no space, dst NULL, still named and shape-checked, found by
+ * their field; their rows read as bf16 straight from the file. */
+static void test_deferred(void **state)
+{
+    struct fixture *f = *state;
+    struct defer_model m = {.defer = 1};
+    struct weight_deferred d;
+    float *arena;
+    size_t n;
+    m.a = m.r = (float *)&m; /* must be reset to NULL */
+    assert_int_equal(weights_component_load_deferred(f->dir, "comp", &m, defer_describe, &arena, &n, &d), 0);
+    assert_int_equal(n, 4); /* only the vector b */
+    assert_null(m.a);
+    assert_null(m.r);
+    assert_ptr_equal(m.b, arena);
+    assert_memory_equal(m.b, f->b, sizeof f->b);
+    assert_true(weight_deferred_any(&d));
+    assert_string_equal(d.component, "comp");
+    int k;
+    const struct weight_spec *s = weight_deferred_find(&d, &m.r, &k);
+    assert_non_null(s);
+    assert_int_equal(k, 2);
+    assert_int_equal(s[0].row0, 1);
+    assert_int_equal(s[1].row0, 4);
+    assert_non_null(weight_deferred_find(&d, &m.a, &k));
+    assert_int_equal(k, 1);
+    assert_null(weight_deferred_find(&d, &m.b, &k));
+    assert_int_equal(k, 0);
+    /* the rows as bf16: rounded from the file's float32 */
+    uint16_t got[8], want[8];
+    assert_int_equal(ckpt_read_rows_bf16(&f->c, "rows", 1, 4, got), 0);
+    for (int i = 0; i < 8; i++)
+        want[i] = mm3_f32_to_bf16(f->rows[2 + i]);
+    assert_memory_equal(got, want, sizeof want);
+    /* bf16 on disk: the stored bits */
+    assert_int_equal(ckpt_read_rows_bf16(&f->c, "b", 1, 2, got), 0);
+    assert_int_equal(got[0], mm3_f32_to_bf16(f->b[1]));
+    assert_int_equal(got[1], mm3_f32_to_bf16(f->b[2]));
+    assert_int_equal(ckpt_read_rows_bf16(&f->c, "rows", 3, 3, got), -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "rows [3, 6) of 'rows' outside its 5 rows"));
+    assert_int_equal(ckpt_read_rows_bf16(&f->c, "nope", 0, 1, got), -ENOENT);
+    free(arena);
+    weight_deferred_free(&d);
+    /* a load that keeps no deferred tensors refuses to lose them */
+    assert_int_equal(weights_component_load(f->dir, "comp", &m, defer_describe, &arena, NULL), -EINVAL);
+    assert_null(arena);
+    assert_non_null(strstr(mm3_last_error(), "deferred"));
+    /* without deferral every matrix is carved */
+    m.defer = 0;
+    assert_int_equal(weights_component_load_deferred(f->dir, "comp", &m, defer_describe, &arena, &n, &d), 0);
+    assert_int_equal(n, 6 + 4 + 8);
+    assert_false(weight_deferred_any(&d));
+    assert_memory_equal(m.r, f->rows + 2, sizeof(float) * 8);
+    free(arena);
+    weight_deferred_free(&d);
+}
+
+static void test_deferred_checks(void **state)
+{
+    struct fixture *f = *state;
+    struct weight_table t;
+    float *pa, *pb, *pr, *arena;
+    /* a deferred tensor's shape is still checked */
+    weight_table_init(&t);
+    weight_table_add(&t, &pa, 2, (int64_t[]){3, 2}, "a");
+    weight_table_add_elsewhere(&t, "b");
+    weight_table_add_elsewhere(&t, "rows");
+    weight_table_defer(&t, &pa);
+    assert_int_equal(weights_load_table(&f->c, &t, &arena, NULL), -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "[3, 2]"));
+    weight_table_free(&t);
+    /* weight_table_defer takes the field's continuation rows along */
+    split_table(&t, &pa, &pb, &pr);
+    weight_table_defer(&t, &pr);
+    assert_false(t.specs[0].deferred);
+    assert_false(t.specs[1].deferred);
+    assert_true(t.specs[2].deferred && t.specs[3].deferred);
+    assert_int_equal(weights_load_table(&f->c, &t, &arena, NULL), 0);
+    assert_null(pr);
+    assert_memory_equal(pa, f->a, sizeof f->a);
+    free(arena);
+    /* continuation rows deferred without the rows they continue */
+    t.specs[2].deferred = 0;
+    assert_int_equal(weights_load_table(&f->c, &t, &arena, NULL), -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "continues"));
+    /* a field no entry fills */
+    float *other;
+    weight_table_defer(&t, &other);
+    assert_int_equal(weights_load_table(&f->c, &t, &arena, NULL), -EINVAL);
+    weight_table_free(&t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -203,6 +320,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_shape_mismatch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unexpected_and_missing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_build_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_deferred, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_deferred_checks, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -424,6 +424,7 @@ struct bench {
     int step_frames; /* frames delivered during the current step */
     int ended;       /* songs that ended on their own (must not happen: ignore_eos) */
     double mem_peak_used, mem_total, mem_after_create;
+    double ready_s; /* sched_create: weight upload, KV cache, graphs */
     int mem_ok;
     int failures;        /* configurations that failed (not skipped for time) */
     char timed_out[256]; /* why the rest is skipped; "" while there is time */
@@ -791,6 +792,11 @@ static void print_results(struct bench *b, int ttff_done, double ttff_s, int ttf
     else
         printf("| time to first frame, alone | %d | 1 | n/a (%s) | | | |\n", a->ttff_tokens,
                b->timed_out[0] ? b->timed_out : "not measured");
+    printf("| start-up | | | %.1f s + %.1f s | | | models loaded as the backend needs them (%s), then the scheduler "
+           "ready: weights on the device, KV cache, graphs |\n",
+           load_s, b->ready_s,
+           a->backend == TALKER_BACKEND_CUDA ? "host parts; bf16 matrices read from the checkpoint by the upload"
+                                             : "float32");
     double budget = a->utilization * b->mem_total;
     if (b->mem_ok)
         printf("| peak GPU memory (device-wide) | | | %.2f GiB | %.2f GiB budget | %.2f | plan %.2f GiB (%d rows x "
@@ -802,9 +808,9 @@ static void print_results(struct bench *b, int ttff_done, double ttff_s, int ttf
                gib((double)b->plan.total_bytes), b->plan.rows, b->plan.ctx);
     printf("\n");
 
-    printf("S0BENCH kind=setup backend=%s load_s=%.3f weight_bytes=%.0f kv_bytes_per_pos=%.0f kv_dtype=%s "
+    printf("S0BENCH kind=setup backend=%s load_s=%.3f ready_s=%.3f weight_bytes=%.0f kv_bytes_per_pos=%.0f kv_dtype=%s "
            "max_rows=%d max_ctx=%d max_batched_tokens=%d frames=%d warmup=%d\n",
-           be, load_s, b->weight_bytes, b->kv_bytes_per_pos, mm3_kv_cache_dtype_name(b->plan.kv_dtype), b->plan.rows,
+           be, load_s, b->ready_s, b->weight_bytes, b->kv_bytes_per_pos, mm3_kv_cache_dtype_name(b->plan.kv_dtype), b->plan.rows,
            b->plan.ctx, a->max_batched_tokens, a->frames, a->warmup);
     printf("S0BENCH kind=copy GBps=%.2f bytes=%zu\n", b->copy_bw * 1e-9, (size_t)a->copy_mib << 20);
     for (int i = 0; i < n_results; i++) {
@@ -859,9 +865,10 @@ static int bench_grid(struct bench *b, struct args *a, const struct sched_config
         fprintf(stderr, "mm3-bench-stage0: sched_create: %s\n", mm3_last_error());
         return 1;
     }
+    b->ready_s = now_s() - t0;
     LOG_INFO("scheduler on %s: %d rows x %d positions, %d tokens per step, decode %s, ready in %.1f s",
              a->backend == TALKER_BACKEND_CUDA ? "cuda" : "cpu", cfg->max_rows, cfg->max_ctx, cfg->max_batched_tokens,
-             a->n_capture ? "in CUDA graphs" : "eager", now_s() - t0);
+             a->n_capture ? "in CUDA graphs" : "eager", b->ready_s);
     sample_memory(b);
     b->mem_after_create = b->mem_peak_used;
 
@@ -958,8 +965,7 @@ int main(int argc, char **argv)
     char path[4096];
     snprintf(path, sizeof path, "%s/tokenizer/tokenizer.json", a.ckpt);
     double t0 = now_s();
-    if ((rc = tokenizer_load(&b.tok, path)) < 0 || (rc = talker_load(&b.lm, a.ckpt)) < 0 ||
-        (rc = depth_load(&b.dd, a.ckpt)) < 0) {
+    if ((rc = tokenizer_load(&b.tok, path)) < 0 || (rc = talker_backend_load_models(a.backend, a.ckpt, &b.lm, &b.dd)) < 0) {
         fprintf(stderr, "mm3-bench-stage0: %s\n", mm3_last_error());
         return 1;
     }

@@ -158,6 +158,11 @@ extern "C" int cuda_event_record(void *event, void *stream)
     return cuda_status(cudaEventRecord((cudaEvent_t)event, cuda_stream_of(stream)), "cudaEventRecord");
 }
 
+extern "C" int cuda_event_sync(void *event)
+{
+    return cuda_status(cudaEventSynchronize((cudaEvent_t)event), "cudaEventSynchronize");
+}
+
 extern "C" int cuda_event_elapsed_ms(float *ms, void *start, void *stop)
 {
     int rc = cuda_status(cudaEventSynchronize((cudaEvent_t)stop), "cudaEventSynchronize");

@@ -60,6 +60,8 @@ int cuda_stream_sync(void *stream);
 int cuda_event_create(void **event);
 void cuda_event_destroy(void *event);
 int cuda_event_record(void *event, void *stream);
+/* Waits until the work before the event's last record is done. */
+int cuda_event_sync(void *event);
 /* Milliseconds between two recorded events (waits for `stop`). */
 int cuda_event_elapsed_ms(float *ms, void *start, void *stop);
 

@@ -3,10 +3,24 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/cuda/ops_cuda.h"
 #include "common/dtype.h"
 #include "common/error.h"
+#include "common/log.h"
+#include "stage0/cuda/host_pinned.h"
+
+/* Per staging buffer: large enough that each read runs at the disk's (or page
+ * cache's) rate, small enough that two of them pin little memory. */
+#define STAGE_BYTES ((size_t)32 << 20)
+
+static size_t stage_bytes_set;
+
+void cuda_upload_set_stage_bytes(size_t bytes)
+{
+    stage_bytes_set = bytes;
+}
 
 int cuda_alloc_list_add(struct cuda_alloc_list *l, void **out, size_t bytes)
 {
@@ -23,63 +37,12 @@ int cuda_alloc_list_add(struct cuda_alloc_list *l, void **out, size_t bytes)
     return 0;
 }
 
-int cuda_upload_stacked_bf16(struct cuda_alloc_list *l, uint16_t **out, const float *const *parts, const size_t *rows,
-                             int n_parts, size_t in)
+void cuda_alloc_list_free(struct cuda_alloc_list *l)
 {
-    size_t total = 0;
-    for (int i = 0; i < n_parts; i++)
-        total += rows[i] * in;
-    void *d;
-    int rc = cuda_alloc_list_add(l, &d, total * sizeof(uint16_t));
-    if (rc < 0) return rc;
-    /* Converted in slices so that a release-sized tensor needs no second full copy on the host. */
-    enum { SLICE = 1 << 22 };
-    uint16_t *buf = malloc(sizeof(uint16_t) * (total < SLICE ? (total ? total : 1) : SLICE));
-    if (!buf) return mm3_errorf(-ENOMEM, "cuda upload: out of host memory");
-    size_t at = 0;
-    for (int i = 0; i < n_parts && rc == 0; i++) {
-        size_t n = rows[i] * in;
-        for (size_t j = 0; j < n && rc == 0; j += SLICE) {
-            size_t k = n - j < SLICE ? n - j : SLICE;
-            for (size_t e = 0; e < k; e++)
-                buf[e] = mm3_f32_to_bf16(parts[i][j + e]);
-            rc = cuda_memcpy_h2d((uint16_t *)d + at + j, buf, k * sizeof(uint16_t));
-        }
-        at += n;
-    }
-    free(buf);
-    *out = d;
-    return rc;
-}
-
-int cuda_upload_interleaved_bf16(struct cuda_alloc_list *l, uint16_t **out, const float *a, const float *b, size_t rows,
-                                 size_t in)
-{
-    void *d;
-    int rc = cuda_alloc_list_add(l, &d, 2 * rows * in * sizeof(uint16_t));
-    if (rc < 0) return rc;
-    /* A few rows at a time: no second full copy of a release-sized pair on the host. */
-    size_t batch = ((size_t)1 << 22) / (2 * in) + 1;
-    uint16_t *buf = malloc(sizeof(uint16_t) * 2 * in * batch);
-    if (!buf) return mm3_errorf(-ENOMEM, "cuda upload: out of host memory");
-    for (size_t r0 = 0; r0 < rows && rc == 0; r0 += batch) {
-        size_t k = rows - r0 < batch ? rows - r0 : batch;
-        for (size_t r = 0; r < k; r++)
-            for (size_t e = 0; e < in; e++) {
-                buf[(2 * r) * in + e] = mm3_f32_to_bf16(a[(r0 + r) * in + e]);
-                buf[(2 * r + 1) * in + e] = mm3_f32_to_bf16(b[(r0 + r) * in + e]);
-            }
-        rc = cuda_memcpy_h2d((uint16_t *)d + 2 * r0 * in, buf, 2 * k * in * sizeof(uint16_t));
-    }
-    free(buf);
-    *out = d;
-    return rc;
-}
-
-int cuda_upload_bf16(struct cuda_alloc_list *l, uint16_t **out, const float *src, size_t n)
-{
-    size_t rows = 1;
-    return cuda_upload_stacked_bf16(l, out, &src, &rows, 1, n);
+    for (int i = 0; i < l->n; i++)
+        cuda_free(l->ptr[i]);
+    free(l->ptr);
+    memset(l, 0, sizeof *l);
 }
 
 int cuda_upload_f32(struct cuda_alloc_list *l, float **out, const float *src, size_t n)
@@ -91,10 +54,169 @@ int cuda_upload_f32(struct cuda_alloc_list *l, float **out, const float *src, si
     return n ? cuda_memcpy_h2d(d, src, n * sizeof(float)) : 0;
 }
 
-void cuda_alloc_list_free(struct cuda_alloc_list *l)
+static double now_s(void)
 {
-    for (int i = 0; i < l->n; i++)
-        cuda_free(l->ptr[i]);
-    free(l->ptr);
-    memset(l, 0, sizeof *l);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void cuda_upload_begin(struct cuda_upload *u, struct cuda_alloc_list *l, const struct weight_deferred *src)
+{
+    memset(u, 0, sizeof *u);
+    u->list = l;
+    u->src = src;
+    u->t0 = now_s();
+}
+
+/* Staging buffers, events and stream at the first matrix (a model without
+ * matrices pins nothing). */
+static int stage_open(struct cuda_upload *u)
+{
+    if (u->stream) return 0;
+    u->stage_bytes = stage_bytes_set ? stage_bytes_set : STAGE_BYTES;
+    int rc = cuda_stream_create(&u->stream);
+    for (int b = 0; b < 2 && rc == 0; b++) {
+        if ((rc = host_pinned_alloc(&u->stage[b], u->stage_bytes)) == 0) rc = cuda_event_create(&u->copied[b]);
+    }
+    return rc;
+}
+
+int cuda_upload_end(struct cuda_upload *u, int rc)
+{
+    if (u->stream) {
+        int s = cuda_stream_sync(u->stream);
+        if (rc == 0) rc = s;
+    }
+    for (int b = 0; b < 2; b++) {
+        host_pinned_free(u->stage[b]);
+        cuda_event_destroy(u->copied[b]);
+    }
+    cuda_stream_destroy(u->stream);
+    if (u->ckpt_open) ckpt_component_close(&u->ckpt);
+    if (rc == 0 && u->ckpt_bytes) {
+        double s = now_s() - u->t0;
+        LOG_INFO("%s: %.1f MB of bf16 matrices from the checkpoint to the GPU in %.2f s (%.2f GB/s)",
+                 u->src->component, (double)u->ckpt_bytes / 1e6, s, s > 0 ? (double)u->ckpt_bytes / s / 1e9 : 0.0);
+    }
+    memset(u, 0, sizeof *u);
+    return rc;
+}
+
+/* Where rows come from: host float32, or rows [row0, row0 + rows) of a checkpoint tensor. */
+struct rows_src {
+    const float *host;
+    const char *name;
+    int64_t row0;
+    size_t rows;
+};
+
+/* rows x in from src into dst, row r at dst + r * pitch (elements), through the
+ * staging ring: buffer b is refilled only once its previous copy has finished. */
+static int put_rows(struct cuda_upload *u, const struct rows_src *src, uint16_t *dst, size_t pitch, size_t in)
+{
+    int rc = stage_open(u);
+    if (rc < 0 || src->rows == 0 || in == 0) return rc;
+    size_t row_bytes = in * sizeof(uint16_t);
+    if (row_bytes > u->stage_bytes)
+        return mm3_errorf(-EINVAL, "cuda upload: a row of %zu values is wider than the %zu-byte staging buffer", in,
+                          u->stage_bytes);
+    size_t chunk = u->stage_bytes / row_bytes;
+    for (size_t r0 = 0; r0 < src->rows && rc == 0; r0 += chunk) {
+        size_t k = src->rows - r0 < chunk ? src->rows - r0 : chunk;
+        int b = u->next;
+        u->next ^= 1;
+        if (u->recorded[b] && (rc = cuda_event_sync(u->copied[b])) < 0) break;
+        uint16_t *stage = u->stage[b];
+        if (src->host) {
+            const float *h = src->host + r0 * in;
+            for (size_t e = 0; e < k * in; e++)
+                stage[e] = mm3_f32_to_bf16(h[e]);
+            u->host_bytes += k * row_bytes;
+        } else {
+            if ((rc = ckpt_read_rows_bf16(&u->ckpt, src->name, src->row0 + (int64_t)r0, (int64_t)k, stage)) < 0) break;
+            u->ckpt_bytes += k * row_bytes;
+        }
+        uint16_t *d = dst + r0 * pitch;
+        if (pitch == in)
+            rc = host_pinned_h2d_async(d, stage, k * row_bytes, u->stream);
+        else
+            rc = host_pinned_h2d_2d_async(d, pitch * sizeof(uint16_t), stage, row_bytes, row_bytes, k, u->stream);
+        if (rc == 0 && (rc = cuda_event_record(u->copied[b], u->stream)) == 0) u->recorded[b] = 1;
+    }
+    return rc;
+}
+
+/* Every row of one field, rows x in, into dst with row pitch `pitch`. */
+static int put_field(struct cuda_upload *u, float *const *field, size_t rows, size_t in, uint16_t *dst, size_t pitch)
+{
+    if (*field) return put_rows(u, &(struct rows_src){.host = *field, .rows = rows}, dst, pitch, in);
+    int n = 0;
+    const struct weight_spec *s = u->src ? weight_deferred_find(u->src, field, &n) : NULL;
+    if (!s) return mm3_errorf(-EINVAL, "cuda upload: a matrix of %zu x %zu is neither in host memory nor deferred", rows, in);
+    int rc = 0;
+    if (!u->ckpt_open) {
+        if ((rc = ckpt_component_open(&u->ckpt, u->src->root, u->src->component)) < 0) return rc;
+        u->ckpt_open = 1;
+    }
+    /* A field may span several entries (rows of one tensor, or stacked tensors). */
+    size_t at = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        size_t cols = 1, r = s[i].kind == WEIGHT_ROWS ? (size_t)s[i].n_rows : (size_t)s[i].shape[0];
+        for (int d = 1; d < s[i].ndim; d++)
+            cols *= (size_t)s[i].shape[d];
+        if (cols != in || at + r > rows)
+            return mm3_errorf(-EINVAL, "cuda upload: '%s' (%zu rows of %zu) does not fit a %zu x %zu matrix at row %zu",
+                              s[i].name, r, cols, rows, in, at);
+        struct rows_src src = {.name = s[i].name, .row0 = s[i].kind == WEIGHT_ROWS ? s[i].row0 : 0, .rows = r};
+        rc = put_rows(u, &src, dst + at * pitch, pitch, in);
+        at += r;
+    }
+    if (rc == 0 && at != rows)
+        rc = mm3_errorf(-EINVAL, "cuda upload: '%s' and the rows after it give %zu rows, expected %zu", s->name, at, rows);
+    return rc;
+}
+
+static int alloc_bf16(struct cuda_upload *u, uint16_t **out, size_t n)
+{
+    void *d;
+    int rc = cuda_alloc_list_add(u->list, &d, n * sizeof(uint16_t));
+    *out = rc < 0 ? NULL : d;
+    return rc;
+}
+
+int cuda_upload_stacked(struct cuda_upload *u, uint16_t **out, float *const *const *fields, const size_t *rows,
+                        int n_fields, size_t in)
+{
+    size_t total = 0;
+    for (int i = 0; i < n_fields; i++)
+        total += rows[i];
+    int rc = alloc_bf16(u, out, total * in);
+    size_t at = 0;
+    for (int i = 0; i < n_fields && rc == 0; i++) {
+        rc = put_field(u, fields[i], rows[i], in, *out + at * in, in);
+        at += rows[i];
+    }
+    return rc;
+}
+
+int cuda_upload_matrix(struct cuda_upload *u, uint16_t **out, float *const *field, size_t rows, size_t in)
+{
+    return cuda_upload_stacked(u, out, &field, &rows, 1, in);
+}
+
+int cuda_upload_interleaved(struct cuda_upload *u, uint16_t **out, float *const *a, float *const *b, size_t rows,
+                            size_t in)
+{
+    int rc = alloc_bf16(u, out, 2 * rows * in);
+    if (rc == 0) rc = put_field(u, a, rows, in, *out, 2 * in);
+    if (rc == 0) rc = put_field(u, b, rows, in, *out + in, 2 * in);
+    return rc;
+}
+
+int cuda_upload_host_rows(struct cuda_upload *u, uint16_t **out, const float *src, size_t rows, size_t in)
+{
+    int rc = alloc_bf16(u, out, rows * in);
+    if (rc == 0) rc = put_rows(u, &(struct rows_src){.host = src, .rows = rows}, *out, in, in);
+    return rc;
 }

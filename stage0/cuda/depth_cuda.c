@@ -69,6 +69,8 @@ int depth_cuda_create(struct depth_cuda **out, const struct depth *d, int max_ro
     struct cuda_alloc_list *l = &dc->mem;
     float *f;
     uint16_t *w;
+    struct cuda_upload u;
+    cuda_upload_begin(&u, l, &d->deferred);
     for (int i = 0; i < cfg->n_layers && rc == 0; i++) {
         const struct depth_layer *L = &d->layers[i];
         struct depth_cuda_layer *G = &dc->layers[i];
@@ -76,19 +78,20 @@ int depth_cuda_create(struct depth_cuda **out, const struct depth *d, int max_ro
         G->attn_norm = f;
         if ((rc = cuda_upload_f32(l, &f, L->ffn_norm, H)) < 0) break;
         G->ffn_norm = f;
-        const float *qkv[3] = {L->wq, L->wk, L->wv};
+        float *const *qkv[3] = {&L->wq, &L->wk, &L->wv};
         const size_t qkv_rows[3] = {H, H, H};
-        if ((rc = cuda_upload_stacked_bf16(l, &w, qkv, qkv_rows, 3, H)) < 0) break;
+        if ((rc = cuda_upload_stacked(&u, &w, qkv, qkv_rows, 3, H)) < 0) break;
         G->wqkv = w;
-        if ((rc = cuda_upload_bf16(l, &w, L->wo, H * H)) < 0) break;
+        if ((rc = cuda_upload_matrix(&u, &w, &L->wo, H, H)) < 0) break;
         G->wo = w;
-        if ((rc = cuda_upload_interleaved_bf16(l, &w, L->wg, L->wu, F, H)) < 0) break;
+        if ((rc = cuda_upload_interleaved(&u, &w, &L->wg, &L->wu, F, H)) < 0) break;
         G->wgu = w;
-        if ((rc = cuda_upload_bf16(l, &w, L->wd, H * F)) < 0) break;
+        if ((rc = cuda_upload_matrix(&u, &w, &L->wd, H, F)) < 0) break;
         G->wd = w;
     }
-    if (rc == 0 && (rc = cuda_upload_bf16(l, &w, d->proj, H * H)) == 0) dc->proj = w;
-    if (rc == 0 && (rc = cuda_upload_bf16(l, &w, d->heads, nres * V * H)) == 0) dc->heads = w;
+    if (rc == 0 && (rc = cuda_upload_matrix(&u, &w, &d->proj, H, H)) == 0) dc->proj = w;
+    if (rc == 0 && (rc = cuda_upload_matrix(&u, &w, &d->heads, nres * V, H)) == 0) dc->heads = w;
+    rc = cuda_upload_end(&u, rc);
     if (rc == 0 && (rc = cuda_upload_f32(l, &f, d->pos_emb, (size_t)cfg->max_pos * H)) == 0) dc->pos_emb = f;
     if (rc == 0 && (rc = cuda_upload_f32(l, &f, d->norm, H)) == 0) dc->norm = f;
     size_t cache = (size_t)cfg->n_layers * max_rows * S * H * sizeof(float);

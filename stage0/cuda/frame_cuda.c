@@ -112,8 +112,12 @@ int frame_cuda_create(struct frame_cuda **out, const struct talker *lm, const st
     size_t R = 2 * (size_t)max_pairs;
     uint16_t *w;
     int rc;
-    if ((rc = cuda_upload_bf16(l, &w, e0, n_e0)) == 0) fc->e0 = w;
-    if (rc == 0 && (rc = cuda_upload_bf16(l, &w, dd->audio_emb, n_audio)) == 0) fc->audio = w;
+    struct cuda_upload u;
+    cuda_upload_begin(&u, l, NULL);
+    if ((rc = cuda_upload_host_rows(&u, &w, e0, SAMPLER_N_CODES, (size_t)H)) == 0) fc->e0 = w;
+    if (rc == 0 && (rc = cuda_upload_host_rows(&u, &w, dd->audio_emb, (size_t)(ncb - 1) * V, (size_t)H)) == 0)
+        fc->audio = w;
+    rc = cuda_upload_end(&u, rc);
     struct frame_in_layout il = in_layout(max_pairs, H, ncb);
     struct frame_out_layout ol = out_layout(max_pairs, H, ncb);
     if (rc == 0) rc = cuda_alloc_list_add(l, &fc->in_dev, il.bytes);

@@ -26,3 +26,11 @@ extern "C" int host_pinned_d2h_async(void *dst, const void *src, size_t bytes, v
     return cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cuda_stream_of(stream)),
                        "cudaMemcpyAsync (device to host)");
 }
+
+extern "C" int host_pinned_h2d_2d_async(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                                        size_t height, void *stream)
+{
+    return cuda_status(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyHostToDevice,
+                                         cuda_stream_of(stream)),
+                       "cudaMemcpy2DAsync (host to device)");
+}

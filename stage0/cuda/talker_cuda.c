@@ -151,6 +151,8 @@ int talker_cuda_create(struct talker_cuda **out, const struct talker *m, int max
     size_t H = (size_t)cfg->hidden, F = (size_t)cfg->ffn, D = (size_t)cfg->head_dim;
     size_t QD = (size_t)cfg->n_heads * D, KD = (size_t)cfg->n_kv_heads * D;
     struct cuda_alloc_list *l = &tc->mem;
+    struct cuda_upload u;
+    cuda_upload_begin(&u, l, &m->deferred);
     for (int i = 0; i < cfg->n_layers && rc == 0; i++) {
         const struct talker_layer *L = &m->layers[i];
         struct talker_cuda_layer *G = &tc->layers[i];
@@ -164,22 +166,23 @@ int talker_cuda_create(struct talker_cuda **out, const struct talker *m, int max
         G->k_norm = f;
         if ((rc = cuda_upload_f32(l, &f, L->ffn_norm, H)) < 0) break;
         G->ffn_norm = f;
-        const float *qkv[3] = {L->wq, L->wk, L->wv};
+        float *const *qkv[3] = {&L->wq, &L->wk, &L->wv};
         const size_t qkv_rows[3] = {QD, KD, KD};
-        if ((rc = cuda_upload_stacked_bf16(l, &w, qkv, qkv_rows, 3, H)) < 0) break;
+        if ((rc = cuda_upload_stacked(&u, &w, qkv, qkv_rows, 3, H)) < 0) break;
         G->wqkv = w;
-        if ((rc = cuda_upload_bf16(l, &w, L->wo, H * QD)) < 0) break;
+        if ((rc = cuda_upload_matrix(&u, &w, &L->wo, H, QD)) < 0) break;
         G->wo = w;
-        if ((rc = cuda_upload_interleaved_bf16(l, &w, L->wg, L->wu, F, H)) < 0) break;
+        if ((rc = cuda_upload_interleaved(&u, &w, &L->wg, &L->wu, F, H)) < 0) break;
         G->wgu = w;
-        if ((rc = cuda_upload_bf16(l, &w, L->wd, H * F)) < 0) break;
+        if ((rc = cuda_upload_matrix(&u, &w, &L->wd, H, F)) < 0) break;
         G->wd = w;
     }
     float *f;
     uint16_t *w;
     if (rc == 0 && (rc = cuda_upload_f32(l, &f, m->norm, H)) == 0) tc->norm = f;
     if (rc == 0 && (rc = cuda_upload_f32(l, &f, m->inv_freq, D / 2)) == 0) tc->inv_freq = f;
-    if (rc == 0 && (rc = cuda_upload_bf16(l, &w, m->head, (size_t)SAMPLER_C0_COLS * H)) == 0) tc->head = w;
+    if (rc == 0 && (rc = cuda_upload_matrix(&u, &w, &m->head, SAMPLER_C0_COLS, H)) == 0) tc->head = w;
+    rc = cuda_upload_end(&u, rc);
     size_t cache = (size_t)cfg->n_layers * max_rows * tc->ctx_alloc * KD * tc->kv_elem;
     void *p;
     if (rc == 0 && (rc = cuda_alloc_list_add(l, &p, cache)) == 0) tc->kc = p;
