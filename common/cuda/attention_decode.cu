@@ -111,9 +111,11 @@ __global__ void __launch_bounds__(ATT_WARPS * 32, (sizeof(KT) == 2 && E >= 4 && 
     if (j < je) load_rows<KT, E, POS>(k, v, kv_off, row_stride, j, je, kn, vn);
     const bool store = mine || (FUSE && split == 0 && pnew >= len);
     if constexpr (FUSE)
-        if (j0 < len || store) /* an empty chunk needs no q */
+        if (j0 < len || store) { /* an empty chunk needs no q */
+            att_rope_table(rope_cs, rope_sn, f.inv_freq, f.rotary_dim, (float)pnew);
             att_prepare<KT, HD, G>(sq, sk, sv, rope_cs, rope_sn, q + (size_t)s * q_stride, g, group, store, f,
-                                   seq_off + (size_t)pnew * row_stride, (float)pnew, false);
+                                   seq_off + (size_t)pnew * row_stride);
+        }
 
     float qv[G][E], acc[G][E], m[G], l[G];
 #pragma unroll

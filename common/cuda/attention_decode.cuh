@@ -36,10 +36,10 @@ __device__ __forceinline__ void att_rope_table(float *cs, float *sn, const float
  * (one warp per head, the same steps as cuda_ops_qk_norm_rope, with the RoPE cos/sin
  * computed once for all heads); with `store`, the k head too and the k/v of the new
  * position written to the cache at cache_off, kept in sk/sv as the cache holds them
- * (rounded to KT). table_ready: the caller has run att_rope_table already. */
+ * (rounded to KT). The caller has filled cs/sn (att_rope_table). */
 template <typename KT, int HD, int G>
-__device__ void att_prepare(float (&sq)[G][HD], float *sk, float *sv, float *cs, float *sn, const float *qrow, int g,
-                            int group, bool store, const att_fuse &f, size_t cache_off, float p, bool table_ready)
+__device__ void att_prepare(float (&sq)[G][HD], float *sk, float *sv, const float *cs, const float *sn,
+                            const float *qrow, int g, int group, bool store, const att_fuse &f, size_t cache_off)
 {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     /* The row: gridDim.y * group q heads, then gridDim.y k heads, then as many v heads. */
@@ -51,7 +51,6 @@ __device__ void att_prepare(float (&sq)[G][HD], float *sk, float *sv, float *cs,
             sk[i] = krow[(size_t)g * HD + i];
             sv[i] = vrow[(size_t)g * HD + i];
         }
-    if (!table_ready) att_rope_table(cs, sn, f.inv_freq, f.rotary_dim, p);
     __syncthreads();
     for (int item = warp; item < group + (store ? 1 : 0); item += ATT_WARPS) {
         float *u = item < group ? sq[item] : sk;

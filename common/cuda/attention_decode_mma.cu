@@ -124,13 +124,12 @@ __global__ void __launch_bounds__(ATT_WARPS * 32, 2)
     }
     if constexpr (FUSE) {
         const bool prep = j0 < len || store;
-        if (early) {
-            if (prep) att_rope_table(rope_cs, rope_sn, f.inv_freq, f.rotary_dim, (float)pnew);
-            pdl_wait();
-        }
+        /* The table reads nothing an earlier kernel writes: before the wait either way. */
+        if (prep) att_rope_table(rope_cs, rope_sn, f.inv_freq, f.rotary_dim, (float)pnew);
+        if (early) pdl_wait();
         if (prep)
             att_prepare<uint16_t, HD, G>(sq, sk, sv, rope_cs, rope_sn, q + (size_t)s * q_stride, hk, group, store, f,
-                                         seq_off + (size_t)pnew * row_stride, (float)pnew, early);
+                                         seq_off + (size_t)pnew * row_stride);
     }
     if (mine && j < j1) {
         att_load_k<HD>(r, k, seq_off, row_stride, j, j1, g, t);
