@@ -7,7 +7,9 @@
  * matrices left in the checkpoint (talker_load_host_parts) and the rows are read
  * as bf16 straight from the checkpoint's bytes. Either way the rows pass through
  * two page-locked staging buffers: while one is copied to the device
- * (cudaMemcpyAsync), the next rows are read or converted into the other.
+ * (cudaMemcpyAsync), the next rows are read or converted into the other. The end
+ * logs the bytes, the rate and where the time went (reading, waiting for copies,
+ * allocating).
  *
  *     struct cuda_upload u;
  *     cuda_upload_begin(&u, &tc->mem, &m->deferred);
@@ -45,11 +47,12 @@ struct cuda_upload {
     int recorded[2], next;
     size_t stage_bytes;
     uint64_t ckpt_bytes, host_bytes;
-    double t0;
+    double t0, t_read, t_wait, t_alloc;
 };
 
-/* Bytes per staging buffer of later uploads (0: the default, 32 MiB). Tests shrink
- * it so that small matrices cross many chunks of the ring. */
+/* Bytes per staging buffer of later uploads (0: the default, 128 MiB, or
+ * MM3_UPLOAD_STAGE_MIB). Tests shrink it so that small matrices cross many chunks of
+ * the ring. */
 void cuda_upload_set_stage_bytes(size_t bytes);
 
 /* An upload into list l; src may be NULL (every matrix field set). */

@@ -27,10 +27,10 @@ extern "C" int host_pinned_d2h_async(void *dst, const void *src, size_t bytes, v
                        "cudaMemcpyAsync (device to host)");
 }
 
-extern "C" int host_pinned_h2d_2d_async(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
-                                        size_t height, void *stream)
+extern "C" int host_pinned_copy_2d_async(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                                         size_t height, void *stream)
 {
-    return cuda_status(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyHostToDevice,
+    return cuda_status(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDefault,
                                          cuda_stream_of(stream)),
-                       "cudaMemcpy2DAsync (host to device)");
+                       "cudaMemcpy2DAsync");
 }

@@ -20,10 +20,11 @@ void host_pinned_free(void *p); /* NULL is fine */
 /* cudaMemcpyAsync on `stream`; the host end should be host_pinned_alloc memory. */
 int host_pinned_h2d_async(void *dst, const void *src, size_t bytes, void *stream);
 int host_pinned_d2h_async(void *dst, const void *src, size_t bytes, void *stream);
-/* cudaMemcpy2DAsync host to device: `height` rows of `width` bytes, host rows
- * `spitch` bytes apart, device rows `dpitch` bytes apart. */
-int host_pinned_h2d_2d_async(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
-                             void *stream);
+/* cudaMemcpy2DAsync: `height` rows of `width` bytes, source rows `spitch` bytes
+ * apart, destination rows `dpitch` bytes apart; either end pinned host or device
+ * memory (the direction from the addresses). */
+int host_pinned_copy_2d_async(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
+                              void *stream);
 
 #ifdef __cplusplus
 }
