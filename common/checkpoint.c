@@ -232,11 +232,26 @@ int ckpt_read_f32(const struct ckpt_component *c, const char *name, float *dst, 
                               st_shape_str(a, sizeof a, t->st->ndim, t->st->shape), st_shape_str(b, sizeof b, ndim, shape));
         }
     }
+    enum mm3_dtype dt = t->st->dtype;
+    uint64_t count = st_tensor_numel(t->st), es = mm3_dtype_size(dt);
     if (t->data) {
-        mm3_convert_to_f32(dst, t->data, t->st->dtype, st_tensor_numel(t->st));
+        mm3_convert_to_f32(dst, t->data, dt, count);
         return 0;
     }
-    return st_file_read_f32(&c->files[t->file], name, dst, -1, NULL);
+    if (dt == MM3_DTYPE_F32) return ckpt_read_raw(c, t, 0, count * es, dst);
+    /* Read in slices through file_reader (parallel blocks) and widened slice by
+     * slice: no temporary of the whole tensor (the release's token table is 1.6 GB). */
+    enum { SLICE_BYTES = 64 << 20 };
+    uint64_t per = SLICE_BYTES / es, cap = count < per ? (count ? count : 1) : per;
+    void *raw = malloc(cap * es);
+    if (!raw) return mm3_errorf(-ENOMEM, "%s: out of memory reading '%s'", c->dir, name);
+    int rc = 0;
+    for (uint64_t at = 0; at < count && rc == 0; at += per) {
+        uint64_t k = count - at < per ? count - at : per;
+        if ((rc = ckpt_read_raw(c, t, at * es, k * es, raw)) == 0) mm3_convert_to_f32(dst + at, raw, dt, k);
+    }
+    free(raw);
+    return rc;
 }
 
 int ckpt_read_raw(const struct ckpt_component *c, const struct ckpt_tensor *t, uint64_t offset, uint64_t nbytes,
