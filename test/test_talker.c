@@ -254,6 +254,16 @@ static void check_deferred_rows(const struct weight_deferred *d, float *const *f
     ckpt_component_close(&c);
 }
 
+/* A layer's seven matrices: NULL on the host, deferred with the full load's values. */
+static void check_layer_deferred(const struct weight_deferred *d, float *const *const field[7], const float *const want[7],
+                                 const size_t n[7])
+{
+    for (int i = 0; i < 7; i++) {
+        assert_null(*field[i]);
+        check_deferred_rows(d, field[i], want[i], n[i]);
+    }
+}
+
 /* Loaded for the GPU: the host parts equal the full load's, every matrix is left in
  * the checkpoint (NULL, found by its field with the right rows), and the CPU
  * backend refuses the model. */
@@ -284,10 +294,7 @@ static void test_host_parts(void **state)
         float *const *field[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->wu, &L->wd};
         const float *want[] = {W->wq, W->wk, W->wv, W->wo, W->wg, W->wu, W->wd};
         const size_t n[] = {QD * H, KD * H, KD * H, H * QD, FF * H, FF * H, H * FF};
-        for (int i = 0; i < 7; i++) {
-            assert_null(*field[i]);
-            check_deferred_rows(&lm.deferred, field[i], want[i], n[i]);
-        }
+        check_layer_deferred(&lm.deferred, field, want, n);
     }
     const struct depth_config *dc = &dd.cfg;
     size_t DH = (size_t)dc->hidden, DF = (size_t)dc->ffn, V = (size_t)dc->audio_vocab, nres = (size_t)dc->n_codebooks - 1;
@@ -305,10 +312,7 @@ static void test_host_parts(void **state)
         float *const *field[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->wu, &L->wd};
         const float *want[] = {W->wq, W->wk, W->wv, W->wo, W->wg, W->wu, W->wd};
         const size_t n[] = {DH * DH, DH * DH, DH * DH, DH * DH, DF * DH, DF * DH, DH * DF};
-        for (int i = 0; i < 7; i++) {
-            assert_null(*field[i]);
-            check_deferred_rows(&dd.deferred, field[i], want[i], n[i]);
-        }
+        check_layer_deferred(&dd.deferred, field, want, n);
     }
     struct talker_backend b;
     assert_int_equal(talker_backend_open(&b, TALKER_BACKEND_CPU, &lm, &dd, 2, 16, 2), -EINVAL);
