@@ -85,11 +85,22 @@ static int stage_open(struct cuda_upload *u)
         else
             u->stage_bytes = (size_t)v << 20;
     }
-    int rc = cuda_stream_create(&u->stream);
+    void *stream;
+    int rc = cuda_stream_create(&stream);
     for (int b = 0; b < 2 && rc == 0; b++) {
         if ((rc = host_pinned_alloc(&u->stage[b], u->stage_bytes)) == 0) rc = cuda_event_create(&u->copied[b]);
     }
-    return rc;
+    if (rc < 0) { /* all or nothing: a stream means the staging is complete */
+        for (int b = 0; b < 2; b++) {
+            host_pinned_free(u->stage[b]);
+            cuda_event_destroy(u->copied[b]);
+            u->stage[b] = u->copied[b] = NULL;
+        }
+        cuda_stream_destroy(stream);
+        return rc;
+    }
+    u->stream = stream;
+    return 0;
 }
 
 int cuda_upload_end(struct cuda_upload *u, int rc)
