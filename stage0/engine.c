@@ -54,8 +54,6 @@ struct eng_req {
 
 struct engine {
     const struct mm3_deploy *d;
-    const struct talker *lm;
-    const struct depth *dd;
     struct sched *sched;
     struct api_engine api;
     struct frame_mix mix;
@@ -597,7 +595,11 @@ static void resend(struct engine *e, struct eng_req *r)
         r->spool = r->jr ? spool_open(e, job, r->jr) : NULL;
         struct resend_ctx c = {e, r};
         struct teacher_force_sink sink = {.ctx = &c, .emit = resend_emit};
-        rc = teacher_force_journal(e->lm, e->dd, r->jr, r->ids, r->prompt_len, &sink, &n);
+        /* On the scheduler's spare row, on the backend the song was generated on. */
+        const struct talker_backend *be;
+        int row = sched_spare_row(e->sched, &be);
+        rc = row < 0 ? mm3_errorf(-ENODATA, "no spare talker row to teacher-force on (journaling is off)")
+                     : teacher_force_journal(be, row, r->jr, r->ids, r->prompt_len, &sink, &n);
         if (rc < 0 && rc != -EPIPE) {
             mm3_job_fail(job, 502, "stage 1 died mid-song and the journal cannot re-send it: %s", mm3_last_error());
             drop(e, job);
@@ -984,8 +986,6 @@ int engine_create(struct engine **out, const struct mm3_deploy *d, const struct 
     struct engine *e = calloc(1, sizeof *e);
     if (!e) return mm3_errorf(-ENOMEM, "engine: out of memory");
     e->d = d;
-    e->lm = lm;
-    e->dd = dd;
     snprintf(e->prefix, sizeof e->prefix, "%s", prefix && *prefix ? prefix : SHMCONN_DEFAULT_PREFIX);
     int rc = frame_mix_load(&e->mix, ckpt_root);
     if (rc < 0) goto fail;
@@ -1025,7 +1025,7 @@ int engine_create(struct engine **out, const struct mm3_deploy *d, const struct 
     /* Size the KV cache from the deploy file and refuse at start-up, with the
      * numbers, what the device cannot hold (never an allocation failure later). */
     struct talker_backend_plan plan;
-    talker_backend_plan_compute_kv(sc.backend, sc.kv_dtype, lm, dd, sc.max_rows, sc.max_ctx, &plan);
+    talker_backend_plan_compute_kv(sc.backend, sc.kv_dtype, lm, dd, sched_backend_rows(&sc), sc.max_ctx, &plan);
     if ((rc = talker_backend_plan_check(sc.backend, &plan, s0->gpu_memory_utilization)) < 0) goto fail;
     e->max_reqs = mm3_deploy_stage(d, 1)->max_num_seqs + s0->max_num_seqs;
     struct sched_sink sink = {.ctx = e,

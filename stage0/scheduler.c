@@ -123,7 +123,7 @@ int sched_create(struct sched **out, const struct sched_config *cfg, const struc
         return mm3_errorf(-ENOMEM, "scheduler: out of memory");
     }
     /* Depth rows for every pair: the batched sampling step runs them all at once. */
-    if ((rc = talker_backend_open_kv(&s->be, cfg->backend, lm, dd, cfg->max_rows, cfg->max_ctx, cfg->max_rows,
+    if ((rc = talker_backend_open_kv(&s->be, cfg->backend, lm, dd, sched_backend_rows(cfg), cfg->max_ctx, cfg->max_rows,
                                      cfg->kv_dtype)) < 0)
         goto fail;
     if (cfg->n_capture_sizes > 0 &&
@@ -199,6 +199,17 @@ void sched_wake(struct sched *s)
     pthread_mutex_lock(&s->mu);
     pthread_cond_signal(&s->cond);
     pthread_mutex_unlock(&s->mu);
+}
+
+int sched_backend_rows(const struct sched_config *cfg)
+{
+    return cfg->max_rows + (cfg->journal_dir && cfg->journal_dir[0] ? 1 : 0);
+}
+
+int sched_spare_row(struct sched *s, const struct talker_backend **be)
+{
+    *be = &s->be;
+    return s->be.max_rows > s->cfg.max_rows ? s->cfg.max_rows : -1;
 }
 
 void sched_last_step_ns(const struct sched *s, int64_t *forward_ns, int64_t *sample_ns)

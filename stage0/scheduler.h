@@ -43,7 +43,8 @@ struct sched_config {
     int max_queue;                    /* requests allowed to wait for a row pair */
     enum talker_backend_kind backend; /* where the talker runs (0: CPU) */
     enum mm3_kv_cache_dtype kv_dtype; /* stage-0 kv_cache_dtype (0: auto, talker_backend_kv_dtype) */
-    const char *journal_dir;          /* api.journal_dir: journal every request there; NULL / "" = off */
+    const char *journal_dir;          /* api.journal_dir: journal every request there; NULL / "" = off;
+                                         on, the backend gets one spare row (sched_spare_row) */
     /* CUDA graphs of pure-decode steps (cudagraph_mode FULL_DECODE_ONLY, enforce_eager
      * off): batch sizes in rows (ascending; copied) and eager runs per size before the
      * capture. n_capture_sizes 0: every step eager. Ignored on the CPU. */
@@ -105,6 +106,15 @@ int sched_step(struct sched *s);
 
 /* Wall time of the last sched_step's one forward and one batched sampling call (0 when
  * it made none): where a step's time goes, for the benchmark. */
+/* The talker row no request uses (one past max_rows, there when journaling is on) and
+ * the backend it belongs to, for re-sends by teacher forcing on the step thread (the
+ * sink's on_tick): -1 without one. Its depth rows are the steps' scratch, free there. */
+int sched_spare_row(struct sched *s, const struct talker_backend **be);
+
+/* Rows a scheduler of cfg opens its backend with: max_rows, plus the spare row when
+ * journaling (for the memory plan). */
+int sched_backend_rows(const struct sched_config *cfg);
+
 void sched_last_step_ns(const struct sched *s, int64_t *forward_ns, int64_t *sample_ns);
 
 /* Run sched_step on a thread until sched_destroy. */

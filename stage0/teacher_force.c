@@ -5,14 +5,15 @@
 #include <string.h>
 
 #include "common/error.h"
-#include "common/log.h"
 #include "common/sampler.h"
 
-/* One teacher-forced pass over rows[0..n_rows) of ts (row 0 conditional). */
+/* One teacher-forced pass over rows[0..n_rows) (row 0 conditional): of ts with the
+ * models themselves, or of a backend's KV cache (be set; its depth rows are scratch). */
 struct tf_pass {
     const struct talker *lm;
     const struct depth *dd;
     struct talker_state *ts;
+    const struct talker_backend *be;
     int rows[2], n_rows;
     const int32_t *ids_pair;
     int P;
@@ -36,6 +37,12 @@ static int codes_check(const struct depth *dd, const int32_t *codes, int n_steps
     return 0;
 }
 
+static int tf_forward(const struct tf_pass *p, int n, const int *row, const int *pos, const float *emb, float *out)
+{
+    if (p->be) return p->be->forward(p->be->impl, n, row, pos, emb, out);
+    return talker_forward(p->lm, p->ts, n, row, pos, emb, out);
+}
+
 static int tf_prefill(struct tf_pass *p, float *emb, float *out, int *row, int *pos)
 {
     int H = p->lm->cfg.hidden, rc;
@@ -48,23 +55,31 @@ static int tf_prefill(struct tf_pass *p, float *emb, float *out, int *row, int *
                 row[i] = p->rows[r];
                 pos[i] = a + i;
             }
-            if ((rc = talker_forward(p->lm, p->ts, n, row, pos, emb, out)) < 0) return rc;
+            if ((rc = tf_forward(p, n, row, pos, emb, out)) < 0) return rc;
             if (a + n == p->P) memcpy(p->last + (size_t)r * H, out + (size_t)(n - 1) * H, sizeof(float) * H);
         }
     }
     return 0;
 }
 
-/* Depth hiddens of nf frames whose LM hiddens are slot 0 of frames[nf, ncb*H];
- * step_codes[nf, ncb] are the codes of the frames' own steps. */
-static int tf_depth(const struct talker *lm, const struct depth *dd, struct depth_state *ds, const int32_t *step_codes,
-                    int nf, float *frames, float *x, float *y)
+static int tf_depth_step(const struct tf_pass *p, struct depth_state *ds, int n, const float *x, int pos, float *y)
 {
+    if (p->be) return p->be->depth_step(p->be->impl, n, x, pos, y);
+    return depth_step(p->dd, ds, n, x, pos, y);
+}
+
+/* Depth hiddens of nf frames whose LM hiddens are slot 0 of frames[nf, ncb*H];
+ * step_codes[nf, ncb] are the codes of the frames' own steps. nf <= the depth rows. */
+static int tf_depth(const struct tf_pass *p, struct depth_state *ds, const int32_t *step_codes, int nf, float *frames,
+                    float *x, float *y)
+{
+    const struct talker *lm = p->lm;
+    const struct depth *dd = p->dd;
     int H = dd->cfg.hidden, ncb = dd->cfg.n_codebooks, rc;
     size_t W = (size_t)ncb * H;
     for (int i = 0; i < nf; i++)
         memcpy(x + (size_t)i * H, frames + i * W, sizeof(float) * H);
-    if ((rc = depth_step(dd, ds, nf, x, 0, y)) < 0) return rc;
+    if ((rc = tf_depth_step(p, ds, nf, x, 0, y)) < 0) return rc;
     for (int j = 1; j < ncb; j++) {
         for (int i = 0; i < nf; i++) {
             const int32_t *c = step_codes + (size_t)i * ncb;
@@ -72,7 +87,7 @@ static int tf_depth(const struct talker *lm, const struct depth *dd, struct dept
                                     : depth_code_embedding(dd, j - 1, c[j - 1]);
             memcpy(x + (size_t)i * H, e, sizeof(float) * H);
         }
-        if ((rc = depth_step(dd, ds, nf, x, j, y)) < 0) return rc;
+        if ((rc = tf_depth_step(p, ds, nf, x, j, y)) < 0) return rc;
         for (int i = 0; i < nf; i++)
             memcpy(frames + i * W + (size_t)j * H, y + (size_t)i * H, sizeof(float) * H);
     }
@@ -96,7 +111,13 @@ static int tf_run(struct tf_pass *p)
         rc = mm3_errorf(-ENOMEM, "teacher forcing: out of memory");
         goto out;
     }
-    if ((rc = depth_state_init(&ds, dd, C)) < 0) goto out;
+    /* A backend's depth rows may be fewer than a chunk of frames. */
+    int depth_rows = p->be ? p->be->depth_rows : C;
+    if (depth_rows < 1) {
+        rc = mm3_errorf(-EINVAL, "teacher forcing: backend %s has no depth rows", p->be->name);
+        goto out;
+    }
+    if (!p->be && (rc = depth_state_init(&ds, dd, C)) < 0) goto out;
     if ((rc = tf_prefill(p, emb, out, row, pos)) < 0) goto out;
     for (int a = 0; a < p->n_feed; a += C) {
         int n = p->n_feed - a < C ? p->n_feed - a : C;
@@ -110,7 +131,7 @@ static int tf_run(struct tf_pass *p)
                 row[r * n + i] = p->rows[r];
                 pos[r * n + i] = p->P + a + i;
             }
-        if ((rc = talker_forward(lm, p->ts, p->n_rows * n, row, pos, emb, out)) < 0) goto out;
+        if ((rc = tf_forward(p, p->n_rows * n, row, pos, emb, out)) < 0) goto out;
         for (int r = 0; r < p->n_rows; r++)
             memcpy(p->last + (size_t)r * H, out + ((size_t)r * n + n - 1) * H, sizeof(float) * H);
         /* the conditional hidden after feedback a+i is slot 0 of frame a+i (step a+i+1) */
@@ -118,7 +139,11 @@ static int tf_run(struct tf_pass *p)
         if (nf <= 0) continue;
         for (int i = 0; i < nf; i++)
             memcpy(frames + i * W, out + (size_t)i * H, sizeof(float) * H);
-        if ((rc = tf_depth(lm, dd, &ds, p->codes + (size_t)(a + 1) * ncb, nf, frames, x, y)) < 0) goto out;
+        for (int d = 0; d < nf; d += depth_rows) {
+            int k = nf - d < depth_rows ? nf - d : depth_rows;
+            if ((rc = tf_depth(p, &ds, p->codes + (size_t)(a + 1 + d) * ncb, k, frames + (size_t)d * W, x, y)) < 0)
+                goto out;
+        }
         if (p->sink && (rc = p->sink->emit(p->sink->ctx, a, frames, nf)) != 0) goto out;
     }
 out:
@@ -127,47 +152,60 @@ out:
     return rc;
 }
 
-static int stream_loaded(const struct talker *lm, const struct depth *dd, const int32_t *ids_pair, int prompt_len,
-                         const int32_t *codes, int n_steps, const struct teacher_force_sink *sink)
+/* Arguments every teacher-forced stream checks. */
+static int stream_check(const struct talker *lm, const struct depth *dd, int prompt_len, const int32_t *codes,
+                        int n_steps)
 {
-    int H = lm->cfg.hidden, rc;
-    if (dd->cfg.hidden != H)
+    if (dd->cfg.hidden != lm->cfg.hidden)
         return mm3_errorf(-EINVAL, "depth decoder hidden_size %d differs from the language model's %d", dd->cfg.hidden,
-                          H);
+                          lm->cfg.hidden);
     if (prompt_len < 1 || prompt_len > GENERATE_MAX_PROMPT || n_steps < 0 || n_steps > GENERATE_MAX_FRAMES + 1)
         return mm3_errorf(-EINVAL, "teacher forcing: prompt of %d tokens, %d steps: expected 1..%d and 0..%d",
                           prompt_len, n_steps, GENERATE_MAX_PROMPT, GENERATE_MAX_FRAMES + 1);
-    if ((rc = codes_check(dd, codes, n_steps)) < 0) return rc;
-    if (n_steps < 2) return 0; /* no frame: step 0 is never emitted */
-    struct talker_state ts;
-    if ((rc = talker_state_init(&ts, lm, 1, prompt_len + n_steps - 1)) < 0) return rc;
-    float *last = malloc(sizeof(float) * H);
-    struct tf_pass p = {lm, dd, &ts, {0, 0}, 1, ids_pair, prompt_len, codes, n_steps, n_steps - 1, sink, last};
-    rc = last ? tf_run(&p) : mm3_errorf(-ENOMEM, "teacher forcing: out of memory");
+    return codes_check(dd, codes, n_steps);
+}
+
+/* The conditional row's pass: p has the models and either ts or be with row. */
+static int stream_run(struct tf_pass *p, int row)
+{
+    float *last = malloc(sizeof(float) * p->lm->cfg.hidden);
+    p->rows[0] = row;
+    p->n_rows = 1;
+    p->last = last;
+    int rc = last ? tf_run(p) : mm3_errorf(-ENOMEM, "teacher forcing: out of memory");
     free(last);
-    talker_state_free(&ts);
     return rc;
 }
 
 int teacher_force_stream(const struct talker *lm, const struct depth *dd, const int32_t *ids_pair, int prompt_len,
                          const int32_t *codes, int n_steps, const struct teacher_force_sink *sink)
 {
-    if (talker_has_matrices(lm) && depth_has_matrices(dd))
-        return stream_loaded(lm, dd, ids_pair, prompt_len, codes, n_steps, sink);
-    /* Models loaded for the GPU keep their matrices in the checkpoint. The CPU
-     * recomputation is the rare fallback (a re-send whose frame spool is lost), so
-     * the whole model is loaded for this call only rather than held for the
-     * process's life. */
-    const char *root = !talker_has_matrices(lm) ? lm->deferred.root : dd->deferred.root;
-    LOG_INFO("teacher forcing on the CPU: loading the whole model from %s for this re-send", root);
-    struct talker full_lm;
-    struct depth full_dd;
-    int rc = talker_backend_load_models(TALKER_BACKEND_CPU, root, &full_lm, &full_dd);
-    if (rc < 0) return mm3_error_prefix(rc, "teacher forcing: ");
-    rc = stream_loaded(&full_lm, &full_dd, ids_pair, prompt_len, codes, n_steps, sink);
-    talker_free(&full_lm);
-    depth_free(&full_dd);
+    if (!talker_has_matrices(lm) || !depth_has_matrices(dd))
+        return mm3_errorf(-EINVAL, "teacher forcing: the model was loaded for the GPU (its matrices are in the "
+                                   "checkpoint); recompute on its backend (teacher_force_stream_backend)");
+    int rc = stream_check(lm, dd, prompt_len, codes, n_steps);
+    if (rc < 0 || n_steps < 2) return rc; /* no frame: step 0 is never emitted */
+    struct talker_state ts;
+    if ((rc = talker_state_init(&ts, lm, 1, prompt_len + n_steps - 1)) < 0) return rc;
+    struct tf_pass p = {.lm = lm, .dd = dd, .ts = &ts, .ids_pair = ids_pair, .P = prompt_len, .codes = codes,
+                        .n_steps = n_steps, .n_feed = n_steps - 1, .sink = sink};
+    rc = stream_run(&p, 0);
+    talker_state_free(&ts);
     return rc;
+}
+
+int teacher_force_stream_backend(const struct talker_backend *be, int row, const int32_t *ids_pair, int prompt_len,
+                                 const int32_t *codes, int n_steps, const struct teacher_force_sink *sink)
+{
+    int rc = stream_check(be->lm, be->dd, prompt_len, codes, n_steps);
+    if (rc < 0 || n_steps < 2) return rc;
+    if (row < 0 || row >= be->max_rows || prompt_len + n_steps - 1 > be->max_ctx)
+        return mm3_errorf(-EINVAL,
+                          "teacher forcing: row %d, %d positions: backend %s has %d rows of %d positions", row,
+                          prompt_len + n_steps - 1, be->name, be->max_rows, be->max_ctx);
+    struct tf_pass p = {.lm = be->lm, .dd = be->dd, .be = be, .ids_pair = ids_pair, .P = prompt_len, .codes = codes,
+                        .n_steps = n_steps, .n_feed = n_steps - 1, .sink = sink};
+    return stream_run(&p, row);
 }
 
 struct into_array {
@@ -190,9 +228,10 @@ int teacher_force_frames(const struct talker *lm, const struct depth *dd, const 
     return teacher_force_stream(lm, dd, ids_pair, prompt_len, codes, n_steps, &sink);
 }
 
-int teacher_force_journal(const struct talker *lm, const struct depth *dd, struct journal *j, const int32_t *ids_pair,
+int teacher_force_journal(const struct talker_backend *be, int row, struct journal *j, const int32_t *ids_pair,
                           int prompt_len, const struct teacher_force_sink *sink, int *n_frames)
 {
+    const struct depth *dd = be->dd;
     *n_frames = 0;
     if (!j || journal_disabled(j))
         return mm3_errorf(-ENODATA, "no usable journal for this request (journaling off or disabled by a write error)");
@@ -208,7 +247,7 @@ int teacher_force_journal(const struct talker *lm, const struct depth *dd, struc
     else if (rec.n_steps != journal_steps(j))
         rc = mm3_errorf(-EIO, "journal %s: %d steps read back, %d written", journal_path(j), rec.n_steps,
                         journal_steps(j));
-    else if ((rc = teacher_force_stream(lm, dd, ids_pair, prompt_len, rec.codes, rec.n_steps, sink)) == 0)
+    else if ((rc = teacher_force_stream_backend(be, row, ids_pair, prompt_len, rec.codes, rec.n_steps, sink)) == 0)
         *n_frames = rec.n_steps > 0 ? rec.n_steps - 1 : 0;
     journal_record_free(&rec);
     return rc;
@@ -248,8 +287,18 @@ int teacher_force_attach(struct generate *g, const struct talker *lm, const stru
     int budget_full = n_steps > 0 && n_steps - 1 == max_frames; /* generation stopped without feeding its last step */
     struct resume_emit e = {hooks, codes, ncb, (size_t)ncb * H};
     struct teacher_force_sink sink = {&e, resume_emit_frames};
-    struct tf_pass p = {lm,         dd,    ts,      {row_c, row_u},        2,     g->ids,
-                        prompt_len, codes, n_steps, n_steps - budget_full, &sink, g->hidden};
+    struct tf_pass p = {.lm = lm,
+                        .dd = dd,
+                        .ts = ts,
+                        .rows = {row_c, row_u},
+                        .n_rows = 2,
+                        .ids_pair = g->ids,
+                        .P = prompt_len,
+                        .codes = codes,
+                        .n_steps = n_steps,
+                        .n_feed = n_steps - budget_full,
+                        .sink = &sink,
+                        .last = g->hidden};
     if ((rc = tf_run(&p)) < 0) {
         generate_end(g);
         return rc;

@@ -36,17 +36,27 @@ struct teacher_force_sink {
 int teacher_force_stream(const struct talker *lm, const struct depth *dd, const int32_t *ids_pair, int prompt_len,
                          const int32_t *codes, int n_steps, const struct teacher_force_sink *sink);
 
+/* The same on row `row` of a backend (e.g. the scheduler's spare row, CUDA or CPU;
+ * called on the thread that runs the backend's steps: its depth rows are scratch, used
+ * in batches of at most be->depth_rows frames). The row's KV cache is overwritten.
+ * Works with models loaded for the GPU. On the CPU backend the frames equal
+ * teacher_force_stream's bit for bit. */
+int teacher_force_stream_backend(const struct talker_backend *be, int row, const int32_t *ids_pair, int prompt_len,
+                                 const int32_t *codes, int n_steps, const struct teacher_force_sink *sink);
+
 /* The same into frames[(n_steps - 1), n_codebooks * hidden]. */
 int teacher_force_frames(const struct talker *lm, const struct depth *dd, const int32_t *ids_pair, int prompt_len,
                          const int32_t *codes, int n_steps, float *frames);
 
 /* The frames of a request journaled so far, from its live writer: flushes j, reads
  * its file back, checks it belongs to ids_pair (prompt hash) and this model
- * (n_codebooks), and streams frames 0..n_steps-2 to sink (*n_frames = how many).
- * This is the stage-1 restart path (docs/journal.md): the scheduler calls it on the
- * step thread, so no step runs between the read and the next live frame.
+ * (n_codebooks), and streams frames 0..n_steps-2 to sink (*n_frames = how many),
+ * computed on row `row` of be (teacher_force_stream_backend). This is the stage-1
+ * restart path (docs/journal.md): the engine calls it on the step thread with the
+ * scheduler's spare row (sched_spare_row), so no step runs between the read and the
+ * next live frame.
  * -ENODATA when there is no usable journal (j NULL, or disabled by a write error). */
-int teacher_force_journal(const struct talker *lm, const struct depth *dd, struct journal *j, const int32_t *ids_pair,
+int teacher_force_journal(const struct talker_backend *be, int row, struct journal *j, const int32_t *ids_pair,
                           int prompt_len, const struct teacher_force_sink *sink, int *n_frames);
 
 /* Resume generation after n_steps journaled steps, as generate_begin() would have it

@@ -548,14 +548,29 @@ static void test_resend_from_live_journal(void **state)
     struct collected c = {fr.width, 0, malloc(sizeof(float) * (size_t)F * fr.width)};
     struct teacher_force_sink sink = {&c, collect_frames};
     int got;
-    assert_int_equal(teacher_force_journal(&m->lm, &m->dd, j, ids, n / 2, &sink, &got), 0);
+    /* On row 2 of a backend as the scheduler's spare row; 2 depth rows, so the frames
+     * go through the depth decoder two at a time. */
+    struct talker_backend be;
+    assert_int_equal(talker_backend_open(&be, TALKER_BACKEND_CPU, &m->lm, &m->dd, 3, n / 2 + F, 2), 0);
+    assert_int_equal(teacher_force_journal(&be, 2, j, ids, n / 2, &sink, &got), 0);
     assert_int_equal(got, fr.n);
     assert_int_equal(c.n, fr.n);
     assert_true(test_rel_error(c.f, fr.f, (size_t)fr.n * fr.width) <= 1e-5);
-    /* another prompt: refused */
+    /* the same frames as the direct recomputation, bit for bit */
+    struct journal_record rec;
+    assert_int_equal(journal_read(journal_path(j), &rec), 0);
+    float *direct = malloc(sizeof(float) * (size_t)F * fr.width);
+    assert_int_equal(teacher_force_frames(&m->lm, &m->dd, ids, n / 2, rec.codes, rec.n_steps, direct), 0);
+    assert_memory_equal(direct, c.f, sizeof(float) * (size_t)fr.n * fr.width);
+    free(direct);
+    journal_record_free(&rec);
+    /* a row the backend does not have, another prompt, no journal: refused */
+    assert_int_equal(teacher_force_journal(&be, 3, j, ids, n / 2, &sink, &got), -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "row 3"));
     ids[1] ^= 1;
-    assert_int_equal(teacher_force_journal(&m->lm, &m->dd, j, ids, n / 2, &sink, &got), -EINVAL);
-    assert_int_equal(teacher_force_journal(&m->lm, &m->dd, NULL, ids, n / 2, &sink, &got), -ENODATA);
+    assert_int_equal(teacher_force_journal(&be, 2, j, ids, n / 2, &sink, &got), -EINVAL);
+    assert_int_equal(teacher_force_journal(&be, 2, NULL, ids, n / 2, &sink, &got), -ENODATA);
+    talker_backend_close(&be);
     journal_close(j, JOURNAL_CANCELLED, JOURNAL_STOP_NONE, fr.n);
     generate_end(&g);
     free(c.f);

@@ -31,6 +31,7 @@
 #include "common/sampler.h"
 #include "stage0/golden.h"
 #include "stage0/talker_backend.h"
+#include "stage0/teacher_force.h"
 #ifdef MM3_HAVE_CUDA
 #include "common/cuda/ops_cuda.h"
 #include "stage0/cuda/cuda_upload.h"
@@ -1030,6 +1031,21 @@ static void test_depth_attention_store(void **state)
 #endif
 
 #ifdef MM3_HAVE_CUDA
+struct into {
+    float *f;
+    size_t w;
+    int n;
+};
+
+static int into_frames(void *ctx, int t0, const float *frames, int n)
+{
+    struct into *a = ctx;
+    assert_int_equal(t0, a->n); /* in order, each once */
+    memcpy(a->f + (size_t)t0 * a->w, frames, sizeof(float) * (size_t)n * a->w);
+    a->n += n;
+    return 0;
+}
+
 /* The CUDA backend of a model loaded for the GPU (its matrices read as bf16 straight
  * from the checkpoint) computes what the backend of the fully loaded model (matrices
  * rounded from its float32 copies) computes: the same device weights, stacked and
@@ -1057,6 +1073,41 @@ static void check_upload_from_checkpoint(const char *root, const struct talker *
     depth_free(&hd);
 }
 
+/* The re-send's teacher forcing on the GPU (the scheduler's spare row of a CUDA
+ * backend built from models loaded for the GPU): golden case1's frames against the
+ * CPU recomputation, within the bf16 bound; depth rows fewer than the chunk of frames. */
+static void test_teacher_force_on_gpu(void **state)
+{
+    const struct test_stage0 *m = *state;
+    if (!m) skip();
+    int32_t *ids, *codes;
+    int P, n_steps;
+    float *want;
+    int64_t T;
+    size_t W;
+    test_stage0_golden_codes("case1.safetensors", m->dd.cfg.n_codebooks, &ids, &P, &codes, &n_steps, &want, &T, &W);
+    float *cpu = malloc(sizeof(float) * (size_t)T * W), *gpu = malloc(sizeof(float) * (size_t)T * W);
+    assert_int_equal(teacher_force_frames(&m->lm, &m->dd, ids, P, codes, n_steps, cpu), 0);
+    struct talker hl;
+    struct depth hd;
+    assert_int_equal(talker_backend_load_models(TALKER_BACKEND_CUDA, m->root, &hl, &hd), 0);
+    struct talker_backend be;
+    assert_int_equal(talker_backend_open(&be, TALKER_BACKEND_CUDA, &hl, &hd, 3, P + n_steps, 6), 0);
+    struct into a = {gpu, W, 0};
+    struct teacher_force_sink sink = {&a, into_frames};
+    assert_int_equal(teacher_force_stream_backend(&be, 2, ids, P, codes, n_steps, &sink), 0);
+    assert_int_equal(a.n, T);
+    double rel = test_rel_error(gpu, cpu, (size_t)T * W), rel_ref = test_rel_error(gpu, want, (size_t)T * W);
+    printf("teacher forcing on the GPU vs the CPU: rel %.3g, vs the reference %.3g (%lld frames)\n", rel, rel_ref,
+           (long long)T);
+    assert_true(rel <= GOLDEN_REL_TOL_BF16);
+    assert_true(rel_ref <= GOLDEN_REL_TOL_BF16);
+    talker_backend_close(&be);
+    talker_free(&hl);
+    depth_free(&hd);
+    free(cpu), free(gpu), free(ids), free(codes), free(want);
+}
+
 static void test_upload_from_checkpoint(void **state)
 {
     const struct test_stage0 *m = *state;
@@ -1071,6 +1122,12 @@ static void test_upload_from_checkpoint(void **state)
 }
 #else
 static void test_upload_from_checkpoint(void **state)
+{
+    (void)state;
+    skip();
+}
+
+static void test_teacher_force_on_gpu(void **state)
 {
     (void)state;
     skip();
@@ -1127,6 +1184,7 @@ int main(void)
     const struct CMUnitTest gpu[] = {
         cmocka_unit_test(test_tiny_talker_and_depth),
         cmocka_unit_test(test_upload_from_checkpoint),
+        cmocka_unit_test(test_teacher_force_on_gpu),
         cmocka_unit_test(test_tiny_prefill_gemm),
         cmocka_unit_test(test_tiny_graphs),
         cmocka_unit_test(test_release_shaped_talker),

@@ -22,6 +22,7 @@
 
 #include "common/ckpt_gen.h"
 #include "common/error.h"
+#include "common/safetensors.h"
 #include "common/sampler.h"
 #include "stage0/depth.h"
 #include "stage0/talker.h"
@@ -74,6 +75,46 @@ static inline int test_stage0_golden_teardown(void **state)
         free(m);
     }
     return 0;
+}
+
+/* A golden case's draws as teacher forcing takes them: the prompt pair ids[2, *P],
+ * codes[*n_steps, n_codebooks] (c0 as a code index, then the depth codes; the stop
+ * step left out) and the reference frame_hiddens want[*n_frames, *width]. Free the
+ * three arrays. */
+static inline void test_stage0_golden_codes(const char *case_file, int ncb, int32_t **ids, int *P, int32_t **codes,
+                                            int *n_steps, float **want, int64_t *n_frames, size_t *width)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", test_golden_dir(), case_file);
+    struct st_file f;
+    assert_int_equal(st_file_open(&f, path), 0);
+    const struct st_tensor *tp = st_file_find(&f, "text_ids_pair"), *tl = st_file_find(&f, "lm_sampled"),
+                           *td = st_file_find(&f, "depth_sampled");
+    assert_true(tp && tl && td);
+    int64_t *ids64 = malloc(tp->nbytes), *lm = malloc(tl->nbytes), *dep = malloc(td->nbytes);
+    assert_int_equal(st_file_read(&f, tp, ids64), 0);
+    assert_int_equal(st_file_read(&f, tl, lm), 0);
+    assert_int_equal(st_file_read(&f, td, dep), 0);
+    int nd;
+    int64_t sh[ST_MAX_DIMS];
+    assert_int_equal(st_file_load_f32(&f, "frame_hiddens", want, &nd, sh), 0);
+    *P = (int)tp->shape[1];
+    int n_lm = (int)tl->shape[0];
+    st_file_close(&f);
+    *ids = malloc(sizeof(int32_t) * 2 * (size_t)*P);
+    for (int i = 0; i < 2 * *P; i++)
+        (*ids)[i] = (int32_t)ids64[i];
+    *n_steps = lm[n_lm - 1] == SAMPLER_STOP_ID ? n_lm - 1 : n_lm;
+    *codes = malloc(sizeof(int32_t) * (size_t)*n_steps * ncb);
+    for (int s = 0; s < *n_steps; s++) {
+        (*codes)[(size_t)s * ncb] = (int32_t)(lm[s] - SAMPLER_CODE_OFFSET);
+        for (int j = 1; j < ncb; j++)
+            (*codes)[(size_t)s * ncb + j] = (int32_t)dep[(size_t)s * (ncb - 1) + j - 1];
+    }
+    assert_int_equal(sh[0], *n_steps - 1);
+    *n_frames = sh[0];
+    *width = (size_t)sh[1];
+    free(ids64), free(lm), free(dep);
 }
 
 /* Nothing of the geometry is fixed: a checkpoint of another shape than tiny-a's
