@@ -1080,12 +1080,12 @@ static void test_teacher_force_on_gpu(void **state)
 {
     const struct test_stage0 *m = *state;
     if (!m) skip();
-    int32_t *ids, *codes;
-    int P, n_steps;
-    float *want;
-    int64_t T;
-    size_t W;
-    test_stage0_golden_codes("case1.safetensors", m->dd.cfg.n_codebooks, &ids, &P, &codes, &n_steps, &want, &T, &W);
+    struct test_golden_codes gc;
+    test_stage0_golden_codes("case1.safetensors", m->dd.cfg.n_codebooks, &gc);
+    const int32_t *ids = gc.ids, *codes = gc.codes;
+    int P = gc.P, n_steps = gc.n_steps;
+    int64_t T = gc.n_frames;
+    size_t W = gc.width;
     float *cpu = malloc(sizeof(float) * (size_t)T * W), *gpu = malloc(sizeof(float) * (size_t)T * W);
     assert_int_equal(teacher_force_frames(&m->lm, &m->dd, ids, P, codes, n_steps, cpu), 0);
     struct talker hl;
@@ -1097,7 +1097,7 @@ static void test_teacher_force_on_gpu(void **state)
     struct teacher_force_sink sink = {&a, into_frames};
     assert_int_equal(teacher_force_stream_backend(&be, 2, ids, P, codes, n_steps, &sink), 0);
     assert_int_equal(a.n, T);
-    double rel = test_rel_error(gpu, cpu, (size_t)T * W), rel_ref = test_rel_error(gpu, want, (size_t)T * W);
+    double rel = test_rel_error(gpu, cpu, (size_t)T * W), rel_ref = test_rel_error(gpu, gc.want, (size_t)T * W);
     printf("teacher forcing on the GPU vs the CPU: rel %.3g, vs the reference %.3g (%lld frames)\n", rel, rel_ref,
            (long long)T);
     assert_true(rel <= GOLDEN_REL_TOL_BF16);
@@ -1105,7 +1105,8 @@ static void test_teacher_force_on_gpu(void **state)
     talker_backend_close(&be);
     talker_free(&hl);
     depth_free(&hd);
-    free(cpu), free(gpu), free(ids), free(codes), free(want);
+    free(cpu), free(gpu);
+    test_golden_codes_free(&gc);
 }
 
 static void test_upload_from_checkpoint(void **state)

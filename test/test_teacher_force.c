@@ -121,15 +121,15 @@ static void test_golden_replay(void **state)
 {
     struct test_stage0 *m = *state;
     if (!m) skip();
-    int32_t *ids, *codes;
-    int P, n_steps;
-    float *want;
-    int64_t T;
-    size_t W;
-    test_stage0_golden_codes("case1.safetensors", m->dd.cfg.n_codebooks, &ids, &P, &codes, &n_steps, &want, &T, &W);
+    struct test_golden_codes gc;
+    test_stage0_golden_codes("case1.safetensors", m->dd.cfg.n_codebooks, &gc);
+    int32_t *ids = gc.ids, *codes = gc.codes;
+    int P = gc.P, n_steps = gc.n_steps;
+    int64_t T = gc.n_frames;
+    size_t W = gc.width;
     float *got = malloc(sizeof(float) * (size_t)T * W);
     assert_int_equal(teacher_force_frames(&m->lm, &m->dd, ids, P, codes, n_steps, got), 0);
-    double rel = test_rel_error(got, want, (size_t)T * W);
+    double rel = test_rel_error(got, gc.want, (size_t)T * W);
     printf("teacher forcing vs golden case1 frame_hiddens: rel %.3g over %lld frames\n", rel, (long long)T);
     assert_true(rel <= 1e-4);
     /* Models loaded for the GPU (matrices left in the checkpoint): the CPU paths
@@ -146,7 +146,8 @@ static void test_golden_replay(void **state)
     assert_non_null(strstr(mm3_last_error(), "loaded for the GPU"));
     talker_free(&hl);
     depth_free(&hd);
-    free(got), free(codes), free(ids), free(want);
+    free(got);
+    test_golden_codes_free(&gc);
 }
 
 /* Generation cut after k steps and resumed from the k journaled steps gives the

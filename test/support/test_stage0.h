@@ -77,12 +77,18 @@ static inline int test_stage0_golden_teardown(void **state)
     return 0;
 }
 
-/* A golden case's draws as teacher forcing takes them: the prompt pair ids[2, *P],
- * codes[*n_steps, n_codebooks] (c0 as a code index, then the depth codes; the stop
- * step left out) and the reference frame_hiddens want[*n_frames, *width]. Free the
- * three arrays. */
-static inline void test_stage0_golden_codes(const char *case_file, int ncb, int32_t **ids, int *P, int32_t **codes,
-                                            int *n_steps, float **want, int64_t *n_frames, size_t *width)
+/* A golden case's draws as teacher forcing takes them: the prompt pair ids[2, P],
+ * codes[n_steps, n_codebooks] (c0 as a code index, then the depth codes; the stop
+ * step left out) and the reference frame_hiddens want[n_frames, width]. */
+struct test_golden_codes {
+    int32_t *ids, *codes;
+    int P, n_steps;
+    float *want;
+    int64_t n_frames;
+    size_t width;
+};
+
+static inline void test_stage0_golden_codes(const char *case_file, int ncb, struct test_golden_codes *g)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", test_golden_dir(), case_file);
@@ -97,24 +103,29 @@ static inline void test_stage0_golden_codes(const char *case_file, int ncb, int3
     assert_int_equal(st_file_read(&f, td, dep), 0);
     int nd;
     int64_t sh[ST_MAX_DIMS];
-    assert_int_equal(st_file_load_f32(&f, "frame_hiddens", want, &nd, sh), 0);
-    *P = (int)tp->shape[1];
+    assert_int_equal(st_file_load_f32(&f, "frame_hiddens", &g->want, &nd, sh), 0);
+    g->P = (int)tp->shape[1];
     int n_lm = (int)tl->shape[0];
     st_file_close(&f);
-    *ids = malloc(sizeof(int32_t) * 2 * (size_t)*P);
-    for (int i = 0; i < 2 * *P; i++)
-        (*ids)[i] = (int32_t)ids64[i];
-    *n_steps = lm[n_lm - 1] == SAMPLER_STOP_ID ? n_lm - 1 : n_lm;
-    *codes = malloc(sizeof(int32_t) * (size_t)*n_steps * ncb);
-    for (int s = 0; s < *n_steps; s++) {
-        (*codes)[(size_t)s * ncb] = (int32_t)(lm[s] - SAMPLER_CODE_OFFSET);
+    g->ids = malloc(sizeof(int32_t) * 2 * (size_t)g->P);
+    for (int i = 0; i < 2 * g->P; i++)
+        g->ids[i] = (int32_t)ids64[i];
+    g->n_steps = lm[n_lm - 1] == SAMPLER_STOP_ID ? n_lm - 1 : n_lm;
+    g->codes = malloc(sizeof(int32_t) * (size_t)g->n_steps * ncb);
+    for (int s = 0; s < g->n_steps; s++) {
+        g->codes[(size_t)s * ncb] = (int32_t)(lm[s] - SAMPLER_CODE_OFFSET);
         for (int j = 1; j < ncb; j++)
-            (*codes)[(size_t)s * ncb + j] = (int32_t)dep[(size_t)s * (ncb - 1) + j - 1];
+            g->codes[(size_t)s * ncb + j] = (int32_t)dep[(size_t)s * (ncb - 1) + j - 1];
     }
-    assert_int_equal(sh[0], *n_steps - 1);
-    *n_frames = sh[0];
-    *width = (size_t)sh[1];
+    assert_int_equal(sh[0], g->n_steps - 1);
+    g->n_frames = sh[0];
+    g->width = (size_t)sh[1];
     free(ids64), free(lm), free(dep);
+}
+
+static inline void test_golden_codes_free(struct test_golden_codes *g)
+{
+    free(g->ids), free(g->codes), free(g->want);
 }
 
 /* Nothing of the geometry is fixed: a checkpoint of another shape than tiny-a's
