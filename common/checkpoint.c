@@ -219,7 +219,34 @@ const struct ckpt_tensor *ckpt_find(const struct ckpt_component *c, const char *
     return NULL;
 }
 
-int ckpt_read_f32(const struct ckpt_component *c, const char *name, float *dst, int ndim, const int64_t *shape)
+/* Elements [e0, e0 + count) of t widened to float32: from the arena when loaded, else
+ * read through file_reader (parallel blocks) in 64 MiB slices widened one by one, with
+ * no temporary of the whole range (the release's token table is 1.6 GB). */
+static int read_f32(const struct ckpt_component *c, const struct ckpt_tensor *t, uint64_t e0, uint64_t count,
+                    float *dst)
+{
+    enum mm3_dtype dt = t->st->dtype;
+    uint64_t es = mm3_dtype_size(dt);
+    if (t->data) {
+        mm3_convert_to_f32(dst, (const char *)t->data + e0 * es, dt, count);
+        return 0;
+    }
+    if (dt == MM3_DTYPE_F32) return ckpt_read_raw(c, t, e0 * es, count * es, dst);
+    enum { SLICE_BYTES = 64 << 20 };
+    uint64_t per = SLICE_BYTES / es;
+    void *raw = malloc((count < per ? (count ? count : 1) : per) * es);
+    if (!raw) return mm3_errorf(-ENOMEM, "%s: out of memory reading '%s'", c->dir, t->st->name);
+    int rc = 0;
+    for (uint64_t at = 0; at < count && rc == 0; at += per) {
+        uint64_t k = count - at < per ? count - at : per;
+        if ((rc = ckpt_read_raw(c, t, (e0 + at) * es, k * es, raw)) == 0) mm3_convert_to_f32(dst + at, raw, dt, k);
+    }
+    free(raw);
+    return rc;
+}
+
+int ckpt_find_shaped(const struct ckpt_component *c, const char *name, int ndim, const int64_t *shape,
+                     const struct ckpt_tensor **out)
 {
     const struct ckpt_tensor *t = ckpt_find(c, name);
     if (!t) return mm3_errorf(-ENOENT, "%s: missing tensor '%s'", c->dir, name);
@@ -232,26 +259,15 @@ int ckpt_read_f32(const struct ckpt_component *c, const char *name, float *dst, 
                               st_shape_str(a, sizeof a, t->st->ndim, t->st->shape), st_shape_str(b, sizeof b, ndim, shape));
         }
     }
-    enum mm3_dtype dt = t->st->dtype;
-    uint64_t count = st_tensor_numel(t->st), es = mm3_dtype_size(dt);
-    if (t->data) {
-        mm3_convert_to_f32(dst, t->data, dt, count);
-        return 0;
-    }
-    if (dt == MM3_DTYPE_F32) return ckpt_read_raw(c, t, 0, count * es, dst);
-    /* Read in slices through file_reader (parallel blocks) and widened slice by
-     * slice: no temporary of the whole tensor (the release's token table is 1.6 GB). */
-    enum { SLICE_BYTES = 64 << 20 };
-    uint64_t per = SLICE_BYTES / es, cap = count < per ? (count ? count : 1) : per;
-    void *raw = malloc(cap * es);
-    if (!raw) return mm3_errorf(-ENOMEM, "%s: out of memory reading '%s'", c->dir, name);
-    int rc = 0;
-    for (uint64_t at = 0; at < count && rc == 0; at += per) {
-        uint64_t k = count - at < per ? count - at : per;
-        if ((rc = ckpt_read_raw(c, t, at * es, k * es, raw)) == 0) mm3_convert_to_f32(dst + at, raw, dt, k);
-    }
-    free(raw);
-    return rc;
+    if (out) *out = t;
+    return 0;
+}
+
+int ckpt_read_f32(const struct ckpt_component *c, const char *name, float *dst, int ndim, const int64_t *shape)
+{
+    const struct ckpt_tensor *t;
+    int rc = ckpt_find_shaped(c, name, ndim, shape, &t);
+    return rc < 0 ? rc : read_f32(c, t, 0, st_tensor_numel(t->st), dst);
 }
 
 int ckpt_read_raw(const struct ckpt_component *c, const struct ckpt_tensor *t, uint64_t offset, uint64_t nbytes,
@@ -270,35 +286,52 @@ int ckpt_read_raw(const struct ckpt_component *c, const struct ckpt_tensor *t, u
     return file_reader_run(&r, 1, NULL, NULL);
 }
 
-int ckpt_read_rows_bf16(const struct ckpt_component *c, const char *name, int64_t row0, int64_t n, uint16_t *dst)
+/* Rows [row0, row0 + n) of `name` as elements [*e0, *e0 + *count) (a row: the product
+ * of every dimension after the first); the error names the rows and the tensor. */
+static int row_range(const struct ckpt_component *c, const char *name, int64_t row0, int64_t n,
+                     const struct ckpt_tensor **out, uint64_t *e0, uint64_t *count)
 {
     const struct ckpt_tensor *t = ckpt_find(c, name);
     if (!t) return mm3_errorf(-ENOENT, "%s: missing tensor '%s'", c->dir, name);
-    enum mm3_dtype dt = t->st->dtype;
-    if (dt != MM3_DTYPE_BF16 && dt != MM3_DTYPE_F32 && dt != MM3_DTYPE_F16)
-        return mm3_errorf(-EINVAL, "%s: tensor '%s' is %s: expected BF16, F16 or F32", c->dir, name, mm3_dtype_name(dt));
     int64_t rows = t->st->ndim > 0 ? t->st->shape[0] : 1;
     if (row0 < 0 || n < 0 || row0 > rows || n > rows - row0)
         return mm3_errorf(-EINVAL, "%s: rows [%lld, %lld) of '%s' outside its %lld rows", c->dir, (long long)row0,
                           (long long)(row0 + n), name, (long long)rows);
     uint64_t cols = rows ? st_tensor_numel(t->st) / (uint64_t)rows : 0;
-    uint64_t es = mm3_dtype_size(dt), count = (uint64_t)n * cols;
-    uint64_t offset = (uint64_t)row0 * cols * es;
-    if (dt == MM3_DTYPE_BF16) return ckpt_read_raw(c, t, offset, count * es, dst);
-    /* Wider on disk: rounded through float32 in slices, so no full-size temporary. */
+    *out = t;
+    *e0 = (uint64_t)row0 * cols;
+    *count = (uint64_t)n * cols;
+    return 0;
+}
+
+int ckpt_read_rows_f32(const struct ckpt_component *c, const char *name, int64_t row0, int64_t n, float *dst)
+{
+    const struct ckpt_tensor *t;
+    uint64_t e0, count;
+    int rc = row_range(c, name, row0, n, &t, &e0, &count);
+    return rc < 0 ? rc : read_f32(c, t, e0, count, dst);
+}
+
+int ckpt_read_rows_bf16(const struct ckpt_component *c, const char *name, int64_t row0, int64_t n, uint16_t *dst)
+{
+    const struct ckpt_tensor *t;
+    uint64_t e0, count;
+    int rc = row_range(c, name, row0, n, &t, &e0, &count);
+    if (rc < 0) return rc;
+    enum mm3_dtype dt = t->st->dtype;
+    if (dt != MM3_DTYPE_BF16 && dt != MM3_DTYPE_F32 && dt != MM3_DTYPE_F16)
+        return mm3_errorf(-EINVAL, "%s: tensor '%s' is %s: expected BF16, F16 or F32", c->dir, name, mm3_dtype_name(dt));
+    if (dt == MM3_DTYPE_BF16) return ckpt_read_raw(c, t, e0 * 2, count * 2, dst);
+    /* Wider on disk: widened and rounded in slices, so no full-size temporary. */
     enum { SLICE = 1 << 20 };
-    uint64_t cap = count < SLICE ? (count ? count : 1) : SLICE;
-    void *raw = malloc(cap * es);
-    float *f = malloc(cap * sizeof(float));
-    int rc = raw && f ? 0 : mm3_errorf(-ENOMEM, "%s: out of memory converting '%s' to bf16", c->dir, name);
+    float *f = malloc(sizeof(float) * (count < SLICE ? (count ? count : 1) : SLICE));
+    if (!f) return mm3_errorf(-ENOMEM, "%s: out of memory converting '%s' to bf16", c->dir, name);
     for (uint64_t at = 0; at < count && rc == 0; at += SLICE) {
         uint64_t k = count - at < SLICE ? count - at : SLICE;
-        if ((rc = ckpt_read_raw(c, t, offset + at * es, k * es, raw)) < 0) break;
-        mm3_convert_to_f32(f, raw, dt, k);
+        if ((rc = read_f32(c, t, e0 + at, k, f)) < 0) break;
         for (uint64_t e = 0; e < k; e++)
             dst[at + e] = mm3_f32_to_bf16(f[e]);
     }
-    free(raw);
     free(f);
     return rc;
 }

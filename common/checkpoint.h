@@ -76,6 +76,11 @@ int ckpt_root_check(const char *root, const char *const *components, int n);
 /* Tensor by name or NULL. */
 const struct ckpt_tensor *ckpt_find(const struct ckpt_component *c, const char *name);
 
+/* Tensor `name` into *out (may be NULL), its shape exactly shape[0..ndim) when ndim >= 0;
+ * errors name the component, the tensor and both shapes. */
+int ckpt_find_shaped(const struct ckpt_component *c, const char *name, int ndim, const int64_t *shape,
+                     const struct ckpt_tensor **out);
+
 /* Read a tensor widened to float32 into dst; if ndim >= 0 the shape must be exactly shape[0..ndim).
  * Errors name the component, the tensor and the shapes. Uses the arena if loaded. */
 int ckpt_read_f32(const struct ckpt_component *c, const char *name, float *dst, int ndim, const int64_t *shape);
@@ -84,6 +89,10 @@ int ckpt_read_f32(const struct ckpt_component *c, const char *name, float *dst, 
  * else read through file_reader). -EINVAL naming the tensor when outside it. */
 int ckpt_read_raw(const struct ckpt_component *c, const struct ckpt_tensor *t, uint64_t offset, uint64_t nbytes,
                   void *dst);
+
+/* Rows [row0, row0 + n) of tensor `name` widened to float32 into dst (a row: the
+ * product of every dimension after the first), read in slices as ckpt_read_f32. */
+int ckpt_read_rows_f32(const struct ckpt_component *c, const char *name, int64_t row0, int64_t n, float *dst);
 
 /* Rows [row0, row0 + n) of tensor `name` as bf16 into dst (a row: the product of
  * every dimension after the first): BF16 bytes are read as stored, F32 and F16

@@ -198,44 +198,11 @@ size_t weight_table_floats(const struct weight_table *t)
     return total;
 }
 
-/* The tensor an entry names exists with the entry's shape (the whole shape of a
- * WEIGHT_ROWS entry's tensor); the error names component, tensor and both shapes. */
-static int check_shape(const struct ckpt_component *c, const struct weight_spec *s, const struct ckpt_tensor **out)
-{
-    const struct ckpt_tensor *t = ckpt_find(c, s->name);
-    if (!t) return mm3_errorf(-ENOENT, "%s: missing tensor '%s'", c->dir, s->name);
-    int same = t->st->ndim == s->ndim;
-    for (int d = 0; same && d < s->ndim; d++)
-        same = t->st->shape[d] == s->shape[d];
-    if (!same) {
-        char a[128], b[128];
-        return mm3_errorf(-EINVAL, "%s: tensor '%s' has shape %s, expected %s (from config.json)", c->dir, s->name,
-                          st_shape_str(a, sizeof a, t->st->ndim, t->st->shape), st_shape_str(b, sizeof b, s->ndim, s->shape));
-    }
-    if (out) *out = t;
-    return 0;
-}
-
 /* Rows of a 2-D tensor, widened, without materialising the rest of it. */
 static int read_rows(const struct ckpt_component *c, const struct weight_spec *s, float *dst)
 {
-    const struct ckpt_tensor *t;
-    int rc = check_shape(c, s, &t);
-    if (rc < 0) return rc;
-    int64_t cols = s->shape[1];
-    size_t es = mm3_dtype_size(t->st->dtype), count = (size_t)(s->n_rows * cols);
-    size_t nbytes = count * es;
-    uint64_t off = (uint64_t)s->row0 * (uint64_t)cols * es;
-    if (t->data) {
-        mm3_convert_to_f32(dst, (const char *)t->data + off, t->st->dtype, count);
-        return 0;
-    }
-    char *buf = malloc(nbytes ? nbytes : 1);
-    if (!buf) return mm3_errorf(-ENOMEM, "%s: cannot allocate %zu bytes for '%s'", c->dir, nbytes, s->name);
-    rc = ckpt_read_raw(c, t, off, nbytes, buf);
-    if (rc == 0) mm3_convert_to_f32(dst, buf, t->st->dtype, count);
-    free(buf);
-    return rc;
+    int rc = ckpt_find_shaped(c, s->name, s->ndim, s->shape, NULL);
+    return rc < 0 ? rc : ckpt_read_rows_f32(c, s->name, s->row0, s->n_rows, dst);
 }
 
 /* Every tensor of c is named by the table. */
@@ -277,7 +244,7 @@ int weights_load_table(const struct ckpt_component *c, const struct weight_table
             if (!s->dst && (i == 0 || !t->specs[i - 1].deferred))
                 rc = mm3_errorf(-EINVAL, "%s: '%s' is deferred but the rows it continues are not", c->dir, s->name);
             else
-                rc = check_shape(c, s, NULL);
+                rc = ckpt_find_shaped(c, s->name, s->ndim, s->shape, NULL);
             if (s->dst) *s->dst = NULL;
             continue;
         }
