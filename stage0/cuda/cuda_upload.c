@@ -70,6 +70,15 @@ void cuda_upload_begin(struct cuda_upload *u, struct cuda_alloc_list *l, const s
     u->t0 = now_s();
 }
 
+static void stage_free(struct cuda_upload *u)
+{
+    for (int b = 0; b < 2; b++) {
+        host_pinned_free(u->stage[b]);
+        cuda_event_destroy(u->copied[b]);
+        u->stage[b] = u->copied[b] = NULL;
+    }
+}
+
 /* Staging buffers, events and stream at the first matrix (a model without
  * matrices pins nothing). */
 static int stage_open(struct cuda_upload *u)
@@ -91,11 +100,7 @@ static int stage_open(struct cuda_upload *u)
         if ((rc = host_pinned_alloc(&u->stage[b], u->stage_bytes)) == 0) rc = cuda_event_create(&u->copied[b]);
     }
     if (rc < 0) { /* all or nothing: a stream means the staging is complete */
-        for (int b = 0; b < 2; b++) {
-            host_pinned_free(u->stage[b]);
-            cuda_event_destroy(u->copied[b]);
-            u->stage[b] = u->copied[b] = NULL;
-        }
+        stage_free(u);
         cuda_stream_destroy(stream);
         return rc;
     }
@@ -109,10 +114,7 @@ int cuda_upload_end(struct cuda_upload *u, int rc)
         int s = cuda_stream_sync(u->stream);
         if (rc == 0) rc = s;
     }
-    for (int b = 0; b < 2; b++) {
-        host_pinned_free(u->stage[b]);
-        cuda_event_destroy(u->copied[b]);
-    }
+    stage_free(u);
     cuda_stream_destroy(u->stream);
     if (u->ckpt_open) ckpt_component_close(&u->ckpt);
     if (rc == 0 && u->ckpt_bytes) {
@@ -157,7 +159,6 @@ static int put_rows(struct cuda_upload *u, const struct rows_src *src, uint16_t 
             const float *h = src->host + r0 * in;
             for (size_t e = 0; e < k * in; e++)
                 stage[e] = mm3_f32_to_bf16(h[e]);
-            u->host_bytes += k * row_bytes;
         } else {
             t = now_s();
             if ((rc = ckpt_read_rows_bf16(&u->ckpt, src->name, src->row0 + (int64_t)r0, (int64_t)k, stage)) < 0) break;

@@ -46,7 +46,7 @@ struct cuda_upload {
     void *stage[2], *copied[2], *stream; /* staging buffers, their copies' events */
     int recorded[2], next;
     size_t stage_bytes;
-    uint64_t ckpt_bytes, host_bytes;
+    uint64_t ckpt_bytes;
     double t0, t_read, t_wait, t_alloc;
 };
 
