@@ -1099,6 +1099,9 @@ int main(void)
         cmocka_unit_test(test_attention_qkv),
         cmocka_unit_test(test_attention_bad_args),
     };
+    /* One test alone (e.g. on the device): MM3_TEST_FILTER=test_gemv_fused */
+    const char *filter = getenv("MM3_TEST_FILTER");
+    if (filter) cmocka_set_test_filter(filter);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
 

@@ -1182,6 +1182,9 @@ int main(void)
         printf("no CUDA device or no CUDA build: GPU tests skipped\n");
         return 77;
     }
+    /* One test alone (e.g. on the device): MM3_TEST_FILTER=test_depth_two_positions */
+    const char *filter = getenv("MM3_TEST_FILTER");
+    if (filter) cmocka_set_test_filter(filter);
     const struct CMUnitTest gpu[] = {
         cmocka_unit_test(test_tiny_talker_and_depth),
         cmocka_unit_test(test_upload_from_checkpoint),
