@@ -15,7 +15,8 @@
 #         with --profile-frame K so only one step is recorded; scripts/bench/ncu_step.py
 #         sums it per kernel).
 #         MM3_S0_TESTS=0 skips the tests ("test_a test_b": only those, then the golden
-#         replay); MM3_S0_OPS=1 adds mm3-bench-ops with PDL on and off, MM3_S0_OPS="A=1;B=0 C=1 --x"
+#         replay; MM3_TEST_FILTER=test_name runs one test of test_ops_cuda, test_talker_cuda and
+#         test_sampler_cuda); MM3_S0_OPS=1 adds mm3-bench-ops with PDL on and off, MM3_S0_OPS="A=1;B=0 C=1 --x"
 #         one run per ';'-separated list of VAR=value words and mm3-bench-ops arguments.
 set -uo pipefail
 cd "$(dirname "$0")/.."
