@@ -1,7 +1,7 @@
 /* mm3-bench-ops: times the stage-0 decode kernels on the GPU at the release shapes
  * against the weight-streaming floor.
  *
- *   mm3-bench-ops [--reps N] [--rows A,B] [--attention-only | --no-attention]
+ *   mm3-bench-ops [--reps N] [--rows A,B] [--attention-only | --no-attention | --read-patterns]
  *
  * 1. Device-to-device copy bandwidth: (bytes read + bytes written) / time of a
  *    1 GiB cudaMemcpyAsync, median of N after warm-up. This is the ceiling every
@@ -13,6 +13,9 @@
  * 3. Decode attention at 10240 cached positions (bf16 KV), per LM layer.
  * 4. The frame: sum over the frame's matmuls of count x time, against the floor
  *    22.3 GB / copy bandwidth.
+ * --read-patterns instead: the read rate of a 1 GiB bf16 matrix by access pattern and
+ * copy mechanism (common/cuda/read_bench.h), one and two blocks per SM, against the copy
+ * bandwidth.
  * Built without CUDA it prints "no CUDA" and exits 77. */
 #include <math.h>
 #include <stdint.h>
@@ -27,6 +30,7 @@
 
 #ifdef MM3_HAVE_CUDA
 #include "common/cuda/ops_cuda.h"
+#include "common/cuda/read_bench.h"
 #include "stage0/cuda/talker_kernels.h"
 
 #define TRY(call)                                                              \
@@ -388,9 +392,47 @@ static int profile_once(int shape, int rows)
     return 0;
 }
 
+/* ---- read patterns ------------------------------------------------------------------ */
+
+struct read_arg {
+    const uint16_t *w;
+    int rows, pattern, blocks;
+    unsigned *sink;
+};
+
+static void read_once(void *arg, int i)
+{
+    (void)i;
+    struct read_arg *r = arg;
+    TRY(cuda_read_bench(r->pattern, r->w, r->rows, r->blocks, r->sink, stream));
+}
+
+static int bench_read_patterns(double bw)
+{
+    static const char *names[] = {"16-byte loads, contiguous part per block", "16-byte loads, 16-row tiles by chunk",
+                                  "tensor-map boxes [16][256], 16-row tiles", "bulk copies of 16 KiB, contiguous"};
+    const int width = cuda_read_bench_width(), sms = cuda_read_bench_sms();
+    const size_t bytes = (size_t)1 << 30;
+    struct read_arg a = {NULL, (int)(bytes / 2 / (size_t)width), 0, 0, NULL};
+    TRY(cuda_malloc((void **)&a.w, bytes));
+    TRY(cuda_malloc((void **)&a.sink, sizeof(unsigned) * 4 * (size_t)(sms > 0 ? sms : 1)));
+    fill_random_bf16((void *)a.w, bytes / 2);
+    printf("%-44s %7s %10s %8s %8s\n", "read pattern (1 GiB of bf16 rows of 8 KiB)", "blocks", "us", "GB/s", "vs copy");
+    for (a.pattern = 0; a.pattern < 4; a.pattern++)
+        for (int per_sm = 1; per_sm <= (a.pattern < 2 ? 2 : 1); per_sm++) {
+            a.blocks = per_sm * sms;
+            double t = time_median(read_once, &a, 1);
+            printf("%-44s %7d %10.1f %8.0f %6.0f%%\n", names[a.pattern], a.blocks, t * 1e6, bytes / t * 1e-9,
+                   100.0 * bytes / t / bw);
+        }
+    cuda_free((void *)a.w);
+    cuda_free(a.sink);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    int profile_shape = -2, profile_rows = 0, attention_only = 0, no_attention = 0;
+    int profile_shape = -2, profile_rows = 0, attention_only = 0, no_attention = 0, read_patterns = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
             reps = atoi(argv[++i]);
@@ -404,11 +446,14 @@ int main(int argc, char **argv)
             attention_only = 1;
         } else if (!strcmp(argv[i], "--no-attention")) {
             no_attention = 1;
+        } else if (!strcmp(argv[i], "--read-patterns")) {
+            read_patterns = 1;
         } else if (!strcmp(argv[i], "--profile") && i + 2 < argc) {
             profile_shape = atoi(argv[++i]);
             profile_rows = atoi(argv[++i]);
         } else {
-            fprintf(stderr, "usage: %s [--reps N] [--rows A,B] [--attention-only | --no-attention] [--profile SHAPE|-1 ROWS]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--reps N] [--rows A,B] [--attention-only | --no-attention | --read-patterns] [--profile SHAPE|-1 "
+                    "ROWS]\n", argv[0]);
             return 2;
         }
     }
@@ -434,6 +479,7 @@ int main(int argc, char **argv)
         bench_attention(bw);
         return 0;
     }
+    if (read_patterns) return bench_read_patterns(bw);
     printf("%-28s %13s %4s %10s %10s %8s %7s %9s\n", "kernel", "out x in", "rows", "launch us", "graph us",
            "GB/s", "vs copy", "per frame");
     double frame_s[2] = {0, 0}, frame_fused_s[2] = {0, 0}, frame_bytes = 0;
