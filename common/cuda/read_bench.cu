@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "common/cuda/cuda_internal.h"
+#include "common/cuda/gemv_mma.cuh" /* mma_weight_load: the decode GEMVs' weight load */
 #include "common/cuda/read_bench.h"
 
 enum {
@@ -21,15 +22,6 @@ enum {
     RB_STAGES = 8,      /* ring stages of the copy-engine patterns */
     RB_STAGE = RB_TILE * RB_CHUNK * 2,
 };
-
-__device__ __forceinline__ uint4 rb_load(const uint4 *p)
-{
-    uint4 v;
-    asm volatile("ld.global.cs.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
 
 __device__ __forceinline__ unsigned rb_fold(uint4 v)
 {
@@ -46,7 +38,7 @@ __global__ void __launch_bounds__(RB_THREADS) rb_contiguous(const uint4 *w, size
         uint4 v[8];
 #pragma unroll
         for (int u = 0; u < 8; u++)
-            v[u] = i + u * RB_THREADS < e ? rb_load(w + i + u * RB_THREADS) : make_uint4(0, 0, 0, 0);
+            v[u] = i + u * RB_THREADS < e ? mma_weight_load(w + i + u * RB_THREADS) : make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int u = 0; u < 8; u++)
             f ^= rb_fold(v[u]);
@@ -66,7 +58,7 @@ __global__ void __launch_bounds__(RB_THREADS) rb_tiles(const uint16_t *w, int ro
 #pragma unroll
             for (int u = 0; u < 8; u++) {
                 const int p = threadIdx.x + (u & 3) * RB_THREADS, r = p / per_row, k = (c + (u >> 2)) * RB_CHUNK + 8 * (p % per_row);
-                v[u] = rb_load((const uint4 *)(w + (size_t)(t * RB_TILE + r) * RB_K + k));
+                v[u] = mma_weight_load((const uint4 *)(w + (size_t)(t * RB_TILE + r) * RB_K + k));
             }
 #pragma unroll
             for (int u = 0; u < 8; u++)
