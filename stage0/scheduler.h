@@ -104,8 +104,6 @@ void sched_wake(struct sched *s);
  * of requests still queued or running, or < 0 on an internal error. */
 int sched_step(struct sched *s);
 
-/* Wall time of the last sched_step's one forward and one batched sampling call (0 when
- * it made none): where a step's time goes, for the benchmark. */
 /* The talker row no request uses (one past max_rows, there when journaling is on) and
  * the backend it belongs to, for re-sends by teacher forcing on the step thread (the
  * sink's on_tick): -1 without one. Its depth rows are the steps' scratch, free there. */
@@ -115,6 +113,8 @@ int sched_spare_row(struct sched *s, const struct talker_backend **be);
  * journaling (for the memory plan). */
 int sched_backend_rows(const struct sched_config *cfg);
 
+/* Wall time of the last sched_step's one forward and one batched sampling call (0 when
+ * it made none): where a step's time goes, for the benchmark. */
 void sched_last_step_ns(const struct sched *s, int64_t *forward_ns, int64_t *sample_ns);
 
 /* Run sched_step on a thread until sched_destroy. */
