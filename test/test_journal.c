@@ -505,20 +505,6 @@ static void test_bytes_per_frame(void **state)
     free(dir);
 }
 
-struct collected {
-    int width, n;
-    float *f;
-};
-
-static int collect_frames(void *ctx, int t0, const float *frames, int n)
-{
-    struct collected *c = ctx;
-    assert_int_equal(t0, c->n);
-    memcpy(c->f + (size_t)t0 * c->width, frames, sizeof(float) * n * c->width);
-    c->n += n;
-    return 0;
-}
-
 /* The stage-1 restart path: mid-song, the frames so far come back from the live
  * writer (including steps not yet flushed) equal to the generated ones. */
 static void test_resend_from_live_journal(void **state)
@@ -545,8 +531,8 @@ static void test_resend_from_live_journal(void **state)
         assert_int_equal(generate_step(&g), 0);
         assert_int_equal(journal_append_codes(j, g.codes, 1), 0);
     }
-    struct collected c = {fr.width, 0, malloc(sizeof(float) * (size_t)F * fr.width)};
-    struct teacher_force_sink sink = {&c, collect_frames};
+    struct test_frames c = {malloc(sizeof(float) * (size_t)F * fr.width), (size_t)fr.width, 0};
+    struct teacher_force_sink sink = {&c, test_frames_emit};
     int got;
     /* On row 2 of a backend as the scheduler's spare row; 2 depth rows, so the frames
      * go through the depth decoder two at a time. */

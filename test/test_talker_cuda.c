@@ -1031,21 +1031,6 @@ static void test_depth_attention_store(void **state)
 #endif
 
 #ifdef MM3_HAVE_CUDA
-struct into {
-    float *f;
-    size_t w;
-    int n;
-};
-
-static int into_frames(void *ctx, int t0, const float *frames, int n)
-{
-    struct into *a = ctx;
-    assert_int_equal(t0, a->n); /* in order, each once */
-    memcpy(a->f + (size_t)t0 * a->w, frames, sizeof(float) * (size_t)n * a->w);
-    a->n += n;
-    return 0;
-}
-
 /* The CUDA backend of a model loaded for the GPU (its matrices read as bf16 straight
  * from the checkpoint) computes what the backend of the fully loaded model (matrices
  * rounded from its float32 copies) computes: the same device weights, stacked and
@@ -1093,8 +1078,8 @@ static void test_teacher_force_on_gpu(void **state)
     assert_int_equal(talker_backend_load_models(TALKER_BACKEND_CUDA, m->root, &hl, &hd), 0);
     struct talker_backend be;
     assert_int_equal(talker_backend_open(&be, TALKER_BACKEND_CUDA, &hl, &hd, 3, P + n_steps, 6), 0);
-    struct into a = {gpu, W, 0};
-    struct teacher_force_sink sink = {&a, into_frames};
+    struct test_frames a = {gpu, W, 0};
+    struct teacher_force_sink sink = {&a, test_frames_emit};
     assert_int_equal(teacher_force_stream_backend(&be, 2, ids, P, codes, n_steps, &sink), 0);
     assert_int_equal(a.n, T);
     double rel = test_rel_error(gpu, cpu, (size_t)T * W), rel_ref = test_rel_error(gpu, gc.want, (size_t)T * W);

@@ -19,6 +19,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/ckpt_gen.h"
 #include "common/error.h"
@@ -126,6 +127,23 @@ static inline void test_stage0_golden_codes(const char *case_file, int ncb, stru
 static inline void test_golden_codes_free(struct test_golden_codes *g)
 {
     free(g->ids), free(g->codes), free(g->want);
+}
+
+/* A teacher_force_sink's context collecting the frames into f[n, width], asserting
+ * they come in order, each once (emit: test_frames_emit). */
+struct test_frames {
+    float *f;
+    size_t width;
+    int n;
+};
+
+static inline int test_frames_emit(void *ctx, int t0, const float *frames, int n)
+{
+    struct test_frames *a = ctx;
+    assert_int_equal(t0, a->n);
+    memcpy(a->f + (size_t)t0 * a->width, frames, sizeof(float) * (size_t)n * a->width);
+    a->n += n;
+    return 0;
 }
 
 /* Nothing of the geometry is fixed: a checkpoint of another shape than tiny-a's
