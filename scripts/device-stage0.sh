@@ -11,7 +11,8 @@
 #         "--pairs 1,8 --env-sets MM3_ATT_EARLY=0;;MM3_ATT_EARLY=0;").
 #         Two words are not environment: BIN=prog runs another bench binary (a path, or a
 #         name under .device/bin, e.g. a copy of an earlier build for an A/B), NCU=1 runs it
-#         under ncu (one kernel duration per launch, $OUT/results.tgz: ncu<run>.csv; pair it
+#         under ncu (one kernel duration per launch, or the comma-separated metrics of
+#         NCU_METRICS=a,b in the environment; $OUT/results.tgz: ncu<run>.csv; pair it
 #         with --profile-frame K so only one step is recorded; scripts/bench/ncu_step.py
 #         sums it per kernel).
 #         MM3_S0_TESTS=0 skips the tests ("test_a test_b": only those, then the golden
@@ -71,7 +72,7 @@ for set in "$@"; do
     if [[ $w == *=* && $w != -* && ${#args[@]} == 0 ]]; then
       case $w in
         BIN=*) prog=${w#BIN=}; [[ $prog == */* ]] || prog=$bin/$prog ;;
-        NCU=1) wrap=(ncu --profile-from-start off --metrics gpu__time_duration.sum --cache-control none
+        NCU=1) wrap=(ncu --profile-from-start off --metrics "${NCU_METRICS:-gpu__time_duration.sum}" --cache-control none
                      --clock-control none --csv --log-file "$out/ncu$i.csv") ;;
         *) envs+=("$w") ;;
       esac

@@ -10,6 +10,10 @@ overlaps: the sum is an upper bound of the step in a graph.
 
 Prints one row per kernel kind (name with its template arguments, and grid): launches,
 total and mean microseconds, share of the sum; with --seq every launch in order instead.
+Where the CSV also has `launch__shared_mem_config_size` (NCU_METRICS=gpu__time_duration.sum,
+launch__shared_mem_config_size), it adds each kind's L1/shared-memory split and how often the
+split changes between consecutive launches (a change may make an SM drain first; see
+docs/performance.md, sixteenth session).
 """
 import argparse
 import csv
@@ -44,6 +48,27 @@ def read_launches(path):
     return out
 
 
+def read_smem_configs(path):
+    """{launch ID: (kind, shared-memory configuration in bytes)}, {} if the CSV has no such metric."""
+    with open(path, newline="") as f:
+        lines = [line for line in f if line.startswith('"')]
+    out = {}
+    for r in csv.DictReader(lines):
+        if r.get("Metric Name") == "launch__shared_mem_config_size":
+            unit = r.get("Metric Unit", "byte")
+            scale = {"byte": 1, "Kbyte": 1000, "KB": 1024, "Kibyte": 1024}.get(unit)
+            if scale is None:
+                raise ValueError(f"{path}: unit {unit!r} of launch__shared_mem_config_size: expected byte")
+            out[r["ID"]] = (kernel_kind(r["Kernel Name"]), int(float(r["Metric Value"].replace(",", "")) * scale))
+    return out
+
+
+def config_changes(configs):
+    """How many consecutive launches (in ID order) run under different configurations."""
+    seq = [configs[k][1] for k in sorted(configs, key=int)]
+    return sum(1 for a, b in zip(seq, seq[1:]) if a != b)
+
+
 def summarize(launches):
     """[(kind, grid, launches, total_us)], largest total first."""
     groups = {}
@@ -61,6 +86,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     try:
         launches = read_launches(a.csv)
+        configs = read_smem_configs(a.csv)
     except (OSError, ValueError) as e:
         print(f"ncu_step: {e}", file=sys.stderr)
         return 1
@@ -77,6 +103,14 @@ def main(argv=None):
         for kind, grid, n, t in rows:
             print(f"| {kind} | {grid} | {n} | {t:.1f} | {t / n:.1f} | {100 * t / total:.1f}% |")
     print(f"\n{len(launches)} launches, serial sum {total:.1f} us")
+    if configs:
+        kinds = {}
+        for kind, size in configs.values():
+            kinds[(kind, size)] = kinds.get((kind, size), 0) + 1
+        print("\n| kernel | L1/shared split: shared KiB | launches |\n|---|---|---|")
+        for (kind, size), n in sorted(kinds.items(), key=lambda kv: -kv[1]):
+            print(f"| {kind} | {size // 1024} | {n} |")
+        print(f"\nthe split changes {config_changes(configs)} times between {len(configs)} consecutive launches")
     return 0
 
 

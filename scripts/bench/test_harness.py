@@ -337,9 +337,9 @@ NCU_HEAD = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context
             '"Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"\n')
 
 
-def ncu_row(i, name, grid, unit, value):
+def ncu_row(i, name, grid, unit, value, metric="gpu__time_duration.sum"):
     return (f'"{i}","1","mm3-bench-stage0","h","{name}","1","7","(256, 1, 1)","{grid}","0","9.0",'
-            f'"Command line profiler metrics","gpu__time_duration.sum","{unit}","{value}"\n')
+            f'"Command line profiler metrics","{metric}","{unit}","{value}"\n')
 
 
 class NcuStepTest(unittest.TestCase):
@@ -366,6 +366,24 @@ class NcuStepTest(unittest.TestCase):
         self.assertEqual(rows[0][:3], ("gemv_mma_kernel<2, 2, 0, 1, 3>", "(192, 1, 1)", 2))
         self.assertAlmostEqual(rows[0][3], 47.996)
         self.assertEqual(rows[1][2], 1)
+
+    def test_smem_configs(self):
+        """The L1/shared split per launch and how often it changes, in ID order (not file order)."""
+        cfg = "launch__shared_mem_config_size"
+        gemv, att = "void gemv_bf16_kernel<2, 4, 1, 0, 1>(float *)", "attn_combine_kernel(float *)"
+        path = self.write(NCU_HEAD + ncu_row(0, gemv, "(1536, 1, 1)", "ns", "19,520") +
+                          ncu_row(0, gemv, "(1536, 1, 1)", "byte", "16,384", cfg) +
+                          ncu_row(2, gemv, "(1536, 1, 1)", "byte", "16,384", cfg) +
+                          ncu_row(1, att, "(32, 2, 1)", "byte", "32,768", cfg) +
+                          ncu_row(3, gemv, "(1536, 1, 1)", "byte", "16,384", cfg))
+        configs = ncu_step.read_smem_configs(path)
+        self.assertEqual(configs["1"], ("attn_combine_kernel", 32768))
+        self.assertEqual(configs["3"], ("gemv_bf16_kernel<2, 4, 1, 0, 1>", 16384))
+        self.assertEqual(ncu_step.config_changes(configs), 2)  # 16K -> 32K -> 16K, then 16K again
+        self.assertEqual(ncu_step.read_smem_configs(self.write(NCU_HEAD + ncu_row(0, gemv, "(1, 1, 1)", "ns", "5"))),
+                         {})
+        with self.assertRaisesRegex(ValueError, "unit 'cycle' of launch__shared_mem_config_size"):
+            ncu_step.read_smem_configs(self.write(NCU_HEAD + ncu_row(0, gemv, "(1, 1, 1)", "cycle", "5", cfg)))
 
     def test_bad_input(self):
         with self.assertRaisesRegex(ValueError, "no gpu__time_duration.sum rows"):
