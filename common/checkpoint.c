@@ -322,17 +322,19 @@ int ckpt_read_rows_bf16(const struct ckpt_component *c, const char *name, int64_
     if (dt != MM3_DTYPE_BF16 && dt != MM3_DTYPE_F32 && dt != MM3_DTYPE_F16)
         return mm3_errorf(-EINVAL, "%s: tensor '%s' is %s: expected BF16, F16 or F32", c->dir, name, mm3_dtype_name(dt));
     if (dt == MM3_DTYPE_BF16) return ckpt_read_raw(c, t, e0 * 2, count * 2, dst);
-    /* Wider on disk: widened and rounded in slices, so no full-size temporary. */
+    /* Wider on disk: read and rounded in slices through one buffer, no full-size temporary. */
     enum { SLICE = 1 << 20 };
-    float *f = malloc(sizeof(float) * (count < SLICE ? (count ? count : 1) : SLICE));
-    if (!f) return mm3_errorf(-ENOMEM, "%s: out of memory converting '%s' to bf16", c->dir, name);
+    const uint64_t es = dt == MM3_DTYPE_F32 ? 4 : 2;
+    void *raw = malloc(es * (count < SLICE ? (count ? count : 1) : SLICE));
+    if (!raw) return mm3_errorf(-ENOMEM, "%s: out of memory converting '%s' to bf16", c->dir, name);
     for (uint64_t at = 0; at < count && rc == 0; at += SLICE) {
         uint64_t k = count - at < SLICE ? count - at : SLICE;
-        if ((rc = read_f32(c, t, e0 + at, k, f)) < 0) break;
+        if ((rc = ckpt_read_raw(c, t, (e0 + at) * es, k * es, raw)) < 0) break;
         for (uint64_t e = 0; e < k; e++)
-            dst[at + e] = mm3_f32_to_bf16(f[e]);
+            dst[at + e] = mm3_f32_to_bf16(dt == MM3_DTYPE_F32 ? ((const float *)raw)[e]
+                                                              : mm3_f16_to_f32(((const uint16_t *)raw)[e]));
     }
-    free(f);
+    free(raw);
     return rc;
 }
 

@@ -312,6 +312,55 @@ static void test_deferred_checks(void **state)
     weight_table_free(&t);
 }
 
+/* Rows read as bf16 from wider tensors: f16, and a float32 tensor of more than one of the
+ * converter's 1M-element slices (rows that straddle a slice boundary), each element the
+ * bf16 rounding of the stored value. */
+static void test_rows_bf16_from_wider(void **state)
+{
+    (void)state;
+    char *dir = test_make_tmpdir("weights_wide"), path[4200];
+    snprintf(path, sizeof path, "%s/wide", dir);
+    assert_int_equal(mkdir(path, 0755), 0);
+    snprintf(path, sizeof path, "%s/wide/config.json", dir);
+    FILE *cf = fopen(path, "w");
+    assert_non_null(cf);
+    fputs("{}\n", cf);
+    fclose(cf);
+    enum { H_ROWS = 3, H_COLS = 5, B_COLS = 64, B_ROWS = (1 << 20) / B_COLS + 3 };
+    uint16_t h[H_ROWS * H_COLS];
+    for (int i = 0; i < H_ROWS * H_COLS; i++)
+        h[i] = mm3_f32_to_f16(0.3f * (float)i - 2.0f);
+    float *big = malloc(sizeof(float) * B_ROWS * B_COLS);
+    assert_non_null(big);
+    for (int i = 0; i < B_ROWS * B_COLS; i++)
+        big[i] = 1.0f + (float)(i % 9973) * 1.1e-4f; /* rounding to bf16 changes most of them */
+    struct st_writer_tensor t[] = {
+        {"h", MM3_DTYPE_F16, 2, {H_ROWS, H_COLS}, h},
+        {"big", MM3_DTYPE_F32, 2, {B_ROWS, B_COLS}, big},
+    };
+    snprintf(path, sizeof path, "%s/wide/model.safetensors", dir);
+    assert_int_equal(st_write_file(path, t, 2, NULL), 0);
+    struct ckpt_component c;
+    assert_int_equal(ckpt_component_open(&c, dir, "wide"), 0);
+
+    uint16_t got_h[2 * H_COLS];
+    assert_int_equal(ckpt_read_rows_bf16(&c, "h", 1, 2, got_h), 0);
+    for (int i = 0; i < 2 * H_COLS; i++)
+        assert_int_equal(got_h[i], mm3_f32_to_bf16(mm3_f16_to_f32(h[H_COLS + i])));
+
+    const int64_t row0 = 1, n = B_ROWS - 2; /* from row 1: the slices start mid-row */
+    uint16_t *got = malloc(sizeof(uint16_t) * n * B_COLS);
+    assert_non_null(got);
+    assert_int_equal(ckpt_read_rows_bf16(&c, "big", row0, n, got), 0);
+    for (int64_t i = 0; i < n * B_COLS; i++)
+        if (got[i] != mm3_f32_to_bf16(big[row0 * B_COLS + i])) fail_msg("element %lld of the rows read as bf16", (long long)i);
+    free(got);
+    free(big);
+    ckpt_component_close(&c);
+    test_remove_tree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -322,6 +371,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_build_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_deferred, setup, teardown),
         cmocka_unit_test_setup_teardown(test_deferred_checks, setup, teardown),
+        cmocka_unit_test(test_rows_bf16_from_wider),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
