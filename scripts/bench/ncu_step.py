@@ -29,13 +29,16 @@ def kernel_kind(name):
     return m.group(1) + (m.group(2) or "") if m else name
 
 
+def csv_rows(path):
+    """The CSV's rows as dicts, ncu's ==PROF== lines skipped."""
+    with open(path, newline="") as f:
+        return list(csv.DictReader([line for line in f if line.startswith('"')]))
+
+
 def read_launches(path):
     """[(kind, grid, us)] in launch order; ValueError naming the file if it has no launch."""
-    with open(path, newline="") as f:
-        lines = [line for line in f if line.startswith('"')]  # skips ncu's ==PROF== lines
-    rows = list(csv.DictReader(lines))
     out = []
-    for r in rows:
+    for r in csv_rows(path):
         if r.get("Metric Name") != "gpu__time_duration.sum":
             continue
         unit = r.get("Metric Unit", "ns")
@@ -50,15 +53,13 @@ def read_launches(path):
 
 def read_smem_configs(path):
     """{launch ID: (kind, shared-memory configuration in bytes)}, {} if the CSV has no such metric."""
-    with open(path, newline="") as f:
-        lines = [line for line in f if line.startswith('"')]
     out = {}
-    for r in csv.DictReader(lines):
+    for r in csv_rows(path):
         if r.get("Metric Name") == "launch__shared_mem_config_size":
             unit = r.get("Metric Unit", "byte")
-            scale = {"byte": 1, "Kbyte": 1000, "KB": 1024, "Kibyte": 1024}.get(unit)
+            scale = {"byte": 1, "Kbyte": 1000, "Mbyte": 1000000}.get(unit)  # ncu's SI prefixes
             if scale is None:
-                raise ValueError(f"{path}: unit {unit!r} of launch__shared_mem_config_size: expected byte")
+                raise ValueError(f"{path}: unit {unit!r} of launch__shared_mem_config_size: expected byte, Kbyte or Mbyte")
             out[r["ID"]] = (kernel_kind(r["Kernel Name"]), int(float(r["Metric Value"].replace(",", "")) * scale))
     return out
 
