@@ -41,6 +41,9 @@ int cuda_device_set(int device);
 /* Whether stage 0's kernels launch with programmatic dependent launch (pdl.cuh;
  * MM3_PDL=0 turns it off). */
 int cuda_pdl_enabled(void);
+/* The shared-memory carveout (percent) a stage-0 launch of `kernel` with dynamic_smem bytes
+ * asks for, -1 for none: only with MM3_SMALL_CARVEOUT=1 (measuring; device.cu says why). */
+int cuda_launch_carveout(const void *kernel, size_t dynamic_smem);
 /* "NVIDIA H200, 132 SMs, 60 MiB L2, 139 GiB" into buf. */
 int cuda_device_describe(char *buf, size_t size);
 
