@@ -411,7 +411,7 @@ static int bench_read_patterns(double bw)
 {
     static const char *names[] = {"16-byte loads, contiguous part per block", "16-byte loads, 16-row tiles by chunk",
                                   "tensor-map boxes [16][256], 16-row tiles", "bulk copies of 16 KiB, contiguous"};
-    const int width = cuda_read_bench_width(), sms = cuda_read_bench_sms();
+    const int width = cuda_read_bench_width(), sms = cuda_sm_count();
     const size_t bytes = (size_t)1 << 30;
     struct read_arg a = {NULL, (int)(bytes / 2 / (size_t)width), 0, 0, NULL};
     TRY(cuda_malloc((void **)&a.w, bytes));

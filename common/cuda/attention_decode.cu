@@ -277,10 +277,8 @@ extern "C" int cuda_ops_attention_decode(float *out, const float *q, const void 
 
 static int att_sm_count(void)
 {
-    int sms = 132, dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev))
-        sms = 132;
-    return sms;
+    const int sms = cuda_sm_count();
+    return sms > 0 ? sms : 132;
 }
 
 /* Chunk so that the grid has about ATT_BLOCKS_PER_SM blocks per SM: few sequences

@@ -130,6 +130,16 @@ extern "C" int cuda_pdl_enabled(void)
     return cuda_env_switch(&state, "MM3_PDL", 1);
 }
 
+extern "C" int cuda_sm_count(void)
+{
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return sms;
+}
+
 extern "C" int cuda_device_set(int device)
 {
     return cuda_status(cudaSetDevice(device), "cudaSetDevice");

@@ -38,6 +38,8 @@ void cuda_env_switches_reset(void);
 /* Number of CUDA devices, 0 on any error (no driver, no device, error 35 ...). */
 int cuda_device_count_safe(void);
 int cuda_device_set(int device);
+/* SMs of the current device, 0 on any error. */
+int cuda_sm_count(void);
 /* Whether stage 0's kernels launch with programmatic dependent launch (pdl.cuh;
  * MM3_PDL=0 turns it off). */
 int cuda_pdl_enabled(void);

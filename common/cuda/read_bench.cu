@@ -148,16 +148,6 @@ extern "C" int cuda_read_bench_width(void)
     return RB_K;
 }
 
-extern "C" int cuda_read_bench_sms(void)
-{
-    int dev = 0, sms = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;
-    }
-    return sms;
-}
-
 extern "C" int cuda_read_bench(int pattern, const uint16_t *w, int rows, int blocks, unsigned *sink, void *stream)
 {
     if (rows < RB_TILE || rows % RB_TILE || blocks < 1 || pattern < 0 || pattern > 3)

@@ -15,7 +15,6 @@ extern "C" {
 #endif
 
 int cuda_read_bench_width(void);
-int cuda_read_bench_sms(void);
 int cuda_read_bench(int pattern, const uint16_t *w, int rows, int blocks, unsigned *sink, void *stream);
 
 #ifdef __cplusplus
