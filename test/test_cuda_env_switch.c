@@ -56,29 +56,11 @@ static void test_reset_forgets_hook_values(void **state)
     assert_int_equal(unsetenv("MM3_TEST_SWITCH_C"), 0);
 }
 
-/* The carveout a launch asks for: none unless MM3_SMALL_CARVEOUT=1, and none either for
- * what is no kernel (its shared memory cannot be looked up; the same answer without a GPU). */
-static void test_launch_carveout_gated(void **state)
-{
-    (void)state;
-    static const int not_a_kernel = 0;
-    assert_int_equal(unsetenv("MM3_SMALL_CARVEOUT"), 0);
-    cuda_env_switches_reset();
-    assert_int_equal(cuda_launch_carveout(&not_a_kernel, 0), -1);
-    assert_int_equal(setenv("MM3_SMALL_CARVEOUT", "1", 1), 0);
-    cuda_env_switches_reset();
-    assert_int_equal(cuda_launch_carveout(&not_a_kernel, 0), -1);
-    assert_int_equal(cuda_launch_carveout(&not_a_kernel, 0), -1); /* the failed lookup, cached */
-    assert_int_equal(unsetenv("MM3_SMALL_CARVEOUT"), 0);
-    cuda_env_switches_reset();
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cached_until_reset),
         cmocka_unit_test(test_reset_forgets_hook_values),
-        cmocka_unit_test(test_launch_carveout_gated),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

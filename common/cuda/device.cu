@@ -58,68 +58,6 @@ extern "C" void cuda_env_switches_reset(void)
     pthread_mutex_unlock(&env_slots_lock);
 }
 
-/* common/cuda/pdl.cuh: the shared-memory carveout a launch asks for, or -1 (the driver's
- * choice). By default the float32 GEMVs of a 1-pair step run with the 16 KiB shared split
- * and the kernels between them that use no shared memory (the attention combine, the depth
- * decoder's attention, the adds) with 32 KiB, and changing an SM's split may need it empty
- * (no overlap with the kernel before): with MM3_SMALL_CARVEOUT=1 (measuring, off) every kernel with at most SMALL_SMEM bytes of
- * shared memory per block asks for the 16 KiB split too (7% of 228 KiB). The static sizes
- * are looked up once per kernel. */
-enum { SMALL_SMEM = 2048, SMALL_CARVEOUT_PERCENT = 7, SMALL_KERNELS_MAX = 256 };
-static struct {
-    const void *kernel;
-    int static_smem; /* -1: unknown (the lookup failed) */
-    int applied;     /* the function attribute holds SMALL_CARVEOUT_PERCENT */
-} small_kernels[SMALL_KERNELS_MAX];
-static int n_small_kernels, small_any_applied;
-static pthread_mutex_t small_kernels_lock = PTHREAD_MUTEX_INITIALIZER;
-
-/* Both the launch attribute (pdl.cuh) and the function attribute carry the preference:
- * ncu reported unchanged splits under the launch attribute alone (sixteenth session), so
- * which of the two reaches a launch captured into a graph is not known yet. Turned off
- * again (the benchmark's --env-sets), the function attributes go back to the driver's
- * default. */
-extern "C" int cuda_launch_carveout(const void *kernel, size_t dynamic_smem)
-{
-    static int state = -1;
-    const int on = cuda_env_switch(&state, "MM3_SMALL_CARVEOUT", 0) == 1;
-    if (!on && !__atomic_load_n(&small_any_applied, __ATOMIC_RELAXED)) return -1;
-    pthread_mutex_lock(&small_kernels_lock);
-    int small = 0;
-    if (!on) {
-        for (int i = 0; i < n_small_kernels; i++)
-            if (small_kernels[i].applied &&
-                cudaFuncSetAttribute(small_kernels[i].kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                     cudaSharedmemCarveoutDefault) == cudaSuccess)
-                small_kernels[i].applied = 0;
-        __atomic_store_n(&small_any_applied, 0, __ATOMIC_RELAXED);
-    } else {
-        int i = 0, static_smem;
-        while (i < n_small_kernels && small_kernels[i].kernel != kernel)
-            i++;
-        if (i < n_small_kernels) {
-            static_smem = small_kernels[i].static_smem;
-        } else {
-            cudaFuncAttributes fa;
-            static_smem = cudaFuncGetAttributes(&fa, kernel) == cudaSuccess ? (int)fa.sharedSizeBytes : -1;
-            if (i < SMALL_KERNELS_MAX)
-                small_kernels[n_small_kernels++] = {kernel, static_smem, 0};
-            else
-                i = -1; /* full: answered without remembering */
-        }
-        small = static_smem >= 0 && (size_t)static_smem + dynamic_smem <= SMALL_SMEM;
-        if (small && i >= 0 && !small_kernels[i].applied &&
-            cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, SMALL_CARVEOUT_PERCENT) ==
-                cudaSuccess) {
-            small_kernels[i].applied = 1;
-            __atomic_store_n(&small_any_applied, 1, __ATOMIC_RELAXED);
-        }
-    }
-    pthread_mutex_unlock(&small_kernels_lock);
-    (void)cudaGetLastError();
-    return small ? SMALL_CARVEOUT_PERCENT : -1;
-}
-
 /* common/cuda/pdl.cuh: on unless MM3_PDL=0. Every launch asks. */
 extern "C" int cuda_pdl_enabled(void)
 {

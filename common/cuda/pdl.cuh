@@ -19,7 +19,6 @@
 #include "common/cuda/cuda_internal.h"
 
 extern "C" int cuda_pdl_enabled(void);
-extern "C" int cuda_launch_carveout(const void *kernel, size_t dynamic_smem);
 
 __device__ __forceinline__ void pdl_wait(void)
 {
@@ -56,15 +55,10 @@ static inline int launch_ex(const char *name, void (*kernel)(KArgs...), dim3 gri
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    cudaLaunchAttribute attr[3];
+    cudaLaunchAttribute attr[2];
     unsigned n = 0;
     if (cluster_y > 0) cuda_cluster_y_attr(&attr[n++], cluster_y);
     if (pdl) n += pdl_attr(&attr[n]);
-    const int carveout = cuda_launch_carveout((const void *)kernel, smem);
-    if (carveout >= 0) {
-        attr[n].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
-        attr[n++].val.sharedMemCarveout = (unsigned)carveout;
-    }
     cfg.attrs = attr;
     cfg.numAttrs = n;
     return cuda_status(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), name);
