@@ -634,7 +634,7 @@ static void check_chain(int n)
         assert_int_equal(cuda_memcpy_h2d(d.h, h0, sizeof(float) * (size_t)n * CHAIN_H), 0);
         if (chain_queue(&d, n, st)) fail_msg("%s: %s", run, mm3_last_error());
         assert_int_equal(cuda_stream_sync(st), 0);
-        if (mode == 3 && n > 2 && cuda_ops_gemv_tma_launches() == tma_before)
+        if (mode == 3 && n > 2 && n <= 16 && cuda_ops_gemv_tma_launches() == tma_before)
             fail_msg("%s: no product took the copy-engine GEMV", run);
         float *eager = dev_fetch_checked(dh, (size_t)n * CHAIN_H, run);
         /* 12 products with x split into bf16 hi + lo (~2e-5 each); a stale input is ~1e-1 */
@@ -734,7 +734,8 @@ static void check_fused_tma(int n, int in, int out, enum cuda_gemv_epi epi, int 
  * release's 8-pair products (4096 outputs on tiles of 32, 6144 on tiles of 48, k 4096
  * and 12288), rows 9 and 13 (x rows past n_rows arrive as zeros), a last tile cut by
  * `out` and clusters padded with blocks past it, every epilogue with and without the
- * norm. Then its default routing (mode 1) and the argument checks. */
+ * norm. Then its default routing (mode 1) and the argument checks. MM3_GEMV_TMA_3D=0 in
+ * the environment runs the same with 2-D tensor maps. */
 static void test_gemv_tma(void **state)
 {
     (void)state;
@@ -743,7 +744,8 @@ static void test_gemv_tma(void **state)
         assert_int_equal(cuda_ops_gemv_set_tma(2, clusters[i]), 0);
         printf("  cluster of %d\n", clusters[i]);
         check_fused_tma(16, 4096, 4096, CUDA_GEMV_ADD, 0);
-        check_fused_tma(16, 4096, 6144, CUDA_GEMV_STORE, 1);
+        if (clusters[i] < 8) /* 16 clusters of 8 do not fit on the H200 */
+            check_fused_tma(16, 4096, 6144, CUDA_GEMV_STORE, 1);
         check_fused_tma(9, 12288, 4096, CUDA_GEMV_ADD, 0);
         check_fused_tma(13, 512, 200, CUDA_GEMV_SWIGLU, 1);
         check_fused_tma(3, 256, 40, CUDA_GEMV_SWIGLU, 0);

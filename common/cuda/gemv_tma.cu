@@ -12,11 +12,17 @@
  * no k split, no pipeline restart).
  *
  * x: every block needs all of x, as many bytes per stage as the weights at 16 rows.
- * Blocks of a cluster of C take neighbouring tiles and share each x slice: block r
- * copies boxes r, r + C, ... of it into the same place of every block (multicast), so
- * L2 serves x once per cluster. A stage may be refilled only when every block of the
- * cluster has read it: each consumer warp arrives on the "empty" barrier of every
- * block.
+ * Blocks of a cluster of C (MM3_GEMV_TMA_C, default 1) take neighbouring tiles and
+ * share each x slice: block r copies its part into the same place of every block
+ * (multicast), so L2 serves x once per cluster. A stage may be refilled only when
+ * every block of the cluster has read it: each consumer warp arrives on the "empty"
+ * barrier of every block. Measured on the H200 (4096 x 4096, 16 rows): 21.4 us with
+ * clusters of 2 or 4 against 12.4 without; the cluster-scope barriers cost more than
+ * the L2 reads of x they save.
+ *
+ * Ring: 3 stages at 32 outputs per block, 2 at 48, to fit the 100 KiB shared split the
+ * kernels around these products run with (an SM changes its L1/shared split only
+ * when empty); MM3_GEMV_TMA_BIG=1 takes ~200 KiB (6 and 5 stages).
  *
  * Layout: weight boxes [16 MT rows][64 k] and x boxes [16 rows][32 k], 128-byte rows
  * with the copy engine's 128-byte swizzle (16-byte chunk c of row r lands at chunk
@@ -50,7 +56,11 @@ enum {
     TMA_XBOXES = TMA_STAGE_K / TMA_XBOX_K,  /* 8 */
     TMA_XBOX_BYTES = TMA_ROWS * 128,        /* 2 KiB */
     TMA_X_BYTES = TMA_XBOXES * TMA_XBOX_BYTES,
-    TMA_RING_MAX = 224 * 1024,              /* of the 227 KiB a block may have, with the barriers */
+    /* Ring sizes (with 1 KiB to align it and the barriers): RB 0 fits the 100 KiB shared
+     * split the decode attention and the x-staged GEMV run with, so that no SM changes its
+     * L1/shared split between them; RB 1 takes nearly all 227 KiB (MM3_GEMV_TMA_BIG). */
+    TMA_RING_SMALL = 97 * 1024,
+    TMA_RING_BIG = 224 * 1024,
     TMA_MAX_STAGES = 8,
     TMA_MAX_CLUSTER = 8,                    /* must divide TMA_XBOXES */
 };
@@ -63,15 +73,16 @@ template <int MT> __host__ __device__ constexpr int tma_stage_bytes()
 {
     return tma_w_bytes<MT>() + TMA_X_BYTES;
 }
-template <int MT> __host__ __device__ constexpr int tma_stages()
+template <int MT, int RB> __host__ __device__ constexpr int tma_stages()
 {
-    return (TMA_RING_MAX - 1024) / tma_stage_bytes<MT>() < TMA_MAX_STAGES ? (TMA_RING_MAX - 1024) / tma_stage_bytes<MT>()
-                                                                         : TMA_MAX_STAGES;
+    return ((RB ? TMA_RING_BIG : TMA_RING_SMALL) - 1024) / tma_stage_bytes<MT>() < TMA_MAX_STAGES
+               ? ((RB ? TMA_RING_BIG : TMA_RING_SMALL) - 1024) / tma_stage_bytes<MT>()
+               : TMA_MAX_STAGES;
 }
 /* The ring plus 1 KiB to align it: the 128-byte swizzle repeats every 1024 bytes. */
-template <int MT> __host__ __device__ constexpr int tma_smem_bytes()
+template <int MT, int RB> __host__ __device__ constexpr int tma_smem_bytes()
 {
-    return tma_stages<MT>() * tma_stage_bytes<MT>() + 1024;
+    return tma_stages<MT, RB>() * tma_stage_bytes<MT>() + 1024;
 }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&a)[4], const void *p)
@@ -89,19 +100,24 @@ __device__ __forceinline__ void tma_consumers_sync(void)
 
 /* One producer thread: the weight boxes of stage u (its own tile) and this block's
  * share of the stage's x boxes (into every block of the cluster). */
-template <int MT> struct tma_producer {
+template <int MT, int RB> struct tma_producer {
     const CUtensorMap *wmap, *xmap;
     unsigned char *ring;
     uint64_t *full;
     int row0;
     unsigned rank, csize;
+    int boxes3d; /* the maps are 3-D: one copy per stage for the weights, one per block for x */
 
     __device__ void weights(int u) const
     {
-        constexpr int STAGES = tma_stages<MT>();
+        constexpr int STAGES = tma_stages<MT, RB>();
         const int slot = u % STAGES;
         unsigned char *st = ring + (size_t)slot * tma_stage_bytes<MT>();
         mbar_expect_tx(&full[slot], tma_stage_bytes<MT>()); /* every byte of the stage, x from all blocks */
+        if (boxes3d) {
+            tma_load_3d(st, wmap, 0, row0, u * TMA_WBOXES, &full[slot], 0);
+            return;
+        }
 #pragma unroll
         for (int b = 0; b < TMA_WBOXES; b++)
             tma_load_2d(st + b * (MT * 16 * 128), wmap, u * TMA_STAGE_K + b * TMA_WBOX_K, row0, &full[slot]);
@@ -109,9 +125,15 @@ template <int MT> struct tma_producer {
 
     __device__ void x(int u) const
     {
-        constexpr int STAGES = tma_stages<MT>();
+        constexpr int STAGES = tma_stages<MT, RB>();
         const int slot = u % STAGES;
         unsigned char *xs = ring + (size_t)slot * tma_stage_bytes<MT>() + tma_w_bytes<MT>();
+        if (boxes3d) {
+            const int per = TMA_XBOXES / (int)csize;
+            tma_load_3d(xs + rank * per * TMA_XBOX_BYTES, xmap, 0, 0, u * TMA_XBOXES + (int)rank * per, &full[slot],
+                        csize > 1 ? (uint16_t)((1u << csize) - 1) : (uint16_t)0);
+            return;
+        }
         for (int b = (int)rank; b < TMA_XBOXES; b += (int)csize) {
             if (csize == 1)
                 tma_load_2d(xs + b * TMA_XBOX_BYTES, xmap, u * TMA_STAGE_K + b * TMA_XBOX_K, 0, &full[slot]);
@@ -171,13 +193,13 @@ __device__ __forceinline__ void tma_stage_mma(float (&acc)[MT][2][4], float (&ss
 }
 
 /* Grid (tiles / C, C), clusters of (1, C, 1): block (x, r) takes tile C x + r. */
-template <int MT, int EPI, bool NORM>
+template <int MT, int RB, int EPI, bool NORM>
 __global__ void __launch_bounds__(TMA_THREADS, 1)
     gemv_tma_kernel(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap,
                     float *__restrict__ y, const float *__restrict__ wn, int n_rows, int in, int out, float eps,
-                    int pre)
+                    int pre, int boxes3d)
 {
-    constexpr int STAGES = tma_stages<MT>(), OUT = 16 * MT;
+    constexpr int STAGES = tma_stages<MT, RB>(), OUT = 16 * MT;
     static_assert(TMA_WARPS * OUT * TMA_ROWS * 4 <= STAGES * tma_stage_bytes<MT>(), "partial sums fit the ring");
     pdl_launch_dependents();
     extern __shared__ unsigned char tma_dyn[];
@@ -200,7 +222,7 @@ __global__ void __launch_bounds__(TMA_THREADS, 1)
 
     if (warp == TMA_WARPS) {
         if (lane == 0) {
-            const tma_producer<MT> p = {&wmap, &xmap, ring, full, tile * OUT, rank, csize};
+            const tma_producer<MT, RB> p = {&wmap, &xmap, ring, full, tile * OUT, rank, csize, boxes3d};
             const int first = nst < STAGES ? nst : STAGES;
             /* Weights are no earlier kernel's output: the first stages' weights may stream
              * while the kernel before finishes; x only after the wait. */
@@ -213,7 +235,10 @@ __global__ void __launch_bounds__(TMA_THREADS, 1)
                 p.x(u);
             }
             for (int u = first; u < nst; u++) {
-                mbar_wait<true>(&empty[u % STAGES], ((u / STAGES) & 1) ^ 1);
+                if (csize > 1)
+                    mbar_wait<true>(&empty[u % STAGES], ((u / STAGES) & 1) ^ 1);
+                else
+                    mbar_wait(&empty[u % STAGES], ((u / STAGES) & 1) ^ 1);
                 p.weights(u);
                 p.x(u);
             }
@@ -235,7 +260,11 @@ __global__ void __launch_bounds__(TMA_THREADS, 1)
             const unsigned char *wst = ring + (size_t)slot * tma_stage_bytes<MT>();
             tma_stage_mma<MT, NORM>(acc, ss, wst, wst + tma_w_bytes<MT>(), wn, u * TMA_STAGE_K, warp, lane);
             __syncwarp();
-            if (lane < (int)csize) mbar_arrive_cluster(&empty[slot], (unsigned)lane); /* this warp is done with it */
+            if (csize == 1) { /* this warp is done with the stage */
+                if (lane == 0) mbar_arrive(&empty[slot]);
+            } else if (lane < (int)csize) {
+                mbar_arrive_cluster(&empty[slot], (unsigned)lane);
+            }
         }
 
         /* Every stage has landed and been read: the ring holds the partial sums
@@ -326,8 +355,8 @@ extern "C" unsigned long long cuda_ops_gemv_tma_launches(void)
 
 static int tma_cluster(void)
 {
-    const int c = cuda_env_switch(&tma_cluster_setting, "MM3_GEMV_TMA_C", 2);
-    return c == 1 || c == 2 || c == 4 || c == 8 ? c : 2;
+    const int c = cuda_env_switch(&tma_cluster_setting, "MM3_GEMV_TMA_C", 1);
+    return c == 1 || c == 2 || c == 4 || c == 8 ? c : 1;
 }
 
 /* MM3_GEMV_TMA_PRE=0: the first stages' weights after griddepcontrol.wait (measuring). */
@@ -337,15 +366,32 @@ static int tma_pre(void)
     return cuda_env_switch(&state, "MM3_GEMV_TMA_PRE", 1);
 }
 
-/* Clusters of c blocks that fit at once (per tile size; the variants share the
+/* MM3_GEMV_TMA_3D=0: 2-D tensor maps, four weight copies and eight x copies per stage
+ * (measuring) instead of one 3-D copy each: the tile seen as [k / 64][rows][64] with
+ * the 64-k blocks 128 bytes apart lands in the same swizzled layout. */
+static int tma_3d(void)
+{
+    static int state = -1;
+    return cuda_env_switch(&state, "MM3_GEMV_TMA_3D", 1);
+}
+
+/* MM3_GEMV_TMA_BIG=1: the ring of nearly all 227 KiB (6 stages at 32 outputs per block,
+ * 5 at 48) instead of the one that fits the 100 KiB shared split (3 and 2 stages). */
+static int tma_big(void)
+{
+    static int state = -1;
+    return cuda_env_switch(&state, "MM3_GEMV_TMA_BIG", 0) == 1;
+}
+
+/* Clusters of c blocks that fit at once (per tile size and ring; the variants share the
  * shared-memory size that decides it). */
-template <int MT> static int tma_resident_clusters(int c)
+template <int MT, int RB> static int tma_resident_clusters(int c)
 {
     static int cache[TMA_MAX_CLUSTER + 1];
     if (!cache[c]) {
-        const int smem = tma_smem_bytes<MT>();
+        const int smem = tma_smem_bytes<MT, RB>();
         auto set = [&](auto e, auto norm) {
-            return cuda_status(cudaFuncSetAttribute(gemv_tma_kernel<MT, decltype(e)::value, decltype(norm)::value>,
+            return cuda_status(cudaFuncSetAttribute(gemv_tma_kernel<MT, RB, decltype(e)::value, decltype(norm)::value>,
                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                                "gemv_tma_kernel attributes");
         };
@@ -354,7 +400,7 @@ template <int MT> static int tma_resident_clusters(int c)
             set(gemv_epi_c<CUDA_GEMV_ADD>{}, std::false_type{}) || set(gemv_epi_c<CUDA_GEMV_SWIGLU>{}, std::false_type{}) ||
             set(gemv_epi_c<CUDA_GEMV_SWIGLU>{}, std::true_type{}))
             return 0;
-        cache[c] = cuda_resident_clusters_y(gemv_tma_kernel<MT, CUDA_GEMV_STORE, false>, TMA_THREADS, smem, c);
+        cache[c] = cuda_resident_clusters_y(gemv_tma_kernel<MT, RB, CUDA_GEMV_STORE, false>, TMA_THREADS, smem, c);
     }
     return cache[c];
 }
@@ -372,27 +418,42 @@ int gemv_tma_plan(int n_rows, int in, int out)
         const int tiles = (out + 16 * mt - 1) / (16 * mt);
         const int clusters = (tiles + c - 1) / c;
         if (mode == 1 && 2 * tiles < cuda_sm_count()) return 0;
-        if (clusters <= (mt == 2 ? tma_resident_clusters<2>(c) : tma_resident_clusters<3>(c))) return mt;
+        const int big = tma_big();
+        const int fit = mt == 2 ? (big ? tma_resident_clusters<2, 1>(c) : tma_resident_clusters<2, 0>(c))
+                                : (big ? tma_resident_clusters<3, 1>(c) : tma_resident_clusters<3, 0>(c));
+        if (clusters <= fit) return mt;
     }
     return 0;
 }
 
-template <int MT, int EPI, bool NORM>
+template <int MT, int RB, int EPI, bool NORM>
 static int tma_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, const float *wn,
                       float eps, cudaStream_t st)
 {
+    const int c = tma_cluster(), tiles = (out + 16 * MT - 1) / (16 * MT), b3 = tma_3d();
     CUtensorMap wmap, xmap;
-    int rc = cuda_tensor_map_2d(&wmap, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, w, (uint64_t)in, (uint64_t)out,
-                                (uint64_t)in * 2, TMA_WBOX_K, 16 * MT, CU_TENSOR_MAP_SWIZZLE_128B);
+    /* 3-D: [in / 64][out][64] and [in / 32][n_rows][32], the k blocks 128 bytes apart */
+    const uint64_t wdims[3] = {TMA_WBOX_K, (uint64_t)out, (uint64_t)in / TMA_WBOX_K},
+                   wstrides[2] = {(uint64_t)in * 2, TMA_WBOX_K * 2};
+    const uint64_t xdims[3] = {TMA_XBOX_K, (uint64_t)n_rows, (uint64_t)in / TMA_XBOX_K},
+                   xstrides[2] = {(uint64_t)in * 4, TMA_XBOX_K * 4};
+    const unsigned wbox[3] = {TMA_WBOX_K, 16u * MT, TMA_WBOXES}, xbox[3] = {TMA_XBOX_K, TMA_ROWS, TMA_XBOXES / (unsigned)c};
+    const uint64_t wdims2[2] = {(uint64_t)in, (uint64_t)out}, xdims2[2] = {(uint64_t)in, (uint64_t)n_rows};
+    int rc = b3 ? cuda_tensor_map(&wmap, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, w, wdims, wstrides, wbox,
+                                  CU_TENSOR_MAP_SWIZZLE_128B)
+                : cuda_tensor_map(&wmap, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, w, wdims2, wstrides, wbox,
+                                  CU_TENSOR_MAP_SWIZZLE_128B);
     if (rc < 0) return rc;
-    rc = cuda_tensor_map_2d(&xmap, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, x, (uint64_t)in, (uint64_t)n_rows,
-                            (uint64_t)in * 4, TMA_XBOX_K, TMA_ROWS, CU_TENSOR_MAP_SWIZZLE_128B);
+    rc = b3 ? cuda_tensor_map(&xmap, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, x, xdims, xstrides, xbox,
+                              CU_TENSOR_MAP_SWIZZLE_128B)
+            : cuda_tensor_map(&xmap, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, x, xdims2, xstrides, xbox,
+                              CU_TENSOR_MAP_SWIZZLE_128B);
     if (rc < 0) return rc;
-    const int c = tma_cluster(), tiles = (out + 16 * MT - 1) / (16 * MT);
     __atomic_add_fetch(&tma_launch_count, 1, __ATOMIC_RELAXED);
-    return launch_ex("cudaLaunchKernelEx(gemv_tma_kernel)", gemv_tma_kernel<MT, EPI, NORM>,
-                     dim3((unsigned)((tiles + c - 1) / c), (unsigned)c), dim3(TMA_THREADS), tma_smem_bytes<MT>(), st,
-                     c, true, wmap, xmap, y, wn, n_rows, in, out, eps, tma_pre());
+    /* one block: no cluster attribute (the kernel's cluster calls see a cluster of 1) */
+    return launch_ex("cudaLaunchKernelEx(gemv_tma_kernel)", gemv_tma_kernel<MT, RB, EPI, NORM>,
+                     dim3((unsigned)((tiles + c - 1) / c), (unsigned)c), dim3(TMA_THREADS), tma_smem_bytes<MT, RB>(),
+                     st, c > 1 ? c : 0, true, wmap, xmap, y, wn, n_rows, in, out, eps, tma_pre(), b3);
 }
 
 /* The caller (gemv_mma_launch) has checked rows, alignment and the epilogue; mt from
@@ -403,7 +464,10 @@ int gemv_tma_launch(float *y, const float *x, const uint16_t *w, int n_rows, int
     return gemv_epi_dispatch(epi, norm_w != NULL, [&](auto e, auto norm) {
         constexpr int E = decltype(e)::value;
         constexpr bool N = decltype(norm)::value;
-        return mt == 2 ? tma_launch<2, E, N>(y, x, w, n_rows, in, out, norm_w, eps, st)
-                       : tma_launch<3, E, N>(y, x, w, n_rows, in, out, norm_w, eps, st);
+        if (tma_big())
+            return mt == 2 ? tma_launch<2, 1, E, N>(y, x, w, n_rows, in, out, norm_w, eps, st)
+                           : tma_launch<3, 1, E, N>(y, x, w, n_rows, in, out, norm_w, eps, st);
+        return mt == 2 ? tma_launch<2, 0, E, N>(y, x, w, n_rows, in, out, norm_w, eps, st)
+                       : tma_launch<3, 0, E, N>(y, x, w, n_rows, in, out, norm_w, eps, st);
     });
 }

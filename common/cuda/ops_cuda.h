@@ -43,9 +43,6 @@ int cuda_sm_count(void);
 /* Whether stage 0's kernels launch with programmatic dependent launch (pdl.cuh;
  * MM3_PDL=0 turns it off). */
 int cuda_pdl_enabled(void);
-/* The shared-memory carveout (percent) a stage-0 launch of `kernel` with dynamic_smem bytes
- * asks for, -1 for none: only with MM3_SMALL_CARVEOUT=1 (measuring; device.cu says why). */
-int cuda_launch_carveout(const void *kernel, size_t dynamic_smem);
 /* "NVIDIA H200, 132 SMs, 60 MiB L2, 139 GiB" into buf. */
 int cuda_device_describe(char *buf, size_t size);
 
@@ -134,7 +131,7 @@ int cuda_ops_gemv_set_xs(int mode);
  * caller leaves the weight tile count open: mode 1 = at 9-16 rows for products whose
  * one-wave grid fills at least half the SMs, 2 = at 3-16 rows for any shape that runs
  * as one wave (tests), 0 = the environment's MM3_GEMV_TMA (unset: off); cluster 1, 2,
- * 4 or 8 blocks sharing x, 0 = MM3_GEMV_TMA_C (unset: 2). `in` must be a multiple of
+ * 4 or 8 blocks sharing x, 0 = MM3_GEMV_TMA_C (unset: 1). `in` must be a multiple of
  * 256, else the other kernels serve. Same threading rule. */
 int cuda_ops_gemv_set_tma(int mode, int cluster);
 /* How many products the copy-engine GEMV has launched (tests check the routing). */

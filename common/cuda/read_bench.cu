@@ -154,8 +154,10 @@ extern "C" int cuda_read_bench(int pattern, const uint16_t *w, int rows, int blo
     }
     if (cached.w != w || cached.rows != rows) {
         cached.w = NULL;
-        int rc = cuda_tensor_map_2d(&cached.map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, w, RB_K, (uint64_t)rows, RB_K * 2,
-                                    RB_CHUNK / 2, RB_TILE, CU_TENSOR_MAP_SWIZZLE_NONE);
+        const uint64_t dims[2] = {RB_K, (uint64_t)rows}, strides[1] = {RB_K * 2};
+        const unsigned box[2] = {RB_CHUNK / 2, RB_TILE};
+        int rc = cuda_tensor_map(&cached.map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, w, dims, strides, box,
+                                 CU_TENSOR_MAP_SWIZZLE_NONE);
         if (rc < 0) return rc;
         cached.w = w;
         cached.rows = rows;

@@ -23,20 +23,28 @@ static void encode_lookup(void)
         (void)cudaGetLastError();
 }
 
-int cuda_tensor_map_2d(CUtensorMap *map, CUtensorMapDataType type, const void *base, uint64_t inner, uint64_t outer,
-                       uint64_t row_bytes, unsigned box_inner, unsigned box_outer, CUtensorMapSwizzle swizzle)
+int cuda_tensor_map(CUtensorMap *map, CUtensorMapDataType type, int rank, const void *base, const uint64_t *dims,
+                    const uint64_t *strides, const unsigned *box, CUtensorMapSwizzle swizzle)
 {
     pthread_once(&encode_once, encode_lookup);
     if (!encode_tiled) return mm3_errorf(-ENODEV, "tensor map: the driver has no cuTensorMapEncodeTiled");
-    const cuuint64_t dims[2] = {inner, outer}, strides[1] = {row_bytes};
-    const cuuint32_t box[2] = {box_inner, box_outer}, elem_strides[2] = {1, 1};
-    CUresult r = encode_tiled(map, type, 2, (void *)base, dims, strides, box, elem_strides,
+    if (rank < 2 || rank > 3) return mm3_errorf(-EINVAL, "tensor map: rank %d, expected 2 or 3", rank);
+    cuuint64_t d[3], s[2];
+    cuuint32_t b[3], elem_strides[3] = {1, 1, 1};
+    for (int i = 0; i < rank; i++) {
+        d[i] = dims[i];
+        b[i] = box[i];
+        if (i) s[i - 1] = strides[i - 1];
+    }
+    CUresult r = encode_tiled(map, type, (cuuint32_t)rank, (void *)base, d, s, b, elem_strides,
                               CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
         return mm3_errorf(-EINVAL,
-                          "tensor map of [%llu, %llu] (row %llu bytes) in boxes of [%u, %u]: driver error %d",
-                          (unsigned long long)outer, (unsigned long long)inner, (unsigned long long)row_bytes,
-                          box_outer, box_inner, (int)r);
+                          "tensor map: dims [%llu, %llu, %llu] (strides %llu, %llu bytes) in boxes of [%u, %u, %u]: "
+                          "driver error %d",
+                          (unsigned long long)d[0], (unsigned long long)d[1],
+                          (unsigned long long)(rank > 2 ? d[2] : 1), (unsigned long long)s[0],
+                          (unsigned long long)(rank > 2 ? s[1] : 0), b[0], b[1], rank > 2 ? b[2] : 1, (int)r);
     return 0;
 }

@@ -12,11 +12,11 @@
 #include <cuda.h>
 #include <stdint.h>
 
-/* A 2-D tensor map over a row-major matrix of `outer` rows of `inner` elements, rows
- * `row_bytes` apart, read in boxes of [box_outer][box_inner]; elements outside the
- * matrix read as zero. Host side (tensor_map.cu); error code with a message. */
-int cuda_tensor_map_2d(CUtensorMap *map, CUtensorMapDataType type, const void *base, uint64_t inner, uint64_t outer,
-                       uint64_t row_bytes, unsigned box_inner, unsigned box_outer, CUtensorMapSwizzle swizzle);
+/* A tensor map of rank 2 or 3: dims[0] elements contiguous, dimension i > 0 strides[i - 1]
+ * bytes apart, read in boxes of box[] elements (landing dimension 0 fastest); elements
+ * outside the dims read as zero. Host side (tensor_map.cu); error code with a message. */
+int cuda_tensor_map(CUtensorMap *map, CUtensorMapDataType type, int rank, const void *base, const uint64_t *dims,
+                    const uint64_t *strides, const unsigned *box, CUtensorMapSwizzle swizzle);
 
 __device__ __forceinline__ unsigned smem_u32(const void *p)
 {
@@ -93,6 +93,23 @@ __device__ __forceinline__ void tma_load_2d_multicast(void *dst, const CUtensorM
                  "[%0], [%1, {%2, %3}], [%4], %5;" ::"r"(smem_u32(dst)),
                  "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(smem_u32(bar)), "h"(mask)
                  : "memory");
+}
+
+/* The 3-D box at (c0, c1, c2): into this block's shared memory, or (mask != 0) into the
+ * same place of every block of the cluster in `mask`. */
+__device__ __forceinline__ void tma_load_3d(void *dst, const CUtensorMap *map, int c0, int c1, int c2, uint64_t *bar,
+                                            uint16_t mask)
+{
+    if (mask)
+        asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
+                     "[%0], [%1, {%2, %3, %4}], [%5], %6;" ::"r"(smem_u32(dst)),
+                     "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar)), "h"(mask)
+                     : "memory");
+    else
+        asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                     "[%0], [%1, {%2, %3, %4}], [%5];" ::"r"(smem_u32(dst)),
+                     "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar))
+                     : "memory");
 }
 
 /* One contiguous run of `bytes` (a multiple of 16) into this block's shared memory. */
