@@ -619,23 +619,14 @@ static void check_chain(int n)
     assert_int_equal(cuda_malloc((void **)&d.f, sizeof(float) * (size_t)n * CHAIN_F), 0);
     void *st = NULL;
     assert_int_equal(cuda_stream_create(&st), 0);
-    /* The default routing, then each tensor-core kernel for every product; last the
-     * copy-engine kernel where it takes the shape (the 1024-output products). */
-    for (int mode = 0; mode <= 3; mode++) {
+    /* The default routing, then each tensor-core kernel for every product. */
+    for (int mode = 0; mode <= 2; mode++) {
         char run[128];
-        snprintf(run, sizeof run, "%s, %s", what,
-                 mode == 0   ? "x-staged default"
-                 : mode == 1 ? "x-staged always"
-                 : mode == 2 ? "x-staged never"
-                             : "copy-engine GEMV");
-        assert_int_equal(cuda_ops_gemv_set_xs(mode == 3 ? 0 : mode), 0);
-        assert_int_equal(cuda_ops_gemv_set_tma(mode == 3 ? 2 : 0, 0), 0);
-        const unsigned long long tma_before = cuda_ops_gemv_tma_launches();
+        snprintf(run, sizeof run, "%s, x-staged %s", what, mode == 0 ? "default" : mode == 1 ? "always" : "never");
+        assert_int_equal(cuda_ops_gemv_set_xs(mode), 0);
         assert_int_equal(cuda_memcpy_h2d(d.h, h0, sizeof(float) * (size_t)n * CHAIN_H), 0);
         if (chain_queue(&d, n, st)) fail_msg("%s: %s", run, mm3_last_error());
         assert_int_equal(cuda_stream_sync(st), 0);
-        if (mode == 3 && n > 2 && n <= 16 && cuda_ops_gemv_tma_launches() == tma_before)
-            fail_msg("%s: no product took the copy-engine GEMV", run);
         float *eager = dev_fetch_checked(dh, (size_t)n * CHAIN_H, run);
         /* 12 products with x split into bf16 hi + lo (~2e-5 each); a stale input is ~1e-1 */
         expect_close(eager, h, (size_t)n * CHAIN_H, 5e-4, run);
@@ -655,7 +646,6 @@ static void check_chain(int n)
         free(eager), free(replayed);
     }
     assert_int_equal(cuda_ops_gemv_set_xs(0), 0);
-    assert_int_equal(cuda_ops_gemv_set_tma(0, 0), 0);
 
     cuda_stream_destroy(st);
     cuda_free(d.wa), cuda_free(d.wo), cuda_free(d.wgu), cuda_free(d.wd), cuda_free(d.n1), cuda_free(d.n2);
@@ -719,50 +709,6 @@ static void check_fused(int n, int in, int out, enum cuda_gemv_epi epi, int norm
 
     cuda_free(dw), cuda_free(dx), cuda_free(dwn), cuda_free(dy);
     free(got), free(ref), free(prod), free(xn), free(y0), free(wb), free(wf), free(wn), free(x);
-}
-
-/* check_fused on the copy-engine GEMV (gemv_tma.cu), which must have served it. */
-static void check_fused_tma(int n, int in, int out, enum cuda_gemv_epi epi, int norm)
-{
-    const unsigned long long before = cuda_ops_gemv_tma_launches();
-    check_fused(n, in, out, epi, norm);
-    if (cuda_ops_gemv_tma_launches() != before + 1)
-        fail_msg("gemv_tma did not serve n=%d in=%d out=%d epilogue %d%s", n, in, out, (int)epi, norm ? " + norm" : "");
-}
-
-/* The copy-engine GEMV at each cluster size (x shared by multicast, or not at 1): the
- * release's 8-pair products (4096 outputs on tiles of 32, 6144 on tiles of 48, k 4096
- * and 12288), rows 9 and 13 (x rows past n_rows arrive as zeros), a last tile cut by
- * `out` and clusters padded with blocks past it, every epilogue with and without the
- * norm. Then its default routing (mode 1) and the argument checks. MM3_GEMV_TMA_3D=0 in
- * the environment runs the same with 2-D tensor maps. */
-static void test_gemv_tma(void **state)
-{
-    (void)state;
-    const int clusters[] = {1, 2, 4, 8};
-    for (size_t i = 0; i < sizeof clusters / sizeof clusters[0]; i++) {
-        assert_int_equal(cuda_ops_gemv_set_tma(2, clusters[i]), 0);
-        printf("  cluster of %d\n", clusters[i]);
-        check_fused_tma(16, 4096, 4096, CUDA_GEMV_ADD, 0);
-        if (clusters[i] < 8) /* 16 clusters of 8 do not fit on the H200 */
-            check_fused_tma(16, 4096, 6144, CUDA_GEMV_STORE, 1);
-        check_fused_tma(9, 12288, 4096, CUDA_GEMV_ADD, 0);
-        check_fused_tma(13, 512, 200, CUDA_GEMV_SWIGLU, 1);
-        check_fused_tma(3, 256, 40, CUDA_GEMV_SWIGLU, 0);
-        check_fused_tma(16, 768, 97, CUDA_GEMV_STORE, 0);
-        check_fused_tma(8, 1024, 300, CUDA_GEMV_ADD, 0);
-    }
-    /* Mode 1: 9-16 rows where one wave fills at least half the SMs. */
-    assert_int_equal(cuda_ops_gemv_set_tma(1, 0), 0);
-    check_fused_tma(16, 4096, 4096, CUDA_GEMV_ADD, 0);
-    const unsigned long long before = cuda_ops_gemv_tma_launches();
-    check_fused(8, 4096, 4096, CUDA_GEMV_ADD, 0);    /* 8 rows: gemv_mma.cu */
-    check_fused(16, 4096, 1024, CUDA_GEMV_STORE, 1); /* 32 tiles: too few blocks */
-    check_fused(16, 4000, 4096, CUDA_GEMV_ADD, 0);   /* in % 256 != 0 */
-    assert_true(cuda_ops_gemv_tma_launches() == before);
-    assert_int_equal(cuda_ops_gemv_set_tma(0, 0), 0);
-    assert_int_equal(cuda_ops_gemv_set_tma(3, 0), -EINVAL);
-    assert_int_equal(cuda_ops_gemv_set_tma(1, 3), -EINVAL);
 }
 
 /* Small shapes at n rows: both epilogues with the norm, the add, a k split. */
@@ -1147,7 +1093,6 @@ int main(void)
         cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_gemv_fused),
-        cmocka_unit_test(test_gemv_tma),
         cmocka_unit_test(test_gemv_chain),
         cmocka_unit_test(test_attention_release),
         cmocka_unit_test(test_attention_odd),

@@ -70,12 +70,6 @@ int gemv_mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, int
  * group, >= 1) for; 0: gemv_mma.cu serves the shape. gemv_xs_launch takes that split
  * and the arguments gemv_mma_launch has checked (no weight tile count). */
 int gemv_xs_plan(int n_rows, int in, int out);
-/* gemv_tma.cu: the copy-engine GEMV (measuring switch MM3_GEMV_TMA / cuda_ops_gemv_set_tma),
- * which gemv_mma_launch tries first: gemv_tma_plan gives 16-row weight tiles per block
- * (2 or 3) where it serves the shape, else 0; gemv_tma_launch takes them. */
-int gemv_tma_plan(int n_rows, int in, int out);
-int gemv_tma_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int mt,
-                    enum cuda_gemv_epi epi, const float *norm_w, float eps, cudaStream_t st);
 int gemv_xs_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int ks,
                    enum cuda_gemv_epi epi, const float *norm_w, float eps, cudaStream_t st);
 

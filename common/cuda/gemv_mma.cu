@@ -24,8 +24,7 @@
  * A block's next tile starts loading before the current tile's sums are merged.
  *
  * At 9-32 rows, where the outputs alone nearly fill the GPU, gemv_mma_launch hands the
- * product to gemv_xs.cu, which reads x once per block instead of once per tile; with
- * MM3_GEMV_TMA (measuring) the shapes gemv_tma_plan takes go to gemv_tma.cu first. */
+ * product to gemv_xs.cu, which reads x once per block instead of once per tile. */
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -477,8 +476,6 @@ int gemv_mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, int
         return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_mma (swiglu): %d outputs, expected even", out);
     if (norm_w && epi == CUDA_GEMV_ADD)
         return mm3_errorf(-ENOTSUP, "cuda_ops_gemv_bf16_mma: no norm with the residual add");
-    const int tma_tiles = m_tiles == 0 ? gemv_tma_plan(n_rows, in, out) : 0;
-    if (tma_tiles) return gemv_tma_launch(y, x, w, n_rows, in, out, tma_tiles, epi, norm_w, eps, st);
     const int xs_split = m_tiles == 0 ? gemv_xs_plan(n_rows, in, out) : 0;
     if (xs_split) return gemv_xs_launch(y, x, w, n_rows, in, out, xs_split, epi, norm_w, eps, st);
     if (n_rows <= 8) return mma_launch_variant<1>(y, x, w, n_rows, in, out, m_tiles, epi, norm_w, eps, st);

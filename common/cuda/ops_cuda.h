@@ -126,16 +126,6 @@ int cuda_ops_gemv_set_mma_ring(int mode);
  * outputs alone nearly fill the GPU, or the environment's MM3_GEMV_XS). Same
  * threading rule. */
 int cuda_ops_gemv_set_xs(int mode);
-/* Tuning hook: the copy-engine GEMV (gemv_tma.cu: weights and x through a ring of
- * tensor-map boxes, one block per SM, clusters sharing x by multicast) where the
- * caller leaves the weight tile count open: mode 1 = at 9-16 rows for products whose
- * one-wave grid fills at least half the SMs, 2 = at 3-16 rows for any shape that runs
- * as one wave (tests), 0 = the environment's MM3_GEMV_TMA (unset: off); cluster 1, 2,
- * 4 or 8 blocks sharing x, 0 = MM3_GEMV_TMA_C (unset: 1). `in` must be a multiple of
- * 256, else the other kernels serve. Same threading rule. */
-int cuda_ops_gemv_set_tma(int mode, int cluster);
-/* How many products the copy-engine GEMV has launched (tests check the routing). */
-unsigned long long cuda_ops_gemv_tma_launches(void);
 
 /* y[n, out] = x[n, in] . w[out, in]^T, w bf16 (uint16 bit patterns), x and y float32.
  * n <= 2:  float32 GEMV kernel: one pass over w with 16-byte loads serves all

@@ -13,7 +13,6 @@
 #include "common/cuda/cuda_internal.h"
 #include "common/cuda/gemv_mma.cuh" /* mma_weight_load: the decode GEMVs' weight load */
 #include "common/cuda/read_bench.h"
-#include "common/cuda/tma.cuh"
 
 enum {
     RB_THREADS = 256,
@@ -68,6 +67,21 @@ __global__ void __launch_bounds__(RB_THREADS) rb_tiles(const uint16_t *w, int ro
     if (f == 0x12345678u) sink[blockIdx.x] = f;
 }
 
+__device__ __forceinline__ unsigned rb_smem(const void *p)
+{
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void rb_wait(uint64_t *b, unsigned parity)
+{
+    unsigned done = 0;
+    while (!done)
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done)
+                     : "r"(rb_smem(b)), "r"(parity)
+                     : "memory");
+}
+
 /* The copy engine into a ring of RB_STAGES 16 KiB stages, lane 0 of warp 0 issuing,
  * warp 1 releasing each stage as soon as it has landed. mode 0: the tiles' chunks as
  * tensor-map boxes of [16 rows][256 k] (two per stage); mode 1: one 16 KiB bulk copy of
@@ -81,10 +95,10 @@ __global__ void __launch_bounds__(64) rb_copy_engine(const __grid_constant__ CUt
     const int tiles = rows / RB_TILE, chunks = RB_K / RB_CHUNK;
     if (threadIdx.x == 0) {
         for (int s = 0; s < RB_STAGES; s++) {
-            mbar_init(&full[s], 1);
-            mbar_init(&empty[s], 1);
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(rb_smem(&full[s])) : "memory");
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(rb_smem(&empty[s])) : "memory");
         }
-        mbar_init_fence();
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
     int u = 0;
@@ -93,29 +107,41 @@ __global__ void __launch_bounds__(64) rb_copy_engine(const __grid_constant__ CUt
         for (int t = blockIdx.x; t < tiles; t += gridDim.x)
             for (int c = 0; c < chunks; c++, u++) {
                 const int s = u % RB_STAGES;
-                mbar_wait(&empty[s], ((u / RB_STAGES) & 1) ^ 1);
-                mbar_expect_tx(&full[s], RB_STAGE);
+                rb_wait(&empty[s], ((u / RB_STAGES) & 1) ^ 1);
+                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(rb_smem(&full[s])),
+                             "r"((unsigned)RB_STAGE)
+                             : "memory");
                 unsigned char *dst = ring + (size_t)s * RB_STAGE;
                 if (mode == 0) {
                     for (int b = 0; b < 2; b++)
-                        tma_load_2d(dst + b * RB_STAGE / 2, &map, c * RB_CHUNK + b * RB_CHUNK / 2, t * RB_TILE,
-                                    &full[s]);
+                        asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                                     "[%0], [%1, {%2, %3}], [%4];" ::"r"(rb_smem(dst + b * RB_STAGE / 2)),
+                                     "l"((uint64_t)&map), "r"(c * RB_CHUNK + b * RB_CHUNK / 2), "r"(t * RB_TILE),
+                                     "r"(rb_smem(&full[s]))
+                                     : "memory");
                 } else {
                     const uint16_t *src = w + ((size_t)t * chunks + c) * (RB_STAGE / 2);
-                    bulk_load(dst, src, RB_STAGE, &full[s]);
+                    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+                                 "[%3];" ::"r"(rb_smem(dst)),
+                                 "l"(src), "r"((unsigned)RB_STAGE), "r"(rb_smem(&full[s]))
+                                 : "memory");
                 }
             }
     } else if (threadIdx.x == 32) {
         for (int t = blockIdx.x; t < tiles; t += gridDim.x)
             for (int c = 0; c < chunks; c++, u++) {
                 const int s = u % RB_STAGES;
-                mbar_wait(&full[s], (u / RB_STAGES) & 1);
+                rb_wait(&full[s], (u / RB_STAGES) & 1);
                 f ^= *(const unsigned *)(ring + (size_t)s * RB_STAGE);
-                mbar_arrive(&empty[s]);
+                asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(rb_smem(&empty[s])) : "memory");
             }
     }
     if (f == 0x12345678u) sink[blockIdx.x] = f;
 }
+
+typedef CUresult (*rb_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                 const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 
 extern "C" int cuda_read_bench_width(void)
 {
@@ -136,29 +162,37 @@ extern "C" int cuda_read_bench(int pattern, const uint16_t *w, int rows, int blo
         rb_tiles<<<blocks, RB_THREADS, 0, st>>>(w, rows, sink);
         return cuda_launch_status("rb_tiles");
     }
-    /* The kernel attribute once, the tensor map once per matrix, not per call: the
-     * timed calls are launches only (host work between the bench's events would count
-     * as GPU time). */
-    static int attribute_set;
+    /* The driver lookup, the kernel attribute and the tensor map once per matrix, not
+     * per call: the timed calls are launches only (host work between the bench's events
+     * would count as GPU time). */
+    static rb_encode_fn encode;
     static struct {
         const uint16_t *w;
         int rows;
         CUtensorMap map;
     } cached;
     const int smem = RB_STAGES * RB_STAGE + 128;
-    if (!attribute_set) {
+    if (!encode) {
+        void *fn = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) !=
+                cudaSuccess ||
+            q != cudaDriverEntryPointSuccess || !fn)
+            return mm3_errorf(-ENODEV, "cuda_read_bench: no cuTensorMapEncodeTiled in the driver");
         int rc = cuda_status(cudaFuncSetAttribute(rb_copy_engine, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                              "rb_copy_engine attributes");
         if (rc < 0) return rc;
-        attribute_set = 1;
+        encode = (rb_encode_fn)fn;
     }
     if (cached.w != w || cached.rows != rows) {
-        cached.w = NULL;
-        const uint64_t dims[2] = {RB_K, (uint64_t)rows}, strides[1] = {RB_K * 2};
-        const unsigned box[2] = {RB_CHUNK / 2, RB_TILE};
-        int rc = cuda_tensor_map(&cached.map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, w, dims, strides, box,
-                                 CU_TENSOR_MAP_SWIZZLE_NONE);
-        if (rc < 0) return rc;
+        const cuuint64_t dims[2] = {RB_K, (cuuint64_t)rows}, strides[1] = {RB_K * 2};
+        const cuuint32_t box[2] = {RB_CHUNK / 2, RB_TILE}, es[2] = {1, 1};
+        if (encode(&cached.map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)w, dims, strides, box, es,
+                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+            cached.w = NULL;
+            return mm3_errorf(-EINVAL, "cuda_read_bench: tensor map of [%d, %d]", rows, RB_K);
+        }
         cached.w = w;
         cached.rows = rows;
     }
