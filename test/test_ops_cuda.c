@@ -619,18 +619,11 @@ static void check_chain(int n)
     assert_int_equal(cuda_malloc((void **)&d.f, sizeof(float) * (size_t)n * CHAIN_F), 0);
     void *st = NULL;
     assert_int_equal(cuda_stream_create(&st), 0);
-    /* The default routing, then each tensor-core kernel for every product; last
-     * gemv_mma.cu with x through its weight ring (MM3_MMA_XRING=1: x must be copied only
-     * after the PDL wait). */
-    for (int mode = 0; mode <= 3; mode++) {
+    /* The default routing, then each tensor-core kernel for every product. */
+    for (int mode = 0; mode <= 2; mode++) {
         char run[128];
-        snprintf(run, sizeof run, "%s, x-staged %s%s", what, mode == 0 ? "default" : mode == 1 ? "always" : "never",
-                 mode == 3 ? ", x in the ring" : "");
-        if (mode == 3) {
-            assert_int_equal(setenv("MM3_MMA_XRING", "1", 1), 0);
-            cuda_env_switches_reset();
-        }
-        assert_int_equal(cuda_ops_gemv_set_xs(mode == 3 ? 2 : mode), 0);
+        snprintf(run, sizeof run, "%s, x-staged %s", what, mode == 0 ? "default" : mode == 1 ? "always" : "never");
+        assert_int_equal(cuda_ops_gemv_set_xs(mode), 0);
         assert_int_equal(cuda_memcpy_h2d(d.h, h0, sizeof(float) * (size_t)n * CHAIN_H), 0);
         if (chain_queue(&d, n, st)) fail_msg("%s: %s", run, mm3_last_error());
         assert_int_equal(cuda_stream_sync(st), 0);
@@ -652,8 +645,6 @@ static void check_chain(int n)
         cuda_graph_destroy(graph);
         free(eager), free(replayed);
     }
-    assert_int_equal(unsetenv("MM3_MMA_XRING"), 0);
-    cuda_env_switches_reset();
     assert_int_equal(cuda_ops_gemv_set_xs(0), 0);
 
     cuda_stream_destroy(st);
@@ -798,21 +789,6 @@ static void test_gemv_fused(void **state)
     }
     assert_int_equal(cuda_ops_gemv_set_xs(0), 0);
     assert_int_equal(cuda_ops_gemv_set_xs(3), -EINVAL);
-    /* x through the weight ring (MM3_MMA_XRING=1, measuring) at 9-16 rows of gemv_mma.cu:
-     * one tile per block, several (24576 outputs: the next tile's copies overlap the
-     * merge), k splits, rows past n_rows. */
-    assert_int_equal(setenv("MM3_MMA_XRING", "1", 1), 0);
-    cuda_env_switches_reset();
-    assert_int_equal(cuda_ops_gemv_set_xs(2), 0);
-    check_fused_small(9);
-    check_fused_small(16);
-    check_fused(16, 4096, 4096, CUDA_GEMV_ADD, 0);
-    check_fused(13, 4096, 6144, CUDA_GEMV_STORE, 1);
-    check_fused(16, 12288, 4096, CUDA_GEMV_ADD, 0);
-    check_fused(16, 4096, 24576, CUDA_GEMV_SWIGLU, 1);
-    check_fused(11, 1376, 300, CUDA_GEMV_STORE, 1);
-    assert_int_equal(unsetenv("MM3_MMA_XRING"), 0);
-    cuda_env_switches_reset();
     /* The same with 3-4 rows on the float32 kernel (the tuning setting). */
     assert_int_equal(cuda_ops_gemv_set_mma_rows(4), 0);
     for (int n = 3; n <= 4; n++)

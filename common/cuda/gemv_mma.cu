@@ -87,30 +87,13 @@ __device__ __forceinline__ void mma_x_fragment(uint32_t (&bh)[4], uint32_t (&bl)
 /* One k step of one warp: x times this lane's weights a of every tile. Up to 16 rows
  * every x tile is split first; at 32 rows (NT 4) one x tile at a time, which keeps 24
  * fewer words live (the norm's variants spilled) and adds in the same order. */
-template <int NT, int MMA_MT, bool NORM, bool XR = false>
+template <int NT, int MMA_MT, bool NORM>
 __device__ __forceinline__ void mma_step(float (&acc)[MMA_MT][NT][4], float (&ss)[NT], const uint4 (&a)[MMA_MT][2],
                                          const float4 *const (&xr)[NT], const bool (&xv)[NT],
-                                         const float *__restrict__ wn, int t, int sb, const float4 *xring = nullptr)
+                                         const float *__restrict__ wn, int t, int sb)
 {
     const int kq = sb * (MMA_KSTEP / 8); /* offset in uint4 (8 bf16) units */
-    if constexpr (XR) { /* this lane's x of the step, copied into the ring by the lane itself */
-        uint32_t bh[NT][4], bl[NT][4];
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            float4 na = make_float4(0.f, 0.f, 0.f, 0.f), nb = na;
-            if (NORM) {
-                const float4 *nr = (const float4 *)(wn + 8 * t) + 2 * kq;
-                na = __ldg(nr);
-                nb = __ldg(nr + 1);
-            }
-            mma_x_split<NORM>(bh[nt], bl[nt], ss[nt], xring[(nt * 2) * 32], xring[(nt * 2 + 1) * 32], na, nb);
-        }
-#pragma unroll
-        for (int mt = 0; mt < MMA_MT; mt++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-                mma_tile(acc[mt][nt], a[mt], bh[nt], bl[nt]);
-    } else if constexpr (NT > 2) {
+    if constexpr (NT > 2) {
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             uint32_t bh[4], bl[4];
@@ -135,42 +118,22 @@ __device__ __forceinline__ void mma_step(float (&acc)[MMA_MT][NT][4], float (&ss
 /* A warp's ring of STAGES k steps of weights in shared memory, filled by
  * cp.async: a lane reads back only the 16-byte pieces it copied itself, so
  * cp.async.wait_group is all the synchronisation the ring needs. */
-/* uint4 per warp and stage of the ring: the weights, and with XR the lane's x of the
- * step ([x tile][half][lane], x tiles of NT). */
-template <int MMA_MT, int NT, bool XR> __host__ __device__ constexpr int mma_ring_stage_uint4()
-{
-    return (MMA_MT * 2 + (XR ? NT * 2 : 0)) * 32;
-}
-
-/* One k step into ring slot i: the weights (W) and/or, with XR, this lane's 8 x values of
- * each x tile (X; rows past n_rows read as zeros), then one commit. */
-enum { MMA_COPY_W = 1, MMA_COPY_X = 2 };
-template <int MMA_MT, int STAGES, int NT = 1, bool XR = false>
+template <int MMA_MT, int STAGES>
 __device__ __forceinline__ void mma_copy_step(uint4 *ring, const uint4 *const (&wr)[MMA_MT][2], int lane, int i, int sb,
-                                              int steps, const float4 *const *xr = nullptr, const bool *xv = nullptr,
-                                              int what = MMA_COPY_W | MMA_COPY_X)
+                                              int steps)
 {
-    uint4 *slot = ring + (i % STAGES) * mma_ring_stage_uint4<MMA_MT, NT, XR>();
-    if (sb < steps && (what & MMA_COPY_W))
+    if (sb < steps)
 #pragma unroll
         for (int mt = 0; mt < MMA_MT; mt++)
 #pragma unroll
             for (int h = 0; h < 2; h++)
-                mma_async_copy(slot + (mt * 2 + h) * 32 + lane, wr[mt][h] + sb * 4);
-    if constexpr (XR) {
-        if (sb < steps && (what & MMA_COPY_X))
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-                    mma_async_copy_zfill(slot + MMA_MT * 2 * 32 + (nt * 2 + h) * 32 + lane, xr[nt] + 8 * sb + h, xv[nt]);
-    }
+                mma_async_copy(ring + (((i % STAGES) * MMA_MT + mt) * 2 + h) * 32 + lane, wr[mt][h] + sb * 4);
     mma_copy_commit(); /* empty groups too: wait_group counts them */
 }
 
-template <int MMA_MT, int STAGES, int NT = 1, bool XR = false> constexpr int mma_ring_bytes()
+template <int MMA_MT, int STAGES> constexpr int mma_ring_bytes()
 {
-    return STAGES ? MMA_WARPS * STAGES * mma_ring_stage_uint4<MMA_MT, NT, XR>() * 16 : 0;
+    return STAGES ? MMA_WARPS * STAGES * MMA_MT * 2 * 32 * 16 : 0;
 }
 
 /* NT: 8-row tiles of x (1 for n <= 8, 2 for n <= 16, 4 for n <= 32). MMA_MT: 16-row tiles of W
@@ -179,17 +142,14 @@ template <int MMA_MT, int STAGES, int NT = 1, bool XR = false> constexpr int mma
  * over their share of the row and rank 0 adds them up with the partial products).
  * STAGES: 0 keeps two k steps of weights per warp in registers; n > 0 keeps n - 1
  * in flight through a shared-memory ring (no registers held while in flight). */
-template <int NT, int MMA_MT, int EPI, bool NORM, int STAGES, bool XR>
+template <int NT, int MMA_MT, int EPI, bool NORM, int STAGES>
 __global__ void __launch_bounds__(MMA_THREADS, 2)
     gemv_mma_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int n_rows,
                     int in, int out, int ks, int tiles, const float *__restrict__ wn, float eps, int pre)
 {
     pdl_launch_dependents();
     constexpr int MMA_OUT = 16 * MMA_MT;
-    /* With x in the ring (XR) two blocks per SM fit only if the warps' sums are merged
-     * in two halves: warps 4-7 store theirs, warps 0-3 add theirs. */
-    constexpr int RED_WARPS = XR ? MMA_WARPS / 2 : MMA_WARPS;
-    __shared__ float red[RED_WARPS][MMA_OUT * 8 * NT];
+    __shared__ float red[MMA_WARPS][MMA_OUT * 8 * NT];
     __shared__ float block_sum[MMA_OUT * 8 * NT];
     __shared__ float red_ss[MMA_WARPS][8 * NT], block_ss[8 * NT], row_scale[8 * NT];
     extern __shared__ uint4 mma_ring[];
@@ -210,36 +170,26 @@ __global__ void __launch_bounds__(MMA_THREADS, 2)
     const int stride = MMA_WARPS * ks;
     const int ncols = 8 * NT;
     const int st0 = rank * MMA_WARPS + warp;
-    constexpr int RU = mma_ring_stage_uint4<MMA_MT, NT, XR>();
-    uint4 *ring = mma_ring + (size_t)warp * (STAGES ? STAGES : 1) * RU;
+    uint4 *ring = mma_ring + (size_t)warp * (STAGES ? STAGES : 1) * MMA_MT * 2 * 32;
     /* The first tile's first weights are loaded before pdl_wait when `pre` (weights
      * are no earlier kernel's output), so a block placed while the previous kernel
      * finishes streams. Registers: steps st0 and st0 + stride; ring: STAGES - 1 steps. */
     const uint4 *wr[MMA_MT][2];
     uint4 wa[2][MMA_MT][2];
-    auto start_tile = [&](int tile, int what) {
+    auto start_tile = [&](int tile) {
         mma_tile_rows<MMA_MT>(wr, w, tile, in, out, g, t);
         if constexpr (STAGES > 0) {
 #pragma unroll
             for (int i = 0; i < STAGES - 1; i++)
-                mma_copy_step<MMA_MT, STAGES, NT, XR>(ring, wr, lane, i, st0 + i * stride, steps, xr, xv, what);
+                mma_copy_step<MMA_MT, STAGES>(ring, wr, lane, i, st0 + i * stride, steps);
         } else {
             if (st0 < steps) mma_load_step<MMA_MT>(wa[0], wr, st0);
             if (st0 + stride < steps) mma_load_step<MMA_MT>(wa[1], wr, st0 + stride);
         }
     };
-    /* x is an earlier kernel's output: with x in the ring the first steps' x copies
-     * follow the wait as groups of their own (step i is complete once the weights' and
-     * the x's groups are, which wait_group's count of STAGES - 2 still ensures). */
     if (!pre) pdl_wait();
-    if (blockIdx.x < tiles) start_tile(blockIdx.x, XR && pre ? MMA_COPY_W : MMA_COPY_W | MMA_COPY_X);
+    if (blockIdx.x < tiles) start_tile(blockIdx.x);
     if (pre) pdl_wait();
-    if constexpr (XR && STAGES > 0) {
-        if (pre && blockIdx.x < tiles)
-#pragma unroll
-            for (int i = 0; i < STAGES - 1; i++)
-                mma_copy_step<MMA_MT, STAGES, NT, XR>(ring, wr, lane, i, st0 + i * stride, steps, xr, xv, MMA_COPY_X);
-    }
 
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         const int o0 = tile * MMA_OUT;
@@ -260,18 +210,15 @@ __global__ void __launch_bounds__(MMA_THREADS, 2)
             int i = 0;
             for (int sb = st0; sb < steps; sb += stride, i++) {
                 mma_copy_wait<STAGES - 2>(); /* step i has landed */
-                const uint4 *slot = ring + (i % STAGES) * RU;
                 uint4 a[MMA_MT][2];
 #pragma unroll
                 for (int mt = 0; mt < MMA_MT; mt++)
 #pragma unroll
                     for (int h = 0; h < 2; h++)
-                        a[mt][h] = slot[(mt * 2 + h) * 32 + lane];
+                        a[mt][h] = ring[(((i % STAGES) * MMA_MT + mt) * 2 + h) * 32 + lane];
                 /* refills the slot read in the previous step (its values are in registers) */
-                mma_copy_step<MMA_MT, STAGES, NT, XR>(ring, wr, lane, i + STAGES - 1, sb + (STAGES - 1) * stride, steps,
-                                                      xr, xv);
-                mma_step<NT, MMA_MT, NORM, XR>(acc, ss, a, xr, xv, wn, t, sb,
-                                               (const float4 *)(slot + MMA_MT * 2 * 32) + lane);
+                mma_copy_step<MMA_MT, STAGES>(ring, wr, lane, i + STAGES - 1, sb + (STAGES - 1) * stride, steps);
+                mma_step<NT, MMA_MT, NORM>(acc, ss, a, xr, xv, wn, t, sb);
             }
         } else {
             for (int st = st0; st < steps; st += 2 * stride) {
@@ -287,25 +234,19 @@ __global__ void __launch_bounds__(MMA_THREADS, 2)
         }
 
         /* The next tile's first weights stream while this tile's sums are merged. */
-        if (tile + (int)gridDim.x < tiles) start_tile(tile + (int)gridDim.x, MMA_COPY_W | MMA_COPY_X);
+        if (tile + (int)gridDim.x < tiles) start_tile(tile + (int)gridDim.x);
 
             /* C fragment: c0,c1 -> (out mt*16+g, x rows nt*8+2t+{0,1}); c2,c3 -> out +8. Layout [o][n]. */
-        for (int half = XR ? 1 : 0; half >= 0; half--) {
-            if (XR && half == 0) __syncthreads(); /* the upper warps' sums are stored */
-            if (XR && (warp >= RED_WARPS) != (half == 1)) continue;
-            float *rw = red[warp % RED_WARPS];
 #pragma unroll
-            for (int mt = 0; mt < MMA_MT; mt++)
+        for (int mt = 0; mt < MMA_MT; mt++)
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    const int o = mt * 16 + g, n = nt * 8 + 2 * t;
-                    const float c[4] = {acc[mt][nt][0], acc[mt][nt][1], acc[mt][nt][2], acc[mt][nt][3]};
-                    const int at[4] = {o * ncols + n, o * ncols + n + 1, (o + 8) * ncols + n, (o + 8) * ncols + n + 1};
-#pragma unroll
-                    for (int q = 0; q < 4; q++)
-                        rw[at[q]] = XR && half == 0 ? rw[at[q]] + c[q] : c[q];
-                }
-        }
+            for (int nt = 0; nt < NT; nt++) {
+                const int o = mt * 16 + g, n = nt * 8 + 2 * t;
+                red[warp][o * ncols + n] = acc[mt][nt][0];
+                red[warp][o * ncols + n + 1] = acc[mt][nt][1];
+                red[warp][(o + 8) * ncols + n] = acc[mt][nt][2];
+                red[warp][(o + 8) * ncols + n + 1] = acc[mt][nt][3];
+            }
         if (NORM) { /* lanes 4g..4g+3 hold row nt*8+g's x^2 over their k: add them up */
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
@@ -319,7 +260,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2)
         for (int i = threadIdx.x; i < MMA_OUT * ncols; i += MMA_THREADS) {
             float s = 0.0f;
 #pragma unroll
-            for (int k = 0; k < RED_WARPS; k++)
+            for (int k = 0; k < MMA_WARPS; k++)
                 s += red[k][i];
             block_sum[i] = s;
         }
@@ -384,16 +325,15 @@ static int mma_pdl(void)
 
 /* Clusters of ks blocks of this kernel that fit on the GPU at once (cached per
  * instantiation; every thread computes the same values, so the race is benign). */
-template <int NT, int MT, int EPI, bool NORM, int S, bool XR> static int mma_resident_clusters(int ks)
+template <int NT, int MT, int EPI, bool NORM, int S> static int mma_resident_clusters(int ks)
 {
     static int cache[MMA_MAX_CLUSTER + 1];
     if (!cache[ks]) {
         if (S) /* the ring is past the 48 KiB a launch gets unasked */
-            (void)cudaFuncSetAttribute(gemv_mma_kernel<NT, MT, EPI, NORM, S, XR>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, mma_ring_bytes<MT, S, NT, XR>());
+            (void)cudaFuncSetAttribute(gemv_mma_kernel<NT, MT, EPI, NORM, S>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, mma_ring_bytes<MT, S>());
         cache[ks] =
-            cuda_resident_clusters_y(gemv_mma_kernel<NT, MT, EPI, NORM, S, XR>, MMA_THREADS,
-                                     mma_ring_bytes<MT, S, NT, XR>(), ks);
+            cuda_resident_clusters_y(gemv_mma_kernel<NT, MT, EPI, NORM, S>, MMA_THREADS, mma_ring_bytes<MT, S>(), ks);
     }
     return cache[ks];
 }
@@ -414,14 +354,14 @@ static int mma_balance(void)
  * pipeline restarts at every tile); a split must beat the best so far by 3% (its
  * blocks merge through distributed shared memory). */
 enum { MMA_MIN_TILE_STEPS = 4 };
-template <int NT, int MT, int EPI, bool NORM, int S, bool XR>
+template <int NT, int MT, int EPI, bool NORM, int S>
 static void mma_plan(int tiles, int steps, int *ks_out, int *grid_out)
 {
-    const int slots = mma_resident_clusters<NT, MT, EPI, NORM, S, XR>(1);
+    const int slots = mma_resident_clusters<NT, MT, EPI, NORM, S>(1);
     int ks = 1, per = (tiles + slots - 1) / slots;
     long best = tiles; /* block-tiles of work of ks = 1; busy fraction best / (per * slots) */
     for (int k = 2; k <= MMA_MAX_CLUSTER && k * MMA_WARPS <= steps; k++) {
-        const int clusters = mma_resident_clusters<NT, MT, EPI, NORM, S, XR>(k);
+        const int clusters = mma_resident_clusters<NT, MT, EPI, NORM, S>(k);
         const int p = (tiles + clusters - 1) / clusters;
         if (p > 1 && (!mma_balance() || k * MMA_WARPS * MMA_MIN_TILE_STEPS > steps)) continue;
         if ((long)tiles * k * per * 100 > best * p * 103) best = (long)tiles * k, per = p, ks = k;
@@ -430,15 +370,15 @@ static void mma_plan(int tiles, int steps, int *ks_out, int *grid_out)
     *grid_out = (tiles + per - 1) / per;
 }
 
-template <int NT, int MT, int EPI, bool NORM, int S, bool XR = false>
+template <int NT, int MT, int EPI, bool NORM, int S>
 static int mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, const float *wn,
                       float eps, cudaStream_t st)
 {
     const int tiles = (out + 16 * MT - 1) / (16 * MT);
     int ks, grid;
-    mma_plan<NT, MT, EPI, NORM, S, XR>(tiles, in / MMA_KSTEP, &ks, &grid);
-    return launch_ex("cudaLaunchKernelEx(gemv_mma_kernel)", gemv_mma_kernel<NT, MT, EPI, NORM, S, XR>,
-                     dim3((unsigned)grid, (unsigned)ks), dim3(MMA_THREADS), mma_ring_bytes<MT, S, NT, XR>(), st, ks,
+    mma_plan<NT, MT, EPI, NORM, S>(tiles, in / MMA_KSTEP, &ks, &grid);
+    return launch_ex("cudaLaunchKernelEx(gemv_mma_kernel)", gemv_mma_kernel<NT, MT, EPI, NORM, S>,
+                     dim3((unsigned)grid, (unsigned)ks), dim3(MMA_THREADS), mma_ring_bytes<MT, S>(), st, ks,
                      mma_pdl() != 0, y, x, w, n_rows, in, out, ks, tiles, wn, eps, mma_switch_pre());
 }
 
@@ -491,18 +431,6 @@ template <int NT> static bool mma_uses_ring(void)
 
 enum { MMA_RING_STAGES = 3 };
 
-/* MM3_MMA_XRING=1 (measuring, off): at 9-16 rows x goes through the weight ring too
- * (cp.async, each lane copying the 8 x values it reads), so that no warp waits on an
- * L2 read of x in its k step. The seventeenth session's copy-engine GEMV, with x and
- * weights in one deep ring, streamed the 16-row 4096-output products 10-20% faster
- * than this kernel alone but lost the overlap with the kernel before it (one ~200 KiB
- * block per SM); here the blocks stay at two per SM (~110 KiB each). */
-static int mma_xring(void)
-{
-    static int state = -1;
-    return cuda_env_switch(&state, "MM3_MMA_XRING", 0) == 1;
-}
-
 /* 17-32 rows (NT 4) always take the ring and 2 tiles: 32 accumulators and 32 words of
  * split x per step leave no registers for weights in flight (ptxas: spills). */
 template <int NT, int EPI, bool NORM>
@@ -514,11 +442,9 @@ static int mma_launch_tiles(float *y, const float *x, const uint16_t *w, int n_r
     } else {
         if (m_tiles == 0) m_tiles = mma_default_tiles();
         if (m_tiles == 4) return mma_launch<NT, 4, EPI, NORM, 0>(y, x, w, n_rows, in, out, wn, eps, st);
-        if (!mma_uses_ring<NT>()) return mma_launch<NT, 2, EPI, NORM, 0>(y, x, w, n_rows, in, out, wn, eps, st);
-        if constexpr (NT == 2)
-            if (mma_xring())
-                return mma_launch<NT, 2, EPI, NORM, MMA_RING_STAGES, true>(y, x, w, n_rows, in, out, wn, eps, st);
-        return mma_launch<NT, 2, EPI, NORM, MMA_RING_STAGES>(y, x, w, n_rows, in, out, wn, eps, st);
+        return mma_uses_ring<NT>()
+                   ? mma_launch<NT, 2, EPI, NORM, MMA_RING_STAGES>(y, x, w, n_rows, in, out, wn, eps, st)
+                   : mma_launch<NT, 2, EPI, NORM, 0>(y, x, w, n_rows, in, out, wn, eps, st);
     }
 }
 

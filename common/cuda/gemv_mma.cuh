@@ -32,14 +32,6 @@ __device__ __forceinline__ void mma_async_copy(void *dst, const void *src)
     asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
 }
 
-/* The same for x (no prefetch hint: x is L2-resident); an invalid source reads as 16
- * zero bytes (rows past n_rows). */
-__device__ __forceinline__ void mma_async_copy_zfill(void *dst, const void *src, bool valid)
-{
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-
 __device__ __forceinline__ void mma_copy_commit(void)
 {
     asm volatile("cp.async.commit_group;" ::: "memory");
