@@ -16,6 +16,7 @@
 #include "common/pipeline_proto.h"
 #include "shmconn/shmconn.h"
 #include "stage0/frame_spool.h"
+#include "stage0/journal_sweep.h"
 #include "stage0/scheduler.h"
 #include "stage0/teacher_force.h"
 
@@ -1053,6 +1054,14 @@ int engine_start(struct engine *e, double wait_s)
 {
     int n = shmconn_reclaim_stale(e->prefix);
     if (n > 0) LOG_INFO("reclaimed %d stale segment(s) with prefix %s", n, e->prefix);
+    if (e->d->api.journal_dir[0]) { /* what a stage 0 that died left there */
+        struct journal_sweep_result sw;
+        if (journal_sweep_orphans(e->d->api.journal_dir, &sw) < 0)
+            LOG_WARN("journal sweep: %s", mm3_last_error());
+        else if (sw.closed || sw.spools_removed)
+            LOG_INFO("journal_dir %s: %d journal(s) of a stopped stage 0 marked interrupted, %d frame spool(s) removed",
+                     e->d->api.journal_dir, sw.closed, sw.spools_removed);
+    }
     int rc = shmconn_create(&e->out, &e->cfg_out);
     if (rc < 0) return rc;
     if ((rc = pthread_create(&e->rx, NULL, rx_thread, e)))

@@ -787,6 +787,21 @@ int journal_list_unfinished(const char *dir, char ***paths, int *n)
     return 0;
 }
 
+int journal_ended(const char *path)
+{
+    enum { END_RECORD = 1 + 4 + 10 + 8 };
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return mm3_errorf(-errno, "journal %s: cannot open: %s", path, strerror(errno));
+    uint8_t b[END_RECORD];
+    const off_t size = lseek(fd, 0, SEEK_END);
+    const ssize_t got = size >= END_RECORD ? pread(fd, b, sizeof b, size - END_RECORD) : 0;
+    const int err = errno;
+    close(fd);
+    if (size < 0 || got < 0) return mm3_errorf(-err, "journal %s: cannot read: %s", path, strerror(err));
+    if (got != END_RECORD || b[0] != 'E' || get_u32(b + 1) != 10) return 0;
+    return get_u64(b + 15) == hash64(b, 15, NULL, 0) && b[13] != JOURNAL_OPEN;
+}
+
 void journal_list_free(char **paths, int n)
 {
     for (int i = 0; i < n; i++)

@@ -123,6 +123,11 @@ void journal_record_free(struct journal_record *rec);
 int journal_list_unfinished(const char *dir, char ***paths, int *n);
 void journal_list_free(char **paths, int n);
 
+/* 1 when the file's last record is an intact end record (the request was closed; a
+ * read of 23 bytes, for scans of folders of finished journals), 0 when it is not
+ * (still open, torn, reopened), -errno naming the path when it cannot be read. */
+int journal_ended(const char *path);
+
 const char *journal_status_name(enum journal_status s);
 
 #endif

@@ -492,6 +492,14 @@ static int served_start(struct served *s, struct test_replica *r, const char *ta
     if (!served_ready(s)) return 0;
     snprintf(jdir, jdir_size, "%s/journal", s->tmp);
     mkdir(jdir, 0755);
+    /* what a stage 0 that died would have left: its spool goes at start-up (the tests
+     * check at the end that no spool is left) */
+    char orphan[1400];
+    snprintf(orphan, sizeof orphan, "%s/1764000000-%d-1%s", jdir, test_dead_pid(), FRAME_SPOOL_SUFFIX);
+    FILE *f = fopen(orphan, "w");
+    assert_non_null(f);
+    fputs("MM3SPOOL", f);
+    fclose(f);
     assert_int_equal(start_replica(r, s, tag, async_chunk, jdir), 0);
     return 1;
 }
@@ -703,6 +711,7 @@ static void test_served_stage1_killed(void **state)
     assert_true(log_line_has(&r, "job 3: stage 1 is back", "from the frame spool"));
     assert_true(log_line_has(&r, "job 3: stage 1 is back", "and the end"));
     assert_true(test_replica_log_contains(&r, "No such file or directory: re-sending by teacher forcing"));
+    assert_true(test_replica_log_contains(&r, "its writer (pid")); /* the start-up sweep */
     assert_int_equal(spools_left(jdir), 0);
     assert_int_equal(count_files(jdir, JOURNAL_SUFFIX), 4);
     free(whole.buf);

@@ -24,6 +24,8 @@
 #include "stage0/generate.h"
 #include "stage0/generate_prompt.h"
 #include "stage0/journal.h"
+#include "stage0/frame_spool.h"
+#include "stage0/journal_sweep.h"
 #include "stage0/teacher_force.h"
 #include "support/test_stage0.h"
 #include "support/test_support.h"
@@ -407,6 +409,112 @@ static void test_list_and_reopen(void **state)
     free(dir);
 }
 
+static void touch_spool(const char *dir, const char *id)
+{
+    char p[4096];
+    snprintf(p, sizeof p, "%s/%s%s", dir, id, FRAME_SPOOL_SUFFIX);
+    spill(p, (const uint8_t *)"MM3SPOOL", 8);
+}
+
+static int spool_exists(const char *dir, const char *id)
+{
+    char p[4096];
+    snprintf(p, sizeof p, "%s/%s%s", dir, id, FRAME_SPOOL_SUFFIX);
+    return access(p, F_OK) == 0;
+}
+
+static void test_id_pid(void **state)
+{
+    (void)state;
+    char id[JOURNAL_ID_MAX];
+    journal_make_id(id, 42);
+    assert_int_equal(journal_id_pid(id), (int)getpid());
+    assert_int_equal(journal_id_pid("1764000000-123-7"), 123);
+    const char *bad[] = {"", "req-1", "a-done", "12-34", "12--7", "12-0-7", "x12-34-7", "12-34-7x", "12-34-",
+                         "12-99999999999-7"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        assert_int_equal(journal_id_pid(bad[i]), -1);
+}
+
+/* What a stage 0 that died leaves (journals with no end record, spools) is closed
+ * "interrupted" / removed at the next start; a live writer's files (this process's),
+ * finished journals, foreign names and other files are left as they were, and a
+ * second sweep finds nothing. */
+static void test_sweep_orphans(void **state)
+{
+    (void)state;
+    char *dir = test_make_tmpdir("journal_sweep");
+    int32_t *codes = random_codes(60);
+    char dead_open[JOURNAL_ID_MAX], dead_done[JOURNAL_ID_MAX], dead_torn[JOURNAL_ID_MAX], live_open[JOURNAL_ID_MAX],
+        stray[JOURNAL_ID_MAX];
+    const int pid = test_dead_pid();
+    snprintf(dead_open, sizeof dead_open, "1764000000-%d-1", pid);
+    snprintf(dead_done, sizeof dead_done, "1764000000-%d-2", pid);
+    snprintf(dead_torn, sizeof dead_torn, "1764000000-%d-3", pid);
+    snprintf(stray, sizeof stray, "1764000000-%d-9", pid);
+    journal_make_id(live_open, 5);
+    char *p_open = write_journal(dir, dead_open, codes, 40, JOURNAL_OPEN, JOURNAL_STOP_NONE);
+    char *p_done = write_journal(dir, dead_done, codes, 30, JOURNAL_DONE, JOURNAL_STOP_TOKEN);
+    char *p_torn = write_journal(dir, dead_torn, codes, 60, JOURNAL_OPEN, JOURNAL_STOP_NONE);
+    char *p_live = write_journal(dir, live_open, codes, 20, JOURNAL_OPEN, JOURNAL_STOP_NONE);
+    free(write_journal(dir, "d-open", codes, 10, JOURNAL_OPEN, JOURNAL_STOP_NONE)); /* not a request id */
+    struct stat st;
+    assert_int_equal(stat(p_torn, &st), 0);
+    assert_int_equal(truncate(p_torn, st.st_size - 3), 0); /* its last block (50..59) torn by the crash */
+    touch_spool(dir, dead_open);
+    touch_spool(dir, stray); /* a spool whose journal is gone */
+    touch_spool(dir, live_open);
+    size_t n_done;
+    uint8_t *done_before = slurp(p_done, &n_done);
+    assert_int_equal(journal_ended(p_done), 1);
+    assert_int_equal(journal_ended(p_open), 0);
+    assert_true(journal_ended("/nonexistent-journal-dir/x.mm3j") < 0);
+
+    struct journal_sweep_result res;
+    assert_int_equal(journal_sweep_orphans(dir, &res), 0);
+    assert_int_equal(res.closed, 2);
+    assert_int_equal(res.spools_removed, 2);
+    assert_int_equal(res.live, 2); /* this process's journal and spool */
+    struct journal_record r;
+    assert_int_equal(journal_read(p_open, &r), 0);
+    assert_int_equal(r.status, JOURNAL_INTERRUPTED);
+    assert_int_equal(r.stop, JOURNAL_STOP_NONE);
+    assert_int_equal(r.n_steps, 40);
+    assert_int_equal(r.n_frames, 39);
+    assert_memory_equal(r.codes, codes, sizeof(int32_t) * 40 * NCB);
+    journal_record_free(&r);
+    assert_int_equal(journal_read(p_torn, &r), 0);
+    assert_int_equal(r.status, JOURNAL_INTERRUPTED);
+    assert_int_equal(r.n_steps, 50); /* the intact prefix */
+    assert_int_equal(r.torn, 0);
+    journal_record_free(&r);
+    assert_int_equal(journal_read(p_live, &r), 0);
+    assert_int_equal(r.status, JOURNAL_OPEN);
+    journal_record_free(&r);
+    size_t n_after;
+    uint8_t *done_after = slurp(p_done, &n_after);
+    assert_int_equal(n_after, n_done);
+    assert_memory_equal(done_after, done_before, n_done);
+    assert_false(spool_exists(dir, dead_open));
+    assert_false(spool_exists(dir, stray));
+    assert_true(spool_exists(dir, live_open));
+    char **paths;
+    int n;
+    assert_int_equal(journal_list_unfinished(dir, &paths, &n), 0);
+    assert_int_equal(n, 4); /* the two interrupted, the live one, d-open */
+    journal_list_free(paths, n);
+
+    assert_int_equal(journal_sweep_orphans(dir, &res), 0);
+    assert_int_equal(res.closed, 0);
+    assert_int_equal(res.spools_removed, 0);
+    assert_true(journal_sweep_orphans("/nonexistent-journal-dir", &res) < 0);
+
+    free(done_before), free(done_after);
+    free(p_open), free(p_done), free(p_torn), free(p_live), free(codes);
+    test_remove_tree(dir);
+    free(dir);
+}
+
 /* ---- with the tiny-a checkpoint ---- */
 
 static const char k_caption[] = "a bright synth pop song";
@@ -745,6 +853,8 @@ int main(void)
         cmocka_unit_test(test_unwritable),
         cmocka_unit_test(test_disk_full),
         cmocka_unit_test(test_list_and_reopen),
+        cmocka_unit_test(test_id_pid),
+        cmocka_unit_test(test_sweep_orphans),
         cmocka_unit_test(test_bytes_per_frame),
         cmocka_unit_test(test_resend_from_live_journal),
         cmocka_unit_test(test_complete_interrupted),

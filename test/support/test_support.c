@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -88,4 +89,12 @@ char *test_file_read(const char *path, size_t *len)
     fclose(f);
     if (len) *len = (size_t)n;
     return b;
+}
+
+int test_dead_pid(void)
+{
+    pid_t c = fork();
+    if (c == 0) _exit(0);
+    if (c < 0 || waitpid(c, NULL, 0) != c) abort(); /* a test machine that cannot fork */
+    return (int)c;
 }

@@ -18,6 +18,8 @@ void test_remove_tree(const char *dir);
 void test_sleep_ms(int ms);
 /* The whole file, NUL-terminated (*len without the NUL when len is not NULL); NULL when unreadable. */
 char *test_file_read(const char *path, size_t *len);
+/* A pid no process has: a child's, exited and reaped (reuse during a test is improbable). */
+int test_dead_pid(void);
 /* Relative L2 error ||a-b|| / ||b|| (b all zero: ||a||). */
 double test_rel_error(const float *a, const float *b, size_t n);
 

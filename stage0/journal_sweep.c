@@ -1,0 +1,108 @@
+/* Start-up sweep of a dead stage-0 process's journals and spools (journal_sweep.h). */
+#include "stage0/journal_sweep.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "stage0/frame_spool.h"
+#include "stage0/journal.h"
+
+int journal_id_pid(const char *id)
+{
+    const char *p = id;
+    if (*p < '0' || *p > '9') return -1;
+    while (*p >= '0' && *p <= '9')
+        p++;
+    if (*p++ != '-') return -1;
+    long pid = 0;
+    const char *q = p;
+    while (*p >= '0' && *p <= '9' && pid <= 1L << 30)
+        pid = pid * 10 + (*p++ - '0');
+    if (p == q || *p++ != '-' || pid < 1 || pid > 1L << 30) return -1;
+    if (*p < '0' || *p > '9') return -1;
+    while (*p >= '0' && *p <= '9')
+        p++;
+    return *p ? -1 : (int)pid;
+}
+
+static int process_alive(int pid)
+{
+    return pid == (int)getpid() || kill(pid, 0) == 0 || errno == EPERM;
+}
+
+/* name minus suffix into id; 0 when name does not end in suffix or is too long */
+static int id_of(const char *name, const char *suffix, char id[JOURNAL_ID_MAX])
+{
+    size_t l = strlen(name), sl = strlen(suffix);
+    if (l <= sl || l - sl >= JOURNAL_ID_MAX || strcmp(name + l - sl, suffix)) return 0;
+    memcpy(id, name, l - sl);
+    id[l - sl] = '\0';
+    return 1;
+}
+
+static void close_orphan(const char *path, const char *id, int pid, struct journal_sweep_result *res)
+{
+    if (journal_ended(path) == 1) return; /* the usual case: finished long ago */
+    struct journal *j = NULL;
+    struct journal_record rec;
+    if (journal_open_append(&j, path, &rec) < 0) {
+        LOG_WARN("journal sweep: %s", mm3_last_error());
+        return;
+    }
+    /* A journal whose last end record is intact but followed by a torn write, or one
+     * a completion reopened, keeps its status; only "open" becomes "interrupted". */
+    const enum journal_status st = rec.status == JOURNAL_OPEN ? JOURNAL_INTERRUPTED : rec.status;
+    if (journal_close(j, st, rec.stop, rec.n_frames) < 0) {
+        LOG_WARN("journal sweep: %s", mm3_last_error());
+    } else if (rec.status == JOURNAL_OPEN) {
+        res->closed++;
+        LOG_WARN("journal %s: request %s was in flight when stage 0 (pid %d) stopped: %d frames journaled, marked "
+                 "interrupted (mm3-rerender --journal %s renders them)",
+                 path, id, pid, rec.n_frames, path);
+    }
+    journal_record_free(&rec);
+}
+
+int journal_sweep_orphans(const char *dir, struct journal_sweep_result *res)
+{
+    *res = (struct journal_sweep_result){0};
+    DIR *d = opendir(dir);
+    if (!d) return mm3_errorf(-errno, "journal_dir %s: cannot open: %s", dir, strerror(errno));
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char id[JOURNAL_ID_MAX];
+        const int journal = id_of(e->d_name, JOURNAL_SUFFIX, id);
+        if (!journal && !id_of(e->d_name, FRAME_SPOOL_SUFFIX, id)) continue;
+        const int pid = journal_id_pid(id);
+        if (pid < 0) continue;
+        if (process_alive(pid)) {
+            res->live++;
+            continue;
+        }
+        const size_t pl = strlen(dir) + strlen(e->d_name) + 2;
+        char *path = malloc(pl);
+        if (!path) {
+            closedir(d);
+            return mm3_errorf(-ENOMEM, "journal_dir %s: out of memory", dir);
+        }
+        snprintf(path, pl, "%s/%s", dir, e->d_name);
+        if (journal) {
+            close_orphan(path, id, pid, res);
+        } else if (unlink(path) == 0) {
+            res->spools_removed++;
+            LOG_INFO("frame spool %s: its writer (pid %d) is gone: removed", path, pid);
+        } else if (errno != ENOENT) {
+            LOG_WARN("frame spool %s: cannot remove: %s", path, strerror(errno));
+        }
+        free(path);
+    }
+    closedir(d);
+    return 0;
+}
