@@ -55,6 +55,7 @@ struct eng_req {
 
 struct engine {
     const struct mm3_deploy *d;
+    time_t created_unix; /* before any journal of this process (the start-up sweep) */
     struct sched *sched;
     struct api_engine api;
     struct frame_mix mix;
@@ -987,6 +988,7 @@ int engine_create(struct engine **out, const struct mm3_deploy *d, const struct 
     struct engine *e = calloc(1, sizeof *e);
     if (!e) return mm3_errorf(-ENOMEM, "engine: out of memory");
     e->d = d;
+    e->created_unix = time(NULL);
     snprintf(e->prefix, sizeof e->prefix, "%s", prefix && *prefix ? prefix : SHMCONN_DEFAULT_PREFIX);
     int rc = frame_mix_load(&e->mix, ckpt_root);
     if (rc < 0) goto fail;
@@ -1056,7 +1058,7 @@ int engine_start(struct engine *e, double wait_s)
     if (n > 0) LOG_INFO("reclaimed %d stale segment(s) with prefix %s", n, e->prefix);
     if (e->d->api.journal_dir[0]) { /* what a stage 0 that died left there */
         struct journal_sweep_result sw;
-        if (journal_sweep_orphans(e->d->api.journal_dir, &sw) < 0)
+        if (journal_sweep_orphans(e->d->api.journal_dir, (long long)e->created_unix, &sw) < 0)
             LOG_WARN("journal sweep: %s", mm3_last_error());
         else if (sw.closed || sw.spools_removed)
             LOG_INFO("journal_dir %s: %d journal(s) of a stopped stage 0 marked interrupted, %d frame spool(s) removed",

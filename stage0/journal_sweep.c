@@ -14,12 +14,13 @@
 #include "stage0/frame_spool.h"
 #include "stage0/journal.h"
 
-int journal_id_pid(const char *id)
+int journal_id_parse(const char *id, long long *unix_s)
 {
     const char *p = id;
     if (*p < '0' || *p > '9') return -1;
-    while (*p >= '0' && *p <= '9')
-        p++;
+    long long t = 0;
+    while (*p >= '0' && *p <= '9' && t < 1LL << 40)
+        t = t * 10 + (*p++ - '0');
     if (*p++ != '-') return -1;
     long pid = 0;
     const char *q = p;
@@ -29,12 +30,18 @@ int journal_id_pid(const char *id)
     if (*p < '0' || *p > '9') return -1;
     while (*p >= '0' && *p <= '9')
         p++;
-    return *p ? -1 : (int)pid;
+    if (*p) return -1;
+    if (unix_s) *unix_s = t;
+    return (int)pid;
 }
 
-static int process_alive(int pid)
+/* Whether the writer of a file named by (pid, created) may still be running. This
+ * process's pid with a time before `since` is a predecessor's (a restarted container
+ * often gets the same pid). */
+static int writer_alive(int pid, long long created, long long since)
 {
-    return pid == (int)getpid() || kill(pid, 0) == 0 || errno == EPERM;
+    if (pid == (int)getpid()) return created >= since;
+    return kill(pid, 0) == 0 || errno == EPERM;
 }
 
 /* name minus suffix into id; 0 when name does not end in suffix or is too long */
@@ -70,7 +77,7 @@ static void close_orphan(const char *path, const char *id, int pid, struct journ
     journal_record_free(&rec);
 }
 
-int journal_sweep_orphans(const char *dir, struct journal_sweep_result *res)
+int journal_sweep_orphans(const char *dir, long long since_unix, struct journal_sweep_result *res)
 {
     *res = (struct journal_sweep_result){0};
     DIR *d = opendir(dir);
@@ -80,9 +87,10 @@ int journal_sweep_orphans(const char *dir, struct journal_sweep_result *res)
         char id[JOURNAL_ID_MAX];
         const int journal = id_of(e->d_name, JOURNAL_SUFFIX, id);
         if (!journal && !id_of(e->d_name, FRAME_SPOOL_SUFFIX, id)) continue;
-        const int pid = journal_id_pid(id);
+        long long created;
+        const int pid = journal_id_parse(id, &created);
         if (pid < 0) continue;
-        if (process_alive(pid)) {
+        if (writer_alive(pid, created, since_unix)) {
             res->live++;
             continue;
         }

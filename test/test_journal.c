@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 /* cmocka needs the headers above */
@@ -428,16 +429,20 @@ static void test_id_pid(void **state)
     (void)state;
     char id[JOURNAL_ID_MAX];
     journal_make_id(id, 42);
-    assert_int_equal(journal_id_pid(id), (int)getpid());
-    assert_int_equal(journal_id_pid("1764000000-123-7"), 123);
+    long long t = 0;
+    assert_int_equal(journal_id_parse(id, &t), (int)getpid());
+    assert_true(t > 1700000000LL);
+    assert_int_equal(journal_id_parse("1764000000-123-7", &t), 123);
+    assert_true(t == 1764000000LL);
     const char *bad[] = {"", "req-1", "a-done", "12-34", "12--7", "12-0-7", "x12-34-7", "12-34-7x", "12-34-",
                          "12-99999999999-7"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-        assert_int_equal(journal_id_pid(bad[i]), -1);
+        assert_int_equal(journal_id_parse(bad[i], NULL), -1);
 }
 
 /* What a stage 0 that died leaves (journals with no end record, spools) is closed
- * "interrupted" / removed at the next start; a live writer's files (this process's),
+ * "interrupted" / removed at the next start, also under this process's pid when made
+ * before it started (a restarted container); a live writer's files (this process's),
  * finished journals, foreign names and other files are left as they were, and a
  * second sweep finds nothing. */
 static void test_sweep_orphans(void **state)
@@ -446,7 +451,9 @@ static void test_sweep_orphans(void **state)
     char *dir = test_make_tmpdir("journal_sweep");
     int32_t *codes = random_codes(60);
     char dead_open[JOURNAL_ID_MAX], dead_done[JOURNAL_ID_MAX], dead_torn[JOURNAL_ID_MAX], live_open[JOURNAL_ID_MAX],
-        stray[JOURNAL_ID_MAX];
+        stray[JOURNAL_ID_MAX], own_old[JOURNAL_ID_MAX];
+    const long long started = (long long)time(NULL);
+    snprintf(own_old, sizeof own_old, "%lld-%d-4", started - 60, (int)getpid()); /* a predecessor with our pid */
     const int pid = test_dead_pid();
     snprintf(dead_open, sizeof dead_open, "1764000000-%d-1", pid);
     snprintf(dead_done, sizeof dead_done, "1764000000-%d-2", pid);
@@ -457,6 +464,7 @@ static void test_sweep_orphans(void **state)
     char *p_done = write_journal(dir, dead_done, codes, 30, JOURNAL_DONE, JOURNAL_STOP_TOKEN);
     char *p_torn = write_journal(dir, dead_torn, codes, 60, JOURNAL_OPEN, JOURNAL_STOP_NONE);
     char *p_live = write_journal(dir, live_open, codes, 20, JOURNAL_OPEN, JOURNAL_STOP_NONE);
+    char *p_own_old = write_journal(dir, own_old, codes, 12, JOURNAL_OPEN, JOURNAL_STOP_NONE);
     free(write_journal(dir, "d-open", codes, 10, JOURNAL_OPEN, JOURNAL_STOP_NONE)); /* not a request id */
     struct stat st;
     assert_int_equal(stat(p_torn, &st), 0);
@@ -471,8 +479,8 @@ static void test_sweep_orphans(void **state)
     assert_true(journal_ended("/nonexistent-journal-dir/x.mm3j") < 0);
 
     struct journal_sweep_result res;
-    assert_int_equal(journal_sweep_orphans(dir, &res), 0);
-    assert_int_equal(res.closed, 2);
+    assert_int_equal(journal_sweep_orphans(dir, started, &res), 0);
+    assert_int_equal(res.closed, 3);
     assert_int_equal(res.spools_removed, 2);
     assert_int_equal(res.live, 2); /* this process's journal and spool */
     struct journal_record r;
@@ -491,6 +499,10 @@ static void test_sweep_orphans(void **state)
     assert_int_equal(journal_read(p_live, &r), 0);
     assert_int_equal(r.status, JOURNAL_OPEN);
     journal_record_free(&r);
+    assert_int_equal(journal_read(p_own_old, &r), 0);
+    assert_int_equal(r.status, JOURNAL_INTERRUPTED);
+    assert_int_equal(r.n_steps, 12);
+    journal_record_free(&r);
     size_t n_after;
     uint8_t *done_after = slurp(p_done, &n_after);
     assert_int_equal(n_after, n_done);
@@ -501,16 +513,16 @@ static void test_sweep_orphans(void **state)
     char **paths;
     int n;
     assert_int_equal(journal_list_unfinished(dir, &paths, &n), 0);
-    assert_int_equal(n, 4); /* the two interrupted, the live one, d-open */
+    assert_int_equal(n, 5); /* the three interrupted, the live one, d-open */
     journal_list_free(paths, n);
 
-    assert_int_equal(journal_sweep_orphans(dir, &res), 0);
+    assert_int_equal(journal_sweep_orphans(dir, started, &res), 0);
     assert_int_equal(res.closed, 0);
     assert_int_equal(res.spools_removed, 0);
-    assert_true(journal_sweep_orphans("/nonexistent-journal-dir", &res) < 0);
+    assert_true(journal_sweep_orphans("/nonexistent-journal-dir", started, &res) < 0);
 
     free(done_before), free(done_after);
-    free(p_open), free(p_done), free(p_torn), free(p_live), free(codes);
+    free(p_open), free(p_done), free(p_torn), free(p_live), free(p_own_old), free(codes);
     test_remove_tree(dir);
     free(dir);
 }
