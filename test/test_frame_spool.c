@@ -477,6 +477,11 @@ static int start_replica(struct test_replica *r, const struct served *s, const c
 {
     char *yaml = test_replica_cpu_deploy(s->ckpt, async_chunk, async_chunk, jdir, 2, 2, 120);
     if (!yaml) return -1;
+    /* Stage 1 renders a held song whole after its end, silent meanwhile: under ASan on 2
+     * busy cores that outlasted the 30 s steady wait once (502). These tests are about
+     * the spool: give stage 1 100 s (9999 polls of 10 ms). */
+    char *steady = strstr(yaml, "connector_get_max_wait: 3000");
+    if (steady) memcpy(steady, "connector_get_max_wait: 9999", strlen("connector_get_max_wait: 9999"));
     /* held songs (async_chunk: false) go out raw: the spool has the raw width then */
     const char *env[] = {"MM3_STAGE0_RAW_FRAMES", async_chunk ? NULL : "1", NULL};
     int rc = test_replica_start(r, s->tmp, tag, "spool", yaml, env);
@@ -697,6 +702,7 @@ static void test_served_stage1_killed(void **state)
                 .kill_pid = s1, .kill_after = 44 + 4096, .on_kill = delete_spools_on_kill, .on_kill_ctx = jdir};
         int rc = post_collect(&r, json, &cut);
         if (c == 0) pthread_join(t, NULL);
+        if (rc) log_print(&r, "job "); /* why the song failed */
         assert_int_equal(rc, 0);
         assert_true(c == 0 ? k.done : cut.kill_pid == 0); /* it was killed mid-song */
         assert_int_equal(cut.len, whole.len);
@@ -740,6 +746,7 @@ static void test_served_held_song(void **state)
     assert_int_equal(pthread_create(&t, NULL, kill_when_running, &k), 0);
     int rc = post_collect(&r, json, &cut);
     pthread_join(t, NULL);
+    if (rc) log_print(&r, "job "); /* why the song failed */
     assert_int_equal(rc, 0);
     assert_true(k.done);
     assert_true(test_replica_log_contains(&r, "journaled, waiting up to"));
