@@ -475,13 +475,11 @@ static int served_ready(struct served *s)
 static int start_replica(struct test_replica *r, const struct served *s, const char *tag, int async_chunk,
                          const char *jdir)
 {
-    char *yaml = test_replica_cpu_deploy(s->ckpt, async_chunk, async_chunk, jdir, 2, 2, 120);
-    if (!yaml) return -1;
     /* Stage 1 renders a held song whole after its end, silent meanwhile: under ASan on 2
-     * busy cores that outlasted the 30 s steady wait once (502). These tests are about
-     * the spool: give stage 1 100 s (9999 polls of 10 ms). */
-    char *steady = strstr(yaml, "connector_get_max_wait: 3000");
-    if (steady) memcpy(steady, "connector_get_max_wait: 9999", strlen("connector_get_max_wait: 9999"));
+     * busy cores that outlasted a 30 s steady wait once (502). These tests are about the
+     * spool: give stage 1 100 s (9999 polls of 10 ms). */
+    char *yaml = test_replica_cpu_deploy(s->ckpt, async_chunk, async_chunk, jdir, 2, 2, 120, 9999);
+    if (!yaml) return -1;
     /* held songs (async_chunk: false) go out raw: the spool has the raw width then */
     const char *env[] = {"MM3_STAGE0_RAW_FRAMES", async_chunk ? NULL : "1", NULL};
     int rc = test_replica_start(r, s->tmp, tag, "spool", yaml, env);

@@ -424,7 +424,7 @@ static int spool_exists(const char *dir, const char *id)
     return access(p, F_OK) == 0;
 }
 
-static void test_id_pid(void **state)
+static void test_id_parse(void **state)
 {
     (void)state;
     char id[JOURNAL_ID_MAX];
@@ -865,7 +865,7 @@ int main(void)
         cmocka_unit_test(test_unwritable),
         cmocka_unit_test(test_disk_full),
         cmocka_unit_test(test_list_and_reopen),
-        cmocka_unit_test(test_id_pid),
+        cmocka_unit_test(test_id_parse),
         cmocka_unit_test(test_sweep_orphans),
         cmocka_unit_test(test_bytes_per_frame),
         cmocka_unit_test(test_resend_from_live_journal),
