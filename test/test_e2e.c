@@ -51,7 +51,7 @@ struct e2e {
 /* The deploy file of a replica with these settings (caller frees), or NULL. */
 static char *deploy_text(const char *ckpt, int async_chunk, int codec_streaming, const char *journal_dir)
 {
-    return test_replica_cpu_deploy(ckpt, async_chunk, codec_streaming, journal_dir, 8, 4, 120, 3000);
+    return test_replica_cpu_deploy(ckpt, async_chunk, codec_streaming, journal_dir, 8, 4, 120, 6000, 3000);
 }
 
 /* Start a replica on the deploy file of these settings; 0 once it printed READY. */

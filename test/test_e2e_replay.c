@@ -36,7 +36,7 @@ struct env {
 /* The deploy file of both replicas (caller frees), or NULL. */
 static char *deploy_text(const char *ckpt)
 {
-    return test_replica_cpu_deploy(ckpt, 1, 1, NULL, 2, 2, 300, 3000);
+    return test_replica_cpu_deploy(ckpt, 1, 1, NULL, 2, 2, 300, 6000, 3000);
 }
 
 /* Start a replica, with MM3_ALLOW_REPLAY=1 or without it; 0 once it printed READY. */

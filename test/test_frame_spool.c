@@ -475,10 +475,12 @@ static int served_ready(struct served *s)
 static int start_replica(struct test_replica *r, const struct served *s, const char *tag, int async_chunk,
                          const char *jdir)
 {
-    /* Stage 1 renders a held song whole after its end, silent meanwhile: under ASan on 2
-     * busy cores that outlasted a 30 s steady wait once (502). These tests are about the
-     * spool: give stage 1 100 s (9999 polls of 10 ms). */
-    char *yaml = test_replica_cpu_deploy(s->ckpt, async_chunk, async_chunk, jdir, 2, 2, 120, 9999);
+    /* Stage 1 renders a held song whole after its end, silent meanwhile, so its first
+     * answer comes after the whole song was generated and rendered: under ASan on 2 cores
+     * that outlasted a 60 s first-chunk wait (502 on the first, unkilled song). These
+     * tests are about the spool: give stage 1 300 s for the first message, 100 s for the
+     * next. */
+    char *yaml = test_replica_cpu_deploy(s->ckpt, async_chunk, async_chunk, jdir, 2, 2, 600, 30000, 9999);
     if (!yaml) return -1;
     /* held songs (async_chunk: false) go out raw: the spool has the raw width then */
     const char *env[] = {"MM3_STAGE0_RAW_FRAMES", async_chunk ? NULL : "1", NULL};
@@ -563,12 +565,31 @@ static void delete_spools_on_kill(void *dir)
     delete_spools((const char *)dir);
 }
 
+/* Print the log lines holding needle (what the re-sends said). */
+static void log_print(const struct test_replica *r, const char *needle)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/launch.err", r->dir);
+    char *s = test_file_read(path, NULL);
+    for (char *l = s; l && *l;) {
+        char *nl = strchr(l, '\n');
+        if (nl) *nl = '\0';
+        if (strstr(l, needle)) printf("%s\n", l);
+        l = nl ? nl + 1 : NULL;
+    }
+    free(s);
+}
+
 static int post_collect(const struct test_replica *r, const char *json, struct test_collect *c)
 {
     struct http_client_response resp;
-    int rc = test_replica_post_stream(r, json, 120000, test_collect_body, c, &resp);
+    int rc = test_replica_post_stream(r, json, 600000, test_collect_body, c, &resp);
     int ok = rc == 0 && resp.status == 200 && resp.complete;
-    if (!ok) fprintf(stderr, "request: rc %d status %d\n", rc, resp.status);
+    if (!ok) {
+        fprintf(stderr, "request: rc %d status %d\n", rc, resp.status);
+        log_print(r, "job "); /* why the song failed */
+        log_print(r, "shmconn");
+    }
     http_client_response_free(&resp);
     return ok ? 0 : -1;
 }
@@ -636,21 +657,6 @@ static void *kill_when_running(void *arg)
     return NULL;
 }
 
-/* Print the log lines holding needle (what the re-sends said). */
-static void log_print(const struct test_replica *r, const char *needle)
-{
-    char path[1200];
-    snprintf(path, sizeof path, "%s/launch.err", r->dir);
-    char *s = test_file_read(path, NULL);
-    for (char *l = s; l && *l;) {
-        char *nl = strchr(l, '\n');
-        if (nl) *nl = '\0';
-        if (strstr(l, needle)) printf("%s\n", l);
-        l = nl ? nl + 1 : NULL;
-    }
-    free(s);
-}
-
 /* Whether the log line holding needle also holds what. */
 static int log_line_has(const struct test_replica *r, const char *needle, const char *what)
 {
@@ -700,7 +706,6 @@ static void test_served_stage1_killed(void **state)
                 .kill_pid = s1, .kill_after = 44 + 4096, .on_kill = delete_spools_on_kill, .on_kill_ctx = jdir};
         int rc = post_collect(&r, json, &cut);
         if (c == 0) pthread_join(t, NULL);
-        if (rc) log_print(&r, "job "); /* why the song failed */
         assert_int_equal(rc, 0);
         assert_true(c == 0 ? k.done : cut.kill_pid == 0); /* it was killed mid-song */
         assert_int_equal(cut.len, whole.len);
@@ -744,7 +749,6 @@ static void test_served_held_song(void **state)
     assert_int_equal(pthread_create(&t, NULL, kill_when_running, &k), 0);
     int rc = post_collect(&r, json, &cut);
     pthread_join(t, NULL);
-    if (rc) log_print(&r, "job "); /* why the song failed */
     assert_int_equal(rc, 0);
     assert_true(k.done);
     assert_true(test_replica_log_contains(&r, "journaled, waiting up to"));

@@ -176,11 +176,12 @@ static inline int test_replica_post(const struct test_replica *r, const char *js
 
 /* The deploy file of a served test on the tiny CPU model (caller frees), or NULL:
  * stage 0 with s0_seqs rows, stage 1 with s1_seqs, two flow steps, fp32; journal_dir
- * NULL or "" for none; steady_wait_polls: connector_get_max_wait (polls of 10 ms a
- * stage waits for the next message once a request has started; 3000 = 30 s). */
+ * NULL or "" for none; first_wait_polls / steady_wait_polls:
+ * connector_get_max_wait_first_chunk / connector_get_max_wait (polls of 10 ms a stage
+ * waits for a request's first message / each later one; 6000 = 60 s). */
 static inline char *test_replica_cpu_deploy(const char *ckpt, int async_chunk, int codec_streaming,
                                             const char *journal_dir, int s0_seqs, int s1_seqs, int request_timeout_s,
-                                            int steady_wait_polls)
+                                            int first_wait_polls, int steady_wait_polls)
 {
     char *text;
     if (asprintf(&text,
@@ -192,7 +193,7 @@ static inline char *test_replica_cpu_deploy(const char *ckpt, int async_chunk, i
                  "  journal_dir: \"%s\"\n"
                  "connectors:\n  shm:\n    name: SharedMemoryConnector\n    extra:\n"
                  "      codec_streaming: %s\n      connector_get_sleep_s: 0.01\n"
-                 "      connector_get_max_wait_first_chunk: 6000\n      connector_get_max_wait: %d\n"
+                 "      connector_get_max_wait_first_chunk: %d\n      connector_get_max_wait: %d\n"
                  "stages:\n"
                  "  - stage_id: 0\n    max_num_seqs: %d\n    dtype: float32\n    max_model_len: 4096\n"
                  "    max_num_batched_tokens: 64\n    enforce_eager: true\n"
@@ -202,7 +203,7 @@ static inline char *test_replica_cpu_deploy(const char *ckpt, int async_chunk, i
                  "    max_num_batched_tokens: 4\n    input_connectors:\n      from_stage_0: shm\n"
                  "    matmul_precision: fp32\n    num_inference_steps: 2\n",
                  async_chunk ? "true" : "false", ckpt, request_timeout_s, journal_dir ? journal_dir : "",
-                 codec_streaming ? "true" : "false", steady_wait_polls, s0_seqs, s1_seqs) < 0)
+                 codec_streaming ? "true" : "false", first_wait_polls, steady_wait_polls, s0_seqs, s1_seqs) < 0)
         return NULL;
     return text;
 }
