@@ -811,6 +811,71 @@ static void test_gemv_fused(void **state)
     cuda_free(d);
 }
 
+/* ---- the tensor-core GEMVs' L2 look-ahead (MM3_MMA_L2PF, MM3_XS_L2PF) ------------- */
+
+/* One fused product's outputs on the device's current switches (the caller frees). */
+static float *fused_run(int n, int in, int out, enum cuda_gemv_epi epi, const float *dwn, const float *dx,
+                        const uint16_t *dw, const float *y0, const char *what)
+{
+    const int yw = epi == CUDA_GEMV_SWIGLU ? out / 2 : out;
+    float *dy_inner, *dy = dev_guarded((size_t)n * yw, &dy_inner);
+    assert_int_equal(cuda_memcpy_h2d(dy_inner, y0, sizeof(float) * (size_t)n * yw), 0);
+    if (cuda_ops_gemv_bf16_fused(dy_inner, dx, dw, n, in, out, epi, dwn, 1e-6f, NULL))
+        fail_msg("%s: %s", what, mm3_last_error());
+    float *got = dev_fetch_checked(dy, (size_t)n * yw, what);
+    cuda_free(dy);
+    return got;
+}
+
+/* The look-ahead only asks L2 for weights: with it each product must give the same
+ * bits as without, in both tensor-core kernels, on shapes whose last k steps and
+ * clamped rows the prefetches must not run past (1376 = 43 steps, 46 / 300 outputs). */
+static void test_gemv_l2_prefetch(void **state)
+{
+    (void)state;
+    static const struct {
+        int n, in, out, epi, norm;
+    } shapes[] = {
+        {16, 4096, 4096, CUDA_GEMV_ADD, 0},     {16, 4096, 6144, CUDA_GEMV_STORE, 1},
+        {16, 4096, 24576, CUDA_GEMV_SWIGLU, 1}, {16, 12288, 4096, CUDA_GEMV_ADD, 0},
+        {5, 4096, 4096, CUDA_GEMV_ADD, 0},      {32, 4096, 12288, CUDA_GEMV_STORE, 1},
+        {9, 1376, 300, CUDA_GEMV_STORE, 1},     {16, 96, 46, CUDA_GEMV_SWIGLU, 1},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const int n = shapes[i].n, in = shapes[i].in, out = shapes[i].out;
+        const enum cuda_gemv_epi epi = (enum cuda_gemv_epi)shapes[i].epi;
+        float *wf, *x = rnd_array((size_t)n * in, 3.0f), *wn = rnd_array((size_t)in, 1.0f);
+        uint16_t *wb = rnd_bf16((size_t)out * in, 0.05f, &wf);
+        float *y0 = rnd_array((size_t)n * out, 1.0f);
+        uint16_t *dw = dev_upload(wb, 2 * (size_t)out * in);
+        float *dx = dev_upload(x, sizeof(float) * (size_t)n * in), *dwn = dev_upload(wn, sizeof(float) * in);
+        const int yw = epi == CUDA_GEMV_SWIGLU ? out / 2 : out;
+        for (int xs = 1; xs <= 2; xs++) { /* the x-staged kernel always, never */
+            char what[128];
+            snprintf(what, sizeof what, "gemv n=%d in=%d out=%d epi %d%s, %s", n, in, out, (int)epi,
+                     shapes[i].norm ? " + norm" : "", xs == 1 ? "x-staged" : "gemv_mma");
+            float *got[2];
+            for (int pf = 0; pf < 2; pf++) {
+                assert_int_equal(setenv("MM3_MMA_L2PF", pf ? "3" : "0", 1), 0);
+                assert_int_equal(setenv("MM3_XS_L2PF", pf ? "5" : "0", 1), 0);
+                cuda_env_switches_reset();
+                assert_int_equal(cuda_ops_gemv_set_xs(xs), 0);
+                got[pf] = fused_run(n, in, out, epi, shapes[i].norm ? dwn : NULL, dx, dw, y0, what);
+            }
+            if (memcmp(got[0], got[1], sizeof(float) * (size_t)n * yw))
+                fail_msg("%s: other bits with the L2 look-ahead", what);
+            printf("  %-62s look-ahead: same bits\n", what);
+            free(got[0]), free(got[1]);
+        }
+        cuda_free(dw), cuda_free(dx), cuda_free(dwn);
+        free(wb), free(wf), free(wn), free(x), free(y0);
+    }
+    unsetenv("MM3_MMA_L2PF");
+    unsetenv("MM3_XS_L2PF");
+    cuda_env_switches_reset();
+    assert_int_equal(cuda_ops_gemv_set_xs(0), 0);
+}
+
 /* ---- decode attention ------------------------------------------------------------ */
 
 struct att_case {
@@ -851,13 +916,25 @@ static void check_attention(const struct att_case *c)
     float *dq = dev_upload(q, sizeof(float) * qn);
     int *dlen = dev_upload(c->kv_len, sizeof(int) * c->n_seq);
     float *dout_inner, *dout = dev_guarded(qn, &dout_inner);
-    int rc = c->chunk ? cuda_ops_attention_decode_chunk(dout_inner, dq, dk, dv, c->dtype, dlen, c->max_len, seq, row,
-                                                        c->n_seq, c->n_heads, c->n_kv_heads, c->head_dim, scale,
-                                                        c->chunk, NULL)
-                      : cuda_ops_attention_decode(dout_inner, dq, dk, dv, c->dtype, dlen, c->max_len, seq, row,
-                                                  c->n_seq, c->n_heads, c->n_kv_heads, c->head_dim, scale, NULL);
-    if (rc) fail_msg("%s: %s", what, mm3_last_error());
-    float *got = dev_fetch_checked(dout, qn, what);
+    /* Both kernels that merge the chunks (MM3_ATT_COMBINE): the same bits. */
+    float *got = NULL;
+    for (int wide = 0; wide < 2; wide++) {
+        assert_int_equal(setenv("MM3_ATT_COMBINE", wide ? "1" : "0", 1), 0);
+        cuda_env_switches_reset();
+        assert_int_equal(cuda_memset(dout_inner, 0xff, sizeof(float) * qn), 0); /* poison: each run must write */
+        int rc = c->chunk ? cuda_ops_attention_decode_chunk(dout_inner, dq, dk, dv, c->dtype, dlen, c->max_len, seq,
+                                                            row, c->n_seq, c->n_heads, c->n_kv_heads, c->head_dim,
+                                                            scale, c->chunk, NULL)
+                          : cuda_ops_attention_decode(dout_inner, dq, dk, dv, c->dtype, dlen, c->max_len, seq, row,
+                                                      c->n_seq, c->n_heads, c->n_kv_heads, c->head_dim, scale, NULL);
+        if (rc) fail_msg("%s: %s", what, mm3_last_error());
+        float *run = dev_fetch_checked(dout, qn, what);
+        if (got && memcmp(got, run, sizeof(float) * qn)) fail_msg("%s: other bits from attn_combine_wide_kernel", what);
+        free(got);
+        got = run;
+    }
+    unsetenv("MM3_ATT_COMBINE");
+    cuda_env_switches_reset();
     /* float32 softmax and sums in another order, device expf: ~1e-6 typical. */
     expect_close(got, ref, qn, TOL_F32_SUM, what);
 
@@ -1094,6 +1171,7 @@ int main(void)
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_gemv_fused),
         cmocka_unit_test(test_gemv_chain),
+        cmocka_unit_test(test_gemv_l2_prefetch),
         cmocka_unit_test(test_attention_release),
         cmocka_unit_test(test_attention_odd),
         cmocka_unit_test(test_attention_qkv),

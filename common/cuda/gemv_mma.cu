@@ -65,6 +65,19 @@ __device__ __forceinline__ void mma_load_step(uint4 (&wa)[MT][2], const uint4 *c
 
 enum { MMA_WARPS = 8, MMA_THREADS = MMA_WARPS * 32, MMA_MAX_CLUSTER = 8 };
 
+/* k step s of this lane's weight rows into L2: the 64 bytes of a row that its four
+ * lanes read, asked for by the lane with t == 0. */
+template <int MT>
+__device__ __forceinline__ void mma_l2_prefetch_step(const uint4 *const (&wr)[MT][2], int t, int s, int steps)
+{
+    if (t != 0 || s >= steps) return;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            mma_l2_prefetch(wr[mt][h] + s * (MMA_KSTEP / 8), MMA_KSTEP * 2);
+}
+
 /* x tile nt's B fragments of k step sb: its rows (normed when NORM, summing x^2 into
  * ss) split into bf16 hi + lo. */
 template <bool NORM>
@@ -137,15 +150,17 @@ template <int MMA_MT, int STAGES> constexpr int mma_ring_bytes()
 }
 
 /* NT: 8-row tiles of x (1 for n <= 8, 2 for n <= 16, 4 for n <= 32). MMA_MT: 16-row tiles of W
- * per block; more tiles re-read x (from L2) fewer times per weight byte. EPI and
+ * per block; more tiles re-read x (mostly from L1) fewer times per weight byte. EPI and
  * NORM: as cuda_ops_gemv_bf16_fused (the k-split blocks of a cluster each sum x^2
  * over their share of the row and rank 0 adds them up with the partial products).
  * STAGES: 0 keeps two k steps of weights per warp in registers; n > 0 keeps n - 1
- * in flight through a shared-memory ring (no registers held while in flight). */
+ * in flight through a shared-memory ring (no registers held while in flight).
+ * l2pf > 0: each warp also keeps its next l2pf k steps beyond those on their way into
+ * L2 (mma_l2_prefetch; measuring switch MM3_MMA_L2PF). */
 template <int NT, int MMA_MT, int EPI, bool NORM, int STAGES>
 __global__ void __launch_bounds__(MMA_THREADS, 2)
     gemv_mma_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int n_rows,
-                    int in, int out, int ks, int tiles, const float *__restrict__ wn, float eps, int pre)
+                    int in, int out, int ks, int tiles, const float *__restrict__ wn, float eps, int pre, int l2pf)
 {
     pdl_launch_dependents();
     constexpr int MMA_OUT = 16 * MMA_MT;
@@ -176,8 +191,11 @@ __global__ void __launch_bounds__(MMA_THREADS, 2)
      * finishes streams. Registers: steps st0 and st0 + stride; ring: STAGES - 1 steps. */
     const uint4 *wr[MMA_MT][2];
     uint4 wa[2][MMA_MT][2];
+    constexpr int AHEAD = STAGES > 0 ? STAGES - 1 : 2; /* k steps per warp in flight */
     auto start_tile = [&](int tile) {
         mma_tile_rows<MMA_MT>(wr, w, tile, in, out, g, t);
+        for (int r = 0; r < l2pf; r++)
+            mma_l2_prefetch_step<MMA_MT>(wr, t, st0 + (AHEAD + r) * stride, steps);
         if constexpr (STAGES > 0) {
 #pragma unroll
             for (int i = 0; i < STAGES - 1; i++)
@@ -218,6 +236,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2)
                         a[mt][h] = ring[(((i % STAGES) * MMA_MT + mt) * 2 + h) * 32 + lane];
                 /* refills the slot read in the previous step (its values are in registers) */
                 mma_copy_step<MMA_MT, STAGES>(ring, wr, lane, i + STAGES - 1, sb + (STAGES - 1) * stride, steps);
+                if (l2pf) mma_l2_prefetch_step<MMA_MT>(wr, t, sb + (AHEAD + l2pf) * stride, steps);
                 mma_step<NT, MMA_MT, NORM>(acc, ss, a, xr, xv, wn, t, sb);
             }
         } else {
@@ -228,6 +247,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2)
                     if (sb < steps) {
                         mma_step<NT, MMA_MT, NORM>(acc, ss, wa[b], xr, xv, wn, t, sb);
                         if (sb + 2 * stride < steps) mma_load_step<MMA_MT>(wa[b], wr, sb + 2 * stride);
+                        if (l2pf) mma_l2_prefetch_step<MMA_MT>(wr, t, sb + (AHEAD + l2pf) * stride, steps);
                     }
                 }
             }
@@ -314,6 +334,15 @@ static int mma_switch_pre(void)
     return cuda_env_switch(&state, "MM3_MMA_PRE", 1);
 }
 
+/* MM3_MMA_L2PF=n (1-9): each warp keeps n k steps of weights beyond those in flight
+ * on their way into L2 (measuring; built in the eighteenth session without device
+ * time to measure it: 0, off, is the default until a same-call A/B says otherwise). */
+static int mma_l2pf(void)
+{
+    static int state = -1;
+    return cuda_env_switch(&state, "MM3_MMA_L2PF", 0);
+}
+
 /* MM3_PDL_MMA=0: this kernel without the PDL attribute even where the rest has it
  * (measured once at 8 pairs: 12.61 ms off against 12.84 on, about the run-to-run
  * spread; left on with the rest). */
@@ -379,7 +408,7 @@ static int mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, i
     mma_plan<NT, MT, EPI, NORM, S>(tiles, in / MMA_KSTEP, &ks, &grid);
     return launch_ex("cudaLaunchKernelEx(gemv_mma_kernel)", gemv_mma_kernel<NT, MT, EPI, NORM, S>,
                      dim3((unsigned)grid, (unsigned)ks), dim3(MMA_THREADS), mma_ring_bytes<MT, S>(), st, ks,
-                     mma_pdl() != 0, y, x, w, n_rows, in, out, ks, tiles, wn, eps, mma_switch_pre());
+                     mma_pdl() != 0, y, x, w, n_rows, in, out, ks, tiles, wn, eps, mma_switch_pre(), mma_l2pf());
 }
 
 /* cuda_ops_gemv_set_mma_tiles: 2 or 4 weight tiles per block for every launch, or
