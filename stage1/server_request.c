@@ -71,30 +71,52 @@ static void tensor_set(struct shmconn_tensor *t, const char *name, uint32_t dtyp
     t->data = data;
 }
 
-/* PCM [2, n] (channel c at pcm + c*stride) as messages of at most S1_PCM_MAX_SAMPLES,
- * written straight into the region. */
+/* One PCM message: samples at .. at + m - 1 of PCM [2, n] (channel c at pcm + c*stride;
+ * m may be 0) and the progress tensor, written straight into the region. */
+static int send_pcm_message(struct s1_server *s, struct s1_request *q, const float *pcm, int64_t stride, int64_t at,
+                            int64_t m)
+{
+    struct shmconn_msg msg = {.req_id = q->id, .chunk = q->chunk_out, .kind = PIPE_MSG_PCM, .n_tensors = 2};
+    tensor_set(&msg.tensors[0], "pcm", MM3_DTYPE_F32, 2, (int64_t[]){2, m}, 4, NULL);
+    tensor_set(&msg.tensors[1], "progress", MM3_DTYPE_I64, 1, (int64_t[]){2}, 8, NULL);
+    int rc = shmconn_send_begin(s->out, &msg, s->send_timeout_s);
+    if (rc < 0) return out_check(s, rc);
+    float *dst = msg.tensors[0].data;
+    if (m) {
+        memcpy(dst, pcm + at, sizeof(float) * (size_t)m);
+        memcpy(dst + m, pcm + stride + at, sizeof(float) * (size_t)m);
+    }
+    int64_t planned = q->ended ? render_window_count((int)q->frames_in) : 0;
+    int64_t progress[2] = {q->windows_done, planned};
+    memcpy(msg.tensors[1].data, progress, sizeof progress);
+    if ((rc = shmconn_send_commit(s->out, &msg)) < 0) return out_check(s, rc);
+    q->chunk_out++;
+    q->samples_out += m;
+    return 0;
+}
+
+/* PCM [2, n] as messages of at most S1_PCM_MAX_SAMPLES. */
 static int send_pcm(struct s1_server *s, struct s1_request *q, const float *pcm, int64_t stride, int64_t n)
 {
     if (!s->out || s->stage0_lost) return SHMCONN_E_PEER_DEAD;
     for (int64_t at = 0; at < n;) {
         int64_t m = n - at < S1_PCM_MAX_SAMPLES ? n - at : S1_PCM_MAX_SAMPLES;
-        struct shmconn_msg msg = {.req_id = q->id, .chunk = q->chunk_out, .kind = PIPE_MSG_PCM, .n_tensors = 2};
-        tensor_set(&msg.tensors[0], "pcm", MM3_DTYPE_F32, 2, (int64_t[]){2, m}, 4, NULL);
-        tensor_set(&msg.tensors[1], "progress", MM3_DTYPE_I64, 1, (int64_t[]){2}, 8, NULL);
-        int rc = shmconn_send_begin(s->out, &msg, s->send_timeout_s);
-        if (rc < 0) return out_check(s, rc);
-        float *dst = msg.tensors[0].data;
-        memcpy(dst, pcm + at, sizeof(float) * (size_t)m);
-        memcpy(dst + m, pcm + stride + at, sizeof(float) * (size_t)m);
-        int64_t planned = q->ended ? render_window_count((int)q->frames_in) : 0;
-        int64_t progress[2] = {q->windows_done, planned};
-        memcpy(msg.tensors[1].data, progress, sizeof progress);
-        if ((rc = shmconn_send_commit(s->out, &msg)) < 0) return out_check(s, rc);
-        q->chunk_out++;
-        q->samples_out += m;
+        int rc = send_pcm_message(s, q, pcm, stride, at, m);
+        if (rc < 0) return rc;
         at += m;
     }
     return 0;
+}
+
+/* With codec_streaming off a song's audio waits for its end, but stage 0 still hears of
+ * each rendered window: a PCM message of no samples with the progress tensor. Stage 0's
+ * deadlines then time stage 1's silence between windows rather than the render of the
+ * whole song (a held 6-minute song among 8 on one GPU renders for minutes, longer than
+ * the 300 s first-chunk wait of the defaults), and the job's progress moves. */
+static int send_progress(struct s1_server *s, struct s1_request *q)
+{
+    if (!s->out || s->stage0_lost) return SHMCONN_E_PEER_DEAD;
+    return send_pcm_message(s, q, NULL, 0, 0, 0);
 }
 
 static int send_small(struct s1_server *s, struct s1_request *q, uint32_t kind, uint32_t flags,
@@ -155,6 +177,7 @@ static int request_emit(void *ctx, const float *pcm, int n)
     } else {
         rc = pcm_out(s, q, pcm, n, n);
     }
+    if (rc == 0 && !s->codec_streaming) rc = send_progress(s, q);
     if (rc < 0 && !q->send_rc) q->send_rc = rc;
     return rc < 0 ? -1 : 0;
 }
