@@ -475,9 +475,10 @@ static int served_ready(struct served *s)
 static int start_replica(struct test_replica *r, const struct served *s, const char *tag, int async_chunk,
                          const char *jdir)
 {
-    /* Stage 1 renders a held song whole after its end, silent meanwhile, so its first
-     * answer comes after the whole song was generated and rendered: under ASan on 2 cores
-     * that outlasted a 60 s first-chunk wait (502 on the first, unkilled song). These
+    /* A held song (async_chunk false) reaches stage 1 only at its end, so stage 1's first
+     * answer (its first window's progress) comes after the whole song was generated and a
+     * window rendered: under ASan on 2 cores that outlasted a 60 s first-chunk wait (502 on
+     * the first, unkilled song; then stage 1 was also silent until its whole render). These
      * tests are about the spool: give stage 1 300 s for the first message, 100 s for the
      * next. */
     char *yaml = test_replica_cpu_deploy(s->ckpt, async_chunk, async_chunk, jdir, 2, 2, 600, 30000, 9999);
