@@ -569,9 +569,7 @@ static void delete_spools_on_kill(void *dir)
 /* Print the log lines holding needle (what the re-sends said). */
 static void log_print(const struct test_replica *r, const char *needle)
 {
-    char path[1200];
-    snprintf(path, sizeof path, "%s/launch.err", r->dir);
-    char *s = test_file_read(path, NULL);
+    char *s = test_replica_log(r);
     for (char *l = s; l && *l;) {
         char *nl = strchr(l, '\n');
         if (nl) *nl = '\0';
@@ -606,9 +604,7 @@ static void wait_stage1_restart(const struct test_replica *r, pid_t old)
 /* Number of times needle occurs in the replica's log. */
 static int log_count(const struct test_replica *r, const char *needle)
 {
-    char path[1200];
-    snprintf(path, sizeof path, "%s/launch.err", r->dir);
-    char *s = test_file_read(path, NULL);
+    char *s = test_replica_log(r);
     int n = 0;
     for (const char *p = s; p && (p = strstr(p, needle)); p++)
         n++;
@@ -678,9 +674,7 @@ static void *kill_when_generated(void *arg)
 /* Whether the log line holding needle also holds what. */
 static int log_line_has(const struct test_replica *r, const char *needle, const char *what)
 {
-    char path[1200];
-    snprintf(path, sizeof path, "%s/launch.err", r->dir);
-    char *s = test_file_read(path, NULL);
+    char *s = test_replica_log(r);
     char *at = s ? strstr(s, needle) : NULL, *nl = at ? strchr(at, '\n') : NULL;
     if (nl) *nl = '\0';
     int has = at && strstr(at, what);

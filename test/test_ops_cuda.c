@@ -664,6 +664,22 @@ static void test_gemv_chain(void **state)
 
 /* ---- fused decode GEMV (norm in, SwiGLU / residual add out) ------------------------ */
 
+/* One fused product's outputs on the device's current switches (the caller frees); y0:
+ * what y holds before a residual add. */
+static float *fused_run(int n, int in, int out, enum cuda_gemv_epi epi, const float *dwn, const float *dx,
+                        const uint16_t *dw, const float *y0, const char *what)
+{
+    const int yw = epi == CUDA_GEMV_SWIGLU ? out / 2 : out;
+    float *dy_inner, *dy = dev_guarded((size_t)n * yw, &dy_inner);
+    if (epi == CUDA_GEMV_ADD) /* the others write every output over the poison */
+        assert_int_equal(cuda_memcpy_h2d(dy_inner, y0, sizeof(float) * (size_t)n * yw), 0);
+    if (cuda_ops_gemv_bf16_fused(dy_inner, dx, dw, n, in, out, epi, dwn, 1e-6f, NULL))
+        fail_msg("%s: %s", what, mm3_last_error());
+    float *got = dev_fetch_checked(dy, (size_t)n * yw, what);
+    cuda_free(dy);
+    return got;
+}
+
 /* cuda_ops_gemv_bf16_fused against the float32 chain it replaces: RMSNorm (op_rmsnorm)
  * when norm, the product, then store / silu(gate) * up over interleaved rows / add to
  * what y held. The norm's scale is applied to the sums instead of to x: float32
@@ -700,14 +716,10 @@ static void check_fused(int n, int in, int out, enum cuda_gemv_epi epi, int norm
 
     uint16_t *dw = dev_upload(wb, 2 * (size_t)out * in);
     float *dx = dev_upload(x, sizeof(float) * (size_t)n * in), *dwn = dev_upload(wn, sizeof(float) * in);
-    float *dy_inner, *dy = dev_guarded((size_t)n * yw, &dy_inner);
-    if (epi == CUDA_GEMV_ADD) assert_int_equal(cuda_memcpy_h2d(dy_inner, y0, sizeof(float) * (size_t)n * yw), 0);
-    if (cuda_ops_gemv_bf16_fused(dy_inner, dx, dw, n, in, out, epi, norm ? dwn : NULL, eps, NULL))
-        fail_msg("%s: %s", what, mm3_last_error());
-    float *got = dev_fetch_checked(dy, (size_t)n * yw, what);
+    float *got = fused_run(n, in, out, epi, norm ? dwn : NULL, dx, dw, y0, what);
     expect_close(got, ref, (size_t)n * yw, n > 2 ? TOL_SPLIT_SUM : TOL_F32_SUM, what);
 
-    cuda_free(dw), cuda_free(dx), cuda_free(dwn), cuda_free(dy);
+    cuda_free(dw), cuda_free(dx), cuda_free(dwn);
     free(got), free(ref), free(prod), free(xn), free(y0), free(wb), free(wf), free(wn), free(x);
 }
 
@@ -812,20 +824,6 @@ static void test_gemv_fused(void **state)
 }
 
 /* ---- the tensor-core GEMVs' L2 look-ahead (MM3_MMA_L2PF, MM3_XS_L2PF) ------------- */
-
-/* One fused product's outputs on the device's current switches (the caller frees). */
-static float *fused_run(int n, int in, int out, enum cuda_gemv_epi epi, const float *dwn, const float *dx,
-                        const uint16_t *dw, const float *y0, const char *what)
-{
-    const int yw = epi == CUDA_GEMV_SWIGLU ? out / 2 : out;
-    float *dy_inner, *dy = dev_guarded((size_t)n * yw, &dy_inner);
-    assert_int_equal(cuda_memcpy_h2d(dy_inner, y0, sizeof(float) * (size_t)n * yw), 0);
-    if (cuda_ops_gemv_bf16_fused(dy_inner, dx, dw, n, in, out, epi, dwn, 1e-6f, NULL))
-        fail_msg("%s: %s", what, mm3_last_error());
-    float *got = dev_fetch_checked(dy, (size_t)n * yw, what);
-    cuda_free(dy);
-    return got;
-}
 
 /* The look-ahead only asks L2 for weights: with it each product must give the same
  * bits as without, in both tensor-core kernels, on shapes whose last k steps and

@@ -46,12 +46,18 @@ static inline pid_t test_replica_pid(const struct test_replica *r, const char *n
     return p;
 }
 
-/* Whether the launcher's stderr (both stages' logs) holds needle. */
-static inline int test_replica_log_contains(const struct test_replica *r, const char *needle)
+/* The launcher's stderr (both stages' logs) as a string (caller frees), NULL if unread. */
+static inline char *test_replica_log(const struct test_replica *r)
 {
     char path[1200];
     snprintf(path, sizeof path, "%s/launch.err", r->dir);
-    char *s = test_file_read(path, NULL);
+    return test_file_read(path, NULL);
+}
+
+/* Whether the launcher's stderr holds needle. */
+static inline int test_replica_log_contains(const struct test_replica *r, const char *needle)
+{
+    char *s = test_replica_log(r);
     int found = s && strstr(s, needle);
     free(s);
     return found;
