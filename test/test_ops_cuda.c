@@ -757,12 +757,19 @@ static void test_gemv_fused(void **state)
     assert_false(cuda_ops_gemv_fused_ok(33, 4096, 1024, CUDA_GEMV_STORE, 1));
     assert_false(cuda_ops_gemv_fused_ok(17, 264, 40, CUDA_GEMV_STORE, 0));
     /* Both weight tile counts of the tensor-core kernel for every variant (the
-     * small shapes above take 2 per block, the release ones 2 or 4). */
+     * small shapes above take 2 per block, the release ones 2 or 4; 17-32 rows always
+     * 2), and its products at 12288 outputs (several tiles per block) with the x-staged
+     * kernel off. */
     for (int m = 2; m <= 4; m += 2) {
         assert_int_equal(cuda_ops_gemv_set_mma_tiles(m), 0);
         check_fused_small(5);
         check_fused_small(16);
         check_fused(16, 4096, 4096, CUDA_GEMV_ADD, 0);
+        assert_int_equal(cuda_ops_gemv_set_xs(2), 0);
+        check_fused(32, 4096, 4096, CUDA_GEMV_ADD, 0);
+        check_fused(32, 4096, 12288, CUDA_GEMV_SWIGLU, 1);
+        check_fused(16, 4096, 12288, CUDA_GEMV_STORE, 1);
+        assert_int_equal(cuda_ops_gemv_set_xs(0), 0);
     }
     assert_int_equal(cuda_ops_gemv_set_mma_tiles(0), 0);
     assert_int_equal(cuda_ops_gemv_set_mma_tiles(3), -EINVAL);
@@ -781,6 +788,20 @@ static void test_gemv_fused(void **state)
     }
     assert_int_equal(cuda_ops_gemv_set_mma_ring(0), 0);
     assert_int_equal(cuda_ops_gemv_set_mma_ring(3), -EINVAL);
+    /* Deeper rings (MM3_MMA_RING_STAGES), whose last stage also holds the partial sums. */
+    for (int stages = 4; stages <= 5; stages++) {
+        assert_int_equal(setenv("MM3_MMA_RING_STAGES", stages == 4 ? "4" : "5", 1), 0);
+        cuda_env_switches_reset();
+        check_fused_small(16);
+        check_fused(16, 4096, 4096, CUDA_GEMV_ADD, 0);
+        check_fused(12, 12288, 4096, CUDA_GEMV_ADD, 0);
+        assert_int_equal(cuda_ops_gemv_set_xs(2), 0);
+        check_fused(16, 4096, 24576, CUDA_GEMV_SWIGLU, 1);
+        check_fused(16, 4096, 6144, CUDA_GEMV_STORE, 1);
+        assert_int_equal(cuda_ops_gemv_set_xs(0), 0);
+    }
+    unsetenv("MM3_MMA_RING_STAGES");
+    cuda_env_switches_reset();
     /* Both tensor-core kernels at every row count either may serve: the x-staged one
      * (the default at 9-32 rows) also at 3-8, gemv_mma.cu's also at 9-32; the release
      * shapes run one output group per block (24576 outputs) or clusters of 8 blocks
@@ -823,55 +844,38 @@ static void test_gemv_fused(void **state)
     cuda_free(d);
 }
 
-/* ---- the tensor-core GEMVs' L2 look-ahead (MM3_MMA_L2PF, MM3_XS_L2PF) ------------- */
+/* ---- the tensor-core GEMV with x in bf16 (measuring hook) ----------------------- */
 
-/* The look-ahead only asks L2 for weights: with it each product must give the same
- * bits as without, in both tensor-core kernels, on shapes whose last k steps and
- * clamped rows the prefetches must not run past (1376 = 43 steps, 46 / 300 outputs). */
-static void test_gemv_l2_prefetch(void **state)
+/* cuda_ops_gemv_bf16_mma_xbf16 against float32 sums of the same bf16 x and weights:
+ * every row count of both x tile counts, a 43-step k, outputs past the last tile. */
+static void test_gemv_mma_xbf16(void **state)
 {
     (void)state;
     static const struct {
-        int n, in, out, epi, norm;
-    } shapes[] = {
-        {16, 4096, 4096, CUDA_GEMV_ADD, 0},     {16, 4096, 6144, CUDA_GEMV_STORE, 1},
-        {16, 4096, 24576, CUDA_GEMV_SWIGLU, 1}, {16, 12288, 4096, CUDA_GEMV_ADD, 0},
-        {5, 4096, 4096, CUDA_GEMV_ADD, 0},      {32, 4096, 12288, CUDA_GEMV_STORE, 1},
-        {9, 1376, 300, CUDA_GEMV_STORE, 1},     {16, 96, 46, CUDA_GEMV_SWIGLU, 1},
-    };
+        int n, in, out;
+    } shapes[] = {{1, 4096, 4096}, {5, 1376, 300}, {8, 4096, 6144}, {9, 96, 46}, {16, 4096, 4096}, {16, 12288, 4096}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         const int n = shapes[i].n, in = shapes[i].in, out = shapes[i].out;
-        const enum cuda_gemv_epi epi = (enum cuda_gemv_epi)shapes[i].epi;
-        float *wf, *x = rnd_array((size_t)n * in, 3.0f), *wn = rnd_array((size_t)in, 1.0f);
-        uint16_t *wb = rnd_bf16((size_t)out * in, 0.05f, &wf);
-        float *y0 = rnd_array((size_t)n * out, 1.0f);
-        uint16_t *dw = dev_upload(wb, 2 * (size_t)out * in);
-        float *dx = dev_upload(x, sizeof(float) * (size_t)n * in), *dwn = dev_upload(wn, sizeof(float) * in);
-        const int yw = epi == CUDA_GEMV_SWIGLU ? out / 2 : out;
-        for (int xs = 1; xs <= 2; xs++) { /* the x-staged kernel always, never */
-            char what[128];
-            snprintf(what, sizeof what, "gemv n=%d in=%d out=%d epi %d%s, %s", n, in, out, (int)epi,
-                     shapes[i].norm ? " + norm" : "", xs == 1 ? "x-staged" : "gemv_mma");
-            float *got[2];
-            for (int pf = 0; pf < 2; pf++) {
-                assert_int_equal(setenv("MM3_MMA_L2PF", pf ? "3" : "0", 1), 0);
-                assert_int_equal(setenv("MM3_XS_L2PF", pf ? "5" : "0", 1), 0);
-                cuda_env_switches_reset();
-                assert_int_equal(cuda_ops_gemv_set_xs(xs), 0);
-                got[pf] = fused_run(n, in, out, epi, shapes[i].norm ? dwn : NULL, dx, dw, y0, what);
+        float *wf, *xf, *ref = malloc(sizeof(float) * (size_t)n * out);
+        uint16_t *wb = rnd_bf16((size_t)out * in, 0.05f, &wf), *xb = rnd_bf16((size_t)n * in, 3.0f, &xf);
+        for (int r = 0; r < n; r++)
+            for (int o = 0; o < out; o++) {
+                double acc = 0.0;
+                for (int k = 0; k < in; k++)
+                    acc += (double)xf[(size_t)r * in + k] * wf[(size_t)o * in + k];
+                ref[(size_t)r * out + o] = (float)acc;
             }
-            if (memcmp(got[0], got[1], sizeof(float) * (size_t)n * yw))
-                fail_msg("%s: other bits with the L2 look-ahead", what);
-            printf("  %-62s look-ahead: same bits\n", what);
-            free(got[0]), free(got[1]);
-        }
-        cuda_free(dw), cuda_free(dx), cuda_free(dwn);
-        free(wb), free(wf), free(wn), free(x), free(y0);
+        uint16_t *dw = dev_upload(wb, 2 * (size_t)out * in), *dx = dev_upload(xb, 2 * (size_t)n * in);
+        float *dy_inner, *dy = dev_guarded((size_t)n * out, &dy_inner);
+        char what[96];
+        snprintf(what, sizeof what, "gemv x bf16 n=%d in=%d out=%d", n, in, out);
+        if (cuda_ops_gemv_bf16_mma_xbf16(dy_inner, dx, dw, n, in, out, NULL)) fail_msg("%s: %s", what, mm3_last_error());
+        float *got = dev_fetch_checked(dy, (size_t)n * out, what);
+        expect_close(got, ref, (size_t)n * out, TOL_F32_SUM, what);
+        cuda_free(dw), cuda_free(dx), cuda_free(dy);
+        free(got), free(ref), free(wb), free(wf), free(xb), free(xf);
     }
-    unsetenv("MM3_MMA_L2PF");
-    unsetenv("MM3_XS_L2PF");
-    cuda_env_switches_reset();
-    assert_int_equal(cuda_ops_gemv_set_xs(0), 0);
+    assert_int_equal(cuda_ops_gemv_bf16_mma_xbf16(NULL, NULL, NULL, 17, 4096, 4096, NULL), -EINVAL);
 }
 
 /* ---- decode attention ------------------------------------------------------------ */
@@ -914,25 +918,13 @@ static void check_attention(const struct att_case *c)
     float *dq = dev_upload(q, sizeof(float) * qn);
     int *dlen = dev_upload(c->kv_len, sizeof(int) * c->n_seq);
     float *dout_inner, *dout = dev_guarded(qn, &dout_inner);
-    /* Both kernels that merge the chunks (MM3_ATT_COMBINE): the same bits. */
-    float *got = NULL;
-    for (int wide = 0; wide < 2; wide++) {
-        assert_int_equal(setenv("MM3_ATT_COMBINE", wide ? "1" : "0", 1), 0);
-        cuda_env_switches_reset();
-        assert_int_equal(cuda_memset(dout_inner, 0xff, sizeof(float) * qn), 0); /* poison: each run must write */
-        int rc = c->chunk ? cuda_ops_attention_decode_chunk(dout_inner, dq, dk, dv, c->dtype, dlen, c->max_len, seq,
-                                                            row, c->n_seq, c->n_heads, c->n_kv_heads, c->head_dim,
-                                                            scale, c->chunk, NULL)
-                          : cuda_ops_attention_decode(dout_inner, dq, dk, dv, c->dtype, dlen, c->max_len, seq, row,
-                                                      c->n_seq, c->n_heads, c->n_kv_heads, c->head_dim, scale, NULL);
-        if (rc) fail_msg("%s: %s", what, mm3_last_error());
-        float *run = dev_fetch_checked(dout, qn, what);
-        if (got && memcmp(got, run, sizeof(float) * qn)) fail_msg("%s: other bits from attn_combine_wide_kernel", what);
-        free(got);
-        got = run;
-    }
-    unsetenv("MM3_ATT_COMBINE");
-    cuda_env_switches_reset();
+    int rc = c->chunk ? cuda_ops_attention_decode_chunk(dout_inner, dq, dk, dv, c->dtype, dlen, c->max_len, seq, row,
+                                                        c->n_seq, c->n_heads, c->n_kv_heads, c->head_dim, scale,
+                                                        c->chunk, NULL)
+                      : cuda_ops_attention_decode(dout_inner, dq, dk, dv, c->dtype, dlen, c->max_len, seq, row,
+                                                  c->n_seq, c->n_heads, c->n_kv_heads, c->head_dim, scale, NULL);
+    if (rc) fail_msg("%s: %s", what, mm3_last_error());
+    float *got = dev_fetch_checked(dout, qn, what);
     /* float32 softmax and sums in another order, device expf: ~1e-6 typical. */
     expect_close(got, ref, qn, TOL_F32_SUM, what);
 
@@ -1169,7 +1161,7 @@ int main(void)
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_gemv_fused),
         cmocka_unit_test(test_gemv_chain),
-        cmocka_unit_test(test_gemv_l2_prefetch),
+        cmocka_unit_test(test_gemv_mma_xbf16),
         cmocka_unit_test(test_attention_release),
         cmocka_unit_test(test_attention_odd),
         cmocka_unit_test(test_attention_qkv),

@@ -157,15 +157,20 @@ struct mm_arg {
     uint16_t **w;
     int copies;
     float *x, *y;
+    uint16_t *xb; /* x rounded to bf16, for the x-in-bf16 variant (opw MM_XBF16) */
     int n, in, out;
     int opw; /* 0: cuda_ops_matmul_bf16's choice; 2, 4, 8: float32 kernel; -2, -4: tensor-core kernel
               * with that many weight tiles per block */
 };
 
+enum { MM_XBF16 = -100 };
+
 static void mm_once(void *arg, int i)
 {
     struct mm_arg *a = arg;
-    if (a->opw < 0)
+    if (a->opw == MM_XBF16)
+        TRY(cuda_ops_gemv_bf16_mma_xbf16(a->y, a->xb, a->w[i % a->copies], a->n, a->in, a->out, stream));
+    else if (a->opw < 0)
         TRY(cuda_ops_gemv_bf16_mma(a->y, a->x, a->w[i % a->copies], a->n, a->in, a->out, -a->opw, stream));
     else if (a->opw)
         TRY(cuda_ops_gemv_bf16_opw(a->y, a->x, a->w[i % a->copies], a->n, a->in, a->out, a->opw, stream));
@@ -381,7 +386,7 @@ static int profile_once(int shape, int rows)
         uint16_t *w = NULL;
         TRY(cuda_malloc((void **)&w, 2 * wn));
         fill_random_bf16(w, wn);
-        struct mm_arg a = {&w, 1, NULL, NULL, rows, sh->in, sh->out, 0};
+        struct mm_arg a = {.w = &w, .copies = 1, .n = rows, .in = sh->in, .out = sh->out};
         TRY(cuda_malloc((void **)&a.x, sizeof(float) * rows * sh->in));
         TRY(cuda_malloc((void **)&a.y, sizeof(float) * rows * sh->out));
         fill_random_f32(a.x, (size_t)rows * sh->in);
@@ -498,10 +503,12 @@ int main(int argc, char **argv)
             TRY(cuda_malloc((void **)&w[c], 2 * wn));
             TRY(cuda_memcpy_d2d(w[c], w[0], 2 * wn, stream));
         }
-        struct mm_arg a = {w, copies, NULL, NULL, 0, sh->in, sh->out, 0};
+        struct mm_arg a = {.w = w, .copies = copies, .in = sh->in, .out = sh->out};
         TRY(cuda_malloc((void **)&a.x, sizeof(float) * BENCH_MAX_ROWS * sh->in));
+        TRY(cuda_malloc((void **)&a.xb, sizeof(uint16_t) * BENCH_MAX_ROWS * sh->in));
         TRY(cuda_malloc((void **)&a.y, sizeof(float) * BENCH_MAX_ROWS * sh->out));
         fill_random_f32(a.x, (size_t)BENCH_MAX_ROWS * sh->in);
+        fill_random_bf16(a.xb, (size_t)BENCH_MAX_ROWS * sh->in);
         for (int r = 0; r < 2; r++) {
             a.n = row_counts[r];
             double tl = time_median(mm_once, &a, copies);
@@ -524,6 +531,11 @@ int main(int argc, char **argv)
                    "float32 kernel (graph)", a.n, tf * 1e6, bytes / tf * 1e-9, 100.0 * bytes / tf / bw, tm2 * 1e6,
                    100.0 * bytes / tm2 / bw, tm * 1e6, 100.0 * bytes / tm / bw);
             if (tm2 < tm) tm = tm2;
+            if (a.n <= 16) {
+                const double tx = time_variant(&a, copies, MM_XBF16);
+                printf("    %-24s %4d %21.1f %8.0f %6.0f%% (x in bf16: hi parts only, against %.1f us)\n",
+                       "tensor-core, x bf16", a.n, tx * 1e6, bytes / tx * 1e-9, 100.0 * bytes / tx / bw, tm2 * 1e6);
+            }
             if (!sh->fused) {
                 frame_f32_s[r] += sh->per_frame * tf;
                 frame_mma_s[r] += sh->per_frame * tm;
@@ -548,6 +560,7 @@ int main(int argc, char **argv)
         for (int c = 0; c < copies; c++) cuda_free(w[c]);
         free(w);
         cuda_free(a.x);
+        cuda_free(a.xb);
         cuda_free(a.y);
     }
     /* The fused frame replaces LM q+k+v by fused qkv, gate+up by fused gate_up. */
@@ -568,7 +581,7 @@ int main(int argc, char **argv)
             TRY(cuda_malloc((void **)&w[c], 2 * wn));
             TRY(cuda_memcpy_d2d(w[c], w[0], 2 * wn, stream));
         }
-        struct mm_arg a = {w, copies, NULL, NULL, 32, sh->in, sh->out, 0};
+        struct mm_arg a = {.w = w, .copies = copies, .n = 32, .in = sh->in, .out = sh->out};
         TRY(cuda_malloc((void **)&a.x, sizeof(float) * 64 * sh->in));
         TRY(cuda_malloc((void **)&a.y, sizeof(float) * 64 * sh->out));
         fill_random_f32(a.x, (size_t)64 * sh->in);
@@ -584,6 +597,7 @@ int main(int argc, char **argv)
         for (int c = 0; c < copies; c++) cuda_free(w[c]);
         free(w);
         cuda_free(a.x);
+        cuda_free(a.xb);
         cuda_free(a.y);
     }
 

@@ -231,48 +231,6 @@ __global__ void attn_combine_kernel(float *__restrict__ out, const float *__rest
     }
 }
 
-/* attn_combine_kernel with every chunk's (max, sum) loaded at once, a thread per chunk,
- * and the weights exp(m_i - max) computed once into shared memory; each thread then
- * adds its dims over the chunks in order. The same operations in the same order as
- * there (the same bits), without its rounds of loads one chunk after another: under
- * ncu (eighteenth session) that kernel took 7.2 us at 2 sequences with its blocks at
- * 6% occupancy, the loads' latency. MM3_ATT_COMBINE=1 (measuring; not yet measured).
- * Dynamic shared memory: 2 n_split floats. */
-__global__ void attn_combine_wide_kernel(float *__restrict__ out, const float *__restrict__ part, int n_heads,
-                                         int head_dim, int n_split)
-{
-    extern __shared__ float att_cw[];
-    float *wt = att_cw, *sum_of = att_cw + n_split; /* maxima, then weights; sums */
-    pdl_launch_dependents();
-    pdl_wait();
-    const int h = blockIdx.x, s = blockIdx.y;
-    const size_t ps = (size_t)head_dim + 2;
-    const float *ph = part + ((size_t)s * n_heads + h) * n_split * ps;
-    for (int i = threadIdx.x; i < n_split; i += blockDim.x) {
-        wt[i] = ph[i * ps + head_dim];
-        sum_of[i] = ph[i * ps + head_dim + 1];
-    }
-    __syncthreads();
-    float mx = -INFINITY;
-    for (int i = 0; i < n_split; i++)
-        mx = fmaxf(mx, wt[i]);
-    __syncthreads(); /* every thread has its max before the maxima become weights */
-    for (int i = threadIdx.x; i < n_split; i += blockDim.x)
-        wt[i] = expf(wt[i] - mx);
-    __syncthreads();
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float a = 0.0f, ls = 0.0f;
-        if (mx != -INFINITY) {
-#pragma unroll 8
-            for (int i = 0; i < n_split; i++) {
-                a = fmaf(wt[i], ph[i * ps + d], a);
-                ls = fmaf(wt[i], sum_of[i], ls);
-            }
-        }
-        out[((size_t)s * n_heads + h) * head_dim + d] = ls > 0.0f ? a / ls : 0.0f;
-    }
-}
-
 template <typename KT, int E, int G> static int att_launch(const att_args &a, dim3 grid, cudaStream_t st)
 {
     if (a.prep)
@@ -344,13 +302,6 @@ static int att_early(void)
 {
     static int state = -1;
     return cuda_env_switch(&state, "MM3_ATT_EARLY", 1);
-}
-
-/* MM3_ATT_COMBINE=1: attn_combine_wide_kernel instead of attn_combine_kernel (measuring). */
-static int att_combine_wide(void)
-{
-    static int state = -1;
-    return cuda_env_switch(&state, "MM3_ATT_COMBINE", 0);
 }
 
 /* MM3_ATT_MMA=0: the CUDA-core kernel where the tensor-core one fits (measuring). */
@@ -468,13 +419,9 @@ static int attention_decode(float *out, const float *q, size_t q_stride, const v
     else
         rc = kv_dtype == CUDA_KV_BF16 ? att_launch_e<uint16_t>(a, head_dim, grid, st)
                                       : att_launch_e<float>(a, head_dim, grid, st);
-    const dim3 cgrid((unsigned)n_heads, (unsigned)n_seq);
-    if (rc == 0 && att_combine_wide() && n_split <= 4096) /* its shared memory within the 48 KiB */
-        rc = launch_pdl("attn_combine_wide_kernel", attn_combine_wide_kernel, cgrid, head_dim,
-                        2 * sizeof(float) * (size_t)n_split, st, out, (const float *)part, n_heads, head_dim, n_split);
-    else if (rc == 0)
-        rc = launch_pdl("attn_combine_kernel", attn_combine_kernel, cgrid, head_dim, 0, st, out, (const float *)part,
-                        n_heads, head_dim, n_split);
+    if (rc == 0)
+        rc = launch_pdl("attn_combine_kernel", attn_combine_kernel, dim3((unsigned)n_heads, (unsigned)n_seq), head_dim,
+                        0, st, out, (const float *)part, n_heads, head_dim, n_split);
     if (!workspace) (void)cudaFreeAsync(part, st);
     return rc;
 }

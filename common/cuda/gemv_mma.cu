@@ -65,19 +65,6 @@ __device__ __forceinline__ void mma_load_step(uint4 (&wa)[MT][2], const uint4 *c
 
 enum { MMA_WARPS = 8, MMA_THREADS = MMA_WARPS * 32, MMA_MAX_CLUSTER = 8 };
 
-/* k step s of this lane's weight rows into L2: the 64 bytes of a row that its four
- * lanes read, asked for by the lane with t == 0. */
-template <int MT>
-__device__ __forceinline__ void mma_l2_prefetch_step(const uint4 *const (&wr)[MT][2], int t, int s, int steps)
-{
-    if (t != 0 || s >= steps) return;
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-            mma_l2_prefetch(wr[mt][h] + s * (MMA_KSTEP / 8), MMA_KSTEP * 2);
-}
-
 /* x tile nt's B fragments of k step sb: its rows (normed when NORM, summing x^2 into
  * ss) split into bf16 hi + lo. */
 template <bool NORM>
@@ -97,16 +84,37 @@ __device__ __forceinline__ void mma_x_fragment(uint32_t (&bh)[4], uint32_t (&bl)
     mma_x_split<NORM>(bh, bl, ss, p, q, na, nb);
 }
 
+/* x tile nt's B fragments of k step kq when x is already bf16 (XB): the lane's 8
+ * consecutive values are the fragment as stored (low half first, as split_pair packs). */
+__device__ __forceinline__ void mma_x_fragment_bf16(uint32_t (&bh)[4], const float4 *xr, bool xv, int kq)
+{
+    uint4 u = make_uint4(0u, 0u, 0u, 0u);
+    if (xv) u = __ldg((const uint4 *)xr + kq);
+    bh[0] = u.x, bh[1] = u.y, bh[2] = u.z, bh[3] = u.w;
+}
+
 /* One k step of one warp: x times this lane's weights a of every tile. Up to 16 rows
  * every x tile is split first; at 32 rows (NT 4) one x tile at a time, which keeps 24
  * fewer words live (the norm's variants spilled) and adds in the same order. */
-template <int NT, int MMA_MT, bool NORM>
+template <int NT, int MMA_MT, bool NORM, bool XB>
 __device__ __forceinline__ void mma_step(float (&acc)[MMA_MT][NT][4], float (&ss)[NT], const uint4 (&a)[MMA_MT][2],
                                          const float4 *const (&xr)[NT], const bool (&xv)[NT],
                                          const float *__restrict__ wn, int t, int sb)
 {
     const int kq = sb * (MMA_KSTEP / 8); /* offset in uint4 (8 bf16) units */
-    if constexpr (NT > 2) {
+    if constexpr (XB) { /* x in bf16: the hi parts only, two MMAs per tile */
+        uint32_t bh[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+            mma_x_fragment_bf16(bh[nt], xr[nt], xv[nt], kq);
+#pragma unroll
+        for (int mt = 0; mt < MMA_MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                mma_bf16(acc[mt][nt], a[mt][0].x, a[mt][1].x, a[mt][0].y, a[mt][1].y, bh[nt][0], bh[nt][1]);
+                mma_bf16(acc[mt][nt], a[mt][0].z, a[mt][1].z, a[mt][0].w, a[mt][1].w, bh[nt][2], bh[nt][3]);
+            }
+    } else if constexpr (NT > 2) {
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             uint32_t bh[4], bl[4];
@@ -154,17 +162,21 @@ template <int MMA_MT, int STAGES> constexpr int mma_ring_bytes()
  * NORM: as cuda_ops_gemv_bf16_fused (the k-split blocks of a cluster each sum x^2
  * over their share of the row and rank 0 adds them up with the partial products).
  * STAGES: 0 keeps two k steps of weights per warp in registers; n > 0 keeps n - 1
- * in flight through a shared-memory ring (no registers held while in flight).
- * l2pf > 0: each warp also keeps its next l2pf k steps beyond those on their way into
- * L2 (mma_l2_prefetch; measuring switch MM3_MMA_L2PF). */
-template <int NT, int MMA_MT, int EPI, bool NORM, int STAGES>
+ * in flight through a shared-memory ring (no registers held while in flight). */
+template <int NT, int MMA_MT, int EPI, bool NORM, int STAGES, bool XB = false>
 __global__ void __launch_bounds__(MMA_THREADS, 2)
     gemv_mma_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int n_rows,
-                    int in, int out, int ks, int tiles, const float *__restrict__ wn, float eps, int pre, int l2pf)
+                    int in, int out, int ks, int tiles, const float *__restrict__ wn, float eps, int pre)
 {
     pdl_launch_dependents();
     constexpr int MMA_OUT = 16 * MMA_MT;
-    __shared__ float red[MMA_WARPS][MMA_OUT * 8 * NT];
+    /* A warp's partial sums [MMA_OUT][8 NT] fit one ring stage up to 16 rows: there they
+     * go into the warp's last stage, which no copy uses between its k loop and the next
+     * tile's (start_tile fills stages 0 .. STAGES - 2), and the block needs 16 KiB less
+     * of shared memory (at 2 blocks per SM the SM's L1 / shared split stays a size lower,
+     * or a ring of 4 fits the split of 3 with a separate array). */
+    constexpr bool RED_IN_RING = STAGES > 0 && NT <= 2;
+    __shared__ float red_own[RED_IN_RING ? 1 : MMA_WARPS][RED_IN_RING ? 1 : MMA_OUT * 8 * NT];
     __shared__ float block_sum[MMA_OUT * 8 * NT];
     __shared__ float red_ss[MMA_WARPS][8 * NT], block_ss[8 * NT], row_scale[8 * NT];
     extern __shared__ uint4 mma_ring[];
@@ -178,7 +190,8 @@ __global__ void __launch_bounds__(MMA_THREADS, 2)
     for (int nt = 0; nt < NT; nt++) {
         int n = nt * 8 + g;
         xv[nt] = n < n_rows;
-        xr[nt] = (const float4 *)(x + (size_t)(xv[nt] ? n : 0) * in + 8 * t);
+        const size_t at = (size_t)(xv[nt] ? n : 0) * in + 8 * t;
+        xr[nt] = XB ? (const float4 *)((const uint16_t *)x + at) : (const float4 *)(x + at);
     }
     cg::cluster_group cluster = cg::this_cluster();
     const int steps = in / MMA_KSTEP;
@@ -186,16 +199,19 @@ __global__ void __launch_bounds__(MMA_THREADS, 2)
     const int ncols = 8 * NT;
     const int st0 = rank * MMA_WARPS + warp;
     uint4 *ring = mma_ring + (size_t)warp * (STAGES ? STAGES : 1) * MMA_MT * 2 * 32;
+    auto red = [&](int k) -> float * {
+        if constexpr (RED_IN_RING)
+            return (float *)(mma_ring + ((size_t)k * STAGES + STAGES - 1) * MMA_MT * 2 * 32);
+        else
+            return red_own[k];
+    };
     /* The first tile's first weights are loaded before pdl_wait when `pre` (weights
      * are no earlier kernel's output), so a block placed while the previous kernel
      * finishes streams. Registers: steps st0 and st0 + stride; ring: STAGES - 1 steps. */
     const uint4 *wr[MMA_MT][2];
     uint4 wa[2][MMA_MT][2];
-    constexpr int AHEAD = STAGES > 0 ? STAGES - 1 : 2; /* k steps per warp in flight */
     auto start_tile = [&](int tile) {
         mma_tile_rows<MMA_MT>(wr, w, tile, in, out, g, t);
-        for (int r = 0; r < l2pf; r++)
-            mma_l2_prefetch_step<MMA_MT>(wr, t, st0 + (AHEAD + r) * stride, steps);
         if constexpr (STAGES > 0) {
 #pragma unroll
             for (int i = 0; i < STAGES - 1; i++)
@@ -236,8 +252,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2)
                         a[mt][h] = ring[(((i % STAGES) * MMA_MT + mt) * 2 + h) * 32 + lane];
                 /* refills the slot read in the previous step (its values are in registers) */
                 mma_copy_step<MMA_MT, STAGES>(ring, wr, lane, i + STAGES - 1, sb + (STAGES - 1) * stride, steps);
-                if (l2pf) mma_l2_prefetch_step<MMA_MT>(wr, t, sb + (AHEAD + l2pf) * stride, steps);
-                mma_step<NT, MMA_MT, NORM>(acc, ss, a, xr, xv, wn, t, sb);
+                mma_step<NT, MMA_MT, NORM, XB>(acc, ss, a, xr, xv, wn, t, sb);
             }
         } else {
             for (int st = st0; st < steps; st += 2 * stride) {
@@ -245,9 +260,8 @@ __global__ void __launch_bounds__(MMA_THREADS, 2)
                 for (int b = 0; b < 2; b++) {
                     const int sb = st + b * stride;
                     if (sb < steps) {
-                        mma_step<NT, MMA_MT, NORM>(acc, ss, wa[b], xr, xv, wn, t, sb);
+                        mma_step<NT, MMA_MT, NORM, XB>(acc, ss, wa[b], xr, xv, wn, t, sb);
                         if (sb + 2 * stride < steps) mma_load_step<MMA_MT>(wa[b], wr, sb + 2 * stride);
-                        if (l2pf) mma_l2_prefetch_step<MMA_MT>(wr, t, sb + (AHEAD + l2pf) * stride, steps);
                     }
                 }
             }
@@ -262,10 +276,11 @@ __global__ void __launch_bounds__(MMA_THREADS, 2)
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 const int o = mt * 16 + g, n = nt * 8 + 2 * t;
-                red[warp][o * ncols + n] = acc[mt][nt][0];
-                red[warp][o * ncols + n + 1] = acc[mt][nt][1];
-                red[warp][(o + 8) * ncols + n] = acc[mt][nt][2];
-                red[warp][(o + 8) * ncols + n + 1] = acc[mt][nt][3];
+                float *rw = red(warp);
+                rw[o * ncols + n] = acc[mt][nt][0];
+                rw[o * ncols + n + 1] = acc[mt][nt][1];
+                rw[(o + 8) * ncols + n] = acc[mt][nt][2];
+                rw[(o + 8) * ncols + n + 1] = acc[mt][nt][3];
             }
         if (NORM) { /* lanes 4g..4g+3 hold row nt*8+g's x^2 over their k: add them up */
 #pragma unroll
@@ -281,7 +296,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2)
             float s = 0.0f;
 #pragma unroll
             for (int k = 0; k < MMA_WARPS; k++)
-                s += red[k][i];
+                s += red(k)[i];
             block_sum[i] = s;
         }
         if (NORM && threadIdx.x < ncols) {
@@ -334,15 +349,6 @@ static int mma_switch_pre(void)
     return cuda_env_switch(&state, "MM3_MMA_PRE", 1);
 }
 
-/* MM3_MMA_L2PF=n (1-9): each warp keeps n k steps of weights beyond those in flight
- * on their way into L2 (measuring; built in the eighteenth session without device
- * time to measure it: 0, off, is the default until a same-call A/B says otherwise). */
-static int mma_l2pf(void)
-{
-    static int state = -1;
-    return cuda_env_switch(&state, "MM3_MMA_L2PF", 0);
-}
-
 /* MM3_PDL_MMA=0: this kernel without the PDL attribute even where the rest has it
  * (measured once at 8 pairs: 12.61 ms off against 12.84 on, about the run-to-run
  * spread; left on with the rest). */
@@ -354,15 +360,15 @@ static int mma_pdl(void)
 
 /* Clusters of ks blocks of this kernel that fit on the GPU at once (cached per
  * instantiation; every thread computes the same values, so the race is benign). */
-template <int NT, int MT, int EPI, bool NORM, int S> static int mma_resident_clusters(int ks)
+template <int NT, int MT, int EPI, bool NORM, int S, bool XB = false> static int mma_resident_clusters(int ks)
 {
     static int cache[MMA_MAX_CLUSTER + 1];
     if (!cache[ks]) {
         if (S) /* the ring is past the 48 KiB a launch gets unasked */
-            (void)cudaFuncSetAttribute(gemv_mma_kernel<NT, MT, EPI, NORM, S>,
+            (void)cudaFuncSetAttribute(gemv_mma_kernel<NT, MT, EPI, NORM, S, XB>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, mma_ring_bytes<MT, S>());
-        cache[ks] =
-            cuda_resident_clusters_y(gemv_mma_kernel<NT, MT, EPI, NORM, S>, MMA_THREADS, mma_ring_bytes<MT, S>(), ks);
+        cache[ks] = cuda_resident_clusters_y(gemv_mma_kernel<NT, MT, EPI, NORM, S, XB>, MMA_THREADS,
+                                             mma_ring_bytes<MT, S>(), ks);
     }
     return cache[ks];
 }
@@ -383,14 +389,14 @@ static int mma_balance(void)
  * pipeline restarts at every tile); a split must beat the best so far by 3% (its
  * blocks merge through distributed shared memory). */
 enum { MMA_MIN_TILE_STEPS = 4 };
-template <int NT, int MT, int EPI, bool NORM, int S>
+template <int NT, int MT, int EPI, bool NORM, int S, bool XB = false>
 static void mma_plan(int tiles, int steps, int *ks_out, int *grid_out)
 {
-    const int slots = mma_resident_clusters<NT, MT, EPI, NORM, S>(1);
+    const int slots = mma_resident_clusters<NT, MT, EPI, NORM, S, XB>(1);
     int ks = 1, per = (tiles + slots - 1) / slots;
     long best = tiles; /* block-tiles of work of ks = 1; busy fraction best / (per * slots) */
     for (int k = 2; k <= MMA_MAX_CLUSTER && k * MMA_WARPS <= steps; k++) {
-        const int clusters = mma_resident_clusters<NT, MT, EPI, NORM, S>(k);
+        const int clusters = mma_resident_clusters<NT, MT, EPI, NORM, S, XB>(k);
         const int p = (tiles + clusters - 1) / clusters;
         if (p > 1 && (!mma_balance() || k * MMA_WARPS * MMA_MIN_TILE_STEPS > steps)) continue;
         if ((long)tiles * k * per * 100 > best * p * 103) best = (long)tiles * k, per = p, ks = k;
@@ -399,16 +405,16 @@ static void mma_plan(int tiles, int steps, int *ks_out, int *grid_out)
     *grid_out = (tiles + per - 1) / per;
 }
 
-template <int NT, int MT, int EPI, bool NORM, int S>
+template <int NT, int MT, int EPI, bool NORM, int S, bool XB = false>
 static int mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, const float *wn,
                       float eps, cudaStream_t st)
 {
     const int tiles = (out + 16 * MT - 1) / (16 * MT);
     int ks, grid;
-    mma_plan<NT, MT, EPI, NORM, S>(tiles, in / MMA_KSTEP, &ks, &grid);
-    return launch_ex("cudaLaunchKernelEx(gemv_mma_kernel)", gemv_mma_kernel<NT, MT, EPI, NORM, S>,
+    mma_plan<NT, MT, EPI, NORM, S, XB>(tiles, in / MMA_KSTEP, &ks, &grid);
+    return launch_ex("cudaLaunchKernelEx(gemv_mma_kernel)", gemv_mma_kernel<NT, MT, EPI, NORM, S, XB>,
                      dim3((unsigned)grid, (unsigned)ks), dim3(MMA_THREADS), mma_ring_bytes<MT, S>(), st, ks,
-                     mma_pdl() != 0, y, x, w, n_rows, in, out, ks, tiles, wn, eps, mma_switch_pre(), mma_l2pf());
+                     mma_pdl() != 0, y, x, w, n_rows, in, out, ks, tiles, wn, eps, mma_switch_pre());
 }
 
 /* cuda_ops_gemv_set_mma_tiles: 2 or 4 weight tiles per block for every launch, or
@@ -460,6 +466,16 @@ template <int NT> static bool mma_uses_ring(void)
 
 enum { MMA_RING_STAGES = 3 };
 
+/* MM3_MMA_RING_STAGES=4 or 5: a deeper ring at 9-16 rows (measuring; 3 steps in flight
+ * per warp with 4, the same L1 / shared split as 3 had before its partial sums moved
+ * into the ring). */
+static int mma_ring_stages(void)
+{
+    static int state = -1;
+    const int s = cuda_env_switch(&state, "MM3_MMA_RING_STAGES", MMA_RING_STAGES);
+    return s == 4 || s == 5 ? s : MMA_RING_STAGES;
+}
+
 /* 17-32 rows (NT 4) always take the ring and 2 tiles: 32 accumulators and 32 words of
  * split x per step leave no registers for weights in flight (ptxas: spills). */
 template <int NT, int EPI, bool NORM>
@@ -471,9 +487,12 @@ static int mma_launch_tiles(float *y, const float *x, const uint16_t *w, int n_r
     } else {
         if (m_tiles == 0) m_tiles = mma_default_tiles();
         if (m_tiles == 4) return mma_launch<NT, 4, EPI, NORM, 0>(y, x, w, n_rows, in, out, wn, eps, st);
-        return mma_uses_ring<NT>()
-                   ? mma_launch<NT, 2, EPI, NORM, MMA_RING_STAGES>(y, x, w, n_rows, in, out, wn, eps, st)
-                   : mma_launch<NT, 2, EPI, NORM, 0>(y, x, w, n_rows, in, out, wn, eps, st);
+        if (!mma_uses_ring<NT>()) return mma_launch<NT, 2, EPI, NORM, 0>(y, x, w, n_rows, in, out, wn, eps, st);
+        switch (mma_ring_stages()) {
+        case 4: return mma_launch<NT, 2, EPI, NORM, 4>(y, x, w, n_rows, in, out, wn, eps, st);
+        case 5: return mma_launch<NT, 2, EPI, NORM, 5>(y, x, w, n_rows, in, out, wn, eps, st);
+        default: return mma_launch<NT, 2, EPI, NORM, MMA_RING_STAGES>(y, x, w, n_rows, in, out, wn, eps, st);
+        }
     }
 }
 
@@ -516,4 +535,33 @@ extern "C" int cuda_ops_gemv_bf16_mma(float *y, const float *x, const uint16_t *
                                       int m_tiles, void *stream)
 {
     return gemv_mma_launch(y, x, w, n_rows, in, out, m_tiles, CUDA_GEMV_STORE, NULL, 0.0f, cuda_stream_of(stream));
+}
+
+/* x already rounded to bf16 (xb: [n_rows][in] bf16): the hi parts only, two MMAs per
+ * tile instead of four and half the bytes of x per k step (measuring hook: what a
+ * bf16-activation decode would gain per product; the model keeps float32 x). */
+template <int NT>
+static int mma_launch_xbf16(float *y, const uint16_t *xb, const uint16_t *w, int n_rows, int in, int out,
+                            cudaStream_t st)
+{
+    const float *x = (const float *)xb; /* the kernel's XB path reads it as bf16 */
+    return mma_uses_ring<NT>()
+               ? mma_launch<NT, 2, CUDA_GEMV_STORE, false, MMA_RING_STAGES, true>(y, x, w, n_rows, in, out, NULL,
+                                                                                   0.0f, st)
+               : mma_launch<NT, 2, CUDA_GEMV_STORE, false, 0, true>(y, x, w, n_rows, in, out, NULL, 0.0f, st);
+}
+
+extern "C" int cuda_ops_gemv_bf16_mma_xbf16(float *y, const uint16_t *xb, const uint16_t *w, int n_rows, int in,
+                                            int out, void *stream)
+{
+    if (n_rows < 1 || n_rows > 16 || out < 1 || in < MMA_KSTEP || in % MMA_KSTEP || !y || !xb || !w)
+        return mm3_errorf(-EINVAL,
+                          "cuda_ops_gemv_bf16_mma_xbf16: %d rows, in %d, out %d: expected rows 1..16, in a multiple "
+                          "of %d",
+                          n_rows, in, out, MMA_KSTEP);
+    if (((uintptr_t)w | (uintptr_t)xb) & 15)
+        return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_mma_xbf16: w and xb must be 16-byte aligned");
+    cudaStream_t st = cuda_stream_of(stream);
+    return n_rows <= 8 ? mma_launch_xbf16<1>(y, xb, w, n_rows, in, out, st)
+                       : mma_launch_xbf16<2>(y, xb, w, n_rows, in, out, st);
 }

@@ -32,16 +32,6 @@ __device__ __forceinline__ void mma_async_copy(void *dst, const void *src)
     asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
 }
 
-/* Asks L2 for `bytes` (a multiple of 16) from p (16-byte aligned) through the copy
- * engine: nothing is held while in flight and nothing waits for it. The weight
- * look-ahead of MM3_MMA_L2PF / MM3_XS_L2PF: ncu (eighteenth session, base clock) found
- * the 16-row products at 37-55% of the DRAM peak and 44-67% of L2's with x served
- * from L1, i.e. short of bytes in flight, not of bandwidth. */
-__device__ __forceinline__ void mma_l2_prefetch(const void *p, unsigned bytes)
-{
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-}
-
 __device__ __forceinline__ void mma_copy_commit(void)
 {
     asm volatile("cp.async.commit_group;" ::: "memory");

@@ -2,7 +2,7 @@
  * 9-32 rows of 8 CFG pairs where the outputs alone nearly fill the GPU (gemv_xs_plan;
  * gemv_mma.cu serves the rest).
  *
- * gemv_mma.cu's blocks split `in` over their 8 warps and re-read x (through L1) for every
+ * gemv_mma.cu's blocks split `in` over their 8 warps and re-read x from L2 for every
  * 32-output weight tile: at 16 rows as many x bytes as weight bytes, at 32 rows
  * twice as many. Here the 8 warps of a block split the outputs instead (16 each, 128
  * per block) and walk the same k range, so x is read once per block: each thread
@@ -101,25 +101,13 @@ __device__ __forceinline__ void xs_ring_copy(uint4 *ring, const uint4 *const (&w
         mma_async_copy(ring + (slot * 2 + h) * 32 + lane, wr[h] + step * (MMA_KSTEP / 8));
 }
 
-/* k step `step` of this lane's weight rows g and g + 8 into L2 (mma_l2_prefetch), asked
- * for by the lane with (lane & 3) == 0: the 64 bytes of each row that its four lanes read. */
-__device__ __forceinline__ void xs_l2_prefetch(const uint4 *const (&wr)[2], int lane, int step, int n_steps)
-{
-    if ((lane & 3) || step >= n_steps) return;
-#pragma unroll
-    for (int h = 0; h < 2; h++)
-        mma_l2_prefetch(wr[h] + step * (MMA_KSTEP / 8), MMA_KSTEP * 2);
-}
-
 /* NT: 8-row tiles of x (1 for n <= 8, 2 for n <= 16, 4 for n <= 32). EPI and NORM as
  * cuda_ops_gemv_bf16_fused. Grid: (output groups of XS_OUT, ks); a cluster is the ks
- * blocks of one group, each taking steps/ks of the k steps. l2pf > 0: each warp also
- * keeps its next l2pf k steps beyond the ring's on their way into L2 (measuring switch
- * MM3_XS_L2PF). */
+ * blocks of one group, each taking steps/ks of the k steps. */
 template <int NT, int EPI, bool NORM>
 __global__ void __launch_bounds__(XS_THREADS, 2)
     gemv_xs_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int n_rows,
-                   int in, int out, int ks, const float *__restrict__ wn, float eps, int l2pf)
+                   int in, int out, int ks, const float *__restrict__ wn, float eps)
 {
     pdl_launch_dependents();
     constexpr int ROWS = 8 * NT, CS = xs_chunk_steps<NT>(), PR = ROWS + 1; /* PR: partial row stride */
@@ -148,8 +136,6 @@ __global__ void __launch_bounds__(XS_THREADS, 2)
         if (i < n_steps) xs_ring_copy(ring, wr, i, i, lane);
         mma_copy_commit(); /* empty groups too: wait_group counts them */
     }
-    for (int i = 0; i < l2pf; i++)
-        xs_l2_prefetch(wr, lane, XS_STAGES - 1 + i, n_steps);
     pdl_wait();
 
     /* Per chunk c, after one __syncthreads: chunk c + 1's items (loaded while chunk c - 1
@@ -184,7 +170,6 @@ __global__ void __launch_bounds__(XS_THREADS, 2)
             if (s + XS_STAGES - 1 < n_steps)
                 xs_ring_copy(ring, wr, (s + XS_STAGES - 1) % XS_STAGES, s + XS_STAGES - 1, lane);
             mma_copy_commit();
-            if (l2pf) xs_l2_prefetch(wr, lane, s + XS_STAGES - 1 + l2pf, n_steps);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 const uint4 h = fc[((j * NT + nt) * 2 + 0) * 32 + lane], l = fc[((j * NT + nt) * 2 + 1) * 32 + lane];
@@ -300,14 +285,6 @@ static int xs_plan(int out, int steps)
     return ks;
 }
 
-/* MM3_XS_L2PF=n (1-9): each warp keeps n k steps of weights beyond its ring's on their
- * way into L2 (measuring, as MM3_MMA_L2PF in gemv_mma.cu: off until measured). */
-static int xs_l2pf(void)
-{
-    static int state = -1;
-    return cuda_env_switch(&state, "MM3_XS_L2PF", 0);
-}
-
 template <int NT, int EPI, bool NORM>
 static int xs_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int ks, const float *wn,
                      float eps, cudaStream_t st)
@@ -316,7 +293,7 @@ static int xs_launch(float *y, const float *x, const uint16_t *w, int n_rows, in
     xs_allow_smem<NT, EPI, NORM>();
     return launch_ex("cudaLaunchKernelEx(gemv_xs_kernel)", gemv_xs_kernel<NT, EPI, NORM>,
                      dim3((unsigned)groups, (unsigned)ks), dim3(XS_THREADS), XS_SMEM_BYTES, st, ks, true, y, x, w,
-                     n_rows, in, out, ks, wn, eps, xs_l2pf());
+                     n_rows, in, out, ks, wn, eps);
 }
 
 template <int NT>
