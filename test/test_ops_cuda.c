@@ -788,20 +788,6 @@ static void test_gemv_fused(void **state)
     }
     assert_int_equal(cuda_ops_gemv_set_mma_ring(0), 0);
     assert_int_equal(cuda_ops_gemv_set_mma_ring(3), -EINVAL);
-    /* Deeper rings (MM3_MMA_RING_STAGES), whose last stage also holds the partial sums. */
-    for (int stages = 4; stages <= 5; stages++) {
-        assert_int_equal(setenv("MM3_MMA_RING_STAGES", stages == 4 ? "4" : "5", 1), 0);
-        cuda_env_switches_reset();
-        check_fused_small(16);
-        check_fused(16, 4096, 4096, CUDA_GEMV_ADD, 0);
-        check_fused(12, 12288, 4096, CUDA_GEMV_ADD, 0);
-        assert_int_equal(cuda_ops_gemv_set_xs(2), 0);
-        check_fused(16, 4096, 24576, CUDA_GEMV_SWIGLU, 1);
-        check_fused(16, 4096, 6144, CUDA_GEMV_STORE, 1);
-        assert_int_equal(cuda_ops_gemv_set_xs(0), 0);
-    }
-    unsetenv("MM3_MMA_RING_STAGES");
-    cuda_env_switches_reset();
     /* Both tensor-core kernels at every row count either may serve: the x-staged one
      * (the default at 9-32 rows) also at 3-8, gemv_mma.cu's also at 9-32; the release
      * shapes run one output group per block (24576 outputs) or clusters of 8 blocks

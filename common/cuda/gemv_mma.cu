@@ -170,13 +170,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2)
 {
     pdl_launch_dependents();
     constexpr int MMA_OUT = 16 * MMA_MT;
-    /* A warp's partial sums [MMA_OUT][8 NT] fit one ring stage up to 16 rows: there they
-     * go into the warp's last stage, which no copy uses between its k loop and the next
-     * tile's (start_tile fills stages 0 .. STAGES - 2), and the block needs 16 KiB less
-     * of shared memory (at 2 blocks per SM the SM's L1 / shared split stays a size lower,
-     * or a ring of 4 fits the split of 3 with a separate array). */
-    constexpr bool RED_IN_RING = STAGES > 0 && NT <= 2;
-    __shared__ float red_own[RED_IN_RING ? 1 : MMA_WARPS][RED_IN_RING ? 1 : MMA_OUT * 8 * NT];
+    __shared__ float red[MMA_WARPS][MMA_OUT * 8 * NT];
     __shared__ float block_sum[MMA_OUT * 8 * NT];
     __shared__ float red_ss[MMA_WARPS][8 * NT], block_ss[8 * NT], row_scale[8 * NT];
     extern __shared__ uint4 mma_ring[];
@@ -199,12 +193,6 @@ __global__ void __launch_bounds__(MMA_THREADS, 2)
     const int ncols = 8 * NT;
     const int st0 = rank * MMA_WARPS + warp;
     uint4 *ring = mma_ring + (size_t)warp * (STAGES ? STAGES : 1) * MMA_MT * 2 * 32;
-    auto red = [&](int k) -> float * {
-        if constexpr (RED_IN_RING)
-            return (float *)(mma_ring + ((size_t)k * STAGES + STAGES - 1) * MMA_MT * 2 * 32);
-        else
-            return red_own[k];
-    };
     /* The first tile's first weights are loaded before pdl_wait when `pre` (weights
      * are no earlier kernel's output), so a block placed while the previous kernel
      * finishes streams. Registers: steps st0 and st0 + stride; ring: STAGES - 1 steps. */
@@ -276,11 +264,10 @@ __global__ void __launch_bounds__(MMA_THREADS, 2)
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 const int o = mt * 16 + g, n = nt * 8 + 2 * t;
-                float *rw = red(warp);
-                rw[o * ncols + n] = acc[mt][nt][0];
-                rw[o * ncols + n + 1] = acc[mt][nt][1];
-                rw[(o + 8) * ncols + n] = acc[mt][nt][2];
-                rw[(o + 8) * ncols + n + 1] = acc[mt][nt][3];
+                red[warp][o * ncols + n] = acc[mt][nt][0];
+                red[warp][o * ncols + n + 1] = acc[mt][nt][1];
+                red[warp][(o + 8) * ncols + n] = acc[mt][nt][2];
+                red[warp][(o + 8) * ncols + n + 1] = acc[mt][nt][3];
             }
         if (NORM) { /* lanes 4g..4g+3 hold row nt*8+g's x^2 over their k: add them up */
 #pragma unroll
@@ -296,7 +283,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2)
             float s = 0.0f;
 #pragma unroll
             for (int k = 0; k < MMA_WARPS; k++)
-                s += red(k)[i];
+                s += red[k][i];
             block_sum[i] = s;
         }
         if (NORM && threadIdx.x < ncols) {
@@ -466,16 +453,6 @@ template <int NT> static bool mma_uses_ring(void)
 
 enum { MMA_RING_STAGES = 3 };
 
-/* MM3_MMA_RING_STAGES=4 or 5: a deeper ring at 9-16 rows (measuring; 3 steps in flight
- * per warp with 4, the same L1 / shared split as 3 had before its partial sums moved
- * into the ring). */
-static int mma_ring_stages(void)
-{
-    static int state = -1;
-    const int s = cuda_env_switch(&state, "MM3_MMA_RING_STAGES", MMA_RING_STAGES);
-    return s == 4 || s == 5 ? s : MMA_RING_STAGES;
-}
-
 /* 17-32 rows (NT 4) always take the ring and 2 tiles: 32 accumulators and 32 words of
  * split x per step leave no registers for weights in flight (ptxas: spills). */
 template <int NT, int EPI, bool NORM>
@@ -487,12 +464,9 @@ static int mma_launch_tiles(float *y, const float *x, const uint16_t *w, int n_r
     } else {
         if (m_tiles == 0) m_tiles = mma_default_tiles();
         if (m_tiles == 4) return mma_launch<NT, 4, EPI, NORM, 0>(y, x, w, n_rows, in, out, wn, eps, st);
-        if (!mma_uses_ring<NT>()) return mma_launch<NT, 2, EPI, NORM, 0>(y, x, w, n_rows, in, out, wn, eps, st);
-        switch (mma_ring_stages()) {
-        case 4: return mma_launch<NT, 2, EPI, NORM, 4>(y, x, w, n_rows, in, out, wn, eps, st);
-        case 5: return mma_launch<NT, 2, EPI, NORM, 5>(y, x, w, n_rows, in, out, wn, eps, st);
-        default: return mma_launch<NT, 2, EPI, NORM, MMA_RING_STAGES>(y, x, w, n_rows, in, out, wn, eps, st);
-        }
+        return mma_uses_ring<NT>()
+                   ? mma_launch<NT, 2, EPI, NORM, MMA_RING_STAGES>(y, x, w, n_rows, in, out, wn, eps, st)
+                   : mma_launch<NT, 2, EPI, NORM, 0>(y, x, w, n_rows, in, out, wn, eps, st);
     }
 }
 
