@@ -162,7 +162,9 @@ template <int MMA_MT, int STAGES> constexpr int mma_ring_bytes()
  * NORM: as cuda_ops_gemv_bf16_fused (the k-split blocks of a cluster each sum x^2
  * over their share of the row and rank 0 adds them up with the partial products).
  * STAGES: 0 keeps two k steps of weights per warp in registers; n > 0 keeps n - 1
- * in flight through a shared-memory ring (no registers held while in flight). */
+ * in flight through a shared-memory ring (no registers held while in flight).
+ * XB: x arrives in bf16 (the measuring hook cuda_ops_gemv_bf16_mma_xbf16): no split,
+ * two MMAs per tile, half the x bytes per k step. */
 template <int NT, int MMA_MT, int EPI, bool NORM, int STAGES, bool XB = false>
 __global__ void __launch_bounds__(MMA_THREADS, 2)
     gemv_mma_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int n_rows,
