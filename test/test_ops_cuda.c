@@ -832,36 +832,47 @@ static void test_gemv_fused(void **state)
 
 /* ---- the tensor-core GEMV with x in bf16 (measuring hook) ----------------------- */
 
-/* cuda_ops_gemv_bf16_mma_xbf16 against float32 sums of the same bf16 x and weights:
- * every row count of both x tile counts, a 43-step k, outputs past the last tile. */
+/* cuda_ops_gemv_bf16_mma_xbf16 against float32 sums of the same bf16 x and weights,
+ * stored or added to what y held: every row count of both x tile counts, a 43-step k,
+ * outputs past the last tile. */
 static void test_gemv_mma_xbf16(void **state)
 {
     (void)state;
     static const struct {
-        int n, in, out;
-    } shapes[] = {{1, 4096, 4096}, {5, 1376, 300}, {8, 4096, 6144}, {9, 96, 46}, {16, 4096, 4096}, {16, 12288, 4096}};
+        int n, in, out, epi;
+    } shapes[] = {{1, 4096, 4096, CUDA_GEMV_STORE},  {5, 1376, 300, CUDA_GEMV_ADD},   {8, 4096, 6144, CUDA_GEMV_STORE},
+                  {9, 96, 46, CUDA_GEMV_ADD},         {16, 4096, 4096, CUDA_GEMV_ADD}, {16, 12288, 4096, CUDA_GEMV_ADD},
+                  {16, 4096, 4096, CUDA_GEMV_STORE}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         const int n = shapes[i].n, in = shapes[i].in, out = shapes[i].out;
-        float *wf, *xf, *ref = malloc(sizeof(float) * (size_t)n * out);
+        const enum cuda_gemv_epi epi = (enum cuda_gemv_epi)shapes[i].epi;
+        float *wf, *xf, *ref = malloc(sizeof(float) * (size_t)n * out), *y0 = rnd_array((size_t)n * out, 1.0f);
         uint16_t *wb = rnd_bf16((size_t)out * in, 0.05f, &wf), *xb = rnd_bf16((size_t)n * in, 3.0f, &xf);
         for (int r = 0; r < n; r++)
             for (int o = 0; o < out; o++) {
                 double acc = 0.0;
                 for (int k = 0; k < in; k++)
                     acc += (double)xf[(size_t)r * in + k] * wf[(size_t)o * in + k];
-                ref[(size_t)r * out + o] = (float)acc;
+                ref[(size_t)r * out + o] = (float)acc + (epi == CUDA_GEMV_ADD ? y0[(size_t)r * out + o] : 0.0f);
             }
         uint16_t *dw = dev_upload(wb, 2 * (size_t)out * in), *dx = dev_upload(xb, 2 * (size_t)n * in);
         float *dy_inner, *dy = dev_guarded((size_t)n * out, &dy_inner);
+        if (epi == CUDA_GEMV_ADD) /* the store writes every output over the poison */
+            assert_int_equal(cuda_memcpy_h2d(dy_inner, y0, sizeof(float) * (size_t)n * out), 0);
         char what[96];
-        snprintf(what, sizeof what, "gemv x bf16 n=%d in=%d out=%d", n, in, out);
-        if (cuda_ops_gemv_bf16_mma_xbf16(dy_inner, dx, dw, n, in, out, NULL)) fail_msg("%s: %s", what, mm3_last_error());
+        snprintf(what, sizeof what, "gemv x bf16 n=%d in=%d out=%d%s", n, in, out, epi == CUDA_GEMV_ADD ? " add" : "");
+        if (cuda_ops_gemv_bf16_mma_xbf16(dy_inner, dx, dw, n, in, out, epi, NULL))
+            fail_msg("%s: %s", what, mm3_last_error());
         float *got = dev_fetch_checked(dy, (size_t)n * out, what);
         expect_close(got, ref, (size_t)n * out, TOL_F32_SUM, what);
         cuda_free(dw), cuda_free(dx), cuda_free(dy);
-        free(got), free(ref), free(wb), free(wf), free(xb), free(xf);
+        free(got), free(ref), free(y0), free(wb), free(wf), free(xb), free(xf);
     }
-    assert_int_equal(cuda_ops_gemv_bf16_mma_xbf16(NULL, NULL, NULL, 17, 4096, 4096, NULL), -EINVAL);
+    assert_int_equal(cuda_ops_gemv_bf16_mma_xbf16(NULL, NULL, NULL, 17, 4096, 4096, CUDA_GEMV_STORE, NULL), -EINVAL);
+    uint16_t *d16 = dev_upload((uint16_t[64]){0}, 128);
+    float *df = dev_upload((float[32]){0}, 128);
+    assert_int_equal(cuda_ops_gemv_bf16_mma_xbf16(df, d16, d16, 1, 32, 2, CUDA_GEMV_SWIGLU, NULL), -ENOTSUP);
+    cuda_free(d16), cuda_free(df);
 }
 
 /* ---- decode attention ------------------------------------------------------------ */

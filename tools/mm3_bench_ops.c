@@ -169,7 +169,8 @@ static void mm_once(void *arg, int i)
 {
     struct mm_arg *a = arg;
     if (a->opw == MM_XBF16)
-        TRY(cuda_ops_gemv_bf16_mma_xbf16(a->y, a->xb, a->w[i % a->copies], a->n, a->in, a->out, stream));
+        TRY(cuda_ops_gemv_bf16_mma_xbf16(a->y, a->xb, a->w[i % a->copies], a->n, a->in, a->out, CUDA_GEMV_STORE,
+                                         stream));
     else if (a->opw < 0)
         TRY(cuda_ops_gemv_bf16_mma(a->y, a->x, a->w[i % a->copies], a->n, a->in, a->out, -a->opw, stream));
     else if (a->opw)

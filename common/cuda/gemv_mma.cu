@@ -515,20 +515,27 @@ extern "C" int cuda_ops_gemv_bf16_mma(float *y, const float *x, const uint16_t *
 
 /* x already rounded to bf16 (xb: [n_rows][in] bf16): the hi parts only, two MMAs per
  * tile instead of four and half the bytes of x per k step (measuring hook: what a
- * bf16-activation decode would gain per product; the model keeps float32 x). */
-template <int NT>
+ * bf16-activation decode would gain per product; the model keeps float32 x). EPI:
+ * store or the residual add (the Wo and down products, whose x would come in bf16). */
+template <int NT, int EPI>
 static int mma_launch_xbf16(float *y, const uint16_t *xb, const uint16_t *w, int n_rows, int in, int out,
                             cudaStream_t st)
 {
     const float *x = (const float *)xb; /* the kernel's XB path reads it as bf16 */
     return mma_uses_ring<NT>()
-               ? mma_launch<NT, 2, CUDA_GEMV_STORE, false, MMA_RING_STAGES, true>(y, x, w, n_rows, in, out, NULL,
-                                                                                   0.0f, st)
-               : mma_launch<NT, 2, CUDA_GEMV_STORE, false, 0, true>(y, x, w, n_rows, in, out, NULL, 0.0f, st);
+               ? mma_launch<NT, 2, EPI, false, MMA_RING_STAGES, true>(y, x, w, n_rows, in, out, NULL, 0.0f, st)
+               : mma_launch<NT, 2, EPI, false, 0, true>(y, x, w, n_rows, in, out, NULL, 0.0f, st);
+}
+
+template <int EPI>
+static int mma_xbf16_rows(float *y, const uint16_t *xb, const uint16_t *w, int n_rows, int in, int out, cudaStream_t st)
+{
+    return n_rows <= 8 ? mma_launch_xbf16<1, EPI>(y, xb, w, n_rows, in, out, st)
+                       : mma_launch_xbf16<2, EPI>(y, xb, w, n_rows, in, out, st);
 }
 
 extern "C" int cuda_ops_gemv_bf16_mma_xbf16(float *y, const uint16_t *xb, const uint16_t *w, int n_rows, int in,
-                                            int out, void *stream)
+                                            int out, enum cuda_gemv_epi epi, void *stream)
 {
     if (n_rows < 1 || n_rows > 16 || out < 1 || in < MMA_KSTEP || in % MMA_KSTEP || !y || !xb || !w)
         return mm3_errorf(-EINVAL,
@@ -538,6 +545,7 @@ extern "C" int cuda_ops_gemv_bf16_mma_xbf16(float *y, const uint16_t *xb, const 
     if (((uintptr_t)w | (uintptr_t)xb) & 15)
         return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_mma_xbf16: w and xb must be 16-byte aligned");
     cudaStream_t st = cuda_stream_of(stream);
-    return n_rows <= 8 ? mma_launch_xbf16<1>(y, xb, w, n_rows, in, out, st)
-                       : mma_launch_xbf16<2>(y, xb, w, n_rows, in, out, st);
+    if (epi == CUDA_GEMV_STORE) return mma_xbf16_rows<CUDA_GEMV_STORE>(y, xb, w, n_rows, in, out, st);
+    if (epi == CUDA_GEMV_ADD) return mma_xbf16_rows<CUDA_GEMV_ADD>(y, xb, w, n_rows, in, out, st);
+    return mm3_errorf(-ENOTSUP, "cuda_ops_gemv_bf16_mma_xbf16: epilogue %d: only store and the residual add", (int)epi);
 }
