@@ -664,22 +664,6 @@ static void test_gemv_chain(void **state)
 
 /* ---- fused decode GEMV (norm in, SwiGLU / residual add out) ------------------------ */
 
-/* One fused product's outputs on the device's current switches (the caller frees); y0:
- * what y holds before a residual add. */
-static float *fused_run(int n, int in, int out, enum cuda_gemv_epi epi, const float *dwn, const float *dx,
-                        const uint16_t *dw, const float *y0, const char *what)
-{
-    const int yw = epi == CUDA_GEMV_SWIGLU ? out / 2 : out;
-    float *dy_inner, *dy = dev_guarded((size_t)n * yw, &dy_inner);
-    if (epi == CUDA_GEMV_ADD) /* the others write every output over the poison */
-        assert_int_equal(cuda_memcpy_h2d(dy_inner, y0, sizeof(float) * (size_t)n * yw), 0);
-    if (cuda_ops_gemv_bf16_fused(dy_inner, dx, dw, n, in, out, epi, dwn, 1e-6f, NULL))
-        fail_msg("%s: %s", what, mm3_last_error());
-    float *got = dev_fetch_checked(dy, (size_t)n * yw, what);
-    cuda_free(dy);
-    return got;
-}
-
 /* cuda_ops_gemv_bf16_fused against the float32 chain it replaces: RMSNorm (op_rmsnorm)
  * when norm, the product, then store / silu(gate) * up over interleaved rows / add to
  * what y held. The norm's scale is applied to the sums instead of to x: float32
@@ -716,10 +700,15 @@ static void check_fused(int n, int in, int out, enum cuda_gemv_epi epi, int norm
 
     uint16_t *dw = dev_upload(wb, 2 * (size_t)out * in);
     float *dx = dev_upload(x, sizeof(float) * (size_t)n * in), *dwn = dev_upload(wn, sizeof(float) * in);
-    float *got = fused_run(n, in, out, epi, norm ? dwn : NULL, dx, dw, y0, what);
+    float *dy_inner, *dy = dev_guarded((size_t)n * yw, &dy_inner);
+    if (epi == CUDA_GEMV_ADD) /* the others write every output over the poison */
+        assert_int_equal(cuda_memcpy_h2d(dy_inner, y0, sizeof(float) * (size_t)n * yw), 0);
+    if (cuda_ops_gemv_bf16_fused(dy_inner, dx, dw, n, in, out, epi, norm ? dwn : NULL, eps, NULL))
+        fail_msg("%s: %s", what, mm3_last_error());
+    float *got = dev_fetch_checked(dy, (size_t)n * yw, what);
     expect_close(got, ref, (size_t)n * yw, n > 2 ? TOL_SPLIT_SUM : TOL_F32_SUM, what);
 
-    cuda_free(dw), cuda_free(dx), cuda_free(dwn);
+    cuda_free(dw), cuda_free(dx), cuda_free(dwn), cuda_free(dy);
     free(got), free(ref), free(prod), free(xn), free(y0), free(wb), free(wf), free(wn), free(x);
 }
 
@@ -832,8 +821,8 @@ static void test_gemv_fused(void **state)
 
 /* ---- the tensor-core GEMV with x in bf16 (measuring hook) ----------------------- */
 
-/* cuda_ops_gemv_bf16_mma_xbf16 against float32 sums of the same bf16 x and weights,
- * stored or added to what y held: every row count of both x tile counts, a 43-step k,
+/* cuda_ops_gemv_bf16_mma_xbf16 against the C reference product (op_matmul) of the same
+ * bf16 x and weights, stored or added to what y held: every row count of both x tile counts, a 43-step k,
  * outputs past the last tile. */
 static void test_gemv_mma_xbf16(void **state)
 {
@@ -848,13 +837,11 @@ static void test_gemv_mma_xbf16(void **state)
         const enum cuda_gemv_epi epi = (enum cuda_gemv_epi)shapes[i].epi;
         float *wf, *xf, *ref = malloc(sizeof(float) * (size_t)n * out), *y0 = rnd_array((size_t)n * out, 1.0f);
         uint16_t *wb = rnd_bf16((size_t)out * in, 0.05f, &wf), *xb = rnd_bf16((size_t)n * in, 3.0f, &xf);
-        for (int r = 0; r < n; r++)
-            for (int o = 0; o < out; o++) {
-                double acc = 0.0;
-                for (int k = 0; k < in; k++)
-                    acc += (double)xf[(size_t)r * in + k] * wf[(size_t)o * in + k];
-                ref[(size_t)r * out + o] = (float)acc + (epi == CUDA_GEMV_ADD ? y0[(size_t)r * out + o] : 0.0f);
-            }
+        assert_non_null(ref);
+        op_matmul(ref, xf, wf, NULL, n, in, out);
+        if (epi == CUDA_GEMV_ADD)
+            for (size_t j = 0; j < (size_t)n * out; j++)
+                ref[j] += y0[j];
         uint16_t *dw = dev_upload(wb, 2 * (size_t)out * in), *dx = dev_upload(xb, 2 * (size_t)n * in);
         float *dy_inner, *dy = dev_guarded((size_t)n * out, &dy_inner);
         if (epi == CUDA_GEMV_ADD) /* the store writes every output over the poison */
