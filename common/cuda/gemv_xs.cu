@@ -2,7 +2,7 @@
  * 9-32 rows of 8 CFG pairs where the outputs alone nearly fill the GPU (gemv_xs_plan;
  * gemv_mma.cu serves the rest).
  *
- * gemv_mma.cu's blocks split `in` over their 8 warps and re-read x from L2 for every
+ * gemv_mma.cu's blocks split `in` over their 8 warps and re-read x (through L1) for every
  * 32-output weight tile: at 16 rows as many x bytes as weight bytes, at 32 rows
  * twice as many. Here the 8 warps of a block split the outputs instead (16 each, 128
  * per block) and walk the same k range, so x is read once per block: each thread
