@@ -47,7 +47,7 @@ ckpt=/tmp/mm3-bench-ckpt
 if [ "${MM3_S0_TESTS:-1}" != 0 ]; then
   [ "${MM3_S0_TESTS:-1}" != 1 ] && read -ra tests <<< "$MM3_S0_TESTS"
   for t in "${tests[@]}"; do
-    timeout 120 $bin/$t > "$out/$t.log" 2>&1; rc=$?
+    timeout 400 $bin/$t > "$out/$t.log" 2>&1; rc=$?
     echo "$t rc=$rc"; [ $rc = 0 ] || grep -E "FAIL|ERROR|error" "$out/$t.log" | head -5
   done
   timeout 60 $bin/mm3-stage0 --golden "$MM3_GOLDEN_DIR" --backend cuda > "$out/golden_s0_cuda.log" 2>&1

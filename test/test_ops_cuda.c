@@ -120,6 +120,46 @@ static void expect_close(const float *got, const float *ref, size_t n, double to
     if (!(e <= tol)) fail_msg("%s: relative L2 error %.3e > %.1e", what, e, tol);
 }
 
+/* ---- how the products see x ------------------------------------------------------ */
+
+/* The tensor-core GEMVs round x to bf16 above 8 rows (cuda_ops_gemv_set_x_round) and
+ * split it into hi + lo (float32 accuracy) below; the references round the same x, so
+ * every product keeps a float32 summation-order tolerance and a product that rounds
+ * where it should not (or the reverse) fails it (bf16 rounding moves a product by
+ * ~1e-3). Tests change the settings through these setters only. */
+static int x_round_mode;  /* what cuda_ops_gemv_set_x_round was last given */
+static int gemv_mma_rows = 2; /* the float32 kernel's row limit (cuda_ops_gemv_set_mma_rows) */
+
+static void set_x_round(int mode)
+{
+    assert_int_equal(cuda_ops_gemv_set_x_round(mode), 0);
+    x_round_mode = mode;
+}
+
+static void set_mma_rows(int rows)
+{
+    assert_int_equal(cuda_ops_gemv_set_mma_rows(rows), 0);
+    gemv_mma_rows = rows ? rows : 2;
+}
+
+/* Whether a tensor-core GEMV at n rows rounds x. */
+static int tc_rounds(int n)
+{
+    return x_round_mode == 1 || (x_round_mode == 0 && n > 8);
+}
+
+/* Whether the public products (matmul, fused GEMV) of n rows x in run on the tensor
+ * cores: above the float32 kernel's rows, in % 32 == 0 and x 16-byte aligned. */
+static int tc_serves(int n, int in, int x_aligned)
+{
+    return n > gemv_mma_rows && n <= cuda_ops_gemv_max_rows(in) && in % 32 == 0 && x_aligned;
+}
+
+static float as_bf16(float v)
+{
+    return mm3_bf16_to_f32(mm3_f32_to_bf16(v));
+}
+
 /* ---- matmul ------------------------------------------------------------------ */
 
 /* opw 0: the public entry point; 2, 4, 8: the float32 GEMV kernel with that many
@@ -133,12 +173,15 @@ static void check_matmul_opw(int n, int in, int out, int x_offset, int opw)
     uint16_t *wb = rnd_bf16((size_t)out * in, 0.05f, &wf);
     float *x = rnd_array((size_t)n * in + (size_t)x_offset, 1.0f);
     float *xs = x + x_offset;
-    /* Beyond the GEMV rows cuBLASLt takes bf16 x: the reference sees the same rounding. */
+    /* Beyond the GEMV rows cuBLASLt takes bf16 x, and so do the tensor-core GEMVs where
+     * they round: the reference sees the same rounding. */
     float *xr = malloc(sizeof(float) * (size_t)n * in);
     assert_non_null(xr);
     const int lt = n > (x_offset % 4 ? CUDA_OPS_GEMV_MAX_ROWS : cuda_ops_gemv_max_rows(in));
+    const int tc = opw == 1 || opw < 0 || (opw == 0 && tc_serves(n, in, x_offset % 4 == 0));
+    const int round = lt || (tc && tc_rounds(n));
     for (size_t i = 0; i < (size_t)n * in; i++)
-        xr[i] = lt ? mm3_bf16_to_f32(mm3_f32_to_bf16(xs[i])) : xs[i];
+        xr[i] = round ? as_bf16(xs[i]) : xs[i];
     float *ref = malloc(sizeof(float) * (size_t)n * out);
     assert_non_null(ref);
     op_matmul(ref, xr, wf, NULL, n, in, out);
@@ -489,8 +532,9 @@ static void check_swiglu(int n, int in, int ffn)
     float *g = malloc(sizeof(float) * (size_t)n * ffn), *u = malloc(sizeof(float) * (size_t)n * ffn);
     float *ref = malloc(sizeof(float) * (size_t)n * ffn);
     assert_true(xr && g && u && ref);
+    const int round = n > cuda_ops_gemv_max_rows(in) || (tc_serves(n, in, 1) && tc_rounds(n));
     for (size_t i = 0; i < (size_t)n * in; i++)
-        xr[i] = n > cuda_ops_gemv_max_rows(in) ? mm3_bf16_to_f32(mm3_f32_to_bf16(x[i])) : x[i];
+        xr[i] = round ? as_bf16(x[i]) : x[i];
     op_matmul(g, xr, gf, NULL, n, in, ffn);
     op_matmul(u, xr, uf, NULL, n, in, ffn);
     op_silu_mul(ref, g, u, (size_t)n * ffn);
@@ -619,17 +663,22 @@ static void check_chain(int n)
     assert_int_equal(cuda_malloc((void **)&d.f, sizeof(float) * (size_t)n * CHAIN_F), 0);
     void *st = NULL;
     assert_int_equal(cuda_stream_create(&st), 0);
-    /* The default routing, then each tensor-core kernel for every product. */
-    for (int mode = 0; mode <= 2; mode++) {
+    /* The default routing, then each tensor-core kernel for every product, x split
+     * into bf16 hi + lo; then (mode 3, above 8 rows) as served, x rounded to bf16. */
+    for (int mode = 0; mode <= 3; mode++) {
+        if (mode == 3 && n <= 8) break;
         char run[128];
-        snprintf(run, sizeof run, "%s, x-staged %s", what, mode == 0 ? "default" : mode == 1 ? "always" : "never");
-        assert_int_equal(cuda_ops_gemv_set_xs(mode), 0);
+        snprintf(run, sizeof run, "%s, x-staged %s", what,
+                 mode == 0 ? "default" : mode == 1 ? "always" : mode == 2 ? "never" : "default, x rounded");
+        assert_int_equal(cuda_ops_gemv_set_xs(mode % 3), 0);
+        set_x_round(mode == 3 ? 0 : 2);
         assert_int_equal(cuda_memcpy_h2d(d.h, h0, sizeof(float) * (size_t)n * CHAIN_H), 0);
         if (chain_queue(&d, n, st)) fail_msg("%s: %s", run, mm3_last_error());
         assert_int_equal(cuda_stream_sync(st), 0);
         float *eager = dev_fetch_checked(dh, (size_t)n * CHAIN_H, run);
-        /* 12 products with x split into bf16 hi + lo (~2e-5 each); a stale input is ~1e-1 */
-        expect_close(eager, h, (size_t)n * CHAIN_H, 5e-4, run);
+        /* 12 products with x split into bf16 hi + lo (~2e-5 each), or with x rounded to
+         * bf16 (2.6e-3 seen at 16 rows); a stale input is ~1e-1 */
+        expect_close(eager, h, (size_t)n * CHAIN_H, mode == 3 ? 1e-2 : 5e-4, run);
 
         void *graph = NULL;
         assert_int_equal(cuda_memcpy_h2d(d.h, h0, sizeof(float) * (size_t)n * CHAIN_H), 0);
@@ -646,6 +695,7 @@ static void check_chain(int n)
         free(eager), free(replayed);
     }
     assert_int_equal(cuda_ops_gemv_set_xs(0), 0);
+    set_x_round(0);
 
     cuda_stream_destroy(st);
     cuda_free(d.wa), cuda_free(d.wo), cuda_free(d.wgu), cuda_free(d.wd), cuda_free(d.n1), cuda_free(d.n2);
@@ -667,7 +717,9 @@ static void test_gemv_chain(void **state)
 /* cuda_ops_gemv_bf16_fused against the float32 chain it replaces: RMSNorm (op_rmsnorm)
  * when norm, the product, then store / silu(gate) * up over interleaved rows / add to
  * what y held. The norm's scale is applied to the sums instead of to x: float32
- * rounding in another place (~1e-7), inside TOL_F32_SUM. */
+ * rounding in another place (~1e-7), inside TOL_F32_SUM. Where the kernel rounds x
+ * (tc_rounds), it rounds x times the norm weight, and the row's scale stays on the
+ * sums: so does the reference. */
 static void check_fused(int n, int in, int out, enum cuda_gemv_epi epi, int norm)
 {
     static const char *names[] = {"store", "swiglu", "add"};
@@ -683,11 +735,26 @@ static void check_fused(int n, int in, int out, enum cuda_gemv_epi epi, int norm
     float *xn = malloc(sizeof(float) * (size_t)n * in), *prod = malloc(sizeof(float) * (size_t)n * out);
     float *ref = malloc(sizeof(float) * (size_t)n * yw);
     assert_true(xn && prod && ref);
-    if (norm)
-        op_rmsnorm(xn, x, wn, n, in, eps);
-    else
-        memcpy(xn, x, sizeof(float) * (size_t)n * in);
-    op_matmul(prod, xn, wf, NULL, n, in, out);
+    const int round = tc_serves(n, in, 1) && tc_rounds(n);
+    if (round) {
+        for (size_t i = 0; i < (size_t)n * in; i++)
+            xn[i] = as_bf16(norm ? x[i] * wn[i % (size_t)in] : x[i]);
+        op_matmul(prod, xn, wf, NULL, n, in, out);
+        for (int r = 0; r < n && norm; r++) {
+            float ss = 0.0f;
+            for (int i = 0; i < in; i++)
+                ss += x[(size_t)r * in + i] * x[(size_t)r * in + i];
+            const float scale = 1.0f / sqrtf(ss / (float)in + eps);
+            for (int j = 0; j < out; j++)
+                prod[(size_t)r * out + j] *= scale;
+        }
+    } else {
+        if (norm)
+            op_rmsnorm(xn, x, wn, n, in, eps);
+        else
+            memcpy(xn, x, sizeof(float) * (size_t)n * in);
+        op_matmul(prod, xn, wf, NULL, n, in, out);
+    }
     for (int r = 0; r < n; r++)
         for (int j = 0; j < yw; j++) {
             const float *pr = prod + (size_t)r * out;
@@ -797,12 +864,34 @@ static void test_gemv_fused(void **state)
     }
     assert_int_equal(cuda_ops_gemv_set_xs(0), 0);
     assert_int_equal(cuda_ops_gemv_set_xs(3), -EINVAL);
+    /* x rounded to bf16 at every tensor-core row count (1), then at none (2: the split's
+     * float32 accuracy at 9-32 rows too): both tensor-core kernels, both places for the
+     * weights in flight, 2 and 4 weight tiles, every x tile count. */
+    for (int mode = 1; mode <= 2; mode++) {
+        set_x_round(mode);
+        for (int xs = 1; xs <= 2; xs++) {
+            assert_int_equal(cuda_ops_gemv_set_xs(xs), 0);
+            check_fused_small(5);
+            check_fused_small(16);
+            check_fused_small(32);
+        }
+        assert_int_equal(cuda_ops_gemv_set_xs(0), 0);
+        assert_int_equal(cuda_ops_gemv_set_mma_ring(2), 0);
+        check_fused_small(16);
+        assert_int_equal(cuda_ops_gemv_set_mma_ring(0), 0);
+        check_fused(16, 4096, 4096, CUDA_GEMV_ADD, 0);     /* gemv_mma.cu, clusters splitting k */
+        check_fused(16, 4096, 24576, CUDA_GEMV_SWIGLU, 1); /* the x-staged kernel */
+        check_matmul_opw(16, 4096, 1024, 0, -4);
+        check_matmul_opw(3, 4096, 1000, 0, 1);
+    }
+    set_x_round(0);
+    assert_int_equal(cuda_ops_gemv_set_x_round(3), -EINVAL);
     /* The same with 3-4 rows on the float32 kernel (the tuning setting). */
-    assert_int_equal(cuda_ops_gemv_set_mma_rows(4), 0);
+    set_mma_rows(4);
     for (int n = 3; n <= 4; n++)
         check_fused_small(n);
     check_fused(3, 40, 7, CUDA_GEMV_STORE, 1); /* in % 32 != 0 on the float32 kernel */
-    assert_int_equal(cuda_ops_gemv_set_mma_rows(0), 0);
+    set_mma_rows(0);
     assert_int_equal(cuda_ops_gemv_set_mma_rows(5), -EINVAL);
     check_fused(2, 40, 7, CUDA_GEMV_STORE, 1);
     assert_false(cuda_ops_gemv_fused_ok(3, 40, 8, CUDA_GEMV_STORE, 1)); /* tensor cores need in % 32 == 0 */

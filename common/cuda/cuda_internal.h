@@ -70,6 +70,9 @@ int gemv_mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, int
  * group, >= 1) for; 0: gemv_mma.cu serves the shape. gemv_xs_launch takes that split
  * and the arguments gemv_mma_launch has checked (no weight tile count). */
 int gemv_xs_plan(int n_rows, int in, int out);
+/* Whether the tensor-core GEMVs round x to bf16 at this row count (X_ROUND) rather
+ * than split it (cuda_ops_gemv_set_x_round). */
+bool gemv_x_round(int n_rows);
 int gemv_xs_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int ks,
                    enum cuda_gemv_epi epi, const float *norm_w, float eps, cudaStream_t st);
 

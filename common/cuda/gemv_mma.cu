@@ -5,7 +5,9 @@
  * arithmetic. W tiles are the A operand straight from global memory (16-byte loads,
  * bf16 as stored); x is the B operand. To keep float32 accuracy, x is split
  * into bf16 hi + lo parts (x - hi - lo is below 2^-16 |x|) and each tile takes two
- * MMAs with float32 accumulation.
+ * MMAs with float32 accumulation. Above 8 rows x is rounded to bf16 instead (the
+ * precision of the reference's bf16 activations; gemv_x_round): one MMA per tile and
+ * k half, which made 8 pairs 9.38 -> 8.97 ms/frame on the H200 (twentieth session).
  *
  * The dot product does not care in which order k is visited, so each lane loads 8
  * consecutive k (16 bytes) of a weight row and feeds them to two MMAs; the B
@@ -19,8 +21,9 @@
  * of 1.2 or 1.45 waves (what "two blocks per SM" gave for 4096 and 24576 outputs)
  * ends with a second wave of a few blocks that cannot stream at full speed.
  *
- * Weights in flight: each warp keeps two k steps in registers, or (9-32 rows) three
- * in a shared-memory ring filled by cp.async (cuda_ops_gemv_set_mma_ring says why).
+ * Weights in flight: each warp keeps two k steps in registers, or (17-32 rows, and
+ * 9-16 where x is split) three in a shared-memory ring filled by cp.async
+ * (cuda_ops_gemv_set_mma_ring says why).
  * A block's next tile starts loading before the current tile's sums are merged.
  *
  * At 9-32 rows, where the outputs alone nearly fill the GPU, gemv_mma_launch hands the
@@ -66,8 +69,8 @@ __device__ __forceinline__ void mma_load_step(uint4 (&wa)[MT][2], const uint4 *c
 enum { MMA_WARPS = 8, MMA_THREADS = MMA_WARPS * 32, MMA_MAX_CLUSTER = 8 };
 
 /* x tile nt's B fragments of k step sb: its rows (normed when NORM, summing x^2 into
- * ss) split into bf16 hi + lo. */
-template <bool NORM>
+ * ss) split into bf16 hi + lo (LO) or rounded to bf16. */
+template <bool NORM, bool LO>
 __device__ __forceinline__ void mma_x_fragment(uint32_t (&bh)[4], uint32_t (&bl)[4], float &ss, const float4 *xr,
                                                bool xv, const float *__restrict__ wn, int t, int kq)
 {
@@ -81,10 +84,10 @@ __device__ __forceinline__ void mma_x_fragment(uint32_t (&bh)[4], uint32_t (&bl)
         na = __ldg(nr);
         nb = __ldg(nr + 1);
     }
-    mma_x_split<NORM>(bh, bl, ss, p, q, na, nb);
+    mma_x_split<NORM, LO>(bh, bl, ss, p, q, na, nb);
 }
 
-/* x tile nt's B fragments of k step kq when x is already bf16 (XB): the lane's 8
+/* x tile nt's B fragments of k step kq when x is already bf16 (X_BF16): the lane's 8
  * consecutive values are the fragment as stored (low half first, as split_pair packs). */
 __device__ __forceinline__ void mma_x_fragment_bf16(uint32_t (&bh)[4], const float4 *xr, bool xv, int kq)
 {
@@ -94,31 +97,33 @@ __device__ __forceinline__ void mma_x_fragment_bf16(uint32_t (&bh)[4], const flo
 }
 
 /* One k step of one warp: x times this lane's weights a of every tile. Up to 16 rows
- * every x tile is split first; at 32 rows (NT 4) one x tile at a time, which keeps 24
- * fewer words live (the norm's variants spilled) and adds in the same order. */
-template <int NT, int MMA_MT, bool NORM, bool XB>
+ * (and with x in bf16 at 32) every x tile is converted first; x split at 32 rows
+ * (NT 4) goes one x tile at a time, which keeps 24 fewer words live (the norm's
+ * variants spilled) and adds in the same order. */
+template <int NT, int MMA_MT, bool NORM, int XM>
 __device__ __forceinline__ void mma_step(float (&acc)[MMA_MT][NT][4], float (&ss)[NT], const uint4 (&a)[MMA_MT][2],
                                          const float4 *const (&xr)[NT], const bool (&xv)[NT],
                                          const float *__restrict__ wn, int t, int sb)
 {
     const int kq = sb * (MMA_KSTEP / 8); /* offset in uint4 (8 bf16) units */
-    if constexpr (XB) { /* x in bf16: the hi parts only, two MMAs per tile */
-        uint32_t bh[NT][4];
+    if constexpr (XM != X_SPLIT) { /* x in bf16: two MMAs per tile */
+        uint32_t bh[NT][4], unused[4];
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
-            mma_x_fragment_bf16(bh[nt], xr[nt], xv[nt], kq);
+            if constexpr (XM == X_BF16)
+                mma_x_fragment_bf16(bh[nt], xr[nt], xv[nt], kq);
+            else
+                mma_x_fragment<NORM, false>(bh[nt], unused, ss[nt], xr[nt], xv[nt], wn, t, kq);
 #pragma unroll
         for (int mt = 0; mt < MMA_MT; mt++)
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                mma_bf16(acc[mt][nt], a[mt][0].x, a[mt][1].x, a[mt][0].y, a[mt][1].y, bh[nt][0], bh[nt][1]);
-                mma_bf16(acc[mt][nt], a[mt][0].z, a[mt][1].z, a[mt][0].w, a[mt][1].w, bh[nt][2], bh[nt][3]);
-            }
+            for (int nt = 0; nt < NT; nt++)
+                mma_tile_hi(acc[mt][nt], a[mt], bh[nt]);
     } else if constexpr (NT > 2) {
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             uint32_t bh[4], bl[4];
-            mma_x_fragment<NORM>(bh, bl, ss[nt], xr[nt], xv[nt], wn, t, kq);
+            mma_x_fragment<NORM, true>(bh, bl, ss[nt], xr[nt], xv[nt], wn, t, kq);
 #pragma unroll
             for (int mt = 0; mt < MMA_MT; mt++)
                 mma_tile(acc[mt][nt], a[mt], bh, bl);
@@ -127,7 +132,7 @@ __device__ __forceinline__ void mma_step(float (&acc)[MMA_MT][NT][4], float (&ss
         uint32_t bh[NT][4], bl[NT][4];
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
-            mma_x_fragment<NORM>(bh[nt], bl[nt], ss[nt], xr[nt], xv[nt], wn, t, kq);
+            mma_x_fragment<NORM, true>(bh[nt], bl[nt], ss[nt], xr[nt], xv[nt], wn, t, kq);
 #pragma unroll
         for (int mt = 0; mt < MMA_MT; mt++)
 #pragma unroll
@@ -163,9 +168,9 @@ template <int MMA_MT, int STAGES> constexpr int mma_ring_bytes()
  * over their share of the row and rank 0 adds them up with the partial products).
  * STAGES: 0 keeps two k steps of weights per warp in registers; n > 0 keeps n - 1
  * in flight through a shared-memory ring (no registers held while in flight).
- * XB: x arrives in bf16 (the measuring hook cuda_ops_gemv_bf16_mma_xbf16): no split,
- * two MMAs per tile, half the x bytes per k step. */
-template <int NT, int MMA_MT, int EPI, bool NORM, int STAGES, bool XB = false>
+ * XM: how x meets the tensor cores (gemv_mma.cuh: split, rounded to bf16, or stored
+ * in bf16 by the measuring hook cuda_ops_gemv_bf16_mma_xbf16, half the x bytes). */
+template <int NT, int MMA_MT, int EPI, bool NORM, int STAGES, int XM = X_SPLIT>
 __global__ void __launch_bounds__(MMA_THREADS, 2)
     gemv_mma_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int n_rows,
                     int in, int out, int ks, int tiles, const float *__restrict__ wn, float eps, int pre)
@@ -187,7 +192,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2)
         int n = nt * 8 + g;
         xv[nt] = n < n_rows;
         const size_t at = (size_t)(xv[nt] ? n : 0) * in + 8 * t;
-        xr[nt] = XB ? (const float4 *)((const uint16_t *)x + at) : (const float4 *)(x + at);
+        xr[nt] = XM == X_BF16 ? (const float4 *)((const uint16_t *)x + at) : (const float4 *)(x + at);
     }
     cg::cluster_group cluster = cg::this_cluster();
     const int steps = in / MMA_KSTEP;
@@ -242,7 +247,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2)
                         a[mt][h] = ring[(((i % STAGES) * MMA_MT + mt) * 2 + h) * 32 + lane];
                 /* refills the slot read in the previous step (its values are in registers) */
                 mma_copy_step<MMA_MT, STAGES>(ring, wr, lane, i + STAGES - 1, sb + (STAGES - 1) * stride, steps);
-                mma_step<NT, MMA_MT, NORM, XB>(acc, ss, a, xr, xv, wn, t, sb);
+                mma_step<NT, MMA_MT, NORM, XM>(acc, ss, a, xr, xv, wn, t, sb);
             }
         } else {
             for (int st = st0; st < steps; st += 2 * stride) {
@@ -250,7 +255,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2)
                 for (int b = 0; b < 2; b++) {
                     const int sb = st + b * stride;
                     if (sb < steps) {
-                        mma_step<NT, MMA_MT, NORM, XB>(acc, ss, wa[b], xr, xv, wn, t, sb);
+                        mma_step<NT, MMA_MT, NORM, XM>(acc, ss, wa[b], xr, xv, wn, t, sb);
                         if (sb + 2 * stride < steps) mma_load_step<MMA_MT>(wa[b], wr, sb + 2 * stride);
                     }
                 }
@@ -349,14 +354,14 @@ static int mma_pdl(void)
 
 /* Clusters of ks blocks of this kernel that fit on the GPU at once (cached per
  * instantiation; every thread computes the same values, so the race is benign). */
-template <int NT, int MT, int EPI, bool NORM, int S, bool XB = false> static int mma_resident_clusters(int ks)
+template <int NT, int MT, int EPI, bool NORM, int S, int XM = X_SPLIT> static int mma_resident_clusters(int ks)
 {
     static int cache[MMA_MAX_CLUSTER + 1];
     if (!cache[ks]) {
         if (S) /* the ring is past the 48 KiB a launch gets unasked */
-            (void)cudaFuncSetAttribute(gemv_mma_kernel<NT, MT, EPI, NORM, S, XB>,
+            (void)cudaFuncSetAttribute(gemv_mma_kernel<NT, MT, EPI, NORM, S, XM>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, mma_ring_bytes<MT, S>());
-        cache[ks] = cuda_resident_clusters_y(gemv_mma_kernel<NT, MT, EPI, NORM, S, XB>, MMA_THREADS,
+        cache[ks] = cuda_resident_clusters_y(gemv_mma_kernel<NT, MT, EPI, NORM, S, XM>, MMA_THREADS,
                                              mma_ring_bytes<MT, S>(), ks);
     }
     return cache[ks];
@@ -378,14 +383,14 @@ static int mma_balance(void)
  * pipeline restarts at every tile); a split must beat the best so far by 3% (its
  * blocks merge through distributed shared memory). */
 enum { MMA_MIN_TILE_STEPS = 4 };
-template <int NT, int MT, int EPI, bool NORM, int S, bool XB = false>
+template <int NT, int MT, int EPI, bool NORM, int S, int XM = X_SPLIT>
 static void mma_plan(int tiles, int steps, int *ks_out, int *grid_out)
 {
-    const int slots = mma_resident_clusters<NT, MT, EPI, NORM, S, XB>(1);
+    const int slots = mma_resident_clusters<NT, MT, EPI, NORM, S, XM>(1);
     int ks = 1, per = (tiles + slots - 1) / slots;
     long best = tiles; /* block-tiles of work of ks = 1; busy fraction best / (per * slots) */
     for (int k = 2; k <= MMA_MAX_CLUSTER && k * MMA_WARPS <= steps; k++) {
-        const int clusters = mma_resident_clusters<NT, MT, EPI, NORM, S, XB>(k);
+        const int clusters = mma_resident_clusters<NT, MT, EPI, NORM, S, XM>(k);
         const int p = (tiles + clusters - 1) / clusters;
         if (p > 1 && (!mma_balance() || k * MMA_WARPS * MMA_MIN_TILE_STEPS > steps)) continue;
         if ((long)tiles * k * per * 100 > best * p * 103) best = (long)tiles * k, per = p, ks = k;
@@ -394,14 +399,14 @@ static void mma_plan(int tiles, int steps, int *ks_out, int *grid_out)
     *grid_out = (tiles + per - 1) / per;
 }
 
-template <int NT, int MT, int EPI, bool NORM, int S, bool XB = false>
+template <int NT, int MT, int EPI, bool NORM, int S, int XM = X_SPLIT>
 static int mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, const float *wn,
                       float eps, cudaStream_t st)
 {
     const int tiles = (out + 16 * MT - 1) / (16 * MT);
     int ks, grid;
-    mma_plan<NT, MT, EPI, NORM, S, XB>(tiles, in / MMA_KSTEP, &ks, &grid);
-    return launch_ex("cudaLaunchKernelEx(gemv_mma_kernel)", gemv_mma_kernel<NT, MT, EPI, NORM, S, XB>,
+    mma_plan<NT, MT, EPI, NORM, S, XM>(tiles, in / MMA_KSTEP, &ks, &grid);
+    return launch_ex("cudaLaunchKernelEx(gemv_mma_kernel)", gemv_mma_kernel<NT, MT, EPI, NORM, S, XM>,
                      dim3((unsigned)grid, (unsigned)ks), dim3(MMA_THREADS), mma_ring_bytes<MT, S>(), st, ks,
                      mma_pdl() != 0, y, x, w, n_rows, in, out, ks, tiles, wn, eps, mma_switch_pre());
 }
@@ -427,15 +432,15 @@ static int mma_default_tiles(void)
     return cuda_env_switch(&mma_tiles_setting, "MM3_MMA_MT", 0) == 4 ? 4 : 2;
 }
 
-/* Where a warp's weights wait for the tensor cores: 0 = per row count (below; or the
- * environment's MM3_MMA_RING), 1 = the shared-memory ring, 2 = registers; -1 = not yet
- * read. Measured on the H200, ctx 1000, both in one call: at 9-16 rows (8 pairs) the
- * ring of 3 steps 10.26 against 10.68 ms/frame for registers (10.34 / 10.57 in another
- * call; rings of 4 or 5 steps 10.62 / 10.98), at 3-8 rows (2 and 4 pairs) registers
- * 7.63 / 8.00 against 8.66 / 9.07. The ring's 48 KiB per block come out of L1, where x
- * is re-read once per weight tile: up to 8 rows it fits L1 beside two blocks of
- * registers-only kernel, at 16 rows (256 KiB at 4096 wide) it does not fit either way,
- * and there the ring's extra steps in flight win. */
+/* Where a warp's weights wait for the tensor cores: 0 = per x conversion and row count
+ * (below; or the environment's MM3_MMA_RING), 1 = the shared-memory ring, 2 = registers;
+ * -1 = not yet read. Measured on the H200, ctx 1000, both in one call: with x split, at
+ * 9-16 rows (8 pairs) the ring of 3 steps 10.26 against 10.68 ms/frame for registers
+ * (10.34 / 10.57 in another call; rings of 4 or 5 steps 10.62 / 10.98; twentieth
+ * session 9.53 against 9.77), at 3-8 rows (2 and 4 pairs) registers 7.63 / 8.00
+ * against 8.66 / 9.07. With x rounded to bf16 (half the x registers, half the MMAs)
+ * registers win at 9-16 rows too: 8 pairs 8.81 against 8.97 (twentieth session). The
+ * ring's 48 KiB per block come out of L1, where x is re-read once per weight tile. */
 static int mma_ring_setting = -1;
 
 extern "C" int cuda_ops_gemv_set_mma_ring(int mode)
@@ -447,39 +452,65 @@ extern "C" int cuda_ops_gemv_set_mma_ring(int mode)
     return 0;
 }
 
-template <int NT> static bool mma_uses_ring(void)
+template <int NT, int XM> static bool mma_uses_ring(void)
 {
     const int m = cuda_env_switch(&mma_ring_setting, "MM3_MMA_RING", 0);
-    return m == 1 || (m != 2 && NT == 2);
+    return m == 1 || (m != 2 && NT == 2 && XM == X_SPLIT);
 }
 
 enum { MMA_RING_STAGES = 3 };
 
+/* Where the tensor-core GEMVs round float32 x to bf16 instead of splitting it
+ * (gemv_mma.cuh, X_ROUND): 0 = per row count (gemv_x_round; or the environment's
+ * MM3_GEMV_XROUND), 1 = every row count, 2 = never; -1 = not yet read. */
+static int x_round_setting = -1;
+
+extern "C" int cuda_ops_gemv_set_x_round(int mode)
+{
+    if (mode < 0 || mode > 2)
+        return mm3_errorf(-EINVAL, "cuda_ops_gemv_set_x_round: %d: expected 0 (per row count), 1 (always), 2 (never)",
+                          mode);
+    __atomic_store_n(&x_round_setting, mode ? mode : -1, __ATOMIC_RELAXED); /* 0: read the environment again */
+    return 0;
+}
+
+/* Rounded above 8 rows (two or four x tiles), where the split's second pair of MMAs
+ * and its conversion slow the products; up to 8 rows x in bf16 gained nothing on the
+ * H200 (nineteenth session), so those keep float32 accuracy. */
+bool gemv_x_round(int n_rows)
+{
+    const int m = cuda_env_switch(&x_round_setting, "MM3_GEMV_XROUND", 0);
+    return m == 1 || (m == 0 && n_rows > 8);
+}
+
 /* 17-32 rows (NT 4) always take the ring and 2 tiles: 32 accumulators and 32 words of
  * split x per step leave no registers for weights in flight (ptxas: spills). */
-template <int NT, int EPI, bool NORM>
+template <int NT, int EPI, bool NORM, int XM>
 static int mma_launch_tiles(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int m_tiles,
                             const float *wn, float eps, cudaStream_t st)
 {
     if constexpr (NT > 2) {
-        return mma_launch<NT, 2, EPI, NORM, MMA_RING_STAGES>(y, x, w, n_rows, in, out, wn, eps, st);
+        return mma_launch<NT, 2, EPI, NORM, MMA_RING_STAGES, XM>(y, x, w, n_rows, in, out, wn, eps, st);
     } else {
         if (m_tiles == 0) m_tiles = mma_default_tiles();
-        if (m_tiles == 4) return mma_launch<NT, 4, EPI, NORM, 0>(y, x, w, n_rows, in, out, wn, eps, st);
-        return mma_uses_ring<NT>()
-                   ? mma_launch<NT, 2, EPI, NORM, MMA_RING_STAGES>(y, x, w, n_rows, in, out, wn, eps, st)
-                   : mma_launch<NT, 2, EPI, NORM, 0>(y, x, w, n_rows, in, out, wn, eps, st);
+        if (m_tiles == 4) return mma_launch<NT, 4, EPI, NORM, 0, XM>(y, x, w, n_rows, in, out, wn, eps, st);
+        return mma_uses_ring<NT, XM>()
+                   ? mma_launch<NT, 2, EPI, NORM, MMA_RING_STAGES, XM>(y, x, w, n_rows, in, out, wn, eps, st)
+                   : mma_launch<NT, 2, EPI, NORM, 0, XM>(y, x, w, n_rows, in, out, wn, eps, st);
     }
 }
 
-/* Every epilogue / norm variant for one x tile count. */
+/* Every epilogue / norm variant and x conversion for one x tile count. */
 template <int NT>
 static int mma_launch_variant(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int m_tiles,
                               enum cuda_gemv_epi epi, const float *wn, float eps, cudaStream_t st)
 {
+    const bool round = gemv_x_round(n_rows);
     return gemv_epi_dispatch(epi, wn != NULL, [&](auto e, auto norm) {
-        return mma_launch_tiles<NT, decltype(e)::value, decltype(norm)::value>(y, x, w, n_rows, in, out, m_tiles, wn,
-                                                                               eps, st);
+        constexpr int E = decltype(e)::value;
+        constexpr bool N = decltype(norm)::value;
+        return round ? mma_launch_tiles<NT, E, N, X_ROUND>(y, x, w, n_rows, in, out, m_tiles, wn, eps, st)
+                     : mma_launch_tiles<NT, E, N, X_SPLIT>(y, x, w, n_rows, in, out, m_tiles, wn, eps, st);
     });
 }
 
@@ -521,10 +552,10 @@ template <int NT, int EPI>
 static int mma_launch_xbf16(float *y, const uint16_t *xb, const uint16_t *w, int n_rows, int in, int out,
                             cudaStream_t st)
 {
-    const float *x = (const float *)xb; /* the kernel's XB path reads it as bf16 */
-    return mma_uses_ring<NT>()
-               ? mma_launch<NT, 2, EPI, false, MMA_RING_STAGES, true>(y, x, w, n_rows, in, out, NULL, 0.0f, st)
-               : mma_launch<NT, 2, EPI, false, 0, true>(y, x, w, n_rows, in, out, NULL, 0.0f, st);
+    const float *x = (const float *)xb; /* the kernel's X_BF16 path reads it as bf16 */
+    return mma_uses_ring<NT, X_BF16>()
+               ? mma_launch<NT, 2, EPI, false, MMA_RING_STAGES, X_BF16>(y, x, w, n_rows, in, out, NULL, 0.0f, st)
+               : mma_launch<NT, 2, EPI, false, 0, X_BF16>(y, x, w, n_rows, in, out, NULL, 0.0f, st);
 }
 
 template <int EPI>

@@ -42,10 +42,16 @@ template <int N> __device__ __forceinline__ void mma_copy_wait(void)
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+/* How x meets the bf16 tensor cores. X_SPLIT: float32 x as bf16 hi + lo parts, float32
+ * accuracy, four MMAs per tile. X_ROUND: float32 x rounded to bf16 (the hi parts only,
+ * two MMAs per tile), the precision of the reference, whose activations are bf16.
+ * X_BF16: x stored in bf16 (the measuring hook cuda_ops_gemv_bf16_mma_xbf16). */
+enum { X_SPLIT = 0, X_ROUND = 1, X_BF16 = 2 };
+
 /* A lane's 8 x values of one row and k step (p, q) as B fragments: normed by the
  * norm weights (na, nb) when NORM, summing x^2 into ss first, then split into bf16
- * hi + lo. */
-template <bool NORM>
+ * hi + lo (LO) or rounded to bf16 (bl untouched). */
+template <bool NORM, bool LO = true>
 __device__ __forceinline__ void mma_x_split(uint32_t (&bh)[4], uint32_t (&bl)[4], float &ss, float4 p, float4 q,
                                             float4 na, float4 nb)
 {
@@ -55,10 +61,17 @@ __device__ __forceinline__ void mma_x_split(uint32_t (&bh)[4], uint32_t (&bl)[4]
         p = make_float4(p.x * na.x, p.y * na.y, p.z * na.z, p.w * na.w);
         q = make_float4(q.x * nb.x, q.y * nb.y, q.z * nb.z, q.w * nb.w);
     }
-    split_pair(p.x, p.y, &bh[0], &bl[0]);
-    split_pair(p.z, p.w, &bh[1], &bl[1]);
-    split_pair(q.x, q.y, &bh[2], &bl[2]);
-    split_pair(q.z, q.w, &bh[3], &bl[3]);
+    if constexpr (LO) {
+        split_pair(p.x, p.y, &bh[0], &bl[0]);
+        split_pair(p.z, p.w, &bh[1], &bl[1]);
+        split_pair(q.x, q.y, &bh[2], &bl[2]);
+        split_pair(q.z, q.w, &bh[3], &bl[3]);
+    } else {
+        bh[0] = round_pair(p.x, p.y);
+        bh[1] = round_pair(p.z, p.w);
+        bh[2] = round_pair(q.x, q.y);
+        bh[3] = round_pair(q.z, q.w);
+    }
 }
 
 /* The four MMAs of one 16-row weight tile and one x tile: k pairs (0,1),(2,3) of
@@ -71,6 +84,13 @@ __device__ __forceinline__ void mma_tile(float (&acc)[4], const uint4 (&a)[2], c
     mma_bf16(acc, a[0].z, a[1].z, a[0].w, a[1].w, bh[2], bh[3]);
     mma_bf16(acc, a[0].x, a[1].x, a[0].y, a[1].y, bl[0], bl[1]);
     mma_bf16(acc, a[0].z, a[1].z, a[0].w, a[1].w, bl[2], bl[3]);
+}
+
+/* The two MMAs of one 16-row weight tile and one x tile in bf16 (X_ROUND, X_BF16). */
+__device__ __forceinline__ void mma_tile_hi(float (&acc)[4], const uint4 (&a)[2], const uint32_t (&bh)[4])
+{
+    mma_bf16(acc, a[0].x, a[1].x, a[0].y, a[1].y, bh[0], bh[1]);
+    mma_bf16(acc, a[0].z, a[1].z, a[0].w, a[1].w, bh[2], bh[3]);
 }
 
 /* The RMSNorm scale 1 / sqrt(mean(x^2) + eps) of row i from the x^2 sums the ks blocks

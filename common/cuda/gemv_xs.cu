@@ -17,7 +17,8 @@
  * registers instead (4 steps), the same kernel ran at 60-70% of this speed on the
  * H200, as if the __syncthreads of every chunk drained the loads in flight; copies
  * into the ring keep streaming across it.
- * Same arithmetic as gemv_mma.cu: x split into bf16 hi + lo, float32 sums. */
+ * Same arithmetic as gemv_mma.cu: x split into bf16 hi + lo or rounded to bf16
+ * (gemv_x_round; the lo fragments are then neither stored nor read), float32 sums. */
 #include <cooperative_groups.h>
 #include <stdint.h>
 
@@ -83,14 +84,16 @@ __device__ __forceinline__ void xs_item_load(xs_item &it, const float *x, const 
     }
 }
 
-/* The item -> its B fragments (bf16 hi + lo) in frag, normed when NORM (x^2 into ss). */
-template <int NT, bool NORM> __device__ __forceinline__ void xs_item_store(uint4 *frag, const xs_item &it, float &ss)
+/* The item -> its B fragments (bf16 hi + lo, or hi alone when rounded) in frag,
+ * normed when NORM (x^2 into ss). */
+template <int NT, bool NORM, int XM>
+__device__ __forceinline__ void xs_item_store(uint4 *frag, const xs_item &it, float &ss)
 {
     uint32_t bh[4], bl[4];
-    mma_x_split<NORM>(bh, bl, ss, it.xa, it.xb, it.na, it.nb);
+    mma_x_split<NORM, XM == X_SPLIT>(bh, bl, ss, it.xa, it.xb, it.na, it.nb);
     const int lane = threadIdx.x & 31, i = threadIdx.x >> 5; /* i = step * NT + x tile */
     frag[(i * 2 + 0) * 32 + lane] = make_uint4(bh[0], bh[1], bh[2], bh[3]);
-    frag[(i * 2 + 1) * 32 + lane] = make_uint4(bl[0], bl[1], bl[2], bl[3]);
+    if constexpr (XM == X_SPLIT) frag[(i * 2 + 1) * 32 + lane] = make_uint4(bl[0], bl[1], bl[2], bl[3]);
 }
 
 /* Weight rows g and g + 8 of k step `step` into ring slot `slot` (this lane's pieces). */
@@ -102,9 +105,10 @@ __device__ __forceinline__ void xs_ring_copy(uint4 *ring, const uint4 *const (&w
 }
 
 /* NT: 8-row tiles of x (1 for n <= 8, 2 for n <= 16, 4 for n <= 32). EPI and NORM as
- * cuda_ops_gemv_bf16_fused. Grid: (output groups of XS_OUT, ks); a cluster is the ks
- * blocks of one group, each taking steps/ks of the k steps. */
-template <int NT, int EPI, bool NORM>
+ * cuda_ops_gemv_bf16_fused; XM: X_SPLIT or X_ROUND (gemv_mma.cuh). Grid: (output groups
+ * of XS_OUT, ks); a cluster is the ks blocks of one group, each taking steps/ks of the
+ * k steps. */
+template <int NT, int EPI, bool NORM, int XM>
 __global__ void __launch_bounds__(XS_THREADS, 2)
     gemv_xs_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int n_rows,
                    int in, int out, int ks, const float *__restrict__ wn, float eps)
@@ -143,7 +147,7 @@ __global__ void __launch_bounds__(XS_THREADS, 2)
     float ss = 0.0f;
     xs_item it;
     xs_item_load<NT, NORM>(it, x, wn, n_rows, in, s0, n_steps, 0);
-    xs_item_store<NT, NORM>(frag, it, ss);
+    xs_item_store<NT, NORM, XM>(frag, it, ss);
     xs_item_load<NT, NORM>(it, x, wn, n_rows, in, s0, n_steps, 1);
     float acc[NT][4];
 #pragma unroll
@@ -155,7 +159,7 @@ __global__ void __launch_bounds__(XS_THREADS, 2)
     for (int c = 0; c < chunks; c++) {
         __syncthreads(); /* fragments of chunk c complete; those of chunk c - 1 no longer read */
         if (c + 1 < chunks) {
-            xs_item_store<NT, NORM>(frag + ((c + 1) & 1) * XS_FRAG_UINT4, it, ss);
+            xs_item_store<NT, NORM, XM>(frag + ((c + 1) & 1) * XS_FRAG_UINT4, it, ss);
             xs_item_load<NT, NORM>(it, x, wn, n_rows, in, s0, n_steps, c + 2);
         }
         const uint4 *fc = frag + (c & 1) * XS_FRAG_UINT4;
@@ -172,9 +176,15 @@ __global__ void __launch_bounds__(XS_THREADS, 2)
             mma_copy_commit();
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
-                const uint4 h = fc[((j * NT + nt) * 2 + 0) * 32 + lane], l = fc[((j * NT + nt) * 2 + 1) * 32 + lane];
-                const uint32_t bh[4] = {h.x, h.y, h.z, h.w}, bl[4] = {l.x, l.y, l.z, l.w};
-                mma_tile(acc[nt], a, bh, bl);
+                const uint4 h = fc[((j * NT + nt) * 2 + 0) * 32 + lane];
+                const uint32_t bh[4] = {h.x, h.y, h.z, h.w};
+                if constexpr (XM == X_SPLIT) {
+                    const uint4 l = fc[((j * NT + nt) * 2 + 1) * 32 + lane];
+                    const uint32_t bl[4] = {l.x, l.y, l.z, l.w};
+                    mma_tile(acc[nt], a, bh, bl);
+                } else {
+                    mma_tile_hi(acc[nt], a, bh);
+                }
             }
         }
     }
@@ -242,11 +252,11 @@ __global__ void __launch_bounds__(XS_THREADS, 2)
 }
 
 /* The kernel's shared memory is past the 48 KiB a launch gets unasked. */
-template <int NT, int EPI, bool NORM> static void xs_allow_smem(void)
+template <int NT, int EPI, bool NORM, int XM> static void xs_allow_smem(void)
 {
     static bool done; /* every thread sets the same value: the race is benign */
     if (!done) {
-        (void)cudaFuncSetAttribute(gemv_xs_kernel<NT, EPI, NORM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        (void)cudaFuncSetAttribute(gemv_xs_kernel<NT, EPI, NORM, XM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    XS_SMEM_BYTES);
         done = true;
     }
@@ -258,8 +268,9 @@ static int xs_resident_clusters(int ks)
 {
     static int cache[XS_MAX_CLUSTER + 1];
     if (!cache[ks]) {
-        xs_allow_smem<2, CUDA_GEMV_STORE, false>();
-        cache[ks] = cuda_resident_clusters_y(gemv_xs_kernel<2, CUDA_GEMV_STORE, false>, XS_THREADS, XS_SMEM_BYTES, ks);
+        xs_allow_smem<2, CUDA_GEMV_STORE, false, X_SPLIT>();
+        cache[ks] = cuda_resident_clusters_y(gemv_xs_kernel<2, CUDA_GEMV_STORE, false, X_SPLIT>, XS_THREADS,
+                                             XS_SMEM_BYTES, ks);
     }
     return cache[ks];
 }
@@ -285,13 +296,13 @@ static int xs_plan(int out, int steps)
     return ks;
 }
 
-template <int NT, int EPI, bool NORM>
+template <int NT, int EPI, bool NORM, int XM>
 static int xs_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int ks, const float *wn,
                      float eps, cudaStream_t st)
 {
     const int groups = (out + XS_OUT - 1) / XS_OUT;
-    xs_allow_smem<NT, EPI, NORM>();
-    return launch_ex("cudaLaunchKernelEx(gemv_xs_kernel)", gemv_xs_kernel<NT, EPI, NORM>,
+    xs_allow_smem<NT, EPI, NORM, XM>();
+    return launch_ex("cudaLaunchKernelEx(gemv_xs_kernel)", gemv_xs_kernel<NT, EPI, NORM, XM>,
                      dim3((unsigned)groups, (unsigned)ks), dim3(XS_THREADS), XS_SMEM_BYTES, st, ks, true, y, x, w,
                      n_rows, in, out, ks, wn, eps);
 }
@@ -300,8 +311,12 @@ template <int NT>
 static int xs_launch_variant(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int ks,
                              enum cuda_gemv_epi epi, const float *wn, float eps, cudaStream_t st)
 {
+    const bool round = gemv_x_round(n_rows);
     return gemv_epi_dispatch(epi, wn != NULL, [&](auto e, auto norm) {
-        return xs_launch<NT, decltype(e)::value, decltype(norm)::value>(y, x, w, n_rows, in, out, ks, wn, eps, st);
+        constexpr int E = decltype(e)::value;
+        constexpr bool N = decltype(norm)::value;
+        return round ? xs_launch<NT, E, N, X_ROUND>(y, x, w, n_rows, in, out, ks, wn, eps, st)
+                     : xs_launch<NT, E, N, X_SPLIT>(y, x, w, n_rows, in, out, ks, wn, eps, st);
     });
 }
 

@@ -28,4 +28,11 @@ __device__ __forceinline__ void split_pair(float a, float b, uint32_t *hi, uint3
     *lo = *(uint32_t *)&l;
 }
 
+/* Two floats rounded to nearest even as packed bf16 (a in the low half, as split_pair). */
+__device__ __forceinline__ uint32_t round_pair(float a, float b)
+{
+    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *(uint32_t *)&h;
+}
+
 #endif

@@ -98,7 +98,7 @@ int cuda_ops_gemv_bf16_opw(float *y, const float *x, const uint16_t *w, int n_ro
                            int outputs_per_warp, void *stream);
 
 /* Tuning hook: the tensor-core GEMV (mma.sync, x split into bf16 hi + lo so that
- * the result keeps float32 accuracy); n_rows 1..32, in a multiple of 32, w and x
+ * the result keeps float32 accuracy, or rounded to bf16: cuda_ops_gemv_set_x_round); n_rows 1..32, in a multiple of 32, w and x
  * 16-byte aligned. m_tiles: 16-row weight tiles per block, 2 or 4 (0: chosen per shape, and
  * the x-staged kernel where cuda_ops_gemv_set_xs says). */
 int cuda_ops_gemv_bf16_mma(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int m_tiles,
@@ -115,9 +115,10 @@ int cuda_ops_gemv_set_mma_rows(int rows);
 int cuda_ops_gemv_set_mma_tiles(int m_tiles);
 /* Tuning hook: where the tensor-core GEMV keeps a warp's weights between load and
  * use: 1 = a shared-memory ring (cp.async, three k steps), 2 = registers (two steps),
- * 0 = the default (the ring at 9-32 rows, registers at 3-8; or the environment's
- * MM3_MMA_RING). 4 weight tiles per block always use registers, 17-32 rows always the
- * ring. Same threading rule. */
+ * 0 = the default (registers at 3-16 rows, the ring at 9-16 only where x is split
+ * rather than rounded (cuda_ops_gemv_set_x_round); or the environment's MM3_MMA_RING).
+ * 4 weight tiles per block always use registers, 17-32 rows always the ring. Same
+ * threading rule. */
 int cuda_ops_gemv_set_mma_ring(int mode);
 /* Tuning hook: which tensor-core GEMV serves a row count where the caller leaves the
  * weight tile count open: 1 = the x-staged kernel (gemv_xs.cu: x copied into shared
@@ -126,6 +127,12 @@ int cuda_ops_gemv_set_mma_ring(int mode);
  * outputs alone nearly fill the GPU, or the environment's MM3_GEMV_XS). Same
  * threading rule. */
 int cuda_ops_gemv_set_xs(int mode);
+/* Tuning hook: where the tensor-core GEMVs round float32 x to bf16 (two MMAs per
+ * weight tile, the precision of the reference's bf16 activations) instead of splitting
+ * it into bf16 hi + lo (four MMAs, float32 accuracy): 1 = every row count, 2 = never,
+ * 0 = the default (above 8 rows, or the environment's MM3_GEMV_XROUND). Same
+ * threading rule. */
+int cuda_ops_gemv_set_x_round(int mode);
 
 /* y[n, out] = x[n, in] . w[out, in]^T, w bf16 (uint16 bit patterns), x and y float32.
  * n <= 2:  float32 GEMV kernel: one pass over w with 16-byte loads serves all
@@ -133,7 +140,8 @@ int cuda_ops_gemv_set_xs(int mode);
  * n 3..32: tensor-core GEMV (cuda_ops_gemv_bf16_mma, or at 9-32 rows the x-staged one:
  *          cuda_ops_gemv_set_xs) when in % 32 == 0 and w, x are
  *          16-byte aligned (else the float32 kernel up to 16 rows): x split into bf16
- *          hi + lo, float32 accumulation, rel. error vs op_matmul ~3e-6; deterministic.
+ *          hi + lo, float32 accumulation, rel. error vs op_matmul ~3e-6; above 8 rows
+ *          x rounded to bf16 instead (cuda_ops_gemv_set_x_round); deterministic.
  *          (The 2 is cuda_ops_gemv_set_mma_rows's.)
  * more:    cuBLASLt bf16 GEMM with float32 accumulate and float32 output; x is
  *          rounded to bf16 first (as the model's bf16 activations are).
