@@ -594,7 +594,8 @@ static void test_swiglu(void **state)
  * copy, with nothing to overlap: this is where a kernel reading its input before
  * pdl_wait shows (the x-staged GEMV did with __ldg: rel 0.1-0.4 in the talker's tests).
  * Then the same chain as a CUDA graph must give the same bits. Shapes: the 12288-output
- * products take the x-staged kernel at 9-32 rows, the 1024-output ones gemv_mma.cu. */
+ * products take the x-staged kernel at 17-32 rows (and at 9-16 with x split), the
+ * 1024-output ones gemv_mma.cu. */
 enum { CHAIN_H = 1024, CHAIN_A = 12288, CHAIN_F = 6144, CHAIN_LAYERS = 3 };
 
 struct chain_dev {
@@ -830,7 +831,7 @@ static void test_gemv_fused(void **state)
     assert_int_equal(cuda_ops_gemv_set_mma_tiles(0), 0);
     assert_int_equal(cuda_ops_gemv_set_mma_tiles(3), -EINVAL);
     /* Both places for the weights in flight at both x tile counts (the default uses
-     * registers at 3-8 rows and the ring at 9-16), with several tiles per block (24576
+     * registers at 3-16 rows, the ring at 9-16 where x is split), with several tiles per block (24576
      * and 12288 outputs: the next tile's loads overlap the merge) and k splits. */
     for (int mode = 1; mode <= 2; mode++) {
         assert_int_equal(cuda_ops_gemv_set_mma_ring(mode), 0);
@@ -845,7 +846,7 @@ static void test_gemv_fused(void **state)
     assert_int_equal(cuda_ops_gemv_set_mma_ring(0), 0);
     assert_int_equal(cuda_ops_gemv_set_mma_ring(3), -EINVAL);
     /* Both tensor-core kernels at every row count either may serve: the x-staged one
-     * (the default at 9-32 rows) also at 3-8, gemv_mma.cu's also at 9-32; the release
+     * (the default at 17-32 rows) also at 3-16, gemv_mma.cu's also at 17-32; the release
      * shapes run one output group per block (24576 outputs) or clusters of 8 blocks
      * splitting k (4096), 1376 = 43 k steps splits unevenly with a part chunk. */
     const int xs_rows[] = {3, 8, 9, 16, 17, 32};

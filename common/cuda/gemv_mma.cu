@@ -26,8 +26,9 @@
  * (cuda_ops_gemv_set_mma_ring says why).
  * A block's next tile starts loading before the current tile's sums are merged.
  *
- * At 9-32 rows, where the outputs alone nearly fill the GPU, gemv_mma_launch hands the
- * product to gemv_xs.cu, which reads x once per block instead of once per tile. */
+ * At 17-32 rows (and 9-16 where x is split), where the outputs alone nearly fill the
+ * GPU, gemv_mma_launch hands the product to gemv_xs.cu, which reads x once per block
+ * instead of once per tile (gemv_xs_plan). */
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <stdint.h>

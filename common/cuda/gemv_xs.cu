@@ -1,6 +1,6 @@
 /* Weight-streaming GEMV on the tensor cores with x staged in shared memory, for the
- * 9-32 rows of 8 CFG pairs where the outputs alone nearly fill the GPU (gemv_xs_plan;
- * gemv_mma.cu serves the rest).
+ * 17-32 rows of 8 CFG pairs' two-position depth pass (9-16 where x is split) where the
+ * outputs alone nearly fill the GPU (gemv_xs_plan; gemv_mma.cu serves the rest).
  *
  * gemv_mma.cu's blocks split `in` over their 8 warps and re-read x (through L1) for every
  * 32-output weight tile: at 16 rows as many x bytes as weight bytes, at 32 rows
@@ -332,16 +332,19 @@ extern "C" int cuda_ops_gemv_set_xs(int mode)
     return 0;
 }
 
-/* Measured on the H200 at 16 rows (mm3-bench-ops, same call): where the output groups
- * fill the GPU with at most 2 blocks per group this kernel wins (12288 x 4096: 38.4 ->
- * 32.0 us, 24576 x 4096: 66.4 -> 60.0), where they need clusters of 5-8 it loses
- * (4096 x 4096: 13.8 -> 19.7 us; 4096 x 12288: 32.7 -> 36.0). */
+/* Measured on the H200 at 16 rows with x split (mm3-bench-ops, same call): where the
+ * output groups fill the GPU with at most 2 blocks per group this kernel wins (12288 x
+ * 4096: 38.4 -> 32.0 us, 24576 x 4096: 66.4 -> 60.0), where they need clusters of 5-8
+ * it loses (4096 x 4096: 13.8 -> 19.7 us; 4096 x 12288: 32.7 -> 36.0). With x rounded
+ * to bf16 (gemv_x_round) gemv_mma.cu's register path wins or ties at 16 rows too
+ * (24576 x 4096: 58.1 against 60.3 us, 16385 x 4096: 38.6 against 41.8, 12288 x 4096:
+ * 33.5 against 33.4; twentieth session), so there this kernel serves 17-32 rows only. */
 enum { XS_SERVE_MAX_SPLIT = 2 };
 
 int gemv_xs_plan(int n_rows, int in, int out)
 {
     const int m = cuda_env_switch(&xs_setting, "MM3_GEMV_XS", 0);
-    if (m == 2 || (m == 0 && n_rows <= 8)) return 0;
+    if (m == 2 || (m == 0 && (n_rows <= 8 || (n_rows <= 16 && gemv_x_round(n_rows))))) return 0;
     const int ks = xs_plan(out, in / MMA_KSTEP);
     return m == 1 || ks <= XS_SERVE_MAX_SPLIT ? ks : 0;
 }

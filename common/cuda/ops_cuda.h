@@ -123,9 +123,9 @@ int cuda_ops_gemv_set_mma_ring(int mode);
 /* Tuning hook: which tensor-core GEMV serves a row count where the caller leaves the
  * weight tile count open: 1 = the x-staged kernel (gemv_xs.cu: x copied into shared
  * memory once per block, warps split the outputs) for every tensor-core row count,
- * 2 = never (gemv_mma.cu only), 0 = the default (x-staged at 9-32 rows where the
- * outputs alone nearly fill the GPU, or the environment's MM3_GEMV_XS). Same
- * threading rule. */
+ * 2 = never (gemv_mma.cu only), 0 = the default (x-staged where the outputs alone
+ * nearly fill the GPU at 17-32 rows, and at 9-16 where x is split rather than rounded;
+ * or the environment's MM3_GEMV_XS). Same threading rule. */
 int cuda_ops_gemv_set_xs(int mode);
 /* Tuning hook: where the tensor-core GEMVs round float32 x to bf16 (two MMAs per
  * weight tile, the precision of the reference's bf16 activations) instead of splitting
@@ -137,7 +137,7 @@ int cuda_ops_gemv_set_x_round(int mode);
 /* y[n, out] = x[n, in] . w[out, in]^T, w bf16 (uint16 bit patterns), x and y float32.
  * n <= 2:  float32 GEMV kernel: one pass over w with 16-byte loads serves all
  *          rows; x stays float32 (matches op_matmul on widened w up to summation order).
- * n 3..32: tensor-core GEMV (cuda_ops_gemv_bf16_mma, or at 9-32 rows the x-staged one:
+ * n 3..32: tensor-core GEMV (cuda_ops_gemv_bf16_mma, or above 8 rows the x-staged one:
  *          cuda_ops_gemv_set_xs) when in % 32 == 0 and w, x are
  *          16-byte aligned (else the float32 kernel up to 16 rows): x split into bf16
  *          hi + lo, float32 accumulation, rel. error vs op_matmul ~3e-6; above 8 rows
