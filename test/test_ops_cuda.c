@@ -909,49 +909,6 @@ static void test_gemv_fused(void **state)
     cuda_free(d);
 }
 
-/* ---- the tensor-core GEMV with x in bf16 (measuring hook) ----------------------- */
-
-/* cuda_ops_gemv_bf16_mma_xbf16 against the C reference product (op_matmul) of the same
- * bf16 x and weights, stored or added to what y held: every row count of both x tile counts, a 43-step k,
- * outputs past the last tile. */
-static void test_gemv_mma_xbf16(void **state)
-{
-    (void)state;
-    static const struct {
-        int n, in, out, epi;
-    } shapes[] = {{1, 4096, 4096, CUDA_GEMV_STORE},  {5, 1376, 300, CUDA_GEMV_ADD},   {8, 4096, 6144, CUDA_GEMV_STORE},
-                  {9, 96, 46, CUDA_GEMV_ADD},         {16, 4096, 4096, CUDA_GEMV_ADD}, {16, 12288, 4096, CUDA_GEMV_ADD},
-                  {16, 4096, 4096, CUDA_GEMV_STORE}};
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-        const int n = shapes[i].n, in = shapes[i].in, out = shapes[i].out;
-        const enum cuda_gemv_epi epi = (enum cuda_gemv_epi)shapes[i].epi;
-        float *wf, *xf, *ref = malloc(sizeof(float) * (size_t)n * out), *y0 = rnd_array((size_t)n * out, 1.0f);
-        uint16_t *wb = rnd_bf16((size_t)out * in, 0.05f, &wf), *xb = rnd_bf16((size_t)n * in, 3.0f, &xf);
-        assert_non_null(ref);
-        op_matmul(ref, xf, wf, NULL, n, in, out);
-        if (epi == CUDA_GEMV_ADD)
-            for (size_t j = 0; j < (size_t)n * out; j++)
-                ref[j] += y0[j];
-        uint16_t *dw = dev_upload(wb, 2 * (size_t)out * in), *dx = dev_upload(xb, 2 * (size_t)n * in);
-        float *dy_inner, *dy = dev_guarded((size_t)n * out, &dy_inner);
-        if (epi == CUDA_GEMV_ADD) /* the store writes every output over the poison */
-            assert_int_equal(cuda_memcpy_h2d(dy_inner, y0, sizeof(float) * (size_t)n * out), 0);
-        char what[96];
-        snprintf(what, sizeof what, "gemv x bf16 n=%d in=%d out=%d%s", n, in, out, epi == CUDA_GEMV_ADD ? " add" : "");
-        if (cuda_ops_gemv_bf16_mma_xbf16(dy_inner, dx, dw, n, in, out, epi, NULL))
-            fail_msg("%s: %s", what, mm3_last_error());
-        float *got = dev_fetch_checked(dy, (size_t)n * out, what);
-        expect_close(got, ref, (size_t)n * out, TOL_F32_SUM, what);
-        cuda_free(dw), cuda_free(dx), cuda_free(dy);
-        free(got), free(ref), free(y0), free(wb), free(wf), free(xb), free(xf);
-    }
-    assert_int_equal(cuda_ops_gemv_bf16_mma_xbf16(NULL, NULL, NULL, 17, 4096, 4096, CUDA_GEMV_STORE, NULL), -EINVAL);
-    uint16_t *d16 = dev_upload((uint16_t[64]){0}, 128);
-    float *df = dev_upload((float[32]){0}, 128);
-    assert_int_equal(cuda_ops_gemv_bf16_mma_xbf16(df, d16, d16, 1, 32, 2, CUDA_GEMV_SWIGLU, NULL), -ENOTSUP);
-    cuda_free(d16), cuda_free(df);
-}
-
 /* ---- decode attention ------------------------------------------------------------ */
 
 struct att_case {
@@ -1235,7 +1192,6 @@ int main(void)
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_gemv_fused),
         cmocka_unit_test(test_gemv_chain),
-        cmocka_unit_test(test_gemv_mma_xbf16),
         cmocka_unit_test(test_attention_release),
         cmocka_unit_test(test_attention_odd),
         cmocka_unit_test(test_attention_qkv),

@@ -157,21 +157,15 @@ struct mm_arg {
     uint16_t **w;
     int copies;
     float *x, *y;
-    uint16_t *xb; /* x rounded to bf16, for the x-in-bf16 variant (opw MM_XBF16) */
     int n, in, out;
     int opw; /* 0: cuda_ops_matmul_bf16's choice; 2, 4, 8: float32 kernel; -2, -4: tensor-core kernel
               * with that many weight tiles per block */
 };
 
-enum { MM_XBF16 = -100 };
-
 static void mm_once(void *arg, int i)
 {
     struct mm_arg *a = arg;
-    if (a->opw == MM_XBF16)
-        TRY(cuda_ops_gemv_bf16_mma_xbf16(a->y, a->xb, a->w[i % a->copies], a->n, a->in, a->out, CUDA_GEMV_STORE,
-                                         stream));
-    else if (a->opw < 0)
+    if (a->opw < 0)
         TRY(cuda_ops_gemv_bf16_mma(a->y, a->x, a->w[i % a->copies], a->n, a->in, a->out, -a->opw, stream));
     else if (a->opw)
         TRY(cuda_ops_gemv_bf16_opw(a->y, a->x, a->w[i % a->copies], a->n, a->in, a->out, a->opw, stream));
@@ -506,10 +500,8 @@ int main(int argc, char **argv)
         }
         struct mm_arg a = {.w = w, .copies = copies, .in = sh->in, .out = sh->out};
         TRY(cuda_malloc((void **)&a.x, sizeof(float) * BENCH_MAX_ROWS * sh->in));
-        TRY(cuda_malloc((void **)&a.xb, sizeof(uint16_t) * BENCH_MAX_ROWS * sh->in));
         TRY(cuda_malloc((void **)&a.y, sizeof(float) * BENCH_MAX_ROWS * sh->out));
         fill_random_f32(a.x, (size_t)BENCH_MAX_ROWS * sh->in);
-        fill_random_bf16(a.xb, (size_t)BENCH_MAX_ROWS * sh->in);
         for (int r = 0; r < 2; r++) {
             a.n = row_counts[r];
             double tl = time_median(mm_once, &a, copies);
@@ -532,11 +524,6 @@ int main(int argc, char **argv)
                    "float32 kernel (graph)", a.n, tf * 1e6, bytes / tf * 1e-9, 100.0 * bytes / tf / bw, tm2 * 1e6,
                    100.0 * bytes / tm2 / bw, tm * 1e6, 100.0 * bytes / tm / bw);
             if (tm2 < tm) tm = tm2;
-            if (a.n <= 16) {
-                const double tx = time_variant(&a, copies, MM_XBF16);
-                printf("    %-24s %4d %21.1f %8.0f %6.0f%% (x in bf16: hi parts only, against %.1f us)\n",
-                       "tensor-core, x bf16", a.n, tx * 1e6, bytes / tx * 1e-9, 100.0 * bytes / tx / bw, tm2 * 1e6);
-            }
             if (!sh->fused) {
                 frame_f32_s[r] += sh->per_frame * tf;
                 frame_mma_s[r] += sh->per_frame * tm;
@@ -561,7 +548,6 @@ int main(int argc, char **argv)
         for (int c = 0; c < copies; c++) cuda_free(w[c]);
         free(w);
         cuda_free(a.x);
-        cuda_free(a.xb);
         cuda_free(a.y);
     }
     /* The fused frame replaces LM q+k+v by fused qkv, gate+up by fused gate_up. */
@@ -598,7 +584,6 @@ int main(int argc, char **argv)
         for (int c = 0; c < copies; c++) cuda_free(w[c]);
         free(w);
         cuda_free(a.x);
-        cuda_free(a.xb);
         cuda_free(a.y);
     }
 

@@ -88,17 +88,8 @@ __device__ __forceinline__ void mma_x_fragment(uint32_t (&bh)[4], uint32_t (&bl)
     mma_x_split<NORM, LO>(bh, bl, ss, p, q, na, nb);
 }
 
-/* x tile nt's B fragments of k step kq when x is already bf16 (X_BF16): the lane's 8
- * consecutive values are the fragment as stored (low half first, as split_pair packs). */
-__device__ __forceinline__ void mma_x_fragment_bf16(uint32_t (&bh)[4], const float4 *xr, bool xv, int kq)
-{
-    uint4 u = make_uint4(0u, 0u, 0u, 0u);
-    if (xv) u = __ldg((const uint4 *)xr + kq);
-    bh[0] = u.x, bh[1] = u.y, bh[2] = u.z, bh[3] = u.w;
-}
-
 /* One k step of one warp: x times this lane's weights a of every tile. Up to 16 rows
- * (and with x in bf16 at 32) every x tile is converted first; x split at 32 rows
+ * (and with x rounded at 32) every x tile is converted first; x split at 32 rows
  * (NT 4) goes one x tile at a time, which keeps 24 fewer words live (the norm's
  * variants spilled) and adds in the same order. */
 template <int NT, int MMA_MT, bool NORM, int XM>
@@ -107,14 +98,11 @@ __device__ __forceinline__ void mma_step(float (&acc)[MMA_MT][NT][4], float (&ss
                                          const float *__restrict__ wn, int t, int sb)
 {
     const int kq = sb * (MMA_KSTEP / 8); /* offset in uint4 (8 bf16) units */
-    if constexpr (XM != X_SPLIT) { /* x in bf16: two MMAs per tile */
+    if constexpr (XM == X_ROUND) { /* two MMAs per tile */
         uint32_t bh[NT][4], unused[4];
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
-            if constexpr (XM == X_BF16)
-                mma_x_fragment_bf16(bh[nt], xr[nt], xv[nt], kq);
-            else
-                mma_x_fragment<NORM, false>(bh[nt], unused, ss[nt], xr[nt], xv[nt], wn, t, kq);
+            mma_x_fragment<NORM, false>(bh[nt], unused, ss[nt], xr[nt], xv[nt], wn, t, kq);
 #pragma unroll
         for (int mt = 0; mt < MMA_MT; mt++)
 #pragma unroll
@@ -169,8 +157,7 @@ template <int MMA_MT, int STAGES> constexpr int mma_ring_bytes()
  * over their share of the row and rank 0 adds them up with the partial products).
  * STAGES: 0 keeps two k steps of weights per warp in registers; n > 0 keeps n - 1
  * in flight through a shared-memory ring (no registers held while in flight).
- * XM: how x meets the tensor cores (gemv_mma.cuh: split, rounded to bf16, or stored
- * in bf16 by the measuring hook cuda_ops_gemv_bf16_mma_xbf16, half the x bytes). */
+ * XM: how x meets the tensor cores (gemv_mma.cuh: split or rounded to bf16). */
 template <int NT, int MMA_MT, int EPI, bool NORM, int STAGES, int XM = X_SPLIT>
 __global__ void __launch_bounds__(MMA_THREADS, 2)
     gemv_mma_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int n_rows,
@@ -192,8 +179,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2)
     for (int nt = 0; nt < NT; nt++) {
         int n = nt * 8 + g;
         xv[nt] = n < n_rows;
-        const size_t at = (size_t)(xv[nt] ? n : 0) * in + 8 * t;
-        xr[nt] = XM == X_BF16 ? (const float4 *)((const uint16_t *)x + at) : (const float4 *)(x + at);
+        xr[nt] = (const float4 *)(x + (size_t)(xv[nt] ? n : 0) * in + 8 * t);
     }
     cg::cluster_group cluster = cg::this_cluster();
     const int steps = in / MMA_KSTEP;
@@ -543,41 +529,4 @@ extern "C" int cuda_ops_gemv_bf16_mma(float *y, const float *x, const uint16_t *
                                       int m_tiles, void *stream)
 {
     return gemv_mma_launch(y, x, w, n_rows, in, out, m_tiles, CUDA_GEMV_STORE, NULL, 0.0f, cuda_stream_of(stream));
-}
-
-/* x already rounded to bf16 (xb: [n_rows][in] bf16): the hi parts only, two MMAs per
- * tile instead of four and half the bytes of x per k step (measuring hook: what a
- * bf16-activation decode would gain per product; the model keeps float32 x). EPI:
- * store or the residual add (the Wo and down products, whose x would come in bf16). */
-template <int NT, int EPI>
-static int mma_launch_xbf16(float *y, const uint16_t *xb, const uint16_t *w, int n_rows, int in, int out,
-                            cudaStream_t st)
-{
-    const float *x = (const float *)xb; /* the kernel's X_BF16 path reads it as bf16 */
-    return mma_uses_ring<NT, X_BF16>()
-               ? mma_launch<NT, 2, EPI, false, MMA_RING_STAGES, X_BF16>(y, x, w, n_rows, in, out, NULL, 0.0f, st)
-               : mma_launch<NT, 2, EPI, false, 0, X_BF16>(y, x, w, n_rows, in, out, NULL, 0.0f, st);
-}
-
-template <int EPI>
-static int mma_xbf16_rows(float *y, const uint16_t *xb, const uint16_t *w, int n_rows, int in, int out, cudaStream_t st)
-{
-    return n_rows <= 8 ? mma_launch_xbf16<1, EPI>(y, xb, w, n_rows, in, out, st)
-                       : mma_launch_xbf16<2, EPI>(y, xb, w, n_rows, in, out, st);
-}
-
-extern "C" int cuda_ops_gemv_bf16_mma_xbf16(float *y, const uint16_t *xb, const uint16_t *w, int n_rows, int in,
-                                            int out, enum cuda_gemv_epi epi, void *stream)
-{
-    if (n_rows < 1 || n_rows > 16 || out < 1 || in < MMA_KSTEP || in % MMA_KSTEP || !y || !xb || !w)
-        return mm3_errorf(-EINVAL,
-                          "cuda_ops_gemv_bf16_mma_xbf16: %d rows, in %d, out %d: expected rows 1..16, in a multiple "
-                          "of %d",
-                          n_rows, in, out, MMA_KSTEP);
-    if (((uintptr_t)w | (uintptr_t)xb) & 15)
-        return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_mma_xbf16: w and xb must be 16-byte aligned");
-    cudaStream_t st = cuda_stream_of(stream);
-    if (epi == CUDA_GEMV_STORE) return mma_xbf16_rows<CUDA_GEMV_STORE>(y, xb, w, n_rows, in, out, st);
-    if (epi == CUDA_GEMV_ADD) return mma_xbf16_rows<CUDA_GEMV_ADD>(y, xb, w, n_rows, in, out, st);
-    return mm3_errorf(-ENOTSUP, "cuda_ops_gemv_bf16_mma_xbf16: epilogue %d: only store and the residual add", (int)epi);
 }

@@ -198,12 +198,6 @@ int cuda_ops_gemv_fused_ok(int n_rows, int in, int out, enum cuda_gemv_epi epi, 
  * 11.89). MM3_GEMV_FUSE=0 /
  * =1 in the environment: never / at every row count (for measuring). */
 int cuda_ops_gemv_fused_pays(int n_rows);
-/* Measuring hook: the tensor-core GEMV with x given in bf16 (xb [n_rows][in], 1..16 rows,
- * in a multiple of 32, 16-byte aligned): no hi + lo split, y = xb . W^T in float32, or
- * y += xb . W^T (epi CUDA_GEMV_ADD; CUDA_GEMV_SWIGLU: -ENOTSUP). */
-int cuda_ops_gemv_bf16_mma_xbf16(float *y, const uint16_t *xb, const uint16_t *w, int n_rows, int in, int out,
-                                 enum cuda_gemv_epi epi, void *stream);
-
 /* y[n_rows, ffn] = silu(x . Wg^T) * (x . Wu^T) with w_gu [2*ffn, in] holding the rows
  * of Wg and Wu interleaved (row 2j = gate j, row 2j + 1 = up j): for up to
  * cuda_ops_gemv_max_rows(in) rows the GEMV kernels of cuda_ops_matmul_bf16 apply
