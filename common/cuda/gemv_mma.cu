@@ -34,7 +34,6 @@
 #include <stdint.h>
 
 #include "common/cuda/cuda_internal.h"
-#include "common/cuda/gemv_epi.cuh"
 #include "common/cuda/gemv_mma.cuh"
 #include "common/cuda/ops_cuda.h"
 #include "common/cuda/pdl.cuh"
@@ -492,12 +491,9 @@ template <int NT>
 static int mma_launch_variant(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int m_tiles,
                               enum cuda_gemv_epi epi, const float *wn, float eps, cudaStream_t st)
 {
-    const bool round = gemv_x_round(n_rows);
-    return gemv_epi_dispatch(epi, wn != NULL, [&](auto e, auto norm) {
-        constexpr int E = decltype(e)::value;
-        constexpr bool N = decltype(norm)::value;
-        return round ? mma_launch_tiles<NT, E, N, X_ROUND>(y, x, w, n_rows, in, out, m_tiles, wn, eps, st)
-                     : mma_launch_tiles<NT, E, N, X_SPLIT>(y, x, w, n_rows, in, out, m_tiles, wn, eps, st);
+    return gemv_mma_dispatch(epi, wn != NULL, gemv_x_round(n_rows), [&](auto e, auto norm, auto xm) {
+        return mma_launch_tiles<NT, decltype(e)::value, decltype(norm)::value, decltype(xm)::value>(
+            y, x, w, n_rows, in, out, m_tiles, wn, eps, st);
     });
 }
 

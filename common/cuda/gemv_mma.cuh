@@ -7,6 +7,7 @@
 #include <cooperative_groups.h>
 #include <stdint.h>
 
+#include "common/cuda/gemv_epi.cuh"
 #include "common/cuda/mma_bf16.cuh"
 
 enum { MMA_KSTEP = 32 }; /* k per step: a lane's 8 consecutive k (16 bytes) of 4 lanes */
@@ -49,10 +50,21 @@ template <int N> __device__ __forceinline__ void mma_copy_wait(void)
  * (twentieth session: 11.9 against 12.0 us at 4096 x 4096). */
 enum { X_SPLIT = 0, X_ROUND = 1 };
 
+/* gemv_epi_dispatch for the two tensor-core kernels, with how x meets them as a third
+ * template argument: launch(epi, norm, x mode), X_ROUND where round, else X_SPLIT. */
+template <typename Launch>
+static int gemv_mma_dispatch(enum cuda_gemv_epi epi, bool norm, bool round, Launch &&launch)
+{
+    return gemv_epi_dispatch(epi, norm, [&](auto e, auto n) {
+        return round ? launch(e, n, std::integral_constant<int, X_ROUND>{})
+                     : launch(e, n, std::integral_constant<int, X_SPLIT>{});
+    });
+}
+
 /* A lane's 8 x values of one row and k step (p, q) as B fragments: normed by the
  * norm weights (na, nb) when NORM, summing x^2 into ss first, then split into bf16
  * hi + lo (LO) or rounded to bf16 (bl untouched). */
-template <bool NORM, bool LO = true>
+template <bool NORM, bool LO>
 __device__ __forceinline__ void mma_x_split(uint32_t (&bh)[4], uint32_t (&bl)[4], float &ss, float4 p, float4 q,
                                             float4 na, float4 nb)
 {

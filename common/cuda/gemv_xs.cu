@@ -23,7 +23,6 @@
 #include <stdint.h>
 
 #include "common/cuda/cuda_internal.h"
-#include "common/cuda/gemv_epi.cuh"
 #include "common/cuda/gemv_mma.cuh"
 #include "common/cuda/pdl.cuh"
 #include "common/cuda/silu.cuh"
@@ -311,12 +310,9 @@ template <int NT>
 static int xs_launch_variant(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int ks,
                              enum cuda_gemv_epi epi, const float *wn, float eps, cudaStream_t st)
 {
-    const bool round = gemv_x_round(n_rows);
-    return gemv_epi_dispatch(epi, wn != NULL, [&](auto e, auto norm) {
-        constexpr int E = decltype(e)::value;
-        constexpr bool N = decltype(norm)::value;
-        return round ? xs_launch<NT, E, N, X_ROUND>(y, x, w, n_rows, in, out, ks, wn, eps, st)
-                     : xs_launch<NT, E, N, X_SPLIT>(y, x, w, n_rows, in, out, ks, wn, eps, st);
+    return gemv_mma_dispatch(epi, wn != NULL, gemv_x_round(n_rows), [&](auto e, auto norm, auto xm) {
+        return xs_launch<NT, decltype(e)::value, decltype(norm)::value, decltype(xm)::value>(y, x, w, n_rows, in, out,
+                                                                                             ks, wn, eps, st);
     });
 }
 

@@ -98,9 +98,10 @@ int cuda_ops_gemv_bf16_opw(float *y, const float *x, const uint16_t *w, int n_ro
                            int outputs_per_warp, void *stream);
 
 /* Tuning hook: the tensor-core GEMV (mma.sync, x split into bf16 hi + lo so that
- * the result keeps float32 accuracy, or rounded to bf16: cuda_ops_gemv_set_x_round); n_rows 1..32, in a multiple of 32, w and x
- * 16-byte aligned. m_tiles: 16-row weight tiles per block, 2 or 4 (0: chosen per shape, and
- * the x-staged kernel where cuda_ops_gemv_set_xs says). */
+ * the result keeps float32 accuracy, or rounded to bf16: cuda_ops_gemv_set_x_round);
+ * n_rows 1..32, in a multiple of 32, w and x 16-byte aligned. m_tiles: 16-row weight
+ * tiles per block, 2 or 4 (0: chosen per shape, and the x-staged kernel where
+ * cuda_ops_gemv_set_xs says). */
 int cuda_ops_gemv_bf16_mma(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int m_tiles,
                            void *stream);
 
@@ -198,6 +199,7 @@ int cuda_ops_gemv_fused_ok(int n_rows, int in, int out, enum cuda_gemv_epi epi, 
  * 11.89). MM3_GEMV_FUSE=0 /
  * =1 in the environment: never / at every row count (for measuring). */
 int cuda_ops_gemv_fused_pays(int n_rows);
+
 /* y[n_rows, ffn] = silu(x . Wg^T) * (x . Wu^T) with w_gu [2*ffn, in] holding the rows
  * of Wg and Wu interleaved (row 2j = gate j, row 2j + 1 = up j): for up to
  * cuda_ops_gemv_max_rows(in) rows the GEMV kernels of cuda_ops_matmul_bf16 apply
