@@ -831,8 +831,9 @@ static void test_gemv_fused(void **state)
     assert_int_equal(cuda_ops_gemv_set_mma_tiles(0), 0);
     assert_int_equal(cuda_ops_gemv_set_mma_tiles(3), -EINVAL);
     /* Both places for the weights in flight at both x tile counts (the default uses
-     * registers at 3-16 rows, the ring at 9-16 where x is split), with several tiles per block (24576
-     * and 12288 outputs: the next tile's loads overlap the merge) and k splits. */
+     * registers at 3-16 rows, the ring at 9-16 where x is split), with several tiles per
+     * block (24576 and 12288 outputs: the next tile's loads overlap the merge) and k
+     * splits. */
     for (int mode = 1; mode <= 2; mode++) {
         assert_int_equal(cuda_ops_gemv_set_mma_ring(mode), 0);
         check_fused_small(5);
