@@ -142,8 +142,10 @@ int talker_state_init(struct talker_state *s, const struct talker *m, int max_ro
     size_t n = (size_t)m->cfg.n_layers * max_rows * max_ctx * m->cfg.n_kv_heads * m->cfg.head_dim;
     s->max_rows = max_rows;
     s->max_ctx = max_ctx;
-    s->k = malloc(n * sizeof(float));
-    s->v = malloc(n * sizeof(float));
+    /* zeroed: a token attends to every cache entry before its position, so a caller that
+     * skips positions reads zeros, never stale memory (calloc's pages come zeroed lazily) */
+    s->k = calloc(n, sizeof(float));
+    s->v = calloc(n, sizeof(float));
     if (!s->k || !s->v) {
         talker_state_free(s);
         return mm3_errorf(-ENOMEM, "talker: cannot allocate a KV cache of %d rows x %d positions", max_rows, max_ctx);
