@@ -56,6 +56,14 @@ if want tests; then
     timeout 60 $bin/mm3-stage1 --golden "$MM3_GOLDEN_DIR" --backend cuda --precision $p > "$out/golden_s1_$p.log" 2>&1
     echo "stage1 golden cuda $p rc=$?"; grep -iE "rel|pass|fail" "$out/golden_s1_$p.log" | tail -3
   done
+  for g in test/data/golden-geometries/*/; do # the other geometries, stage 1 in fp32 (the CPU's bound)
+    g=$(basename "$g") d=$MM3_TEST_TMP/geo-$g
+    scripts/golden-geometry.sh $bin/mm3-mkckpt "test/data/golden-geometries/$g" "$d" || { echo "geometry $g: no checkpoint"; continue; }
+    timeout 60 $bin/mm3-stage0 --golden "$d" --backend cuda > "$out/golden_s0_cuda_$g.log" 2>&1
+    echo "stage0 golden cuda $g rc=$?"; grep -iE "rel|pass|fail" "$out/golden_s0_cuda_$g.log" | tail -2
+    timeout 60 $bin/mm3-stage1 --golden "$d" --backend cuda --precision fp32 > "$out/golden_s1_fp32_$g.log" 2>&1
+    echo "stage1 golden cuda fp32 $g rc=$?"; grep -iE "rel|pass|fail" "$out/golden_s1_fp32_$g.log" | tail -2
+  done
 fi
 if want e2e; then
   stamp e2e

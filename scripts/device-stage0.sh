@@ -52,6 +52,12 @@ if [ "${MM3_S0_TESTS:-1}" != 0 ]; then
   done
   timeout 60 $bin/mm3-stage0 --golden "$MM3_GOLDEN_DIR" --backend cuda > "$out/golden_s0_cuda.log" 2>&1
   echo "stage0 golden cuda rc=$?"; grep -iE "rel|pass|fail" "$out/golden_s0_cuda.log" | tail -4
+  for g in test/data/golden-geometries/*/; do # the other geometries (their widths reach the tensor-core GEMVs)
+    g=$(basename "$g")
+    scripts/golden-geometry.sh $bin/mm3-mkckpt "test/data/golden-geometries/$g" "$MM3_TEST_TMP/geo-$g" &&
+      timeout 60 $bin/mm3-stage0 --golden "$MM3_TEST_TMP/geo-$g" --backend cuda > "$out/golden_s0_cuda_$g.log" 2>&1
+    echo "stage0 golden cuda $g rc=$?"; grep -iE "rel|pass|fail" "$out/golden_s0_cuda_$g.log" | tail -2
+  done
 fi
 if [ "${MM3_S0_OPS:-0}" != 0 ]; then # the kernels alone (mm3-bench-ops), once per ';'-separated setting
   settings=${MM3_S0_OPS}; [ "$settings" = 1 ] && settings="MM3_PDL=1;MM3_PDL=0"
