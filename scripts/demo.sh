@@ -41,11 +41,12 @@ scripts/launch.sh "$config" --model "$model" --port "$port" >"$log" 2>&1 &
 launcher=$!
 trap 'kill -TERM $launcher 2>/dev/null; wait $launcher 2>/dev/null || true' EXIT
 for _ in $(seq 600); do
-  grep -q "^READY" "$log" 2>/dev/null && break
+  # the launcher's own line: "READY stage1" (a stage's, in the same log) comes before stage 0 listens
+  grep -q "^READY http" "$log" 2>/dev/null && break
   kill -0 $launcher 2>/dev/null || { cat "$log"; echo "demo.sh: the stages did not start" >&2; exit 1; }
   sleep 0.5
 done
-grep -q "^READY" "$log" || { cat "$log"; echo "demo.sh: timed out waiting for the stages" >&2; exit 1; }
+grep -q "^READY http" "$log" || { cat "$log"; echo "demo.sh: timed out waiting for the stages" >&2; exit 1; }
 build/bin/mm3 generate --url "http://127.0.0.1:$port" \
   --caption "a warm acoustic pop song, female vocals, 96 BPM" \
   --lyrics $'[verse]\nmorning light on the water\n[chorus]\nstay with me' \
