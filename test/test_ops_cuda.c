@@ -868,7 +868,8 @@ static void test_gemv_fused(void **state)
     assert_int_equal(cuda_ops_gemv_set_xs(3), -EINVAL);
     /* x rounded to bf16 at every tensor-core row count (1), then at none (2: the split's
      * float32 accuracy at 9-32 rows too): both tensor-core kernels, both places for the
-     * weights in flight, 2 and 4 weight tiles, every x tile count. */
+     * weights in flight (at 17-32 rows registers only where x is rounded), 2 and 4 weight
+     * tiles, every x tile count. */
     for (int mode = 1; mode <= 2; mode++) {
         set_x_round(mode);
         for (int xs = 1; xs <= 2; xs++) {
@@ -880,6 +881,11 @@ static void test_gemv_fused(void **state)
         assert_int_equal(cuda_ops_gemv_set_xs(0), 0);
         assert_int_equal(cuda_ops_gemv_set_mma_ring(2), 0);
         check_fused_small(16);
+        assert_int_equal(cuda_ops_gemv_set_xs(2), 0); /* 17-32 rows on registers where rounded */
+        check_fused_small(32);
+        check_fused(32, 4096, 12288, CUDA_GEMV_STORE, 1);
+        check_fused(17, 6144, 4096, CUDA_GEMV_ADD, 0);
+        assert_int_equal(cuda_ops_gemv_set_xs(0), 0);
         assert_int_equal(cuda_ops_gemv_set_mma_ring(0), 0);
         check_fused(16, 4096, 4096, CUDA_GEMV_ADD, 0);     /* gemv_mma.cu, clusters splitting k */
         check_fused(16, 4096, 24576, CUDA_GEMV_SWIGLU, 1); /* the x-staged kernel */

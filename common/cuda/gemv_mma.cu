@@ -21,9 +21,9 @@
  * of 1.2 or 1.45 waves (what "two blocks per SM" gave for 4096 and 24576 outputs)
  * ends with a second wave of a few blocks that cannot stream at full speed.
  *
- * Weights in flight: each warp keeps two k steps in registers, or (17-32 rows, and
- * 9-16 where x is split) three in a shared-memory ring filled by cp.async
- * (cuda_ops_gemv_set_mma_ring says why).
+ * Weights in flight: each warp keeps two k steps in registers, or (17-32 rows unless
+ * registers are asked for with x rounded, and 9-16 where x is split) three in a
+ * shared-memory ring filled by cp.async (cuda_ops_gemv_set_mma_ring says why).
  * A block's next tile starts loading before the current tile's sums are merged.
  *
  * At 17-32 rows (and 9-16 where x is split), where the outputs alone nearly fill the
@@ -438,9 +438,15 @@ extern "C" int cuda_ops_gemv_set_mma_ring(int mode)
     return 0;
 }
 
+/* 17-32 rows (NT 4) take the ring unless registers are asked for (2) with x rounded:
+ * with x split, 32 accumulators and 32 words of split x per step leave no registers for
+ * weights in flight (ptxas: spills); rounded, x takes half as many (ptxas, twenty-first
+ * session: 128 registers, no spills without the norm, 12 bytes with it). Not yet measured
+ * against the ring or the x-staged kernel (MM3_GEMV_XS=2 MM3_MMA_RING=2). */
 template <int NT, int XM> static bool mma_uses_ring(void)
 {
     const int m = cuda_env_switch(&mma_ring_setting, "MM3_MMA_RING", 0);
+    if (NT > 2) return m != 2 || XM == X_SPLIT;
     return m == 1 || (m != 2 && NT == 2 && XM == X_SPLIT);
 }
 
@@ -469,13 +475,15 @@ bool gemv_x_round(int n_rows)
     return m == 1 || (m == 0 && n_rows > 8);
 }
 
-/* 17-32 rows (NT 4) always take the ring and 2 tiles: 32 accumulators and 32 words of
- * split x per step leave no registers for weights in flight (ptxas: spills). */
+/* 17-32 rows (NT 4) always take 2 tiles (4 would hold 64 accumulators). */
 template <int NT, int EPI, bool NORM, int XM>
 static int mma_launch_tiles(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int m_tiles,
                             const float *wn, float eps, cudaStream_t st)
 {
     if constexpr (NT > 2) {
+        if constexpr (XM == X_ROUND)
+            if (!mma_uses_ring<NT, XM>())
+                return mma_launch<NT, 2, EPI, NORM, 0, XM>(y, x, w, n_rows, in, out, wn, eps, st);
         return mma_launch<NT, 2, EPI, NORM, MMA_RING_STAGES, XM>(y, x, w, n_rows, in, out, wn, eps, st);
     } else {
         if (m_tiles == 0) m_tiles = mma_default_tiles();

@@ -118,8 +118,8 @@ int cuda_ops_gemv_set_mma_tiles(int m_tiles);
  * use: 1 = a shared-memory ring (cp.async, three k steps), 2 = registers (two steps),
  * 0 = the default (registers at 3-16 rows, the ring at 9-16 only where x is split
  * rather than rounded (cuda_ops_gemv_set_x_round); or the environment's MM3_MMA_RING).
- * 4 weight tiles per block always use registers, 17-32 rows always the ring. Same
- * threading rule. */
+ * 4 weight tiles per block always use registers; 17-32 rows the ring, or registers
+ * with 2 where x is rounded (measuring: with x split they spill). Same threading rule. */
 int cuda_ops_gemv_set_mma_ring(int mode);
 /* Tuning hook: which tensor-core GEMV serves a row count where the caller leaves the
  * weight tile count open: 1 = the x-staged kernel (gemv_xs.cu: x copied into shared
