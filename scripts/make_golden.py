@@ -96,6 +96,15 @@ def install_recorders(pipe, rec):
             rec["dit"].append({"hidden_states": kwargs["hidden_states"], "timestep": kwargs["timestep"].reshape(-1),
                                "encoder_hidden_states": kwargs["encoder_hidden_states"], "out": out[0]})
 
+    # the text the tokenizer step assembled (the prompt contract's output)
+    tokenizer = pipe.tokenizer
+    tokenize = type(tokenizer).__call__
+
+    def tokenize_recorded(self, text, *args, **kwargs):
+        rec["assembled_prompt"] = text
+        return tokenize(self, text, *args, **kwargs)
+
+    tokenizer.__class__ = type("Recorded" + type(tokenizer).__name__, (type(tokenizer),), {"__call__": tokenize_recorded})
     encoders._sample_top_k = sample_recorded
     denoise.randn_tensor = randn_recorded
     encoders.MiniMaxMusic3AutoregressiveStep.__call__ = ar_recorded
@@ -133,7 +142,9 @@ def run_case(pipe, rec, case, compact):
             t[f"dit_call.{k}.{name}"] = v
     t["audio"] = audio
     tensors = {k: (v.clone() if v.dtype == torch.int64 else v.float()).contiguous() for k, v in t.items()}
-    entry = {k: case[k] for k in ("prompt", "lyrics", "audio_duration", "num_inference_steps", "seed")}
+    entry = {k: case[k] for k in ("prompt", "lyrics")}
+    entry["assembled_prompt"] = rec["assembled_prompt"]
+    entry.update({k: case[k] for k in ("audio_duration", "num_inference_steps", "seed")})
     entry.update(cfg_scale_ar=encoders._AR_CFG_SCALE, guidance_scale_dit=1.7, num_frames=frames,
                  chunk_starts=starts, num_windows=len(starts), lm_draws=len(rec["lm"]),
                  ended_by_audio_end=rec["lm"][-1] == AUDIO_END_ID, audio_samples=int(audio.shape[-1]))

@@ -146,9 +146,12 @@ static void test_golden_cases(void **state)
     json_array_foreach(cases, i, c) {
         const char *cap = json_string_value(json_object_get(c, "prompt"));
         const char *lyr = json_string_value(json_object_get(c, "lyrics"));
+        const char *assembled = json_string_value(json_object_get(c, "assembled_prompt"));
+        if (!cap || !lyr || !assembled)
+            fail_msg("%s/manifest.json: case %zu: expected strings prompt, lyrics and assembled_prompt", golden, i);
         char *text;
         assert_int_equal(prompt_assemble(cap, lyr, &text), 0);
-        assert_text("golden", text, json_string_value(json_object_get(c, "assembled_prompt")));
+        assert_text("golden", text, assembled);
         free(text);
 
         char name[64];
