@@ -19,17 +19,11 @@ if(TARGET mm3-mkckpt AND TARGET mm3-stage0 AND TARGET mm3-stage1)
     add_test(NAME stage1_golden_${geo} COMMAND mm3-stage1 --golden ${dir})
     set(replays stage0_golden_${geo} stage1_golden_${geo})
     if(MM3_HAVE_CUDA)
-      foreach(stage 0 1)
-        set(log ${dir}-stage${stage}-cuda.txt)
-        set(extra "")
-        if(stage EQUAL 1)
-          set(extra "--precision fp32")
-        endif()
-        add_test(NAME stage${stage}_golden_${geo}_cuda COMMAND sh -c "\
-$<TARGET_FILE:mm3-stage${stage}> --golden '${dir}' --backend cuda ${extra} > '${log}' 2>&1; rc=$?; \
-cat '${log}'; if grep -q 'no CUDA device\\|backend cuda: not available' '${log}'; then exit 77; fi; exit $rc")
-        list(APPEND replays stage${stage}_golden_${geo}_cuda)
-      endforeach()
+      mm3_add_cuda_replay(stage0_golden_${geo}_cuda ${dir}-stage0-cuda.txt
+        $<TARGET_FILE:mm3-stage0> --golden ${dir} --backend cuda)
+      mm3_add_cuda_replay(stage1_golden_${geo}_cuda ${dir}-stage1-cuda.txt
+        $<TARGET_FILE:mm3-stage1> --golden ${dir} --backend cuda --precision fp32)
+      list(APPEND replays stage0_golden_${geo}_cuda stage1_golden_${geo}_cuda)
     endif()
     set_tests_properties(${replays} PROPERTIES FIXTURES_REQUIRED geometry_${geo}
       ENVIRONMENT "${MM3_TEST_ENV}" SKIP_RETURN_CODE 77 TIMEOUT 300)

@@ -4,9 +4,8 @@
 if(TARGET mm3-stage1 AND MM3_HAVE_CUDA AND EXISTS ${MM3_GOLDEN_DIR}/manifest.json)
   foreach(prec fp32 tf32 bf16)
     set(log ${CMAKE_BINARY_DIR}/test-tmp/stage1_golden_cuda_${prec}.txt)
-    add_test(NAME stage1_golden_cuda_${prec} COMMAND sh -c "\
-$<TARGET_FILE:mm3-stage1> --golden '${MM3_GOLDEN_DIR}' --backend cuda --precision ${prec} > '${log}' 2>&1; rc=$?; \
-cat '${log}'; if grep -q 'no CUDA device' '${log}'; then exit 77; fi; exit $rc")
+    mm3_add_cuda_replay(stage1_golden_cuda_${prec} ${log}
+      $<TARGET_FILE:mm3-stage1> --golden ${MM3_GOLDEN_DIR} --backend cuda --precision ${prec})
     set_tests_properties(stage1_golden_cuda_${prec} PROPERTIES
       ENVIRONMENT "${MM3_TEST_ENV}" SKIP_RETURN_CODE 77 TIMEOUT 900)
   endforeach()
