@@ -41,6 +41,7 @@ struct golden_run {
     int lm_n;
     int lm_support_mismatch;
     int lm_support_swaps; /* top-k boundary ties that rounding may order either way (tolerated) */
+    int forced_on_swap;   /* forced c0 draws that landed on such a tolerated id (outside our set) */
     double tol;
     char support_detail[768]; /* the first differing candidate set, for the report */
 };
@@ -207,6 +208,12 @@ int golden_support_compare(const float *guided, int n, const int64_t *ref_ids, c
     return 0;
 }
 
+int golden_forced_on_swap(const float *guided, int n, const int64_t *ref_ids, int k, int64_t forced_id)
+{
+    int64_t col = sampler_c0_id_to_col(forced_id);
+    return col >= 0 && col < n && !isfinite(guided[col]) && ref_has_col(ref_ids, k, (int)col);
+}
+
 /* Which ids differ between the two candidate sets of draw s, with their logits. */
 static void describe_support(char *buf, size_t size, int s, const float *guided, int n, const struct golden_case *gc)
 {
@@ -255,6 +262,8 @@ static void on_draw(void *ctx, int s, int j, const float *guided, int n)
             describe_support(r->support_detail, sizeof r->support_detail, s, guided, n, gc);
         r->lm_support_mismatch += bad;
         r->lm_support_swaps += swaps;
+        if (!bad && swaps && s < gc->n_lm)
+            r->forced_on_swap += golden_forced_on_swap(guided, n, gc->lm_support[s], k, gc->lm_sampled[s]);
         for (int i = 0; i < gc->support_len[s]; i++) {
             int64_t col = sampler_c0_id_to_col(gc->lm_support[s][i]);
             if (col < 0 || col >= n || !isfinite(guided[col])) continue;
@@ -395,15 +404,19 @@ static int run_case(const char *dir, const char *root, json_t *jc, const struct 
         double rel_frames = frames_ok ? rel_error(r.frames, gc.frames, (size_t)gc.n_frames * gc.frame_width) : INFINITY;
         int ended = stop == GENERATE_STOP_TOKEN;
         int end_ok = !json_is_boolean(jend) || json_is_true(jend) == ended;
-        pass &= frames_ok && end_ok && r.lm_support_mismatch == 0 && sp.n_outside == 0 && rel_lm <= gr->tol &&
+        /* A forced draw outside our set counts unless it is one of the tolerated edge ids:
+         * the reference drew the id that rounding moved across the c0 rule's threshold. */
+        int outside = sp.n_outside - r.forced_on_swap;
+        pass &= frames_ok && end_ok && r.lm_support_mismatch == 0 && outside == 0 && rel_lm <= gr->tol &&
                 rel_depth <= gr->tol && rel_frames <= gr->tol;
         fprintf(out,
                 "%s: frames %d/%d%s lm_guided rel %.3g (%d draws%s%s) depth_guided rel %.3g (%d draws) "
-                "frame_hiddens rel %.3g%s %s %s\n",
+                "frame_hiddens rel %.3g%s%s %s %s\n",
                 file, r.n_frames, gc.n_frames, end_ok ? "" : " (stop reason differs)", rel_lm, gc.n_lm_guided,
                 r.lm_support_mismatch ? ", SUPPORT DIFFERS" : "",
                 r.lm_support_swaps ? ", candidate sets differ at their edge" : "", rel_depth, gc.n_depth_guided,
-                rel_frames, sp.n_outside ? " (forced draws outside the candidate set)" : "", ids_msg,
+                rel_frames, outside ? " (forced draws outside the candidate set)" : "",
+                r.forced_on_swap ? " (a forced draw on a tolerated edge id)" : "", ids_msg,
                 pass ? "PASS" : "FAIL");
     }
     if (r.support_detail[0]) fprintf(out, "  %s\n", r.support_detail);

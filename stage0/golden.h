@@ -49,4 +49,11 @@ int golden_check_dir_backend(const char *dir, const char *backend, double tol, F
 int golden_support_compare(const float *guided, int n, const int64_t *ref_ids, const float *ref_logits, int k,
                            double tol, int max_flips, int *swaps);
 
+/* 1 when the replay's forced c0 draw forced_id (a vocab id) is outside our candidate set
+ * guided[n] and inside the reference's ref_ids[k]: after golden_support_compare
+ * tolerated the draw's sets, the reference drew one of the ids rounding moved across the
+ * edge (a bf16 backend at a near-tie of the conditional row's 50th value), not a
+ * different distribution. 0 otherwise. */
+int golden_forced_on_swap(const float *guided, int n, const int64_t *ref_ids, int k, int64_t forced_id);
+
 #endif

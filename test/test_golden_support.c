@@ -1,6 +1,7 @@
 /* The c0 candidate-set comparison of the stage-0 golden replay: equal sets pass, a
  * swap of two ids tied at the top-k edge is tolerated, a swap away from the edge only
- * as one allowed flip of a bf16 backend, a set of another size never. */
+ * as one allowed flip of a bf16 backend, a set of another size never; a forced draw
+ * outside our set is excused only on such a flipped id. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -89,6 +90,25 @@ static void test_size_differs(void **state)
     assert_true(golden_support_compare(g, N, ids, ref, 3, 2e-2, 1, &swaps) > 0);
 }
 
+static void test_forced_draw_on_swapped_id(void **state)
+{
+    (void)state;
+    /* reference {2, 5, 6}, ours {2, 7, 6}: 5 crossed the c0 rule's threshold (a tolerated flip) */
+    int64_t ids[3] = {id_of(2), id_of(5), id_of(6)};
+    float g[N];
+    int cols[3] = {2, 7, 6};
+    float v[3] = {4.0f, 3.0f, 1.0f};
+    fill(g, cols, v, 3);
+    /* the reference drew the flipped id: outside ours, inside its set */
+    assert_int_equal(golden_forced_on_swap(g, N, ids, 3, id_of(5)), 1);
+    /* a draw inside our set is no flip; one outside both sets is a real difference */
+    assert_int_equal(golden_forced_on_swap(g, N, ids, 3, id_of(6)), 0);
+    assert_int_equal(golden_forced_on_swap(g, N, ids, 3, id_of(4)), 0);
+    /* ids that are not drawable columns */
+    assert_int_equal(golden_forced_on_swap(g, N, ids, 3, 12), 0);
+    assert_int_equal(golden_forced_on_swap(g, N, ids, 3, id_of(N)), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -96,6 +116,7 @@ int main(void)
         cmocka_unit_test(test_edge_tie_swapped),
         cmocka_unit_test(test_swap_off_the_edge),
         cmocka_unit_test(test_size_differs),
+        cmocka_unit_test(test_forced_draw_on_swapped_id),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
