@@ -306,8 +306,11 @@ void talker_backend_plan_compute_kv(enum talker_backend_kind kind, enum mm3_kv_c
     p->weights_bytes = (lm_mats + dd_mats) * w + (lm_vecs + dd_vecs) * sizeof(float);
     if (kind == TALKER_BACKEND_CPU) /* the embedding tables stay on the host; the CPU computes from them */
         p->weights_bytes += ((size_t)c->vocab * H + nres * (size_t)e->audio_vocab * EH) * sizeof(float);
-    else /* the batched frame step's copies: c0 rows of embed_tokens and audio_embeddings as bf16 */
+    else { /* the batched frame step's copies: c0 rows of embed_tokens and audio_embeddings as bf16 */
         p->weights_bytes += ((size_t)SAMPLER_N_CODES * H + nres * (size_t)e->audio_vocab * EH) * 2;
+        /* the depth decoder's projected inputs of positions 2.. (depth_cuda_input_table), float32 */
+        if (e->n_codebooks > 2) p->weights_bytes += (nres - 1) * (size_t)e->audio_vocab * EH * sizeof(float);
+    }
     p->kv_dtype = talker_backend_kv_dtype(kind, kv_dtype);
     size_t kv_elem = p->kv_dtype == MM3_KV_CACHE_BF16 ? 2 : sizeof(float);
     p->kv_bytes_per_row = 2 * (size_t)c->n_layers * (size_t)ctx * KD * kv_elem;

@@ -8,6 +8,10 @@
  * (so the comparison can see a frozen graph). Two geometries: tiny-a (row attention
  * in the depth decoder) and a generated one whose depth heads take the split-K decode
  * kernel (stream-ordered allocations inside the capture), 4 codebooks of 300.
+ * The depth decoder's table of projected inputs (depth_cuda_input_table) against the
+ * projection it replaces: the same codes, depth hiddens and feedback within 1e-5 rel, on
+ * both geometries (the generated one takes the fused chain whose raw rows the draw
+ * overwrites with the next inputs).
  * The CPU backend's graph switch is a no-op (runs everywhere); without a GPU the
  * program then exits 77. The whole AR loop with graphs on: test_generate_batch
  * (test_cuda_batched_graphs). */
@@ -18,11 +22,15 @@
 #include <stdint.h>
 #include <cmocka.h>
 /* clang-format on */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/error.h"
+#ifdef MM3_HAVE_CUDA
+#include "common/cuda/ops_cuda.h"
+#endif
 #include "common/sampler.h"
 #include "stage0/talker_backend.h"
 #include "support/test_rand.h"
@@ -148,11 +156,86 @@ static void graph_vs_eager(const struct talker *lm, const struct depth *dd)
     talker_backend_close(&graph);
 }
 
+static double rel_diff(const float *a, const float *b, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* A backend opened with MM3_DEPTH_INPUT_TABLE=value (read when the depth decoder is
+ * built), the switch read afresh before and after. */
+static void open_with_table(struct talker_backend *b, const struct talker *lm, const struct depth *dd,
+                            const char *value)
+{
+#ifdef MM3_HAVE_CUDA
+    assert_int_equal(setenv("MM3_DEPTH_INPUT_TABLE", value, 1), 0);
+    cuda_env_switches_reset();
+    int rc = talker_backend_open(b, TALKER_BACKEND_CUDA, lm, dd, 2, 16, 2 * MAX_PAIRS);
+    assert_int_equal(unsetenv("MM3_DEPTH_INPUT_TABLE"), 0);
+    cuda_env_switches_reset();
+    if (rc < 0) fail_msg("backend: %s", mm3_last_error());
+    assert_non_null(b->sample_pairs);
+#else
+    (void)b, (void)lm, (void)dd, (void)value;
+    fail_msg("no CUDA build");
+#endif
+}
+
+static void table_vs_projection(const struct talker *lm, const struct depth *dd)
+{
+    const int H = lm->cfg.hidden, ncb = dd->cfg.n_codebooks;
+    struct talker_backend be[2];
+    open_with_table(&be[0], lm, dd, "0");
+    open_with_table(&be[1], lm, dd, "1");
+    struct pairs p;
+    pairs_alloc(&p, H, ncb);
+    double worst = 0;
+    for (int c = 0; c < CALLS; c++) {
+        const int n = c % 2 ? MAX_PAIRS : 3;
+        pairs_fill(&p, n, H, c);
+        struct talker_pairs_in in = {.n = n,
+                                     .hidden = p.hidden,
+                                     .seed = p.seed,
+                                     .step = p.step,
+                                     .cfg_scale = p.scale,
+                                     .ignore_stop = p.stop,
+                                     .top_k = SAMPLER_TOP_K};
+        for (int s = 0; s < 2; s++) {
+            struct talker_pairs_out out = {
+                .codes = p.codes[s], .depth_hidden = p.depth_hidden[s], .feedback = p.feedback[s]};
+            if (be[s].sample_pairs(be[s].impl, &in, &out) < 0)
+                fail_msg("%s, %d pairs, call %d: %s", s ? "table" : "projection", n, c, mm3_last_error());
+        }
+        if (memcmp(p.codes[0], p.codes[1], sizeof(int32_t) * (size_t)n * ncb))
+            fail_msg("%d pairs, call %d: the table's codes differ from the projection's", n, c);
+        double rd = rel_diff(p.depth_hidden[1], p.depth_hidden[0], (size_t)n * (ncb - 1) * H);
+        double rf = rel_diff(p.feedback[1], p.feedback[0], (size_t)n * H);
+        if (rd > 1e-5 || rf > 1e-5)
+            fail_msg("%d pairs, call %d: depth hiddens rel %.3g, feedback rel %.3g (expected <= 1e-5)", n, c, rd, rf);
+        /* the first codebook's hidden comes before any table row: it must be the same bits */
+        for (int q = 0; q < n; q++)
+            if (memcmp(p.depth_hidden[0] + (size_t)q * (ncb - 1) * H, p.depth_hidden[1] + (size_t)q * (ncb - 1) * H,
+                       sizeof(float) * H))
+                fail_msg("%d pairs, call %d, pair %d: codebook 1's hidden differs", n, c, q);
+        worst = rd > worst ? rd : worst;
+    }
+    print_message("input table against the projection: depth hiddens rel <= %.3g\n", worst);
+    pairs_free(&p);
+    talker_backend_close(&be[0]);
+    talker_backend_close(&be[1]);
+}
+
 static void test_tiny_a(void **state)
 {
     struct test_stage0 *m = *state;
     if (!m) skip();
     graph_vs_eager(&m->lm, &m->dd);
+    table_vs_projection(&m->lm, &m->dd);
 }
 
 /* Depth heads of 32 (the split-K decode kernel), 4 codebooks of 300, hidden 64 (the
@@ -172,6 +255,7 @@ static void test_split_k_geometry(void **state)
     struct test_stage0 m;
     assert_int_equal(test_stage0_load(&m, dir), 0);
     graph_vs_eager(&m.lm, &m.dd);
+    table_vs_projection(&m.lm, &m.dd);
     test_stage0_free(&m);
     test_remove_tree(dir);
     free(dir);

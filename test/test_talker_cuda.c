@@ -1009,8 +1009,102 @@ static void test_depth_two_positions(void **state)
     assert_int_equal(cuda_ops_gemv_set_x_round(2), 0);
     free_depth(&d);
 }
+
+/* The table of projected inputs (depth_cuda_input_table) against the projection
+ * computed here in double, row by row, and a pass started from it
+ * (depth_cuda_step_projected_dev) against the CPU decoder fed the embeddings. */
+static void check_depth_input_table(struct depth *d, int n)
+{
+    const int H = d->cfg.hidden, V = d->cfg.audio_vocab, S = d->cfg.n_codebooks;
+    const size_t nh = (size_t)n * H, tab = (size_t)(S - 2) * V * H;
+    float *emb = malloc(sizeof(float) * (size_t)(S - 1) * V * H), *got = malloc(sizeof(float) * tab);
+    float *want = malloc(sizeof(float) * tab);
+    assert_true(emb && got && want);
+    fill_bf16(emb, (size_t)(S - 1) * V * H, 1.0f);
+    d->audio_emb = emb;
+    struct depth_cuda *dc = NULL;
+    assert_int_equal(depth_cuda_create(&dc, d, n), 0);
+    const float *t = depth_cuda_input_table(dc);
+    assert_non_null(t);
+    assert_int_equal(cuda_memcpy_d2h(got, t, sizeof(float) * tab), 0);
+    for (int j = 1; j <= S - 2; j++)
+        for (int c = 0; c < V; c++) {
+            const float *e = emb + ((size_t)(j - 1) * V + c) * H;
+            float *w = want + ((size_t)(j - 1) * V + c) * H;
+            for (int i = 0; i < H; i++) {
+                double acc = 0;
+                for (int k = 0; k < H; k++)
+                    acc += (double)d->proj[(size_t)i * H + k] * e[k];
+                w[i] = (float)(acc + d->pos_emb[(size_t)(j + 1) * H + i]);
+            }
+        }
+    expect_close("depth input table", 0, got, want, tab, REL_TOL);
+
+    /* positions 0 and 1 from random inputs, then position 2 after code c_r of codebook 1 */
+    struct depth_state cs;
+    assert_int_equal(depth_state_init(&cs, d, n), 0);
+    float *x = malloc(sizeof(float) * 3 * nh), *ref = malloc(sizeof(float) * nh), *out = malloc(sizeof(float) * nh);
+    float *dx = NULL, *dout = NULL;
+    assert_true(x && ref && out);
+    for (size_t i = 0; i < 2 * nh; i++)
+        x[i] = frand();
+    for (int r = 0; r < n; r++)
+        memcpy(x + 2 * nh + (size_t)r * H, emb + (size_t)((7 * r + 3) % V) * H, sizeof(float) * H);
+    assert_int_equal(cuda_malloc((void **)&dx, sizeof(float) * 2 * nh), 0);
+    assert_int_equal(cuda_malloc((void **)&dout, sizeof(float) * nh), 0);
+    assert_int_equal(cuda_memcpy_h2d(dx, x, sizeof(float) * 2 * nh), 0);
+    assert_int_equal(depth_step(d, &cs, n, x, 0, ref), 0);
+    assert_int_equal(depth_step(d, &cs, n, x + nh, 1, ref), 0);
+    assert_int_equal(depth_step(d, &cs, n, x + 2 * nh, 2, ref), 0);
+    assert_int_equal(depth_cuda_step01_dev(dc, n, dx, dx + nh, dout, NULL), 0);
+    for (int r = 0; r < n; r++)
+        assert_int_equal(cuda_memcpy_d2d(depth_cuda_projected_inputs(dc) + (size_t)r * H,
+                                         t + (size_t)((7 * r + 3) % V) * H, sizeof(float) * H, NULL),
+                         0);
+    assert_int_equal(depth_cuda_step_projected_dev(dc, n, 2, dout, NULL), 0);
+    assert_int_equal(cuda_stream_sync(NULL), 0);
+    assert_int_equal(cuda_memcpy_d2h(out, dout, sizeof(float) * nh), 0);
+    expect_close("depth position 2 from the table", n, out, ref, nh, REL_TOL);
+    assert_int_equal(depth_cuda_step_projected_dev(dc, n, S, dout, NULL), -EINVAL);
+    cuda_free(dx), cuda_free(dout);
+    free(x), free(ref), free(out);
+    depth_state_free(&cs);
+    depth_cuda_destroy(dc);
+
+    /* switched off, or nothing to project: no table */
+    assert_int_equal(setenv("MM3_DEPTH_INPUT_TABLE", "0", 1), 0);
+    cuda_env_switches_reset();
+    assert_int_equal(depth_cuda_create(&dc, d, n), 0);
+    assert_null(depth_cuda_input_table(dc));
+    depth_cuda_destroy(dc);
+    assert_int_equal(unsetenv("MM3_DEPTH_INPUT_TABLE"), 0);
+    cuda_env_switches_reset();
+    d->audio_emb = NULL;
+    assert_int_equal(depth_cuda_create(&dc, d, n), 0);
+    assert_null(depth_cuda_input_table(dc));
+    depth_cuda_destroy(dc);
+    free(emb), free(got), free(want);
+}
+
+static void test_depth_input_table(void **state)
+{
+    (void)state;
+    struct depth d;
+    make_depth(&d, 64, 224, 96, 4, 2, 2, 32); /* fused products */
+    check_depth_input_table(&d, 16);
+    free_depth(&d);
+    make_depth(&d, 40, 72, 24, 5, 2, 2, 20); /* the separate chain */
+    check_depth_input_table(&d, 3);
+    free_depth(&d);
+}
 #else
 static void test_depth_two_positions(void **state)
+{
+    (void)state;
+    skip();
+}
+
+static void test_depth_input_table(void **state)
 {
     (void)state;
     skip();
@@ -1191,6 +1285,7 @@ int main(void)
         cmocka_unit_test(test_release_shaped_depth),
         cmocka_unit_test(test_depth_fused_many_rows),
         cmocka_unit_test(test_depth_two_positions),
+        cmocka_unit_test(test_depth_input_table),
         cmocka_unit_test(test_golden_replay_cuda_backend),
         cmocka_unit_test(test_kv_bf16_kernels),
         cmocka_unit_test(test_qkv_norm_rope_store_fused),

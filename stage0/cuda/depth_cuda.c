@@ -30,6 +30,7 @@ struct depth_cuda {
     struct depth_cuda_layer *layers;
     const uint16_t *proj, *heads;
     const float *pos_emb, *norm;
+    float *input_table; /* depth_cuda_input_table; NULL where not built */
     float *kc, *vc;
     /* Scratch for scratch_rows rows: max_rows, plus one more position block of up to
      * step01_max_rows rows for the two-position pass (depth_cuda_step01_dev). qkv: fused rows [q | k | v],
@@ -47,6 +48,37 @@ static int step01_max_rows(const struct depth_cuda *dc)
     int slice = cuda_ops_gemv_max_rows(dc->cfg.hidden), f = cuda_ops_gemv_max_rows(dc->cfg.ffn);
     if (f < slice) slice = f;
     return dc->max_rows < slice / 2 ? dc->max_rows : slice / 2;
+}
+
+/* input_table rows (j-1) V + c, j = 1 .. n_codebooks-2: the projection of audio
+ * embedding row (j-1) V + c plus pos_embedding[j+1], by the kernels a pass runs (the
+ * GEMV of the projection, then the row add), one codebook at a time through a scratch
+ * of V float32 rows. The embeddings are bf16 values, so whatever rounding the GEMV
+ * applies to x is exact, and a row equals what the pass would compute up to the float32
+ * summation order of the product. MM3_DEPTH_INPUT_TABLE=0: no table (the A/B). */
+static int build_input_table(struct depth_cuda *dc, const struct depth *d)
+{
+    static int env = -1;
+    const struct depth_config *cfg = &dc->cfg;
+    const int H = cfg->hidden, V = cfg->audio_vocab, n_tab = cfg->n_codebooks - 2;
+    if (!cuda_env_switch(&env, "MM3_DEPTH_INPUT_TABLE", 1) || n_tab < 1 || !d->audio_emb ||
+        cfg->n_codebooks > cfg->max_pos)
+        return 0;
+    size_t cb = (size_t)V * H;
+    int rc = cuda_alloc_list_add(&dc->mem, (void **)&dc->input_table, sizeof(float) * cb * n_tab);
+    float *emb = NULL;
+    if (rc == 0) rc = cuda_malloc((void **)&emb, sizeof(float) * cb);
+    for (int j = 1; j <= n_tab && rc == 0; j++) {
+        float *t = dc->input_table + (size_t)(j - 1) * cb;
+        if ((rc = cuda_memcpy_h2d(emb, d->audio_emb + (size_t)(j - 1) * cb, sizeof(float) * cb)) < 0 ||
+            (rc = gemv_rows(t, emb, dc->proj, V, H, H, NULL)) < 0 ||
+            (rc = talker_cuda_add_row(t, dc->pos_emb + (size_t)(j + 1) * H, V, H, NULL)) < 0)
+            break;
+    }
+    if (rc == 0) rc = cuda_stream_sync(NULL);
+    cuda_free(emb);
+    if (rc < 0) return mm3_error_prefix(rc, "depth_cuda_create: input table: ");
+    return 0;
 }
 
 int depth_cuda_create(struct depth_cuda **out, const struct depth *d, int max_rows)
@@ -115,6 +147,7 @@ int depth_cuda_create(struct depth_cuda **out, const struct depth *d, int max_ro
         rc = cuda_alloc_list_add(l, a[i].dst, a[i].bytes);
     if (rc == 0) rc = cuda_memset(dc->kc, 0, cache);
     if (rc == 0) rc = cuda_memset(dc->vc, 0, cache);
+    if (rc == 0) rc = build_input_table(dc, d);
     if (rc < 0) {
         depth_cuda_destroy(dc);
         return rc;
@@ -157,16 +190,17 @@ static int depth_fused(const struct depth_config *cfg, int n, int n_pos)
  * fuse take the same chain with separate norm/add kernels (7 launches). No q/k norm
  * and no RoPE here (model-stage0.md 3.5: learned positions, added once to the input).
  *
- * Positions pos .. pos + n_pos - 1 of n sequences in one pass: x holds n_pos blocks of
- * n rows (position-major), the products run on all n_pos * n rows at once (the weights
- * are read once), the attention once per position (causal: each position's K/V is
- * stored before the next position attends), and out gets the last position's rows.
+ * Positions pos .. pos + n_pos - 1 of n sequences in one pass: h holds their inputs
+ * (projected, positions added) as n_pos blocks of n rows (position-major), the
+ * products run on all n_pos * n rows at once (the weights are read once), the
+ * attention once per position (causal: each position's K/V is stored before the next
+ * position attends), and out gets the last position's rows.
  * The last layer's products after the attention run on the last position's rows only:
  * earlier positions of the pass only feed the caches.
  *
  * out NULL (only where depth_cuda_raw_fits): no final norm, the last position's rows
  * stay as they are in depth_cuda_raw_rows. */
-static int depth_forward(struct depth_cuda *dc, int n, const float *x, int pos, int n_pos, float *out, void *st)
+static int depth_layers(struct depth_cuda *dc, int n, int pos, int n_pos, float *out, void *st)
 {
     const struct depth_config *cfg = &dc->cfg;
     const int N = n * n_pos, H = cfg->hidden, F = cfg->ffn;
@@ -175,10 +209,7 @@ static int depth_forward(struct depth_cuda *dc, int n, const float *x, int pos, 
     float scale = 1.0f / sqrtf((float)cfg->head_dim);
     float *g = dc->qkv; /* silu(gate) * up: the QKV rows are free by then */
     const int fused = depth_fused(cfg, n, n_pos);
-    int rc = gemv_rows(dc->h, x, dc->proj, N, H, H, st);
-    for (int p = 0; p < n_pos && rc == 0; p++)
-        rc = talker_cuda_add_row(dc->h + (size_t)p * n * H, dc->pos_emb + (size_t)(pos + p) * H, n, H, st);
-    if (rc < 0) return rc;
+    int rc = 0;
     for (int li = 0; li < cfg->n_layers; li++) {
         const struct depth_cuda_layer *L = &dc->layers[li];
         float *kc = dc->kc + li * layer_stride, *vc = dc->vc + li * layer_stride;
@@ -220,6 +251,23 @@ static int depth_forward(struct depth_cuda *dc, int n, const float *x, int pos, 
     return cuda_ops_add_rmsnorm(dc->h + last * H, out, dc->o + last * H, dc->norm, n, H, cfg->eps, st);
 }
 
+/* The projection of x (n_pos blocks of n rows) with each position's embedding added
+ * into h, then the layers. */
+static int depth_forward(struct depth_cuda *dc, int n, const float *x, int pos, int n_pos, float *out, void *st)
+{
+    int rc = 0;
+    /* x NULL: the inputs are already projected, with their positions, in h's rows
+     * (depth_cuda_step_projected_dev) */
+    if (x) {
+        rc = gemv_rows(dc->h, x, dc->proj, n * n_pos, dc->cfg.hidden, dc->cfg.hidden, st);
+        for (int p = 0; p < n_pos && rc == 0; p++)
+            rc = talker_cuda_add_row(dc->h + (size_t)p * n * dc->cfg.hidden,
+                                     dc->pos_emb + (size_t)(pos + p) * dc->cfg.hidden, n, dc->cfg.hidden, st);
+    }
+    if (rc < 0) return rc;
+    return depth_layers(dc, n, pos, n_pos, out, st);
+}
+
 int depth_cuda_step_dev(struct depth_cuda *dc, int n, const float *x, int pos, float *out, void *st)
 {
     int rc = check_step(dc, n, pos);
@@ -227,6 +275,27 @@ int depth_cuda_step_dev(struct depth_cuda *dc, int n, const float *x, int pos, f
         rc = mm3_errorf(-EINVAL,
                         "depth_cuda_step: no output for %d rows, where the final norm is not left to the caller", n);
     return rc < 0 ? rc : depth_forward(dc, n, x, pos, 1, out, st);
+}
+
+const float *depth_cuda_input_table(const struct depth_cuda *dc)
+{
+    return dc->input_table;
+}
+
+float *depth_cuda_projected_inputs(struct depth_cuda *dc)
+{
+    return dc->h;
+}
+
+int depth_cuda_step_projected_dev(struct depth_cuda *dc, int n, int pos, float *out, void *st)
+{
+    int rc = check_step(dc, n, pos);
+    if (rc == 0 && !out && !depth_cuda_raw_fits(dc, n, 1))
+        rc = mm3_errorf(-EINVAL,
+                        "depth_cuda_step_projected: no output for %d rows, where the final norm is not left to the "
+                        "caller",
+                        n);
+    return rc < 0 ? rc : depth_forward(dc, n, NULL, pos, 1, out, st);
 }
 
 int depth_cuda_raw_fits(const struct depth_cuda *dc, int n, int n_pos)

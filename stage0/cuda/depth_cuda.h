@@ -49,6 +49,20 @@ int depth_cuda_step01_dev(struct depth_cuda *dc, int n, const float *x0, const f
  * there saves depth_cuda_step01_dev its two copies. */
 float *depth_cuda_step01_inputs(struct depth_cuda *dc, int n);
 
+/* Inputs of positions 2 .. n_codebooks-1 precomputed: they are the projection of an
+ * audio embedding row plus a position row, a function of (codebook, code) only, so a
+ * pass need not read the projection matrix (hidden^2 bf16, one of a pass's 1 + 7 x
+ * n_layers products). depth_cuda_input_table: float32 [(n_codebooks-2) x audio_vocab]
+ * [hidden], row (j-1) audio_vocab + c = the input of position j+1 after code c of
+ * codebook j; NULL where it was not built (fewer than 3 codebooks, no audio embeddings
+ * on the host, MM3_DEPTH_INPUT_TABLE=0). A caller copies the n rows of a pass into
+ * depth_cuda_projected_inputs (the decoder's residual rows; the last pass's raw rows
+ * live there too, depth_cuda_raw_rows) and runs depth_cuda_step_projected_dev, which
+ * is depth_cuda_step_dev without the projection and the position add. */
+const float *depth_cuda_input_table(const struct depth_cuda *dc);
+float *depth_cuda_projected_inputs(struct depth_cuda *dc);
+int depth_cuda_step_projected_dev(struct depth_cuda *dc, int n, int pos, float *out, void *stream);
+
 /* The final norm left to the head and the caller: where depth_cuda_raw_fits(n, n_pos)
  * (the layers and the head's product fuse at n rows; n_pos 2 for step01), out may be
  * NULL in depth_cuda_step_dev / depth_cuda_step01_dev; the last position's un-normed

@@ -212,6 +212,9 @@ static int queue_step(struct frame_cuda *fc, struct talker_cuda *tc, struct dept
     /* raw: the depth decoder's final norm inside the head's product and the draw's kernel */
     const int raw = depth_cuda_raw_fits(dc, R, 1) && (!step01 || depth_cuda_raw_fits(dc, R, 2));
     float *in01 = step01 ? depth_cuda_step01_inputs(dc, R) : NULL;
+    /* Positions 2.. from the depth decoder's table of projected inputs where it has one:
+     * the draw writes the rows the next pass starts from, its projection skipped. */
+    const float *in_tab = depth_cuda_input_table(dc);
     float norm_eps = 0.0f;
     const float *norm_w = raw ? depth_cuda_norm_weight(dc, &norm_eps) : NULL;
     struct frame_draw_take d = {.logits = fc->logits,
@@ -251,16 +254,18 @@ static int queue_step(struct frame_cuda *fc, struct talker_cuda *tc, struct dept
                                      .ncb = ncb,
                                      .j = j,
                                      .width = H,
-                                     .table = j < ncb - 1 ? fc->audio + (size_t)(j - 1) * V * H : NULL,
+                                     .table = j < ncb - 1 && !in_tab ? fc->audio + (size_t)(j - 1) * V * H : NULL,
+                                     .table_f32 = j < ncb - 1 && in_tab ? in_tab + (size_t)(j - 1) * V * H : NULL,
                                      .table_rows = V,
-                                     .x = fc->x,
+                                     .x = in_tab ? depth_cuda_projected_inputs(dc) : fc->x,
                                      .dh = dh + (size_t)(j - 1) * H,
                                      .dh_stride = dh_stride,
                                      .h = h,
                                      .norm_w = norm_w,
                                      .eps = norm_eps};
-        if ((rc = two ? depth_cuda_step01_dev(dc, R, in01, in01 + (size_t)R * H, out, stream)
-                      : depth_cuda_step_dev(dc, R, fc->x, j, out, stream)) < 0 ||
+        if ((rc = two                ? depth_cuda_step01_dev(dc, R, in01, in01 + (size_t)R * H, out, stream)
+                  : in_tab && j >= 2 ? depth_cuda_step_projected_dev(dc, R, j, out, stream)
+                                     : depth_cuda_step_dev(dc, R, fc->x, j, out, stream)) < 0 ||
             (rc = raw ? depth_cuda_logits_raw_dev(dc, j, h, R, fc->dlogits, stream)
                       : depth_cuda_logits_dev(dc, j, fc->y, R, fc->dlogits, stream)) < 0 ||
             (rc = frame_cuda_draw_take(&d, n, stream)) < 0)

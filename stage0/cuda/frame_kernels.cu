@@ -42,11 +42,12 @@ __global__ void __launch_bounds__(SAMPLER_THREADS) draw_take_kernel(struct frame
     if (a.copy_dst)
         for (int i = threadIdx.x; i < 2 * W; i += blockDim.x)
             a.copy_dst[(size_t)2 * p * W + i] = a.copy_src[(size_t)2 * p * W + i];
-    if (!a.table) return;
-    const uint16_t *e = a.table + (size_t)clamp_row(c + a.col_offset, a.table_rows) * W;
+    if (!a.table && !a.table_f32) return;
+    __syncthreads(); /* x may be the rows h that dh was read from */
+    const size_t row = (size_t)clamp_row(c + a.col_offset, a.table_rows) * W;
     float *x0 = a.x + (size_t)2 * p * W, *x1 = x0 + W;
     for (int i = threadIdx.x; i < W; i += blockDim.x) {
-        float v = bf16_to_f32(e[i]);
+        float v = a.table_f32 ? a.table_f32[row + i] : bf16_to_f32(a.table[row + i]);
         x0[i] = v;
         x1[i] = v;
     }
@@ -62,12 +63,13 @@ extern "C" int frame_cuda_draw_take_max_cols(void)
 extern "C" int frame_cuda_draw_take(const struct frame_draw_take *a, int n, void *stream)
 {
     if (n < 1 || a->n_cols < 1 || a->ncb < 1 || a->j < 0 || a->j >= a->ncb || a->width < 1 || !a->logits || !a->scale ||
-        !a->seed || !a->pos || !a->codes || (a->table && (a->table_rows < 1 || !a->x)) ||
-        (a->dh && (!a->h || a->dh_stride < (size_t)a->width)) || (!a->copy_dst != !a->copy_src))
+        !a->seed || !a->pos || !a->codes || ((a->table || a->table_f32) && (a->table_rows < 1 || !a->x)) ||
+        (a->table && a->table_f32) || (a->dh && (!a->h || a->dh_stride < (size_t)a->width)) ||
+        (!a->copy_dst != !a->copy_src))
         return mm3_errorf(-EINVAL,
                           "frame_cuda_draw_take: %d pairs, %d columns, codebook %d of %d, width %d, %d table rows, "
-                          "hidden stride %zu: expected positive sizes, j < ncb, the draw's device arrays, a table with "
-                          "its x, dh with its rows and a stride >= width, copy_dst with copy_src",
+                          "hidden stride %zu: expected positive sizes, j < ncb, the draw's device arrays, one table "
+                          "with its x, dh with its rows and a stride >= width, copy_dst with copy_src",
                           n, a->n_cols, a->j, a->ncb, a->width, a->table_rows, a->dh_stride);
     const int max_cols = frame_cuda_draw_take_max_cols();
     if (max_cols == 0) return mm3_error_prefix(-ENODEV, "frame_cuda_draw_take: ");

@@ -18,7 +18,8 @@ extern "C" {
  * codes[p * ncb + j] = c; when table is not NULL, rows 2p and 2p+1 of x[2n, width] =
  * table[c + col_offset] widened to float32 (the index clamped into [0, table_rows): a
  * stop column's pair is discarded by the host but must not read outside the table);
- * when dh is not NULL, dh[p * dh_stride + i] = the pair's conditional row h[2p], RMS-
+ * (table_f32 instead: its float32 rows as they are; x may then be the rows h, read
+ * before x is written); when dh is not NULL, dh[p * dh_stride + i] = the pair's conditional row h[2p], RMS-
  * normed with norm_w and eps as cuda_ops_rmsnorm (copied as is when norm_w is NULL);
  * when copy_dst is not NULL, its rows 2p and 2p+1 = copy_src's. One launch for what was
  * the draw, a norm and a copy kernel. */
@@ -32,6 +33,7 @@ struct frame_draw_take {
     int32_t *codes;
     int ncb, j, width;
     const uint16_t *table;
+    const float *table_f32;
     int table_rows, col_offset;
     float *x;
     float *dh;
