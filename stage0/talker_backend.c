@@ -308,8 +308,9 @@ void talker_backend_plan_compute_kv(enum talker_backend_kind kind, enum mm3_kv_c
         p->weights_bytes += ((size_t)c->vocab * H + nres * (size_t)e->audio_vocab * EH) * sizeof(float);
     else { /* the batched frame step's copies: c0 rows of embed_tokens and audio_embeddings as bf16 */
         p->weights_bytes += ((size_t)SAMPLER_N_CODES * H + nres * (size_t)e->audio_vocab * EH) * 2;
-        /* the depth decoder's projected inputs of positions 2.. (depth_cuda_input_table), float32 */
-        if (e->n_codebooks > 2) p->weights_bytes += (nres - 1) * (size_t)e->audio_vocab * EH * sizeof(float);
+        /* the depth decoder's projected inputs of positions 2.. and their layer-0 Q|K|V
+         * (depth_cuda_input_table, depth_cuda_qkv_table), float32 */
+        if (e->n_codebooks > 2) p->weights_bytes += (nres - 1) * (size_t)e->audio_vocab * 4 * EH * sizeof(float);
     }
     p->kv_dtype = talker_backend_kv_dtype(kind, kv_dtype);
     size_t kv_elem = p->kv_dtype == MM3_KV_CACHE_BF16 ? 2 : sizeof(float);

@@ -8,8 +8,10 @@
  * (so the comparison can see a frozen graph). Two geometries: tiny-a (row attention
  * in the depth decoder) and a generated one whose depth heads take the split-K decode
  * kernel (stream-ordered allocations inside the capture), 4 codebooks of 300.
- * The depth decoder's table of projected inputs (depth_cuda_input_table) against the
- * projection it replaces: the same codes, depth hiddens and feedback within 1e-5 rel, on
+ * The depth decoder's tables of projected inputs and their layer-0 Q|K|V
+ * (depth_cuda_input_table, depth_cuda_qkv_table) against the products they replace
+ * (x split everywhere, float32 accuracy): the same codes, depth hiddens and feedback
+ * within 1e-5 rel, on
  * both geometries (the generated one takes the fused chain whose raw rows the draw
  * overwrites with the next inputs).
  * The CPU backend's graph switch is a no-op (runs everywhere); without a GPU the
@@ -192,6 +194,12 @@ static void table_vs_projection(const struct talker *lm, const struct depth *dd)
     struct talker_backend be[2];
     open_with_table(&be[0], lm, dd, "0");
     open_with_table(&be[1], lm, dd, "1");
+#ifdef MM3_HAVE_CUDA
+    /* x split at every row count: the QKV table keeps float32 accuracy, where 8 pairs
+     * (16 rows) would round the product it replaces. After the opens: their switch
+     * resets forget what a hook set. */
+    assert_int_equal(cuda_ops_gemv_set_x_round(2), 0);
+#endif
     struct pairs p;
     pairs_alloc(&p, H, ncb);
     double worst = 0;
@@ -228,6 +236,9 @@ static void table_vs_projection(const struct talker *lm, const struct depth *dd)
     pairs_free(&p);
     talker_backend_close(&be[0]);
     talker_backend_close(&be[1]);
+#ifdef MM3_HAVE_CUDA
+    assert_int_equal(cuda_ops_gemv_set_x_round(0), 0);
+#endif
 }
 
 static void test_tiny_a(void **state)

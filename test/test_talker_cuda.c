@@ -1010,22 +1010,61 @@ static void test_depth_two_positions(void **state)
     free_depth(&d);
 }
 
-/* The table of projected inputs (depth_cuda_input_table) against the projection
- * computed here in double, row by row, and a pass started from it
- * (depth_cuda_step_projected_dev) against the CPU decoder fed the embeddings. */
-static void check_depth_input_table(struct depth *d, int n)
+/* Layer 0's fused Q|K|V of each row of in[rows][H] (RMS norm with its weight, then
+ * Wq, Wk, Wv), in double. */
+static void qkv_reference(const struct depth *d, const float *in, size_t rows, float *qkv)
+{
+    const int H = d->cfg.hidden;
+    const struct depth_layer *L = &d->layers[0];
+    const float *w[3] = {L->wq, L->wk, L->wv};
+    double *a = malloc(sizeof(double) * H);
+    assert_non_null(a);
+    for (size_t r = 0; r < rows; r++) {
+        const float *x = in + r * H;
+        double ss = 0;
+        for (int k = 0; k < H; k++)
+            ss += (double)x[k] * x[k];
+        double rs = 1.0 / sqrt(ss / H + d->cfg.eps);
+        for (int k = 0; k < H; k++)
+            a[k] = x[k] * rs * L->attn_norm[k];
+        for (int m = 0; m < 3; m++)
+            for (int i = 0; i < H; i++) {
+                double acc = 0;
+                for (int k = 0; k < H; k++)
+                    acc += (double)w[m][(size_t)i * H + k] * a[k];
+                qkv[r * 3 * H + (size_t)m * H + i] = (float)acc;
+            }
+    }
+    free(a);
+}
+
+/* The tables of projected inputs and of their layer-0 Q|K|V (depth_cuda_input_table,
+ * depth_cuda_qkv_table) against the projection and the product computed here in
+ * double, row by row, and a pass started from them (depth_cuda_step_projected_dev)
+ * against the CPU decoder fed the embeddings. mode: MM3_DEPTH_INPUT_TABLE (NULL:
+ * unset, both tables; "2": the input table only). */
+static double check_depth_input_table(struct depth *d, int n, const char *mode)
 {
     const int H = d->cfg.hidden, V = d->cfg.audio_vocab, S = d->cfg.n_codebooks;
     const size_t nh = (size_t)n * H, tab = (size_t)(S - 2) * V * H;
-    float *emb = malloc(sizeof(float) * (size_t)(S - 1) * V * H), *got = malloc(sizeof(float) * tab);
-    float *want = malloc(sizeof(float) * tab);
-    assert_true(emb && got && want);
+    float *emb = malloc(sizeof(float) * (size_t)(S - 1) * V * H), *got = malloc(sizeof(float) * 3 * tab);
+    float *want = malloc(sizeof(float) * tab), *want_qkv = malloc(sizeof(float) * 3 * tab);
+    assert_true(emb && got && want && want_qkv);
     fill_bf16(emb, (size_t)(S - 1) * V * H, 1.0f);
     d->audio_emb = emb;
     struct depth_cuda *dc = NULL;
+    if (mode) assert_int_equal(setenv("MM3_DEPTH_INPUT_TABLE", mode, 1), 0);
+    cuda_env_switches_reset();
     assert_int_equal(depth_cuda_create(&dc, d, n), 0);
-    const float *t = depth_cuda_input_table(dc);
+    assert_int_equal(unsetenv("MM3_DEPTH_INPUT_TABLE"), 0);
+    cuda_env_switches_reset();
+    assert_int_equal(cuda_ops_gemv_set_x_round(2), 0); /* the reset forgot main's setting */
+    const float *t = depth_cuda_input_table(dc), *tq = depth_cuda_qkv_table(dc);
     assert_non_null(t);
+    if (mode)
+        assert_null(tq);
+    else
+        assert_non_null(tq);
     assert_int_equal(cuda_memcpy_d2h(got, t, sizeof(float) * tab), 0);
     for (int j = 1; j <= S - 2; j++)
         for (int c = 0; c < V; c++) {
@@ -1039,6 +1078,11 @@ static void check_depth_input_table(struct depth *d, int n)
             }
         }
     expect_close("depth input table", 0, got, want, tab, REL_TOL);
+    if (tq) {
+        qkv_reference(d, want, (size_t)(S - 2) * V, want_qkv);
+        assert_int_equal(cuda_memcpy_d2h(got, tq, sizeof(float) * 3 * tab), 0);
+        expect_close("depth layer-0 QKV table", 0, got, want_qkv, 3 * tab, REL_TOL);
+    }
 
     /* positions 0 and 1 from random inputs, then position 2 after code c_r of codebook 1 */
     struct depth_state cs;
@@ -1057,14 +1101,21 @@ static void check_depth_input_table(struct depth *d, int n)
     assert_int_equal(depth_step(d, &cs, n, x + nh, 1, ref), 0);
     assert_int_equal(depth_step(d, &cs, n, x + 2 * nh, 2, ref), 0);
     assert_int_equal(depth_cuda_step01_dev(dc, n, dx, dx + nh, dout, NULL), 0);
-    for (int r = 0; r < n; r++)
-        assert_int_equal(cuda_memcpy_d2d(depth_cuda_projected_inputs(dc) + (size_t)r * H,
-                                         t + (size_t)((7 * r + 3) % V) * H, sizeof(float) * H, NULL),
-                         0);
+    for (int r = 0; r < n; r++) {
+        const size_t row = (size_t)((7 * r + 3) % V);
+        assert_int_equal(
+            cuda_memcpy_d2d(depth_cuda_projected_inputs(dc) + (size_t)r * H, t + row * H, sizeof(float) * H, NULL), 0);
+        if (tq)
+            assert_int_equal(cuda_memcpy_d2d(depth_cuda_projected_qkv(dc) + (size_t)r * 3 * H, tq + row * 3 * H,
+                                             sizeof(float) * 3 * H, NULL),
+                             0);
+    }
     assert_int_equal(depth_cuda_step_projected_dev(dc, n, 2, dout, NULL), 0);
     assert_int_equal(cuda_stream_sync(NULL), 0);
     assert_int_equal(cuda_memcpy_d2h(out, dout, sizeof(float) * nh), 0);
-    expect_close("depth position 2 from the table", n, out, ref, nh, REL_TOL);
+    const double rel = test_rel_error(out, ref, nh);
+    print_message("depth position 2 from the table, %d rows, %s: rel %.3g\n", n,
+                  mode ? "input table only" : "both tables", rel);
     assert_int_equal(depth_cuda_step_projected_dev(dc, n, S, dout, NULL), -EINVAL);
     cuda_free(dx), cuda_free(dout);
     free(x), free(ref), free(out);
@@ -1079,23 +1130,32 @@ static void check_depth_input_table(struct depth *d, int n)
     depth_cuda_destroy(dc);
     assert_int_equal(unsetenv("MM3_DEPTH_INPUT_TABLE"), 0);
     cuda_env_switches_reset();
+    assert_int_equal(cuda_ops_gemv_set_x_round(2), 0); /* the reset forgot main's setting */
     d->audio_emb = NULL;
     assert_int_equal(depth_cuda_create(&dc, d, n), 0);
     assert_null(depth_cuda_input_table(dc));
     depth_cuda_destroy(dc);
-    free(emb), free(got), free(want);
+    free(emb), free(got), free(want), free(want_qkv);
+    return rel;
 }
 
 static void test_depth_input_table(void **state)
 {
     (void)state;
     struct depth d;
-    make_depth(&d, 64, 224, 96, 4, 2, 2, 32); /* fused products */
-    check_depth_input_table(&d, 16);
+    double worst = 0;
+    make_depth(&d, 64, 224, 96, 4, 2, 2, 32); /* fused products; 9-16 rows: the x-staged kernel */
+    const int rows[] = {16, 9, 8, 5, 2};
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        worst = fmax(worst, check_depth_input_table(&d, rows[i], NULL));
+        worst = fmax(worst, check_depth_input_table(&d, rows[i], "2"));
+    }
     free_depth(&d);
     make_depth(&d, 40, 72, 24, 5, 2, 2, 20); /* the separate chain */
-    check_depth_input_table(&d, 3);
+    worst = fmax(worst, check_depth_input_table(&d, 3, NULL));
+    worst = fmax(worst, check_depth_input_table(&d, 3, "2"));
     free_depth(&d);
+    assert_true(worst <= REL_TOL);
 }
 #else
 static void test_depth_two_positions(void **state)

@@ -31,6 +31,7 @@ struct depth_cuda {
     const uint16_t *proj, *heads;
     const float *pos_emb, *norm;
     float *input_table; /* depth_cuda_input_table; NULL where not built */
+    float *qkv_table;   /* depth_cuda_qkv_table; NULL where not built */
     float *kc, *vc;
     /* Scratch for scratch_rows rows: max_rows, plus one more position block of up to
      * step01_max_rows rows for the two-position pass (depth_cuda_step01_dev). qkv: fused rows [q | k | v],
@@ -55,29 +56,44 @@ static int step01_max_rows(const struct depth_cuda *dc)
  * GEMV of the projection, then the row add), one codebook at a time through a scratch
  * of V float32 rows. The embeddings are bf16 values, so whatever rounding the GEMV
  * applies to x is exact, and a row equals what the pass would compute up to the float32
- * summation order of the product. MM3_DEPTH_INPUT_TABLE=0: no table (the A/B). */
-static int build_input_table(struct depth_cuda *dc, const struct depth *d)
+ * summation order of the product.
+ * qkv_table, the same rows: layer 0's fused Q|K|V of the RMS-normed input row, the
+ * first product of a pass, again a function of (codebook, code) only. Products of at
+ * most 8 rows, where x keeps float32 accuracy (split into bf16 hi + lo) whatever the
+ * serving batch rounds. Only where hidden % 4 == 0.
+ * MM3_DEPTH_INPUT_TABLE: 0 no tables, 2 the input table only (A/Bs), else both. */
+static int build_input_tables(struct depth_cuda *dc, const struct depth *d)
 {
     static int env = -1;
     const struct depth_config *cfg = &dc->cfg;
     const int H = cfg->hidden, V = cfg->audio_vocab, n_tab = cfg->n_codebooks - 2;
-    if (!cuda_env_switch(&env, "MM3_DEPTH_INPUT_TABLE", 1) || n_tab < 1 || !d->audio_emb ||
-        cfg->n_codebooks > cfg->max_pos)
-        return 0;
-    size_t cb = (size_t)V * H;
+    const int mode = cuda_env_switch(&env, "MM3_DEPTH_INPUT_TABLE", 1);
+    if (!mode || n_tab < 1 || !d->audio_emb || cfg->n_codebooks > cfg->max_pos) return 0;
+    const int with_qkv = mode != 2 && cfg->n_layers > 0 && H % 4 == 0; /* rows of whole float4s (the draw's copy) */
+    size_t cb = (size_t)V * H, cb3 = 3 * cb;
     int rc = cuda_alloc_list_add(&dc->mem, (void **)&dc->input_table, sizeof(float) * cb * n_tab);
-    float *emb = NULL;
+    if (rc == 0 && with_qkv) rc = cuda_alloc_list_add(&dc->mem, (void **)&dc->qkv_table, sizeof(float) * cb3 * n_tab);
+    float *emb = NULL, *normed = NULL;
     if (rc == 0) rc = cuda_malloc((void **)&emb, sizeof(float) * cb);
+    if (rc == 0 && with_qkv) rc = cuda_malloc((void **)&normed, sizeof(float) * cb);
     for (int j = 1; j <= n_tab && rc == 0; j++) {
         float *t = dc->input_table + (size_t)(j - 1) * cb;
         if ((rc = cuda_memcpy_h2d(emb, d->audio_emb + (size_t)(j - 1) * cb, sizeof(float) * cb)) < 0 ||
             (rc = gemv_rows(t, emb, dc->proj, V, H, H, NULL)) < 0 ||
             (rc = talker_cuda_add_row(t, dc->pos_emb + (size_t)(j + 1) * H, V, H, NULL)) < 0)
             break;
+        if (!with_qkv) continue;
+        const struct depth_cuda_layer *L = &dc->layers[0];
+        float *q = dc->qkv_table + (size_t)(j - 1) * cb3;
+        if ((rc = cuda_ops_rmsnorm(normed, t, L->attn_norm, V, H, cfg->eps, NULL)) < 0) break;
+        for (int r = 0; r < V && rc == 0; r += 8)
+            rc = cuda_ops_matmul_bf16(q + (size_t)r * 3 * H, normed + (size_t)r * H, L->wqkv, V - r < 8 ? V - r : 8, H,
+                                      3 * H, NULL);
     }
     if (rc == 0) rc = cuda_stream_sync(NULL);
     cuda_free(emb);
-    if (rc < 0) return mm3_error_prefix(rc, "depth_cuda_create: input table: ");
+    cuda_free(normed);
+    if (rc < 0) return mm3_error_prefix(rc, "depth_cuda_create: input tables: ");
     return 0;
 }
 
@@ -147,7 +163,7 @@ int depth_cuda_create(struct depth_cuda **out, const struct depth *d, int max_ro
         rc = cuda_alloc_list_add(l, a[i].dst, a[i].bytes);
     if (rc == 0) rc = cuda_memset(dc->kc, 0, cache);
     if (rc == 0) rc = cuda_memset(dc->vc, 0, cache);
-    if (rc == 0) rc = build_input_table(dc, d);
+    if (rc == 0) rc = build_input_tables(dc, d);
     if (rc < 0) {
         depth_cuda_destroy(dc);
         return rc;
@@ -200,7 +216,7 @@ static int depth_fused(const struct depth_config *cfg, int n, int n_pos)
  *
  * out NULL (only where depth_cuda_raw_fits): no final norm, the last position's rows
  * stay as they are in depth_cuda_raw_rows. */
-static int depth_layers(struct depth_cuda *dc, int n, int pos, int n_pos, float *out, void *st)
+static int depth_layers(struct depth_cuda *dc, int n, int pos, int n_pos, int qkv0_ready, float *out, void *st)
 {
     const struct depth_config *cfg = &dc->cfg;
     const int N = n * n_pos, H = cfg->hidden, F = cfg->ffn;
@@ -216,9 +232,10 @@ static int depth_layers(struct depth_cuda *dc, int n, int pos, int n_pos, float 
         const size_t r0 = li == cfg->n_layers - 1 ? last : 0; /* rows after the attention: r0 .. N-1 */
         const int M = N - (int)r0;
         float *h = dc->h + r0 * H, *o = dc->o + r0 * H, *a = dc->a + r0 * H;
+        const int qkv_ready = li == 0 && qkv0_ready;
         if (fused) {
-            if ((rc = gemv_rows_fused(dc->qkv, dc->h, L->wqkv, N, H, 3 * H, CUDA_GEMV_STORE, L->attn_norm, cfg->eps,
-                                      st)) < 0)
+            if (!qkv_ready && (rc = gemv_rows_fused(dc->qkv, dc->h, L->wqkv, N, H, 3 * H, CUDA_GEMV_STORE, L->attn_norm,
+                                                    cfg->eps, st)) < 0)
                 return rc;
             for (int p = 0; p < n_pos && rc == 0; p++)
                 rc = depth_cuda_attention_store(dc->o + (size_t)p * n * H, dc->qkv + (size_t)p * n * 3 * H, kc, vc, n,
@@ -230,11 +247,11 @@ static int depth_layers(struct depth_cuda *dc, int n, int pos, int n_pos, float 
             continue;
         }
         /* The FFN output of the previous layer (in o) is added to h inside this norm. */
-        if (li == 0)
+        if (li == 0 && !qkv_ready)
             rc = cuda_ops_rmsnorm(dc->a, dc->h, L->attn_norm, N, H, cfg->eps, st);
-        else
+        else if (li > 0)
             rc = cuda_ops_add_rmsnorm(dc->h, dc->a, dc->o, L->attn_norm, N, H, cfg->eps, st);
-        if (rc == 0) rc = gemv_rows(dc->qkv, dc->a, L->wqkv, N, H, 3 * H, st);
+        if (rc == 0 && !qkv_ready) rc = gemv_rows(dc->qkv, dc->a, L->wqkv, N, H, 3 * H, st);
         for (int p = 0; p < n_pos && rc == 0; p++)
             rc = depth_cuda_attention_store(dc->o + (size_t)p * n * H, dc->qkv + (size_t)p * n * 3 * H, kc, vc, n,
                                             pos + p, cfg->n_heads, cfg->head_dim, row_stride, scale, st);
@@ -256,8 +273,8 @@ static int depth_layers(struct depth_cuda *dc, int n, int pos, int n_pos, float 
 static int depth_forward(struct depth_cuda *dc, int n, const float *x, int pos, int n_pos, float *out, void *st)
 {
     int rc = 0;
-    /* x NULL: the inputs are already projected, with their positions, in h's rows
-     * (depth_cuda_step_projected_dev) */
+    /* x NULL: the inputs are already projected, with their positions, in h's rows, and
+     * where there is a QKV table layer 0's Q|K|V in qkv's (depth_cuda_step_projected_dev) */
     if (x) {
         rc = gemv_rows(dc->h, x, dc->proj, n * n_pos, dc->cfg.hidden, dc->cfg.hidden, st);
         for (int p = 0; p < n_pos && rc == 0; p++)
@@ -265,7 +282,7 @@ static int depth_forward(struct depth_cuda *dc, int n, const float *x, int pos, 
                                      dc->pos_emb + (size_t)(pos + p) * dc->cfg.hidden, n, dc->cfg.hidden, st);
     }
     if (rc < 0) return rc;
-    return depth_layers(dc, n, pos, n_pos, out, st);
+    return depth_layers(dc, n, pos, n_pos, !x && dc->qkv_table, out, st);
 }
 
 int depth_cuda_step_dev(struct depth_cuda *dc, int n, const float *x, int pos, float *out, void *st)
@@ -285,6 +302,16 @@ const float *depth_cuda_input_table(const struct depth_cuda *dc)
 float *depth_cuda_projected_inputs(struct depth_cuda *dc)
 {
     return dc->h;
+}
+
+const float *depth_cuda_qkv_table(const struct depth_cuda *dc)
+{
+    return dc->qkv_table;
+}
+
+float *depth_cuda_projected_qkv(struct depth_cuda *dc)
+{
+    return dc->qkv;
 }
 
 int depth_cuda_step_projected_dev(struct depth_cuda *dc, int n, int pos, float *out, void *st)

@@ -58,9 +58,16 @@ float *depth_cuda_step01_inputs(struct depth_cuda *dc, int n);
  * on the host, MM3_DEPTH_INPUT_TABLE=0). A caller copies the n rows of a pass into
  * depth_cuda_projected_inputs (the decoder's residual rows; the last pass's raw rows
  * live there too, depth_cuda_raw_rows) and runs depth_cuda_step_projected_dev, which
- * is depth_cuda_step_dev without the projection and the position add. */
+ * is depth_cuda_step_dev without the projection and the position add.
+ * depth_cuda_qkv_table: float32 [same rows][3 hidden], layer 0's fused Q|K|V of each
+ * input row (the product of its RMS-normed row, float32 accuracy), NULL where not
+ * built (no input table, hidden not a multiple of 4, or MM3_DEPTH_INPUT_TABLE=2). Where it exists the caller also
+ * copies the n rows' Q|K|V into depth_cuda_projected_qkv, and the pass skips layer 0's
+ * first product as well. */
 const float *depth_cuda_input_table(const struct depth_cuda *dc);
 float *depth_cuda_projected_inputs(struct depth_cuda *dc);
+const float *depth_cuda_qkv_table(const struct depth_cuda *dc);
+float *depth_cuda_projected_qkv(struct depth_cuda *dc);
 int depth_cuda_step_projected_dev(struct depth_cuda *dc, int n, int pos, float *out, void *stream);
 
 /* The final norm left to the head and the caller: where depth_cuda_raw_fits(n, n_pos)

@@ -214,7 +214,7 @@ static int queue_step(struct frame_cuda *fc, struct talker_cuda *tc, struct dept
     float *in01 = step01 ? depth_cuda_step01_inputs(dc, R) : NULL;
     /* Positions 2.. from the depth decoder's table of projected inputs where it has one:
      * the draw writes the rows the next pass starts from, its projection skipped. */
-    const float *in_tab = depth_cuda_input_table(dc);
+    const float *in_tab = depth_cuda_input_table(dc), *qkv_tab = depth_cuda_qkv_table(dc);
     float norm_eps = 0.0f;
     const float *norm_w = raw ? depth_cuda_norm_weight(dc, &norm_eps) : NULL;
     struct frame_draw_take d = {.logits = fc->logits,
@@ -258,6 +258,9 @@ static int queue_step(struct frame_cuda *fc, struct talker_cuda *tc, struct dept
                                      .table_f32 = j < ncb - 1 && in_tab ? in_tab + (size_t)(j - 1) * V * H : NULL,
                                      .table_rows = V,
                                      .x = in_tab ? depth_cuda_projected_inputs(dc) : fc->x,
+                                     .table2 = j < ncb - 1 && qkv_tab ? qkv_tab + (size_t)(j - 1) * V * 3 * H : NULL,
+                                     .x2 = depth_cuda_projected_qkv(dc),
+                                     .width2 = 3 * H,
                                      .dh = dh + (size_t)(j - 1) * H,
                                      .dh_stride = dh_stride,
                                      .h = h,

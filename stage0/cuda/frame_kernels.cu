@@ -51,6 +51,15 @@ __global__ void __launch_bounds__(SAMPLER_THREADS) draw_take_kernel(struct frame
         x0[i] = v;
         x1[i] = v;
     }
+    if (!a.table2) return;
+    const int W2 = a.width2;
+    const float4 *t2 = (const float4 *)(a.table2 + (size_t)clamp_row(c + a.col_offset, a.table_rows) * W2);
+    float4 *y0 = (float4 *)(a.x2 + (size_t)2 * p * W2), *y1 = (float4 *)(a.x2 + (size_t)(2 * p + 1) * W2);
+    for (int i = threadIdx.x; i < W2 / 4; i += blockDim.x) {
+        float4 v = t2[i];
+        y0[i] = v;
+        y1[i] = v;
+    }
 }
 
 static int draw_take_cols;
@@ -64,12 +73,15 @@ extern "C" int frame_cuda_draw_take(const struct frame_draw_take *a, int n, void
 {
     if (n < 1 || a->n_cols < 1 || a->ncb < 1 || a->j < 0 || a->j >= a->ncb || a->width < 1 || !a->logits || !a->scale ||
         !a->seed || !a->pos || !a->codes || ((a->table || a->table_f32) && (a->table_rows < 1 || !a->x)) ||
-        (a->table && a->table_f32) || (a->dh && (!a->h || a->dh_stride < (size_t)a->width)) ||
-        (!a->copy_dst != !a->copy_src))
+        (a->table && a->table_f32) ||
+        (a->table2 && (!a->table_f32 || !a->x2 || a->width2 < 4 || a->width2 % 4 ||
+                       ((uintptr_t)a->table2 | (uintptr_t)a->x2) % 16)) ||
+        (a->dh && (!a->h || a->dh_stride < (size_t)a->width)) || (!a->copy_dst != !a->copy_src))
         return mm3_errorf(-EINVAL,
                           "frame_cuda_draw_take: %d pairs, %d columns, codebook %d of %d, width %d, %d table rows, "
                           "hidden stride %zu: expected positive sizes, j < ncb, the draw's device arrays, one table "
-                          "with its x, dh with its rows and a stride >= width, copy_dst with copy_src",
+                          "with its x (a second float32 one beside table_f32 only, 16-byte aligned, its width a "
+                          "multiple of 4), dh with its rows and a stride >= width, copy_dst with copy_src",
                           n, a->n_cols, a->j, a->ncb, a->width, a->table_rows, a->dh_stride);
     const int max_cols = frame_cuda_draw_take_max_cols();
     if (max_cols == 0) return mm3_error_prefix(-ENODEV, "frame_cuda_draw_take: ");

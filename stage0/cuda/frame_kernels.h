@@ -19,7 +19,9 @@ extern "C" {
  * table[c + col_offset] widened to float32 (the index clamped into [0, table_rows): a
  * stop column's pair is discarded by the host but must not read outside the table);
  * (table_f32 instead: its float32 rows as they are; x may then be the rows h, read
- * before x is written); when dh is not NULL, dh[p * dh_stride + i] = the pair's conditional row h[2p], RMS-
+ * before x is written; and with table2 also rows 2p and 2p+1 of x2[2n, width2] =
+ * table2's row of the same index, float32, width2 a multiple of 4, both 16-byte
+ * aligned); when dh is not NULL, dh[p * dh_stride + i] = the pair's conditional row h[2p], RMS-
  * normed with norm_w and eps as cuda_ops_rmsnorm (copied as is when norm_w is NULL);
  * when copy_dst is not NULL, its rows 2p and 2p+1 = copy_src's. One launch for what was
  * the draw, a norm and a copy kernel. */
@@ -36,6 +38,9 @@ struct frame_draw_take {
     const float *table_f32;
     int table_rows, col_offset;
     float *x;
+    const float *table2;
+    float *x2;
+    int width2;
     float *dh;
     size_t dh_stride;
     const float *h, *norm_w;
