@@ -24,7 +24,6 @@
 #include <stdint.h>
 #include <cmocka.h>
 /* clang-format on */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -92,6 +91,17 @@ static void pairs_fill(struct pairs *p, int n, int H, int c)
     }
 }
 
+static struct talker_pairs_in pairs_in(const struct pairs *p, int n, int top_k)
+{
+    return (struct talker_pairs_in){.n = n,
+                                    .hidden = p->hidden,
+                                    .seed = p->seed,
+                                    .step = p->step,
+                                    .cfg_scale = p->scale,
+                                    .ignore_stop = p->stop,
+                                    .top_k = top_k};
+}
+
 static void compare_backends(struct talker_backend *eager, struct talker_backend *graph, int H, int ncb)
 {
     static const int ns[] = {1, 2, 3, MAX_PAIRS};
@@ -104,13 +114,7 @@ static void compare_backends(struct talker_backend *eager, struct talker_backend
             int n = ns[k], changed = 0;
             for (int c = 0; c < CALLS; c++) {
                 pairs_fill(&p, n, H, c);
-                struct talker_pairs_in in = {.n = n,
-                                             .hidden = p.hidden,
-                                             .seed = p.seed,
-                                             .step = p.step,
-                                             .cfg_scale = p.scale,
-                                             .ignore_stop = p.stop,
-                                             .top_k = top_ks[t]};
+                struct talker_pairs_in in = pairs_in(&p, n, top_ks[t]);
                 struct talker_backend *be[2] = {eager, graph};
                 for (int s = 0; s < 2; s++) {
                     struct talker_pairs_out out = {
@@ -158,17 +162,6 @@ static void graph_vs_eager(const struct talker *lm, const struct depth *dd)
     talker_backend_close(&graph);
 }
 
-static double rel_diff(const float *a, const float *b, size_t n)
-{
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)a[i] - b[i];
-        num += d * d;
-        den += (double)b[i] * b[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
 /* A backend opened with MM3_DEPTH_INPUT_TABLE=value (read when the depth decoder is
  * built), the switch read afresh before and after. */
 static void open_with_table(struct talker_backend *b, const struct talker *lm, const struct depth *dd,
@@ -206,13 +199,7 @@ static void table_vs_projection(const struct talker *lm, const struct depth *dd)
     for (int c = 0; c < CALLS; c++) {
         const int n = c % 2 ? MAX_PAIRS : 3;
         pairs_fill(&p, n, H, c);
-        struct talker_pairs_in in = {.n = n,
-                                     .hidden = p.hidden,
-                                     .seed = p.seed,
-                                     .step = p.step,
-                                     .cfg_scale = p.scale,
-                                     .ignore_stop = p.stop,
-                                     .top_k = SAMPLER_TOP_K};
+        struct talker_pairs_in in = pairs_in(&p, n, SAMPLER_TOP_K);
         for (int s = 0; s < 2; s++) {
             struct talker_pairs_out out = {
                 .codes = p.codes[s], .depth_hidden = p.depth_hidden[s], .feedback = p.feedback[s]};
@@ -221,8 +208,8 @@ static void table_vs_projection(const struct talker *lm, const struct depth *dd)
         }
         if (memcmp(p.codes[0], p.codes[1], sizeof(int32_t) * (size_t)n * ncb))
             fail_msg("%d pairs, call %d: the table's codes differ from the projection's", n, c);
-        double rd = rel_diff(p.depth_hidden[1], p.depth_hidden[0], (size_t)n * (ncb - 1) * H);
-        double rf = rel_diff(p.feedback[1], p.feedback[0], (size_t)n * H);
+        double rd = test_rel_error(p.depth_hidden[1], p.depth_hidden[0], (size_t)n * (ncb - 1) * H);
+        double rf = test_rel_error(p.feedback[1], p.feedback[0], (size_t)n * H);
         if (rd > 1e-5 || rf > 1e-5)
             fail_msg("%d pairs, call %d: depth hiddens rel %.3g, feedback rel %.3g (expected <= 1e-5)", n, c, rd, rf);
         /* the first codebook's hidden comes before any table row: it must be the same bits */

@@ -212,8 +212,9 @@ static int queue_step(struct frame_cuda *fc, struct talker_cuda *tc, struct dept
     /* raw: the depth decoder's final norm inside the head's product and the draw's kernel */
     const int raw = depth_cuda_raw_fits(dc, R, 1) && (!step01 || depth_cuda_raw_fits(dc, R, 2));
     float *in01 = step01 ? depth_cuda_step01_inputs(dc, R) : NULL;
-    /* Positions 2.. from the depth decoder's table of projected inputs where it has one:
-     * the draw writes the rows the next pass starts from, its projection skipped. */
+    /* Positions 2.. from the depth decoder's tables where it has them: the draw writes the
+     * rows the next pass starts from (its input, and layer 0's Q|K|V where tabulated), so
+     * the pass skips the projection and that product. */
     const float *in_tab = depth_cuda_input_table(dc), *qkv_tab = depth_cuda_qkv_table(dc);
     float norm_eps = 0.0f;
     const float *norm_w = raw ? depth_cuda_norm_weight(dc, &norm_eps) : NULL;
