@@ -219,7 +219,7 @@ static void table_vs_projection(const struct talker *lm, const struct depth *dd)
                 fail_msg("%d pairs, call %d, pair %d: codebook 1's hidden differs", n, c, q);
         worst = rd > worst ? rd : worst;
     }
-    print_message("input table against the projection: depth hiddens rel <= %.3g\n", worst);
+    print_message("depth tables against the products they replace: depth hiddens rel <= %.3g\n", worst);
     pairs_free(&p);
     talker_backend_close(&be[0]);
     talker_backend_close(&be[1]);
