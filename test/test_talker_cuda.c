@@ -1038,6 +1038,22 @@ static void qkv_reference(const struct depth *d, const float *in, size_t rows, f
     free(a);
 }
 
+/* depth_cuda_create with MM3_DEPTH_INPUT_TABLE=mode (NULL: unset), and what
+ * depth_cuda_table_spared_bytes says under the same switch; the switch is read afresh
+ * before and after, and main's x-split setting, which the resets forget, set again. */
+static struct depth_cuda *depth_with_tables(const struct depth *d, int n, const char *mode, size_t *spared)
+{
+    struct depth_cuda *dc = NULL;
+    if (mode) assert_int_equal(setenv("MM3_DEPTH_INPUT_TABLE", mode, 1), 0);
+    cuda_env_switches_reset();
+    assert_int_equal(depth_cuda_create(&dc, d, n), 0);
+    *spared = depth_cuda_table_spared_bytes(d);
+    assert_int_equal(unsetenv("MM3_DEPTH_INPUT_TABLE"), 0);
+    cuda_env_switches_reset();
+    assert_int_equal(cuda_ops_gemv_set_x_round(2), 0);
+    return dc;
+}
+
 /* The tables of projected inputs and of their layer-0 Q|K|V (depth_cuda_input_table,
  * depth_cuda_qkv_table) against the projection and the product computed here in
  * double, row by row, and a pass started from them (depth_cuda_step_projected_dev)
@@ -1052,19 +1068,16 @@ static double check_depth_input_table(struct depth *d, int n, const char *mode)
     assert_true(emb && got && want && want_qkv);
     fill_bf16(emb, (size_t)(S - 1) * V * H, 1.0f);
     d->audio_emb = emb;
-    struct depth_cuda *dc = NULL;
-    if (mode) assert_int_equal(setenv("MM3_DEPTH_INPUT_TABLE", mode, 1), 0);
-    cuda_env_switches_reset();
-    assert_int_equal(depth_cuda_create(&dc, d, n), 0);
-    assert_int_equal(unsetenv("MM3_DEPTH_INPUT_TABLE"), 0);
-    cuda_env_switches_reset();
-    assert_int_equal(cuda_ops_gemv_set_x_round(2), 0); /* the reset forgot main's setting */
+    size_t spared;
+    struct depth_cuda *dc = depth_with_tables(d, n, mode, &spared);
     const float *t = depth_cuda_input_table(dc), *tq = depth_cuda_qkv_table(dc);
     assert_non_null(t);
     if (mode)
         assert_null(tq);
     else
         assert_non_null(tq);
+    /* per pass of positions 2..: the projection, with the QKV table also Wq|Wk|Wv, bf16 */
+    assert_int_equal(spared, (size_t)(S - 2) * H * H * 2 * (tq ? 4 : 1));
     assert_int_equal(cuda_memcpy_d2h(got, t, sizeof(float) * tab), 0);
     for (int j = 1; j <= S - 2; j++)
         for (int c = 0; c < V; c++) {
@@ -1122,18 +1135,15 @@ static double check_depth_input_table(struct depth *d, int n, const char *mode)
     depth_state_free(&cs);
     depth_cuda_destroy(dc);
 
-    /* switched off, or nothing to project: no table */
-    assert_int_equal(setenv("MM3_DEPTH_INPUT_TABLE", "0", 1), 0);
-    cuda_env_switches_reset();
-    assert_int_equal(depth_cuda_create(&dc, d, n), 0);
+    /* switched off, or nothing to project: no table, nothing spared */
+    dc = depth_with_tables(d, n, "0", &spared);
     assert_null(depth_cuda_input_table(dc));
+    assert_int_equal(spared, 0);
     depth_cuda_destroy(dc);
-    assert_int_equal(unsetenv("MM3_DEPTH_INPUT_TABLE"), 0);
-    cuda_env_switches_reset();
-    assert_int_equal(cuda_ops_gemv_set_x_round(2), 0); /* the reset forgot main's setting */
     d->audio_emb = NULL;
-    assert_int_equal(depth_cuda_create(&dc, d, n), 0);
+    dc = depth_with_tables(d, n, NULL, &spared);
     assert_null(depth_cuda_input_table(dc));
+    assert_int_equal(spared, 0);
     depth_cuda_destroy(dc);
     free(emb), free(got), free(want), free(want_qkv);
     return rel;

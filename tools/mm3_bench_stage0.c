@@ -65,6 +65,7 @@
 
 #ifdef MM3_HAVE_CUDA
 #include "common/cuda/ops_cuda.h"
+#include "stage0/cuda/depth_cuda.h"
 #endif
 
 #define MAX_LIST 16
@@ -401,16 +402,16 @@ static double frame_weight_bytes(enum talker_backend_kind kind, const struct tal
 }
 
 /* Bytes of that floor a CUDA step does not stream: passes 2 .. n_codebooks-1 of the
- * depth decoder start from its tables (depth_cuda_input_table, depth_cuda_qkv_table:
- * no projection, no layer-0 Q|K|V product; the input table alone with
- * MM3_DEPTH_INPUT_TABLE=2, none with 0). The floor stays the issue's definition. */
+ * depth decoder start from its tables (depth_cuda_table_spared_bytes, whose answer
+ * follows the same switch and geometry as the tables it builds). The floor stays the
+ * issue's definition. */
 static double table_spared_bytes(enum talker_backend_kind kind, const struct depth *dd)
 {
-    const struct depth_config *e = &dd->cfg;
-    const char *m = getenv("MM3_DEPTH_INPUT_TABLE");
-    if (kind != TALKER_BACKEND_CUDA || e->n_codebooks < 3 || (m && !strcmp(m, "0"))) return 0;
-    double EH = e->hidden, per_pass = EH * EH + (m && !strcmp(m, "2") ? 0 : 3 * EH * EH);
-    return 2 * per_pass * (e->n_codebooks - 2);
+#ifdef MM3_HAVE_CUDA
+    if (kind == TALKER_BACKEND_CUDA) return (double)depth_cuda_table_spared_bytes(dd);
+#endif
+    (void)kind, (void)dd;
+    return 0;
 }
 
 /* ---- the benchmark state ----------------------------------------------------------------- */

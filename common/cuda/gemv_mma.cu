@@ -472,7 +472,7 @@ extern "C" int cuda_ops_gemv_set_x_round(int mode)
 bool gemv_x_round(int n_rows)
 {
     const int m = cuda_env_switch(&x_round_setting, "MM3_GEMV_XROUND", 0);
-    return m == 1 || (m == 0 && n_rows > 8);
+    return m == 1 || (m == 0 && n_rows > CUDA_OPS_GEMV_SPLIT_MAX_ROWS);
 }
 
 /* 17-32 rows (NT 4) always take 2 tiles (4 would hold 64 accumulators). */

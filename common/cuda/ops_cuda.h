@@ -131,9 +131,13 @@ int cuda_ops_gemv_set_xs(int mode);
 /* Tuning hook: where the tensor-core GEMVs round float32 x to bf16 (two MMAs per
  * weight tile, the precision of the reference's bf16 activations) instead of splitting
  * it into bf16 hi + lo (four MMAs, float32 accuracy): 1 = every row count, 2 = never,
- * 0 = the default (above 8 rows, or the environment's MM3_GEMV_XROUND). Same
- * threading rule. */
+ * 0 = the default (above CUDA_OPS_GEMV_SPLIT_MAX_ROWS rows, or the environment's
+ * MM3_GEMV_XROUND). Same threading rule. */
 int cuda_ops_gemv_set_x_round(int mode);
+/* Most rows of a product whose x the default keeps split (float32 accuracy): a caller
+ * that wants float32 accuracy whatever the hook says about larger batches slices its
+ * rows to this. */
+#define CUDA_OPS_GEMV_SPLIT_MAX_ROWS 8
 
 /* y[n, out] = x[n, in] . w[out, in]^T, w bf16 (uint16 bit patterns), x and y float32.
  * n <= 2:  float32 GEMV kernel: one pass over w with 16-byte loads serves all

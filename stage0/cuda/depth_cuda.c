@@ -51,6 +51,34 @@ static int step01_max_rows(const struct depth_cuda *dc)
     return dc->max_rows < slice / 2 ? dc->max_rows : slice / 2;
 }
 
+/* Which tables build_input_tables makes for d: the inputs of positions 2..
+ * n_codebooks-1 where there are such positions, audio embeddings on the host and
+ * position rows for them; layer 0's Q|K|V beside them where hidden % 4 == 0 (rows of
+ * whole float4s: the draw's copy). MM3_DEPTH_INPUT_TABLE: 0 no tables, 2 the input table
+ * only (A/Bs), else both. */
+struct input_tables_plan {
+    int n_tab, input, qkv;
+};
+
+static struct input_tables_plan input_tables_plan(const struct depth *d)
+{
+    static int env = -1;
+    const struct depth_config *cfg = &d->cfg;
+    const int mode = cuda_env_switch(&env, "MM3_DEPTH_INPUT_TABLE", 1);
+    struct input_tables_plan p = {.n_tab = cfg->n_codebooks - 2};
+    p.input = mode && p.n_tab >= 1 && d->audio_emb && cfg->n_codebooks <= cfg->max_pos;
+    p.qkv = p.input && mode != 2 && cfg->n_layers > 0 && cfg->hidden % 4 == 0;
+    return p;
+}
+
+size_t depth_cuda_table_spared_bytes(const struct depth *d)
+{
+    const struct input_tables_plan p = input_tables_plan(d);
+    const size_t H = (size_t)d->cfg.hidden;
+    /* per pass the projection (H x H) and, with the QKV table, Wq|Wk|Wv (3H x H), bf16 */
+    return p.input ? (size_t)p.n_tab * H * H * 2 * (p.qkv ? 4 : 1) : 0;
+}
+
 /* input_table rows (j-1) V + c, j = 1 .. n_codebooks-2: the projection of audio
  * embedding row (j-1) V + c plus pos_embedding[j+1], by the kernels a pass runs (the
  * GEMV of the projection, then the row add), one codebook at a time through a scratch
@@ -59,35 +87,33 @@ static int step01_max_rows(const struct depth_cuda *dc)
  * summation order of the product.
  * qkv_table, the same rows: layer 0's fused Q|K|V of the RMS-normed input row, the
  * first product of a pass, again a function of (codebook, code) only. Products of at
- * most 8 rows, where x keeps float32 accuracy (split into bf16 hi + lo) whatever the
- * serving batch rounds. Only where hidden % 4 == 0.
- * MM3_DEPTH_INPUT_TABLE: 0 no tables, 2 the input table only (A/Bs), else both. */
+ * most CUDA_OPS_GEMV_SPLIT_MAX_ROWS rows, where x keeps float32 accuracy (split into
+ * bf16 hi + lo) whatever the serving batch rounds. */
 static int build_input_tables(struct depth_cuda *dc, const struct depth *d)
 {
-    static int env = -1;
     const struct depth_config *cfg = &dc->cfg;
-    const int H = cfg->hidden, V = cfg->audio_vocab, n_tab = cfg->n_codebooks - 2;
-    const int mode = cuda_env_switch(&env, "MM3_DEPTH_INPUT_TABLE", 1);
-    if (!mode || n_tab < 1 || !d->audio_emb || cfg->n_codebooks > cfg->max_pos) return 0;
-    const int with_qkv = mode != 2 && cfg->n_layers > 0 && H % 4 == 0; /* rows of whole float4s (the draw's copy) */
+    const int H = cfg->hidden, V = cfg->audio_vocab, S = CUDA_OPS_GEMV_SPLIT_MAX_ROWS;
+    const struct input_tables_plan plan = input_tables_plan(d);
+    if (!plan.input) return 0;
     size_t cb = (size_t)V * H, cb3 = 3 * cb;
-    int rc = cuda_alloc_list_add(&dc->mem, (void **)&dc->input_table, sizeof(float) * cb * n_tab);
-    if (rc == 0 && with_qkv) rc = cuda_alloc_list_add(&dc->mem, (void **)&dc->qkv_table, sizeof(float) * cb3 * n_tab);
+    int rc = cuda_alloc_list_add(&dc->mem, (void **)&dc->input_table, sizeof(float) * cb * plan.n_tab);
+    if (rc == 0 && plan.qkv)
+        rc = cuda_alloc_list_add(&dc->mem, (void **)&dc->qkv_table, sizeof(float) * cb3 * plan.n_tab);
     float *emb = NULL, *normed = NULL;
     if (rc == 0) rc = cuda_malloc((void **)&emb, sizeof(float) * cb);
-    if (rc == 0 && with_qkv) rc = cuda_malloc((void **)&normed, sizeof(float) * cb);
-    for (int j = 1; j <= n_tab && rc == 0; j++) {
+    if (rc == 0 && plan.qkv) rc = cuda_malloc((void **)&normed, sizeof(float) * cb);
+    for (int j = 1; j <= plan.n_tab && rc == 0; j++) {
         float *t = dc->input_table + (size_t)(j - 1) * cb;
         if ((rc = cuda_memcpy_h2d(emb, d->audio_emb + (size_t)(j - 1) * cb, sizeof(float) * cb)) < 0 ||
             (rc = gemv_rows(t, emb, dc->proj, V, H, H, NULL)) < 0 ||
             (rc = talker_cuda_add_row(t, dc->pos_emb + (size_t)(j + 1) * H, V, H, NULL)) < 0)
             break;
-        if (!with_qkv) continue;
+        if (!plan.qkv) continue;
         const struct depth_cuda_layer *L = &dc->layers[0];
         float *q = dc->qkv_table + (size_t)(j - 1) * cb3;
         if ((rc = cuda_ops_rmsnorm(normed, t, L->attn_norm, V, H, cfg->eps, NULL)) < 0) break;
-        for (int r = 0; r < V && rc == 0; r += 8)
-            rc = cuda_ops_matmul_bf16(q + (size_t)r * 3 * H, normed + (size_t)r * H, L->wqkv, V - r < 8 ? V - r : 8, H,
+        for (int r = 0; r < V && rc == 0; r += S)
+            rc = cuda_ops_matmul_bf16(q + (size_t)r * 3 * H, normed + (size_t)r * H, L->wqkv, V - r < S ? V - r : S, H,
                                       3 * H, NULL);
     }
     if (rc == 0) rc = cuda_stream_sync(NULL);
@@ -285,13 +311,20 @@ static int depth_forward(struct depth_cuda *dc, int n, const float *x, int pos, 
     return depth_layers(dc, n, pos, n_pos, !x && dc->qkv_table, out, st);
 }
 
-int depth_cuda_step_dev(struct depth_cuda *dc, int n, const float *x, int pos, float *out, void *st)
+/* One position of n rows, checked: x NULL = the inputs already in place (projected). */
+static int step_one(struct depth_cuda *dc, int n, const float *x, int pos, float *out, void *st)
 {
     int rc = check_step(dc, n, pos);
     if (rc == 0 && !out && !depth_cuda_raw_fits(dc, n, 1))
-        rc = mm3_errorf(-EINVAL,
-                        "depth_cuda_step: no output for %d rows, where the final norm is not left to the caller", n);
+        rc = mm3_errorf(-EINVAL, "%s: no output for %d rows, where the final norm is not left to the caller",
+                        x ? "depth_cuda_step" : "depth_cuda_step_projected", n);
     return rc < 0 ? rc : depth_forward(dc, n, x, pos, 1, out, st);
+}
+
+int depth_cuda_step_dev(struct depth_cuda *dc, int n, const float *x, int pos, float *out, void *st)
+{
+    if (!x) return mm3_errorf(-EINVAL, "depth_cuda_step: no inputs");
+    return step_one(dc, n, x, pos, out, st);
 }
 
 const float *depth_cuda_input_table(const struct depth_cuda *dc)
@@ -316,13 +349,7 @@ float *depth_cuda_projected_qkv(struct depth_cuda *dc)
 
 int depth_cuda_step_projected_dev(struct depth_cuda *dc, int n, int pos, float *out, void *st)
 {
-    int rc = check_step(dc, n, pos);
-    if (rc == 0 && !out && !depth_cuda_raw_fits(dc, n, 1))
-        rc = mm3_errorf(-EINVAL,
-                        "depth_cuda_step_projected: no output for %d rows, where the final norm is not left to the "
-                        "caller",
-                        n);
-    return rc < 0 ? rc : depth_forward(dc, n, NULL, pos, 1, out, st);
+    return step_one(dc, n, NULL, pos, out, st);
 }
 
 int depth_cuda_raw_fits(const struct depth_cuda *dc, int n, int n_pos)

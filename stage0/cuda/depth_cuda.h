@@ -69,6 +69,9 @@ float *depth_cuda_projected_inputs(struct depth_cuda *dc);
 const float *depth_cuda_qkv_table(const struct depth_cuda *dc);
 float *depth_cuda_projected_qkv(struct depth_cuda *dc);
 int depth_cuda_step_projected_dev(struct depth_cuda *dc, int n, int pos, float *out, void *stream);
+/* Bytes of bf16 matrices a frame's passes 2.. skip with the tables depth_cuda_create
+ * would build for d now (0: none); what mm3-bench-stage0 reports beside its floor. */
+size_t depth_cuda_table_spared_bytes(const struct depth *d);
 
 /* The final norm left to the head and the caller: where depth_cuda_raw_fits(n, n_pos)
  * (the layers and the head's product fuse at n rows; n_pos 2 for step01), out may be

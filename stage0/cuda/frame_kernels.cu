@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(SAMPLER_THREADS) draw_take_kernel(struct frame
             a.copy_dst[(size_t)2 * p * W + i] = a.copy_src[(size_t)2 * p * W + i];
     if (!a.table && !a.table_f32) return;
     __syncthreads(); /* x may be the rows h that dh was read from */
-    const size_t row = (size_t)clamp_row(c + a.col_offset, a.table_rows) * W;
+    const size_t r = (size_t)clamp_row(c + a.col_offset, a.table_rows), row = r * W;
     float *x0 = a.x + (size_t)2 * p * W, *x1 = x0 + W;
     for (int i = threadIdx.x; i < W; i += blockDim.x) {
         float v = a.table_f32 ? a.table_f32[row + i] : bf16_to_f32(a.table[row + i]);
@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(SAMPLER_THREADS) draw_take_kernel(struct frame
     }
     if (!a.table2) return;
     const int W2 = a.width2;
-    const float4 *t2 = (const float4 *)(a.table2 + (size_t)clamp_row(c + a.col_offset, a.table_rows) * W2);
+    const float4 *t2 = (const float4 *)(a.table2 + r * W2);
     float4 *y0 = (float4 *)(a.x2 + (size_t)2 * p * W2), *y1 = (float4 *)(a.x2 + (size_t)(2 * p + 1) * W2);
     for (int i = threadIdx.x; i < W2 / 4; i += blockDim.x) {
         float4 v = t2[i];
