@@ -22,7 +22,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-tests=(test_ops_cuda test_talker_cuda test_sampler_cuda test_frame_cuda test_generate_batch)
+tests=(test_ops_cuda test_talker_cuda test_sampler_cuda test_frame_cuda test_generate_batch test_scheduler)
 if [ "${1:-}" = --pack ]; then
   scripts/device-pack.sh -B "${2:-build-cuda}" mm3-stage0 mm3-mkckpt mm3-bench-stage0 mm3-bench-ops "${tests[@]}" >/dev/null || exit 1
   strip .device/bin/* 2>/dev/null

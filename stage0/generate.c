@@ -392,27 +392,37 @@ int generate_sample(struct generate *g)
     return 0;
 }
 
-/* Whether request g can join the backend's batched step: seeded draws (a replay
- * forces ids the GPU does not know), no per-draw hook, the standard k. */
+/* Whether request g's draws can go through the backend's batched step: seeded draws
+ * (a replay forces ids the GPU does not know), no per-draw hook, the standard k. */
+static int pairs_ok(const struct generate *g)
+{
+    return g->be && g->be->sample_pairs && !g->done && g->sp->mode == SAMPLER_SEEDED && g->sp->top_k == SAMPLER_TOP_K &&
+           !g->hooks.on_draw;
+}
+
 static int batchable(const struct generate *g)
 {
-    return g->be && g->be->sample_pairs && !g->done && g->phase == GENERATE_SAMPLE && g->sp->mode == SAMPLER_SEEDED &&
-           g->sp->top_k == SAMPLER_TOP_K && !g->hooks.on_draw;
+    return pairs_ok(g) && g->phase == GENERATE_SAMPLE;
+}
+
+int generate_decode_ready(const struct generate *g)
+{
+    return pairs_ok(g) && g->phase == GENERATE_FEED;
 }
 
 /* Scratch of one batched call, sized for n pairs. */
 struct batch_buf {
-    float *hidden, *depth_hidden, *feedback, *scale;
+    float *hidden, *depth_hidden, *feedback, *scale, *emb;
     uint64_t *seed;
-    int *step;
+    int *step, *row, *pos;
     unsigned char *ignore_stop;
     int32_t *codes;
 };
 
 static void batch_buf_free(struct batch_buf *b)
 {
-    free(b->hidden), free(b->depth_hidden), free(b->feedback), free(b->scale);
-    free(b->seed), free(b->step), free(b->ignore_stop), free(b->codes);
+    free(b->hidden), free(b->depth_hidden), free(b->feedback), free(b->scale), free(b->emb);
+    free(b->seed), free(b->step), free(b->row), free(b->pos), free(b->ignore_stop), free(b->codes);
 }
 
 static int batch_buf_init(struct batch_buf *b, int n, int H, int ncb)
@@ -422,41 +432,46 @@ static int batch_buf_init(struct batch_buf *b, int n, int H, int ncb)
     b->depth_hidden = malloc(sizeof(float) * (size_t)n * (ncb - 1) * H);
     b->feedback = malloc(sizeof(float) * (size_t)n * H);
     b->scale = malloc(sizeof(float) * n);
+    b->emb = malloc(sizeof(float) * 2 * (size_t)n * H);
     b->seed = malloc(sizeof(uint64_t) * n);
     b->step = malloc(sizeof(int) * n);
+    b->row = malloc(sizeof(int) * 2 * n);
+    b->pos = malloc(sizeof(int) * 2 * n);
     b->ignore_stop = malloc((size_t)n);
     b->codes = malloc(sizeof(int32_t) * (size_t)n * ncb);
-    if (!b->hidden || !b->depth_hidden || !b->feedback || !b->scale || !b->seed || !b->step || !b->ignore_stop ||
-        !b->codes) {
+    if (!b->hidden || !b->depth_hidden || !b->feedback || !b->scale || !b->emb || !b->seed || !b->step || !b->row ||
+        !b->pos || !b->ignore_stop || !b->codes) {
         batch_buf_free(b);
         return mm3_errorf(-ENOMEM, "generate: out of memory for a batch of %d pairs", n);
     }
     return 0;
 }
 
-/* One backend call for g[0..n-1] (all batchable on the same backend, n <= depth_rows / 2). */
-static int sample_pairs(struct generate *const *g, int n, struct batch_buf *b)
+/* The sampling inputs of g[0..n-1], whose draws are those of LM step g->step + ahead
+ * (1 when the same call first runs the forward that gets there). */
+static struct talker_pairs_in pairs_in(struct generate *const *g, int n, int ahead, struct batch_buf *b)
 {
-    const struct talker_backend *be = g[0]->be;
-    int H = g[0]->lm->cfg.hidden, ncb = g[0]->dd->cfg.n_codebooks;
     for (int p = 0; p < n; p++) {
         g[p]->err = 0;
         g[p]->err_msg[0] = '\0';
-        memcpy(b->hidden + 2 * (size_t)p * H, g[p]->hidden, sizeof(float) * 2 * H);
         b->seed[p] = g[p]->sp->seed;
-        b->step[p] = g[p]->step;
+        b->step[p] = g[p]->step + ahead;
         b->scale[p] = g[p]->cfg_scale;
         b->ignore_stop[p] = g[p]->ignore_stop ? 1 : 0;
     }
-    struct talker_pairs_in in = {.n = n,
-                                 .hidden = b->hidden,
-                                 .seed = b->seed,
-                                 .step = b->step,
-                                 .cfg_scale = b->scale,
-                                 .ignore_stop = b->ignore_stop,
-                                 .top_k = SAMPLER_TOP_K};
-    struct talker_pairs_out out = {.codes = b->codes, .depth_hidden = b->depth_hidden, .feedback = b->feedback};
-    int rc = be->sample_pairs(be->impl, &in, &out), first = 0;
+    return (struct talker_pairs_in){.n = n,
+                                    .seed = b->seed,
+                                    .step = b->step,
+                                    .cfg_scale = b->scale,
+                                    .ignore_stop = b->ignore_stop,
+                                    .top_k = SAMPLER_TOP_K};
+}
+
+/* After a backend call that drew for g[0..n-1] (rc its result): each request's codes,
+ * frame, stop, budget and feedback, as generate_sample ends. */
+static int finish_pairs(struct generate *const *g, int n, struct batch_buf *b, int rc)
+{
+    int H = g[0]->lm->cfg.hidden, ncb = g[0]->dd->cfg.n_codebooks, first = 0;
     for (int p = 0; p < n; p++) {
         struct generate *q = g[p];
         if (rc < 0) { /* a device error is nobody's fault in particular: every pair fails */
@@ -479,6 +494,76 @@ static int sample_pairs(struct generate *const *g, int n, struct batch_buf *b)
     return rc < 0 ? rc : first;
 }
 
+/* One backend call for g[0..n-1] (all batchable on the same backend, n <= depth_rows / 2). */
+static int sample_pairs(struct generate *const *g, int n, struct batch_buf *b)
+{
+    const struct talker_backend *be = g[0]->be;
+    int H = g[0]->lm->cfg.hidden;
+    struct talker_pairs_in in = pairs_in(g, n, 0, b);
+    for (int p = 0; p < n; p++)
+        memcpy(b->hidden + 2 * (size_t)p * H, g[p]->hidden, sizeof(float) * 2 * H);
+    in.hidden = b->hidden;
+    struct talker_pairs_out out = {.codes = b->codes, .depth_hidden = b->depth_hidden, .feedback = b->feedback};
+    return finish_pairs(g, n, b, be->sample_pairs(be->impl, &in, &out));
+}
+
+/* The same for g[0..n-1] all decode-ready: their forward first, in the same call. */
+static int decode_pairs(struct generate *const *g, int n, struct batch_buf *b)
+{
+    const struct talker_backend *be = g[0]->be;
+    int H = g[0]->lm->cfg.hidden;
+    struct talker_decode_in in = {.pairs = pairs_in(g, n, 1, b), .row = b->row, .pos = b->pos, .emb = b->emb};
+    for (int p = 0; p < n; p++) {
+        const struct generate *q = g[p];
+        memcpy(b->emb + 2 * (size_t)p * H, q->fb, sizeof(float) * 2 * H); /* as generate_feed */
+        for (int r = 0; r < 2; r++) {
+            b->row[2 * p + r] = q->row[r];
+            b->pos[2 * p + r] = q->prompt_len + q->step;
+        }
+    }
+    struct talker_pairs_out out = {
+        .codes = b->codes, .depth_hidden = b->depth_hidden, .feedback = b->feedback, .hidden = b->hidden};
+    int rc = talker_backend_decode_pairs(be, &in, &out);
+    if (rc == 0)
+        for (int p = 0; p < n; p++) { /* as generate_take */
+            memcpy(g[p]->hidden, b->hidden + 2 * (size_t)p * H, sizeof(float) * 2 * H);
+            g[p]->step++;
+            g[p]->phase = GENERATE_SAMPLE;
+        }
+    return finish_pairs(g, n, b, rc);
+}
+
+/* g[0..n-1] (same backend) in calls of up to depth_rows / 2 pairs. */
+static int pairs_in_calls(struct generate *const *g, int n,
+                          int (*call)(struct generate *const *g, int n, struct batch_buf *b))
+{
+    const struct talker_backend *be = g[0]->be;
+    int per_call = be->depth_rows / 2, H = be->lm->cfg.hidden, ncb = be->dd->cfg.n_codebooks;
+    int chunk = n < per_call ? n : per_call, first = 0;
+    struct batch_buf b;
+    int rc = batch_buf_init(&b, chunk, H, ncb);
+    for (int at = 0; at < n; at += chunk) {
+        int k = n - at < chunk ? n - at : chunk;
+        int r = rc < 0 ? rc : call(g + at, k, &b);
+        if (rc < 0)
+            for (int p = 0; p < k; p++)
+                sample_failed(g[at + p], rc);
+        if (r < 0 && first == 0) first = r;
+    }
+    if (rc == 0) batch_buf_free(&b);
+    return first;
+}
+
+int generate_decode_batch(struct generate *const *g, int n)
+{
+    if (n <= 0) return 0;
+    for (int i = 0; i < n; i++)
+        if (!generate_decode_ready(g[i]) || g[i]->be != g[0]->be)
+            return mm3_errorf(-EINVAL, "generate_decode_batch: request %d of %d is not ready for a batched decode step",
+                              i, n);
+    return pairs_in_calls(g, n, decode_pairs);
+}
+
 int generate_sample_batch(struct generate *const *g, int n)
 {
     if (n <= 0) return 0;
@@ -495,20 +580,8 @@ int generate_sample_batch(struct generate *const *g, int n)
         if (rc < 0 && first == 0) first = rc;
     }
     if (n_pick > 0) {
-        const struct talker_backend *be = pick[0]->be;
-        int per_call = be->depth_rows / 2, H = be->lm->cfg.hidden, ncb = be->dd->cfg.n_codebooks;
-        int chunk = n_pick < per_call ? n_pick : per_call;
-        struct batch_buf b;
-        int rc = batch_buf_init(&b, chunk, H, ncb);
-        for (int at = 0; at < n_pick; at += chunk) {
-            int k = n_pick - at < chunk ? n_pick - at : chunk;
-            int r = rc < 0 ? rc : sample_pairs(pick + at, k, &b);
-            if (rc < 0)
-                for (int p = 0; p < k; p++)
-                    sample_failed(pick[at + p], rc);
-            if (r < 0 && first == 0) first = r;
-        }
-        if (rc == 0) batch_buf_free(&b);
+        int rc = pairs_in_calls(pick, n_pick, sample_pairs);
+        if (rc < 0 && first == 0) first = rc;
     }
     free(pick);
     return first;

@@ -154,6 +154,21 @@ int generate_sample(struct generate *g);
  * the first failure's code; each failed request has done set and err / err_msg. */
 int generate_sample_batch(struct generate *const *g, int n);
 
+/* Whether g can take its next step through generate_decode_batch: phase FEED on a
+ * backend with sample_pairs, and what generate_sample_batch batches (seeded, top_k
+ * SAMPLER_TOP_K, no on_draw hook). */
+int generate_decode_ready(const struct generate *g);
+
+/* For requests that are all generate_decode_ready on one backend: their forward
+ * (generate_feed + generate_batch_forward_backend + generate_take) and their
+ * generate_sample_batch in talker_backend_decode_pairs calls of up to depth_rows / 2
+ * pairs, with the same results (codes, frames, hooks, stop, budget, feedback, KV
+ * cache). On CUDA with graphs the hidden pairs pass from the forward to the
+ * sampling step on the device. Returns 0 or the first failure's code; each failed
+ * request has done set and err / err_msg (a failed forward fails all of its call);
+ * -EINVAL, touching nothing, when a request is not ready. */
+int generate_decode_batch(struct generate *const *g, int n);
+
 /* Prefill both rows of ids_pair[2, P] (row 0 conditional) and get ready for step 0
  * (own 2-row state; attach + one whole-prompt feed + forward). */
 int generate_begin(struct generate *g, const struct talker *lm, const struct depth *dd, struct sampler *sp,

@@ -218,6 +218,11 @@ void sched_last_step_ns(const struct sched *s, int64_t *forward_ns, int64_t *sam
     *sample_ns = s->sample_ns;
 }
 
+void sched_last_step_gpu_ms(const struct sched *s, double *forward_ms, double *sample_ms)
+{
+    talker_backend_replay_ms(&s->be, forward_ms, sample_ms);
+}
+
 void sched_counts(struct sched *s, int *queued, int *active_rows)
 {
     pthread_mutex_lock(&s->mu);
@@ -321,14 +326,35 @@ static void admit(struct sched *s)
     }
 }
 
-int sched_step(struct sched *s)
+/* Steady state: when every running song is fed and batchable, their forward and
+ * their draws in one backend call (CUDA: no host round trip between the two), into
+ * s->sample; 0 when some song needs the general path (a prefill, a replay, hooks). */
+static int decode_steady(struct sched *s)
 {
-    s->did_work = 0;
-    admit(s);
+    int n = 0;
     for (int p = 0; p < s->n_pairs; p++) {
         struct sched_req *r = s->active[p];
-        if (r && (atomic_load(&r->job->cancel_requested) || mm3_job_is_terminal(r->job))) leave_early(s, r);
+        if (!r) continue;
+        if (!generate_decode_ready(&r->g)) return 0;
+        s->sample[n] = r;
+        s->sample_g[n++] = &r->g;
     }
+    if (n == 0) return 0;
+    s->did_work = 1;
+    for (int i = 0; i < n; i++)
+        s->sample[i]->out_n = 0;
+    int64_t t0 = mm3_job_now_ns();
+    generate_decode_batch(s->sample_g, n); /* failures are per request (g.err), handled by the caller */
+    s->forward_ns = mm3_job_now_ns() - t0;
+    s->sample_ns = 0;
+    return n;
+}
+
+/* The general step: decode tokens and prefill chunks in one forward, then every
+ * request with a fresh hidden pair samples, into s->sample. Negative: the forward
+ * failed (everybody fed has failed). */
+static int step_general(struct sched *s)
+{
     struct generate_batch *b = &s->batch;
     b->n = 0;
     /* Decode tokens first: a running song never waits for a prefill. */
@@ -345,7 +371,6 @@ int sched_step(struct sched *s)
             leave_early(s, r);
         }
     }
-    s->forward_ns = s->sample_ns = 0;
     if (b->n > 0) {
         s->did_work = 1;
         int64_t t0 = mm3_job_now_ns();
@@ -380,6 +405,20 @@ int sched_step(struct sched *s)
         generate_sample_batch(s->sample_g, n_sample);
         s->sample_ns = mm3_job_now_ns() - t0;
     }
+    return n_sample;
+}
+
+int sched_step(struct sched *s)
+{
+    s->did_work = 0;
+    admit(s);
+    for (int p = 0; p < s->n_pairs; p++) {
+        struct sched_req *r = s->active[p];
+        if (r && (atomic_load(&r->job->cancel_requested) || mm3_job_is_terminal(r->job))) leave_early(s, r);
+    }
+    s->forward_ns = s->sample_ns = 0;
+    int n_sample = decode_steady(s);
+    if (n_sample == 0 && (n_sample = step_general(s)) < 0) return n_sample;
     for (int i = 0; i < n_sample; i++) {
         struct sched_req *r = s->sample[i];
         if (r->g.err < 0) {

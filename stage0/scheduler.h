@@ -116,6 +116,8 @@ int sched_backend_rows(const struct sched_config *cfg);
 /* Wall time of the last sched_step's one forward and one batched sampling call (0 when
  * it made none): where a step's time goes, for the benchmark. */
 void sched_last_step_ns(const struct sched *s, int64_t *forward_ns, int64_t *sample_ns);
+/* The GPU time of the last step's forward and sampling graphs (talker_backend_replay_ms). */
+void sched_last_step_gpu_ms(const struct sched *s, double *forward_ms, double *sample_ms);
 
 /* Run sched_step on a thread until sched_destroy. */
 int sched_start(struct sched *s);

@@ -133,6 +133,12 @@ static int gpu_sample_pairs(void *impl, const struct talker_pairs_in *in, const 
     return frame_cuda_sample_pairs(c->fc, c->tc, c->dc, in, out);
 }
 
+static int gpu_decode_pairs(void *impl, const struct talker_decode_in *in, const struct talker_pairs_out *out)
+{
+    struct cuda_impl *c = impl;
+    return frame_cuda_decode_pairs(c->fc, c->tc, c->dc, in, out);
+}
+
 static void gpu_destroy(void *impl)
 {
     struct cuda_impl *c = impl;
@@ -161,6 +167,7 @@ static int gpu_open(struct talker_backend *b, int max_rows, int max_ctx, int dep
     b->depth_step = gpu_depth_step;
     b->depth_logits = gpu_depth_logits;
     b->sample_pairs = c->fc ? gpu_sample_pairs : NULL;
+    b->decode_pairs = c->fc ? gpu_decode_pairs : NULL;
     b->destroy = gpu_destroy;
     return 0;
 }
@@ -266,6 +273,37 @@ void talker_backend_graph_stats(const struct talker_backend *b, int *captured, l
 #ifdef MM3_HAVE_CUDA
     if (b->kind == TALKER_BACKEND_CUDA && b->impl)
         talker_cuda_graph_stats(((struct cuda_impl *)b->impl)->tc, captured, replays);
+#else
+    (void)b;
+#endif
+}
+
+int talker_backend_decode_pairs(const struct talker_backend *b, const struct talker_decode_in *in,
+                                const struct talker_pairs_out *out)
+{
+    if (!b->sample_pairs) return mm3_errorf(-EINVAL, "talker backend %s: no batched sampling step", b->name);
+    if (b->decode_pairs) {
+        int rc = b->decode_pairs(b->impl, in, out);
+        if (rc <= 0) return rc;
+    }
+    int n = in->pairs.n;
+    int rc = b->forward(b->impl, 2 * n, in->row, in->pos, in->emb, out->hidden);
+    if (rc < 0) return rc;
+    struct talker_pairs_in pairs = in->pairs;
+    pairs.hidden = out->hidden;
+    return b->sample_pairs(b->impl, &pairs, out);
+}
+
+void talker_backend_replay_ms(const struct talker_backend *b, double *forward_ms, double *sample_ms)
+{
+    *forward_ms = 0;
+    *sample_ms = 0;
+#ifdef MM3_HAVE_CUDA
+    if (b->kind == TALKER_BACKEND_CUDA && b->impl) {
+        const struct cuda_impl *c = b->impl;
+        *forward_ms = talker_cuda_replay_ms(c->tc);
+        *sample_ms = frame_cuda_replay_ms(c->fc);
+    }
 #else
     (void)b;
 #endif

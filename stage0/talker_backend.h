@@ -48,6 +48,15 @@ struct talker_pairs_out {
     int32_t *codes;      /* [n][n_codebooks]: the c0 column (0 = stop, k = code k-1), then c1.. */
     float *depth_hidden; /* [n][n_codebooks - 1][hidden]: d1.. of the conditional row */
     float *feedback;     /* [n][hidden]: the frame feedback embedding (§3.7) */
+    float *hidden;       /* [n][2][hidden]: the forward's LM hidden pairs (decode_pairs only) */
+};
+
+/* One decode step of n CFG pairs: the LM forward of each pair's token, then the
+ * sampling step above on the hidden pairs that forward makes. */
+struct talker_decode_in {
+    struct talker_pairs_in pairs; /* .hidden is not read (NULL) */
+    const int *row, *pos;         /* [2n]: KV row and position of pair p's (cond, uncond) token at 2p, 2p + 1 */
+    const float *emb;             /* [2n][hidden]: the tokens' input embeddings */
 };
 
 struct talker_backend {
@@ -66,8 +75,17 @@ struct talker_backend {
      * samples request by request through the four entries above. A pair whose c0 is
      * the stop column gets codes and hiddens that the caller must ignore. */
     int (*sample_pairs)(void *impl, const struct talker_pairs_in *in, const struct talker_pairs_out *out);
+    /* NULL, or forward + sample_pairs with the hidden pairs kept where they are made
+     * (CUDA: no host round trip between the two graphs). May return 1 for a step it
+     * does not serve (talker_backend_decode_pairs then composes the two). */
+    int (*decode_pairs)(void *impl, const struct talker_decode_in *in, const struct talker_pairs_out *out);
     void (*destroy)(void *impl);
 };
+
+/* A decode step of in->pairs.n pairs through decode_pairs where the backend serves
+ * it, else forward into out->hidden and sample_pairs on that (which must exist). */
+int talker_backend_decode_pairs(const struct talker_backend *b, const struct talker_decode_in *in,
+                                const struct talker_pairs_out *out);
 
 /* "cpu" / "cuda" -> kind; -EINVAL naming the accepted values otherwise. */
 int talker_backend_parse(const char *name, enum talker_backend_kind *kind);
@@ -109,6 +127,12 @@ void talker_backend_graph_stats(const struct talker_backend *b, int *captured, l
 
 /* The same for the sampling step's graphs (sample_pairs calls served by a replay). */
 void talker_backend_sample_graph_stats(const struct talker_backend *b, int *captured, long *replays);
+
+/* GPU milliseconds of the last replayed forward graph and sampling graph (CUDA events
+ * around each launch, taken only with MM3_GRAPH_TIMING=1 when the graphs were enabled;
+ * 0 otherwise): the step's wall time minus these is what the GPU spent idle between
+ * them (copies, syncs, host work). */
+void talker_backend_replay_ms(const struct talker_backend *b, double *forward_ms, double *sample_ms);
 
 /* What a backend of `rows` x `ctx` would allocate on its device (the CPU backend:
  * host memory, weights counted as the float32 copies it computes with). Only the

@@ -1,4 +1,5 @@
-/* generate_sample_batch (one sampling step for many requests) against the
+/* generate_sample_batch (one sampling step for many requests) and
+ * generate_decode_batch (the forward and that step in one backend call) against the
  * per-request generate_sample loop, on tiny-a, songs run in lockstep:
  *
  *   - CPU: a backend whose sample_pairs is a host reference of the contract in
@@ -165,7 +166,12 @@ struct side {
     struct sampler sp[N_SONGS];
     struct song song[N_SONGS];
     struct generate_batch b;
-    int batched; /* 1: generate_sample_batch, 0: generate_sample per request */
+    /* 0: generate_sample per request; 1: generate_sample_batch; 2: as 1, and songs
+     * that are generate_decode_ready take generate_decode_batch instead (forward and
+     * draws in one call, as the scheduler's steady state) */
+    int batched;
+    struct generate *dec[N_SONGS];
+    int n_dec, decode_calls;
 };
 
 static void side_init(struct side *sd, const struct talker_backend *be, int batched)
@@ -208,8 +214,14 @@ static void side_forward(struct side *sd, int t)
 {
     struct generate_batch *b = &sd->b;
     b->n = 0;
-    for (int i = 0; i < N_SONGS && i <= t; i++)
+    sd->n_dec = 0;
+    for (int i = 0; i < N_SONGS && i <= t; i++) {
+        if (sd->batched == 2 && generate_decode_ready(&sd->g[i])) {
+            sd->dec[sd->n_dec++] = &sd->g[i];
+            continue;
+        }
         assert_true(generate_feed(&sd->g[i], b, b->cap - b->n) >= 0);
+    }
     if (b->n == 0) return;
     if (generate_batch_forward_backend(sd->be, b) < 0) fail_msg("forward: %s", mm3_last_error());
     for (int i = 0; i < N_SONGS; i++)
@@ -222,6 +234,10 @@ static void side_sample(struct side *sd)
     int n = 0;
     for (int i = 0; i < N_SONGS; i++)
         if (!sd->g[i].done && sd->g[i].phase == GENERATE_SAMPLE) list[n++] = &sd->g[i];
+    if (sd->n_dec > 0) {
+        assert_int_equal(generate_decode_batch(sd->dec, sd->n_dec) == -EINVAL, 0);
+        sd->decode_calls++;
+    }
     if (sd->batched) {
         generate_sample_batch(list, n);
         return;
@@ -245,7 +261,7 @@ static void run_lockstep(struct side *ref, struct side *bat, int copy_hidden, do
         for (int i = 0; i < N_SONGS; i++) {
             struct generate *a = &ref->g[i], *b = &bat->g[i];
             assert_int_equal(a->done, b->done);
-            if (a->done) continue;
+            if (a->done || bat->batched == 2) continue; /* decode songs have not run their forward yet */
             assert_int_equal(a->phase, b->phase);
             assert_int_equal(a->step, b->step);
             if (copy_hidden && a->phase == GENERATE_SAMPLE) memcpy(b->hidden, a->hidden, sizeof(float) * 2 * H);
@@ -388,6 +404,39 @@ static void test_cpu_reference_batched(void **state)
     reference_batched(m, 4);
 }
 
+/* generate_decode_batch on a backend without decode_pairs: talker_backend_decode_pairs
+ * composes forward and sample_pairs (here the host reference); the songs are the
+ * loop's bit for bit, in one call and in chunks of 2 pairs. A request that is not
+ * ready (the hooked song, a prefill) is refused without touching anything. */
+static void test_cpu_decode_batch(void **state)
+{
+    struct test_stage0 *m = *state;
+    if (!m) skip();
+    int rows[2] = {2 * N_SONGS, 4};
+    for (int k = 0; k < 2; k++) {
+        struct talker_backend a, b;
+        open_or_fail(&a, TALKER_BACKEND_CPU, m, 2);
+        open_or_fail(&b, TALKER_BACKEND_CPU, m, rows[k]);
+        b.sample_pairs = ref_sample_pairs;
+        assert_null(b.decode_pairs);
+        ref_be = &b;
+        ref_calls = ref_pairs_max = 0;
+        struct side ra, rb;
+        side_init(&ra, &a, 0);
+        side_init(&rb, &b, 2);
+        struct generate *not_ready[2] = {&rb.g[0], &rb.g[1]}; /* still to prefill */
+        assert_false(generate_decode_ready(&rb.g[0]));
+        assert_int_equal(generate_decode_batch(not_ready, 2), -EINVAL);
+        assert_int_equal(rb.g[0].phase, GENERATE_PREFILL);
+        assert_int_equal(rb.g[0].done, 0);
+        run_lockstep(&ra, &rb, 0, 0.0);
+        assert_true(rb.decode_calls > 10);
+        assert_true(ref_calls > 0 && ref_pairs_max >= 2 && ref_pairs_max <= rows[k] / 2);
+        side_free(&ra), side_free(&rb);
+        talker_backend_close(&a), talker_backend_close(&b);
+    }
+}
+
 static void test_cuda_batched(void **state)
 {
     struct test_stage0 *m = *state;
@@ -432,6 +481,56 @@ static void test_cuda_batched_graphs(void **state)
     assert_true(captured >= 2 && replays > 10);
     side_free(&ra), side_free(&rb);
     talker_backend_close(&a), talker_backend_close(&b);
+}
+
+/* The GPU backend's decode_pairs, counted: steps it served, steps it left (1). */
+static int (*gpu_decode_pairs)(void *impl, const struct talker_decode_in *in, const struct talker_pairs_out *out);
+static int decode_served, decode_declined;
+
+static int counting_decode_pairs(void *impl, const struct talker_decode_in *in, const struct talker_pairs_out *out)
+{
+    int rc = gpu_decode_pairs(impl, in, out);
+    decode_served += rc == 0;
+    decode_declined += rc == 1;
+    return rc;
+}
+
+/* generate_decode_batch on the GPU with graphs (the scheduler's steady state: the
+ * forward replayed and the sampling step after it, the hidden pairs handed over on
+ * the device) against the same calls on an eager GPU backend, where decode_pairs
+ * declines and talker_backend_decode_pairs composes forward and sample_pairs: the
+ * same songs. Both sides batch the same tokens together (the products of 2 and of
+ * 8 rows round differently, which the bf16 KV cache can carry to 1e-4). With graphs
+ * for up to 16 rows every decode step is served; with graphs for up to 4 rows the
+ * steps of 3+ pairs are declined and composed. */
+static void test_cuda_decode_batch_graphs(void **state)
+{
+    struct test_stage0 *m = *state;
+    if (!m) skip();
+    if (!talker_backend_available(TALKER_BACKEND_CUDA)) skip();
+    int sizes[4] = {2, 4, 8, 16}, n_sizes[2] = {4, 2};
+    for (int k = 0; k < 2; k++) {
+        struct talker_backend a, b;
+        open_or_fail(&a, TALKER_BACKEND_CUDA, m, 2 * N_SONGS);
+        open_or_fail(&b, TALKER_BACKEND_CUDA, m, 2 * N_SONGS);
+        assert_int_equal(talker_backend_graphs_enable(&b, sizes, n_sizes[k], 1), 0);
+        assert_non_null(b.decode_pairs);
+        gpu_decode_pairs = b.decode_pairs;
+        b.decode_pairs = counting_decode_pairs;
+        decode_served = decode_declined = 0;
+        struct side ra, rb;
+        side_init(&ra, &a, 2);
+        side_init(&rb, &b, 2);
+        run_lockstep(&ra, &rb, 0, FRAME_TOL);
+        assert_true(ra.decode_calls > 10);
+        print_message("graphs up to %d rows: %d decode steps served, %d declined\n", sizes[n_sizes[k] - 1],
+                      decode_served, decode_declined);
+        assert_true(decode_served > 10);
+        if (k == 0) assert_int_equal(decode_declined, 0);
+        if (k == 1) assert_true(decode_declined > 0);
+        side_free(&ra), side_free(&rb);
+        talker_backend_close(&a), talker_backend_close(&b);
+    }
 }
 
 static void noop_draw(void *ctx, int step, int j, const float *guided, int n)
@@ -517,7 +616,9 @@ int main(void)
         cmocka_unit_test(test_cpu_fallback_is_the_loop),
         cmocka_unit_test(test_cpu_reference_batched),
         cmocka_unit_test(test_cuda_batched),
+        cmocka_unit_test(test_cpu_decode_batch),
         cmocka_unit_test(test_cuda_batched_graphs),
+        cmocka_unit_test(test_cuda_decode_batch_graphs),
         cmocka_unit_test(test_cuda_step_time),
     };
     return cmocka_run_group_tests(tests, setup, test_stage0_golden_teardown);

@@ -265,6 +265,72 @@ static void test_batched_equals_separate(void **state)
     log_free(&log);
 }
 
+/* The 4 requests through a CUDA scheduler (eager or with graphs) to the end; the
+ * steps that took the steady path (one decode_pairs call: forward time, no separate
+ * sampling time) counted in *steady. */
+static void run_cuda_sched(struct model *m, struct sink_log *log, int graphs, int *steady)
+{
+    static const int sizes[4] = {2, 4, 8, 16};
+    struct sched_config cfg = {.max_rows = 4,
+                               .max_ctx = 512,
+                               .max_batched_tokens = 12,
+                               .max_queue = 8,
+                               .backend = TALKER_BACKEND_CUDA,
+                               .n_capture_sizes = graphs ? 4 : 0,
+                               .capture_sizes = sizes,
+                               .graph_warmups = 1};
+    struct sched_sink sink = {
+        .ctx = log, .can_start = can_start, .on_start = on_start, .on_frames = on_frames, .on_end = on_end};
+    struct sched *s;
+    if (sched_create(&s, &cfg, &m->s0->lm, &m->s0->dd, m->tok, &sink) < 0) fail_msg("sched: %s", mm3_last_error());
+    for (int i = 0; i < N_REQ; i++) {
+        log_add(log, make_job(&k_req[i]));
+        assert_int_equal(sched_submit(s, log->jobs[i]), 0);
+    }
+    int steps = 0, left;
+    *steady = 0;
+    while ((left = sched_step(s)) > 0 && steps < 2000) {
+        int64_t fwd, smp;
+        sched_last_step_ns(s, &fwd, &smp);
+        *steady += fwd > 0 && smp == 0;
+        steps++;
+    }
+    assert_int_equal(left, 0);
+    sched_destroy(s, NULL);
+}
+
+/* The scheduler's steady state on the GPU: decode steps of running songs go through
+ * generate_decode_batch (with graphs: the forward replayed and the sampling step
+ * after it, the hidden pairs handed over on the device; eager: composed from the two
+ * calls). Both give the same songs (frames within 1e-5, counts equal), and both took
+ * the steady path on most steps. */
+static void test_cuda_steady_decode(void **state)
+{
+    struct model *m = *state;
+    if (!m) skip();
+    if (!talker_backend_available(TALKER_BACKEND_CUDA)) skip();
+    int width = m->s0->dd.cfg.n_codebooks * m->s0->lm.cfg.hidden;
+    struct sink_log eager, graphs;
+    log_init(&eager, width);
+    log_init(&graphs, width);
+    int steady_eager, steady_graphs;
+    run_cuda_sched(m, &eager, 0, &steady_eager);
+    run_cuda_sched(m, &graphs, 1, &steady_graphs);
+    print_message("steady steps: eager %d, graphs %d\n", steady_eager, steady_graphs);
+    assert_true(steady_eager > 10 && steady_graphs > 10);
+    for (int i = 0; i < N_REQ; i++) {
+        assert_int_equal(eager.ended[i], 1);
+        assert_int_equal(graphs.ended[i], 1);
+        assert_int_equal(eager.n[i], graphs.n[i]);
+        assert_true(eager.n[i] > 0);
+        double rel = test_rel_error(graphs.frames[i], eager.frames[i], (size_t)eager.n[i] * width);
+        print_message("job %d: %d frames, rel %.3g\n", i, eager.n[i], rel);
+        assert_true(rel <= 1e-5);
+    }
+    log_free(&eager);
+    log_free(&graphs);
+}
+
 /* The queue bound, the prompt cap naming the field, and a cancel that frees the pair. */
 static void test_admission_and_cancel(void **state)
 {
@@ -464,6 +530,7 @@ int main(void)
         cmocka_unit_test(test_batched_equals_separate), cmocka_unit_test(test_admission_and_cancel),
         cmocka_unit_test(test_admission_held),          cmocka_unit_test(test_guidance_off_ignores_uncond),
         cmocka_unit_test(test_thread_and_shutdown),     cmocka_unit_test(test_memory_plan),
+        cmocka_unit_test(test_cuda_steady_decode),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

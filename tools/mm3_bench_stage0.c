@@ -651,6 +651,7 @@ struct result {
     char reason[256];
     double ms_median, ms_mean, ms_min, ms_max;
     double forward_ms, sample_ms; /* medians of the step's two parts (sched_last_step_ns) */
+    double gpu_forward_ms, gpu_sample_ms; /* medians of their graphs' GPU time (MM3_GRAPH_TIMING=1), else 0 */
     int steps;
     double mean_pos, kv_bytes, floor_ms;
     double prefill_s, prefill_tokens;
@@ -714,9 +715,10 @@ static int run_level(struct bench *b, struct result *r, const char *lyrics, int 
         *ttff_s = b->songs[0].t_first - b->songs[0].t_submit;
         *ttff_done = 1;
     }
-    double *ms = malloc(sizeof(double) * 3 * (size_t)a->frames);
+    double *ms = malloc(sizeof(double) * 5 * (size_t)a->frames);
     if (!ms) return mm3_errorf(-ENOMEM, "out of memory");
     double *fwd_ms = ms + a->frames, *smp_ms = ms + 2 * a->frames;
+    double *gpu_fwd_ms = ms + 3 * a->frames, *gpu_smp_ms = ms + 4 * a->frames;
     double pos_sum = 0;
     for (int k = 0; k < a->frames; k++) {
         for (int i = 0; i < r->pairs; i++)
@@ -733,6 +735,7 @@ static int run_level(struct bench *b, struct result *r, const char *lyrics, int 
         sched_last_step_ns(b->s, &fwd_ns, &smp_ns);
         fwd_ms[k] = fwd_ns * 1e-6;
         smp_ms[k] = smp_ns * 1e-6;
+        sched_last_step_gpu_ms(b->s, &gpu_fwd_ms[k], &gpu_smp_ms[k]);
     }
     if (rc == 0) {
         double sum = 0, lo = ms[0], hi = ms[0];
@@ -747,6 +750,8 @@ static int run_level(struct bench *b, struct result *r, const char *lyrics, int 
         r->ms_median = bench_median(ms, a->frames);
         r->forward_ms = bench_median(fwd_ms, a->frames);
         r->sample_ms = bench_median(smp_ms, a->frames);
+        r->gpu_forward_ms = bench_median(gpu_fwd_ms, a->frames);
+        r->gpu_sample_ms = bench_median(gpu_smp_ms, a->frames);
         r->steps = a->frames;
         r->mean_pos = pos_sum / ((double)a->frames * r->pairs);
         r->kv_bytes = 2.0 * r->pairs * r->mean_pos * b->kv_bytes_per_pos;
@@ -798,11 +803,18 @@ static void print_results(struct bench *b, int ttff_done, double ttff_s, int ttf
             printf("| ms per frame | %d | %d | n/a (%s) | | | |\n", r->context, r->pairs, r->reason);
             continue;
         }
+        char parts[192];
+        if (r->sample_ms > 0)
+            snprintf(parts, sizeof parts, "forward %.2f, sampling %.2f", r->forward_ms, r->sample_ms);
+        else /* the scheduler's steady path: both in one decode_pairs call */
+            snprintf(parts, sizeof parts, "forward and sampling in one call");
+        if (r->gpu_forward_ms > 0 || r->gpu_sample_ms > 0)
+            snprintf(parts + strlen(parts), sizeof parts - strlen(parts), "; in the graphs %.3f + %.3f, idle %.3f",
+                     r->gpu_forward_ms, r->gpu_sample_ms, r->ms_median - r->gpu_forward_ms - r->gpu_sample_ms);
         printf("| ms per frame | %d | %d | %.2f | %.2f | %.2f | prompt %d tokens, mean position %.0f, median of %d "
-               "(min %.2f, max %.2f; forward %.2f, sampling %.2f); prefill %.2f s for %.0f tokens |\n",
+               "(min %.2f, max %.2f; %s); prefill %.2f s for %.0f tokens |\n",
                r->context, r->pairs, r->ms_median, r->floor_ms, r->ms_median / r->floor_ms, r->prompt_tokens,
-               r->mean_pos, r->steps, r->ms_min, r->ms_max, r->forward_ms, r->sample_ms, r->prefill_s,
-               r->prefill_tokens);
+               r->mean_pos, r->steps, r->ms_min, r->ms_max, parts, r->prefill_s, r->prefill_tokens);
     }
     if (ttff_done)
         printf("| time to first frame, alone | %d | 1 | %.3f s | | | submit -> first frame, prefill included |\n",
@@ -840,11 +852,12 @@ static void print_results(struct bench *b, int ttff_done, double ttff_s, int ttf
         }
         printf("S0BENCH kind=frame context=%d pairs=%d prompt_tokens=%d ms_median=%.4f ms_mean=%.4f ms_min=%.4f "
                "ms_max=%.4f steps=%d mean_pos=%.1f weight_bytes=%.0f kv_bytes=%.0f floor_ms=%.4f ratio=%.4f "
-               "prefill_s=%.4f prefill_tokens=%.0f forward_ms=%.4f sample_ms=%.4f%s%s%s\n",
+               "prefill_s=%.4f prefill_tokens=%.0f forward_ms=%.4f sample_ms=%.4f gpu_forward_ms=%.4f "
+               "gpu_sample_ms=%.4f%s%s%s\n",
                r->context, r->pairs, r->prompt_tokens, r->ms_median, r->ms_mean, r->ms_min, r->ms_max, r->steps,
                r->mean_pos, b->weight_bytes, r->kv_bytes, r->floor_ms, r->ms_median / r->floor_ms, r->prefill_s,
-               r->prefill_tokens, r->forward_ms, r->sample_ms, env_label ? " env=\"" : "", env_label ? env_label : "",
-               env_label ? "\"" : "");
+               r->prefill_tokens, r->forward_ms, r->sample_ms, r->gpu_forward_ms, r->gpu_sample_ms,
+               env_label ? " env=\"" : "", env_label ? env_label : "", env_label ? "\"" : "");
     }
     if (ttff_done)
         printf("S0BENCH kind=ttff prompt_tokens=%d s=%.4f\n", ttff_prompt, ttff_s);

@@ -168,6 +168,11 @@ extern "C" int cuda_event_record(void *event, void *stream)
     return cuda_status(cudaEventRecord((cudaEvent_t)event, cuda_stream_of(stream)), "cudaEventRecord");
 }
 
+extern "C" int cuda_stream_wait_event(void *stream, void *event)
+{
+    return cuda_status(cudaStreamWaitEvent(cuda_stream_of(stream), (cudaEvent_t)event, 0), "cudaStreamWaitEvent");
+}
+
 extern "C" int cuda_event_sync(void *event)
 {
     return cuda_status(cudaEventSynchronize((cudaEvent_t)event), "cudaEventSynchronize");

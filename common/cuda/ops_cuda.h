@@ -64,6 +64,9 @@ void cuda_event_destroy(void *event);
 int cuda_event_record(void *event, void *stream);
 /* Waits until the work before the event's last record is done. */
 int cuda_event_sync(void *event);
+/* Work queued on `stream` after this call starts once the event's last record is done
+ * (the host does not wait). */
+int cuda_stream_wait_event(void *stream, void *event);
 /* Milliseconds between two recorded events (waits for `stop`). */
 int cuda_event_elapsed_ms(float *ms, void *start, void *stop);
 

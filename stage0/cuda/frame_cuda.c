@@ -47,6 +47,11 @@ struct frame_cuda {
     struct frame_graph *graphs;
     int n_graphs, cap_graphs, warmups, n_captured;
     long n_replays;
+    /* MM3_GRAPH_TIMING=1: events around each replay, its GPU time in replay_ms. */
+    void *ev[2];
+    float replay_ms;
+    int replayed;   /* the last call's step was a replay */
+    void *fwd_done; /* frame_cuda_decode_pairs: the forward's hiddens are ready */
 };
 
 static size_t align256(size_t b)
@@ -143,6 +148,9 @@ void frame_cuda_destroy(struct frame_cuda *fc)
     for (int i = 0; i < fc->n_graphs; i++)
         cuda_graph_destroy(fc->graphs[i].exec);
     free(fc->graphs);
+    cuda_event_destroy(fc->ev[0]);
+    cuda_event_destroy(fc->ev[1]);
+    cuda_event_destroy(fc->fwd_done);
     if (fc->stream) cuda_stream_destroy(fc->stream);
     cuda_alloc_list_free(&fc->mem);
     host_pinned_free(fc->in_host);
@@ -155,9 +163,18 @@ int frame_cuda_graphs_enable(struct frame_cuda *fc, int warmups)
     if (fc->stream) return mm3_errorf(-EINVAL, "frame_cuda_graphs_enable: graphs already enabled");
     if (warmups < 0) return mm3_errorf(-EINVAL, "frame_cuda_graphs_enable: %d warm-ups, expected >= 0", warmups);
     int rc = cuda_stream_create(&fc->stream);
-    if (rc < 0) return rc;
+    if (rc == 0) rc = cuda_event_create(&fc->fwd_done);
+    static int timing_switch = -1;
+    if (rc == 0 && cuda_env_switch(&timing_switch, "MM3_GRAPH_TIMING", 0) && (rc = cuda_event_create(&fc->ev[0])) == 0)
+        rc = cuda_event_create(&fc->ev[1]);
+    if (rc < 0) return rc; /* the events are freed by frame_cuda_destroy */
     fc->warmups = warmups;
     return 0;
+}
+
+float frame_cuda_replay_ms(const struct frame_cuda *fc)
+{
+    return fc ? fc->replay_ms : 0.0f;
 }
 
 void frame_cuda_graph_stats(const struct frame_cuda *fc, int *captured, long *replays)
@@ -172,7 +189,7 @@ static struct frame_in_layout pack_inputs(struct frame_cuda *fc, const struct ta
     int n = in->n, H = fc->hidden, ncb = fc->ncb;
     struct frame_in_layout l = in_layout(n, H, ncb);
     unsigned char *b = fc->in_host;
-    memcpy(b + l.hidden, in->hidden, sizeof(float) * 2 * (size_t)n * H);
+    if (in->hidden) memcpy(b + l.hidden, in->hidden, sizeof(float) * 2 * (size_t)n * H);
     memcpy(b + l.seed, in->seed, sizeof(uint64_t) * n);
     memcpy(b + l.scale, in->cfg_scale, sizeof(float) * n);
     uint32_t *pos = (uint32_t *)(b + l.pos);
@@ -320,9 +337,12 @@ static int run_graph(struct frame_cuda *fc, struct talker_cuda *tc, struct depth
         gr->exec = exec;
         fc->n_captured++;
     }
+    fc->replayed = gr->exec != NULL;
     if (gr->exec) {
         fc->n_replays++;
-        return cuda_graph_launch(gr->exec, fc->stream);
+        if (fc->ev[0] && (rc = cuda_event_record(fc->ev[0], fc->stream)) < 0) return rc;
+        if ((rc = cuda_graph_launch(gr->exec, fc->stream)) < 0) return rc;
+        return fc->ev[0] ? cuda_event_record(fc->ev[1], fc->stream) : 0;
     }
     gr->runs++;
     return queue_step(fc, tc, dc, n, top_k, fc->stream);
@@ -338,17 +358,74 @@ static int drain_failed(struct frame_cuda *fc, int rc)
     return mm3_errorf(rc, "%s", msg);
 }
 
+static int check_pairs(const struct frame_cuda *fc, const char *what, const struct talker_pairs_in *in)
+{
+    if (in->n < 1 || in->n > fc->max_pairs)
+        return mm3_errorf(-EINVAL, "%s: %d pairs, expected 1..%d", what, in->n, fc->max_pairs);
+    for (int p = 0; p < in->n; p++)
+        if (in->step[p] < 0) return mm3_errorf(-EINVAL, "%s: pair %d at step %d", what, p, in->step[p]);
+    return 0;
+}
+
+/* The downloaded block (out_host) into the caller's arrays. */
+static void copy_outputs(const struct frame_cuda *fc, int n, const struct talker_pairs_out *out)
+{
+    int H = fc->hidden, ncb = fc->ncb;
+    struct frame_out_layout ol = out_layout(n, H, ncb);
+    memcpy(out->codes, fc->out_host + ol.codes, sizeof(int32_t) * (size_t)n * ncb);
+    memcpy(out->depth_hidden, fc->out_host + ol.depth_hidden, sizeof(float) * (size_t)n * (ncb - 1) * H);
+    memcpy(out->feedback, fc->out_host + ol.feedback, sizeof(float) * (size_t)n * H);
+}
+
+/* The last step's graph time, once its stream has been waited for. */
+static int take_replay_ms(struct frame_cuda *fc)
+{
+    fc->replay_ms = 0.0f;
+    if (fc->ev[0] && fc->replayed) return cuda_event_elapsed_ms(&fc->replay_ms, fc->ev[0], fc->ev[1]);
+    return 0;
+}
+
+int frame_cuda_decode_pairs(struct frame_cuda *fc, struct talker_cuda *tc, struct depth_cuda *dc,
+                            const struct talker_decode_in *in, const struct talker_pairs_out *out)
+{
+    const struct talker_pairs_in *pairs = &in->pairs;
+    int n = pairs->n, rc;
+    static int handover = -1; /* MM3_DECODE_PAIRS=0: measuring switch, the two calls composed */
+    if (!fc->stream || !cuda_env_switch(&handover, "MM3_DECODE_PAIRS", 1)) return 1;
+    if ((rc = check_pairs(fc, "frame_cuda_decode_pairs", pairs)) < 0) return rc;
+    const float *hidden_dev = NULL;
+    if ((rc = talker_cuda_forward_queued(tc, 2 * n, in->row, in->pos, in->emb, &hidden_dev, fc->fwd_done)) != 0)
+        return rc; /* 1: no graph for this batch, nothing queued */
+    /* The sampling inputs go up while the forward runs; the step then waits for the
+     * forward on the GPU and takes its hiddens with a device copy: no host round trip. */
+    struct frame_in_layout il = pack_inputs(fc, pairs);
+    struct frame_out_layout ol = out_layout(n, fc->hidden, fc->ncb);
+    size_t hidden_bytes = sizeof(float) * 2 * (size_t)n * fc->hidden;
+    unsigned char *in_dev = fc->in_dev;
+    if ((rc = host_pinned_h2d_async(in_dev + il.seed, fc->in_host + il.seed, il.bytes - il.seed, fc->stream)) < 0 ||
+        (rc = cuda_stream_wait_event(fc->stream, fc->fwd_done)) < 0 ||
+        (rc = cuda_memcpy_d2d(in_dev + il.hidden, hidden_dev, hidden_bytes, fc->stream)) < 0 ||
+        (rc = run_graph(fc, tc, dc, n, pairs->top_k)) < 0 ||
+        (rc = host_pinned_d2h_async(fc->out_host, fc->out_dev, ol.bytes, fc->stream)) < 0 ||
+        (rc = host_pinned_d2h_async(fc->in_host + il.hidden, in_dev + il.hidden, hidden_bytes, fc->stream)) < 0 ||
+        (rc = cuda_stream_sync(fc->stream)) < 0) {
+        (void)cuda_event_sync(fc->fwd_done); /* the forward's staging is rewritten by the next call */
+        return drain_failed(fc, rc);
+    }
+    if ((rc = take_replay_ms(fc)) < 0) return rc;
+    copy_outputs(fc, n, out);
+    memcpy(out->hidden, fc->in_host + il.hidden, hidden_bytes);
+    return 0;
+}
+
 int frame_cuda_sample_pairs(struct frame_cuda *fc, struct talker_cuda *tc, struct depth_cuda *dc,
                             const struct talker_pairs_in *in, const struct talker_pairs_out *out)
 {
     int n = in->n, H = fc->hidden, ncb = fc->ncb;
-    if (n < 1 || n > fc->max_pairs)
-        return mm3_errorf(-EINVAL, "frame_cuda_sample_pairs: %d pairs, expected 1..%d", n, fc->max_pairs);
-    for (int p = 0; p < n; p++)
-        if (in->step[p] < 0) return mm3_errorf(-EINVAL, "frame_cuda_sample_pairs: pair %d at step %d", p, in->step[p]);
+    int rc = check_pairs(fc, "frame_cuda_sample_pairs", in);
+    if (rc < 0) return rc;
     struct frame_in_layout il = pack_inputs(fc, in);
     struct frame_out_layout ol = out_layout(n, H, ncb);
-    int rc;
     if (!fc->stream) { /* eager, the reference: default stream, synchronous copies */
         if ((rc = cuda_memcpy_h2d(fc->in_dev, fc->in_host, il.bytes)) < 0 ||
             (rc = queue_step(fc, tc, dc, n, in->top_k, NULL)) < 0 || (rc = cuda_stream_sync(NULL)) < 0 ||
@@ -360,10 +437,8 @@ int frame_cuda_sample_pairs(struct frame_cuda *fc, struct talker_cuda *tc, struc
             (rc = host_pinned_d2h_async(fc->out_host, fc->out_dev, ol.bytes, fc->stream)) < 0 ||
             (rc = cuda_stream_sync(fc->stream)) < 0)
             return drain_failed(fc, rc);
+        if ((rc = take_replay_ms(fc)) < 0) return rc;
     }
-    size_t dh_stride = (size_t)(ncb - 1) * H;
-    memcpy(out->codes, fc->out_host + ol.codes, sizeof(int32_t) * (size_t)n * ncb);
-    memcpy(out->depth_hidden, fc->out_host + ol.depth_hidden, sizeof(float) * (size_t)n * dh_stride);
-    memcpy(out->feedback, fc->out_host + ol.feedback, sizeof(float) * (size_t)n * H);
+    copy_outputs(fc, n, out);
     return 0;
 }

@@ -40,9 +40,19 @@ int frame_cuda_graphs_enable(struct frame_cuda *fc, int warmups);
 
 /* Graphs captured so far and steps served by a replay (0 and 0 for NULL). */
 void frame_cuda_graph_stats(const struct frame_cuda *fc, int *captured, long *replays);
+/* GPU milliseconds of the last call's replayed graph (events around its launch): only
+ * with MM3_GRAPH_TIMING=1 when graphs were enabled, else 0. */
+float frame_cuda_replay_ms(const struct frame_cuda *fc);
 
 /* The contract of talker_backend.sample_pairs; dc needs 2 * in->n depth rows. */
 int frame_cuda_sample_pairs(struct frame_cuda *fc, struct talker_cuda *tc, struct depth_cuda *dc,
                             const struct talker_pairs_in *in, const struct talker_pairs_out *out);
+
+/* The contract of talker_backend.decode_pairs: the forward of the pairs' tokens as a
+ * queued graph replay (talker_cuda_forward_queued) and this step after it on the GPU,
+ * the hidden pairs handed over by a device copy, one wait at the end. Returns 1,
+ * doing nothing, where that does not apply (graphs off, no graph for 2n rows). */
+int frame_cuda_decode_pairs(struct frame_cuda *fc, struct talker_cuda *tc, struct depth_cuda *dc,
+                            const struct talker_decode_in *in, const struct talker_pairs_out *out);
 
 #endif

@@ -12,6 +12,7 @@
 #include "common/sampler.h"
 #include "stage0/cuda/cuda_upload.h"
 #include "stage0/cuda/gemv_rows.h"
+#include "stage0/cuda/host_pinned.h"
 #include "stage0/cuda/talker_kernels.h"
 
 /* wqkv: the rows of Wq, Wk, Wv one after the other ([q width + 2 kv width, hidden]),
@@ -62,11 +63,16 @@ struct talker_cuda {
      * fixed buffers (s above may be regrown by a long prefill; these never are). */
     void *stream;
     struct talker_cuda_scratch gs;
-    float *g_emb; /* host staging [max size][hidden] */
-    int *g_ints;  /* host staging [3][max size]: row, pos, kv_len */
+    float *g_emb; /* host staging [max size][hidden], pinned */
+    int *g_ints;  /* host staging [3][max size]: row, pos, kv_len, pinned */
     struct talker_cuda_graph *graphs;
     int n_graphs, warmups, n_captured;
     long n_replays;
+    /* MM3_GRAPH_TIMING=1: events around each replay, its GPU time in replay_ms
+     * (read once the replay is known to be done: timed = 1 until then). */
+    void *ev[2];
+    float replay_ms;
+    int timed;
 };
 
 /* Prefill batches of more than 32 tokens (16 at widths not a multiple of 32) take
@@ -205,8 +211,10 @@ void talker_cuda_destroy(struct talker_cuda *tc)
     for (int i = 0; i < tc->n_graphs; i++)
         cuda_graph_destroy(tc->graphs[i].exec);
     free(tc->graphs);
-    free(tc->g_emb);
-    free(tc->g_ints);
+    cuda_event_destroy(tc->ev[0]);
+    cuda_event_destroy(tc->ev[1]);
+    host_pinned_free(tc->g_emb);
+    host_pinned_free(tc->g_ints);
     scratch_free(&tc->gs);
     if (tc->stream) cuda_stream_destroy(tc->stream);
     scratch_free(&tc->s);
@@ -376,9 +384,10 @@ static struct talker_cuda_graph *graph_for(struct talker_cuda *tc, int n)
 /* A decode batch padded to the graph's size: the padding tokens (zero embedding) sit
  * in row[0] at the spare position max_ctx with a kv length of 1, so they touch no
  * real token's cache. Warm-up runs are eager on the same buffers, then one capture,
- * then replays. */
-static int forward_graph(struct talker_cuda *tc, struct talker_cuda_graph *gr, int n, const int *row, const int *pos,
-                         const float *emb, float *hidden_out)
+ * then replays. Queued on tc->stream (uploads from pinned staging included), no sync:
+ * the hiddens land in tc->gs.a. */
+static int forward_graph_queue(struct talker_cuda *tc, struct talker_cuda_graph *gr, int n, const int *row,
+                               const int *pos, const float *emb)
 {
     struct talker_cuda_scratch *s = &tc->gs;
     int S = gr->size, H = tc->cfg.hidden, cap = tc->graphs[tc->n_graphs - 1].size;
@@ -409,36 +418,69 @@ static int forward_graph(struct talker_cuda *tc, struct talker_cuda_graph *gr, i
         gr->exec = exec;
         tc->n_captured++;
     }
+    tc->timed = 0;
     if (gr->exec) {
-        rc = cuda_graph_launch(gr->exec, tc->stream);
+        if (tc->ev[0]) rc = cuda_event_record(tc->ev[0], tc->stream);
+        if (rc == 0) rc = cuda_graph_launch(gr->exec, tc->stream);
+        if (rc == 0 && tc->ev[0] && (rc = cuda_event_record(tc->ev[1], tc->stream)) == 0) tc->timed = 1;
         tc->n_replays++;
     } else {
         rc = forward_queue(tc, s, S, split_k, tc->max_ctx, 0, tc->stream);
         gr->runs++;
     }
-    if (rc == 0) rc = cuda_stream_sync(tc->stream);
-    if (rc == 0) rc = cuda_memcpy_d2h(hidden_out, s->a, sizeof(float) * (size_t)n * H);
     return rc;
+}
+
+/* forward_graph_queue, then the wait and the download of the n hiddens. */
+static int forward_graph(struct talker_cuda *tc, struct talker_cuda_graph *gr, int n, const int *row, const int *pos,
+                         const float *emb, float *hidden_out)
+{
+    int rc = forward_graph_queue(tc, gr, n, row, pos, emb);
+    if (rc == 0) rc = cuda_stream_sync(tc->stream);
+    if (rc == 0) rc = cuda_memcpy_d2h(hidden_out, tc->gs.a, sizeof(float) * (size_t)n * tc->cfg.hidden);
+    return rc;
+}
+
+/* The tokens' rows and positions inside the state; their longest kv length. */
+static int check_tokens(const struct talker_cuda *tc, const char *what, int n, const int *row, const int *pos,
+                        int *max_len)
+{
+    if (n < 1) return mm3_errorf(-EINVAL, "%s: %d tokens, expected >= 1", what, n);
+    *max_len = 0;
+    for (int i = 0; i < n; i++) {
+        if (row[i] < 0 || row[i] >= tc->max_rows || pos[i] < 0 || pos[i] >= tc->max_ctx)
+            return mm3_errorf(-EINVAL, "%s: token %d at row %d position %d outside the state (%d rows, %d positions)",
+                              what, i, row[i], pos[i], tc->max_rows, tc->max_ctx);
+        if (pos[i] + 1 > *max_len) *max_len = pos[i] + 1;
+    }
+    return 0;
+}
+
+int talker_cuda_forward_queued(struct talker_cuda *tc, int n, const int *row, const int *pos, const float *emb,
+                               const float **hidden_dev, void *done)
+{
+    int max_len = 0, rc = check_tokens(tc, "talker_cuda_forward_queued", n, row, pos, &max_len);
+    if (rc < 0) return rc;
+    struct talker_cuda_graph *gr = distinct_rows(n, row) ? graph_for(tc, n) : NULL;
+    if (!gr) return 1;
+    if ((rc = forward_graph_queue(tc, gr, n, row, pos, emb)) < 0 || (rc = cuda_event_record(done, tc->stream)) < 0) {
+        (void)cuda_stream_sync(tc->stream); /* the staging is rewritten by the next call */
+        return rc;
+    }
+    *hidden_dev = tc->gs.a;
+    return 0;
 }
 
 int talker_cuda_forward(struct talker_cuda *tc, int n, const int *row, const int *pos, const float *emb,
                         float *hidden_out)
 {
     const struct talker_config *cfg = &tc->cfg;
-    if (n < 1) return mm3_errorf(-EINVAL, "talker_cuda_forward: %d tokens, expected >= 1", n);
-    int max_len = 0;
-    for (int i = 0; i < n; i++) {
-        if (row[i] < 0 || row[i] >= tc->max_rows || pos[i] < 0 || pos[i] >= tc->max_ctx)
-            return mm3_errorf(
-                -EINVAL,
-                "talker_cuda_forward: token %d at row %d position %d outside the state (%d rows, %d positions)", i,
-                row[i], pos[i], tc->max_rows, tc->max_ctx);
-        if (pos[i] + 1 > max_len) max_len = pos[i] + 1;
-    }
+    int max_len = 0, rc = check_tokens(tc, "talker_cuda_forward", n, row, pos, &max_len);
+    if (rc < 0) return rc;
     int decode = distinct_rows(n, row);
     struct talker_cuda_graph *gr = decode ? graph_for(tc, n) : NULL;
     if (gr) return forward_graph(tc, gr, n, row, pos, emb, hidden_out);
-    int rc = scratch_reserve(tc, &tc->s, n);
+    rc = scratch_reserve(tc, &tc->s, n);
     if (rc < 0) return rc;
     struct talker_cuda_scratch *s = &tc->s;
     int H = cfg->hidden;
@@ -481,11 +523,14 @@ int talker_cuda_graphs_enable(struct talker_cuda *tc, const int *sizes, int n_si
         }
         if ((rc = cuda_malloc(&tc->gs.att_ws, bytes)) == 0) tc->gs.att_ws_bytes = bytes;
     }
-    tc->g_emb = malloc(sizeof(float) * (size_t)cap * H);
-    tc->g_ints = malloc(sizeof(int) * 3 * (size_t)cap);
+    void *emb = NULL, *ints = NULL;
+    if (rc == 0 && (rc = host_pinned_alloc(&emb, sizeof(float) * (size_t)cap * H)) == 0) tc->g_emb = emb;
+    if (rc == 0 && (rc = host_pinned_alloc(&ints, sizeof(int) * 3 * (size_t)cap)) == 0) tc->g_ints = ints;
     tc->graphs = calloc((size_t)n_sizes, sizeof *tc->graphs);
-    if (rc == 0 && (!tc->g_emb || !tc->g_ints || !tc->graphs))
-        rc = mm3_errorf(-ENOMEM, "talker_cuda_graphs_enable: out of memory");
+    if (rc == 0 && !tc->graphs) rc = mm3_errorf(-ENOMEM, "talker_cuda_graphs_enable: out of memory");
+    static int timing_switch = -1;
+    if (rc == 0 && cuda_env_switch(&timing_switch, "MM3_GRAPH_TIMING", 0) && (rc = cuda_event_create(&tc->ev[0])) == 0)
+        rc = cuda_event_create(&tc->ev[1]);
     if (rc < 0) return rc; /* the rest is freed by talker_cuda_destroy */
     for (int i = 0; i < n_sizes; i++)
         tc->graphs[i].size = sizes[i];
@@ -498,6 +543,13 @@ void talker_cuda_graph_stats(const struct talker_cuda *tc, int *captured, long *
 {
     *captured = tc->n_captured;
     *replays = tc->n_replays;
+}
+
+float talker_cuda_replay_ms(struct talker_cuda *tc)
+{
+    if (tc->timed && cuda_event_elapsed_ms(&tc->replay_ms, tc->ev[0], tc->ev[1]) < 0) tc->replay_ms = 0.0f;
+    tc->timed = 0;
+    return tc->replay_ms;
 }
 
 int talker_cuda_head_drawable(struct talker_cuda *tc, const float *hidden, int n_rows, float *logits)

@@ -58,5 +58,20 @@ int talker_cuda_graphs_enable(struct talker_cuda *tc, const int *sizes, int n_si
 
 /* Graphs captured so far and forwards served by a replay. */
 void talker_cuda_graph_stats(const struct talker_cuda *tc, int *captured, long *replays);
+/* GPU milliseconds of the last replayed forward graph, between events recorded around
+ * its launch (waits for it): only with MM3_GRAPH_TIMING=1 when graphs were enabled,
+ * else 0. */
+float talker_cuda_replay_ms(struct talker_cuda *tc);
+
+/* talker_cuda_forward for a decode batch that a graph serves, without the wait and
+ * the download: the uploads and the replay are queued on the graphs' stream, `done`
+ * (a cuda_event_create event) is recorded after them, and *hidden_dev points at the
+ * device rows [n][hidden] that hold the hiddens once `done` has completed. They stay
+ * there until the next forward; the next call's staging is reused, so finish with
+ * this one (wait for `done`, or for work queued after it) before calling again.
+ * Returns 1, queuing nothing, where no graph serves the batch (graphs off, rows not
+ * distinct, more tokens than the largest size): use talker_cuda_forward then. */
+int talker_cuda_forward_queued(struct talker_cuda *tc, int n, const int *row, const int *pos, const float *emb,
+                               const float **hidden_dev, void *done);
 
 #endif
