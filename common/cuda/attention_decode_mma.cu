@@ -90,7 +90,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32, 2)
     /* Decode (FUSE, f.early): every index below comes from the host (kv_len, pos,
      * seq_row are copied in before the step), the cache rows read before this
      * kernel's own store hold earlier forwards' K/V, and the host waits for each
-     * forward (stream sync in talker_cuda.c) before it queues the next: those rows
+     * forward (talker_cuda.c's stream sync, or frame_cuda_decode_pairs' wait for the
+     * sampling step queued after it) before it queues the next: those rows
      * are complete even where a chain of early-started kernels is still running. So
      * the first K/V step and the RoPE table are under way while the QKV product
      * finishes. A prefill's K/V were stored by the kernel just before: wait first.
