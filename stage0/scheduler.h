@@ -10,6 +10,9 @@
  *   4. ONE talker_forward runs all of it,
  *   5. every request with a fresh hidden pair samples (c0, depth codes, frame),
  *      all in one generate_sample_batch call (one GPU step for the seeded songs).
+ * When every running request is decoding and batchable (no prefill, no replay or
+ * hooks), 3-5 are one generate_decode_batch call instead: the forward and the
+ * draws in one backend call, the hidden pairs handed over on the GPU.
  * A request never waits for another more than one step. Sampling is per request
  * and position-addressed, so a request's song does not depend on what else runs.
  *

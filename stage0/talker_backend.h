@@ -1,7 +1,8 @@
 /* Which hardware runs the stage-0 networks, behind one small table so that the AR
  * loop need not know: the talker forward over a KV cache of rows, the drawable
  * head, the depth decoder's steps and heads, and (CUDA) a whole sampling step of
- * many CFG pairs: draws, depth decoder and frame feedback without host round trips.
+ * many CFG pairs: draws, depth decoder and frame feedback without host round trips,
+ * alone or after the pairs' forward in the same call (decode_pairs).
  *
  *     struct talker_backend b;
  *     talker_backend_open(&b, TALKER_BACKEND_CUDA, &lm, &dd, rows, ctx, depth_rows);
@@ -10,6 +11,7 @@
  *     b.depth_step(b.impl, 2, x, j, y);                 // as depth_step
  *     b.depth_logits(b.impl, j, y, 2, logits);          // as depth_logits
  *     if (b.sample_pairs) b.sample_pairs(b.impl, &in, &out);  // n pairs' draws at once
+ *     talker_backend_decode_pairs(&b, &din, &out);      // their forward, then the draws
  *     talker_backend_close(&b);
  *
  * The backend owns its caches (talker rows x ctx, depth_rows depth rows); lm and

@@ -9,6 +9,7 @@
  *     frame_cuda_create(&fc, &lm, &dd, max_pairs);   // embedding tables as bf16
  *     frame_cuda_graphs_enable(fc, 1);                // optional: replay CUDA graphs
  *     frame_cuda_sample_pairs(fc, tc, dc, &in, &out);
+ *     frame_cuda_decode_pairs(fc, tc, dc, &din, &out);  // with graphs: the forward first
  *
  * The embedding tables (the c0 rows of embed_tokens, the depth decoder's
  * audio_embeddings) go to the GPU as bf16, which holds the checkpoint's values
