@@ -181,9 +181,8 @@ static int run_alone(struct model *m, const struct request *q, float *frames, in
     return rc;
 }
 
-static struct sched *make_sched(struct model *m, struct sink_log *log, int rows, int tokens, int queue)
+static struct sched *make_sched_cfg(struct model *m, struct sink_log *log, const struct sched_config *cfg)
 {
-    struct sched_config cfg = {.max_rows = rows, .max_ctx = 512, .max_batched_tokens = tokens, .max_queue = queue};
     struct sched_sink sink = {.ctx = log,
                               .can_start = can_start,
                               .on_start = on_start,
@@ -191,8 +190,14 @@ static struct sched *make_sched(struct model *m, struct sink_log *log, int rows,
                               .on_end = on_end,
                               .on_abort = on_abort};
     struct sched *s;
-    assert_int_equal(sched_create(&s, &cfg, &m->s0->lm, &m->s0->dd, m->tok, &sink), 0);
+    if (sched_create(&s, cfg, &m->s0->lm, &m->s0->dd, m->tok, &sink) < 0) fail_msg("sched: %s", mm3_last_error());
     return s;
+}
+
+static struct sched *make_sched(struct model *m, struct sink_log *log, int rows, int tokens, int queue)
+{
+    struct sched_config cfg = {.max_rows = rows, .max_ctx = 512, .max_batched_tokens = tokens, .max_queue = queue};
+    return make_sched_cfg(m, log, &cfg);
 }
 
 static void log_init(struct sink_log *l, int width)
@@ -279,10 +284,7 @@ static void run_cuda_sched(struct model *m, struct sink_log *log, int graphs, in
                                .n_capture_sizes = graphs ? 4 : 0,
                                .capture_sizes = sizes,
                                .graph_warmups = 1};
-    struct sched_sink sink = {
-        .ctx = log, .can_start = can_start, .on_start = on_start, .on_frames = on_frames, .on_end = on_end};
-    struct sched *s;
-    if (sched_create(&s, &cfg, &m->s0->lm, &m->s0->dd, m->tok, &sink) < 0) fail_msg("sched: %s", mm3_last_error());
+    struct sched *s = make_sched_cfg(m, log, &cfg);
     for (int i = 0; i < N_REQ; i++) {
         log_add(log, make_job(&k_req[i]));
         assert_int_equal(sched_submit(s, log->jobs[i]), 0);

@@ -220,3 +220,37 @@ extern "C" void cuda_graph_destroy(void *graph_exec)
 {
     if (graph_exec) (void)cudaGraphExecDestroy((cudaGraphExec_t)graph_exec);
 }
+
+extern "C" int cuda_graph_timer_init(struct cuda_graph_timer *t)
+{
+    static int timing = -1;
+    memset(t, 0, sizeof *t);
+    if (!cuda_env_switch(&timing, "MM3_GRAPH_TIMING", 0)) return 0;
+    int rc = cuda_event_create(&t->ev[0]);
+    if (rc == 0) rc = cuda_event_create(&t->ev[1]);
+    if (rc < 0) cuda_graph_timer_free(t);
+    return rc;
+}
+
+extern "C" void cuda_graph_timer_free(struct cuda_graph_timer *t)
+{
+    cuda_event_destroy(t->ev[0]);
+    cuda_event_destroy(t->ev[1]);
+    memset(t, 0, sizeof *t);
+}
+
+extern "C" int cuda_graph_launch_timed(struct cuda_graph_timer *t, void *graph_exec, void *stream)
+{
+    if (!t->ev[0]) return cuda_graph_launch(graph_exec, stream);
+    int rc = cuda_event_record(t->ev[0], stream);
+    if (rc == 0) rc = cuda_graph_launch(graph_exec, stream);
+    if (rc == 0 && (rc = cuda_event_record(t->ev[1], stream)) == 0) t->pending = 1;
+    return rc;
+}
+
+extern "C" float cuda_graph_timer_ms(struct cuda_graph_timer *t)
+{
+    if (t->pending && cuda_event_elapsed_ms(&t->ms, t->ev[0], t->ev[1]) < 0) t->ms = 0.0f;
+    t->pending = 0;
+    return t->ms;
+}

@@ -81,6 +81,21 @@ int cuda_graph_capture_end(void *stream, void **graph_exec);
 int cuda_graph_launch(void *graph_exec, void *stream);
 void cuda_graph_destroy(void *graph_exec);
 
+/* The GPU time of graph replays, for measuring: with MM3_GRAPH_TIMING=1 when the timer
+ * is made, cuda_graph_launch_timed records an event on each side of the launch and
+ * cuda_graph_timer_ms reads the last such launch; otherwise the timer has no events,
+ * launches plainly and reads 0. */
+struct cuda_graph_timer {
+    void *ev[2];
+    int pending; /* a timed launch not read yet */
+    float ms;    /* the last timed launch's milliseconds, once read */
+};
+int cuda_graph_timer_init(struct cuda_graph_timer *t);
+void cuda_graph_timer_free(struct cuda_graph_timer *t); /* a zeroed timer is fine */
+int cuda_graph_launch_timed(struct cuda_graph_timer *t, void *graph_exec, void *stream);
+/* Waits for the last timed launch; 0 before any, without events or on an error. */
+float cuda_graph_timer_ms(struct cuda_graph_timer *t);
+
 /* ---- kernels ---------------------------------------------------------------- */
 
 /* Largest row count the weight-streaming GEMV kernels serve for any shape; the

@@ -47,10 +47,8 @@ struct frame_cuda {
     struct frame_graph *graphs;
     int n_graphs, cap_graphs, warmups, n_captured;
     long n_replays;
-    /* MM3_GRAPH_TIMING=1: events around each replay, its GPU time in replay_ms. */
-    void *ev[2];
-    float replay_ms;
-    int replayed;   /* the last call's step was a replay */
+    struct cuda_graph_timer timer; /* the replays' GPU time (MM3_GRAPH_TIMING=1) */
+    int replayed;                  /* the last call's step was a replay */
     void *fwd_done; /* frame_cuda_decode_pairs: the forward's hiddens are ready */
 };
 
@@ -148,8 +146,7 @@ void frame_cuda_destroy(struct frame_cuda *fc)
     for (int i = 0; i < fc->n_graphs; i++)
         cuda_graph_destroy(fc->graphs[i].exec);
     free(fc->graphs);
-    cuda_event_destroy(fc->ev[0]);
-    cuda_event_destroy(fc->ev[1]);
+    cuda_graph_timer_free(&fc->timer);
     cuda_event_destroy(fc->fwd_done);
     if (fc->stream) cuda_stream_destroy(fc->stream);
     cuda_alloc_list_free(&fc->mem);
@@ -164,17 +161,15 @@ int frame_cuda_graphs_enable(struct frame_cuda *fc, int warmups)
     if (warmups < 0) return mm3_errorf(-EINVAL, "frame_cuda_graphs_enable: %d warm-ups, expected >= 0", warmups);
     int rc = cuda_stream_create(&fc->stream);
     if (rc == 0) rc = cuda_event_create(&fc->fwd_done);
-    static int timing_switch = -1;
-    if (rc == 0 && cuda_env_switch(&timing_switch, "MM3_GRAPH_TIMING", 0) && (rc = cuda_event_create(&fc->ev[0])) == 0)
-        rc = cuda_event_create(&fc->ev[1]);
+    if (rc == 0) rc = cuda_graph_timer_init(&fc->timer);
     if (rc < 0) return rc; /* the events are freed by frame_cuda_destroy */
     fc->warmups = warmups;
     return 0;
 }
 
-float frame_cuda_replay_ms(const struct frame_cuda *fc)
+float frame_cuda_replay_ms(struct frame_cuda *fc)
 {
-    return fc ? fc->replay_ms : 0.0f;
+    return fc && fc->replayed ? cuda_graph_timer_ms(&fc->timer) : 0.0f;
 }
 
 void frame_cuda_graph_stats(const struct frame_cuda *fc, int *captured, long *replays)
@@ -340,9 +335,7 @@ static int run_graph(struct frame_cuda *fc, struct talker_cuda *tc, struct depth
     fc->replayed = gr->exec != NULL;
     if (gr->exec) {
         fc->n_replays++;
-        if (fc->ev[0] && (rc = cuda_event_record(fc->ev[0], fc->stream)) < 0) return rc;
-        if ((rc = cuda_graph_launch(gr->exec, fc->stream)) < 0) return rc;
-        return fc->ev[0] ? cuda_event_record(fc->ev[1], fc->stream) : 0;
+        return cuda_graph_launch_timed(&fc->timer, gr->exec, fc->stream);
     }
     gr->runs++;
     return queue_step(fc, tc, dc, n, top_k, fc->stream);
@@ -377,14 +370,6 @@ static void copy_outputs(const struct frame_cuda *fc, int n, const struct talker
     memcpy(out->feedback, fc->out_host + ol.feedback, sizeof(float) * (size_t)n * H);
 }
 
-/* The last step's graph time, once its stream has been waited for. */
-static int take_replay_ms(struct frame_cuda *fc)
-{
-    fc->replay_ms = 0.0f;
-    if (fc->ev[0] && fc->replayed) return cuda_event_elapsed_ms(&fc->replay_ms, fc->ev[0], fc->ev[1]);
-    return 0;
-}
-
 int frame_cuda_decode_pairs(struct frame_cuda *fc, struct talker_cuda *tc, struct depth_cuda *dc,
                             const struct talker_decode_in *in, const struct talker_pairs_out *out)
 {
@@ -412,7 +397,6 @@ int frame_cuda_decode_pairs(struct frame_cuda *fc, struct talker_cuda *tc, struc
         (void)cuda_event_sync(fc->fwd_done); /* the forward's staging is rewritten by the next call */
         return drain_failed(fc, rc);
     }
-    if ((rc = take_replay_ms(fc)) < 0) return rc;
     copy_outputs(fc, n, out);
     memcpy(out->hidden, fc->in_host + il.hidden, hidden_bytes);
     return 0;
@@ -437,7 +421,6 @@ int frame_cuda_sample_pairs(struct frame_cuda *fc, struct talker_cuda *tc, struc
             (rc = host_pinned_d2h_async(fc->out_host, fc->out_dev, ol.bytes, fc->stream)) < 0 ||
             (rc = cuda_stream_sync(fc->stream)) < 0)
             return drain_failed(fc, rc);
-        if ((rc = take_replay_ms(fc)) < 0) return rc;
     }
     copy_outputs(fc, n, out);
     return 0;

@@ -41,9 +41,10 @@ int frame_cuda_graphs_enable(struct frame_cuda *fc, int warmups);
 
 /* Graphs captured so far and steps served by a replay (0 and 0 for NULL). */
 void frame_cuda_graph_stats(const struct frame_cuda *fc, int *captured, long *replays);
-/* GPU milliseconds of the last call's replayed graph (events around its launch): only
- * with MM3_GRAPH_TIMING=1 when graphs were enabled, else 0. */
-float frame_cuda_replay_ms(const struct frame_cuda *fc);
+/* GPU milliseconds of the last call's replayed graph (events around its launch; waits
+ * for it): only with MM3_GRAPH_TIMING=1 when graphs were enabled and that call was a
+ * replay, else 0. */
+float frame_cuda_replay_ms(struct frame_cuda *fc);
 
 /* The contract of talker_backend.sample_pairs; dc needs 2 * in->n depth rows. */
 int frame_cuda_sample_pairs(struct frame_cuda *fc, struct talker_cuda *tc, struct depth_cuda *dc,

@@ -68,11 +68,7 @@ struct talker_cuda {
     struct talker_cuda_graph *graphs;
     int n_graphs, warmups, n_captured;
     long n_replays;
-    /* MM3_GRAPH_TIMING=1: events around each replay, its GPU time in replay_ms
-     * (read once the replay is known to be done: timed = 1 until then). */
-    void *ev[2];
-    float replay_ms;
-    int timed;
+    struct cuda_graph_timer timer; /* the replays' GPU time (MM3_GRAPH_TIMING=1) */
 };
 
 /* Prefill batches of more than 32 tokens (16 at widths not a multiple of 32) take
@@ -211,8 +207,7 @@ void talker_cuda_destroy(struct talker_cuda *tc)
     for (int i = 0; i < tc->n_graphs; i++)
         cuda_graph_destroy(tc->graphs[i].exec);
     free(tc->graphs);
-    cuda_event_destroy(tc->ev[0]);
-    cuda_event_destroy(tc->ev[1]);
+    cuda_graph_timer_free(&tc->timer);
     host_pinned_free(tc->g_emb);
     host_pinned_free(tc->g_ints);
     scratch_free(&tc->gs);
@@ -418,11 +413,8 @@ static int forward_graph_queue(struct talker_cuda *tc, struct talker_cuda_graph 
         gr->exec = exec;
         tc->n_captured++;
     }
-    tc->timed = 0;
     if (gr->exec) {
-        if (tc->ev[0]) rc = cuda_event_record(tc->ev[0], tc->stream);
-        if (rc == 0) rc = cuda_graph_launch(gr->exec, tc->stream);
-        if (rc == 0 && tc->ev[0] && (rc = cuda_event_record(tc->ev[1], tc->stream)) == 0) tc->timed = 1;
+        rc = cuda_graph_launch_timed(&tc->timer, gr->exec, tc->stream);
         tc->n_replays++;
     } else {
         rc = forward_queue(tc, s, S, split_k, tc->max_ctx, 0, tc->stream);
@@ -528,9 +520,7 @@ int talker_cuda_graphs_enable(struct talker_cuda *tc, const int *sizes, int n_si
     if (rc == 0 && (rc = host_pinned_alloc(&ints, sizeof(int) * 3 * (size_t)cap)) == 0) tc->g_ints = ints;
     tc->graphs = calloc((size_t)n_sizes, sizeof *tc->graphs);
     if (rc == 0 && !tc->graphs) rc = mm3_errorf(-ENOMEM, "talker_cuda_graphs_enable: out of memory");
-    static int timing_switch = -1;
-    if (rc == 0 && cuda_env_switch(&timing_switch, "MM3_GRAPH_TIMING", 0) && (rc = cuda_event_create(&tc->ev[0])) == 0)
-        rc = cuda_event_create(&tc->ev[1]);
+    if (rc == 0) rc = cuda_graph_timer_init(&tc->timer);
     if (rc < 0) return rc; /* the rest is freed by talker_cuda_destroy */
     for (int i = 0; i < n_sizes; i++)
         tc->graphs[i].size = sizes[i];
@@ -547,9 +537,7 @@ void talker_cuda_graph_stats(const struct talker_cuda *tc, int *captured, long *
 
 float talker_cuda_replay_ms(struct talker_cuda *tc)
 {
-    if (tc->timed && cuda_event_elapsed_ms(&tc->replay_ms, tc->ev[0], tc->ev[1]) < 0) tc->replay_ms = 0.0f;
-    tc->timed = 0;
-    return tc->replay_ms;
+    return cuda_graph_timer_ms(&tc->timer);
 }
 
 int talker_cuda_head_drawable(struct talker_cuda *tc, const float *hidden, int n_rows, float *logits)
