@@ -415,14 +415,15 @@ struct batch_buf {
     float *hidden, *depth_hidden, *feedback, *scale, *emb;
     uint64_t *seed;
     int *step, *row, *pos;
-    unsigned char *ignore_stop;
+    unsigned char *ignore_stop, *last;
     int32_t *codes;
+    int whole; /* the call serves every request of the batch: the backend may look ahead */
 };
 
 static void batch_buf_free(struct batch_buf *b)
 {
     free(b->hidden), free(b->depth_hidden), free(b->feedback), free(b->scale), free(b->emb);
-    free(b->seed), free(b->step), free(b->row), free(b->pos), free(b->ignore_stop), free(b->codes);
+    free(b->seed), free(b->step), free(b->row), free(b->pos), free(b->ignore_stop), free(b->last), free(b->codes);
 }
 
 static int batch_buf_init(struct batch_buf *b, int n, int H, int ncb)
@@ -438,9 +439,10 @@ static int batch_buf_init(struct batch_buf *b, int n, int H, int ncb)
     b->row = malloc(sizeof(int) * 2 * n);
     b->pos = malloc(sizeof(int) * 2 * n);
     b->ignore_stop = malloc((size_t)n);
+    b->last = malloc((size_t)n);
     b->codes = malloc(sizeof(int32_t) * (size_t)n * ncb);
     if (!b->hidden || !b->depth_hidden || !b->feedback || !b->scale || !b->emb || !b->seed || !b->step || !b->row ||
-        !b->pos || !b->ignore_stop || !b->codes) {
+        !b->pos || !b->ignore_stop || !b->last || !b->codes) {
         batch_buf_free(b);
         return mm3_errorf(-ENOMEM, "generate: out of memory for a batch of %d pairs", n);
     }
@@ -520,7 +522,11 @@ static int decode_pairs(struct generate *const *g, int n, struct batch_buf *b)
             b->row[2 * p + r] = q->row[r];
             b->pos[2 * p + r] = q->prompt_len + q->step;
         }
+        b->last[p] = q->n_frames + 1 >= q->max_frames; /* as sample_finish: this step's frame is the budget's last */
     }
+    /* The step after this one is what the next call asks for when the same requests
+     * come back (the scheduler's steady state); chunks of a larger batch never are. */
+    if (b->whole) in.last = b->last;
     struct talker_pairs_out out = {
         .codes = b->codes, .depth_hidden = b->depth_hidden, .feedback = b->feedback, .hidden = b->hidden};
     int rc = talker_backend_decode_pairs(be, &in, &out);
@@ -542,6 +548,7 @@ static int pairs_in_calls(struct generate *const *g, int n,
     int chunk = n < per_call ? n : per_call, first = 0;
     struct batch_buf b;
     int rc = batch_buf_init(&b, chunk, H, ncb);
+    b.whole = chunk == n;
     for (int at = 0; at < n; at += chunk) {
         int k = n - at < chunk ? n - at : chunk;
         int r = rc < 0 ? rc : call(g + at, k, &b);

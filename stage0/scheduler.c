@@ -223,6 +223,11 @@ void sched_last_step_gpu_ms(const struct sched *s, double *forward_ms, double *s
     talker_backend_replay_ms(&s->be, forward_ms, sample_ms);
 }
 
+const struct talker_backend *sched_backend(const struct sched *s)
+{
+    return &s->be;
+}
+
 void sched_counts(struct sched *s, int *queued, int *active_rows)
 {
     pthread_mutex_lock(&s->mu);

@@ -122,6 +122,9 @@ void sched_last_step_ns(const struct sched *s, int64_t *forward_ns, int64_t *sam
 /* The GPU time of the last step's forward and sampling graphs (talker_backend_replay_ms). */
 void sched_last_step_gpu_ms(const struct sched *s, double *forward_ms, double *sample_ms);
 
+/* The backend the steps run on (its statistics, for tests and the benchmark). */
+const struct talker_backend *sched_backend(const struct sched *s);
+
 /* Run sched_step on a thread until sched_destroy. */
 int sched_start(struct sched *s);
 

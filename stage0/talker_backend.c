@@ -107,24 +107,34 @@ struct cuda_impl {
     struct frame_cuda *fc; /* NULL: no batched sampling step (see frame_cuda.h) */
 };
 
+/* The entries other than decode_pairs first wait for a decode step it queued ahead
+ * and drop it: they use the same states and buffers. */
 static int gpu_forward(void *impl, int n, const int *row, const int *pos, const float *emb, float *hidden_out)
 {
-    return talker_cuda_forward(((struct cuda_impl *)impl)->tc, n, row, pos, emb, hidden_out);
+    struct cuda_impl *c = impl;
+    int rc = frame_cuda_ahead_drop(c->fc);
+    return rc < 0 ? rc : talker_cuda_forward(c->tc, n, row, pos, emb, hidden_out);
 }
 
 static int gpu_head_drawable(void *impl, const float *hidden, int n_rows, float *logits)
 {
-    return talker_cuda_head_drawable(((struct cuda_impl *)impl)->tc, hidden, n_rows, logits);
+    struct cuda_impl *c = impl;
+    int rc = frame_cuda_ahead_drop(c->fc);
+    return rc < 0 ? rc : talker_cuda_head_drawable(c->tc, hidden, n_rows, logits);
 }
 
 static int gpu_depth_step(void *impl, int n, const float *x, int pos, float *out)
 {
-    return depth_cuda_step(((struct cuda_impl *)impl)->dc, n, x, pos, out);
+    struct cuda_impl *c = impl;
+    int rc = frame_cuda_ahead_drop(c->fc);
+    return rc < 0 ? rc : depth_cuda_step(c->dc, n, x, pos, out);
 }
 
 static int gpu_depth_logits(void *impl, int j, const float *hidden, int n, float *logits)
 {
-    return depth_cuda_logits(((struct cuda_impl *)impl)->dc, j, hidden, n, logits);
+    struct cuda_impl *c = impl;
+    int rc = frame_cuda_ahead_drop(c->fc);
+    return rc < 0 ? rc : depth_cuda_logits(c->dc, j, hidden, n, logits);
 }
 
 static int gpu_sample_pairs(void *impl, const struct talker_pairs_in *in, const struct talker_pairs_out *out)
@@ -261,6 +271,18 @@ void talker_backend_sample_graph_stats(const struct talker_backend *b, int *capt
 #ifdef MM3_HAVE_CUDA
     if (b->kind == TALKER_BACKEND_CUDA && b->impl)
         frame_cuda_graph_stats(((struct cuda_impl *)b->impl)->fc, captured, replays);
+#else
+    (void)b;
+#endif
+}
+
+void talker_backend_ahead_stats(const struct talker_backend *b, long *queued, long *taken)
+{
+    *queued = 0;
+    *taken = 0;
+#ifdef MM3_HAVE_CUDA
+    if (b->kind == TALKER_BACKEND_CUDA && b->impl)
+        frame_cuda_ahead_stats(((struct cuda_impl *)b->impl)->fc, queued, taken);
 #else
     (void)b;
 #endif

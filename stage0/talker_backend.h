@@ -59,6 +59,10 @@ struct talker_decode_in {
     struct talker_pairs_in pairs; /* .hidden is not read (NULL) */
     const int *row, *pos;         /* [2n]: KV row and position of pair p's (cond, uncond) token at 2p, 2p + 1 */
     const float *emb;             /* [2n][hidden]: the tokens' input embeddings */
+    /* [n] nonzero: this step ends pair p's song whatever it draws (its frame budget);
+     * NULL: the backend queues nothing ahead. With it the backend may start the step
+     * that follows while the caller takes this one's frames (frame_cuda.h). */
+    const unsigned char *last;
 };
 
 struct talker_backend {
@@ -130,10 +134,15 @@ void talker_backend_graph_stats(const struct talker_backend *b, int *captured, l
 /* The same for the sampling step's graphs (sample_pairs calls served by a replay). */
 void talker_backend_sample_graph_stats(const struct talker_backend *b, int *captured, long *replays);
 
-/* GPU milliseconds of the last replayed forward graph and sampling graph (CUDA events
- * around each launch, taken only with MM3_GRAPH_TIMING=1 when the graphs were enabled;
- * 0 otherwise): the step's wall time minus these is what the GPU spent idle between
- * them (copies, syncs, host work). */
+/* Decode steps the backend queued ahead (decode_pairs with in->last) and those the
+ * next call then asked for; 0 and 0 where it never looks ahead. */
+void talker_backend_ahead_stats(const struct talker_backend *b, long *queued, long *taken);
+
+/* GPU milliseconds of the last finished replay of the forward graph and of the
+ * sampling graph (CUDA events around each launch, taken only with MM3_GRAPH_TIMING=1
+ * when the graphs were enabled; 0 otherwise; a step queued ahead and still running is
+ * not waited for): a frame's wall time minus these is what the GPU spent idle per
+ * frame (copies, syncs, host work). */
 void talker_backend_replay_ms(const struct talker_backend *b, double *forward_ms, double *sample_ms);
 
 /* What a backend of `rows` x `ctx` would allocate on its device (the CPU backend:

@@ -526,6 +526,9 @@ static void test_cuda_decode_batch_graphs(void **state)
         print_message("graphs up to %d rows: %d decode steps served, %d declined\n", sizes[n_sizes[k] - 1],
                       decode_served, decode_declined);
         assert_true(decode_served > 10);
+        long ahead[2];
+        talker_backend_ahead_stats(&b, &ahead[0], &ahead[1]);
+        print_message("steps queued ahead %ld, taken %ld (the hooked song's forwards drop them)\n", ahead[0], ahead[1]);
         if (k == 0) assert_int_equal(decode_declined, 0);
         if (k == 1) assert_true(decode_declined > 0);
         side_free(&ra), side_free(&rb);

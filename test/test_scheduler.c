@@ -18,6 +18,9 @@
 
 #include "common/error.h"
 #include "common/sampler.h"
+#ifdef MM3_HAVE_CUDA
+#include "common/cuda/ops_cuda.h"
+#endif
 #include "stage0/generate.h"
 #include "stage0/prompt.h"
 #include "stage0/scheduler.h"
@@ -272,8 +275,9 @@ static void test_batched_equals_separate(void **state)
 
 /* The 4 requests through a CUDA scheduler (eager or with graphs) to the end; the
  * steps that took the steady path (one decode_pairs call: forward time, no separate
- * sampling time) counted in *steady. */
-static void run_cuda_sched(struct model *m, struct sink_log *log, int graphs, int *steady)
+ * sampling time) counted in *steady; job 0 cancelled after cancel_at steps (-1:
+ * never); ahead: the backend's steps queued ahead and taken (NULL: not asked). */
+static void run_cuda_sched(struct model *m, struct sink_log *log, int graphs, int cancel_at, int *steady, long *ahead)
 {
     static const int sizes[4] = {2, 4, 8, 16};
     struct sched_config cfg = {.max_rows = 4,
@@ -295,9 +299,10 @@ static void run_cuda_sched(struct model *m, struct sink_log *log, int graphs, in
         int64_t fwd, smp;
         sched_last_step_ns(s, &fwd, &smp);
         *steady += fwd > 0 && smp == 0;
-        steps++;
+        if (++steps == cancel_at) assert_true(mm3_job_cancel(log->jobs[0]));
     }
     assert_int_equal(left, 0);
+    if (ahead) talker_backend_ahead_stats(sched_backend(s), &ahead[0], &ahead[1]);
     sched_destroy(s, NULL);
 }
 
@@ -316,8 +321,8 @@ static void test_cuda_steady_decode(void **state)
     log_init(&eager, width);
     log_init(&graphs, width);
     int steady_eager, steady_graphs;
-    run_cuda_sched(m, &eager, 0, &steady_eager);
-    run_cuda_sched(m, &graphs, 1, &steady_graphs);
+    run_cuda_sched(m, &eager, 0, -1, &steady_eager, NULL);
+    run_cuda_sched(m, &graphs, 1, -1, &steady_graphs, NULL);
     print_message("steady steps: eager %d, graphs %d\n", steady_eager, steady_graphs);
     assert_true(steady_eager > 10 && steady_graphs > 10);
     for (int i = 0; i < N_REQ; i++) {
@@ -332,6 +337,58 @@ static void test_cuda_steady_decode(void **state)
     log_free(&eager);
     log_free(&graphs);
 }
+
+#ifdef MM3_HAVE_CUDA
+/* The look-ahead of the steady state (frame_cuda_decode_pairs: the next decode step
+ * queued before this one's frames are handed on, taken when the next step is exactly
+ * that one, dropped otherwise): the same songs bit for bit as without it
+ * (MM3_DECODE_AHEAD=0), with songs ending on their budgets, queued songs admitted in
+ * between (a general step after a step queued ahead) and, in the second run, a song
+ * cancelled while its next step was queued. Most steady steps were taken from the
+ * look-ahead; some were dropped. */
+static void test_cuda_look_ahead(void **state)
+{
+    struct model *m = *state;
+    if (!m) skip();
+    if (!talker_backend_available(TALKER_BACKEND_CUDA)) skip();
+    int width = m->s0->dd.cfg.n_codebooks * m->s0->lm.cfg.hidden;
+    const int cancel_at[2] = {-1, 6};
+    for (int c = 0; c < 2; c++) {
+        struct sink_log on, off;
+        log_init(&on, width);
+        log_init(&off, width);
+        int steady_on, steady_off;
+        long ahead_on[2], ahead_off[2];
+        run_cuda_sched(m, &on, 1, cancel_at[c], &steady_on, ahead_on);
+        assert_int_equal(setenv("MM3_DECODE_AHEAD", "0", 1), 0);
+        cuda_env_switches_reset();
+        run_cuda_sched(m, &off, 1, cancel_at[c], &steady_off, ahead_off);
+        assert_int_equal(unsetenv("MM3_DECODE_AHEAD"), 0);
+        cuda_env_switches_reset();
+        print_message("cancel at %d: steady steps %d / %d; queued ahead %ld, taken %ld\n", cancel_at[c], steady_on,
+                      steady_off, ahead_on[0], ahead_on[1]);
+        assert_int_equal(ahead_off[0], 0);
+        assert_int_equal(steady_on, steady_off);
+        assert_true(ahead_on[1] > steady_on / 2);
+        assert_true(ahead_on[0] > ahead_on[1]);
+        for (int i = 0; i < N_REQ; i++) {
+            assert_int_equal(on.ended[i], off.ended[i]);
+            assert_int_equal(on.aborted[i], off.aborted[i]);
+            assert_int_equal(on.n[i], off.n[i]);
+            assert_memory_equal(on.frames[i], off.frames[i], sizeof(float) * (size_t)on.n[i] * width);
+        }
+        assert_int_equal(on.aborted[0], c == 1);
+        log_free(&on);
+        log_free(&off);
+    }
+}
+#else
+static void test_cuda_look_ahead(void **state)
+{
+    (void)state;
+    skip();
+}
+#endif
 
 /* The queue bound, the prompt cap naming the field, and a cancel that frees the pair. */
 static void test_admission_and_cancel(void **state)
@@ -532,7 +589,7 @@ int main(void)
         cmocka_unit_test(test_batched_equals_separate), cmocka_unit_test(test_admission_and_cancel),
         cmocka_unit_test(test_admission_held),          cmocka_unit_test(test_guidance_off_ignores_uncond),
         cmocka_unit_test(test_thread_and_shutdown),     cmocka_unit_test(test_memory_plan),
-        cmocka_unit_test(test_cuda_steady_decode),
+        cmocka_unit_test(test_cuda_steady_decode),      cmocka_unit_test(test_cuda_look_ahead),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -652,6 +652,7 @@ struct result {
     double ms_median, ms_mean, ms_min, ms_max;
     double forward_ms, sample_ms; /* medians of the step's two parts (sched_last_step_ns) */
     double gpu_forward_ms, gpu_sample_ms; /* medians of their graphs' GPU time (MM3_GRAPH_TIMING=1), else 0 */
+    long ahead_taken;                     /* timed steps the backend had queued ahead */
     int steps;
     double mean_pos, kv_bytes, floor_ms;
     double prefill_s, prefill_tokens;
@@ -720,6 +721,8 @@ static int run_level(struct bench *b, struct result *r, const char *lyrics, int 
     double *fwd_ms = ms + a->frames, *smp_ms = ms + 2 * a->frames;
     double *gpu_fwd_ms = ms + 3 * a->frames, *gpu_smp_ms = ms + 4 * a->frames;
     double pos_sum = 0;
+    long queued0, taken0, queued1, taken1;
+    talker_backend_ahead_stats(sched_backend(b->s), &queued0, &taken0);
     for (int k = 0; k < a->frames; k++) {
         for (int i = 0; i < r->pairs; i++)
             pos_sum += r->prompt_tokens + b->songs[i].frames;
@@ -737,6 +740,8 @@ static int run_level(struct bench *b, struct result *r, const char *lyrics, int 
         smp_ms[k] = smp_ns * 1e-6;
         sched_last_step_gpu_ms(b->s, &gpu_fwd_ms[k], &gpu_smp_ms[k]);
     }
+    talker_backend_ahead_stats(sched_backend(b->s), &queued1, &taken1);
+    r->ahead_taken = taken1 - taken0;
     if (rc == 0) {
         double sum = 0, lo = ms[0], hi = ms[0];
         for (int k = 0; k < a->frames; k++) {
@@ -803,11 +808,14 @@ static void print_results(struct bench *b, int ttff_done, double ttff_s, int ttf
             printf("| ms per frame | %d | %d | n/a (%s) | | | |\n", r->context, r->pairs, r->reason);
             continue;
         }
-        char parts[192];
+        char parts[256];
         if (r->sample_ms > 0)
             snprintf(parts, sizeof parts, "forward %.2f, sampling %.2f", r->forward_ms, r->sample_ms);
         else /* the scheduler's steady path: both in one decode_pairs call */
-            snprintf(parts, sizeof parts, "forward and sampling in one call");
+            snprintf(parts, sizeof parts, "forward and sampling in one call, %.2f", r->forward_ms);
+        if (r->ahead_taken > 0)
+            snprintf(parts + strlen(parts), sizeof parts - strlen(parts), "; %ld of %d steps queued ahead",
+                     r->ahead_taken, r->steps);
         if (r->gpu_forward_ms > 0 || r->gpu_sample_ms > 0)
             snprintf(parts + strlen(parts), sizeof parts - strlen(parts), "; in the graphs %.3f + %.3f, idle %.3f",
                      r->gpu_forward_ms, r->gpu_sample_ms, r->ms_median - r->gpu_forward_ms - r->gpu_sample_ms);
@@ -853,10 +861,10 @@ static void print_results(struct bench *b, int ttff_done, double ttff_s, int ttf
         printf("S0BENCH kind=frame context=%d pairs=%d prompt_tokens=%d ms_median=%.4f ms_mean=%.4f ms_min=%.4f "
                "ms_max=%.4f steps=%d mean_pos=%.1f weight_bytes=%.0f kv_bytes=%.0f floor_ms=%.4f ratio=%.4f "
                "prefill_s=%.4f prefill_tokens=%.0f forward_ms=%.4f sample_ms=%.4f gpu_forward_ms=%.4f "
-               "gpu_sample_ms=%.4f%s%s%s\n",
+               "gpu_sample_ms=%.4f ahead_taken=%ld%s%s%s\n",
                r->context, r->pairs, r->prompt_tokens, r->ms_median, r->ms_mean, r->ms_min, r->ms_max, r->steps,
                r->mean_pos, b->weight_bytes, r->kv_bytes, r->floor_ms, r->ms_median / r->floor_ms, r->prefill_s,
-               r->prefill_tokens, r->forward_ms, r->sample_ms, r->gpu_forward_ms, r->gpu_sample_ms,
+               r->prefill_tokens, r->forward_ms, r->sample_ms, r->gpu_forward_ms, r->gpu_sample_ms, r->ahead_taken,
                env_label ? " env=\"" : "", env_label ? env_label : "", env_label ? "\"" : "");
     }
     if (ttff_done)

@@ -178,6 +178,14 @@ extern "C" int cuda_event_sync(void *event)
     return cuda_status(cudaEventSynchronize((cudaEvent_t)event), "cudaEventSynchronize");
 }
 
+extern "C" int cuda_event_done(void *event)
+{
+    cudaError_t e = cudaEventQuery((cudaEvent_t)event);
+    if (e == cudaErrorNotReady) return 0;
+    int rc = cuda_status(e, "cudaEventQuery");
+    return rc < 0 ? rc : 1;
+}
+
 extern "C" int cuda_event_elapsed_ms(float *ms, void *start, void *stop)
 {
     int rc = cuda_status(cudaEventSynchronize((cudaEvent_t)stop), "cudaEventSynchronize");
@@ -239,9 +247,21 @@ extern "C" void cuda_graph_timer_free(struct cuda_graph_timer *t)
     memset(t, 0, sizeof *t);
 }
 
+/* The pending launch's time into t->ms; wait = 0 leaves one still running pending. */
+static void timer_read(struct cuda_graph_timer *t, int wait)
+{
+    if (!t->pending || (!wait && cuda_event_done(t->ev[1]) == 0)) return;
+    if (cuda_event_elapsed_ms(&t->ms, t->ev[0], t->ev[1]) < 0) t->ms = 0.0f;
+    t->pending = 0;
+}
+
 extern "C" int cuda_graph_launch_timed(struct cuda_graph_timer *t, void *graph_exec, void *stream)
 {
     if (!t->ev[0]) return cuda_graph_launch(graph_exec, stream);
+    /* The launch before is read first (its events are recorded again below); where
+     * steps overlap (frame_cuda's look-ahead) it is done by now, and the reader gets
+     * the last finished launch without waiting for the one in flight. */
+    timer_read(t, 1);
     int rc = cuda_event_record(t->ev[0], stream);
     if (rc == 0) rc = cuda_graph_launch(graph_exec, stream);
     if (rc == 0 && (rc = cuda_event_record(t->ev[1], stream)) == 0) t->pending = 1;
@@ -250,7 +270,6 @@ extern "C" int cuda_graph_launch_timed(struct cuda_graph_timer *t, void *graph_e
 
 extern "C" float cuda_graph_timer_ms(struct cuda_graph_timer *t)
 {
-    if (t->pending && cuda_event_elapsed_ms(&t->ms, t->ev[0], t->ev[1]) < 0) t->ms = 0.0f;
-    t->pending = 0;
+    timer_read(t, 0); /* a launch in flight: the one before it */
     return t->ms;
 }

@@ -67,6 +67,9 @@ int cuda_event_sync(void *event);
 /* Work queued on `stream` after this call starts once the event's last record is done
  * (the host does not wait). */
 int cuda_stream_wait_event(void *stream, void *event);
+/* 1 when the work before the event's last record is done, 0 while it runs, <0 on an
+ * error (the host does not wait). */
+int cuda_event_done(void *event);
 /* Milliseconds between two recorded events (waits for `stop`). */
 int cuda_event_elapsed_ms(float *ms, void *start, void *stop);
 
@@ -93,7 +96,9 @@ struct cuda_graph_timer {
 int cuda_graph_timer_init(struct cuda_graph_timer *t);
 void cuda_graph_timer_free(struct cuda_graph_timer *t); /* a zeroed timer is fine */
 int cuda_graph_launch_timed(struct cuda_graph_timer *t, void *graph_exec, void *stream);
-/* Waits for the last timed launch; 0 before any, without events or on an error. */
+/* The last timed launch that has finished (a launch still running is read once it
+ * has: the reader does not wait, and the next launch reads its predecessor first);
+ * 0 before any, without events or on an error. */
 float cuda_graph_timer_ms(struct cuda_graph_timer *t);
 
 /* ---- kernels ---------------------------------------------------------------- */

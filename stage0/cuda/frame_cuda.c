@@ -22,8 +22,22 @@ struct frame_in_layout {
     size_t hidden, seed, scale, pos, mask, bytes;
 };
 
+/* codes and feedback first: a decode step downloads them on their own (what the next
+ * step needs), then the depth hiddens; a decode step's LM hidden pairs follow at
+ * `hidden` in the host block only. */
 struct frame_out_layout {
-    size_t codes, depth_hidden, feedback, bytes;
+    size_t codes, feedback, depth_hidden, bytes, hidden, host_bytes;
+};
+
+/* A decode step queued before it was asked for (frame_cuda_decode_pairs): the pairs of
+ * the step before that go on, one token further. Its inputs, to compare with the call
+ * that comes. */
+struct frame_ahead {
+    int queued, slot, n, top_k;
+    int *row, *pos, *step; /* [2P], [2P], [P] */
+    uint64_t *seed;        /* [P] */
+    float *scale, *emb;    /* [P], [2P][hidden] */
+    unsigned char *ignore; /* [P], 0 or 1 */
 };
 
 /* One captured sampling step: the chain's launches depend on n (sizes, layouts)
@@ -40,7 +54,8 @@ struct frame_cuda {
     const uint16_t *audio; /* [n_codebooks-1][vocab][hidden] */
     float feedback_scale;
     void *in_dev, *out_dev;            /* one block each, laid out per call for n pairs */
-    unsigned char *in_host, *out_host; /* page-locked, for the asynchronous copies */
+    unsigned char *in_host;            /* page-locked, for the asynchronous copies */
+    unsigned char *out_host[2];        /* the same, the outputs of a step and of the one after */
     float *logits, *dlogits, *x, *y;   /* [2P][C0], [2P][vocab], [2P][hidden] x 2 */
     /* CUDA graphs (frame_cuda_graphs_enable): stream NULL = eager on the default stream. */
     void *stream;
@@ -50,6 +65,11 @@ struct frame_cuda {
     struct cuda_graph_timer timer; /* the replays' GPU time (MM3_GRAPH_TIMING=1) */
     int replayed;                  /* the last call's step was a replay */
     void *fwd_done; /* frame_cuda_decode_pairs: the forward's hiddens are ready */
+    /* Per download block: its codes and feedback have landed; all of its step has. */
+    void *codes_done[2], *frames_done[2];
+    struct frame_ahead ahead;
+    int next_slot;               /* the download block of the next step not queued ahead */
+    long n_ahead, n_ahead_taken; /* steps queued ahead; those a call then asked for */
 };
 
 static size_t align256(size_t b)
@@ -73,9 +93,11 @@ static struct frame_out_layout out_layout(int n, int H, int ncb)
 {
     struct frame_out_layout l;
     l.codes = 0;
-    l.depth_hidden = align256(sizeof(int32_t) * (size_t)n * ncb);
-    l.feedback = l.depth_hidden + align256(sizeof(float) * (size_t)n * (ncb - 1) * H);
-    l.bytes = l.feedback + sizeof(float) * (size_t)n * H;
+    l.feedback = align256(sizeof(int32_t) * (size_t)n * ncb);
+    l.depth_hidden = l.feedback + align256(sizeof(float) * (size_t)n * H);
+    l.bytes = l.depth_hidden + sizeof(float) * (size_t)n * (ncb - 1) * H;
+    l.hidden = align256(l.bytes);
+    l.host_bytes = l.hidden + sizeof(float) * 2 * (size_t)n * H;
     return l;
 }
 
@@ -131,7 +153,8 @@ int frame_cuda_create(struct frame_cuda **out, const struct talker *lm, const st
     if (rc == 0) rc = cuda_alloc_list_add(l, (void **)&fc->y, sizeof(float) * R * H);
     void *h;
     if (rc == 0 && (rc = host_pinned_alloc(&h, il.bytes)) == 0) fc->in_host = h;
-    if (rc == 0 && (rc = host_pinned_alloc(&h, ol.bytes)) == 0) fc->out_host = h;
+    for (int k = 0; k < 2 && rc == 0; k++)
+        if ((rc = host_pinned_alloc(&h, ol.host_bytes)) == 0) fc->out_host[k] = h;
     if (rc < 0) {
         frame_cuda_destroy(fc);
         return rc;
@@ -140,9 +163,22 @@ int frame_cuda_create(struct frame_cuda **out, const struct talker *lm, const st
     return 0;
 }
 
+static void ahead_free(struct frame_ahead *a)
+{
+    free(a->row), free(a->pos), free(a->step), free(a->seed), free(a->scale), free(a->emb), free(a->ignore);
+    memset(a, 0, sizeof *a);
+}
+
 void frame_cuda_destroy(struct frame_cuda *fc)
 {
     if (!fc) return;
+    (void)frame_cuda_ahead_drop(fc); /* its copies write the pinned blocks freed below */
+    ahead_free(&fc->ahead);
+    for (int k = 0; k < 2; k++) {
+        cuda_event_destroy(fc->codes_done[k]);
+        cuda_event_destroy(fc->frames_done[k]);
+        host_pinned_free(fc->out_host[k]);
+    }
     for (int i = 0; i < fc->n_graphs; i++)
         cuda_graph_destroy(fc->graphs[i].exec);
     free(fc->graphs);
@@ -151,7 +187,6 @@ void frame_cuda_destroy(struct frame_cuda *fc)
     if (fc->stream) cuda_stream_destroy(fc->stream);
     cuda_alloc_list_free(&fc->mem);
     host_pinned_free(fc->in_host);
-    host_pinned_free(fc->out_host);
     free(fc);
 }
 
@@ -161,10 +196,27 @@ int frame_cuda_graphs_enable(struct frame_cuda *fc, int warmups)
     if (warmups < 0) return mm3_errorf(-EINVAL, "frame_cuda_graphs_enable: %d warm-ups, expected >= 0", warmups);
     int rc = cuda_stream_create(&fc->stream);
     if (rc == 0) rc = cuda_event_create(&fc->fwd_done);
+    for (int k = 0; k < 2 && rc == 0; k++)
+        if ((rc = cuda_event_create(&fc->codes_done[k])) == 0) rc = cuda_event_create(&fc->frames_done[k]);
     if (rc == 0) rc = cuda_graph_timer_init(&fc->timer);
     if (rc < 0) return rc; /* the events are freed by frame_cuda_destroy */
+    struct frame_ahead *a = &fc->ahead;
+    size_t P = (size_t)fc->max_pairs;
+    a->row = malloc(sizeof(int) * 2 * P), a->pos = malloc(sizeof(int) * 2 * P), a->step = malloc(sizeof(int) * P);
+    a->seed = malloc(sizeof(uint64_t) * P), a->scale = malloc(sizeof(float) * P), a->ignore = malloc(P);
+    a->emb = malloc(sizeof(float) * 2 * P * fc->hidden);
+    if (!a->row || !a->pos || !a->step || !a->seed || !a->scale || !a->ignore || !a->emb) {
+        ahead_free(a);
+        return mm3_errorf(-ENOMEM, "frame_cuda_graphs_enable: out of memory");
+    }
     fc->warmups = warmups;
     return 0;
+}
+
+void frame_cuda_ahead_stats(const struct frame_cuda *fc, long *queued, long *taken)
+{
+    *queued = fc ? fc->n_ahead : 0;
+    *taken = fc ? fc->n_ahead_taken : 0;
 }
 
 float frame_cuda_replay_ms(struct frame_cuda *fc)
@@ -360,45 +412,152 @@ static int check_pairs(const struct frame_cuda *fc, const char *what, const stru
     return 0;
 }
 
-/* The downloaded block (out_host) into the caller's arrays. */
-static void copy_outputs(const struct frame_cuda *fc, int n, const struct talker_pairs_out *out)
+/* A downloaded block into the caller's arrays. */
+static void copy_outputs(const struct frame_cuda *fc, int n, const unsigned char *block,
+                         const struct talker_pairs_out *out)
 {
     int H = fc->hidden, ncb = fc->ncb;
     struct frame_out_layout ol = out_layout(n, H, ncb);
-    memcpy(out->codes, fc->out_host + ol.codes, sizeof(int32_t) * (size_t)n * ncb);
-    memcpy(out->depth_hidden, fc->out_host + ol.depth_hidden, sizeof(float) * (size_t)n * (ncb - 1) * H);
-    memcpy(out->feedback, fc->out_host + ol.feedback, sizeof(float) * (size_t)n * H);
+    memcpy(out->codes, block + ol.codes, sizeof(int32_t) * (size_t)n * ncb);
+    memcpy(out->depth_hidden, block + ol.depth_hidden, sizeof(float) * (size_t)n * (ncb - 1) * H);
+    memcpy(out->feedback, block + ol.feedback, sizeof(float) * (size_t)n * H);
+}
+
+/* Queue decode step `in` with its outputs into download block `slot`: the forward as a
+ * graph replay, the sampling inputs, the hand-over of the hidden pairs on the GPU, the
+ * step's graph, then codes and feedback (codes_done[slot]), then the depth hiddens and
+ * the hidden pairs (frames_done[slot]). No wait. 1: no forward graph for 2n rows,
+ * nothing queued. */
+static int queue_decode(struct frame_cuda *fc, struct talker_cuda *tc, struct depth_cuda *dc,
+                        const struct talker_decode_in *in, int slot)
+{
+    const struct talker_pairs_in *pairs = &in->pairs;
+    int n = pairs->n, rc;
+    const float *hidden_dev = NULL;
+    if ((rc = talker_cuda_forward_queued(tc, 2 * n, in->row, in->pos, in->emb, &hidden_dev, fc->fwd_done)) != 0)
+        return rc;
+    struct frame_in_layout il = pack_inputs(fc, pairs);
+    struct frame_out_layout ol = out_layout(n, fc->hidden, fc->ncb);
+    size_t hidden_bytes = sizeof(float) * 2 * (size_t)n * fc->hidden;
+    unsigned char *in_dev = fc->in_dev, *out_dev = fc->out_dev, *block = fc->out_host[slot];
+    if ((rc = host_pinned_h2d_async(in_dev + il.seed, fc->in_host + il.seed, il.bytes - il.seed, fc->stream)) < 0 ||
+        (rc = cuda_stream_wait_event(fc->stream, fc->fwd_done)) < 0 ||
+        (rc = cuda_memcpy_d2d(in_dev + il.hidden, hidden_dev, hidden_bytes, fc->stream)) < 0 ||
+        (rc = run_graph(fc, tc, dc, n, pairs->top_k)) < 0 ||
+        (rc = host_pinned_d2h_async(block, out_dev, ol.depth_hidden, fc->stream)) < 0 ||
+        (rc = cuda_event_record(fc->codes_done[slot], fc->stream)) < 0 ||
+        (rc = host_pinned_d2h_async(block + ol.depth_hidden, out_dev + ol.depth_hidden, ol.bytes - ol.depth_hidden,
+                                    fc->stream)) < 0 ||
+        (rc = host_pinned_d2h_async(block + ol.hidden, in_dev + il.hidden, hidden_bytes, fc->stream)) < 0 ||
+        (rc = cuda_event_record(fc->frames_done[slot], fc->stream)) < 0) {
+        (void)cuda_event_sync(fc->fwd_done); /* the forward's staging is rewritten by the next call */
+        return drain_failed(fc, rc);
+    }
+    return 0;
+}
+
+int frame_cuda_ahead_drop(struct frame_cuda *fc)
+{
+    if (!fc || !fc->ahead.queued) return 0;
+    fc->ahead.queued = 0;
+    return cuda_event_sync(fc->frames_done[fc->ahead.slot]);
+}
+
+/* Whether the queued look-ahead step is exactly `in`. */
+static int ahead_is(const struct frame_cuda *fc, const struct talker_decode_in *in)
+{
+    const struct frame_ahead *a = &fc->ahead;
+    const struct talker_pairs_in *p = &in->pairs;
+    int n = p->n;
+    if (!a->queued || a->n != n || a->top_k != p->top_k) return 0;
+    for (int i = 0; i < n; i++)
+        if (a->ignore[i] != (p->ignore_stop && p->ignore_stop[i] ? 1 : 0)) return 0;
+    return !memcmp(a->row, in->row, sizeof(int) * 2 * (size_t)n) &&
+           !memcmp(a->pos, in->pos, sizeof(int) * 2 * (size_t)n) &&
+           !memcmp(a->step, p->step, sizeof(int) * (size_t)n) &&
+           !memcmp(a->seed, p->seed, sizeof(uint64_t) * (size_t)n) &&
+           !memcmp(a->scale, p->cfg_scale, sizeof(float) * (size_t)n) &&
+           !memcmp(a->emb, in->emb, sizeof(float) * 2 * (size_t)n * fc->hidden);
+}
+
+/* After step `in`'s codes and feedback landed in block `slot`: queue the step its
+ * caller asks for next if nothing changes, the pairs that go on (c0 not the stop
+ * column, not in->last) one token further with the feedback as both tokens' input
+ * (as generate.c's sample_finish), into the other block. */
+static int ahead_queue(struct frame_cuda *fc, struct talker_cuda *tc, struct depth_cuda *dc,
+                       const struct talker_decode_in *in, int slot)
+{
+    struct frame_ahead *a = &fc->ahead;
+    const struct talker_pairs_in *p = &in->pairs;
+    int H = fc->hidden, ncb = fc->ncb, k = 0;
+    const unsigned char *block = fc->out_host[slot];
+    struct frame_out_layout ol = out_layout(p->n, H, ncb);
+    const int32_t *codes = (const int32_t *)(block + ol.codes);
+    const float *fb = (const float *)(block + ol.feedback);
+    for (int i = 0; i < p->n; i++) {
+        if (codes[(size_t)i * ncb] == 0 || in->last[i]) continue;
+        for (int r = 0; r < 2; r++) {
+            a->row[2 * k + r] = in->row[2 * i + r];
+            a->pos[2 * k + r] = in->pos[2 * i + r] + 1;
+            memcpy(a->emb + (2 * (size_t)k + r) * H, fb + (size_t)i * H, sizeof(float) * H);
+        }
+        a->step[k] = p->step[i] + 1;
+        a->seed[k] = p->seed[i];
+        a->scale[k] = p->cfg_scale[i];
+        a->ignore[k] = p->ignore_stop && p->ignore_stop[i] ? 1 : 0;
+        k++;
+    }
+    if (k == 0) return 0;
+    a->n = k;
+    a->top_k = p->top_k;
+    struct talker_decode_in next = {.pairs = {.n = k,
+                                              .seed = a->seed,
+                                              .step = a->step,
+                                              .cfg_scale = a->scale,
+                                              .ignore_stop = a->ignore,
+                                              .top_k = p->top_k},
+                                    .row = a->row,
+                                    .pos = a->pos,
+                                    .emb = a->emb};
+    int rc = queue_decode(fc, tc, dc, &next, slot ^ 1);
+    if (rc < 0) return rc;
+    a->queued = rc == 0;
+    fc->n_ahead += a->queued;
+    a->slot = slot ^ 1;
+    return 0;
 }
 
 int frame_cuda_decode_pairs(struct frame_cuda *fc, struct talker_cuda *tc, struct depth_cuda *dc,
                             const struct talker_decode_in *in, const struct talker_pairs_out *out)
 {
     const struct talker_pairs_in *pairs = &in->pairs;
-    int n = pairs->n, rc;
-    static int handover = -1; /* MM3_DECODE_PAIRS=0: measuring switch, the two calls composed */
+    int n = pairs->n, rc, slot;
+    static int handover = -1;   /* MM3_DECODE_PAIRS=0: measuring switch, the two calls composed */
+    static int look_ahead = -1; /* MM3_DECODE_AHEAD=0: measuring switch, no step queued ahead */
     if (!fc->stream || !cuda_env_switch(&handover, "MM3_DECODE_PAIRS", 1)) return 1;
     if ((rc = check_pairs(fc, "frame_cuda_decode_pairs", pairs)) < 0) return rc;
-    const float *hidden_dev = NULL;
-    if ((rc = talker_cuda_forward_queued(tc, 2 * n, in->row, in->pos, in->emb, &hidden_dev, fc->fwd_done)) != 0)
-        return rc; /* 1: no graph for this batch, nothing queued */
-    /* The sampling inputs go up while the forward runs; the step then waits for the
-     * forward on the GPU and takes its hiddens with a device copy: no host round trip. */
-    struct frame_in_layout il = pack_inputs(fc, pairs);
-    struct frame_out_layout ol = out_layout(n, fc->hidden, fc->ncb);
-    size_t hidden_bytes = sizeof(float) * 2 * (size_t)n * fc->hidden;
-    unsigned char *in_dev = fc->in_dev;
-    if ((rc = host_pinned_h2d_async(in_dev + il.seed, fc->in_host + il.seed, il.bytes - il.seed, fc->stream)) < 0 ||
-        (rc = cuda_stream_wait_event(fc->stream, fc->fwd_done)) < 0 ||
-        (rc = cuda_memcpy_d2d(in_dev + il.hidden, hidden_dev, hidden_bytes, fc->stream)) < 0 ||
-        (rc = run_graph(fc, tc, dc, n, pairs->top_k)) < 0 ||
-        (rc = host_pinned_d2h_async(fc->out_host, fc->out_dev, ol.bytes, fc->stream)) < 0 ||
-        (rc = host_pinned_d2h_async(fc->in_host + il.hidden, in_dev + il.hidden, hidden_bytes, fc->stream)) < 0 ||
-        (rc = cuda_stream_sync(fc->stream)) < 0) {
-        (void)cuda_event_sync(fc->fwd_done); /* the forward's staging is rewritten by the next call */
+    if (ahead_is(fc, in)) {
+        slot = fc->ahead.slot;
+        fc->ahead.queued = 0;
+        fc->n_ahead_taken++;
+    } else {
+        if ((rc = frame_cuda_ahead_drop(fc)) < 0) return drain_failed(fc, rc);
+        slot = fc->next_slot;
+        if ((rc = queue_decode(fc, tc, dc, in, slot)) != 0) return rc; /* 1: no graph, nothing queued */
+    }
+    fc->next_slot = slot ^ 1;
+    if ((rc = cuda_event_sync(fc->codes_done[slot])) < 0) return drain_failed(fc, rc);
+    /* The next step goes to the GPU before this one's frames are copied out and handed
+     * on, so the host's work on them (here and the caller's) overlaps it. */
+    if (in->last && cuda_env_switch(&look_ahead, "MM3_DECODE_AHEAD", 1) && (rc = ahead_queue(fc, tc, dc, in, slot)) < 0)
+        return rc;
+    if ((rc = cuda_event_sync(fc->frames_done[slot])) < 0) {
+        fc->ahead.queued = 0;
         return drain_failed(fc, rc);
     }
-    copy_outputs(fc, n, out);
-    memcpy(out->hidden, fc->in_host + il.hidden, hidden_bytes);
+    const unsigned char *block = fc->out_host[slot];
+    copy_outputs(fc, n, block, out);
+    memcpy(out->hidden, block + out_layout(n, fc->hidden, fc->ncb).hidden, sizeof(float) * 2 * (size_t)n * fc->hidden);
     return 0;
 }
 
@@ -408,20 +567,21 @@ int frame_cuda_sample_pairs(struct frame_cuda *fc, struct talker_cuda *tc, struc
     int n = in->n, H = fc->hidden, ncb = fc->ncb;
     int rc = check_pairs(fc, "frame_cuda_sample_pairs", in);
     if (rc < 0) return rc;
+    if ((rc = frame_cuda_ahead_drop(fc)) < 0) return drain_failed(fc, rc); /* its copies use the pinned blocks */
     struct frame_in_layout il = pack_inputs(fc, in);
     struct frame_out_layout ol = out_layout(n, H, ncb);
     if (!fc->stream) { /* eager, the reference: default stream, synchronous copies */
         if ((rc = cuda_memcpy_h2d(fc->in_dev, fc->in_host, il.bytes)) < 0 ||
             (rc = queue_step(fc, tc, dc, n, in->top_k, NULL)) < 0 || (rc = cuda_stream_sync(NULL)) < 0 ||
-            (rc = cuda_memcpy_d2h(fc->out_host, fc->out_dev, ol.bytes)) < 0)
+            (rc = cuda_memcpy_d2h(fc->out_host[0], fc->out_dev, ol.bytes)) < 0)
             return rc;
     } else { /* upload, the step, download on one stream; one sync */
         if ((rc = host_pinned_h2d_async(fc->in_dev, fc->in_host, il.bytes, fc->stream)) < 0 ||
             (rc = run_graph(fc, tc, dc, n, in->top_k)) < 0 ||
-            (rc = host_pinned_d2h_async(fc->out_host, fc->out_dev, ol.bytes, fc->stream)) < 0 ||
+            (rc = host_pinned_d2h_async(fc->out_host[0], fc->out_dev, ol.bytes, fc->stream)) < 0 ||
             (rc = cuda_stream_sync(fc->stream)) < 0)
             return drain_failed(fc, rc);
     }
-    copy_outputs(fc, n, out);
+    copy_outputs(fc, n, fc->out_host[0], out);
     return 0;
 }

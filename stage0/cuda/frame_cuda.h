@@ -41,9 +41,9 @@ int frame_cuda_graphs_enable(struct frame_cuda *fc, int warmups);
 
 /* Graphs captured so far and steps served by a replay (0 and 0 for NULL). */
 void frame_cuda_graph_stats(const struct frame_cuda *fc, int *captured, long *replays);
-/* GPU milliseconds of the last call's replayed graph (events around its launch; waits
- * for it): only with MM3_GRAPH_TIMING=1 when graphs were enabled and that call was a
- * replay, else 0. */
+/* GPU milliseconds of the last finished replay (events around its launch; a replay
+ * still running, a step queued ahead, is not waited for): only with MM3_GRAPH_TIMING=1
+ * when graphs were enabled and the last step queued was a replay, else 0. */
 float frame_cuda_replay_ms(struct frame_cuda *fc);
 
 /* The contract of talker_backend.sample_pairs; dc needs 2 * in->n depth rows. */
@@ -52,9 +52,26 @@ int frame_cuda_sample_pairs(struct frame_cuda *fc, struct talker_cuda *tc, struc
 
 /* The contract of talker_backend.decode_pairs: the forward of the pairs' tokens as a
  * queued graph replay (talker_cuda_forward_queued) and this step after it on the GPU,
- * the hidden pairs handed over by a device copy, one wait at the end. Returns 1,
- * doing nothing, where that does not apply (graphs off, no graph for 2n rows). */
+ * the hidden pairs handed over by a device copy. Returns 1, doing nothing, where that
+ * does not apply (graphs off, no graph for 2n rows).
+ *
+ * With in->last (and MM3_DECODE_AHEAD not 0) the call looks ahead: once this step's
+ * codes and feedback are down it queues the step that follows if nothing else
+ * changes (the pairs that go on, one token further, the feedback as their input),
+ * then waits for this step's frames and copies them out while the GPU runs it. The
+ * next call that asks for exactly that step (every input compared) only waits for
+ * it; any other call, and every other use of fc (sample_pairs, destroy) or of the
+ * talker and depth states it shares (the backend's other entries call
+ * frame_cuda_ahead_drop first), waits for it and drops it. Dropped work leaves nothing
+ * behind: the KV entries it wrote are those the same step writes again, or past the
+ * length of the row's next owner. */
 int frame_cuda_decode_pairs(struct frame_cuda *fc, struct talker_cuda *tc, struct depth_cuda *dc,
                             const struct talker_decode_in *in, const struct talker_pairs_out *out);
+
+/* Waits for a step queued ahead by frame_cuda_decode_pairs, if any, and drops it
+ * (NULL is fine). */
+int frame_cuda_ahead_drop(struct frame_cuda *fc);
+/* Steps queued ahead so far, and those a call then asked for (0 and 0 for NULL). */
+void frame_cuda_ahead_stats(const struct frame_cuda *fc, long *queued, long *taken);
 
 #endif

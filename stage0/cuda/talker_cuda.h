@@ -58,9 +58,9 @@ int talker_cuda_graphs_enable(struct talker_cuda *tc, const int *sizes, int n_si
 
 /* Graphs captured so far and forwards served by a replay. */
 void talker_cuda_graph_stats(const struct talker_cuda *tc, int *captured, long *replays);
-/* GPU milliseconds of the last replayed forward graph, between events recorded around
- * its launch (waits for it): only with MM3_GRAPH_TIMING=1 when graphs were enabled,
- * else 0. */
+/* GPU milliseconds of the last finished replay of a forward graph, between events
+ * recorded around its launch (one still running is not waited for): only with
+ * MM3_GRAPH_TIMING=1 when graphs were enabled, else 0. */
 float talker_cuda_replay_ms(struct talker_cuda *tc);
 
 /* talker_cuda_forward for a decode batch that a graph serves, without the wait and
