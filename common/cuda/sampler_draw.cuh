@@ -4,11 +4,13 @@
  *
  * A block stages the order-preserving uint32 keys of one row in shared memory and
  * finds the k-th largest key with a radix select, first on the conditional row (the
- * c0 rule), then on the nan_to_num'd guided row (the draw's top-k). Wide rows take
- * one 12-bit histogram pass over all keys; when the bin that holds the k-th largest
+ * c0 rule), then on the nan_to_num'd guided row (the draw's top-k). Rows of more than
+ * 32 keys take one 12-bit histogram pass over all keys; when the bin that holds the k-th largest
  * and the bins above it hold few keys (top-50 of logits: a few hundred), those are
- * compacted and the select finishes on them alone, else (heavy ties) it goes on over
- * all keys. The Gumbel noise is only computed for the surviving candidates. Every
+ * compacted and the select finishes on them alone: up to one key per thread by
+ * counting, for each key, the keys above it (one loop, one barrier, where 8-bit radix
+ * passes took four histograms and scans), else by radix passes; with heavy ties it goes
+ * on over all keys. The Gumbel noise is only computed for the surviving candidates. Every
  * float op that the CPU rounds separately is an explicit _rn intrinsic so nvcc cannot
  * contract it into an FMA. */
 #ifndef MM3_SAMPLER_DRAW_CUH
@@ -55,6 +57,7 @@ struct select_shared {
     uint32_t buf[SMALL_CAP];
     unsigned warp_total[SAMPLER_WARPS];
     unsigned n_buf;
+    uint32_t kth; /* rank_select's answer */
     /* The result of radix_find: */
     int digit;      /* the digit that holds the k-th largest */
     int rank;       /* k among the keys with that digit */
@@ -156,11 +159,30 @@ static __device__ uint32_t radix_passes(const uint32_t *keys, int n, int k, uint
     return prefix;
 }
 
+/* The k-th largest of keys[0..n) for n <= blockDim.x: the key with fewer than k keys
+ * above it and at least k at or above it (equal keys agree on the answer). */
+static __device__ uint32_t rank_select(const uint32_t *keys, int n, int k, struct select_shared *sh)
+{
+    if ((int)threadIdx.x < n) {
+        const uint32_t key = keys[threadIdx.x];
+        int above = 0, at_or_above = 0;
+#pragma unroll 4
+        for (int j = 0; j < n; j++) {
+            const uint32_t other = keys[j]; /* the same word for every lane: a broadcast */
+            above += other > key;
+            at_or_above += other >= key;
+        }
+        if (above < k && k <= at_or_above) sh->kth = key;
+    }
+    __syncthreads();
+    return sh->kth;
+}
+
 /* The k-th largest of keys[0..n) (1 <= k <= n, duplicates counted). Called by the
  * whole block; every thread gets the result. keys are only read. */
 static __device__ uint32_t radix_select(const uint32_t *keys, int n, int k, struct select_shared *sh)
 {
-    if (n <= SMALL_CAP) return radix_passes(keys, n, k, 0, 0, 32, sh);
+    if (n <= 32) return rank_select(keys, n, k, sh);
     const int lane = threadIdx.x & 31, shift = 32 - FIRST_BITS;
     radix_histogram(keys, n, 0, 0, shift, HIST_BINS, sh->hist);
     radix_find(sh, HIST_BINS, k);
@@ -169,6 +191,8 @@ static __device__ uint32_t radix_select(const uint32_t *keys, int n, int k, stru
     const int rank = sh->rank;
     if (count > SMALL_CAP) /* heavy ties: go on over all keys in that bin */
         return radix_passes(keys, n, rank, lo, ~0u << shift, shift, sh);
+    if (count == (unsigned)n) /* every key at or above the bin: nothing to compact */
+        return (int)count <= (int)blockDim.x ? rank_select(keys, n, k, sh) : radix_passes(keys, n, k, 0, 0, 32, sh);
     /* Every key >= lo (count of them, k-th largest among them) into buf. */
     if (threadIdx.x == 0) sh->n_buf = 0;
     __syncthreads();
@@ -183,6 +207,7 @@ static __device__ uint32_t radix_select(const uint32_t *keys, int n, int k, stru
         if (take) sh->buf[at + (unsigned)__popc(ballot & ((1u << lane) - 1u))] = key;
     }
     __syncthreads();
+    if ((int)count <= (int)blockDim.x) return rank_select(sh->buf, (int)count, k, sh);
     return radix_passes(sh->buf, (int)count, k, 0, 0, 32, sh);
 }
 
