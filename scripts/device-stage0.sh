@@ -14,7 +14,9 @@
 #         under ncu (one kernel duration per launch, or the comma-separated metrics of
 #         NCU_METRICS=a,b in the environment; $OUT/results.tgz: ncu<run>.csv; pair it
 #         with --profile-frame K so only one step is recorded; scripts/bench/ncu_step.py
-#         sums it per kernel).
+#         sums it per kernel). TRACE=1 runs it with tools/kernel_trace (CUPTI: every
+#         kernel's start and end as it ran, graph replays included; $OUT/results.tgz:
+#         trace<run>.csv; scripts/bench/kernel_trace.py makes the per-kernel table).
 #         MM3_S0_TESTS=0 skips the tests ("test_a test_b": only those, then the golden
 #         replay; MM3_TEST_FILTER=test_name runs one test of test_ops_cuda, test_talker_cuda and
 #         test_sampler_cuda); MM3_S0_OPS=1 adds mm3-bench-ops with PDL on and off, MM3_S0_OPS="A=1;B=0 C=1 --x"
@@ -25,6 +27,10 @@ root=$PWD
 tests=(test_ops_cuda test_talker_cuda test_sampler_cuda test_frame_cuda test_generate_batch test_scheduler)
 if [ "${1:-}" = --pack ]; then
   scripts/device-pack.sh -B "${2:-build-cuda}" mm3-stage0 mm3-mkckpt mm3-bench-stage0 mm3-bench-ops "${tests[@]}" >/dev/null || exit 1
+  trace_lib=${2:-build-cuda}/lib/libmm3-kernel-trace.so # TRACE=1 below; with the CUPTI it was built against
+  if cmake --build "${2:-build-cuda}" --target mm3-kernel-trace >/dev/null 2>&1 && [ -f "$trace_lib" ]; then
+    cp "$trace_lib" .device/lib/ && cp -L "$(ldd "$trace_lib" | awk '/libcupti/ { print $3 }')" .device/lib/
+  fi
   strip .device/bin/* 2>/dev/null
   rm -rf .device/golden && mkdir -p .device/golden && cp -r "${MM3_GOLDEN_DIR:-../shared/golden/tiny-a}" .device/golden/tiny-a
   # xz: the programs share most of their device code; gzip left 68 MB, over the 64 MiB a call carries
@@ -78,6 +84,7 @@ for set in "$@"; do
     if [[ $w == *=* && $w != -* && ${#args[@]} == 0 ]]; then
       case $w in
         BIN=*) prog=${w#BIN=}; [[ $prog == */* ]] || prog=$bin/$prog ;;
+        TRACE=1) wrap=(env MM3_KERNEL_TRACE="$out/trace$i.csv" LD_PRELOAD="$root/.device/lib/libmm3-kernel-trace.so") ;;
         NCU=1) wrap=(ncu --profile-from-start off --metrics "${NCU_METRICS:-gpu__time_duration.sum}" --cache-control none
                      --clock-control none --csv --log-file "$out/ncu$i.csv") ;;
         *) envs+=("$w") ;;

@@ -8,10 +8,12 @@
 - table.py on a synthetic H200 run: bounds, ratios, goals met / missed "by how much", and
   "n/a (reason)" rows for everything that is missing;
 - e2e.py's measuring code against a local fake streaming server;
-- ncu_step.py on a CSV in ncu's --csv layout.
+- ncu_step.py on a CSV in ncu's --csv layout;
+- kernel_trace.py on a trace in tools/kernel_trace's layout.
 """
 import json
 import os
+import shutil
 import sys
 import tempfile
 import unittest
@@ -19,6 +21,7 @@ import unittest
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import e2e  # noqa: E402
+import kernel_trace  # noqa: E402
 import ncu_step  # noqa: E402
 import parse_tools  # noqa: E402
 import table  # noqa: E402
@@ -391,6 +394,46 @@ class NcuStepTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "unit 'cycle'"):
             ncu_step.read_launches(self.write(NCU_HEAD + ncu_row(0, "k(int)", "(1, 1, 1)", "cycle", "5")))
         self.assertEqual(ncu_step.main([self.write(NCU_HEAD)]), 1)
+
+
+class KernelTraceTest(unittest.TestCase):
+    def write(self, text):
+        f = tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False)
+        f.write(text)
+        f.close()
+        self.addCleanup(os.unlink, f.name)
+        return f.name
+
+    def test_replays(self):
+        """Two replays of a 3-node graph (the second overlapped by PDL, with a gap) and one eager kernel."""
+        gemv, att = "_Z16gemv_bf16_kernelILi2ELi4ELb1ELi0ELb1EEvPfPKfPKtiiS3_f", "attn_combine_kernel"
+        path = self.write(f"0,5000,0,0,7,1x1x1,{att}\n"  # outside any graph: ignored
+                          f"10000,20000,3,101,7,1536x1x1,{gemv}\n"
+                          f"19000,25000,3,102,7,32x2x1,{att}\n"
+                          f"24000,30000,3,103,7,1536x1x1,{gemv}\n"
+                          f"40000,50000,3,101,7,1536x1x1,{gemv}\n"
+                          f"49000,52000,3,102,7,32x2x1,{att}\n"
+                          f"53000,60000,3,103,7,1536x1x1,{gemv}\n")
+        reps = kernel_trace.replays(kernel_trace.read_trace(path))
+        self.assertEqual(list(reps), [3])
+        self.assertEqual(len(reps[3]), 2)
+        contrib = kernel_trace.contributions(reps[3][-1])
+        kind = contrib[0][0]
+        self.assertTrue(kind.startswith("gemv_bf16_kernel" if shutil.which("c++filt") else "_Z16gemv"), kind)
+        # run, added (idle before it included), overlap with what ran before
+        self.assertEqual([c[2:] for c in contrib], [(10.0, 10.0, 0.0), (3.0, 2.0, 1.0), (7.0, 8.0, 0.0)])
+        rows = kernel_trace.summarize(contrib)
+        self.assertEqual((rows[0][1], rows[0][2], rows[0][3]), ("1536x1x1", 2, 18.0))
+        self.assertEqual(kernel_trace.main([path]), 0)
+
+    def test_bad_input(self):
+        with self.assertRaisesRegex(ValueError, "no kernel"):
+            kernel_trace.read_trace(self.write(""))
+        with self.assertRaisesRegex(ValueError, ":2: expected start,end"):
+            kernel_trace.read_trace(self.write("1,2,0,0,7,1x1x1,k\n1,2,3\n"))
+        with self.assertRaisesRegex(ValueError, ":1: start, end, graph and node must be integers"):
+            kernel_trace.read_trace(self.write("a,2,0,0,7,1x1x1,k\n"))
+        self.assertEqual(kernel_trace.main([self.write("1,2,0,0,7,1x1x1,k\n")]), 1)  # no graph replayed twice
 
 
 if __name__ == "__main__":
