@@ -345,7 +345,9 @@ def ncu_row(i, name, grid, unit, value, metric="gpu__time_duration.sum"):
             f'"Command line profiler metrics","{metric}","{unit}","{value}"\n')
 
 
-class NcuStepTest(unittest.TestCase):
+class CsvFileTest(unittest.TestCase):
+    """A test that writes its input files (removed afterwards)."""
+
     def write(self, text):
         f = tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False)
         f.write(text)
@@ -353,6 +355,8 @@ class NcuStepTest(unittest.TestCase):
         self.addCleanup(os.unlink, f.name)
         return f.name
 
+
+class NcuStepTest(CsvFileTest):
     def test_summary(self):
         path = self.write("==PROF== Connected to process 1\n" + NCU_HEAD +
                           ncu_row(0, "void gemv_mma_kernel<2, 2, 0, 1, 3>(float *, const float *)", "(192, 1, 1)",
@@ -396,14 +400,7 @@ class NcuStepTest(unittest.TestCase):
         self.assertEqual(ncu_step.main([self.write(NCU_HEAD)]), 1)
 
 
-class KernelTraceTest(unittest.TestCase):
-    def write(self, text):
-        f = tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False)
-        f.write(text)
-        f.close()
-        self.addCleanup(os.unlink, f.name)
-        return f.name
-
+class KernelTraceTest(CsvFileTest):
     def test_replays(self):
         """Two replays of a 3-node graph (the second overlapped by PDL, with a gap) and one eager kernel."""
         gemv, att = "_Z16gemv_bf16_kernelILi2ELi4ELb1ELi0ELb1EEvPfPKfPKtiiS3_f", "attn_combine_kernel"
