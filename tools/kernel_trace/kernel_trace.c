@@ -11,14 +11,14 @@
  * and the next one's is what each kernel adds to a step. scripts/bench/kernel_trace.py
  * turns the file into a per-kernel table of one graph replay.
  *
- * The file: one line per kernel, "start_ns,end_ns,graph_id,graph_node_id,stream,grid,name"
- * (CUPTI's timestamps; graph ids 0 outside graphs; grid as XxYxZ; the mangled name), written as CUPTI hands over its
- * buffers and at exit. Errors go to stderr; the traced program runs on regardless. */
+ * The file: one line per kernel,
+ * "start_ns,end_ns,graph_id,graph_node_id,stream,grid,name" (CUPTI's timestamps; graph
+ * ids 0 outside graphs; grid as XxYxZ; the mangled name), written as CUPTI hands over
+ * its buffers and at exit. Errors go to stderr; the traced program runs on regardless. */
 #include <cupti.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 enum { TRACE_BUFFER_BYTES = 8 << 20 };
 
