@@ -264,37 +264,16 @@ int talker_backend_graphs_enable(struct talker_backend *b, const int *sizes, int
     return 0;
 }
 
-void talker_backend_sample_graph_stats(const struct talker_backend *b, int *captured, long *replays)
+void talker_backend_counts(const struct talker_backend *b, struct talker_backend_counts *out)
 {
-    *captured = 0;
-    *replays = 0;
+    memset(out, 0, sizeof *out);
 #ifdef MM3_HAVE_CUDA
-    if (b->kind == TALKER_BACKEND_CUDA && b->impl)
-        frame_cuda_graph_stats(((struct cuda_impl *)b->impl)->fc, captured, replays);
-#else
-    (void)b;
-#endif
-}
-
-void talker_backend_ahead_stats(const struct talker_backend *b, long *queued, long *taken)
-{
-    *queued = 0;
-    *taken = 0;
-#ifdef MM3_HAVE_CUDA
-    if (b->kind == TALKER_BACKEND_CUDA && b->impl)
-        frame_cuda_ahead_stats(((struct cuda_impl *)b->impl)->fc, queued, taken);
-#else
-    (void)b;
-#endif
-}
-
-void talker_backend_graph_stats(const struct talker_backend *b, int *captured, long *replays)
-{
-    *captured = 0;
-    *replays = 0;
-#ifdef MM3_HAVE_CUDA
-    if (b->kind == TALKER_BACKEND_CUDA && b->impl)
-        talker_cuda_graph_stats(((struct cuda_impl *)b->impl)->tc, captured, replays);
+    if (b->kind == TALKER_BACKEND_CUDA && b->impl) {
+        const struct cuda_impl *c = b->impl;
+        talker_cuda_graph_stats(c->tc, &out->forward_graphs, &out->forward_replays);
+        frame_cuda_graph_stats(c->fc, &out->sample_graphs, &out->sample_replays);
+        frame_cuda_ahead_stats(c->fc, &out->ahead_queued, &out->ahead_taken);
+    }
 #else
     (void)b;
 #endif

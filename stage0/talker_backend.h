@@ -128,15 +128,16 @@ void talker_backend_close(struct talker_backend *b);
  * nothing to capture: 0, no effect. */
 int talker_backend_graphs_enable(struct talker_backend *b, const int *sizes, int n_sizes, int warmups);
 
-/* Graphs captured and forwards replayed so far (0 and 0 without graphs). */
-void talker_backend_graph_stats(const struct talker_backend *b, int *captured, long *replays);
-
-/* The same for the sampling step's graphs (sample_pairs calls served by a replay). */
-void talker_backend_sample_graph_stats(const struct talker_backend *b, int *captured, long *replays);
-
-/* Decode steps the backend queued ahead (decode_pairs with in->last) and those the
- * next call then asked for; 0 and 0 where it never looks ahead. */
-void talker_backend_ahead_stats(const struct talker_backend *b, long *queued, long *taken);
+/* What a backend counted so far; all 0 where it has no graphs and never looks ahead
+ * (the CPU backend). */
+struct talker_backend_counts {
+    int forward_graphs, sample_graphs; /* graphs captured: the forward's, the sampling step's */
+    long forward_replays;              /* forwards served by a replay */
+    long sample_replays;               /* sample_pairs calls served by a replay */
+    long ahead_queued;                 /* decode steps queued ahead (decode_pairs with in->last) */
+    long ahead_taken;                  /* ... that the next call then asked for */
+};
+void talker_backend_counts(const struct talker_backend *b, struct talker_backend_counts *out);
 
 /* GPU milliseconds of the last finished replay of the forward graph and of the
  * sampling graph (CUDA events around each launch, taken only with MM3_GRAPH_TIMING=1

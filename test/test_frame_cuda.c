@@ -135,15 +135,14 @@ static void compare_backends(struct talker_backend *eager, struct talker_backend
             }
             if (!changed) fail_msg("top_k %d, %d pairs: the same codes on every call", top_ks[t], n);
         }
-    int captured;
-    long replays;
-    talker_backend_sample_graph_stats(graph, &captured, &replays);
-    print_message("sampling graphs: %d captured, %ld replays\n", captured, replays);
-    assert_int_equal(captured, keys);
-    assert_int_equal(replays, (long)keys * (CALLS - WARMUPS));
-    talker_backend_sample_graph_stats(eager, &captured, &replays);
-    assert_int_equal(captured, 0);
-    assert_int_equal(replays, 0);
+    struct talker_backend_counts counts;
+    talker_backend_counts(graph, &counts);
+    print_message("sampling graphs: %d captured, %ld replays\n", counts.sample_graphs, counts.sample_replays);
+    assert_int_equal(counts.sample_graphs, keys);
+    assert_int_equal(counts.sample_replays, (long)keys * (CALLS - WARMUPS));
+    talker_backend_counts(eager, &counts);
+    assert_int_equal(counts.sample_graphs, 0);
+    assert_int_equal(counts.sample_replays, 0);
     pairs_free(&p);
 }
 
@@ -266,13 +265,14 @@ static void test_cpu_switch_is_a_noop(void **state)
     if (!m) skip();
     struct talker_backend b;
     assert_int_equal(talker_backend_open(&b, TALKER_BACKEND_CPU, &m->lm, &m->dd, 2, 16, 4), 0);
-    int sizes[1] = {2}, captured = -1;
-    long replays = -1;
+    int sizes[1] = {2};
     assert_int_equal(talker_backend_graphs_enable(&b, sizes, 1, 1), 0);
     assert_null(b.sample_pairs);
-    talker_backend_sample_graph_stats(&b, &captured, &replays);
-    assert_int_equal(captured, 0);
-    assert_int_equal(replays, 0);
+    struct talker_backend_counts counts = {.sample_graphs = -1, .sample_replays = -1, .ahead_queued = -1};
+    talker_backend_counts(&b, &counts);
+    assert_int_equal(counts.sample_graphs, 0);
+    assert_int_equal(counts.sample_replays, 0);
+    assert_int_equal(counts.ahead_queued, 0);
     talker_backend_close(&b);
 }
 

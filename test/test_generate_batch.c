@@ -474,11 +474,10 @@ static void test_cuda_batched_graphs(void **state)
     side_init(&ra, &a, 0);
     side_init(&rb, &b, 1);
     run_lockstep(&ra, &rb, 0, FRAME_TOL);
-    int captured;
-    long replays;
-    talker_backend_graph_stats(&b, &captured, &replays);
-    print_message("graphs: %d captured, %ld replays\n", captured, replays);
-    assert_true(captured >= 2 && replays > 10);
+    struct talker_backend_counts counts;
+    talker_backend_counts(&b, &counts);
+    print_message("graphs: %d captured, %ld replays\n", counts.forward_graphs, counts.forward_replays);
+    assert_true(counts.forward_graphs >= 2 && counts.forward_replays > 10);
     side_free(&ra), side_free(&rb);
     talker_backend_close(&a), talker_backend_close(&b);
 }
@@ -526,9 +525,10 @@ static void test_cuda_decode_batch_graphs(void **state)
         print_message("graphs up to %d rows: %d decode steps served, %d declined\n", sizes[n_sizes[k] - 1],
                       decode_served, decode_declined);
         assert_true(decode_served > 10);
-        long ahead[2];
-        talker_backend_ahead_stats(&b, &ahead[0], &ahead[1]);
-        print_message("steps queued ahead %ld, taken %ld (the hooked song's forwards drop them)\n", ahead[0], ahead[1]);
+        struct talker_backend_counts counts;
+        talker_backend_counts(&b, &counts);
+        print_message("steps queued ahead %ld, taken %ld (the hooked song's forwards drop them)\n", counts.ahead_queued,
+                      counts.ahead_taken);
         if (k == 0) assert_int_equal(decode_declined, 0);
         if (k == 1) assert_true(decode_declined > 0);
         side_free(&ra), side_free(&rb);

@@ -302,7 +302,12 @@ static void run_cuda_sched(struct model *m, struct sink_log *log, int graphs, in
         if (++steps == cancel_at) assert_true(mm3_job_cancel(log->jobs[0]));
     }
     assert_int_equal(left, 0);
-    if (ahead) talker_backend_ahead_stats(sched_backend(s), &ahead[0], &ahead[1]);
+    if (ahead) {
+        struct talker_backend_counts counts;
+        talker_backend_counts(sched_backend(s), &counts);
+        ahead[0] = counts.ahead_queued;
+        ahead[1] = counts.ahead_taken;
+    }
     sched_destroy(s, NULL);
 }
 

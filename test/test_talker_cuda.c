@@ -339,14 +339,14 @@ static void compare_graphs(const struct talker *m, const struct depth *dd, int s
         assert_int_equal(rc, 0);
         expect_close("graph decode hidden", t, b, a, (size_t)k * H, 1e-5);
     }
-    int captured;
-    long replays;
-    talker_backend_graph_stats(&graph, &captured, &replays);
-    print_message("graphs: %d captured, %ld replays in %d steps\n", captured, replays, steps);
-    assert_int_equal(captured, 3);
-    assert_true(replays >= steps - 2 * 3); /* all but one warm-up and one capture per size */
-    talker_backend_graph_stats(&eager, &captured, &replays);
-    assert_int_equal(captured, 0);
+    struct talker_backend_counts counts;
+    talker_backend_counts(&graph, &counts);
+    print_message("graphs: %d captured, %ld replays in %d steps\n", counts.forward_graphs, counts.forward_replays,
+                  steps);
+    assert_int_equal(counts.forward_graphs, 3);
+    assert_true(counts.forward_replays >= steps - 2 * 3); /* all but one warm-up and one capture per size */
+    talker_backend_counts(&eager, &counts);
+    assert_int_equal(counts.forward_graphs, 0);
     talker_backend_close(&eager);
     talker_backend_close(&graph);
     free(emb), free(a), free(b);

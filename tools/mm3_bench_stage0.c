@@ -721,8 +721,8 @@ static int run_level(struct bench *b, struct result *r, const char *lyrics, int 
     double *fwd_ms = ms + a->frames, *smp_ms = ms + 2 * a->frames;
     double *gpu_fwd_ms = ms + 3 * a->frames, *gpu_smp_ms = ms + 4 * a->frames;
     double pos_sum = 0;
-    long queued0, taken0, queued1, taken1;
-    talker_backend_ahead_stats(sched_backend(b->s), &queued0, &taken0);
+    struct talker_backend_counts before, after;
+    talker_backend_counts(sched_backend(b->s), &before);
     for (int k = 0; k < a->frames; k++) {
         for (int i = 0; i < r->pairs; i++)
             pos_sum += r->prompt_tokens + b->songs[i].frames;
@@ -740,8 +740,8 @@ static int run_level(struct bench *b, struct result *r, const char *lyrics, int 
         smp_ms[k] = smp_ns * 1e-6;
         sched_last_step_gpu_ms(b->s, &gpu_fwd_ms[k], &gpu_smp_ms[k]);
     }
-    talker_backend_ahead_stats(sched_backend(b->s), &queued1, &taken1);
-    r->ahead_taken = taken1 - taken0;
+    talker_backend_counts(sched_backend(b->s), &after);
+    r->ahead_taken = after.ahead_taken - before.ahead_taken;
     if (rc == 0) {
         double sum = 0, lo = ms[0], hi = ms[0];
         for (int k = 0; k < a->frames; k++) {
