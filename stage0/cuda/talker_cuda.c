@@ -433,25 +433,27 @@ static int forward_graph(struct talker_cuda *tc, struct talker_cuda_graph *gr, i
     return rc;
 }
 
-/* The tokens' rows and positions inside the state; their longest kv length. */
+/* The tokens' rows and positions inside the state; their longest kv length into
+ * max_len where asked (a graph replay covers the whole context and needs none). */
 static int check_tokens(const struct talker_cuda *tc, const char *what, int n, const int *row, const int *pos,
                         int *max_len)
 {
     if (n < 1) return mm3_errorf(-EINVAL, "%s: %d tokens, expected >= 1", what, n);
-    *max_len = 0;
+    int longest = 0;
     for (int i = 0; i < n; i++) {
         if (row[i] < 0 || row[i] >= tc->max_rows || pos[i] < 0 || pos[i] >= tc->max_ctx)
             return mm3_errorf(-EINVAL, "%s: token %d at row %d position %d outside the state (%d rows, %d positions)",
                               what, i, row[i], pos[i], tc->max_rows, tc->max_ctx);
-        if (pos[i] + 1 > *max_len) *max_len = pos[i] + 1;
+        if (pos[i] + 1 > longest) longest = pos[i] + 1;
     }
+    if (max_len) *max_len = longest;
     return 0;
 }
 
 int talker_cuda_forward_queued(struct talker_cuda *tc, int n, const int *row, const int *pos, const float *emb,
                                const float **hidden_dev, void *done)
 {
-    int max_len = 0, rc = check_tokens(tc, "talker_cuda_forward_queued", n, row, pos, &max_len);
+    int rc = check_tokens(tc, "talker_cuda_forward_queued", n, row, pos, NULL);
     if (rc < 0) return rc;
     struct talker_cuda_graph *gr = distinct_rows(n, row) ? graph_for(tc, n) : NULL;
     if (!gr) return 1;
