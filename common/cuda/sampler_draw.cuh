@@ -191,8 +191,6 @@ static __device__ uint32_t radix_select(const uint32_t *keys, int n, int k, stru
     const int rank = sh->rank;
     if (count > SMALL_CAP) /* heavy ties: go on over all keys in that bin */
         return radix_passes(keys, n, rank, lo, ~0u << shift, shift, sh);
-    if (count == (unsigned)n) /* every key at or above the bin: nothing to compact */
-        return (int)count <= (int)blockDim.x ? rank_select(keys, n, k, sh) : radix_passes(keys, n, k, 0, 0, 32, sh);
     /* Every key >= lo (count of them, k-th largest among them) into buf. */
     if (threadIdx.x == 0) sh->n_buf = 0;
     __syncthreads();
