@@ -16,7 +16,8 @@
  * Work split: a tile is 16 x MT outputs (MT = 2, or 4 when forced: mma_default_tiles); a block walks its share of
  * `in` with 8 warps; when the matrix has too few tiles to fill the GPU, KS blocks (a
  * thread-block cluster) split `in` and add their partial sums through distributed
- * shared memory, in a fixed order (deterministic). The grid is one wave: never more
+ * shared memory, in a fixed order (deterministic), once after their last tile (up to
+ * MMA_MERGE_SLOTS tiles each). The grid is one wave: never more
  * blocks than fit on the GPU at once, each taking the same number of tiles. A grid
  * of 1.2 or 1.45 waves (what "two blocks per SM" gave for 4096 and 24576 outputs)
  * ends with a second wave of a few blocks that cannot stream at full speed.
@@ -66,7 +67,9 @@ __device__ __forceinline__ void mma_load_step(uint4 (&wa)[MT][2], const uint4 *c
             wa[mt][h] = mma_weight_load(wr[mt][h] + st * 4); /* 4 uint4 = one 32-wide k step */
 }
 
-enum { MMA_WARPS = 8, MMA_THREADS = MMA_WARPS * 32, MMA_MAX_CLUSTER = 8 };
+/* MMA_MERGE_SLOTS: the most tiles a block of a k-split cluster walks (mma_plan keeps
+ * to it); their block sums wait in shared memory for one cluster merge at the end. */
+enum { MMA_WARPS = 8, MMA_THREADS = MMA_WARPS * 32, MMA_MAX_CLUSTER = 8, MMA_MERGE_SLOTS = 3 };
 
 /* x tile nt's B fragments of k step sb: its rows (normed when NORM, summing x^2 into
  * ss) split into bf16 hi + lo (LO) or rounded to bf16. */
@@ -150,6 +153,47 @@ template <int MMA_MT, int STAGES> constexpr int mma_ring_bytes()
     return STAGES ? MMA_WARPS * STAGES * MMA_MT * 2 * 32 * 16 : 0;
 }
 
+/* Rank 0's output of one tile: the cluster's block sums bs (this block's, then ranks 1..ks-1
+ * through distributed shared memory, in rank order: deterministic), scaled by the row's
+ * RMSNorm (computed at a block's first tile, slot 0, from every rank's block_ss), then
+ * stored, SwiGLU'd or added to y. */
+template <int NT, int MMA_MT, int EPI, bool NORM>
+__device__ __forceinline__ void mma_store_tile(float *__restrict__ y, float *bs, float *block_ss, float *row_scale,
+                                               cg::cluster_group &cluster, int n_rows, int in, int out, int ks, int o0,
+                                               int slot, float eps)
+{
+    constexpr int MMA_OUT = 16 * MMA_MT, ncols = 8 * NT;
+    if (slot == 0) {
+        if (threadIdx.x < ncols) /* 0 + rank 0's sum first: the same bits as starting from it */
+            row_scale[threadIdx.x] = NORM ? mma_cluster_norm_scale(cluster, block_ss, ks, threadIdx.x, in, eps) : 1.0f;
+        __syncthreads();
+    }
+    if constexpr (EPI == CUDA_GEMV_SWIGLU) {
+        for (int i = threadIdx.x; i < MMA_OUT / 2 * ncols; i += MMA_THREADS) {
+            const int jp = i / ncols, n = i % ncols, ig = 2 * jp * ncols + n, iu = ig + ncols;
+            float g = bs[ig], u = bs[iu];
+            for (int r = 1; r < ks; r++) {
+                g += cluster.map_shared_rank(bs, r)[ig];
+                u += cluster.map_shared_rank(bs, r)[iu];
+            }
+            if (o0 + 2 * jp + 1 < out && n < n_rows)
+                y[(size_t)n * (out / 2) + o0 / 2 + jp] = silu_mul1(g * row_scale[n], u * row_scale[n]);
+        }
+    } else {
+        for (int i = threadIdx.x; i < MMA_OUT * ncols; i += MMA_THREADS) {
+            const int o = i / ncols, n = i % ncols;
+            float s = bs[i];
+            for (int r = 1; r < ks; r++)
+                s += cluster.map_shared_rank(bs, r)[i];
+            s *= row_scale[n];
+            if (o0 + o < out && n < n_rows) {
+                float *yo = y + (size_t)n * out + o0 + o;
+                *yo = EPI == CUDA_GEMV_ADD ? __fadd_rn(*yo, s) : s;
+            }
+        }
+    }
+}
+
 /* NT: 8-row tiles of x (1 for n <= 8, 2 for n <= 16, 4 for n <= 32). MMA_MT: 16-row tiles of W
  * per block; more tiles re-read x (mostly from L1) fewer times per weight byte. EPI and
  * NORM: as cuda_ops_gemv_bf16_fused (the k-split blocks of a cluster each sum x^2
@@ -165,7 +209,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2)
     pdl_launch_dependents();
     constexpr int MMA_OUT = 16 * MMA_MT;
     __shared__ float red[MMA_WARPS][MMA_OUT * 8 * NT];
-    __shared__ float block_sum[MMA_OUT * 8 * NT];
+    __shared__ float block_sum[MMA_MERGE_SLOTS][MMA_OUT * 8 * NT];
     __shared__ float red_ss[MMA_WARPS][8 * NT], block_ss[8 * NT], row_scale[8 * NT];
     extern __shared__ uint4 mma_ring[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -206,7 +250,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2)
     if (blockIdx.x < tiles) start_tile(blockIdx.x);
     if (pre) pdl_wait();
 
-    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    for (int tile = blockIdx.x, slot = 0; tile < tiles; tile += gridDim.x, slot++) {
         const int o0 = tile * MMA_OUT;
         float acc[MMA_MT][NT][4];
 #pragma unroll
@@ -272,12 +316,13 @@ __global__ void __launch_bounds__(MMA_THREADS, 2)
             }
         }
         __syncthreads();
+        float *const bs = block_sum[ks > 1 ? slot : 0];
         for (int i = threadIdx.x; i < MMA_OUT * ncols; i += MMA_THREADS) {
             float s = 0.0f;
 #pragma unroll
             for (int k = 0; k < MMA_WARPS; k++)
                 s += red[k][i];
-            block_sum[i] = s;
+            bs[i] = s;
         }
         if (NORM && threadIdx.x < ncols) {
             float v = 0.0f;
@@ -286,37 +331,19 @@ __global__ void __launch_bounds__(MMA_THREADS, 2)
                 v += red_ss[k][threadIdx.x];
             block_ss[threadIdx.x] = v;
         }
-        cluster.sync(); /* every block's block_sum is complete (and red is free again) */
-        if (rank == 0) {
-            if (threadIdx.x < ncols) /* 0 + rank 0's sum first: the same bits as starting from it */
-                row_scale[threadIdx.x] =
-                    NORM ? mma_cluster_norm_scale(cluster, block_ss, ks, threadIdx.x, in, eps) : 1.0f;
-            __syncthreads();
-            if constexpr (EPI == CUDA_GEMV_SWIGLU) {
-                for (int i = threadIdx.x; i < MMA_OUT / 2 * ncols; i += MMA_THREADS) {
-                    const int jp = i / ncols, n = i % ncols, ig = 2 * jp * ncols + n, iu = ig + ncols;
-                    float g = block_sum[ig], u = block_sum[iu];
-                    for (int r = 1; r < ks; r++) {
-                        g += cluster.map_shared_rank(block_sum, r)[ig];
-                        u += cluster.map_shared_rank(block_sum, r)[iu];
-                    }
-                    if (o0 + 2 * jp + 1 < out && n < n_rows)
-                        y[(size_t)n * (out / 2) + o0 / 2 + jp] = silu_mul1(g * row_scale[n], u * row_scale[n]);
-                }
-            } else {
-                for (int i = threadIdx.x; i < MMA_OUT * ncols; i += MMA_THREADS) {
-                    const int o = i / ncols, n = i % ncols;
-                    float s = block_sum[i];
-                    for (int r = 1; r < ks; r++)
-                        s += cluster.map_shared_rank(block_sum, r)[i];
-                    s *= row_scale[n];
-                    if (o0 + o < out && n < n_rows) {
-                        float *yo = y + (size_t)n * out + o0 + o;
-                        *yo = EPI == CUDA_GEMV_ADD ? __fadd_rn(*yo, s) : s;
-                    }
-                }
-            }
-        }
+        __syncthreads(); /* red is free again, block_sum and block_ss are complete */
+        if (ks == 1)
+            mma_store_tile<NT, MMA_MT, EPI, NORM>(y, block_sum[0], block_ss, row_scale, cluster, n_rows, in, out, 1, o0,
+                                                  0, eps);
+    }
+    /* A k-split cluster merges once, after its last tile: a merge per tile held every
+     * block's weight stream at two cluster barriers per tile. */
+    if (ks > 1) {
+        cluster.sync(); /* every block's sums of every tile are complete */
+        if (rank == 0)
+            for (int tile = blockIdx.x, slot = 0; tile < tiles; tile += gridDim.x, slot++)
+                mma_store_tile<NT, MMA_MT, EPI, NORM>(y, block_sum[slot], block_ss, row_scale, cluster, n_rows, in, out,
+                                                      ks, tile * MMA_OUT, slot, eps);
         cluster.sync(); /* keep the other blocks' block_sum alive until rank 0 has read it */
     }
 }
@@ -366,8 +393,9 @@ static int mma_balance(void)
  * 384 tiles on 264 slots as 2 tiles per block leave 72 slots empty, as 3 tiles per
  * cluster of 2 blocks 8; 64 tiles take clusters of 4 (256 slots busy). Each warp keeps
  * at least one k step, MMA_MIN_TILE_STEPS where a block walks several tiles (its
- * pipeline restarts at every tile); a split must beat the best so far by 3% (its
- * blocks merge through distributed shared memory). */
+ * pipeline restarts at every tile) and at most MMA_MERGE_SLOTS tiles in a split; a
+ * split must beat the best so far by 3% (its blocks merge through distributed shared
+ * memory). */
 enum { MMA_MIN_TILE_STEPS = 4 };
 template <int NT, int MT, int EPI, bool NORM, int S, int XM = X_SPLIT>
 static void mma_plan(int tiles, int steps, int *ks_out, int *grid_out)
@@ -378,7 +406,7 @@ static void mma_plan(int tiles, int steps, int *ks_out, int *grid_out)
     for (int k = 2; k <= MMA_MAX_CLUSTER && k * MMA_WARPS <= steps; k++) {
         const int clusters = mma_resident_clusters<NT, MT, EPI, NORM, S, XM>(k);
         const int p = (tiles + clusters - 1) / clusters;
-        if (p > 1 && (!mma_balance() || k * MMA_WARPS * MMA_MIN_TILE_STEPS > steps)) continue;
+        if (p > MMA_MERGE_SLOTS || (p > 1 && (!mma_balance() || k * MMA_WARPS * MMA_MIN_TILE_STEPS > steps))) continue;
         if ((long)tiles * k * per * 100 > best * p * 103) best = (long)tiles * k, per = p, ks = k;
     }
     *ks_out = ks;
