@@ -231,6 +231,57 @@ __global__ void attn_combine_kernel(float *__restrict__ out, const float *__rest
     }
 }
 
+/* The same merge with two rounds of L2 loads instead of one per split and operand: warp 0
+ * reads every split's (max, sum) at once and leaves each split's weight
+ * expf(m_i - max) and sum in shared memory, lane 0 the weighted sum of the sums; then each thread's dims of up to 16
+ * splits are in flight together. The same operations in the same order as attn_combine_kernel: the same bits. */
+enum { ATT_COMBINE_BATCH = 16 };
+__global__ void attn_combine_staged_kernel(float *__restrict__ out, const float *__restrict__ part, int n_heads,
+                                           int head_dim, int n_split)
+{
+    extern __shared__ float w[]; /* [2 n_split + 2]: weights, sums, then the sum of the sums and the max */
+    pdl_launch_dependents();
+    pdl_wait();
+    const int h = blockIdx.x, s = blockIdx.y, lane = threadIdx.x & 31;
+    const size_t stride = (size_t)head_dim + 2;
+    const float *ph = part + ((size_t)s * n_heads + h) * n_split * stride;
+    if (threadIdx.x < 32) {
+        float mx = -INFINITY;
+        for (int i = lane; i < n_split; i += 32)
+            mx = fmaxf(mx, __ldcg(ph + i * stride + head_dim));
+        for (int off = 16; off > 0; off >>= 1)
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+        for (int i = lane; i < n_split; i += 32) {
+            w[i] = mx == -INFINITY ? 0.0f : expf(__ldcg(ph + i * stride + head_dim) - mx);
+            w[n_split + i] = __ldcg(ph + i * stride + head_dim + 1);
+        }
+        __syncwarp();
+        if (lane == 0) {
+            float ls = 0.0f;
+            for (int i = 0; i < n_split && mx != -INFINITY; i++)
+                ls = fmaf(w[i], w[n_split + i], ls);
+            w[2 * n_split] = ls;
+            w[2 * n_split + 1] = mx;
+        }
+    }
+    __syncthreads();
+    const float ls = w[2 * n_split];
+    const bool any = w[2 * n_split + 1] != -INFINITY;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float a = 0.0f;
+        for (int i0 = 0; any && i0 < n_split; i0 += ATT_COMBINE_BATCH) {
+            float v[ATT_COMBINE_BATCH];
+#pragma unroll
+            for (int u = 0; u < ATT_COMBINE_BATCH; u++)
+                v[u] = i0 + u < n_split ? __ldcg(ph + (i0 + u) * stride + d) : 0.0f;
+#pragma unroll
+            for (int u = 0; u < ATT_COMBINE_BATCH; u++)
+                if (i0 + u < n_split) a = fmaf(w[i0 + u], v[u], a);
+        }
+        out[((size_t)s * n_heads + h) * head_dim + d] = ls > 0.0f ? a / ls : 0.0f;
+    }
+}
+
 template <typename KT, int E, int G> static int att_launch(const att_args &a, dim3 grid, cudaStream_t st)
 {
     if (a.prep)
@@ -305,6 +356,13 @@ static int att_early(void)
 }
 
 /* MM3_ATT_MMA=0: the CUDA-core kernel where the tensor-core one fits (measuring). */
+/* MM3_ATT_COMBINE_STAGED=0: the combine kernel that loads per split and operand (measuring). */
+static int att_combine_staged(void)
+{
+    static int state = -1;
+    return cuda_env_switch(&state, "MM3_ATT_COMBINE_STAGED", 1);
+}
+
 static int att_use_mma(void)
 {
     static int state = -1;
@@ -419,7 +477,11 @@ static int attention_decode(float *out, const float *q, size_t q_stride, const v
     else
         rc = kv_dtype == CUDA_KV_BF16 ? att_launch_e<uint16_t>(a, head_dim, grid, st)
                                       : att_launch_e<float>(a, head_dim, grid, st);
-    if (rc == 0)
+    if (rc == 0 && att_combine_staged())
+        rc = launch_pdl("attn_combine_staged_kernel", attn_combine_staged_kernel,
+                        dim3((unsigned)n_heads, (unsigned)n_seq), head_dim, sizeof(float) * (size_t)(2 * n_split + 2),
+                        st, out, (const float *)part, n_heads, head_dim, n_split);
+    else if (rc == 0)
         rc = launch_pdl("attn_combine_kernel", attn_combine_kernel, dim3((unsigned)n_heads, (unsigned)n_seq), head_dim,
                         0, st, out, (const float *)part, n_heads, head_dim, n_split);
     if (!workspace) (void)cudaFreeAsync(part, st);
