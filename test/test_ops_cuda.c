@@ -1008,6 +1008,29 @@ static void test_attention_odd(void **state)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_attention(&cases[i]);
 }
 
+/* Both combine kernels (the staged one is the default above 4 splits, the per-split one
+ * below), each forced for every split count: 16 splits (a CFG pair), 2 with one chunk
+ * partly empty, 47 (more than a warp's lanes), an empty cache (zeros). */
+static void test_attention_combine_kernels(void **state)
+{
+    (void)state;
+    const struct att_case cases[] = {
+        {2, 32, 8, 128, 10240, {1, 1000}, CUDA_KV_BF16, 0},
+        {2, 32, 8, 128, 3000, {1, 2100}, CUDA_KV_BF16, 2048},
+        {2, 32, 8, 128, 3000, {3000, 2999}, CUDA_KV_BF16, 64},
+        {3, 12, 4, 64, 600, {0, 257, 513}, CUDA_KV_F32, 0},
+    };
+    const char *modes[] = {"0", "2"};
+    for (int m = 0; m < 2; m++) {
+        assert_int_equal(setenv("MM3_ATT_COMBINE_STAGED", modes[m], 1), 0);
+        cuda_env_switches_reset();
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+            check_attention(&cases[i]);
+    }
+    assert_int_equal(unsetenv("MM3_ATT_COMBINE_STAGED"), 0);
+    cuda_env_switches_reset();
+}
+
 /* cuda_ops_attention_decode_qkv against the chain it replaces, on the CPU: q and k
  * heads normed (op_rmsnorm) and rotated (op_rope) at pos, k and v stored at pos of
  * the sequence's cache row (rounded to the cache's type), op_attention over kv_len.
@@ -1201,6 +1224,7 @@ int main(void)
         cmocka_unit_test(test_gemv_chain),
         cmocka_unit_test(test_attention_release),
         cmocka_unit_test(test_attention_odd),
+        cmocka_unit_test(test_attention_combine_kernels),
         cmocka_unit_test(test_attention_qkv),
         cmocka_unit_test(test_attention_bad_args),
     };

@@ -356,11 +356,17 @@ static int att_early(void)
 }
 
 /* MM3_ATT_MMA=0: the CUDA-core kernel where the tensor-core one fits (measuring). */
-/* MM3_ATT_COMBINE_STAGED=0: the combine kernel that loads per split and operand (measuring). */
-static int att_combine_staged(void)
+/* Which combine kernel merges n_split partials. Measured in the graphs on the H200
+ * (context 1000, twenty-sixth session): with 16 splits (1 pair) the staged kernel adds
+ * 3.8-4.1 us a layer against 4.4-4.9, with 2 (8 pairs) 4.3 against 3.1, where its
+ * extra barrier costs more than the one round of loads it saves. MM3_ATT_COMBINE_STAGED
+ * (measuring): 0 never staged, 2 always, unset or 1 above ATT_COMBINE_STAGED_MIN splits. */
+enum { ATT_COMBINE_STAGED_MIN = 4 };
+static bool att_combine_staged(int n_split)
 {
     static int state = -1;
-    return cuda_env_switch(&state, "MM3_ATT_COMBINE_STAGED", 1);
+    const int m = cuda_env_switch(&state, "MM3_ATT_COMBINE_STAGED", 1);
+    return m == 2 || (m == 1 && n_split > ATT_COMBINE_STAGED_MIN);
 }
 
 static int att_use_mma(void)
@@ -477,7 +483,7 @@ static int attention_decode(float *out, const float *q, size_t q_stride, const v
     else
         rc = kv_dtype == CUDA_KV_BF16 ? att_launch_e<uint16_t>(a, head_dim, grid, st)
                                       : att_launch_e<float>(a, head_dim, grid, st);
-    if (rc == 0 && att_combine_staged())
+    if (rc == 0 && att_combine_staged(n_split))
         rc = launch_pdl("attn_combine_staged_kernel", attn_combine_staged_kernel,
                         dim3((unsigned)n_heads, (unsigned)n_seq), head_dim, sizeof(float) * (size_t)(2 * n_split + 2),
                         st, out, (const float *)part, n_heads, head_dim, n_split);
