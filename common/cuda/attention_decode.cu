@@ -231,10 +231,11 @@ __global__ void attn_combine_kernel(float *__restrict__ out, const float *__rest
     }
 }
 
-/* The same merge with two rounds of L2 loads instead of one per split and operand: warp 0
- * reads every split's (max, sum) at once and leaves each split's weight
- * expf(m_i - max) and sum in shared memory, lane 0 the weighted sum of the sums; then each thread's dims of up to 16
- * splits are in flight together. The same operations in the same order as attn_combine_kernel: the same bits. */
+/* The same merge in two rounds of L2 loads, where attn_combine_kernel's loops take one
+ * per 4 splits and operand: warp 0 reads every split's (max, sum) at once and leaves
+ * each split's weight expf(m_i - max) and sum in shared memory, lane 0 the weighted sum
+ * of the sums; then each thread has its dims of up to 16 splits in flight together. The
+ * same operations in the same order as attn_combine_kernel: the same bits. */
 enum { ATT_COMBINE_BATCH = 16 };
 __global__ void attn_combine_staged_kernel(float *__restrict__ out, const float *__restrict__ part, int n_heads,
                                            int head_dim, int n_split)
@@ -355,10 +356,9 @@ static int att_early(void)
     return cuda_env_switch(&state, "MM3_ATT_EARLY", 1);
 }
 
-/* MM3_ATT_MMA=0: the CUDA-core kernel where the tensor-core one fits (measuring). */
 /* Which combine kernel merges n_split partials. Measured in the graphs on the H200
  * (context 1000, twenty-sixth session): with 16 splits (1 pair) the staged kernel adds
- * 3.8-4.1 us a layer against 4.4-4.9, with 2 (8 pairs) 4.3 against 3.1, where its
+ * 3.7-4.1 us a layer against 4.4-4.9, with 2 (8 pairs) 4.3 against 3.1, where its
  * extra barrier costs more than the one round of loads it saves. MM3_ATT_COMBINE_STAGED
  * (measuring): 0 never staged, 2 always, unset or 1 above ATT_COMBINE_STAGED_MIN splits. */
 enum { ATT_COMBINE_STAGED_MIN = 4 };
@@ -369,6 +369,7 @@ static bool att_combine_staged(int n_split)
     return m == 2 || (m == 1 && n_split > ATT_COMBINE_STAGED_MIN);
 }
 
+/* MM3_ATT_MMA=0: the CUDA-core kernel where the tensor-core one fits (measuring). */
 static int att_use_mma(void)
 {
     static int state = -1;

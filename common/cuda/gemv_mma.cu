@@ -155,8 +155,9 @@ template <int MMA_MT, int STAGES> constexpr int mma_ring_bytes()
 
 /* Rank 0's output of one tile: the cluster's block sums bs (this block's, then ranks 1..ks-1
  * through distributed shared memory, in rank order: deterministic), scaled by the row's
- * RMSNorm (computed at a block's first tile, slot 0, from every rank's block_ss), then
- * stored, SwiGLU'd or added to y. */
+ * RMSNorm (computed from every rank's block_ss where slot is 0: at every tile of an
+ * unsplit block, at the first tile of a cluster's merge), then stored, SwiGLU'd or added
+ * to y. */
 template <int NT, int MMA_MT, int EPI, bool NORM>
 __device__ __forceinline__ void mma_store_tile(float *__restrict__ y, float *bs, float *block_ss, float *row_scale,
                                                cg::cluster_group &cluster, int n_rows, int in, int out, int ks, int o0,
