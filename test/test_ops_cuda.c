@@ -774,7 +774,9 @@ static void check_fused(int n, int in, int out, enum cuda_gemv_epi epi, int norm
     if (cuda_ops_gemv_bf16_fused(dy_inner, dx, dw, n, in, out, epi, norm ? dwn : NULL, eps, NULL))
         fail_msg("%s: %s", what, mm3_last_error());
     float *got = dev_fetch_checked(dy, (size_t)n * yw, what);
-    expect_close(got, ref, (size_t)n * yw, n > 2 ? TOL_SPLIT_SUM : TOL_F32_SUM, what);
+    /* x split in two bf16 halves on the tensor cores (above 2 rows, or wide ones). */
+    const int split_x = n > 2 || getenv("MM3_GEMV_MMA_WIDE");
+    expect_close(got, ref, (size_t)n * yw, split_x ? TOL_SPLIT_SUM : TOL_F32_SUM, what);
 
     cuda_free(dw), cuda_free(dx), cuda_free(dwn), cuda_free(dy);
     free(got), free(ref), free(prod), free(xn), free(y0), free(wb), free(wf), free(wn), free(x);
@@ -801,6 +803,15 @@ static void test_gemv_fused(void **state)
         check_fused(rows[i], 12288, 4096, CUDA_GEMV_ADD, 0);    /* h += g . Wd^T */
     }
     check_fused(2, 4096, 12288, CUDA_GEMV_SWIGLU, 1);
+    /* The tensor-core kernel at 1-2 rows for wide products (MM3_GEMV_MMA_WIDE). */
+    assert_int_equal(setenv("MM3_GEMV_MMA_WIDE", "3", 1), 0);
+    cuda_env_switches_reset();
+    for (int n = 1; n <= 2; n++) {
+        check_fused(n, 4096, 24576, CUDA_GEMV_SWIGLU, 1);
+        check_fused(n, 4096, 12288, CUDA_GEMV_STORE, 1);
+    }
+    assert_int_equal(unsetenv("MM3_GEMV_MMA_WIDE"), 0);
+    cuda_env_switches_reset();
     /* Every row count (both kernels, every x tile count of the tensor-core one), k splits. */
     for (int n = 1; n <= CUDA_OPS_GEMV_MMA_MAX_ROWS; n++)
         check_fused_small(n);
@@ -1099,9 +1110,15 @@ static void check_attention_qkv(const struct att_qkv_case *c)
     size_t ws_bytes = cuda_ops_attention_decode_workspace_bytes(S, c->n_heads, c->n_kv_heads, D, c->max_len);
     void *ws = NULL;
     assert_int_equal(cuda_malloc(&ws, ws_bytes), 0);
+    assert_int_equal(cuda_memset(ws, 0, ws_bytes), 0);
     struct cuda_qkv_prep prep = {c->with_norm ? dqn : NULL, c->with_norm ? dkn : NULL, 1e-6f, c->rotary_dim, dfreq, dpos};
     float *dout_inner, *dout = dev_guarded((size_t)S * QD, &dout_inner);
-    for (int run = 0; run < 2; run++) { /* the same k/v stored again at the same places */
+    /* The same k/v stored again at the same places each run. Without a workspace a
+     * combine pass merges the splits; with one the kernel's last blocks do, in the same
+     * order (the same bits), and leave the workspace's counters as they found them
+     * (the third run reuses them). */
+    float *first = NULL;
+    for (int run = 0; run < 3; run++) {
         assert_int_equal(cuda_memset(dout_inner, 0xff, sizeof(float) * (size_t)S * QD), 0);
         int rc = cuda_ops_attention_decode_qkv(dout_inner, dqkv, qkv_stride, dk, dv, c->dtype, dlen, drow, c->max_len,
                                                seq, row, S, c->n_heads, c->n_kv_heads, D, 1.0f / sqrtf((float)D), &prep,
@@ -1109,8 +1126,15 @@ static void check_attention_qkv(const struct att_qkv_case *c)
         if (rc) fail_msg("%s: %s", what, mm3_last_error());
         float *got = dev_fetch_checked(dout, (size_t)S * QD, what);
         expect_close(got, ref, (size_t)S * QD, TOL_F32_SUM, what);
-        free(got);
+        if (!first)
+            first = got;
+        else {
+            if (memcmp(got, first, sizeof(float) * (size_t)S * QD))
+                fail_msg("%s: run %d (workspace) differs from the combine pass's bits", what, run);
+            free(got);
+        }
     }
+    free(first);
     /* The cache: the new k/v rows as the reference stored them, nothing else touched. */
     void *hk = malloc(elem * n_cache), *hv = malloc(elem * n_cache);
     float *gk = malloc(sizeof(float) * KD), *gv = malloc(sizeof(float) * KD);

@@ -272,9 +272,11 @@ int cuda_ops_attention_decode_chunk(float *out, const float *q, const void *k_ca
  * instead of row s and its query row at q + s*q_stride (q may sit inside a fused QKV
  * row): a decode batch over any rows, with every length and row in device memory, so
  * one CUDA graph serves every step. workspace: device memory of at least
- * cuda_ops_attention_decode_workspace_bytes() for the call's n_seq and max_kv_len, or
- * NULL for stream-ordered memory (an allocation and a free that a captured graph
- * records as nodes, which also cut the overlap of pdl.cuh there). */
+ * cuda_ops_attention_decode_workspace_bytes() for the call's n_seq and max_kv_len,
+ * zeroed once when allocated (its last bytes count each launch's finished blocks, so
+ * that the last one merges the splits, and the kernels leave them zero), or NULL for
+ * stream-ordered memory (an allocation and a free that a captured graph records as
+ * nodes, which also cut the overlap of pdl.cuh there, and a combine launch). */
 int cuda_ops_attention_decode_rows(float *out, const float *q, size_t q_stride, const void *k_cache,
                                    const void *v_cache, enum cuda_kv_dtype kv_dtype, const int *kv_len,
                                    const int *seq_row, int max_kv_len, size_t seq_stride, size_t row_stride, int n_seq,
