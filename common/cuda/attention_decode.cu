@@ -236,19 +236,51 @@ __global__ void attn_combine_kernel(float *__restrict__ out, const float *__rest
  * each split's weight expf(m_i - max) and sum in shared memory, lane 0 the weighted sum
  * of the sums; then each thread has its dims of up to 16 splits in flight together. The
  * same operations in the same order as attn_combine_kernel: the same bits. */
+enum { ATT_COMBINE_BATCH = 16 };
 __global__ void attn_combine_staged_kernel(float *__restrict__ out, const float *__restrict__ part, int n_heads,
                                            int head_dim, int n_split)
 {
     extern __shared__ float w[]; /* [2 n_split + 1]: weights, sums, then the sum of the sums */
     pdl_launch_dependents();
     pdl_wait();
-    const int h = blockIdx.x, s = blockIdx.y;
-    const float *ph = part + ((size_t)s * n_heads + h) * n_split * ((size_t)head_dim + 2);
-    if (threadIdx.x < 32) att_combine_weights(w, &w[2 * n_split], ph, head_dim, n_split);
+    const int h = blockIdx.x, s = blockIdx.y, lane = threadIdx.x & 31;
+    const size_t stride = (size_t)head_dim + 2;
+    const float *ph = part + ((size_t)s * n_heads + h) * n_split * stride;
+    if (threadIdx.x < 32) {
+        float mx = -INFINITY;
+        for (int i = lane; i < n_split; i += 32)
+            mx = fmaxf(mx, __ldcg(ph + i * stride + head_dim));
+        for (int off = 16; off > 0; off >>= 1)
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+        for (int i = lane; i < n_split; i += 32) {
+            w[i] = mx == -INFINITY ? 0.0f : expf(__ldcg(ph + i * stride + head_dim) - mx);
+            w[n_split + i] = __ldcg(ph + i * stride + head_dim + 1);
+        }
+        __syncwarp();
+        if (lane == 0) {
+            float ls = 0.0f;
+            for (int i = 0; i < n_split && mx != -INFINITY; i++)
+                ls = fmaf(w[i], w[n_split + i], ls);
+            w[2 * n_split] = ls;
+        }
+    }
     __syncthreads();
+    /* ls > 0 exactly when some split saw a position: its max contributes exp(0) >= 1. */
     const float ls = w[2 * n_split];
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x)
-        out[((size_t)s * n_heads + h) * head_dim + d] = att_combine_dim(w, ls, ph, head_dim, n_split, d);
+    const bool any = ls > 0.0f;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float a = 0.0f;
+        for (int i0 = 0; any && i0 < n_split; i0 += ATT_COMBINE_BATCH) {
+            float v[ATT_COMBINE_BATCH];
+#pragma unroll
+            for (int u = 0; u < ATT_COMBINE_BATCH; u++)
+                v[u] = i0 + u < n_split ? __ldcg(ph + (i0 + u) * stride + d) : 0.0f;
+#pragma unroll
+            for (int u = 0; u < ATT_COMBINE_BATCH; u++)
+                if (i0 + u < n_split) a = fmaf(w[i0 + u], v[u], a);
+        }
+        out[((size_t)s * n_heads + h) * head_dim + d] = ls > 0.0f ? a / ls : 0.0f;
+    }
 }
 
 template <typename KT, int E, int G> static int att_launch(const att_args &a, dim3 grid, cudaStream_t st)
@@ -365,26 +397,6 @@ static size_t att_part_bytes(int n_seq, int n_heads, int head_dim, int n_split)
     return sizeof(float) * (size_t)n_seq * n_heads * n_split * (head_dim + 2);
 }
 
-/* A caller's workspace ends in ATT_DONE_SLOTS counters of finished blocks per
- * (sequence, kv head), for the tensor-core kernel merging its own splits: at the same
- * place for every call on that workspace (its last bytes, whatever a call's partials
- * take), zero when allocated, and zero again after each launch. */
-enum { ATT_DONE_SLOTS = 4096 };
-static const size_t att_done_bytes = sizeof(unsigned) * ATT_DONE_SLOTS;
-
-static unsigned *att_done_counters(void *workspace, size_t workspace_bytes)
-{
-    return (unsigned *)((char *)workspace + ((workspace_bytes - att_done_bytes) & ~(size_t)15));
-}
-
-/* MM3_ATT_MERGE=0: the combine pass after the tensor-core kernel even where its last
- * blocks could merge (measuring). */
-static int att_merge_in_kernel(void)
-{
-    static int state = -1;
-    return cuda_env_switch(&state, "MM3_ATT_MERGE", 1);
-}
-
 /* prep NULL: the plain kernels (q already normed and rotated, k/v stored); else the
  * fused variant (cuda_ops_attention_decode_qkv). */
 static int attention_decode(float *out, const float *q, size_t q_stride, const void *k_cache, const void *v_cache,
@@ -446,19 +458,14 @@ static int attention_decode(float *out, const float *q, size_t q_stride, const v
     int rc = 0;
     if (!part)
         rc = cuda_status(cudaMallocAsync((void **)&part, part_bytes, st), "cudaMallocAsync (attention partials)");
-    else if (workspace_bytes < part_bytes + att_done_bytes + 16)
+    else if (workspace_bytes < part_bytes)
         rc = mm3_errorf(-EINVAL, "cuda_ops_attention_decode: workspace of %zu bytes, %zu needed", workspace_bytes,
-                        part_bytes + att_done_bytes + 16);
+                        part_bytes);
     if (rc < 0) return rc;
-    /* Without a workspace (no zeroed counters) the combine pass merges. */
-    const bool merge = mma && workspace && att_merge_in_kernel() && (long)n_seq * n_kv_heads <= ATT_DONE_SLOTS &&
-                       n_split <= att_mma_merge_max(head_dim);
 
     /* Automatic plans let each sequence cut its own length (chunk 0 in the kernel). */
     att_args a = {part,       q,          q_stride, k_cache, v_cache, kv_len,  seq_row,
                   seq_stride, row_stride, n_heads,  group,   scale,   n_split, chunk_positions ? (int)chunk : 0};
-    a.out = out;
-    a.done = merge ? att_done_counters(workspace, workspace_bytes) : NULL;
     a.prep = prep != NULL; /* a.fuse stays zero (the plain kernel ignores it) without prep */
     if (prep) {
         a.fuse.q_norm = prep->q_norm;
@@ -477,9 +484,7 @@ static int attention_decode(float *out, const float *q, size_t q_stride, const v
     else
         rc = kv_dtype == CUDA_KV_BF16 ? att_launch_e<uint16_t>(a, head_dim, grid, st)
                                       : att_launch_e<float>(a, head_dim, grid, st);
-    if (rc == 0 && merge)
-        ; /* the kernel's last blocks merged */
-    else if (rc == 0 && att_combine_staged(n_split))
+    if (rc == 0 && att_combine_staged(n_split))
         rc = launch_pdl("attn_combine_staged_kernel", attn_combine_staged_kernel,
                         dim3((unsigned)n_heads, (unsigned)n_seq), head_dim, sizeof(float) * (size_t)(2 * n_split + 1),
                         st, out, (const float *)part, n_heads, head_dim, n_split);
@@ -532,5 +537,5 @@ extern "C" size_t cuda_ops_attention_decode_workspace_bytes(int n_seq, int n_hea
     long chunk;
     int n_split;
     att_plan(n_seq, n_kv_heads, max_kv_len, 0, &chunk, &n_split);
-    return att_part_bytes(n_seq, n_heads, head_dim, n_split) + att_done_bytes + 16;
+    return att_part_bytes(n_seq, n_heads, head_dim, n_split);
 }

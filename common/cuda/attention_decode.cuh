@@ -101,52 +101,6 @@ __device__ void att_write_partial(float *__restrict__ part, const float (&sm_acc
     }
 }
 
-/* The merge of n_split partial results of one query head ph (att_write_partial's
- * layout), as attn_combine_kernel does it and in its order, so with its bits: one warp
- * leaves each split's weight expf(m_i - max) in w[i], its sum in w[n_split + i] and
- * lane 0 the weighted sum of the sums in *ls; then att_combine_dim gives dim d, with
- * up to ATT_COMBINE_BATCH splits' loads in flight. */
-enum { ATT_COMBINE_BATCH = 16 };
-__device__ __forceinline__ void att_combine_weights(float *w, float *ls, const float *ph, int head_dim, int n_split)
-{
-    const size_t stride = (size_t)head_dim + 2;
-    const int lane = threadIdx.x & 31;
-    float mx = -INFINITY;
-    for (int i = lane; i < n_split; i += 32)
-        mx = fmaxf(mx, __ldcg(ph + i * stride + head_dim));
-    for (int off = 16; off > 0; off >>= 1)
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    for (int i = lane; i < n_split; i += 32) {
-        w[i] = mx == -INFINITY ? 0.0f : expf(__ldcg(ph + i * stride + head_dim) - mx);
-        w[n_split + i] = __ldcg(ph + i * stride + head_dim + 1);
-    }
-    __syncwarp();
-    if (lane == 0) {
-        float sum = 0.0f;
-        for (int i = 0; i < n_split && mx != -INFINITY; i++)
-            sum = fmaf(w[i], w[n_split + i], sum);
-        *ls = sum;
-    }
-}
-
-/* ls > 0 exactly when some split saw a position: its max contributes exp(0) >= 1. */
-__device__ __forceinline__ float att_combine_dim(const float *w, float ls, const float *ph, int head_dim, int n_split,
-                                                 int d)
-{
-    const size_t stride = (size_t)head_dim + 2;
-    float a = 0.0f;
-    for (int i0 = 0; ls > 0.0f && i0 < n_split; i0 += ATT_COMBINE_BATCH) {
-        float v[ATT_COMBINE_BATCH];
-#pragma unroll
-        for (int u = 0; u < ATT_COMBINE_BATCH; u++)
-            v[u] = i0 + u < n_split ? __ldcg(ph + (i0 + u) * stride + d) : 0.0f;
-#pragma unroll
-        for (int u = 0; u < ATT_COMBINE_BATCH; u++)
-            if (i0 + u < n_split) a = fmaf(w[i0 + u], v[u], a);
-    }
-    return ls > 0.0f ? a / ls : 0.0f;
-}
-
 struct att_args {
     float *part;
     const float *q;
@@ -159,8 +113,6 @@ struct att_args {
     int n_split, chunk;
     bool prep; /* the fused variant (q/k/v as the QKV product left them) */
     att_fuse fuse;
-    float *out;     /* the merged result, where the kernel merges its own partials (done) */
-    unsigned *done; /* per (sequence, kv head): blocks finished; NULL: a combine pass merges */
 };
 
 /* The tensor-core kernel (attention_decode_mma.cu): bf16 caches, head_dim 64 or 128,
@@ -169,7 +121,5 @@ bool att_mma_fits(bool bf16_cache, int head_dim, int group);
 /* Its blocks resident per SM (the plan sizes the grid to them). */
 int att_mma_blocks_per_sm(int head_dim, bool prep);
 int att_mma_launch(const att_args &a, int head_dim, dim3 grid, cudaStream_t st);
-/* The most splits its blocks can merge themselves (args.done). */
-int att_mma_merge_max(int head_dim);
 
 #endif

@@ -81,10 +81,10 @@ __device__ __forceinline__ uint32_t u4w(const uint4 &u, int w)
 
 template <int HD, bool FUSE>
 __global__ void __launch_bounds__(ATT_WARPS * 32, 2)
-    attn_split_mma_kernel(float *__restrict__ out, unsigned *done, float *__restrict__ part,
-                          const float *__restrict__ q, size_t q_stride, const uint16_t *k, const uint16_t *v,
-                          const int *__restrict__ kv_len, const int *__restrict__ seq_row, size_t seq_stride,
-                          size_t row_stride, int n_heads, int group, float scale, int n_split, int chunk, att_fuse f)
+    attn_split_mma_kernel(float *__restrict__ part, const float *__restrict__ q, size_t q_stride, const uint16_t *k,
+                          const uint16_t *v, const int *__restrict__ kv_len, const int *__restrict__ seq_row,
+                          size_t seq_stride, size_t row_stride, int n_heads, int group, float scale, int n_split,
+                          int chunk, att_fuse f)
 {
     pdl_launch_dependents();
     /* Decode (FUSE, f.early): every index below comes from the host (kv_len, pos,
@@ -232,38 +232,6 @@ __global__ void __launch_bounds__(ATT_WARPS * 32, 2)
     }
     __syncthreads();
     att_write_partial<HD, G>(part, sm_acc, sm_m, sm_l, group, n_heads, n_split);
-    if (!done) return;
-
-    /* The last block of this (sequence, kv head) to finish merges the splits of its
-     * query heads, saving the combine launch (the threadFenceReduction pattern): each
-     * block's partials are visible before it counts itself, and the count wraps back
-     * to zero for the next launch. */
-    __shared__ bool last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0)
-        last = atomicInc(done + (size_t)s * gridDim.y + hk, (unsigned)n_split - 1) == (unsigned)n_split - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    float *w = &sm_acc[0][0][0]; /* free again: [group][2 n_split + 1] (host: n_split <= att_mma_merge_max) */
-    for (int gi = warp; gi < group; gi += ATT_WARPS) {
-        float *wg = w + gi * (2 * n_split + 1);
-        const float *ph = part + ((size_t)s * n_heads + hk * group + gi) * n_split * (HD + 2);
-        att_combine_weights(wg, wg + 2 * n_split, ph, HD, n_split);
-    }
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < group * HD; idx += ATT_WARPS * 32) {
-        const int gi = idx / HD, d = idx % HD, h = hk * group + gi;
-        const float *wg = w + gi * (2 * n_split + 1);
-        const float *ph = part + ((size_t)s * n_heads + h) * n_split * (HD + 2);
-        out[((size_t)s * n_heads + h) * HD + d] = att_combine_dim(wg, wg[2 * n_split], ph, HD, n_split, d);
-    }
-}
-
-int att_mma_merge_max(int head_dim)
-{
-    return (ATT_WARPS * head_dim - 1) / 2; /* group <= MMA_ATT_ROWS rows of 2 n_split + 1 in sm_acc */
 }
 
 bool att_mma_fits(bool bf16_cache, int head_dim, int group)
@@ -296,7 +264,7 @@ int att_mma_blocks_per_sm(int head_dim, bool prep)
 template <int HD, bool FUSE> static int att_mma_go(const att_args &a, dim3 grid, cudaStream_t st)
 {
     return launch_pdl(FUSE ? "attn_split_mma_kernel (qkv)" : "attn_split_mma_kernel", attn_split_mma_kernel<HD, FUSE>,
-                      grid, ATT_WARPS * 32, 0, st, a.out, a.done, a.part, a.q, a.q_stride, (const uint16_t *)a.k,
+                      grid, ATT_WARPS * 32, 0, st, a.part, a.q, a.q_stride, (const uint16_t *)a.k,
                       (const uint16_t *)a.v, a.kv_len, a.seq_row, a.seq_stride, a.row_stride, a.n_heads, a.group,
                       a.scale, a.n_split, a.chunk, a.fuse);
 }

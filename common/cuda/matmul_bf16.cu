@@ -30,13 +30,16 @@ static int mma_rows(void)
     return r < GEMV_MMA_ROWS_DEFAULT || r > GEMV_MMA_ROWS_MAX ? GEMV_MMA_ROWS_DEFAULT : r;
 }
 
-/* Fused products with at least MM3_GEMV_MMA_WIDE x 4096 outputs take the tensor-core
- * kernel at 1-2 rows too (0, the default: never). A measuring switch: at 2 rows the
- * talker's gate|up (24576 outputs) traced 53.0 us there against 56.4 us on float32. */
+/* Fused products with at least MM3_GEMV_MMA_WIDE x 4096 outputs (6 by default: the
+ * talker's gate|up, 24576) take the tensor-core kernel at 1-2 rows too; 0: never.
+ * Measured in the 1-pair graphs on the H200 (context 1000): the talker's gate|up adds
+ * 52.0 us a layer there against 56.1-56.4 on float32, the forward graph 0.1-0.19 ms
+ * less; with 3 (the depth decoder's gate|up, 12288, too) the frame did not change. */
+enum { GEMV_MMA_WIDE_DEFAULT = 6 };
 static bool gemv_mma_wide(int in, int out)
 {
     static int state = -1;
-    const int v = cuda_env_switch(&state, "MM3_GEMV_MMA_WIDE", 0);
+    const int v = cuda_env_switch(&state, "MM3_GEMV_MMA_WIDE", GEMV_MMA_WIDE_DEFAULT);
     return v > 0 && in % 32 == 0 && out >= v * 4096;
 }
 

@@ -216,7 +216,8 @@ int cuda_ops_gemv_bf16_fused(float *y, const float *x, const uint16_t *w, int n_
                              enum cuda_gemv_epi epi, const float *norm_w, float eps, void *stream);
 /* Whether that shape fuses: rows 1..cuda_ops_gemv_max_rows(in), in % 8 == 0 (in % 32
  * == 0 on the tensor-core kernel, beyond 2 rows by default), out even for SWIGLU, no
- * norm with ADD. */
+ * norm with ADD. At 1-2 rows products of >= 24576 outputs with in % 32 == 0 run on the
+ * tensor-core kernel too (MM3_GEMV_MMA_WIDE=n: from n x 4096 outputs, 0 never). */
 int cuda_ops_gemv_fused_ok(int n_rows, int in, int out, enum cuda_gemv_epi epi, int norm);
 /* Whether fusing the norm and the residual add into the products is faster at this
  * row count (measured on the H200, ctx 1000, docs/performance.md): at 1-2 rows (1 CFG
@@ -272,11 +273,9 @@ int cuda_ops_attention_decode_chunk(float *out, const float *q, const void *k_ca
  * instead of row s and its query row at q + s*q_stride (q may sit inside a fused QKV
  * row): a decode batch over any rows, with every length and row in device memory, so
  * one CUDA graph serves every step. workspace: device memory of at least
- * cuda_ops_attention_decode_workspace_bytes() for the call's n_seq and max_kv_len,
- * zeroed once when allocated (its last bytes count each launch's finished blocks, so
- * that the last one merges the splits, and the kernels leave them zero), or NULL for
- * stream-ordered memory (an allocation and a free that a captured graph records as
- * nodes, which also cut the overlap of pdl.cuh there, and a combine launch). */
+ * cuda_ops_attention_decode_workspace_bytes() for the call's n_seq and max_kv_len, or
+ * NULL for stream-ordered memory (an allocation and a free that a captured graph
+ * records as nodes, which also cut the overlap of pdl.cuh there). */
 int cuda_ops_attention_decode_rows(float *out, const float *q, size_t q_stride, const void *k_cache,
                                    const void *v_cache, enum cuda_kv_dtype kv_dtype, const int *kv_len,
                                    const int *seq_row, int max_kv_len, size_t seq_stride, size_t row_stride, int n_seq,

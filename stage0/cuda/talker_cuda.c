@@ -516,7 +516,6 @@ int talker_cuda_graphs_enable(struct talker_cuda *tc, const int *sizes, int n_si
             if (b > bytes) bytes = b;
         }
         if ((rc = cuda_malloc(&tc->gs.att_ws, bytes)) == 0) tc->gs.att_ws_bytes = bytes;
-        if (rc == 0) rc = cuda_memset(tc->gs.att_ws, 0, bytes); /* the counters (ops_cuda.h) */
     }
     void *emb = NULL, *ints = NULL;
     if (rc == 0 && (rc = host_pinned_alloc(&emb, sizeof(float) * (size_t)cap * H)) == 0) tc->g_emb = emb;
