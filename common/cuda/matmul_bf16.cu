@@ -434,7 +434,8 @@ extern "C" int cuda_ops_matmul_bf16(float *y, const float *x, const uint16_t *w,
     const bool mma_fits = in % 32 == 0 && (((uintptr_t)w | (uintptr_t)x) & 15) == 0;
     if (n_rows > (mma_fits ? CUDA_OPS_GEMV_MMA_MAX_ROWS : CUDA_OPS_GEMV_MAX_ROWS))
         return lt_matmul(y, x, w, n_rows, in, out, s);
-    if (n_rows > mma_rows() && mma_fits)
+    /* Wide products as the fused path runs them: the same kernel, the same bits. */
+    if ((n_rows > mma_rows() || gemv_mma_wide(in, out)) && mma_fits)
         return gemv_mma_launch(y, x, w, n_rows, in, out, 0, CUDA_GEMV_STORE, NULL, 0.0f, s);
     bool vec = in % 8 == 0 && ((uintptr_t)w & 15) == 0 && ((uintptr_t)x & 15) == 0;
     return gemv_dispatch(y, x, w, n_rows, in, out, vec, gemv_default_opw(n_rows), s);

@@ -164,7 +164,9 @@ int cuda_ops_gemv_set_x_round(int mode);
 
 /* y[n, out] = x[n, in] . w[out, in]^T, w bf16 (uint16 bit patterns), x and y float32.
  * n <= 2:  float32 GEMV kernel: one pass over w with 16-byte loads serves all
- *          rows; x stays float32 (matches op_matmul on widened w up to summation order).
+ *          rows; x stays float32 (matches op_matmul on widened w up to summation order);
+ *          products of >= 24576 outputs take the tensor-core kernel below instead
+ *          (MM3_GEMV_MMA_WIDE, as cuda_ops_gemv_bf16_fused).
  * n 3..32: tensor-core GEMV (cuda_ops_gemv_bf16_mma, or above 8 rows the x-staged one:
  *          cuda_ops_gemv_set_xs) when in % 32 == 0 and w, x are
  *          16-byte aligned (else the float32 kernel up to 16 rows): x split into bf16
