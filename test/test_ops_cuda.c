@@ -715,12 +715,6 @@ static void test_gemv_chain(void **state)
 
 /* ---- fused decode GEMV (norm in, SwiGLU / residual add out) ------------------------ */
 
-/* cuda_ops_gemv_bf16_fused against the float32 chain it replaces: RMSNorm (op_rmsnorm)
- * when norm, the product, then store / silu(gate) * up over interleaved rows / add to
- * what y held. The norm's scale is applied to the sums instead of to x: float32
- * rounding in another place (~1e-7), inside TOL_F32_SUM. Where the kernel rounds x
- * (tc_rounds), it rounds x times the norm weight, and the row's scale stays on the
- * sums: so does the reference. */
 /* Fused products of at least this many outputs run on the tensor cores at 1-2 rows
  * too (0: never): matmul_bf16.cu's default, or set_gemv_wide's. */
 static int gemv_wide_out = 6 * 4096;
@@ -732,6 +726,12 @@ static void set_gemv_wide(const char *n)
     gemv_wide_out = atoi(n) * 4096;
 }
 
+/* cuda_ops_gemv_bf16_fused against the float32 chain it replaces: RMSNorm (op_rmsnorm)
+ * when norm, the product, then store / silu(gate) * up over interleaved rows / add to
+ * what y held. The norm's scale is applied to the sums instead of to x: float32
+ * rounding in another place (~1e-7), inside TOL_F32_SUM. Where the kernel rounds x
+ * (tc_rounds), it rounds x times the norm weight, and the row's scale stays on the
+ * sums: so does the reference. */
 static void check_fused(int n, int in, int out, enum cuda_gemv_epi epi, int norm)
 {
     static const char *names[] = {"store", "swiglu", "add"};

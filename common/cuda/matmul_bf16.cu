@@ -30,8 +30,8 @@ static int mma_rows(void)
     return r < GEMV_MMA_ROWS_DEFAULT || r > GEMV_MMA_ROWS_MAX ? GEMV_MMA_ROWS_DEFAULT : r;
 }
 
-/* Fused products with at least MM3_GEMV_MMA_WIDE x 4096 outputs (6 by default: the
- * talker's gate|up, 24576) take the tensor-core kernel at 1-2 rows too; 0: never.
+/* Products with at least MM3_GEMV_MMA_WIDE x 4096 outputs (6 by default: the talker's
+ * gate|up, 24576) take the tensor-core kernel at 1-2 rows too, fused or not; 0: never.
  * Measured in the 1-pair graphs on the H200 (context 1000): the talker's gate|up adds
  * 52.0 us a layer there against 56.1-56.4 on float32, the forward graph 0.1-0.19 ms
  * less; with 3 (the depth decoder's gate|up, 12288, too) the frame did not change. */
