@@ -129,6 +129,8 @@ static void expect_close(const float *got, const float *ref, size_t n, double to
  * ~1e-3). Tests change the settings through these setters only. */
 static int x_round_mode;  /* what cuda_ops_gemv_set_x_round was last given */
 static int gemv_mma_rows = 2; /* the float32 kernel's row limit (cuda_ops_gemv_set_mma_rows) */
+enum { GEMV_WIDE_OUT_DEFAULT = 6 * 4096 };
+static int gemv_wide_out = GEMV_WIDE_OUT_DEFAULT; /* MM3_GEMV_MMA_WIDE x 4096 (0: never) */
 
 static void set_x_round(int mode)
 {
@@ -142,17 +144,27 @@ static void set_mma_rows(int rows)
     gemv_mma_rows = rows ? rows : 2;
 }
 
+/* n: MM3_GEMV_MMA_WIDE's value; NULL: unset (the default). */
+static void set_gemv_wide(const char *n)
+{
+    assert_int_equal(n ? setenv("MM3_GEMV_MMA_WIDE", n, 1) : unsetenv("MM3_GEMV_MMA_WIDE"), 0);
+    cuda_env_switches_reset();
+    gemv_wide_out = n ? atoi(n) * 4096 : GEMV_WIDE_OUT_DEFAULT;
+}
+
 /* Whether a tensor-core GEMV at n rows rounds x. */
 static int tc_rounds(int n)
 {
     return x_round_mode == 1 || (x_round_mode == 0 && n > 8);
 }
 
-/* Whether the public products (matmul, fused GEMV) of n rows x in run on the tensor
- * cores: above the float32 kernel's rows, in % 32 == 0 and x 16-byte aligned. */
-static int tc_serves(int n, int in, int x_aligned)
+/* Whether the public products (matmul, fused GEMV) of n rows x in -> out run on the
+ * tensor cores: above the float32 kernel's rows, or at any GEMV row count when wide;
+ * in % 32 == 0 and x 16-byte aligned. */
+static int tc_serves(int n, int in, int out, int x_aligned)
 {
-    return n > gemv_mma_rows && n <= cuda_ops_gemv_max_rows(in) && in % 32 == 0 && x_aligned;
+    const int wide = gemv_wide_out && out >= gemv_wide_out;
+    return (n > gemv_mma_rows || wide) && n <= cuda_ops_gemv_max_rows(in) && in % 32 == 0 && x_aligned;
 }
 
 static float as_bf16(float v)
@@ -178,7 +190,7 @@ static void check_matmul_opw(int n, int in, int out, int x_offset, int opw)
     float *xr = malloc(sizeof(float) * (size_t)n * in);
     assert_non_null(xr);
     const int lt = n > (x_offset % 4 ? CUDA_OPS_GEMV_MAX_ROWS : cuda_ops_gemv_max_rows(in));
-    const int tc = opw == 1 || opw < 0 || (opw == 0 && tc_serves(n, in, x_offset % 4 == 0));
+    const int tc = opw == 1 || opw < 0 || (opw == 0 && tc_serves(n, in, out, x_offset % 4 == 0));
     const int round = lt || (tc && tc_rounds(n));
     for (size_t i = 0; i < (size_t)n * in; i++)
         xr[i] = round ? as_bf16(xs[i]) : xs[i];
@@ -532,7 +544,7 @@ static void check_swiglu(int n, int in, int ffn)
     float *g = malloc(sizeof(float) * (size_t)n * ffn), *u = malloc(sizeof(float) * (size_t)n * ffn);
     float *ref = malloc(sizeof(float) * (size_t)n * ffn);
     assert_true(xr && g && u && ref);
-    const int round = n > cuda_ops_gemv_max_rows(in) || (tc_serves(n, in, 1) && tc_rounds(n));
+    const int round = n > cuda_ops_gemv_max_rows(in) || (tc_serves(n, in, 2 * ffn, 1) && tc_rounds(n));
     for (size_t i = 0; i < (size_t)n * in; i++)
         xr[i] = round ? as_bf16(x[i]) : x[i];
     op_matmul(g, xr, gf, NULL, n, in, ffn);
@@ -715,17 +727,6 @@ static void test_gemv_chain(void **state)
 
 /* ---- fused decode GEMV (norm in, SwiGLU / residual add out) ------------------------ */
 
-/* Fused products of at least this many outputs run on the tensor cores at 1-2 rows
- * too (0: never): matmul_bf16.cu's default, or set_gemv_wide's. */
-static int gemv_wide_out = 6 * 4096;
-
-static void set_gemv_wide(const char *n)
-{
-    assert_int_equal(setenv("MM3_GEMV_MMA_WIDE", n, 1), 0);
-    cuda_env_switches_reset();
-    gemv_wide_out = atoi(n) * 4096;
-}
-
 /* cuda_ops_gemv_bf16_fused against the float32 chain it replaces: RMSNorm (op_rmsnorm)
  * when norm, the product, then store / silu(gate) * up over interleaved rows / add to
  * what y held. The norm's scale is applied to the sums instead of to x: float32
@@ -747,7 +748,7 @@ static void check_fused(int n, int in, int out, enum cuda_gemv_epi epi, int norm
     float *xn = malloc(sizeof(float) * (size_t)n * in), *prod = malloc(sizeof(float) * (size_t)n * out);
     float *ref = malloc(sizeof(float) * (size_t)n * yw);
     assert_true(xn && prod && ref);
-    const int round = tc_serves(n, in, 1) && tc_rounds(n);
+    const int round = tc_serves(n, in, out, 1) && tc_rounds(n);
     if (round) {
         for (size_t i = 0; i < (size_t)n * in; i++)
             xn[i] = as_bf16(norm ? x[i] * wn[i % (size_t)in] : x[i]);
@@ -786,7 +787,7 @@ static void check_fused(int n, int in, int out, enum cuda_gemv_epi epi, int norm
         fail_msg("%s: %s", what, mm3_last_error());
     float *got = dev_fetch_checked(dy, (size_t)n * yw, what);
     /* x split in two bf16 halves on the tensor cores (above 2 rows, or wide products). */
-    const int split_x = n > 2 || (gemv_wide_out && out >= gemv_wide_out && in % 32 == 0);
+    const int split_x = n > 2 || tc_serves(n, in, out, 1);
     expect_close(got, ref, (size_t)n * yw, split_x ? TOL_SPLIT_SUM : TOL_F32_SUM, what);
 
     cuda_free(dw), cuda_free(dx), cuda_free(dwn), cuda_free(dy);
@@ -824,9 +825,7 @@ static void test_gemv_fused(void **state)
             check_fused(n, 4096, 12288, CUDA_GEMV_STORE, 1);
         }
     }
-    assert_int_equal(unsetenv("MM3_GEMV_MMA_WIDE"), 0);
-    cuda_env_switches_reset();
-    gemv_wide_out = 6 * 4096;
+    set_gemv_wide(NULL);
     /* Every row count (both kernels, every x tile count of the tensor-core one), k splits. */
     for (int n = 1; n <= CUDA_OPS_GEMV_MMA_MAX_ROWS; n++)
         check_fused_small(n);
