@@ -58,8 +58,9 @@ struct batch {
     unsigned char *mask; /* NULL or [n_pairs] */
 };
 
-enum fill { FILL_UNIFORM, FILL_QUANT, FILL_EQUAL, FILL_SPECIAL, FILL_NAN_HEAVY, FILL_COUNT };
-static const char *const fill_name[FILL_COUNT] = {"uniform", "quantised", "all-equal", "special", "nan-heavy"};
+enum fill { FILL_UNIFORM, FILL_QUANT, FILL_EQUAL, FILL_SPECIAL, FILL_NAN_HEAVY, FILL_TOP_NAN, FILL_COUNT };
+static const char *const fill_name[FILL_COUNT] = {"uniform", "quantised", "all-equal",
+                                                  "special", "nan-heavy", "top-k-nan"};
 
 static int cmp_desc(const void *a, const void *b)
 {
@@ -137,6 +138,14 @@ static void fill_pair(float *c, float *u, int n, int top_k, enum fill kind)
                 u[i] = rnd_int(2) ? INFINITY : -INFINITY;
         }
         break;
+    case FILL_TOP_NAN: { /* half the conditional top k guide to NaN (inf - inf): fewer
+                            than k finite values survive the c0 mask */
+        fill_pair(c, u, n, top_k, FILL_UNIFORM);
+        const float t = kth_value(c, n, top_k);
+        for (int i = 0; i < n; i++)
+            if (c[i] >= t && rnd_int(2)) u[i] = INFINITY;
+        break;
+    }
     default:
         fail();
     }
@@ -323,16 +332,24 @@ static int same_float(float a, float b)
     return x == y;
 }
 
-/* GPU vs CPU on one batch; fails with the case described. */
+/* GPU vs CPU on one batch; fails with the case described. The GPU runs twice: with
+ * the guided rows asked for (every column guided) and without (the c0 rule guides only
+ * the conditional row's top k where it can): both must draw the CPU's columns. */
 static void check_batch(const struct batch *b, const char *what)
 {
     size_t np = (size_t)b->n_pairs, n = (size_t)b->n;
-    int *gc = malloc(sizeof(int) * np), *cc = malloc(sizeof(int) * np);
+    int *gc = malloc(sizeof(int) * np), *cc = malloc(sizeof(int) * np), *gc_lean = malloc(sizeof(int) * np);
     float *gg = malloc(sizeof(float) * n * np), *cg = malloc(sizeof(float) * n * np);
-    assert_true(gc && cc && gg && cg);
+    assert_true(gc && cc && gc_lean && gg && cg);
     gpu_run(b, gc, gg);
+    gpu_run(b, gc_lean, NULL);
     cpu_run(b, cc, cg);
     for (size_t p = 0; p < np; p++) {
+        if (gc_lean[p] != cc[p])
+            fail_msg("%s: n %d k %d c0_rule %d pair %zu (scale %g, mask %d, seed %llu, pos %u): drew gpu %d "
+                     "(without the guided rows) cpu %d",
+                     what, b->n, b->top_k, b->c0_rule, p, (double)b->scale[p], b->mask ? b->mask[p] : -1,
+                     (unsigned long long)b->seed[p], b->pos[p], gc_lean[p], cc[p]);
         for (size_t i = 0; i < n; i++)
             if (!same_float(gg[p * n + i], cg[p * n + i]))
                 fail_msg("%s: n %d k %d c0_rule %d pair %zu (scale %g, mask %d) column %zu: guided gpu %a cpu %a", what,
@@ -345,6 +362,7 @@ static void check_batch(const struct batch *b, const char *what)
     }
     free(gc);
     free(cc);
+    free(gc_lean);
     free(gg);
     free(cg);
 }

@@ -17,49 +17,150 @@ static __device__ __forceinline__ int clamp_row(int r, int rows)
     return r < 0 ? 0 : r >= rows ? rows - 1 : r;
 }
 
+enum {
+    TAKE_BATCH = 8, /* elements per thread in flight in copy_batched: 2 W = 8192 in one batch */
+    TAKE_REGS = 4   /* elements per thread and row loaded at once after the draw: W = 4096 */
+};
+
+/* store(i, load(i)) for i < n over the block, each thread's loads of a batch issued
+ * before its stores. Through pointers that may alias, the compiler keeps every load
+ * after the store before it: a loop of load-store pairs costs one memory round trip
+ * per element and thread (the draws' table copies, ~1 us each at the H200's latency). */
+template <typename T, typename Load, typename Store>
+static __device__ __forceinline__ void copy_batched(int n, Load load, Store store)
+{
+    for (int i0 = threadIdx.x; i0 < n; i0 += TAKE_BATCH * blockDim.x) {
+        T v[TAKE_BATCH];
+#pragma unroll
+        for (int e = 0; e < TAKE_BATCH; e++) {
+            const int i = i0 + e * (int)blockDim.x;
+            if (i < n) v[e] = load(i);
+        }
+#pragma unroll
+        for (int e = 0; e < TAKE_BATCH; e++) {
+            const int i = i0 + e * (int)blockDim.x;
+            if (i < n) store(i, v[e]);
+        }
+    }
+}
+
 __global__ void __launch_bounds__(SAMPLER_THREADS) draw_take_kernel(struct frame_draw_take a)
 {
     pdl_launch_dependents();
     pdl_wait();
     extern __shared__ uint32_t keys[];
-    const int p = blockIdx.x, W = a.width;
+    const int p = blockIdx.x, W = a.width, T = (int)blockDim.x;
+    if (a.copy_dst) { /* the LM hidden pair: no need of the drawn column */
+        const float *src = a.copy_src + (size_t)2 * p * W;
+        float *dst = a.copy_dst + (size_t)2 * p * W;
+        copy_batched<float>(
+            2 * W, [=](int i) { return src[i]; }, [=](int i, float v) { dst[i] = v; });
+    }
     const int c = sampler_draw_pair(a.logits, a.n_cols, a.n_cols, a.scale, a.c0_rule, a.top_k, a.seed, a.pos,
                                     a.mask_col0, NULL, p, keys);
     if (threadIdx.x == 0) a.codes[(size_t)p * a.ncb + a.j] = c;
-    if (a.dh) { /* the pair's conditional row, normed as rmsnorm_kernel does */
-        const float *hr = a.h + (size_t)2 * p * W;
-        float r = 1.0f;
+    const bool take = a.table || a.table_f32;
+    const size_t r = take ? (size_t)clamp_row(c + a.col_offset, a.table_rows) : 0;
+    const float *hr = a.dh ? a.h + (size_t)2 * p * W : NULL;
+    float *x0 = a.x + (size_t)2 * p * W, *x1 = x0 + W;
+    const int W2 = a.table2 ? a.width2 / 4 : 0;
+    const float4 *t2 = a.table2 ? (const float4 *)(a.table2 + r * a.width2) : NULL;
+    float4 *y0 = a.table2 ? (float4 *)(a.x2 + (size_t)2 * p * a.width2) : NULL, *y1 = y0 + W2;
+
+    /* Where the rows fit TAKE_REGS per thread (the release widths), everything after the
+     * draw is one round trip: dh's row and weights and the drawn code's rows are loaded
+     * together, then normed and stored. Element i is thread i % T's in every row, so a
+     * thread reads h[i] before it stores x[i] where x is h. */
+    if (W <= TAKE_REGS * T && W2 <= TAKE_REGS * T) {
+        float hv[TAKE_REGS], wv[TAKE_REGS], xv[TAKE_REGS];
+        float4 yv[TAKE_REGS];
+#pragma unroll
+        for (int e = 0; e < TAKE_REGS; e++) {
+            const int i = (int)threadIdx.x + e * T;
+            hv[e] = a.dh && i < W ? hr[i] : 0.0f;
+            wv[e] = a.dh && a.norm_w && i < W ? a.norm_w[i] : 0.0f;
+            if (take && i < W) xv[e] = a.table_f32 ? a.table_f32[r * W + i] : bf16_to_f32(a.table[r * W + i]);
+            if (i < W2) yv[e] = t2[i];
+        }
+        if (a.dh) { /* the pair's conditional row, normed as rmsnorm_kernel does */
+            float rn = 1.0f;
+            if (a.norm_w) {
+                /* each thread's squares in rmsnorm_kernel's order (i = thread, + T, ...) */
+                float ss = 0.0f;
+#pragma unroll
+                for (int e = 0; e < TAKE_REGS; e++)
+                    if ((int)threadIdx.x + e * T < W) ss = fmaf(hv[e], hv[e], ss);
+                rn = 1.0f / sqrtf(block_sum(ss) / (float)W + a.eps);
+            }
+            float *d = a.dh + (size_t)p * a.dh_stride;
+#pragma unroll
+            for (int e = 0; e < TAKE_REGS; e++) {
+                const int i = (int)threadIdx.x + e * T;
+                if (i < W) d[i] = a.norm_w ? __fmul_rn(wv[e], __fmul_rn(hv[e], rn)) : hv[e];
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < TAKE_REGS; e++) {
+            const int i = (int)threadIdx.x + e * T;
+            if (take && i < W) {
+                x0[i] = xv[e];
+                x1[i] = xv[e];
+            }
+            if (i < W2) {
+                y0[i] = yv[e];
+                y1[i] = yv[e];
+            }
+        }
+        return;
+    }
+
+    if (a.dh) { /* wider rows: the same steps a batch at a time */
+        float *d = a.dh + (size_t)p * a.dh_stride;
+        float rn = 1.0f;
         if (a.norm_w) {
             float ss = 0.0f;
-            for (int i = threadIdx.x; i < W; i += blockDim.x)
-                ss = fmaf(hr[i], hr[i], ss);
-            r = 1.0f / sqrtf(block_sum(ss) / (float)W + a.eps);
+            for (int i0 = threadIdx.x; i0 < W; i0 += TAKE_BATCH * T) {
+                float v[TAKE_BATCH];
+#pragma unroll
+                for (int e = 0; e < TAKE_BATCH; e++) {
+                    const int i = i0 + e * T;
+                    v[e] = i < W ? hr[i] : 0.0f;
+                }
+#pragma unroll
+                for (int e = 0; e < TAKE_BATCH; e++)
+                    if (i0 + e * T < W) ss = fmaf(v[e], v[e], ss);
+            }
+            rn = 1.0f / sqrtf(block_sum(ss) / (float)W + a.eps);
+            const float *w = a.norm_w;
+            copy_batched<float2>(
+                W, [=](int i) { return make_float2(w[i], hr[i]); },
+                [=](int i, float2 v) { d[i] = __fmul_rn(v.x, __fmul_rn(v.y, rn)); });
+        } else {
+            copy_batched<float>(
+                W, [=](int i) { return hr[i]; }, [=](int i, float v) { d[i] = v; });
         }
-        float *d = a.dh + (size_t)p * a.dh_stride;
-        for (int i = threadIdx.x; i < W; i += blockDim.x)
-            d[i] = a.norm_w ? __fmul_rn(a.norm_w[i], __fmul_rn(hr[i], r)) : hr[i];
     }
-    if (a.copy_dst)
-        for (int i = threadIdx.x; i < 2 * W; i += blockDim.x)
-            a.copy_dst[(size_t)2 * p * W + i] = a.copy_src[(size_t)2 * p * W + i];
-    if (!a.table && !a.table_f32) return;
+    if (!take) return;
     __syncthreads(); /* x may be the rows h that dh was read from */
-    const size_t r = (size_t)clamp_row(c + a.col_offset, a.table_rows), row = r * W;
-    float *x0 = a.x + (size_t)2 * p * W, *x1 = x0 + W;
-    for (int i = threadIdx.x; i < W; i += blockDim.x) {
-        float v = a.table_f32 ? a.table_f32[row + i] : bf16_to_f32(a.table[row + i]);
+    const auto store_x = [=](int i, float v) {
         x0[i] = v;
         x1[i] = v;
+    };
+    if (a.table_f32) {
+        const float *t = a.table_f32 + r * W;
+        copy_batched<float>(
+            W, [=](int i) { return t[i]; }, store_x);
+    } else {
+        const uint16_t *t = a.table + r * W;
+        copy_batched<float>(
+            W, [=](int i) { return bf16_to_f32(t[i]); }, store_x);
     }
-    if (!a.table2) return;
-    const int W2 = a.width2;
-    const float4 *t2 = (const float4 *)(a.table2 + r * W2);
-    float4 *y0 = (float4 *)(a.x2 + (size_t)2 * p * W2), *y1 = (float4 *)(a.x2 + (size_t)(2 * p + 1) * W2);
-    for (int i = threadIdx.x; i < W2 / 4; i += blockDim.x) {
-        float4 v = t2[i];
-        y0[i] = v;
-        y1[i] = v;
-    }
+    copy_batched<float4>(
+        W2, [=](int i) { return t2[i]; },
+        [=](int i, float4 v) {
+            y0[i] = v;
+            y1[i] = v;
+        });
 }
 
 static int draw_take_cols;
