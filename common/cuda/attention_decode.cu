@@ -231,11 +231,12 @@ __global__ void attn_combine_kernel(float *__restrict__ out, const float *__rest
     }
 }
 
-/* The same merge in two rounds of L2 loads, where attn_combine_kernel's loops take one
- * per 4 splits and operand: warp 0 reads every split's (max, sum) at once and leaves
- * each split's weight expf(m_i - max) and sum in shared memory, lane 0 the weighted sum
- * of the sums; then each thread has its dims of up to 16 splits in flight together. The
- * same operations in the same order as attn_combine_kernel: the same bits. */
+/* The same merge in one round of L2 loads, where attn_combine_kernel's loops take one
+ * per 4 splits and operand: every thread first issues its dim's loads of up to 16
+ * splits and warp 0 those of every split's (max, sum), all before any is used; warp 0
+ * leaves each split's weight expf(m_i - max) and sum in shared memory, lane 0 the
+ * weighted sum of the sums. The same operations in the same order as
+ * attn_combine_kernel: the same bits. */
 enum { ATT_COMBINE_BATCH = 16 };
 __global__ void attn_combine_staged_kernel(float *__restrict__ out, const float *__restrict__ part, int n_heads,
                                            int head_dim, int n_split)
@@ -246,15 +247,24 @@ __global__ void attn_combine_staged_kernel(float *__restrict__ out, const float 
     const int h = blockIdx.x, s = blockIdx.y, lane = threadIdx.x & 31;
     const size_t stride = (size_t)head_dim + 2;
     const float *ph = part + ((size_t)s * n_heads + h) * n_split * stride;
+    const int d0 = threadIdx.x; /* launched with head_dim threads: one dim each, the loop below is for wider heads */
+    float v0[ATT_COMBINE_BATCH];
+#pragma unroll
+    for (int u = 0; u < ATT_COMBINE_BATCH; u++)
+        v0[u] = d0 < head_dim && u < n_split ? __ldcg(ph + u * stride + d0) : 0.0f;
     if (threadIdx.x < 32) {
-        float mx = -INFINITY;
-        for (int i = lane; i < n_split; i += 32)
+        /* lane i < 32: split i's (max, sum) in registers; more splits are read again below */
+        const float m_own = lane < n_split ? __ldcg(ph + lane * stride + head_dim) : -INFINITY;
+        const float s_own = lane < n_split ? __ldcg(ph + lane * stride + head_dim + 1) : 0.0f;
+        float mx = m_own;
+        for (int i = lane + 32; i < n_split; i += 32)
             mx = fmaxf(mx, __ldcg(ph + i * stride + head_dim));
         for (int off = 16; off > 0; off >>= 1)
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
         for (int i = lane; i < n_split; i += 32) {
-            w[i] = mx == -INFINITY ? 0.0f : expf(__ldcg(ph + i * stride + head_dim) - mx);
-            w[n_split + i] = __ldcg(ph + i * stride + head_dim + 1);
+            const float mi = i < 32 ? m_own : __ldcg(ph + i * stride + head_dim);
+            w[i] = mx == -INFINITY ? 0.0f : expf(mi - mx);
+            w[n_split + i] = i < 32 ? s_own : __ldcg(ph + i * stride + head_dim + 1);
         }
         __syncwarp();
         if (lane == 0) {
@@ -268,13 +278,13 @@ __global__ void attn_combine_staged_kernel(float *__restrict__ out, const float 
     /* ls > 0 exactly when some split saw a position: its max contributes exp(0) >= 1. */
     const float ls = w[2 * n_split];
     const bool any = ls > 0.0f;
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    for (int d = d0; d < head_dim; d += blockDim.x) {
         float a = 0.0f;
         for (int i0 = 0; any && i0 < n_split; i0 += ATT_COMBINE_BATCH) {
             float v[ATT_COMBINE_BATCH];
 #pragma unroll
             for (int u = 0; u < ATT_COMBINE_BATCH; u++)
-                v[u] = i0 + u < n_split ? __ldcg(ph + (i0 + u) * stride + d) : 0.0f;
+                v[u] = d == d0 && i0 == 0 ? v0[u] : i0 + u < n_split ? __ldcg(ph + (i0 + u) * stride + d) : 0.0f;
 #pragma unroll
             for (int u = 0; u < ATT_COMBINE_BATCH; u++)
                 if (i0 + u < n_split) a = fmaf(w[i0 + u], v[u], a);
