@@ -73,6 +73,41 @@ __device__ __forceinline__ void att_load_v(att_mma_tiles<HD> &r, const uint16_t 
     }
 }
 
+/* Eight floats that are bf16 values (kv_widen's) as the cache holds them: one uint4. */
+__device__ __forceinline__ uint4 att_pack8(const float *x)
+{
+    uint32_t w[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+        w[q] = (__float_as_uint(x[2 * q]) >> 16) | (__float_as_uint(x[2 * q + 1]) & 0xffff0000u);
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+/* The fragments of the rows att_load_k / att_load_v read at step j that are the new
+ * position's, from its k and v as this block stored them (sk, sv): the block that
+ * holds pnew loads its chunk before the store, with the others, and patches it here. */
+template <int HD>
+__device__ __forceinline__ void att_patch_new_row(att_mma_tiles<HD> &r, const float *sk, const float *sv, int j, int je,
+                                                  int pnew, int g, int t)
+{
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++) {
+        const int p = j + 8 * nt + g;
+        if ((p < je ? p : j) == pnew)
+#pragma unroll
+            for (int c = 0; c < att_mma_tiles<HD>::KC; c++)
+                r.k[nt][c] = att_pack8(sk + 32 * c + 8 * t);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int p = j + 2 * t + (i & 1) + (i >> 1) * 8;
+        if ((p < je ? p : j) == pnew)
+#pragma unroll
+            for (int b = 0; b < att_mma_tiles<HD>::VB; b++)
+                r.v[i][b] = att_pack8(sv + 64 * b + 8 * g);
+    }
+}
+
 /* Word w (0..3) of a uint4. */
 __device__ __forceinline__ uint32_t u4w(const uint4 &u, int w)
 {
@@ -111,15 +146,17 @@ __global__ void __launch_bounds__(ATT_WARPS * 32, 2)
     if (c == 0) c = ((len + n_split - 1) / n_split + MMA_ATT_POS - 1) / MMA_ATT_POS * MMA_ATT_POS;
     const int j0 = split * c, j1 = min(j0 + c, len);
     const size_t seq_off = (size_t)(seq_row ? seq_row[s] : s) * seq_stride + (size_t)hk * HD;
-    /* FUSE: the block whose chunk holds the new position stores its k/v first and
-     * then reads it back with the rest; split 0 stores a padding token's. */
+    /* FUSE: the block whose chunk holds the new position stores its k/v and takes that
+     * row from shared memory, its other rows loaded early as everywhere (one round trip
+     * fewer after the wait for the block that finishes last); split 0 stores a padding
+     * token's. */
     const int pnew = FUSE ? f.pos[s] : -1;
     const bool mine = FUSE && pnew >= j0 && pnew < j1;
     const bool store = mine || (FUSE && split == 0 && pnew >= len);
 
     att_mma_tiles<HD> r;
     int j = j0 + warp * MMA_ATT_POS;
-    if (!mine && j < j1) {
+    if (j < j1) {
         att_load_k<HD>(r, k, seq_off, row_stride, j, j1, g, t);
         att_load_v<HD>(r, v, seq_off, row_stride, j, j1, g, t);
     }
@@ -132,10 +169,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32, 2)
             att_prepare<uint16_t, HD, G>(sq, sk, sv, rope_cs, rope_sn, q + (size_t)s * q_stride, hk, group, store, f,
                                          seq_off + (size_t)pnew * row_stride);
     }
-    if (mine && j < j1) {
-        att_load_k<HD>(r, k, seq_off, row_stride, j, j1, g, t);
-        att_load_v<HD>(r, v, seq_off, row_stride, j, j1, g, t);
-    }
+    if constexpr (FUSE)
+        if (mine && j < j1) att_patch_new_row<HD>(r, sk, sv, j, j1, pnew, g, t);
 
     /* Q fragments, the softmax scale folded in: chunk cc, half h (dims 8t + 4h ..
      * + 3 of the chunk): rows g (hi) and g + 8 (lo) of head g. */

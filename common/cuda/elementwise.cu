@@ -26,6 +26,17 @@ static unsigned ew_blocks(size_t n)
  * before any is stored: y may be h, so the compiler would otherwise keep every load
  * after the store before it, one round trip per element (16 at the talker's width). */
 enum { ROW_BATCH = 16 };
+
+/* v[e] = src[i0 + e T] where that is below dim, else 0: one thread's batch of a row. */
+static __device__ __forceinline__ void row_batch_load(float (&v)[ROW_BATCH], const float *src, int i0, int T, int dim)
+{
+#pragma unroll
+    for (int e = 0; e < ROW_BATCH; e++) {
+        const int i = i0 + e * T;
+        v[e] = i < dim ? src[i] : 0.0f;
+    }
+}
+
 __global__ void __launch_bounds__(ROW_THREADS)
     rmsnorm_kernel(float *__restrict__ y, float *h, const float *__restrict__ add, const float *__restrict__ w, int dim,
                    float eps)
@@ -39,12 +50,8 @@ __global__ void __launch_bounds__(ROW_THREADS)
     float ss = 0.0f;
     for (int i0 = threadIdx.x; i0 < dim; i0 += ROW_BATCH * T) {
         float v[ROW_BATCH], a[ROW_BATCH];
-#pragma unroll
-        for (int e = 0; e < ROW_BATCH; e++) {
-            const int i = i0 + e * T;
-            v[e] = i < dim ? xr[i] : 0.0f;
-            a[e] = ar && i < dim ? ar[i] : 0.0f;
-        }
+        row_batch_load(v, xr, i0, T, dim);
+        if (ar) row_batch_load(a, ar, i0, T, dim);
 #pragma unroll
         for (int e = 0; e < ROW_BATCH; e++) {
             const int i = i0 + e * T;
@@ -60,12 +67,8 @@ __global__ void __launch_bounds__(ROW_THREADS)
     float r = 1.0f / sqrtf(ss / (float)dim + eps);
     for (int i0 = threadIdx.x; i0 < dim; i0 += ROW_BATCH * T) {
         float v[ROW_BATCH], g[ROW_BATCH];
-#pragma unroll
-        for (int e = 0; e < ROW_BATCH; e++) {
-            const int i = i0 + e * T;
-            v[e] = i < dim ? xr[i] : 0.0f;
-            g[e] = i < dim ? w[i] : 0.0f;
-        }
+        row_batch_load(v, xr, i0, T, dim);
+        row_batch_load(g, w, i0, T, dim);
 #pragma unroll
         for (int e = 0; e < ROW_BATCH; e++) {
             const int i = i0 + e * T;
