@@ -44,15 +44,28 @@ template <int HD> struct att_mma_tiles {
     uint4 v[4][VB];                    /* positions j + 2t + {0, 1, 8, 9} */
 };
 
-/* Rows past je re-read row j (always valid; masked out of the softmax). */
+/* The cache row a lane's K fragment nt / V fragment i holds at step j: rows past je
+ * re-read row j (always valid; masked out of the softmax). att_load_k / att_load_v read
+ * them, att_patch_new_row finds the new position's among them. */
+__device__ __forceinline__ int att_k_row(int j, int je, int nt, int g)
+{
+    const int p = j + 8 * nt + g;
+    return p < je ? p : j;
+}
+
+__device__ __forceinline__ int att_v_row(int j, int je, int i, int t)
+{
+    const int p = j + 2 * t + (i & 1) + (i >> 1) * 8;
+    return p < je ? p : j;
+}
+
 template <int HD>
 __device__ __forceinline__ void att_load_k(att_mma_tiles<HD> &r, const uint16_t *k, size_t kv_off, size_t row_stride,
                                            int j, int je, int g, int t)
 {
 #pragma unroll
     for (int nt = 0; nt < 2; nt++) {
-        const int p = j + 8 * nt + g;
-        const uint16_t *row = k + kv_off + (size_t)(p < je ? p : j) * row_stride + 8 * t;
+        const uint16_t *row = k + kv_off + (size_t)att_k_row(j, je, nt, g) * row_stride + 8 * t;
 #pragma unroll
         for (int c = 0; c < att_mma_tiles<HD>::KC; c++)
             r.k[nt][c] = att_ld(row + 32 * c);
@@ -65,8 +78,7 @@ __device__ __forceinline__ void att_load_v(att_mma_tiles<HD> &r, const uint16_t 
 {
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        const int p = j + 2 * t + (i & 1) + (i >> 1) * 8;
-        const uint16_t *row = v + kv_off + (size_t)(p < je ? p : j) * row_stride + 8 * g;
+        const uint16_t *row = v + kv_off + (size_t)att_v_row(j, je, i, t) * row_stride + 8 * g;
 #pragma unroll
         for (int b = 0; b < att_mma_tiles<HD>::VB; b++)
             r.v[i][b] = att_ld(row + 64 * b);
@@ -91,21 +103,17 @@ __device__ __forceinline__ void att_patch_new_row(att_mma_tiles<HD> &r, const fl
                                                   int pnew, int g, int t)
 {
 #pragma unroll
-    for (int nt = 0; nt < 2; nt++) {
-        const int p = j + 8 * nt + g;
-        if ((p < je ? p : j) == pnew)
+    for (int nt = 0; nt < 2; nt++)
+        if (att_k_row(j, je, nt, g) == pnew)
 #pragma unroll
             for (int c = 0; c < att_mma_tiles<HD>::KC; c++)
                 r.k[nt][c] = att_pack8(sk + 32 * c + 8 * t);
-    }
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int p = j + 2 * t + (i & 1) + (i >> 1) * 8;
-        if ((p < je ? p : j) == pnew)
+    for (int i = 0; i < 4; i++)
+        if (att_v_row(j, je, i, t) == pnew)
 #pragma unroll
             for (int b = 0; b < att_mma_tiles<HD>::VB; b++)
                 r.v[i][b] = att_pack8(sv + 64 * b + 8 * g);
-    }
 }
 
 /* Word w (0..3) of a uint4. */
