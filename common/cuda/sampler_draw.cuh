@@ -189,12 +189,43 @@ static __device__ uint32_t rank_select(const uint32_t *keys, int n, int k, struc
     return sh->kth;
 }
 
+/* (key, col) appended to sh->buf / sh->col where take, in no particular order, as far as
+ * SMALL_CAP holds them; sh->n_buf counts every one. Called by whole warps. */
+static __device__ __forceinline__ void block_append(bool take, uint32_t key, int col, struct select_shared *sh)
+{
+    const int lane = threadIdx.x & 31;
+    const unsigned ballot = __ballot_sync(FULL_MASK, take);
+    unsigned at = 0;
+    if (lane == 0 && ballot) at = atomicAdd(&sh->n_buf, (unsigned)__popc(ballot));
+    at = __shfl_sync(FULL_MASK, at, 0) + (unsigned)__popc(ballot & ((1u << lane) - 1u));
+    if (take && at < SMALL_CAP) {
+        sh->buf[at] = key;
+        sh->col[at] = col;
+    }
+}
+
+/* Every column i with keys[i] >= lo into sh->buf / sh->col (in no particular order) as
+ * far as SMALL_CAP holds them; returns how many there are. */
+static __device__ __forceinline__ unsigned compact_at_least(const uint32_t *keys, int n, uint32_t lo,
+                                                            struct select_shared *sh)
+{
+    if (threadIdx.x == 0) sh->n_buf = 0;
+    __syncthreads();
+    for (int base = 0; base < n; base += blockDim.x) {
+        const int i = base + (int)threadIdx.x;
+        const uint32_t key = i < n ? keys[i] : 0u;
+        block_append(i < n && key >= lo, key, i, sh);
+    }
+    __syncthreads();
+    return sh->n_buf;
+}
+
 /* The k-th largest of keys[0..n) (1 <= k <= n, duplicates counted). Called by the
  * whole block; every thread gets the result. keys are only read. */
 static __device__ uint32_t radix_select(const uint32_t *keys, int n, int k, struct select_shared *sh)
 {
     if (n <= 32) return rank_select(keys, n, k, sh);
-    const int lane = threadIdx.x & 31, shift = 32 - FIRST_BITS;
+    const int shift = 32 - FIRST_BITS;
     radix_histogram(keys, n, 0, 0, shift, HIST_BINS, sh->hist);
     radix_find(sh, HIST_BINS, k);
     const uint32_t lo = (uint32_t)sh->digit << shift;
@@ -203,19 +234,7 @@ static __device__ uint32_t radix_select(const uint32_t *keys, int n, int k, stru
     if (count > SMALL_CAP) /* heavy ties: go on over all keys in that bin */
         return radix_passes(keys, n, rank, lo, ~0u << shift, shift, sh);
     /* Every key >= lo (count of them, k-th largest among them) into buf. */
-    if (threadIdx.x == 0) sh->n_buf = 0;
-    __syncthreads();
-    for (int base = 0; base < n; base += blockDim.x) {
-        int i = base + (int)threadIdx.x;
-        uint32_t key = i < n ? keys[i] : 0u;
-        bool take = i < n && key >= lo;
-        unsigned ballot = __ballot_sync(FULL_MASK, take);
-        unsigned at = 0;
-        if (lane == 0 && ballot) at = atomicAdd(&sh->n_buf, (unsigned)__popc(ballot));
-        at = __shfl_sync(FULL_MASK, at, 0);
-        if (take) sh->buf[at + (unsigned)__popc(ballot & ((1u << lane) - 1u))] = key;
-    }
-    __syncthreads();
+    compact_at_least(keys, n, lo, sh);
     if ((int)count <= (int)blockDim.x) return rank_select(sh->buf, (int)count, k, sh);
     return radix_passes(sh->buf, (int)count, k, 0, 0, 32, sh);
 }
@@ -236,31 +255,6 @@ static __device__ __forceinline__ uint32_t pivot_bound(uint32_t thread_max, int 
     }
     __syncthreads();
     return rank_select(sh->sample, 2 * SAMPLER_WARPS, k, sh);
-}
-
-/* Every column i with keys[i] >= lo into sh->buf / sh->col (in no particular order) as
- * far as SMALL_CAP holds them; returns how many there are. */
-static __device__ __forceinline__ unsigned compact_at_least(const uint32_t *keys, int n, uint32_t lo,
-                                                            struct select_shared *sh)
-{
-    const int lane = threadIdx.x & 31;
-    if (threadIdx.x == 0) sh->n_buf = 0;
-    __syncthreads();
-    for (int base = 0; base < n; base += blockDim.x) {
-        const int i = base + (int)threadIdx.x;
-        const uint32_t key = i < n ? keys[i] : 0u;
-        const bool take = i < n && key >= lo;
-        const unsigned ballot = __ballot_sync(FULL_MASK, take);
-        unsigned at = 0;
-        if (lane == 0 && ballot) at = atomicAdd(&sh->n_buf, (unsigned)__popc(ballot));
-        at = __shfl_sync(FULL_MASK, at, 0) + (unsigned)__popc(ballot & ((1u << lane) - 1u));
-        if (take && at < SMALL_CAP) {
-            sh->buf[at] = key;
-            sh->col[at] = i;
-        }
-    }
-    __syncthreads();
-    return sh->n_buf;
 }
 
 /* The k-th largest of keys[0..n) (1 <= k <= n), as radix_select. Where the pivot bound
@@ -354,22 +348,13 @@ static __device__ __forceinline__ int draw_unmasked(const float *c, const float 
                                                     struct select_shared *sh)
 {
     /* Keep the columns at or above tc, one per thread (n_cand <= blockDim.x). */
-    const int lane = threadIdx.x & 31;
     const bool mine = threadIdx.x < n_cand;
     const int i = mine ? sh->col[threadIdx.x] : 0;
     const bool keep = mine && sh->buf[threadIdx.x] >= tc;
     if (threadIdx.x == 0) sh->n_buf = 0;
     __syncthreads(); /* every thread has its column: buf and col are free */
-    const unsigned ballot = __ballot_sync(FULL_MASK, keep);
-    unsigned at = 0;
-    if (lane == 0 && ballot) at = atomicAdd(&sh->n_buf, (unsigned)__popc(ballot));
-    at = __shfl_sync(FULL_MASK, at, 0) + (unsigned)__popc(ballot & ((1u << lane) - 1u));
-    uint32_t key = 0;
-    if (keep) {
-        key = key_of(finite_value(guided_value(c[i], u[i], s, blend, i == 0 && mask0)));
-        sh->buf[at] = key;
-        sh->col[at] = i;
-    }
+    const uint32_t key = keep ? key_of(finite_value(guided_value(c[i], u[i], s, blend, i == 0 && mask0))) : 0u;
+    block_append(keep, key, i, sh);
     const uint32_t floor_key = key_of(-1e9f);
     if (__syncthreads_count(keep && key > floor_key) < top_k) return -1;
     const unsigned kept = sh->n_buf;
