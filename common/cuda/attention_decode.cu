@@ -247,11 +247,11 @@ __global__ void attn_combine_staged_kernel(float *__restrict__ out, const float 
     const int h = blockIdx.x, s = blockIdx.y, lane = threadIdx.x & 31;
     const size_t stride = (size_t)head_dim + 2;
     const float *ph = part + ((size_t)s * n_heads + h) * n_split * stride;
-    const int d0 = threadIdx.x; /* launched with head_dim threads: one dim each, the loop below is for wider heads */
-    float v0[ATT_COMBINE_BATCH];
+    const int d = threadIdx.x; /* launched with head_dim threads: one dim each */
+    float v[ATT_COMBINE_BATCH];
 #pragma unroll
     for (int u = 0; u < ATT_COMBINE_BATCH; u++)
-        v0[u] = d0 < head_dim && u < n_split ? __ldcg(ph + u * stride + d0) : 0.0f;
+        v[u] = u < n_split ? __ldcg(ph + u * stride + d) : 0.0f;
     if (threadIdx.x < 32) {
         /* lane i < 32: split i's (max, sum) in registers; more splits are read again below */
         const float m_own = lane < n_split ? __ldcg(ph + lane * stride + head_dim) : -INFINITY;
@@ -277,20 +277,17 @@ __global__ void attn_combine_staged_kernel(float *__restrict__ out, const float 
     __syncthreads();
     /* ls > 0 exactly when some split saw a position: its max contributes exp(0) >= 1. */
     const float ls = w[2 * n_split];
-    const bool any = ls > 0.0f;
-    for (int d = d0; d < head_dim; d += blockDim.x) {
-        float a = 0.0f;
-        for (int i0 = 0; any && i0 < n_split; i0 += ATT_COMBINE_BATCH) {
-            float v[ATT_COMBINE_BATCH];
+    float a = 0.0f;
+    for (int i0 = 0; ls > 0.0f && i0 < n_split; i0 += ATT_COMBINE_BATCH) {
+        if (i0 > 0) /* more than a batch of splits: the next batch (the first is in v already) */
 #pragma unroll
             for (int u = 0; u < ATT_COMBINE_BATCH; u++)
-                v[u] = d == d0 && i0 == 0 ? v0[u] : i0 + u < n_split ? __ldcg(ph + (i0 + u) * stride + d) : 0.0f;
+                v[u] = i0 + u < n_split ? __ldcg(ph + (i0 + u) * stride + d) : 0.0f;
 #pragma unroll
-            for (int u = 0; u < ATT_COMBINE_BATCH; u++)
-                if (i0 + u < n_split) a = fmaf(w[i0 + u], v[u], a);
-        }
-        out[((size_t)s * n_heads + h) * head_dim + d] = ls > 0.0f ? a / ls : 0.0f;
+        for (int u = 0; u < ATT_COMBINE_BATCH; u++)
+            if (i0 + u < n_split) a = fmaf(w[i0 + u], v[u], a);
     }
+    out[((size_t)s * n_heads + h) * head_dim + d] = ls > 0.0f ? a / ls : 0.0f;
 }
 
 template <typename KT, int E, int G> static int att_launch(const att_args &a, dim3 grid, cudaStream_t st)
