@@ -312,6 +312,12 @@ static __device__ __forceinline__ float finite_value(float g)
     return g;
 }
 
+/* A candidate's score in the draw: its guided value plus the column's Gumbel noise. */
+static __device__ __forceinline__ double gumbel_score(uint32_t key, uint64_t seed, uint32_t pos, int col)
+{
+    return __dadd_rn((double)float_of_key(key), sampler_hash_gumbel(seed, pos, (uint32_t)col));
+}
+
 /* The Gumbel argmax over the block: every thread offers (best, col), every thread gets
  * the winning column (0 if none offered one). */
 static __device__ __forceinline__ int block_best_col(double best, int col)
@@ -362,7 +368,7 @@ static __device__ __forceinline__ int draw_unmasked(const float *c, const float 
     double best = -INFINITY;
     int col = INT_MAX;
     if (keep && key >= tv) {
-        best = __dadd_rn((double)float_of_key(key), sampler_hash_gumbel(sd, ps, (uint32_t)i));
+        best = gumbel_score(key, sd, ps, i);
         col = i;
     }
     return block_best_col(best, col);
@@ -433,7 +439,7 @@ static __device__ int sampler_draw_pair(const float *__restrict__ logits, int ld
             const uint32_t k = sh.buf[threadIdx.x];
             const int i = sh.col[threadIdx.x];
             if (k >= tv) {
-                best = __dadd_rn((double)float_of_key(k), sampler_hash_gumbel(sd, ps, (uint32_t)i));
+                best = gumbel_score(k, sd, ps, i);
                 col = i;
             }
         }
@@ -441,7 +447,7 @@ static __device__ int sampler_draw_pair(const float *__restrict__ logits, int ld
         for (int i = threadIdx.x; i < n; i += blockDim.x) {
             const uint32_t k = keys[i];
             if (k < tv) continue;
-            const double score = __dadd_rn((double)float_of_key(k), sampler_hash_gumbel(sd, ps, (uint32_t)i));
+            const double score = gumbel_score(k, sd, ps, i);
             /* i grows within a thread: strict > keeps the first maximum. */
             if (col == INT_MAX || score > best) {
                 best = score;
