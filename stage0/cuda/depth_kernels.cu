@@ -1,18 +1,66 @@
 #include "stage0/cuda/depth_kernels.h"
 
 #include <math.h>
+#include <stdint.h>
 
 #include "common/cuda/cuda_internal.h"
 #include "common/cuda/pdl.cuh"
 
 enum { DEPTH_ATT_WARPS = 4, DEPTH_ATT_MAX_PER_LANE = 8 /* head_dim 256 */, DEPTH_ATT_CHUNK = 8 };
 
+/* Lane `lane`'s element i of a head row: dim lane + 32 i, or with VEC (head_dim a multiple
+ * of 128) dims 4 lane + 128 (i / 4) + i % 4, so that each lane reads 16-byte words. */
+template <bool VEC> __device__ __forceinline__ int depth_att_dim(int i, int lane)
+{
+    return VEC ? 128 * (i >> 2) + 4 * lane + (i & 3) : lane + 32 * i;
+}
+
+/* row[dim(i)] for the lane's E elements (0 where dim >= D; VEC: D % 128 == 0, row 16-byte aligned). */
+template <bool VEC, int E>
+__device__ __forceinline__ void depth_att_load(float (&v)[E], const float *row, int D, int lane)
+{
+    if (VEC) {
+#pragma unroll
+        for (int w = 0; w < E / 4; w++) {
+            const int d = 128 * w + 4 * lane;
+            const float4 x = d < D ? *(const float4 *)(row + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            v[4 * w] = x.x, v[4 * w + 1] = x.y, v[4 * w + 2] = x.z, v[4 * w + 3] = x.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < E; i++) {
+            const int d = lane + 32 * i;
+            v[i] = d < D ? row[d] : 0.0f;
+        }
+    }
+}
+
+template <bool VEC, int E>
+__device__ __forceinline__ void depth_att_store(float *row, const float (&v)[E], int D, int lane)
+{
+    if (VEC) {
+#pragma unroll
+        for (int w = 0; w < E / 4; w++) {
+            const int d = 128 * w + 4 * lane;
+            if (d < D) *(float4 *)(row + d) = make_float4(v[4 * w], v[4 * w + 1], v[4 * w + 2], v[4 * w + 3]);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < E; i++) {
+            const int d = lane + 32 * i;
+            if (d < D) row[d] = v[i];
+        }
+    }
+}
+
 /* One warp per (row, head): store this position's k and v, then the softmax over
- * positions 0..pos, each lane holding head_dim / 32 dims (lane + 32 i). Positions go
+ * positions 0..pos, each lane holding head_dim / 32 dims (depth_att_dim). Positions go
  * in chunks of DEPTH_ATT_CHUNK (one chunk for the depth decoder's 8 positions) whose K
  * and V rows are all loaded before any is used: one round trip to memory per chunk
  * where a position at a time took one per position (at 8 CFG pairs 5.8 us at
- * position 2 growing to 11.5 at position 7). Chunks merge as an online softmax. */
+ * position 2 growing to 11.5 at position 7). Chunks merge as an online softmax. With
+ * VEC the loads are 16-byte words, a quarter of the load instructions. */
+template <bool VEC>
 __global__ void __launch_bounds__(DEPTH_ATT_WARPS * 32)
     depth_attention_store_kernel(float *__restrict__ out, const float *__restrict__ qkv, float *k_cache, float *v_cache,
                                  int n, int pos, int n_heads, int D, size_t row_stride, float scale)
@@ -30,30 +78,31 @@ __global__ void __launch_bounds__(DEPTH_ATT_WARPS * 32)
           *vr = v_cache + (size_t)t * row_stride + (size_t)h * D;
     /* The new position's k and v are used from registers; no lane reads another's. */
     float qv[E], kn[E], vn[E], acc[E];
+    depth_att_load<VEC>(qv, q, D, lane);
+    depth_att_load<VEC>(kn, q + H, D, lane);
+    depth_att_load<VEC>(vn, q + 2 * H, D, lane);
 #pragma unroll
-    for (int i = 0; i < E; i++) {
-        const int d = lane + 32 * i;
-        qv[i] = d < D ? q[d] : 0.0f;
-        kn[i] = d < D ? q[H + d] : 0.0f;
-        vn[i] = d < D ? q[2 * H + d] : 0.0f;
+    for (int i = 0; i < E; i++)
         acc[i] = 0.0f;
-        if (d < D) {
-            kr[(size_t)pos * H + d] = kn[i];
-            vr[(size_t)pos * H + d] = vn[i];
-        }
-    }
+    depth_att_store<VEC>(kr + (size_t)pos * H, kn, D, lane);
+    depth_att_store<VEC>(vr + (size_t)pos * H, vn, D, lane);
     float m = -INFINITY, l = 0.0f;
     for (int j0 = 0; j0 <= pos; j0 += C) {
         float kc[C][E], vc[C][E];
 #pragma unroll
-        for (int p = 0; p < C; p++)
+        for (int p = 0; p < C; p++) {
+            const int j = j0 + p;
+            if (j < pos) { /* else the new position (or a masked one) */
+                depth_att_load<VEC>(kc[p], kr + (size_t)j * H, D, lane);
+                depth_att_load<VEC>(vc[p], vr + (size_t)j * H, D, lane);
+            } else {
 #pragma unroll
-            for (int i = 0; i < E; i++) {
-                const int j = j0 + p, d = lane + 32 * i;
-                const bool cached = j < pos && d < D; /* else the new position (or a masked one) */
-                kc[p][i] = cached ? kr[(size_t)j * H + d] : kn[i];
-                vc[p][i] = cached ? vr[(size_t)j * H + d] : vn[i];
+                for (int i = 0; i < E; i++) {
+                    kc[p][i] = kn[i];
+                    vc[p][i] = vn[i];
+                }
             }
+        }
         float sc[C], mx = m;
 #pragma unroll
         for (int p = 0; p < C; p++) {
@@ -83,12 +132,10 @@ __global__ void __launch_bounds__(DEPTH_ATT_WARPS * 32)
         }
         m = mx;
     }
-    float *o = out + (size_t)t * H + (size_t)h * D;
 #pragma unroll
-    for (int i = 0; i < E; i++) {
-        const int d = lane + 32 * i;
-        if (d < D) o[d] = acc[i] / l;
-    }
+    for (int i = 0; i < E; i++)
+        acc[i] /= l;
+    depth_att_store<VEC>(out + (size_t)t * H + (size_t)h * D, acc, D, lane);
 }
 
 extern "C" int depth_cuda_attention_store(float *out, const float *qkv, float *k_cache, float *v_cache, int n, int pos,
@@ -101,6 +148,14 @@ extern "C" int depth_cuda_attention_store(float *out, const float *qkv, float *k
                           n, pos, n_heads, head_dim, 32 * DEPTH_ATT_MAX_PER_LANE);
     const long items = (long)n * n_heads;
     const unsigned blocks = (unsigned)((items + DEPTH_ATT_WARPS - 1) / DEPTH_ATT_WARPS);
-    return launch_pdl("depth_attention_store_kernel", depth_attention_store_kernel, blocks, DEPTH_ATT_WARPS * 32, 0,
-                      cuda_stream_of(stream), out, qkv, k_cache, v_cache, n, pos, n_heads, head_dim, row_stride, scale);
+    /* 16-byte words where every row a lane reads starts 16-byte aligned */
+    const bool vec = head_dim % 128 == 0 && row_stride % 4 == 0 &&
+                     (((uintptr_t)out | (uintptr_t)qkv | (uintptr_t)k_cache | (uintptr_t)v_cache) & 15) == 0;
+    if (vec)
+        return launch_pdl("depth_attention_store_kernel", depth_attention_store_kernel<true>, blocks,
+                          DEPTH_ATT_WARPS * 32, 0, cuda_stream_of(stream), out, qkv, k_cache, v_cache, n, pos, n_heads,
+                          head_dim, row_stride, scale);
+    return launch_pdl("depth_attention_store_kernel", depth_attention_store_kernel<false>, blocks, DEPTH_ATT_WARPS * 32,
+                      0, cuda_stream_of(stream), out, qkv, k_cache, v_cache, n, pos, n_heads, head_dim, row_stride,
+                      scale);
 }
