@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32, (sizeof(KT) == 2 && E >= 4 && 
     __shared__ float sm_acc[ATT_WARPS][G][HD];
     __shared__ float sm_m[ATT_WARPS][G], sm_l[ATT_WARPS][G];
     __shared__ float sq[FUSE ? G : 1][FUSE ? HD : 1], sk[FUSE ? HD : 1], sv[FUSE ? HD : 1];
-    __shared__ float rope_cs[FUSE ? HD / 2 : 1], rope_sn[FUSE ? HD / 2 : 1];
+    __shared__ float rope_cs[FUSE ? HD / 2 : 1], rope_sn[FUSE ? HD / 2 : 1], nq[FUSE ? HD : 1], nk[FUSE ? HD : 1];
     const int split = blockIdx.x, g = blockIdx.y, s = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int len = kv_len[s];
@@ -112,8 +112,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32, (sizeof(KT) == 2 && E >= 4 && 
     const bool store = mine || (FUSE && split == 0 && pnew >= len);
     if constexpr (FUSE)
         if (j0 < len || store) { /* an empty chunk needs no q */
-            att_rope_table(rope_cs, rope_sn, f.inv_freq, f.rotary_dim, (float)pnew);
-            att_prepare<KT, HD, G>(sq, sk, sv, rope_cs, rope_sn, q + (size_t)s * q_stride, g, group, store, f,
+            att_prologue_tables<HD>(rope_cs, rope_sn, nq, nk, f, (float)pnew);
+            att_prepare<KT, HD, G>(sq, sk, sv, rope_cs, rope_sn, nq, nk, q + (size_t)s * q_stride, g, group, store, f,
                                    seq_off + (size_t)pnew * row_stride);
         }
 

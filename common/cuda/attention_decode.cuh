@@ -24,37 +24,67 @@ struct att_fuse {
     int early;      /* the tensor-core kernel's first K/V loads and RoPE table before its PDL wait */
 };
 
-/* The RoPE cos/sin of position p for the prologue below (no sync: att_prepare's first
- * __syncthreads orders it). Reads nothing an earlier kernel writes. */
-__device__ __forceinline__ void att_rope_table(float *cs, float *sn, const float *inv_freq, int rotary_dim, float p)
+/* What the prologue below reads that no earlier kernel writes: the RoPE cos/sin of
+ * position p, and the q / k norm weights copied into shared memory (nq, nk), so that
+ * the decode attention can have them before its PDL wait, and the norms after it do
+ * not wait for a load. No sync: att_prepare's first __syncthreads orders them. */
+template <int HD>
+__device__ __forceinline__ void att_prologue_tables(float *cs, float *sn, float *nq, float *nk, const att_fuse &f,
+                                                    float p)
 {
-    for (int i = threadIdx.x; i < rotary_dim / 2; i += ATT_WARPS * 32)
-        rope_cos_sin(inv_freq, i, p, &cs[i], &sn[i]);
+    for (int i = threadIdx.x; i < f.rotary_dim / 2; i += ATT_WARPS * 32)
+        rope_cos_sin(f.inv_freq, i, p, &cs[i], &sn[i]);
+    for (int i = threadIdx.x; i < HD; i += ATT_WARPS * 32) {
+        if (f.q_norm) nq[i] = f.q_norm[i];
+        if (f.k_norm) nk[i] = f.k_norm[i];
+    }
 }
 
 /* The fused variant's prologue: q heads of this kv head normed and rotated into sq
  * (one warp per head, the same steps as cuda_ops_qk_norm_rope, with the RoPE cos/sin
  * computed once for all heads); with `store`, the k head too and the k/v of the new
  * position written to the cache at cache_off, kept in sk/sv as the cache holds them
- * (rounded to KT). The caller has filled cs/sn (att_rope_table). */
+ * (rounded to KT). The caller has filled cs/sn and nq/nk (att_prologue_tables). The
+ * row's q, k and v are all loaded before any is stored: one round trip after the PDL
+ * wait, where a loop per array (and the remainder loops of their unrolling) took one
+ * each. */
 template <typename KT, int HD, int G>
-__device__ void att_prepare(float (&sq)[G][HD], float *sk, float *sv, const float *cs, const float *sn,
-                            const float *qrow, int g, int group, bool store, const att_fuse &f, size_t cache_off)
+__device__ void att_prepare(float (&sq)[G][HD], float *sk, float *sv, const float *cs, const float *sn, const float *nq,
+                            const float *nk, const float *qrow, int g, int group, bool store, const att_fuse &f,
+                            size_t cache_off)
 {
+    constexpr int T = ATT_WARPS * 32, QE = (G * HD + T - 1) / T, KE = (HD + T - 1) / T;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     /* The row: gridDim.y * group q heads, then gridDim.y k heads, then as many v heads. */
-    const float *krow = qrow + (size_t)gridDim.y * group * HD, *vrow = krow + (size_t)gridDim.y * HD;
-    for (int i = threadIdx.x; i < group * HD; i += ATT_WARPS * 32)
-        sq[i / HD][i % HD] = qrow[(size_t)(g * group + i / HD) * HD + i % HD];
-    if (store)
-        for (int i = threadIdx.x; i < HD; i += ATT_WARPS * 32) {
-            sk[i] = krow[(size_t)g * HD + i];
-            sv[i] = vrow[(size_t)g * HD + i];
-        }
+    const float *qh = qrow + (size_t)g * group * HD, *krow = qrow + (size_t)gridDim.y * group * HD + (size_t)g * HD,
+                *vrow = krow + (size_t)gridDim.y * HD;
+    float qv[QE], kv[KE], vv[KE];
+#pragma unroll
+    for (int e = 0; e < QE; e++) {
+        const int i = (int)threadIdx.x + e * T;
+        qv[e] = i < group * HD ? qh[i] : 0.0f;
+    }
+#pragma unroll
+    for (int e = 0; e < KE; e++) {
+        const int i = (int)threadIdx.x + e * T;
+        kv[e] = store && i < HD ? krow[i] : 0.0f;
+        vv[e] = store && i < HD ? vrow[i] : 0.0f;
+    }
+#pragma unroll
+    for (int e = 0; e < QE; e++) {
+        const int i = (int)threadIdx.x + e * T;
+        if (i < group * HD) sq[i / HD][i % HD] = qv[e];
+    }
+#pragma unroll
+    for (int e = 0; e < KE; e++) {
+        const int i = (int)threadIdx.x + e * T;
+        if (store && i < HD) sk[i] = kv[e], sv[i] = vv[e];
+    }
     __syncthreads();
     for (int item = warp; item < group + (store ? 1 : 0); item += ATT_WARPS) {
         float *u = item < group ? sq[item] : sk;
-        warp_head_norm_rope_table(u, HD, item < group ? f.q_norm : f.k_norm, f.eps, f.rotary_dim, cs, sn, lane);
+        const float *w = item < group ? (f.q_norm ? nq : NULL) : (f.k_norm ? nk : NULL);
+        warp_head_norm_rope_table(u, HD, w, f.eps, f.rotary_dim, cs, sn, lane);
     }
     __syncthreads();
     if (store)

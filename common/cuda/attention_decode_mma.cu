@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32, 2)
     __shared__ float sm_acc[ATT_WARPS][G][HD];
     __shared__ float sm_m[ATT_WARPS][G], sm_l[ATT_WARPS][G];
     __shared__ float sq[FUSE ? G : 1][FUSE ? HD : 1], sk[FUSE ? HD : 1], sv[FUSE ? HD : 1];
-    __shared__ float rope_cs[FUSE ? HD / 2 : 1], rope_sn[FUSE ? HD / 2 : 1];
+    __shared__ float rope_cs[FUSE ? HD / 2 : 1], rope_sn[FUSE ? HD / 2 : 1], nq[FUSE ? HD : 1], nk[FUSE ? HD : 1];
     const int split = blockIdx.x, hk = blockIdx.y, s = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int len = kv_len[s];
@@ -170,12 +170,12 @@ __global__ void __launch_bounds__(ATT_WARPS * 32, 2)
     }
     if constexpr (FUSE) {
         const bool prep = j0 < len || store;
-        /* The table reads nothing an earlier kernel writes: before the wait either way. */
-        if (prep) att_rope_table(rope_cs, rope_sn, f.inv_freq, f.rotary_dim, (float)pnew);
+        /* The tables read nothing an earlier kernel writes: before the wait either way. */
+        if (prep) att_prologue_tables<HD>(rope_cs, rope_sn, nq, nk, f, (float)pnew);
         if (early) pdl_wait();
         if (prep)
-            att_prepare<uint16_t, HD, G>(sq, sk, sv, rope_cs, rope_sn, q + (size_t)s * q_stride, hk, group, store, f,
-                                         seq_off + (size_t)pnew * row_stride);
+            att_prepare<uint16_t, HD, G>(sq, sk, sv, rope_cs, rope_sn, nq, nk, q + (size_t)s * q_stride, hk, group,
+                                         store, f, seq_off + (size_t)pnew * row_stride);
     }
     if constexpr (FUSE)
         if (mine && j < j1) att_patch_new_row<HD>(r, sk, sv, j, j1, pnew, g, t);
