@@ -8,14 +8,10 @@
 
 enum { DEPTH_ATT_WARPS = 4, DEPTH_ATT_MAX_PER_LANE = 8 /* head_dim 256 */, DEPTH_ATT_CHUNK = 8 };
 
-/* Lane `lane`'s element i of a head row: dim lane + 32 i, or with VEC (head_dim a multiple
- * of 128) dims 4 lane + 128 (i / 4) + i % 4, so that each lane reads 16-byte words. */
-template <bool VEC> __device__ __forceinline__ int depth_att_dim(int i, int lane)
-{
-    return VEC ? 128 * (i >> 2) + 4 * lane + (i & 3) : lane + 32 * i;
-}
-
-/* row[dim(i)] for the lane's E elements (0 where dim >= D; VEC: D % 128 == 0, row 16-byte aligned). */
+/* A lane's element i of a head row is dim lane + 32 i, or with VEC (head_dim a multiple
+ * of 128) dim 128 (i / 4) + 4 lane + i % 4, so that each lane reads 16-byte words.
+ * depth_att_load: row[dim(i)] for the lane's E elements (0 where dim >= D; VEC: D % 128
+ * == 0, row 16-byte aligned); depth_att_store the other way. */
 template <bool VEC, int E>
 __device__ __forceinline__ void depth_att_load(float (&v)[E], const float *row, int D, int lane)
 {
@@ -54,7 +50,7 @@ __device__ __forceinline__ void depth_att_store(float *row, const float (&v)[E],
 }
 
 /* One warp per (row, head): store this position's k and v, then the softmax over
- * positions 0..pos, each lane holding head_dim / 32 dims (depth_att_dim). Positions go
+ * positions 0..pos, each lane holding head_dim / 32 dims (depth_att_load). Positions go
  * in chunks of DEPTH_ATT_CHUNK (one chunk for the depth decoder's 8 positions) whose K
  * and V rows are all loaded before any is used: one round trip to memory per chunk
  * where a position at a time took one per position (at 8 CFG pairs 5.8 us at
@@ -151,11 +147,8 @@ extern "C" int depth_cuda_attention_store(float *out, const float *qkv, float *k
     /* 16-byte words where every row a lane reads starts 16-byte aligned */
     const bool vec = head_dim % 128 == 0 && row_stride % 4 == 0 &&
                      (((uintptr_t)out | (uintptr_t)qkv | (uintptr_t)k_cache | (uintptr_t)v_cache) & 15) == 0;
-    if (vec)
-        return launch_pdl("depth_attention_store_kernel", depth_attention_store_kernel<true>, blocks,
-                          DEPTH_ATT_WARPS * 32, 0, cuda_stream_of(stream), out, qkv, k_cache, v_cache, n, pos, n_heads,
-                          head_dim, row_stride, scale);
-    return launch_pdl("depth_attention_store_kernel", depth_attention_store_kernel<false>, blocks, DEPTH_ATT_WARPS * 32,
-                      0, cuda_stream_of(stream), out, qkv, k_cache, v_cache, n, pos, n_heads, head_dim, row_stride,
-                      scale);
+    return launch_pdl("depth_attention_store_kernel",
+                      vec ? depth_attention_store_kernel<true> : depth_attention_store_kernel<false>, blocks,
+                      DEPTH_ATT_WARPS * 32, 0, cuda_stream_of(stream), out, qkv, k_cache, v_cache, n, pos, n_heads,
+                      head_dim, row_stride, scale);
 }
