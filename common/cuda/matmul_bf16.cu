@@ -125,6 +125,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, NR <= 2   ? 3
                      int out, const float *__restrict__ wn, float eps)
 {
     static_assert(VEC || !NORM, "the fused norm reads x in 8-element units");
+    static_assert(NR * OPW <= GEMV_THREADS, "one output per thread in the epilogue");
     pdl_launch_dependents();
     __shared__ float part[GEMV_WARPS][NR * OPW + NR];
     const int o0 = blockIdx.x * OPW;
@@ -136,6 +137,14 @@ __global__ void __launch_bounds__(GEMV_THREADS, NR <= 2   ? 3
         int o = o0 + j < out ? o0 + j : out - 1;
         wr[j] = w + (size_t)o * in;
     }
+    /* CUDA_GEMV_ADD: thread t's output (row t / OPW, column o0 + t % OPW) as it is
+     * before the add, loaded right after the PDL wait so that the epilogue does not
+     * wait a round trip for it at the block's end (each output is this block's alone). */
+    float y_old = 0.0f;
+    auto load_y_old = [&]() {
+        if (EPI == CUDA_GEMV_ADD && threadIdx.x < NR * OPW && o0 + (int)threadIdx.x % OPW < out)
+            y_old = y[(size_t)(threadIdx.x / OPW) * out + o0 + threadIdx.x % OPW];
+    };
     float acc[NR][OPW], ss[NR];
 #pragma unroll
     for (int r = 0; r < NR; r++) {
@@ -155,6 +164,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, NR <= 2   ? 3
                 pre[p][j] = c < units ? __ldcs((const uint4 *)wr[j] + c) : make_uint4(0, 0, 0, 0);
         }
         pdl_wait();
+        load_y_old();
 #pragma unroll
         for (int p = 0; p < GEMV_PREFETCH; p++) {
             const int c = threadIdx.x + p * GEMV_THREADS;
@@ -170,6 +180,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, NR <= 2   ? 3
         }
     } else {
         pdl_wait();
+        load_y_old();
         for (int c = threadIdx.x; c < units; c += GEMV_THREADS) {
             float wv[OPW];
 #pragma unroll
@@ -232,7 +243,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, NR <= 2   ? 3
             y[(size_t)r * half + o0 / 2 + jp] = silu_mul1(g, u);
         }
     } else {
-        for (int t = threadIdx.x; t < NR * OPW; t += GEMV_THREADS) {
+        for (int t = threadIdx.x; t < NR * OPW; t += GEMV_THREADS) { /* t == threadIdx.x: y_old is t's */
             int r = t / OPW, j = t % OPW;
             if (o0 + j >= out) continue;
             float s = 0.0f;
@@ -240,8 +251,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, NR <= 2   ? 3
             for (int k = 0; k < GEMV_WARPS; k++)
                 s += part[k][t];
             if (NORM) s *= scale[r];
-            float *yo = y + (size_t)r * out + o0 + j;
-            *yo = EPI == CUDA_GEMV_ADD ? __fadd_rn(*yo, s) : s;
+            y[(size_t)r * out + o0 + j] = EPI == CUDA_GEMV_ADD ? __fadd_rn(y_old, s) : s;
         }
     }
 }
