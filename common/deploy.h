@@ -44,7 +44,8 @@
 
 enum mm3_backend { MM3_BACKEND_AUTO = 0, MM3_BACKEND_CPU, MM3_BACKEND_CUDA };
 
-enum mm3_matmul_precision { MM3_MATMUL_FP32 = 0, MM3_MATMUL_TF32, MM3_MATMUL_BF16 };
+/* Operands of stage 1's GEMMs; float32 accumulation in every one. */
+enum mm3_matmul_precision { MM3_MATMUL_FP32 = 0, MM3_MATMUL_TF32, MM3_MATMUL_BF16, MM3_MATMUL_FP16, MM3_MATMUL_COUNT };
 
 /* NONE: every step eager. FULL_DECODE_ONLY: steps in which every row is in
  * steady state (stage 0: pure decode) replay a graph captured per batch size. */

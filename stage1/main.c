@@ -226,8 +226,8 @@ int main(int argc, char **argv)
             backend_set = 1;
             break;
         case 'P':
-            if ((k = name_index(optarg, precision_name, MM3_MATMUL_BF16 + 1)) < 0) {
-                fprintf(stderr, "mm3-stage1: --precision '%s': expected fp32, tf32 or bf16\n", optarg);
+            if ((k = name_index(optarg, precision_name, MM3_MATMUL_COUNT)) < 0) {
+                fprintf(stderr, "mm3-stage1: --precision '%s': expected fp32, tf32, bf16 or fp16\n", optarg);
                 return 2;
             }
             o.precision = (enum mm3_matmul_precision)k;
