@@ -6,6 +6,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#ifdef __cplusplus
+extern "C" { /* also read by the CUDA sources */
+#endif
+
 enum mm3_dtype { MM3_DTYPE_F32 = 0, MM3_DTYPE_F16, MM3_DTYPE_BF16, MM3_DTYPE_I64, MM3_DTYPE_COUNT };
 
 /* Bytes per element; name as in safetensors headers ("F32", "BF16", ...). */
@@ -38,5 +42,9 @@ uint16_t mm3_f32_to_f16(float f);
 
 /* Widen n elements of type t at src into float32 dst (I64 is converted by value). */
 void mm3_convert_to_f32(float *dst, const void *src, enum mm3_dtype t, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -344,7 +344,7 @@ static void pick_tolerances(const struct golden_options *o, struct models *m)
 {
     m->tol_fwd = m->tol_flow = m->tol_audio = GOLDEN_REL_TOL;
     if (o->backend != MM3_BACKEND_CUDA) return;
-    if (o->precision == MM3_MATMUL_TF32) {
+    if (o->precision == MM3_MATMUL_TF32 || o->precision == MM3_MATMUL_FP16) { /* one operand mantissa */
         m->tol_fwd = GOLDEN_REL_TOL_FWD_TF32;
         m->tol_flow = GOLDEN_REL_TOL_FLOW_TF32;
         m->tol_audio = GOLDEN_REL_TOL_AUDIO_TF32;

@@ -2,9 +2,11 @@
  * against the float32 CPU reference (stage1/dit.h, common/ops.h).
  *
  * Tolerances are relative L2 errors ||gpu - cpu|| / ||cpu|| (see each TOL_*): fp32
- * GEMMs differ from the CPU only in summation order; tf32 keeps 10 mantissa bits of
- * each operand, bf16 7, both with float32 accumulation, so their bounds follow the
- * operand rounding (~2^-11 and ~2^-8 per product, averaged over long sums).
+ * GEMMs differ from the CPU only in summation order; tf32 and fp16 keep 10 mantissa bits
+ * of each operand, bf16 7, all with float32 accumulation, so their bounds follow the
+ * operand rounding (~2^-11 and ~2^-8 per product, averaged over long sums). fp16 also
+ * runs rescued (every operand stored scaled down, the GEMMs scaling back), which must
+ * stay within the same bound.
  * Outputs are poisoned (NaN) before each run so an unwritten element fails.
  * The seed comes from the clock (MM3_TEST_SEED replays it).
  * MM3_TEST_DIT_QUICK=1 skips the release-width forward (its CPU reference takes ~1 min).
@@ -43,9 +45,11 @@
 #define TOL_FWD_FP32 1e-4
 #define TOL_FWD_TF32 2e-3
 #define TOL_FWD_BF16 1.5e-2
+#define TOL_FWD_FP16 TOL_FWD_TF32 /* the same operand mantissa as tf32 */
 /* Single kernels (measured: rows <= 2e-6, attention fp32 7e-7, tf32 3.6e-4, bf16 2.9e-3). */
 #define TOL_ROW 1e-5      /* LayerNorm, RoPE, gating: one reordered sum, 1-2 ulp trig/exp */
 #define TOL_BF16_OUT 8e-3 /* a float32 result rounded to bf16 (2^-9 relative per element) */
+#define TOL_F16_OUT 1e-3  /* ... to fp16 (2^-12 relative per element) */
 #define TOL_ATT_FP32 2e-5
 #define TOL_ATT_TF32 1.5e-3
 #define TOL_ATT_BF16 1e-2
@@ -77,18 +81,21 @@ static void *dev_poisoned(size_t bytes)
     return d;
 }
 
-/* Download n results (float32 or bf16) as floats; every one must be finite. */
-static float *dev_download(const void *d, size_t n, int bf16)
+/* Download n results of operand type fmt (enum dit_operand) as the floats they stand for
+ * (a scaled fp16 operand times the scale); every one must be finite. */
+static float *dev_download(const void *d, size_t n, int fmt)
 {
     assert_int_equal(cuda_stream_sync(NULL), 0);
     float *h = malloc(sizeof(float) * (n ? n : 1));
     assert_non_null(h);
-    if (bf16) {
+    if (fmt != DIT_OPERAND_F32) {
         uint16_t *b = malloc(2 * (n ? n : 1));
         assert_non_null(b);
         assert_int_equal(cuda_memcpy_d2h(b, d, 2 * n), 0);
         for (size_t i = 0; i < n; i++)
-            h[i] = mm3_bf16_to_f32(b[i]);
+            h[i] = fmt == DIT_OPERAND_BF16         ? mm3_bf16_to_f32(b[i])
+                   : fmt == DIT_OPERAND_F16_SCALED ? mm3_f16_to_f32(b[i]) * DIT_F16_RESCUE_SCALE
+                                                   : mm3_f16_to_f32(b[i]);
         free(b);
     } else {
         assert_int_equal(cuda_memcpy_d2h(h, d, 4 * n), 0);
@@ -98,9 +105,20 @@ static float *dev_download(const void *d, size_t n, int bf16)
     return h;
 }
 
+/* Every operand type, its name and what rounding to it adds to a float32 result. */
+static const struct {
+    int fmt;
+    const char *name;
+    double tol;
+} out_fmts[] = {{DIT_OPERAND_F32, "f32", 0.0},
+                {DIT_OPERAND_BF16, "bf16", TOL_BF16_OUT},
+                {DIT_OPERAND_F16, "fp16", TOL_F16_OUT},
+                {DIT_OPERAND_F16_SCALED, "fp16 scaled", TOL_F16_OUT}};
+#define N_OUT_FMTS (sizeof out_fmts / sizeof out_fmts[0])
+
 static const char *prec_name(enum mm3_matmul_precision p)
 {
-    return p == MM3_MATMUL_FP32 ? "fp32" : p == MM3_MATMUL_TF32 ? "tf32" : "bf16";
+    return mm3_matmul_precision_name(p);
 }
 
 /* ---- kernels ------------------------------------------------------------------------ */
@@ -112,13 +130,13 @@ static void check_layernorm(int n, int dim)
     float *ref = malloc(sizeof(float) * n * dim);
     op_layernorm(ref, x, w, b, n, dim, 1e-5f);
     float *dx = dev_upload(x, 4ul * n * dim), *dw = dev_upload(w, 4ul * dim), *db = dev_upload(b, 4ul * dim);
-    for (int bf16 = 0; bf16 < 2; bf16++) {
+    for (size_t f = 0; f < N_OUT_FMTS; f++) {
         void *dy = dev_poisoned(4ul * n * dim);
-        assert_int_equal(dit_cuda_layernorm(dy, bf16, dx, dw, db, n, dim, 1e-5f, NULL), 0);
-        float *y = dev_download(dy, (size_t)n * dim, bf16);
+        assert_int_equal(dit_cuda_layernorm(dy, out_fmts[f].fmt, dx, dw, db, n, dim, 1e-5f, NULL), 0);
+        float *y = dev_download(dy, (size_t)n * dim, out_fmts[f].fmt);
         double rel = test_rel_error(y, ref, (size_t)n * dim);
-        printf("layernorm %d x %d %s: rel %.3g\n", n, dim, bf16 ? "bf16 out" : "f32", rel);
-        assert_true(rel <= (bf16 ? TOL_BF16_OUT : TOL_ROW));
+        printf("layernorm %d x %d %s out: rel %.3g\n", n, dim, out_fmts[f].name, rel);
+        assert_true(rel <= TOL_ROW + out_fmts[f].tol);
         free(y);
         cuda_free(dy);
     }
@@ -215,18 +233,21 @@ static void check_attention(int B, int T, int heads, int head_dim, int rot)
                     {MM3_MATMUL_BF16, DIT_ATTN_FLASH128M2, "FLASH128M2", TOL_ATT_BF16},
                     {MM3_MATMUL_FP32, DIT_ATTN_AUTO, "AUTO", TOL_ATT_FP32},
                     {MM3_MATMUL_TF32, DIT_ATTN_AUTO, "AUTO", TOL_ATT_TF32},
-                    {MM3_MATMUL_BF16, DIT_ATTN_AUTO, "AUTO", TOL_ATT_BF16}};
+                    {MM3_MATMUL_BF16, DIT_ATTN_AUTO, "AUTO", TOL_ATT_BF16},
+                    {MM3_MATMUL_FP16, DIT_ATTN_WMMA, "WMMA", TOL_ATT_TF32},
+                    {MM3_MATMUL_FP16, DIT_ATTN_FLASH128, "FLASH128", TOL_ATT_TF32},
+                    {MM3_MATMUL_FP16, DIT_ATTN_AUTO, "AUTO", TOL_ATT_TF32}};
     for (size_t k = 0; k < sizeof variants / sizeof variants[0]; k++)
-        for (int bf16 = 0; bf16 < 2; bf16++) {
+        for (size_t f = 0; f < N_OUT_FMTS; f++) {
             void *dout = dev_poisoned(4ul * rows * D);
-            assert_int_equal(dit_cuda_attention_kernel(dout, bf16, dqkv, B, T, heads, head_dim, rot, dcs, scale,
-                                                       variants[k].prec, variants[k].kernel, NULL),
+            assert_int_equal(dit_cuda_attention_kernel(dout, out_fmts[f].fmt, dqkv, B, T, heads, head_dim, rot, dcs,
+                                                       scale, variants[k].prec, variants[k].kernel, NULL),
                              0);
-            float *o = dev_download(dout, (size_t)rows * D, bf16);
+            float *o = dev_download(dout, (size_t)rows * D, out_fmts[f].fmt);
             double rel = test_rel_error(o, ref, (size_t)rows * D);
             printf("attention %d x %d, %d heads x %d, rotary %d, %s %s, %s out: rel %.3g\n", B, T, heads, head_dim, rot,
-                   prec_name(variants[k].prec), variants[k].name, bf16 ? "bf16" : "f32", rel);
-            assert_true(rel <= variants[k].tol + (bf16 ? TOL_BF16_OUT : 0.0));
+                   prec_name(variants[k].prec), variants[k].name, out_fmts[f].name, rel);
+            assert_true(rel <= variants[k].tol + out_fmts[f].tol);
             free(o);
             cuda_free(dout);
         }
@@ -314,13 +335,13 @@ static void check_gating(int n, int ff)
     for (int r = 0; r < n; r++)
         op_silu_mul(ref + (size_t)r * ff, g + (size_t)r * 2 * ff + ff, g + (size_t)r * 2 * ff, (size_t)ff);
     float *dg = dev_upload(g, 8ul * n * ff);
-    for (int bf16 = 0; bf16 < 2; bf16++) {
+    for (size_t f = 0; f < N_OUT_FMTS; f++) {
         void *d = dev_poisoned(4ul * n * ff);
-        assert_int_equal(dit_cuda_silu_gate(d, bf16, dg, n, ff, NULL), 0);
-        float *y = dev_download(d, (size_t)n * ff, bf16);
+        assert_int_equal(dit_cuda_silu_gate(d, out_fmts[f].fmt, dg, n, ff, NULL), 0);
+        float *y = dev_download(d, (size_t)n * ff, out_fmts[f].fmt);
         double rel = test_rel_error(y, ref, (size_t)n * ff);
-        printf("silu gate %d x %d %s: rel %.3g\n", n, ff, bf16 ? "bf16" : "f32", rel);
-        assert_true(rel <= (bf16 ? TOL_BF16_OUT : TOL_ROW));
+        printf("silu gate %d x %d %s: rel %.3g\n", n, ff, out_fmts[f].name, rel);
+        assert_true(rel <= TOL_ROW + out_fmts[f].tol);
         free(y);
         cuda_free(d);
     }
@@ -375,25 +396,29 @@ static void reference(const struct dit_model *m, int B, int L, const float *x, c
     }
 }
 
-/* CUDA forward in all three precisions against ref (or, for golden data, the recorded output). */
+/* CUDA forward in every precision, and fp16 rescued, against ref (or, for golden data,
+ * the recorded output). */
 static void check_forward(const struct dit_model *m, const char *what, int B, int L, const float *x, const float *t,
-                          const float *const *cond, const float *ref, const double tol[3])
+                          const float *const *cond, const float *ref, const double tol[MM3_MATMUL_COUNT])
 {
     size_t per = (size_t)m->cfg.in_ch * L, n = B * per;
     float *dx = dev_upload(x, 4 * n), *dt = dev_upload(t, 4ul * B);
     const float *dcond[16] = {0};
     for (int b = 0; b < B; b++)
         if (cond && cond[b]) dcond[b] = dev_upload(cond[b], 4ul * L * m->cfg.cond_dim);
-    static const enum mm3_matmul_precision precs[] = {MM3_MATMUL_FP32, MM3_MATMUL_TF32, MM3_MATMUL_BF16};
-    for (int p = 0; p < 3; p++) {
+    for (int run = 0; run <= MM3_MATMUL_COUNT; run++) {
+        int rescue = run == MM3_MATMUL_COUNT; /* the last run: fp16 rescued */
+        enum mm3_matmul_precision p = rescue ? MM3_MATMUL_FP16 : (enum mm3_matmul_precision)run;
         struct dit_cuda *h;
-        if (dit_cuda_load(&h, m, precs[p]) < 0) fail_msg("dit_cuda_load: %s", mm3_last_error());
+        if (dit_cuda_load(&h, m, p) < 0) fail_msg("dit_cuda_load: %s", mm3_last_error());
+        assert_int_equal(dit_cuda_set_rescue(h, rescue), 0);
         float *dv = dev_poisoned(4 * n);
         if (dit_cuda_forward(h, B, L, dx, dt, cond ? dcond : NULL, dv, NULL) < 0)
             fail_msg("dit_cuda_forward: %s", mm3_last_error());
         float *v = dev_download(dv, n, 0);
         double rel = test_rel_error(v, ref, n);
-        printf("forward %s, B %d, L %d, %s: rel %.3g (bound %.1g)\n", what, B, L, prec_name(precs[p]), rel, tol[p]);
+        printf("forward %s, B %d, L %d, %s%s: rel %.3g (bound %.1g)\n", what, B, L, prec_name(p),
+               rescue ? " rescued" : "", rel, tol[p]);
         assert_true(rel <= tol[p]);
         free(v);
         cuda_free(dv);
@@ -404,7 +429,7 @@ static void check_forward(const struct dit_model *m, const char *what, int B, in
     cuda_free(dx), cuda_free(dt);
 }
 
-static const double fwd_tol[3] = {TOL_FWD_FP32, TOL_FWD_TF32, TOL_FWD_BF16};
+static const double fwd_tol[MM3_MATMUL_COUNT] = {TOL_FWD_FP32, TOL_FWD_TF32, TOL_FWD_BF16, TOL_FWD_FP16};
 
 /* tiny-a: the two recorded DiT calls of case 0 (reference outputs of the real
  * pipeline), and the CPU forward of a batch of two with one zero condition. */
@@ -551,6 +576,8 @@ static void test_bad_args(void **state)
     assert_non_null(strstr(mm3_last_error(), "attention_head_dim 48"));
     cfg.head_dim = 32;
     assert_int_equal(dit_cuda_load_random(&h, &cfg, MM3_MATMUL_BF16, 1), 0);
+    assert_true(dit_cuda_set_rescue(h, 1) == -EINVAL); /* only fp16 has operands to rescale */
+    assert_int_equal(dit_cuda_set_rescue(h, 0), 0);
     assert_true(dit_cuda_forward(h, 0, 5, (float *)8, (float *)8, NULL, (float *)8, NULL) == -EINVAL);
     assert_true(dit_cuda_forward(h, 1, 5, NULL, (float *)8, NULL, (float *)8, NULL) == -EINVAL);
     /* random weights run and give finite velocities */

@@ -6,7 +6,10 @@
  * 2. A whole window through the tiny-a DiT in fp32: rel <= 1e-5 against
  *    flow_window_run (only the GEMM summation order differs), with and without an
  *    overlap prefix, and the prefix restored exactly.
- * 3. Bad arguments are refused.
+ * 3. fp16: a window within the fp16 bound; a window whose noise lies beyond fp16's range
+ *    (its operands overflow to inf) is rerun with scaled operands and matches the CPU
+ *    just as well, alone and inside a batch beside a plain window; the rerun is counted.
+ * 4. Bad arguments are refused.
  * Exit 77 without CUDA compiled in, without a GPU, or (2.) without the tiny-a golden. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -29,9 +32,14 @@
 #ifdef MM3_HAVE_CUDA
 #include "common/cuda/ops_cuda.h"
 #include "stage1/cuda/flow_cuda.h"
+#include "stage1/cuda/dit_kernels.h"
 
 /* fp32 GEMMs differ from the CPU only in summation order (a forward: ~1e-6). */
 #define TOL_WINDOW_FP32 1e-5
+/* fp16 operands (10-bit mantissa, as tf32) over a few Euler steps of tiny-a */
+#define TOL_WINDOW_FP16 1e-2
+/* noise this large overflows fp16 operands (65504) but not when scaled down 256 times */
+#define FP16_OVERFLOW_NOISE 2e5f
 
 static uint64_t rng = 0x5eed1234abcdull;
 
@@ -167,6 +175,85 @@ static void test_window_tiny_a(void **state)
     window_case(t, 17, 17, 3, FLOW_DEFAULT_GUIDANCE); /* all pinned */
 }
 
+/* CPU latents of one window from noise of amplitude a (deterministic per call order). */
+struct fp16_case {
+    int L, ov, steps;
+    float *cond, *prev, *x0, *ref;
+};
+
+static void fp16_case_make(struct tiny *t, struct fp16_case *k, int L, int ov, int steps, float a)
+{
+    int C = t->dm->cfg.in_ch, D = t->dm->cfg.cond_dim;
+    size_t n = (size_t)C * L;
+    k->L = L, k->ov = ov, k->steps = steps;
+    k->cond = test_rand_array(&rng, (size_t)L * D, 1.0f);
+    k->prev = test_rand_array(&rng, (size_t)C * (ov ? ov : 1), a);
+    k->x0 = test_rand_array(&rng, n, a);
+    k->ref = malloc(sizeof(float) * n);
+    assert_non_null(k->ref);
+    memcpy(k->ref, k->x0, sizeof(float) * n);
+    assert_int_equal(flow_window_run(t->dm, t->ws, steps, FLOW_DEFAULT_GUIDANCE, L, k->cond, ov, k->prev, k->ref), 0);
+}
+
+static void fp16_case_check(struct tiny *t, const struct fp16_case *k, const float *x, const char *what)
+{
+    double rel = test_rel_error(x, k->ref, (size_t)t->dm->cfg.in_ch * k->L);
+    printf("fp16 %s: L %d, overlap %d, %d steps: rel %.2e (bound %.0e)\n", what, k->L, k->ov, k->steps, rel,
+           TOL_WINDOW_FP16);
+    assert_true(rel <= TOL_WINDOW_FP16);
+}
+
+static void fp16_case_free(struct fp16_case *k)
+{
+    free(k->cond), free(k->prev), free(k->x0), free(k->ref);
+}
+
+static void test_fp16_rescue(void **state)
+{
+    struct tiny *t = *state;
+    if (!t) skip();
+    struct flow_cuda *fc;
+    assert_int_equal(flow_cuda_create(&fc, t->dm, MM3_MATMUL_FP16, MAX_L), 0);
+    int C = t->dm->cfg.in_ch;
+    struct fp16_case plain, big;
+    fp16_case_make(t, &plain, 60, 20, 4, 1.0f);
+    fp16_case_make(t, &big, 60, 20, 4, FP16_OVERFLOW_NOISE);
+    float *x = malloc(sizeof(float) * C * 60), *y = malloc(sizeof(float) * C * 60);
+    assert_true(x && y);
+
+    /* one window at a time */
+    unsigned long long r0 = dit_cuda_f16_rescues();
+    memcpy(x, plain.x0, sizeof(float) * C * 60);
+    assert_int_equal(flow_cuda_window_run(fc, 4, FLOW_DEFAULT_GUIDANCE, 60, plain.cond, 20, plain.prev, x), 0);
+    fp16_case_check(t, &plain, x, "window");
+    assert_true(dit_cuda_f16_rescues() == r0); /* nothing overflowed */
+    memcpy(x, big.x0, sizeof(float) * C * 60);
+    assert_int_equal(flow_cuda_window_run(fc, 4, FLOW_DEFAULT_GUIDANCE, 60, big.cond, 20, big.prev, x), 0);
+    fp16_case_check(t, &big, x, "window, noise beyond fp16's range");
+    assert_true(dit_cuda_f16_rescues() == r0 + 1);
+
+    /* both in one batch: the batch is rerun once, both windows right */
+    struct flow_batch fb;
+    assert_int_equal(flow_cuda_batch_open(fc, 2, &fb), 0);
+    memcpy(x, plain.x0, sizeof(float) * C * 60);
+    memcpy(y, big.x0, sizeof(float) * C * 60);
+    struct flow_job jobs[2] = {{4, FLOW_DEFAULT_GUIDANCE, 60, 20, plain.cond, plain.prev, x},
+                               {4, FLOW_DEFAULT_GUIDANCE, 60, 20, big.cond, big.prev, y}};
+    int rcs[2] = {-1, -1};
+    assert_int_equal(fb.begin(fb.ctx, 2, jobs), 0);
+    assert_int_equal(fb.end(fb.ctx, 2, jobs, rcs), 0);
+    assert_int_equal(rcs[0], 0);
+    assert_int_equal(rcs[1], 0);
+    fp16_case_check(t, &plain, x, "batch, plain window");
+    fp16_case_check(t, &big, y, "batch, window beyond fp16's range");
+    assert_true(dit_cuda_f16_rescues() == r0 + 2);
+    fb.close(fb.ctx);
+
+    free(x), free(y);
+    fp16_case_free(&plain), fp16_case_free(&big);
+    flow_cuda_free(fc);
+}
+
 static void test_bad_args(void **state)
 {
     struct tiny *t = *state;
@@ -188,6 +275,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_step_bit_exact),
         cmocka_unit_test_setup_teardown(test_window_tiny_a, tiny_setup, tiny_teardown),
+        cmocka_unit_test_setup_teardown(test_fp16_rescue, tiny_setup, tiny_teardown),
         cmocka_unit_test_setup_teardown(test_bad_args, tiny_setup, tiny_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

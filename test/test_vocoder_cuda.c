@@ -46,14 +46,18 @@
 #include "common/cuda/ops_cuda.h"
 #include "common/ops_conv.h"
 #include "common/safetensors.h"
+#include "stage1/cuda/dit_kernels.h"
 #include "stage1/cuda/vocoder_cuda.h"
 #include "stage1/cuda/vocoder_cuda_internal.h"
 #include "stage1/render.h"
 #include "stage1/vocoder.h"
 
-static const enum mm3_matmul_precision precs[3] = {MM3_MATMUL_FP32, MM3_MATMUL_TF32, MM3_MATMUL_BF16};
-static const double tol_layer[3] = {1e-5, 3e-3, 6e-3};
-static const double tol_decode[3] = {1e-5, 1e-2, 4e-2};
+#define N_PRECS 4
+static const enum mm3_matmul_precision precs[N_PRECS] = {MM3_MATMUL_FP32, MM3_MATMUL_TF32, MM3_MATMUL_BF16,
+                                                         MM3_MATMUL_FP16};
+/* fp16 keeps tf32's operand mantissa */
+static const double tol_layer[N_PRECS] = {1e-5, 3e-3, 6e-3, 3e-3};
+static const double tol_decode[N_PRECS] = {1e-5, 1e-2, 4e-2, 1e-2};
 #define TOL_F32 1e-5
 
 static uint64_t rng = 0x5eed5eedull;
@@ -94,7 +98,7 @@ static void check_conv1d(int batch, int c_in, int c_out, int t, int k, int dil, 
     float *b = test_rand_array(&rng, c_out, 0.1f), *alpha = snake ? rand_alpha(c_in) : NULL;
     float *y = malloc(sizeof(float) * batch * ny), *ref = malloc(sizeof(float) * batch * ny);
     ref_conv1d(ref, x, alpha, w, b, batch, c_in, c_out, t, k, dil);
-    for (int p = 0; p < 3; p++) {
+    for (int p = 0; p < N_PRECS; p++) {
         memset(y, 0xff, sizeof(float) * batch * ny); /* NaN: every output must be written */
         int rc = vocoder_cuda_conv1d_host(y, x, alpha, w, b, batch, c_in, c_out, t, k, dil, precs[p]);
         if (rc < 0) fail_msg("vocoder_cuda_conv1d_host: %s", mm3_last_error());
@@ -138,7 +142,7 @@ static void check_conv_t(int batch, int c_in, int c_out, int t_in, int s, int sn
         }
         op_conv_transpose1d(ref + it * ny, xi, w, b, c_in, c_out, t_in, k, s, (s + 1) / 2);
     }
-    for (int p = 0; p < 3; p++) {
+    for (int p = 0; p < N_PRECS; p++) {
         memset(y, 0xff, sizeof(float) * batch * ny);
         int rc = vocoder_cuda_conv_transpose1d_host(y, x, alpha, w, b, batch, c_in, c_out, t_in, s, precs[p]);
         if (rc < 0) fail_msg("vocoder_cuda_conv_transpose1d_host: %s", mm3_last_error());
@@ -220,7 +224,7 @@ static double compare_decode(const char *what, const char *root, const float *la
     }
     float *pcm = malloc(sizeof(float) * 2 * hop * L);
     double worst_fp32 = 0;
-    for (int p = 0; p < 3; p++) {
+    for (int p = 0; p < N_PRECS; p++) {
         struct vocoder_cuda *h;
         if (vocoder_cuda_create(&h, v, precs[p], L) < 0) fail_msg("vocoder_cuda_create %s: %s", root, mm3_last_error());
         assert_int_equal(vocoder_cuda_hop(h), hop);
@@ -294,6 +298,40 @@ static void test_geom_b(void **state)
     st_file_close(f);
 }
 
+/* Latents beyond fp16's range overflow the fp16 operands to inf: the decode is rerun
+ * with scaled operands, counted, and matches the CPU within the fp16 bound. */
+static void test_fp16_rescue(void **state)
+{
+    (void)state;
+    const char *g = test_golden_dir();
+    if (!g) skip();
+    char root[1024];
+    snprintf(root, sizeof root, "%s/checkpoint", g);
+    struct vocoder *v;
+    if (vocoder_load(&v, root) < 0) fail_msg("vocoder_load: %s", mm3_last_error());
+    int L = 24, hop = vocoder_hop(v), c = vocoder_latent_channels(v);
+    size_t n = 2 * (size_t)hop * L;
+    float *ref = malloc(sizeof(float) * n), *pcm = malloc(sizeof(float) * n);
+    assert_true(ref && pcm);
+    struct vocoder_cuda *h;
+    if (vocoder_cuda_create(&h, v, MM3_MATMUL_FP16, L) < 0) fail_msg("vocoder_cuda_create: %s", mm3_last_error());
+    for (int big = 0; big < 2; big++) {
+        float *lat = test_rand_array(&rng, (size_t)c * L, big ? 2e5f : 1.0f);
+        assert_int_equal(vocoder_decode(v, lat, L, ref), 0);
+        unsigned long long r0 = dit_cuda_f16_rescues();
+        if (vocoder_cuda_decode(h, lat, L, pcm) < 0) fail_msg("decode: %s", mm3_last_error());
+        double rel = test_rel_error(pcm, ref, n);
+        printf("fp16 decode, latents %s: rel %.3g (bound %.0e), rescued %llu\n", big ? "beyond fp16's range" : "plain",
+               rel, tol_decode[3], dit_cuda_f16_rescues() - r0);
+        assert_true(rel <= tol_decode[3]);
+        assert_true(dit_cuda_f16_rescues() == r0 + (unsigned long long)big);
+        free(lat);
+    }
+    vocoder_cuda_free(h);
+    vocoder_free(v);
+    free(ref), free(pcm);
+}
+
 static void test_release_shape(void **state)
 {
     (void)state;
@@ -313,7 +351,7 @@ static void test_release_shape(void **state)
     if (getenv("MM3_TEST_VOCODER_BENCH")) {
         struct vocoder *v;
         assert_int_equal(vocoder_load(&v, dir), 0);
-        for (int p = 0; p < 3; p++) {
+        for (int p = 0; p < N_PRECS; p++) {
             struct vocoder_cuda *h;
             float ms = 0;
             assert_int_equal(vocoder_cuda_create(&h, v, precs[p], 689), 0);
@@ -337,7 +375,8 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv1d), cmocka_unit_test(test_conv_transpose), cmocka_unit_test(test_conv_out),
-        cmocka_unit_test(test_geom_b), cmocka_unit_test(test_tiny_a),         cmocka_unit_test(test_release_shape),
+        cmocka_unit_test(test_geom_b), cmocka_unit_test(test_tiny_a),         cmocka_unit_test(test_fp16_rescue),
+        cmocka_unit_test(test_release_shape),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,7 +2,7 @@
  * made on the GPU (no files), in each matmul precision.
  *
  *   mm3-bench-dit [--layers N] [--latents L] [--windows 1,2,4,8] [--reps R]
- *                 [--precisions fp32,tf32,bf16] [--euler-steps S] [--attention auto,old,flash64,flash128,flash128m2]
+ *                 [--precisions fp32,tf32,bf16,fp16] [--euler-steps S] [--attention auto,old,flash64,flash128,flash128m2]
  *
  * Per precision: the dense GEMM peak (cuBLASLt 8192^3, median of 10 after warm-up,
  * CUDA events), one forward of B = 2 x windows sequences (CFG pair per window) of L
@@ -67,7 +67,7 @@ static float *dev_random(size_t n, float a)
 
 static const char *prec_name(enum mm3_matmul_precision p)
 {
-    return p == MM3_MATMUL_FP32 ? "fp32" : p == MM3_MATMUL_TF32 ? "tf32" : "bf16";
+    return mm3_matmul_precision_name(p);
 }
 
 /* Dense GEMM peak in TFLOP/s: random operands (zeros run faster), median of 10. */
@@ -78,10 +78,12 @@ static double gemm_peak(enum mm3_matmul_precision p, void *stream, void *e0, voi
     float *a32 = dev_random(nn, 1.0f), *w32 = dev_random(nn, 1.0f), *d = NULL;
     void *a = a32, *w = w32;
     if (cuda_malloc((void **)&d, 4 * nn) < 0) die("cuda_malloc");
-    if (p == MM3_MATMUL_BF16) {
-        /* bf16 copies in place of the first halves: same bytes, half the size */
+    int fmt = dit_operand_of(p);
+    if (fmt != DIT_OPERAND_F32) {
+        /* 2-byte copies in place of the first halves: same bytes, half the size */
         if (cuda_malloc(&a, 2 * nn) < 0 || cuda_malloc(&w, 2 * nn) < 0) die("cuda_malloc");
-        if (dit_cuda_to_bf16(a, a32, nn, stream) < 0 || dit_cuda_to_bf16(w, w32, nn, stream) < 0) die("to_bf16");
+        if (dit_cuda_to_operand(a, fmt, a32, nn, stream) < 0 || dit_cuda_to_operand(w, fmt, w32, nn, stream) < 0)
+            die("to_operand");
     }
     struct dit_gemm *g;
     if (dit_gemm_create(&g, p) < 0) die("dit_gemm_create");
@@ -220,10 +222,11 @@ static double rel_l2(const float *a, const float *b, size_t n)
 static void *dev_operand(size_t n, float a, enum mm3_matmul_precision p, void *stream)
 {
     float *f = dev_random(n, a);
-    if (p != MM3_MATMUL_BF16) return f;
+    int fmt = dit_operand_of(p);
+    if (fmt == DIT_OPERAND_F32) return f;
     void *b = NULL;
-    if (cuda_malloc(&b, 2 * n) < 0 || dit_cuda_to_bf16(b, f, n, stream) < 0 || cuda_stream_sync(stream) < 0)
-        die("bf16 operand");
+    if (cuda_malloc(&b, 2 * n) < 0 || dit_cuda_to_operand(b, fmt, f, n, stream) < 0 || cuda_stream_sync(stream) < 0)
+        die("2-byte operand");
     cuda_free(f);
     return b;
 }
@@ -234,7 +237,7 @@ static void breakdown(const struct dit_config *cfg, enum mm3_matmul_precision p,
                       void *stream, void *e0, void *e1)
 {
     int T = L + 1, N = B * T, D = cfg->n_heads * cfg->head_dim, F = cfg->ff_inner, reps = 5;
-    int bf = p == MM3_MATMUL_BF16;
+    int bf = dit_operand_of(p);
     size_t big = (size_t)N * (D > F ? D : F);
     void *op = dev_operand(big, 1.0f, p, stream);
     void *wqkv = dev_operand((size_t)3 * D * D, 0.02f, p, stream), *wo = dev_operand((size_t)D * D, 0.02f, p, stream);
@@ -313,7 +316,7 @@ static void breakdown(const struct dit_config *cfg, enum mm3_matmul_precision p,
 static void usage(void)
 {
     fprintf(stderr, "usage: mm3-bench-dit [--layers N] [--latents L] [--windows 1,2,4,8] [--reps R]\n"
-                    "                     [--precisions fp32,tf32,bf16] [--euler-steps S] [--frame-rate FPS]\n"
+                    "                     [--precisions fp32,tf32,bf16,fp16] [--euler-steps S] [--frame-rate FPS]\n"
                     "                     [--attention auto,old,flash64,flash128,flash128m2]\n");
     exit(2);
 }
@@ -332,7 +335,7 @@ int main(int argc, char **argv)
     double frame_rate = 25.0;
     int L = 689, reps = 5, euler_steps = 4, n_windows = 4, windows[MAX_WINDOWS] = {1, 2, 4, 8};
     int n_prec = 3, n_attn = 1, attn[MAX_ATTN] = {0};
-    enum mm3_matmul_precision precs[3] = {MM3_MATMUL_FP32, MM3_MATMUL_TF32, MM3_MATMUL_BF16};
+    enum mm3_matmul_precision precs[MM3_MATMUL_COUNT] = {MM3_MATMUL_FP32, MM3_MATMUL_TF32, MM3_MATMUL_BF16};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!val) usage();
@@ -371,6 +374,7 @@ int main(int argc, char **argv)
             if (strstr(val, "fp32")) precs[n_prec++] = MM3_MATMUL_FP32;
             if (strstr(val, "tf32")) precs[n_prec++] = MM3_MATMUL_TF32;
             if (strstr(val, "bf16")) precs[n_prec++] = MM3_MATMUL_BF16;
+            if (strstr(val, "fp16")) precs[n_prec++] = MM3_MATMUL_FP16;
         } else
             usage();
         i++;
@@ -403,12 +407,12 @@ int main(int argc, char **argv)
         cond[b] = b % 2 ? NULL : dcond; /* CFG: conditional, unconditional */
 
     float *x0 = malloc(sizeof(float) * per);
-    float *fin[3], *vfirst[3];
+    float *fin[MM3_MATMUL_COUNT], *vfirst[MM3_MATMUL_COUNT];
     for (size_t e = 0; e < per; e++)
         x0[e] = rnd_unit() * 1.7f;
-    struct row rows[3 * MAX_ATTN * MAX_WINDOWS];
+    struct row rows[MM3_MATMUL_COUNT * MAX_ATTN * MAX_WINDOWS];
     int n_rows = 0;
-    double peaks[3];
+    double peaks[MM3_MATMUL_COUNT];
     for (int pi = 0; pi < n_prec; pi++) {
         enum mm3_matmul_precision p = precs[pi];
         peaks[pi] = gemm_peak(p, stream, e0, e1);
@@ -420,9 +424,10 @@ int main(int argc, char **argv)
         int first = n_rows;
         for (int a = 0; a < (p == MM3_MATMUL_FP32 ? 1 : n_attn); a++) {
             const struct attn_choice *ac = &attn_choices[attn[a]];
-            if (dit_cuda_attention_default_set(p, p == MM3_MATMUL_BF16   ? ac->bf16
-                                                  : p == MM3_MATMUL_TF32 ? ac->tf32
-                                                                         : DIT_ATTN_AUTO) < 0)
+            /* fp16 runs the attention in tf32 (only the GEMMs take fp16 inputs) */
+            if (dit_cuda_attention_default_set(p, p == MM3_MATMUL_BF16 ? ac->bf16
+                                                  : p == MM3_MATMUL_FP32 ? DIT_ATTN_AUTO
+                                                                         : ac->tf32) < 0)
                 die("dit_cuda_attention_default_set");
             for (int w = 0; w < n_windows; w++) {
                 struct row *r = &rows[n_rows++];

@@ -21,7 +21,7 @@
 using namespace nvcuda;
 
 /* dit_attention_flash.cu (only this file calls it) */
-int dit_attention_flash(void *out, bool out_bf16, const float *qkv, int n_seq, int T, int H, int head_dim, int half,
+int dit_attention_flash(void *out, int out_fmt, const float *qkv, int n_seq, int T, int H, int head_dim, int half,
                         const float *cs, float scale, bool tf32, int variant, cudaStream_t s);
 bool dit_attention_flash_usable(const void *out, const float *qkv, int half, const float *cs);
 
@@ -31,7 +31,7 @@ enum { SIMT_Q = 64, SIMT_K = 32 };
 
 template <int HD>
 __global__ void __launch_bounds__(SIMT_Q)
-    attn_simt_kernel(void *out, bool out_bf16, const float *qkv, int T, int H, int half, const float *cs, float scale)
+    attn_simt_kernel(void *out, int out_fmt, const float *qkv, int T, int H, int half, const float *cs, float scale)
 {
     __shared__ float Ks[SIMT_K][HD], Vs[SIMT_K][HD];
     int b = blockIdx.z, h = blockIdx.y, qi = blockIdx.x * SIMT_Q + threadIdx.x;
@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(SIMT_Q)
     size_t ob = ((size_t)b * T + qi) * D + (size_t)h * HD;
 #pragma unroll
     for (int d = 0; d < HD; d++)
-        dit_store_operand(out, ob + d, o[d] / l, out_bf16);
+        dit_store_operand(out, ob + d, o[d] / l, out_fmt);
 }
 
 /* ---- tensor cores (WMMA) ----------------------------------------------------------- */
@@ -137,7 +137,7 @@ template <> __device__ __forceinline__ void store4<false>(float *p, float4 v)
 }
 
 template <int HD, bool BF16>
-__global__ void __launch_bounds__(TC_THREADS) attn_tc_kernel(void *out, bool out_bf16, const float *qkv, int T, int H,
+__global__ void __launch_bounds__(TC_THREADS) attn_tc_kernel(void *out, int out_fmt, const float *qkv, int T, int H,
                                                              int half, const float *cs, float scale_log2, bool vec)
 {
     typedef tc_cfg<HD, BF16> C;
@@ -284,11 +284,11 @@ __global__ void __launch_bounds__(TC_THREADS) attn_tc_kernel(void *out, bool out
     float inv = 1.0f / l;
 #pragma unroll
     for (int c = 0; c < HD / 2; c++)
-        dit_store_operand(out, ob + c, orow[c] * inv, out_bf16);
+        dit_store_operand(out, ob + c, orow[c] * inv, out_fmt);
 }
 
 template <int HD, bool BF16>
-static int launch_tc(void *out, bool out_bf16, const float *qkv, int n_seq, int T, int H, int half, const float *cs,
+static int launch_tc(void *out, int out_fmt, const float *qkv, int n_seq, int T, int H, int half, const float *cs,
                      float scale, cudaStream_t s)
 {
     size_t smem = tc_cfg<HD, BF16>::SMEM;
@@ -300,35 +300,37 @@ static int launch_tc(void *out, bool out_bf16, const float *qkv, int n_seq, int 
     dim3 grid((T + TC_Q - 1) / TC_Q, H, n_seq);
     bool vec = half % 4 == 0 && ((uintptr_t)qkv | (uintptr_t)cs) % 16 == 0;
     attn_tc_kernel<HD, BF16>
-        <<<grid, TC_THREADS, smem, s>>>(out, out_bf16, qkv, T, H, half, cs, scale * (float)M_LOG2E, vec);
+        <<<grid, TC_THREADS, smem, s>>>(out, out_fmt, qkv, T, H, half, cs, scale * (float)M_LOG2E, vec);
     return dit_cuda_launched("attn_tc_kernel");
 }
 
 template <int HD>
-static int launch(void *out, bool out_bf16, const float *qkv, int n_seq, int T, int H, int half, const float *cs,
+static int launch(void *out, int out_fmt, const float *qkv, int n_seq, int T, int H, int half, const float *cs,
                   float scale, enum mm3_matmul_precision prec, enum dit_attn_kernel k, cudaStream_t s)
 {
     if (k == DIT_ATTN_FLASH64 || k == DIT_ATTN_FLASH128 || k == DIT_ATTN_FLASH128M2) {
         if (dit_attention_flash_usable(out, qkv, half, cs))
-            return dit_attention_flash(out, out_bf16, qkv, n_seq, T, H, HD, half, cs, scale, prec == MM3_MATMUL_TF32,
+            return dit_attention_flash(out, out_fmt, qkv, n_seq, T, H, HD, half, cs, scale, prec != MM3_MATMUL_BF16,
                                        k == DIT_ATTN_FLASH128M2 ? 2
                                        : k == DIT_ATTN_FLASH128 ? 1
                                                                 : 0,
                                        s);
         k = prec == MM3_MATMUL_BF16 ? DIT_ATTN_MMA : DIT_ATTN_WMMA; /* odd rotary split or alignment */
     }
-    if (k == DIT_ATTN_MMA) return dit_attention_mma_bf16(out, out_bf16, qkv, n_seq, T, H, HD, half, cs, scale, s);
+    if (k == DIT_ATTN_MMA) return dit_attention_mma_bf16(out, out_fmt, qkv, n_seq, T, H, HD, half, cs, scale, s);
     if (k == DIT_ATTN_WMMA && prec == MM3_MATMUL_BF16)
-        return launch_tc<HD, true>(out, out_bf16, qkv, n_seq, T, H, half, cs, scale, s);
-    if (k == DIT_ATTN_WMMA) return launch_tc<HD, false>(out, out_bf16, qkv, n_seq, T, H, half, cs, scale, s);
+        return launch_tc<HD, true>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, s);
+    if (k == DIT_ATTN_WMMA) return launch_tc<HD, false>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, s);
     dim3 grid((T + SIMT_Q - 1) / SIMT_Q, H, n_seq);
-    attn_simt_kernel<HD><<<grid, SIMT_Q, 0, s>>>(out, out_bf16, qkv, T, H, half, cs, scale);
+    attn_simt_kernel<HD><<<grid, SIMT_Q, 0, s>>>(out, out_fmt, qkv, T, H, half, cs, scale);
     return dit_cuda_launched("attn_simt_kernel");
 }
 
-/* What AUTO runs per precision (fp32, tf32, bf16); dit_cuda_attention_default_set. */
-static const enum dit_attn_kernel builtin_kernel[3] = {DIT_ATTN_SIMT, DIT_ATTN_FLASH128, DIT_ATTN_FLASH128};
-static enum dit_attn_kernel auto_kernel[3] = {DIT_ATTN_SIMT, DIT_ATTN_FLASH128, DIT_ATTN_FLASH128};
+/* What AUTO runs per precision (fp32, tf32, bf16, fp16); dit_cuda_attention_default_set. */
+static const enum dit_attn_kernel builtin_kernel[MM3_MATMUL_COUNT] = {DIT_ATTN_SIMT, DIT_ATTN_FLASH128, DIT_ATTN_FLASH128,
+                                                                      DIT_ATTN_FLASH128};
+static enum dit_attn_kernel auto_kernel[MM3_MATMUL_COUNT] = {DIT_ATTN_SIMT, DIT_ATTN_FLASH128, DIT_ATTN_FLASH128,
+                                                             DIT_ATTN_FLASH128};
 
 static bool kernel_computes(enum dit_attn_kernel k, enum mm3_matmul_precision prec)
 {
@@ -349,7 +351,9 @@ static bool kernel_computes(enum dit_attn_kernel k, enum mm3_matmul_precision pr
 
 extern "C" int dit_cuda_attention_default_set(enum mm3_matmul_precision prec, enum dit_attn_kernel kernel)
 {
-    int i = prec == MM3_MATMUL_BF16 ? 2 : prec == MM3_MATMUL_TF32 ? 1 : 0;
+    if ((int)prec < 0 || prec >= MM3_MATMUL_COUNT)
+        return mm3_errorf(-EINVAL, "dit_cuda_attention_default_set: precision %d: unknown", (int)prec);
+    int i = (int)prec;
     if (kernel == DIT_ATTN_AUTO) kernel = builtin_kernel[i];
     if (!kernel_computes(kernel, prec))
         return mm3_errorf(-EINVAL, "dit_cuda_attention_default_set: kernel %d does not compute in precision %d",
@@ -358,7 +362,7 @@ extern "C" int dit_cuda_attention_default_set(enum mm3_matmul_precision prec, en
     return 0;
 }
 
-extern "C" int dit_cuda_attention_kernel(void *out, int out_bf16, const float *qkv, int n_seq, int T, int n_heads,
+extern "C" int dit_cuda_attention_kernel(void *out, int out_fmt, const float *qkv, int n_seq, int T, int n_heads,
                                          int head_dim, int rotary_dim, const float *cs, float scale,
                                          enum mm3_matmul_precision prec, enum dit_attn_kernel kernel, void *stream)
 {
@@ -368,14 +372,16 @@ extern "C" int dit_cuda_attention_kernel(void *out, int out_bf16, const float *q
     if (rotary_dim < 0 || rotary_dim % 2 || rotary_dim > head_dim || (rotary_dim > 0 && !cs))
         return mm3_errorf(-EINVAL, "dit_cuda_attention: rotary_dim %d: expected even, <= head_dim %d, with a table",
                           rotary_dim, head_dim);
-    if (kernel == DIT_ATTN_AUTO) kernel = auto_kernel[prec == MM3_MATMUL_BF16 ? 2 : prec == MM3_MATMUL_TF32 ? 1 : 0];
+    if ((int)prec < 0 || prec >= MM3_MATMUL_COUNT)
+        return mm3_errorf(-EINVAL, "dit_cuda_attention: precision %d: unknown", (int)prec);
+    if (kernel == DIT_ATTN_AUTO) kernel = auto_kernel[prec];
     if (!kernel_computes(kernel, prec))
         return mm3_errorf(-EINVAL, "dit_cuda_attention: kernel %d does not compute in precision %d", (int)kernel,
                           (int)prec);
     if (n_seq == 0) return 0;
     int half = cs ? rotary_dim / 2 : 0;
     cudaStream_t s = (cudaStream_t)stream;
-    bool ob = out_bf16 != 0;
+    int ob = out_fmt;
     switch (head_dim) {
     case 32:
         return launch<32>(out, ob, qkv, n_seq, T, n_heads, half, cs, scale, prec, kernel, s);
@@ -389,10 +395,10 @@ extern "C" int dit_cuda_attention_kernel(void *out, int out_bf16, const float *q
     }
 }
 
-extern "C" int dit_cuda_attention(void *out, int out_bf16, const float *qkv, int n_seq, int T, int n_heads,
+extern "C" int dit_cuda_attention(void *out, int out_fmt, const float *qkv, int n_seq, int T, int n_heads,
                                   int head_dim, int rotary_dim, const float *cs, float scale,
                                   enum mm3_matmul_precision prec, void *stream)
 {
-    return dit_cuda_attention_kernel(out, out_bf16, qkv, n_seq, T, n_heads, head_dim, rotary_dim, cs, scale, prec,
+    return dit_cuda_attention_kernel(out, out_fmt, qkv, n_seq, T, n_heads, head_dim, rotary_dim, cs, scale, prec,
                                      DIT_ATTN_AUTO, stream);
 }

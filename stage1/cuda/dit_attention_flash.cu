@@ -146,7 +146,7 @@ template <int HD, int NW, int MT, bool TF32>
 __global__ void __launch_bounds__(32 * NW, MT > 1    ? 3
                                            : NW >= 8 ? 2
                                                      : 4)
-    attn_flash_kernel(void *out, bool out_bf16, const float *__restrict__ qkv, int T, int H, int half,
+    attn_flash_kernel(void *out, int out_fmt, const float *__restrict__ qkv, int T, int H, int half,
                       const float *__restrict__ cs, float scale_log2)
 {
     typedef fl_cfg<HD, NW, MT, TF32> C;
@@ -390,21 +390,14 @@ __global__ void __launch_bounds__(32 * NW, MT > 1    ? 3
 #pragma unroll
         for (int n = 0; n < HD / 8; n++) {
             float(*on)[4] = o[mt];
-            if (out_bf16) {
-                if (t0 < T)
-                    *(uint32_t *)((__nv_bfloat16 *)out + row0 + n * 8) = pack_bf16x2(on[n][0] * i0, on[n][1] * i0);
-                if (t1 < T)
-                    *(uint32_t *)((__nv_bfloat16 *)out + row1 + n * 8) = pack_bf16x2(on[n][2] * i1, on[n][3] * i1);
-            } else {
-                if (t0 < T) *(float2 *)((float *)out + row0 + n * 8) = make_float2(on[n][0] * i0, on[n][1] * i0);
-                if (t1 < T) *(float2 *)((float *)out + row1 + n * 8) = make_float2(on[n][2] * i1, on[n][3] * i1);
-            }
+            if (t0 < T) dit_store_operand2(out, row0 + n * 8, on[n][0] * i0, on[n][1] * i0, out_fmt);
+            if (t1 < T) dit_store_operand2(out, row1 + n * 8, on[n][2] * i1, on[n][3] * i1, out_fmt);
         }
     }
 }
 
 template <int HD, int NW, int MT, bool TF32>
-int launch_flash(void *out, bool out_bf16, const float *qkv, int n_seq, int T, int H, int half, const float *cs,
+int launch_flash(void *out, int out_fmt, const float *qkv, int n_seq, int T, int H, int half, const float *cs,
                  float scale, cudaStream_t s)
 {
     typedef fl_cfg<HD, NW, MT, TF32> C;
@@ -415,40 +408,40 @@ int launch_flash(void *out, bool out_bf16, const float *qkv, int n_seq, int T, i
     if (rc < 0) return rc;
     dim3 grid((T + C::QT - 1) / C::QT, H, n_seq);
     attn_flash_kernel<HD, NW, MT, TF32>
-        <<<grid, C::THREADS, C::SMEM, s>>>(out, out_bf16, qkv, T, H, half, cs, scale * (float)M_LOG2E);
+        <<<grid, C::THREADS, C::SMEM, s>>>(out, out_fmt, qkv, T, H, half, cs, scale * (float)M_LOG2E);
     return dit_cuda_launched("attn_flash_kernel");
 }
 
 /* variant: 0 = 64 queries (4 warps x 16 rows), 1 = 128 (8 x 16), 2 = 128 (4 warps x 32 rows) */
 template <int HD, bool TF32>
-int launch_hd(void *out, bool out_bf16, const float *qkv, int n_seq, int T, int H, int half, const float *cs,
+int launch_hd(void *out, int out_fmt, const float *qkv, int n_seq, int T, int H, int half, const float *cs,
               float scale, int variant, cudaStream_t s)
 {
-    if (variant == 2) return launch_flash<HD, 4, 2, TF32>(out, out_bf16, qkv, n_seq, T, H, half, cs, scale, s);
-    if (variant == 1) return launch_flash<HD, 8, 1, TF32>(out, out_bf16, qkv, n_seq, T, H, half, cs, scale, s);
-    return launch_flash<HD, 4, 1, TF32>(out, out_bf16, qkv, n_seq, T, H, half, cs, scale, s);
+    if (variant == 2) return launch_flash<HD, 4, 2, TF32>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, s);
+    if (variant == 1) return launch_flash<HD, 8, 1, TF32>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, s);
+    return launch_flash<HD, 4, 1, TF32>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, s);
 }
 
 } // namespace
 
 /* Called by dit_attention.cu (declared there): arguments checked, n_seq > 0, and
  * dit_attention_flash_usable() true. */
-int dit_attention_flash(void *out, bool out_bf16, const float *qkv, int n_seq, int T, int H, int head_dim, int half,
+int dit_attention_flash(void *out, int out_fmt, const float *qkv, int n_seq, int T, int H, int head_dim, int half,
                         const float *cs, float scale, bool tf32, int variant, cudaStream_t s)
 {
     switch (head_dim * 2 + (tf32 ? 1 : 0)) {
     case 64:
-        return launch_hd<32, false>(out, out_bf16, qkv, n_seq, T, H, half, cs, scale, variant, s);
+        return launch_hd<32, false>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, variant, s);
     case 65:
-        return launch_hd<32, true>(out, out_bf16, qkv, n_seq, T, H, half, cs, scale, variant, s);
+        return launch_hd<32, true>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, variant, s);
     case 128:
-        return launch_hd<64, false>(out, out_bf16, qkv, n_seq, T, H, half, cs, scale, variant, s);
+        return launch_hd<64, false>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, variant, s);
     case 129:
-        return launch_hd<64, true>(out, out_bf16, qkv, n_seq, T, H, half, cs, scale, variant, s);
+        return launch_hd<64, true>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, variant, s);
     case 256:
-        return launch_hd<128, false>(out, out_bf16, qkv, n_seq, T, H, half, cs, scale, variant, s);
+        return launch_hd<128, false>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, variant, s);
     case 257:
-        return launch_hd<128, true>(out, out_bf16, qkv, n_seq, T, H, half, cs, scale, variant, s);
+        return launch_hd<128, true>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, variant, s);
     default:
         return mm3_errorf(-EINVAL, "attention: head_dim %d: the flash kernel supports 32, 64, 128", head_dim);
     }

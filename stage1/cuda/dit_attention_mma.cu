@@ -34,7 +34,7 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
 }
 
 template <int HD>
-__global__ void __launch_bounds__(MTHREADS) attn_mma_kernel(void *out, bool out_bf16, const float *qkv, int T, int H,
+__global__ void __launch_bounds__(MTHREADS) attn_mma_kernel(void *out, int out_fmt, const float *qkv, int T, int H,
                                                             int half, const float *cs, float scale_log2, bool vec)
 {
     typedef mma_cfg<HD> C;
@@ -189,19 +189,19 @@ __global__ void __launch_bounds__(MTHREADS) attn_mma_kernel(void *out, bool out_
         int c = h * HD + n * 8 + 2 * tg;
         if (t0 < T) {
             size_t i = ((size_t)b * T + t0) * D + c;
-            dit_store_operand(out, i, o[n][0] * i0, out_bf16);
-            dit_store_operand(out, i + 1, o[n][1] * i0, out_bf16);
+            dit_store_operand(out, i, o[n][0] * i0, out_fmt);
+            dit_store_operand(out, i + 1, o[n][1] * i0, out_fmt);
         }
         if (t1 < T) {
             size_t i = ((size_t)b * T + t1) * D + c;
-            dit_store_operand(out, i, o[n][2] * i1, out_bf16);
-            dit_store_operand(out, i + 1, o[n][3] * i1, out_bf16);
+            dit_store_operand(out, i, o[n][2] * i1, out_fmt);
+            dit_store_operand(out, i + 1, o[n][3] * i1, out_fmt);
         }
     }
 }
 
 template <int HD>
-static int launch_mma(void *out, bool out_bf16, const float *qkv, int n_seq, int T, int H, int half, const float *cs,
+static int launch_mma(void *out, int out_fmt, const float *qkv, int n_seq, int T, int H, int half, const float *cs,
                       float scale, cudaStream_t s)
 {
     size_t smem = mma_cfg<HD>::SMEM;
@@ -211,20 +211,20 @@ static int launch_mma(void *out, bool out_bf16, const float *qkv, int n_seq, int
     if (rc < 0) return rc;
     dim3 grid((T + MQ - 1) / MQ, H, n_seq);
     bool vec = half % 4 == 0 && ((uintptr_t)qkv | (uintptr_t)cs) % 16 == 0;
-    attn_mma_kernel<HD><<<grid, MTHREADS, smem, s>>>(out, out_bf16, qkv, T, H, half, cs, scale * (float)M_LOG2E, vec);
+    attn_mma_kernel<HD><<<grid, MTHREADS, smem, s>>>(out, out_fmt, qkv, T, H, half, cs, scale * (float)M_LOG2E, vec);
     return dit_cuda_launched("attn_mma_kernel");
 }
 
-int dit_attention_mma_bf16(void *out, bool out_bf16, const float *qkv, int n_seq, int T, int H, int head_dim, int half,
+int dit_attention_mma_bf16(void *out, int out_fmt, const float *qkv, int n_seq, int T, int H, int head_dim, int half,
                            const float *cs, float scale, cudaStream_t s)
 {
     switch (head_dim) {
     case 32:
-        return launch_mma<32>(out, out_bf16, qkv, n_seq, T, H, half, cs, scale, s);
+        return launch_mma<32>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, s);
     case 64:
-        return launch_mma<64>(out, out_bf16, qkv, n_seq, T, H, half, cs, scale, s);
+        return launch_mma<64>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, s);
     case 128:
-        return launch_mma<128>(out, out_bf16, qkv, n_seq, T, H, half, cs, scale, s);
+        return launch_mma<128>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, s);
     default:
         return mm3_errorf(-EINVAL, "attention: head_dim %d: the mma kernel supports 32, 64, 128", head_dim);
     }

@@ -28,7 +28,7 @@ struct dit_cuda_layer {
 struct dit_cuda {
     struct dit_config cfg;
     enum mm3_matmul_precision prec;
-    bool bf16; /* operands are bf16 */
+    int fmt; /* enum dit_operand: how activations are stored for the GEMMs */
     struct dit_gemm *gemm;
     /* weights */
     const void *t1_w, *t2_w, *pre_w, *proj_in, *proj_out, *post_w;
@@ -89,6 +89,15 @@ extern "C" enum mm3_matmul_precision dit_cuda_precision(const struct dit_cuda *h
     return h->prec;
 }
 
+extern "C" int dit_cuda_set_rescue(struct dit_cuda *h, int on)
+{
+    if (h->prec != MM3_MATMUL_FP16)
+        return on ? mm3_errorf(-EINVAL, "dit_cuda_set_rescue: only an fp16 DiT has operands to rescale") : 0;
+    h->fmt = on ? DIT_OPERAND_F16_SCALED : DIT_OPERAND_F16;
+    dit_gemm_set_alpha(h->gemm, on ? DIT_F16_RESCUE_SCALE : 1.0f);
+    return 0;
+}
+
 static int check_config(const struct dit_config *g)
 {
     if (g->in_ch < 1 || g->cond_dim < 1 || g->n_layers < 1 || g->n_heads < 1 || g->head_dim < 1 || g->ff_inner < 1 ||
@@ -115,7 +124,7 @@ static int create(struct dit_cuda **out, const struct dit_config *cfg, enum mm3_
     if (!h) return mm3_errorf(-ENOMEM, "dit_cuda: out of memory");
     h->cfg = g;
     h->prec = prec;
-    h->bf16 = prec == MM3_MATMUL_BF16;
+    h->fmt = dit_operand_of(prec);
     h->max_allocs = 16 + 10 * g.n_layers;
     h->allocs = (void **)calloc((size_t)h->max_allocs, sizeof *h->allocs);
     h->layers = (struct dit_cuda_layer *)calloc((size_t)g.n_layers, sizeof *h->layers);
@@ -138,7 +147,7 @@ struct filler {
     int (*mat)(struct filler *f, const void **dst, size_t rows, size_t cols, const float *const *src, int n_src);
     int (*vec)(struct filler *f, const float **dst, size_t n, const float *src, int kind);
     struct dit_cuda *h;
-    float *staging; /* float32 device scratch (bf16 conversion) */
+    float *staging; /* float32 device scratch (conversion to 2-byte operands) */
     uint64_t seed;
     int tensor;
 };
@@ -214,6 +223,18 @@ static int walk(struct filler *f, const struct dit_model *m)
 
 /* ---- upload from the CPU model ------------------------------------------------------ */
 
+/* fp16 holds magnitudes up to 65504: a weight beyond it would become inf in every product. */
+static int check_f16_range(const float *w, size_t n, size_t rows, size_t cols)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!(fabsf(w[i]) <= 65504.0f))
+            return mm3_errorf(-ERANGE,
+                              "a %zu x %zu weight matrix holds %g at element %zu, beyond fp16's range (65504): "
+                              "use matmul_precision tf32 or bf16 for this checkpoint",
+                              rows, cols, (double)w[i], i);
+    return 0;
+}
+
 static int upload_mat(struct filler *f, const void **dst, size_t rows, size_t cols, const float *const *src, int n_src)
 {
     struct dit_cuda *h = f->h;
@@ -222,10 +243,12 @@ static int upload_mat(struct filler *f, const void **dst, size_t rows, size_t co
     int rc = dev_alloc(h, &p, n * dit_gemm_operand_size(h->prec));
     if (rc < 0) return rc;
     for (int s = 0; s < n_src && rc == 0; s++) {
-        if (h->bf16) {
+        if (h->fmt == DIT_OPERAND_F16) rc = check_f16_range(src[s], per, rows, cols);
+        if (rc < 0) break;
+        if (h->fmt != DIT_OPERAND_F32) {
             rc = dit_cuda_status(cudaMemcpy(f->staging, src[s], per * 4, cudaMemcpyHostToDevice),
                                  "cudaMemcpy (weights)");
-            if (rc == 0) rc = dit_cuda_to_bf16((uint16_t *)p + s * per, f->staging, per, NULL);
+            if (rc == 0) rc = dit_cuda_to_operand((uint16_t *)p + s * per, h->fmt, f->staging, per, NULL);
         } else {
             rc = dit_cuda_status(cudaMemcpy((float *)p + s * per, src[s], per * 4, cudaMemcpyHostToDevice),
                                  "cudaMemcpy (weights)");
@@ -284,7 +307,7 @@ extern "C" int dit_cuda_load(struct dit_cuda **out, const struct dit_model *m, e
     f.mat = upload_mat;
     f.vec = upload_vec;
     f.h = h;
-    if (h->bf16)
+    if (h->fmt != DIT_OPERAND_F32)
         rc = dit_cuda_status(cudaMalloc((void **)&f.staging, largest_matrix(&h->cfg) * 4), "cudaMalloc (staging)");
     if (rc == 0) rc = walk(&f, m);
     rc = finish_load(h, rc);
@@ -308,10 +331,10 @@ __device__ __forceinline__ float hash_uniform(uint64_t seed, size_t i)
     return (float)(z >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f; /* [-1, 1) */
 }
 
-__global__ void fill_random_kernel(void *dst, bool bf16, size_t n, uint64_t seed, float scale, float offset)
+__global__ void fill_random_kernel(void *dst, int fmt, size_t n, uint64_t seed, float scale, float offset)
 {
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x)
-        dit_store_operand(dst, e, offset + scale * hash_uniform(seed, e), bf16);
+        dit_store_operand(dst, e, offset + scale * hash_uniform(seed, e), fmt);
 }
 
 static uint64_t tensor_seed(struct filler *f)
@@ -327,7 +350,7 @@ static int random_mat(struct filler *f, const void **dst, size_t rows, size_t co
     int rc = dev_alloc(h, &p, n * dit_gemm_operand_size(h->prec));
     if (rc < 0) return rc;
     *dst = p;
-    fill_random_kernel<<<dit_cuda_blocks(n, 256), 256>>>(p, h->bf16, n, tensor_seed(f), 1.0f / sqrtf((float)cols),
+    fill_random_kernel<<<dit_cuda_blocks(n, 256), 256>>>(p, h->fmt, n, tensor_seed(f), 1.0f / sqrtf((float)cols),
                                                          0.0f);
     return dit_cuda_launched("fill_random_kernel");
 }
@@ -340,7 +363,7 @@ static int random_vec(struct filler *f, const float **dst, size_t n, const float
     *dst = (const float *)p;
     float scale = kind == VEC_NORM_W ? 0.1f : kind == VEC_TIME_PROJ ? 1.0f : 0.02f;
     float offset = kind == VEC_NORM_W ? 1.0f : 0.0f;
-    fill_random_kernel<<<dit_cuda_blocks(n, 256), 256>>>(p, false, n, tensor_seed(f), scale, offset);
+    fill_random_kernel<<<dit_cuda_blocks(n, 256), 256>>>(p, DIT_OPERAND_F32, n, tensor_seed(f), scale, offset);
     return dit_cuda_launched("fill_random_kernel");
 }
 
@@ -406,15 +429,15 @@ extern "C" int dit_cuda_reserve(struct dit_cuda *h, int max_B, int max_L)
 
 /* ---- forward ----------------------------------------------------------------------------- */
 
-/* The GEMM operand for float32 activations: themselves, or their bf16 copy in h->op. */
+/* The GEMM operand for float32 activations: themselves, or their copy in h->op. */
 static int operand(struct dit_cuda *h, const void **out, const float *src, size_t n, cudaStream_t s)
 {
-    if (!h->bf16) {
+    if (h->fmt == DIT_OPERAND_F32) {
         *out = src;
         return 0;
     }
     *out = h->op;
-    return dit_cuda_to_bf16(h->op, src, n, s);
+    return dit_cuda_to_operand(h->op, h->fmt, src, n, s);
 }
 
 static const void *op_at(const struct dit_cuda *h, const void *base, size_t elems)
@@ -433,7 +456,7 @@ extern "C" int dit_cuda_forward(struct dit_cuda *h, int B, int L, const float *x
     cudaStream_t s = (cudaStream_t)stream;
     int T = L + 1, N = B * T, D = g->hidden, F = g->ff_inner, Cc = g->cat_dim, C = g->in_ch, Fd = g->fourier_dim;
     int BL = B * L;
-    bool ob = h->bf16;
+    int ob = h->fmt;
     const void *a;
 #define TRY(call)                                                                                                      \
     do {                                                                                                               \

@@ -1,7 +1,7 @@
 /* The DiT velocity network on the GPU (the CUDA twin of stage1/dit.h).
  *
  * Weights live on the device in the matmul precision's operand type (float32 for
- * fp32 and tf32, bf16 for bf16); norms, biases, the time projection and every
+ * fp32 and tf32, bf16 for bf16, fp16 for fp16); norms, biases, the time projection and every
  * activation between GEMMs stay float32 (LayerNorm, softmax, residual stream,
  * time features). All B sequences of a call run as one batch of B*(L+1) token
  * rows through each GEMM (cuBLASLt, bias and residual-add epilogues); attention
@@ -27,8 +27,9 @@ extern "C" {
 
 struct dit_cuda;
 
-/* Upload the CPU model's float32 weights (converted to bf16 for MM3_MATMUL_BF16). The
- * CPU model may be freed afterwards. Needs a current CUDA device. */
+/* Upload the CPU model's float32 weights (converted to bf16 / fp16 for those precisions;
+ * -ERANGE when a weight lies beyond fp16's range). The CPU model may be freed afterwards.
+ * Needs a current CUDA device. */
 int dit_cuda_load(struct dit_cuda **out, const struct dit_model *m, enum mm3_matmul_precision prec);
 
 /* Random weights made on the device (benchmarks): `cfg` gives the geometry (hidden and
@@ -42,6 +43,12 @@ void dit_cuda_free(struct dit_cuda *h);
 
 const struct dit_config *dit_cuda_config(const struct dit_cuda *h);
 enum mm3_matmul_precision dit_cuda_precision(const struct dit_cuda *h);
+
+/* fp16 only: on, every operand is stored divided by DIT_F16_RESCUE_SCALE and every GEMM
+ * multiplies it back (stage1/cuda/dit_kernels.h), for rerunning a window whose operands
+ * overflowed fp16; off, the plain fp16 operands again. -EINVAL to turn it on in another
+ * precision. Takes effect for forwards queued from now on. */
+int dit_cuda_set_rescue(struct dit_cuda *h, int on);
 
 /* Allocate the activations for up to max_B sequences of max_L latents now (optional:
  * dit_cuda_forward grows them on demand, which synchronises the device and cannot

@@ -3,11 +3,13 @@
 #define MM3_STAGE1_CUDA_INTERNAL_H
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 extern "C" {
 #include "common/error.h"
 }
+#include "stage1/cuda/dit_kernels.h" /* enum dit_operand */
 
 static inline int dit_cuda_status(cudaError_t e, const char *what)
 {
@@ -30,13 +32,53 @@ static inline unsigned dit_cuda_blocks(size_t n, unsigned threads)
     return b > 65535u * 8u ? 65535u * 8u : (unsigned)b;
 }
 
-/* Store one operand element as float32 or bf16. */
-static __device__ __forceinline__ void dit_store_operand(void *p, size_t i, float v, bool bf16)
+/* Store operand element i in type fmt (enum dit_operand). */
+static __device__ __forceinline__ void dit_store_operand(void *p, size_t i, float v, int fmt)
 {
-    if (bf16)
+    if (fmt == DIT_OPERAND_BF16)
         ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
+    else if (fmt == DIT_OPERAND_F16)
+        ((__half *)p)[i] = __float2half_rn(v);
+    else if (fmt == DIT_OPERAND_F16_SCALED)
+        ((__half *)p)[i] = __float2half_rn(v * (1.0f / DIT_F16_RESCUE_SCALE));
     else
         ((float *)p)[i] = v;
+}
+
+/* Store elements i and i + 1 (i even: one 8-byte or 4-byte store). */
+static __device__ __forceinline__ void dit_store_operand2(void *p, size_t i, float v0, float v1, int fmt)
+{
+    if (fmt == DIT_OPERAND_BF16) {
+        *(__nv_bfloat162 *)((__nv_bfloat16 *)p + i) = __floats2bfloat162_rn(v0, v1);
+    } else if (fmt == DIT_OPERAND_F16 || fmt == DIT_OPERAND_F16_SCALED) {
+        float k = fmt == DIT_OPERAND_F16 ? 1.0f : 1.0f / DIT_F16_RESCUE_SCALE;
+        *(__half2 *)((__half *)p + i) = __floats2half2_rn(v0 * k, v1 * k);
+    } else {
+        *(float2 *)((float *)p + i) = make_float2(v0, v1);
+    }
+}
+
+/* Store elements 4 i4 .. 4 i4 + 3 (16-byte float32 or 8-byte 2-byte-type stores). */
+static __device__ __forceinline__ void dit_store_operand4(void *p, size_t i4, float4 v, int fmt)
+{
+    if (fmt == DIT_OPERAND_BF16) {
+        __nv_bfloat162 *d = (__nv_bfloat162 *)p + 2 * i4;
+        d[0] = __floats2bfloat162_rn(v.x, v.y);
+        d[1] = __floats2bfloat162_rn(v.z, v.w);
+    } else if (fmt == DIT_OPERAND_F16 || fmt == DIT_OPERAND_F16_SCALED) {
+        float k = fmt == DIT_OPERAND_F16 ? 1.0f : 1.0f / DIT_F16_RESCUE_SCALE;
+        __half2 *d = (__half2 *)p + 2 * i4;
+        d[0] = __floats2half2_rn(v.x * k, v.y * k);
+        d[1] = __floats2half2_rn(v.z * k, v.w * k);
+    } else {
+        ((float4 *)p)[i4] = v;
+    }
+}
+
+/* Bytes of one element of operand type fmt. */
+static inline size_t dit_operand_size(int fmt)
+{
+    return fmt == DIT_OPERAND_F32 ? 4 : 2;
 }
 
 /* Element d of a head after NeoX half-split RoPE; u is the head's row, t its
@@ -68,7 +110,7 @@ __device__ __forceinline__ float4 rope_at4(const float *u, int d0, int half, con
 }
 
 /* dit_attention_mma.cu: the bf16 mma.sync attention (head_dim 32, 64, 128; half = rotary_dim/2). */
-int dit_attention_mma_bf16(void *out, bool out_bf16, const float *qkv, int n_seq, int T, int H, int head_dim, int half,
+int dit_attention_mma_bf16(void *out, int out_fmt, const float *qkv, int n_seq, int T, int H, int head_dim, int half,
                            const float *cs, float scale, cudaStream_t s);
 
 #endif

@@ -1,4 +1,4 @@
-/* cuBLASLt GEMMs in fp32 / tf32 / bf16 with bias and accumulate epilogues (dit_gemm.h). */
+/* cuBLASLt GEMMs in fp32 / tf32 / bf16 / fp16 with bias and accumulate epilogues (dit_gemm.h). */
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -25,6 +25,7 @@ struct gemm_plan {
 
 struct dit_gemm {
     enum mm3_matmul_precision prec;
+    float alpha; /* scales every product: undoes an operand scale (dit_gemm_set_alpha) */
     int autotune;
     cublasLtHandle_t lt;
     void *workspace;
@@ -54,17 +55,18 @@ static int lt_error(cublasStatus_t st, const char *what)
 
 extern "C" size_t dit_gemm_operand_size(enum mm3_matmul_precision prec)
 {
-    return prec == MM3_MATMUL_BF16 ? 2 : 4;
+    return prec == MM3_MATMUL_BF16 || prec == MM3_MATMUL_FP16 ? 2 : 4;
 }
 
 extern "C" int dit_gemm_create(struct dit_gemm **out, enum mm3_matmul_precision prec)
 {
     *out = NULL;
-    if (prec != MM3_MATMUL_FP32 && prec != MM3_MATMUL_TF32 && prec != MM3_MATMUL_BF16)
-        return mm3_errorf(-EINVAL, "dit_gemm_create: matmul precision %d: expected fp32, tf32 or bf16", (int)prec);
+    if ((int)prec < 0 || prec >= MM3_MATMUL_COUNT)
+        return mm3_errorf(-EINVAL, "dit_gemm_create: matmul precision %d: expected fp32, tf32, bf16 or fp16", (int)prec);
     struct dit_gemm *g = (struct dit_gemm *)calloc(1, sizeof *g);
     if (!g) return mm3_errorf(-ENOMEM, "dit_gemm_create: out of memory");
     g->prec = prec;
+    g->alpha = 1.0f;
     const char *env = getenv("MM3_DIT_GEMM_AUTOTUNE");
     g->autotune = !(env && !strcmp(env, "0"));
     cublasStatus_t st = cublasLtCreate(&g->lt);
@@ -89,6 +91,11 @@ static void plan_release(struct gemm_plan *p)
     if (p->la) cublasLtMatrixLayoutDestroy(p->la);
     if (p->op) cublasLtMatmulDescDestroy(p->op);
     memset(p, 0, sizeof *p);
+}
+
+extern "C" void dit_gemm_set_alpha(struct dit_gemm *g, float alpha)
+{
+    g->alpha = alpha;
 }
 
 extern "C" void dit_gemm_set_autotune(struct dit_gemm *g, int on)
@@ -172,7 +179,7 @@ static int plan_make(struct dit_gemm *g, const struct gemm_key *k, struct gemm_p
     int found = 0;
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     cublasComputeType_t ct = g->prec == MM3_MATMUL_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    cudaDataType_t ot = g->prec == MM3_MATMUL_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    cudaDataType_t ot = g->prec == MM3_MATMUL_BF16 ? CUDA_R_16BF : g->prec == MM3_MATMUL_FP16 ? CUDA_R_16F : CUDA_R_32F;
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     int epi_bias = k->has_bias && !p->bias_kernel;
     cublasLtEpilogue_t epi = epi_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
@@ -204,6 +211,7 @@ static int plan_make(struct dit_gemm *g, const struct gemm_key *k, struct gemm_p
     if (found < 1) {
         rc = mm3_errorf(-ENODEV, "cuBLASLt: no algorithm for the %s GEMM M %d K %d N %d",
                         g->prec == MM3_MATMUL_BF16   ? "bf16"
+                        : g->prec == MM3_MATMUL_FP16 ? "fp16"
                         : g->prec == MM3_MATMUL_TF32 ? "tf32"
                                                      : "fp32",
                         k->M, k->K, k->N);
@@ -255,8 +263,8 @@ extern "C" int dit_gemm_run(struct dit_gemm *g, float *d, int ldd, const void *a
     if (bias && !p->bias_kernel)
         LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
     {
-        float alpha = 1.0f, beta = c ? 1.0f : 0.0f;
-        LT_TRY(cublasLtMatmul(g->lt, p->op, &alpha, w, p->lw, a, p->la, &beta, c ? c : d, p->ld, d, p->ld, &p->algo,
+        float beta = c ? 1.0f : 0.0f;
+        LT_TRY(cublasLtMatmul(g->lt, p->op, &g->alpha, w, p->lw, a, p->la, &beta, c ? c : d, p->ld, d, p->ld, &p->algo,
                               g->workspace, GEMM_WORKSPACE, (cudaStream_t)stream));
     }
     if (bias && p->bias_kernel) {

@@ -1,6 +1,7 @@
-/* cuBLASLt GEMMs of the DiT in one of the three matmul precisions (deploy key
+/* cuBLASLt GEMMs of the DiT in one of the matmul precisions (deploy key
  * `matmul_precision`): fp32 (CUBLAS_COMPUTE_32F on float32), tf32
- * (CUBLAS_COMPUTE_32F_FAST_TF32 on float32) or bf16 (bf16 operands, CUBLAS_COMPUTE_32F).
+ * (CUBLAS_COMPUTE_32F_FAST_TF32 on float32), bf16 or fp16 (2-byte operands,
+ * CUBLAS_COMPUTE_32F).
  * Output, bias and the accumulated C are always float32.
  *
  *     struct dit_gemm *g;  dit_gemm_create(&g, MM3_MATMUL_TF32);
@@ -30,11 +31,15 @@ void dit_gemm_destroy(struct dit_gemm *g);
 /* Autotuning of plans made from now on (on by default; see above). */
 void dit_gemm_set_autotune(struct dit_gemm *g, int on);
 
-/* Bytes of one operand element: 2 for bf16, else 4. */
+/* Every product from now on is alpha . a . w^T (the bias and c are not scaled); 1 by
+ * default. A caller that stores its operands divided by a power of two undoes it here. */
+void dit_gemm_set_alpha(struct dit_gemm *g, float alpha);
+
+/* Bytes of one operand element: 2 for bf16 and fp16, else 4. */
 size_t dit_gemm_operand_size(enum mm3_matmul_precision prec);
 
 /* d[M, N] (row stride ldd) = a[M, K] (row stride lda) . w[N, K]^T (+ bias[N]) (+ c[M, N]),
- * row-major. a and w are operands (bf16 bits for bf16, else float32); bias may be NULL;
+ * row-major. a and w are operands (bf16 / fp16 bits, else float32); bias may be NULL;
  * c may be NULL, equal to d, or another matrix with row stride ldd. */
 int dit_gemm_run(struct dit_gemm *g, float *d, int ldd, const void *a, int lda, const void *w, const float *bias,
                  const float *c, int M, int K, int N, void *stream);

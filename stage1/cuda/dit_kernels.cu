@@ -25,7 +25,7 @@ __device__ static float block_sum(float v, float *red)
 
 /* One block per row; two passes (mean, then squared deviations) as op_layernorm, so
  * rows with a large mean keep their float32 accuracy. */
-__global__ void layernorm_kernel(void *y, bool bf16, const float *x, const float *w, const float *b, int dim, float eps)
+__global__ void layernorm_kernel(void *y, int fmt, const float *x, const float *w, const float *b, int dim, float eps)
 {
     __shared__ float red[LN_THREADS / 32];
     const float *xr = x + (size_t)blockIdx.x * dim;
@@ -42,16 +42,16 @@ __global__ void layernorm_kernel(void *y, bool bf16, const float *x, const float
     float r = 1.0f / sqrtf(var + eps);
     size_t base = (size_t)blockIdx.x * dim;
     for (int i = threadIdx.x; i < dim; i += blockDim.x)
-        dit_store_operand(y, base + i, (xr[i] - mean) * r * w[i] + (b ? b[i] : 0.0f), bf16);
+        dit_store_operand(y, base + i, (xr[i] - mean) * r * w[i] + (b ? b[i] : 0.0f), fmt);
 }
 
-extern "C" int dit_cuda_layernorm(void *y, int out_bf16, const float *x, const float *w, const float *b, int n, int dim,
+extern "C" int dit_cuda_layernorm(void *y, int out_fmt, const float *x, const float *w, const float *b, int n, int dim,
                                   float eps, void *stream)
 {
     if (n < 0 || dim < 1 || !y || !x || !w)
         return mm3_errorf(-EINVAL, "dit_cuda_layernorm: %d rows of %d: expected rows >= 0, dim >= 1, non-NULL", n, dim);
     if (n == 0) return 0;
-    layernorm_kernel<<<n, LN_THREADS, 0, (cudaStream_t)stream>>>(y, out_bf16 != 0, x, w, b, dim, eps);
+    layernorm_kernel<<<n, LN_THREADS, 0, (cudaStream_t)stream>>>(y, out_fmt, x, w, b, dim, eps);
     return dit_cuda_launched("layernorm_kernel");
 }
 
@@ -122,17 +122,17 @@ __device__ __forceinline__ float silu(float z)
     return z / (1.0f + expf(-z));
 }
 
-__global__ void silu_gate_kernel(void *act, bool bf16, const float *g, size_t n, int ff)
+__global__ void silu_gate_kernel(void *act, int fmt, const float *g, size_t n, int ff)
 {
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
         size_t r = e / ff, c = e % ff;
         const float *gr = g + r * 2 * ff;
-        dit_store_operand(act, e, silu(gr[ff + c]) * gr[c], bf16);
+        dit_store_operand(act, e, silu(gr[ff + c]) * gr[c], fmt);
     }
 }
 
 /* ff % 4 == 0: 16-byte loads, a row per grid row (no 64-bit division per element). */
-__global__ void silu_gate_vec_kernel(void *act, bool bf16, const float *g, int n, int ff4)
+__global__ void silu_gate_vec_kernel(void *act, int fmt, const float *g, int n, int ff4)
 {
     for (int r = blockIdx.y; r < n; r += gridDim.y) {
         const float4 *val = (const float4 *)(g + (size_t)r * 8 * ff4);
@@ -140,19 +140,12 @@ __global__ void silu_gate_vec_kernel(void *act, bool bf16, const float *g, int n
         for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < ff4; c += gridDim.x * blockDim.x) {
             float4 v = val[c], q = gate[c];
             float4 o = make_float4(silu(q.x) * v.x, silu(q.y) * v.y, silu(q.z) * v.z, silu(q.w) * v.w);
-            size_t i = (size_t)r * ff4 + c;
-            if (bf16) {
-                __nv_bfloat162 *d = (__nv_bfloat162 *)act + 2 * i;
-                d[0] = __floats2bfloat162_rn(o.x, o.y);
-                d[1] = __floats2bfloat162_rn(o.z, o.w);
-            } else {
-                ((float4 *)act)[i] = o;
-            }
+            dit_store_operand4(act, (size_t)r * ff4 + c, o, fmt);
         }
     }
 }
 
-extern "C" int dit_cuda_silu_gate(void *act, int out_bf16, const float *g, int n, int ff, void *stream)
+extern "C" int dit_cuda_silu_gate(void *act, int out_fmt, const float *g, int n, int ff, void *stream)
 {
     if (n < 0 || ff < 1 || !act || !g)
         return mm3_errorf(-EINVAL, "dit_cuda_silu_gate: %d rows of %d: expected rows >= 0, ff >= 1", n, ff);
@@ -161,39 +154,55 @@ extern "C" int dit_cuda_silu_gate(void *act, int out_bf16, const float *g, int n
     if (ff % 4 == 0 && ((uintptr_t)act | (uintptr_t)g) % 16 == 0) {
         int ff4 = ff / 4, threads = ff4 < 256 ? 32 * ((ff4 + 31) / 32) : 256;
         dim3 grid((unsigned)((ff4 + threads - 1) / threads), (unsigned)(n < 65535 ? n : 65535));
-        silu_gate_vec_kernel<<<grid, threads, 0, (cudaStream_t)stream>>>(act, out_bf16 != 0, g, n, ff4);
+        silu_gate_vec_kernel<<<grid, threads, 0, (cudaStream_t)stream>>>(act, out_fmt, g, n, ff4);
         return dit_cuda_launched("silu_gate_vec_kernel");
     }
-    silu_gate_kernel<<<dit_cuda_blocks(total, 256), 256, 0, (cudaStream_t)stream>>>(act, out_bf16 != 0, g, total, ff);
+    silu_gate_kernel<<<dit_cuda_blocks(total, 256), 256, 0, (cudaStream_t)stream>>>(act, out_fmt, g, total, ff);
     return dit_cuda_launched("silu_gate_kernel");
 }
 
-__global__ void silu_kernel(void *y, bool bf16, const float *x, size_t n)
+__global__ void silu_kernel(void *y, int fmt, const float *x, size_t n)
 {
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x)
-        dit_store_operand(y, e, silu(x[e]), bf16);
+        dit_store_operand(y, e, silu(x[e]), fmt);
 }
 
-extern "C" int dit_cuda_silu(void *y, int out_bf16, const float *x, size_t n, void *stream)
+extern "C" int dit_cuda_silu(void *y, int out_fmt, const float *x, size_t n, void *stream)
 {
     if (!y || !x) return mm3_errorf(-EINVAL, "dit_cuda_silu: NULL pointer");
     if (n == 0) return 0;
-    silu_kernel<<<dit_cuda_blocks(n, 256), 256, 0, (cudaStream_t)stream>>>(y, out_bf16 != 0, x, n);
+    silu_kernel<<<dit_cuda_blocks(n, 256), 256, 0, (cudaStream_t)stream>>>(y, out_fmt, x, n);
     return dit_cuda_launched("silu_kernel");
 }
 
-__global__ void to_bf16_kernel(__nv_bfloat16 *dst, const float *src, size_t n)
+__global__ void to_operand_kernel(void *dst, int fmt, const float *src, size_t n)
 {
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x)
-        dst[e] = __float2bfloat16_rn(src[e]);
+        dit_store_operand(dst, e, src[e], fmt);
 }
 
-extern "C" int dit_cuda_to_bf16(void *dst, const float *src, size_t n, void *stream)
+extern "C" int dit_cuda_to_operand(void *dst, int fmt, const float *src, size_t n, void *stream)
 {
-    if (!dst || !src) return mm3_errorf(-EINVAL, "dit_cuda_to_bf16: NULL pointer");
+    if (!dst || !src) return mm3_errorf(-EINVAL, "dit_cuda_to_operand: NULL pointer");
+    if (fmt < DIT_OPERAND_F32 || fmt > DIT_OPERAND_F16_SCALED)
+        return mm3_errorf(-EINVAL, "dit_cuda_to_operand: operand type %d: expected 0..%d", fmt, DIT_OPERAND_F16_SCALED);
     if (n == 0) return 0;
-    to_bf16_kernel<<<dit_cuda_blocks(n, 256), 256, 0, (cudaStream_t)stream>>>((__nv_bfloat16 *)dst, src, n);
-    return dit_cuda_launched("to_bf16_kernel");
+    to_operand_kernel<<<dit_cuda_blocks(n, 256), 256, 0, (cudaStream_t)stream>>>(dst, fmt, src, n);
+    return dit_cuda_launched("to_operand_kernel");
+}
+
+/* ---- fp16 rescues -------------------------------------------------------------------- */
+
+static unsigned long long f16_rescues;
+
+extern "C" unsigned long long dit_cuda_f16_rescues(void)
+{
+    return __atomic_load_n(&f16_rescues, __ATOMIC_RELAXED);
+}
+
+extern "C" void dit_cuda_count_f16_rescue(void)
+{
+    __atomic_fetch_add(&f16_rescues, 1, __ATOMIC_RELAXED);
 }
 
 /* ---- time token, input and output layout --------------------------------------------- */

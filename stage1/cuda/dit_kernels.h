@@ -2,9 +2,10 @@
  * that each one is tested against its float32 reference in common/ops.h.
  *
  * Device pointers are plain pointers; `stream` is a cudaStream_t (NULL = legacy
- * default stream). Activations that feed a GEMM ("operands") are float32, or bf16
- * (uint16 bit patterns) when `out_bf16` is set, so that a bf16 GEMM reads them
- * without a separate conversion pass. Everything else is float32.
+ * default stream). Activations that feed a GEMM ("operands") are stored in the GEMM's
+ * operand type (`out_fmt`, enum dit_operand: float32, bf16 or fp16 bit patterns), so a
+ * reduced-precision GEMM reads them without a separate conversion pass. Everything else
+ * is float32.
  *
  * Every function returns 0 or a negative errno code with a message (common/error.h):
  * -EINVAL bad arguments, -ENODEV a CUDA error. Launches are asynchronous. */
@@ -19,9 +20,26 @@
 extern "C" {
 #endif
 
+/* How a kernel stores the GEMM operands it writes. F16_SCALED stores v / DIT_F16_RESCUE_SCALE:
+ * the rerun of a window whose fp16 operands overflowed, its GEMMs scaled back by alpha (an
+ * exact power of two, so only values below ~2^-6 lose bits to fp16's subnormals). */
+enum dit_operand { DIT_OPERAND_F32 = 0, DIT_OPERAND_BF16 = 1, DIT_OPERAND_F16 = 2, DIT_OPERAND_F16_SCALED = 3 };
+#define DIT_F16_RESCUE_SCALE 256.0f
+
+/* Windows and decodes rerun with scaled operands because plain fp16 ones overflowed, in
+ * this process so far (stage 1 reports it in /metrics). */
+unsigned long long dit_cuda_f16_rescues(void);
+void dit_cuda_count_f16_rescue(void);
+
+/* The operand type of a matmul precision (fp32 and tf32 GEMMs read float32). */
+static inline enum dit_operand dit_operand_of(enum mm3_matmul_precision p)
+{
+    return p == MM3_MATMUL_BF16 ? DIT_OPERAND_BF16 : p == MM3_MATMUL_FP16 ? DIT_OPERAND_F16 : DIT_OPERAND_F32;
+}
+
 /* y[n, dim] = LayerNorm(x) * w + b (biased variance, two-pass mean/variance in
- * float32, as op_layernorm); b may be NULL. y float32 or bf16. */
-int dit_cuda_layernorm(void *y, int out_bf16, const float *x, const float *w, const float *b, int n, int dim, float eps,
+ * float32, as op_layernorm); b may be NULL. y in operand type out_fmt. */
+int dit_cuda_layernorm(void *y, int out_fmt, const float *x, const float *w, const float *b, int n, int dim, float eps,
                        void *stream);
 
 /* cs[T, rotary_dim]: per position p < T, cos(ang_i) for i < rotary_dim/2 then sin(ang_i),
@@ -36,12 +54,13 @@ int dit_cuda_rope(float *x, int n_seq, int T, int stride, int n_heads, int head_
 /* Bidirectional multi-head attention of n_seq sequences of T tokens, flash style
  * (online float32 softmax, nothing of size T x T in memory).
  *   qkv[n_seq * T, 3 * n_heads * head_dim]: q, then k, then v; head h at column h*head_dim.
- *   out[n_seq * T, n_heads * head_dim] float32 or bf16.
+ *   out[n_seq * T, n_heads * head_dim] in operand type out_fmt.
  * RoPE (cs from dit_cuda_rope_table, position = token index) is applied to q and k
  * on load when cs != NULL (rotary_dim > 0). Products: fp32 SIMT (MM3_MATMUL_FP32),
- * tensor cores with tf32 or bf16 operands and float32 accumulation otherwise.
+ * tensor cores with tf32 or bf16 operands and float32 accumulation otherwise (tf32 in
+ * fp16 precision: only the GEMMs take fp16 inputs).
  * head_dim must be 32, 64 or 128. */
-int dit_cuda_attention(void *out, int out_bf16, const float *qkv, int n_seq, int T, int n_heads, int head_dim,
+int dit_cuda_attention(void *out, int out_fmt, const float *qkv, int n_seq, int T, int n_heads, int head_dim,
                        int rotary_dim, const float *cs, float scale, enum mm3_matmul_precision prec, void *stream);
 
 /* The attention kernels behind dit_cuda_attention (tests and benchmark pick one):
@@ -52,7 +71,7 @@ int dit_cuda_attention(void *out, int out_bf16, const float *qkv, int n_seq, int
  * 16 rows, 128 = 4 warps x 32 rows; dit_attention_flash.cu).
  * The FLASH kernels need rotary_dim % 8 == 0 and 16-byte aligned qkv / cs (8-byte
  * aligned out); otherwise they run as WMMA (tf32) or MMA (bf16).
- * AUTO = SIMT for fp32, FLASH128 for tf32 and bf16, unless dit_cuda_attention_default_set
+ * AUTO = SIMT for fp32, FLASH128 for tf32, bf16 and fp16, unless dit_cuda_attention_default_set
  * says otherwise. */
 enum dit_attn_kernel {
     DIT_ATTN_AUTO = 0,
@@ -63,7 +82,7 @@ enum dit_attn_kernel {
     DIT_ATTN_FLASH128,
     DIT_ATTN_FLASH128M2
 };
-int dit_cuda_attention_kernel(void *out, int out_bf16, const float *qkv, int n_seq, int T, int n_heads, int head_dim,
+int dit_cuda_attention_kernel(void *out, int out_fmt, const float *qkv, int n_seq, int T, int n_heads, int head_dim,
                               int rotary_dim, const float *cs, float scale, enum mm3_matmul_precision prec,
                               enum dit_attn_kernel kernel, void *stream);
 
@@ -75,13 +94,13 @@ int dit_cuda_attention_default_set(enum mm3_matmul_precision prec, enum dit_attn
 
 /* act[n, ff] = g[:, :ff] * silu(g[:, ff:]) for g[n, 2*ff] (value rows then gate rows of
  * ff_in, as op_silu_mul(act, gate, up)). */
-int dit_cuda_silu_gate(void *act, int out_bf16, const float *g, int n, int ff, void *stream);
+int dit_cuda_silu_gate(void *act, int out_fmt, const float *g, int n, int ff, void *stream);
 
 /* y[i] = silu(x[i]) */
-int dit_cuda_silu(void *y, int out_bf16, const float *x, size_t n, void *stream);
+int dit_cuda_silu(void *y, int out_fmt, const float *x, size_t n, void *stream);
 
-/* dst[i] = bf16(src[i]), round to nearest even. */
-int dit_cuda_to_bf16(void *dst, const float *src, size_t n, void *stream);
+/* dst[i] = src[i] in operand type fmt (round to nearest even). */
+int dit_cuda_to_operand(void *dst, int fmt, const float *src, size_t n, void *stream);
 
 /* out[b, fourier_dim] = cos(ang) then sin(ang), ang[k] = fp32(fp32(2 pi) * t[b]) * time_proj[k]
  * (dit_time_features); t[B] and time_proj[fourier_dim/2] on the device. */

@@ -27,6 +27,7 @@ struct flow_cuda {
     int cap_steps;
     float *table;  /* host [cap_steps + 1] */
     float *t_host; /* host [2 * cap_steps] */
+    float *out;    /* host [in_ch, max_L]: a window's latents before they are checked */
 };
 
 /* Separately rounded float32 ops in the CPU's order; the intrinsics keep nvcc from
@@ -78,6 +79,7 @@ extern "C" void flow_cuda_free(struct flow_cuda *f)
     dit_cuda_free(f->dit);
     free(f->table);
     free(f->t_host);
+    free(f->out);
     free(f);
 }
 
@@ -99,7 +101,10 @@ extern "C" int flow_cuda_create_with(struct flow_cuda **out, struct dit_cuda *di
     f->cond_dim = g->cond_dim;
     f->max_L = max_L;
     size_t n = (size_t)f->in_ch * max_L;
-    int rc = dit_cuda_status(cudaStreamCreateWithFlags(&f->stream, cudaStreamNonBlocking), "cudaStreamCreate (flow)");
+    f->out = (float *)malloc(sizeof(float) * n);
+    int rc = f->out ? 0 : mm3_errorf(-ENOMEM, "flow_cuda: out of memory");
+    if (rc == 0)
+        rc = dit_cuda_status(cudaStreamCreateWithFlags(&f->stream, cudaStreamNonBlocking), "cudaStreamCreate (flow)");
     if (rc == 0) rc = dit_cuda_reserve(f->dit, 2, max_L);
     struct {
         float **p;
@@ -197,6 +202,33 @@ static int queue_window(struct flow_cuda *f, int n_steps, float guidance, int L,
     return 0;
 }
 
+static const char *fp16_hint(const struct dit_cuda *d)
+{
+    return dit_cuda_precision(d) == MM3_MATMUL_FP16 ? " (also with the fp16 operands scaled down: use tf32)" : "";
+}
+
+static bool all_finite(const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!std::isfinite(x[i])) return false;
+    return true;
+}
+
+/* Queue, drain, and download the latents into f->out (the caller's x stays the noise). */
+static int run_window(struct flow_cuda *f, int n_steps, float guidance, int L, const float *cond, int ov,
+                      const float *prev, const float *x)
+{
+    size_t n = (size_t)f->in_ch * L;
+    int rc = queue_window(f, n_steps, guidance, L, cond, ov, prev, x);
+    /* always drain the stream: queued copies may still read the caller's arrays */
+    int rs = dit_cuda_status(cudaStreamSynchronize(f->stream), "flow window");
+    if (rc == 0) rc = rs;
+    if (rc == 0)
+        rc = dit_cuda_status(cudaMemcpy(f->out, f->xb, sizeof(float) * n, cudaMemcpyDeviceToHost),
+                             "download (latents)");
+    return rc;
+}
+
 extern "C" int flow_cuda_window_run(struct flow_cuda *f, int n_steps, float guidance, int L, const float *cond, int ov,
                                     const float *prev, float *x)
 {
@@ -207,20 +239,24 @@ extern "C" int flow_cuda_window_run(struct flow_cuda *f, int n_steps, float guid
                           "1 <= L <= max and 0 <= overlap <= L",
                           n_steps, L, f->max_L, ov);
     size_t n = (size_t)C * L;
-    int rc = queue_window(f, n_steps, guidance, L, cond, ov, prev, x);
-    /* always drain the stream: queued copies may still read the caller's arrays */
-    int rs = dit_cuda_status(cudaStreamSynchronize(f->stream), "flow window");
-    if (rc == 0) rc = rs;
-    if (rc == 0)
-        rc = dit_cuda_status(cudaMemcpy(x, f->xb, sizeof(float) * n, cudaMemcpyDeviceToHost), "download (latents)");
+    int rc = run_window(f, n_steps, guidance, L, cond, ov, prev, x);
+    if (rc == 0 && dit_cuda_precision(f->dit) == MM3_MATMUL_FP16 && !all_finite(f->out, n)) {
+        /* fp16 operands overflowed somewhere (inf/NaN spreads to the latents): rerun
+         * the window with every operand scaled down */
+        dit_cuda_count_f16_rescue();
+        rc = dit_cuda_set_rescue(f->dit, 1);
+        if (rc == 0) rc = run_window(f, n_steps, guidance, L, cond, ov, prev, x);
+        dit_cuda_set_rescue(f->dit, 0);
+    }
+    if (rc == 0) memcpy(x, f->out, sizeof(float) * n);
     if (rc < 0) return mm3_error_prefix(rc, "flow_cuda: ");
     if (ov > 0)
         for (int c = 0; c < C; c++)
             memcpy(x + (size_t)c * L, prev + (size_t)c * ov, sizeof(float) * ov);
     for (size_t e = 0; e < n; e++)
         if (!std::isfinite(x[e]))
-            return mm3_errorf(-ERANGE, "flow_cuda: latent %zu of channel %zu is not finite after %d steps", e % L,
-                              e / L, n_steps);
+            return mm3_errorf(-ERANGE, "flow_cuda: latent %zu of channel %zu is not finite after %d steps%s", e % L,
+                              e / L, n_steps, fp16_hint(f->dit));
     return 0;
 }
 
@@ -240,6 +276,7 @@ struct flow_cuda_batch {
     size_t ts_cap;
     /* pinned host, per job i: x (noise in, latents out), prev, cond; flow times */
     float *h_x, *h_prev, *h_cond, *h_t;
+    float *h_noise; /* host, per job i: the noise again, for a rescue rerun (fp16 only) */
     size_t h_t_cap;
     float *table; /* host [n_steps + 1] */
     int table_cap;
@@ -266,7 +303,7 @@ static void batch_close(void *ctx)
     if (b->f && b->f->stream) cudaStreamSynchronize(b->f->stream);
     cudaFree(b->xb), cudaFree(b->vb), cudaFree(b->np), cudaFree(b->prev), cudaFree(b->cond), cudaFree(b->ts);
     cudaFreeHost(b->h_x), cudaFreeHost(b->h_prev), cudaFreeHost(b->h_cond), cudaFreeHost(b->h_t);
-    free(b->table), free(b->conds), free(b->order);
+    free(b->table), free(b->conds), free(b->order), free(b->h_noise);
     free(b);
 }
 
@@ -355,12 +392,11 @@ static int batch_queue_group(struct flow_cuda_batch *b, const struct flow_job *j
     return 0;
 }
 
-/* Queue every group of the batch and wait for the stream (on the worker thread). */
-static void *batch_worker(void *arg)
+/* Queue every group of the batch and wait for the stream. */
+static int batch_run(struct flow_cuda_batch *b)
 {
-    struct flow_cuda_batch *b = (struct flow_cuda_batch *)arg;
     const struct flow_job *jobs = b->jobs;
-    int n = b->n, rc = dit_cuda_status(cudaSetDevice(b->device), "cudaSetDevice (flow batch worker)");
+    int n = b->n, rc = 0;
     size_t t_at = 0;
     for (int g = 0; g < n && rc == 0;) {
         int G = 1;
@@ -373,7 +409,33 @@ static void *batch_worker(void *arg)
     }
     /* always drain: nothing half-queued may outlive the batch */
     int rs = dit_cuda_status(cudaStreamSynchronize(b->f->stream), "flow batch");
-    if (rc == 0) rc = rs;
+    return rc ? rc : rs;
+}
+
+static bool batch_finite(const struct flow_cuda_batch *b)
+{
+    size_t slot = (size_t)b->C * b->max_L;
+    for (int i = 0; i < b->n; i++)
+        if (!all_finite(b->h_x + (size_t)i * slot, (size_t)b->C * b->jobs[i].L)) return false;
+    return true;
+}
+
+/* On the worker thread: the batch, and once more with scaled operands where fp16 ones
+ * overflowed (inf/NaN spreads to the latents). */
+static void *batch_worker(void *arg)
+{
+    struct flow_cuda_batch *b = (struct flow_cuda_batch *)arg;
+    int rc = dit_cuda_status(cudaSetDevice(b->device), "cudaSetDevice (flow batch worker)");
+    if (rc == 0) rc = batch_run(b);
+    if (rc == 0 && b->h_noise && !batch_finite(b)) {
+        size_t slot = (size_t)b->C * b->max_L;
+        for (int i = 0; i < b->n; i++)
+            memcpy(b->h_x + (size_t)i * slot, b->h_noise + (size_t)i * slot, sizeof(float) * b->C * b->jobs[i].L);
+        dit_cuda_count_f16_rescue();
+        rc = dit_cuda_set_rescue(b->f->dit, 1);
+        if (rc == 0) rc = batch_run(b);
+        dit_cuda_set_rescue(b->f->dit, 0);
+    }
     if (rc < 0) snprintf(b->th_msg, sizeof b->th_msg, "%s", mm3_last_error()); /* the message is thread-local */
     b->th_rc = rc;
     return NULL;
@@ -403,6 +465,7 @@ static int batch_begin(void *ctx, int n, const struct flow_job *jobs)
     for (int i = 0; i < n; i++) {
         const struct flow_job *j = &jobs[i];
         memcpy(b->h_x + (size_t)i * slot, j->x, sizeof(float) * (size_t)C * j->L);
+        if (b->h_noise) memcpy(b->h_noise + (size_t)i * slot, j->x, sizeof(float) * (size_t)C * j->L);
         memcpy(b->h_cond + (size_t)i * b->max_L * D, j->cond, sizeof(float) * (size_t)j->L * D);
         if (j->ov > 0) memcpy(b->h_prev + (size_t)i * slot, j->prev, sizeof(float) * (size_t)C * j->ov);
     }
@@ -450,8 +513,8 @@ static int batch_end(void *ctx, int n, const struct flow_job *jobs, int *out_rc)
             memcpy(j->x + (size_t)c * L, b->h_prev + (size_t)i * slot + (size_t)c * ov, sizeof(float) * ov);
         for (size_t e = 0; e < (size_t)C * L; e++)
             if (!std::isfinite(j->x[e])) {
-                out_rc[i] = mm3_errorf(-ERANGE, "flow_cuda: latent %zu of channel %zu is not finite after %d steps",
-                                       e % L, e / L, j->n_steps);
+                out_rc[i] = mm3_errorf(-ERANGE, "flow_cuda: latent %zu of channel %zu is not finite after %d steps%s",
+                                       e % L, e / L, j->n_steps, fp16_hint(b->f->dit));
                 break;
             }
     }
@@ -473,7 +536,10 @@ extern "C" int flow_cuda_batch_open(struct flow_cuda *f, int max_windows, struct
     b->conds = (const float **)calloc(2 * W, sizeof *b->conds);
     b->order = (int *)calloc(W, sizeof *b->order);
     b->jobs = (struct flow_job *)calloc(W, sizeof *b->jobs);
-    int rc = b->conds && b->order && b->jobs ? 0 : mm3_errorf(-ENOMEM, "flow_cuda batch: out of memory");
+    if (dit_cuda_precision(f->dit) == MM3_MATMUL_FP16) b->h_noise = (float *)malloc(sizeof(float) * W * slot);
+    int rc = b->conds && b->order && b->jobs && (b->h_noise || dit_cuda_precision(f->dit) != MM3_MATMUL_FP16)
+                 ? 0
+                 : mm3_errorf(-ENOMEM, "flow_cuda batch: out of memory");
     if (rc == 0) rc = dit_cuda_status(cudaGetDevice(&b->device), "cudaGetDevice");
     if (rc == 0) rc = dit_cuda_reserve(f->dit, 2 * max_windows, b->max_L);
     struct {

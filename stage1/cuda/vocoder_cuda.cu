@@ -65,7 +65,7 @@ struct gather_args {
 /* A block stages rows [n0 - pad, n0 + GATHER_ROWS + span) of a chunk of cc channels in
  * shared memory once (the Snake evaluated once per source element, not once per tap),
  * then writes the k shifted copies of its GATHER_ROWS output rows. */
-template <bool BF16> __global__ void __launch_bounds__(GATHER_TX *GATHER_TY) vc_gather_kernel(gather_args a, int cc)
+template <int FMT> __global__ void __launch_bounds__(GATHER_TX *GATHER_TY) vc_gather_kernel(gather_args a, int cc)
 {
     extern __shared__ float tile[]; /* [GATHER_ROWS + span][cc] */
     int span = (a.k - 1) * a.dil;
@@ -92,7 +92,7 @@ template <bool BF16> __global__ void __launch_bounds__(GATHER_TX *GATHER_TY) vc_
         size_t base = ((size_t)track * a.rows + row) * K;
         for (int tap = 0; tap < a.k; tap++)
             for (int ci = tx; ci < cc && c0 + ci < a.c; ci += GATHER_TX)
-                dit_store_operand(a.dst, base + (size_t)tap * a.c + c0 + ci, tile[(rr + tap * a.dil) * cc + ci], BF16);
+                dit_store_operand(a.dst, base + (size_t)tap * a.c + c0 + ci, tile[(rr + tap * a.dil) * cc + ci], FMT);
     }
 }
 
@@ -150,11 +150,11 @@ __global__ void __launch_bounds__(OUT_WARPS * 32)
 /* ---- layers: gather + GEMM ------------------------------------------------------------------ */
 
 /* What a layer needs besides its operands: the GEMM handle, the stream and the operand
- * scratch (bf16 or float32, op_elems elements). */
+ * scratch (op_elems elements of operand type fmt, enum dit_operand). */
 struct vc_ops {
     struct dit_gemm *g;
     cudaStream_t st;
-    bool bf16;
+    int fmt;
     void *op;
     size_t op_elems;
 };
@@ -180,17 +180,26 @@ static int vc_gather(const struct vc_ops *o, const gather_args &a, int batch)
         return mm3_errorf(-EINVAL, "vocoder_cuda: a conv of k %d and dilation %d spans too many rows", a.k, a.dil);
     dim3 grid((unsigned)((a.rows + GATHER_ROWS - 1) / GATHER_ROWS), (unsigned)((a.c + cc - 1) / cc), (unsigned)batch);
     dim3 block(GATHER_TX, GATHER_TY);
-    if (o->bf16)
-        vc_gather_kernel<true><<<grid, block, smem, o->st>>>(a, cc);
-    else
-        vc_gather_kernel<false><<<grid, block, smem, o->st>>>(a, cc);
+    switch (o->fmt) {
+    case DIT_OPERAND_BF16:
+        vc_gather_kernel<DIT_OPERAND_BF16><<<grid, block, smem, o->st>>>(a, cc);
+        break;
+    case DIT_OPERAND_F16:
+        vc_gather_kernel<DIT_OPERAND_F16><<<grid, block, smem, o->st>>>(a, cc);
+        break;
+    case DIT_OPERAND_F16_SCALED:
+        vc_gather_kernel<DIT_OPERAND_F16_SCALED><<<grid, block, smem, o->st>>>(a, cc);
+        break;
+    default:
+        vc_gather_kernel<DIT_OPERAND_F32><<<grid, block, smem, o->st>>>(a, cc);
+    }
     return dit_cuda_launched("vc_gather_kernel");
 }
 
 /* Operand element i of a weight arena as a GEMM's w pointer. */
 static const void *vc_operand_at(const struct vc_ops *o, const void *base, size_t i)
 {
-    return (const char *)base + i * (o->bf16 ? 2 : 4);
+    return (const char *)base + i * dit_operand_size(o->fmt);
 }
 
 /* y[track][n][o] (gapless, track stride t*c_out) = b[o] + (res) + sum_{tap, i}
@@ -247,7 +256,7 @@ struct vocoder_cuda {
     struct vocoder_cuda_weights w; /* sizes and offsets; the host arrays are freed after upload */
     enum mm3_matmul_precision prec;
     struct vc_ops ops;
-    void *dgemm;            /* GEMM weights, bf16 or float32 */
+    void *dgemm;            /* GEMM weights in the operand type */
     float *df32;            /* biases, alphas, conv_out */
     float *a, *hbuf, *ybuf; /* residual stream, conv1 output, ConvTranspose output */
     float *lat, *pcm;       /* [latent_channels, max_L], [2, hop * max_L] */
@@ -329,15 +338,22 @@ static int vc_cuda(cudaError_t e, const char *what)
     return dit_cuda_status(e, what);
 }
 
-/* Upload n float32 host values as GEMM operands (bf16 bits in bf16 precision). */
-static int vc_upload_operands(void **dst, const float *src, size_t n, bool bf16)
+/* Upload n float32 host values as GEMM operands of type fmt (plain fp16 for both fp16
+ * types: only activations are ever stored scaled). */
+static int vc_upload_operands(void **dst, const float *src, size_t n, int fmt)
 {
-    int rc = vc_cuda(cudaMalloc(dst, std::max<size_t>(n, 1) * (bf16 ? 2 : 4)), "cudaMalloc (vocoder weights)");
+    int rc = vc_cuda(cudaMalloc(dst, std::max<size_t>(n, 1) * dit_operand_size(fmt)), "cudaMalloc (vocoder weights)");
     if (rc < 0 || !n) return rc;
-    if (!bf16) return vc_cuda(cudaMemcpy(*dst, src, n * 4, cudaMemcpyHostToDevice), "vocoder weights upload");
+    if (fmt == DIT_OPERAND_F32) return vc_cuda(cudaMemcpy(*dst, src, n * 4, cudaMemcpyHostToDevice), "vocoder weights upload");
     std::vector<uint16_t> hb(n);
-    for (size_t i = 0; i < n; i++)
-        hb[i] = mm3_f32_to_bf16(src[i]);
+    for (size_t i = 0; i < n; i++) {
+        if (fmt != DIT_OPERAND_BF16 && !(fabsf(src[i]) <= 65504.0f))
+            return mm3_errorf(-ERANGE,
+                              "vocoder_cuda: GEMM weight %zu is %g, beyond fp16's range (65504): use matmul_precision "
+                              "tf32 or bf16 for this checkpoint",
+                              i, (double)src[i]);
+        hb[i] = fmt == DIT_OPERAND_BF16 ? mm3_f32_to_bf16(src[i]) : mm3_f32_to_f16(src[i]);
+    }
     return vc_cuda(cudaMemcpy(*dst, hb.data(), n * 2, cudaMemcpyHostToDevice), "vocoder weights upload");
 }
 
@@ -360,7 +376,7 @@ extern "C" int vocoder_cuda_create(struct vocoder_cuda **out, const struct vocod
     if (!h) return mm3_errorf(-ENOMEM, "vocoder_cuda_create: out of memory");
     h->prec = prec;
     h->max_L = max_L;
-    h->ops.bf16 = prec == MM3_MATMUL_BF16;
+    h->ops.fmt = dit_operand_of(prec);
     if ((rc = vocoder_cuda_weights_build(&h->w, &l)) < 0) {
         free(h);
         return rc;
@@ -369,7 +385,7 @@ extern "C" int vocoder_cuda_create(struct vocoder_cuda **out, const struct vocod
     h->ops.op_elems = z.op;
     rc = dit_gemm_create(&h->ops.g, prec);
     if (rc == 0) rc = vc_cuda(cudaStreamCreateWithFlags(&h->ops.st, cudaStreamNonBlocking), "cudaStreamCreate");
-    if (rc == 0) rc = vc_upload_operands(&h->dgemm, h->w.gemm, h->w.n_gemm, h->ops.bf16);
+    if (rc == 0) rc = vc_upload_operands(&h->dgemm, h->w.gemm, h->w.n_gemm, h->ops.fmt);
     if (rc == 0) rc = vc_malloc(&h->df32, h->w.n_f32, "cudaMalloc (vocoder weights)");
     if (rc == 0)
         rc = vc_cuda(cudaMemcpy(h->df32, h->w.f32, sizeof(float) * h->w.n_f32, cudaMemcpyHostToDevice),
@@ -379,7 +395,7 @@ extern "C" int vocoder_cuda_create(struct vocoder_cuda **out, const struct vocod
     if (rc == 0) rc = vc_malloc(&h->hbuf, z.h, "cudaMalloc (vocoder activations)");
     if (rc == 0) rc = vc_malloc(&h->ybuf, z.y, "cudaMalloc (vocoder activations)");
     if (rc == 0)
-        rc = vc_cuda(cudaMalloc(&h->ops.op, std::max<size_t>(z.op, 1) * (h->ops.bf16 ? 2 : 4)),
+        rc = vc_cuda(cudaMalloc(&h->ops.op, std::max<size_t>(z.op, 1) * dit_operand_size(h->ops.fmt)),
                      "cudaMalloc (vocoder GEMM operand)");
     if (rc == 0) rc = vc_malloc(&h->lat, (size_t)h->w.latent_channels * max_L, "cudaMalloc (vocoder latents)");
     if (rc == 0) rc = vc_malloc(&h->pcm, 2 * (size_t)h->w.hop * max_L, "cudaMalloc (vocoder pcm)");
@@ -434,10 +450,8 @@ extern "C" int vocoder_cuda_max_L(const struct vocoder_cuda *h)
     return h->max_L;
 }
 
-extern "C" int vocoder_cuda_decode(struct vocoder_cuda *h, const float *latents, int L, float *pcm)
+static int vc_decode_once(struct vocoder_cuda *h, const float *latents, int L, float *pcm)
 {
-    if (L < 1 || L > h->max_L)
-        return mm3_errorf(-EINVAL, "vocoder_cuda_decode: latent length %d, expected 1..%d (max_L)", L, h->max_L);
     size_t n_lat = (size_t)h->w.latent_channels * L, n_pcm = 2 * (size_t)h->w.hop * L;
     cudaStream_t st = h->ops.st;
     int rc = vc_cuda(cudaMemcpyAsync(h->lat, latents, sizeof(float) * n_lat, cudaMemcpyHostToDevice, st),
@@ -449,6 +463,37 @@ extern "C" int vocoder_cuda_decode(struct vocoder_cuda *h, const float *latents,
     /* also after a failed launch: nothing may still run on the caller's buffers */
     int rs = vc_cuda(cudaStreamSynchronize(st), "vocoder decode");
     return rc ? rc : rs;
+}
+
+static bool all_finite(const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!std::isfinite(x[i])) return false;
+    return true;
+}
+
+extern "C" int vocoder_cuda_decode(struct vocoder_cuda *h, const float *latents, int L, float *pcm)
+{
+    if (L < 1 || L > h->max_L)
+        return mm3_errorf(-EINVAL, "vocoder_cuda_decode: latent length %d, expected 1..%d (max_L)", L, h->max_L);
+    int rc = vc_decode_once(h, latents, L, pcm);
+    size_t n_pcm = 2 * (size_t)h->w.hop * L;
+    /* fp16 operands that overflowed turn into inf/NaN samples: decode again with every
+     * operand scaled down, unless the latents themselves were not finite */
+    if (rc < 0 || h->ops.fmt != DIT_OPERAND_F16 || all_finite(pcm, n_pcm) ||
+        !all_finite(latents, (size_t)h->w.latent_channels * L))
+        return rc;
+    dit_cuda_count_f16_rescue();
+    h->ops.fmt = DIT_OPERAND_F16_SCALED;
+    dit_gemm_set_alpha(h->ops.g, DIT_F16_RESCUE_SCALE);
+    rc = vc_decode_once(h, latents, L, pcm);
+    h->ops.fmt = DIT_OPERAND_F16;
+    dit_gemm_set_alpha(h->ops.g, 1.0f);
+    if (rc == 0 && !all_finite(pcm, n_pcm))
+        rc = mm3_errorf(-ERANGE, "vocoder_cuda_decode: the audio is not finite even with the fp16 operands scaled "
+                                 "by 1/%g: use matmul_precision tf32",
+                        (double)DIT_F16_RESCUE_SCALE);
+    return rc;
 }
 
 extern "C" int vocoder_cuda_bench(struct vocoder_cuda *h, int L, int reps, float *ms_median)
@@ -501,12 +546,12 @@ struct host_run {
     }
     void open(enum mm3_matmul_precision prec, size_t op_elems)
     {
-        o.bf16 = prec == MM3_MATMUL_BF16;
+        o.fmt = dit_operand_of(prec);
         o.op_elems = op_elems;
         if (rc == 0) rc = dit_gemm_create(&o.g, prec);
         if (rc == 0) dit_gemm_set_autotune(o.g, 0);
         if (rc == 0) rc = vc_cuda(cudaStreamCreateWithFlags(&o.st, cudaStreamNonBlocking), "cudaStreamCreate");
-        if (rc == 0) rc = vc_cuda(cudaMalloc(&o.op, std::max<size_t>(op_elems, 1) * (o.bf16 ? 2 : 4)), "cudaMalloc");
+        if (rc == 0) rc = vc_cuda(cudaMalloc(&o.op, std::max<size_t>(op_elems, 1) * dit_operand_size(o.fmt)), "cudaMalloc");
         if (rc == 0) p.push_back(o.op);
     }
     float *up(const float *h, size_t n)
@@ -520,7 +565,7 @@ struct host_run {
     const void *up_operands(const float *h, size_t n)
     {
         void *d = nullptr;
-        if (rc == 0) rc = vc_upload_operands(&d, h, n, o.bf16);
+        if (rc == 0) rc = vc_upload_operands(&d, h, n, o.fmt);
         if (d) p.push_back(d);
         return d;
     }
