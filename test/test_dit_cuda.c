@@ -235,7 +235,9 @@ static void check_attention(int B, int T, int heads, int head_dim, int rot)
                     {MM3_MATMUL_TF32, DIT_ATTN_AUTO, "AUTO", TOL_ATT_TF32},
                     {MM3_MATMUL_BF16, DIT_ATTN_AUTO, "AUTO", TOL_ATT_BF16},
                     {MM3_MATMUL_FP16, DIT_ATTN_WMMA, "WMMA", TOL_ATT_TF32},
+                    {MM3_MATMUL_FP16, DIT_ATTN_FLASH64, "FLASH64", TOL_ATT_TF32},
                     {MM3_MATMUL_FP16, DIT_ATTN_FLASH128, "FLASH128", TOL_ATT_TF32},
+                    {MM3_MATMUL_FP16, DIT_ATTN_FLASH128M2, "FLASH128M2", TOL_ATT_TF32},
                     {MM3_MATMUL_FP16, DIT_ATTN_AUTO, "AUTO", TOL_ATT_TF32}};
     for (size_t k = 0; k < sizeof variants / sizeof variants[0]; k++)
         for (size_t f = 0; f < N_OUT_FMTS; f++) {
@@ -251,7 +253,7 @@ static void check_attention(int B, int T, int heads, int head_dim, int rot)
             free(o);
             cuda_free(dout);
         }
-    /* MMA computes in bf16 only, the FLASH kernels in tf32 and bf16 */
+    /* MMA computes in bf16 only, the FLASH kernels in tf32, bf16 and fp16 */
     assert_true(dit_cuda_attention_kernel(dqkv, 0, dqkv, B, T, heads, head_dim, rot, dcs, scale, MM3_MATMUL_TF32,
                                           DIT_ATTN_MMA, NULL) == -EINVAL);
     assert_true(dit_cuda_attention_kernel(dqkv, 0, dqkv, B, T, heads, head_dim, rot, dcs, scale, MM3_MATMUL_FP32,

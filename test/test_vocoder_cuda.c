@@ -299,7 +299,11 @@ static void test_geom_b(void **state)
 }
 
 /* Latents beyond fp16's range overflow the fp16 operands to inf: the decode is rerun
- * with scaled operands, counted, and matches the CPU within the fp16 bound. */
+ * with scaled operands, counted, and matches the CPU. Plain latents are held to the fp16
+ * bound; latents near 1e5 to a looser one, because the Snake's sin^2 of arguments that
+ * large turns any operand rounding into a different phase (a missing or doubled scale
+ * still gives rel ~1, and inf/NaN fails outright). */
+#define TOL_DECODE_FP16_HUGE 5e-2
 static void test_fp16_rescue(void **state)
 {
     (void)state;
@@ -321,9 +325,10 @@ static void test_fp16_rescue(void **state)
         unsigned long long r0 = dit_cuda_f16_rescues();
         if (vocoder_cuda_decode(h, lat, L, pcm) < 0) fail_msg("decode: %s", mm3_last_error());
         double rel = test_rel_error(pcm, ref, n);
+        double bound = big ? TOL_DECODE_FP16_HUGE : tol_decode[3];
         printf("fp16 decode, latents %s: rel %.3g (bound %.0e), rescued %llu\n", big ? "beyond fp16's range" : "plain",
-               rel, tol_decode[3], dit_cuda_f16_rescues() - r0);
-        assert_true(rel <= tol_decode[3]);
+               rel, bound, dit_cuda_f16_rescues() - r0);
+        assert_true(rel <= bound);
         assert_true(dit_cuda_f16_rescues() == r0 + (unsigned long long)big);
         free(lat);
     }

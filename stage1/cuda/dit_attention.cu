@@ -8,7 +8,7 @@
  * accumulators) where each warp owns 16 query rows; its running output stays in
  * shared memory in float32, so the per-row rescale needs no fragment layout.
  * This file also dispatches: dit_attention_mma.cu (the first bf16 mma.sync kernel)
- * and dit_attention_flash.cu (the tf32 / bf16 default, FLASH64 / FLASH128 / M2) hold the
+ * and dit_attention_flash.cu (the tf32 / bf16 / fp16 default, FLASH64 / FLASH128 / M2) hold the
  * others; the WMMA and MMA kernels stay as fallbacks and benchmark baselines. */
 #include <cmath>
 #include <cstdint>
@@ -22,7 +22,7 @@ using namespace nvcuda;
 
 /* dit_attention_flash.cu (only this file calls it) */
 int dit_attention_flash(void *out, int out_fmt, const float *qkv, int n_seq, int T, int H, int head_dim, int half,
-                        const float *cs, float scale, bool tf32, int variant, cudaStream_t s);
+                        const float *cs, float scale, int op, int variant, cudaStream_t s);
 bool dit_attention_flash_usable(const void *out, const float *qkv, int half, const float *cs);
 
 /* ---- float32 SIMT ----------------------------------------------------------------- */
@@ -304,13 +304,22 @@ static int launch_tc(void *out, int out_fmt, const float *qkv, int n_seq, int T,
     return dit_cuda_launched("attn_tc_kernel");
 }
 
+/* The flash kernel's product operands: fp16 as the GEMMs, except in a rescue run (scaled
+ * operands: values beyond fp16's range are about), which computes in tf32. */
+static int flash_operands(enum mm3_matmul_precision prec, int out_fmt)
+{
+    if (prec == MM3_MATMUL_BF16) return FLASH_BF16;
+    if (prec == MM3_MATMUL_FP16 && out_fmt != DIT_OPERAND_F16_SCALED) return FLASH_F16;
+    return FLASH_TF32;
+}
+
 template <int HD>
 static int launch(void *out, int out_fmt, const float *qkv, int n_seq, int T, int H, int half, const float *cs,
                   float scale, enum mm3_matmul_precision prec, enum dit_attn_kernel k, cudaStream_t s)
 {
     if (k == DIT_ATTN_FLASH64 || k == DIT_ATTN_FLASH128 || k == DIT_ATTN_FLASH128M2) {
         if (dit_attention_flash_usable(out, qkv, half, cs))
-            return dit_attention_flash(out, out_fmt, qkv, n_seq, T, H, HD, half, cs, scale, prec != MM3_MATMUL_BF16,
+            return dit_attention_flash(out, out_fmt, qkv, n_seq, T, H, HD, half, cs, scale, flash_operands(prec, out_fmt),
                                        k == DIT_ATTN_FLASH128M2 ? 2
                                        : k == DIT_ATTN_FLASH128 ? 1
                                                                 : 0,

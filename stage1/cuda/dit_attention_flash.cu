@@ -1,4 +1,4 @@
-/* The tensor-core attention of the DiT for the tf32 and bf16 precisions
+/* The tensor-core attention of the DiT for the tf32, bf16 and fp16 operands
  * (DIT_ATTN_FLASH64 / FLASH128 / FLASH128M2 of dit_cuda_attention_kernel; FLASH128 is
  * the default): mma.sync with float32 accumulators, flash-attention-2 style, scores /
  * probabilities / output of a warp's query rows in registers (the fragment layout of
@@ -17,8 +17,10 @@
  *   loads are issued before the current tile's products and converted after them,
  *   so one barrier per tile and the load latency hides behind the tensor cores.
  *   (cp.async cannot convert or rotate on the way, hence registers.)
- * - bf16: m16n8k16; K and V stay row-major in shared memory and their B fragments
- *   come from ldmatrix (.trans for V), four 8x8 matrices per instruction.
+ * - bf16 and fp16: m16n8k16; K and V stay row-major in shared memory and their B
+ *   fragments come from ldmatrix (.trans for V), four 8x8 matrices per instruction.
+ *   fp16 keeps tf32's 10-bit mantissa at bf16's rate; its range (65504) is the
+ *   caller's concern (a rescue run computes in tf32).
  * - tf32: m16n8k8 with real tf32 operands (cvt.rna, as the WMMA kernel rounds).
  *   The contraction index of each product may be permuted freely as long as both
  *   operands agree, so fragment column tg stands for element 2tg and tg + 4 for
@@ -42,8 +44,11 @@ const unsigned FULL = 0xffffffffu;
 /* Keys per tile: the register-staged prefetch holds at most four 16-byte chunks of K
  * and four of V per thread (more spills at 128 registers); tf32 tiles take twice the
  * shared memory and registers per key and run at half the keys. */
-template <int HD, int NW, int MT, bool TF32> struct fl_cfg {
-    typedef typename std::conditional<TF32, float, __nv_bfloat16>::type st; /* tf32 operands stay float bits */
+template <int HD, int NW, int MT, int OP> struct fl_cfg {
+    static const bool TF32 = OP == FLASH_TF32;
+    /* tf32 operands stay float bits */
+    typedef typename std::conditional<
+        TF32, float, typename std::conditional<OP == FLASH_F16, __half, __nv_bfloat16>::type>::type st;
     static const int THREADS = 32 * NW;
     static const int QT = 16 * NW * MT;
     static const int KT0 = 512 * NW / HD > 64 ? 64 : 512 * NW / HD;
@@ -51,7 +56,7 @@ template <int HD, int NW, int MT, bool TF32> struct fl_cfg {
     static const int CPR = HD / 4;                 /* 16-byte float32 chunks per row */
     static const int NLD = KT * CPR / THREADS;     /* chunks of K (and of V) per thread per tile */
     static const int NLQ = QT * CPR / THREADS;     /* chunks of Q per thread */
-    static const int LDK = HD + 8;                 /* Q and K rows: bf16 ldmatrix / tf32 64-bit loads */
+    static const int LDK = HD + 8;                 /* Q and K rows: 16-bit ldmatrix / tf32 64-bit loads */
     static const int LDV = TF32 ? HD + 4 : HD + 8; /* V rows: tf32 32-bit loads */
     static const int TILE = KT * (LDK + LDV);      /* elements of one K + V buffer */
     static const size_t SMEM = (size_t)(QT * LDK + 2 * TILE) * sizeof(st);
@@ -65,6 +70,23 @@ __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32
         "{%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void mma_f16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* The m16n8k16 product of a 16-bit operand type */
+template <int OP> __device__ __forceinline__ void mma16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    if (OP == FLASH_F16)
+        mma_f16(c, a, b0, b1);
+    else
+        mma_bf16(c, a, b0, b1);
 }
 
 __device__ __forceinline__ void mma_tf32(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
@@ -104,7 +126,18 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi)
     return *(uint32_t *)&v;
 }
 
-/* Four float32 values as operands at p (16 bytes for tf32, 8 for bf16, aligned). */
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi)
+{
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *(uint32_t *)&v;
+}
+
+template <int OP> __device__ __forceinline__ uint32_t pack16x2(float lo, float hi)
+{
+    return OP == FLASH_F16 ? pack_f16x2(lo, hi) : pack_bf16x2(lo, hi);
+}
+
+/* Four float32 values as operands at p (16 bytes for tf32, 8 for bf16 and fp16, aligned). */
 __device__ __forceinline__ void put4(float *p, float4 v)
 {
     *(uint4 *)p = make_uint4(tf32_bits(v.x), tf32_bits(v.y), tf32_bits(v.z), tf32_bits(v.w));
@@ -112,6 +145,10 @@ __device__ __forceinline__ void put4(float *p, float4 v)
 __device__ __forceinline__ void put4(__nv_bfloat16 *p, float4 v)
 {
     *(uint2 *)p = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
+}
+__device__ __forceinline__ void put4(__half *p, float4 v)
+{
+    *(uint2 *)p = make_uint2(pack_f16x2(v.x, v.y), pack_f16x2(v.z, v.w));
 }
 
 /* 2^x on the special-function unit; flushing denormal results to zero only drops
@@ -142,15 +179,16 @@ __device__ __forceinline__ float4 rope_chunk(float4 x, int src, bool rotated, fl
                        fmaf(x.z, co.z, sgn * (p.z * si.z)), fmaf(x.w, co.w, sgn * (p.w * si.w)));
 }
 
-template <int HD, int NW, int MT, bool TF32>
+template <int HD, int NW, int MT, int OP>
 __global__ void __launch_bounds__(32 * NW, MT > 1    ? 3
                                            : NW >= 8 ? 2
                                                      : 4)
     attn_flash_kernel(void *out, int out_fmt, const float *__restrict__ qkv, int T, int H, int half,
                       const float *__restrict__ cs, float scale_log2)
 {
-    typedef fl_cfg<HD, NW, MT, TF32> C;
+    typedef fl_cfg<HD, NW, MT, OP> C;
     typedef typename C::st st;
+    const bool TF32 = C::TF32;
     const int KT = C::KT, CPR = C::CPR, NLD = C::NLD, LDK = C::LDK, LDV = C::LDV, THREADS = C::THREADS;
     extern __shared__ __align__(128) unsigned char smem[];
     st *Qs = (st *)smem;
@@ -276,8 +314,8 @@ __global__ void __launch_bounds__(32 * NW, MT > 1    ? 3
                         ldsm_x4(r, kp + np * 16 * LDK + kc * 16);
 #pragma unroll
                         for (int mt = 0; mt < MT; mt++) {
-                            mma_bf16(s[mt][2 * np], qa[mt], r[0], r[1]);
-                            mma_bf16(s[mt][2 * np + 1], qa[mt], r[2], r[3]);
+                            mma16<OP>(s[mt][2 * np], qa[mt], r[0], r[1]);
+                            mma16<OP>(s[mt][2 * np + 1], qa[mt], r[2], r[3]);
                         }
                     }
                 }
@@ -354,10 +392,10 @@ __global__ void __launch_bounds__(32 * NW, MT > 1    ? 3
                     uint32_t pa[MT][4];
 #pragma unroll
                     for (int mt = 0; mt < MT; mt++) {
-                        pa[mt][0] = pack_bf16x2(s[mt][2 * kc][0], s[mt][2 * kc][1]);
-                        pa[mt][1] = pack_bf16x2(s[mt][2 * kc][2], s[mt][2 * kc][3]);
-                        pa[mt][2] = pack_bf16x2(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
-                        pa[mt][3] = pack_bf16x2(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
+                        pa[mt][0] = pack16x2<OP>(s[mt][2 * kc][0], s[mt][2 * kc][1]);
+                        pa[mt][1] = pack16x2<OP>(s[mt][2 * kc][2], s[mt][2 * kc][3]);
+                        pa[mt][2] = pack16x2<OP>(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
+                        pa[mt][3] = pack16x2<OP>(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
                     }
 #pragma unroll
                     for (int np = 0; np < HD / 16; np++) {
@@ -365,8 +403,8 @@ __global__ void __launch_bounds__(32 * NW, MT > 1    ? 3
                         ldsm_x4_trans(r, vp + kc * 16 * LDV + np * 16);
 #pragma unroll
                         for (int mt = 0; mt < MT; mt++) {
-                            mma_bf16(o[mt][2 * np], pa[mt], r[0], r[1]);
-                            mma_bf16(o[mt][2 * np + 1], pa[mt], r[2], r[3]);
+                            mma16<OP>(o[mt][2 * np], pa[mt], r[0], r[1]);
+                            mma16<OP>(o[mt][2 * np + 1], pa[mt], r[2], r[3]);
                         }
                     }
                 }
@@ -396,30 +434,30 @@ __global__ void __launch_bounds__(32 * NW, MT > 1    ? 3
     }
 }
 
-template <int HD, int NW, int MT, bool TF32>
+template <int HD, int NW, int MT, int OP>
 int launch_flash(void *out, int out_fmt, const float *qkv, int n_seq, int T, int H, int half, const float *cs,
                  float scale, cudaStream_t s)
 {
-    typedef fl_cfg<HD, NW, MT, TF32> C;
+    typedef fl_cfg<HD, NW, MT, OP> C;
     /* once per instantiation: more than 48 KB of dynamic shared memory must be asked for */
-    static const cudaError_t attr = cudaFuncSetAttribute(attn_flash_kernel<HD, NW, MT, TF32>,
+    static const cudaError_t attr = cudaFuncSetAttribute(attn_flash_kernel<HD, NW, MT, OP>,
                                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM);
     int rc = dit_cuda_status(attr, "cudaFuncSetAttribute (flash attention shared memory)");
     if (rc < 0) return rc;
     dim3 grid((T + C::QT - 1) / C::QT, H, n_seq);
-    attn_flash_kernel<HD, NW, MT, TF32>
+    attn_flash_kernel<HD, NW, MT, OP>
         <<<grid, C::THREADS, C::SMEM, s>>>(out, out_fmt, qkv, T, H, half, cs, scale * (float)M_LOG2E);
     return dit_cuda_launched("attn_flash_kernel");
 }
 
 /* variant: 0 = 64 queries (4 warps x 16 rows), 1 = 128 (8 x 16), 2 = 128 (4 warps x 32 rows) */
-template <int HD, bool TF32>
+template <int HD, int OP>
 int launch_hd(void *out, int out_fmt, const float *qkv, int n_seq, int T, int H, int half, const float *cs,
               float scale, int variant, cudaStream_t s)
 {
-    if (variant == 2) return launch_flash<HD, 4, 2, TF32>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, s);
-    if (variant == 1) return launch_flash<HD, 8, 1, TF32>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, s);
-    return launch_flash<HD, 4, 1, TF32>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, s);
+    if (variant == 2) return launch_flash<HD, 4, 2, OP>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, s);
+    if (variant == 1) return launch_flash<HD, 8, 1, OP>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, s);
+    return launch_flash<HD, 4, 1, OP>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, s);
 }
 
 } // namespace
@@ -427,24 +465,26 @@ int launch_hd(void *out, int out_fmt, const float *qkv, int n_seq, int T, int H,
 /* Called by dit_attention.cu (declared there): arguments checked, n_seq > 0, and
  * dit_attention_flash_usable() true. */
 int dit_attention_flash(void *out, int out_fmt, const float *qkv, int n_seq, int T, int H, int head_dim, int half,
-                        const float *cs, float scale, bool tf32, int variant, cudaStream_t s)
+                        const float *cs, float scale, int op, int variant, cudaStream_t s)
 {
-    switch (head_dim * 2 + (tf32 ? 1 : 0)) {
-    case 64:
-        return launch_hd<32, false>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, variant, s);
-    case 65:
-        return launch_hd<32, true>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, variant, s);
-    case 128:
-        return launch_hd<64, false>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, variant, s);
-    case 129:
-        return launch_hd<64, true>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, variant, s);
-    case 256:
-        return launch_hd<128, false>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, variant, s);
-    case 257:
-        return launch_hd<128, true>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, variant, s);
+#define FLASH_CASE(hd, o)                                                                                              \
+    case hd * 4 + o:                                                                                                   \
+        return launch_hd<hd, o>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, variant, s)
+    switch (head_dim * 4 + op) {
+        FLASH_CASE(32, FLASH_TF32);
+        FLASH_CASE(32, FLASH_BF16);
+        FLASH_CASE(32, FLASH_F16);
+        FLASH_CASE(64, FLASH_TF32);
+        FLASH_CASE(64, FLASH_BF16);
+        FLASH_CASE(64, FLASH_F16);
+        FLASH_CASE(128, FLASH_TF32);
+        FLASH_CASE(128, FLASH_BF16);
+        FLASH_CASE(128, FLASH_F16);
     default:
-        return mm3_errorf(-EINVAL, "attention: head_dim %d: the flash kernel supports 32, 64, 128", head_dim);
+        return mm3_errorf(-EINVAL, "attention: head_dim %d, operands %d: the flash kernel supports 32, 64, 128",
+                          head_dim, op);
     }
+#undef FLASH_CASE
 }
 
 /* The flash kernel reads 16-byte chunks that never straddle the rotated halves

@@ -57,8 +57,8 @@ int dit_cuda_rope(float *x, int n_seq, int T, int stride, int n_heads, int head_
  *   out[n_seq * T, n_heads * head_dim] in operand type out_fmt.
  * RoPE (cs from dit_cuda_rope_table, position = token index) is applied to q and k
  * on load when cs != NULL (rotary_dim > 0). Products: fp32 SIMT (MM3_MATMUL_FP32),
- * tensor cores with tf32 or bf16 operands and float32 accumulation otherwise (tf32 in
- * fp16 precision: only the GEMMs take fp16 inputs).
+ * tensor cores with tf32, bf16 or fp16 operands and float32 accumulation otherwise (fp16:
+ * the FLASH kernels; WMMA and a rescue run, out_fmt DIT_OPERAND_F16_SCALED, in tf32).
  * head_dim must be 32, 64 or 128. */
 int dit_cuda_attention(void *out, int out_fmt, const float *qkv, int n_seq, int T, int n_heads, int head_dim,
                        int rotary_dim, const float *cs, float scale, enum mm3_matmul_precision prec, void *stream);
@@ -66,7 +66,7 @@ int dit_cuda_attention(void *out, int out_fmt, const float *qkv, int n_seq, int 
 /* The attention kernels behind dit_cuda_attention (tests and benchmark pick one):
  * SIMT float32 (any precision: computes in fp32), WMMA (tf32 or bf16: S and O pass
  * through shared memory), MMA (bf16 only: mma.sync, everything in registers, 64
- * queries per block), FLASH64 / FLASH128 / FLASH128M2 (tf32 or bf16: mma.sync with
+ * queries per block), FLASH64 / FLASH128 / FLASH128M2 (tf32, bf16 or fp16: mma.sync with
  * ldmatrix, double-buffered K/V tiles; 64 queries = 4 warps x 16 rows, 128 = 8 warps x
  * 16 rows, 128 = 4 warps x 32 rows; dit_attention_flash.cu).
  * The FLASH kernels need rotary_dim % 8 == 0 and 16-byte aligned qkv / cs (8-byte
