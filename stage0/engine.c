@@ -1058,6 +1058,7 @@ int engine_start(struct engine *e, double wait_s)
     if (n > 0) LOG_INFO("reclaimed %d stale segment(s) with prefix %s", n, e->prefix);
     if (e->d->api.journal_dir[0]) { /* what a stage 0 that died left there */
         struct journal_sweep_result sw;
+        if (journal_dir_prepare(e->d->api.journal_dir) < 0) return mm3_error_prefix(-EINVAL, "api.journal_dir: ");
         if (journal_sweep_orphans(e->d->api.journal_dir, (long long)e->created_unix, &sw) < 0)
             LOG_WARN("journal sweep: %s", mm3_last_error());
         else if (sw.closed || sw.spools_removed)
