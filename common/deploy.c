@@ -840,6 +840,7 @@ static const struct field api_fields[] = {
     {"request_timeout_s", NUMBER_AT(struct mm3_api_config, request_timeout_s), .min = 0, .min_open = true,
      .max = 7 * 86400},
     {"journal_dir", STRING_AT(struct mm3_api_config, journal_dir), .allow_empty = true},
+    {"replay_dir", STRING_AT(struct mm3_api_config, replay_dir), .allow_empty = true},
     {"default_sample_rate", CUSTOM(decode_sample_rate)},
 };
 

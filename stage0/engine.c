@@ -1017,7 +1017,8 @@ int engine_create(struct engine **out, const struct mm3_deploy *d, const struct 
                               .max_ctx = s0->max_model_len,
                               .max_batched_tokens = s0->max_num_batched_tokens,
                               .max_queue = d->api.max_queue_depth,
-                              .journal_dir = d->api.journal_dir};
+                              .journal_dir = d->api.journal_dir,
+                              .replay_dir = d->api.replay_dir};
     sc.backend = d->backend == MM3_BACKEND_CUDA ? TALKER_BACKEND_CUDA : TALKER_BACKEND_CPU;
     sc.kv_dtype = s0->kv_cache_dtype;
     if (!s0->enforce_eager && s0->compilation.cudagraph_mode == MM3_CUDAGRAPH_FULL_DECODE_ONLY) {

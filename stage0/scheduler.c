@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/sampler.h"
+#include "common/replay_file.h"
 #include "common/sampler_replay.h"
 #include "stage0/generate.h"
 #include "stage0/prompt.h"
@@ -293,7 +294,12 @@ static void admit(struct sched *s)
         struct generate_hooks hooks = {.ctx = r, .on_frame = on_frame};
         int rc = 0;
         if (r->job->params.replay_file) {
-            rc = sampler_replay_load(&r->forced, r->job->params.replay_file);
+            struct st_file f;
+            rc = replay_file_open_st(&f, s->cfg.replay_dir, r->job->params.replay_file);
+            if (rc == 0) {
+                rc = sampler_replay_load_file(&r->forced, &f);
+                st_file_close(&f);
+            }
             if (rc == 0)
                 sampler_init_replay(&r->sp, r->forced.lm_ids, r->forced.n_lm, r->forced.depth_codes, r->forced.n_depth,
                                     s->dd->cfg.n_codebooks);

@@ -216,6 +216,7 @@ static void test_defaults(void **state)
     assert_int_equal(deploy.api.max_connections, 256);
     assert_true(deploy.api.request_timeout_s == 1800);
     assert_string_equal(deploy.api.journal_dir, "");
+    assert_string_equal(deploy.api.replay_dir, "");
     assert_string_equal(deploy.model, "");
     assert_string_equal(mm3_deploy_edge_connector(&deploy)->connector_class, "SharedMemoryConnector");
     assert_true(fabs(mm3_connector_first_chunk_deadline_s(mm3_deploy_edge_connector(&deploy)) - 300) < 1e-9);
