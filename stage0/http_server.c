@@ -41,7 +41,7 @@ enum route { ROUTE_NONE = 0, ROUTE_SPEECH, ROUTE_PROGRESS, ROUTE_HEALTH, ROUTE_M
 /* Per-request state (MHD's con_cls), freed when MHD reports the request done. */
 struct api_req {
     enum route route;
-    uint64_t job_id; /* ROUTE_PROGRESS */
+    char job_id[MM3_JOB_PUBLIC_ID_LEN + 1]; /* ROUTE_PROGRESS */
     char *body;
     size_t len, cap;
     bool too_big;
@@ -214,8 +214,7 @@ static void add_audio_headers(struct MHD_Response *r, const struct mm3_job *job)
 {
     char v[32];
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, audio_format_content_type(job->params.format));
-    snprintf(v, sizeof v, "%llu", (unsigned long long)job->id);
-    MHD_add_response_header(r, "X-Request-Id", v);
+    MHD_add_response_header(r, "X-Request-Id", job->public_id);
     snprintf(v, sizeof v, "%d", job->params.sample_rate);
     MHD_add_response_header(r, "X-Sample-Rate", v);
     snprintf(v, sizeof v, "%d", job->channels);
@@ -541,7 +540,8 @@ static enum MHD_Result handle_speech(struct http_server *s, struct MHD_Connectio
         metrics_gauge_add(&mm3_metrics.requests_in_flight, -1);
         return reject(s, c, rq, status, NULL, msg);
     }
-    LOG_INFO("job %llu: accepted: %d frames, seed %llu, %s%s", (unsigned long long)job->id, job->params.max_frames,
+    LOG_INFO("job %llu: accepted as %s: %d frames, seed %llu, %s%s", (unsigned long long)job->id, job->public_id,
+             job->params.max_frames,
              (unsigned long long)job->params.seed, audio_format_name(job->params.format),
              job->params.stream ? ", streamed" : "");
     int fd = connection_fd(c);
@@ -578,11 +578,11 @@ static const char *job_state_name(enum mm3_job_state st)
     return "unknown";
 }
 
-static enum MHD_Result handle_progress(struct http_server *s, struct MHD_Connection *c, uint64_t id)
+static enum MHD_Result handle_progress(struct http_server *s, struct MHD_Connection *c, const char *id)
 {
     struct mm3_job *job = api_jobs_find(&s->jobs, id);
     if (!job) return queue_error(c, MHD_HTTP_NOT_FOUND, "id", "no request in progress with this id", 0);
-    json_t *o = json_pack("{s:I, s:s, s:I, s:I, s:I, s:f}", "id", (json_int_t)job->id, "state",
+    json_t *o = json_pack("{s:s, s:s, s:I, s:I, s:I, s:f}", "id", job->public_id, "state",
                           job_state_name(mm3_job_state(job)), "frames_done", (json_int_t)atomic_load(&job->frames_done),
                           "frames_total", (json_int_t)atomic_load(&job->frames_total), "windows_done",
                           (json_int_t)atomic_load(&job->windows_done), "audio_seconds",
@@ -648,15 +648,13 @@ static enum MHD_Result handle_models(struct http_server *s, struct MHD_Connectio
 
 /* ---- MHD callbacks ---- */
 
-static enum route route_of(const char *url, const char *method, bool *method_ok, uint64_t *id)
+static enum route route_of(const char *url, const char *method, bool *method_ok, char id[MM3_JOB_PUBLIC_ID_LEN + 1])
 {
     size_t pl = strlen(SPEECH_PATH "/");
     if (strncmp(url, SPEECH_PATH "/", pl) == 0) {
-        char *end;
-        errno = 0;
-        unsigned long long v = strtoull(url + pl, &end, 10);
-        if (end == url + pl || *end || errno) return ROUTE_NONE;
-        *id = v;
+        const char *v = url + pl;
+        if (strspn(v, "0123456789abcdef") != MM3_JOB_PUBLIC_ID_LEN || v[MM3_JOB_PUBLIC_ID_LEN]) return ROUTE_NONE;
+        memcpy(id, v, MM3_JOB_PUBLIC_ID_LEN + 1);
         *method_ok = strcmp(method, MHD_HTTP_METHOD_GET) == 0 || strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
         return ROUTE_PROGRESS;
     }
@@ -690,7 +688,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         rq->t_start_ns = mm3_job_now_ns();
         *con_cls = rq;
         bool method_ok;
-        rq->route = route_of(url, method, &method_ok, &rq->job_id);
+        rq->route = route_of(url, method, &method_ok, rq->job_id);
         if (rq->route == ROUTE_NONE) return queue_error(c, MHD_HTTP_NOT_FOUND, NULL, "no such endpoint", 0);
         if (!method_ok) return queue_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, NULL, "method not allowed here", 0);
         if (rq->route == ROUTE_SPEECH) {

@@ -60,8 +60,13 @@ struct mm3_job_chunk {
     size_t n_frames; /* sample frames (one sample per channel each) */
 };
 
+/* The id clients see (X-Request-Id, GET /v1/audio/speech/{id}): 128 random bits in
+ * lowercase hex, so that no client can reach another's song by counting. */
+#define MM3_JOB_PUBLIC_ID_LEN 32
+
 struct mm3_job {
-    uint64_t id; /* unique in this process, > 0 */
+    uint64_t id; /* unique in this process, > 0: the engine's and the logs' handle, never shown to clients */
+    char public_id[MM3_JOB_PUBLIC_ID_LEN + 1];
     struct mm3_job_params params;
     int32_t channels; /* of the pushed PCM */
     int32_t pcm_rate; /* of the pushed PCM */
