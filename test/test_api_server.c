@@ -368,6 +368,52 @@ static void test_progress(void **state)
     fixture_stop(fx);
 }
 
+static void small_buffer_budget(struct http_server_config *cfg)
+{
+    cfg->max_buffered_bytes = 5 << 20; /* one SONG (500 frames: 20 s, ~3.6 MB of PCM16) fits, two do not */
+}
+
+/* Whole-file answers are held in memory until sent: together they stay under
+ * max_buffered_bytes. A second whole song that does not fit is a 503 with Retry-After
+ * at once; a streamed one still goes; once the first is gone its budget is back. */
+static void test_whole_file_budget(void **state)
+{
+    fixture_tweak = small_buffer_budget;
+    struct fixture *fx = fixture_start(FAKE_ENDLESS, 0);
+    fx->fe.delay_ms = 5;
+    int whole = raw_post(fx, SONG "}");
+    for (int i = 0; i < 500 && atomic_load(&fx->fe.submits) < 1; i++) sleep_ms(10);
+    assert_int_equal(atomic_load(&fx->fe.submits), 1);
+
+    struct http_client_response r;
+    assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", SONG "}", &r), 0);
+    assert_int_equal(r.status, 503);
+    assert_non_null(http_client_header(&r, "Retry-After"));
+    assert_non_null(strstr(r.body, "max_buffered_bytes"));
+    http_client_response_free(&r);
+    assert_int_equal(atomic_load(&fx->fe.submits), 1); /* refused before the engine saw it */
+
+    int streamed = raw_post(fx, SONG ",\"stream\":true}");
+    char buf[64];
+    ssize_t n = recv(streamed, buf, sizeof buf, 0);
+    assert_true(n >= 12);
+    assert_memory_equal(buf, "HTTP/1.1 200", 12);
+    close(streamed);
+    close(whole);
+    wait_cancels(fx, 2);
+
+    fx->fe.mode = FAKE_OK;
+    int status = 0;
+    for (int i = 0; i < 100 && status != 200; i++) { /* the first answer's thread gives its budget back */
+        assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", SONG "}", &r), 0);
+        status = r.status;
+        http_client_response_free(&r);
+        if (status == 503) sleep_ms(20);
+    }
+    assert_int_equal(status, 200);
+    fixture_stop(fx);
+}
+
 static int bit_distance(const char *a, const char *b)
 {
     int d = 0;
@@ -567,6 +613,7 @@ int main(void)
         cmocka_unit_test(test_disconnect_cancels_once),
         cmocka_unit_test(test_progress),
         cmocka_unit_test(test_request_ids_unguessable),
+        cmocka_unit_test(test_whole_file_budget),
         cmocka_unit_test(test_stop_while_streaming),
         cmocka_unit_test(test_request_timeout),
         cmocka_unit_test(test_connection_limit),
