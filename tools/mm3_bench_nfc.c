@@ -48,8 +48,10 @@ int main(int argc, char **argv)
     const char *commit = getenv("MM3_COMMIT");
     size_t marks = 40000;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--commit") && i + 1 < argc) commit = argv[++i];
-        else if (!strcmp(argv[i], "--marks") && i + 1 < argc) marks = strtoul(argv[++i], NULL, 10);
+        if (!strcmp(argv[i], "--commit") && i + 1 < argc)
+            commit = argv[++i];
+        else if (!strcmp(argv[i], "--marks") && i + 1 < argc)
+            marks = strtoul(argv[++i], NULL, 10);
         else {
             fprintf(stderr, "usage: mm3-bench-nfc [--commit ID] [--marks N]\n");
             return 2;
