@@ -49,7 +49,8 @@ struct mm3_job_params {
     enum mm3_audio_format format;
     bool stream;
     bool ignore_eos; /* never draw the stop code: the song runs to max_frames (vLLM's ignore_eos; benchmarks) */
-    char *replay_file; /* testing aid (MM3_ALLOW_REPLAY=1): golden case file of forced draws and noise, or NULL */
+    char *replay_file; /* testing aid (MM3_ALLOW_REPLAY=1): golden case file of forced draws and noise inside
+                          api.replay_dir (common/replay_file.h), as the client named it, or NULL */
 };
 
 enum mm3_job_chunk_kind { MM3_CHUNK_PCM = 0, MM3_CHUNK_END, MM3_CHUNK_ERROR };
