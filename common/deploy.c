@@ -402,6 +402,7 @@ void mm3_deploy_init_defaults(struct mm3_deploy *d)
     d->api.max_connections = 256;
     d->api.request_timeout_s = 1800;
     d->api.default_sample_rate = 44100;
+    d->api.max_buffered_bytes = 1LL << 30;
     connector_defaults(&d->edge, "(default)");
     for (int i = 0; i < MM3_DEPLOY_NUM_STAGES; i++) {
         struct mm3_stage_config *s = &d->stages[i];
@@ -840,6 +841,8 @@ static const struct field api_fields[] = {
     {"request_timeout_s", NUMBER_AT(struct mm3_api_config, request_timeout_s), .min = 0, .min_open = true,
      .max = 7 * 86400},
     {"journal_dir", STRING_AT(struct mm3_api_config, journal_dir), .allow_empty = true},
+    {"replay_dir", STRING_AT(struct mm3_api_config, replay_dir), .allow_empty = true},
+    {"max_buffered_bytes", I64_AT(struct mm3_api_config, max_buffered_bytes), .lo = 1LL << 20, .hi = 1LL << 40},
     {"default_sample_rate", CUSTOM(decode_sample_rate)},
 };
 

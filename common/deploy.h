@@ -119,6 +119,8 @@ struct mm3_api_config {
     int max_connections;
     double request_timeout_s;
     char journal_dir[MM3_DEPLOY_PATH_MAX]; /* "" = no journal */
+    char replay_dir[MM3_DEPLOY_PATH_MAX];  /* x_replay_file names must be files inside it; "" = refused */
+    int64_t max_buffered_bytes;            /* whole-file answers held in memory, all connections together */
     int default_sample_rate;               /* 44100 or 32000 */
 };
 

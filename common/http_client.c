@@ -187,6 +187,9 @@ static int sink_put(struct sink *s, const char *p, size_t n)
         return rc < 0 ? mm3_error_prefix(rc, "http: body callback: ") : 0;
     }
     struct http_client_response *r = s->resp;
+    if (s->req->max_body_bytes && r->body_len + n > s->req->max_body_bytes)
+        return mm3_errorf(-EFBIG, "http: response body larger than %zu bytes: not read further",
+                          s->req->max_body_bytes);
     if (r->body_len + n + 1 > s->cap) {
         size_t cap = s->cap ? s->cap : 4096;
         while (cap < r->body_len + n + 1)

@@ -36,6 +36,10 @@ struct http_client_request {
     const char *body;
     size_t body_len;
     int timeout_ms; /* per socket operation (connect, each read); 0 = 30 s */
+    /* Largest body collected in memory (on_body NULL); a longer one fails the request
+     * with -EFBIG instead of growing without limit. 0 = no limit (tests that fetch
+     * whole songs). */
+    size_t max_body_bytes;
     /* Optional streaming: called after the headers with the response so far
      * (status and headers set); a negative return aborts. */
     int (*on_headers)(void *user, const struct http_client_response *resp);

@@ -4,7 +4,8 @@
  *   PIPE_MSG_START  flags FIRST   tensor "params": U8 [sizeof(struct pipe_request_params)];
  *                                 optional tensor "replay": U8 [n] path (no NUL) of a golden
  *                                 case file whose window.w.noise replaces the seeded noise
- *                                 (testing aid, refused unless MM3_ALLOW_REPLAY=1 in stage 1)
+ *                                 (testing aid, refused unless MM3_ALLOW_REPLAY=1 in stage 1
+ *                                 and the file is inside api.replay_dir: replay_file.h)
  *   PIPE_MSG_FRAMES               tensor "frames": F32 [n, width] (width = 8*hidden raw, or
  *                                 hidden when pre-mixed), tensor "first": I64 [1] = index of
  *                                 the first frame; each frame is sent exactly once

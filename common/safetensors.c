@@ -1,5 +1,6 @@
 #include "common/safetensors.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <stdlib.h>
@@ -87,13 +88,23 @@ static int parse_tensor(struct st_file *f, const char *name, json_t *v, struct s
 
 int st_file_open(struct st_file *f, const char *path)
 {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int rc = mm3_errorf(-errno, "%s: cannot open: %s", path, strerror(errno));
+        memset(f, 0, sizeof *f);
+        f->fd = -1;
+        return rc;
+    }
+    return st_file_open_fd(f, fd, path);
+}
+
+int st_file_open_fd(struct st_file *f, int fd, const char *path)
+{
     memset(f, 0, sizeof *f);
-    f->fd = -1;
-    f->path = strdup(path);
+    f->fd = fd;
     int rc;
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (f->fd < 0) {
-        rc = mm3_errorf(-errno, "%s: cannot open: %s", path, strerror(errno));
+    if (!(f->path = strdup(path))) {
+        rc = mm3_errorf(-ENOMEM, "%s: out of memory", path);
         goto fail;
     }
     struct stat st;

@@ -37,6 +37,9 @@ struct st_file {
 
 /* Open and validate; on error returns < 0 with a message naming the file. */
 int st_file_open(struct st_file *f, const char *path);
+/* The same on an open descriptor, which f then owns (closed by st_file_close, or at
+ * once on error); path only names the file in messages. */
+int st_file_open_fd(struct st_file *f, int fd, const char *path);
 void st_file_close(struct st_file *f);
 
 /* Tensor by name, or NULL. */

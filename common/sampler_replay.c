@@ -19,16 +19,23 @@ static int load_vector(const struct st_file *f, const char *name, int64_t **out,
     return st_file_read(f, t, *out);
 }
 
+int sampler_replay_load_file(struct sampler_replay_data *d, const struct st_file *f)
+{
+    memset(d, 0, sizeof *d);
+    int rc = load_vector(f, "lm_sampled", &d->lm_ids, &d->n_lm);
+    if (rc == 0) rc = load_vector(f, "depth_sampled", &d->depth_codes, &d->n_depth);
+    if (rc < 0) sampler_replay_free(d);
+    return rc;
+}
+
 int sampler_replay_load(struct sampler_replay_data *d, const char *path)
 {
     memset(d, 0, sizeof *d);
     struct st_file f;
     int rc = st_file_open(&f, path);
     if (rc < 0) return rc;
-    if ((rc = load_vector(&f, "lm_sampled", &d->lm_ids, &d->n_lm)) == 0)
-        rc = load_vector(&f, "depth_sampled", &d->depth_codes, &d->n_depth);
+    rc = sampler_replay_load_file(d, &f);
     st_file_close(&f);
-    if (rc < 0) sampler_replay_free(d);
     return rc;
 }
 

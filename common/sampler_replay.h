@@ -15,7 +15,11 @@ struct sampler_replay_data {
     int n_depth;
 };
 
+#include "common/safetensors.h"
+
 int sampler_replay_load(struct sampler_replay_data *d, const char *path);
+/* The same from a file already open (x_replay_file: common/replay_file.h). */
+int sampler_replay_load_file(struct sampler_replay_data *d, const struct st_file *f);
 void sampler_replay_free(struct sampler_replay_data *d);
 
 #endif

@@ -1,7 +1,9 @@
 #include "stage0/api_jobs.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/error.h"
 
@@ -55,12 +57,22 @@ void api_jobs_remove(struct api_jobs *t, struct mm3_job *job)
     if (found) mm3_job_unref(found);
 }
 
-struct mm3_job *api_jobs_find(struct api_jobs *t, uint64_t id)
+/* Whether two public ids are equal, in a time that does not depend on where they differ. */
+static bool same_id(const char *a, const char *b)
+{
+    unsigned char d = 0;
+    for (size_t i = 0; i < MM3_JOB_PUBLIC_ID_LEN; i++)
+        d |= (unsigned char)(a[i] ^ b[i]);
+    return d == 0;
+}
+
+struct mm3_job *api_jobs_find(struct api_jobs *t, const char *id)
 {
     struct mm3_job *found = NULL;
+    if (!id || strlen(id) != MM3_JOB_PUBLIC_ID_LEN) return NULL;
     pthread_mutex_lock(&t->mu);
     for (size_t i = 0; i < t->n && !found; i++)
-        if (t->v[i]->id == id) {
+        if (same_id(t->v[i]->public_id, id)) {
             found = t->v[i];
             mm3_job_ref(found);
         }

@@ -23,7 +23,8 @@ void api_jobs_free(struct api_jobs *t);
 int api_jobs_add(struct api_jobs *t, struct mm3_job *job);
 /* Unlist a job and drop the table's reference; no-op if not listed. */
 void api_jobs_remove(struct api_jobs *t, struct mm3_job *job);
-/* The job with this id with a new reference for the caller, or NULL. */
-struct mm3_job *api_jobs_find(struct api_jobs *t, uint64_t id);
+/* The job whose public id (mm3_job.public_id) is `id`, with a new reference for the
+ * caller, or NULL. Compared in constant time. */
+struct mm3_job *api_jobs_find(struct api_jobs *t, const char *id);
 
 #endif

@@ -7,10 +7,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
 #include "common/error.h"
+#include "common/replay_file.h"
 
 void api_limits_default(struct api_limits *lim)
 {
@@ -244,6 +246,13 @@ static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params
                        " (a testing aid: the operator must set MM3_ALLOW_REPLAY=1)");
         const char *s = json_string_value(v);
         if (!s || !s[0]) return bad(c, "x_replay_file", "field '%s': expected a non-empty path%s", "");
+        /* refused here, before any work, when it is not a regular file inside api.replay_dir */
+        int fd = replay_file_open(c->lim->replay_dir, s);
+        if (fd < 0) {
+            snprintf(c->field, c->field_cap, "x_replay_file");
+            return fd == -ENOMEM ? fd : -EINVAL;
+        }
+        close(fd);
         if (!(p->replay_file = strdup(s))) return mm3_errorf(-ENOMEM, "out of memory");
     }
 #undef GET

@@ -24,6 +24,7 @@ struct api_limits {
     int32_t default_steps;          /* stage 1 num_inference_steps (30) */
     float default_guidance_scale;   /* stage 1 guidance_scale (1.7) */
     float default_cfg_scale;        /* stage 0 extra_args.cfg_scale (1.5) */
+    const char *replay_dir;         /* api.replay_dir: x_replay_file must name a file inside it; NULL = refused */
 };
 
 /* Defaults: 9000 frames cap and default, 25 fps, 20000 characters, 44100 Hz, and the

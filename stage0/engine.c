@@ -1017,7 +1017,8 @@ int engine_create(struct engine **out, const struct mm3_deploy *d, const struct 
                               .max_ctx = s0->max_model_len,
                               .max_batched_tokens = s0->max_num_batched_tokens,
                               .max_queue = d->api.max_queue_depth,
-                              .journal_dir = d->api.journal_dir};
+                              .journal_dir = d->api.journal_dir,
+                              .replay_dir = d->api.replay_dir};
     sc.backend = d->backend == MM3_BACKEND_CUDA ? TALKER_BACKEND_CUDA : TALKER_BACKEND_CPU;
     sc.kv_dtype = s0->kv_cache_dtype;
     if (!s0->enforce_eager && s0->compilation.cudagraph_mode == MM3_CUDAGRAPH_FULL_DECODE_ONLY) {
@@ -1058,6 +1059,7 @@ int engine_start(struct engine *e, double wait_s)
     if (n > 0) LOG_INFO("reclaimed %d stale segment(s) with prefix %s", n, e->prefix);
     if (e->d->api.journal_dir[0]) { /* what a stage 0 that died left there */
         struct journal_sweep_result sw;
+        if (journal_dir_prepare(e->d->api.journal_dir) < 0) return mm3_error_prefix(-EINVAL, "api.journal_dir: ");
         if (journal_sweep_orphans(e->d->api.journal_dir, (long long)e->created_unix, &sw) < 0)
             LOG_WARN("journal sweep: %s", mm3_last_error());
         else if (sw.closed || sw.spools_removed)

@@ -6,6 +6,7 @@
 
 #include <blake2.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,10 +129,14 @@ int frame_spool_open(struct frame_spool **out, const char *path, const char *req
     sp->width = width;
     sp->dtype = dtype;
     sp->frame_bytes = (size_t)width * mm3_dtype_size(dtype);
-    /* "x": never overwrite (a stale file of the same name is not ours); "e": O_CLOEXEC */
-    if (!(sp->f = fopen(path, "wbxe"))) {
-        int rc = mm3_errorf(-errno, "frame spool %s: cannot create: %s (api.journal_dir must be a writable folder)",
-                            path, strerror(errno));
+    /* O_EXCL: never overwrite (a stale file of the same name is not ours); 0600: the
+     * frames are the song, for this user only */
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0 || !(sp->f = fdopen(fd, "wb"))) {
+        int err = errno;
+        if (fd >= 0) close(fd);
+        int rc = mm3_errorf(-err, "frame spool %s: cannot create: %s (api.journal_dir must be a writable folder)",
+                            path, strerror(err));
         writer_free(sp);
         return rc;
     }
@@ -241,8 +246,13 @@ int frame_spool_read_back(struct frame_spool *sp, int chunk_frames, const struct
 static int header_check(FILE **out, const char *path, const char *req_id, int width, enum mm3_dtype dtype)
 {
     *out = NULL;
-    FILE *f = fopen(path, "rbe");
-    if (!f) return mm3_errorf(-errno, "frame spool %s: cannot open: %s", path, strerror(errno));
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    FILE *f = fd < 0 ? NULL : fdopen(fd, "rb");
+    if (!f) {
+        int err = errno;
+        if (fd >= 0) close(fd);
+        return mm3_errorf(-err, "frame spool %s: cannot open: %s", path, strerror(err));
+    }
     uint8_t h[HEADER_FIXED + JOURNAL_ID_MAX + 8];
     size_t got = fread(h, 1, HEADER_FIXED, f);
     int rc = 0;

@@ -32,8 +32,9 @@ struct http_server {
     struct MHD_Daemon *mhd;
     uint16_t port;
     _Atomic bool stopping;
-    _Atomic int in_flight; /* generation requests held (for max_requests) */
-    struct api_jobs jobs;  /* answers in progress, for GET /v1/audio/speech/{id} */
+    _Atomic int in_flight;   /* generation requests held (for max_requests) */
+    _Atomic size_t buffered; /* bytes reserved by whole-file answers (max_buffered_bytes) */
+    struct api_jobs jobs;    /* answers in progress, for GET /v1/audio/speech/{id} */
 };
 
 enum route { ROUTE_NONE = 0, ROUTE_SPEECH, ROUTE_PROGRESS, ROUTE_HEALTH, ROUTE_METRICS, ROUTE_MODELS };
@@ -41,7 +42,7 @@ enum route { ROUTE_NONE = 0, ROUTE_SPEECH, ROUTE_PROGRESS, ROUTE_HEALTH, ROUTE_M
 /* Per-request state (MHD's con_cls), freed when MHD reports the request done. */
 struct api_req {
     enum route route;
-    uint64_t job_id; /* ROUTE_PROGRESS */
+    char job_id[MM3_JOB_PUBLIC_ID_LEN + 1]; /* ROUTE_PROGRESS */
     char *body;
     size_t len, cap;
     bool too_big;
@@ -89,6 +90,7 @@ void http_server_config_default(struct http_server_config *cfg)
     cfg->connection_timeout_s = 120;
     cfg->poll_ms = 100;
     cfg->job_queue_chunks = 16;
+    cfg->max_buffered_bytes = (size_t)1 << 30;
     cfg->pcm_channels = 2;
     cfg->pcm_rate = 44100;
     cfg->model_name = "MiniMax-Music3";
@@ -110,6 +112,8 @@ void http_server_config_from_deploy(struct http_server_config *cfg, const struct
     cfg->limits.default_cfg_scale = (float)s0->cfg_scale;
     cfg->limits.default_steps = s1->num_inference_steps;
     cfg->limits.default_guidance_scale = (float)s1->guidance_scale;
+    cfg->limits.replay_dir = api->replay_dir;
+    cfg->max_buffered_bytes = (size_t)api->max_buffered_bytes;
 }
 
 /* ---- small response helpers ---- */
@@ -213,8 +217,7 @@ static void add_audio_headers(struct MHD_Response *r, const struct mm3_job *job)
 {
     char v[32];
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, audio_format_content_type(job->params.format));
-    snprintf(v, sizeof v, "%llu", (unsigned long long)job->id);
-    MHD_add_response_header(r, "X-Request-Id", v);
+    MHD_add_response_header(r, "X-Request-Id", job->public_id);
     snprintf(v, sizeof v, "%d", job->params.sample_rate);
     MHD_add_response_header(r, "X-Sample-Rate", v);
     snprintf(v, sizeof v, "%d", job->channels);
@@ -380,8 +383,50 @@ static enum MHD_Result answer_job_error(struct http_server *s, struct MHD_Connec
     return queue_error(c, (unsigned)status, NULL, msg, status == 429 || status == 503 ? s->cfg.retry_after_s : 0);
 }
 
+/* ---- whole-file answer ---- */
+
+/* Take n bytes of the whole-file budget; false when that would pass it. */
+static bool buffer_take(struct http_server *s, size_t n)
+{
+    if (!s->cfg.max_buffered_bytes) return true;
+    size_t cur = atomic_load(&s->buffered);
+    do {
+        if (n > s->cfg.max_buffered_bytes || cur > s->cfg.max_buffered_bytes - n) return false;
+    } while (!atomic_compare_exchange_weak(&s->buffered, &cur, cur + n));
+    return true;
+}
+
+static void buffer_give(struct http_server *s, size_t n)
+{
+    if (s->cfg.max_buffered_bytes) atomic_fetch_sub(&s->buffered, n);
+}
+
+/* The longest encoded answer a request can have: max_frames of audio as 16-bit PCM at
+ * its rate, plus headroom for container framing (WAV header, FLAC frame headers). */
+static size_t whole_answer_bound(const struct http_server *s, const struct mm3_job_params *p)
+{
+    double seconds = (double)p->max_frames / s->cfg.limits.frame_rate;
+    size_t pcm = (size_t)(seconds * p->sample_rate + 1) * (size_t)s->cfg.pcm_channels * 2;
+    return pcm + pcm / 64 + 4096;
+}
+
+/* The answer's buffer, handed to MHD; its budget is given back when MHD frees it. */
+struct whole_body {
+    struct http_server *srv;
+    void *data;
+    size_t reserved;
+};
+
+static void whole_body_free(void *cls)
+{
+    struct whole_body *b = cls;
+    buffer_give(b->srv, b->reserved);
+    free(b->data);
+    free(b);
+}
+
 static enum MHD_Result answer_whole(struct http_server *s, struct MHD_Connection *c, struct api_req *rq,
-                                    struct mm3_job *job, struct audio_encoder *enc, int fd)
+                                    struct mm3_job *job, struct audio_encoder *enc, int fd, size_t reserved)
 {
     struct audio_buf out = {0};
     bool first = true;
@@ -390,10 +435,12 @@ static enum MHD_Result answer_whole(struct http_server *s, struct MHD_Connection
         int wrc = wait_chunk(s, job, fd, rq->t_start_ns, &ch);
         if (wrc < 0) {
             audio_buf_free(&out);
+            buffer_give(s, reserved);
             return answer_wait_failed(s, c, rq, job, wrc);
         }
         if (ch.kind == MM3_CHUNK_ERROR) {
             audio_buf_free(&out);
+            buffer_give(s, reserved);
             return answer_job_error(s, c, rq, job);
         }
         if (ch.kind == MM3_CHUNK_END) break;
@@ -402,23 +449,53 @@ static enum MHD_Result answer_whole(struct http_server *s, struct MHD_Connection
         metrics_counter_add(&mm3_metrics.audio_samples, ch.n_frames);
         int rc = audio_encoder_write(enc, ch.pcm, ch.n_frames, &out);
         mm3_job_chunk_release(&ch);
+        /* longer than its bound (it should not be): more budget, or the song stops here */
+        if (rc >= 0 && out.len > reserved) {
+            if (buffer_take(s, out.len - reserved)) {
+                reserved = out.len;
+            } else {
+                job_cancel(s, job);
+                audio_buf_free(&out);
+                buffer_give(s, reserved);
+                record_outcome(s, METRICS_OUTCOME_REJECTED, rq->t_start_ns, true);
+                return queue_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, NULL,
+                                   "server busy: whole-file answers fill api.max_buffered_bytes; retry later or "
+                                   "ask for \"stream\": true",
+                                   s->cfg.retry_after_s);
+            }
+        }
         if (rc < 0) {
             /* The engine keeps going unless told: stop the song nobody will get. */
             job_cancel(s, job);
             audio_buf_free(&out);
+            buffer_give(s, reserved);
             record_outcome(s, METRICS_OUTCOME_FAILED, rq->t_start_ns, true);
             return queue_error(c, 500, NULL, mm3_last_error(), 0);
         }
     }
-    if (audio_encoder_finish(enc, &out) < 0) {
+    struct whole_body *wb = NULL;
+    int rc = audio_encoder_finish(enc, &out);
+    if (rc == 0 && out.len > reserved) {
+        if (buffer_take(s, out.len - reserved))
+            reserved = out.len;
+        else
+            rc = mm3_errorf(-EBUSY, "server busy: whole-file answers fill api.max_buffered_bytes; retry later");
+    }
+    if (rc == 0 && !(wb = malloc(sizeof *wb))) rc = mm3_errorf(-ENOMEM, "out of memory for the answer");
+    if (rc < 0) {
         audio_buf_free(&out);
+        buffer_give(s, reserved);
         record_outcome(s, METRICS_OUTCOME_FAILED, rq->t_start_ns, true);
-        return queue_error(c, 500, NULL, mm3_last_error(), 0);
+        return rc == -EBUSY ? queue_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, NULL, mm3_last_error(), s->cfg.retry_after_s)
+                            : queue_error(c, 500, NULL, mm3_last_error(), 0);
     }
     observe_done(job, rq->t_start_ns);
-    struct MHD_Response *r = MHD_create_response_from_buffer(out.len, out.data, MHD_RESPMEM_MUST_FREE);
+    *wb = (struct whole_body){s, out.data, reserved};
+    const size_t out_len = out.len;
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer_with_free_callback_cls(out.len, out.data, whole_body_free, wb);
     if (!r) {
-        audio_buf_free(&out);
+        whole_body_free(wb);
         record_outcome(s, METRICS_OUTCOME_FAILED, rq->t_start_ns, true);
         return MHD_NO;
     }
@@ -427,7 +504,7 @@ static enum MHD_Result answer_whole(struct http_server *s, struct MHD_Connection
     MHD_destroy_response(r);
     record_outcome(s, METRICS_OUTCOME_OK, rq->t_start_ns, true);
     LOG_INFO("job %llu: 200 %s, %zu bytes in %.2f s", (unsigned long long)job->id,
-             audio_format_name(job->params.format), out.len, seconds_since(rq->t_start_ns));
+             audio_format_name(job->params.format), out_len, seconds_since(rq->t_start_ns));
     return ret;
 }
 
@@ -502,10 +579,22 @@ static enum MHD_Result handle_speech(struct http_server *s, struct MHD_Connectio
                       mm3_last_error());
     }
 
+    /* A whole file is held in memory until sent: its longest size is reserved now, so
+     * that all such answers together stay under api.max_buffered_bytes. */
+    size_t reserved = p.stream ? 0 : whole_answer_bound(s, &p);
+    if (reserved && !buffer_take(s, reserved)) {
+        audio_encoder_free(enc);
+        mm3_job_params_free(&p);
+        return reject(s, c, rq, MHD_HTTP_SERVICE_UNAVAILABLE, NULL,
+                      "server busy: whole-file answers in progress fill api.max_buffered_bytes; retry later, ask "
+                      "for a shorter song, or for \"stream\": true");
+    }
+
     /* Bounded intake at the API; the engine's own queue answers -EAGAIN below. */
     int held = atomic_fetch_add(&s->in_flight, 1);
     if (s->cfg.max_requests && held >= (int)s->cfg.max_requests) {
         atomic_fetch_sub(&s->in_flight, 1);
+        buffer_give(s, reserved);
         audio_encoder_free(enc);
         mm3_job_params_free(&p);
         return reject(s, c, rq, MHD_HTTP_TOO_MANY_REQUESTS, NULL, "server busy: too many requests queued, retry later");
@@ -516,6 +605,7 @@ static enum MHD_Result handle_speech(struct http_server *s, struct MHD_Connectio
     rc = mm3_job_create(&job, &p, s->cfg.pcm_channels, s->cfg.pcm_rate, s->cfg.job_queue_chunks);
     mm3_job_params_free(&p);
     if (rc < 0) {
+        buffer_give(s, reserved);
         audio_encoder_free(enc);
         record_outcome(s, METRICS_OUTCOME_FAILED, rq->t_start_ns, true);
         return queue_error(c, 500, NULL, mm3_last_error(), 0);
@@ -535,13 +625,14 @@ static enum MHD_Result handle_speech(struct http_server *s, struct MHD_Connectio
             snprintf(msg, sizeof msg, "engine: submit failed (%s)", strerror(-rc));
         }
         mm3_job_unref(job);
+        buffer_give(s, reserved);
         audio_encoder_free(enc);
         atomic_fetch_sub(&s->in_flight, 1);
         metrics_gauge_add(&mm3_metrics.requests_in_flight, -1);
         return reject(s, c, rq, status, NULL, msg);
     }
-    LOG_INFO("job %llu: accepted: %d frames, seed %llu, %s%s", (unsigned long long)job->id, job->params.max_frames,
-             (unsigned long long)job->params.seed, audio_format_name(job->params.format),
+    LOG_INFO("job %llu: accepted as %s: %d frames, seed %llu, %s%s", (unsigned long long)job->id, job->public_id,
+             job->params.max_frames, (unsigned long long)job->params.seed, audio_format_name(job->params.format),
              job->params.stream ? ", streamed" : "");
     int fd = connection_fd(c);
     /* Not listed = no progress reports; the answer itself is unaffected. */
@@ -550,7 +641,7 @@ static enum MHD_Result handle_speech(struct http_server *s, struct MHD_Connectio
     if (job->params.stream) {
         ret = answer_stream(s, c, rq, job, enc, fd); /* takes the encoder and the listing */
     } else {
-        ret = answer_whole(s, c, rq, job, enc, fd);
+        ret = answer_whole(s, c, rq, job, enc, fd, reserved); /* gives the reservation back */
         api_jobs_remove(&s->jobs, job);
         audio_encoder_free(enc);
     }
@@ -577,11 +668,11 @@ static const char *job_state_name(enum mm3_job_state st)
     return "unknown";
 }
 
-static enum MHD_Result handle_progress(struct http_server *s, struct MHD_Connection *c, uint64_t id)
+static enum MHD_Result handle_progress(struct http_server *s, struct MHD_Connection *c, const char *id)
 {
     struct mm3_job *job = api_jobs_find(&s->jobs, id);
     if (!job) return queue_error(c, MHD_HTTP_NOT_FOUND, "id", "no request in progress with this id", 0);
-    json_t *o = json_pack("{s:I, s:s, s:I, s:I, s:I, s:f}", "id", (json_int_t)job->id, "state",
+    json_t *o = json_pack("{s:s, s:s, s:I, s:I, s:I, s:f}", "id", job->public_id, "state",
                           job_state_name(mm3_job_state(job)), "frames_done", (json_int_t)atomic_load(&job->frames_done),
                           "frames_total", (json_int_t)atomic_load(&job->frames_total), "windows_done",
                           (json_int_t)atomic_load(&job->windows_done), "audio_seconds",
@@ -647,15 +738,13 @@ static enum MHD_Result handle_models(struct http_server *s, struct MHD_Connectio
 
 /* ---- MHD callbacks ---- */
 
-static enum route route_of(const char *url, const char *method, bool *method_ok, uint64_t *id)
+static enum route route_of(const char *url, const char *method, bool *method_ok, char id[MM3_JOB_PUBLIC_ID_LEN + 1])
 {
     size_t pl = strlen(SPEECH_PATH "/");
     if (strncmp(url, SPEECH_PATH "/", pl) == 0) {
-        char *end;
-        errno = 0;
-        unsigned long long v = strtoull(url + pl, &end, 10);
-        if (end == url + pl || *end || errno) return ROUTE_NONE;
-        *id = v;
+        const char *v = url + pl;
+        if (strspn(v, "0123456789abcdef") != MM3_JOB_PUBLIC_ID_LEN || v[MM3_JOB_PUBLIC_ID_LEN]) return ROUTE_NONE;
+        memcpy(id, v, MM3_JOB_PUBLIC_ID_LEN + 1);
         *method_ok = strcmp(method, MHD_HTTP_METHOD_GET) == 0 || strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
         return ROUTE_PROGRESS;
     }
@@ -689,7 +778,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         rq->t_start_ns = mm3_job_now_ns();
         *con_cls = rq;
         bool method_ok;
-        rq->route = route_of(url, method, &method_ok, &rq->job_id);
+        rq->route = route_of(url, method, &method_ok, rq->job_id);
         if (rq->route == ROUTE_NONE) return queue_error(c, MHD_HTTP_NOT_FOUND, NULL, "no such endpoint", 0);
         if (!method_ok) return queue_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, NULL, "method not allowed here", 0);
         if (rq->route == ROUTE_SPEECH) {

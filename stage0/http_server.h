@@ -40,6 +40,10 @@ struct http_server_config {
     unsigned connection_timeout_s; /* idle connection timeout; 120 */
     int poll_ms;                   /* how often a waiting answer checks for a gone client; 100 */
     size_t job_queue_chunks;       /* PCM chunks buffered per job before the engine blocks; 16 */
+    size_t max_buffered_bytes;     /* encoded audio held for whole-file answers, all connections
+                                    * together: each request reserves its longest answer at
+                                    * admission; past the bound 503 + Retry-After. 0 = no
+                                    * bound. 1 GiB */
     int32_t pcm_channels;          /* of the PCM the engine pushes; 2 */
     int32_t pcm_rate;              /* of the PCM the engine pushes; 44100 */
     const char *model_name;        /* reported by /v1/models; "MiniMax-Music3" */

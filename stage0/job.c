@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 
 #include "common/error.h"
@@ -28,6 +29,25 @@ void mm3_job_params_free(struct mm3_job_params *p)
     p->lyrics = p->caption = p->replay_file = NULL;
 }
 
+/* 128 bits from the kernel's generator, as 32 lowercase hex digits. */
+static int make_public_id(char out[MM3_JOB_PUBLIC_ID_LEN + 1])
+{
+    unsigned char b[MM3_JOB_PUBLIC_ID_LEN / 2];
+    size_t got = 0;
+    while (got < sizeof b) {
+        ssize_t n = getrandom(b + got, sizeof b - got, 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return mm3_errorf(-EIO, "mm3_job_create: no random bytes for the request id: %s", strerror(errno));
+        got += (size_t)n;
+    }
+    for (size_t i = 0; i < sizeof b; i++) {
+        out[2 * i] = "0123456789abcdef"[b[i] >> 4];
+        out[2 * i + 1] = "0123456789abcdef"[b[i] & 15];
+    }
+    out[MM3_JOB_PUBLIC_ID_LEN] = 0;
+    return 0;
+}
+
 int mm3_job_create(struct mm3_job **out, const struct mm3_job_params *params, int32_t channels, int32_t pcm_rate,
                    size_t queue_chunks)
 {
@@ -37,6 +57,11 @@ int mm3_job_create(struct mm3_job **out, const struct mm3_job_params *params, in
                                    "pcm_rate >= 1 and queue_chunks >= 1");
     struct mm3_job *j = calloc(1, sizeof *j);
     if (!j) return mm3_errorf(-ENOMEM, "mm3_job_create: out of memory");
+    int rc = make_public_id(j->public_id);
+    if (rc < 0) {
+        free(j);
+        return rc;
+    }
     j->params = *params;
     j->params.lyrics = strdup(params->lyrics);
     j->params.caption = strdup(params->caption);

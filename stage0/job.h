@@ -49,7 +49,8 @@ struct mm3_job_params {
     enum mm3_audio_format format;
     bool stream;
     bool ignore_eos; /* never draw the stop code: the song runs to max_frames (vLLM's ignore_eos; benchmarks) */
-    char *replay_file; /* testing aid (MM3_ALLOW_REPLAY=1): golden case file of forced draws and noise, or NULL */
+    char *replay_file; /* testing aid (MM3_ALLOW_REPLAY=1): golden case file of forced draws and noise inside
+                          api.replay_dir (common/replay_file.h), as the client named it, or NULL */
 };
 
 enum mm3_job_chunk_kind { MM3_CHUNK_PCM = 0, MM3_CHUNK_END, MM3_CHUNK_ERROR };
@@ -60,8 +61,13 @@ struct mm3_job_chunk {
     size_t n_frames; /* sample frames (one sample per channel each) */
 };
 
+/* The id clients see (X-Request-Id, GET /v1/audio/speech/{id}): 128 random bits in
+ * lowercase hex, so that no client can reach another's song by counting. */
+#define MM3_JOB_PUBLIC_ID_LEN 32
+
 struct mm3_job {
-    uint64_t id; /* unique in this process, > 0 */
+    uint64_t id; /* unique in this process, > 0: the engine's and the logs' handle, never shown to clients */
+    char public_id[MM3_JOB_PUBLIC_ID_LEN + 1];
     struct mm3_job_params params;
     int32_t channels; /* of the pushed PCM */
     int32_t pcm_rate; /* of the pushed PCM */

@@ -240,6 +240,22 @@ static int id_valid(const char *id)
     return 1;
 }
 
+int journal_dir_prepare(const char *dir)
+{
+    if (!dir || !*dir) return mm3_errorf(-EINVAL, "journal: no journal_dir given");
+    if (mkdir(dir, 0700) == 0) return 0;
+    if (errno != EEXIST)
+        return mm3_errorf(-errno, "journal_dir %s: cannot create: %s (its parent folder must exist and be writable)",
+                          dir, strerror(errno));
+    struct stat st;
+    if (stat(dir, &st) < 0) return mm3_errorf(-errno, "journal_dir %s: cannot stat: %s", dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) return mm3_errorf(-ENOTDIR, "journal_dir %s: exists and is not a folder", dir);
+    if (st.st_mode & 077)
+        LOG_WARN("journal_dir %s: mode %04o lets other users list the requests: chmod 700 it", dir,
+                 (unsigned)(st.st_mode & 07777));
+    return 0;
+}
+
 int journal_open_write(struct journal **out, const char *dir, const char *req_id, const struct mm3_job_params *params,
                        int n_codebooks, int audio_vocab, const int32_t *ids_pair, int prompt_len)
 {
@@ -267,7 +283,7 @@ int journal_open_write(struct journal **out, const char *dir, const char *req_id
         goto fail;
     }
     snprintf(j->path, n, "%s/%s%s", dir, req_id, JOURNAL_SUFFIX);
-    j->fd = open(j->path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
+    j->fd = open(j->path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (j->fd < 0) {
         rc = mm3_errorf(-errno, "journal %s: cannot create: %s (api.journal_dir must be a writable folder)", j->path,
                         strerror(errno));
@@ -406,8 +422,14 @@ int journal_steps(const struct journal *j)
 
 static int read_file(const char *path, uint8_t **buf, size_t *n)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return mm3_errorf(-errno, "journal %s: cannot open: %s", path, strerror(errno));
+    /* never through a symbolic link: whoever can write the folder must not make us read or append elsewhere */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    FILE *f = fd < 0 ? NULL : fdopen(fd, "rb");
+    if (!f) {
+        int err = errno;
+        if (fd >= 0) close(fd);
+        return mm3_errorf(-err, "journal %s: cannot open: %s", path, strerror(err));
+    }
     size_t cap = 1 << 16, len = 0, r;
     uint8_t *b = malloc(cap);
     while (b && (r = fread(b + len, 1, cap - len, f)) > 0) {
@@ -711,7 +733,7 @@ int journal_open_append(struct journal **out, const char *path, struct journal_r
     j->ncb = rec->h.n_codebooks;
     j->step_bytes = layout(j->ncb, rec->h.c0_codes, rec->h.audio_vocab, j->limit, j->bits);
     j->steps = rec->n_steps;
-    j->fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC);
+    j->fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW);
     if (j->fd < 0) {
         rc = mm3_errorf(-errno, "journal %s: cannot open for appending: %s", path, strerror(errno));
     } else if (ftruncate(j->fd, rec->valid_bytes) < 0) {
@@ -790,7 +812,7 @@ int journal_list_unfinished(const char *dir, char ***paths, int *n)
 int journal_ended(const char *path)
 {
     enum { END_RECORD = 1 + 4 + 10 + 8 };
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) return mm3_errorf(-errno, "journal %s: cannot open: %s", path, strerror(errno));
     uint8_t b[END_RECORD];
     const off_t size = lseek(fd, 0, SEEK_END);

@@ -73,6 +73,12 @@ struct journal;
 /* BLAKE2b-64 (little-endian u64) of the ids pair [2, prompt_len] as int32 LE. */
 uint64_t journal_prompt_hash(const int32_t *ids_pair, int prompt_len);
 
+/* Make dir ready to hold journals and spools: created 0700 when absent (its parent
+ * must exist); an existing folder keeps its mode, which is never loosened, with a
+ * warning when other users may enter it. -errno naming the folder when it cannot be
+ * made or is not a directory. Files in it are created 0600. */
+int journal_dir_prepare(const char *dir);
+
 /* A request id unique across restarts: "<unix seconds>-<pid>-<job id>". */
 void journal_make_id(char out[JOURNAL_ID_MAX], uint64_t job_id);
 

@@ -3,10 +3,12 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/error.h"
@@ -92,6 +94,14 @@ int journal_sweep_orphans(const char *dir, long long since_unix, struct journal_
         if (pid < 0) continue;
         if (writer_alive(pid, created, since_unix)) {
             res->live++;
+            continue;
+        }
+        /* a symbolic link (or FIFO, device...) under a request's name was planted: the
+         * journal and spool code opens with O_NOFOLLOW, and the sweep leaves it alone */
+        struct stat st;
+        if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) continue;
+        if (!S_ISREG(st.st_mode)) {
+            LOG_WARN("journal_dir %s: %s is not a regular file: left alone", dir, e->d_name);
             continue;
         }
         const size_t pl = strlen(dir) + strlen(e->d_name) + 2;

@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/sampler.h"
+#include "common/replay_file.h"
 #include "common/sampler_replay.h"
 #include "stage0/generate.h"
 #include "stage0/prompt.h"
@@ -141,13 +142,26 @@ fail:
     return rc;
 }
 
+/* -EAGAIN when the queue is full, -ESHUTDOWN when stopping, else 0; s->mu held. */
+static int admission_locked(const struct sched *s)
+{
+    if (s->stopping) return -ESHUTDOWN;
+    if (s->n_queued + s->n_running >= s->n_pairs + s->cfg.max_queue) return -EAGAIN;
+    return 0;
+}
+
 int sched_submit(struct sched *s, struct mm3_job *job)
 {
+    /* the cheap refusals first: a full queue does not tokenize anything */
+    pthread_mutex_lock(&s->mu);
+    int rc = admission_locked(s);
+    pthread_mutex_unlock(&s->mu);
+    if (rc < 0) return rc == -EAGAIN ? rc : mm3_errorf(rc, "scheduler: shutting down");
     struct sched_req *r = calloc(1, sizeof *r);
     if (!r) return mm3_errorf(-ENOMEM, "scheduler: out of memory");
     r->pair = -1;
     int n = 0;
-    int rc = prompt_encode_pair(s->tok, job->params.caption, job->params.lyrics, &r->ids, &n);
+    rc = prompt_encode_pair(s->tok, job->params.caption, job->params.lyrics, &r->ids, &n);
     if (rc < 0) {
         /* prompt.h names caption/lyrics itself, except for the token cap. */
         if (rc == -E2BIG)
@@ -170,10 +184,7 @@ int sched_submit(struct sched *s, struct mm3_job *job)
         return -EINVAL;
     }
     pthread_mutex_lock(&s->mu);
-    if (s->stopping)
-        rc = -ESHUTDOWN;
-    else if (s->n_queued + s->n_running >= s->n_pairs + s->cfg.max_queue)
-        rc = -EAGAIN;
+    rc = admission_locked(s); /* again: others came in while this one was tokenized */
     if (rc < 0) {
         pthread_mutex_unlock(&s->mu);
         free(r->ids);
@@ -293,7 +304,12 @@ static void admit(struct sched *s)
         struct generate_hooks hooks = {.ctx = r, .on_frame = on_frame};
         int rc = 0;
         if (r->job->params.replay_file) {
-            rc = sampler_replay_load(&r->forced, r->job->params.replay_file);
+            struct st_file f;
+            rc = replay_file_open_st(&f, s->cfg.replay_dir, r->job->params.replay_file);
+            if (rc == 0) {
+                rc = sampler_replay_load_file(&r->forced, &f);
+                st_file_close(&f);
+            }
             if (rc == 0)
                 sampler_init_replay(&r->sp, r->forced.lm_ids, r->forced.n_lm, r->forced.depth_codes, r->forced.n_depth,
                                     s->dd->cfg.n_codebooks);

@@ -48,6 +48,7 @@ struct sched_config {
     enum mm3_kv_cache_dtype kv_dtype; /* stage-0 kv_cache_dtype (0: auto, talker_backend_kv_dtype) */
     const char *journal_dir;          /* api.journal_dir: journal every request there; NULL / "" = off;
                                          on, the backend gets one spare row (sched_spare_row) */
+    const char *replay_dir;           /* api.replay_dir: where x_replay_file names may point; NULL / "" = none */
     /* CUDA graphs of pure-decode steps (cudagraph_mode FULL_DECODE_ONLY, enforce_eager
      * off): batch sizes in rows (ascending; copied) and eager runs per size before the
      * capture. n_capture_sizes 0: every step eager. Ignored on the CPU. */

@@ -39,15 +39,90 @@ static bool is_newer_than_hf(uint32_t cp)
     return false;
 }
 
+/* Stable sort of one run of nonzero combining classes: counting sort, so a run of any
+ * length costs linear time (utf8proc's own reordering is quadratic in the run). */
+static void sort_marks(utf8proc_int32_t *cp, size_t n, utf8proc_int32_t *tmp)
+{
+    if (n < 2) return;
+    size_t count[257] = {0};
+    for (size_t i = 0; i < n; i++)
+        count[utf8proc_get_property(cp[i])->combining_class + 1]++;
+    for (int c = 1; c < 257; c++)
+        count[c] += count[c - 1];
+    for (size_t i = 0; i < n; i++)
+        tmp[count[utf8proc_get_property(cp[i])->combining_class]++] = cp[i];
+    for (size_t i = 0; i < n; i++)
+        cp[i] = tmp[i];
+}
+
+/* Canonical decomposition of s[0..n) into cp (caller frees), each run of combining
+ * marks in canonical order: what utf8proc_decompose gives, without its quadratic sort. */
+static int decompose(const char *s, size_t n, utf8proc_int32_t **out, size_t *out_len)
+{
+    size_t cap = n + 16, len = 0;
+    utf8proc_int32_t *cp = malloc(sizeof *cp * cap);
+    if (!cp) return mm3_errorf(-ENOMEM, "text: out of memory for NFC");
+    size_t i = 0;
+    while (i < n) {
+        utf8proc_int32_t c;
+        utf8proc_ssize_t used = utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(n - i), &c);
+        if (used < 0) {
+            free(cp);
+            return mm3_errorf(-EINVAL, "text: NFC normalisation failed: %s", utf8proc_errmsg(used));
+        }
+        i += (size_t)used;
+        if (cap - len < 32) { /* no canonical decomposition is longer than 4 code points */
+            utf8proc_int32_t *g = realloc(cp, sizeof *cp * (cap *= 2));
+            if (!g) {
+                free(cp);
+                return mm3_errorf(-ENOMEM, "text: out of memory for NFC");
+            }
+            cp = g;
+        }
+        int boundclass = 0;
+        utf8proc_ssize_t r = utf8proc_decompose_char(c, cp + len, (utf8proc_ssize_t)(cap - len),
+                                                     UTF8PROC_STABLE | UTF8PROC_COMPOSE, &boundclass);
+        if (r < 0 || (size_t)r > cap - len) {
+            free(cp);
+            return mm3_errorf(-EINVAL, "text: NFC normalisation failed: %s",
+                              utf8proc_errmsg(r < 0 ? r : UTF8PROC_ERROR_OVERFLOW));
+        }
+        len += (size_t)r;
+    }
+    utf8proc_int32_t *tmp = malloc(sizeof *tmp * (len ? len : 1));
+    if (!tmp) {
+        free(cp);
+        return mm3_errorf(-ENOMEM, "text: out of memory for NFC");
+    }
+    for (size_t a = 0; a < len;) {
+        if (!utf8proc_get_property(cp[a])->combining_class) {
+            a++;
+            continue;
+        }
+        size_t b = a;
+        while (b < len && utf8proc_get_property(cp[b])->combining_class)
+            b++;
+        sort_marks(cp + a, b - a, tmp);
+        a = b;
+    }
+    free(tmp);
+    *out = cp;
+    *out_len = len;
+    return 0;
+}
+
 static int nfc_append(struct pystr_buf *out, const char *s, size_t n)
 {
     if (n == 0) return 0;
-    utf8proc_uint8_t *dst = NULL;
-    utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst,
-                                      UTF8PROC_STABLE | UTF8PROC_COMPOSE);
-    if (r < 0) return mm3_errorf(-EINVAL, "text: NFC normalisation failed: %s", utf8proc_errmsg(r));
-    int rc = pystr_buf_append(out, (const char *)dst, (size_t)r);
-    free(dst);
+    utf8proc_int32_t *cp = NULL;
+    size_t len = 0;
+    int rc = decompose(s, n, &cp, &len);
+    if (rc < 0) return rc;
+    /* composes in place (linear: one pass with the last starter), then UTF-8 over the same buffer */
+    utf8proc_ssize_t r = utf8proc_reencode(cp, (utf8proc_ssize_t)len, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+    if (r < 0) rc = mm3_errorf(-EINVAL, "text: NFC normalisation failed: %s", utf8proc_errmsg(r));
+    else rc = pystr_buf_append(out, (const char *)cp, (size_t)r);
+    free(cp);
     return rc;
 }
 

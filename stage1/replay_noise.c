@@ -25,10 +25,20 @@ int replay_noise_load(struct replay_noise *rn, const char *path)
     struct st_file f;
     int rc = st_file_open(&f, path);
     if (rc < 0) return rc;
+    rc = replay_noise_load_file(rn, &f);
+    st_file_close(&f);
+    return rc;
+}
+
+int replay_noise_load_file(struct replay_noise *rn, const struct st_file *f)
+{
+    memset(rn, 0, sizeof *rn);
+    const char *path = f->path;
+    int rc = 0;
     for (;;) {
         char k[48];
         snprintf(k, sizeof k, "window.%d.noise", rn->n);
-        const struct st_tensor *t = st_file_find(&f, k);
+        const struct st_tensor *t = st_file_find(f, k);
         if (!t) break;
         if ((rc = grow(rn)) < 0) {
             rc = mm3_errorf(rc, "%s: out of memory for %s", path, k);
@@ -36,10 +46,9 @@ int replay_noise_load(struct replay_noise *rn, const char *path)
         }
         int nd;
         int64_t sh[ST_MAX_DIMS];
-        if ((rc = st_file_load_f32(&f, k, &rn->w[rn->n], &nd, sh)) < 0) break;
+        if ((rc = st_file_load_f32(f, k, &rn->w[rn->n], &nd, sh)) < 0) break;
         rn->len[rn->n++] = (int64_t)st_tensor_numel(t);
     }
-    st_file_close(&f);
     if (rc == 0 && rn->n == 0)
         rc = mm3_errorf(-EINVAL, "%s: no tensor 'window.0.noise' (not a golden case file)", path);
     if (rc < 0) replay_noise_free(rn);

@@ -7,6 +7,7 @@
 
 #include <stdint.h>
 
+#include "common/safetensors.h"
 #include "stage1/render.h"
 
 struct replay_noise {
@@ -17,6 +18,8 @@ struct replay_noise {
 
 /* 0 or a negative errno code (file unreadable, no window.0.noise). */
 int replay_noise_load(struct replay_noise *rn, const char *path);
+/* The same from a file already open (x_replay_file: common/replay_file.h). */
+int replay_noise_load_file(struct replay_noise *rn, const struct st_file *f);
 /* The render noise that reads rn (which must outlive the render). */
 struct render_noise replay_noise_render(const struct replay_noise *rn);
 void replay_noise_free(struct replay_noise *rn);

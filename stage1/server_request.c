@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "common/frame_mix.h"
 #include "common/log.h"
+#include "common/replay_file.h"
 #include "stage1/server_internal.h"
 
 double s1_now(void)
@@ -386,7 +387,8 @@ static void refuse(struct s1_server *s, uint64_t id, const char *text)
 }
 
 /* START's optional "replay" tensor: a testing aid that reads a server-side file, so it
- * is honoured only when the operator set MM3_ALLOW_REPLAY=1. Fails q on refusal. */
+ * is honoured only when the operator set MM3_ALLOW_REPLAY=1, and only for a regular
+ * file inside api.replay_dir (common/replay_file.h). Fails q on refusal. */
 static int start_replay(struct s1_server *s, struct s1_request *q, const struct shmconn_msg *m)
 {
     char why[256];
@@ -411,7 +413,12 @@ static int start_replay(struct s1_server *s, struct s1_request *q, const struct 
     }
     memcpy(path, t->data, t->nbytes);
     path[t->nbytes] = 0;
-    int rc = replay_noise_load(&q->replay, path);
+    struct st_file f;
+    int rc = replay_file_open_st(&f, s->d.api.replay_dir, path);
+    if (rc == 0) {
+        rc = replay_noise_load_file(&q->replay, &f);
+        st_file_close(&f);
+    }
     free(path);
     if (rc < 0) {
         s1_request_fail(s, q, 1, "stage 1 replay: %s", mm3_last_error());

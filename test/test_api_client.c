@@ -8,9 +8,15 @@
 
 #include <cmocka.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
 #include <spawn.h>
+#include <stdatomic.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "support/test_support.h"
@@ -121,6 +127,142 @@ static void test_generate_and_health(void **state)
     free(dir);
 }
 
+/* A one-connection server with a scripted answer, for what the fake engine cannot
+ * send: an endless error body, or a long song whose arrival on disk is watched. */
+struct raw_server {
+    int listen_fd, port;
+    bool endless_error;        /* 500 with a chunked body that never ends */
+    const char *watch_path;    /* 200: after `first` bytes, wait until this file holds them */
+    size_t first, rest;        /* audio bytes before and after the wait */
+    _Atomic size_t sent;       /* body bytes sent */
+    _Atomic bool seen_on_disk; /* the first part was on disk before the rest was sent */
+    pthread_t th;
+};
+
+static bool send_all(int fd, const void *p, size_t n)
+{
+    const char *c = p;
+    while (n) {
+        ssize_t k = send(fd, c, n, MSG_NOSIGNAL);
+        if (k <= 0) return false;
+        c += k;
+        n -= (size_t)k;
+    }
+    return true;
+}
+
+static bool send_chunk(struct raw_server *s, int fd, const char *data, size_t n)
+{
+    char head[32];
+    int h = snprintf(head, sizeof head, "%zx\r\n", n);
+    if (!send_all(fd, head, (size_t)h) || !send_all(fd, data, n) || !send_all(fd, "\r\n", 2)) return false;
+    atomic_fetch_add(&s->sent, n);
+    return true;
+}
+
+static long long file_size(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 ? (long long)st.st_size : -1;
+}
+
+static void *raw_serve(void *arg)
+{
+    struct raw_server *s = arg;
+    int fd = accept(s->listen_fd, NULL, NULL);
+    if (fd < 0) return NULL;
+    char req[8192];
+    size_t n = 0;
+    for (;;) { /* the head and the JSON body (mm3 sends Content-Length) */
+        ssize_t k = recv(fd, req + n, sizeof req - 1 - n, 0);
+        if (k <= 0) break;
+        n += (size_t)k;
+        req[n] = 0;
+        char *end = strstr(req, "\r\n\r\n");
+        const char *cl = strstr(req, "Content-Length: ");
+        if (end && cl && n >= (size_t)(end + 4 - req) + strtoul(cl + 16, NULL, 10)) break;
+    }
+    static char block[64 * 1024];
+    memset(block, 'x', sizeof block);
+    if (s->endless_error) {
+        const char *h = "HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\n"
+                        "Transfer-Encoding: chunked\r\n\r\n";
+        if (send_all(fd, h, strlen(h)))
+            while (atomic_load(&s->sent) < ((size_t)1 << 30) && send_chunk(s, fd, block, sizeof block)) {
+            }
+    } else {
+        const char *h = "HTTP/1.1 200 OK\r\nContent-Type: audio/pcm\r\nX-Sample-Rate: 44100\r\n"
+                        "X-Channels: 2\r\nTransfer-Encoding: chunked\r\n\r\n";
+        bool ok = send_all(fd, h, strlen(h));
+        for (size_t k = 0; ok && k < s->first; k += sizeof block)
+            ok = send_chunk(s, fd, block, sizeof block);
+        /* the client must have written what it got (less its stdio buffer) before more comes */
+        for (int i = 0; ok && i < 1000 && !s->seen_on_disk; i++) {
+            if (file_size(s->watch_path) >= (long long)(s->first - sizeof block))
+                s->seen_on_disk = true;
+            else
+                nanosleep(&(struct timespec){0, 10 * 1000000L}, NULL);
+        }
+        for (size_t k = 0; ok && k < s->rest; k += sizeof block)
+            ok = send_chunk(s, fd, block, sizeof block);
+        if (ok) send_all(fd, "0\r\n\r\n", 5);
+    }
+    shutdown(fd, SHUT_WR);
+    char drain[4096];
+    while (recv(fd, drain, sizeof drain, 0) > 0) {
+    }
+    close(fd);
+    return NULL;
+}
+
+static void raw_start(struct raw_server *s, char *base, size_t base_cap)
+{
+    s->listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    assert_int_equal(bind(s->listen_fd, (struct sockaddr *)&a, sizeof a), 0);
+    socklen_t len = sizeof a;
+    getsockname(s->listen_fd, (struct sockaddr *)&a, &len);
+    s->port = ntohs(a.sin_port);
+    assert_int_equal(listen(s->listen_fd, 4), 0);
+    snprintf(base, base_cap, "http://127.0.0.1:%d", s->port);
+    assert_int_equal(pthread_create(&s->th, NULL, raw_serve, s), 0);
+}
+
+static void raw_stop(struct raw_server *s)
+{
+    pthread_join(s->th, NULL);
+    close(s->listen_fd);
+}
+
+/* The client holds no body without limit: an endless error answer is given up after
+ * a bounded read (exit 1), and a song goes to disk as it arrives, not at the end. */
+static void test_bounded_memory(void **state)
+{
+    (void)state;
+    char *dir = test_make_tmpdir("mm3cli_bounded");
+    char out[600], part[700], base[64];
+    snprintf(out, sizeof out, "%s/song.pcm", dir);
+    snprintf(part, sizeof part, "%s.part", out);
+    struct raw_server s = {.endless_error = true};
+    raw_start(&s, base, sizeof base);
+    const char *gen[] = {"generate", "--caption", "x",  "--lyrics", "y",     "--duration", "2", "--format",
+                         "pcm",      "--quiet",   "-o", out,        "--url", base,         NULL};
+    assert_int_equal(run_mm3(gen), 1);
+    raw_stop(&s);
+    if (atomic_load(&s.sent) >= (size_t)16 << 20) fail_msg("the client read %zu bytes of an error body", s.sent);
+    assert_true(file_size(out) < 0 && file_size(part) < 0);
+
+    struct raw_server t = {.watch_path = part, .first = (size_t)8 << 20, .rest = (size_t)8 << 20};
+    raw_start(&t, base, sizeof base);
+    assert_int_equal(run_mm3(gen), 0);
+    raw_stop(&t);
+    assert_true(t.seen_on_disk);
+    assert_int_equal(file_size(out), (long long)(t.first + t.rest));
+    test_remove_tree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     snprintf(mm3_bin, sizeof mm3_bin, "%s/mm3", test_bin_dir() ? test_bin_dir() : ".");
@@ -130,6 +272,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_generate_and_health),
+        cmocka_unit_test(test_bounded_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

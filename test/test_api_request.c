@@ -7,11 +7,19 @@
 
 #include <cmocka.h>
 
+#include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "common/error.h"
+#include "common/replay_file.h"
+#include "common/safetensors.h"
 #include "stage0/api_request.h"
+#include "support/test_support.h"
 
 static struct api_limits lim;
 
@@ -204,12 +212,102 @@ static void test_malformed(void **state)
     expect_bad("{\"input\":\"\xff\",\"instructions\":\"pop\"}", "body", "invalid JSON");
 }
 
+/* x_replay_file (replay enabled): only a regular file inside api.replay_dir, reached
+ * without links or "..", is accepted; whatever is refused, no message holds a byte or
+ * the size of a file, and a FIFO is refused at once instead of blocking. */
+static void test_replay_file_confined(void **state)
+{
+    (void)state;
+    setenv("MM3_ALLOW_REPLAY", "1", 1);
+    char *tmp = test_make_tmpdir("replay_confined");
+    char dir[1024], secret[1100], req[4096], p[1200];
+    snprintf(dir, sizeof dir, "%s/replay", tmp);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    /* a secret outside the folder: the old code quoted its first 8 bytes (as a header
+     * length) and its size */
+    snprintf(secret, sizeof secret, "%s/shadow", tmp);
+    FILE *f = fopen(secret, "wb");
+    assert_non_null(f);
+    fputs("root:$6$SECRETHASH:19000:0:99999:7:::\n", f);
+    for (int i = 0; i < 1000; i++) fputc('x', f);
+    fclose(f);
+    struct stat st;
+    assert_int_equal(stat(secret, &st), 0);
+    char size_text[32];
+    snprintf(size_text, sizeof size_text, "%lld", (long long)st.st_size);
+    /* a regular non-safetensors file and a valid case file inside the folder */
+    snprintf(p, sizeof p, "%s/notes.txt", dir);
+    f = fopen(p, "wb");
+    assert_non_null(f);
+    fputs("root:$6$SECRETHASH:19000", f);
+    fclose(f);
+    int64_t v[3] = {1, 2, 3};
+    struct st_writer_tensor t[2] = {{"lm_sampled", MM3_DTYPE_I64, 1, {3}, v}, {"depth_sampled", MM3_DTYPE_I64, 1, {3}, v}};
+    snprintf(p, sizeof p, "%s/case0.safetensors", dir);
+    assert_int_equal(st_write_file(p, t, 2, NULL), 0);
+    assert_int_equal(mkdir(strcat(strcpy(p, dir), "/sub"), 0700), 0);
+    snprintf(p, sizeof p, "%s/sub/case1.safetensors", dir);
+    assert_int_equal(st_write_file(p, t, 2, NULL), 0);
+    /* links and a FIFO inside it */
+    snprintf(p, sizeof p, "%s/link.safetensors", dir);
+    assert_int_equal(symlink(secret, p), 0);
+    snprintf(p, sizeof p, "%s/linkdir", dir);
+    assert_int_equal(symlink(tmp, p), 0);
+    snprintf(p, sizeof p, "%s/fifo", dir);
+    assert_int_equal(mkfifo(p, 0600), 0);
+
+    lim.replay_dir = dir;
+    struct mm3_job_params jp;
+    char field[64];
+    const char *refused[] = {secret, "../shadow", "sub/../../shadow", "link.safetensors", "linkdir/shadow", "fifo",
+                             "/etc/shadow", "sub/", "missing.safetensors", NULL};
+    for (int i = 0; refused[i]; i++) {
+        snprintf(req, sizeof req, "{" BASE ",\"x_replay_file\":\"%s\"}", refused[i]);
+        time_t t0 = time(NULL);
+        if (parse(req, &jp, field) != -EINVAL) fail_msg("x_replay_file '%s' accepted", refused[i]);
+        assert_true(time(NULL) - t0 < 5); /* not blocked opening the FIFO */
+        assert_string_equal(field, "x_replay_file");
+        const char *msg = mm3_last_error();
+        if (strstr(msg, "SECRET") || strstr(msg, "root:") || strstr(msg, size_text) || strstr(msg, "bytes"))
+            fail_msg("x_replay_file '%s': the message tells about the file: %s", refused[i], msg);
+    }
+    /* accepted: relative, absolute under the folder, in a subfolder */
+    snprintf(p, sizeof p, "%s/case0.safetensors", dir);
+    const char *ok[] = {"case0.safetensors", p, "sub/case1.safetensors", "sub//case1.safetensors", NULL};
+    for (int i = 0; ok[i]; i++) {
+        snprintf(req, sizeof req, "{" BASE ",\"x_replay_file\":\"%s\"}", ok[i]);
+        if (parse(req, &jp, field) != 0) fail_msg("x_replay_file '%s' refused: %s", ok[i], mm3_last_error());
+        assert_string_equal(jp.replay_file, ok[i]);
+        mm3_job_params_free(&jp);
+    }
+    /* inside the folder but not a case file: refused when loaded, without its bytes */
+    struct st_file sf;
+    assert_true(replay_file_open_st(&sf, dir, "notes.txt") < 0);
+    assert_null(strstr(mm3_last_error(), "SECRET"));
+    assert_null(strstr(mm3_last_error(), "root"));
+    assert_non_null(strstr(mm3_last_error(), "not a golden case file"));
+    assert_int_equal(replay_file_open_st(&sf, dir, "sub/case1.safetensors"), 0);
+    assert_non_null(st_file_find(&sf, "lm_sampled"));
+    st_file_close(&sf);
+    /* no folder configured: every name refused */
+    lim.replay_dir = "";
+    snprintf(req, sizeof req, "{" BASE ",\"x_replay_file\":\"case0.safetensors\"}");
+    assert_int_equal(parse(req, &jp, field), -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "api.replay_dir"));
+    lim.replay_dir = NULL;
+    assert_int_equal(parse(req, &jp, field), -EINVAL);
+    unsetenv("MM3_ALLOW_REPLAY");
+    test_remove_tree(tmp);
+    free(tmp);
+}
+
 int main(void)
 {
     api_limits_default(&lim);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults), cmocka_unit_test(test_deploy_defaults),    cmocka_unit_test(test_all_fields),   cmocka_unit_test(test_duration_rules),
         cmocka_unit_test(test_text_fields), cmocka_unit_test(test_field_errors), cmocka_unit_test(test_malformed),
+        cmocka_unit_test(test_replay_file_confined),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

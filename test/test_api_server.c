@@ -330,9 +330,11 @@ static void test_progress(void **state)
     buf[n] = 0;
     char *idh = strstr(buf, "X-Request-Id: ");
     assert_non_null(idh);
-    unsigned long long id = strtoull(idh + 14, NULL, 10);
-    char path[64];
-    snprintf(path, sizeof path, "/v1/audio/speech/%llu", id);
+    char id[64];
+    assert_int_equal(sscanf(idh + 14, "%63[0-9a-f]", id), 1);
+    assert_int_equal(strlen(id), 32); /* 128 random bits in hex */
+    char path[128];
+    snprintf(path, sizeof path, "/v1/audio/speech/%s", id);
     sleep_ms(50);
     struct http_client_response r;
     assert_int_equal(do_request(fx, "GET", path, NULL, &r), 0);
@@ -351,6 +353,9 @@ static void test_progress(void **state)
     assert_int_equal(frames, windows * 100);
     assert_int_equal(total, 500);
     assert_non_null(strstr(r.body, "\"state\":\"running\""));
+    char want[80];
+    snprintf(want, sizeof want, "\"id\":\"%s\"", id);
+    assert_non_null(strstr(r.body, want));
     http_client_response_free(&r);
     close(fd);
     wait_cancels(fx, 1);
@@ -360,6 +365,105 @@ static void test_progress(void **state)
     assert_int_equal(do_request(fx, "GET", "/v1/audio/speech/x1", NULL, &r), 0);
     assert_int_equal(r.status, 404);
     http_client_response_free(&r);
+    fixture_stop(fx);
+}
+
+static void small_buffer_budget(struct http_server_config *cfg)
+{
+    cfg->max_buffered_bytes = 5 << 20; /* one SONG (500 frames: 20 s, ~3.6 MB of PCM16) fits, two do not */
+}
+
+/* Whole-file answers are held in memory until sent: together they stay under
+ * max_buffered_bytes. A second whole song that does not fit is a 503 with Retry-After
+ * at once; a streamed one still goes; once the first is gone its budget is back. */
+static void test_whole_file_budget(void **state)
+{
+    fixture_tweak = small_buffer_budget;
+    struct fixture *fx = fixture_start(FAKE_ENDLESS, 0);
+    fx->fe.delay_ms = 5;
+    int whole = raw_post(fx, SONG "}");
+    for (int i = 0; i < 500 && atomic_load(&fx->fe.submits) < 1; i++) sleep_ms(10);
+    assert_int_equal(atomic_load(&fx->fe.submits), 1);
+
+    struct http_client_response r;
+    assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", SONG "}", &r), 0);
+    assert_int_equal(r.status, 503);
+    assert_non_null(http_client_header(&r, "Retry-After"));
+    assert_non_null(strstr(r.body, "max_buffered_bytes"));
+    http_client_response_free(&r);
+    assert_int_equal(atomic_load(&fx->fe.submits), 1); /* refused before the engine saw it */
+
+    int streamed = raw_post(fx, SONG ",\"stream\":true}");
+    char buf[64];
+    ssize_t n = recv(streamed, buf, sizeof buf, 0);
+    assert_true(n >= 12);
+    assert_memory_equal(buf, "HTTP/1.1 200", 12);
+    close(streamed);
+    close(whole);
+    wait_cancels(fx, 2);
+
+    fx->fe.mode = FAKE_OK;
+    int status = 0;
+    for (int i = 0; i < 100 && status != 200; i++) { /* the first answer's thread gives its budget back */
+        assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", SONG "}", &r), 0);
+        status = r.status;
+        http_client_response_free(&r);
+        if (status == 503) sleep_ms(20);
+    }
+    assert_int_equal(status, 200);
+    fixture_stop(fx);
+}
+
+static int bit_distance(const char *a, const char *b)
+{
+    int d = 0;
+    for (int i = 0; i < 32; i++) {
+        unsigned x = (unsigned)strtoul((char[]){a[i], 0}, NULL, 16) ^ (unsigned)strtoul((char[]){b[i], 0}, NULL, 16);
+        d += __builtin_popcount(x);
+    }
+    return d;
+}
+
+/* Request ids cannot be guessed: no counting from one's own id reaches another song's
+ * progress. Consecutive ids are 32 hex digits that differ in about half their bits, and
+ * the small integers of the old scheme answer 404 while a song is in progress. */
+static void test_request_ids_unguessable(void **state)
+{
+    struct fixture *fx = fixture_start(FAKE_ENDLESS, 0);
+    fx->fe.delay_ms = 5;
+    char ids[4][64];
+    int fds[4];
+    for (int k = 0; k < 4; k++) {
+        fds[k] = raw_post(fx, SONG ",\"stream\":true}");
+        char buf[1024];
+        ssize_t n = recv(fds[k], buf, sizeof buf - 1, 0);
+        assert_true(n > 0);
+        buf[n] = 0;
+        char *idh = strstr(buf, "X-Request-Id: ");
+        assert_non_null(idh);
+        assert_int_equal(sscanf(idh + 14, "%63[0-9a-f]", ids[k]), 1);
+        assert_int_equal(strlen(ids[k]), 32);
+    }
+    for (int a = 0; a < 4; a++)
+        for (int b = a + 1; b < 4; b++) {
+            int d = bit_distance(ids[a], ids[b]);
+            if (d < 24) fail_msg("ids %s and %s differ in only %d of 128 bits", ids[a], ids[b], d);
+        }
+    struct http_client_response r;
+    for (int k = 0; k < 8; k++) {
+        char path[64];
+        snprintf(path, sizeof path, "/v1/audio/speech/%d", k);
+        assert_int_equal(do_request(fx, "GET", path, NULL, &r), 0);
+        assert_int_equal(r.status, 404);
+        http_client_response_free(&r);
+    }
+    char upper[128];
+    snprintf(upper, sizeof upper, "/v1/audio/speech/%.32s0", ids[0]); /* one digit too many */
+    assert_int_equal(do_request(fx, "GET", upper, NULL, &r), 0);
+    assert_int_equal(r.status, 404);
+    http_client_response_free(&r);
+    for (int k = 0; k < 4; k++) close(fds[k]);
+    wait_cancels(fx, 4);
     fixture_stop(fx);
 }
 
@@ -508,6 +612,8 @@ int main(void)
         cmocka_unit_test(test_engine_refusals),
         cmocka_unit_test(test_disconnect_cancels_once),
         cmocka_unit_test(test_progress),
+        cmocka_unit_test(test_request_ids_unguessable),
+        cmocka_unit_test(test_whole_file_budget),
         cmocka_unit_test(test_stop_while_streaming),
         cmocka_unit_test(test_request_timeout),
         cmocka_unit_test(test_connection_limit),

@@ -216,6 +216,8 @@ static void test_defaults(void **state)
     assert_int_equal(deploy.api.max_connections, 256);
     assert_true(deploy.api.request_timeout_s == 1800);
     assert_string_equal(deploy.api.journal_dir, "");
+    assert_string_equal(deploy.api.replay_dir, "");
+    assert_int_equal(deploy.api.max_buffered_bytes, 1LL << 30);
     assert_string_equal(deploy.model, "");
     assert_string_equal(mm3_deploy_edge_connector(&deploy)->connector_class, "SharedMemoryConnector");
     assert_true(fabs(mm3_connector_first_chunk_deadline_s(mm3_deploy_edge_connector(&deploy)) - 300) < 1e-9);
@@ -333,6 +335,7 @@ static void test_inline_errors(void **state)
     expect_inline_error("api:\n  default_sample_rate: 48000\n", 2, "api.default_sample_rate", "44100 or 32000");
     expect_inline_error("api:\n  host: 'a b'\n", 2, "api.host", "IP address");
     expect_inline_error("api:\n  max_body_bytes: 10\n", 2, "api.max_body_bytes", "[1024, ");
+    expect_inline_error("api:\n  max_buffered_bytes: 4096\n", 2, "api.max_buffered_bytes", "[1048576, ");
     expect_inline_error("api:\n  request_timeout_s: 0\n", 2, "api.request_timeout_s", "(0, ");
     expect_inline_error("connectors:\n  c:\n    name: MooncakeStoreConnector\n", 3, "connectors.c.name",
                         "SharedMemoryConnector");

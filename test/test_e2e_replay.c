@@ -33,10 +33,17 @@ struct env {
     struct test_replica on, off; /* MM3_ALLOW_REPLAY=1 / unset */
 };
 
-/* The deploy file of both replicas (caller frees), or NULL. */
+/* The deploy file of both replicas (caller frees), or NULL: replay files may come
+ * from the golden folder only. */
 static char *deploy_text(const char *ckpt)
 {
-    return test_replica_cpu_deploy(ckpt, 1, 1, NULL, 2, 2, 300, 6000, 3000);
+    char *base = test_replica_cpu_deploy(ckpt, 1, 1, NULL, 2, 2, 300, 6000, 3000);
+    char *at = base ? strstr(base, "  journal_dir:") : NULL;
+    char *text = NULL;
+    if (at && asprintf(&text, "%.*s  replay_dir: \"%s\"\n%s", (int)(at - base), base, test_golden_dir(), at) < 0)
+        text = NULL;
+    free(base);
+    return text;
 }
 
 /* Start a replica, with MM3_ALLOW_REPLAY=1 or without it; 0 once it printed READY. */
@@ -173,11 +180,43 @@ static void test_replay_field_refused_when_not_enabled(void **state)
     http_client_response_free(&resp);
 }
 
+/* Enabled, a file outside api.replay_dir is a 400 that says nothing of its bytes or
+ * size (the old answer quoted both), and the replica keeps serving. */
+static void test_replay_outside_folder_refused(void **state)
+{
+    struct env *e = *state;
+    if (!e) skip();
+    char secret[1200];
+    snprintf(secret, sizeof secret, "%s/shadow", e->tmp);
+    FILE *f = fopen(secret, "wb");
+    assert_non_null(f);
+    fputs("root:$6$SECRETHASH:19000:0:99999:7:::\n", f);
+    fclose(f);
+    char req[2048];
+    snprintf(req, sizeof req, "{\"caption\":\"x\",\"lyrics\":\"y\",\"duration_s\":1,\"x_replay_file\":\"%s\"}", secret);
+    struct http_client_response resp;
+    assert_int_equal(post(&e->on, req, &resp), 0);
+    assert_int_equal(resp.status, 400);
+    assert_non_null(resp.body);
+    assert_non_null(strstr(resp.body, "x_replay_file"));
+    assert_null(strstr(resp.body, "SECRET"));
+    assert_null(strstr(resp.body, "root:"));
+    assert_null(strstr(resp.body, "bytes"));
+    http_client_response_free(&resp);
+    snprintf(req, sizeof req, "{\"caption\":\"x\",\"lyrics\":\"y\",\"duration_s\":1,\"x_replay_file\":\"%s\"}",
+             "../../../../../../../../etc/passwd");
+    assert_int_equal(post(&e->on, req, &resp), 0);
+    assert_int_equal(resp.status, 400);
+    assert_null(strstr(resp.body, "root:"));
+    http_client_response_free(&resp);
+}
+
 int main(void)
 {
     if (!test_golden_dir()) return 77;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_replay_field_refused_when_not_enabled),
+        cmocka_unit_test(test_replay_outside_folder_refused),
         cmocka_unit_test(test_cases_replay_to_golden_audio),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -129,6 +129,41 @@ static void test_close_delimited(void **state)
     http_client_response_free(&r);
 }
 
+/* A body longer than max_body_bytes fails the request instead of being held; within
+ * the limit it is read as usual. */
+static void test_body_limit(void **state)
+{
+    const size_t n = 3 << 20;
+    char *answer = malloc(n + 128);
+    assert_non_null(answer);
+    int h = snprintf(answer, 128, "HTTP/1.1 500 Oops\r\nContent-Length: %zu\r\n\r\n", n);
+    memset(answer + h, 'x', n);
+    answer[h + n] = 0;
+    struct canned c;
+    canned_start(&c, answer);
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/", c.port);
+    struct http_client_request rq = {.url = url, .method = "GET", .timeout_ms = 5000, .max_body_bytes = 1 << 20};
+    struct http_client_response r;
+    int rc = http_client_request(&rq, &r);
+    close(c.listen_fd);
+    pthread_join(c.th, NULL);
+    assert_int_equal(rc, -EFBIG);
+    assert_true(r.body_len <= (size_t)1 << 20);
+    http_client_response_free(&r);
+    free(answer);
+
+    canned_start(&c, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello");
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/", c.port);
+    rq.url = url;
+    rq.max_body_bytes = 5;
+    assert_int_equal(http_client_request(&rq, &r), 0);
+    pthread_join(c.th, NULL);
+    close(c.listen_fd);
+    assert_string_equal(r.body, "hello");
+    http_client_response_free(&r);
+}
+
 static void test_bad_urls(void **state)
 {
     const char *bad[] = {"https://127.0.0.1/", "http://", "http://h:123456/", "http://h:80x/", "http://[::1/"};
@@ -152,6 +187,7 @@ int main(void)
         cmocka_unit_test(test_chunked),
         cmocka_unit_test(test_close_delimited),
         cmocka_unit_test(test_bad_urls),
+        cmocka_unit_test(test_body_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

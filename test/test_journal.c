@@ -527,6 +527,95 @@ static void test_sweep_orphans(void **state)
     free(dir);
 }
 
+/* Journals and spools are the songs' captions, lyrics and frames: 0600 in a 0700
+ * folder whatever the umask; an existing folder's mode is never loosened. */
+static void test_permissions(void **state)
+{
+    (void)state;
+    mode_t old_mask = umask(022);
+    char *tmp = test_make_tmpdir("journal_perm");
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/journals", tmp);
+    assert_int_equal(journal_dir_prepare(dir), 0);
+    struct stat st;
+    assert_int_equal(lstat(dir, &st), 0);
+    assert_true(S_ISDIR(st.st_mode));
+    assert_int_equal(st.st_mode & 07777, 0700);
+    int32_t *codes = random_codes(4);
+    char *path = write_journal(dir, "1764000000-1-1", codes, 4, JOURNAL_DONE, JOURNAL_STOP_TOKEN);
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 07777, 0600);
+    char spool[1200];
+    snprintf(spool, sizeof spool, "%s/1764000000-1-1" FRAME_SPOOL_SUFFIX, dir);
+    struct frame_spool *sp;
+    assert_int_equal(frame_spool_open(&sp, spool, "1764000000-1-1", 4, MM3_DTYPE_F32), 0);
+    frame_spool_close(sp);
+    assert_int_equal(stat(spool, &st), 0);
+    assert_int_equal(st.st_mode & 07777, 0600);
+    /* an existing folder keeps its mode (0750 stays 0750, 0700 stays 0700) */
+    assert_int_equal(chmod(dir, 0750), 0);
+    assert_int_equal(journal_dir_prepare(dir), 0);
+    assert_int_equal(stat(dir, &st), 0);
+    assert_int_equal(st.st_mode & 07777, 0750);
+    assert_true(journal_dir_prepare(path) < 0); /* a file, not a folder */
+    assert_non_null(strstr(mm3_last_error(), path));
+    free(path);
+    free(codes);
+    test_remove_tree(tmp);
+    free(tmp);
+    umask(old_mask);
+}
+
+/* Whoever can write the folder plants symbolic links under a dead writer's names: the
+ * sweep neither appends to, reads, nor removes what they point at. */
+static void test_sweep_ignores_symlinks(void **state)
+{
+    (void)state;
+    char *dir = test_make_tmpdir("journal_sweep_link");
+    int32_t *codes = random_codes(10);
+    const int pid = test_dead_pid();
+    char victim_id[JOURNAL_ID_MAX], link_id[JOURNAL_ID_MAX];
+    snprintf(victim_id, sizeof victim_id, "1764000000-%d-1", pid);
+    snprintf(link_id, sizeof link_id, "1764000000-%d-2", pid);
+    /* an open journal outside the folder: what the link's target would be turned into */
+    char *outside = test_make_tmpdir("journal_sweep_target");
+    char *victim = write_journal(outside, victim_id, codes, 10, JOURNAL_OPEN, JOURNAL_STOP_NONE);
+    size_t n_before;
+    uint8_t *before = slurp(victim, &n_before);
+    char link_path[1200], spool_link[1200], spool_target[1200];
+    snprintf(link_path, sizeof link_path, "%s/%s" JOURNAL_SUFFIX, dir, link_id);
+    assert_int_equal(symlink(victim, link_path), 0);
+    snprintf(spool_target, sizeof spool_target, "%s/keep.bin", outside);
+    FILE *f = fopen(spool_target, "wb");
+    assert_non_null(f);
+    fputs("keep", f);
+    fclose(f);
+    snprintf(spool_link, sizeof spool_link, "%s/%s" FRAME_SPOOL_SUFFIX, dir, link_id);
+    assert_int_equal(symlink(spool_target, spool_link), 0);
+
+    struct journal_sweep_result res;
+    assert_int_equal(journal_sweep_orphans(dir, (long long)time(NULL), &res), 0);
+    assert_int_equal(res.closed, 0);
+    assert_int_equal(res.spools_removed, 0);
+    size_t n_after;
+    uint8_t *after = slurp(victim, &n_after);
+    assert_int_equal(n_after, n_before);
+    assert_memory_equal(after, before, n_before);
+    struct stat st;
+    assert_int_equal(stat(spool_target, &st), 0);
+    assert_int_equal(st.st_size, 4);
+    /* and the journal code refuses to go through a link at all */
+    struct journal *j;
+    struct journal_record r;
+    assert_true(journal_open_append(&j, link_path, &r) < 0);
+    assert_true(journal_ended(link_path) < 0);
+    free(before), free(after), free(victim), free(codes);
+    test_remove_tree(dir);
+    test_remove_tree(outside);
+    free(dir);
+    free(outside);
+}
+
 /* ---- with the tiny-a checkpoint ---- */
 
 static const char k_caption[] = "a bright synth pop song";
@@ -882,6 +971,8 @@ int main(void)
         cmocka_unit_test(test_list_and_reopen),
         cmocka_unit_test(test_id_parse),
         cmocka_unit_test(test_sweep_orphans),
+        cmocka_unit_test(test_permissions),
+        cmocka_unit_test(test_sweep_ignores_symlinks),
         cmocka_unit_test(test_bytes_per_frame),
         cmocka_unit_test(test_resend_from_live_journal),
         cmocka_unit_test(test_complete_interrupted),

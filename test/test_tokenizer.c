@@ -11,9 +11,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
 #include "common/error.h"
 #include "stage0/tokenizer.h"
+#include "stage0/tokenizer_nfc.h"
 #include "support/test_support.h"
 
 static char *data_path(const char *name)
@@ -328,6 +330,92 @@ static void test_long_runs(void **state)
     tokenizer_free(tok);
 }
 
+static size_t put_utf8(char *p, uint32_t cp)
+{
+    return (size_t)utf8proc_encode_char((utf8proc_int32_t)cp, (utf8proc_uint8_t *)p);
+}
+
+/* NFC of short random texts of starters, precomposed letters, Hangul and combining
+ * marks of several classes equals utf8proc's own (quadratic) normalisation. */
+static void test_nfc_matches_reference_on_short_runs(void **state)
+{
+    (void)state;
+    static const uint32_t alphabet[] = {
+        'a',    'e',    'o',    'A',    ' ',    0x00E9, 0x1E0B, 0x212B, 0x0300, 0x0301, 0x0307, 0x0308,
+        0x0316, 0x0323, 0x0327, 0x0328, 0x031B, 0x0345, 0x05B0, 0x05B4, 0x0E38, 0x0F71, 0x0F72, 0x0F73,
+        0x0344, 0x3099, 0x309A, 0x304B, 0x1100, 0x1161, 0x11A8, 0xD55C, 0x0F74, 0x0655, 0x0627, 0x1D165,
+    };
+    const size_t n_alpha = sizeof alphabet / sizeof alphabet[0];
+    uint32_t rng = 12345;
+    char text[16 * 4 + 1];
+    for (int round = 0; round < 20000; round++) {
+        size_t len = 0;
+        rng = rng * 1664525u + 1013904223u;
+        int n = 1 + (int)(rng >> 28);
+        for (int k = 0; k < n; k++) {
+            rng = rng * 1664525u + 1013904223u;
+            len += put_utf8(text + len, alphabet[(rng >> 16) % n_alpha]);
+        }
+        text[len] = 0;
+        utf8proc_uint8_t *want = NULL;
+        utf8proc_ssize_t wn = utf8proc_map((const utf8proc_uint8_t *)text, (utf8proc_ssize_t)len, &want,
+                                           UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+        assert_true(wn >= 0);
+        char *got;
+        size_t gn;
+        assert_int_equal(tok_nfc(text, len, &got, &gn), 0);
+        if (gn != (size_t)wn || memcmp(got, want, gn)) fprintf(stderr, "round %d: NFC differs for \"%s\"\n", round, text);
+        assert_int_equal(gn, (size_t)wn);
+        assert_memory_equal(got, want, gn);
+        free(got);
+        free(want);
+    }
+}
+
+/* A long run of marks of mixed classes normalises to the stable sort by class, then
+ * composition; the ids are those of the text written in that order to begin with. */
+static void test_long_mark_runs(void **state)
+{
+    (void)state;
+    struct tokenizer *tok = load_tiny();
+    const size_t n = 40000; /* marks: U+0301 (class 230) and U+0316 (class 220) alternating */
+    char *run = malloc(1 + 2 * n + 2), *sorted = malloc(2 + 2 * n + 2);
+    assert_non_null(run);
+    assert_non_null(sorted);
+    size_t rl = 0, sl = 0;
+    run[rl++] = 'a';
+    for (size_t i = 0; i < n; i++) rl += put_utf8(run + rl, i % 2 ? 0x0316 : 0x0301);
+    run[rl++] = 'x';
+    sl += put_utf8(sorted + sl, 0x00E1); /* a + the first U+0301: nothing of class >= 230 blocks it */
+    for (size_t i = 0; i < n / 2; i++) sl += put_utf8(sorted + sl, 0x0316);
+    for (size_t i = 1; i < n / 2; i++) sl += put_utf8(sorted + sl, 0x0301);
+    sorted[sl++] = 'x';
+    char *norm;
+    size_t norm_len;
+    assert_int_equal(tok_nfc(run, rl, &norm, &norm_len), 0);
+    assert_int_equal(norm_len, sl);
+    assert_memory_equal(norm, sorted, sl);
+    free(norm);
+    int32_t *a, *b;
+    int na, nb;
+    assert_int_equal(tokenizer_encode(tok, run, rl, &a, &na), 0);
+    assert_int_equal(tokenizer_encode(tok, sorted, sl, &b, &nb), 0);
+    assert_int_equal(na, nb);
+    assert_memory_equal(a, b, (size_t)na * sizeof *a);
+    free(a);
+    free(b);
+    /* marks of one class keep their order; a starter ends a run */
+    rl = 0;
+    for (size_t i = 0; i < n; i++) rl += put_utf8(run + rl, i % 3 ? 0x0300 : 0x0301);
+    assert_int_equal(tok_nfc(run, rl, &norm, &norm_len), 0);
+    assert_int_equal(norm_len, rl);
+    assert_memory_equal(norm, run, rl);
+    free(norm);
+    free(run);
+    free(sorted);
+    tokenizer_free(tok);
+}
+
 /* One tokenizer shared by several threads gives every thread the same ids. */
 struct encode_job {
     const struct tokenizer *tok;
@@ -378,7 +466,8 @@ int main(void)
         cmocka_unit_test(test_encode_matches_hf),   cmocka_unit_test(test_legacy_merge_strings),
         cmocka_unit_test(test_token_ids),           cmocka_unit_test(test_refuses_wrong_files),
         cmocka_unit_test(test_rejects_invalid_utf8), cmocka_unit_test(test_long_runs),
-        cmocka_unit_test(test_concurrent_encode),
+        cmocka_unit_test(test_concurrent_encode),   cmocka_unit_test(test_nfc_matches_reference_on_short_runs),
+        cmocka_unit_test(test_long_mark_runs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

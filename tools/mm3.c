@@ -30,6 +30,10 @@
 
 #define DEFAULT_URL "http://127.0.0.1:8000"
 #define MAX_TEXT_FILE (1 << 20)
+/* Bodies the client holds in memory: an error answer, a progress or health report.
+ * The audio itself goes to the output file as it arrives. */
+#define MAX_ERROR_BODY (64 * 1024)
+#define MAX_JSON_BODY (1 << 20)
 
 static void usage(FILE *f)
 {
@@ -86,7 +90,7 @@ struct gen {
     pthread_mutex_t mu;
     pthread_cond_t cond;
     bool done;
-    unsigned long long id;
+    char id[64]; /* X-Request-Id: an opaque token (hex) */
     bool have_id;
     uint64_t bytes;
     int rate, channels;
@@ -110,8 +114,9 @@ static int on_headers(void *user, const struct http_client_response *r)
     const char *v;
     pthread_mutex_lock(&g->mu);
     if ((v = http_client_header(r, "x-request-id"))) {
-        g->id = strtoull(v, NULL, 10);
-        g->have_id = true;
+        /* only a plain token goes into the progress URL */
+        g->have_id = v[0] && strlen(v) < sizeof g->id && strspn(v, "0123456789abcdefABCDEF") == strlen(v);
+        if (g->have_id) snprintf(g->id, sizeof g->id, "%s", v);
     }
     g->rate = (v = http_client_header(r, "x-sample-rate")) ? atoi(v) : 0;
     g->channels = (v = http_client_header(r, "x-channels")) ? atoi(v) : 0;
@@ -130,6 +135,9 @@ static int on_body(void *user, const void *data, size_t n)
 {
     struct gen *g = user;
     if (g->status != 200) { /* keep the error body for the message */
+        if (g->err_len + n > MAX_ERROR_BODY)
+            return mm3_errorf(-EFBIG, "server answered %d with an error body over %d KiB: not read further",
+                              g->status, MAX_ERROR_BODY / 1024);
         if (g->err_len + n + 1 > g->err_cap) {
             size_t cap = (g->err_len + n + 1) * 2;
             char *b = realloc(g->err_body, cap);
@@ -158,12 +166,12 @@ struct progress {
 };
 
 /* Ask the server; without an answer, estimate frames from the audio received. */
-static void progress_poll(struct gen *g, unsigned long long id, struct progress *p)
+static void progress_poll(struct gen *g, const char *id, struct progress *p)
 {
     char url[512];
-    snprintf(url, sizeof url, "%s/v1/audio/speech/%llu", g->base_url, id);
+    snprintf(url, sizeof url, "%s/v1/audio/speech/%s", g->base_url, id);
     struct http_client_response r;
-    struct http_client_request rq = {.url = url, .method = "GET", .timeout_ms = 2000};
+    struct http_client_request rq = {.url = url, .method = "GET", .timeout_ms = 2000, .max_body_bytes = MAX_JSON_BODY};
     p->from_server = false;
     if (http_client_request(&rq, &r) == 0 && r.status == 200) {
         json_t *o = json_loads(r.body, 0, NULL);
@@ -220,7 +228,8 @@ static void *progress_thread(void *arg)
         pthread_cond_timedwait(&g->cond, &g->mu, &ts);
         if (g->done) break;
         if (!g->have_id) continue;
-        unsigned long long id = g->id;
+        char id[sizeof g->id];
+        memcpy(id, g->id, sizeof id);
         double audio_s = audio_seconds(g);
         long long maxf = g->max_frames;
         pthread_mutex_unlock(&g->mu);
@@ -475,7 +484,7 @@ static int cmd_health(int argc, char **argv, const char *url)
     char full[512];
     snprintf(full, sizeof full, "%s/health", url);
     struct http_client_response r;
-    struct http_client_request rq = {.url = full, .method = "GET", .timeout_ms = 5000};
+    struct http_client_request rq = {.url = full, .method = "GET", .timeout_ms = 5000, .max_body_bytes = MAX_JSON_BODY};
     if (http_client_request(&rq, &r) < 0) {
         fprintf(stderr, "mm3: %s\n", mm3_last_error());
         http_client_response_free(&r);
