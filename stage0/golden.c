@@ -46,8 +46,9 @@ struct golden_run {
     char support_detail[768]; /* the first differing candidate set, for the report */
     float *cond;              /* the conditional c0 row of step cond_step */
     int cond_step;
-    int n_flips, flips_edge;  /* forced c0 draws outside our set; those at the top-k edge */
-    char flip_detail[2048];   /* one line per flip, the first few */
+    int n_flips, flips_edge; /* forced c0 draws outside our set; those at the top-k edge */
+    int flips_described;     /* how many of them flip_detail holds */
+    char flip_detail[2048];  /* one line per flip, the first few */
 };
 
 static int load_i64(const struct st_file *f, const char *name, int64_t **out, int *ndim, int64_t *shape)
@@ -317,12 +318,13 @@ static void note_flip(struct golden_run *r, int s, const float *guided, int n, i
     r->n_flips++;
     r->flips_edge += at_edge;
     size_t at = strlen(r->flip_detail), room = sizeof r->flip_detail - at;
-    if (room > 200)
-        snprintf(r->flip_detail + at, room,
-                 "  c0 flip at step %d: column %lld, conditional logit %.6g is %.3g below the top-%d edge %.6g "
-                 "(%.2e x the top logits' RMS %.4g; bound %.1e): %s\n",
-                 s, (long long)col, r->cond_step == s ? r->cond[col] : NAN, margin, SAMPLER_TOP_K, edge,
-                 margin / scale, scale, r->tol, at_edge ? "at the edge" : "NOT at the edge");
+    if (room <= 200) return;
+    r->flips_described++;
+    snprintf(r->flip_detail + at, room,
+             "  c0 flip at step %d: column %lld, conditional logit %.6g is %.3g below the top-%d edge %.6g "
+             "(%.2e x the top logits' RMS %.4g; bound %.1e): %s\n",
+             s, (long long)col, r->cond_step == s ? r->cond[col] : NAN, margin, SAMPLER_TOP_K, edge, margin / scale,
+             scale, r->tol, at_edge ? "at the edge" : "NOT at the edge");
 }
 
 /* A c0 draw: its candidate set and guided logits against the reference's (the first
@@ -480,7 +482,8 @@ static int run_case(const char *dir, const char *root, json_t *jc, const struct 
         for (int i = 0; i < 2 * gc.prompt_len; i++)
             ids[i] = (int32_t)gc.ids_pair[i];
         sampler_init_replay(&sp, gc.lm_sampled, gc.n_lm, gc.depth_sampled, gc.n_depth, ncb);
-        struct generate_hooks hooks = {.ctx = &r, .on_frame = on_frame, .on_draw = on_draw, .on_c0_logits = on_c0_logits};
+        struct generate_hooks hooks = {
+            .ctx = &r, .on_frame = on_frame, .on_draw = on_draw, .on_c0_logits = on_c0_logits};
         float cfg = json_is_number(jcfg) ? (float)json_number_value(jcfg) : SAMPLER_CFG_SCALE;
         rc = gr->run(gr->ctx, lm, dd, &sp, ids, gc.prompt_len, max_frames, cfg, &hooks, &stop);
     }
@@ -514,6 +517,7 @@ static int run_case(const char *dir, const char *root, json_t *jc, const struct 
     }
     if (r.support_detail[0]) fprintf(out, "  %s\n", r.support_detail);
     if (r.flip_detail[0]) fputs(r.flip_detail, out);
+    if (r.n_flips > r.flips_described) fprintf(out, "  ... and %d more c0 flips\n", r.n_flips - r.flips_described);
     free(ids);
     free(r.lm_ours);
     free(r.lm_ref);
@@ -530,8 +534,7 @@ int golden_check_dir(const char *dir, FILE *out, int *n_pass, int *n_fail)
 }
 
 int golden_check_dir_with(const char *dir, golden_run_fn run, void *ctx, enum talker_backend_kind models_for,
-                          double tol, FILE *out, int *n_pass,
-                          int *n_fail)
+                          double tol, FILE *out, int *n_pass, int *n_fail)
 {
     const struct golden_runner gr = {.run = run, .ctx = ctx, .tol = tol};
     *n_pass = *n_fail = 0;

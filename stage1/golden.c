@@ -30,8 +30,8 @@ struct models {
     struct condition_model *cm;
     struct dit_model *dm;
     struct vocoder *voc;
-    struct s1_backend be; /* backend cuda: the GPU DiT, flow loop and vocoder */
-    struct flow_cuda *fc; /* be.flow, for the single DiT-call checks */
+    struct s1_backend be;   /* backend cuda: the GPU DiT, flow loop and vocoder */
+    struct flow_cuda *fc;   /* be.flow, for the single DiT-call checks */
     struct golden_bounds b; /* dit_call: one DiT forward; latents: what the flow loop
                              * produced; audio: what the vocoder made of them (waveform too) */
 };
@@ -293,13 +293,12 @@ static int run_case(const struct models *m, const char *dir, json_t *jc, FILE *o
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, file);
     struct st_file f;
-    struct golden_case gc = {
-        .f = &f,
-        .name = file,
-        .ok = 1,
-        .tol_flow = m->b.bound[GOLDEN_Q_LATENTS],
-        .tol_audio = m->b.bound[GOLDEN_Q_AUDIO],
-        .wav0 = -1};
+    struct golden_case gc = {.f = &f,
+                             .name = file,
+                             .ok = 1,
+                             .tol_flow = m->b.bound[GOLDEN_Q_LATENTS],
+                             .tol_audio = m->b.bound[GOLDEN_Q_AUDIO],
+                             .wav0 = -1};
     double d0 = NAN, d1 = NAN, audio = NAN;
     int rc = st_file_open(&f, path);
     if (rc < 0) {
