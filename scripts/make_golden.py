@@ -315,7 +315,11 @@ def main():
         figures = {}
         for p in yardsticks:
             t0 = time.monotonic()
-            figures[p] = yardstick_case(pipe, rec, case, tensors, p, a.device)
+            try:
+                figures[p] = yardstick_case(pipe, rec, case, tensors, p, a.device)
+            except Exception as e:  # one precision failing must not lose the reference
+                print(f"  {p}: failed: {type(e).__name__}: {e}", flush=True)
+                figures[p] = {q: math.nan for q in ("dit_call", "latents", "audio")}
             print(f"  {p}: " + "  ".join(f"{q} {r:.2e}" for q, r in figures[p].items()),
                   f"({time.monotonic() - t0:.1f} s)", flush=True)
         per_case.append({"file": entry["file"], "precisions": figures})
