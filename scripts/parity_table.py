@@ -104,7 +104,8 @@ def main():
     text = read(os.path.join(a.dir, "logs", "stage0.log"))
     m = S0_LINE.search(text or "")
     if m:
-        passed = "PASS" in (text or "").split("\n")[0] or re.search(r"^1 passed, 0 failed", text or "", re.M)
+        line = text[text.rfind("\n", 0, m.start()) + 1:].split("\n", 1)[0]
+        passed = line.rstrip().endswith("PASS")
         out.append("| stage 0 | guided logits | frame hiddens | c0 edge flips | result |")
         out.append("|---|---|---|---|---|")
         out.append(f"| {man.get('device', '?')} replay vs float32 | {fmt(float(m[1]), float(m[2]))}, bound {m[3]} | "
