@@ -19,6 +19,9 @@
 # Each phase runs under its own timeout, all inside MM3_PARITY_DEADLINE_S (570 s) so the
 # call ends inside the run tool's 600 s; a failed phase is reported and the rest go on.
 # $OUT gets table.md, yardsticks.json, manifest.json and parity-logs.tgz (every log).
+# MM3_PARITY_CKPT: where the release checkpoint goes (/tmp/parity-ckpt; kept and reused when
+# complete, so a second call on a warm machine skips mkckpt); MM3_PARITY_WORK: the work folder
+# (/tmp/parity-work: the golden directory, the unpacked programs, the logs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD pack=.device-parity
