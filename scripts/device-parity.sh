@@ -107,9 +107,9 @@ cat "$logs/machine.log"
 # 1. the checkpoint: release geometry, random weights (~28.5 GB on a 64 GB disk)
 if [ -z "$ckpt" ]; then
   ckpt=${MM3_PARITY_CKPT:-/tmp/parity-ckpt}
-  if [ ! -f "$ckpt/modular_model_index.json" ]; then
+  if [ ! -f "$ckpt/.mkckpt-done" ]; then # mkckpt writes the index first: a marker says it finished
     rm -rf "$ckpt"
-    phase mkckpt 150 "$bin/mm3-mkckpt" --preset full --out "$ckpt" || exit 1
+    phase mkckpt 150 "$bin/mm3-mkckpt" --preset full --out "$ckpt" && touch "$ckpt/.mkckpt-done" || exit 1
   fi
 fi
 ckpt=$(cd "$ckpt" && pwd) || exit 1
