@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Reference outputs for a checkpoint of any geometry, in golden tiny-a's format.
 
-Runs diffusers' MiniMaxMusic3 pipeline (the reference) in float32 on the CPU over the
-checkpoint at CKPT and writes OUT/caseN.safetensors and OUT/manifest.json with the keys
+Runs diffusers' MiniMaxMusic3 pipeline (the reference) in float32 on the CPU (or the GPU
+with --device cuda) over the checkpoint at CKPT and writes OUT/caseN.safetensors and OUT/manifest.json with the keys
 that `mm3-stage0 --golden` and `mm3-stage1 --golden` replay (../shared/golden/README.md):
 the prompt's ids, every draw (forced in the replay), the first guided logits, the frame
 hiddens, and per window the condition, noise and latents, the first two DiT calls, the
@@ -16,14 +16,37 @@ CUDA). Setup, outside the repository:
 
     python3 -m venv /tmp/ref && /tmp/ref/bin/pip install torch==2.11.0 transformers==5.17.0 \\
         'diffusers>=0.40' safetensors accelerate
-    /tmp/ref/bin/python scripts/make_golden.py CKPT OUT CASES [--compact]
+    /tmp/ref/bin/python scripts/make_golden.py CKPT OUT CASES [--compact] [--device cpu|cuda]
+        [--yardsticks tf32,bf16,fp16,bf16-naive]
 
 --compact leaves out the keys the replays can do without (window.0.waveform and the
 per-window frame_hiddens, which repeat audio and frame_hiddens).
+
+--device cuda runs the reference on the GPU, still float32: TF32 is switched off for
+matmuls and for cuDNN's convolutions (torch.backends.cuda.matmul.allow_tf32 = False,
+torch.backends.cudnn.allow_tf32 = False, float32 matmul precision "highest"), so every
+product keeps float32's 24 bits.
+
+--yardsticks P,... reruns stage 1 of each case (condition encoder, DiT flow loop, vocoder)
+on the same draws (the float32 run's frame hiddens and noise) with the DiT and the
+vocoder in PyTorch's own reduced precision P, and writes OUT/yardsticks.json: per
+precision the rel error ||x - ref|| / ||ref|| and SNR -20 log10(rel) in dB of the first
+two DiT calls (the worse of the two), the latents after the flow loop (the worst window)
+and the audio, against the float32 run. The condition encoder and everything outside the
+DiT and vocoder stay float32, as in mm3. Precisions: tf32 (allow_tf32 on, inside the DiT
+and vocoder only), bf16 and fp16 (torch.autocast: GEMM and convolution inputs in that
+type, float32 accumulation and activations between layers; outputs taken back to
+float32, the Euler state stays float32 - mm3's scheme), bf16-naive (copies of the DiT
+and vocoder cast to bf16, inputs cast to bf16: every activation in bf16). The replay
+(`mm3-stage1 --golden --backend cuda`) bounds precision P by max(its tiny bound, 1.25x
+PyTorch's figure in P) when the file is there (stage1/golden_bounds.h).
 """
+import argparse
+import copy
 import json
+import math
 import os
-import sys
+import time
 
 import diffusers
 import torch
@@ -38,27 +61,41 @@ AUDIO_END_ID = 151670
 LM_GUIDED_KEPT, DEPTH_GUIDED_KEPT = 6, 14
 
 
-def load_pipeline(ck):
+def float32_exact():
+    """Every float32 product in float32 (no TF32 in matmuls or cuDNN convolutions)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+
+
+def load_pipeline(ck, device):
     f32 = torch.float32
     # As tiny-a's reference: the LM cast to bf16 and back, which rounds its rotary inv_freq
     # buffer to bf16 (weights are bf16 on disk, so they come back exact); float32 compute.
-    lm = Qwen3ForCausalLM.from_pretrained(f"{ck}/language_model", torch_dtype=torch.bfloat16)
+    # On the device first: the cast then needs no float32 copy in host memory.
+    lm = Qwen3ForCausalLM.from_pretrained(f"{ck}/language_model", torch_dtype=torch.bfloat16).to(device)
     lm = lm.to(torch.bfloat16).float().eval()
     dd = MiniMaxMusic3RVQDepthDecoder.from_pretrained(f"{ck}/rvq_depth_decoder", torch_dtype=torch.bfloat16)
-    dd = dd.float().eval()
+    dd = dd.to(device).float().eval()
+
+    def load(cls, sub):
+        return cls.from_pretrained(f"{ck}/{sub}", torch_dtype=f32).to(device).eval()
+
     pipe = MiniMaxMusic3Blocks().init_pipeline()
     pipe.update_components(
         language_model=lm, rvq_depth_decoder=dd,
-        condition_encoder=MiniMaxMusic3ConditionEncoder.from_pretrained(f"{ck}/condition_encoder", torch_dtype=f32).eval(),
-        transformer=MiniMaxMusic3Transformer1DModel.from_pretrained(f"{ck}/transformer", torch_dtype=f32).eval(),
-        vocoder=MiniMaxMusic3Vocoder.from_pretrained(f"{ck}/vocoder", torch_dtype=f32).eval(),
+        condition_encoder=load(MiniMaxMusic3ConditionEncoder, "condition_encoder"),
+        transformer=load(MiniMaxMusic3Transformer1DModel, "transformer"),
+        vocoder=load(MiniMaxMusic3Vocoder, "vocoder"),
         scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(f"{ck}/scheduler"),
         tokenizer=AutoTokenizer.from_pretrained(f"{ck}/tokenizer"))
     return pipe
 
 
 def install_recorders(pipe, rec):
-    """Wraps the pipeline's sampler, noise draw, AR step and models to record into rec."""
+    """Wraps the pipeline's sampler, noise draw, AR step and models to record into rec.
+    With rec["replay"] set ({"frame_hiddens", "noise"} of an earlier run) the AR step and
+    the noise draws return those instead of computing them (the yardstick reruns)."""
     vocab = pipe.language_model.config.vocab_size
     sample, randn, ar_step = encoders._sample_top_k, denoise.randn_tensor, encoders.MiniMaxMusic3AutoregressiveStep.__call__
 
@@ -80,14 +117,24 @@ def install_recorders(pipe, rec):
                 t[f"depth_guided_logits.{i}"] = logits[0].float()
         return drawn
 
-    def randn_recorded(*args, **kwargs):
-        noise = randn(*args, **kwargs)
+    def randn_recorded(shape, *args, **kwargs):
+        if rec.get("replay"):
+            noise = rec["replay"]["noise"][len(rec["noise"])]
+            noise = noise[None].to(device=kwargs.get("device"), dtype=kwargs.get("dtype"))
+            assert tuple(noise.shape) == tuple(shape), (noise.shape, shape)
+        else:
+            noise = randn(shape, *args, **kwargs)
         rec["noise"].append(noise[0].clone())
         return noise
 
     def ar_recorded(self, components, state):
         rec["text_ids"] = state.get("text_ids").clone()
-        components, state = ar_step(self, components, state)
+        if rec.get("replay"):
+            block_state = self.get_block_state(state)
+            block_state.frame_hiddens = rec["replay"]["frame_hiddens"][None].to(components._execution_device)
+            self.set_block_state(state, block_state)
+        else:
+            components, state = ar_step(self, components, state)
         rec["frame_hiddens"] = state.get("frame_hiddens")[0].clone()
         return components, state
 
@@ -113,13 +160,18 @@ def install_recorders(pipe, rec):
     pipe.transformer.register_forward_hook(dit_recorded, with_kwargs=True)
 
 
-def run_case(pipe, rec, case, compact):
+def render(pipe, rec, case, replay=None):
+    """One run of the pipeline on case; replay: the draws of an earlier run (stage 1 only)."""
     rec.clear()
-    rec.update(lm=[], depth=[], t={}, noise=[], condition=[], vocoder=[], dit=[])
+    rec.update(lm=[], depth=[], t={}, noise=[], condition=[], vocoder=[], dit=[], replay=replay)
     with torch.no_grad():
-        audio = pipe(prompt=case["prompt"], lyrics=case["lyrics"], audio_duration=case["audio_duration"],
-                     num_inference_steps=case["num_inference_steps"],
-                     generator=torch.Generator().manual_seed(case["seed"]), output_type="pt", output="audios")[0]
+        return pipe(prompt=case["prompt"], lyrics=case["lyrics"], audio_duration=case["audio_duration"],
+                    num_inference_steps=case["num_inference_steps"],
+                    generator=torch.Generator().manual_seed(case["seed"]), output_type="pt", output="audios")[0]
+
+
+def run_case(pipe, rec, case, compact):
+    audio = render(pipe, rec, case)
     t = rec["t"]
     t["text_ids"] = rec["text_ids"][0]
     t["text_ids_pair"] = rec["text_ids"]
@@ -141,7 +193,7 @@ def run_case(pipe, rec, case, compact):
         for name, v in call.items():
             t[f"dit_call.{k}.{name}"] = v
     t["audio"] = audio
-    tensors = {k: (v.clone() if v.dtype == torch.int64 else v.float()).contiguous() for k, v in t.items()}
+    tensors = {k: (v.clone() if v.dtype == torch.int64 else v.float()).contiguous().cpu() for k, v in t.items()}
     entry = {k: case[k] for k in ("prompt", "lyrics")}
     entry["assembled_prompt"] = rec["assembled_prompt"]
     entry.update({k: case[k] for k in ("audio_duration", "num_inference_steps", "seed")})
@@ -151,28 +203,144 @@ def run_case(pipe, rec, case, compact):
     return tensors, entry
 
 
+YARDSTICKS = ("tf32", "bf16", "fp16", "bf16-naive")
+
+
+def cast_floats(x, dtype):
+    if torch.is_tensor(x):
+        return x.to(dtype) if x.is_floating_point() else x
+    if isinstance(x, (tuple, list)):
+        return type(x)(cast_floats(v, dtype) for v in x)
+    if isinstance(x, dict):
+        return {k: cast_floats(v, dtype) for k, v in x.items()}
+    return x
+
+
+def set_precision(module, precision, device_type):
+    """Run module's forward in PyTorch's precision (the docstring's list); returns an undo."""
+    orig = module.forward
+    if precision == "tf32":
+        def forward(*args, **kwargs):
+            saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+    elif precision in ("bf16", "fp16"):
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+
+        def forward(*args, **kwargs):
+            with torch.autocast(device_type, dtype=dtype):
+                out = orig(*args, **kwargs)
+            return cast_floats(out, torch.float32)
+    elif precision == "bf16-naive":
+        low = copy.deepcopy(module).to(torch.bfloat16)
+        for hooks in (low._forward_hooks, low._forward_hooks_with_kwargs, low._forward_pre_hooks):
+            hooks.clear()  # the recorders stay on the float32 module only
+
+        def forward(*args, **kwargs):
+            bf = torch.bfloat16
+            return cast_floats(low(*cast_floats(args, bf), **cast_floats(kwargs, bf)), torch.float32)
+    else:
+        raise ValueError(f"unknown precision {precision}")
+    module.forward = forward
+
+    def undo():
+        del module.forward
+    return undo
+
+
+def rel_error(x, ref):
+    x, ref = x.detach().double().cpu(), ref.detach().double().cpu()
+    den, num = ref.norm().item(), (x - ref).norm().item()
+    return num / den if den > 0 else num
+
+
+def figure(rel):
+    """{"rel", "snr_db"}; null where not finite (a run that overflowed) or infinite dB (rel 0)."""
+    ok = math.isfinite(rel)
+    return {"rel": rel if ok else None, "snr_db": -20 * math.log10(rel) if ok and rel > 0 else None}
+
+
+def yardstick_case(pipe, rec, case, tensors, precision, device_type):
+    """Stage 1 of case in precision, on the float32 run's draws: rel errors against it."""
+    windows = len([k for k in tensors if k.startswith("window.") and k.endswith(".noise")])
+    replay = {"frame_hiddens": tensors["frame_hiddens"],
+              "noise": [tensors[f"window.{w}.noise"] for w in range(windows)]}
+    undo = [set_precision(m, precision, device_type) for m in (pipe.transformer, pipe.vocoder)]
+    try:
+        audio = render(pipe, rec, case, replay)
+    finally:
+        for u in undo:
+            u()
+    dit = max(rel_error(call["out"], tensors[f"dit_call.{k}.out"]) for k, call in enumerate(rec["dit"]))
+    latents = max(rel_error(rec["vocoder"][w][0], tensors[f"window.{w}.latents"]) for w in range(windows))
+    return {"dit_call": dit, "latents": latents, "audio": rel_error(audio, tensors["audio"])}
+
+
 def main():
-    args = [a for a in sys.argv[1:] if a != "--compact"]
-    if len(args) != 3:
-        sys.exit(__doc__)
-    ck, out, cases_path = args
-    torch.set_num_threads(1)
-    cases = json.load(open(cases_path, encoding="utf-8"))["cases"]
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("ckpt")
+    ap.add_argument("out")
+    ap.add_argument("cases")
+    ap.add_argument("--compact", action="store_true")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--yardsticks", default="", help="comma-separated: " + ",".join(YARDSTICKS))
+    a = ap.parse_args()
+    yardsticks = [p for p in a.yardsticks.split(",") if p]
+    for p in yardsticks:
+        if p not in YARDSTICKS:
+            ap.error(f"--yardsticks: unknown precision {p!r} (expected some of {','.join(YARDSTICKS)})")
+    ck, out = a.ckpt, a.out
+    if a.device == "cpu":
+        torch.set_num_threads(1)
+    float32_exact()
+    cases = json.load(open(a.cases, encoding="utf-8"))["cases"]
     os.makedirs(out, exist_ok=True)
-    pipe, rec = load_pipeline(ck), {}
+    pipe, rec = load_pipeline(ck, a.device), {}
     install_recorders(pipe, rec)
-    manifest = {"diffusers_version": diffusers.__version__, "torch": torch.__version__, "device": "cpu",
-                "checkpoint": "checkpoint", "cases": []}
+    manifest = {"diffusers_version": diffusers.__version__, "torch": torch.__version__, "device": a.device,
+                "tf32": False, "checkpoint": "checkpoint", "cases": []}
+    per_case = []
     for i, case in enumerate(cases):
-        tensors, entry = run_case(pipe, rec, case, "--compact" in sys.argv)
+        t0 = time.monotonic()
+        tensors, entry = run_case(pipe, rec, case, a.compact)
         entry["file"] = f"case{i}.safetensors"
         # clones: safetensors refuses tensors that share storage (text_ids is a row of the pair)
         save_file({k: v.clone() for k, v in tensors.items()}, f"{out}/{entry['file']}")
         manifest["cases"].append(entry)
-        print(entry["file"], "frames", entry["num_frames"], "windows", entry["num_windows"], flush=True)
+        print(entry["file"], "frames", entry["num_frames"], "windows", entry["num_windows"],
+              f"float32 {time.monotonic() - t0:.1f} s", flush=True)
+        figures = {}
+        for p in yardsticks:
+            t0 = time.monotonic()
+            try:
+                figures[p] = yardstick_case(pipe, rec, case, tensors, p, a.device)
+            except Exception as e:  # one precision failing must not lose the reference
+                print(f"  {p}: failed: {type(e).__name__}: {e}", flush=True)
+                figures[p] = {q: math.nan for q in ("dit_call", "latents", "audio")}
+            print(f"  {p}: " + "  ".join(f"{q} {r:.2e}" for q, r in figures[p].items()),
+                  f"({time.monotonic() - t0:.1f} s)", flush=True)
+        per_case.append({"file": entry["file"], "precisions": figures})
     with open(f"{out}/manifest.json", "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=2, ensure_ascii=False)
         f.write("\n")
+    if yardsticks:
+        # per precision and quantity the worst case (a non-finite figure stays the worst)
+        worst = {p: {q: max((c["precisions"][p][q] for c in per_case), key=lambda r: (not math.isfinite(r), r))
+                     for q in ("dit_call", "latents", "audio")} for p in yardsticks}
+        doc = {"reference": "float32", "device": a.device, "torch": torch.__version__,
+               "diffusers_version": diffusers.__version__,
+               "scheme": "DiT and vocoder in the precision (tf32 flags / torch.autocast / bf16-naive casts), "
+                         "the rest float32; same frame hiddens and noise as the float32 run",
+               "rule": "mm3 CUDA bound = max(tiny bound, 1.25 x rel)",
+               "precisions": {p: {q: figure(r) for q, r in worst[p].items()} for p in yardsticks},
+               "cases": [{"file": c["file"], "precisions": {p: {q: figure(r) for q, r in v.items()}
+                                                            for p, v in c["precisions"].items()}} for c in per_case]}
+        with open(f"{out}/yardsticks.json", "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=2, allow_nan=False)
+            f.write("\n")
 
 
 if __name__ == "__main__":

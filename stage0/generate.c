@@ -371,6 +371,8 @@ int generate_sample(struct generate *g)
     float *logits = g->work, *guided = g->work + 2 * (size_t)SAMPLER_C0_COLS;
     int col, rc;
     if ((rc = model_head(g, g->hidden, logits)) < 0) return sample_failed(g, rc);
+    if (g->hooks.on_c0_logits)
+        g->hooks.on_c0_logits(g->hooks.ctx, s, logits, logits + SAMPLER_C0_COLS, SAMPLER_C0_COLS);
     if (g->cfg_scale > 1.0f) {
         sampler_c0_guide(guided, logits, logits + SAMPLER_C0_COLS, SAMPLER_C0_COLS, g->cfg_scale, SAMPLER_TOP_K);
     } else {
@@ -397,7 +399,7 @@ int generate_sample(struct generate *g)
 static int pairs_ok(const struct generate *g)
 {
     return g->be && g->be->sample_pairs && !g->done && g->sp->mode == SAMPLER_SEEDED && g->sp->top_k == SAMPLER_TOP_K &&
-           !g->hooks.on_draw;
+           !g->hooks.on_draw && !g->hooks.on_c0_logits;
 }
 
 static int batchable(const struct generate *g)

@@ -56,6 +56,10 @@ struct generate_hooks {
     /* Optional: the guided logits of every draw before the sampler (step s; j = 0:
      * c0 in compact columns, n = SAMPLER_C0_COLS; j >= 1: codebook j, n = audio vocab). */
     void (*on_draw)(void *ctx, int s, int j, const float *guided, int n);
+    /* Optional: the conditional and unconditional c0 logits of step s (compact columns,
+     * n = SAMPLER_C0_COLS) before guidance, just before on_draw(s, 0): the golden replay
+     * measures from them how near a forced code is to the c0 rule's top-k edge. */
+    void (*on_c0_logits)(void *ctx, int s, const float *cond, const float *uncond, int n);
 };
 
 /* Tokens of several requests for one talker_forward (continuous batching):

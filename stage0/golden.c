@@ -44,6 +44,11 @@ struct golden_run {
     int forced_on_swap;   /* forced c0 draws that landed on such a tolerated id (outside our set) */
     double tol;
     char support_detail[768]; /* the first differing candidate set, for the report */
+    float *cond;              /* the conditional c0 row of step cond_step */
+    int cond_step;
+    int n_flips, flips_edge; /* forced c0 draws outside our set; those at the top-k edge */
+    int flips_described;     /* how many of them flip_detail holds */
+    char flip_detail[2048];  /* one line per flip, the first few */
 };
 
 static int load_i64(const struct st_file *f, const char *name, int64_t **out, int *ndim, int64_t *shape)
@@ -214,6 +219,48 @@ int golden_forced_on_swap(const float *guided, int n, const int64_t *ref_ids, in
     return col >= 0 && col < n && !isfinite(guided[col]) && ref_has_col(ref_ids, k, (int)col);
 }
 
+static int cmp_desc(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    if (!isfinite(x)) x = -INFINITY;
+    if (!isfinite(y)) y = -INFINITY;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+void golden_c0_edge(const float *cond, int n, int k, int col, double *edge, double *margin, double *scale)
+{
+    *edge = *margin = *scale = NAN;
+    if (n < 1 || k < 1 || col < 0 || col >= n) return;
+    if (k > n) k = n;
+    float *v = malloc(sizeof(float) * (size_t)n);
+    if (!v) return;
+    memcpy(v, cond, sizeof(float) * (size_t)n);
+    qsort(v, (size_t)n, sizeof(float), cmp_desc);
+    double sq = 0;
+    for (int i = 0; i < k; i++)
+        sq += isfinite(v[i]) ? (double)v[i] * v[i] : 0;
+    *edge = v[k - 1];
+    *margin = *edge - (double)cond[col];
+    *scale = sqrt(sq / k);
+    free(v);
+}
+
+int golden_flip_is_edge(double margin, double scale, double tol)
+{
+    return margin >= 0 && margin <= tol * scale;
+}
+
+int golden_flip_budget(int n_c0_draws)
+{
+    int n = (int)(GOLDEN_FLIP_FRACTION * n_c0_draws);
+    return n > 1 ? n : 1;
+}
+
+int golden_flips_pass(int n_outside, int n_edge_flips, int n_c0_draws)
+{
+    return n_outside == n_edge_flips && n_edge_flips <= golden_flip_budget(n_c0_draws);
+}
+
 /* Which ids differ between the two candidate sets of draw s, with their logits. */
 static void describe_support(char *buf, size_t size, int s, const float *guided, int n, const struct golden_case *gc)
 {
@@ -247,12 +294,46 @@ static void on_frame(void *ctx, int t, const float *frame, const int32_t *codes)
     r->n_frames = t + 1;
 }
 
-static void on_draw(void *ctx, int s, int j, const float *guided, int n)
+static void on_c0_logits(void *ctx, int s, const float *cond, const float *uncond, int n)
 {
     struct golden_run *r = ctx;
+    (void)uncond;
+    if (n != SAMPLER_C0_COLS) return;
+    memcpy(r->cond, cond, sizeof(float) * SAMPLER_C0_COLS);
+    r->cond_step = s;
+}
+
+/* Step s's forced c0 draw, when it falls outside our candidate set guided[n]: a flip,
+ * at the edge when within the float error of the conditional top-k value or on an id
+ * the candidate-set comparison tolerated (on_swap). */
+static void note_flip(struct golden_run *r, int s, const float *guided, int n, int on_swap)
+{
     const struct golden_case *gc = r->gc;
-    if (j == 0) {
-        if (s >= gc->n_lm_guided) return;
+    if (s >= gc->n_lm) return;
+    int64_t col = sampler_c0_id_to_col(gc->lm_sampled[s]);
+    if (col < 0 || col >= n || guided[col] > -INFINITY) return;
+    double edge = NAN, margin = NAN, scale = NAN;
+    if (r->cond_step == s) golden_c0_edge(r->cond, n, SAMPLER_TOP_K, (int)col, &edge, &margin, &scale);
+    int at_edge = on_swap || golden_flip_is_edge(margin, scale, r->tol);
+    r->n_flips++;
+    r->flips_edge += at_edge;
+    size_t at = strlen(r->flip_detail), room = sizeof r->flip_detail - at;
+    if (room <= 200) return;
+    r->flips_described++;
+    snprintf(r->flip_detail + at, room,
+             "  c0 flip at step %d: column %lld, conditional logit %.6g is %.3g below the top-%d edge %.6g "
+             "(%.2e x the top logits' RMS %.4g; bound %.1e): %s\n",
+             s, (long long)col, r->cond_step == s ? r->cond[col] : NAN, margin, SAMPLER_TOP_K, edge, margin / scale,
+             scale, r->tol, at_edge ? "at the edge" : "NOT at the edge");
+}
+
+/* A c0 draw: its candidate set and guided logits against the reference's (the first
+ * recorded draws), and whether the forced code is outside our set. */
+static void note_draw_c0(struct golden_run *r, int s, const float *guided, int n)
+{
+    const struct golden_case *gc = r->gc;
+    int on_swap = 0;
+    if (s < gc->n_lm_guided) {
         int swaps = 0;
         /* Under a bf16 tolerance an id may also cross the c0 rule's threshold (the
          * conditional row's top-k edge, which the guided logits do not show). */
@@ -263,7 +344,8 @@ static void on_draw(void *ctx, int s, int j, const float *guided, int n)
         r->lm_support_mismatch += bad;
         r->lm_support_swaps += swaps;
         if (!bad && swaps && s < gc->n_lm)
-            r->forced_on_swap += golden_forced_on_swap(guided, n, gc->lm_support[s], k, gc->lm_sampled[s]);
+            on_swap = golden_forced_on_swap(guided, n, gc->lm_support[s], k, gc->lm_sampled[s]);
+        r->forced_on_swap += on_swap;
         for (int i = 0; i < gc->support_len[s]; i++) {
             int64_t col = sampler_c0_id_to_col(gc->lm_support[s][i]);
             if (col < 0 || col >= n || !isfinite(guided[col])) continue;
@@ -271,6 +353,16 @@ static void on_draw(void *ctx, int s, int j, const float *guided, int n)
             r->lm_ref[r->lm_n] = gc->lm_logits[s][i];
             r->lm_n++;
         }
+    }
+    note_flip(r, s, guided, n, on_swap);
+}
+
+static void on_draw(void *ctx, int s, int j, const float *guided, int n)
+{
+    struct golden_run *r = ctx;
+    const struct golden_case *gc = r->gc;
+    if (j == 0) {
+        note_draw_c0(r, s, guided, n);
         return;
     }
     int k = s * (r->ncb - 1) + (j - 1);
@@ -361,7 +453,7 @@ static int run_case(const char *dir, const char *root, json_t *jc, const struct 
         return 0;
     }
     int H = lm->cfg.hidden, ncb = dd->cfg.n_codebooks;
-    struct golden_run r = {.gc = &gc, .ncb = ncb, .hidden = H, .tol = gr->tol};
+    struct golden_run r = {.gc = &gc, .ncb = ncb, .hidden = H, .tol = gr->tol, .cond_step = -1};
     int pass = 1, max_frames = 0;
     char ids_msg[256];
     pass &= check_text_ids(root, &gc, caption, lyrics, ids_msg, sizeof ids_msg);
@@ -372,9 +464,10 @@ static int run_case(const char *dir, const char *root, json_t *jc, const struct 
     r.lm_ours = malloc(sizeof(float) * (total_support + 1));
     r.lm_ref = malloc(sizeof(float) * (total_support + 1));
     r.depth_logits = calloc((size_t)gc.n_depth_guided * gc.depth_vocab + 1, sizeof(float));
+    r.cond = malloc(sizeof(float) * SAMPLER_C0_COLS);
     if ((rc = generate_frame_budget(json_number_value(jd), fps, &max_frames)) == 0) {
         r.frames = malloc(sizeof(float) * (size_t)max_frames * ncb * H);
-        if (!ids || !r.lm_ours || !r.lm_ref || !r.depth_logits || !r.frames)
+        if (!ids || !r.lm_ours || !r.lm_ref || !r.depth_logits || !r.frames || !r.cond)
             rc = mm3_errorf(-ENOMEM, "%s: out of memory", file);
     }
     if (rc == 0 && gc.frame_width != ncb * H)
@@ -389,7 +482,8 @@ static int run_case(const char *dir, const char *root, json_t *jc, const struct 
         for (int i = 0; i < 2 * gc.prompt_len; i++)
             ids[i] = (int32_t)gc.ids_pair[i];
         sampler_init_replay(&sp, gc.lm_sampled, gc.n_lm, gc.depth_sampled, gc.n_depth, ncb);
-        struct generate_hooks hooks = {.ctx = &r, .on_frame = on_frame, .on_draw = on_draw};
+        struct generate_hooks hooks = {
+            .ctx = &r, .on_frame = on_frame, .on_draw = on_draw, .on_c0_logits = on_c0_logits};
         float cfg = json_is_number(jcfg) ? (float)json_number_value(jcfg) : SAMPLER_CFG_SCALE;
         rc = gr->run(gr->ctx, lm, dd, &sp, ids, gc.prompt_len, max_frames, cfg, &hooks, &stop);
     }
@@ -404,27 +498,32 @@ static int run_case(const char *dir, const char *root, json_t *jc, const struct 
         double rel_frames = frames_ok ? rel_error(r.frames, gc.frames, (size_t)gc.n_frames * gc.frame_width) : INFINITY;
         int ended = stop == GENERATE_STOP_TOKEN;
         int end_ok = !json_is_boolean(jend) || json_is_true(jend) == ended;
-        /* A forced draw outside our set counts unless it is one of the tolerated edge ids:
-         * the reference drew the id that rounding moved across the c0 rule's threshold. */
-        int outside = sp.n_outside - r.forced_on_swap;
-        pass &= frames_ok && end_ok && r.lm_support_mismatch == 0 && outside == 0 && rel_lm <= gr->tol &&
+        /* A forced draw outside our set counts unless it is a bounded number of edge
+         * flips: the reference drew a code that rounding moved across the c0 rule's edge. */
+        int flips_ok = golden_flips_pass(sp.n_outside, r.flips_edge, gc.n_lm);
+        pass &= frames_ok && end_ok && r.lm_support_mismatch == 0 && flips_ok && rel_lm <= gr->tol &&
                 rel_depth <= gr->tol && rel_frames <= gr->tol;
         fprintf(out,
-                "%s: frames %d/%d%s lm_guided rel %.3g (%d draws%s%s) depth_guided rel %.3g (%d draws) "
-                "frame_hiddens rel %.3g%s%s %s %s\n",
-                file, r.n_frames, gc.n_frames, end_ok ? "" : " (stop reason differs)", rel_lm, gc.n_lm_guided,
-                r.lm_support_mismatch ? ", SUPPORT DIFFERS" : "",
-                r.lm_support_swaps ? ", candidate sets differ at their edge" : "", rel_depth, gc.n_depth_guided,
-                rel_frames, outside ? " (forced draws outside the candidate set)" : "",
-                r.forced_on_swap ? " (a forced draw on a tolerated edge id)" : "", ids_msg,
-                pass ? "PASS" : "FAIL");
+                "%s: frames %d/%d%s lm_guided rel %.3g (%.1f dB; bound %.1e; %d draws%s%s) depth_guided rel %.3g "
+                "(%.1f dB; %d draws) frame_hiddens rel %.3g (%.1f dB; bound %.1e) c0 edge flips %d (bound %d)%s%s %s "
+                "%s\n",
+                file, r.n_frames, gc.n_frames, end_ok ? "" : " (stop reason differs)", rel_lm, -20 * log10(rel_lm),
+                gr->tol, gc.n_lm_guided, r.lm_support_mismatch ? ", SUPPORT DIFFERS" : "",
+                r.lm_support_swaps ? ", candidate sets differ at their edge" : "", rel_depth, -20 * log10(rel_depth),
+                gc.n_depth_guided, rel_frames, -20 * log10(rel_frames), gr->tol, r.flips_edge,
+                golden_flip_budget(gc.n_lm),
+                sp.n_outside > r.flips_edge ? " (forced draws outside the candidate set, off the edge)" : "",
+                r.forced_on_swap ? " (a forced draw on a tolerated edge id)" : "", ids_msg, pass ? "PASS" : "FAIL");
     }
     if (r.support_detail[0]) fprintf(out, "  %s\n", r.support_detail);
+    if (r.flip_detail[0]) fputs(r.flip_detail, out);
+    if (r.n_flips > r.flips_described) fprintf(out, "  ... and %d more c0 flips\n", r.n_flips - r.flips_described);
     free(ids);
     free(r.lm_ours);
     free(r.lm_ref);
     free(r.depth_logits);
     free(r.frames);
+    free(r.cond);
     case_free(&gc);
     return pass;
 }
@@ -435,8 +534,7 @@ int golden_check_dir(const char *dir, FILE *out, int *n_pass, int *n_fail)
 }
 
 int golden_check_dir_with(const char *dir, golden_run_fn run, void *ctx, enum talker_backend_kind models_for,
-                          double tol, FILE *out, int *n_pass,
-                          int *n_fail)
+                          double tol, FILE *out, int *n_pass, int *n_fail)
 {
     const struct golden_runner gr = {.run = run, .ctx = ctx, .tol = tol};
     *n_pass = *n_fail = 0;

@@ -56,4 +56,28 @@ int golden_support_compare(const float *guided, int n, const int64_t *ref_ids, c
  * different distribution. 0 otherwise. */
 int golden_forced_on_swap(const float *guided, int n, const int64_t *ref_ids, int k, int64_t forced_id);
 
+/* Forced c0 draws outside our candidate set ("flips"). The c0 rule keeps the codes whose
+ * conditional logit reaches the conditional row's top-k-th value; where a code sits
+ * within the float error of that edge, our rounding can leave out the very code the
+ * reference drew. Such an edge flip is counted and bounded, not failed: at most
+ * golden_flip_budget(c0 draws) per case, each within tol x the RMS of the row's k
+ * largest logits of the edge. A flip farther from the edge, or any forced depth draw
+ * outside the candidate set, fails the case. */
+#define GOLDEN_FLIP_FRACTION 0.01
+
+/* The c0 top-k edge of the conditional row cond[n] seen from column col: *edge = the
+ * k-th largest value (duplicates counted), *margin = *edge - cond[col] (> 0: col is
+ * below it), *scale = RMS of the k largest values. Non-finite values rank lowest. */
+void golden_c0_edge(const float *cond, int n, int k, int col, double *edge, double *margin, double *scale);
+
+/* 1 when a flip margin (golden_c0_edge) is within tol x scale of the edge, 0 otherwise. */
+int golden_flip_is_edge(double margin, double scale, double tol);
+
+/* The edge flips a case of n_c0_draws c0 draws may have: max(1, GOLDEN_FLIP_FRACTION x n). */
+int golden_flip_budget(int n_c0_draws);
+
+/* 1 when a case's forced draws pass: all n_outside draws outside our candidate set are
+ * edge flips (n_edge_flips of them) and they are within golden_flip_budget(n_c0_draws). */
+int golden_flips_pass(int n_outside, int n_edge_flips, int n_c0_draws);
+
 #endif

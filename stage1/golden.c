@@ -7,12 +7,14 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/error.h"
 #include "common/safetensors.h"
 #include "stage1/condition.h"
 #include "stage1/dit.h"
 #include "stage1/flow.h"
+#include "stage1/golden_bounds.h"
 #include "stage1/render.h"
 #include "stage1/vocoder.h"
 
@@ -28,11 +30,10 @@ struct models {
     struct condition_model *cm;
     struct dit_model *dm;
     struct vocoder *voc;
-    struct s1_backend be; /* backend cuda: the GPU DiT, flow loop and vocoder */
-    struct flow_cuda *fc; /* be.flow, for the single DiT-call checks */
-    double tol_fwd;       /* one DiT forward */
-    double tol_flow;      /* what the flow loop produced: latents */
-    double tol_audio;     /* and what the vocoder made of them: waveform, audio */
+    struct s1_backend be;   /* backend cuda: the GPU DiT, flow loop and vocoder */
+    struct flow_cuda *fc;   /* be.flow, for the single DiT-call checks */
+    struct golden_bounds b; /* dit_call: one DiT forward; latents: what the flow loop
+                             * produced; audio: what the vocoder made of them (waveform too) */
 };
 
 /* Per case: the file, what has been compared so far and the collected audio. */
@@ -60,6 +61,12 @@ static double rel_error(const float *a, const float *b, size_t n)
     if (den == 0) return sqrt(num);
     double r = sqrt(num / den);
     return isnan(r) ? INFINITY : r;
+}
+
+/* " name rel (SNR dB; bound B)": SNR = -20 log10 rel, the signal over the error's energy. */
+static void put_rel(FILE *out, const char *name, double rel, double bound)
+{
+    fprintf(out, "  %s %.2e (%.1f dB; bound %.1e)", name, rel, -20 * log10(rel), bound);
 }
 
 /* A comparison fails the case unless rel <= tol (NaN fails). */
@@ -286,8 +293,12 @@ static int run_case(const struct models *m, const char *dir, json_t *jc, FILE *o
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, file);
     struct st_file f;
-    struct golden_case gc = {
-        .f = &f, .name = file, .ok = 1, .tol_flow = m->tol_flow, .tol_audio = m->tol_audio, .wav0 = -1};
+    struct golden_case gc = {.f = &f,
+                             .name = file,
+                             .ok = 1,
+                             .tol_flow = m->b.bound[GOLDEN_Q_LATENTS],
+                             .tol_audio = m->b.bound[GOLDEN_Q_AUDIO],
+                             .wav0 = -1};
     double d0 = NAN, d1 = NAN, audio = NAN;
     int rc = st_file_open(&f, path);
     if (rc < 0) {
@@ -296,8 +307,8 @@ static int run_case(const struct models *m, const char *dir, json_t *jc, FILE *o
     }
     if ((rc = check_dit_call(m, &f, 0, &d0)) == 0) rc = check_dit_call(m, &f, 1, &d1);
     if (rc == 0) {
-        note(&gc, d0, m->tol_fwd);
-        note(&gc, d1, m->tol_fwd);
+        note(&gc, d0, m->b.bound[GOLDEN_Q_DIT_CALL]);
+        note(&gc, d1, m->b.bound[GOLDEN_Q_DIT_CALL]);
         rc = render_case(m, &gc, steps, guidance);
     }
     int64_t want = -1;
@@ -319,16 +330,27 @@ static int run_case(const struct models *m, const char *dir, json_t *jc, FILE *o
                         den += (double)ref[ch * want + i] * ref[ch * want + i];
                     }
                 audio = den > 0 ? sqrt(num / den) : sqrt(num);
-                note(&gc, audio, m->tol_audio);
+                note(&gc, audio, gc.tol_audio);
             }
             free(ref);
         }
     }
-    fprintf(out, "%s: dit_call %.2e %.2e  condition %.2e  latents", file, d0, d1, gc.cond_max);
+    /* Each quantity at its worst (a NaN stays a NaN), the parts in brackets. */
+    double dit = isnan(d0) || isnan(d1) ? NAN : fmax(d0, d1), lat = gc.n_windows ? 0 : NAN;
+    for (int w = 0; w < gc.n_windows; w++)
+        lat = isnan(lat) || isnan(gc.lat[w]) ? NAN : fmax(lat, gc.lat[w]);
+    fprintf(out, "%s:", file);
+    put_rel(out, "dit_call", dit, m->b.bound[GOLDEN_Q_DIT_CALL]);
+    fprintf(out, " [calls %.2e %.2e]", d0, d1);
+    put_rel(out, "condition", gc.cond_max, GOLDEN_REL_TOL);
+    put_rel(out, "latents", lat, gc.tol_flow);
+    fprintf(out, " [windows");
     for (int w = 0; w < gc.n_windows; w++)
         fprintf(out, " %.2e", gc.lat[w]);
-    if (gc.wav0 >= 0) fprintf(out, "  waveform0 %.2e", gc.wav0);
-    fprintf(out, "  audio %.2e (%lld of %lld samples): ", audio, (long long)gc.n_audio, (long long)want);
+    fprintf(out, "]");
+    if (gc.wav0 >= 0) put_rel(out, "waveform0", gc.wav0, gc.tol_audio);
+    put_rel(out, "audio", audio, gc.tol_audio);
+    fprintf(out, " (%lld of %lld samples): ", (long long)gc.n_audio, (long long)want);
     if (rc < 0) gc.ok = 0;
     if (rc < 0)
         fprintf(out, "FAIL (%s)\n", mm3_last_error());
@@ -339,20 +361,26 @@ static int run_case(const struct models *m, const char *dir, json_t *jc, FILE *o
     return gc.ok;
 }
 
-/* The bounds of o's backend and precision (golden.h). */
-static void pick_tolerances(const struct golden_options *o, struct models *m)
+/* The bounds of o's backend and precision (golden_bounds.h): the tiny ones, widened by
+ * DIR/yardsticks.json on the GPU when it is there. */
+static int pick_bounds(const char *dir, const struct golden_options *o, struct golden_bounds *b, FILE *out)
 {
-    m->tol_fwd = m->tol_flow = m->tol_audio = GOLDEN_REL_TOL;
-    if (o->backend != MM3_BACKEND_CUDA) return;
-    if (o->precision == MM3_MATMUL_TF32 || o->precision == MM3_MATMUL_FP16) { /* one operand mantissa */
-        m->tol_fwd = GOLDEN_REL_TOL_FWD_TF32;
-        m->tol_flow = GOLDEN_REL_TOL_FLOW_TF32;
-        m->tol_audio = GOLDEN_REL_TOL_AUDIO_TF32;
-    } else if (o->precision == MM3_MATMUL_BF16) {
-        m->tol_fwd = GOLDEN_REL_TOL_FWD_BF16;
-        m->tol_flow = GOLDEN_REL_TOL_FLOW_BF16;
-        m->tol_audio = GOLDEN_REL_TOL_AUDIO_BF16;
+    golden_bounds_tiny(b, o->backend, o->precision);
+    if (o->backend != MM3_BACKEND_CUDA) return 0;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/yardsticks.json", dir);
+    if (access(path, F_OK) != 0) return 0;
+    int rc = golden_bounds_apply_yardsticks(b, path, o->precision);
+    if (rc < 0) return rc;
+    fprintf(out, "yardsticks %s, PyTorch %s against its float32:", path, mm3_matmul_precision_name(o->precision));
+    for (int q = 0; q < GOLDEN_Q_COUNT; q++) {
+        if (b->yardstick[q] >= 0)
+            fprintf(out, " %s %.2e (%.1f dB)", golden_quantity_name(q), b->yardstick[q], -20 * log10(b->yardstick[q]));
+        else
+            fprintf(out, " %s -", golden_quantity_name(q));
     }
+    fprintf(out, "; bound = max(tiny, %.2fx PyTorch's)\n", GOLDEN_YARDSTICK_FACTOR);
+    return 0;
 }
 
 /* Backend cuda: the GPU DiT + flow loop for windows of the render's size. */
@@ -369,7 +397,8 @@ static int models_load_cuda(struct models *m, const struct golden_options *o, co
     fprintf(out,
             "backend cuda (%s), matmul precision %s: tolerance %.1e per DiT call, %.1e after the flow loop, %.1e "
             "after the vocoder\n",
-            dev, mm3_matmul_precision_name(o->precision), m->tol_fwd, m->tol_flow, m->tol_audio);
+            dev, mm3_matmul_precision_name(o->precision), m->b.bound[GOLDEN_Q_DIT_CALL], m->b.bound[GOLDEN_Q_LATENTS],
+            m->b.bound[GOLDEN_Q_AUDIO]);
     return 0;
 #else
     (void)m, (void)o, (void)root, (void)out;
@@ -400,7 +429,7 @@ int golden_run(const char *dir, const struct golden_options *o, FILE *out, int *
     }
     struct models m = {0};
     int rc;
-    pick_tolerances(o, &m);
+    if ((rc = pick_bounds(dir, o, &m.b, out)) < 0) goto out;
     if ((rc = condition_load(&m.cm, root)) < 0 || (rc = dit_load(&m.dm, root)) < 0 ||
         (rc = vocoder_load(&m.voc, root)) < 0)
         goto out;

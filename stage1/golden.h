@@ -12,7 +12,11 @@
  * precision (stage1/cuda/condition_cuda.h), so the condition is held to 1e-4 everywhere.
  * fp32 must pass at the same 1e-4. tf32 and bf16 round the GEMM operands (10 and 7
  * mantissa bits), and 30 Euler steps over a random-weight DiT amplify that, so they are
- * held to the looser, measured bounds below (docs/performance.md, "Stage 1 on the GPU"). */
+ * held to the looser, measured bounds below (docs/performance.md, "Stage 1 on the GPU").
+ * When DIR holds yardsticks.json (PyTorch's own deviation in each precision at DIR's
+ * geometry), the CUDA bounds widen to 1.25x PyTorch's figure where that is larger
+ * (stage1/golden_bounds.h). Each quantity is printed as rel, SNR in dB (-20 log10 rel)
+ * and the bound it was held to. */
 #ifndef MM3_STAGE1_GOLDEN_H
 #define MM3_STAGE1_GOLDEN_H
 
@@ -39,6 +43,11 @@
  * DiT's own share is damped to <= 5.3e-5. Bounds ~4x (tf32) and ~5x (bf16) above that. */
 #define GOLDEN_REL_TOL_AUDIO_TF32 2e-3
 #define GOLDEN_REL_TOL_AUDIO_BF16 1e-2
+/* fp16 operands keep 10 mantissa bits, as TF32's: the same bounds (measured on the H200
+ * over tiny-a, 2026-12-04: dit_call <= 4.9e-4, latents <= 1.8e-4, audio <= 2.0e-4). */
+#define GOLDEN_REL_TOL_FWD_FP16 GOLDEN_REL_TOL_FWD_TF32
+#define GOLDEN_REL_TOL_FLOW_FP16 GOLDEN_REL_TOL_FLOW_TF32
+#define GOLDEN_REL_TOL_AUDIO_FP16 GOLDEN_REL_TOL_AUDIO_TF32
 
 struct golden_options {
     const char *ckpt;                    /* checkpoint root, or NULL (see golden_run) */

@@ -1,7 +1,9 @@
 /* The c0 candidate-set comparison of the stage-0 golden replay: equal sets pass, a
  * swap of two ids tied at the top-k edge is tolerated, a swap away from the edge only
  * as one allowed flip of a bf16 backend, a set of another size never; a forced draw
- * outside our set is excused only on such a flipped id. */
+ * outside our set is excused only on such a flipped id. Forced draws outside our set
+ * (flips) are counted: one within the float error of the conditional top-k edge passes,
+ * more than max(1, 1% of the c0 draws) or one off the edge fails the case. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -109,6 +111,77 @@ static void test_forced_draw_on_swapped_id(void **state)
     assert_int_equal(golden_forced_on_swap(g, N, ids, 3, id_of(N)), 0);
 }
 
+/* A conditional row 10.0, 9.9, ..., 4.1 (60 columns): the 50th largest is 5.1. */
+static void fill_row(float *row, int n)
+{
+    for (int i = 0; i < n; i++)
+        row[i] = 10.0f - 0.1f * (float)i;
+}
+
+static void test_c0_edge_margin(void **state)
+{
+    (void)state;
+    float row[60];
+    fill_row(row, 60);
+    double edge, margin, scale;
+    golden_c0_edge(row, 60, 50, 50, &edge, &margin, &scale);
+    assert_float_equal(edge, 5.1, 1e-5);
+    assert_float_equal(margin, 0.1, 1e-5); /* column 50 holds 5.0 */
+    double sq = 0;
+    for (int i = 0; i < 50; i++)
+        sq += (double)row[i] * row[i];
+    assert_float_equal(scale, sqrt(sq / 50), 1e-5);
+    /* a column inside the top 50 is above the edge: a negative margin, never an edge flip */
+    golden_c0_edge(row, 60, 50, 3, &edge, &margin, &scale);
+    assert_true(margin < 0);
+    assert_false(golden_flip_is_edge(margin, scale, 2e-2));
+    /* unsorted input and a NaN (ranked lowest) give the same edge */
+    float shuffled[60];
+    for (int i = 0; i < 60; i++)
+        shuffled[i] = row[(i * 7) % 60];
+    shuffled[59] = NAN; /* replaces row[(59 * 7) % 60] = row[53], below the edge */
+    golden_c0_edge(shuffled, 60, 50, 0, &edge, &margin, &scale);
+    assert_float_equal(edge, 5.1, 1e-5);
+    /* out-of-range column: NaN figures, not an edge flip */
+    golden_c0_edge(row, 60, 50, 60, &edge, &margin, &scale);
+    assert_true(isnan(margin));
+    assert_false(golden_flip_is_edge(margin, scale, 2e-2));
+}
+
+static void test_edge_flip_within_float_error(void **state)
+{
+    (void)state;
+    float row[60];
+    fill_row(row, 60);
+    double edge, margin, scale;
+    golden_c0_edge(row, 60, 50, 50, &edge, &margin, &scale);
+    /* 0.1 below the edge against the top logits' RMS ~7.7: within a bf16-like 2e-2 x RMS
+     * (0.15), not within float32's 1e-4 x RMS, nor 0.5 below it */
+    assert_true(golden_flip_is_edge(margin, scale, 2e-2));
+    assert_false(golden_flip_is_edge(margin, scale, 1e-4));
+    golden_c0_edge(row, 60, 50, 55, &edge, &margin, &scale);
+    assert_false(golden_flip_is_edge(margin, scale, 2e-2));
+}
+
+static void test_flips_counted_and_bounded(void **state)
+{
+    (void)state;
+    assert_int_equal(golden_flip_budget(0), 1);
+    assert_int_equal(golden_flip_budget(250), 2);
+    assert_int_equal(golden_flip_budget(1000), 10);
+    /* no flip; one edge flip among 250 draws: counted, not failed */
+    assert_true(golden_flips_pass(0, 0, 250));
+    assert_true(golden_flips_pass(1, 1, 250));
+    assert_true(golden_flips_pass(2, 2, 250));
+    /* more edge flips than the bound fail */
+    assert_false(golden_flips_pass(3, 3, 250));
+    assert_false(golden_flips_pass(2, 2, 100));
+    /* a draw outside the set that is not an edge flip (far from the edge, or a depth
+     * draw) fails even alone */
+    assert_false(golden_flips_pass(1, 0, 250));
+    assert_false(golden_flips_pass(2, 1, 250));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -117,6 +190,9 @@ int main(void)
         cmocka_unit_test(test_swap_off_the_edge),
         cmocka_unit_test(test_size_differs),
         cmocka_unit_test(test_forced_draw_on_swapped_id),
+        cmocka_unit_test(test_c0_edge_margin),
+        cmocka_unit_test(test_edge_flip_within_float_error),
+        cmocka_unit_test(test_flips_counted_and_bounded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
