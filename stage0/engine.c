@@ -982,14 +982,14 @@ static void api_health(void *ctx, struct api_health *h)
 /* ---- life cycle ---- */
 
 int engine_create(struct engine **out, const struct mm3_deploy *d, const struct talker *lm, const struct depth *dd,
-                  const struct tokenizer *tok, const char *ckpt_root, const char *prefix)
+                  const struct tokenizer *tok, const char *ckpt_root, const struct pipe_run *run)
 {
     *out = NULL;
     struct engine *e = calloc(1, sizeof *e);
     if (!e) return mm3_errorf(-ENOMEM, "engine: out of memory");
     e->d = d;
     e->created_unix = time(NULL);
-    snprintf(e->prefix, sizeof e->prefix, "%s", prefix && *prefix ? prefix : SHMCONN_DEFAULT_PREFIX);
+    snprintf(e->prefix, sizeof e->prefix, "%s", run && run->prefix[0] ? run->prefix : SHMCONN_DEFAULT_PREFIX);
     int rc = frame_mix_load(&e->mix, ckpt_root);
     if (rc < 0) goto fail;
     e->raw_width = dd->cfg.n_codebooks * lm->cfg.hidden;
@@ -1011,6 +1011,14 @@ int engine_create(struct engine **out, const struct mm3_deploy *d, const struct 
     }
     pipe_channel_config(d, PIPE_CHANNEL_S0_TO_S1, e->prefix, &e->cfg_out);
     pipe_channel_config(d, PIPE_CHANNEL_S1_TO_S0, e->prefix, &e->cfg_in);
+    if (run) {
+        pipe_run_apply(run, &e->cfg_out);
+        pipe_run_apply(run, &e->cfg_in);
+    }
+    if (!e->cfg_out.run_id[0])
+        LOG_WARN("MM3_RUN_ID / MM3_RUN_TOKEN not set: segment names are predictable (%s...); start the replica "
+                 "with scripts/launch.sh, which gives both stages a random run id and token",
+                 e->prefix);
     e->send_timeout_s = e->cfg_out.steady_deadline_s;
     const struct mm3_stage_config *s0 = mm3_deploy_stage(d, 0);
     struct sched_config sc = {.max_rows = s0->max_num_seqs,
@@ -1070,7 +1078,8 @@ int engine_start(struct engine *e, double wait_s)
         return mm3_errorf(-rc, "engine: receiver thread: %s", strerror(rc));
     e->rx_started = 1;
     if ((rc = sched_start(e->sched)) < 0) return rc;
-    LOG_INFO("waiting up to %g s for stage 1 to attach (%s%s)", wait_s, e->prefix, PIPE_CHANNEL_S1_TO_S0);
+    char seg[160];
+    LOG_INFO("waiting up to %g s for stage 1 to attach (%s)", wait_s, pipe_segment_name(&e->cfg_in, seg, sizeof seg));
     int64_t t0 = mm3_job_now_ns();
     while (!atomic_load(&e->s1_up) && (mm3_job_now_ns() - t0) < (int64_t)(wait_s * 1e9)) {
         struct timespec t = {0, 20 * 1000000L};

@@ -45,7 +45,8 @@ int s1_shm_prefix(char *out, int cap)
     if (!p || !*p) p = SHMCONN_DEFAULT_PREFIX;
     int max = cap < 32 ? cap : 32;
     if ((int)strlen(p) >= max) return mm3_errorf(-EINVAL, "MM3_SHM_PREFIX '%s': expected at most %d bytes", p, max - 1);
-    if (strchr(p, '/')) return mm3_errorf(-EINVAL, "MM3_SHM_PREFIX '%s': must not contain '/'", p);
+    if (!pipe_prefix_ok(p))
+        return mm3_errorf(-EINVAL, "MM3_SHM_PREFIX '%s': expected characters of [A-Za-z0-9._-] without '..'", p);
     snprintf(out, (size_t)cap, "%s", p);
     return 0;
 }
@@ -70,7 +71,8 @@ static int server_load(struct s1_server *s, const struct s1_server_options *o)
     if ((rc = mm3_deploy_resolve_backend(&s->d, gpu)) < 0) return rc;
     if (!s->d.model[0])
         return mm3_errorf(-EINVAL, "%s: model: no checkpoint directory; set `model:` or pass --model", s->d.source);
-    if ((rc = s1_shm_prefix(s->prefix, sizeof s->prefix)) < 0) return rc;
+    if ((rc = pipe_run_from_env(&s->run)) < 0) return rc;
+    snprintf(s->prefix, sizeof s->prefix, "%s", s->run.prefix);
 
     s->st = mm3_deploy_stage(&s->d, 1);
     const struct mm3_connector_config *e = mm3_deploy_edge_connector(&s->d);
@@ -80,6 +82,12 @@ static int server_load(struct s1_server *s, const struct s1_server_options *o)
     s->send_timeout_s = mm3_connector_steady_deadline_s(e);
     s1_channel_config(&s->d, PIPE_CHANNEL_S0_TO_S1, s->prefix, &s->in_cfg);
     s1_channel_config(&s->d, PIPE_CHANNEL_S1_TO_S0, s->prefix, &s->out_cfg);
+    pipe_run_apply(&s->run, &s->in_cfg);
+    pipe_run_apply(&s->run, &s->out_cfg);
+    if (!s->run.run_id[0])
+        LOG_WARN("MM3_RUN_ID / MM3_RUN_TOKEN not set: segment names are predictable (%s...); start the replica "
+                 "with scripts/launch.sh, which gives both stages a random run id and token",
+                 s->prefix);
     s->reqs = calloc((size_t)s->max_reqs + 1, sizeof *s->reqs); /* + a spare one to refuse a request */
     if (!s->reqs) return mm3_errorf(-ENOMEM, "stage 1: out of memory");
 
@@ -155,11 +163,12 @@ static void in_try_open(struct s1_server *s, double *wait_since, double *last_lo
     }
     if (*wait_since == 0) *wait_since = now;
     if (*last_log == 0 || now - *last_log >= S1_WAIT_LOG_EVERY_S) {
+        char seg[160];
+        pipe_segment_name(&s->in_cfg, seg, sizeof seg);
         if (rc == SHMCONN_E_TIMEOUT)
-            LOG_INFO("waiting for stage 0 to create /%s%s (%.0f s so far)", s->prefix, PIPE_CHANNEL_S0_TO_S1,
-                     now - *wait_since);
+            LOG_INFO("waiting for stage 0 to create %s (%.0f s so far)", seg, now - *wait_since);
         else
-            LOG_ERROR("cannot open /%s%s, retrying: %s", s->prefix, PIPE_CHANNEL_S0_TO_S1, mm3_last_error());
+            LOG_ERROR("cannot open %s, retrying: %s", seg, mm3_last_error());
         *last_log = now;
     }
     if (rc != SHMCONN_E_TIMEOUT) usleep(200 * 1000); /* a refused region: do not spin on it */

@@ -5,6 +5,7 @@
 
 #include <stdint.h>
 
+#include "common/pipeline_channel.h"
 #include "common/pipeline_proto.h"
 #include "common/resample.h"
 #include "shmconn/shmconn.h"
@@ -65,6 +66,7 @@ struct s1_server {
     int rr; /* where the next batch starts looking (round robin) */
     int native_rate, hop;
     char prefix[32];
+    struct pipe_run run; /* prefix, run id and token (MM3_SHM_PREFIX, MM3_RUN_ID, MM3_RUN_TOKEN) */
     struct shmconn_config in_cfg, out_cfg;
     shmconn_t *in;            /* s0_to_s1 consumer, NULL until stage 0 is there */
     shmconn_t *out;           /* s1_to_s0 producer */
