@@ -15,11 +15,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "common/dtype.h"
+#include "common/error.h"
 #include "shmconn/shmconn.h"
 #include "shmconn/shmconn_region.h"
 #include "support/test_shm.h"
@@ -551,6 +553,96 @@ static void test_reclaim_stale(void **state)
     assert_int_equal(test_shm_count(), 0);
 }
 
+/* ---- who may be mapped: owner, mode, run token ---- */
+
+/* A segment another user owns (chown'ed to nobody, as CI runs as root) or that group
+ * or others may access is refused before it is mapped, naming the segment and owner. */
+static void test_foreign_owner_refused(void **state)
+{
+    (void)state;
+    if (geteuid() != 0) skip(); /* chown needs root; CI runs as root */
+    struct shmconn_config cfg = test_shm_config("own", 1024, 0, 4);
+    shmconn_t *p, *c;
+    assert_int_equal(shmconn_create(&p, &cfg), 0);
+    char path[300];
+    snprintf(path, sizeof path, "/dev/shm%s", shmconn_segment_name(p));
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0600);
+
+    assert_int_equal(chown(path, 65534, 65534), 0);
+    assert_int_equal(shmconn_open(&c, &cfg, 0.2), SHMCONN_E_FOREIGN);
+    assert_non_null(strstr(mm3_last_error(), shmconn_segment_name(p)));
+    assert_non_null(strstr(mm3_last_error(), "owned by uid 65534"));
+    assert_int_equal(chown(path, 0, 0), 0);
+
+    assert_int_equal(chmod(path, 0644), 0);
+    assert_int_equal(shmconn_open(&c, &cfg, 0.2), SHMCONN_E_FOREIGN);
+    assert_non_null(strstr(mm3_last_error(), "mode 0644"));
+    assert_int_equal(chmod(path, 0600), 0);
+
+    assert_int_equal(shmconn_open(&c, &cfg, 0.2), 0);
+    shmconn_close(c);
+    shmconn_close(p);
+}
+
+/* The run id is part of the name; the opener must find the run's token in the header. */
+static void test_run_token(void **state)
+{
+    (void)state;
+    struct shmconn_config pc = test_shm_config("tok", 1024, 0, 4);
+    snprintf(pc.run_id, sizeof pc.run_id, "0123456789abcdef0123456789abcdef");
+    memset(pc.token, 0x5a, sizeof pc.token);
+    shmconn_t *p, *c;
+    assert_int_equal(shmconn_create(&p, &pc), 0);
+    assert_non_null(strstr(shmconn_segment_name(p), "0123456789abcdef0123456789abcdef-tok"));
+
+    struct shmconn_config cc = pc;
+    cc.token[7] ^= 1;
+    assert_int_equal(shmconn_open(&c, &cc, 0.2), SHMCONN_E_FOREIGN);
+    assert_non_null(strstr(mm3_last_error(), "token"));
+    assert_non_null(strstr(mm3_last_error(), shmconn_segment_name(p)));
+    memset(cc.token, 0, sizeof cc.token); /* no token at all is no better */
+    assert_int_equal(shmconn_open(&c, &cc, 0.2), SHMCONN_E_FOREIGN);
+    cc.run_id[0] = 0; /* without the run id the name is another one: nothing to open */
+    cc = pc;
+    cc.run_id[0] = 0;
+    assert_int_equal(shmconn_open(&c, &cc, 0.05), SHMCONN_E_TIMEOUT);
+
+    assert_int_equal(shmconn_open(&c, &pc, 0.2), 0);
+    shmconn_close(c);
+    shmconn_close(p);
+
+    struct shmconn_config bad = pc;
+    snprintf(bad.run_id, sizeof bad.run_id, "0123456789ABCDEF0123456789abcdef");
+    assert_int_equal(shmconn_create(&p, &bad), -EINVAL);
+    snprintf(bad.run_id, sizeof bad.run_id, "../../tmp/x");
+    assert_int_equal(shmconn_create(&p, &bad), -EINVAL);
+}
+
+/* Heartbeats: each side stamps its own line, the other reads the age. */
+static void test_heartbeat(void **state)
+{
+    (void)state;
+    struct shmconn_config cfg = test_shm_config("hb", 1024, 0, 4);
+    shmconn_t *p, *c;
+    assert_int_equal(shmconn_create(&p, &cfg), 0);
+    assert_int_equal(shmconn_open(&c, &cfg, 0.2), 0);
+    assert_true(shmconn_peer_heartbeat_age(c) < 0);
+    assert_true(shmconn_peer_heartbeat_age(p) < 0);
+    shmconn_heartbeat(p);
+    double a = shmconn_peer_heartbeat_age(c);
+    assert_true(a >= 0 && a < 1.0);
+    assert_true(shmconn_peer_heartbeat_age(p) < 0);
+    struct timespec ts = {0, 60000000};
+    nanosleep(&ts, NULL);
+    assert_true(shmconn_peer_heartbeat_age(c) >= 0.05);
+    shmconn_heartbeat(c);
+    assert_true(shmconn_peer_heartbeat_age(p) >= 0 && shmconn_peer_heartbeat_age(p) < 1.0);
+    shmconn_close(c);
+    shmconn_close(p);
+}
+
 /* ---- one consumer handle used from two threads (TSan checks the locking) ---- */
 
 struct releaser {
@@ -639,6 +731,9 @@ int main(void)
         cmocka_unit_test(test_producer_close),
         cmocka_unit_test(test_corrupt_header_refused),
         cmocka_unit_test(test_reclaim_stale),
+        cmocka_unit_test(test_foreign_owner_refused),
+        cmocka_unit_test(test_run_token),
+        cmocka_unit_test(test_heartbeat),
         cmocka_unit_test(test_release_from_other_thread),
     };
     return cmocka_run_group_tests(tests, group_setup, test_shm_group_teardown);
