@@ -15,6 +15,10 @@
 /* Not in the deploy file; the same for both stages. */
 #define PIPE_CHANNEL_SLOTS 64
 #define PIPE_CHANNEL_PAYLOAD_BYTES (64ull << 20) /* a few windows of several requests */
+/* Stage 1 stamps its heartbeat (shmconn_heartbeat on s1_to_s0) this often; stage 0's
+ * /health/ready says not ready once the last stamp is older than the deadline. */
+#define PIPE_HEARTBEAT_PERIOD_S 0.25
+#define PIPE_HEARTBEAT_DEADLINE_S 5.0
 
 /* Connector config of `channel` (PIPE_CHANNEL_*) from the deploy file's edge
  * connector: shm_threshold_bytes, first-chunk and steady deadlines, wait slice;

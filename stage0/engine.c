@@ -78,6 +78,9 @@ struct engine {
     _Atomic int n_awaiting; /* entries held for a stage-1 restart */
     pthread_t rx;
     int rx_started;
+    /* mm3_job_now_ns of the last turn of the receiver and of the step loop (readiness) */
+    _Atomic int64_t rx_turn_ns, step_turn_ns;
+    int64_t last_connect_log_ns;
 };
 
 /* ---- the request table ---- */
@@ -640,6 +643,7 @@ static int stage1_alive(struct engine *e)
 static void sink_tick(void *ctx)
 {
     struct engine *e = ctx;
+    atomic_store(&e->step_turn_ns, mm3_job_now_ns());
     if (atomic_load(&e->n_awaiting) == 0) return;
     double limit = e->cfg_out.first_chunk_deadline_s;
     int64_t now = mm3_job_now_ns();
@@ -876,9 +880,15 @@ static void *rx_thread(void *arg)
 {
     struct engine *e = arg;
     while (!atomic_load(&e->stopping)) {
+        int64_t now = mm3_job_now_ns();
+        atomic_store(&e->rx_turn_ns, now);
         if (!e->in) {
             int rc = try_connect(e);
-            if (rc < 0 && rc != SHMCONN_E_TIMEOUT) LOG_DEBUG("stage 1 not attached yet: %s", mm3_last_error());
+            /* a refused segment (another user's, another run's) is worth saying, not every 100 ms */
+            if (rc < 0 && rc != SHMCONN_E_TIMEOUT && now - e->last_connect_log_ns > 10 * INT64_C(1000000000)) {
+                LOG_WARN("stage 1 not attached: %s", mm3_last_error());
+                e->last_connect_log_ns = now;
+            }
             if (rc < 0) {
                 struct timespec t = {0, 100 * 1000000L};
                 nanosleep(&t, NULL);
@@ -970,11 +980,40 @@ static void api_health(void *ctx, struct api_health *h)
     int q, rows;
     sched_counts(e->sched, &q, &rows);
     snprintf(h->stages[0].detail, sizeof h->stages[0].detail, "%d rows in use, %d queued", rows, q);
+    /* Stage 0 answers when its receiver and step loop keep turning (the step loop
+     * ticks at least every 100 ms; a long step is bounded by the steady deadline). */
+    int64_t now = mm3_job_now_ns();
+    double rx_age = (double)(now - atomic_load(&e->rx_turn_ns)) * 1e-9;
+    double step_age = (double)(now - atomic_load(&e->step_turn_ns)) * 1e-9;
+    double stall = e->cfg_in.steady_deadline_s;
+    if (rx_age > PIPE_HEARTBEAT_DEADLINE_S || step_age > stall) {
+        h->stages[0].state = API_STAGE_DOWN;
+        snprintf(h->stages[0].detail, sizeof h->stages[0].detail,
+                 "stuck: receiver last turned %.1f s ago, step loop %.1f s ago", rx_age, step_age);
+    }
     snprintf(h->stages[1].name, sizeof h->stages[1].name, "stage1");
     int up = atomic_load(&e->s1_up);
-    h->stages[1].state = up ? API_STAGE_READY : API_STAGE_DOWN;
-    snprintf(h->stages[1].detail, sizeof h->stages[1].detail, "%s",
-             up ? "attached" : "not attached: waiting for mm3-stage1 (requests get 503)");
+    double beat = -1;
+    if (up) {
+        pthread_rwlock_rdlock(&e->conn_mu);
+        beat = e->in ? shmconn_peer_heartbeat_age(e->in) : -1;
+        pthread_rwlock_unlock(&e->conn_mu);
+    }
+    if (!up) {
+        h->stages[1].state = API_STAGE_DOWN;
+        snprintf(h->stages[1].detail, sizeof h->stages[1].detail,
+                 "not attached: waiting for mm3-stage1 (requests get 503)");
+    } else if (beat < 0) {
+        h->stages[1].state = API_STAGE_STARTING;
+        snprintf(h->stages[1].detail, sizeof h->stages[1].detail, "attached, no heartbeat yet");
+    } else if (beat > PIPE_HEARTBEAT_DEADLINE_S) {
+        h->stages[1].state = API_STAGE_DOWN;
+        snprintf(h->stages[1].detail, sizeof h->stages[1].detail,
+                 "attached, but no heartbeat for %.1f s (stopped or stuck; its songs wait)", beat);
+    } else {
+        h->stages[1].state = API_STAGE_READY;
+        snprintf(h->stages[1].detail, sizeof h->stages[1].detail, "attached, heartbeat %.1f s ago", beat);
+    }
     h->queue_depth = q;
     h->active_rows = rows;
 }
@@ -1074,9 +1113,11 @@ int engine_start(struct engine *e, double wait_s)
     }
     int rc = shmconn_create(&e->out, &e->cfg_out);
     if (rc < 0) return rc;
+    atomic_store(&e->rx_turn_ns, mm3_job_now_ns());
     if ((rc = pthread_create(&e->rx, NULL, rx_thread, e)))
         return mm3_errorf(-rc, "engine: receiver thread: %s", strerror(rc));
     e->rx_started = 1;
+    atomic_store(&e->step_turn_ns, mm3_job_now_ns());
     if ((rc = sched_start(e->sched)) < 0) return rc;
     char seg[160];
     LOG_INFO("waiting up to %g s for stage 1 to attach (%s)", wait_s, pipe_segment_name(&e->cfg_in, seg, sizeof seg));

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/error.h"
@@ -123,9 +124,55 @@ static int server_load(struct s1_server *s, const struct s1_server_options *o)
     return 0;
 }
 
+static int64_t monotonic_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* ---- heartbeat ---- */
+
+/* Beats while the serve loop turned within the steady deadline (the longest stage 0
+ * waits between two messages anyway); a SIGSTOP stops this thread with the rest. */
+static void *heartbeat_thread(void *arg)
+{
+    struct s1_server *s = arg;
+    int64_t stall_ns = (int64_t)(s->in_cfg.steady_deadline_s * 1e9);
+    while (!atomic_load(&s->hb_stop)) {
+        int64_t now = monotonic_ns();
+        pthread_mutex_lock(&s->hb_mu);
+        if (s->out && now - atomic_load(&s->loop_ns) < stall_ns) shmconn_heartbeat(s->out);
+        pthread_mutex_unlock(&s->hb_mu);
+        struct timespec t = {0, (long)(PIPE_HEARTBEAT_PERIOD_S * 1e9)};
+        nanosleep(&t, NULL);
+    }
+    return NULL;
+}
+
+static int heartbeat_start(struct s1_server *s)
+{
+    atomic_store(&s->loop_ns, monotonic_ns());
+    int rc = pthread_create(&s->hb, NULL, heartbeat_thread, s);
+    if (rc) return mm3_errorf(-rc, "stage 1: heartbeat thread: %s", strerror(rc));
+    s->hb_started = 1;
+    return 0;
+}
+
+static void heartbeat_stop(struct s1_server *s)
+{
+    if (!s->hb_started) return;
+    atomic_store(&s->hb_stop, 1);
+    pthread_join(s->hb, NULL);
+    s->hb_started = 0;
+}
+
 static int out_create(struct s1_server *s)
 {
+    pthread_mutex_lock(&s->hb_mu);
     int rc = shmconn_create(&s->out, &s->out_cfg);
+    if (rc == 0) shmconn_heartbeat(s->out); /* attached stage 0 sees a live stage 1 at once */
+    pthread_mutex_unlock(&s->hb_mu);
     if (rc == -EEXIST)
         return mm3_errorf(rc, "%s: another live stage 1 owns it (set MM3_SHM_PREFIX for a second deployment)",
                           mm3_last_error());
@@ -185,8 +232,10 @@ static void stage0_lost(struct s1_server *s)
     s->stage0_lost = 1; /* no ERROR messages: nobody reads them */
     while (s->n_reqs)
         s1_request_fail(s, s->reqs[0], 0, "stage 0 went away");
+    pthread_mutex_lock(&s->hb_mu);
     shmconn_close(s->out);
     s->out = NULL;
+    pthread_mutex_unlock(&s->hb_mu);
     s->stage0_lost = 0;
     if (out_create(s) < 0) LOG_ERROR("re-creating the output channel: %s (retrying)", mm3_last_error());
 }
@@ -256,6 +305,7 @@ static void finish_windows(struct s1_server *s)
         if (!q || !q->active) continue;
         int had = render_window_unfinished(q->render) > 0;
         s1_request_step(s, q);
+        atomic_store(&s->loop_ns, monotonic_ns());
         if (had) {
             drain(s, 0.0);
             poll_cancels(s);
@@ -313,6 +363,7 @@ static void serve(struct s1_server *s)
 {
     double wait_since = 0, last_log = 0, slice = s->in_cfg.wait_slice_s > 0 ? s->in_cfg.wait_slice_s : 0.05;
     while (!g_stop) {
+        atomic_store(&s->loop_ns, monotonic_ns());
         if (!s->out) {
             if (out_create(s) < 0) {
                 LOG_ERROR("%s (retrying)", mm3_last_error());
@@ -343,11 +394,13 @@ static void serve(struct s1_server *s)
 
 static void server_free(struct s1_server *s)
 {
+    heartbeat_stop(s);
     while (s->n_reqs)
         s1_request_remove(s, s->reqs[0]);
     free(s->reqs);
     shmconn_close(s->in);
     shmconn_close(s->out);
+    pthread_mutex_destroy(&s->hb_mu);
     if (s->fb.close) s->fb.close(s->fb.ctx);
     free(s->jobs), free(s->job_ids), free(s->job_rc);
     s1_backend_close(&s->be);
@@ -369,12 +422,14 @@ int s1_server_run(const struct s1_server_options *o)
 
     struct s1_server *s = calloc(1, sizeof *s);
     if (!s) return mm3_errorf(-ENOMEM, "stage 1: out of memory");
+    pthread_mutex_init(&s->hb_mu, NULL);
     int rc = server_load(s, o);
     if (rc == 0) {
         int n = shmconn_reclaim_stale(s->prefix);
         if (n > 0) LOG_INFO("removed %d stale segment(s) with prefix '%s'", n, s->prefix);
         rc = out_create(s);
     }
+    if (rc == 0) rc = heartbeat_start(s);
     if (rc == 0) rc = ready_signal();
     if (rc < 0) {
         server_free(s);

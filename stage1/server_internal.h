@@ -3,6 +3,8 @@
 #ifndef MM3_STAGE1_SERVER_INTERNAL_H
 #define MM3_STAGE1_SERVER_INTERNAL_H
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "common/pipeline_channel.h"
@@ -76,6 +78,15 @@ struct s1_server {
     int codec_streaming;
     double send_timeout_s;
     struct s1_counters tot;
+
+    /* Readiness (docs/operations.md, "Probes"): a thread stamps the heartbeat in
+     * s1_to_s0's header every PIPE_HEARTBEAT_PERIOD_S while the serve loop keeps
+     * turning (loop_ns), so neither a stopped process nor a stuck loop looks alive. */
+    pthread_t hb;
+    int hb_started;
+    _Atomic int hb_stop;
+    _Atomic int64_t loop_ns;  /* CLOCK_MONOTONIC of the serve loop's last turn */
+    pthread_mutex_t hb_mu;    /* held while `out` is swapped and while the thread uses it */
 };
 
 double s1_now(void);
