@@ -167,21 +167,21 @@ static long segment_owner(const char *shm_name)
 }
 
 /* The segment behind fd may be used only when our effective user made it and no
- * other user can read or write it: anything else was put there by someone else. */
-static int segment_owner_check(const char *shm_name, int fd, const char *what)
+ * other user can read or write it: anything else was put there by someone else.
+ * Fills *st for the caller. */
+static int segment_owner_check(const char *shm_name, int fd, const char *what, struct stat *st)
 {
-    struct stat st;
-    if (fstat(fd, &st) < 0) return mm3_errorf(-errno, "shmconn %s: fstat: %s", shm_name, strerror(errno));
-    if (st.st_uid != geteuid())
+    if (fstat(fd, st) < 0) return mm3_errorf(-errno, "shmconn %s: fstat: %s", shm_name, strerror(errno));
+    if (st->st_uid != geteuid())
         return mm3_errorf(SHMCONN_E_FOREIGN,
                           "shmconn %s: segment is owned by uid %ld, not by us (uid %ld): refusing to %s it (another "
                           "user created this name)",
-                          shm_name, (long)st.st_uid, (long)geteuid(), what);
-    if (st.st_mode & 077)
+                          shm_name, (long)st->st_uid, (long)geteuid(), what);
+    if (st->st_mode & 077)
         return mm3_errorf(SHMCONN_E_FOREIGN,
                           "shmconn %s: segment (owner uid %ld) has mode %04o: expected 0600 (no group/other "
                           "access); refusing to %s it",
-                          shm_name, (long)st.st_uid, (unsigned)(st.st_mode & 07777), what);
+                          shm_name, (long)st->st_uid, (unsigned)(st->st_mode & 07777), what);
     return 0;
 }
 
@@ -233,7 +233,7 @@ int shmconn_region_create(struct shmconn *c)
             return mm3_errorf(-errno, "shmconn %s: shm_open(O_CREAT): %s", c->shm_name, strerror(errno));
         }
     }
-    /* The umask cannot widen 0600, but an explicit fchmod states the rule. */
+    /* Exactly 0600: a umask may have taken away the owner's write bit the peer opens with. */
     if (fchmod(fd, 0600) < 0) {
         int e = errno;
         close(fd);
@@ -293,16 +293,11 @@ static int region_try_open(struct shmconn *c)
         return mm3_errorf(e == EACCES ? SHMCONN_E_FOREIGN : -e, "shmconn %s: owner uid %ld: shm_open: %s",
                           c->shm_name, segment_owner(c->shm_name), strerror(e));
     }
-    int rc = segment_owner_check(c->shm_name, fd, "map");
+    struct stat st;
+    int rc = segment_owner_check(c->shm_name, fd, "map", &st);
     if (rc < 0) {
         close(fd);
         return rc;
-    }
-    struct stat st;
-    if (fstat(fd, &st) < 0) {
-        int e = errno;
-        close(fd);
-        return mm3_errorf(-e, "shmconn %s: fstat: %s", c->shm_name, strerror(e));
     }
     struct shmconn_geometry g, want;
     shmconn_geometry_make(&c->cfg, &want);

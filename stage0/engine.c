@@ -980,13 +980,17 @@ static void api_health(void *ctx, struct api_health *h)
     int q, rows;
     sched_counts(e->sched, &q, &rows);
     snprintf(h->stages[0].detail, sizeof h->stages[0].detail, "%d rows in use, %d queued", rows, q);
-    /* Stage 0 answers when its receiver and step loop keep turning (the step loop
-     * ticks at least every 100 ms; a long step is bounded by the steady deadline). */
+    /* Stage 0 answers when its receiver and step loop keep turning. Each may block on
+     * purpose for a while (a send waits up to the steady deadline for room in the ring,
+     * a PCM push up to PCM_PUSH_TIMEOUT_MS for a slow client), so one slow client must
+     * not make the replica unready: the limit is the longest such wait, plus slack. */
     int64_t now = mm3_job_now_ns();
     double rx_age = (double)(now - atomic_load(&e->rx_turn_ns)) * 1e-9;
     double step_age = (double)(now - atomic_load(&e->step_turn_ns)) * 1e-9;
     double stall = e->cfg_in.steady_deadline_s;
-    if (rx_age > PIPE_HEARTBEAT_DEADLINE_S || step_age > stall) {
+    if (stall < PCM_PUSH_TIMEOUT_MS * 1e-3) stall = PCM_PUSH_TIMEOUT_MS * 1e-3;
+    stall += PIPE_HEARTBEAT_DEADLINE_S;
+    if (rx_age > stall || step_age > stall) {
         h->stages[0].state = API_STAGE_DOWN;
         snprintf(h->stages[0].detail, sizeof h->stages[0].detail,
                  "stuck: receiver last turned %.1f s ago, step loop %.1f s ago", rx_age, step_age);
