@@ -40,18 +40,6 @@ void s1_channel_config(const struct mm3_deploy *d, const char *name, const char 
     pipe_channel_config(d, name, prefix, out);
 }
 
-int s1_shm_prefix(char *out, int cap)
-{
-    const char *p = getenv("MM3_SHM_PREFIX");
-    if (!p || !*p) p = SHMCONN_DEFAULT_PREFIX;
-    int max = cap < 32 ? cap : 32;
-    if ((int)strlen(p) >= max) return mm3_errorf(-EINVAL, "MM3_SHM_PREFIX '%s': expected at most %d bytes", p, max - 1);
-    if (!pipe_prefix_ok(p))
-        return mm3_errorf(-EINVAL, "MM3_SHM_PREFIX '%s': expected characters of [A-Za-z0-9._-] without '..'", p);
-    snprintf(out, (size_t)cap, "%s", p);
-    return 0;
-}
-
 /* ---- start-up ---- */
 
 static int server_load(struct s1_server *s, const struct s1_server_options *o)
