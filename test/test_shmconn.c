@@ -22,6 +22,7 @@
 
 #include "common/dtype.h"
 #include "common/error.h"
+#include "common/pipeline_channel.h"
 #include "shmconn/shmconn.h"
 #include "shmconn/shmconn_region.h"
 #include "support/test_shm.h"
@@ -620,6 +621,56 @@ static void test_run_token(void **state)
     assert_int_equal(shmconn_create(&p, &bad), -EINVAL);
 }
 
+/* The stages' run identity from the environment: a prefix that is not one plain file
+ * name part, a run id that is not 32 lowercase hex digits, a token that is not 32 hex
+ * digits, or only one of id and token, is refused naming the variable. */
+static void test_run_from_env(void **state)
+{
+    (void)state;
+    struct pipe_run run;
+    const char *id = "00112233445566778899aabbccddeeff", *tok = "0F1e2d3c4b5a69788796a5b4c3d2e1f0";
+    unsetenv("MM3_RUN_ID");
+    unsetenv("MM3_RUN_TOKEN");
+    unsetenv("MM3_SHM_PREFIX");
+    assert_int_equal(pipe_run_from_env(&run), 0);
+    assert_string_equal(run.prefix, SHMCONN_DEFAULT_PREFIX);
+    assert_string_equal(run.run_id, "");
+    const char *bad_prefixes[] = {"../../tmp/x-", "..", "a..b", "a/b", "a b", "x\n", "0123456789012345678901234567890123"};
+    for (size_t i = 0; i < sizeof bad_prefixes / sizeof *bad_prefixes; i++) {
+        setenv("MM3_SHM_PREFIX", bad_prefixes[i], 1);
+        assert_int_equal(pipe_run_from_env(&run), -EINVAL);
+        assert_non_null(strstr(mm3_last_error(), "MM3_SHM_PREFIX"));
+    }
+    setenv("MM3_SHM_PREFIX", "mm3.a_b-", 1);
+    setenv("MM3_RUN_ID", id, 1);
+    assert_int_equal(pipe_run_from_env(&run), -EINVAL); /* id without token */
+    assert_non_null(strstr(mm3_last_error(), "MM3_RUN_TOKEN"));
+    setenv("MM3_RUN_TOKEN", tok, 1);
+    assert_int_equal(pipe_run_from_env(&run), 0);
+    assert_string_equal(run.prefix, "mm3.a_b-");
+    assert_string_equal(run.run_id, id);
+    assert_int_equal(run.token[0], 0x0f);
+    assert_int_equal(run.token[15], 0xf0);
+    struct shmconn_config c = test_shm_config("x", 64, 0, 2);
+    pipe_run_apply(&run, &c);
+    assert_string_equal(c.run_id, id);
+    assert_memory_equal(c.token, run.token, sizeof c.token);
+    char name[160];
+    assert_non_null(strstr(pipe_segment_name(&c, name, sizeof name), id));
+    setenv("MM3_RUN_ID", "00112233445566778899AABBCCDDEEFF", 1);
+    assert_int_equal(pipe_run_from_env(&run), -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "MM3_RUN_ID"));
+    setenv("MM3_RUN_ID", id, 1);
+    setenv("MM3_RUN_TOKEN", "0011", 1);
+    assert_int_equal(pipe_run_from_env(&run), -EINVAL);
+    setenv("MM3_RUN_TOKEN", "zz112233445566778899aabbccddeeff", 1);
+    assert_int_equal(pipe_run_from_env(&run), -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "MM3_RUN_TOKEN"));
+    unsetenv("MM3_RUN_ID");
+    unsetenv("MM3_RUN_TOKEN");
+    unsetenv("MM3_SHM_PREFIX");
+}
+
 /* Heartbeats: each side stamps its own line, the other reads the age. */
 static void test_heartbeat(void **state)
 {
@@ -734,6 +785,7 @@ int main(void)
         cmocka_unit_test(test_foreign_owner_refused),
         cmocka_unit_test(test_run_token),
         cmocka_unit_test(test_heartbeat),
+        cmocka_unit_test(test_run_from_env),
         cmocka_unit_test(test_release_from_other_thread),
     };
     return cmocka_run_group_tests(tests, group_setup, test_shm_group_teardown);
