@@ -59,19 +59,19 @@ enum shmconn_dtype_extra { SHMCONN_DTYPE_I16 = 100, SHMCONN_DTYPE_I32 = 101, SHM
 uint32_t shmconn_dtype_size(uint32_t dtype);
 
 struct shmconn_config {
-    char name[64];                 /* channel name, e.g. "s0_to_s1" */
-    char prefix[32];               /* segment name prefix; "" = SHMCONN_DEFAULT_PREFIX */
+    char name[64];                       /* channel name, e.g. "s0_to_s1" */
+    char prefix[32];                     /* segment name prefix; "" = SHMCONN_DEFAULT_PREFIX */
     char run_id[SHMCONN_RUN_ID_HEX + 1]; /* "" or 32 lowercase hex digits: the segment is
                                             <prefix><run_id>-<name>, a name nobody can guess */
     uint8_t token[SHMCONN_TOKEN_BYTES];  /* the run's secret: the creator stores it in the
                                             header, the opener refuses a segment without it */
-    uint64_t shm_threshold_bytes;  /* payloads up to this size travel inline in the slot */
-    uint64_t payload_bytes;        /* size of the large-payload area (0 = inline only) */
-    uint32_t n_slots;              /* ring slots, a power of two in [2, 65536] */
-    double first_chunk_deadline_s; /* consumer: request_begin -> first message (sleep_s x max_wait_first_chunk) */
-    double steady_deadline_s;      /* consumer: between later messages (sleep_s x max_wait) */
-    double wait_slice_s;           /* longest single sleep; the peer is checked once per slice
-                                      (connector_get_sleep_s); 0 = SHMCONN_DEFAULT_SLICE_S */
+    uint64_t shm_threshold_bytes;        /* payloads up to this size travel inline in the slot */
+    uint64_t payload_bytes;              /* size of the large-payload area (0 = inline only) */
+    uint32_t n_slots;                    /* ring slots, a power of two in [2, 65536] */
+    double first_chunk_deadline_s;       /* consumer: request_begin -> first message (sleep_s x max_wait_first_chunk) */
+    double steady_deadline_s;            /* consumer: between later messages (sleep_s x max_wait) */
+    double wait_slice_s;                 /* longest single sleep; the peer is checked once per slice
+                                            (connector_get_sleep_s); 0 = SHMCONN_DEFAULT_SLICE_S */
 };
 
 /* One tensor of a message. On send, data points at the source bytes (or is NULL

@@ -290,8 +290,8 @@ static int region_try_open(struct shmconn *c)
     if (fd < 0) {
         if (errno == ENOENT) return -EAGAIN;
         int e = errno;
-        return mm3_errorf(e == EACCES ? SHMCONN_E_FOREIGN : -e, "shmconn %s: owner uid %ld: shm_open: %s",
-                          c->shm_name, segment_owner(c->shm_name), strerror(e));
+        return mm3_errorf(e == EACCES ? SHMCONN_E_FOREIGN : -e, "shmconn %s: owner uid %ld: shm_open: %s", c->shm_name,
+                          segment_owner(c->shm_name), strerror(e));
     }
     struct stat st;
     int rc = segment_owner_check(c->shm_name, fd, "map", &st);

@@ -46,7 +46,7 @@ struct shmconn_geometry {
     uint64_t region_bytes;  /* whole mapping */
     int32_t creator_pid;
     uint32_t pad0;
-    uint64_t creator_start_ns; /* CLOCK_REALTIME at creation, for logs */
+    uint64_t creator_start_ns;          /* CLOCK_REALTIME at creation, for logs */
     uint8_t token[SHMCONN_TOKEN_BYTES]; /* the run's token (cfg.token); the opener compares */
     uint8_t pad[128 - 72 - SHMCONN_TOKEN_BYTES];
 };

@@ -670,12 +670,9 @@ static enum route route_of(const char *url, const char *method, bool *method_ok,
         const char *path, *method;
         enum route r;
     } table[] = {
-        {SPEECH_PATH, MHD_HTTP_METHOD_POST, ROUTE_SPEECH},
-        {"/health", MHD_HTTP_METHOD_GET, ROUTE_HEALTH},
-        {"/health/ready", MHD_HTTP_METHOD_GET, ROUTE_HEALTH},
-        {"/health/live", MHD_HTTP_METHOD_GET, ROUTE_LIVE},
-        {"/metrics", MHD_HTTP_METHOD_GET, ROUTE_METRICS},
-        {"/v1/models", MHD_HTTP_METHOD_GET, ROUTE_MODELS},
+        {SPEECH_PATH, MHD_HTTP_METHOD_POST, ROUTE_SPEECH},    {"/health", MHD_HTTP_METHOD_GET, ROUTE_HEALTH},
+        {"/health/ready", MHD_HTTP_METHOD_GET, ROUTE_HEALTH}, {"/health/live", MHD_HTTP_METHOD_GET, ROUTE_LIVE},
+        {"/metrics", MHD_HTTP_METHOD_GET, ROUTE_METRICS},     {"/v1/models", MHD_HTTP_METHOD_GET, ROUTE_MODELS},
     };
     for (size_t i = 0; i < sizeof table / sizeof *table; i++) {
         if (strcmp(url, table[i].path) != 0) continue;

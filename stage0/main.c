@@ -25,9 +25,9 @@
 #include <unistd.h>
 
 #include "common/deploy.h"
-#include "common/pipeline_channel.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/pipeline_channel.h"
 #include "common/safetensors.h"
 #include "common/sampler.h"
 #include "common/sampler_replay.h"

@@ -85,8 +85,8 @@ struct s1_server {
     pthread_t hb;
     int hb_started;
     _Atomic int hb_stop;
-    _Atomic int64_t loop_ns;  /* CLOCK_MONOTONIC of the serve loop's last turn */
-    pthread_mutex_t hb_mu;    /* held while `out` is swapped and while the thread uses it */
+    _Atomic int64_t loop_ns; /* CLOCK_MONOTONIC of the serve loop's last turn */
+    pthread_mutex_t hb_mu;   /* held while `out` is swapped and while the thread uses it */
 };
 
 double s1_now(void);

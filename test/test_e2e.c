@@ -415,8 +415,7 @@ static void test_stage1_killed_mid_song(void **state)
 
 /* Polls path every 100 ms for up to limit_s: 1 once its status is `want` (and the body
  * holds needle, when given), 0 at the limit. */
-static int status_within(const struct test_replica *r, const char *path, int want, const char *needle,
-                         double limit_s)
+static int status_within(const struct test_replica *r, const char *path, int want, const char *needle, double limit_s)
 {
     for (int i = 0; i <= (int)(limit_s * 10); i++) {
         int st;

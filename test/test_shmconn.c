@@ -635,7 +635,8 @@ static void test_run_from_env(void **state)
     assert_int_equal(pipe_run_from_env(&run), 0);
     assert_string_equal(run.prefix, SHMCONN_DEFAULT_PREFIX);
     assert_string_equal(run.run_id, "");
-    const char *bad_prefixes[] = {"../../tmp/x-", "..", "a..b", "a/b", "a b", "x\n", "0123456789012345678901234567890123"};
+    const char *bad_prefixes[] = {
+        "../../tmp/x-", "..", "a..b", "a/b", "a b", "x\n", "0123456789012345678901234567890123"};
     for (size_t i = 0; i < sizeof bad_prefixes / sizeof *bad_prefixes; i++) {
         setenv("MM3_SHM_PREFIX", bad_prefixes[i], 1);
         assert_int_equal(pipe_run_from_env(&run), -EINVAL);

@@ -911,20 +911,13 @@ int main(void)
         return 77;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ready_line),
-        cmocka_unit_test(test_single_request),
-        cmocka_unit_test(test_deploy_defaults),
-        cmocka_unit_test(test_resampled),
-        cmocka_unit_test(test_interleaved),
-        cmocka_unit_test(test_gap),
-        cmocka_unit_test(test_bad_start),
-        cmocka_unit_test(test_steady_deadline),
-        cmocka_unit_test(test_cancel),
-        cmocka_unit_test(test_cancel_from_pcm_side),
-        cmocka_unit_test(test_stage0_restart),
-        cmocka_unit_test(test_squatter_refused),
-        cmocka_unit_test(test_sigterm),
-        cmocka_unit_test(test_codec_streaming_off),
+        cmocka_unit_test(test_ready_line),      cmocka_unit_test(test_single_request),
+        cmocka_unit_test(test_deploy_defaults), cmocka_unit_test(test_resampled),
+        cmocka_unit_test(test_interleaved),     cmocka_unit_test(test_gap),
+        cmocka_unit_test(test_bad_start),       cmocka_unit_test(test_steady_deadline),
+        cmocka_unit_test(test_cancel),          cmocka_unit_test(test_cancel_from_pcm_side),
+        cmocka_unit_test(test_stage0_restart),  cmocka_unit_test(test_squatter_refused),
+        cmocka_unit_test(test_sigterm),         cmocka_unit_test(test_codec_streaming_off),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
