@@ -15,6 +15,10 @@
 /* Not in the deploy file; the same for both stages. */
 #define PIPE_CHANNEL_SLOTS 64
 #define PIPE_CHANNEL_PAYLOAD_BYTES (64ull << 20) /* a few windows of several requests */
+/* Stage 1 stamps its heartbeat (shmconn_heartbeat on s1_to_s0) this often; stage 0's
+ * /health/ready says not ready once the last stamp is older than the deadline. */
+#define PIPE_HEARTBEAT_PERIOD_S 0.25
+#define PIPE_HEARTBEAT_DEADLINE_S 5.0
 
 /* Connector config of `channel` (PIPE_CHANNEL_*) from the deploy file's edge
  * connector: shm_threshold_bytes, first-chunk and steady deadlines, wait slice;
@@ -22,5 +26,30 @@
  * connector's default). */
 void pipe_channel_config(const struct mm3_deploy *d, const char *channel, const char *prefix,
                          struct shmconn_config *cfg);
+
+/* Who the two stages of one replica are, from the environment scripts/launch.sh sets:
+ * MM3_SHM_PREFIX (1-31 characters of [A-Za-z0-9._-], no "..", default "mm3-"),
+ * MM3_RUN_ID (32 lowercase hex digits: 128 random bits, part of every segment name)
+ * and MM3_RUN_TOKEN (32 hex digits: the secret each stage checks in its peer's
+ * segment). Without MM3_RUN_ID and MM3_RUN_TOKEN the segment names are the
+ * predictable <prefix><channel> and the token is all zero: other users are still
+ * kept out by the owner check, but they can take the names first (denial of service). */
+struct pipe_run {
+    char prefix[32];
+    char run_id[SHMCONN_RUN_ID_HEX + 1]; /* "" when not set */
+    uint8_t token[SHMCONN_TOKEN_BYTES];
+};
+
+/* Reads and validates the three variables; a bad value is an error naming it. */
+int pipe_run_from_env(struct pipe_run *run);
+
+/* 1 when prefix is a usable segment prefix (see struct pipe_run). */
+int pipe_prefix_ok(const char *prefix);
+
+/* Put the run's id and token into a channel config (after pipe_channel_config). */
+void pipe_run_apply(const struct pipe_run *run, struct shmconn_config *cfg);
+
+/* The segment name of a channel config, "/<prefix>[<run_id>-]<name>", for logs. */
+const char *pipe_segment_name(const struct shmconn_config *cfg, char *buf, size_t cap);
 
 #endif

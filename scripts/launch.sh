@@ -18,11 +18,19 @@
 #   - stage 0 dies: stage 1 is stopped and the launcher exits 1 (the operator's
 #     supervisor restarts the pair).
 #   - SIGINT / SIGTERM: forwarded to both stages, which drain and exit; the launcher
-#     exits 0 and leaves no /dev/shm segment with the prefix.
-# Environment: MM3_BIN_DIR (default <repo>/build/bin), MM3_SHM_PREFIX (default mm3-),
-# MM3_LAUNCH_TIMEOUT_S (start-up limit, default 300), MM3_STAGE1_MAX_RESTARTS,
-# MM3_RUN_DIR (where the launcher keeps ready files and stageN.pid; default a fresh
-# temporary folder, removed at exit).
+#     exits 0 and leaves no /dev/shm segment of its run.
+# Segments (docs/operations.md, "Shared memory"): the launcher gives both stages a
+# fresh random run id (part of every segment name, so no other user can take the names
+# first) and run token (each stage refuses a segment without it), as MM3_RUN_ID and
+# MM3_RUN_TOKEN. It holds an exclusive lock on <lock dir>/<prefix>lock for the replica's
+# life (the stages inherit it): a second launcher with the same prefix refuses to start
+# (exit 2) and removes nothing.
+# Environment: MM3_BIN_DIR (default <repo>/build/bin), MM3_SHM_PREFIX (default mm3-;
+# 1-31 characters of [A-Za-z0-9._-], no ".."), MM3_LAUNCH_TIMEOUT_S (start-up limit,
+# default 300), MM3_STAGE1_MAX_RESTARTS, MM3_RUN_DIR (where the launcher keeps ready
+# files and stageN.pid; default a fresh temporary folder, removed at exit),
+# MM3_LOCK_DIR (default $XDG_RUNTIME_DIR/mm3, else /tmp/mm3-locks-<uid>; created 0700,
+# refused unless it is ours and private).
 set -u
 
 usage() { echo "usage: launch.sh DEPLOY.yaml [--model DIR] [--port N] [--mps]" >&2; }
@@ -51,6 +59,41 @@ for p in mm3-stage0 mm3-stage1; do
     [ -x "$bin/$p" ] || { log "$bin/$p not found: build first or set MM3_BIN_DIR"; exit 2; }
 done
 export MM3_SHM_PREFIX=${MM3_SHM_PREFIX:-mm3-}
+# The prefix becomes part of /dev/shm and lock file paths: one plain file name part only.
+if ! [[ $MM3_SHM_PREFIX =~ ^[A-Za-z0-9._-]{1,31}$ ]] || [[ $MM3_SHM_PREFIX == *..* ]]; then
+    log "MM3_SHM_PREFIX '$MM3_SHM_PREFIX': expected 1-31 characters of [A-Za-z0-9._-] without '..'"
+    exit 2
+fi
+# 128 random bits each: the run id goes into the segment names, the token into their headers.
+random_hex() { od -An -tx1 -N16 /dev/urandom | tr -d ' \n'; }
+MM3_RUN_ID=$(random_hex) && MM3_RUN_TOKEN=$(random_hex) || { log "cannot read /dev/urandom"; exit 2; }
+[ ${#MM3_RUN_ID} -eq 32 ] && [ ${#MM3_RUN_TOKEN} -eq 32 ] || { log "cannot read /dev/urandom"; exit 2; }
+export MM3_RUN_ID MM3_RUN_TOKEN
+
+# One replica per prefix: an exclusive lock in a private folder, held (by this shell
+# and, inherited, by both stages) for the replica's life.
+uid=$(id -u)
+if [ -n "${MM3_LOCK_DIR:-}" ]; then
+    lock_dir=$MM3_LOCK_DIR
+elif [ -n "${XDG_RUNTIME_DIR:-}" ] && [ -d "$XDG_RUNTIME_DIR" ]; then
+    lock_dir=$XDG_RUNTIME_DIR/mm3
+else
+    lock_dir=/tmp/mm3-locks-$uid
+fi
+mkdir -p -m 0700 "$lock_dir" 2>/dev/null
+if [ -L "$lock_dir" ] || [ ! -d "$lock_dir" ] || [ "$(stat -c '%u %a' "$lock_dir")" != "$uid 700" ]; then
+    log "lock folder $lock_dir: expected a directory of uid $uid with mode 0700 (set MM3_LOCK_DIR)"
+    exit 2
+fi
+lock_file=$lock_dir/${MM3_SHM_PREFIX}lock
+exec {lock_fd}<>"$lock_file" || { log "cannot open the lock file $lock_file"; exit 2; }
+if ! flock -n "$lock_fd"; then
+    holder=$(head -c 32 "$lock_file" 2>/dev/null | tr -cd '0-9')
+    log "another replica with MM3_SHM_PREFIX '$MM3_SHM_PREFIX' is running (launcher pid ${holder:-unknown}," \
+        "lock $lock_file): refusing to start; stop it first or set another MM3_SHM_PREFIX"
+    exit 2
+fi
+echo $$ > "$lock_file"
 timeout_s=${MM3_LAUNCH_TIMEOUT_S:-300}
 max_restarts=${MM3_STAGE1_MAX_RESTARTS:-5}
 if [ -n "${MM3_RUN_DIR:-}" ]; then
@@ -76,7 +119,7 @@ start_mps() {
     }
     export CUDA_MPS_PIPE_DIRECTORY=$run/mps-pipe CUDA_MPS_LOG_DIRECTORY=$run/mps-log
     mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY" || return 1
-    nvidia-cuda-mps-control -d || { log "--mps: nvidia-cuda-mps-control -d failed (see $CUDA_MPS_LOG_DIRECTORY)"; return 1; }
+    nvidia-cuda-mps-control -d {lock_fd}>&- || { log "--mps: nvidia-cuda-mps-control -d failed (see $CUDA_MPS_LOG_DIRECTORY)"; return 1; }
     mps_up=1
     log "MPS daemon started (pipe $CUDA_MPS_PIPE_DIRECTORY)"
 }
@@ -120,8 +163,8 @@ stop_all() {
         fi
     done
     wait 2>/dev/null
-    # Both stages are gone, so any segment of ours is stale.
-    rm -f "/dev/shm/${MM3_SHM_PREFIX}s0_to_s1" "/dev/shm/${MM3_SHM_PREFIX}s1_to_s0"
+    # Both stages are gone, so this run's segments are stale (no other run has its id).
+    rm -f "/dev/shm/${MM3_SHM_PREFIX}${MM3_RUN_ID}-s0_to_s1" "/dev/shm/${MM3_SHM_PREFIX}${MM3_RUN_ID}-s1_to_s0"
     stop_mps
     [ "$own_run" = 1 ] && rm -rf "$run"
 }

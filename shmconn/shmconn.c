@@ -1,6 +1,7 @@
 /* What both sides share: message layout and validation, close, stats. */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/dtype.h"
 #include "common/error.h"
@@ -78,6 +79,28 @@ int shmconn_peer_status(shmconn_t *c)
         rc = SHMCONN_E_PEER_DEAD;
     pthread_mutex_unlock(&c->lock);
     return rc;
+}
+
+static uint64_t monotonic_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* No lock: one store into this side's own line, from any thread. */
+void shmconn_heartbeat(shmconn_t *c)
+{
+    _Atomic uint64_t *beat = c->role == SHMCONN_ROLE_PRODUCER ? &c->hdr->prod.beat_ns : &c->hdr->cons.beat_ns;
+    atomic_store_explicit(beat, monotonic_ns(), memory_order_release);
+}
+
+double shmconn_peer_heartbeat_age(shmconn_t *c)
+{
+    _Atomic uint64_t *beat = c->role == SHMCONN_ROLE_PRODUCER ? &c->hdr->cons.beat_ns : &c->hdr->prod.beat_ns;
+    uint64_t t = atomic_load_explicit(beat, memory_order_acquire), now = monotonic_ns();
+    if (t == 0) return -1;
+    return t >= now ? 0.0 : (double)(now - t) * 1e-9;
 }
 
 const char *shmconn_segment_name(const shmconn_t *c)

@@ -1,7 +1,10 @@
 /* SharedMemoryConnector: one unidirectional message channel between two processes
  * on one host, carried by one named POSIX shared-memory region.
  *
- * The producer creates the region (/dev/shm/<prefix><name>), the consumer opens it.
+ * The producer creates the region (/dev/shm/<prefix>[<run_id>-]<name>, mode 0600), the
+ * consumer opens it only when it belongs to our user, has no group/other bits and
+ * carries the run token of the consumer's config (a segment someone else made is
+ * refused with SHMCONN_E_FOREIGN, never mapped).
  * Messages are {request id, chunk index, kind, flags, up to SHMCONN_MAX_TENSORS typed
  * tensors}. Payloads up to shm_threshold_bytes travel inside the ring slot; larger
  * ones go to the payload area of the same region. The consumer reads payloads in
@@ -28,6 +31,8 @@
 #define SHMCONN_MAX_DIMS 4
 #define SHMCONN_DEFAULT_PREFIX "mm3-"
 #define SHMCONN_DEFAULT_SLICE_S 0.05
+#define SHMCONN_RUN_ID_HEX 32 /* a run id: 128 random bits as lowercase hex */
+#define SHMCONN_TOKEN_BYTES 16
 
 /* Return codes with a meaning of their own (all negative errno values). */
 #define SHMCONN_E_PEER_DEAD (-EOWNERDEAD) /* the other process died (kill -9, crash) */
@@ -36,6 +41,7 @@
 #define SHMCONN_E_CANCELLED (-ECANCELED)  /* the consumer failed or cancelled this request */
 #define SHMCONN_E_TOO_BIG (-EMSGSIZE)     /* the message can never fit the region */
 #define SHMCONN_E_BAD_REGION (-EPROTO)    /* wrong magic, version, geometry or a corrupt slot */
+#define SHMCONN_E_FOREIGN (-EPERM)        /* another user's segment, group/other access, or another run's token */
 
 /* Message flags. The connector acts on LAST, ERROR and CANCELLED (they end the
  * request's deadline tracking on the consumer side); the rest is for the stages. */
@@ -53,15 +59,19 @@ enum shmconn_dtype_extra { SHMCONN_DTYPE_I16 = 100, SHMCONN_DTYPE_I32 = 101, SHM
 uint32_t shmconn_dtype_size(uint32_t dtype);
 
 struct shmconn_config {
-    char name[64];                 /* channel name, e.g. "s0_to_s1" */
-    char prefix[32];               /* segment name prefix; "" = SHMCONN_DEFAULT_PREFIX */
-    uint64_t shm_threshold_bytes;  /* payloads up to this size travel inline in the slot */
-    uint64_t payload_bytes;        /* size of the large-payload area (0 = inline only) */
-    uint32_t n_slots;              /* ring slots, a power of two in [2, 65536] */
-    double first_chunk_deadline_s; /* consumer: request_begin -> first message (sleep_s x max_wait_first_chunk) */
-    double steady_deadline_s;      /* consumer: between later messages (sleep_s x max_wait) */
-    double wait_slice_s;           /* longest single sleep; the peer is checked once per slice
-                                      (connector_get_sleep_s); 0 = SHMCONN_DEFAULT_SLICE_S */
+    char name[64];                       /* channel name, e.g. "s0_to_s1" */
+    char prefix[32];                     /* segment name prefix; "" = SHMCONN_DEFAULT_PREFIX */
+    char run_id[SHMCONN_RUN_ID_HEX + 1]; /* "" or 32 lowercase hex digits: the segment is
+                                            <prefix><run_id>-<name>, a name nobody can guess */
+    uint8_t token[SHMCONN_TOKEN_BYTES];  /* the run's secret: the creator stores it in the
+                                            header, the opener refuses a segment without it */
+    uint64_t shm_threshold_bytes;        /* payloads up to this size travel inline in the slot */
+    uint64_t payload_bytes;              /* size of the large-payload area (0 = inline only) */
+    uint32_t n_slots;                    /* ring slots, a power of two in [2, 65536] */
+    double first_chunk_deadline_s;       /* consumer: request_begin -> first message (sleep_s x max_wait_first_chunk) */
+    double steady_deadline_s;            /* consumer: between later messages (sleep_s x max_wait) */
+    double wait_slice_s;                 /* longest single sleep; the peer is checked once per slice
+                                            (connector_get_sleep_s); 0 = SHMCONN_DEFAULT_SLICE_S */
 };
 
 /* One tensor of a message. On send, data points at the source bytes (or is NULL
@@ -163,11 +173,19 @@ int shmconn_release(shmconn_t *c, const struct shmconn_msg *msg);
  * ours) and unmap. NULL is a no-op. */
 void shmconn_close(shmconn_t *c);
 
+/* Stamp this side's heartbeat (CLOCK_MONOTONIC, in its own header line) so the peer can
+ * tell a frozen process (SIGSTOP, a hung loop) from a live one. Costs one store. */
+void shmconn_heartbeat(shmconn_t *c);
+
+/* Seconds since the peer last called shmconn_heartbeat on this region, or a negative
+ * value when it never did (or is not attached). For readiness checks. */
+double shmconn_peer_heartbeat_age(shmconn_t *c);
+
 /* 0 while the peer is alive (or not attached yet), SHMCONN_E_PEER_DEAD when it died,
  * SHMCONN_E_CLOSED when it closed the channel. For /health; costs one poll(2) at most. */
 int shmconn_peer_status(shmconn_t *c);
 
-/* Path of the segment, e.g. "/mm3-s0_to_s1" (for logs). */
+/* Path of the segment, e.g. "/mm3-<run_id>-s0_to_s1" (for logs). */
 const char *shmconn_segment_name(const shmconn_t *c);
 
 /* Counters for metrics. */
@@ -180,9 +198,13 @@ struct shmconn_stats {
 };
 void shmconn_stats_get(const shmconn_t *c, struct shmconn_stats *out);
 
-/* Unlink every /dev/shm/<prefix>* segment whose creator process is dead (or that is
- * not a valid region and is older than a few seconds). prefix "" = default.
+/* Unlink every /dev/shm/<prefix>* segment of our user whose creator process is dead (or
+ * that is not a valid region and is older than a few seconds); another user's segment
+ * and a live creator's are never touched. prefix "" = default.
  * Returns the number unlinked or a negative errno. */
 int shmconn_reclaim_stale(const char *prefix);
+
+/* 1 when s is a run id: exactly SHMCONN_RUN_ID_HEX lowercase hex digits. */
+int shmconn_run_id_ok(const char *s);
 
 #endif

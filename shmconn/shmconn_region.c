@@ -33,6 +33,15 @@ static int name_ok(const char *s, size_t cap)
     return 1;
 }
 
+int shmconn_run_id_ok(const char *s)
+{
+    size_t n = strnlen(s, SHMCONN_RUN_ID_HEX + 1);
+    if (n != SHMCONN_RUN_ID_HEX) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return 0;
+    return 1;
+}
+
 int shmconn_config_check(const struct shmconn_config *cfg)
 {
     if (!cfg) return mm3_errorf(-EINVAL, "shmconn: no config");
@@ -42,6 +51,9 @@ int shmconn_config_check(const struct shmconn_config *cfg)
     if (!name_ok(cfg->prefix, sizeof cfg->prefix))
         return mm3_errorf(-EINVAL, "shmconn: config prefix '%.32s': expected up to 31 characters of [A-Za-z0-9._-]",
                           cfg->prefix);
+    if (cfg->run_id[0] && !shmconn_run_id_ok(cfg->run_id))
+        return mm3_errorf(-EINVAL, "shmconn '%s': run id '%.40s': expected %d lowercase hex digits", cfg->name,
+                          cfg->run_id, SHMCONN_RUN_ID_HEX);
     if (cfg->n_slots < 2 || cfg->n_slots > 65536 || (cfg->n_slots & (cfg->n_slots - 1)))
         return mm3_errorf(-EINVAL, "shmconn '%s': n_slots %u: expected a power of two in [2, 65536]", cfg->name,
                           cfg->n_slots);
@@ -118,7 +130,8 @@ int shmconn_handle_init(struct shmconn *c, const struct shmconn_config *cfg, enu
     c->role = role;
     c->cfg = *cfg;
     c->slice_s = cfg->wait_slice_s > 0 ? cfg->wait_slice_s : SHMCONN_DEFAULT_SLICE_S;
-    snprintf(c->shm_name, sizeof c->shm_name, "/%s%s", config_prefix(cfg), cfg->name);
+    snprintf(c->shm_name, sizeof c->shm_name, "/%s%s%s%s", config_prefix(cfg), cfg->run_id, cfg->run_id[0] ? "-" : "",
+             cfg->name);
     pthread_mutex_init(&c->lock, NULL);
     return 0;
 }
@@ -144,13 +157,52 @@ static void handle_remember_inode(struct shmconn *c)
     }
 }
 
-/* Unlink a leftover segment of the same name when its creator is dead. */
+/* The owner uid of /dev/shm/<name> for an error message, or -1 when it cannot be read. */
+static long segment_owner(const char *shm_name)
+{
+    char path[200];
+    struct stat st;
+    snprintf(path, sizeof path, "/dev/shm%s", shm_name);
+    return lstat(path, &st) == 0 ? (long)st.st_uid : -1;
+}
+
+/* The segment behind fd may be used only when our effective user made it and no
+ * other user can read or write it: anything else was put there by someone else.
+ * Fills *st for the caller. */
+static int segment_owner_check(const char *shm_name, int fd, const char *what, struct stat *st)
+{
+    if (fstat(fd, st) < 0) return mm3_errorf(-errno, "shmconn %s: fstat: %s", shm_name, strerror(errno));
+    if (st->st_uid != geteuid())
+        return mm3_errorf(SHMCONN_E_FOREIGN,
+                          "shmconn %s: segment is owned by uid %ld, not by us (uid %ld): refusing to %s it (another "
+                          "user created this name)",
+                          shm_name, (long)st->st_uid, (long)geteuid(), what);
+    if (st->st_mode & 077)
+        return mm3_errorf(SHMCONN_E_FOREIGN,
+                          "shmconn %s: segment (owner uid %ld) has mode %04o: expected 0600 (no group/other "
+                          "access); refusing to %s it",
+                          shm_name, (long)st->st_uid, (unsigned)(st->st_mode & 07777), what);
+    return 0;
+}
+
+/* Unlink a leftover segment of the same name when it is ours and its creator is dead. */
 static int region_clear_stale(struct shmconn *c)
 {
     int fd = shm_open(c->shm_name, O_RDONLY, 0);
-    if (fd < 0)
-        return errno == ENOENT ? 0 : mm3_errorf(-errno, "shmconn %s: shm_open: %s", c->shm_name, strerror(errno));
+    if (fd < 0) {
+        if (errno == ENOENT) return 0;
+        int e = errno;
+        return mm3_errorf(e == EACCES ? SHMCONN_E_FOREIGN : -e, "shmconn %s: exists, owner uid %ld: shm_open: %s",
+                          c->shm_name, segment_owner(c->shm_name), strerror(e));
+    }
     struct stat st;
+    if (fstat(fd, &st) == 0 && st.st_uid != geteuid()) {
+        close(fd); /* never remove (or use) a name another user holds */
+        return mm3_errorf(SHMCONN_E_FOREIGN,
+                          "shmconn %s: segment exists and is owned by uid %ld, not by us (uid %ld): refusing to "
+                          "remove or use it",
+                          c->shm_name, (long)st.st_uid, (long)geteuid());
+    }
     struct shmconn_geometry g;
     memset(&g, 0, sizeof g);
     int stale = 1;
@@ -181,6 +233,13 @@ int shmconn_region_create(struct shmconn *c)
             return mm3_errorf(-errno, "shmconn %s: shm_open(O_CREAT): %s", c->shm_name, strerror(errno));
         }
     }
+    /* Exactly 0600: a umask may have taken away the owner's write bit the peer opens with. */
+    if (fchmod(fd, 0600) < 0) {
+        int e = errno;
+        close(fd);
+        shm_unlink(c->shm_name);
+        return mm3_errorf(-e, "shmconn %s: fchmod(0600): %s", c->shm_name, strerror(e));
+    }
     c->fd = fd;
     handle_remember_inode(c);
     if (ftruncate(fd, (off_t)g.region_bytes) < 0) {
@@ -207,6 +266,7 @@ int shmconn_region_create(struct shmconn *c)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     g.creator_start_ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    memcpy(g.token, c->cfg.token, sizeof g.token);
     memcpy(hg, &g, sizeof g);
     atomic_store_explicit(&c->hdr->prod.pid, (int32_t)getpid(), memory_order_relaxed);
     atomic_store_explicit(&c->hdr->prod.state, SHMCONN_SIDE_OPEN, memory_order_relaxed);
@@ -214,17 +274,30 @@ int shmconn_region_create(struct shmconn *c)
     return 0;
 }
 
+/* Compared without an early exit: how long the comparison takes says nothing of the token. */
+static int token_equal(const uint8_t *a, const uint8_t *b)
+{
+    uint8_t d = 0;
+    for (int i = 0; i < SHMCONN_TOKEN_BYTES; i++)
+        d |= (uint8_t)(a[i] ^ b[i]);
+    return d == 0;
+}
+
 /* One attempt to open and validate; -EAGAIN when the segment is not there / not ready yet. */
 static int region_try_open(struct shmconn *c)
 {
     int fd = shm_open(c->shm_name, O_RDWR | O_CLOEXEC, 0);
-    if (fd < 0)
-        return errno == ENOENT ? -EAGAIN : mm3_errorf(-errno, "shmconn %s: shm_open: %s", c->shm_name, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) < 0) {
+    if (fd < 0) {
+        if (errno == ENOENT) return -EAGAIN;
         int e = errno;
+        return mm3_errorf(e == EACCES ? SHMCONN_E_FOREIGN : -e, "shmconn %s: owner uid %ld: shm_open: %s", c->shm_name,
+                          segment_owner(c->shm_name), strerror(e));
+    }
+    struct stat st;
+    int rc = segment_owner_check(c->shm_name, fd, "map", &st);
+    if (rc < 0) {
         close(fd);
-        return mm3_errorf(-e, "shmconn %s: fstat: %s", c->shm_name, strerror(e));
+        return rc;
     }
     struct shmconn_geometry g, want;
     shmconn_geometry_make(&c->cfg, &want);
@@ -232,10 +305,17 @@ static int region_try_open(struct shmconn *c)
         close(fd); /* the producer is still between shm_open and the magic store */
         return -EAGAIN;
     }
-    int rc = shmconn_geometry_check(&g, &want, (uint64_t)st.st_size, c->shm_name);
+    rc = shmconn_geometry_check(&g, &want, (uint64_t)st.st_size, c->shm_name);
     if (rc < 0) {
         close(fd);
         return rc;
+    }
+    if (!token_equal(g.token, c->cfg.token)) {
+        close(fd);
+        return mm3_errorf(SHMCONN_E_FOREIGN,
+                          "shmconn %s: segment (owner uid %ld, creator pid %d) does not carry this run's token: "
+                          "refusing to map it (another run or process created this name)",
+                          c->shm_name, (long)st.st_uid, (int)g.creator_pid);
     }
     if (g.creator_pid <= 0 || shmconn_pid_dead(g.creator_pid, -1)) {
         close(fd); /* left by a dead producer: wait for its successor to replace it */
@@ -251,7 +331,8 @@ static int region_try_open(struct shmconn *c)
      * bytes, but a writer racing us could have changed them in between. */
     struct shmconn_geometry *hg = (struct shmconn_geometry *)base;
     if (atomic_load_explicit((_Atomic uint64_t *)&hg->magic, memory_order_acquire) != SHMCONN_MAGIC ||
-        shmconn_geometry_check(hg, &want, (uint64_t)st.st_size, c->shm_name) < 0) {
+        shmconn_geometry_check(hg, &want, (uint64_t)st.st_size, c->shm_name) < 0 ||
+        !token_equal(hg->token, c->cfg.token)) {
         munmap(base, g.region_bytes);
         close(fd);
         return mm3_errorf(SHMCONN_E_BAD_REGION, "shmconn %s: header changed while opening", c->shm_name);
@@ -324,7 +405,8 @@ int shmconn_reclaim_stale(const char *prefix)
         struct shmconn_geometry g;
         memset(&g, 0, sizeof g);
         int stale = 0;
-        if (fstat(fd, &st) == 0) {
+        /* another user's segment is never ours to remove, whatever it holds */
+        if (fstat(fd, &st) == 0 && st.st_uid == geteuid()) {
             int have = (uint64_t)st.st_size >= sizeof g && pread(fd, &g, sizeof g, 0) == (ssize_t)sizeof g &&
                        g.magic == SHMCONN_MAGIC;
             if (have)

@@ -21,7 +21,7 @@
 #include "shmconn/shmconn.h"
 
 #define SHMCONN_MAGIC UINT64_C(0x314e4f434d48534d) /* "MSHMCON1" little-endian */
-#define SHMCONN_VERSION 1u
+#define SHMCONN_VERSION 2u
 #define SHMCONN_HEADER_BYTES 4096u
 #define SHMCONN_CANCEL_BYTES 4096u
 #define SHMCONN_CANCEL_SLOTS 256u
@@ -46,8 +46,9 @@ struct shmconn_geometry {
     uint64_t region_bytes;  /* whole mapping */
     int32_t creator_pid;
     uint32_t pad0;
-    uint64_t creator_start_ns; /* CLOCK_REALTIME at creation, for logs */
-    uint8_t pad[128 - 72];
+    uint64_t creator_start_ns;          /* CLOCK_REALTIME at creation, for logs */
+    uint8_t token[SHMCONN_TOKEN_BYTES]; /* the run's token (cfg.token); the opener compares */
+    uint8_t pad[128 - 72 - SHMCONN_TOKEN_BYTES];
 };
 _Static_assert(sizeof(struct shmconn_geometry) == 128, "shm ABI");
 
@@ -59,7 +60,8 @@ struct shmconn_producer_line {
     _Atomic int32_t pid;
     _Atomic uint32_t waiting;     /* producer is (about to be) asleep on consumer_line.wake */
     _Atomic uint32_t cancel_head; /* free-running: cancel notices consumed */
-    uint8_t pad[64 - 24];
+    _Atomic uint64_t beat_ns;     /* CLOCK_MONOTONIC of the producer's last heartbeat, 0 = none */
+    uint8_t pad[64 - 32];
 };
 _Static_assert(sizeof(struct shmconn_producer_line) == 64, "shm ABI");
 
@@ -72,7 +74,8 @@ struct shmconn_consumer_line {
     _Atomic uint32_t waiting;      /* consumer is (about to be) asleep on producer_line.wake */
     _Atomic uint32_t cancel_tail;  /* free-running: cancel notices posted */
     _Atomic uint64_t payload_tail; /* free-running byte position: payload area freed up to here */
-    uint8_t pad[64 - 32];
+    _Atomic uint64_t beat_ns;      /* CLOCK_MONOTONIC of the consumer's last heartbeat, 0 = none */
+    uint8_t pad[64 - 40];
 };
 _Static_assert(sizeof(struct shmconn_consumer_line) == 64, "shm ABI");
 
@@ -136,7 +139,7 @@ struct shmconn_track {
 struct shmconn {
     enum shmconn_role role;
     struct shmconn_config cfg;
-    char shm_name[128]; /* "/<prefix><name>" */
+    char shm_name[160]; /* "/<prefix>[<run_id>-]<name>" */
     int fd;
     dev_t dev;
     ino_t ino;

@@ -78,6 +78,9 @@ struct engine {
     _Atomic int n_awaiting; /* entries held for a stage-1 restart */
     pthread_t rx;
     int rx_started;
+    /* mm3_job_now_ns of the last turn of the receiver and of the step loop (readiness) */
+    _Atomic int64_t rx_turn_ns, step_turn_ns;
+    int64_t last_connect_log_ns;
 };
 
 /* ---- the request table ---- */
@@ -640,6 +643,7 @@ static int stage1_alive(struct engine *e)
 static void sink_tick(void *ctx)
 {
     struct engine *e = ctx;
+    atomic_store(&e->step_turn_ns, mm3_job_now_ns());
     if (atomic_load(&e->n_awaiting) == 0) return;
     double limit = e->cfg_out.first_chunk_deadline_s;
     int64_t now = mm3_job_now_ns();
@@ -876,9 +880,15 @@ static void *rx_thread(void *arg)
 {
     struct engine *e = arg;
     while (!atomic_load(&e->stopping)) {
+        int64_t now = mm3_job_now_ns();
+        atomic_store(&e->rx_turn_ns, now);
         if (!e->in) {
             int rc = try_connect(e);
-            if (rc < 0 && rc != SHMCONN_E_TIMEOUT) LOG_DEBUG("stage 1 not attached yet: %s", mm3_last_error());
+            /* a refused segment (another user's, another run's) is worth saying, not every 100 ms */
+            if (rc < 0 && rc != SHMCONN_E_TIMEOUT && now - e->last_connect_log_ns > 10 * INT64_C(1000000000)) {
+                LOG_WARN("stage 1 not attached: %s", mm3_last_error());
+                e->last_connect_log_ns = now;
+            }
             if (rc < 0) {
                 struct timespec t = {0, 100 * 1000000L};
                 nanosleep(&t, NULL);
@@ -970,11 +980,44 @@ static void api_health(void *ctx, struct api_health *h)
     int q, rows;
     sched_counts(e->sched, &q, &rows);
     snprintf(h->stages[0].detail, sizeof h->stages[0].detail, "%d rows in use, %d queued", rows, q);
+    /* Stage 0 answers when its receiver and step loop keep turning. Each may block on
+     * purpose for a while (a send waits up to the steady deadline for room in the ring,
+     * a PCM push up to PCM_PUSH_TIMEOUT_MS for a slow client), so one slow client must
+     * not make the replica unready: the limit is the longest such wait, plus slack. */
+    int64_t now = mm3_job_now_ns();
+    double rx_age = (double)(now - atomic_load(&e->rx_turn_ns)) * 1e-9;
+    double step_age = (double)(now - atomic_load(&e->step_turn_ns)) * 1e-9;
+    double stall = e->cfg_in.steady_deadline_s;
+    if (stall < PCM_PUSH_TIMEOUT_MS * 1e-3) stall = PCM_PUSH_TIMEOUT_MS * 1e-3;
+    stall += PIPE_HEARTBEAT_DEADLINE_S;
+    if (rx_age > stall || step_age > stall) {
+        h->stages[0].state = API_STAGE_DOWN;
+        snprintf(h->stages[0].detail, sizeof h->stages[0].detail,
+                 "stuck: receiver last turned %.1f s ago, step loop %.1f s ago", rx_age, step_age);
+    }
     snprintf(h->stages[1].name, sizeof h->stages[1].name, "stage1");
     int up = atomic_load(&e->s1_up);
-    h->stages[1].state = up ? API_STAGE_READY : API_STAGE_DOWN;
-    snprintf(h->stages[1].detail, sizeof h->stages[1].detail, "%s",
-             up ? "attached" : "not attached: waiting for mm3-stage1 (requests get 503)");
+    double beat = -1;
+    if (up) {
+        pthread_rwlock_rdlock(&e->conn_mu);
+        beat = e->in ? shmconn_peer_heartbeat_age(e->in) : -1;
+        pthread_rwlock_unlock(&e->conn_mu);
+    }
+    if (!up) {
+        h->stages[1].state = API_STAGE_DOWN;
+        snprintf(h->stages[1].detail, sizeof h->stages[1].detail,
+                 "not attached: waiting for mm3-stage1 (requests get 503)");
+    } else if (beat < 0) {
+        h->stages[1].state = API_STAGE_STARTING;
+        snprintf(h->stages[1].detail, sizeof h->stages[1].detail, "attached, no heartbeat yet");
+    } else if (beat > PIPE_HEARTBEAT_DEADLINE_S) {
+        h->stages[1].state = API_STAGE_DOWN;
+        snprintf(h->stages[1].detail, sizeof h->stages[1].detail,
+                 "attached, but no heartbeat for %.1f s (stopped or stuck; its songs wait)", beat);
+    } else {
+        h->stages[1].state = API_STAGE_READY;
+        snprintf(h->stages[1].detail, sizeof h->stages[1].detail, "attached, heartbeat %.1f s ago", beat);
+    }
     h->queue_depth = q;
     h->active_rows = rows;
 }
@@ -982,14 +1025,14 @@ static void api_health(void *ctx, struct api_health *h)
 /* ---- life cycle ---- */
 
 int engine_create(struct engine **out, const struct mm3_deploy *d, const struct talker *lm, const struct depth *dd,
-                  const struct tokenizer *tok, const char *ckpt_root, const char *prefix)
+                  const struct tokenizer *tok, const char *ckpt_root, const struct pipe_run *run)
 {
     *out = NULL;
     struct engine *e = calloc(1, sizeof *e);
     if (!e) return mm3_errorf(-ENOMEM, "engine: out of memory");
     e->d = d;
     e->created_unix = time(NULL);
-    snprintf(e->prefix, sizeof e->prefix, "%s", prefix && *prefix ? prefix : SHMCONN_DEFAULT_PREFIX);
+    snprintf(e->prefix, sizeof e->prefix, "%s", run && run->prefix[0] ? run->prefix : SHMCONN_DEFAULT_PREFIX);
     int rc = frame_mix_load(&e->mix, ckpt_root);
     if (rc < 0) goto fail;
     e->raw_width = dd->cfg.n_codebooks * lm->cfg.hidden;
@@ -1011,6 +1054,14 @@ int engine_create(struct engine **out, const struct mm3_deploy *d, const struct 
     }
     pipe_channel_config(d, PIPE_CHANNEL_S0_TO_S1, e->prefix, &e->cfg_out);
     pipe_channel_config(d, PIPE_CHANNEL_S1_TO_S0, e->prefix, &e->cfg_in);
+    if (run) {
+        pipe_run_apply(run, &e->cfg_out);
+        pipe_run_apply(run, &e->cfg_in);
+    }
+    if (!e->cfg_out.run_id[0])
+        LOG_WARN("MM3_RUN_ID / MM3_RUN_TOKEN not set: segment names are predictable (%s...); start the replica "
+                 "with scripts/launch.sh, which gives both stages a random run id and token",
+                 e->prefix);
     e->send_timeout_s = e->cfg_out.steady_deadline_s;
     const struct mm3_stage_config *s0 = mm3_deploy_stage(d, 0);
     struct sched_config sc = {.max_rows = s0->max_num_seqs,
@@ -1068,11 +1119,14 @@ int engine_start(struct engine *e, double wait_s)
     }
     int rc = shmconn_create(&e->out, &e->cfg_out);
     if (rc < 0) return rc;
+    atomic_store(&e->rx_turn_ns, mm3_job_now_ns());
     if ((rc = pthread_create(&e->rx, NULL, rx_thread, e)))
         return mm3_errorf(-rc, "engine: receiver thread: %s", strerror(rc));
     e->rx_started = 1;
+    atomic_store(&e->step_turn_ns, mm3_job_now_ns());
     if ((rc = sched_start(e->sched)) < 0) return rc;
-    LOG_INFO("waiting up to %g s for stage 1 to attach (%s%s)", wait_s, e->prefix, PIPE_CHANNEL_S1_TO_S0);
+    char seg[160];
+    LOG_INFO("waiting up to %g s for stage 1 to attach (%s)", wait_s, pipe_segment_name(&e->cfg_in, seg, sizeof seg));
     int64_t t0 = mm3_job_now_ns();
     while (!atomic_load(&e->s1_up) && (mm3_job_now_ns() - t0) < (int64_t)(wait_s * 1e9)) {
         struct timespec t = {0, 20 * 1000000L};

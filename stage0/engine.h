@@ -2,8 +2,8 @@
  * two pipeline channels (common/pipeline_proto.h), behind struct api_engine.
  *
  * Channels: stage 0 CREATES "s0_to_s1" (producer) and OPENS "s1_to_s0" (consumer,
- * created by stage 1), both under the segment prefix (MM3_SHM_PREFIX, default
- * "mm3-"), with the geometry stage 1 uses (common/pipeline_channel.h).
+ * created by stage 1), both under the segment prefix and run id (MM3_SHM_PREFIX,
+ * MM3_RUN_ID, MM3_RUN_TOKEN), with the geometry stage 1 uses (common/pipeline_channel.h).
  *
  * Frames go to stage 1 as produced (async_chunk: true), pre-mixed to `hidden`
  * floats with common/frame_mix.h, or held and sent when the song ends
@@ -14,7 +14,7 @@
  * down, new requests get 503 "stage 1 unavailable", and the engine re-creates its
  * channel and waits for the next stage 1 to attach.
  *
- *     engine_create(&e, &deploy, &lm, &dd, tok, ckpt_root, prefix);
+ *     engine_create(&e, &deploy, &lm, &dd, tok, ckpt_root, &run);
  *     engine_start(e, 30.0);              // waits up to 30 s for stage 1, then serves anyway
  *     http_server_start(&srv, &cfg, engine_api(e));
  *     ...
@@ -31,10 +31,13 @@
 #include "stage0/tokenizer.h"
 
 struct engine;
+struct pipe_run;
 
-/* Reads the frame mix from ckpt_root/condition_encoder. prefix "" = default. */
+/* Reads the frame mix from ckpt_root/condition_encoder. run: the segment prefix, run id
+ * and token (common/pipeline_channel.h: pipe_run_from_env); NULL = the default prefix,
+ * no run id. */
 int engine_create(struct engine **out, const struct mm3_deploy *d, const struct talker *lm, const struct depth *dd,
-                  const struct tokenizer *tok, const char *ckpt_root, const char *prefix);
+                  const struct tokenizer *tok, const char *ckpt_root, const struct pipe_run *run);
 
 /* Reclaim stale segments, create s0_to_s1, start the receiver and the step loop;
  * wait up to wait_s for stage 1 to attach (logged), but come up without it. */

@@ -37,7 +37,7 @@ struct http_server {
     struct api_jobs jobs;    /* answers in progress, for GET /v1/audio/speech/{id} */
 };
 
-enum route { ROUTE_NONE = 0, ROUTE_SPEECH, ROUTE_PROGRESS, ROUTE_HEALTH, ROUTE_METRICS, ROUTE_MODELS };
+enum route { ROUTE_NONE = 0, ROUTE_SPEECH, ROUTE_PROGRESS, ROUTE_HEALTH, ROUTE_LIVE, ROUTE_METRICS, ROUTE_MODELS };
 
 /* Per-request state (MHD's con_cls), freed when MHD reports the request done. */
 struct api_req {
@@ -711,6 +711,13 @@ static enum MHD_Result handle_health(struct http_server *s, struct MHD_Connectio
     return queue_json(c, ready ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE, o, 0);
 }
 
+/* Liveness: the process answers HTTP. Never asks the engine, so a stuck stage 1 or
+ * a slow engine lock cannot get stage 0 restarted by a liveness probe. */
+static enum MHD_Result handle_live(struct MHD_Connection *c)
+{
+    return queue_json(c, MHD_HTTP_OK, json_pack("{s:s, s:b}", "status", "ok", "live", 1), 0);
+}
+
 static enum MHD_Result handle_metrics(struct http_server *s, struct MHD_Connection *c)
 {
     struct api_health h;
@@ -752,10 +759,9 @@ static enum route route_of(const char *url, const char *method, bool *method_ok,
         const char *path, *method;
         enum route r;
     } table[] = {
-        {SPEECH_PATH, MHD_HTTP_METHOD_POST, ROUTE_SPEECH},
-        {"/health", MHD_HTTP_METHOD_GET, ROUTE_HEALTH},
-        {"/metrics", MHD_HTTP_METHOD_GET, ROUTE_METRICS},
-        {"/v1/models", MHD_HTTP_METHOD_GET, ROUTE_MODELS},
+        {SPEECH_PATH, MHD_HTTP_METHOD_POST, ROUTE_SPEECH},    {"/health", MHD_HTTP_METHOD_GET, ROUTE_HEALTH},
+        {"/health/ready", MHD_HTTP_METHOD_GET, ROUTE_HEALTH}, {"/health/live", MHD_HTTP_METHOD_GET, ROUTE_LIVE},
+        {"/metrics", MHD_HTTP_METHOD_GET, ROUTE_METRICS},     {"/v1/models", MHD_HTTP_METHOD_GET, ROUTE_MODELS},
     };
     for (size_t i = 0; i < sizeof table / sizeof *table; i++) {
         if (strcmp(url, table[i].path) != 0) continue;
@@ -822,6 +828,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return handle_progress(s, c, rq->job_id);
     case ROUTE_HEALTH:
         return handle_health(s, c);
+    case ROUTE_LIVE:
+        return handle_live(c);
     case ROUTE_METRICS:
         return handle_metrics(s, c);
     case ROUTE_MODELS:

@@ -27,6 +27,7 @@
 #include "common/deploy.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/pipeline_channel.h"
 #include "common/safetensors.h"
 #include "common/sampler.h"
 #include "common/sampler_replay.h"
@@ -389,12 +390,11 @@ static int run_serve(const struct stage0_args *a)
     }
     mm3_deploy_init_defaults(&st->d);
     int rc = serve_load(st, a);
-    const char *prefix = getenv("MM3_SHM_PREFIX");
-    if (rc == 0 && prefix && (strlen(prefix) > 31 || strchr(prefix, '/')))
-        rc = mm3_errorf(-EINVAL, "MM3_SHM_PREFIX '%s': expected at most 31 bytes without '/'", prefix);
+    struct pipe_run run;
+    if (rc == 0) rc = pipe_run_from_env(&run);
     double fps = 0;
     if (rc == 0) rc = generate_frame_rate(st->d.model, &fps);
-    if (rc == 0) rc = engine_create(&st->eng, &st->d, &st->lm, &st->dd, st->tok, st->d.model, prefix ? prefix : "");
+    if (rc == 0) rc = engine_create(&st->eng, &st->d, &st->lm, &st->dd, st->tok, st->d.model, &run);
     if (rc == 0) rc = engine_start(st->eng, env_seconds("MM3_STAGE1_WAIT_S", 30.0));
     struct http_server_config hc;
     http_server_config_default(&hc);

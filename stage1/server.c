@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/error.h"
@@ -39,17 +40,6 @@ void s1_channel_config(const struct mm3_deploy *d, const char *name, const char 
     pipe_channel_config(d, name, prefix, out);
 }
 
-int s1_shm_prefix(char *out, int cap)
-{
-    const char *p = getenv("MM3_SHM_PREFIX");
-    if (!p || !*p) p = SHMCONN_DEFAULT_PREFIX;
-    int max = cap < 32 ? cap : 32;
-    if ((int)strlen(p) >= max) return mm3_errorf(-EINVAL, "MM3_SHM_PREFIX '%s': expected at most %d bytes", p, max - 1);
-    if (strchr(p, '/')) return mm3_errorf(-EINVAL, "MM3_SHM_PREFIX '%s': must not contain '/'", p);
-    snprintf(out, (size_t)cap, "%s", p);
-    return 0;
-}
-
 /* ---- start-up ---- */
 
 static int server_load(struct s1_server *s, const struct s1_server_options *o)
@@ -70,7 +60,8 @@ static int server_load(struct s1_server *s, const struct s1_server_options *o)
     if ((rc = mm3_deploy_resolve_backend(&s->d, gpu)) < 0) return rc;
     if (!s->d.model[0])
         return mm3_errorf(-EINVAL, "%s: model: no checkpoint directory; set `model:` or pass --model", s->d.source);
-    if ((rc = s1_shm_prefix(s->prefix, sizeof s->prefix)) < 0) return rc;
+    if ((rc = pipe_run_from_env(&s->run)) < 0) return rc;
+    snprintf(s->prefix, sizeof s->prefix, "%s", s->run.prefix);
 
     s->st = mm3_deploy_stage(&s->d, 1);
     const struct mm3_connector_config *e = mm3_deploy_edge_connector(&s->d);
@@ -80,6 +71,12 @@ static int server_load(struct s1_server *s, const struct s1_server_options *o)
     s->send_timeout_s = mm3_connector_steady_deadline_s(e);
     s1_channel_config(&s->d, PIPE_CHANNEL_S0_TO_S1, s->prefix, &s->in_cfg);
     s1_channel_config(&s->d, PIPE_CHANNEL_S1_TO_S0, s->prefix, &s->out_cfg);
+    pipe_run_apply(&s->run, &s->in_cfg);
+    pipe_run_apply(&s->run, &s->out_cfg);
+    if (!s->run.run_id[0])
+        LOG_WARN("MM3_RUN_ID / MM3_RUN_TOKEN not set: segment names are predictable (%s...); start the replica "
+                 "with scripts/launch.sh, which gives both stages a random run id and token",
+                 s->prefix);
     s->reqs = calloc((size_t)s->max_reqs + 1, sizeof *s->reqs); /* + a spare one to refuse a request */
     if (!s->reqs) return mm3_errorf(-ENOMEM, "stage 1: out of memory");
 
@@ -115,9 +112,55 @@ static int server_load(struct s1_server *s, const struct s1_server_options *o)
     return 0;
 }
 
+static int64_t monotonic_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* ---- heartbeat ---- */
+
+/* Beats while the serve loop turned within the steady deadline (the longest stage 0
+ * waits between two messages anyway); a SIGSTOP stops this thread with the rest. */
+static void *heartbeat_thread(void *arg)
+{
+    struct s1_server *s = arg;
+    int64_t stall_ns = (int64_t)(s->in_cfg.steady_deadline_s * 1e9);
+    while (!atomic_load(&s->hb_stop)) {
+        int64_t now = monotonic_ns();
+        pthread_mutex_lock(&s->hb_mu);
+        if (s->out && now - atomic_load(&s->loop_ns) < stall_ns) shmconn_heartbeat(s->out);
+        pthread_mutex_unlock(&s->hb_mu);
+        struct timespec t = {0, (long)(PIPE_HEARTBEAT_PERIOD_S * 1e9)};
+        nanosleep(&t, NULL);
+    }
+    return NULL;
+}
+
+static int heartbeat_start(struct s1_server *s)
+{
+    atomic_store(&s->loop_ns, monotonic_ns());
+    int rc = pthread_create(&s->hb, NULL, heartbeat_thread, s);
+    if (rc) return mm3_errorf(-rc, "stage 1: heartbeat thread: %s", strerror(rc));
+    s->hb_started = 1;
+    return 0;
+}
+
+static void heartbeat_stop(struct s1_server *s)
+{
+    if (!s->hb_started) return;
+    atomic_store(&s->hb_stop, 1);
+    pthread_join(s->hb, NULL);
+    s->hb_started = 0;
+}
+
 static int out_create(struct s1_server *s)
 {
+    pthread_mutex_lock(&s->hb_mu);
     int rc = shmconn_create(&s->out, &s->out_cfg);
+    if (rc == 0) shmconn_heartbeat(s->out); /* attached stage 0 sees a live stage 1 at once */
+    pthread_mutex_unlock(&s->hb_mu);
     if (rc == -EEXIST)
         return mm3_errorf(rc, "%s: another live stage 1 owns it (set MM3_SHM_PREFIX for a second deployment)",
                           mm3_last_error());
@@ -155,11 +198,12 @@ static void in_try_open(struct s1_server *s, double *wait_since, double *last_lo
     }
     if (*wait_since == 0) *wait_since = now;
     if (*last_log == 0 || now - *last_log >= S1_WAIT_LOG_EVERY_S) {
+        char seg[160];
+        pipe_segment_name(&s->in_cfg, seg, sizeof seg);
         if (rc == SHMCONN_E_TIMEOUT)
-            LOG_INFO("waiting for stage 0 to create /%s%s (%.0f s so far)", s->prefix, PIPE_CHANNEL_S0_TO_S1,
-                     now - *wait_since);
+            LOG_INFO("waiting for stage 0 to create %s (%.0f s so far)", seg, now - *wait_since);
         else
-            LOG_ERROR("cannot open /%s%s, retrying: %s", s->prefix, PIPE_CHANNEL_S0_TO_S1, mm3_last_error());
+            LOG_ERROR("cannot open %s, retrying: %s", seg, mm3_last_error());
         *last_log = now;
     }
     if (rc != SHMCONN_E_TIMEOUT) usleep(200 * 1000); /* a refused region: do not spin on it */
@@ -176,8 +220,10 @@ static void stage0_lost(struct s1_server *s)
     s->stage0_lost = 1; /* no ERROR messages: nobody reads them */
     while (s->n_reqs)
         s1_request_fail(s, s->reqs[0], 0, "stage 0 went away");
+    pthread_mutex_lock(&s->hb_mu);
     shmconn_close(s->out);
     s->out = NULL;
+    pthread_mutex_unlock(&s->hb_mu);
     s->stage0_lost = 0;
     if (out_create(s) < 0) LOG_ERROR("re-creating the output channel: %s (retrying)", mm3_last_error());
 }
@@ -247,6 +293,7 @@ static void finish_windows(struct s1_server *s)
         if (!q || !q->active) continue;
         int had = render_window_unfinished(q->render) > 0;
         s1_request_step(s, q);
+        atomic_store(&s->loop_ns, monotonic_ns());
         if (had) {
             drain(s, 0.0);
             poll_cancels(s);
@@ -304,6 +351,7 @@ static void serve(struct s1_server *s)
 {
     double wait_since = 0, last_log = 0, slice = s->in_cfg.wait_slice_s > 0 ? s->in_cfg.wait_slice_s : 0.05;
     while (!g_stop) {
+        atomic_store(&s->loop_ns, monotonic_ns());
         if (!s->out) {
             if (out_create(s) < 0) {
                 LOG_ERROR("%s (retrying)", mm3_last_error());
@@ -334,11 +382,13 @@ static void serve(struct s1_server *s)
 
 static void server_free(struct s1_server *s)
 {
+    heartbeat_stop(s);
     while (s->n_reqs)
         s1_request_remove(s, s->reqs[0]);
     free(s->reqs);
     shmconn_close(s->in);
     shmconn_close(s->out);
+    pthread_mutex_destroy(&s->hb_mu);
     if (s->fb.close) s->fb.close(s->fb.ctx);
     free(s->jobs), free(s->job_ids), free(s->job_rc);
     s1_backend_close(&s->be);
@@ -360,12 +410,14 @@ int s1_server_run(const struct s1_server_options *o)
 
     struct s1_server *s = calloc(1, sizeof *s);
     if (!s) return mm3_errorf(-ENOMEM, "stage 1: out of memory");
+    pthread_mutex_init(&s->hb_mu, NULL);
     int rc = server_load(s, o);
     if (rc == 0) {
         int n = shmconn_reclaim_stale(s->prefix);
         if (n > 0) LOG_INFO("removed %d stale segment(s) with prefix '%s'", n, s->prefix);
         rc = out_create(s);
     }
+    if (rc == 0) rc = heartbeat_start(s);
     if (rc == 0) rc = ready_signal();
     if (rc < 0) {
         server_free(s);

@@ -4,9 +4,9 @@
  *     return s1_server_run(&o) < 0 ? 1 : 0;       // until SIGINT / SIGTERM
  *
  * Channels: stage 1 creates "s1_to_s0" (producer) and opens "s0_to_s1" (consumer, created
- * by stage 0), both under the segment prefix $MM3_SHM_PREFIX (default "mm3-"), with the
- * geometry of common/pipeline_channel.h (both stages use it: shmconn_open refuses a
- * different geometry).
+ * by stage 0), both under the segment prefix and run id ($MM3_SHM_PREFIX, default "mm3-";
+ * $MM3_RUN_ID and $MM3_RUN_TOKEN, see pipe_run_from_env), with the geometry of
+ * common/pipeline_channel.h (both stages use it: shmconn_open refuses a different geometry).
  *
  * START's num_inference_steps 0 and a negative guidance_scale stand for stage 1's deploy-file
  * defaults (stages[1].num_inference_steps / guidance_scale); stage 0 normally fills both.
@@ -39,10 +39,6 @@ struct s1_server_options {
 
 /* pipe_channel_config (common/pipeline_channel.h) under stage 1's old name. */
 void s1_channel_config(const struct mm3_deploy *d, const char *name, const char *prefix, struct shmconn_config *out);
-
-/* The segment prefix: $MM3_SHM_PREFIX or SHMCONN_DEFAULT_PREFIX; longer than 31 bytes is
- * -EINVAL. */
-int s1_shm_prefix(char *out, int cap);
 
 /* Load everything, print "READY stage1", serve until SIGINT/SIGTERM. Returns 0 after a
  * clean shutdown, < 0 when start-up fails (message in mm3_last_error()). */

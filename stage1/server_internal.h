@@ -3,8 +3,11 @@
 #ifndef MM3_STAGE1_SERVER_INTERNAL_H
 #define MM3_STAGE1_SERVER_INTERNAL_H
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
+#include "common/pipeline_channel.h"
 #include "common/pipeline_proto.h"
 #include "common/resample.h"
 #include "shmconn/shmconn.h"
@@ -65,6 +68,7 @@ struct s1_server {
     int rr; /* where the next batch starts looking (round robin) */
     int native_rate, hop;
     char prefix[32];
+    struct pipe_run run; /* prefix, run id and token (MM3_SHM_PREFIX, MM3_RUN_ID, MM3_RUN_TOKEN) */
     struct shmconn_config in_cfg, out_cfg;
     shmconn_t *in;            /* s0_to_s1 consumer, NULL until stage 0 is there */
     shmconn_t *out;           /* s1_to_s0 producer */
@@ -74,6 +78,15 @@ struct s1_server {
     int codec_streaming;
     double send_timeout_s;
     struct s1_counters tot;
+
+    /* Readiness (docs/operations.md, "Probes"): a thread stamps the heartbeat in
+     * s1_to_s0's header every PIPE_HEARTBEAT_PERIOD_S while the serve loop keeps
+     * turning (loop_ns), so neither a stopped process nor a stuck loop looks alive. */
+    pthread_t hb;
+    int hb_started;
+    _Atomic int hb_stop;
+    _Atomic int64_t loop_ns; /* CLOCK_MONOTONIC of the serve loop's last turn */
+    pthread_mutex_t hb_mu;   /* held while `out` is swapped and while the thread uses it */
 };
 
 double s1_now(void);

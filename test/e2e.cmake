@@ -22,6 +22,10 @@ if(TARGET mm3-stage0 AND TARGET mm3)
     COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/e2e/launch_supervision.sh ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR}/test-tmp)
   set_tests_properties(e2e_launch_supervision PROPERTIES ENVIRONMENT "${MM3_TEST_ENV}" TIMEOUT 300)
 
+  add_test(NAME e2e_launch_guard
+    COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/e2e/launch_guard.sh ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR}/test-tmp)
+  set_tests_properties(e2e_launch_guard PROPERTIES ENVIRONMENT "${MM3_TEST_ENV}" TIMEOUT 300)
+
   add_test(NAME e2e_launch_mps
     COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/e2e/launch_mps.sh ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR}/test-tmp)
   set_tests_properties(e2e_launch_mps PROPERTIES ENVIRONMENT "${MM3_TEST_ENV}" TIMEOUT 300)

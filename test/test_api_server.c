@@ -574,6 +574,19 @@ static void test_health_metrics(void **state)
     assert_int_equal(r.status, 503);
     assert_non_null(strstr(r.body, "\"stage1\":{\"state\":\"starting\""));
     http_client_response_free(&r);
+    /* readiness is /health; liveness says the process answers, whatever the stages do */
+    assert_int_equal(do_request(fx, "GET", "/health/ready", NULL, &r), 0);
+    assert_int_equal(r.status, 503);
+    assert_non_null(strstr(r.body, "\"ready\":false"));
+    http_client_response_free(&r);
+    assert_int_equal(do_request(fx, "GET", "/health/live", NULL, &r), 0);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "\"live\":true"));
+    http_client_response_free(&r);
+    fx->fe.ready = true;
+    assert_int_equal(do_request(fx, "GET", "/health/ready", NULL, &r), 0);
+    assert_int_equal(r.status, 200);
+    http_client_response_free(&r);
 
     assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", SONG "}", &r), 0);
     assert_int_equal(r.status, 200);

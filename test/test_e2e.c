@@ -13,6 +13,8 @@
  *     the audio equal to the uninterrupted song's) and its journals end DONE;
  *   - async_chunk: false with raw (not pre-mixed) frames gives the same audio, and
  *     codec_streaming: false refuses stream: true;
+ *   - a frozen stage 1 (SIGSTOP) makes /health/ready 503 within 10 s while
+ *     /health/live stays 200, and ready again after SIGCONT;
  *   - SIGTERM to the launcher stops both stages and leaves no segment.
  * Skips (77) without the golden directory or the programs. */
 #include <setjmp.h>
@@ -411,6 +413,43 @@ static void test_stage1_killed_mid_song(void **state)
     short_song_works(&e->a);
 }
 
+/* Polls path every 100 ms for up to limit_s: 1 once its status is `want` (and the body
+ * holds needle, when given), 0 at the limit. */
+static int status_within(const struct test_replica *r, const char *path, int want, const char *needle, double limit_s)
+{
+    for (int i = 0; i <= (int)(limit_s * 10); i++) {
+        int st;
+        char *b = get_text(r, path, &st);
+        int ok = st == want && (!needle || (b && strstr(b, needle)));
+        free(b);
+        if (ok) return 1;
+        test_sleep_ms(100);
+    }
+    return 0;
+}
+
+/* A frozen stage 1 (SIGSTOP) makes the replica not ready within 10 s, through the
+ * heartbeat over the ring, while liveness stays 200; SIGCONT makes it ready again. */
+static void test_stage1_frozen_not_ready(void **state)
+{
+    struct e2e *e = *state;
+    if (!e) skip();
+    assert_true(status_within(&e->a, "/health/ready", 200, NULL, 30));
+    pid_t s1 = test_replica_pid(&e->a, "stage1.pid");
+    assert_true(s1 > 0);
+    assert_int_equal(kill(s1, SIGSTOP), 0);
+    int not_ready = status_within(&e->a, "/health/ready", 503, "no heartbeat", 10);
+    int health_too = status_within(&e->a, "/health", 503, NULL, 1);
+    int live = status_within(&e->a, "/health/live", 200, "\"live\":true", 1);
+    kill(s1, SIGCONT); /* before any assertion: a stopped stage 1 would hold the teardown */
+    assert_true(not_ready);
+    assert_true(health_too);
+    assert_true(live);
+    assert_true(status_within(&e->a, "/health/ready", 200, "\"stage1\":{\"state\":\"ready\"", 10));
+    assert_int_equal(test_replica_pid(&e->a, "stage1.pid"), s1); /* the same process, not a restart */
+    short_song_works(&e->a);
+}
+
 static int stream_song(const struct test_replica *r, const char *json, struct test_collect *c)
 {
     struct http_client_response resp;
@@ -543,6 +582,7 @@ int main(void)
         cmocka_unit_test(test_prompt_too_long),
         cmocka_unit_test(test_client_disconnect_cancels),
         cmocka_unit_test(test_stage1_killed_mid_song),
+        cmocka_unit_test(test_stage1_frozen_not_ready),
         cmocka_unit_test(test_stage1_killed_song_completes),
         cmocka_unit_test(test_held_raw_frames_same_audio),
         cmocka_unit_test(test_sigterm_stops_everything),

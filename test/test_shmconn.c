@@ -15,11 +15,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "common/dtype.h"
+#include "common/error.h"
+#include "common/pipeline_channel.h"
 #include "shmconn/shmconn.h"
 #include "shmconn/shmconn_region.h"
 #include "support/test_shm.h"
@@ -551,6 +554,147 @@ static void test_reclaim_stale(void **state)
     assert_int_equal(test_shm_count(), 0);
 }
 
+/* ---- who may be mapped: owner, mode, run token ---- */
+
+/* A segment another user owns (chown'ed to nobody, as CI runs as root) or that group
+ * or others may access is refused before it is mapped, naming the segment and owner. */
+static void test_foreign_owner_refused(void **state)
+{
+    (void)state;
+    if (geteuid() != 0) skip(); /* chown needs root; CI runs as root */
+    struct shmconn_config cfg = test_shm_config("own", 1024, 0, 4);
+    shmconn_t *p, *c;
+    assert_int_equal(shmconn_create(&p, &cfg), 0);
+    char path[300];
+    snprintf(path, sizeof path, "/dev/shm%s", shmconn_segment_name(p));
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0600);
+
+    assert_int_equal(chown(path, 65534, 65534), 0);
+    assert_int_equal(shmconn_open(&c, &cfg, 0.2), SHMCONN_E_FOREIGN);
+    assert_non_null(strstr(mm3_last_error(), shmconn_segment_name(p)));
+    assert_non_null(strstr(mm3_last_error(), "owned by uid 65534"));
+    assert_int_equal(chown(path, 0, 0), 0);
+
+    assert_int_equal(chmod(path, 0644), 0);
+    assert_int_equal(shmconn_open(&c, &cfg, 0.2), SHMCONN_E_FOREIGN);
+    assert_non_null(strstr(mm3_last_error(), "mode 0644"));
+    assert_int_equal(chmod(path, 0600), 0);
+
+    assert_int_equal(shmconn_open(&c, &cfg, 0.2), 0);
+    shmconn_close(c);
+    shmconn_close(p);
+}
+
+/* The run id is part of the name; the opener must find the run's token in the header. */
+static void test_run_token(void **state)
+{
+    (void)state;
+    struct shmconn_config pc = test_shm_config("tok", 1024, 0, 4);
+    snprintf(pc.run_id, sizeof pc.run_id, "0123456789abcdef0123456789abcdef");
+    memset(pc.token, 0x5a, sizeof pc.token);
+    shmconn_t *p, *c;
+    assert_int_equal(shmconn_create(&p, &pc), 0);
+    assert_non_null(strstr(shmconn_segment_name(p), "0123456789abcdef0123456789abcdef-tok"));
+
+    struct shmconn_config cc = pc;
+    cc.token[7] ^= 1;
+    assert_int_equal(shmconn_open(&c, &cc, 0.2), SHMCONN_E_FOREIGN);
+    assert_non_null(strstr(mm3_last_error(), "token"));
+    assert_non_null(strstr(mm3_last_error(), shmconn_segment_name(p)));
+    memset(cc.token, 0, sizeof cc.token); /* no token at all is no better */
+    assert_int_equal(shmconn_open(&c, &cc, 0.2), SHMCONN_E_FOREIGN);
+    cc.run_id[0] = 0; /* without the run id the name is another one: nothing to open */
+    cc = pc;
+    cc.run_id[0] = 0;
+    assert_int_equal(shmconn_open(&c, &cc, 0.05), SHMCONN_E_TIMEOUT);
+
+    assert_int_equal(shmconn_open(&c, &pc, 0.2), 0);
+    shmconn_close(c);
+    shmconn_close(p);
+
+    struct shmconn_config bad = pc;
+    snprintf(bad.run_id, sizeof bad.run_id, "0123456789ABCDEF0123456789abcdef");
+    assert_int_equal(shmconn_create(&p, &bad), -EINVAL);
+    snprintf(bad.run_id, sizeof bad.run_id, "../../tmp/x");
+    assert_int_equal(shmconn_create(&p, &bad), -EINVAL);
+}
+
+/* The stages' run identity from the environment: a prefix that is not one plain file
+ * name part, a run id that is not 32 lowercase hex digits, a token that is not 32 hex
+ * digits, or only one of id and token, is refused naming the variable. */
+static void test_run_from_env(void **state)
+{
+    (void)state;
+    struct pipe_run run;
+    const char *id = "00112233445566778899aabbccddeeff", *tok = "0F1e2d3c4b5a69788796a5b4c3d2e1f0";
+    unsetenv("MM3_RUN_ID");
+    unsetenv("MM3_RUN_TOKEN");
+    unsetenv("MM3_SHM_PREFIX");
+    assert_int_equal(pipe_run_from_env(&run), 0);
+    assert_string_equal(run.prefix, SHMCONN_DEFAULT_PREFIX);
+    assert_string_equal(run.run_id, "");
+    const char *bad_prefixes[] = {
+        "../../tmp/x-", "..", "a..b", "a/b", "a b", "x\n", "0123456789012345678901234567890123"};
+    for (size_t i = 0; i < sizeof bad_prefixes / sizeof *bad_prefixes; i++) {
+        setenv("MM3_SHM_PREFIX", bad_prefixes[i], 1);
+        assert_int_equal(pipe_run_from_env(&run), -EINVAL);
+        assert_non_null(strstr(mm3_last_error(), "MM3_SHM_PREFIX"));
+    }
+    setenv("MM3_SHM_PREFIX", "mm3.a_b-", 1);
+    setenv("MM3_RUN_ID", id, 1);
+    assert_int_equal(pipe_run_from_env(&run), -EINVAL); /* id without token */
+    assert_non_null(strstr(mm3_last_error(), "MM3_RUN_TOKEN"));
+    setenv("MM3_RUN_TOKEN", tok, 1);
+    assert_int_equal(pipe_run_from_env(&run), 0);
+    assert_string_equal(run.prefix, "mm3.a_b-");
+    assert_string_equal(run.run_id, id);
+    assert_int_equal(run.token[0], 0x0f);
+    assert_int_equal(run.token[15], 0xf0);
+    struct shmconn_config c = test_shm_config("x", 64, 0, 2);
+    pipe_run_apply(&run, &c);
+    assert_string_equal(c.run_id, id);
+    assert_memory_equal(c.token, run.token, sizeof c.token);
+    char name[160];
+    assert_non_null(strstr(pipe_segment_name(&c, name, sizeof name), id));
+    setenv("MM3_RUN_ID", "00112233445566778899AABBCCDDEEFF", 1);
+    assert_int_equal(pipe_run_from_env(&run), -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "MM3_RUN_ID"));
+    setenv("MM3_RUN_ID", id, 1);
+    setenv("MM3_RUN_TOKEN", "0011", 1);
+    assert_int_equal(pipe_run_from_env(&run), -EINVAL);
+    setenv("MM3_RUN_TOKEN", "zz112233445566778899aabbccddeeff", 1);
+    assert_int_equal(pipe_run_from_env(&run), -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "MM3_RUN_TOKEN"));
+    unsetenv("MM3_RUN_ID");
+    unsetenv("MM3_RUN_TOKEN");
+    unsetenv("MM3_SHM_PREFIX");
+}
+
+/* Heartbeats: each side stamps its own line, the other reads the age. */
+static void test_heartbeat(void **state)
+{
+    (void)state;
+    struct shmconn_config cfg = test_shm_config("hb", 1024, 0, 4);
+    shmconn_t *p, *c;
+    assert_int_equal(shmconn_create(&p, &cfg), 0);
+    assert_int_equal(shmconn_open(&c, &cfg, 0.2), 0);
+    assert_true(shmconn_peer_heartbeat_age(c) < 0);
+    assert_true(shmconn_peer_heartbeat_age(p) < 0);
+    shmconn_heartbeat(p);
+    double a = shmconn_peer_heartbeat_age(c);
+    assert_true(a >= 0 && a < 1.0);
+    assert_true(shmconn_peer_heartbeat_age(p) < 0);
+    struct timespec ts = {0, 60000000};
+    nanosleep(&ts, NULL);
+    assert_true(shmconn_peer_heartbeat_age(c) >= 0.05);
+    shmconn_heartbeat(c);
+    assert_true(shmconn_peer_heartbeat_age(p) >= 0 && shmconn_peer_heartbeat_age(p) < 1.0);
+    shmconn_close(c);
+    shmconn_close(p);
+}
+
 /* ---- one consumer handle used from two threads (TSan checks the locking) ---- */
 
 struct releaser {
@@ -639,6 +783,10 @@ int main(void)
         cmocka_unit_test(test_producer_close),
         cmocka_unit_test(test_corrupt_header_refused),
         cmocka_unit_test(test_reclaim_stale),
+        cmocka_unit_test(test_foreign_owner_refused),
+        cmocka_unit_test(test_run_token),
+        cmocka_unit_test(test_heartbeat),
+        cmocka_unit_test(test_run_from_env),
         cmocka_unit_test(test_release_from_other_thread),
     };
     return cmocka_run_group_tests(tests, group_setup, test_shm_group_teardown);

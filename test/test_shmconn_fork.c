@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/error.h"
 #include "shmconn/shmconn.h"
 #include "support/test_shm.h"
 
@@ -375,6 +376,52 @@ static void test_dead_consumer_with_room(void **state)
     assert_int_equal(test_shm_count(), 0);
 }
 
+/* Another local user (nobody) creates the channel's name first, with a valid header and
+ * a live creator: the consumer must refuse to map it and name the owner, the producer
+ * must refuse to use or remove it, and stale reclaim must leave it alone even once its
+ * creator is dead. */
+static void test_squatter_refused(void **state)
+{
+    (void)state;
+    if (geteuid() != 0) skip(); /* dropping to uid 65534 needs root; CI runs as root */
+    struct shmconn_config cfg = test_shm_config("sq", 1024, 0, 4);
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pid = fork_child();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        CHILD_CHECK(setresgid(65534, 65534, 65534) == 0);
+        CHILD_CHECK(setresuid(65534, 65534, 65534) == 0);
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* cleared by the credential change */
+        shmconn_t *p;
+        CHILD_CHECK(shmconn_create(&p, &cfg) == 0);
+        CHILD_CHECK(write(fds[1], "r", 1) == 1);
+        child_idle();
+    }
+    close(fds[1]);
+    char ch;
+    assert_int_equal(read(fds[0], &ch, 1), 1);
+    close(fds[0]);
+    assert_int_equal(test_shm_count(), 1);
+
+    shmconn_t *c = NULL;
+    assert_int_equal(shmconn_open(&c, &cfg, 0.5), SHMCONN_E_FOREIGN);
+    assert_non_null(strstr(mm3_last_error(), "uid 65534"));
+    assert_non_null(strstr(mm3_last_error(), "/mm3f"));
+    shmconn_t *p = NULL;
+    assert_int_equal(shmconn_create(&p, &cfg), SHMCONN_E_FOREIGN);
+    assert_non_null(strstr(mm3_last_error(), "uid 65534"));
+    assert_int_equal(test_shm_count(), 1);
+
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_int_equal(shmconn_reclaim_stale(test_shm_prefix()), 0);
+    assert_int_equal(shmconn_create(&p, &cfg), SHMCONN_E_FOREIGN); /* dead creator, still not ours */
+    assert_int_equal(test_shm_count(), 1);
+    test_shm_segments_unlink(test_shm_prefix());
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -387,7 +434,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fork_producer_child),     cmocka_unit_test(test_fork_consumer_child),
         cmocka_unit_test(test_kill_producer),           cmocka_unit_test(test_kill_consumer),
-        cmocka_unit_test(test_dead_consumer_with_room),
+        cmocka_unit_test(test_dead_consumer_with_room), cmocka_unit_test(test_squatter_refused),
     };
     return cmocka_run_group_tests(tests, group_setup, test_shm_group_teardown);
 }

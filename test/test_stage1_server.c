@@ -5,7 +5,8 @@
  * Inputs: the frame_hiddens of golden case0 (1 window) and case2 (2 windows).
  * Cases: single request; deploy-file defaults for steps and guidance; 32 kHz; three requests with max_num_seqs 2
  * (interleaved windows, one waiting, one pre-mixed); FRAMES gap; bad START; steady deadline; CANCEL; a cancel from the
- * PCM side; stage 0 closing, then dying (kill -9) and coming back; SIGTERM; codec_streaming off (a second server).
+ * PCM side; stage 0 closing, then dying (kill -9) and coming back; a squatter's s0_to_s1 (uid 65534) refused;
+ * SIGTERM; codec_streaming off (a second server).
  * MM3_TEST_STAGE1_BACKEND=cuda (a CUDA build on a GPU machine) runs the same cases on the GPU backend (fp32
  * matmuls, windows batched, vocoder overlapped), comparing PCM at rel <= 1e-3 instead of bit for bit. */
 #include <dirent.h>
@@ -20,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -32,6 +34,7 @@
 #include "common/resample.h"
 #include "common/safetensors.h"
 #include "shmconn/shmconn.h"
+#include "shmconn/shmconn_region.h"
 #include "stage1/render.h"
 #include "stage1/server.h"
 #include "stage1/vocoder.h"
@@ -779,6 +782,58 @@ static void test_stage0_restart(void **state)
     expect_equal(wait_end(61, 60), &G.s0, 8, G.rate);
 }
 
+/* Another local user (nobody) creates s0_to_s1 first, a valid region with a live
+ * creator: stage 1 (root here) refuses to map it, says whose it is, and never attaches
+ * to it; once the name is free again a real stage 0 is served. */
+static void test_squatter_refused(void **state)
+{
+    (void)state;
+    NEED_GOLDEN();
+    if (geteuid() != 0) skip(); /* dropping to uid 65534 needs root; CI runs as root */
+    shmconn_close(G.tx);
+    shmconn_close(G.rx);
+    G.tx = G.rx = NULL;
+    log_wait("and waiting for a new stage 0", 3, 10);
+    struct shmconn_config ct;
+    channel_cfg(PIPE_CHANNEL_S0_TO_S1, &ct);
+    int up[2], go[2];
+    assert_int_equal(pipe(up), 0);
+    assert_int_equal(pipe(go), 0);
+    pid_t child = fork();
+    if (child == 0) {
+        if (setresgid(65534, 65534, 65534) < 0 || setresuid(65534, 65534, 65534) < 0) _exit(__LINE__ % 250 + 1);
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* cleared by the credential change */
+        alarm(60);
+        shmconn_t *sq;
+        if (shmconn_create(&sq, &ct) < 0) _exit(__LINE__ % 250 + 1);
+        char ch = 'r';
+        if (write(up[1], &ch, 1) != 1 || read(go[0], &ch, 1) != 1) _exit(__LINE__ % 250 + 1);
+        /* attached = stage 1 mapped the squatter's segment and announced itself in it */
+        _exit(atomic_load(&sq->hdr->cons.pid) == 0 ? 0 : 200);
+    }
+    assert_true(child > 0);
+    close(up[1]);
+    close(go[0]);
+    char ch;
+    assert_int_equal(read(up[0], &ch, 1), 1);
+    log_wait("owned by uid 65534", 1, 10);
+    assert_true(log_count("refusing to map it") >= 1);
+    assert_int_equal(write(go[1], "g", 1), 1);
+    int status;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    close(up[0]);
+    close(go[1]);
+    char name[200];
+    snprintf(name, sizeof name, "/%s%s", G.prefix, PIPE_CHANNEL_S0_TO_S1);
+    assert_int_equal(shm_unlink(name), 0); /* the squatter's: stage 1 left it alone */
+    assert_true(kill(G.pid, 0) == 0);
+    connect_stage0(&G.tx, &G.rx);
+    send_song(62, 8, &G.s0, G.rate);
+    expect_equal(wait_end(62, 60), &G.s0, 8, G.rate);
+}
+
 /* SIGTERM with a request in flight: ERROR "shutting down", exit 0, no segment left. */
 static void test_sigterm(void **state)
 {
@@ -856,19 +911,13 @@ int main(void)
         return 77;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ready_line),
-        cmocka_unit_test(test_single_request),
-        cmocka_unit_test(test_deploy_defaults),
-        cmocka_unit_test(test_resampled),
-        cmocka_unit_test(test_interleaved),
-        cmocka_unit_test(test_gap),
-        cmocka_unit_test(test_bad_start),
-        cmocka_unit_test(test_steady_deadline),
-        cmocka_unit_test(test_cancel),
-        cmocka_unit_test(test_cancel_from_pcm_side),
-        cmocka_unit_test(test_stage0_restart),
-        cmocka_unit_test(test_sigterm),
-        cmocka_unit_test(test_codec_streaming_off),
+        cmocka_unit_test(test_ready_line),      cmocka_unit_test(test_single_request),
+        cmocka_unit_test(test_deploy_defaults), cmocka_unit_test(test_resampled),
+        cmocka_unit_test(test_interleaved),     cmocka_unit_test(test_gap),
+        cmocka_unit_test(test_bad_start),       cmocka_unit_test(test_steady_deadline),
+        cmocka_unit_test(test_cancel),          cmocka_unit_test(test_cancel_from_pcm_side),
+        cmocka_unit_test(test_stage0_restart),  cmocka_unit_test(test_squatter_refused),
+        cmocka_unit_test(test_sigterm),         cmocka_unit_test(test_codec_streaming_off),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -29,7 +29,7 @@ cat > "$d/bin/mm3-stage1" <<SH
 #!/bin/sh
 trap 'echo stage1-term >> "$d/events"; exit 0' TERM
 echo start >> "$d/s1-starts"
-: > "/dev/shm/\${MM3_SHM_PREFIX}s1_to_s0"
+: > "/dev/shm/\${MM3_SHM_PREFIX}\${MM3_RUN_ID}-s1_to_s0"
 echo "stage1 \$\$" > "\$MM3_READY_FILE"
 if [ -e "$d/s1-dies" ]; then
     until grep -q '^READY ' "$d/out" 2>/dev/null; do sleep 0.05; done

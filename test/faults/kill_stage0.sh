@@ -19,7 +19,7 @@ p0= p1=
 cleanup() {
     for p in $p0 $p1; do kill -KILL "$p" 2>/dev/null; done
     cleanup_replica
-    rm -f "/dev/shm/${MM3_SHM_PREFIX}s0_to_s1" "/dev/shm/${MM3_SHM_PREFIX}s1_to_s0"
+    rm -f "/dev/shm/${MM3_SHM_PREFIX}"*  # the test's own prefix: any run id
 }
 trap cleanup EXIT
 wait_file() { # wait_file FILE PID: until FILE is not empty, while PID lives (60 s)

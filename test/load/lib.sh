@@ -114,7 +114,7 @@ cleanup_replica() {
         kill -TERM "$lpid" 2>/dev/null
         sleep 1
         for p in ${s0:-} ${s1:-} $lpid; do kill -KILL "$p" 2>/dev/null; done
-        rm -f "/dev/shm/${MM3_SHM_PREFIX}s0_to_s1" "/dev/shm/${MM3_SHM_PREFIX}s1_to_s0"
+        rm -f "/dev/shm/${MM3_SHM_PREFIX}"*  # the test's own prefix: any run id
     fi
 }
 
