@@ -4,14 +4,19 @@
  * least every `poll_ms` to check whether the client is gone or the server stops. */
 #include "stage0/http_server.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #include <jansson.h>
 #include <microhttpd.h>
@@ -25,15 +30,37 @@
 
 #define SPEECH_PATH "/v1/audio/speech"
 #define STREAM_BLOCK_BYTES (64 * 1024)
+/* After stop is asked, how long the answers being ended (503s, cut streams)
+ * may take to reach their clients before the sockets are closed. */
+#define STOP_FLUSH_S 2.0
+
+/* One open connection, from accept to close (MHD's socket context). */
+struct conn {
+    struct conn *prev, *next;
+    int fd;
+    struct sockaddr_storage addr;
+    int64_t read_since_ns; /* waiting for a request since then; 0 = answering one */
+    bool cut;              /* the read deadline closed it */
+};
 
 struct http_server {
     struct http_server_config cfg;
     struct api_engine *engine;
     struct MHD_Daemon *mhd;
     uint16_t port;
+    _Atomic bool draining; /* new requests get 503 (admin paths aside) */
     _Atomic bool stopping;
     _Atomic int in_flight; /* generation requests held (for max_requests) */
+    _Atomic int gen_open;  /* generation requests admitted and not yet completed */
     struct api_jobs jobs;  /* answers in progress, for GET /v1/audio/speech/{id} */
+
+    pthread_mutex_t conns_mu;
+    struct conn *conns;   /* every open connection */
+    unsigned n_general;   /* requests in progress on other than admin paths */
+    pthread_cond_t wd_cond;
+    bool wd_stop;
+    bool have_watchdog;
+    pthread_t watchdog; /* enforces request_read_timeout_s */
 };
 
 enum route { ROUTE_NONE = 0, ROUTE_SPEECH, ROUTE_PROGRESS, ROUTE_HEALTH, ROUTE_METRICS, ROUTE_MODELS };
@@ -41,6 +68,9 @@ enum route { ROUTE_NONE = 0, ROUTE_SPEECH, ROUTE_PROGRESS, ROUTE_HEALTH, ROUTE_M
 /* Per-request state (MHD's con_cls), freed when MHD reports the request done. */
 struct api_req {
     enum route route;
+    struct conn *conn;   /* NULL when it could not be tracked */
+    bool general;        /* counted in n_general */
+    bool gen;            /* counted in gen_open */
     uint64_t job_id; /* ROUTE_PROGRESS */
     char *body;
     size_t len, cap;
@@ -83,10 +113,15 @@ void http_server_config_default(struct http_server_config *cfg)
     cfg->port = 8000;
     cfg->max_body_bytes = 1 << 20;
     cfg->max_connections = 64;
+    cfg->admin_connections = 8;
+    cfg->max_connections_per_client = 32;
     cfg->max_requests = 0;
     cfg->request_timeout_s = 1800;
     cfg->retry_after_s = 5;
-    cfg->connection_timeout_s = 120;
+    cfg->connection_timeout_s = 60;
+    cfg->request_read_timeout_s = 30;
+    cfg->drain_timeout_s = 10;
+    cfg->api_key = NULL;
     cfg->poll_ms = 100;
     cfg->job_queue_chunks = 16;
     cfg->pcm_channels = 2;
@@ -104,6 +139,12 @@ void http_server_config_from_deploy(struct http_server_config *cfg, const struct
     cfg->max_body_bytes = (size_t)api->max_body_bytes;
     cfg->max_connections = (unsigned)api->max_connections;
     cfg->request_timeout_s = api->request_timeout_s;
+    cfg->admin_connections = (unsigned)api->admin_connections;
+    cfg->max_connections_per_client = (unsigned)api->max_connections_per_client;
+    cfg->connection_timeout_s = (unsigned)api->idle_timeout_s;
+    cfg->request_read_timeout_s = api->request_read_timeout_s;
+    cfg->drain_timeout_s = api->drain_timeout_s;
+    cfg->api_key = api->api_key[0] ? api->api_key : NULL;
     cfg->limits.default_sample_rate = api->default_sample_rate;
     /* A request that leaves a knob out gets the operator's default, not the recipe's. */
     cfg->limits.default_seed = s0->seed;
@@ -119,7 +160,9 @@ static double seconds_since(int64_t t0_ns)
     return (double)(mm3_job_now_ns() - t0_ns) * 1e-9;
 }
 
-static enum MHD_Result queue_json(struct MHD_Connection *c, unsigned status, json_t *obj, int retry_after_s)
+/* Sends `obj` (taken) as the answer; hname/hval: one more header, or NULL. */
+static enum MHD_Result queue_json_with(struct MHD_Connection *c, unsigned status, json_t *obj, int retry_after_s,
+                                       const char *hname, const char *hval)
 {
     char *text = json_dumps(obj, JSON_COMPACT);
     json_decref(obj);
@@ -137,22 +180,42 @@ static enum MHD_Result queue_json(struct MHD_Connection *c, unsigned status, jso
         snprintf(ra, sizeof ra, "%d", retry_after_s);
         MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, ra);
     }
+    if (hname) MHD_add_response_header(r, hname, hval);
     enum MHD_Result ret = MHD_queue_response(c, status, r);
     MHD_destroy_response(r);
     return ret;
+}
+
+static enum MHD_Result queue_json(struct MHD_Connection *c, unsigned status, json_t *obj, int retry_after_s)
+{
+    return queue_json_with(c, status, obj, retry_after_s, NULL, NULL);
+}
+
+static json_t *error_body(unsigned status, const char *param, const char *msg)
+{
+    const char *type = status == 401                  ? "authentication_error"
+                       : status == 429 || status == 503 ? "overloaded_error"
+                       : status >= 500                ? "server_error"
+                                                      : "invalid_request_error";
+    json_t *err = json_pack("{s:s, s:s, s:o, s:i}", "message", msg, "type", type, "param",
+                            param && param[0] ? json_string(param) : json_null(), "code", (int)status);
+    return err ? json_pack("{s:o}", "error", err) : NULL;
 }
 
 /* OpenAI-style error body: {"error":{"message","type","param","code"}}. */
 static enum MHD_Result queue_error(struct MHD_Connection *c, unsigned status, const char *param, const char *msg,
                                    int retry_after_s)
 {
-    const char *type = status == 429 || status == 503 ? "overloaded_error"
-                       : status >= 500                ? "server_error"
-                                                      : "invalid_request_error";
-    json_t *err = json_pack("{s:s, s:s, s:o, s:i}", "message", msg, "type", type, "param",
-                            param && param[0] ? json_string(param) : json_null(), "code", (int)status);
-    if (!err) return MHD_NO;
-    return queue_json(c, status, json_pack("{s:o}", "error", err), retry_after_s);
+    json_t *body = error_body(status, param, msg);
+    return body ? queue_json(c, status, body, retry_after_s) : MHD_NO;
+}
+
+/* An error after which the connection must not be reused: the request's framing
+ * is in doubt, so what follows it on the socket is not to be read as a request. */
+static enum MHD_Result queue_error_close(struct MHD_Connection *c, unsigned status, const char *msg)
+{
+    json_t *body = error_body(status, NULL, msg);
+    return body ? queue_json_with(c, status, body, 0, MHD_HTTP_HEADER_CONNECTION, "close") : MHD_NO;
 }
 
 static void record_outcome(struct http_server *s, enum metrics_outcome o, int64_t t_start_ns, bool held)
@@ -172,7 +235,8 @@ static enum MHD_Result reject(struct http_server *s, struct MHD_Connection *c, s
                              : status >= 500                ? METRICS_OUTCOME_FAILED
                                                             : METRICS_OUTCOME_BAD_REQUEST;
     record_outcome(s, o, rq->t_start_ns, false);
-    LOG_INFO("%s %u: %s", SPEECH_PATH, status, msg);
+    char esc[512];
+    LOG_INFO("%s %u: %s", SPEECH_PATH, status, mm3_log_escape(esc, sizeof esc, msg));
     int ra = status == 429 || status == 503 ? s->cfg.retry_after_s : 0;
     return queue_error(c, status, param, msg, ra);
 }
@@ -198,6 +262,13 @@ static int connection_fd(struct MHD_Connection *c)
 {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     return ci ? ci->connect_fd : -1;
+}
+
+/* The server is stopping: a whole file still waited for gets a clean 503. */
+static enum MHD_Result answer_shutting_down(struct http_server *s, struct MHD_Connection *c, struct api_req *rq)
+{
+    record_outcome(s, METRICS_OUTCOME_REJECTED, rq->t_start_ns, true);
+    return queue_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, NULL, "server shutting down", s->cfg.retry_after_s);
 }
 
 /* Cancel once: only the first caller for a job that has not ended tells the engine. */
@@ -305,7 +376,8 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
         if (rc < 0) {
             /* Headers are gone: the only way left to say "failed" is to cut the
              * chunked stream without its terminating chunk (docs/api.md). */
-            LOG_ERROR("%s", mm3_last_error());
+            char esc[600];
+            LOG_ERROR("%s", mm3_log_escape(esc, sizeof esc, mm3_last_error()));
             stream_record(st, METRICS_OUTCOME_FAILED);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
@@ -336,14 +408,15 @@ static void stream_free(void *cls)
 /* ---- POST /v1/audio/speech ---- */
 
 /* Wait for the next chunk while watching the client, the server and the
- * request deadline. Returns 0 with a chunk, -ECANCELED when the client is gone
- * or the server stops, -ETIMEDOUT past request_timeout_s. */
+ * request deadline. Returns 0 with a chunk, -ECANCELED when the client is gone,
+ * -ESHUTDOWN when the server stops, -ETIMEDOUT past request_timeout_s. */
 static int wait_chunk(struct http_server *s, struct mm3_job *job, int fd, int64_t t_start_ns, struct mm3_job_chunk *ch)
 {
     /* Check before every pop, not only on timeouts: a steady flow of chunks
      * would otherwise hide a client that left. One peek per chunk is cheap. */
     for (;;) {
-        if (atomic_load(&s->stopping) || client_gone(fd)) return -ECANCELED;
+        if (atomic_load(&s->stopping)) return -ESHUTDOWN;
+        if (client_gone(fd)) return -ECANCELED;
         if (request_expired(s, t_start_ns)) return -ETIMEDOUT;
         if (mm3_job_pop(job, ch, s->cfg.poll_ms) == 0) return 0;
     }
@@ -355,6 +428,7 @@ static enum MHD_Result answer_wait_failed(struct http_server *s, struct MHD_Conn
                                           struct mm3_job *job, int rc)
 {
     job_cancel(s, job);
+    if (rc == -ESHUTDOWN) return answer_shutting_down(s, c, rq);
     if (rc == -ECANCELED) {
         record_outcome(s, METRICS_OUTCOME_CANCELLED, rq->t_start_ns, true);
         return MHD_NO; /* nobody to answer: close */
@@ -376,7 +450,8 @@ static enum MHD_Result answer_job_error(struct http_server *s, struct MHD_Connec
     enum metrics_outcome o = status >= 500 ? METRICS_OUTCOME_FAILED : METRICS_OUTCOME_BAD_REQUEST;
     if (status == 429 || status == 503) o = METRICS_OUTCOME_REJECTED;
     record_outcome(s, o, rq->t_start_ns, true);
-    LOG_INFO("job %llu: %d: %s", (unsigned long long)job->id, status, msg);
+    char esc[600];
+    LOG_INFO("job %llu: %d: %s", (unsigned long long)job->id, status, mm3_log_escape(esc, sizeof esc, msg));
     return queue_error(c, (unsigned)status, NULL, msg, status == 429 || status == 503 ? s->cfg.retry_after_s : 0);
 }
 
@@ -604,7 +679,7 @@ static enum MHD_Result handle_health(struct http_server *s, struct MHD_Connectio
 {
     struct api_health h;
     engine_health(s, &h);
-    bool ready = h.n_stages > 0 && !atomic_load(&s->stopping);
+    bool ready = h.n_stages > 0 && !atomic_load(&s->draining);
     json_t *stages = json_object();
     for (int i = 0; i < h.n_stages; i++) {
         ready = ready && h.stages[i].state == API_STAGE_READY;
@@ -645,7 +720,7 @@ static enum MHD_Result handle_models(struct http_server *s, struct MHD_Connectio
     return queue_json(c, MHD_HTTP_OK, o, 0);
 }
 
-/* ---- MHD callbacks ---- */
+/* ---- routing ---- */
 
 static enum route route_of(const char *url, const char *method, bool *method_ok, uint64_t *id)
 {
@@ -678,6 +753,268 @@ static enum route route_of(const char *url, const char *method, bool *method_ok,
     return ROUTE_NONE;
 }
 
+/* ---- connections: read deadline, per-client limit, admin headroom ---- */
+
+static bool is_admin_path(const char *url)
+{
+    return strncmp(url, "/health", 7) == 0 || strncmp(url, "/metrics", 8) == 0;
+}
+
+static bool same_client(const struct sockaddr_storage *a, const struct sockaddr *b)
+{
+    if (a->ss_family != b->sa_family) return false;
+    if (b->sa_family == AF_INET)
+        return ((const struct sockaddr_in *)a)->sin_addr.s_addr == ((const struct sockaddr_in *)b)->sin_addr.s_addr;
+    if (b->sa_family == AF_INET6)
+        return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, &((const struct sockaddr_in6 *)b)->sin6_addr,
+                      sizeof(struct in6_addr)) == 0;
+    return false;
+}
+
+static const char *client_name(const struct sockaddr *a, char *buf, size_t cap)
+{
+    const void *p = a->sa_family == AF_INET6 ? (const void *)&((const struct sockaddr_in6 *)a)->sin6_addr
+                                             : (const void *)&((const struct sockaddr_in *)a)->sin_addr;
+    if (!inet_ntop(a->sa_family, p, buf, (socklen_t)cap)) snprintf(buf, cap, "?");
+    return buf;
+}
+
+/* Called by MHD's accepting thread, the same thread that later reports the
+ * connection STARTED: counting and admitting cannot race. */
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen)
+{
+    struct http_server *s = cls;
+    unsigned limit = s->cfg.max_connections_per_client;
+    if (!limit || (addr->sa_family != AF_INET && addr->sa_family != AF_INET6)) return MHD_YES;
+    unsigned n = 0;
+    pthread_mutex_lock(&s->conns_mu);
+    for (struct conn *k = s->conns; k; k = k->next)
+        n += same_client(&k->addr, addr);
+    pthread_mutex_unlock(&s->conns_mu);
+    if (n < limit) return MHD_YES;
+    char name[INET6_ADDRSTRLEN];
+    LOG_WARN("http: %s already has %u connections (max_connections_per_client): refused",
+             client_name(addr, name, sizeof name), n);
+    return MHD_NO;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    struct http_server *s = cls;
+    metrics_gauge_add(&mm3_metrics.http_connections, toe == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1);
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        struct conn *k = calloc(1, sizeof *k);
+        *socket_ctx = k;
+        if (!k) return; /* untracked: no read deadline, not counted per client */
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        k->fd = ci ? ci->connect_fd : -1;
+        ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+        if (ci && ci->client_addr) {
+            size_t n = ci->client_addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+            memcpy(&k->addr, ci->client_addr, n);
+        }
+        k->read_since_ns = mm3_job_now_ns();
+        pthread_mutex_lock(&s->conns_mu);
+        k->next = s->conns;
+        if (s->conns) s->conns->prev = k;
+        s->conns = k;
+        pthread_mutex_unlock(&s->conns_mu);
+        return;
+    }
+    struct conn *k = *socket_ctx;
+    if (!k) return;
+    pthread_mutex_lock(&s->conns_mu);
+    if (k->prev) k->prev->next = k->next;
+    else s->conns = k->next;
+    if (k->next) k->next->prev = k->prev;
+    pthread_mutex_unlock(&s->conns_mu);
+    free(k);
+    *socket_ctx = NULL;
+}
+
+static struct conn *conn_of(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* The request has arrived (or is being refused): its read deadline is over. */
+static void read_done(struct http_server *s, struct api_req *rq)
+{
+    if (!rq->conn) return;
+    pthread_mutex_lock(&s->conns_mu);
+    rq->conn->read_since_ns = 0;
+    pthread_mutex_unlock(&s->conns_mu);
+}
+
+/* Closes connections whose request has not fully arrived within
+ * request_read_timeout_s: MHD's own timeout restarts with every byte, so a
+ * client trickling a byte at a time would otherwise hold its slot forever. */
+static void *watchdog_main(void *arg)
+{
+    struct http_server *s = arg;
+    double limit = s->cfg.request_read_timeout_s;
+    double tick = limit / 4;
+    if (tick > 1) tick = 1;
+    if (tick < 0.01) tick = 0.01;
+    pthread_mutex_lock(&s->conns_mu);
+    while (!s->wd_stop) {
+        int64_t now = mm3_job_now_ns();
+        for (struct conn *k = s->conns; k; k = k->next) {
+            if (!k->read_since_ns || k->cut || (double)(now - k->read_since_ns) * 1e-9 <= limit) continue;
+            k->cut = true;
+            /* MHD's thread sees the socket end and closes the connection. */
+            if (k->fd >= 0) shutdown(k->fd, SHUT_RDWR);
+            char name[INET6_ADDRSTRLEN];
+            LOG_INFO("http: %s: no complete request within request_read_timeout_s (%g s): closed",
+                     client_name((const struct sockaddr *)&k->addr, name, sizeof name), limit);
+        }
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        int64_t ns = until.tv_nsec + (int64_t)(tick * 1e9);
+        until.tv_sec += (time_t)(ns / 1000000000);
+        until.tv_nsec = (long)(ns % 1000000000);
+        pthread_cond_timedwait(&s->wd_cond, &s->conns_mu, &until);
+    }
+    pthread_mutex_unlock(&s->conns_mu);
+    return NULL;
+}
+
+/* ---- request framing and the API key ---- */
+
+struct framing {
+    int n_length;
+    const char *length;
+    bool lengths_differ;
+    bool transfer_encoding;
+};
+
+static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    struct framing *f = cls;
+    if (!key) return MHD_YES;
+    if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
+        if (f->n_length++ == 0) f->length = value ? value : "";
+        else if (strcmp(f->length, value ? value : "") != 0) f->lengths_differ = true;
+    } else if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) {
+        f->transfer_encoding = true;
+    }
+    return MHD_YES;
+}
+
+/* Framing two parsers could read two ways (a proxy in front may pick the other
+ * length) is refused: the body's end, and so the next request's start, is in doubt.
+ * MHD reports every header, duplicates included. Returns NULL or the reason. */
+static const char *framing_problem(struct MHD_Connection *c)
+{
+    struct framing f = {0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, framing_header, &f);
+    if (f.lengths_differ) return "request framing: Content-Length given twice with different values";
+    if (f.n_length && f.transfer_encoding) return "request framing: both Content-Length and Transfer-Encoding given";
+    return NULL;
+}
+
+/* The time taken depends on the length of what the client sent, never on
+ * where it first differs from the key. */
+static bool key_equal(const char *got, const char *want)
+{
+    size_t gn = strlen(got), wn = strlen(want);
+    unsigned diff = gn != wn;
+    for (size_t i = 0; i < gn; i++)
+        diff |= (unsigned char)got[i] ^ (unsigned char)want[wn ? i % wn : 0];
+    return diff == 0 && wn > 0;
+}
+
+static bool needs_key(const struct http_server *s, const char *url)
+{
+    return s->cfg.api_key && s->cfg.api_key[0] && (strcmp(url, "/v1") == 0 || strncmp(url, "/v1/", 4) == 0);
+}
+
+static bool authorized(const struct http_server *s, struct MHD_Connection *c)
+{
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;
+    h += 7;
+    while (*h == ' ')
+        h++;
+    return key_equal(h, s->cfg.api_key);
+}
+
+/* ---- MHD request callbacks ---- */
+
+/* What arrives before the request's headers are parsed: the answer to an
+ * unreadable Content-Length is sent here (see on_mhd_log). */
+static _Thread_local int request_fd = -1;
+
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    request_fd = ci ? ci->connect_fd : -1;
+    return NULL;
+}
+
+/* First call for a request: headers are in, the body is not. Returns true
+ * when an answer was queued (into *ret) and the request ends here. */
+static bool admit(struct http_server *s, struct MHD_Connection *c, struct api_req *rq, const char *url,
+                  const char *method, enum MHD_Result *ret)
+{
+    bool admin = is_admin_path(url);
+    const char *why = framing_problem(c);
+    if (why) {
+        char esc[256];
+        LOG_INFO("%s 400: %s", mm3_log_escape(esc, sizeof esc, url), why);
+        *ret = queue_error_close(c, MHD_HTTP_BAD_REQUEST, why);
+        return true;
+    }
+    if (needs_key(s, url) && !authorized(s, c)) {
+        json_t *body = error_body(MHD_HTTP_UNAUTHORIZED, NULL,
+                                  "missing or wrong API key: send `Authorization: Bearer KEY`");
+        *ret = body ? queue_json_with(c, MHD_HTTP_UNAUTHORIZED, body, 0, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer")
+                    : MHD_NO;
+        return true;
+    }
+    if (!admin && atomic_load(&s->draining)) {
+        *ret = queue_error_close(c, MHD_HTTP_SERVICE_UNAVAILABLE, "server shutting down");
+        return true;
+    }
+    if (!admin) {
+        pthread_mutex_lock(&s->conns_mu);
+        bool full = s->n_general >= s->cfg.max_connections;
+        if (!full) s->n_general++;
+        pthread_mutex_unlock(&s->conns_mu);
+        if (full) {
+            *ret = queue_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, NULL,
+                               "server busy: too many connections (max_connections), retry later",
+                               s->cfg.retry_after_s);
+            return true;
+        }
+        rq->general = true;
+    }
+    bool method_ok;
+    rq->route = route_of(url, method, &method_ok, &rq->job_id);
+    if (rq->route == ROUTE_NONE) {
+        *ret = queue_error(c, MHD_HTTP_NOT_FOUND, NULL, "no such endpoint", 0);
+        return true;
+    }
+    if (!method_ok) {
+        *ret = queue_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, NULL, "method not allowed here", 0);
+        return true;
+    }
+    if (rq->route == ROUTE_SPEECH) {
+        rq->gen = true;
+        atomic_fetch_add(&s->gen_open, 1);
+        /* Refuse an oversized body before reading it. */
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl && strtoull(cl, NULL, 10) > s->cfg.max_body_bytes) {
+            rq->too_big = true;
+            *ret = handle_speech(s, c, rq);
+            return true;
+        }
+    }
+    return false;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls)
 {
@@ -687,18 +1024,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         rq = calloc(1, sizeof *rq);
         if (!rq) return MHD_NO;
         rq->t_start_ns = mm3_job_now_ns();
+        rq->conn = conn_of(c);
         *con_cls = rq;
-        bool method_ok;
-        rq->route = route_of(url, method, &method_ok, &rq->job_id);
-        if (rq->route == ROUTE_NONE) return queue_error(c, MHD_HTTP_NOT_FOUND, NULL, "no such endpoint", 0);
-        if (!method_ok) return queue_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, NULL, "method not allowed here", 0);
-        if (rq->route == ROUTE_SPEECH) {
-            /* Refuse an oversized body before reading it. */
-            const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-            if (cl && strtoull(cl, NULL, 10) > s->cfg.max_body_bytes) {
-                rq->too_big = true;
-                return handle_speech(s, c, rq);
-            }
+        enum MHD_Result ret;
+        if (admit(s, c, rq, url, method, &ret)) {
+            read_done(s, rq);
+            return ret;
         }
         return MHD_YES;
     }
@@ -726,6 +1057,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         rq->len += n;
         return MHD_YES;
     }
+    read_done(s, rq);
     switch (rq->route) {
     case ROUTE_SPEECH:
         return handle_speech(s, c, rq);
@@ -745,17 +1077,41 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
+    struct http_server *s = cls;
     struct api_req *rq = *con_cls;
     if (!rq) return;
+    pthread_mutex_lock(&s->conns_mu);
+    if (rq->general) s->n_general--;
+    /* A kept-alive connection waits for its next request: the deadline restarts.
+     * The connection may be closing: only touch it while it is still listed. */
+    for (struct conn *k = s->conns; k; k = k->next)
+        if (k == rq->conn) k->read_since_ns = mm3_job_now_ns();
+    pthread_mutex_unlock(&s->conns_mu);
+    if (rq->gen) atomic_fetch_sub(&s->gen_open, 1);
     free(rq->body);
     free(rq);
     *con_cls = NULL;
 }
 
-static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx,
-                          enum MHD_ConnectionNotificationCode toe)
+/* libmicrohttpd 0.9.75 answers a request whose Content-Length it cannot parse
+ * (or that overflows) with its status line and headers written twice. Answer
+ * it here, once, and end the socket's sending side so that MHD's own copy goes
+ * nowhere. */
+static void answer_bad_length_once(unsigned status, const char *reason, const char *msg)
 {
-    metrics_gauge_add(&mm3_metrics.http_connections, toe == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1);
+    if (request_fd < 0) return;
+    char body[256], head[256];
+    int nb = snprintf(body, sizeof body,
+                      "{\"error\":{\"message\":\"%s\",\"type\":\"invalid_request_error\",\"param\":null,"
+                      "\"code\":%u}}\n",
+                      msg, status);
+    int nh = snprintf(head, sizeof head,
+                      "HTTP/1.1 %u %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                      "Connection: close\r\n\r\n",
+                      status, reason, nb);
+    if (send(request_fd, head, (size_t)nh, MSG_NOSIGNAL) == nh) (void)send(request_fd, body, (size_t)nb, MSG_NOSIGNAL);
+    shutdown(request_fd, SHUT_WR);
+    request_fd = -1;
 }
 
 static void on_mhd_log(void *cls, const char *fmt, va_list ap)
@@ -764,7 +1120,27 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
     vsnprintf(msg, sizeof msg, fmt, ap);
     size_t n = strlen(msg);
     if (n && msg[n - 1] == '\n') msg[n - 1] = 0;
-    LOG_WARN("microhttpd: %s", msg);
+    if (strstr(msg, "Failed to parse `Content-Length' header"))
+        answer_bad_length_once(400, "Bad Request", "request framing: invalid Content-Length");
+    else if (strstr(msg, "Too large value of 'Content-Length' header"))
+        answer_bad_length_once(413, "Content Too Large", "request framing: Content-Length too large");
+    char esc[1024];
+    LOG_WARN("microhttpd: %s", mm3_log_escape(esc, sizeof esc, msg));
+}
+
+static void server_free(struct http_server *s)
+{
+    if (s->have_watchdog) {
+        pthread_mutex_lock(&s->conns_mu);
+        s->wd_stop = true;
+        pthread_cond_signal(&s->wd_cond);
+        pthread_mutex_unlock(&s->conns_mu);
+        pthread_join(s->watchdog, NULL);
+    }
+    api_jobs_free(&s->jobs);
+    pthread_cond_destroy(&s->wd_cond);
+    pthread_mutex_destroy(&s->conns_mu);
+    free(s);
 }
 
 int http_server_start(struct http_server **out, const struct http_server_config *cfg, struct api_engine *engine)
@@ -775,9 +1151,11 @@ int http_server_start(struct http_server **out, const struct http_server_config 
     if (!cfg->host || cfg->max_body_bytes < 2 || cfg->max_connections < 1 || cfg->poll_ms < 1 ||
         cfg->job_queue_chunks < 1 || cfg->pcm_channels < 1 || cfg->pcm_rate < 1 || cfg->limits.max_frames < 1 ||
         cfg->limits.default_frames < 1 || cfg->limits.default_frames > cfg->limits.max_frames ||
-        !(cfg->limits.frame_rate > 0))
+        !(cfg->limits.frame_rate > 0) || !(cfg->request_read_timeout_s >= 0) || !(cfg->drain_timeout_s >= 0) ||
+        cfg->admin_connections > 65536)
         return mm3_errorf(-EINVAL, "http server: invalid configuration (host, max_body_bytes, "
-                                   "max_connections, poll_ms, job_queue_chunks, pcm geometry, frame limits)");
+                                   "max_connections, admin_connections, poll_ms, job_queue_chunks, pcm geometry, "
+                                   "frame limits, read and drain timeouts)");
 
     char port[8];
     snprintf(port, sizeof port, "%u", cfg->port);
@@ -794,16 +1172,28 @@ int http_server_start(struct http_server **out, const struct http_server_config 
     s->cfg = *cfg;
     s->engine = engine;
     api_jobs_init(&s->jobs);
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG;
+    pthread_mutex_init(&s->conns_mu, NULL);
+    pthread_cond_init(&s->wd_cond, NULL);
+    if (cfg->request_read_timeout_s > 0) {
+        if (pthread_create(&s->watchdog, NULL, watchdog_main, s) != 0) {
+            freeaddrinfo(ai);
+            server_free(s);
+            return mm3_errorf(-ENOMEM, "http server: cannot start the read-deadline thread");
+        }
+        s->have_watchdog = true;
+    }
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
+                     MHD_USE_ERROR_LOG | MHD_USE_ITC;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
-    s->mhd = MHD_start_daemon(flags, cfg->port, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s,
-                              MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT, cfg->max_connections,
+    unsigned limit = cfg->max_connections + cfg->admin_connections;
+    s->mhd = MHD_start_daemon(flags, cfg->port, on_accept, s, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s,
+                              MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT, limit,
                               MHD_OPTION_CONNECTION_TIMEOUT, cfg->connection_timeout_s, MHD_OPTION_NOTIFY_COMPLETED,
-                              on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_END);
+                              on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+                              MHD_OPTION_URI_LOG_CALLBACK, on_uri, s, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->mhd) {
-        api_jobs_free(&s->jobs);
-        free(s);
+        server_free(s);
         return mm3_errorf(-EADDRINUSE,
                           "http server: cannot listen on %s:%u (in use, or not an "
                           "address of this host)",
@@ -811,7 +1201,7 @@ int http_server_start(struct http_server **out, const struct http_server_config 
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
     s->port = di ? di->port : cfg->port;
-    LOG_INFO("http: listening on %s:%u", cfg->host, s->port);
+    LOG_INFO("http: listening on %s:%u%s", cfg->host, s->port, cfg->api_key && cfg->api_key[0] ? " (API key required on /v1)" : "");
     *out = s;
     return 0;
 }
@@ -821,11 +1211,39 @@ uint16_t http_server_port(const struct http_server *s)
     return s->port;
 }
 
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Wait up to `limit_s` for the generation requests admitted to complete. */
+static void wait_open_answers(struct http_server *s, double limit_s)
+{
+    int64_t t0 = mm3_job_now_ns();
+    while (atomic_load(&s->gen_open) > 0 && seconds_since(t0) < limit_s)
+        sleep_ms(10);
+}
+
+void http_server_drain(struct http_server *s)
+{
+    if (!s) return;
+    atomic_store(&s->draining, true);
+    int open = atomic_load(&s->gen_open);
+    LOG_INFO("http: draining: new requests get 503; %d song request(s) in flight may finish within %g s", open,
+             s->cfg.drain_timeout_s);
+    wait_open_answers(s, s->cfg.drain_timeout_s);
+    open = atomic_load(&s->gen_open);
+    if (open) LOG_WARN("http: drain_timeout_s (%g s) passed with %d song request(s) left: ending them",
+                       s->cfg.drain_timeout_s, open);
+}
+
 void http_server_stop(struct http_server *s)
 {
     if (!s) return;
+    atomic_store(&s->draining, true);
     atomic_store(&s->stopping, true);
+    wait_open_answers(s, STOP_FLUSH_S);
     MHD_stop_daemon(s->mhd);
-    api_jobs_free(&s->jobs);
-    free(s);
+    server_free(s);
 }
