@@ -2,7 +2,7 @@
  *
  *   mm3 generate (--caption TEXT | --caption-file F) (--lyrics-file F | --lyrics TEXT)
  *                [--duration S] [--seed N] [-o song.wav] [--format wav|pcm|flac]
- *                [--sample-rate 44100|32000] [--steps N] [--quiet] [--url URL]
+ *                [--sample-rate 44100|32000] [--steps N] [--quiet] [--url URL] [--api-key KEY]
  *   mm3 health [--url URL]
  *   mm3 rerender ARGS...   (= mm3-rerender ARGS..., docs/journal.md)
  *
@@ -31,15 +31,20 @@
 #define DEFAULT_URL "http://127.0.0.1:8000"
 #define MAX_TEXT_FILE (1 << 20)
 
+/* Sent as `Authorization: Bearer` on /v1 requests; NULL = none. */
+static const char *api_key;
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage:\n"
                "  mm3 generate (--caption TEXT | --caption-file F) (--lyrics-file F | --lyrics TEXT)\n"
                "               [--duration S] [--seed N] [-o song.wav] [--format wav|pcm|flac]\n"
                "               [--sample-rate 44100|32000] [--steps N] [--quiet] [--url URL]\n"
+               "               [--api-key KEY]\n"
                "  mm3 health [--url URL]\n"
                "  mm3 rerender --model CKPT --journal FILE [...] -o OUT.wav   (runs mm3-rerender)\n"
-               "URL defaults to $MM3_URL, else " DEFAULT_URL ".\n");
+               "URL defaults to $MM3_URL, else " DEFAULT_URL ". KEY defaults to $MM3_API_KEY (a key\n"
+               "on the command line is visible to every local user in the process list).\n");
 }
 
 static double now_s(void)
@@ -163,7 +168,7 @@ static void progress_poll(struct gen *g, unsigned long long id, struct progress 
     char url[512];
     snprintf(url, sizeof url, "%s/v1/audio/speech/%llu", g->base_url, id);
     struct http_client_response r;
-    struct http_client_request rq = {.url = url, .method = "GET", .timeout_ms = 2000};
+    struct http_client_request rq = {.url = url, .method = "GET", .timeout_ms = 2000, .bearer_token = api_key};
     p->from_server = false;
     if (http_client_request(&rq, &r) == 0 && r.status == 200) {
         json_t *o = json_loads(r.body, 0, NULL);
@@ -287,7 +292,8 @@ static int cmd_generate(int argc, char **argv, const char *url)
         {"output", required_argument, 0, 'o'},   {"format", required_argument, 0, 'f'},
         {"steps", required_argument, 0, 'n'},    {"sample-rate", required_argument, 0, 'r'},
         {"quiet", no_argument, 0, 'q'},          {"url", required_argument, 0, 'u'},
-        {"help", no_argument, 0, 'h'},           {0, 0, 0, 0},
+        {"api-key", required_argument, 0, 'k'}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
     };
     int ch;
     optind = 1;
@@ -329,6 +335,9 @@ static int cmd_generate(int argc, char **argv, const char *url)
             break;
         case 'u':
             url = optarg;
+            break;
+        case 'k':
+            api_key = optarg;
             break;
         case 'h':
             usage(stdout);
@@ -399,6 +408,7 @@ static int cmd_generate(int argc, char **argv, const char *url)
         .body = body,
         .body_len = strlen(body),
         .timeout_ms = 600000, /* a queued request may wait minutes for its first audio */
+        .bearer_token = api_key,
         .on_headers = on_headers,
         .on_body = on_body,
         .user = &g,
@@ -513,6 +523,8 @@ int main(int argc, char **argv)
 {
     const char *url = getenv("MM3_URL");
     if (!url || !*url) url = DEFAULT_URL;
+    api_key = getenv("MM3_API_KEY");
+    if (api_key && !*api_key) api_key = NULL;
     if (argc < 2) {
         usage(stderr);
         return 2;
