@@ -37,11 +37,15 @@ static bool needs_escape(unsigned char c, bool high)
 static size_t escape_into(char *dst, size_t cap, const char *src, size_t n, bool high)
 {
     static const char hex[] = "0123456789abcdef";
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++)
+        total += needs_escape((unsigned char)src[i], high) ? 4 : 1;
+    bool cut = total >= cap;
     size_t o = 0;
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)src[i];
         size_t need = needs_escape(c, high) ? 4 : 1;
-        if (o + need + 3 >= cap) { /* room for "..." and the NUL */
+        if (cut && o + need + 3 >= cap) { /* room for "..." and the NUL */
             memcpy(dst + o, "...", 3);
             o += 3;
             break;

@@ -1183,7 +1183,7 @@ int http_server_start(struct http_server **out, const struct http_server_config 
         s->have_watchdog = true;
     }
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
-                     MHD_USE_ERROR_LOG | MHD_USE_ITC;
+                     MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     unsigned limit = cfg->max_connections + cfg->admin_connections;
     s->mhd = MHD_start_daemon(flags, cfg->port, on_accept, s, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s,

@@ -771,8 +771,8 @@ static void short_drain(struct http_server_config *cfg)
     cfg->drain_timeout_s = 0.6;
 }
 
-/* Read one whole answer from fd (the server closes it after). */
-static char *read_all(int fd)
+/* Read one whole answer from fd (the server closes it after); *len: its bytes. */
+static char *read_all(int fd, size_t *len)
 {
     size_t cap = 1 << 20, n = 0;
     char *buf = malloc(cap);
@@ -780,6 +780,7 @@ static char *read_all(int fd)
     while (n < cap - 1 && (k = recv(fd, buf + n, cap - 1 - n, 0)) > 0)
         n += (size_t)k;
     buf[n] = 0;
+    if (len) *len = n;
     return buf;
 }
 
@@ -809,7 +810,7 @@ static void test_drain(void **state)
     pthread_join(t, NULL);
     http_server_stop(fx->srv);
     fx->srv = NULL;
-    char *got = read_all(fd);
+    char *got = read_all(fd, NULL);
     if (strncmp(got, "HTTP/1.1 503", 12) != 0) fail_msg("in-flight whole file got: %.200s", got);
     assert_non_null(strstr(got, "server shutting down"));
     free(got);
@@ -822,16 +823,26 @@ static void test_drain(void **state)
     fx = fixture_start(FAKE_OK, 0);
     fx->fe.delay_ms = 50;
     fd = raw_post(fx, SONG "}");
+    int sfd = raw_post(fx, SONG ",\"stream\":true}");
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    for (int i = 0; i < 200 && atomic_load(&fx->fe.submits) < 1; i++)
+    setsockopt(sfd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    for (int i = 0; i < 200 && atomic_load(&fx->fe.submits) < 2; i++)
         sleep_ms(10);
     http_server_drain(fx->srv);
     http_server_stop(fx->srv);
     fx->srv = NULL;
-    got = read_all(fd);
+    got = read_all(fd, NULL);
     if (strncmp(got, "HTTP/1.1 200", 12) != 0) fail_msg("in-flight whole file got: %.200s", got);
     free(got);
     close(fd);
+    size_t n;
+    got = read_all(sfd, &n); /* the stream ends with its last chunk: a complete song */
+    if (strncmp(got, "HTTP/1.1 200", 12) != 0) fail_msg("in-flight stream got: %.200s", got);
+    assert_non_null(strstr(got, "Transfer-Encoding: chunked"));
+    assert_true(n > 5 * 4410 * 4);
+    assert_memory_equal(got + n - 7, "\r\n0\r\n\r\n", 7);
+    free(got);
+    close(sfd);
     assert_int_equal(atomic_load(&fx->fe.cancels), 0);
     fixture_stop(fx);
 }
