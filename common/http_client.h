@@ -35,7 +35,7 @@ struct http_client_request {
     const char *content_type; /* for a body; default application/json */
     const char *body;
     size_t body_len;
-    int timeout_ms; /* per socket operation (connect, each read); 0 = 30 s */
+    int timeout_ms;           /* per socket operation (connect, each read); 0 = 30 s */
     const char *bearer_token; /* NULL or "": none; else sent as `Authorization: Bearer` */
     /* Optional streaming: called after the headers with the response so far
      * (status and headers set); a negative return aborts. */

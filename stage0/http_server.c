@@ -7,8 +7,6 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netdb.h>
-#include <netinet/in.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -25,6 +23,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "stage0/api_conns.h"
 #include "stage0/api_jobs.h"
 #include "stage0/audio_encode.h"
 
@@ -34,15 +33,6 @@
  * may take to reach their clients before the sockets are closed. */
 #define STOP_FLUSH_S 2.0
 
-/* One open connection, from accept to close (MHD's socket context). */
-struct conn {
-    struct conn *prev, *next;
-    int fd;
-    struct sockaddr_storage addr;
-    int64_t read_since_ns; /* waiting for a request since then; 0 = answering one */
-    bool cut;              /* the read deadline closed it */
-};
-
 struct http_server {
     struct http_server_config cfg;
     struct api_engine *engine;
@@ -50,17 +40,10 @@ struct http_server {
     uint16_t port;
     _Atomic bool draining; /* new requests get 503 (admin paths aside) */
     _Atomic bool stopping;
-    _Atomic int in_flight; /* generation requests held (for max_requests) */
-    _Atomic int gen_open;  /* generation requests admitted and not yet completed */
-    struct api_jobs jobs;  /* answers in progress, for GET /v1/audio/speech/{id} */
-
-    pthread_mutex_t conns_mu;
-    struct conn *conns;   /* every open connection */
-    unsigned n_general;   /* requests in progress on other than admin paths */
-    pthread_cond_t wd_cond;
-    bool wd_stop;
-    bool have_watchdog;
-    pthread_t watchdog; /* enforces request_read_timeout_s */
+    _Atomic int in_flight;  /* generation requests held (for max_requests) */
+    _Atomic int gen_open;   /* generation requests admitted and not yet completed */
+    struct api_jobs jobs;   /* answers in progress, for GET /v1/audio/speech/{id} */
+    struct api_conns conns; /* open connections: per-client limit, read deadline, slots */
 };
 
 enum route { ROUTE_NONE = 0, ROUTE_SPEECH, ROUTE_PROGRESS, ROUTE_HEALTH, ROUTE_METRICS, ROUTE_MODELS };
@@ -68,10 +51,10 @@ enum route { ROUTE_NONE = 0, ROUTE_SPEECH, ROUTE_PROGRESS, ROUTE_HEALTH, ROUTE_M
 /* Per-request state (MHD's con_cls), freed when MHD reports the request done. */
 struct api_req {
     enum route route;
-    struct conn *conn;   /* NULL when it could not be tracked */
-    bool general;        /* counted in n_general */
-    bool gen;            /* counted in gen_open */
-    uint64_t job_id; /* ROUTE_PROGRESS */
+    struct api_conn *conn; /* NULL when it could not be tracked */
+    bool general;          /* holds a general slot (api_conns_take_general) */
+    bool gen;              /* counted in gen_open */
+    uint64_t job_id;       /* ROUTE_PROGRESS */
     char *body;
     size_t len, cap;
     bool too_big;
@@ -193,10 +176,10 @@ static enum MHD_Result queue_json(struct MHD_Connection *c, unsigned status, jso
 
 static json_t *error_body(unsigned status, const char *param, const char *msg)
 {
-    const char *type = status == 401                  ? "authentication_error"
+    const char *type = status == 401                    ? "authentication_error"
                        : status == 429 || status == 503 ? "overloaded_error"
-                       : status >= 500                ? "server_error"
-                                                      : "invalid_request_error";
+                       : status >= 500                  ? "server_error"
+                                                        : "invalid_request_error";
     json_t *err = json_pack("{s:s, s:s, s:o, s:i}", "message", msg, "type", type, "param",
                             param && param[0] ? json_string(param) : json_null(), "code", (int)status);
     return err ? json_pack("{s:o}", "error", err) : NULL;
@@ -753,30 +736,11 @@ static enum route route_of(const char *url, const char *method, bool *method_ok,
     return ROUTE_NONE;
 }
 
-/* ---- connections: read deadline, per-client limit, admin headroom ---- */
+/* ---- connections: per-client limit, read deadline, admin headroom ---- */
 
 static bool is_admin_path(const char *url)
 {
     return strncmp(url, "/health", 7) == 0 || strncmp(url, "/metrics", 8) == 0;
-}
-
-static bool same_client(const struct sockaddr_storage *a, const struct sockaddr *b)
-{
-    if (a->ss_family != b->sa_family) return false;
-    if (b->sa_family == AF_INET)
-        return ((const struct sockaddr_in *)a)->sin_addr.s_addr == ((const struct sockaddr_in *)b)->sin_addr.s_addr;
-    if (b->sa_family == AF_INET6)
-        return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, &((const struct sockaddr_in6 *)b)->sin6_addr,
-                      sizeof(struct in6_addr)) == 0;
-    return false;
-}
-
-static const char *client_name(const struct sockaddr *a, char *buf, size_t cap)
-{
-    const void *p = a->sa_family == AF_INET6 ? (const void *)&((const struct sockaddr_in6 *)a)->sin6_addr
-                                             : (const void *)&((const struct sockaddr_in *)a)->sin_addr;
-    if (!inet_ntop(a->sa_family, p, buf, (socklen_t)cap)) snprintf(buf, cap, "?");
-    return buf;
 }
 
 /* Called by MHD's accepting thread, the same thread that later reports the
@@ -786,15 +750,11 @@ static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen
     struct http_server *s = cls;
     unsigned limit = s->cfg.max_connections_per_client;
     if (!limit || (addr->sa_family != AF_INET && addr->sa_family != AF_INET6)) return MHD_YES;
-    unsigned n = 0;
-    pthread_mutex_lock(&s->conns_mu);
-    for (struct conn *k = s->conns; k; k = k->next)
-        n += same_client(&k->addr, addr);
-    pthread_mutex_unlock(&s->conns_mu);
+    unsigned n = api_conns_count_client(&s->conns, addr);
     if (n < limit) return MHD_YES;
     char name[INET6_ADDRSTRLEN];
     LOG_WARN("http: %s already has %u connections (max_connections_per_client): refused",
-             client_name(addr, name, sizeof name), n);
+             api_conns_client_name(addr, name, sizeof name), n);
     return MHD_NO;
 }
 
@@ -803,82 +763,20 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx
 {
     struct http_server *s = cls;
     metrics_gauge_add(&mm3_metrics.http_connections, toe == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1);
-    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
-        struct conn *k = calloc(1, sizeof *k);
-        *socket_ctx = k;
-        if (!k) return; /* untracked: no read deadline, not counted per client */
-        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-        k->fd = ci ? ci->connect_fd : -1;
-        ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-        if (ci && ci->client_addr) {
-            size_t n = ci->client_addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
-            memcpy(&k->addr, ci->client_addr, n);
-        }
-        k->read_since_ns = mm3_job_now_ns();
-        pthread_mutex_lock(&s->conns_mu);
-        k->next = s->conns;
-        if (s->conns) s->conns->prev = k;
-        s->conns = k;
-        pthread_mutex_unlock(&s->conns_mu);
+    if (toe != MHD_CONNECTION_NOTIFY_STARTED) {
+        api_conns_remove(&s->conns, *socket_ctx);
+        *socket_ctx = NULL;
         return;
     }
-    struct conn *k = *socket_ctx;
-    if (!k) return;
-    pthread_mutex_lock(&s->conns_mu);
-    if (k->prev) k->prev->next = k->next;
-    else s->conns = k->next;
-    if (k->next) k->next->prev = k->prev;
-    pthread_mutex_unlock(&s->conns_mu);
-    free(k);
-    *socket_ctx = NULL;
+    const union MHD_ConnectionInfo *fd = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    const union MHD_ConnectionInfo *addr = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    *socket_ctx = api_conns_add(&s->conns, fd ? fd->connect_fd : -1, addr ? addr->client_addr : NULL);
 }
 
-static struct conn *conn_of(struct MHD_Connection *c)
+static struct api_conn *conn_of(struct MHD_Connection *c)
 {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
     return ci ? ci->socket_context : NULL;
-}
-
-/* The request has arrived (or is being refused): its read deadline is over. */
-static void read_done(struct http_server *s, struct api_req *rq)
-{
-    if (!rq->conn) return;
-    pthread_mutex_lock(&s->conns_mu);
-    rq->conn->read_since_ns = 0;
-    pthread_mutex_unlock(&s->conns_mu);
-}
-
-/* Closes connections whose request has not fully arrived within
- * request_read_timeout_s: MHD's own timeout restarts with every byte, so a
- * client trickling a byte at a time would otherwise hold its slot forever. */
-static void *watchdog_main(void *arg)
-{
-    struct http_server *s = arg;
-    double limit = s->cfg.request_read_timeout_s;
-    double tick = limit / 4;
-    if (tick > 1) tick = 1;
-    if (tick < 0.01) tick = 0.01;
-    pthread_mutex_lock(&s->conns_mu);
-    while (!s->wd_stop) {
-        int64_t now = mm3_job_now_ns();
-        for (struct conn *k = s->conns; k; k = k->next) {
-            if (!k->read_since_ns || k->cut || (double)(now - k->read_since_ns) * 1e-9 <= limit) continue;
-            k->cut = true;
-            /* MHD's thread sees the socket end and closes the connection. */
-            if (k->fd >= 0) shutdown(k->fd, SHUT_RDWR);
-            char name[INET6_ADDRSTRLEN];
-            LOG_INFO("http: %s: no complete request within request_read_timeout_s (%g s): closed",
-                     client_name((const struct sockaddr *)&k->addr, name, sizeof name), limit);
-        }
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        int64_t ns = until.tv_nsec + (int64_t)(tick * 1e9);
-        until.tv_sec += (time_t)(ns / 1000000000);
-        until.tv_nsec = (long)(ns % 1000000000);
-        pthread_cond_timedwait(&s->wd_cond, &s->conns_mu, &until);
-    }
-    pthread_mutex_unlock(&s->conns_mu);
-    return NULL;
 }
 
 /* ---- request framing and the API key ---- */
@@ -895,8 +793,10 @@ static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const 
     struct framing *f = cls;
     if (!key) return MHD_YES;
     if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
-        if (f->n_length++ == 0) f->length = value ? value : "";
-        else if (strcmp(f->length, value ? value : "") != 0) f->lengths_differ = true;
+        if (f->n_length++ == 0)
+            f->length = value ? value : "";
+        else if (strcmp(f->length, value ? value : "") != 0)
+            f->lengths_differ = true;
     } else if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) {
         f->transfer_encoding = true;
     }
@@ -968,8 +868,8 @@ static bool admit(struct http_server *s, struct MHD_Connection *c, struct api_re
         return true;
     }
     if (needs_key(s, url) && !authorized(s, c)) {
-        json_t *body = error_body(MHD_HTTP_UNAUTHORIZED, NULL,
-                                  "missing or wrong API key: send `Authorization: Bearer KEY`");
+        json_t *body =
+            error_body(MHD_HTTP_UNAUTHORIZED, NULL, "missing or wrong API key: send `Authorization: Bearer KEY`");
         *ret = body ? queue_json_with(c, MHD_HTTP_UNAUTHORIZED, body, 0, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer")
                     : MHD_NO;
         return true;
@@ -979,14 +879,10 @@ static bool admit(struct http_server *s, struct MHD_Connection *c, struct api_re
         return true;
     }
     if (!admin) {
-        pthread_mutex_lock(&s->conns_mu);
-        bool full = s->n_general >= s->cfg.max_connections;
-        if (!full) s->n_general++;
-        pthread_mutex_unlock(&s->conns_mu);
-        if (full) {
-            *ret = queue_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, NULL,
-                               "server busy: too many connections (max_connections), retry later",
-                               s->cfg.retry_after_s);
+        if (!api_conns_take_general(&s->conns, s->cfg.max_connections)) {
+            *ret =
+                queue_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, NULL,
+                            "server busy: too many connections (max_connections), retry later", s->cfg.retry_after_s);
             return true;
         }
         rq->general = true;
@@ -1028,7 +924,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *con_cls = rq;
         enum MHD_Result ret;
         if (admit(s, c, rq, url, method, &ret)) {
-            read_done(s, rq);
+            api_conns_reading(&s->conns, rq->conn, false);
             return ret;
         }
         return MHD_YES;
@@ -1057,7 +953,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         rq->len += n;
         return MHD_YES;
     }
-    read_done(s, rq);
+    api_conns_reading(&s->conns, rq->conn, false);
     switch (rq->route) {
     case ROUTE_SPEECH:
         return handle_speech(s, c, rq);
@@ -1080,13 +976,9 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     struct http_server *s = cls;
     struct api_req *rq = *con_cls;
     if (!rq) return;
-    pthread_mutex_lock(&s->conns_mu);
-    if (rq->general) s->n_general--;
-    /* A kept-alive connection waits for its next request: the deadline restarts.
-     * The connection may be closing: only touch it while it is still listed. */
-    for (struct conn *k = s->conns; k; k = k->next)
-        if (k == rq->conn) k->read_since_ns = mm3_job_now_ns();
-    pthread_mutex_unlock(&s->conns_mu);
+    if (rq->general) api_conns_release_general(&s->conns);
+    /* A kept-alive connection waits for its next request: the deadline restarts. */
+    api_conns_reading(&s->conns, rq->conn, true);
     if (rq->gen) atomic_fetch_sub(&s->gen_open, 1);
     free(rq->body);
     free(rq);
@@ -1130,16 +1022,8 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 
 static void server_free(struct http_server *s)
 {
-    if (s->have_watchdog) {
-        pthread_mutex_lock(&s->conns_mu);
-        s->wd_stop = true;
-        pthread_cond_signal(&s->wd_cond);
-        pthread_mutex_unlock(&s->conns_mu);
-        pthread_join(s->watchdog, NULL);
-    }
+    api_conns_free(&s->conns);
     api_jobs_free(&s->jobs);
-    pthread_cond_destroy(&s->wd_cond);
-    pthread_mutex_destroy(&s->conns_mu);
     free(s);
 }
 
@@ -1171,19 +1055,13 @@ int http_server_start(struct http_server **out, const struct http_server_config 
     }
     s->cfg = *cfg;
     s->engine = engine;
-    api_jobs_init(&s->jobs);
-    pthread_mutex_init(&s->conns_mu, NULL);
-    pthread_cond_init(&s->wd_cond, NULL);
-    if (cfg->request_read_timeout_s > 0) {
-        if (pthread_create(&s->watchdog, NULL, watchdog_main, s) != 0) {
-            freeaddrinfo(ai);
-            server_free(s);
-            return mm3_errorf(-ENOMEM, "http server: cannot start the read-deadline thread");
-        }
-        s->have_watchdog = true;
+    if (api_conns_init(&s->conns, cfg->request_read_timeout_s) < 0) {
+        freeaddrinfo(ai);
+        free(s);
+        return -ENOMEM;
     }
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
-                     MHD_USE_ERROR_LOG;
+    api_jobs_init(&s->jobs);
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     unsigned limit = cfg->max_connections + cfg->admin_connections;
     s->mhd = MHD_start_daemon(flags, cfg->port, on_accept, s, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s,
@@ -1201,7 +1079,8 @@ int http_server_start(struct http_server **out, const struct http_server_config 
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
     s->port = di ? di->port : cfg->port;
-    LOG_INFO("http: listening on %s:%u%s", cfg->host, s->port, cfg->api_key && cfg->api_key[0] ? " (API key required on /v1)" : "");
+    LOG_INFO("http: listening on %s:%u%s", cfg->host, s->port,
+             cfg->api_key && cfg->api_key[0] ? " (API key required on /v1)" : "");
     *out = s;
     return 0;
 }
@@ -1234,8 +1113,9 @@ void http_server_drain(struct http_server *s)
              s->cfg.drain_timeout_s);
     wait_open_answers(s, s->cfg.drain_timeout_s);
     open = atomic_load(&s->gen_open);
-    if (open) LOG_WARN("http: drain_timeout_s (%g s) passed with %d song request(s) left: ending them",
-                       s->cfg.drain_timeout_s, open);
+    if (open)
+        LOG_WARN("http: drain_timeout_s (%g s) passed with %d song request(s) left: ending them",
+                 s->cfg.drain_timeout_s, open);
 }
 
 void http_server_stop(struct http_server *s)

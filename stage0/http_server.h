@@ -31,13 +31,8 @@ struct http_server_config {
     const char *host;              /* numeric address or name to bind; "127.0.0.1" */
     uint16_t port;                 /* 0 = pick a free port (see http_server_port) */
     size_t max_body_bytes;         /* larger bodies get 413; 1 MiB */
-    unsigned max_connections;      /* requests other than /health* and /metrics answered at
-                                    * once; beyond: 503 + Retry-After. 64 */
-    unsigned admin_connections;    /* connections beyond max_connections that only admin
-                                    * paths can use; the server refuses connections beyond
-                                    * max_connections + admin_connections at accept. 8 */
-    unsigned max_connections_per_client; /* open connections per client address; beyond:
-                                          * refused at accept. 0 = no limit. 32 */
+    unsigned max_connections;      /* requests other than /health* and /metrics answered
+                                    * at once; beyond: 503 + Retry-After. 64 */
     unsigned max_requests;         /* generation requests answered at once (running +
                                     * queued in the engine); beyond: 429 + Retry-After
                                     * without asking the engine. 0 = no cap here: the
@@ -47,20 +42,27 @@ struct http_server_config {
                                     * in both stages (504 before audio, cut stream after).
                                     * 0 = none. 1800 */
     int retry_after_s;             /* Retry-After on 429 / 503; 5 */
-    unsigned connection_timeout_s; /* a connection silent this long is closed (idle clients,
-                                    * clients that do not read their answer); 60 */
-    double request_read_timeout_s; /* from the accept (or the end of the previous answer) to
-                                    * the last byte of the request; a client trickling bytes
-                                    * is cut off. 0 = none. 30 */
-    double drain_timeout_s;        /* http_server_drain waits this long for songs in flight; 10 */
-    const char *api_key;           /* NULL or "": none; else `Authorization: Bearer KEY` is
-                                    * required on /v1 and /v1/... (401 otherwise) */
+    unsigned connection_timeout_s; /* a silent connection is closed (idle clients, clients
+                                    * that do not read their answer); 60 */
     int poll_ms;                   /* how often a waiting answer checks for a gone client; 100 */
     size_t job_queue_chunks;       /* PCM chunks buffered per job before the engine blocks; 16 */
     int32_t pcm_channels;          /* of the PCM the engine pushes; 2 */
     int32_t pcm_rate;              /* of the PCM the engine pushes; 44100 */
     const char *model_name;        /* reported by /v1/models; "MiniMax-Music3" */
     struct api_limits limits;      /* frames cap/default, frame rate, text length */
+
+    /* Against hostile clients (docs/api.md, "Security"). */
+    unsigned admin_connections;          /* connections beyond max_connections only admin paths
+                                          * can use; more than max_connections + admin_connections
+                                          * are refused at accept. 8 */
+    unsigned max_connections_per_client; /* per client address, beyond: refused at
+                                          * accept. 0 = no limit. 32 */
+    double request_read_timeout_s;       /* from the accept (or the end of the previous answer) to
+                                          * the last byte of the request; a client trickling bytes
+                                          * is cut off. 0 = none. 30 */
+    double drain_timeout_s;              /* http_server_drain waits this long for songs in flight; 10 */
+    const char *api_key;                 /* NULL or "": none; else `Authorization: Bearer KEY` is
+                                          * required on /v1 and /v1/... (401 otherwise) */
 };
 
 void http_server_config_default(struct http_server_config *cfg);

@@ -603,7 +603,7 @@ static void test_per_client_limit(void **state)
     fixture_tweak = two_per_client;
     struct fixture *fx = fixture_start(FAKE_OK, 0);
     int a = raw_connect(fx), b = raw_connect(fx);
-    sleep_ms(50); /* let the server accept both */
+    sleep_ms(50);            /* let the server accept both */
     int c = raw_connect(fx); /* the kernel completes the handshake; the server drops it */
     assert_true(closed_within(c, 2.0, false));
     assert_false(closed_within(a, 0.2, false)); /* the first two stay */
@@ -683,16 +683,18 @@ static void test_framing_refused(void **state)
         char req[256];
         snprintf(req, sizeof req, "POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Length: %s\r\n\r\n", bad[i]);
         got = raw_exchange(fx, req);
-        if (count_of(got, "HTTP/1.1 ") != 1) fail_msg("Content-Length %s: answered %d times: %s", bad[i],
-                                                        count_of(got, "HTTP/1.1 "), got);
+        if (count_of(got, "HTTP/1.1 ") != 1)
+            fail_msg("Content-Length %s: answered %d times: %s", bad[i], count_of(got, "HTTP/1.1 "), got);
         assert_memory_equal(got, i == 3 ? "HTTP/1.1 413" : "HTTP/1.1 400", 12);
         assert_non_null(strstr(got, "\"type\":\"invalid_request_error\""));
         free(got);
     }
     /* Two equal lengths are one length. */
     char req[512];
-    snprintf(req, sizeof req, "POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n"
-             "Content-Length: %zu\r\nConnection: close\r\n\r\n%s}", strlen(SONG) + 1, strlen(SONG) + 1, SONG);
+    snprintf(req, sizeof req,
+             "POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n"
+             "Content-Length: %zu\r\nConnection: close\r\n\r\n%s}",
+             strlen(SONG) + 1, strlen(SONG) + 1, SONG);
     got = raw_exchange(fx, req);
     assert_memory_equal(got, "HTTP/1.1 200", 12);
     free(got);
@@ -854,14 +856,18 @@ static void with_key(struct http_server_config *cfg)
     cfg->api_key = KEY;
 }
 
-static int keyed_request(struct fixture *fx, const char *method, const char *path, const char *body,
-                         const char *key, struct http_client_response *resp)
+static int keyed_request(struct fixture *fx, const char *method, const char *path, const char *body, const char *key,
+                         struct http_client_response *resp)
 {
     char url[256];
     snprintf(url, sizeof url, "%s%s", fx->base, path);
     struct http_client_request rq = {
-        .url = url, .method = method, .body = body, .body_len = body ? strlen(body) : 0,
-        .timeout_ms = 10000, .bearer_token = key,
+        .url = url,
+        .method = method,
+        .body = body,
+        .body_len = body ? strlen(body) : 0,
+        .timeout_ms = 10000,
+        .bearer_token = key,
     };
     return http_client_request(&rq, resp);
 }

@@ -286,13 +286,20 @@ static int cmd_generate(int argc, char **argv, const char *url)
     long long seed = -1, steps = -1, rate = -1;
     bool quiet = false;
     static const struct option opts[] = {
-        {"caption", required_argument, 0, 'c'},  {"caption-file", required_argument, 0, 'C'},
-        {"lyrics", required_argument, 0, 'l'},   {"lyrics-file", required_argument, 0, 'L'},
-        {"duration", required_argument, 0, 'd'}, {"seed", required_argument, 0, 's'},
-        {"output", required_argument, 0, 'o'},   {"format", required_argument, 0, 'f'},
-        {"steps", required_argument, 0, 'n'},    {"sample-rate", required_argument, 0, 'r'},
-        {"quiet", no_argument, 0, 'q'},          {"url", required_argument, 0, 'u'},
-        {"api-key", required_argument, 0, 'k'}, {"help", no_argument, 0, 'h'},
+        {"caption", required_argument, 0, 'c'},
+        {"caption-file", required_argument, 0, 'C'},
+        {"lyrics", required_argument, 0, 'l'},
+        {"lyrics-file", required_argument, 0, 'L'},
+        {"duration", required_argument, 0, 'd'},
+        {"seed", required_argument, 0, 's'},
+        {"output", required_argument, 0, 'o'},
+        {"format", required_argument, 0, 'f'},
+        {"steps", required_argument, 0, 'n'},
+        {"sample-rate", required_argument, 0, 'r'},
+        {"quiet", no_argument, 0, 'q'},
+        {"url", required_argument, 0, 'u'},
+        {"api-key", required_argument, 0, 'k'},
+        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     int ch;
