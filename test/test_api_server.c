@@ -603,7 +603,12 @@ static void test_per_client_limit(void **state)
     fixture_tweak = two_per_client;
     struct fixture *fx = fixture_start(FAKE_OK, 0);
     int a = raw_connect(fx), b = raw_connect(fx);
-    sleep_ms(50);            /* let the server accept both */
+    const char *get = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"; /* answered: both accepted */
+    char buf[1024];
+    assert_int_equal(send(a, get, strlen(get), 0), (ssize_t)strlen(get));
+    assert_true(recv(a, buf, sizeof buf, 0) > 12);
+    assert_int_equal(send(b, get, strlen(get), 0), (ssize_t)strlen(get));
+    assert_true(recv(b, buf, sizeof buf, 0) > 12);
     int c = raw_connect(fx); /* the kernel completes the handshake; the server drops it */
     assert_true(closed_within(c, 2.0, false));
     assert_false(closed_within(a, 0.2, false)); /* the first two stay */
