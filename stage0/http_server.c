@@ -195,10 +195,10 @@ static enum MHD_Result queue_error(struct MHD_Connection *c, unsigned status, co
 
 /* An error after which the connection must not be reused: the request's framing
  * is in doubt, so what follows it on the socket is not to be read as a request. */
-static enum MHD_Result queue_error_close(struct MHD_Connection *c, unsigned status, const char *msg)
+static enum MHD_Result queue_error_close(struct MHD_Connection *c, unsigned status, const char *msg, int retry_after_s)
 {
     json_t *body = error_body(status, NULL, msg);
-    return body ? queue_json_with(c, status, body, 0, MHD_HTTP_HEADER_CONNECTION, "close") : MHD_NO;
+    return body ? queue_json_with(c, status, body, retry_after_s, MHD_HTTP_HEADER_CONNECTION, "close") : MHD_NO;
 }
 
 static void record_outcome(struct http_server *s, enum metrics_outcome o, int64_t t_start_ns, bool held)
@@ -864,7 +864,7 @@ static bool admit(struct http_server *s, struct MHD_Connection *c, struct api_re
     if (why) {
         char esc[256];
         LOG_INFO("%s 400: %s", mm3_log_escape(esc, sizeof esc, url), why);
-        *ret = queue_error_close(c, MHD_HTTP_BAD_REQUEST, why);
+        *ret = queue_error_close(c, MHD_HTTP_BAD_REQUEST, why, 0);
         return true;
     }
     if (needs_key(s, url) && !authorized(s, c)) {
@@ -875,7 +875,7 @@ static bool admit(struct http_server *s, struct MHD_Connection *c, struct api_re
         return true;
     }
     if (!admin && atomic_load(&s->draining)) {
-        *ret = queue_error_close(c, MHD_HTTP_SERVICE_UNAVAILABLE, "server shutting down");
+        *ret = queue_error_close(c, MHD_HTTP_SERVICE_UNAVAILABLE, "server shutting down", s->cfg.retry_after_s);
         return true;
     }
     if (!admin) {

@@ -811,6 +811,7 @@ static void test_drain(void **state)
     struct http_client_response r;
     assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", SONG "}", &r), 0); /* new: refused */
     check_error(&r, 503, "server shutting down");
+    assert_non_null(http_client_header(&r, "retry-after"));
     http_client_response_free(&r);
     assert_int_equal(do_request(fx, "GET", "/health", NULL, &r), 0); /* not ready any more */
     assert_int_equal(r.status, 503);
@@ -822,6 +823,7 @@ static void test_drain(void **state)
     char *got = read_all(fd, NULL);
     if (strncmp(got, "HTTP/1.1 503", 12) != 0) fail_msg("in-flight whole file got: %.200s", got);
     assert_non_null(strstr(got, "server shutting down"));
+    assert_non_null(strstr(got, "Retry-After: 5"));
     free(got);
     close(fd);
     assert_int_equal(atomic_load(&fx->fe.submits), 1);
