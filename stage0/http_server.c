@@ -843,8 +843,9 @@ static bool authorized(const struct http_server *s, struct MHD_Connection *c)
 
 /* ---- MHD request callbacks ---- */
 
-/* What arrives before the request's headers are parsed: the answer to an
- * unreadable Content-Length is sent here (see on_mhd_log). */
+/* The socket this connection's thread is reading a request from (one thread
+ * per connection, and MHD logs from that thread): where on_mhd_log answers a
+ * Content-Length MHD could not parse, before our handler ever sees the request. */
 static _Thread_local int request_fd = -1;
 
 static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c)
