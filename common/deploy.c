@@ -403,6 +403,11 @@ void mm3_deploy_init_defaults(struct mm3_deploy *d)
     d->api.request_timeout_s = 1800;
     d->api.default_sample_rate = 44100;
     d->api.max_buffered_bytes = 1LL << 30;
+    d->api.idle_timeout_s = 60;
+    d->api.request_read_timeout_s = 30;
+    d->api.max_connections_per_client = 32;
+    d->api.admin_connections = 8;
+    d->api.drain_timeout_s = 10;
     connector_defaults(&d->edge, "(default)");
     for (int i = 0; i < MM3_DEPLOY_NUM_STAGES; i++) {
         struct mm3_stage_config *s = &d->stages[i];
@@ -832,6 +837,19 @@ static int decode_sample_rate(const struct scope *s, const ynode *key, const yno
     return fail(s->c, v, path, "expected 44100 or 32000, got %s", mm3_yaml_describe(v, what, sizeof what));
 }
 
+/* The key travels in an HTTP header: printable ASCII without spaces, and long
+ * enough that guessing it is hopeless. */
+static int check_api_key(const struct scope *s, const ynode *v, const char *path, const void *value)
+{
+    const char *key = value;
+    if (!key[0]) return 0;
+    for (const char *q = key; *q; q++)
+        if (*q <= ' ' || *q > '~')
+            return fail(s->c, v, path, "expected printable ASCII without spaces or control characters");
+    if (strlen(key) < 16) return fail(s->c, v, path, "too short: expected at least 16 characters");
+    return 0;
+}
+
 static const struct field api_fields[] = {
     {"host", STRING_AT(struct mm3_api_config, host), .check = check_host},
     {"port", I32_AT(struct mm3_api_config, port), .lo = 0, .hi = 65535},
@@ -844,6 +862,13 @@ static const struct field api_fields[] = {
     {"replay_dir", STRING_AT(struct mm3_api_config, replay_dir), .allow_empty = true},
     {"max_buffered_bytes", I64_AT(struct mm3_api_config, max_buffered_bytes), .lo = 1LL << 20, .hi = 1LL << 40},
     {"default_sample_rate", CUSTOM(decode_sample_rate)},
+    {"idle_timeout_s", I32_AT(struct mm3_api_config, idle_timeout_s), .lo = 1, .hi = 86400},
+    {"request_read_timeout_s", NUMBER_AT(struct mm3_api_config, request_read_timeout_s), .min = 0, .min_open = true,
+     .max = 3600},
+    {"max_connections_per_client", I32_AT(struct mm3_api_config, max_connections_per_client), .lo = 0, .hi = 65536},
+    {"admin_connections", I32_AT(struct mm3_api_config, admin_connections), .lo = 0, .hi = 1024},
+    {"drain_timeout_s", NUMBER_AT(struct mm3_api_config, drain_timeout_s), .min = 0, .max = 3600},
+    {"api_key", STRING_AT(struct mm3_api_config, api_key), .allow_empty = true, .check = check_api_key},
 };
 
 static int decode_api(const struct scope *top, const ynode *key, const ynode *v, const char *path)

@@ -28,6 +28,7 @@
 #define MM3_DEPLOY_NUM_STAGES 2
 #define MM3_DEPLOY_NAME_MAX 64
 #define MM3_DEPLOY_PATH_MAX 1024
+#define MM3_DEPLOY_API_KEY_MAX 256
 #define MM3_DEPLOY_MAX_CONNECTORS 8
 #define MM3_DEPLOY_MAX_CAPTURE_SIZES 64
 #define MM3_DEPLOY_MAX_DEVICES 16
@@ -122,6 +123,12 @@ struct mm3_api_config {
     char replay_dir[MM3_DEPLOY_PATH_MAX];  /* x_replay_file names must be files inside it; "" = refused */
     int64_t max_buffered_bytes;            /* whole-file answers held in memory, all connections together */
     int default_sample_rate;               /* 44100 or 32000 */
+    int idle_timeout_s;                    /* a connection silent this long is closed */
+    double request_read_timeout_s;         /* a whole request (headers + body) must arrive in this */
+    int max_connections_per_client;        /* per client address; 0 = no limit */
+    int admin_connections;                 /* beyond max_connections, for /health* and /metrics only */
+    double drain_timeout_s;                /* on SIGTERM: in-flight songs may finish within this */
+    char api_key[MM3_DEPLOY_API_KEY_MAX];  /* "" = no key; else Bearer required on /v1 paths */
 };
 
 struct mm3_deploy {

@@ -314,6 +314,12 @@ int http_client_request(const struct http_client_request *req, struct http_clien
     if (!c) return mm3_errorf(-ENOMEM, "http: out of memory");
     c->fd = -1;
     c->timeout_ms = req->timeout_ms > 0 ? req->timeout_ms : 30000;
+    if (req->bearer_token)
+        for (const char *q = req->bearer_token; *q; q++)
+            if (*q <= ' ' || *q > '~') {
+                rc = mm3_errorf(-EINVAL, "http: API key: expected printable ASCII without spaces");
+                goto out;
+            }
     if ((rc = conn_open(c, &u)) < 0) goto out;
 
     char head[3072];
@@ -322,11 +328,13 @@ int http_client_request(const struct http_client_request *req, struct http_clien
                      "%s %s HTTP/1.1\r\nHost: %s%s%s:%s\r\nUser-Agent: mm3\r\nAccept: */*\r\n"
                      "Connection: close\r\n",
                      req->method, u.path, ipv6 ? "[" : "", u.host, ipv6 ? "]" : "", u.port);
-    if (req->body)
+    if (req->bearer_token && req->bearer_token[0] && n > 0 && (size_t)n < sizeof head)
+        n += snprintf(head + n, sizeof head - (size_t)n, "Authorization: Bearer %s\r\n", req->bearer_token);
+    if (req->body && n > 0 && (size_t)n < sizeof head)
         n += snprintf(head + n, sizeof head - (size_t)n, "Content-Type: %s\r\nContent-Length: %zu\r\n",
                       req->content_type ? req->content_type : "application/json", req->body_len);
-    n += snprintf(head + n, sizeof head - (size_t)n, "\r\n");
-    if ((size_t)n >= sizeof head) {
+    if (n > 0 && (size_t)n < sizeof head) n += snprintf(head + n, sizeof head - (size_t)n, "\r\n");
+    if (n < 0 || (size_t)n >= sizeof head) {
         rc = mm3_errorf(-E2BIG, "http: request head too long");
         goto out;
     }

@@ -35,7 +35,8 @@ struct http_client_request {
     const char *content_type; /* for a body; default application/json */
     const char *body;
     size_t body_len;
-    int timeout_ms; /* per socket operation (connect, each read); 0 = 30 s */
+    int timeout_ms;           /* per socket operation (connect, each read); 0 = 30 s */
+    const char *bearer_token; /* NULL or "": none; else sent as `Authorization: Bearer` */
     /* Largest body collected in memory (on_body NULL); a longer one fails the request
      * with -EFBIG instead of growing without limit. 0 = no limit (tests that fetch
      * whole songs). */

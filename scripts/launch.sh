@@ -17,8 +17,8 @@
 #     that the launcher stops stage 0 and exits 1.
 #   - stage 0 dies: stage 1 is stopped and the launcher exits 1 (the operator's
 #     supervisor restarts the pair).
-#   - SIGINT / SIGTERM: forwarded to both stages, which drain and exit; the launcher
-#     exits 0 and leaves no /dev/shm segment of its run.
+#   - SIGINT / SIGTERM: forwarded to stage 0, which drains (api.drain_timeout_s) and
+#     exits, then to stage 1; the launcher exits 0 and leaves no /dev/shm segment of its run.
 # Segments (docs/operations.md, "Shared memory"): the launcher gives both stages a
 # fresh random run id (part of every segment name, so no other user can take the names
 # first) and run token (each stage refuses a segment without it), as MM3_RUN_ID and
@@ -148,13 +148,20 @@ start_stage0() {
     log "stage 0 started (pid $s0)"
 }
 
-# TERM both, wait up to 30 s, then KILL; remove what a killed stage left in /dev/shm.
+# TERM stage 0 first and let it drain (the songs it lets finish need stage 1), then
+# stage 1; whatever still runs 30 s after the first TERM is killed. Remove what a
+# killed stage left in /dev/shm.
 stop_all() {
-    local p t
-    for p in $s0 $s1; do alive "$p" && kill -TERM "$p" 2>/dev/null; done
-    for t in $(seq 300); do
-        alive "$s0" || alive "$s1" || break
+    local p t=0
+    alive "$s0" && kill -TERM "$s0" 2>/dev/null
+    while [ $t -lt 300 ] && alive "$s0"; do
         sleep 0.1
+        t=$((t + 1))
+    done
+    alive "$s1" && kill -TERM "$s1" 2>/dev/null
+    while [ $t -lt 300 ] && { alive "$s0" || alive "$s1"; }; do
+        sleep 0.1
+        t=$((t + 1))
     done
     for p in $s0 $s1; do
         if alive "$p"; then

@@ -4,6 +4,7 @@
  * least every `poll_ms` to check whether the client is gone or the server stops. */
 #include "stage0/http_server.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <netdb.h>
 #include <stdatomic.h>
@@ -11,7 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #include <jansson.h>
 #include <microhttpd.h>
@@ -20,21 +23,28 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "stage0/api_conns.h"
 #include "stage0/api_jobs.h"
 #include "stage0/audio_encode.h"
 
 #define SPEECH_PATH "/v1/audio/speech"
 #define STREAM_BLOCK_BYTES (64 * 1024)
+/* After stop is asked, how long the answers being ended (503s, cut streams)
+ * may take to reach their clients before the sockets are closed. */
+#define STOP_FLUSH_S 2.0
 
 struct http_server {
     struct http_server_config cfg;
     struct api_engine *engine;
     struct MHD_Daemon *mhd;
     uint16_t port;
+    _Atomic bool draining; /* new requests get 503 (admin paths aside) */
     _Atomic bool stopping;
     _Atomic int in_flight;   /* generation requests held (for max_requests) */
+    _Atomic int gen_open;    /* generation requests admitted and not yet completed */
     _Atomic size_t buffered; /* bytes reserved by whole-file answers (max_buffered_bytes) */
     struct api_jobs jobs;    /* answers in progress, for GET /v1/audio/speech/{id} */
+    struct api_conns conns;  /* open connections: per-client limit, read deadline, slots */
 };
 
 enum route { ROUTE_NONE = 0, ROUTE_SPEECH, ROUTE_PROGRESS, ROUTE_HEALTH, ROUTE_LIVE, ROUTE_METRICS, ROUTE_MODELS };
@@ -42,6 +52,9 @@ enum route { ROUTE_NONE = 0, ROUTE_SPEECH, ROUTE_PROGRESS, ROUTE_HEALTH, ROUTE_L
 /* Per-request state (MHD's con_cls), freed when MHD reports the request done. */
 struct api_req {
     enum route route;
+    struct api_conn *conn; /* NULL when it could not be tracked */
+    bool general;          /* holds a general slot (api_conns_take_general) */
+    bool gen;              /* counted in gen_open */
     char job_id[MM3_JOB_PUBLIC_ID_LEN + 1]; /* ROUTE_PROGRESS */
     char *body;
     size_t len, cap;
@@ -84,10 +97,15 @@ void http_server_config_default(struct http_server_config *cfg)
     cfg->port = 8000;
     cfg->max_body_bytes = 1 << 20;
     cfg->max_connections = 64;
+    cfg->admin_connections = 8;
+    cfg->max_connections_per_client = 32;
     cfg->max_requests = 0;
     cfg->request_timeout_s = 1800;
     cfg->retry_after_s = 5;
-    cfg->connection_timeout_s = 120;
+    cfg->connection_timeout_s = 60;
+    cfg->request_read_timeout_s = 30;
+    cfg->drain_timeout_s = 10;
+    cfg->api_key = NULL;
     cfg->poll_ms = 100;
     cfg->job_queue_chunks = 16;
     cfg->max_buffered_bytes = (size_t)1 << 30;
@@ -106,6 +124,12 @@ void http_server_config_from_deploy(struct http_server_config *cfg, const struct
     cfg->max_body_bytes = (size_t)api->max_body_bytes;
     cfg->max_connections = (unsigned)api->max_connections;
     cfg->request_timeout_s = api->request_timeout_s;
+    cfg->admin_connections = (unsigned)api->admin_connections;
+    cfg->max_connections_per_client = (unsigned)api->max_connections_per_client;
+    cfg->connection_timeout_s = (unsigned)api->idle_timeout_s;
+    cfg->request_read_timeout_s = api->request_read_timeout_s;
+    cfg->drain_timeout_s = api->drain_timeout_s;
+    cfg->api_key = api->api_key[0] ? api->api_key : NULL;
     cfg->limits.default_sample_rate = api->default_sample_rate;
     /* A request that leaves a knob out gets the operator's default, not the recipe's. */
     cfg->limits.default_seed = s0->seed;
@@ -123,7 +147,9 @@ static double seconds_since(int64_t t0_ns)
     return (double)(mm3_job_now_ns() - t0_ns) * 1e-9;
 }
 
-static enum MHD_Result queue_json(struct MHD_Connection *c, unsigned status, json_t *obj, int retry_after_s)
+/* Sends `obj` (taken) as the answer; hname/hval: one more header, or NULL. */
+static enum MHD_Result queue_json_with(struct MHD_Connection *c, unsigned status, json_t *obj, int retry_after_s,
+                                       const char *hname, const char *hval)
 {
     char *text = json_dumps(obj, JSON_COMPACT);
     json_decref(obj);
@@ -141,22 +167,42 @@ static enum MHD_Result queue_json(struct MHD_Connection *c, unsigned status, jso
         snprintf(ra, sizeof ra, "%d", retry_after_s);
         MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, ra);
     }
+    if (hname) MHD_add_response_header(r, hname, hval);
     enum MHD_Result ret = MHD_queue_response(c, status, r);
     MHD_destroy_response(r);
     return ret;
+}
+
+static enum MHD_Result queue_json(struct MHD_Connection *c, unsigned status, json_t *obj, int retry_after_s)
+{
+    return queue_json_with(c, status, obj, retry_after_s, NULL, NULL);
+}
+
+static json_t *error_body(unsigned status, const char *param, const char *msg)
+{
+    const char *type = status == 401                    ? "authentication_error"
+                       : status == 429 || status == 503 ? "overloaded_error"
+                       : status >= 500                  ? "server_error"
+                                                        : "invalid_request_error";
+    json_t *err = json_pack("{s:s, s:s, s:o, s:i}", "message", msg, "type", type, "param",
+                            param && param[0] ? json_string(param) : json_null(), "code", (int)status);
+    return err ? json_pack("{s:o}", "error", err) : NULL;
 }
 
 /* OpenAI-style error body: {"error":{"message","type","param","code"}}. */
 static enum MHD_Result queue_error(struct MHD_Connection *c, unsigned status, const char *param, const char *msg,
                                    int retry_after_s)
 {
-    const char *type = status == 429 || status == 503 ? "overloaded_error"
-                       : status >= 500                ? "server_error"
-                                                      : "invalid_request_error";
-    json_t *err = json_pack("{s:s, s:s, s:o, s:i}", "message", msg, "type", type, "param",
-                            param && param[0] ? json_string(param) : json_null(), "code", (int)status);
-    if (!err) return MHD_NO;
-    return queue_json(c, status, json_pack("{s:o}", "error", err), retry_after_s);
+    json_t *body = error_body(status, param, msg);
+    return body ? queue_json(c, status, body, retry_after_s) : MHD_NO;
+}
+
+/* An error after which the connection must not be reused: the request's framing
+ * is in doubt, so what follows it on the socket is not to be read as a request. */
+static enum MHD_Result queue_error_close(struct MHD_Connection *c, unsigned status, const char *msg, int retry_after_s)
+{
+    json_t *body = error_body(status, NULL, msg);
+    return body ? queue_json_with(c, status, body, retry_after_s, MHD_HTTP_HEADER_CONNECTION, "close") : MHD_NO;
 }
 
 static void record_outcome(struct http_server *s, enum metrics_outcome o, int64_t t_start_ns, bool held)
@@ -176,7 +222,8 @@ static enum MHD_Result reject(struct http_server *s, struct MHD_Connection *c, s
                              : status >= 500                ? METRICS_OUTCOME_FAILED
                                                             : METRICS_OUTCOME_BAD_REQUEST;
     record_outcome(s, o, rq->t_start_ns, false);
-    LOG_INFO("%s %u: %s", SPEECH_PATH, status, msg);
+    char esc[512];
+    LOG_INFO("%s %u: %s", SPEECH_PATH, status, mm3_log_escape(esc, sizeof esc, msg));
     int ra = status == 429 || status == 503 ? s->cfg.retry_after_s : 0;
     return queue_error(c, status, param, msg, ra);
 }
@@ -202,6 +249,13 @@ static int connection_fd(struct MHD_Connection *c)
 {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     return ci ? ci->connect_fd : -1;
+}
+
+/* The server is stopping: a whole file still waited for gets a clean 503. */
+static enum MHD_Result answer_shutting_down(struct http_server *s, struct MHD_Connection *c, struct api_req *rq)
+{
+    record_outcome(s, METRICS_OUTCOME_REJECTED, rq->t_start_ns, true);
+    return queue_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, NULL, "server shutting down", s->cfg.retry_after_s);
 }
 
 /* Cancel once: only the first caller for a job that has not ended tells the engine. */
@@ -308,7 +362,8 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
         if (rc < 0) {
             /* Headers are gone: the only way left to say "failed" is to cut the
              * chunked stream without its terminating chunk (docs/api.md). */
-            LOG_ERROR("%s", mm3_last_error());
+            char esc[600];
+            LOG_ERROR("%s", mm3_log_escape(esc, sizeof esc, mm3_last_error()));
             stream_record(st, METRICS_OUTCOME_FAILED);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
@@ -339,14 +394,15 @@ static void stream_free(void *cls)
 /* ---- POST /v1/audio/speech ---- */
 
 /* Wait for the next chunk while watching the client, the server and the
- * request deadline. Returns 0 with a chunk, -ECANCELED when the client is gone
- * or the server stops, -ETIMEDOUT past request_timeout_s. */
+ * request deadline. Returns 0 with a chunk, -ECANCELED when the client is gone,
+ * -ESHUTDOWN when the server stops, -ETIMEDOUT past request_timeout_s. */
 static int wait_chunk(struct http_server *s, struct mm3_job *job, int fd, int64_t t_start_ns, struct mm3_job_chunk *ch)
 {
     /* Check before every pop, not only on timeouts: a steady flow of chunks
      * would otherwise hide a client that left. One peek per chunk is cheap. */
     for (;;) {
-        if (atomic_load(&s->stopping) || client_gone(fd)) return -ECANCELED;
+        if (atomic_load(&s->stopping)) return -ESHUTDOWN;
+        if (client_gone(fd)) return -ECANCELED;
         if (request_expired(s, t_start_ns)) return -ETIMEDOUT;
         if (mm3_job_pop(job, ch, s->cfg.poll_ms) == 0) return 0;
     }
@@ -358,6 +414,7 @@ static enum MHD_Result answer_wait_failed(struct http_server *s, struct MHD_Conn
                                           struct mm3_job *job, int rc)
 {
     job_cancel(s, job);
+    if (rc == -ESHUTDOWN) return answer_shutting_down(s, c, rq);
     if (rc == -ECANCELED) {
         record_outcome(s, METRICS_OUTCOME_CANCELLED, rq->t_start_ns, true);
         return MHD_NO; /* nobody to answer: close */
@@ -379,7 +436,8 @@ static enum MHD_Result answer_job_error(struct http_server *s, struct MHD_Connec
     enum metrics_outcome o = status >= 500 ? METRICS_OUTCOME_FAILED : METRICS_OUTCOME_BAD_REQUEST;
     if (status == 429 || status == 503) o = METRICS_OUTCOME_REJECTED;
     record_outcome(s, o, rq->t_start_ns, true);
-    LOG_INFO("job %llu: %d: %s", (unsigned long long)job->id, status, msg);
+    char esc[600];
+    LOG_INFO("job %llu: %d: %s", (unsigned long long)job->id, status, mm3_log_escape(esc, sizeof esc, msg));
     return queue_error(c, (unsigned)status, NULL, msg, status == 429 || status == 503 ? s->cfg.retry_after_s : 0);
 }
 
@@ -695,7 +753,7 @@ static enum MHD_Result handle_health(struct http_server *s, struct MHD_Connectio
 {
     struct api_health h;
     engine_health(s, &h);
-    bool ready = h.n_stages > 0 && !atomic_load(&s->stopping);
+    bool ready = h.n_stages > 0 && !atomic_load(&s->draining);
     json_t *stages = json_object();
     for (int i = 0; i < h.n_stages; i++) {
         ready = ready && h.stages[i].state == API_STAGE_READY;
@@ -743,7 +801,7 @@ static enum MHD_Result handle_models(struct http_server *s, struct MHD_Connectio
     return queue_json(c, MHD_HTTP_OK, o, 0);
 }
 
-/* ---- MHD callbacks ---- */
+/* ---- routing ---- */
 
 static enum route route_of(const char *url, const char *method, bool *method_ok, char id[MM3_JOB_PUBLIC_ID_LEN + 1])
 {
@@ -773,6 +831,182 @@ static enum route route_of(const char *url, const char *method, bool *method_ok,
     return ROUTE_NONE;
 }
 
+/* ---- connections: per-client limit, read deadline, admin headroom ---- */
+
+static bool is_admin_path(const char *url)
+{
+    return strncmp(url, "/health", 7) == 0 || strncmp(url, "/metrics", 8) == 0;
+}
+
+/* Called by MHD's accepting thread, the same thread that later reports the
+ * connection STARTED: counting and admitting cannot race. */
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen)
+{
+    struct http_server *s = cls;
+    unsigned limit = s->cfg.max_connections_per_client;
+    if (!limit || (addr->sa_family != AF_INET && addr->sa_family != AF_INET6)) return MHD_YES;
+    unsigned n = api_conns_count_client(&s->conns, addr);
+    if (n < limit) return MHD_YES;
+    char name[INET6_ADDRSTRLEN];
+    LOG_WARN("http: %s already has %u connections (max_connections_per_client): refused",
+             api_conns_client_name(addr, name, sizeof name), n);
+    return MHD_NO;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    struct http_server *s = cls;
+    metrics_gauge_add(&mm3_metrics.http_connections, toe == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1);
+    if (toe != MHD_CONNECTION_NOTIFY_STARTED) {
+        api_conns_remove(&s->conns, *socket_ctx);
+        *socket_ctx = NULL;
+        return;
+    }
+    const union MHD_ConnectionInfo *fd = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    const union MHD_ConnectionInfo *addr = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    *socket_ctx = api_conns_add(&s->conns, fd ? fd->connect_fd : -1, addr ? addr->client_addr : NULL);
+}
+
+static struct api_conn *conn_of(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* ---- request framing and the API key ---- */
+
+struct framing {
+    int n_length;
+    const char *length;
+    bool lengths_differ;
+    bool transfer_encoding;
+};
+
+static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    struct framing *f = cls;
+    if (!key) return MHD_YES;
+    if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
+        if (f->n_length++ == 0)
+            f->length = value ? value : "";
+        else if (strcmp(f->length, value ? value : "") != 0)
+            f->lengths_differ = true;
+    } else if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) {
+        f->transfer_encoding = true;
+    }
+    return MHD_YES;
+}
+
+/* Framing two parsers could read two ways (a proxy in front may pick the other
+ * length) is refused: the body's end, and so the next request's start, is in doubt.
+ * MHD reports every header, duplicates included. Returns NULL or the reason. */
+static const char *framing_problem(struct MHD_Connection *c)
+{
+    struct framing f = {0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, framing_header, &f);
+    if (f.lengths_differ) return "request framing: Content-Length given twice with different values";
+    if (f.n_length && f.transfer_encoding) return "request framing: both Content-Length and Transfer-Encoding given";
+    return NULL;
+}
+
+/* The time taken depends on the length of what the client sent, never on
+ * where it first differs from the key. */
+static bool key_equal(const char *got, const char *want)
+{
+    size_t gn = strlen(got), wn = strlen(want);
+    unsigned diff = gn != wn;
+    for (size_t i = 0; i < gn; i++)
+        diff |= (unsigned char)got[i] ^ (unsigned char)want[wn ? i % wn : 0];
+    return diff == 0 && wn > 0;
+}
+
+static bool needs_key(const struct http_server *s, const char *url)
+{
+    return s->cfg.api_key && s->cfg.api_key[0] && (strcmp(url, "/v1") == 0 || strncmp(url, "/v1/", 4) == 0);
+}
+
+static bool authorized(const struct http_server *s, struct MHD_Connection *c)
+{
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;
+    h += 7;
+    while (*h == ' ')
+        h++;
+    return key_equal(h, s->cfg.api_key);
+}
+
+/* ---- MHD request callbacks ---- */
+
+/* The socket this connection's thread is reading a request from (one thread
+ * per connection, and MHD logs from that thread): where on_mhd_log answers a
+ * Content-Length MHD could not parse, before our handler ever sees the request. */
+static _Thread_local int request_fd = -1;
+
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    request_fd = ci ? ci->connect_fd : -1;
+    return NULL;
+}
+
+/* First call for a request: headers are in, the body is not. Returns true
+ * when an answer was queued (into *ret) and the request ends here. */
+static bool admit(struct http_server *s, struct MHD_Connection *c, struct api_req *rq, const char *url,
+                  const char *method, enum MHD_Result *ret)
+{
+    bool admin = is_admin_path(url);
+    const char *why = framing_problem(c);
+    if (why) {
+        char esc[256];
+        LOG_INFO("%s 400: %s", mm3_log_escape(esc, sizeof esc, url), why);
+        *ret = queue_error_close(c, MHD_HTTP_BAD_REQUEST, why, 0);
+        return true;
+    }
+    if (needs_key(s, url) && !authorized(s, c)) {
+        json_t *body =
+            error_body(MHD_HTTP_UNAUTHORIZED, NULL, "missing or wrong API key: send `Authorization: Bearer KEY`");
+        *ret = body ? queue_json_with(c, MHD_HTTP_UNAUTHORIZED, body, 0, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer")
+                    : MHD_NO;
+        return true;
+    }
+    if (!admin && atomic_load(&s->draining)) {
+        *ret = queue_error_close(c, MHD_HTTP_SERVICE_UNAVAILABLE, "server shutting down", s->cfg.retry_after_s);
+        return true;
+    }
+    if (!admin) {
+        if (!api_conns_take_general(&s->conns, s->cfg.max_connections)) {
+            *ret =
+                queue_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, NULL,
+                            "server busy: too many connections (max_connections), retry later", s->cfg.retry_after_s);
+            return true;
+        }
+        rq->general = true;
+    }
+    bool method_ok;
+    rq->route = route_of(url, method, &method_ok, rq->job_id);
+    if (rq->route == ROUTE_NONE) {
+        *ret = queue_error(c, MHD_HTTP_NOT_FOUND, NULL, "no such endpoint", 0);
+        return true;
+    }
+    if (!method_ok) {
+        *ret = queue_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, NULL, "method not allowed here", 0);
+        return true;
+    }
+    if (rq->route == ROUTE_SPEECH) {
+        rq->gen = true;
+        atomic_fetch_add(&s->gen_open, 1);
+        /* Refuse an oversized body before reading it. */
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl && strtoull(cl, NULL, 10) > s->cfg.max_body_bytes) {
+            rq->too_big = true;
+            *ret = handle_speech(s, c, rq);
+            return true;
+        }
+    }
+    return false;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls)
 {
@@ -782,18 +1016,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         rq = calloc(1, sizeof *rq);
         if (!rq) return MHD_NO;
         rq->t_start_ns = mm3_job_now_ns();
+        rq->conn = conn_of(c);
         *con_cls = rq;
-        bool method_ok;
-        rq->route = route_of(url, method, &method_ok, rq->job_id);
-        if (rq->route == ROUTE_NONE) return queue_error(c, MHD_HTTP_NOT_FOUND, NULL, "no such endpoint", 0);
-        if (!method_ok) return queue_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, NULL, "method not allowed here", 0);
-        if (rq->route == ROUTE_SPEECH) {
-            /* Refuse an oversized body before reading it. */
-            const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-            if (cl && strtoull(cl, NULL, 10) > s->cfg.max_body_bytes) {
-                rq->too_big = true;
-                return handle_speech(s, c, rq);
-            }
+        enum MHD_Result ret;
+        if (admit(s, c, rq, url, method, &ret)) {
+            api_conns_reading(&s->conns, rq->conn, false);
+            return ret;
         }
         return MHD_YES;
     }
@@ -821,6 +1049,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         rq->len += n;
         return MHD_YES;
     }
+    api_conns_reading(&s->conns, rq->conn, false);
     switch (rq->route) {
     case ROUTE_SPEECH:
         return handle_speech(s, c, rq);
@@ -842,17 +1071,37 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
+    struct http_server *s = cls;
     struct api_req *rq = *con_cls;
     if (!rq) return;
+    if (rq->general) api_conns_release_general(&s->conns);
+    /* A kept-alive connection waits for its next request: the deadline restarts. */
+    api_conns_reading(&s->conns, rq->conn, true);
+    if (rq->gen) atomic_fetch_sub(&s->gen_open, 1);
     free(rq->body);
     free(rq);
     *con_cls = NULL;
 }
 
-static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx,
-                          enum MHD_ConnectionNotificationCode toe)
+/* libmicrohttpd 0.9.75 answers a request whose Content-Length it cannot parse
+ * (or that overflows) with its status line and headers written twice. Answer
+ * it here, once, and end the socket's sending side so that MHD's own copy goes
+ * nowhere. */
+static void answer_bad_length_once(unsigned status, const char *reason, const char *msg)
 {
-    metrics_gauge_add(&mm3_metrics.http_connections, toe == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1);
+    if (request_fd < 0) return;
+    char body[256], head[256];
+    int nb = snprintf(body, sizeof body,
+                      "{\"error\":{\"message\":\"%s\",\"type\":\"invalid_request_error\",\"param\":null,"
+                      "\"code\":%u}}\n",
+                      msg, status);
+    int nh = snprintf(head, sizeof head,
+                      "HTTP/1.1 %u %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                      "Connection: close\r\n\r\n",
+                      status, reason, nb);
+    if (send(request_fd, head, (size_t)nh, MSG_NOSIGNAL) == nh) (void)send(request_fd, body, (size_t)nb, MSG_NOSIGNAL);
+    shutdown(request_fd, SHUT_WR);
+    request_fd = -1;
 }
 
 static void on_mhd_log(void *cls, const char *fmt, va_list ap)
@@ -861,7 +1110,19 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
     vsnprintf(msg, sizeof msg, fmt, ap);
     size_t n = strlen(msg);
     if (n && msg[n - 1] == '\n') msg[n - 1] = 0;
-    LOG_WARN("microhttpd: %s", msg);
+    if (strstr(msg, "Failed to parse `Content-Length' header"))
+        answer_bad_length_once(400, "Bad Request", "request framing: invalid Content-Length");
+    else if (strstr(msg, "Too large value of 'Content-Length' header"))
+        answer_bad_length_once(413, "Content Too Large", "request framing: Content-Length too large");
+    char esc[1024];
+    LOG_WARN("microhttpd: %s", mm3_log_escape(esc, sizeof esc, msg));
+}
+
+static void server_free(struct http_server *s)
+{
+    api_conns_free(&s->conns);
+    api_jobs_free(&s->jobs);
+    free(s);
 }
 
 int http_server_start(struct http_server **out, const struct http_server_config *cfg, struct api_engine *engine)
@@ -872,9 +1133,11 @@ int http_server_start(struct http_server **out, const struct http_server_config 
     if (!cfg->host || cfg->max_body_bytes < 2 || cfg->max_connections < 1 || cfg->poll_ms < 1 ||
         cfg->job_queue_chunks < 1 || cfg->pcm_channels < 1 || cfg->pcm_rate < 1 || cfg->limits.max_frames < 1 ||
         cfg->limits.default_frames < 1 || cfg->limits.default_frames > cfg->limits.max_frames ||
-        !(cfg->limits.frame_rate > 0))
+        !(cfg->limits.frame_rate > 0) || !(cfg->request_read_timeout_s >= 0) || !(cfg->drain_timeout_s >= 0) ||
+        cfg->admin_connections > 65536)
         return mm3_errorf(-EINVAL, "http server: invalid configuration (host, max_body_bytes, "
-                                   "max_connections, poll_ms, job_queue_chunks, pcm geometry, frame limits)");
+                                   "max_connections, admin_connections, poll_ms, job_queue_chunks, pcm geometry, "
+                                   "frame limits, read and drain timeouts)");
 
     char port[8];
     snprintf(port, sizeof port, "%u", cfg->port);
@@ -890,17 +1153,23 @@ int http_server_start(struct http_server **out, const struct http_server_config 
     }
     s->cfg = *cfg;
     s->engine = engine;
+    if (api_conns_init(&s->conns, cfg->request_read_timeout_s) < 0) {
+        freeaddrinfo(ai);
+        free(s);
+        return -ENOMEM;
+    }
     api_jobs_init(&s->jobs);
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
-    s->mhd = MHD_start_daemon(flags, cfg->port, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s,
-                              MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT, cfg->max_connections,
+    unsigned limit = cfg->max_connections + cfg->admin_connections;
+    s->mhd = MHD_start_daemon(flags, cfg->port, on_accept, s, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s,
+                              MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT, limit,
                               MHD_OPTION_CONNECTION_TIMEOUT, cfg->connection_timeout_s, MHD_OPTION_NOTIFY_COMPLETED,
-                              on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_END);
+                              on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+                              MHD_OPTION_URI_LOG_CALLBACK, on_uri, s, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->mhd) {
-        api_jobs_free(&s->jobs);
-        free(s);
+        server_free(s);
         return mm3_errorf(-EADDRINUSE,
                           "http server: cannot listen on %s:%u (in use, or not an "
                           "address of this host)",
@@ -908,7 +1177,8 @@ int http_server_start(struct http_server **out, const struct http_server_config 
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
     s->port = di ? di->port : cfg->port;
-    LOG_INFO("http: listening on %s:%u", cfg->host, s->port);
+    LOG_INFO("http: listening on %s:%u%s", cfg->host, s->port,
+             cfg->api_key && cfg->api_key[0] ? " (API key required on /v1)" : "");
     *out = s;
     return 0;
 }
@@ -918,11 +1188,40 @@ uint16_t http_server_port(const struct http_server *s)
     return s->port;
 }
 
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Wait up to `limit_s` for the generation requests admitted to complete. */
+static void wait_open_answers(struct http_server *s, double limit_s)
+{
+    int64_t t0 = mm3_job_now_ns();
+    while (atomic_load(&s->gen_open) > 0 && seconds_since(t0) < limit_s)
+        sleep_ms(10);
+}
+
+void http_server_drain(struct http_server *s)
+{
+    if (!s) return;
+    atomic_store(&s->draining, true);
+    int open = atomic_load(&s->gen_open);
+    LOG_INFO("http: draining: new requests get 503; %d song request(s) in flight may finish within %g s", open,
+             s->cfg.drain_timeout_s);
+    wait_open_answers(s, s->cfg.drain_timeout_s);
+    open = atomic_load(&s->gen_open);
+    if (open)
+        LOG_WARN("http: drain_timeout_s (%g s) passed with %d song request(s) left: ending them",
+                 s->cfg.drain_timeout_s, open);
+}
+
 void http_server_stop(struct http_server *s)
 {
     if (!s) return;
+    atomic_store(&s->draining, true);
     atomic_store(&s->stopping, true);
+    wait_open_answers(s, STOP_FLUSH_S);
     MHD_stop_daemon(s->mhd);
-    api_jobs_free(&s->jobs);
-    free(s);
+    server_free(s);
 }

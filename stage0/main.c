@@ -11,8 +11,10 @@
  *   mm3-stage0 --config DEPLOY.yaml [--model DIR] [--port N]
  *       the server: scheduler + connectors to stage 1 + HTTP API (docs/operations.md).
  *       Prints "READY stage0 http://HOST:PORT" once serving (and creates
- *       $MM3_READY_FILE); SIGINT/SIGTERM stop it: in-flight requests fail with 503,
- *       both channels are closed (no segment left), exit 0.
+ *       $MM3_READY_FILE); SIGINT/SIGTERM stop it: new requests get 503, songs in
+ *       flight may finish within api.drain_timeout_s, then the rest fail with 503;
+ *       both channels are closed (no segment left), exit 0. MM3_API_KEY, when
+ *       set, is the API key (over the deploy file's api.api_key).
  *
  * Argument parsing is one function, each mode another. */
 #include <errno.h>
@@ -373,6 +375,19 @@ static double env_seconds(const char *name, double dflt)
     return x;
 }
 
+/* MM3_API_KEY over the deploy file's key; the same rules as api.api_key. */
+static int api_key_from_env(struct http_server_config *hc)
+{
+    const char *key = getenv("MM3_API_KEY");
+    if (!key || !*key) return 0;
+    for (const char *q = key; *q; q++)
+        if (*q <= ' ' || *q > '~')
+            return mm3_errorf(-EINVAL, "MM3_API_KEY: expected printable ASCII without spaces or control characters");
+    if (strlen(key) < 16) return mm3_errorf(-EINVAL, "MM3_API_KEY: too short: expected at least 16 characters");
+    hc->api_key = key;
+    return 0;
+}
+
 static int run_serve(const struct stage0_args *a)
 {
     /* Signals are taken by sigwait here; every thread started below inherits the mask. */
@@ -406,6 +421,7 @@ static int run_serve(const struct stage0_args *a)
     hc.limits.frame_rate = fps;
     hc.limits.max_frames = cap;
     if (hc.limits.default_frames > cap) hc.limits.default_frames = cap;
+    if (rc == 0) rc = api_key_from_env(&hc);
     if (rc == 0) rc = http_server_start(&st->srv, &hc, engine_api(st->eng));
     char url[160] = "";
     if (rc == 0) {
@@ -424,7 +440,9 @@ static int run_serve(const struct stage0_args *a)
     int sig = 0;
     while (sigwait(&sigs, &sig) != 0) {
     }
-    LOG_INFO("signal %d: stopping (in-flight requests fail with 503)", sig);
+    LOG_INFO("signal %d: stopping: new requests get 503, songs in flight have %g s to finish", sig,
+             st->d.api.drain_timeout_s);
+    http_server_drain(st->srv);
     serve_free(st);
     free(st);
     LOG_INFO("stopped");

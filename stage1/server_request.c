@@ -197,7 +197,8 @@ void s1_request_fail(struct s1_server *s, struct s1_request *q, int tell, const 
     va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
-    LOG_WARN("request %" PRIu64 " failed: %s", q->id, text);
+    char esc[1200]; /* the reason may quote the request (a replay file's path) */
+    LOG_WARN("request %" PRIu64 " failed: %s", q->id, mm3_log_escape(esc, sizeof esc, text));
     if (tell && s->out && !s->stage0_lost) {
         struct shmconn_tensor t;
         tensor_set(&t, "message", SHMCONN_DTYPE_U8, 1, (int64_t[]){(int64_t)strlen(text)}, 1, text);
@@ -376,7 +377,9 @@ static void refuse(struct s1_server *s, uint64_t id, const char *text)
 {
     struct s1_request *q = calloc(1, sizeof *q);
     if (!q) {
-        LOG_WARN("request %" PRIu64 " refused (and out of memory to say so): %s", id, text);
+        char esc[1200];
+        LOG_WARN("request %" PRIu64 " refused (and out of memory to say so): %s", id,
+                 mm3_log_escape(esc, sizeof esc, text));
         if (s->in) shmconn_request_cancel(s->in, id);
         return;
     }

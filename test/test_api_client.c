@@ -263,6 +263,46 @@ static void test_bounded_memory(void **state)
     free(dir);
 }
 
+#define KEY "0123456789abcdef-client-key"
+
+static void with_key(struct http_server_config *cfg)
+{
+    cfg->api_key = KEY;
+}
+
+/* The key from --api-key or $MM3_API_KEY; without it the server's 401 is exit 1. */
+static void test_api_key(void **state)
+{
+    fixture_tweak = with_key;
+    struct fixture *fx = fixture_start(FAKE_OK, 0);
+    char *dir = test_make_tmpdir("mm3key");
+    char out[600];
+    snprintf(out, sizeof out, "%s/song.wav", dir);
+    struct stat st;
+    unsetenv("MM3_API_KEY");
+    const char *gen[] = {"generate", "--caption", "c", "--lyrics", "l", "--quiet", "-o", out, "--url", fx->base, NULL};
+    assert_int_equal(run_mm3(gen), 1);
+    assert_int_not_equal(stat(out, &st), 0);
+    const char *keyed[] = {"generate", "--caption", "c",      "--lyrics",  "l", "--quiet", "-o",
+                           out,        "--url",     fx->base, "--api-key", KEY, NULL};
+    assert_int_equal(run_mm3(keyed), 0);
+    assert_int_equal(stat(out, &st), 0);
+    unlink(out);
+    setenv("MM3_API_KEY", KEY, 1);
+    assert_int_equal(run_mm3(gen), 0);
+    assert_int_equal(stat(out, &st), 0);
+    setenv("MM3_API_KEY", "0123456789abcdef-wrong-key", 1);
+    unlink(out);
+    assert_int_equal(run_mm3(gen), 1);
+    unsetenv("MM3_API_KEY");
+    const char *health[] = {"health", "--url", fx->base, NULL}; /* open without a key */
+    assert_int_equal(run_mm3(health), 0);
+    assert_int_equal(atomic_load(&fx->fe.submits), 2);
+    fixture_stop(fx);
+    test_remove_tree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     snprintf(mm3_bin, sizeof mm3_bin, "%s/mm3", test_bin_dir() ? test_bin_dir() : ".");
@@ -273,6 +313,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_generate_and_health),
         cmocka_unit_test(test_bounded_memory),
+        cmocka_unit_test(test_api_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

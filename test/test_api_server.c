@@ -509,6 +509,7 @@ static void test_request_timeout(void **state)
 static void two_connections(struct http_server_config *cfg)
 {
     cfg->max_connections = 2;
+    cfg->admin_connections = 0; /* no headroom: the third connection is refused at accept */
 }
 
 static void test_connection_limit(void **state)
@@ -614,6 +615,435 @@ static void test_health_metrics(void **state)
     fixture_stop(fx);
 }
 
+/* ---- hardening: slow clients, limits, framing, logs, drain, API key ---- */
+
+static int raw_connect(struct fixture *fx)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(http_server_port(fx->srv))};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    struct timeval tv = {3, 0}; /* every wait below is bounded */
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return fd;
+}
+
+/* Send `req`, read until the server closes (or 3 s pass); returns the bytes, NUL-terminated. */
+static char *raw_exchange(struct fixture *fx, const char *req)
+{
+    int fd = raw_connect(fx);
+    assert_int_equal(send(fd, req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req));
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    ssize_t k;
+    while (n < cap - 1 && (k = recv(fd, buf + n, cap - 1 - n, 0)) > 0)
+        n += (size_t)k;
+    buf[n] = 0;
+    close(fd);
+    return buf;
+}
+
+static int count_of(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)); p++)
+        n++;
+    return n;
+}
+
+/* True when the server closed `fd` within `limit_s` (reads EOF or a reset);
+ * `drip`: send one byte of a never-ending header every 100 ms meanwhile. */
+static bool closed_within(int fd, double limit_s, bool drip)
+{
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        if (drip && send(fd, "a", 1, MSG_NOSIGNAL) < 0) return true;
+        char b[512];
+        ssize_t k = recv(fd, b, sizeof b, MSG_DONTWAIT);
+        if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) return true;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((double)(t.tv_sec - t0.tv_sec) + (double)(t.tv_nsec - t0.tv_nsec) * 1e-9 > limit_s) return false;
+        sleep_ms(100);
+    }
+}
+
+static void read_deadline(struct http_server_config *cfg)
+{
+    cfg->request_read_timeout_s = 0.5;
+    cfg->connection_timeout_s = 30; /* the idle timeout alone would not act within the test */
+}
+
+static void test_slow_and_idle_clients_cut_off(void **state)
+{
+    fixture_tweak = read_deadline;
+    struct fixture *fx = fixture_start(FAKE_OK, 0);
+    /* Headers trickling in, one byte per 100 ms: never idle, never complete. */
+    int fd = raw_connect(fx);
+    const char *start = "POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+    assert_int_equal(send(fd, start, strlen(start), 0), (ssize_t)strlen(start));
+    assert_true(closed_within(fd, 3.0, true));
+    close(fd);
+    /* A body trickling in after complete headers: same deadline. */
+    fd = raw_connect(fx);
+    start = "POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{";
+    assert_int_equal(send(fd, start, strlen(start), 0), (ssize_t)strlen(start));
+    assert_true(closed_within(fd, 3.0, true));
+    close(fd);
+    /* A connection that never says anything. */
+    fd = raw_connect(fx);
+    assert_true(closed_within(fd, 3.0, false));
+    close(fd);
+    /* A kept-alive connection is not held open after its answer either. */
+    fd = raw_connect(fx);
+    const char *get = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+    assert_int_equal(send(fd, get, strlen(get), 0), (ssize_t)strlen(get));
+    char b[1024];
+    assert_true(recv(fd, b, sizeof b, 0) > 12);
+    assert_true(closed_within(fd, 3.0, false));
+    close(fd);
+    /* A client in time is served as before. */
+    struct http_client_response r;
+    assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", SONG "}", &r), 0);
+    assert_int_equal(r.status, 200);
+    http_client_response_free(&r);
+    fixture_stop(fx);
+}
+
+static void two_per_client(struct http_server_config *cfg)
+{
+    cfg->max_connections_per_client = 2;
+}
+
+static void test_per_client_limit(void **state)
+{
+    fixture_tweak = two_per_client;
+    struct fixture *fx = fixture_start(FAKE_OK, 0);
+    int a = raw_connect(fx), b = raw_connect(fx);
+    const char *get = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"; /* answered: both accepted */
+    char buf[1024];
+    assert_int_equal(send(a, get, strlen(get), 0), (ssize_t)strlen(get));
+    assert_true(recv(a, buf, sizeof buf, 0) > 12);
+    assert_int_equal(send(b, get, strlen(get), 0), (ssize_t)strlen(get));
+    assert_true(recv(b, buf, sizeof buf, 0) > 12);
+    int c = raw_connect(fx); /* the kernel completes the handshake; the server drops it */
+    assert_true(closed_within(c, 2.0, false));
+    assert_false(closed_within(a, 0.2, false)); /* the first two stay */
+    close(c);
+    close(a);
+    int rc = -1;
+    struct http_client_response r;
+    for (int i = 0; i < 40 && rc < 0; i++) { /* a slot is free again once the server saw the close */
+        sleep_ms(50);
+        rc = do_request(fx, "GET", "/health", NULL, &r);
+        if (rc < 0) http_client_response_free(&r);
+    }
+    assert_int_equal(rc, 0);
+    assert_int_equal(r.status, 200);
+    http_client_response_free(&r);
+    close(b);
+    fixture_stop(fx);
+}
+
+static void two_plus_headroom(struct http_server_config *cfg)
+{
+    cfg->max_connections = 2;
+    /* The probes below come one after another, but MHD counts a closed connection
+     * until its thread is reaped: leave room for all of them at once. */
+    cfg->admin_connections = 8;
+    cfg->max_connections_per_client = 0;
+}
+
+static void test_health_answered_when_connections_exhausted(void **state)
+{
+    fixture_tweak = two_plus_headroom;
+    struct fixture *fx = fixture_start(FAKE_ENDLESS, 0);
+    fx->fe.delay_ms = 5;
+    int fds[2];
+    char buf[256];
+    for (int i = 0; i < 2; i++) {
+        fds[i] = raw_post(fx, SONG ",\"stream\":true}");
+        assert_true(recv(fds[i], buf, sizeof buf, 0) > 0); /* being served */
+    }
+    struct http_client_response r;
+    assert_int_equal(do_request(fx, "GET", "/health", NULL, &r), 0);
+    assert_int_equal(r.status, 200);
+    http_client_response_free(&r);
+    assert_int_equal(do_request(fx, "GET", "/metrics", NULL, &r), 0);
+    assert_int_equal(r.status, 200);
+    http_client_response_free(&r);
+    assert_int_equal(do_request(fx, "GET", "/health/ready", NULL, &r), 0); /* every /health* path */
+    assert_int_equal(r.status, 200);
+    http_client_response_free(&r);
+    assert_int_equal(do_request(fx, "GET", "/health/live", NULL, &r), 0);
+    assert_int_equal(r.status, 200);
+    http_client_response_free(&r);
+    /* A third song is told to come back, not left hanging. */
+    assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", SONG "}", &r), 0);
+    check_error(&r, 503, "too many connections");
+    assert_non_null(http_client_header(&r, "retry-after"));
+    http_client_response_free(&r);
+    assert_int_equal(atomic_load(&fx->fe.submits), 2);
+    close(fds[0]);
+    close(fds[1]);
+    wait_cancels(fx, 2);
+    fixture_stop(fx);
+}
+
+static void test_framing_refused(void **state)
+{
+    struct fixture *fx = fixture_start(FAKE_OK, 0);
+    char *got = raw_exchange(fx, "POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+                                 "Content-Length: 60\r\n\r\n{}");
+    assert_int_equal(count_of(got, "HTTP/1.1 "), 1);
+    assert_memory_equal(got, "HTTP/1.1 400", 12);
+    assert_non_null(strstr(got, "different values"));
+    free(got);
+    got = raw_exchange(fx, "POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+                           "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert_int_equal(count_of(got, "HTTP/1.1 "), 1); /* what followed is not read as a request */
+    assert_memory_equal(got, "HTTP/1.1 400", 12);
+    assert_non_null(strstr(got, "Transfer-Encoding"));
+    free(got);
+    const char *bad[] = {"abc", "5x", "-1", "99999999999999999999999"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char req[256];
+        snprintf(req, sizeof req, "POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Length: %s\r\n\r\n", bad[i]);
+        got = raw_exchange(fx, req);
+        if (count_of(got, "HTTP/1.1 ") != 1)
+            fail_msg("Content-Length %s: answered %d times: %s", bad[i], count_of(got, "HTTP/1.1 "), got);
+        assert_memory_equal(got, i == 3 ? "HTTP/1.1 413" : "HTTP/1.1 400", 12);
+        assert_non_null(strstr(got, "\"type\":\"invalid_request_error\""));
+        free(got);
+    }
+    /* Two equal lengths are one length. */
+    char req[512];
+    snprintf(req, sizeof req,
+             "POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n"
+             "Content-Length: %zu\r\nConnection: close\r\n\r\n%s}",
+             strlen(SONG) + 1, strlen(SONG) + 1, SONG);
+    got = raw_exchange(fx, req);
+    assert_memory_equal(got, "HTTP/1.1 200", 12);
+    free(got);
+    assert_int_equal(atomic_load(&fx->fe.submits), 1);
+    fixture_stop(fx);
+}
+
+/* Everything the server logs during `fn`, read back from a pipe put on stderr. */
+static char *capture_stderr(void (*fn)(struct fixture *), struct fixture *fx)
+{
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    fflush(stderr);
+    int saved = dup(2);
+    dup2(p[1], 2);
+    close(p[1]);
+    fn(fx);
+    dup2(saved, 2);
+    close(saved);
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    ssize_t k;
+    while (n < cap - 1 && (k = read(p[0], buf + n, cap - 1 - n)) > 0)
+        n += (size_t)k;
+    buf[n] = 0;
+    close(p[0]);
+    return buf;
+}
+
+static void send_forging_requests(struct fixture *fx)
+{
+    struct http_client_response r;
+    const char *body = "{\"input\":\"x\",\"instructions\":\"y\",\"x\\nstage0[1] 0.000 ERROR forged:1: owned\":1}";
+    assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", body, &r), 0);
+    assert_int_equal(r.status, 400);
+    http_client_response_free(&r);
+    body = "{\"input\":\"x\",\"instructions\":\"y\",\"\\u001b[2J\\r\\u00e9\":1}";
+    assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", body, &r), 0);
+    assert_int_equal(r.status, 400);
+    http_client_response_free(&r);
+}
+
+static void test_log_lines_not_forged(void **state)
+{
+    struct fixture *fx = fixture_start(FAKE_OK, 0);
+    char *log = capture_stderr(send_forging_requests, fx);
+    assert_null(strstr(log, "\nstage0[1] 0.000 ERROR forged")); /* no line starts with the forgery */
+    assert_non_null(strstr(log, "x\\x0astage0[1] 0.000 ERROR forged"));
+    assert_null(strchr(log, '\x1b'));
+    assert_null(strchr(log, '\r'));
+    assert_non_null(strstr(log, "\\x1b[2J\\x0d\\xc3\\xa9"));
+    /* Every line is a logger line. */
+    for (char *line = log; *line; line = strchr(line, '\n') + 1) {
+        if (strncmp(line, "mm3[", 4) != 0) fail_msg("a line not from the logger: %.80s", line);
+        if (!strchr(line, '\n')) break;
+    }
+    free(log);
+    fixture_stop(fx);
+}
+
+struct drain_arg {
+    struct fixture *fx;
+    _Atomic bool done;
+};
+
+static void *drain_thread(void *p)
+{
+    struct drain_arg *a = p;
+    http_server_drain(a->fx->srv);
+    atomic_store(&a->done, true);
+    return NULL;
+}
+
+static void short_drain(struct http_server_config *cfg)
+{
+    cfg->drain_timeout_s = 0.6;
+}
+
+/* Read one whole answer from fd (the server closes it after); *len: its bytes. */
+static char *read_all(int fd, size_t *len)
+{
+    size_t cap = 1 << 20, n = 0;
+    char *buf = malloc(cap);
+    ssize_t k;
+    while (n < cap - 1 && (k = recv(fd, buf + n, cap - 1 - n, 0)) > 0)
+        n += (size_t)k;
+    buf[n] = 0;
+    if (len) *len = n;
+    return buf;
+}
+
+static void test_drain(void **state)
+{
+    /* A song that cannot finish: at the deadline its whole-file client gets 503. */
+    fixture_tweak = short_drain;
+    struct fixture *fx = fixture_start(FAKE_ENDLESS, 0);
+    fx->fe.delay_ms = 5;
+    int fd = raw_post(fx, SONG "}");
+    struct timeval tv = {5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    for (int i = 0; i < 200 && atomic_load(&fx->fe.submits) < 1; i++)
+        sleep_ms(10);
+    struct drain_arg da = {fx, false};
+    pthread_t t;
+    pthread_create(&t, NULL, drain_thread, &da);
+    sleep_ms(100);
+    struct http_client_response r;
+    assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", SONG "}", &r), 0); /* new: refused */
+    check_error(&r, 503, "server shutting down");
+    assert_non_null(http_client_header(&r, "retry-after"));
+    http_client_response_free(&r);
+    assert_int_equal(do_request(fx, "GET", "/health", NULL, &r), 0); /* not ready any more */
+    assert_int_equal(r.status, 503);
+    http_client_response_free(&r);
+    assert_false(atomic_load(&da.done));
+    pthread_join(t, NULL);
+    http_server_stop(fx->srv);
+    fx->srv = NULL;
+    char *got = read_all(fd, NULL);
+    if (strncmp(got, "HTTP/1.1 503", 12) != 0) fail_msg("in-flight whole file got: %.200s", got);
+    assert_non_null(strstr(got, "server shutting down"));
+    assert_non_null(strstr(got, "Retry-After: 5"));
+    free(got);
+    close(fd);
+    assert_int_equal(atomic_load(&fx->fe.submits), 1);
+    fixture_stop(fx);
+
+    /* A song that finishes within the deadline is delivered whole. */
+    fixture_tweak = short_drain;
+    fx = fixture_start(FAKE_OK, 0);
+    fx->fe.delay_ms = 50;
+    fd = raw_post(fx, SONG "}");
+    int sfd = raw_post(fx, SONG ",\"stream\":true}");
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(sfd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    for (int i = 0; i < 200 && atomic_load(&fx->fe.submits) < 2; i++)
+        sleep_ms(10);
+    http_server_drain(fx->srv);
+    http_server_stop(fx->srv);
+    fx->srv = NULL;
+    got = read_all(fd, NULL);
+    if (strncmp(got, "HTTP/1.1 200", 12) != 0) fail_msg("in-flight whole file got: %.200s", got);
+    free(got);
+    close(fd);
+    size_t n;
+    got = read_all(sfd, &n); /* the stream ends with its last chunk: a complete song */
+    if (strncmp(got, "HTTP/1.1 200", 12) != 0) fail_msg("in-flight stream got: %.200s", got);
+    assert_non_null(strstr(got, "Transfer-Encoding: chunked"));
+    assert_true(n > 5 * 4410 * 4);
+    assert_memory_equal(got + n - 7, "\r\n0\r\n\r\n", 7);
+    free(got);
+    close(sfd);
+    assert_int_equal(atomic_load(&fx->fe.cancels), 0);
+    fixture_stop(fx);
+}
+
+#define KEY "0123456789abcdef-test-key"
+
+static void with_key(struct http_server_config *cfg)
+{
+    cfg->api_key = KEY;
+}
+
+static int keyed_request(struct fixture *fx, const char *method, const char *path, const char *body, const char *key,
+                         struct http_client_response *resp)
+{
+    char url[256];
+    snprintf(url, sizeof url, "%s%s", fx->base, path);
+    struct http_client_request rq = {
+        .url = url,
+        .method = method,
+        .body = body,
+        .body_len = body ? strlen(body) : 0,
+        .timeout_ms = 10000,
+        .bearer_token = key,
+    };
+    return http_client_request(&rq, resp);
+}
+
+static void test_api_key(void **state)
+{
+    fixture_tweak = with_key;
+    struct fixture *fx = fixture_start(FAKE_OK, 0);
+    struct http_client_response r;
+    const char *wrong[] = {NULL, "", "0123456789abcdef-test-kex", KEY "x", "0123"};
+    for (size_t i = 0; i < sizeof wrong / sizeof *wrong; i++) {
+        assert_int_equal(keyed_request(fx, "POST", "/v1/audio/speech", SONG "}", wrong[i], &r), 0);
+        check_error(&r, 401, "\"type\":\"authentication_error\"");
+        assert_non_null(strstr(r.body, "\"param\":null"));
+        assert_non_null(strstr(r.body, "\"code\":401"));
+        assert_string_equal(http_client_header(&r, "www-authenticate"), "Bearer");
+        http_client_response_free(&r);
+    }
+    assert_int_equal(keyed_request(fx, "GET", "/v1/models", NULL, NULL, &r), 0);
+    assert_int_equal(r.status, 401);
+    http_client_response_free(&r);
+    assert_int_equal(keyed_request(fx, "GET", "/v1/nothing-here", NULL, NULL, &r), 0);
+    assert_int_equal(r.status, 401);
+    http_client_response_free(&r);
+    assert_int_equal(atomic_load(&fx->fe.submits), 0);
+    assert_int_equal(keyed_request(fx, "POST", "/v1/audio/speech", SONG "}", KEY, &r), 0);
+    assert_int_equal(r.status, 200);
+    http_client_response_free(&r);
+    assert_int_equal(keyed_request(fx, "GET", "/v1/models", NULL, KEY, &r), 0);
+    assert_int_equal(r.status, 200);
+    http_client_response_free(&r);
+    /* Health and metrics stay open. */
+    assert_int_equal(keyed_request(fx, "GET", "/health", NULL, NULL, &r), 0);
+    assert_int_equal(r.status, 200);
+    http_client_response_free(&r);
+    assert_int_equal(keyed_request(fx, "GET", "/metrics", NULL, NULL, &r), 0);
+    assert_int_equal(r.status, 200);
+    http_client_response_free(&r);
+    /* The refused body is not read as a next request on the same connection. */
+    char *got = raw_exchange(fx, "POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Length: 33\r\n\r\n"
+                                 "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert_int_equal(count_of(got, "HTTP/1.1 "), 1);
+    assert_memory_equal(got, "HTTP/1.1 401", 12);
+    free(got);
+    fixture_stop(fx);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -632,6 +1062,13 @@ int main(void)
         cmocka_unit_test(test_connection_limit),
         cmocka_unit_test(test_queue_depth_429),
         cmocka_unit_test(test_health_metrics),
+        cmocka_unit_test(test_slow_and_idle_clients_cut_off),
+        cmocka_unit_test(test_per_client_limit),
+        cmocka_unit_test(test_health_answered_when_connections_exhausted),
+        cmocka_unit_test(test_framing_refused),
+        cmocka_unit_test(test_log_lines_not_forged),
+        cmocka_unit_test(test_drain),
+        cmocka_unit_test(test_api_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

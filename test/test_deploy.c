@@ -218,6 +218,12 @@ static void test_defaults(void **state)
     assert_string_equal(deploy.api.journal_dir, "");
     assert_string_equal(deploy.api.replay_dir, "");
     assert_int_equal(deploy.api.max_buffered_bytes, 1LL << 30);
+    assert_int_equal(deploy.api.idle_timeout_s, 60);
+    assert_true(deploy.api.request_read_timeout_s == 30);
+    assert_int_equal(deploy.api.max_connections_per_client, 32);
+    assert_int_equal(deploy.api.admin_connections, 8);
+    assert_true(deploy.api.drain_timeout_s == 10);
+    assert_string_equal(deploy.api.api_key, "");
     assert_string_equal(deploy.model, "");
     assert_string_equal(mm3_deploy_edge_connector(&deploy)->connector_class, "SharedMemoryConnector");
     assert_true(fabs(mm3_connector_first_chunk_deadline_s(mm3_deploy_edge_connector(&deploy)) - 300) < 1e-9);
@@ -337,6 +343,13 @@ static void test_inline_errors(void **state)
     expect_inline_error("api:\n  max_body_bytes: 10\n", 2, "api.max_body_bytes", "[1024, ");
     expect_inline_error("api:\n  max_buffered_bytes: 4096\n", 2, "api.max_buffered_bytes", "[1048576, ");
     expect_inline_error("api:\n  request_timeout_s: 0\n", 2, "api.request_timeout_s", "(0, ");
+    expect_inline_error("api:\n  idle_timeout_s: 0\n", 2, "api.idle_timeout_s", "[1, 86400]");
+    expect_inline_error("api:\n  request_read_timeout_s: 0\n", 2, "api.request_read_timeout_s", "(0, 3600]");
+    expect_inline_error("api:\n  max_connections_per_client: -1\n", 2, "api.max_connections_per_client", "[0, ");
+    expect_inline_error("api:\n  admin_connections: 5000\n", 2, "api.admin_connections", "[0, 1024]");
+    expect_inline_error("api:\n  drain_timeout_s: -1\n", 2, "api.drain_timeout_s", "[0, 3600]");
+    expect_inline_error("api:\n  api_key: short\n", 2, "api.api_key", "at least 16");
+    expect_inline_error("api:\n  api_key: 'with a space in the key'\n", 2, "api.api_key", "printable ASCII");
     expect_inline_error("connectors:\n  c:\n    name: MooncakeStoreConnector\n", 3, "connectors.c.name",
                         "SharedMemoryConnector");
     expect_inline_error("connectors:\n  c:\n    extra: {connector_get_sleep_s: 0}\n", 3,

@@ -37,6 +37,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/error.h"
 #include "common/http_client.h"
 #include "stage0/journal.h"
 #include "support/test_replica.h"
@@ -562,11 +563,47 @@ static void test_held_raw_frames_same_audio(void **state)
     assert_int_equal(test_replica_stop(&b), 0);
 }
 
+struct inflight {
+    const struct test_replica *r;
+    char json[1024];
+    int rc;
+    struct http_client_response resp;
+};
+
+static void *inflight_run(void *p)
+{
+    struct inflight *f = p;
+    f->rc = post(f->r, f->json, &f->resp);
+    return NULL;
+}
+
+/* A whole-file song in flight at SIGTERM is answered: the song (it finished
+ * within api.drain_timeout_s) or 503 "server shutting down", never an empty reply. */
 static void test_sigterm_stops_everything(void **state)
 {
     struct e2e *e = *state;
     if (!e) skip();
+    struct inflight f = {.r = &e->a};
+    song_json(f.json, sizeof f.json, 25, 40, 0, 44100);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, inflight_run, &f), 0);
+    int running = 0;
+    for (int i = 0; i < 600 && !running; i++) { /* generous: sanitizer builds are slow */
+        running = metric(&e->a, "mm3_requests_in_flight") > 0;
+        if (!running) test_sleep_ms(50);
+    }
+    assert_true(running);
     assert_int_equal(test_replica_stop(&e->a), 0);
+    pthread_join(t, NULL);
+    if (f.rc < 0) fail_msg("the song in flight got no answer: %s", mm3_last_error());
+    if (f.resp.status == 503) {
+        assert_non_null(strstr(f.resp.body, "server shutting down"));
+    } else {
+        assert_int_equal(f.resp.status, 200);
+        assert_true(f.resp.complete);
+    }
+    assert_true(test_replica_log_contains(&e->a, "http: draining"));
+    http_client_response_free(&f.resp);
 }
 
 int main(void)

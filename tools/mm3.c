@@ -2,7 +2,7 @@
  *
  *   mm3 generate (--caption TEXT | --caption-file F) (--lyrics-file F | --lyrics TEXT)
  *                [--duration S] [--seed N] [-o song.wav] [--format wav|pcm|flac]
- *                [--sample-rate 44100|32000] [--steps N] [--quiet] [--url URL]
+ *                [--sample-rate 44100|32000] [--steps N] [--quiet] [--url URL] [--api-key KEY]
  *   mm3 health [--url URL]
  *   mm3 rerender ARGS...   (= mm3-rerender ARGS..., docs/journal.md)
  *
@@ -35,15 +35,20 @@
 #define MAX_ERROR_BODY (64 * 1024)
 #define MAX_JSON_BODY (1 << 20)
 
+/* Sent as `Authorization: Bearer` on /v1 requests; NULL = none. */
+static const char *api_key;
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage:\n"
                "  mm3 generate (--caption TEXT | --caption-file F) (--lyrics-file F | --lyrics TEXT)\n"
                "               [--duration S] [--seed N] [-o song.wav] [--format wav|pcm|flac]\n"
                "               [--sample-rate 44100|32000] [--steps N] [--quiet] [--url URL]\n"
+               "               [--api-key KEY]\n"
                "  mm3 health [--url URL]\n"
                "  mm3 rerender --model CKPT --journal FILE [...] -o OUT.wav   (runs mm3-rerender)\n"
-               "URL defaults to $MM3_URL, else " DEFAULT_URL ".\n");
+               "URL defaults to $MM3_URL, else " DEFAULT_URL ". KEY defaults to $MM3_API_KEY (a key\n"
+               "on the command line is visible to every local user in the process list).\n");
 }
 
 static double now_s(void)
@@ -171,7 +176,8 @@ static void progress_poll(struct gen *g, const char *id, struct progress *p)
     char url[512];
     snprintf(url, sizeof url, "%s/v1/audio/speech/%s", g->base_url, id);
     struct http_client_response r;
-    struct http_client_request rq = {.url = url, .method = "GET", .timeout_ms = 2000, .max_body_bytes = MAX_JSON_BODY};
+    struct http_client_request rq = {
+        .url = url, .method = "GET", .timeout_ms = 2000, .max_body_bytes = MAX_JSON_BODY, .bearer_token = api_key};
     p->from_server = false;
     if (http_client_request(&rq, &r) == 0 && r.status == 200) {
         json_t *o = json_loads(r.body, 0, NULL);
@@ -290,13 +296,21 @@ static int cmd_generate(int argc, char **argv, const char *url)
     long long seed = -1, steps = -1, rate = -1;
     bool quiet = false;
     static const struct option opts[] = {
-        {"caption", required_argument, 0, 'c'},  {"caption-file", required_argument, 0, 'C'},
-        {"lyrics", required_argument, 0, 'l'},   {"lyrics-file", required_argument, 0, 'L'},
-        {"duration", required_argument, 0, 'd'}, {"seed", required_argument, 0, 's'},
-        {"output", required_argument, 0, 'o'},   {"format", required_argument, 0, 'f'},
-        {"steps", required_argument, 0, 'n'},    {"sample-rate", required_argument, 0, 'r'},
-        {"quiet", no_argument, 0, 'q'},          {"url", required_argument, 0, 'u'},
-        {"help", no_argument, 0, 'h'},           {0, 0, 0, 0},
+        {"caption", required_argument, 0, 'c'},
+        {"caption-file", required_argument, 0, 'C'},
+        {"lyrics", required_argument, 0, 'l'},
+        {"lyrics-file", required_argument, 0, 'L'},
+        {"duration", required_argument, 0, 'd'},
+        {"seed", required_argument, 0, 's'},
+        {"output", required_argument, 0, 'o'},
+        {"format", required_argument, 0, 'f'},
+        {"steps", required_argument, 0, 'n'},
+        {"sample-rate", required_argument, 0, 'r'},
+        {"quiet", no_argument, 0, 'q'},
+        {"url", required_argument, 0, 'u'},
+        {"api-key", required_argument, 0, 'k'},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
     };
     int ch;
     optind = 1;
@@ -338,6 +352,9 @@ static int cmd_generate(int argc, char **argv, const char *url)
             break;
         case 'u':
             url = optarg;
+            break;
+        case 'k':
+            api_key = optarg;
             break;
         case 'h':
             usage(stdout);
@@ -408,6 +425,7 @@ static int cmd_generate(int argc, char **argv, const char *url)
         .body = body,
         .body_len = strlen(body),
         .timeout_ms = 600000, /* a queued request may wait minutes for its first audio */
+        .bearer_token = api_key,
         .on_headers = on_headers,
         .on_body = on_body,
         .user = &g,
@@ -522,6 +540,8 @@ int main(int argc, char **argv)
 {
     const char *url = getenv("MM3_URL");
     if (!url || !*url) url = DEFAULT_URL;
+    api_key = getenv("MM3_API_KEY");
+    if (api_key && !*api_key) api_key = NULL;
     if (argc < 2) {
         usage(stderr);
         return 2;

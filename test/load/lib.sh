@@ -31,6 +31,7 @@ api:
   port: 0
   max_queue_depth: $2
   max_connections: 64
+  max_connections_per_client: 0  # every load client is 127.0.0.1
   request_timeout_s: 120
 connectors:
   shm:
