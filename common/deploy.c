@@ -665,7 +665,7 @@ static int decode_extra_args(const struct scope *s, const ynode *key, const ynod
     path_join(p, path, v->keys[0]->text);
     return fail(s->c, v->keys[0], p,
                 "unknown key: stage 1 takes no extra_args (its knobs are "
-                "num_inference_steps, guidance_scale and matmul_precision on the stage)");
+                "num_inference_steps, guidance_scale, flow_shift and matmul_precision on the stage)");
 }
 
 static int check_temperature(const struct scope *s, const ynode *v, const char *path, const void *value)
@@ -759,6 +759,8 @@ static const struct field stage_fields[] = {
     {"num_inference_steps", I32_AT(struct mm3_stage_config, num_inference_steps), .lo = 1, .hi = 1000,
      .stage1_only = true},
     {"guidance_scale", NUMBER_AT(struct mm3_stage_config, guidance_scale), .min = 0, .max = 100, .stage1_only = true},
+    {"flow_shift", NUMBER_AT(struct mm3_stage_config, flow_shift), .min = 0, .min_open = true, .max = 20,
+     .stage1_only = true},
 };
 
 static int decode_stage(struct load_ctx *c, const ynode *n, int position)

@@ -3,7 +3,8 @@
  *
  * The format mirrors vLLM-Omni's `deploy/minimax_music3.yaml` so an upstream
  * file reads the same here, plus a few keys of our own (model, backend, api,
- * matmul_precision, num_inference_steps, guidance_scale). Every key is
+ * matmul_precision, num_inference_steps, guidance_scale, flow_shift, mps, mps_thread_percentage,
+ * stream_priority). Every key is
  * documented in docs/configuration.md.
  *
  * Loading produces a fully typed struct: no YAML survives it. Unknown keys,
@@ -107,6 +108,7 @@ struct mm3_stage_config {
     enum mm3_matmul_precision matmul_precision;
     int num_inference_steps; /* default Euler steps per window */
     double guidance_scale;   /* default DiT guidance; 1.0 skips the uncond branch */
+    double flow_shift;       /* default scheduler shift, (0, 20]; 0 = the checkpoint's */
 
     int line; /* where the stage's entry starts (1-based) */
 };

@@ -110,6 +110,7 @@ void http_server_config_from_deploy(struct http_server_config *cfg, const struct
     cfg->limits.default_cfg_scale = (float)s0->cfg_scale;
     cfg->limits.default_steps = s1->num_inference_steps;
     cfg->limits.default_guidance_scale = (float)s1->guidance_scale;
+    cfg->limits.default_flow_shift = (float)s1->flow_shift;
 }
 
 /* ---- small response helpers ---- */

@@ -30,6 +30,7 @@ struct models {
     struct vocoder *voc;
     struct s1_backend be; /* backend cuda: the GPU DiT, flow loop and vocoder */
     struct flow_cuda *fc; /* be.flow, for the single DiT-call checks */
+    float shift;          /* the checkpoint's scheduler shift, as the reference pipeline used it */
     double tol_fwd;       /* one DiT forward */
     double tol_flow;      /* what the flow loop produced: latents */
     double tol_audio;     /* and what the vocoder made of them: waveform, audio */
@@ -249,6 +250,7 @@ static int render_case(const struct models *m, struct golden_case *gc, int steps
     struct render_params p = {
         .n_steps = steps,
         .guidance = guidance,
+        .shift = m->shift,
         .noise = {RENDER_NOISE_REPLAY, 0, n_noise, (const float *const *)noise, noise_len},
         .decoder = {m->voc, vocoder_hop(m->voc), decode_cb},
         .sink = {gc, sink_cb},
@@ -402,7 +404,7 @@ int golden_run(const char *dir, const struct golden_options *o, FILE *out, int *
     int rc;
     pick_tolerances(o, &m);
     if ((rc = condition_load(&m.cm, root)) < 0 || (rc = dit_load(&m.dm, root)) < 0 ||
-        (rc = vocoder_load(&m.voc, root)) < 0)
+        (rc = vocoder_load(&m.voc, root)) < 0 || (rc = flow_checkpoint_shift(root, &m.shift)) < 0)
         goto out;
     if (vocoder_latent_channels(m.voc) != m.dm->cfg.in_ch) {
         rc = mm3_errorf(-EINVAL, "%s: vocoder latent_channels %d != transformer in_channels %d", root,

@@ -11,6 +11,7 @@
 #include "stage1/backend.h"
 #include "stage1/condition.h"
 #include "stage1/dit.h"
+#include "stage1/flow.h"
 #include "stage1/render.h"
 #include "stage1/replay_noise.h"
 #include "stage1/server.h"
@@ -64,6 +65,7 @@ struct s1_server {
     int *job_rc;
     int rr; /* where the next batch starts looking (round robin) */
     int native_rate, hop;
+    float default_shift; /* START's flow_shift 0: stages[1].flow_shift, else the checkpoint's */
     char prefix[32];
     struct shmconn_config in_cfg, out_cfg;
     shmconn_t *in;            /* s0_to_s1 consumer, NULL until stage 0 is there */

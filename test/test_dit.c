@@ -163,7 +163,7 @@ static void test_flow_schedule(void **state)
 {
     (void)state;
     float t[31];
-    flow_schedule_fill(t, 30);
+    flow_schedule_fill(t, 30, FLOW_DEFAULT_SHIFT);
     assert_true(t[0] == 0.0f && t[30] == 1.0f);
     assert_true(t[1] == 0.0333333611f && t[2] == 0.0666666627f && t[3] == 0.100000024f && t[29] == 0.966666639f);
     assert_true(t[1] != 1.0f / 30.0f);
@@ -183,7 +183,7 @@ static void test_flow_schedule(void **state)
     assert_true(t[1] - t[0] == 0.0333333611f && t[30] - t[29] == 0.0333333611f);
     assert_true(sum == 1.0); /* the steps telescope exactly */
     /* one step: t = 0 then straight to 1 */
-    flow_schedule_fill(t, 1);
+    flow_schedule_fill(t, 1, FLOW_DEFAULT_SHIFT);
     assert_true(t[0] == 0.0f && t[1] == 1.0f);
 }
 

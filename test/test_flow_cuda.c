@@ -67,7 +67,7 @@ static void test_step_bit_exact(void **state)
     const int C = 6, L = 53, ov = 17, steps = 7;
     size_t n = (size_t)C * L;
     float table[8]; /* steps + 1 */
-    flow_schedule_fill(table, steps);
+    flow_schedule_fill(table, steps, FLOW_DEFAULT_SHIFT);
     /* wide magnitudes so that rounding differences would show */
     float *x = test_rand_array(&rng, n, 3.0f), *np = test_rand_array(&rng, (size_t)C * ov, 2.0f),
           *prev = test_rand_array(&rng, (size_t)C * ov, 5.0f);
@@ -146,8 +146,8 @@ static void window_case(struct tiny *t, int L, int ov, int steps, float guidance
     float *x_cpu = test_rand_array(&rng, n, 1.0f), *x_gpu = malloc(sizeof(float) * n);
     assert_non_null(x_gpu);
     memcpy(x_gpu, x_cpu, sizeof(float) * n);
-    assert_int_equal(flow_window_run(t->dm, t->ws, steps, guidance, L, cond, ov, prev, x_cpu), 0);
-    int rc = flow_cuda_window_run(t->fc, steps, guidance, L, cond, ov, prev, x_gpu);
+    assert_int_equal(flow_window_run(t->dm, t->ws, steps, guidance, FLOW_DEFAULT_SHIFT, L, cond, ov, prev, x_cpu), 0);
+    int rc = flow_cuda_window_run(t->fc, steps, guidance, FLOW_DEFAULT_SHIFT, L, cond, ov, prev, x_gpu);
     if (rc < 0) fprintf(stderr, "%s\n", mm3_last_error());
     assert_int_equal(rc, 0);
     double rel = test_rel_error(x_gpu, x_cpu, n);
@@ -172,11 +172,11 @@ static void test_bad_args(void **state)
     struct tiny *t = *state;
     if (!t) skip();
     float x[4] = {0}, c[4] = {0};
-    assert_true(flow_cuda_window_run(t->fc, 4, 1.7f, MAX_L + 1, c, 0, NULL, x) == -EINVAL);
+    assert_true(flow_cuda_window_run(t->fc, 4, 1.7f, 1.0f, MAX_L + 1, c, 0, NULL, x) == -EINVAL);
     assert_non_null(strstr(mm3_last_error(), "max"));
-    assert_true(flow_cuda_window_run(t->fc, 0, 1.7f, 1, c, 0, NULL, x) == -EINVAL);
-    assert_true(flow_cuda_window_run(t->fc, 4, 1.7f, 3, c, 4, x, x) == -EINVAL);
-    assert_true(flow_cuda_window_run(t->fc, 4, 1.7f, 3, c, 2, NULL, x) == -EINVAL);
+    assert_true(flow_cuda_window_run(t->fc, 0, 1.7f, 1.0f, 1, c, 0, NULL, x) == -EINVAL);
+    assert_true(flow_cuda_window_run(t->fc, 4, 1.7f, 1.0f, 3, c, 4, x, x) == -EINVAL);
+    assert_true(flow_cuda_window_run(t->fc, 4, 1.7f, 1.0f, 3, c, 2, NULL, x) == -EINVAL);
 }
 
 int main(void)
