@@ -1198,6 +1198,11 @@ const char *mm3_stream_priority_name(enum mm3_stream_priority p)
     return name_of(stream_priority_names, COUNT(stream_priority_names), (int)p);
 }
 
+int mm3_deploy_stream_priority_level(enum mm3_stream_priority p)
+{
+    return p == MM3_STREAM_PRIORITY_HIGH ? 1 : p == MM3_STREAM_PRIORITY_LOW ? -1 : 0;
+}
+
 const char *mm3_kv_cache_dtype_name(enum mm3_kv_cache_dtype t)
 {
     return name_of(kv_cache_dtype_names, COUNT(kv_cache_dtype_names), (int)t);

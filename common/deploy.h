@@ -190,6 +190,8 @@ const char *mm3_matmul_precision_name(enum mm3_matmul_precision p);
 const char *mm3_cudagraph_mode_name(enum mm3_cudagraph_mode m);
 const char *mm3_mps_mode_name(enum mm3_mps_mode m);
 const char *mm3_stream_priority_name(enum mm3_stream_priority p);
+/* +1 (high), 0 (normal) or -1 (low): the level cuda_stream_priority_set takes. */
+int mm3_deploy_stream_priority_level(enum mm3_stream_priority p);
 /* "auto", "bfloat16" or "float32" (the deploy file's spelling). */
 const char *mm3_kv_cache_dtype_name(enum mm3_kv_cache_dtype t);
 /* The inverse (command-line options); -EINVAL naming the accepted values. */

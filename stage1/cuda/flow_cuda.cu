@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/cuda/ops_cuda.h"
 #include "stage1/cuda/dit_cuda.h"
 #include "stage1/cuda/dit_cuda_internal.h"
 #include "stage1/cuda/flow_cuda.h"
@@ -99,7 +100,8 @@ extern "C" int flow_cuda_create_with(struct flow_cuda **out, struct dit_cuda *di
     f->cond_dim = g->cond_dim;
     f->max_L = max_L;
     size_t n = (size_t)f->in_ch * max_L;
-    int rc = dit_cuda_status(cudaStreamCreateWithFlags(&f->stream, cudaStreamNonBlocking), "cudaStreamCreate (flow)");
+    int rc = dit_cuda_status(cudaStreamCreateWithPriority(&f->stream, cudaStreamNonBlocking, cuda_stream_priority()),
+                             "cudaStreamCreate (flow)");
     if (rc == 0) rc = dit_cuda_reserve(f->dit, 2, max_L);
     struct {
         float **p;
