@@ -137,7 +137,7 @@ static int tiny_teardown(void **state)
     return 0;
 }
 
-static void window_case(struct tiny *t, int L, int ov, int steps, float guidance)
+static void window_case(struct tiny *t, int L, int ov, int steps, float guidance, float shift)
 {
     int C = t->dm->cfg.in_ch, D = t->dm->cfg.cond_dim;
     size_t n = (size_t)C * L;
@@ -146,12 +146,13 @@ static void window_case(struct tiny *t, int L, int ov, int steps, float guidance
     float *x_cpu = test_rand_array(&rng, n, 1.0f), *x_gpu = malloc(sizeof(float) * n);
     assert_non_null(x_gpu);
     memcpy(x_gpu, x_cpu, sizeof(float) * n);
-    assert_int_equal(flow_window_run(t->dm, t->ws, steps, guidance, FLOW_DEFAULT_SHIFT, L, cond, ov, prev, x_cpu), 0);
-    int rc = flow_cuda_window_run(t->fc, steps, guidance, FLOW_DEFAULT_SHIFT, L, cond, ov, prev, x_gpu);
+    assert_int_equal(flow_window_run(t->dm, t->ws, steps, guidance, shift, L, cond, ov, prev, x_cpu), 0);
+    int rc = flow_cuda_window_run(t->fc, steps, guidance, shift, L, cond, ov, prev, x_gpu);
     if (rc < 0) fprintf(stderr, "%s\n", mm3_last_error());
     assert_int_equal(rc, 0);
     double rel = test_rel_error(x_gpu, x_cpu, n);
-    printf("window L %d, overlap %d, %d steps, guidance %.2f: rel %.2e\n", L, ov, steps, guidance, rel);
+    printf("window L %d, overlap %d, %d steps, guidance %.2f, shift %.2f: rel %.2e\n", L, ov, steps, guidance,
+           (double)shift, rel);
     assert_true(rel <= TOL_WINDOW_FP32);
     for (int c = 0; c < C; c++)
         assert_memory_equal(x_gpu + (size_t)c * L, prev + (size_t)c * ov, sizeof(float) * ov);
@@ -162,9 +163,10 @@ static void test_window_tiny_a(void **state)
 {
     struct tiny *t = *state;
     if (!t) skip();
-    window_case(t, MAX_L, 31, 30, FLOW_DEFAULT_GUIDANCE);
-    window_case(t, 40, 0, 4, 1.2f);
-    window_case(t, 17, 17, 3, FLOW_DEFAULT_GUIDANCE); /* all pinned */
+    window_case(t, MAX_L, 31, 30, FLOW_DEFAULT_GUIDANCE, FLOW_DEFAULT_SHIFT);
+    window_case(t, 40, 0, 4, 1.2f, FLOW_DEFAULT_SHIFT);
+    window_case(t, 17, 17, 3, FLOW_DEFAULT_GUIDANCE, FLOW_DEFAULT_SHIFT); /* all pinned */
+    window_case(t, MAX_L, 31, 16, FLOW_DEFAULT_GUIDANCE, 2.0f);          /* a shifted schedule */
 }
 
 static void test_bad_args(void **state)
@@ -175,6 +177,7 @@ static void test_bad_args(void **state)
     assert_true(flow_cuda_window_run(t->fc, 4, 1.7f, 1.0f, MAX_L + 1, c, 0, NULL, x) == -EINVAL);
     assert_non_null(strstr(mm3_last_error(), "max"));
     assert_true(flow_cuda_window_run(t->fc, 0, 1.7f, 1.0f, 1, c, 0, NULL, x) == -EINVAL);
+    assert_true(flow_cuda_window_run(t->fc, 4, 1.7f, 0.0f, 1, c, 0, NULL, x) == -EINVAL);
     assert_true(flow_cuda_window_run(t->fc, 4, 1.7f, 1.0f, 3, c, 4, x, x) == -EINVAL);
     assert_true(flow_cuda_window_run(t->fc, 4, 1.7f, 1.0f, 3, c, 2, NULL, x) == -EINVAL);
 }
