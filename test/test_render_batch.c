@@ -130,9 +130,9 @@ static void render_alone(const struct test_stage1 *m, const struct song *s, int 
 }
 
 static const struct song SONGS[3] = {
-    {350, 1, 1.7f, 11}, /* 3 windows, the last one 150 frames */
+    {350, 1, 1.7f, 11, 0.0f}, /* 3 windows, the last one 150 frames */
     {250, 2, 2.5f, 12, 2.0f}, /* 2 windows, the last one 150 frames; a shifted schedule */
-    {130, 1, 1.0f, 13}, /* 1 short window */
+    {130, 1, 1.0f, 13, 0.0f}, /* 1 short window */
 };
 
 /* SONGS rendered alone, made once for all the tests (the CPU DiT is the slow part);
@@ -282,7 +282,7 @@ static void test_cancel_and_failure_mid_batch(void **state)
 {
     struct test_stage1 *m = *state;
     if (!m) skip();
-    const struct song songs[4] = {SONGS[0], {350, 1, 1.7f, 21}, {350, 1, 1.7f, 22}, {250, 2, 2.5f, 23}};
+    const struct song songs[4] = {SONGS[0], {350, 1, 1.7f, 21, 0.0f}, {350, 1, 1.7f, 22, 0.0f}, {250, 2, 2.5f, 23, 0.0f}};
     struct song_out alone[4] = {0}, batched[4] = {0};
     alone[0] = songs_alone(m)[0]; /* borrowed: not freed here */
     struct render *r[4];
