@@ -42,7 +42,7 @@ while [ $# -gt 0 ]; do
     --concurrency) conc=${2:?--concurrency needs a value}; shift ;;
     --each-s) each_s=${2:?--each-s needs a value}; shift ;;
     --dry-run) dry=1 ;;
-    -h|--help) sed -n 2,29p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,27p "$0"; exit 0 ;;
     *) echo "mps_sweep.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
