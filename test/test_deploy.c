@@ -431,6 +431,9 @@ static void test_flow_shift_and_mps_keys(void **state)
     assert_int_equal(s1->stream_priority, MM3_STREAM_PRIORITY_LOW);
     assert_string_equal(mm3_mps_mode_name(MM3_MPS_ON), "on");
     assert_string_equal(mm3_stream_priority_name(MM3_STREAM_PRIORITY_LOW), "low");
+    assert_int_equal(mm3_deploy_stream_priority_level(MM3_STREAM_PRIORITY_HIGH), 1);
+    assert_int_equal(mm3_deploy_stream_priority_level(MM3_STREAM_PRIORITY_NORMAL), 0);
+    assert_int_equal(mm3_deploy_stream_priority_level(MM3_STREAM_PRIORITY_LOW), -1);
     expect_inline_error("stages:\n  - {stage_id: 0, flow_shift: 2}\n", 2, "stages[0].flow_shift", "only stage 1");
     expect_inline_error("stages:\n  - {stage_id: 1, flow_shift: 0}\n", 2, "stages[0].flow_shift", "(0, 20]");
     expect_inline_error("stages:\n  - {stage_id: 1, flow_shift: 20.5}\n", 2, "stages[0].flow_shift", "(0, 20]");
