@@ -193,16 +193,14 @@ static char *header_json(const char *req_id, const struct mm3_job_params *p, int
     snprintf(h, sizeof h, "%016" PRIx64, hash);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    json_t *o =
-        json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:f, s:f, s:f, s:s, s:b, s:i, s:i, s:i, s:i, s:s, s:I}",
-                  "request_id",
-                  req_id, "seed", seed, "caption", p->caption ? p->caption : "", "lyrics", p->lyrics ? p->lyrics : "",
-                  "max_frames", (int)p->max_frames, "sample_rate", (int)p->sample_rate, "num_inference_steps",
-                  (int)p->num_inference_steps, "guidance_scale", (double)p->guidance_scale, "flow_shift",
-                  (double)p->flow_shift, "cfg_scale",
-                  (double)p->cfg_scale, "format", format_name(p->format), "stream", (int)p->stream, "n_codebooks", ncb,
-                  "c0_codes", SAMPLER_N_CODES, "audio_vocab", audio_vocab, "prompt_len", prompt_len, "prompt_hash", h,
-                  "created_unix_ms", (json_int_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
+    json_t *o = json_pack(
+        "{s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:f, s:f, s:f, s:s, s:b, s:i, s:i, s:i, s:i, s:s, s:I}", "request_id",
+        req_id, "seed", seed, "caption", p->caption ? p->caption : "", "lyrics", p->lyrics ? p->lyrics : "",
+        "max_frames", (int)p->max_frames, "sample_rate", (int)p->sample_rate, "num_inference_steps",
+        (int)p->num_inference_steps, "guidance_scale", (double)p->guidance_scale, "flow_shift", (double)p->flow_shift,
+        "cfg_scale", (double)p->cfg_scale, "format", format_name(p->format), "stream", (int)p->stream, "n_codebooks",
+        ncb, "c0_codes", SAMPLER_N_CODES, "audio_vocab", audio_vocab, "prompt_len", prompt_len, "prompt_hash", h,
+        "created_unix_ms", (json_int_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
     if (!o) return NULL;
     char *s = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
     json_decref(o);

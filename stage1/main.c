@@ -49,10 +49,11 @@ struct options {
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: mm3-stage1 --config DEPLOY.yaml [--model CKPT]\n"
-               "       mm3-stage1 --golden DIR [--model CKPT] [--backend cpu|cuda] [--precision fp32|tf32|bf16]\n"
-               "       mm3-stage1 --model CKPT --frames FILE.safetensors [--seed N] [--steps N]\n"
-               "                  [--guidance G] [--shift S] [--float] [--backend cpu|cuda] [--precision P] -o OUT.wav\n");
+    fprintf(f,
+            "usage: mm3-stage1 --config DEPLOY.yaml [--model CKPT]\n"
+            "       mm3-stage1 --golden DIR [--model CKPT] [--backend cpu|cuda] [--precision fp32|tf32|bf16]\n"
+            "       mm3-stage1 --model CKPT --frames FILE.safetensors [--seed N] [--steps N]\n"
+            "                  [--guidance G] [--shift S] [--float] [--backend cpu|cuda] [--precision P] -o OUT.wav\n");
 }
 
 static int cmd_golden(const struct options *o)

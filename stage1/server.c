@@ -117,8 +117,8 @@ static int server_load(struct s1_server *s, const struct s1_server_options *o)
         "first / %.2f s steady, prefix '%s'",
         s->d.source, mm3_backend_name(s->d.backend), s->d.model, s1_now() - t0, s->native_rate, s->hop, s->max_active,
         s->max_reqs, s->fb.max_windows, s->fb.async ? "vocoder overlapped" : "in turn", (double)s->default_shift,
-        mm3_stream_priority_name(s->st->stream_priority),
-        s->codec_streaming ? "on" : "off", s->in_cfg.first_chunk_deadline_s, s->in_cfg.steady_deadline_s, s->prefix);
+        mm3_stream_priority_name(s->st->stream_priority), s->codec_streaming ? "on" : "off",
+        s->in_cfg.first_chunk_deadline_s, s->in_cfg.steady_deadline_s, s->prefix);
     return 0;
 }
 

@@ -254,8 +254,8 @@ static void test_flow_checkpoint_shift(void **state)
     write_scheduler_config(dir, "{\"shift\": 2.5, \"invert_sigmas\": true}");
     assert_int_equal(flow_checkpoint_shift(dir, &s), 0);
     assert_true(s == 2.5f);
-    static const char *const bad[] = {"{\"shift\": 0}", "{\"shift\": -1}", "{\"shift\": 21}", "{\"shift\": \"2\"}",
-                                      "{\"shift\": 2", "[1]"};
+    static const char *const bad[] = {"{\"shift\": 0}",     "{\"shift\": -1}", "{\"shift\": 21}",
+                                      "{\"shift\": \"2\"}", "{\"shift\": 2",   "[1]"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         write_scheduler_config(dir, bad[i]);
         assert_int_equal(flow_checkpoint_shift(dir, &s), -EINVAL);
@@ -292,10 +292,10 @@ static void test_drop_weights(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_rope_half_split),     cmocka_unit_test(test_time_features),
-        cmocka_unit_test(test_batch_equals_single), cmocka_unit_test(test_golden_calls),
-        cmocka_unit_test(test_flow_schedule),       cmocka_unit_test(test_flow_schedule_shift),
-        cmocka_unit_test(test_flow_checkpoint_shift),       cmocka_unit_test(test_drop_weights),
+        cmocka_unit_test(test_rope_half_split),       cmocka_unit_test(test_time_features),
+        cmocka_unit_test(test_batch_equals_single),   cmocka_unit_test(test_golden_calls),
+        cmocka_unit_test(test_flow_schedule),         cmocka_unit_test(test_flow_schedule_shift),
+        cmocka_unit_test(test_flow_checkpoint_shift), cmocka_unit_test(test_drop_weights),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -572,14 +572,10 @@ int main(void)
     if (access(p, X_OK) != 0) return 77;
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_song_equals_standalone),
-        cmocka_unit_test(test_flow_shift_equals_standalone),
-        cmocka_unit_test(test_concurrent_equal_single),
-        cmocka_unit_test(test_prompt_too_long),
-        cmocka_unit_test(test_client_disconnect_cancels),
-        cmocka_unit_test(test_stage1_killed_mid_song),
-        cmocka_unit_test(test_stage1_killed_song_completes),
-        cmocka_unit_test(test_held_raw_frames_same_audio),
+        cmocka_unit_test(test_song_equals_standalone),       cmocka_unit_test(test_flow_shift_equals_standalone),
+        cmocka_unit_test(test_concurrent_equal_single),      cmocka_unit_test(test_prompt_too_long),
+        cmocka_unit_test(test_client_disconnect_cancels),    cmocka_unit_test(test_stage1_killed_mid_song),
+        cmocka_unit_test(test_stage1_killed_song_completes), cmocka_unit_test(test_held_raw_frames_same_audio),
         cmocka_unit_test(test_sigterm_stops_everything),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -166,7 +166,7 @@ static void test_window_tiny_a(void **state)
     window_case(t, MAX_L, 31, 30, FLOW_DEFAULT_GUIDANCE, FLOW_DEFAULT_SHIFT);
     window_case(t, 40, 0, 4, 1.2f, FLOW_DEFAULT_SHIFT);
     window_case(t, 17, 17, 3, FLOW_DEFAULT_GUIDANCE, FLOW_DEFAULT_SHIFT); /* all pinned */
-    window_case(t, MAX_L, 31, 16, FLOW_DEFAULT_GUIDANCE, 2.0f);          /* a shifted schedule */
+    window_case(t, MAX_L, 31, 16, FLOW_DEFAULT_GUIDANCE, 2.0f);           /* a shifted schedule */
 }
 
 static void test_bad_args(void **state)

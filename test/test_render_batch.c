@@ -282,7 +282,8 @@ static void test_cancel_and_failure_mid_batch(void **state)
 {
     struct test_stage1 *m = *state;
     if (!m) skip();
-    const struct song songs[4] = {SONGS[0], {350, 1, 1.7f, 21, 0.0f}, {350, 1, 1.7f, 22, 0.0f}, {250, 2, 2.5f, 23, 0.0f}};
+    const struct song songs[4] = {
+        SONGS[0], {350, 1, 1.7f, 21, 0.0f}, {350, 1, 1.7f, 22, 0.0f}, {250, 2, 2.5f, 23, 0.0f}};
     struct song_out alone[4] = {0}, batched[4] = {0};
     alone[0] = songs_alone(m)[0]; /* borrowed: not freed here */
     struct render *r[4];
@@ -414,8 +415,8 @@ static void test_cuda_batch_matches_single(void **state)
         memcpy(x_single[i], jobs[i].x, sizeof(float) * n);
         cond[i] = test_rand_array(&rng, (size_t)w[i].L * D, 1.0f);
         prev[i] = test_rand_array(&rng, (size_t)C * w[i].ov, 1.0f);
-        jobs[i] = (struct flow_job){w[i].steps, w[i].g,           w[i].shift, w[i].L,
-                                    w[i].ov,    cond[i], w[i].ov ? prev[i] : NULL, jobs[i].x};
+        jobs[i] = (struct flow_job){w[i].steps, w[i].g, w[i].shift, w[i].L, w[i].ov, cond[i], w[i].ov ? prev[i] : NULL,
+                                    jobs[i].x};
         assert_int_equal(flow_cuda_window_run(f, w[i].steps, w[i].g, w[i].shift, w[i].L, cond[i], w[i].ov, jobs[i].prev,
                                               x_single[i]),
                          0);

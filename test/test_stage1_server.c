@@ -3,11 +3,11 @@
  * against an in-process render of the same frames and seed (the server draws seeded noise,
  * so the golden `audio` is not the reference here; the golden frames are the input).
  * Inputs: the frame_hiddens of golden case0 (1 window) and case2 (2 windows).
- * Cases: single request; deploy-file defaults for steps and guidance; a START with flow_shift; 32 kHz; three requests with max_num_seqs 2
- * (interleaved windows, one waiting, one pre-mixed); FRAMES gap; bad START; steady deadline; CANCEL; a cancel from the
- * PCM side; stage 0 closing, then dying (kill -9) and coming back; SIGTERM; codec_streaming off (a second server).
- * MM3_TEST_STAGE1_BACKEND=cuda (a CUDA build on a GPU machine) runs the same cases on the GPU backend (fp32
- * matmuls, windows batched, vocoder overlapped), comparing PCM at rel <= 1e-3 instead of bit for bit. */
+ * Cases: single request; deploy-file defaults for steps and guidance; a START with flow_shift; 32 kHz; three requests
+ * with max_num_seqs 2 (interleaved windows, one waiting, one pre-mixed); FRAMES gap; bad START; steady deadline;
+ * CANCEL; a cancel from the PCM side; stage 0 closing, then dying (kill -9) and coming back; SIGTERM; codec_streaming
+ * off (a second server). MM3_TEST_STAGE1_BACKEND=cuda (a CUDA build on a GPU machine) runs the same cases on the GPU
+ * backend (fp32 matmuls, windows batched, vocoder overlapped), comparing PCM at rel <= 1e-3 instead of bit for bit. */
 #include <dirent.h>
 #include <setjmp.h>
 #include <signal.h>

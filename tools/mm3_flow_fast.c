@@ -59,10 +59,11 @@ struct options {
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: mm3-flow-fast --model CKPT [--frames FILE.safetensors | --seconds S] [--seed N] [--guidance G]\n"
-               "                     [--settings STEPS/SHIFT,...] [--backend cpu|cuda] [--precision fp32|tf32|bf16|fp16]\n"
-               "  --settings  the first is the reference (default %s)\n",
-               DEFAULT_SETTINGS);
+    fprintf(f,
+            "usage: mm3-flow-fast --model CKPT [--frames FILE.safetensors | --seconds S] [--seed N] [--guidance G]\n"
+            "                     [--settings STEPS/SHIFT,...] [--backend cpu|cuda] [--precision fp32|tf32|bf16|fp16]\n"
+            "  --settings  the first is the reference (default %s)\n",
+            DEFAULT_SETTINGS);
 }
 
 static int settings_parse(const char *text, struct setting *out, int *n)
@@ -83,8 +84,9 @@ static int settings_parse(const char *text, struct setting *out, int *n)
     }
     if (*n > 0) return 0;
 bad:
-    return mm3_errorf(-EINVAL, "--settings '%s': expected STEPS/SHIFT[,STEPS/SHIFT...] with steps 1..1000, shift (0, %g]",
-                      text, (double)FLOW_MAX_SHIFT);
+    return mm3_errorf(-EINVAL,
+                      "--settings '%s': expected STEPS/SHIFT[,STEPS/SHIFT...] with steps 1..1000, shift (0, %g]", text,
+                      (double)FLOW_MAX_SHIFT);
 }
 
 /* ---- the song: frames and renders ---- */

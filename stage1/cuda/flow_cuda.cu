@@ -158,8 +158,8 @@ static int ensure_steps(struct flow_cuda *f, int n_steps)
 }
 
 /* Queue the whole window; x ends up in f->xb[0 .. C*L). */
-static int queue_window(struct flow_cuda *f, int n_steps, float guidance, float shift, int L, const float *cond,
-                        int ov, const float *prev, const float *x)
+static int queue_window(struct flow_cuda *f, int n_steps, float guidance, float shift, int L, const float *cond, int ov,
+                        const float *prev, const float *x)
 {
     int C = f->in_ch, rc;
     size_t n = (size_t)C * L;
