@@ -42,6 +42,15 @@ int cli_render_option(struct cli_render *r, int opt, const char *arg)
         r->guidance_given = true;
         return 1;
     }
+    case CLI_RENDER_SHIFT: {
+        float s = strtof(arg, &end);
+        /* the bound of the deploy key and the request field flow_shift (stage1/flow.h) */
+        if (end == arg || *end || !(s > 0.0f && s <= 20.0f))
+            return mm3_errorf(-EINVAL, "--shift '%s': expected a number in (0, 20]", arg);
+        r->shift = s;
+        r->shift_given = true;
+        return 1;
+    }
     case CLI_RENDER_FLOAT:
         r->as_float = true;
         return 1;

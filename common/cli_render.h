@@ -1,5 +1,5 @@
 /* The render knobs that mm3-stage1 (render mode) and mm3-rerender both take on
- * the command line: --seed N, --steps N, --guidance G and --float. Values are
+ * the command line: --seed N, --steps N, --guidance G, --shift S and --float. Values are
  * checked against the ranges the deploy file allows for the same knobs.
  *
  *     static const struct option longopts[] = {CLI_RENDER_LONGOPTS, {"model", ...}, {NULL, 0, NULL, 0}};
@@ -18,13 +18,14 @@
 #include <stdint.h>
 
 /* getopt_long codes of the shared options, beyond any single character. */
-enum { CLI_RENDER_SEED = 0x100, CLI_RENDER_STEPS, CLI_RENDER_GUIDANCE, CLI_RENDER_FLOAT };
+enum { CLI_RENDER_SEED = 0x100, CLI_RENDER_STEPS, CLI_RENDER_GUIDANCE, CLI_RENDER_FLOAT, CLI_RENDER_SHIFT };
 
 /* clang-format off */
 #define CLI_RENDER_LONGOPTS                                    \
     {"seed", required_argument, NULL, CLI_RENDER_SEED},        \
     {"steps", required_argument, NULL, CLI_RENDER_STEPS},      \
     {"guidance", required_argument, NULL, CLI_RENDER_GUIDANCE},\
+    {"shift", required_argument, NULL, CLI_RENDER_SHIFT},      \
     {"float", no_argument, NULL, CLI_RENDER_FLOAT}
 /* clang-format on */
 
@@ -33,8 +34,9 @@ struct cli_render {
     uint64_t seed;
     int steps;      /* 1..1000 Euler steps per window */
     float guidance; /* 0..100 DiT guidance */
+    float shift;    /* (0, 20] flow-matching scheduler shift */
     bool as_float;  /* float WAV samples instead of 16-bit */
-    bool seed_given, steps_given, guidance_given;
+    bool seed_given, steps_given, guidance_given, shift_given;
 };
 
 /* 1: `opt` is one of the shared options and its value is stored; 0: it is not

@@ -67,6 +67,8 @@ static const char *const backend_names[] = {"auto", "cpu", "cuda"};
 static const char *const precision_names[] = {"fp32", "tf32", "bf16", "fp16"};
 static const char *const cudagraph_names[] = {"NONE", "FULL_DECODE_ONLY"};
 static const char *const kv_cache_dtype_names[] = {"auto", "bfloat16", "float32"};
+static const char *const mps_names[] = {"off", "auto", "on"};
+static const char *const stream_priority_names[] = {"normal", "high", "low"};
 
 /* ---- messages ------------------------------------------------------------ */
 
@@ -671,7 +673,7 @@ static int decode_extra_args(const struct scope *s, const ynode *key, const ynod
     path_join(p, path, v->keys[0]->text);
     return fail(s->c, v->keys[0], p,
                 "unknown key: stage 1 takes no extra_args (its knobs are "
-                "num_inference_steps, guidance_scale and matmul_precision on the stage)");
+                "num_inference_steps, guidance_scale, flow_shift and matmul_precision on the stage)");
 }
 
 static int check_temperature(const struct scope *s, const ynode *v, const char *path, const void *value)
@@ -765,6 +767,10 @@ static const struct field stage_fields[] = {
     {"num_inference_steps", I32_AT(struct mm3_stage_config, num_inference_steps), .lo = 1, .hi = 1000,
      .stage1_only = true},
     {"guidance_scale", NUMBER_AT(struct mm3_stage_config, guidance_scale), .min = 0, .max = 100, .stage1_only = true},
+    {"flow_shift", NUMBER_AT(struct mm3_stage_config, flow_shift), .min = 0, .min_open = true, .max = 20,
+     .stage1_only = true},
+    {"mps_thread_percentage", I32_AT(struct mm3_stage_config, mps_thread_percentage), .lo = 1, .hi = 100},
+    {"stream_priority", CHOICE_AT(struct mm3_stage_config, stream_priority, stream_priority_names)},
 };
 
 static int decode_stage(struct load_ctx *c, const ynode *n, int position)
@@ -889,6 +895,7 @@ static const struct field top_fields[] = {
     {"trust_remote_code", BOOL_AT(struct mm3_deploy, trust_remote_code)},
     {"model", STRING_AT(struct mm3_deploy, model), .allow_empty = true},
     {"backend", CHOICE_AT(struct mm3_deploy, backend, backend_names)},
+    {"mps", CHOICE_AT(struct mm3_deploy, mps, mps_names)},
     {"api", CUSTOM(decode_api)},
     {"connectors", CUSTOM(decode_connectors)},
     {"stages", CUSTOM(decode_stages)},
@@ -1207,6 +1214,21 @@ const char *mm3_matmul_precision_name(enum mm3_matmul_precision p)
 const char *mm3_cudagraph_mode_name(enum mm3_cudagraph_mode m)
 {
     return name_of(cudagraph_names, COUNT(cudagraph_names), (int)m);
+}
+
+const char *mm3_mps_mode_name(enum mm3_mps_mode m)
+{
+    return name_of(mps_names, COUNT(mps_names), (int)m);
+}
+
+const char *mm3_stream_priority_name(enum mm3_stream_priority p)
+{
+    return name_of(stream_priority_names, COUNT(stream_priority_names), (int)p);
+}
+
+int mm3_deploy_stream_priority_level(enum mm3_stream_priority p)
+{
+    return p == MM3_STREAM_PRIORITY_HIGH ? 1 : p == MM3_STREAM_PRIORITY_LOW ? -1 : 0;
 }
 
 const char *mm3_kv_cache_dtype_name(enum mm3_kv_cache_dtype t)

@@ -3,7 +3,8 @@
  *
  * The format mirrors vLLM-Omni's `deploy/minimax_music3.yaml` so an upstream
  * file reads the same here, plus a few keys of our own (model, backend, api,
- * matmul_precision, num_inference_steps, guidance_scale). Every key is
+ * matmul_precision, num_inference_steps, guidance_scale, flow_shift, mps, mps_thread_percentage,
+ * stream_priority). Every key is
  * documented in docs/configuration.md.
  *
  * Loading produces a fully typed struct: no YAML survives it. Unknown keys,
@@ -47,6 +48,15 @@ enum mm3_backend { MM3_BACKEND_AUTO = 0, MM3_BACKEND_CPU, MM3_BACKEND_CUDA };
 
 /* Operands of stage 1's GEMMs; float32 accumulation in every one. */
 enum mm3_matmul_precision { MM3_MATMUL_FP32 = 0, MM3_MATMUL_TF32, MM3_MATMUL_BF16, MM3_MATMUL_FP16, MM3_MATMUL_COUNT };
+
+/* Whether scripts/launch.sh runs the stages under a private CUDA MPS daemon. OFF: never
+ * (the two processes time-slice the GPU); AUTO: when the backend may be CUDA, falling
+ * back to no MPS where the daemon cannot start; ON: required (the launcher fails without). */
+enum mm3_mps_mode { MM3_MPS_OFF = 0, MM3_MPS_AUTO, MM3_MPS_ON };
+
+/* Priority of the CUDA streams a stage creates, against the other stage's under MPS:
+ * NORMAL is CUDA's default priority, HIGH its greatest, LOW its least. */
+enum mm3_stream_priority { MM3_STREAM_PRIORITY_NORMAL = 0, MM3_STREAM_PRIORITY_HIGH, MM3_STREAM_PRIORITY_LOW };
 
 /* NONE: every step eager. FULL_DECODE_ONLY: steps in which every row is in
  * steady state (stage 0: pure decode) replay a graph captured per batch size. */
@@ -95,6 +105,8 @@ struct mm3_stage_config {
     int devices[MM3_DEPLOY_MAX_DEVICES];        /* CUDA ordinals; the stage runs on devices[0] */
     char input_connector[MM3_DEPLOY_NAME_MAX];  /* stage 1: from_stage_0 ("" = default) */
     char output_connector[MM3_DEPLOY_NAME_MAX]; /* stage 0: to_stage_1 ("" = default) */
+    int mps_thread_percentage;                  /* CUDA_MPS_ACTIVE_THREAD_PERCENTAGE under MPS, 1..100; 0 = no limit */
+    enum mm3_stream_priority stream_priority;   /* of the CUDA streams the stage creates */
 
     /* default_sampling_params */
     double temperature; /* stage 0: 1.0; stage 1: 0.0 (both checked) */
@@ -108,6 +120,7 @@ struct mm3_stage_config {
     enum mm3_matmul_precision matmul_precision;
     int num_inference_steps; /* default Euler steps per window */
     double guidance_scale;   /* default DiT guidance; 1.0 skips the uncond branch */
+    double flow_shift;       /* default scheduler shift, (0, 20]; 0 = the checkpoint's */
 
     int line; /* where the stage's entry starts (1-based) */
 };
@@ -138,6 +151,7 @@ struct mm3_deploy {
     bool trust_remote_code;
     char model[MM3_DEPLOY_PATH_MAX]; /* checkpoint directory; "" = must come from --model */
     enum mm3_backend backend;
+    enum mm3_mps_mode mps; /* read by scripts/launch.sh (mm3-deploy --launch-env) */
     struct mm3_api_config api;
     int n_connectors;
     struct mm3_connector_config connectors[MM3_DEPLOY_MAX_CONNECTORS];
@@ -183,6 +197,10 @@ double mm3_connector_steady_deadline_s(const struct mm3_connector_config *c);
 const char *mm3_backend_name(enum mm3_backend b);
 const char *mm3_matmul_precision_name(enum mm3_matmul_precision p);
 const char *mm3_cudagraph_mode_name(enum mm3_cudagraph_mode m);
+const char *mm3_mps_mode_name(enum mm3_mps_mode m);
+const char *mm3_stream_priority_name(enum mm3_stream_priority p);
+/* +1 (high), 0 (normal) or -1 (low): the level cuda_stream_priority_set takes. */
+int mm3_deploy_stream_priority_level(enum mm3_stream_priority p);
 /* "auto", "bfloat16" or "float32" (the deploy file's spelling). */
 const char *mm3_kv_cache_dtype_name(enum mm3_kv_cache_dtype t);
 /* The inverse (command-line options); -EINVAL naming the accepted values. */

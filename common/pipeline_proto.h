@@ -52,7 +52,8 @@ struct pipe_request_params {
     float guidance_scale;         /* DiT CFG scale */
     int32_t sample_rate;          /* 44100 (native) or 32000 (resampled in stage 1) */
     int32_t premixed;             /* 1: frames already softmax-mixed to `hidden` values */
-    int32_t reserved[7];
+    float flow_shift;             /* scheduler shift in (0, 20]; 0 = stage 1's default */
+    int32_t reserved[6];
 };
 _Static_assert(sizeof(struct pipe_request_params) == 64, "pipeline ABI");
 

@@ -3,11 +3,17 @@
 #
 #   scripts/launch.sh DEPLOY.yaml [--model DIR] [--port N] [--mps]
 #
-# --mps (or MM3_MPS=1): run both stages under a private CUDA Multi-Process Service daemon
-# (nvidia-cuda-mps-control -d, pipe and log folders in the run folder, stopped at exit).
-# Two processes on one GPU otherwise time-slice: their kernels never run at the same time,
-# so stage 0's decode steps wait behind stage 1's DiT (docs/performance.md, "Why the goals
-# are missed"). Not yet measured on a GPU.
+# MPS: the deploy file's `mps: off|auto|on` (read with mm3-deploy --launch-env) says whether
+# both stages run under a private CUDA Multi-Process Service daemon (nvidia-cuda-mps-control
+# -d, pipe and log folders in the run folder, stopped at exit); --mps or MM3_MPS=1 means `on`,
+# MM3_MPS=0 means `off`, whatever the file says. Two processes on one GPU otherwise
+# time-slice: their kernels never run at the same time, so stage 0's decode steps wait
+# behind stage 1's DiT (docs/operations.md, "Both stages on one GPU"). Under MPS each
+# stage's `mps_thread_percentage` becomes its CUDA_MPS_ACTIVE_THREAD_PERCENTAGE.
+# `auto` and `on` first check that the daemon can serve the GPU: the control program is
+# on PATH, the GPU is neither in MIG mode nor compute-prohibited, the daemon starts and a
+# server comes up (the last check is skipped with MM3_MPS_PROBE=0). Where one fails, `auto`
+# logs one line "MPS unavailable (...)" and starts the stages without MPS; `on` exits 2.
 #
 # Prints "READY http://HOST:PORT" on stdout once both stages are ready (their logs go
 # to stderr). Supervision (docs/operations.md, "The launcher"):
@@ -30,7 +36,7 @@
 # default 300), MM3_STAGE1_MAX_RESTARTS, MM3_RUN_DIR (where the launcher keeps ready
 # files and stageN.pid; default a fresh temporary folder, removed at exit),
 # MM3_LOCK_DIR (default $XDG_RUNTIME_DIR/mm3, else /tmp/mm3-locks-<uid>; created 0700,
-# refused unless it is ours and private).
+# refused unless it is ours and private), MM3_MPS, MM3_MPS_PROBE.
 set -u
 
 usage() { echo "usage: launch.sh DEPLOY.yaml [--model DIR] [--port N] [--mps]" >&2; }
@@ -43,12 +49,17 @@ shift
 [ -r "$deploy" ] || { log "deploy file $deploy: cannot read it"; exit 2; }
 model_args=()
 port_args=()
-mps=${MM3_MPS:-0}
+case "${MM3_MPS:-}" in
+    1) mps=on ;;
+    0) mps=off ;;
+    "") mps="" ;;
+    *) log "MM3_MPS=$MM3_MPS: expected 0 or 1"; exit 2 ;;
+esac
 while [ $# -gt 0 ]; do
     case "$1" in
         --model) [ $# -ge 2 ] || { usage; exit 2; }; model_args=(--model "$2"); shift 2 ;;
         --port) [ $# -ge 2 ] || { usage; exit 2; }; port_args=(--port "$2"); shift 2 ;;
-        --mps) mps=1; shift ;;
+        --mps) mps=on; shift ;;
         *) log "unknown option $1"; usage; exit 2 ;;
     esac
 done
@@ -58,6 +69,27 @@ bin=${MM3_BIN_DIR:-$root/build/bin}
 for p in mm3-stage0 mm3-stage1; do
     [ -x "$bin/$p" ] || { log "$bin/$p not found: build first or set MM3_BIN_DIR"; exit 2; }
 done
+# What the launcher applies from the deploy file (mm3-deploy validates it first).
+backend=auto
+deploy_mps=off
+stage0_device=0
+stage0_pct=0
+stage1_pct=0
+if [ -x "$bin/mm3-deploy" ]; then
+    launch_env=$("$bin/mm3-deploy" --launch-env "$deploy") || { log "deploy file $deploy: refused (see above)"; exit 2; }
+    while read -r k v; do
+        case "$k" in
+            backend) backend=$v ;;
+            mps) deploy_mps=$v ;;
+            stage0_device) stage0_device=$v ;;
+            stage0_mps_thread_percentage) stage0_pct=$v ;;
+            stage1_mps_thread_percentage) stage1_pct=$v ;;
+        esac
+    done <<< "$launch_env"
+else
+    log "$bin/mm3-deploy not found: the deploy file's mps keys are not applied (MPS only with --mps)"
+fi
+[ -n "$mps" ] || mps=$deploy_mps
 export MM3_SHM_PREFIX=${MM3_SHM_PREFIX:-mm3-}
 # The prefix becomes part of /dev/shm and lock file paths: one plain file name part only.
 if ! [[ $MM3_SHM_PREFIX =~ ^[A-Za-z0-9._-]{1,31}$ ]] || [[ $MM3_SHM_PREFIX == *..* ]]; then
@@ -111,30 +143,69 @@ stopping=0
 mps_up=0
 
 # A private MPS daemon for this replica: its pipe folder is what the stages' CUDA
-# runtime finds through CUDA_MPS_PIPE_DIRECTORY.
+# runtime finds through CUDA_MPS_PIPE_DIRECTORY. On failure mps_why says why (one line)
+# and nothing of the daemon is left running or exported.
+mps_why=""
 start_mps() {
     command -v nvidia-cuda-mps-control >/dev/null 2>&1 || {
-        log "--mps: nvidia-cuda-mps-control not found (it comes with the NVIDIA driver utilities)"
+        mps_why="nvidia-cuda-mps-control not found (it comes with the NVIDIA driver utilities)"
         return 1
     }
+    local q t
+    if command -v nvidia-smi >/dev/null 2>&1 &&
+        q=$(nvidia-smi -i "$stage0_device" --query-gpu=compute_mode,mig.mode.current --format=csv,noheader 2>/dev/null); then
+        case "$q" in
+            *Prohibited*) mps_why="GPU $stage0_device is in compute mode Prohibited"; return 1 ;;
+            *", Enabled"*) mps_why="GPU $stage0_device is in MIG mode"; return 1 ;;
+        esac
+    fi
     export CUDA_MPS_PIPE_DIRECTORY=$run/mps-pipe CUDA_MPS_LOG_DIRECTORY=$run/mps-log
-    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY" || return 1
-    nvidia-cuda-mps-control -d {lock_fd}>&- || { log "--mps: nvidia-cuda-mps-control -d failed (see $CUDA_MPS_LOG_DIRECTORY)"; return 1; }
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY" || { mps_why="cannot make $run/mps-*"; unset_mps; return 1; }
+    nvidia-cuda-mps-control -d {lock_fd}>&- || {
+        mps_why="nvidia-cuda-mps-control -d failed (see $CUDA_MPS_LOG_DIRECTORY)"
+        unset_mps
+        return 1
+    }
     mps_up=1
-    log "MPS daemon started (pipe $CUDA_MPS_PIPE_DIRECTORY)"
+    if [ "${MM3_MPS_PROBE:-1}" != 0 ]; then
+        # The daemon starts its server at the first client; starting it now shows whether
+        # it can own the GPU (exclusive use by another process, MIG, a driver mismatch).
+        echo "start_server -uid $(id -u)" | nvidia-cuda-mps-control >/dev/null 2>&1
+        for t in $(seq 50); do
+            [ -n "$(echo get_server_list | nvidia-cuda-mps-control 2>/dev/null)" ] && break
+            sleep 0.1
+        done
+        if [ -z "$(echo get_server_list | nvidia-cuda-mps-control 2>/dev/null)" ]; then
+            mps_why="the MPS server did not start within 5 s (see $CUDA_MPS_LOG_DIRECTORY/control.log)"
+            stop_mps
+            unset_mps
+            return 1
+        fi
+    fi
+    log "MPS daemon started (pipe $CUDA_MPS_PIPE_DIRECTORY; thread percentage: stage 0 $(pct_text "$stage0_pct"), stage 1 $(pct_text "$stage1_pct"))"
 }
+
+pct_text() { if [ "$1" -gt 0 ]; then echo "$1%"; else echo "no limit"; fi; }
+
+unset_mps() { unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; }
 
 stop_mps() {
     [ "$mps_up" = 1 ] || return 0
-    echo quit | nvidia-cuda-mps-control >/dev/null 2>&1 || log "--mps: the MPS daemon did not take 'quit'"
+    echo quit | nvidia-cuda-mps-control >/dev/null 2>&1 || log "MPS: the daemon did not take 'quit'"
     mps_up=0
+}
+
+# CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=P for a stage with a limit, only under MPS.
+mps_env() {
+    if [ "$mps_up" = 1 ] && [ "$1" -gt 0 ]; then echo "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$1"; fi
 }
 
 alive() { [ "$1" -gt 0 ] && kill -0 "$1" 2>/dev/null; }
 
 start_stage1() {
     rm -f "$run/stage1.ready"
-    MM3_READY_FILE=$run/stage1.ready "$bin/mm3-stage1" --config "$deploy" "${model_args[@]}" >&2 &
+    env MM3_READY_FILE="$run/stage1.ready" $(mps_env "$stage1_pct") "$bin/mm3-stage1" --config "$deploy" \
+        "${model_args[@]}" >&2 &
     s1=$!
     echo "$s1" > "$run/stage1.pid"
     log "stage 1 started (pid $s1)"
@@ -142,7 +213,8 @@ start_stage1() {
 
 start_stage0() {
     rm -f "$run/stage0.ready"
-    MM3_READY_FILE=$run/stage0.ready "$bin/mm3-stage0" --config "$deploy" "${model_args[@]}" "${port_args[@]}" >&2 &
+    env MM3_READY_FILE="$run/stage0.ready" $(mps_env "$stage0_pct") "$bin/mm3-stage0" --config "$deploy" \
+        "${model_args[@]}" "${port_args[@]}" >&2 &
     s0=$!
     echo "$s0" > "$run/stage0.pid"
     log "stage 0 started (pid $s0)"
@@ -178,9 +250,16 @@ stop_all() {
 
 trap 'stopping=1' INT TERM
 
-if [ "$mps" = 1 ]; then
-    start_mps || { [ "$own_run" = 1 ] && rm -rf "$run"; exit 2; }
-fi
+case "$mps" in
+    on)
+        start_mps || { log "MPS (mps: on or --mps): $mps_why"; [ "$own_run" = 1 ] && rm -rf "$run"; exit 2; } ;;
+    auto)
+        if [ "$backend" = cpu ]; then
+            log "MPS: off (backend cpu)"
+        elif ! start_mps; then
+            log "MPS unavailable ($mps_why): starting the stages without it"
+        fi ;;
+esac
 start_stage1
 start_stage0
 

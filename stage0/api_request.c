@@ -24,6 +24,7 @@ void api_limits_default(struct api_limits *lim)
     lim->default_seed = 0;
     lim->default_steps = 30;
     lim->default_guidance_scale = 1.7f;
+    lim->default_flow_shift = 0.0f;
     lim->default_cfg_scale = 1.5f;
 }
 
@@ -128,7 +129,7 @@ static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params
         "input",          "lyrics",    "instructions",    "caption",       "max_new_tokens",
         "duration_s",     "seed",      "response_format", "sample_rate",   "num_inference_steps",
         "guidance_scale", "cfg_scale", "stream",          "stream_format", "model",
-        "voice",          "speed",     "x_replay_file",   "ignore_eos",
+        "voice",          "speed",     "x_replay_file",   "ignore_eos",    "flow_shift",
     };
     const char *key;
     json_t *v;
@@ -207,6 +208,13 @@ static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params
     if (GET("guidance_scale")) {
         if ((rc = take_number(c, v, "guidance_scale", 0, 100, &dv)) < 0) return rc;
         p->guidance_scale = (float)dv;
+    }
+    p->flow_shift = lim->default_flow_shift;
+    if (GET("flow_shift")) {
+        if (!is_number(v)) return bad(c, "flow_shift", "field '%s': expected a number in%s", " (0, 20]");
+        dv = json_number_value(v);
+        if (!(dv > 0.0 && dv <= 20.0)) return bad(c, "flow_shift", "field '%s': out of range: expected%s", " (0, 20]");
+        p->flow_shift = (float)dv;
     }
     p->cfg_scale = lim->default_cfg_scale;
     if (GET("cfg_scale")) {

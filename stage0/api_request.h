@@ -23,6 +23,7 @@ struct api_limits {
     uint64_t default_seed;          /* stage 0 default_sampling_params.seed (0) */
     int32_t default_steps;          /* stage 1 num_inference_steps (30) */
     float default_guidance_scale;   /* stage 1 guidance_scale (1.7) */
+    float default_flow_shift;       /* stage 1 flow_shift; 0 = stage 1's own default (the checkpoint's) */
     float default_cfg_scale;        /* stage 0 extra_args.cfg_scale (1.5) */
     const char *replay_dir;         /* api.replay_dir: x_replay_file must name a file inside it; NULL = refused */
 };

@@ -138,6 +138,7 @@ void http_server_config_from_deploy(struct http_server_config *cfg, const struct
     cfg->limits.default_guidance_scale = (float)s1->guidance_scale;
     cfg->limits.replay_dir = api->replay_dir;
     cfg->max_buffered_bytes = (size_t)api->max_buffered_bytes;
+    cfg->limits.default_flow_shift = (float)s1->flow_shift;
 }
 
 /* ---- small response helpers ---- */

@@ -45,6 +45,7 @@ struct mm3_job_params {
     int32_t sample_rate; /* output rate: 44100 or 32000 */
     int32_t num_inference_steps;
     float guidance_scale; /* DiT CFG */
+    float flow_shift;     /* DiT scheduler shift, (0, 20]; 0 = stage 1's default */
     float cfg_scale;      /* AR CFG */
     enum mm3_audio_format format;
     bool stream;

@@ -193,14 +193,14 @@ static char *header_json(const char *req_id, const struct mm3_job_params *p, int
     snprintf(h, sizeof h, "%016" PRIx64, hash);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    json_t *o =
-        json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:f, s:f, s:s, s:b, s:i, s:i, s:i, s:i, s:s, s:I}", "request_id",
-                  req_id, "seed", seed, "caption", p->caption ? p->caption : "", "lyrics", p->lyrics ? p->lyrics : "",
-                  "max_frames", (int)p->max_frames, "sample_rate", (int)p->sample_rate, "num_inference_steps",
-                  (int)p->num_inference_steps, "guidance_scale", (double)p->guidance_scale, "cfg_scale",
-                  (double)p->cfg_scale, "format", format_name(p->format), "stream", (int)p->stream, "n_codebooks", ncb,
-                  "c0_codes", SAMPLER_N_CODES, "audio_vocab", audio_vocab, "prompt_len", prompt_len, "prompt_hash", h,
-                  "created_unix_ms", (json_int_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
+    json_t *o = json_pack(
+        "{s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:f, s:f, s:f, s:s, s:b, s:i, s:i, s:i, s:i, s:s, s:I}", "request_id",
+        req_id, "seed", seed, "caption", p->caption ? p->caption : "", "lyrics", p->lyrics ? p->lyrics : "",
+        "max_frames", (int)p->max_frames, "sample_rate", (int)p->sample_rate, "num_inference_steps",
+        (int)p->num_inference_steps, "guidance_scale", (double)p->guidance_scale, "flow_shift", (double)p->flow_shift,
+        "cfg_scale", (double)p->cfg_scale, "format", format_name(p->format), "stream", (int)p->stream, "n_codebooks",
+        ncb, "c0_codes", SAMPLER_N_CODES, "audio_vocab", audio_vocab, "prompt_len", prompt_len, "prompt_hash", h,
+        "created_unix_ms", (json_int_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
     if (!o) return NULL;
     char *s = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
     json_decref(o);
@@ -476,6 +476,8 @@ static int parse_header(const char *path, const char *json, size_t n, struct jou
     json_t *gs = json_object_get(o, "guidance_scale"), *cs = json_object_get(o, "cfg_scale");
     json_t *fmt = json_object_get(o, "format"), *st = json_object_get(o, "stream");
     json_t *ph = json_object_get(o, "prompt_hash");
+    /* absent in journals written before the field existed: stage 1's default */
+    json_t *fs = json_object_get(o, "flow_shift");
     const char *bad = NULL;
     if (!json_is_string(id) || strlen(json_string_value(id)) >= JOURNAL_ID_MAX)
         bad = "request_id";
@@ -495,6 +497,8 @@ static int parse_header(const char *path, const char *json, size_t n, struct jou
         bad = "guidance_scale";
     else if (!json_is_number(cs))
         bad = "cfg_scale";
+    else if (fs && !(json_is_number(fs) && json_number_value(fs) >= 0.0 && json_number_value(fs) <= 20.0))
+        bad = "flow_shift";
     else if (!json_is_string(fmt))
         bad = "format";
     else if (!json_is_boolean(st))
@@ -532,6 +536,7 @@ static int parse_header(const char *path, const char *json, size_t n, struct jou
     h->params.num_inference_steps = (int32_t)steps;
     h->params.guidance_scale = (float)json_number_value(gs);
     h->params.cfg_scale = (float)json_number_value(cs);
+    h->params.flow_shift = fs ? (float)json_number_value(fs) : 0.0f;
     const char *f = json_string_value(fmt);
     h->params.format = !strcmp(f, "pcm") ? MM3_AUDIO_PCM : !strcmp(f, "flac") ? MM3_AUDIO_FLAC : MM3_AUDIO_WAV;
     h->params.stream = json_is_true(st);

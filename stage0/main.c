@@ -40,6 +40,9 @@
 #include "stage0/talker_backend.h"
 #include "stage0/http_server.h"
 #include "stage0/tokenizer.h"
+#ifdef MM3_HAVE_CUDA
+#include "common/cuda/ops_cuda.h"
+#endif
 
 enum stage0_mode { MODE_NONE = 0, MODE_GOLDEN, MODE_GENERATE, MODE_SERVE };
 
@@ -322,6 +325,10 @@ static int serve_load(struct serve_state *st, const struct stage0_args *a)
                           "-DMM3_CUDA=ON and run where a GPU is visible; or use backend: cpu / auto)",
                           st->d.source);
     if ((rc = mm3_deploy_resolve_backend(&st->d, gpu)) < 0) return rc;
+#ifdef MM3_HAVE_CUDA
+    /* before the first stream: the weight upload's */
+    cuda_stream_priority_set(mm3_deploy_stream_priority_level(mm3_deploy_stage(&st->d, 0)->stream_priority));
+#endif
     if (!st->d.model[0])
         return mm3_errorf(-EINVAL, "%s: model: no checkpoint directory; set `model:` or pass --model", st->d.source);
     const char *root = st->d.model;

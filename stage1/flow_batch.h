@@ -2,7 +2,7 @@
  *
  * A flow_batch runs n windows, each with flow_window_run's contract (stage1/flow.h) and
  * its own steps, guidance, condition, noise, carried prefix and length, as if each ran
- * alone. A backend may group windows of equal (L, n_steps) into one DiT forward of batch
+ * alone. A backend may group windows of equal (L, n_steps, shift) into one DiT forward of batch
  * 2 x group (conditional and unconditional row of each window); attention is per
  * sequence, so nothing is padded. The CPU backend loops over the windows: it is the
  * reference, bit for bit flow_window_run.
@@ -24,6 +24,7 @@
 struct flow_job {
     int n_steps;
     float guidance;
+    float shift; /* scheduler shift (> 0; 1 = the release's schedule) */
     int L, ov;
     const float *cond; /* [L, cond_dim], spliced */
     const float *prev; /* [in_ch, ov] (row stride ov), or NULL with ov = 0 */

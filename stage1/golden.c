@@ -34,6 +34,7 @@ struct models {
     struct flow_cuda *fc;   /* be.flow, for the single DiT-call checks */
     struct golden_bounds b; /* dit_call: one DiT forward; latents: what the flow loop
                              * produced; audio: what the vocoder made of them (waveform too) */
+    float shift;            /* the checkpoint's scheduler shift, as the reference pipeline used it */
 };
 
 /* Per case: the file, what has been compared so far and the collected audio. */
@@ -256,6 +257,7 @@ static int render_case(const struct models *m, struct golden_case *gc, int steps
     struct render_params p = {
         .n_steps = steps,
         .guidance = guidance,
+        .shift = m->shift,
         .noise = {RENDER_NOISE_REPLAY, 0, n_noise, (const float *const *)noise, noise_len},
         .decoder = {m->voc, vocoder_hop(m->voc), decode_cb},
         .sink = {gc, sink_cb},
@@ -431,7 +433,7 @@ int golden_run(const char *dir, const struct golden_options *o, FILE *out, int *
     int rc;
     if ((rc = pick_bounds(dir, o, &m.b, out)) < 0) goto out;
     if ((rc = condition_load(&m.cm, root)) < 0 || (rc = dit_load(&m.dm, root)) < 0 ||
-        (rc = vocoder_load(&m.voc, root)) < 0)
+        (rc = vocoder_load(&m.voc, root)) < 0 || (rc = flow_checkpoint_shift(root, &m.shift)) < 0)
         goto out;
     if (vocoder_latent_channels(m.voc) != m.dm->cfg.in_ch) {
         rc = mm3_errorf(-EINVAL, "%s: vocoder latent_channels %d != transformer in_channels %d", root,

@@ -3,7 +3,7 @@
  *   mm3-stage1 --golden DIR [--model CKPT] [--backend cpu|cuda] [--precision fp32|tf32|bf16]
  *       replay a golden directory (stage1/golden.h); exit 0 iff every case passes.
  *   mm3-stage1 --model CKPT --frames FILE.safetensors [--seed N] [--steps N]
- *              [--guidance G] [--float] [--backend cpu|cuda] [--precision P] -o OUT.wav
+ *              [--guidance G] [--shift S] [--float] [--backend cpu|cuda] [--precision P] -o OUT.wav
  *       render a song from stage-0 frames (tensor `frame_hiddens` [T, 8H], as written by
  *       mm3-stage0 --frames-out) to a 16-bit (or float) stereo WAV, written as the
  *       windows finish.
@@ -49,10 +49,11 @@ struct options {
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: mm3-stage1 --config DEPLOY.yaml [--model CKPT]\n"
-               "       mm3-stage1 --golden DIR [--model CKPT] [--backend cpu|cuda] [--precision fp32|tf32|bf16]\n"
-               "       mm3-stage1 --model CKPT --frames FILE.safetensors [--seed N] [--steps N]\n"
-               "                  [--guidance G] [--float] [--backend cpu|cuda] [--precision P] -o OUT.wav\n");
+    fprintf(f,
+            "usage: mm3-stage1 --config DEPLOY.yaml [--model CKPT]\n"
+            "       mm3-stage1 --golden DIR [--model CKPT] [--backend cpu|cuda] [--precision fp32|tf32|bf16]\n"
+            "       mm3-stage1 --model CKPT --frames FILE.safetensors [--seed N] [--steps N]\n"
+            "                  [--guidance G] [--shift S] [--float] [--backend cpu|cuda] [--precision P] -o OUT.wav\n");
 }
 
 static int cmd_golden(const struct options *o)
@@ -132,11 +133,14 @@ static int cmd_render(const struct options *o)
     if (be.vocoder) vocoder_drop_weights(voc); /* the GPU copy decodes every window */
     if (be.flow) dit_drop_weights(dm);         /* the GPU flow loop runs every forward */
     if ((rc = frames_load(o->frames, &ff, &frames)) < 0) goto out;
-    LOG_INFO("%s: %d frames of %d values, %d windows, %d steps, seed %" PRIu64, o->frames, ff.T, ff.W,
-             render_window_count(ff.T), o->render.steps, o->render.seed);
+    float shift = o->render.shift;
+    if (!o->render.shift_given && (rc = flow_checkpoint_shift(o->model, &shift)) < 0) goto out;
+    LOG_INFO("%s: %d frames of %d values, %d windows, %d steps, shift %g, seed %" PRIu64, o->frames, ff.T, ff.W,
+             render_window_count(ff.T), o->render.steps, (double)shift, o->render.seed);
     struct render_params p = {
         .n_steps = o->render.steps,
         .guidance = o->render.guidance,
+        .shift = shift,
         .noise = {RENDER_NOISE_SEEDED, o->render.seed, 0, NULL, NULL},
     };
     s1_backend_apply(&be, &p);

@@ -64,11 +64,15 @@ int render_create(struct render **out, const struct condition_model *cm, const s
     if (p->n_steps < 1 || p->decoder.hop < 1 || !p->decoder.decode || !p->sink.emit)
         return mm3_errorf(-EINVAL, "render: n_steps %d, hop %d: expected >= 1 and decode/emit callbacks", p->n_steps,
                           p->decoder.hop);
+    if (!(p->shift >= 0.0f && p->shift <= FLOW_MAX_SHIFT))
+        return mm3_errorf(-EINVAL, "render: flow shift %g: expected (0, %g] (0: %g)", (double)p->shift,
+                          (double)FLOW_MAX_SHIFT, (double)FLOW_DEFAULT_SHIFT);
     struct render *r = calloc(1, sizeof *r);
     if (!r) return mm3_errorf(-ENOMEM, "render: out of memory");
     r->cm = cm;
     r->dm = dm;
     r->p = *p;
+    if (r->p.shift == 0.0f) r->p.shift = FLOW_DEFAULT_SHIFT;
     r->in_ch = dm->cfg.in_ch;
     r->cond_dim = dm->cfg.cond_dim;
     r->hidden = cm->cfg.hidden;
@@ -187,7 +191,7 @@ static int prepare_window(struct render *r, int k, int F, struct flow_job *job)
     if ((rc = fill_noise(r, k, L, w->noise)) < 0) return rc;
     memcpy(w->x, w->noise, sizeof(float) * (size_t)C * L);
     w->k = k, w->s = s, w->F = F, w->L = L, w->ov = ov;
-    *job = (struct flow_job){r->p.n_steps, r->p.guidance, L, ov, w->cond, ov > 0 ? prev : NULL, w->x};
+    *job = (struct flow_job){r->p.n_steps, r->p.guidance, r->p.shift, L, ov, w->cond, ov > 0 ? prev : NULL, w->x};
     return 0;
 }
 
@@ -339,9 +343,9 @@ int render_run_one_window(struct render *r)
     struct flow_job j;
     if ((rc = render_window_prepare(r, &j)) <= 0) return rc;
     if (r->p.flow.run)
-        rc = r->p.flow.run(r->p.flow.ctx, j.n_steps, j.guidance, j.L, j.cond, j.ov, j.prev, j.x);
+        rc = r->p.flow.run(r->p.flow.ctx, j.n_steps, j.guidance, j.shift, j.L, j.cond, j.ov, j.prev, j.x);
     else
-        rc = flow_window_run(r->dm, r->ws, j.n_steps, j.guidance, j.L, j.cond, j.ov, j.prev, j.x);
+        rc = flow_window_run(r->dm, r->ws, j.n_steps, j.guidance, j.shift, j.L, j.cond, j.ov, j.prev, j.x);
     if ((rc = render_window_collect(r, rc)) < 0) return rc;
     if ((rc = render_window_finish(r)) < 0) return rc;
     return 1;

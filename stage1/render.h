@@ -82,7 +82,8 @@ struct render_observer {
  * backend, e.g. flow_cuda_window_run_cb (stage1/cuda/flow_cuda.h) with a flow_cuda. */
 struct render_flow {
     void *ctx;
-    int (*run)(void *ctx, int n_steps, float guidance, int L, const float *cond, int ov, const float *prev, float *x);
+    int (*run)(void *ctx, int n_steps, float guidance, float shift, int L, const float *cond, int ov, const float *prev,
+               float *x);
 };
 
 /* The condition projection of a window with condition_project's contract (stage1/condition.h:
@@ -96,6 +97,7 @@ struct render_condition {
 struct render_params {
     int n_steps;    /* Euler steps per window (FLOW_DEFAULT_STEPS) */
     float guidance; /* CFG scale (FLOW_DEFAULT_GUIDANCE) */
+    float shift;    /* scheduler shift in (0, FLOW_MAX_SHIFT]; 0 = FLOW_DEFAULT_SHIFT */
     struct render_noise noise;
     struct render_decoder decoder;
     struct render_sink sink;

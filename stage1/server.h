@@ -10,6 +10,8 @@
  *
  * START's num_inference_steps 0 and a negative guidance_scale stand for stage 1's deploy-file
  * defaults (stages[1].num_inference_steps / guidance_scale); stage 0 normally fills both.
+ * flow_shift 0 stands for stages[1].flow_shift, or the checkpoint's scheduler shift where
+ * the deploy file sets none (stage1/flow.h).
  *
  * Scheduling: at most stage 1's max_num_seqs requests are active (own a render and its DiT
  * workspace); each scheduling round takes at most one ready window per active request, of

@@ -14,6 +14,7 @@
 #include "stage1/backend.h"
 #include "stage1/condition.h"
 #include "stage1/dit.h"
+#include "stage1/flow.h"
 #include "stage1/render.h"
 #include "stage1/replay_noise.h"
 #include "stage1/server.h"
@@ -67,6 +68,7 @@ struct s1_server {
     int *job_rc;
     int rr; /* where the next batch starts looking (round robin) */
     int native_rate, hop;
+    float default_shift; /* START's flow_shift 0: stages[1].flow_shift, else the checkpoint's */
     char prefix[32];
     struct pipe_run run; /* prefix, run id and token (MM3_SHM_PREFIX, MM3_RUN_ID, MM3_RUN_TOKEN) */
     struct shmconn_config in_cfg, out_cfg;

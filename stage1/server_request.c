@@ -291,6 +291,7 @@ int s1_request_activate(struct s1_server *s, struct s1_request *q)
     struct render_params p = {
         .n_steps = q->p.num_inference_steps,
         .guidance = q->p.guidance_scale,
+        .shift = q->p.flow_shift,
         .noise = {RENDER_NOISE_SEEDED, q->p.seed, 0, NULL, NULL},
         .decoder = {s->voc, s->hop, vocoder_decode_cb},
         .sink = {q, request_emit},
@@ -453,6 +454,7 @@ static void on_start(struct s1_server *s, const struct shmconn_msg *m)
     /* stage 0 normally fills both; these mean "stage 1's deploy-file default" */
     if (p.num_inference_steps == 0) p.num_inference_steps = s->st->num_inference_steps;
     if (p.guidance_scale < 0.0f) p.guidance_scale = (float)s->st->guidance_scale;
+    if (p.flow_shift == 0.0f) p.flow_shift = s->default_shift;
     const struct condition_config *g = &s->cm->cfg;
     char text[512] = "";
     if (p.version != PIPE_PARAMS_VERSION)
@@ -469,6 +471,9 @@ static void on_start(struct s1_server *s, const struct shmconn_msg *m)
         snprintf(text, sizeof text, "START num_inference_steps %d: expected 1..1000", p.num_inference_steps);
     else if (!(p.guidance_scale >= 0.0f && p.guidance_scale <= 100.0f))
         snprintf(text, sizeof text, "START guidance_scale %g: expected 0..100", (double)p.guidance_scale);
+    else if (!(p.flow_shift > 0.0f && p.flow_shift <= FLOW_MAX_SHIFT))
+        snprintf(text, sizeof text, "START flow_shift %g: expected (0, %g] (0: stage 1's default)",
+                 (double)p.flow_shift, (double)FLOW_MAX_SHIFT);
     else if (p.sample_rate != s->native_rate && p.sample_rate != 32000)
         snprintf(text, sizeof text, "START sample_rate %d: expected %d (native) or 32000", p.sample_rate,
                  s->native_rate);
@@ -502,9 +507,9 @@ static void on_start(struct s1_server *s, const struct shmconn_msg *m)
         return;
     }
     if (start_replay(s, q, m) < 0) return;
-    LOG_INFO("request %" PRIu64 ": start, seed %" PRIu64 ", %d steps, guidance %.3g, %d Hz, %s frames of %u, "
-             "%d in flight",
-             q->id, p.seed, p.num_inference_steps, (double)p.guidance_scale, p.sample_rate,
+    LOG_INFO("request %" PRIu64 ": start, seed %" PRIu64 ", %d steps, guidance %.3g, shift %.3g, %d Hz, %s frames "
+             "of %u, %d in flight",
+             q->id, p.seed, p.num_inference_steps, (double)p.guidance_scale, (double)p.flow_shift, p.sample_rate,
              p.premixed ? "pre-mixed" : "raw", p.frame_width, s->n_reqs);
 }
 

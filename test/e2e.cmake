@@ -29,6 +29,19 @@ if(TARGET mm3-stage0 AND TARGET mm3)
   add_test(NAME e2e_launch_mps
     COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/e2e/launch_mps.sh ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR}/test-tmp)
   set_tests_properties(e2e_launch_mps PROPERTIES ENVIRONMENT "${MM3_TEST_ENV}" TIMEOUT 300)
+
+  # The MPS sweep's harness on the CPU pipeline: rows with figures for off and off+prio (the
+  # keys reach a valid deploy file), a named arrangement without MPS here fails alone.
+  set(sw ${CMAKE_BINARY_DIR}/test-tmp/mps_sweep)
+  add_test(NAME bench_mps_sweep_dry_run COMMAND sh -c "rm -rf '${sw}' && \
+bash '${CMAKE_SOURCE_DIR}/scripts/bench/mps_sweep.sh' --dry-run --bin '${CMAKE_BINARY_DIR}/bin' --out '${sw}' \
+  --arrangements off,off+prio,mps-s1-55,nonsense > '${sw}.out' 2>&1; rc=$?; cat '${sw}.out'; test $rc -eq 0 && \
+grep -Eq '^\\| off \\| [0-9.]+ \\| [0-9.]+ \\| [0-9.]+ \\|' '${sw}/table.md' && \
+grep -Eq '^\\| off\\+prio \\| [0-9.]+ \\| [0-9.]+ \\| [0-9.]+ \\|' '${sw}/table.md' && \
+grep -q 'stream_priority: low' '${sw}/off+prio/deploy.yaml' && \
+grep -q '^| nonsense | - | - | - | bad name |' '${sw}/table.md' && \
+{ command -v nvidia-cuda-mps-control > /dev/null || grep -q '^| mps-s1-55 | - | - | - | did not start' '${sw}/table.md'; }")
+  set_tests_properties(bench_mps_sweep_dry_run PROPERTIES ENVIRONMENT "${MM3_TEST_ENV}" TIMEOUT 300)
 endif()
 # `mm3 rerender` runs mm3-rerender with the same arguments: its own usage text and
 # exit status (2 for a bad option) come back through the alias.

@@ -79,18 +79,19 @@ static void test_deploy_defaults(void **state)
     lim.default_steps = 8;
     lim.default_guidance_scale = 2.5f;
     lim.default_cfg_scale = 1.25f;
+    lim.default_flow_shift = 1.5f;
     struct mm3_job_params p;
     char f[64];
     assert_int_equal(parse("{\"input\":\"la\",\"instructions\":\"pop\"}", &p, f), 0);
     assert_int_equal(p.seed, 1234);
     assert_int_equal(p.num_inference_steps, 8);
-    assert_true(p.guidance_scale == 2.5f && p.cfg_scale == 1.25f);
+    assert_true(p.guidance_scale == 2.5f && p.cfg_scale == 1.25f && p.flow_shift == 1.5f);
     mm3_job_params_free(&p);
     assert_int_equal(parse("{\"input\":\"la\",\"instructions\":\"pop\",\"seed\":5,\"num_inference_steps\":3,"
-                           "\"guidance_scale\":1.0,\"cfg_scale\":1.5}", &p, f), 0);
+                           "\"guidance_scale\":1.0,\"cfg_scale\":1.5,\"flow_shift\":2}", &p, f), 0);
     assert_int_equal(p.seed, 5);
     assert_int_equal(p.num_inference_steps, 3);
-    assert_true(p.guidance_scale == 1.0f && p.cfg_scale == 1.5f);
+    assert_true(p.guidance_scale == 1.0f && p.cfg_scale == 1.5f && p.flow_shift == 2.0f);
     mm3_job_params_free(&p);
     lim = saved;
 }
@@ -115,6 +116,7 @@ static void test_all_fields(void **state)
     assert_int_equal(p.num_inference_steps, 8);
     assert_true(p.guidance_scale == 2.0f);
     assert_true(p.cfg_scale == 1.25f);
+    assert_true(p.flow_shift == 0.0f); /* not given: stage 1's default */
     assert_true(p.stream);
     assert_true(p.ignore_eos);
     mm3_job_params_free(&p);
@@ -186,6 +188,10 @@ static void test_field_errors(void **state)
     expect_bad("{" BASE ",\"num_inference_steps\":201}", "num_inference_steps", "1..200");
     expect_bad("{" BASE ",\"guidance_scale\":\"high\"}", "guidance_scale", "number");
     expect_bad("{" BASE ",\"cfg_scale\":-0.5}", "cfg_scale", "out of range");
+    expect_bad("{" BASE ",\"flow_shift\":0}", "flow_shift", "(0, 20]");
+    expect_bad("{" BASE ",\"flow_shift\":-1}", "flow_shift", "out of range");
+    expect_bad("{" BASE ",\"flow_shift\":20.5}", "flow_shift", "(0, 20]");
+    expect_bad("{" BASE ",\"flow_shift\":\"2\"}", "flow_shift", "number");
     expect_bad("{" BASE ",\"stream\":\"yes\"}", "stream", "true or false");
     expect_bad("{" BASE ",\"ignore_eos\":1}", "ignore_eos", "true or false");
     expect_bad("{" BASE ",\"stream_format\":\"sse\"}", "stream_format", "audio");

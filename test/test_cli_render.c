@@ -25,6 +25,9 @@ static void test_values_stored(void **state)
     assert_true(r.steps == 1000 && r.steps_given);
     assert_int_equal(cli_render_option(&r, CLI_RENDER_GUIDANCE, "0"), 1);
     assert_true(r.guidance == 0.0f && r.guidance_given);
+    assert_false(r.shift_given);
+    assert_int_equal(cli_render_option(&r, CLI_RENDER_SHIFT, "2.5"), 1);
+    assert_true(r.shift == 2.5f && r.shift_given);
     assert_int_equal(cli_render_option(&r, CLI_RENDER_FLOAT, NULL), 1);
     assert_true(r.as_float);
 }
@@ -47,13 +50,16 @@ static void test_bad_values_refused(void **state)
         {CLI_RENDER_GUIDANCE, "-0.1", "--guidance '-0.1': expected a number in 0..100"},
         {CLI_RENDER_GUIDANCE, "nan", "--guidance 'nan': expected a number in 0..100"},
         {CLI_RENDER_GUIDANCE, "1e", "--guidance '1e': expected a number in 0..100"},
+        {CLI_RENDER_SHIFT, "0", "--shift '0': expected a number in (0, 20]"},
+        {CLI_RENDER_SHIFT, "20.5", "--shift '20.5': expected a number in (0, 20]"},
+        {CLI_RENDER_SHIFT, "nan", "--shift 'nan': expected a number in (0, 20]"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         assert_int_equal(cli_render_option(&r, bad[i].opt, bad[i].arg), -EINVAL);
         assert_string_equal(mm3_last_error(), bad[i].message);
     }
     /* nothing was taken from the refused values */
-    assert_false(r.seed_given || r.steps_given || r.guidance_given);
+    assert_false(r.seed_given || r.steps_given || r.guidance_given || r.shift_given);
     assert_int_equal(r.steps, 30);
     assert_true(r.guidance == 1.7f);
 }

@@ -419,6 +419,50 @@ static void test_inline_errors(void **state)
     assert_int_equal(inline_failures, 0);
 }
 
+/* flow_shift (stage 1), mps (top level), mps_thread_percentage and stream_priority (either
+ * stage): defaults, values read back, and refusals naming the key and the range. */
+static void test_flow_shift_and_mps_keys(void **state)
+{
+    (void)state;
+    assert_int_equal(mm3_deploy_load_string(&deploy, "stages:\n  - stage_id: 0\n  - stage_id: 1\n", "k"), 0);
+    const struct mm3_stage_config *s0 = mm3_deploy_stage(&deploy, 0), *s1 = mm3_deploy_stage(&deploy, 1);
+    assert_true(s1->flow_shift == 0.0); /* the checkpoint's */
+    assert_int_equal(deploy.mps, MM3_MPS_OFF);
+    assert_int_equal(s0->mps_thread_percentage, 0);
+    assert_int_equal(s1->mps_thread_percentage, 0);
+    assert_int_equal(s0->stream_priority, MM3_STREAM_PRIORITY_NORMAL);
+    assert_int_equal(s1->stream_priority, MM3_STREAM_PRIORITY_NORMAL);
+    assert_int_equal(mm3_deploy_load_string(&deploy,
+                                            "mps: auto\nstages:\n"
+                                            "  - {stage_id: 0, mps_thread_percentage: 100, stream_priority: high}\n"
+                                            "  - {stage_id: 1, flow_shift: 2.5, mps_thread_percentage: 40,"
+                                            " stream_priority: low}\n",
+                                            "k"),
+                     0);
+    assert_true(s1->flow_shift == 2.5);
+    assert_int_equal(deploy.mps, MM3_MPS_AUTO);
+    assert_int_equal(s0->mps_thread_percentage, 100);
+    assert_int_equal(s1->mps_thread_percentage, 40);
+    assert_int_equal(s0->stream_priority, MM3_STREAM_PRIORITY_HIGH);
+    assert_int_equal(s1->stream_priority, MM3_STREAM_PRIORITY_LOW);
+    assert_string_equal(mm3_mps_mode_name(MM3_MPS_ON), "on");
+    assert_string_equal(mm3_stream_priority_name(MM3_STREAM_PRIORITY_LOW), "low");
+    assert_int_equal(mm3_deploy_stream_priority_level(MM3_STREAM_PRIORITY_HIGH), 1);
+    assert_int_equal(mm3_deploy_stream_priority_level(MM3_STREAM_PRIORITY_NORMAL), 0);
+    assert_int_equal(mm3_deploy_stream_priority_level(MM3_STREAM_PRIORITY_LOW), -1);
+    expect_inline_error("stages:\n  - {stage_id: 0, flow_shift: 2}\n", 2, "stages[0].flow_shift", "only stage 1");
+    expect_inline_error("stages:\n  - {stage_id: 1, flow_shift: 0}\n", 2, "stages[0].flow_shift", "(0, 20]");
+    expect_inline_error("stages:\n  - {stage_id: 1, flow_shift: 20.5}\n", 2, "stages[0].flow_shift", "(0, 20]");
+    expect_inline_error("stages:\n  - {stage_id: 1, mps_thread_percentage: 0}\n", 2,
+                        "stages[0].mps_thread_percentage", "[1, 100]");
+    expect_inline_error("stages:\n  - {stage_id: 0, mps_thread_percentage: 101}\n", 2,
+                        "stages[0].mps_thread_percentage", "[1, 100]");
+    expect_inline_error("stages:\n  - {stage_id: 0, stream_priority: urgent}\n", 2, "stages[0].stream_priority",
+                        "normal, high, low");
+    expect_inline_error("mps: yes\n", 1, "mps", "off, auto, on");
+    assert_int_equal(inline_failures, 0);
+}
+
 static void test_warnings_and_backend(void **state)
 {
     (void)state;
@@ -478,6 +522,7 @@ int main(void)
         cmocka_unit_test(test_tiny_cpu_config_values),
         cmocka_unit_test(test_deadlines),
         cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_flow_shift_and_mps_keys),
         cmocka_unit_test(test_kv_cache_dtype_key),
         cmocka_unit_test(test_bad_files_rejected),
         cmocka_unit_test(test_short_context_warns),

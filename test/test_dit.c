@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "common/error.h"
 #include "common/ops.h"
@@ -163,7 +164,7 @@ static void test_flow_schedule(void **state)
 {
     (void)state;
     float t[31];
-    flow_schedule_fill(t, 30);
+    flow_schedule_fill(t, 30, FLOW_DEFAULT_SHIFT);
     assert_true(t[0] == 0.0f && t[30] == 1.0f);
     assert_true(t[1] == 0.0333333611f && t[2] == 0.0666666627f && t[3] == 0.100000024f && t[29] == 0.966666639f);
     assert_true(t[1] != 1.0f / 30.0f);
@@ -183,8 +184,85 @@ static void test_flow_schedule(void **state)
     assert_true(t[1] - t[0] == 0.0333333611f && t[30] - t[29] == 0.0333333611f);
     assert_true(sum == 1.0); /* the steps telescope exactly */
     /* one step: t = 0 then straight to 1 */
-    flow_schedule_fill(t, 1);
+    flow_schedule_fill(t, 1, FLOW_DEFAULT_SHIFT);
     assert_true(t[0] == 0.0f && t[1] == 1.0f);
+}
+
+/* diffusers' shift: sigma' = s sigma / (1 + (s - 1) sigma) on the float32 sigmas, t = 1 - sigma'.
+ * N = 4, s = 3 by hand: sigma 1, 3/4, 1/2, 1/4 -> sigma' 1, 0.9, 0.75, 0.5 -> t 0, 0.1, 0.25, 0.5.
+ * The N = 16 / s = 2 and N = 20 / s = 1.5 constants are the same float32 operations carried out
+ * elsewhere (to 9 significant digits); every t is within 1.1e-7 of the formula in double. */
+static void test_flow_schedule_shift(void **state)
+{
+    (void)state;
+    float t[31], u[31];
+    flow_schedule_fill(t, 4, 3.0f);
+    assert_true(t[0] == 0.0f && t[1] == 0.100000024f && t[2] == 0.25f && t[3] == 0.5f && t[4] == 1.0f);
+    flow_schedule_fill(t, 16, 2.0f);
+    assert_true(t[1] == 0.0322580934f && t[7] == 0.279999971f && t[12] == 0.600000024f && t[15] == 0.882352948f);
+    flow_schedule_fill(t, 20, 1.5f);
+    assert_true(t[1] == 0.0338983536f && t[3] == 0.105263054f && t[12] == 0.5f && t[19] == 0.926829278f);
+    static const struct {
+        int n;
+        float s;
+    } cases[] = {{16, 2.0f}, {20, 1.5f}, {30, 3.0f}, {30, 0.5f}, {7, 20.0f}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        int n = cases[c].n;
+        double s = cases[c].s;
+        flow_schedule_fill(t, n, cases[c].s);
+        assert_true(t[0] == 0.0f && t[n] == 1.0f);
+        for (int i = 0; i < n; i++) {
+            double sigma = n > 1 ? 1.0 - (double)i * (1.0 - 1.0 / n) / (n - 1) : 1.0;
+            double want = 1.0 - s * sigma / (1.0 + (s - 1.0) * sigma);
+            assert_true(fabs((double)t[i] - want) <= 1.1e-7);
+            assert_true(t[i + 1] > t[i]); /* x still moves from noise to data */
+        }
+    }
+    /* shift 1 is the unshifted schedule bit for bit (the golden replays rely on it) */
+    flow_schedule_fill(t, 30, 1.0f);
+    double start = 1.0, stop = 1.0 / 30, step = (stop - start) / 29;
+    for (int i = 0; i < 30; i++)
+        u[i] = 1.0f - (float)(i == 29 ? stop : (double)i * step + start);
+    u[30] = 1.0f;
+    assert_memory_equal(t, u, sizeof(float) * 31);
+}
+
+static void write_scheduler_config(const char *dir, const char *json)
+{
+    char p[512];
+    snprintf(p, sizeof p, "%s/scheduler", dir);
+    mkdir(p, 0755);
+    snprintf(p, sizeof p, "%s/scheduler/scheduler_config.json", dir);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fputs(json, f);
+    fclose(f);
+}
+
+/* The checkpoint's shift: scheduler_config.json's `shift`, 1.0 without the folder or the key;
+ * a malformed file or a shift out of (0, 20] is an error naming the file. */
+static void test_flow_checkpoint_shift(void **state)
+{
+    (void)state;
+    char *dir = test_make_tmpdir("flowshift");
+    float s = -1.0f;
+    assert_int_equal(flow_checkpoint_shift(dir, &s), 0);
+    assert_true(s == 1.0f);
+    write_scheduler_config(dir, "{\"num_train_timesteps\": 1}");
+    assert_int_equal(flow_checkpoint_shift(dir, &s), 0);
+    assert_true(s == 1.0f);
+    write_scheduler_config(dir, "{\"shift\": 2.5, \"invert_sigmas\": true}");
+    assert_int_equal(flow_checkpoint_shift(dir, &s), 0);
+    assert_true(s == 2.5f);
+    static const char *const bad[] = {"{\"shift\": 0}",     "{\"shift\": -1}", "{\"shift\": 21}",
+                                      "{\"shift\": \"2\"}", "{\"shift\": 2",   "[1]"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        write_scheduler_config(dir, bad[i]);
+        assert_int_equal(flow_checkpoint_shift(dir, &s), -EINVAL);
+        assert_non_null(strstr(mm3_last_error(), "scheduler_config.json"));
+    }
+    test_remove_tree(dir);
+    free(dir);
 }
 
 /* After dit_drop_weights the config stays and a forward is refused, not run on freed memory. */
@@ -214,9 +292,10 @@ static void test_drop_weights(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_rope_half_split),     cmocka_unit_test(test_time_features),
-        cmocka_unit_test(test_batch_equals_single), cmocka_unit_test(test_golden_calls),
-        cmocka_unit_test(test_flow_schedule),       cmocka_unit_test(test_drop_weights),
+        cmocka_unit_test(test_rope_half_split),       cmocka_unit_test(test_time_features),
+        cmocka_unit_test(test_batch_equals_single),   cmocka_unit_test(test_golden_calls),
+        cmocka_unit_test(test_flow_schedule),         cmocka_unit_test(test_flow_schedule_shift),
+        cmocka_unit_test(test_flow_checkpoint_shift), cmocka_unit_test(test_drop_weights),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -260,6 +260,40 @@ static void test_song_equals_standalone(void **state)
     http_client_response_free(&r32);
 }
 
+/* A request with flow_shift 2.5 is the standalone render of the same frames with --shift 2.5,
+ * byte for byte, and not the unshifted song. */
+static void test_flow_shift_equals_standalone(void **state)
+{
+    struct e2e *e = *state;
+    if (!e) skip();
+    char cmd[4096], wav[1200];
+    snprintf(wav, sizeof wav, "%s/ref-shift.wav", e->tmp);
+    snprintf(cmd, sizeof cmd,
+             "'%s/mm3-stage1' --model '%s' --frames '%s/ref.st' --seed 5 --steps 2 --guidance 1.7 --shift 2.5 "
+             "-o '%s' 2>/dev/null",
+             test_bin_dir(), e->ckpt, e->tmp, wav);
+    assert_int_equal(system(cmd), 0);
+    size_t n;
+    char *b = test_file_read(wav, &n);
+    struct wav ref, w;
+    assert_non_null(b);
+    assert_int_equal(wav_parse((uint8_t *)b, n, &ref), 0);
+    char json[1024];
+    snprintf(json, sizeof json,
+             "{\"caption\":\"a bright synth pop song\",\"lyrics\":\"%s\",\"duration_s\":3,\"seed\":5,"
+             "\"num_inference_steps\":2,\"flow_shift\":2.5}",
+             k_lyrics);
+    struct http_client_response resp;
+    generate(&e->a, json, &resp);
+    check_song(&resp, 44100, &w);
+    assert_int_equal(w.data_len, ref.data_len);
+    assert_memory_equal(w.data, ref.data, ref.data_len);
+    assert_int_equal(w.data_len, e->ref_len);
+    assert_true(memcmp(w.data, e->ref, e->ref_len) != 0);
+    http_client_response_free(&resp);
+    free(b);
+}
+
 struct conc {
     const struct test_replica *r;
     char json[1024];
@@ -615,6 +649,7 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_song_equals_standalone),
+        cmocka_unit_test(test_flow_shift_equals_standalone),
         cmocka_unit_test(test_concurrent_equal_single),
         cmocka_unit_test(test_prompt_too_long),
         cmocka_unit_test(test_client_disconnect_cancels),

@@ -75,7 +75,7 @@ static void test_step_bit_exact(void **state)
     const int C = 6, L = 53, ov = 17, steps = 7;
     size_t n = (size_t)C * L;
     float table[8]; /* steps + 1 */
-    flow_schedule_fill(table, steps);
+    flow_schedule_fill(table, steps, FLOW_DEFAULT_SHIFT);
     /* wide magnitudes so that rounding differences would show */
     float *x = test_rand_array(&rng, n, 3.0f), *np = test_rand_array(&rng, (size_t)C * ov, 2.0f),
           *prev = test_rand_array(&rng, (size_t)C * ov, 5.0f);
@@ -145,7 +145,7 @@ static int tiny_teardown(void **state)
     return 0;
 }
 
-static void window_case(struct tiny *t, int L, int ov, int steps, float guidance)
+static void window_case(struct tiny *t, int L, int ov, int steps, float guidance, float shift)
 {
     int C = t->dm->cfg.in_ch, D = t->dm->cfg.cond_dim;
     size_t n = (size_t)C * L;
@@ -154,12 +154,13 @@ static void window_case(struct tiny *t, int L, int ov, int steps, float guidance
     float *x_cpu = test_rand_array(&rng, n, 1.0f), *x_gpu = malloc(sizeof(float) * n);
     assert_non_null(x_gpu);
     memcpy(x_gpu, x_cpu, sizeof(float) * n);
-    assert_int_equal(flow_window_run(t->dm, t->ws, steps, guidance, L, cond, ov, prev, x_cpu), 0);
-    int rc = flow_cuda_window_run(t->fc, steps, guidance, L, cond, ov, prev, x_gpu);
+    assert_int_equal(flow_window_run(t->dm, t->ws, steps, guidance, shift, L, cond, ov, prev, x_cpu), 0);
+    int rc = flow_cuda_window_run(t->fc, steps, guidance, shift, L, cond, ov, prev, x_gpu);
     if (rc < 0) fprintf(stderr, "%s\n", mm3_last_error());
     assert_int_equal(rc, 0);
     double rel = test_rel_error(x_gpu, x_cpu, n);
-    printf("window L %d, overlap %d, %d steps, guidance %.2f: rel %.2e\n", L, ov, steps, guidance, rel);
+    printf("window L %d, overlap %d, %d steps, guidance %.2f, shift %.2f: rel %.2e\n", L, ov, steps, guidance,
+           (double)shift, rel);
     assert_true(rel <= TOL_WINDOW_FP32);
     for (int c = 0; c < C; c++)
         assert_memory_equal(x_gpu + (size_t)c * L, prev + (size_t)c * ov, sizeof(float) * ov);
@@ -170,9 +171,10 @@ static void test_window_tiny_a(void **state)
 {
     struct tiny *t = *state;
     if (!t) skip();
-    window_case(t, MAX_L, 31, 30, FLOW_DEFAULT_GUIDANCE);
-    window_case(t, 40, 0, 4, 1.2f);
-    window_case(t, 17, 17, 3, FLOW_DEFAULT_GUIDANCE); /* all pinned */
+    window_case(t, MAX_L, 31, 30, FLOW_DEFAULT_GUIDANCE, FLOW_DEFAULT_SHIFT);
+    window_case(t, 40, 0, 4, 1.2f, FLOW_DEFAULT_SHIFT);
+    window_case(t, 17, 17, 3, FLOW_DEFAULT_GUIDANCE, FLOW_DEFAULT_SHIFT); /* all pinned */
+    window_case(t, MAX_L, 31, 16, FLOW_DEFAULT_GUIDANCE, 2.0f);           /* a shifted schedule */
 }
 
 /* CPU latents of one window from noise of amplitude a (deterministic per call order). */
@@ -192,7 +194,7 @@ static void fp16_case_make(struct tiny *t, struct fp16_case *k, int L, int ov, i
     k->ref = malloc(sizeof(float) * n);
     assert_non_null(k->ref);
     memcpy(k->ref, k->x0, sizeof(float) * n);
-    assert_int_equal(flow_window_run(t->dm, t->ws, steps, FLOW_DEFAULT_GUIDANCE, L, k->cond, ov, k->prev, k->ref), 0);
+    assert_int_equal(flow_window_run(t->dm, t->ws, steps, FLOW_DEFAULT_GUIDANCE, 1.0f, L, k->cond, ov, k->prev, k->ref), 0);
 }
 
 static void fp16_case_check(struct tiny *t, const struct fp16_case *k, const float *x, const char *what)
@@ -224,11 +226,11 @@ static void test_fp16_rescue(void **state)
     /* one window at a time */
     unsigned long long r0 = dit_cuda_f16_rescues();
     memcpy(x, plain.x0, sizeof(float) * C * 60);
-    assert_int_equal(flow_cuda_window_run(fc, 4, FLOW_DEFAULT_GUIDANCE, 60, plain.cond, 20, plain.prev, x), 0);
+    assert_int_equal(flow_cuda_window_run(fc, 4, FLOW_DEFAULT_GUIDANCE, 1.0f, 60, plain.cond, 20, plain.prev, x), 0);
     fp16_case_check(t, &plain, x, "window");
     assert_true(dit_cuda_f16_rescues() == r0); /* nothing overflowed */
     memcpy(x, big.x0, sizeof(float) * C * 60);
-    assert_int_equal(flow_cuda_window_run(fc, 4, FLOW_DEFAULT_GUIDANCE, 60, big.cond, 20, big.prev, x), 0);
+    assert_int_equal(flow_cuda_window_run(fc, 4, FLOW_DEFAULT_GUIDANCE, 1.0f, 60, big.cond, 20, big.prev, x), 0);
     fp16_case_check(t, &big, x, "window, noise beyond fp16's range");
     assert_true(dit_cuda_f16_rescues() == r0 + 1);
 
@@ -237,8 +239,8 @@ static void test_fp16_rescue(void **state)
     assert_int_equal(flow_cuda_batch_open(fc, 2, &fb), 0);
     memcpy(x, plain.x0, sizeof(float) * C * 60);
     memcpy(y, big.x0, sizeof(float) * C * 60);
-    struct flow_job jobs[2] = {{4, FLOW_DEFAULT_GUIDANCE, 60, 20, plain.cond, plain.prev, x},
-                               {4, FLOW_DEFAULT_GUIDANCE, 60, 20, big.cond, big.prev, y}};
+    struct flow_job jobs[2] = {{4, FLOW_DEFAULT_GUIDANCE, 1.0f, 60, 20, plain.cond, plain.prev, x},
+                               {4, FLOW_DEFAULT_GUIDANCE, 1.0f, 60, 20, big.cond, big.prev, y}};
     int rcs[2] = {-1, -1};
     assert_int_equal(fb.begin(fb.ctx, 2, jobs), 0);
     assert_int_equal(fb.end(fb.ctx, 2, jobs, rcs), 0);
@@ -259,11 +261,12 @@ static void test_bad_args(void **state)
     struct tiny *t = *state;
     if (!t) skip();
     float x[4] = {0}, c[4] = {0};
-    assert_true(flow_cuda_window_run(t->fc, 4, 1.7f, MAX_L + 1, c, 0, NULL, x) == -EINVAL);
+    assert_true(flow_cuda_window_run(t->fc, 4, 1.7f, 1.0f, MAX_L + 1, c, 0, NULL, x) == -EINVAL);
     assert_non_null(strstr(mm3_last_error(), "max"));
-    assert_true(flow_cuda_window_run(t->fc, 0, 1.7f, 1, c, 0, NULL, x) == -EINVAL);
-    assert_true(flow_cuda_window_run(t->fc, 4, 1.7f, 3, c, 4, x, x) == -EINVAL);
-    assert_true(flow_cuda_window_run(t->fc, 4, 1.7f, 3, c, 2, NULL, x) == -EINVAL);
+    assert_true(flow_cuda_window_run(t->fc, 0, 1.7f, 1.0f, 1, c, 0, NULL, x) == -EINVAL);
+    assert_true(flow_cuda_window_run(t->fc, 4, 1.7f, 0.0f, 1, c, 0, NULL, x) == -EINVAL);
+    assert_true(flow_cuda_window_run(t->fc, 4, 1.7f, 1.0f, 3, c, 4, x, x) == -EINVAL);
+    assert_true(flow_cuda_window_run(t->fc, 4, 1.7f, 1.0f, 3, c, 2, NULL, x) == -EINVAL);
 }
 
 int main(void)

@@ -59,6 +59,7 @@ static struct mm3_job_params test_params(void)
         .sample_rate = 32000,
         .num_inference_steps = 7,
         .guidance_scale = 1.7f,
+        .flow_shift = 2.3f, /* not a short binary fraction: read back bit for bit */
         .cfg_scale = 1.3f,
         .format = MM3_AUDIO_FLAC,
         .stream = true,
@@ -104,6 +105,7 @@ static void test_round_trip(void **state)
     assert_int_equal(r.h.params.sample_rate, 32000);
     assert_int_equal(r.h.params.num_inference_steps, 7);
     assert_true(r.h.params.guidance_scale == p.guidance_scale);
+    assert_true(r.h.params.flow_shift == p.flow_shift);
     assert_true(r.h.params.cfg_scale == p.cfg_scale);
     assert_int_equal(r.h.params.format, MM3_AUDIO_FLAC);
     assert_true(r.h.params.stream);

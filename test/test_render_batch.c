@@ -1,7 +1,7 @@
 /* Windows of several songs in one flow batch (stage1/flow_batch.h, render_window_prepare /
  * collect / finish) against each song rendered alone, bit for bit on the CPU with the
  * tiny-a condition encoder and DiT (stand-in vocoder, hop 512):
- *  1. three songs of different lengths, seeds, steps and guidance, all frames at once:
+ *  1. three songs of different lengths, seeds, steps, guidance and shift, all frames at once:
  *     one batch holds full and short (last) windows of different L;
  *  2. frames trickling in between batches, and the server's overlapped order (the next
  *     batch is prepared and begun before the previous one is vocoded and emitted);
@@ -89,6 +89,7 @@ struct song {
     int T, steps;
     float guidance;
     uint64_t seed;
+    float shift; /* 0: the default schedule */
 };
 
 /* Frames of song `which`: distinct per song. */
@@ -107,6 +108,7 @@ static struct render *make_render(const struct test_stage1 *m, const struct song
     struct render_params p = {
         .n_steps = s->steps,
         .guidance = s->guidance,
+        .shift = s->shift,
         .noise = {RENDER_NOISE_SEEDED, s->seed, 0, NULL, NULL},
         .decoder = {m->dm, HOP, test_stage1_fake_decode},
         .sink = {o, out_emit},
@@ -128,9 +130,9 @@ static void render_alone(const struct test_stage1 *m, const struct song *s, int 
 }
 
 static const struct song SONGS[3] = {
-    {350, 1, 1.7f, 11}, /* 3 windows, the last one 150 frames */
-    {250, 2, 2.5f, 12}, /* 2 windows, the last one 150 frames */
-    {130, 1, 1.0f, 13}, /* 1 short window */
+    {350, 1, 1.7f, 11, 0.0f}, /* 3 windows, the last one 150 frames */
+    {250, 2, 2.5f, 12, 2.0f}, /* 2 windows, the last one 150 frames; a shifted schedule */
+    {130, 1, 1.0f, 13, 0.0f}, /* 1 short window */
 };
 
 /* SONGS rendered alone, made once for all the tests (the CPU DiT is the slow part);
@@ -280,7 +282,8 @@ static void test_cancel_and_failure_mid_batch(void **state)
 {
     struct test_stage1 *m = *state;
     if (!m) skip();
-    const struct song songs[4] = {SONGS[0], {350, 1, 1.7f, 21}, {350, 1, 1.7f, 22}, {250, 2, 2.5f, 23}};
+    const struct song songs[4] = {
+        SONGS[0], {350, 1, 1.7f, 21, 0.0f}, {350, 1, 1.7f, 22, 0.0f}, {250, 2, 2.5f, 23, 0.0f}};
     struct song_out alone[4] = {0}, batched[4] = {0};
     alone[0] = songs_alone(m)[0]; /* borrowed: not freed here */
     struct render *r[4];
@@ -372,7 +375,7 @@ static void test_bad_batch(void **state)
     assert_int_equal(flow_batch_cpu_create(&fb, m->dm, Lw, 2), 0);
     float *x = calloc((size_t)C * Lw, sizeof(float)), *x2 = calloc((size_t)C * Lw, sizeof(float));
     float *cond = calloc((size_t)Lw * D, sizeof(float));
-    struct flow_job jobs[3] = {{1, 1.0f, Lw, 0, cond, NULL, x}, {1, 1.0f, Lw + 1, 0, cond, NULL, x2}, {0}};
+    struct flow_job jobs[3] = {{1, 1.0f, 1.0f, Lw, 0, cond, NULL, x}, {1, 1.0f, 1.0f, Lw + 1, 0, cond, NULL, x2}, {0}};
     int rc[3];
     assert_true(fb.begin(fb.ctx, 3, jobs) == -EINVAL);
     assert_int_equal(fb.begin(fb.ctx, 2, jobs), 0);
@@ -398,10 +401,11 @@ static void test_cuda_batch_matches_single(void **state)
     struct flow_batch fb;
     assert_int_equal(flow_cuda_batch_open(f, 4, &fb), 0);
     assert_true(fb.async && fb.max_windows == 4);
+    /* windows 0 and 2 differ only in the schedule's shift: they must not share a forward */
     const struct {
         int L, ov, steps;
-        float g;
-    } w[4] = {{Lw, 0, 2, 1.7f}, {Ls, 100, 2, 2.0f}, {Lw, 172, 2, 1.0f}, {Lw, 172, 3, 1.7f}};
+        float g, shift;
+    } w[4] = {{Lw, 0, 2, 1.7f, 1.0f}, {Ls, 100, 2, 2.0f, 1.0f}, {Lw, 172, 2, 1.0f, 2.5f}, {Lw, 172, 3, 1.7f, 1.0f}};
     struct flow_job jobs[4];
     float *x_single[4], *cond[4], *prev[4];
     for (int i = 0; i < 4; i++) {
@@ -411,9 +415,11 @@ static void test_cuda_batch_matches_single(void **state)
         memcpy(x_single[i], jobs[i].x, sizeof(float) * n);
         cond[i] = test_rand_array(&rng, (size_t)w[i].L * D, 1.0f);
         prev[i] = test_rand_array(&rng, (size_t)C * w[i].ov, 1.0f);
-        jobs[i] = (struct flow_job){w[i].steps, w[i].g, w[i].L, w[i].ov, cond[i], w[i].ov ? prev[i] : NULL, jobs[i].x};
-        assert_int_equal(
-            flow_cuda_window_run(f, w[i].steps, w[i].g, w[i].L, cond[i], w[i].ov, jobs[i].prev, x_single[i]), 0);
+        jobs[i] = (struct flow_job){w[i].steps, w[i].g, w[i].shift, w[i].L, w[i].ov, cond[i], w[i].ov ? prev[i] : NULL,
+                                    jobs[i].x};
+        assert_int_equal(flow_cuda_window_run(f, w[i].steps, w[i].g, w[i].shift, w[i].L, cond[i], w[i].ov, jobs[i].prev,
+                                              x_single[i]),
+                         0);
     }
     int rc[4];
     assert_int_equal(fb.begin(fb.ctx, 4, jobs), 0);
@@ -472,6 +478,7 @@ static void test_cuda_batch_timing(void **state)
         for (int i = 0; i < W; i++)
             jobs[i] = (struct flow_job){steps,
                                         1.7f,
+                                        1.0f,
                                         L,
                                         172,
                                         test_rand_array(&rng, (size_t)L * cfg.cond_dim, 1.0f),

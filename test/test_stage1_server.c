@@ -3,10 +3,10 @@
  * against an in-process render of the same frames and seed (the server draws seeded noise,
  * so the golden `audio` is not the reference here; the golden frames are the input).
  * Inputs: the frame_hiddens of golden case0 (1 window) and case2 (2 windows).
- * Cases: single request; deploy-file defaults for steps and guidance; 32 kHz; three requests with max_num_seqs 2
- * (interleaved windows, one waiting, one pre-mixed); FRAMES gap; bad START; steady deadline; CANCEL; a cancel from the
- * PCM side; stage 0 closing, then dying (kill -9) and coming back; a squatter's s0_to_s1 (uid 65534) refused;
- * SIGTERM; codec_streaming off (a second server).
+ * Cases: single request; deploy-file defaults for steps and guidance; a START with flow_shift; 32 kHz; three requests
+ * with max_num_seqs 2 (interleaved windows, one waiting, one pre-mixed); FRAMES gap; bad START; steady deadline;
+ * CANCEL; a cancel from the PCM side; stage 0 closing, then dying (kill -9) and coming back; a squatter's s0_to_s1
+ * (uid 65534) refused; SIGTERM; codec_streaming off (a second server).
  * MM3_TEST_STAGE1_BACKEND=cuda (a CUDA build on a GPU machine) runs the same cases on the GPU backend (fp32
  * matmuls, windows batched, vocoder overlapped), comparing PCM at rel <= 1e-3 instead of bit for bit. */
 #include <dirent.h>
@@ -119,12 +119,14 @@ static int decode_cb(void *ctx, const float *lat, int L, float *pcm)
 }
 
 /* out[c] of *n samples per channel at `rate`. */
-static void reference_with(const struct song *s, uint64_t seed, int steps, float guidance, float *out[2], int64_t *n)
+static void reference_with(const struct song *s, uint64_t seed, int steps, float guidance, float shift, float *out[2],
+                           int64_t *n)
 {
     struct pcm_acc a = {0};
     struct render_params p = {
         .n_steps = steps,
         .guidance = guidance,
+        .shift = shift,
         .noise = {RENDER_NOISE_SEEDED, seed, 0, NULL, NULL},
         .decoder = {G.voc, vocoder_hop(G.voc), decode_cb},
         .sink = {&a, acc_emit},
@@ -140,7 +142,7 @@ static void reference_with(const struct song *s, uint64_t seed, int steps, float
 static void reference(const struct song *s, uint64_t seed, int rate, float *out[2], int64_t *n)
 {
     assert_int_equal(rate, G.rate); /* 32 kHz: test_resampled resamples the native song */
-    reference_with(s, seed, STEPS, GUIDANCE, out, n);
+    reference_with(s, seed, STEPS, GUIDANCE, 0.0f, out, n);
 }
 
 /* ---- stage 0's side of the protocol ---- */
@@ -191,7 +193,8 @@ static struct shmconn_tensor tensor(const char *name, uint32_t dtype, int ndim, 
     return t;
 }
 
-static int send_start_full(uint64_t id, uint64_t seed, int width, int premixed, int rate, int steps, float guidance)
+static int send_start_shift(uint64_t id, uint64_t seed, int width, int premixed, int rate, int steps, float guidance,
+                            float shift)
 {
     struct pipe_request_params p = {
         .version = PIPE_PARAMS_VERSION,
@@ -202,9 +205,15 @@ static int send_start_full(uint64_t id, uint64_t seed, int width, int premixed, 
         .guidance_scale = guidance,
         .sample_rate = rate,
         .premixed = premixed,
+        .flow_shift = shift,
     };
     struct shmconn_tensor t = tensor("params", SHMCONN_DTYPE_U8, 1, sizeof p, 0, 1, &p);
     return send_msg(id, PIPE_MSG_START, SHMCONN_FLAG_FIRST, 1, &t);
+}
+
+static int send_start_full(uint64_t id, uint64_t seed, int width, int premixed, int rate, int steps, float guidance)
+{
+    return send_start_shift(id, seed, width, premixed, rate, steps, guidance, 0.0f);
 }
 
 static int send_start_rc(uint64_t id, uint64_t seed, int width, int premixed, int rate)
@@ -586,11 +595,40 @@ static void test_deploy_defaults(void **state)
     if (r->error) fail_msg("request 3 failed: %s", r->msg);
     float *ref[2];
     int64_t n;
-    reference_with(&G.s0, 9, 3, 1.25f, ref, &n);
+    reference_with(&G.s0, 9, 3, 1.25f, 0.0f, ref, &n);
     assert_int_equal(r->n, n);
     for (int c = 0; c < 2; c++)
         pcm_match(r->pcm[c], ref[c], n);
     free(ref[0]), free(ref[1]);
+}
+
+/* START with flow_shift 2.5: the render of the same frames and seed with shift 2.5, and
+ * not the unshifted one (the deploy file sets no flow_shift and the tiny checkpoint's
+ * scheduler says 1.0, which test_deploy_defaults' shift 0 stands for). */
+static void test_flow_shift(void **state)
+{
+    (void)state;
+    NEED_GOLDEN();
+    assert_int_equal(send_start_shift(4, 9, G.s0.width, 0, G.rate, 3, 1.25f, 2.5f), 0);
+    assert_int_equal(send_frames(4, G.s0.frames, 0, G.s0.n, G.s0.width), 0);
+    send_end(4, G.s0.n);
+    struct result *r = wait_end(4, 60);
+    if (r->error) fail_msg("request 4 failed: %s", r->msg);
+    float *ref[2], *plain[2];
+    int64_t n, n_plain;
+    reference_with(&G.s0, 9, 3, 1.25f, 2.5f, ref, &n);
+    reference_with(&G.s0, 9, 3, 1.25f, 1.0f, plain, &n_plain);
+    assert_int_equal(r->n, n);
+    assert_int_equal(n_plain, n);
+    for (int c = 0; c < 2; c++)
+        pcm_match(r->pcm[c], ref[c], n);
+    double diff = test_rel_error(r->pcm[0], plain[0], (size_t)n);
+    printf("flow_shift 2.5 against 1.0: rel %.3g\n", diff);
+    /* the tiny random model's audio moves little with the schedule, but far beyond rounding
+     * (the CPU renders above are equal bit for bit) */
+    assert_true(diff > 2e-5);
+    free(ref[0]), free(ref[1]), free(plain[0]), free(plain[1]);
+    log_wait("shift 2.5", 1, 5);
 }
 
 static void test_resampled(void **state)
@@ -681,6 +719,10 @@ static void test_bad_start(void **state)
     r = wait_end(22, 30);
     assert_true(r->error);
     assert_non_null(strstr(r->msg, "sample_rate"));
+    assert_int_equal(send_start_shift(23, 1, G.s0.width, 0, G.rate, 3, 1.25f, 25.0f), 0);
+    r = wait_end(23, 30);
+    assert_true(r->error);
+    assert_non_null(strstr(r->msg, "flow_shift 25: expected (0, 20]"));
 }
 
 static void test_steady_deadline(void **state)
@@ -911,13 +953,21 @@ int main(void)
         return 77;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ready_line),      cmocka_unit_test(test_single_request),
-        cmocka_unit_test(test_deploy_defaults), cmocka_unit_test(test_resampled),
-        cmocka_unit_test(test_interleaved),     cmocka_unit_test(test_gap),
-        cmocka_unit_test(test_bad_start),       cmocka_unit_test(test_steady_deadline),
-        cmocka_unit_test(test_cancel),          cmocka_unit_test(test_cancel_from_pcm_side),
-        cmocka_unit_test(test_stage0_restart),  cmocka_unit_test(test_squatter_refused),
-        cmocka_unit_test(test_sigterm),         cmocka_unit_test(test_codec_streaming_off),
+        cmocka_unit_test(test_ready_line),
+        cmocka_unit_test(test_single_request),
+        cmocka_unit_test(test_deploy_defaults),
+        cmocka_unit_test(test_flow_shift),
+        cmocka_unit_test(test_resampled),
+        cmocka_unit_test(test_interleaved),
+        cmocka_unit_test(test_gap),
+        cmocka_unit_test(test_bad_start),
+        cmocka_unit_test(test_steady_deadline),
+        cmocka_unit_test(test_cancel),
+        cmocka_unit_test(test_cancel_from_pcm_side),
+        cmocka_unit_test(test_stage0_restart),
+        cmocka_unit_test(test_squatter_refused),
+        cmocka_unit_test(test_sigterm),
+        cmocka_unit_test(test_codec_streaming_off),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

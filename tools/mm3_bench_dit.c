@@ -169,7 +169,7 @@ static void euler_window(struct dit_cuda *h, int L, int steps, const float *x0, 
     int C = dit_cuda_config(h)->in_ch;
     size_t per = (size_t)C * L;
     float table[STEPS_PER_WINDOW + 1];
-    flow_schedule_fill(table, STEPS_PER_WINDOW);
+    flow_schedule_fill(table, STEPS_PER_WINDOW, FLOW_DEFAULT_SHIFT);
     float *x = malloc(sizeof(float) * 2 * per), *v = malloc(sizeof(float) * 2 * per);
     float *dx, *dv, *dt;
     if (!x || !v || cuda_malloc((void **)&dx, 8 * per) < 0 || cuda_malloc((void **)&dv, 8 * per) < 0 ||

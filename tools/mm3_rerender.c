@@ -1,13 +1,14 @@
 /* mm3-rerender: render a journaled song again (docs/journal.md).
  *
- *   mm3-rerender --model CKPT --journal FILE [--seed N] [--steps N] [--guidance G]
+ *   mm3-rerender --model CKPT --journal FILE [--seed N] [--steps N] [--guidance G] [--shift S]
  *                [--sample-rate 44100|32000] [--float] -o OUT.wav
  *
  * Reads the journal, rebuilds the prompt ids from its caption and lyrics (their hash
  * must match the journaled one: same tokenizer, same ids), recomputes the frames by
  * teacher forcing (stage0/teacher_force.h) and streams them into the stage-1 render
  * in-process (stage1/render.h + stage1/vocoder.h), writing the WAV as windows finish.
- * Seed, steps, guidance and sample rate default to the journaled request's; each can
+ * Seed, steps, guidance, shift and sample rate default to the journaled request's (a journaled
+ * shift of 0: the checkpoint's scheduler shift); each can
  * be overridden. With the journal's settings the audio equals what the server sent. */
 #include <errno.h>
 #include <getopt.h>
@@ -37,7 +38,7 @@ struct options {
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: mm3-rerender --model CKPT --journal FILE [--seed N] [--steps N] [--guidance G]\n"
+    fprintf(f, "usage: mm3-rerender --model CKPT --journal FILE [--seed N] [--steps N] [--guidance G] [--shift S]\n"
                "                    [--sample-rate 44100|32000] [--float] -o OUT.wav\n");
 }
 
@@ -126,15 +127,18 @@ static int rerender(const struct options *o)
         goto out;
     int native = vocoder_sample_rate(voc);
     int rate = o->sample_rate ? o->sample_rate : jp->sample_rate == 32000 ? 32000 : native;
+    float shift = o->render.shift_given ? o->render.shift : jp->flow_shift;
+    if (!(shift > 0.0f) && (rc = flow_checkpoint_shift(o->model, &shift)) < 0) goto out;
     struct render_params p = {
         .n_steps = o->render.steps_given         ? o->render.steps
                    : jp->num_inference_steps > 0 ? jp->num_inference_steps
                                                  : FLOW_DEFAULT_STEPS,
         .guidance = o->render.guidance_given ? o->render.guidance : jp->guidance_scale,
+        .shift = shift,
         .noise = {RENDER_NOISE_SEEDED, o->render.seed_given ? o->render.seed : jp->seed, 0, NULL, NULL},
     };
-    LOG_INFO("%s: request %s, %d frames, seed %" PRIu64 ", %d steps, guidance %.3g, %d Hz", o->journal,
-             rec.h.request_id, rec.n_steps - 1, p.noise.seed, p.n_steps, (double)p.guidance, rate);
+    LOG_INFO("%s: request %s, %d frames, seed %" PRIu64 ", %d steps, guidance %.3g, shift %g, %d Hz", o->journal,
+             rec.h.request_id, rec.n_steps - 1, p.noise.seed, p.n_steps, (double)p.guidance, (double)p.shift, rate);
     struct rerender_feed feed = {NULL, s0.dd.cfg.n_codebooks * s0.lm.cfg.hidden, &s0, ids, P, &rec};
     struct render_wav_source src = {&feed, rerender_feed_run};
     struct render_wav_format fmt = {o->render.as_float ? WAV_FORMAT_F32 : WAV_FORMAT_PCM16, rate};

@@ -132,10 +132,25 @@ extern "C" int cuda_memset(void *ptr, int byte, size_t bytes)
     return cuda_status(cudaMemset(ptr, byte, bytes), "cudaMemset");
 }
 
+static int stream_priority_level;
+
+extern "C" void cuda_stream_priority_set(int level)
+{
+    stream_priority_level = level;
+}
+
+extern "C" int cuda_stream_priority(void)
+{
+    int least = 0, greatest = 0;
+    if (stream_priority_level == 0 || cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess) return 0;
+    return stream_priority_level > 0 ? greatest : least;
+}
+
 extern "C" int cuda_stream_create(void **stream)
 {
     cudaStream_t s = NULL;
-    int rc = cuda_status(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+    int rc = cuda_status(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, cuda_stream_priority()),
+                         "cudaStreamCreate");
     *stream = rc < 0 ? NULL : (void *)s;
     return rc;
 }

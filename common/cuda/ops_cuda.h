@@ -54,6 +54,13 @@ int cuda_memcpy_d2h(void *dst, const void *src, size_t bytes);
 int cuda_memcpy_d2d(void *dst, const void *src, size_t bytes, void *stream);
 int cuda_memset(void *ptr, int byte, size_t bytes);
 
+/* Priority of every stream this process creates from now on (cuda_stream_create and stage
+ * 1's own streams): level > 0 the device's greatest priority, < 0 its least, 0 CUDA's
+ * default (which is the least: only a positive level lifts a stage above the other).
+ * Set once at start-up, before any stream exists (deploy key stream_priority). */
+void cuda_stream_priority_set(int level);
+/* The cudaStreamCreateWithPriority value of that level on the current device. */
+int cuda_stream_priority(void);
 int cuda_stream_create(void **stream);
 void cuda_stream_destroy(void *stream);
 /* Waits for the stream; reports any kernel fault that happened on it. */

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/cuda/ops_cuda.h"
 #include "stage1/cuda/dit_cuda.h"
 #include "stage1/cuda/dit_cuda_internal.h"
 #include "stage1/cuda/flow_cuda.h"
@@ -104,7 +105,8 @@ extern "C" int flow_cuda_create_with(struct flow_cuda **out, struct dit_cuda *di
     f->out = (float *)malloc(sizeof(float) * n);
     int rc = f->out ? 0 : mm3_errorf(-ENOMEM, "flow_cuda: out of memory");
     if (rc == 0)
-        rc = dit_cuda_status(cudaStreamCreateWithFlags(&f->stream, cudaStreamNonBlocking), "cudaStreamCreate (flow)");
+        rc = dit_cuda_status(cudaStreamCreateWithPriority(&f->stream, cudaStreamNonBlocking, cuda_stream_priority()),
+                             "cudaStreamCreate (flow)");
     if (rc == 0) rc = dit_cuda_reserve(f->dit, 2, max_L);
     struct {
         float **p;
@@ -161,7 +163,7 @@ static int ensure_steps(struct flow_cuda *f, int n_steps)
 }
 
 /* Queue the whole window; x ends up in f->xb[0 .. C*L). */
-static int queue_window(struct flow_cuda *f, int n_steps, float guidance, int L, const float *cond, int ov,
+static int queue_window(struct flow_cuda *f, int n_steps, float guidance, float shift, int L, const float *cond, int ov,
                         const float *prev, const float *x)
 {
     int C = f->in_ch, rc;
@@ -172,7 +174,7 @@ static int queue_window(struct flow_cuda *f, int n_steps, float guidance, int L,
         if ((rc = (call)) < 0) return rc;                                                                              \
     } while (0)
     TRY(ensure_steps(f, n_steps));
-    flow_schedule_fill(f->table, n_steps);
+    flow_schedule_fill(f->table, n_steps, shift);
     for (int i = 0; i < n_steps; i++)
         f->t_host[2 * i] = f->t_host[2 * i + 1] = f->table[i];
     TRY(dit_cuda_status(cudaMemcpyAsync(f->ts, f->t_host, sizeof(float) * 2 * n_steps, cudaMemcpyHostToDevice, s),
@@ -215,11 +217,11 @@ static bool all_finite(const float *x, size_t n)
 }
 
 /* Queue, drain, and download the latents into f->out (the caller's x stays the noise). */
-static int run_window(struct flow_cuda *f, int n_steps, float guidance, int L, const float *cond, int ov,
+static int run_window(struct flow_cuda *f, int n_steps, float guidance, float shift, int L, const float *cond, int ov,
                       const float *prev, const float *x)
 {
     size_t n = (size_t)f->in_ch * L;
-    int rc = queue_window(f, n_steps, guidance, L, cond, ov, prev, x);
+    int rc = queue_window(f, n_steps, guidance, shift, L, cond, ov, prev, x);
     /* always drain the stream: queued copies may still read the caller's arrays */
     int rs = dit_cuda_status(cudaStreamSynchronize(f->stream), "flow window");
     if (rc == 0) rc = rs;
@@ -229,23 +231,23 @@ static int run_window(struct flow_cuda *f, int n_steps, float guidance, int L, c
     return rc;
 }
 
-extern "C" int flow_cuda_window_run(struct flow_cuda *f, int n_steps, float guidance, int L, const float *cond, int ov,
-                                    const float *prev, float *x)
+extern "C" int flow_cuda_window_run(struct flow_cuda *f, int n_steps, float guidance, float shift, int L,
+                                    const float *cond, int ov, const float *prev, float *x)
 {
     int C = f->in_ch;
-    if (n_steps < 1 || L < 1 || L > f->max_L || ov < 0 || ov > L || (ov > 0 && !prev))
+    if (n_steps < 1 || !(shift > 0.0f) || L < 1 || L > f->max_L || ov < 0 || ov > L || (ov > 0 && !prev))
         return mm3_errorf(-EINVAL,
-                          "flow_cuda: %d steps, %d latents (max %d), overlap %d: expected steps >= 1, "
-                          "1 <= L <= max and 0 <= overlap <= L",
-                          n_steps, L, f->max_L, ov);
+                          "flow_cuda: %d steps, shift %g, %d latents (max %d), overlap %d: expected steps >= 1, "
+                          "shift > 0, 1 <= L <= max and 0 <= overlap <= L",
+                          n_steps, (double)shift, L, f->max_L, ov);
     size_t n = (size_t)C * L;
-    int rc = run_window(f, n_steps, guidance, L, cond, ov, prev, x);
+    int rc = run_window(f, n_steps, guidance, shift, L, cond, ov, prev, x);
     if (rc == 0 && dit_cuda_precision(f->dit) == MM3_MATMUL_FP16 && !all_finite(f->out, n)) {
         /* fp16 operands overflowed somewhere (inf/NaN spreads to the latents): rerun
          * the window with every operand scaled down */
         dit_cuda_count_f16_rescue();
         rc = dit_cuda_set_rescue(f->dit, 1);
-        if (rc == 0) rc = run_window(f, n_steps, guidance, L, cond, ov, prev, x);
+        if (rc == 0) rc = run_window(f, n_steps, guidance, shift, L, cond, ov, prev, x);
         dit_cuda_set_rescue(f->dit, 0);
     }
     if (rc == 0) memcpy(x, f->out, sizeof(float) * n);
@@ -260,10 +262,10 @@ extern "C" int flow_cuda_window_run(struct flow_cuda *f, int n_steps, float guid
     return 0;
 }
 
-extern "C" int flow_cuda_window_run_cb(void *f, int n_steps, float guidance, int L, const float *cond, int ov,
-                                       const float *prev, float *x)
+extern "C" int flow_cuda_window_run_cb(void *f, int n_steps, float guidance, float shift, int L, const float *cond,
+                                       int ov, const float *prev, float *x)
 {
-    return flow_cuda_window_run((struct flow_cuda *)f, n_steps, guidance, L, cond, ov, prev, x);
+    return flow_cuda_window_run((struct flow_cuda *)f, n_steps, guidance, shift, L, cond, ov, prev, x);
 }
 
 /* ---- several windows in one loop (flow_cuda_batch_open) ---- */
@@ -281,7 +283,7 @@ struct flow_cuda_batch {
     float *table; /* host [n_steps + 1] */
     int table_cap;
     const float **conds; /* host [2W] device pointers for dit_cuda_forward */
-    int *order;          /* jobs grouped by (L, n_steps) */
+    int *order;          /* jobs grouped by (L, n_steps, shift) */
     /* A batch is thousands of kernel launches: queued from the caller's thread, the launch
      * queue would fill and hold it for most of the DiT's time. A worker thread queues and
      * waits instead, so begin returns at once and the caller's thread is free. */
@@ -329,7 +331,13 @@ static int batch_times_reserve(struct flow_cuda_batch *b, size_t n_t, int max_st
     return 0;
 }
 
-/* Queue one group: jobs order[0..G) of equal (L, n_steps), in slots base..base+G. */
+/* Windows that share every DiT forward: equal length, step count and schedule. */
+static int same_group(const struct flow_job *a, const struct flow_job *b)
+{
+    return a->L == b->L && a->n_steps == b->n_steps && a->shift == b->shift;
+}
+
+/* Queue one group: jobs order[0..G) of equal (L, n_steps, shift), in slots base..base+G. */
 static int batch_queue_group(struct flow_cuda_batch *b, const struct flow_job *jobs, const int *order, int G, int base,
                              float *h_t, float *d_t)
 {
@@ -342,7 +350,7 @@ static int batch_queue_group(struct flow_cuda_batch *b, const struct flow_job *j
     do {                                                                                                               \
         if ((rc = (call)) < 0) return rc;                                                                              \
     } while (0)
-    flow_schedule_fill(b->table, steps);
+    flow_schedule_fill(b->table, steps, jobs[order[0]].shift);
     for (int i = 0; i < steps; i++)
         for (int r = 0; r < 2 * G; r++)
             h_t[(size_t)i * 2 * G + r] = b->table[i];
@@ -401,7 +409,7 @@ static int batch_run(struct flow_cuda_batch *b)
     for (int g = 0; g < n && rc == 0;) {
         int G = 1;
         const struct flow_job *j0 = &jobs[b->order[g]];
-        while (g + G < n && jobs[b->order[g + G]].L == j0->L && jobs[b->order[g + G]].n_steps == j0->n_steps)
+        while (g + G < n && same_group(&jobs[b->order[g + G]], j0))
             G++;
         rc = batch_queue_group(b, jobs, b->order + g, G, g, b->h_t + t_at, b->ts + t_at);
         t_at += 2 * (size_t)G * j0->n_steps;
@@ -452,11 +460,12 @@ static int batch_begin(void *ctx, int n, const struct flow_job *jobs)
     if (n < 0 || n > b->W) return mm3_errorf(-EINVAL, "flow_cuda batch: %d windows, expected 0..%d", n, b->W);
     for (int i = 0; i < n; i++) {
         const struct flow_job *j = &jobs[i];
-        if (j->n_steps < 1 || j->L < 1 || j->L > b->max_L || j->ov < 0 || j->ov > j->L || (j->ov > 0 && !j->prev))
+        if (j->n_steps < 1 || !(j->shift > 0.0f) || j->L < 1 || j->L > b->max_L || j->ov < 0 || j->ov > j->L ||
+            (j->ov > 0 && !j->prev))
             return mm3_errorf(-EINVAL,
-                              "flow_cuda batch: window %d: %d steps, %d latents (max %d), overlap %d: expected "
-                              "steps >= 1, 1 <= L <= max and 0 <= overlap <= L",
-                              i, j->n_steps, j->L, b->max_L, j->ov);
+                              "flow_cuda batch: window %d: %d steps, shift %g, %d latents (max %d), overlap %d: "
+                              "expected steps >= 1, shift > 0, 1 <= L <= max and 0 <= overlap <= L",
+                              i, j->n_steps, (double)j->shift, j->L, b->max_L, j->ov);
         max_steps = j->n_steps > max_steps ? j->n_steps : max_steps;
         n_t += 2 * (size_t)j->n_steps;
     }
@@ -469,15 +478,15 @@ static int batch_begin(void *ctx, int n, const struct flow_job *jobs)
         memcpy(b->h_cond + (size_t)i * b->max_L * D, j->cond, sizeof(float) * (size_t)j->L * D);
         if (j->ov > 0) memcpy(b->h_prev + (size_t)i * slot, j->prev, sizeof(float) * (size_t)C * j->ov);
     }
-    /* groups of equal (L, n_steps), each in first-seen order */
+    /* groups of equal (L, n_steps, shift), each in first-seen order */
     int m = 0;
     for (int i = 0; i < n; i++) {
         int seen = 0;
         for (int k = 0; k < i && !seen; k++)
-            seen = jobs[k].L == jobs[i].L && jobs[k].n_steps == jobs[i].n_steps;
+            seen = same_group(&jobs[k], &jobs[i]);
         if (seen) continue;
         for (int k = i; k < n; k++)
-            if (jobs[k].L == jobs[i].L && jobs[k].n_steps == jobs[i].n_steps) b->order[m++] = k;
+            if (same_group(&jobs[k], &jobs[i])) b->order[m++] = k;
     }
     for (int i = 0; i < n; i++) {
         b->jobs[i] = jobs[i];

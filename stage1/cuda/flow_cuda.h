@@ -10,7 +10,7 @@
  *
  *     struct flow_cuda *f;
  *     flow_cuda_create(&f, dit_model, MM3_MATMUL_TF32, max_L);   // uploads the DiT
- *     flow_cuda_window_run(f, n_steps, guidance, L, cond, ov, prev, x);  // host arrays
+ *     flow_cuda_window_run(f, n_steps, guidance, shift, L, cond, ov, prev, x);  // host arrays
  *     flow_cuda_free(f);
  *
  * A flow_cuda serves one window at a time (not thread safe). Only built with CUDA
@@ -43,7 +43,7 @@ int flow_cuda_create_with(struct flow_cuda **out, struct dit_cuda *dit, int max_
 /* Windows of several songs in one loop (stage1/flow_batch.h), async: begin copies every
  * job's inputs into pinned buffers and queues the whole batch on the flow's stream; end
  * waits, then writes the latents (prefix restored) and checks them. Windows of equal
- * (L, n_steps) share each DiT forward as a batch of 2 x their number (row 2j: window j's
+ * (L, n_steps, shift) share each DiT forward as a batch of 2 x their number (row 2j: window j's
  * condition, row 2j+1: zero); other lengths run as further groups on the same stream.
  * Reserves the DiT activations and buffers for max_windows windows of max_L latents now.
  * The batch borrows f (f must outlive it; do not use flow_cuda_window_run between begin
@@ -59,12 +59,12 @@ void *flow_cuda_stream(struct flow_cuda *f);
  * x[in_ch, L]: the initial noise on entry, the final latents (prefix restored) on return;
  * cond[L, cond_dim]; prev[in_ch, ov] (row stride ov) or ov = 0. L <= max_L.
  * Returns 0, -EINVAL, -ENOMEM / -ENODEV (CUDA), or -ERANGE if the latents stop being finite. */
-int flow_cuda_window_run(struct flow_cuda *f, int n_steps, float guidance, int L, const float *cond, int ov,
-                         const float *prev, float *x);
+int flow_cuda_window_run(struct flow_cuda *f, int n_steps, float guidance, float shift, int L, const float *cond,
+                         int ov, const float *prev, float *x);
 
 /* The same with `void *` first, to plug into render_params.flow (stage1/render.h). */
-int flow_cuda_window_run_cb(void *f, int n_steps, float guidance, int L, const float *cond, int ov, const float *prev,
-                            float *x);
+int flow_cuda_window_run_cb(void *f, int n_steps, float guidance, float shift, int L, const float *cond, int ov,
+                            const float *prev, float *x);
 
 /* ---- the per-step kernels (device pointers, queued on `stream`; exposed for tests) ---- */
 

@@ -24,6 +24,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "common/cuda/ops_cuda.h"
 #include "stage1/cuda/dit_cuda_internal.h"
 #include "stage1/cuda/dit_gemm.h"
 #include "stage1/cuda/vocoder_cuda.h"
@@ -384,7 +385,9 @@ extern "C" int vocoder_cuda_create(struct vocoder_cuda **out, const struct vocod
     struct vc_sizes z = vc_sizes_for(&h->w, max_L);
     h->ops.op_elems = z.op;
     rc = dit_gemm_create(&h->ops.g, prec);
-    if (rc == 0) rc = vc_cuda(cudaStreamCreateWithFlags(&h->ops.st, cudaStreamNonBlocking), "cudaStreamCreate");
+    if (rc == 0)
+        rc = vc_cuda(cudaStreamCreateWithPriority(&h->ops.st, cudaStreamNonBlocking, cuda_stream_priority()),
+                     "cudaStreamCreate");
     if (rc == 0) rc = vc_upload_operands(&h->dgemm, h->w.gemm, h->w.n_gemm, h->ops.fmt);
     if (rc == 0) rc = vc_malloc(&h->df32, h->w.n_f32, "cudaMalloc (vocoder weights)");
     if (rc == 0)
@@ -550,7 +553,9 @@ struct host_run {
         o.op_elems = op_elems;
         if (rc == 0) rc = dit_gemm_create(&o.g, prec);
         if (rc == 0) dit_gemm_set_autotune(o.g, 0);
-        if (rc == 0) rc = vc_cuda(cudaStreamCreateWithFlags(&o.st, cudaStreamNonBlocking), "cudaStreamCreate");
+        if (rc == 0)
+            rc = vc_cuda(cudaStreamCreateWithPriority(&o.st, cudaStreamNonBlocking, cuda_stream_priority()),
+                         "cudaStreamCreate");
         if (rc == 0) rc = vc_cuda(cudaMalloc(&o.op, std::max<size_t>(op_elems, 1) * dit_operand_size(o.fmt)), "cudaMalloc");
         if (rc == 0) p.push_back(o.op);
     }
