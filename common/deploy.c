@@ -433,7 +433,7 @@ void mm3_deploy_init_defaults(struct mm3_deploy *d)
         s->seed = 0;
         s->cfg_scale = i == 0 ? 1.5 : 1.0;
         s->cfg_enabled = i == 0;
-        s->matmul_precision = MM3_MATMUL_TF32;
+        s->matmul_precision = MM3_MATMUL_FP16;
         s->num_inference_steps = 30;
         s->guidance_scale = 1.7;
     }

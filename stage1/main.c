@@ -1,6 +1,6 @@
 /* mm3-stage1: the acoustic stage.
  *
- *   mm3-stage1 --golden DIR [--model CKPT] [--backend cpu|cuda] [--precision fp32|tf32|bf16]
+ *   mm3-stage1 --golden DIR [--model CKPT] [--backend cpu|cuda] [--precision fp32|tf32|bf16|fp16]
  *       replay a golden directory (stage1/golden.h); exit 0 iff every case passes.
  *   mm3-stage1 --model CKPT --frames FILE.safetensors [--seed N] [--steps N]
  *              [--guidance G] [--shift S] [--float] [--backend cpu|cuda] [--precision P] -o OUT.wav
@@ -8,7 +8,7 @@
  *       mm3-stage0 --frames-out) to a 16-bit (or float) stereo WAV, written as the
  *       windows finish.
  *   --backend cuda runs the DiT, the flow loop and the vocoder on the GPU (stage1/backend.h)
- *   with GEMM operands in --precision (default tf32, as the deploy file's default); the
+ *   with GEMM operands in --precision (default fp16, as the deploy file's default); the
  *   condition encoder and the vocoder stay on the CPU.
  *
  *   mm3-stage1 --config DEPLOY.yaml [--model CKPT]
@@ -51,7 +51,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: mm3-stage1 --config DEPLOY.yaml [--model CKPT]\n"
-            "       mm3-stage1 --golden DIR [--model CKPT] [--backend cpu|cuda] [--precision fp32|tf32|bf16]\n"
+            "       mm3-stage1 --golden DIR [--model CKPT] [--backend cpu|cuda] [--precision fp32|tf32|bf16|fp16]\n"
             "       mm3-stage1 --model CKPT --frames FILE.safetensors [--seed N] [--steps N]\n"
             "                  [--guidance G] [--shift S] [--float] [--backend cpu|cuda] [--precision P] -o OUT.wav\n");
 }
@@ -183,7 +183,7 @@ int main(int argc, char **argv)
     mm3_log_set_tag("stage1");
     struct options o = {.render = {.steps = FLOW_DEFAULT_STEPS, .guidance = FLOW_DEFAULT_GUIDANCE},
                         .backend = MM3_BACKEND_CPU,
-                        .precision = MM3_MATMUL_TF32};
+                        .precision = MM3_MATMUL_FP16};
     int backend_set = 0, precision_set = 0;
     static const struct option longopts[] = {
         {"config", required_argument, NULL, 'c'},

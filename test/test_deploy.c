@@ -97,7 +97,7 @@ static void test_one_gpu_config_values(void **state)
     assert_int_equal(s0->max_tokens, 9002);
     assert_int_equal(s1->n_devices, 1);
     assert_int_equal(s1->devices[0], 0);
-    assert_int_equal(s1->matmul_precision, MM3_MATMUL_TF32);
+    assert_int_equal(s1->matmul_precision, MM3_MATMUL_FP16);
     assert_int_equal(s1->num_inference_steps, 30);
     assert_true(s1->guidance_scale == 1.7);
     assert_string_equal(deploy.api.host, "127.0.0.1");

@@ -371,7 +371,7 @@ int main(int argc, char **argv)
                         .seconds = 30,
                         .guidance = FLOW_DEFAULT_GUIDANCE,
                         .backend = MM3_BACKEND_CPU,
-                        .precision = MM3_MATMUL_TF32};
+                        .precision = MM3_MATMUL_FP16};
     static const struct option longopts[] = {
         {"model", required_argument, NULL, 'm'},    {"frames", required_argument, NULL, 'f'},
         {"seconds", required_argument, NULL, 's'},  {"seed", required_argument, NULL, 'S'},
