@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Optimised PyTorch baseline for stage 0 (docs: prior-art.md "Measured on an H200").
+"""Optimised PyTorch baseline for stage 0 (docs/performance.md, "The PyTorch baselines").
 
     pytorch_stage0.py [--json FILE] [--contexts 1000,5000] [--pairs 1,8] [--modes graph,eager]
                       [--frames N] [--checkpoint DIR] [--tiny] [--cache-len N]
