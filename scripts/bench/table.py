@@ -47,7 +47,7 @@ CONCURRENT = 8
 
 
 def windows_for(frames):
-    """Stage-1 windows of a song of `frames` frames (model-stage1.md 6.1)."""
+    """Stage-1 windows of a song of `frames` frames (docs/model.md 6.2)."""
     if frames <= WINDOW_FRAMES:
         return 1
     return -(-(frames - HOP_FRAMES) // HOP_FRAMES)

@@ -94,7 +94,7 @@ S0_TEXT = ("bench-s0[1] 12.000 INFO  mm3_bench_stage0.c:700: checkpoint /tmp/ck 
 
 
 def synthetic_run(d, with_e2e):
-    """A run as bench.sh leaves it on an H200, PyTorch figures from prior-art.md."""
+    """A run as bench.sh leaves it on an H200, PyTorch figures as docs/performance.md quotes them."""
     def put(name, doc):
         with open(os.path.join(d, name + ".json"), "w") as f:
             json.dump(doc, f)
