@@ -47,7 +47,7 @@ struct golden_run {
     int swap_draws;          /* compared draws with such swaps */
     int forced_on_swap;      /* forced c0 draws that landed on such a tolerated id (outside our set) */
     double tol;
-    char support_detail[8192]; /* one line per differing candidate set */
+    char support_detail[16384]; /* one line per differing candidate set */
     int support_described;     /* how many lines it holds */
     float *cond;               /* the conditional c0 row of step cond_step */
     int cond_step;
