@@ -23,7 +23,12 @@ int mm3_error_prefix(int code, const char *fmt, ...)
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     memcpy(old, error_message, sizeof old);
-    snprintf(error_message, sizeof error_message, "%s%s", prefix, old);
+    /* The prefix (under 512 bytes) always fits; the old message is cut to the rest. */
+    size_t n = strlen(prefix);
+    size_t rest = strnlen(old, sizeof error_message - 1 - n);
+    memcpy(error_message, prefix, n);
+    memcpy(error_message + n, old, rest);
+    error_message[n + rest] = 0;
     return code;
 }
 

@@ -50,7 +50,7 @@ uint64_t noise_seed_derive_parts(uint64_t seed, const char *const *parts, int n_
         size_t n = strlen(parts[p]);
         put_le32(b, (uint32_t)n);
         blake2b_update(&S, b, 4);
-        blake2b_update(&S, parts[p], n);
+        blake2b_update(&S, (const uint8_t *)parts[p], n);
     }
     uint8_t d[8];
     CHECK(blake2b_final(&S, d, 8) == 0);

@@ -8,6 +8,7 @@
 #   FUZZ_JOBS=N        run N targets at once (default: half the cores, at least 1)
 #   FUZZ_CORPUS_DIR=D  keep each target's working corpus in D/<target> across runs
 #                      (seeded from the committed one) instead of a temporary copy
+#   MM3_WERROR=ON      build with warnings as errors (scripts/test.sh sets it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -22,7 +23,7 @@ fi
 build=build-fuzz
 echo "=== $build: cmake -DMM3_FUZZ=ON (clang, ASan+UBSan, libFuzzer)"
 CC=clang cmake -S . -B "$build" -G Ninja -DMM3_FUZZ=ON -DMM3_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_PROJECT_INCLUDE="$root/cmake/fuzz.cmake" >/dev/null
+  -DMM3_WERROR="${MM3_WERROR:-OFF}" -DCMAKE_PROJECT_INCLUDE="$root/cmake/fuzz.cmake" >/dev/null
 cmake --build "$build" -j "$(nproc)" --target mm3_fuzzers
 
 targets=("$@")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install dependencies, build, and run the whole test suite: a normal build, an
 # ASan+UBSan build of the CPU suite, a TSan build of the connector tests, and
-# every fuzz target for MM3_FUZZ_SECONDS (default 60) each.
+# every fuzz target for MM3_FUZZ_SECONDS (default 60) each. Every build treats
+# warnings as errors (-DMM3_WERROR=ON).
 # Usage: scripts/test.sh [--no-install] [--quick]   (--quick: normal build only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +27,7 @@ run_suite() { # dir cmake-args... -- ctest-args...
   [ $# -gt 0 ] && shift
   ct=("$@")
   echo "=== $dir: cmake ${cm[*]}"
-  cmake -S . -B "$dir" -G Ninja "${cm[@]}" >/dev/null
+  cmake -S . -B "$dir" -G Ninja -DMM3_WERROR=ON "${cm[@]}" >/dev/null
   cmake --build "$dir" -j "$jobs"
   (cd "$dir" && ctest --output-on-failure -j "$jobs" "${ct[@]}")
 }
@@ -38,6 +39,6 @@ if [ "$quick" = 0 ]; then
   export TSAN_OPTIONS=halt_on_error=1
   run_suite build-tsan -DMM3_CUDA=OFF -DMM3_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug -- -R 'shmconn'
   # Every libFuzzer target for a bounded time from its committed corpus (docs/testing.md).
-  scripts/fuzz.sh "${MM3_FUZZ_SECONDS:-60}"
+  MM3_WERROR=ON scripts/fuzz.sh "${MM3_FUZZ_SECONDS:-60}"
 fi
 echo "=== all test suites passed"

@@ -398,7 +398,7 @@ int shmconn_reclaim_stale(const char *prefix)
     while ((e = readdir(d))) {
         if (strncmp(e->d_name, prefix, plen) != 0 || strlen(e->d_name) > 120) continue;
         char name[128];
-        snprintf(name, sizeof name, "/%s", e->d_name);
+        snprintf(name, sizeof name, "/%.126s", e->d_name); /* never cut: at most 120 */
         int fd = shm_open(name, O_RDONLY | O_CLOEXEC, 0);
         if (fd < 0) continue;
         struct stat st;

@@ -209,9 +209,9 @@ static void test_other_geometry(void **state)
     assert_non_null(dir);
     struct ckpt_gen_opts o = {.seed = 3, .threads = 1};
     if (ckpt_gen_write(dir, &g, &o) < 0) fail_msg("ckpt_gen_write: %s", mm3_last_error());
-    struct condition_model *cm;
-    struct dit_model *dm;
-    struct vocoder *voc;
+    struct condition_model *cm = NULL;
+    struct dit_model *dm = NULL;
+    struct vocoder *voc = NULL;
     if (condition_load(&cm, dir) < 0 || dit_load(&dm, dir) < 0 || vocoder_load(&voc, dir) < 0)
         fail_msg("load: %s", mm3_last_error());
     assert_int_equal(dm->cfg.hidden, 72);

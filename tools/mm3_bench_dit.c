@@ -336,7 +336,7 @@ int main(int argc, char **argv)
     int L = 689, reps = 5, euler_steps = 4, n_windows = 4, windows[MAX_WINDOWS] = {1, 2, 4, 8};
     int n_prec = 3, n_attn = 1, attn[MAX_ATTN] = {0};
     enum mm3_matmul_precision precs[MM3_MATMUL_COUNT] = {MM3_MATMUL_FP32, MM3_MATMUL_TF32, MM3_MATMUL_BF16};
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) { /* every option takes a value */
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!val) usage();
         if (!strcmp(a, "--layers"))
@@ -377,7 +377,6 @@ int main(int argc, char **argv)
             if (strstr(val, "fp16")) precs[n_prec++] = MM3_MATMUL_FP16;
         } else
             usage();
-        i++;
     }
     if (cfg.n_layers < 1 || L < 1 || reps < 1 || n_windows < 1 || n_prec < 1 || !(frame_rate > 0)) usage();
     for (int w = 0; w < n_windows; w++)

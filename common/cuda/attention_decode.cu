@@ -472,8 +472,8 @@ static int attention_decode(float *out, const float *q, size_t q_stride, const v
 
     /* Automatic plans let each sequence cut its own length (chunk 0 in the kernel). */
     att_args a = {part,       q,          q_stride, k_cache, v_cache, kv_len,  seq_row,
-                  seq_stride, row_stride, n_heads,  group,   scale,   n_split, chunk_positions ? (int)chunk : 0};
-    a.prep = prep != NULL; /* a.fuse stays zero (the plain kernel ignores it) without prep */
+                  seq_stride, row_stride, n_heads,  group,   scale,   n_split, chunk_positions ? (int)chunk : 0,
+                  prep != NULL, {}}; /* a.fuse stays zero (the plain kernel ignores it) without prep */
     if (prep) {
         a.fuse.q_norm = prep->q_norm;
         a.fuse.k_norm = prep->k_norm;

@@ -18,7 +18,7 @@ static unsigned ew_blocks(size_t n)
 {
     size_t b = (n + EW_THREADS - 1) / EW_THREADS;
     if (b < 1) b = 1;
-    return (unsigned)(b < EW_MAX_BLOCKS ? b : EW_MAX_BLOCKS);
+    return (unsigned)(b < EW_MAX_BLOCKS ? b : (size_t)EW_MAX_BLOCKS);
 }
 
 /* One block per row. When add != NULL: h += add first and h is stored back. Each
