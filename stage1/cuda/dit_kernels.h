@@ -31,10 +31,13 @@ enum dit_operand { DIT_OPERAND_F32 = 0, DIT_OPERAND_BF16 = 1, DIT_OPERAND_F16 = 
 unsigned long long dit_cuda_f16_rescues(void);
 void dit_cuda_count_f16_rescue(void);
 
-/* The operand type of a matmul precision (fp32 and tf32 GEMMs read float32). */
+/* The operand type of a matmul precision's dit_gemm_run (fp32 and tf32 GEMMs read float32;
+ * fp8's e4m3 rows are dit_fp8.h's, its other GEMMs run in fp16). */
 static inline enum dit_operand dit_operand_of(enum mm3_matmul_precision p)
 {
-    return p == MM3_MATMUL_BF16 ? DIT_OPERAND_BF16 : p == MM3_MATMUL_FP16 ? DIT_OPERAND_F16 : DIT_OPERAND_F32;
+    return p == MM3_MATMUL_BF16                            ? DIT_OPERAND_BF16
+           : p == MM3_MATMUL_FP16 || p == MM3_MATMUL_FP8 ? DIT_OPERAND_F16
+                                                           : DIT_OPERAND_F32;
 }
 
 /* y[n, dim] = LayerNorm(x) * w + b (biased variance, two-pass mean/variance in
