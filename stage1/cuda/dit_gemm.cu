@@ -210,7 +210,11 @@ static cublasStatus_t set_fp8_scales(struct gemm_plan *p, const float *sa, const
 
 static const char *mode_name(const struct dit_gemm *g, int mode)
 {
-    return mode != MODE_PLAIN ? "fp8" : mm3_matmul_precision_name(g->prec == MM3_MATMUL_FP8 ? MM3_MATMUL_FP16 : g->prec);
+    return mode != MODE_PLAIN                                        ? "fp8"
+           : g->prec == MM3_MATMUL_BF16                              ? "bf16"
+           : g->prec == MM3_MATMUL_FP16 || g->prec == MM3_MATMUL_FP8 ? "fp16"
+           : g->prec == MM3_MATMUL_TF32                              ? "tf32"
+                                                                     : "fp32";
 }
 
 static int plan_make(struct dit_gemm *g, const struct gemm_key *k, struct gemm_plan *p, int bias_kernel, const void *a,

@@ -62,6 +62,7 @@ int dit_cuda_rope(float *x, int n_seq, int T, int stride, int n_heads, int head_
  * on load when cs != NULL (rotary_dim > 0). Products: fp32 SIMT (MM3_MATMUL_FP32),
  * tensor cores with tf32, bf16 or fp16 operands and float32 accumulation otherwise (fp16:
  * the FLASH kernels; WMMA and a rescue run, out_fmt DIT_OPERAND_F16_SCALED, in tf32).
+ * MM3_MATMUL_FP8 computes as fp16 (fp8 is for the DiT's GEMMs).
  * head_dim must be 32, 64 or 128. */
 int dit_cuda_attention(void *out, int out_fmt, const float *qkv, int n_seq, int T, int n_heads, int head_dim,
                        int rotary_dim, const float *cs, float scale, enum mm3_matmul_precision prec, void *stream);
