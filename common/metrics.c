@@ -137,6 +137,9 @@ int metrics_render(char **out, size_t *len)
     render_gauge(f, "mm3_http_connections", "Open HTTP connections.", &m->http_connections);
     render_gauge(f, "mm3_queue_depth", "Songs waiting for decode rows.", &m->queue_depth);
     render_gauge(f, "mm3_active_rows", "Stage-0 decode rows in use (two per song with CFG).", &m->active_rows);
+    render_gauge(f, "mm3_stage1_fp16_rescues",
+                 "Windows and decodes stage 1 reran with scaled operands because fp16 ones overflowed, since it started.",
+                 &m->stage1_fp16_rescues);
     render_counter(f, "mm3_frames_total",
                    "AR frames generated (25 per second of audio); "
                    "frames/s = rate().",

@@ -53,6 +53,7 @@ struct mm3_metrics {
     struct metrics_gauge http_connections;   /* open TCP connections */
     struct metrics_gauge queue_depth;        /* engine: songs waiting for rows */
     struct metrics_gauge active_rows;        /* engine: decode rows in use (2 per song with CFG) */
+    struct metrics_gauge stage1_fp16_rescues; /* stage 1's fp16 reruns since it started (its DONE says) */
     struct metrics_counter frames;           /* AR frames generated */
     struct metrics_counter windows;          /* stage-1 windows decoded */
     struct metrics_counter audio_samples;    /* sample frames (per channel) sent to clients */

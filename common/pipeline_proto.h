@@ -18,7 +18,9 @@
  *                                 {windows done, windows planned or 0 if unknown}; n = 0
  *                                 (codec_streaming off: the audio waits for the end) is a
  *                                 rendered window's progress alone
- *   PIPE_MSG_DONE   flags LAST    tensor "total": I64 [1] = samples per channel sent
+ *   PIPE_MSG_DONE   flags LAST    tensor "total": I64 [1] = samples per channel sent; optional
+ *                                 tensor "fp16_rescues": I64 [1] = windows and decodes stage 1
+ *                                 reran since it started because fp16 operands overflowed
  *   PIPE_MSG_ERROR  flags ERROR   tensor "message": U8 [n] UTF-8 text (no NUL)
  *
  * Everything a stage needs to know about a request travels in START. */

@@ -1,6 +1,6 @@
 /* Stage-0 sampling: the guidance rules and one draw interface with two modes.
  *
- * Guidance (model-stage0.md §3.4, §3.5):
+ * Guidance (docs/model.md §4.3, §4.4):
  *   c0:    g = u + (c - u) * scale (three separately rounded float ops; the build
  *          has -ffp-contract=off), then g = -inf wherever c is below the
  *          conditional row's 50th largest value.

@@ -215,6 +215,9 @@ if phase e2e && [ -z "$e2e_na" ]; then
     # A dry run drives the CPU pipeline on the tiny checkpoint: it proves the harness, not speed.
     if [ "$dry" = 1 ]; then config=${config:-configs/tiny-cpu.yaml}; else config=${config:-configs/minimax_music3.yaml}; fi
     log "launch.sh $config on port $port"
+    # The stage-1 precision the end-to-end figures were made in (the table shows its parity dB).
+    prec=$("$bin/mm3-deploy" --launch-env "$config" 2>/dev/null | awk '$1 == "stage1_matmul_precision" { print $2 }')
+    echo "{\"stage1_precision\": \"${prec:-unknown}\", \"config\": \"$config\"}" > "$out/e2e_config.json"
     scripts/launch.sh "$config" --model "$ckpt" --port "$port" > "$out/launch.log" 2>&1 &
     launcher=$!
     for _ in $(seq 1200); do

@@ -4,7 +4,7 @@
 # two-window case, record PyTorch's own tf32 / bf16 / fp16 / naive-bf16 stage 1 on the same
 # draws (yardsticks.json), replay mm3's stage 1 through CUDA in every precision and stage 0
 # through CUDA, and print one table (rel error and SNR per precision beside PyTorch's, the
-# bounds' verdicts, stage 0's guided-logit and frame-hidden errors and c0 edge flips).
+# bounds' verdicts, stage 0's guided-logit and frame-hidden errors, edge flips and edge swaps).
 #
 # Here:   scripts/device-parity.sh --pack [build-dir]   (CUDA build + diffusers wheel into .device-parity/)
 # Device: run(command="scripts/device-parity.sh", carry=[".device-parity"])

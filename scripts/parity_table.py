@@ -6,7 +6,8 @@ DIR/golden/manifest.json, DIR/logs/stage1_<precision>.log (mm3-stage1 --golden) 
 DIR/logs/stage0.log (mm3-stage0 --golden). Prints a markdown table: per precision the rel
 error and SNR of the DiT calls, the latents and the audio, PyTorch's figure in the same
 precision beside each, and the verdict of the bounds; then stage 0's guided-logit and
-frame-hidden errors and its c0 edge flips. Standard library only.
+frame-hidden errors, its c0 and depth edge flips and c0 edge swaps, and the lines that
+describe each flip and each differing candidate set. Standard library only.
 
     python3 scripts/parity_table.py --dir /tmp/parity-work [--markdown table.md]
 """
@@ -20,7 +21,9 @@ import re
 QUANTITIES = (("dit_call", "DiT calls"), ("latents", "latents"), ("audio", "audio"))
 S1_FIGURE = re.compile(r"\b(dit_call|latents|audio) (\S+) \((\S+) dB; bound (\S+)\)")
 S0_LINE = re.compile(r"lm_guided rel (\S+) \((\S+) dB; bound (\S+);.*frame_hiddens rel (\S+) \((\S+) dB; bound (\S+)\) "
-                     r"c0 edge flips (\d+) \(bound (\d+)\)")
+                     r"c0 edge flips (\d+) \(bound (\d+)\)"
+                     r"(?: depth edge flips (\d+) \(bound (\d+)\) c0 edge swaps (\d+) in (\d+) draws \(bound (\d+)\))?")
+S0_DETAIL = ("c0 flip", "depth flip", "c0 draw", "... and")
 
 
 def fmt(rel, db=None):
@@ -106,13 +109,16 @@ def main():
     if m:
         line = text[text.rfind("\n", 0, m.start()) + 1:].split("\n", 1)[0]
         passed = line.rstrip().endswith("PASS")
-        out.append("| stage 0 | guided logits | frame hiddens | c0 edge flips | result |")
-        out.append("|---|---|---|---|---|")
+        out.append("| stage 0 | guided logits | frame hiddens | c0 edge flips | depth edge flips | c0 edge swaps "
+                   "| result |")
+        out.append("|---|---|---|---|---|---|---|")
+        depth = f"{m[9]} (bound {m[10]})" if m[9] else "-"
+        swaps = f"{m[11]} in {m[12]} draws (bound {m[13]})" if m[11] else "-"
         out.append(f"| {man.get('device', '?')} replay vs float32 | {fmt(float(m[1]), float(m[2]))}, bound {m[3]} | "
-                   f"{fmt(float(m[4]), float(m[5]))}, bound {m[6]} | {m[7]} (bound {m[8]}) | "
+                   f"{fmt(float(m[4]), float(m[5]))}, bound {m[6]} | {m[7]} (bound {m[8]}) | {depth} | {swaps} | "
                    f"{'pass' if passed else 'FAIL'} |")
-        flips = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("c0 flip")]
-        out += [f"- {ln}" for ln in flips[:8]]
+        details = [ln.strip() for ln in text.splitlines() if ln.strip().startswith(S0_DETAIL)]
+        out += [f"- {ln}" for ln in details[:16]]
     else:
         out.append(f"stage 0: not run: {why_not(text)}")
     table = "\n".join(out) + "\n"

@@ -1,5 +1,5 @@
 /* The RVQ depth decoder (rvq_depth_decoder/): per frame it predicts the residual
- * codes c1..c{n_codebooks-1} from the LM hidden and c0 (model-stage0.md §3.5).
+ * codes c1..c{n_codebooks-1} from the LM hidden and c0 (docs/model.md §4.4).
  *
  * Float32 compute; bf16 weights widened at load into one allocation. The decoder
  * is causal, so a small per-row KV cache over the n_codebooks depth positions

@@ -804,6 +804,12 @@ static void on_message(struct engine *e, const struct shmconn_msg *m)
     struct eng_req *r = req_take(e, m->req_id);
     if (!r) return;
     if (m->kind == PIPE_MSG_DONE) {
+        for (uint32_t i = 0; i < m->n_tensors; i++)
+            if (!strcmp(m->tensors[i].name, "fp16_rescues") && m->tensors[i].nbytes == 8) {
+                int64_t n;
+                memcpy(&n, m->tensors[i].data, 8);
+                metrics_gauge_set(&mm3_metrics.stage1_fp16_rescues, n);
+            }
         mm3_job_finish(r->job);
     } else {
         const char *text = "";

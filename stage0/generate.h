@@ -1,5 +1,5 @@
 /* The stage-0 AR loop for one request (one CFG pair), as a resumable step object
- * (model-stage0.md §3.8), and the window plan of the hand-off to stage 1 (§4.3).
+ * (docs/model.md §4.6), and the window plan of the hand-off to stage 1 (§6.2).
  *
  *     struct generate g;
  *     generate_begin(&g, &lm, &dd, &sampler, ids_pair, P, max_frames, 1.5f, &hooks);

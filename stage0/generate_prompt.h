@@ -1,5 +1,5 @@
 /* Prompt -> token id pair for one request: loads the checkpoint's tokenizer and
- * builds the conditional row and its unconditional twin (model-stage0.md §2). */
+ * builds the conditional row and its unconditional twin (docs/model.md §3). */
 #ifndef MM3_STAGE0_GENERATE_PROMPT_H
 #define MM3_STAGE0_GENERATE_PROMPT_H
 

@@ -39,45 +39,71 @@ int golden_check_dir_with(const char *dir, golden_run_fn run, void *ctx, enum ta
  * with the loop of stage0/golden_backend.c. -ENODEV when the backend is missing. */
 int golden_check_dir_backend(const char *dir, const char *backend, double tol, FILE *out, int *n_pass, int *n_fail);
 
-/* The c0 candidate set of one draw against the reference's: guided[n] is ours in
- * compact columns (non-finite = outside the set), ref_ids[k] / ref_logits[k] the
- * reference's set and logits. Returns the number of differences that count: a
- * different size, or ids in one set and not the other, unless they tie at both sets'
- * lower edge within tol x RMS(ref_logits) or number at most max_flips (a bf16
- * backend: an id whose conditional logit crosses the c0 rule's threshold); such
- * tolerated ids are counted in *swaps. */
+/* The c0 candidate set of one draw against the reference's in guided-logit space (the
+ * float32 rule): guided[n] is ours in compact columns (non-finite = outside the set),
+ * ref_ids[k] / ref_logits[k] the reference's set and logits. Returns the number of
+ * differences that count: a different size, an id that is no column, or ids in one set
+ * and not the other, unless they tie at both sets' lower edge within tol x
+ * RMS(ref_logits); such tolerated ids are counted in *swaps. */
 int golden_support_compare(const float *guided, int n, const int64_t *ref_ids, const float *ref_logits, int k,
-                           double tol, int max_flips, int *swaps);
+                           double tol, int *swaps);
+
+/* The same comparison by the c0 rule's own edge (a backend whose logits differ from
+ * float32): the rule keeps the codes whose CONDITIONAL logit reaches the conditional
+ * row's k-th value, so an id at that edge may have any guided value. cond[n] is our
+ * conditional row. The sets must have the same size; an id in one set and not the other
+ * is an edge swap when its conditional logit lies within tol x RMS(cond's k largest) of
+ * cond's k-th value (golden_topk_edge), and a difference otherwise. Returns the number of
+ * differences that count; *swaps = the ids of the reference's set that ours lacks when
+ * all of them are edge swaps. */
+int golden_support_compare_cond(const float *guided, const float *cond, int n, const int64_t *ref_ids, int k,
+                                double tol, int *swaps);
 
 /* 1 when the replay's forced c0 draw forced_id (a vocab id) is outside our candidate set
- * guided[n] and inside the reference's ref_ids[k]: after golden_support_compare
- * tolerated the draw's sets, the reference drew one of the ids rounding moved across the
- * edge (a bf16 backend at a near-tie of the conditional row's 50th value), not a
+ * guided[n] and inside the reference's ref_ids[k]: after the comparison tolerated the
+ * draw's sets, the reference drew one of the ids rounding moved across the edge, not a
  * different distribution. 0 otherwise. */
 int golden_forced_on_swap(const float *guided, int n, const int64_t *ref_ids, int k, int64_t forced_id);
 
-/* Forced c0 draws outside our candidate set ("flips"). The c0 rule keeps the codes whose
- * conditional logit reaches the conditional row's top-k-th value; where a code sits
- * within the float error of that edge, our rounding can leave out the very code the
- * reference drew. Such an edge flip is counted and bounded, not failed: at most
- * golden_flip_budget(c0 draws) per case, each within tol x the RMS of the row's k
- * largest logits of the edge. A flip farther from the edge, or any forced depth draw
- * outside the candidate set, fails the case. */
+/* Forced draws outside our candidate set ("flips"). Every draw keeps the top-k of its
+ * row (c0: after the c0 rule's conditional top-k; depth: of the guided row); where a code
+ * sits within the float error of that edge, our rounding can leave out the very code the
+ * reference drew. Such an edge flip is counted and bounded, not failed: each within tol x
+ * the RMS of the row's k largest values of the edge, at most golden_flip_budget(draws)
+ * per case for the c0 draws and, separately, for the depth draws. A flip farther from
+ * the edge fails the case. */
 #define GOLDEN_FLIP_FRACTION 0.01
 
-/* The c0 top-k edge of the conditional row cond[n] seen from column col: *edge = the
- * k-th largest value (duplicates counted), *margin = *edge - cond[col] (> 0: col is
- * below it), *scale = RMS of the k largest values. Non-finite values rank lowest. */
-void golden_c0_edge(const float *cond, int n, int k, int col, double *edge, double *margin, double *scale);
+/* Edge swaps of the c0 candidate sets (golden_support_compare_cond) a case may have:
+ * a swap is a candidate slot of a compared draw filled by another id at the edge; at
+ * most max(1, GOLDEN_SWAP_FRACTION x the compared slots). A candidate set has k slots
+ * and only ids near the edge can swap, so swaps are far more frequent than flips (a flip
+ * needs the reference to draw the swapped id). */
+#define GOLDEN_SWAP_FRACTION 0.05
 
-/* 1 when a flip margin (golden_c0_edge) is within tol x scale of the edge, 0 otherwise. */
+/* The top-k edge of row[n] seen from column col: *edge = the k-th largest value
+ * (duplicates counted), *margin = *edge - row[col] (> 0: col is below it), *scale = RMS
+ * of the k largest values. Non-finite values rank lowest. For c0 draws the row is the
+ * conditional one (the c0 rule's edge), for depth draws the guided one. */
+void golden_topk_edge(const float *row, int n, int k, int col, double *edge, double *margin, double *scale);
+
+/* 1 when column col is outside the sampler's candidate set of the guided row g[n]:
+ * the top-k of nan_to_num(g) (common/sampler.c), as sampler_draw counts n_outside. */
+int golden_topk_outside(const float *g, int n, int k, int col);
+
+/* 1 when a flip margin (golden_topk_edge) is within tol x scale of the edge, 0 otherwise. */
 int golden_flip_is_edge(double margin, double scale, double tol);
 
-/* The edge flips a case of n_c0_draws c0 draws may have: max(1, GOLDEN_FLIP_FRACTION x n). */
-int golden_flip_budget(int n_c0_draws);
+/* The edge flips a case of n_draws draws of one kind may have: max(1, GOLDEN_FLIP_FRACTION x n). */
+int golden_flip_budget(int n_draws);
+
+/* The edge swaps a case may have over n_slots compared candidate slots (the sum of the
+ * compared draws' set sizes): max(1, GOLDEN_SWAP_FRACTION x n_slots). */
+int golden_swap_budget(int n_slots);
 
 /* 1 when a case's forced draws pass: all n_outside draws outside our candidate set are
- * edge flips (n_edge_flips of them) and they are within golden_flip_budget(n_c0_draws). */
-int golden_flips_pass(int n_outside, int n_edge_flips, int n_c0_draws);
+ * edge flips (c0_edge c0 ones, depth_edge depth ones) and each kind is within
+ * golden_flip_budget of its draws (c0_draws, depth_draws). */
+int golden_flips_pass(int n_outside, int c0_edge, int c0_draws, int depth_edge, int depth_draws);
 
 #endif

@@ -1,4 +1,4 @@
-/* Prompt template, tokenisation, length cap and CFG twin (model-stage0.md 2.4-2.8). */
+/* Prompt template, tokenisation, length cap and CFG twin (docs/model.md §3.3-3.5). */
 #include "stage0/prompt.h"
 
 #include <errno.h>

@@ -1,4 +1,4 @@
-/* The stage-0 prompt contract (model-stage0.md section 2): caption cleaning and
+/* The stage-0 prompt contract (docs/model.md §3): caption cleaning and
  * lyrics normalisation with the reference's Python semantics, the special-token
  * template, tokenisation, the 5000-token cap and the unconditional (CFG) twin.
  *

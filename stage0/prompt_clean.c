@@ -1,4 +1,4 @@
-/* Caption cleaning and lyrics normalisation (model-stage0.md 2.2, 2.3), rule for
+/* Caption cleaning and lyrics normalisation (docs/model.md §3.1, §3.2), rule for
  * rule as the reference's _clean_caption / _normalize_lyrics do them with Python
  * `re` on `str`. Python's `\s` is spelled out as PYSTR_WS_CLASS; MULTILINE `^`
  * also matches after a final newline in Python, hence PCRE2_ALT_CIRCUMFLEX. */

@@ -1,5 +1,5 @@
 /* The stage-0 scheduler: continuous batching of CFG pairs over one shared
- * talker backend's KV cache (model-stage0.md §3.8, the pipeline issue's "Scheduler").
+ * talker backend's KV cache (docs/model.md §4.6, the pipeline issue's "Scheduler").
  *
  * Every request owns one row pair (cond, uncond) while it runs. Each step:
  *   1. queued requests take free row pairs (in arrival order),

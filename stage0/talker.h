@@ -1,5 +1,5 @@
 /* The stage-0 language model ("talker"): a Qwen3 decoder (language_model/) with a
- * KV cache, in float32 with bf16 weights widened at load (model-stage0.md §3.1-3.4).
+ * KV cache, in float32 with bf16 weights widened at load (docs/model.md §4.1-4.3).
  *
  * config / weights / state: struct talker holds the config and the weights (one
  * float allocation carved into pointers, shapes checked against the config);

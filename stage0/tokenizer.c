@@ -18,7 +18,7 @@
 #include "stage0/tokenizer_nfc.h"
 #include "stage0/tokenizer_regex.h"
 
-/* The ids the model was trained with (model-stage0.md 2.5): a tokenizer.json that
+/* The ids the model was trained with (docs/model.md §3.3): a tokenizer.json that
  * puts them elsewhere would silently produce a different prompt. */
 static const struct {
     const char *text;

@@ -7,6 +7,7 @@
 #ifdef MM3_HAVE_CUDA
 #include "common/cuda/ops_cuda.h"
 #include "stage1/cuda/condition_cuda.h"
+#include "stage1/cuda/dit_kernels.h"
 #include "stage1/cuda/flow_cuda.h"
 #include "stage1/cuda/vocoder_cuda.h"
 #endif
@@ -73,5 +74,14 @@ void s1_backend_apply(const struct s1_backend *b, struct render_params *p)
     if (b->condition) p->condition = (struct render_condition){b->condition, condition_cuda_project_cb};
 #else
     (void)b, (void)p;
+#endif
+}
+
+unsigned long long s1_backend_fp16_rescues(void)
+{
+#ifdef MM3_HAVE_CUDA
+    return dit_cuda_f16_rescues();
+#else
+    return 0;
 #endif
 }

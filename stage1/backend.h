@@ -29,6 +29,10 @@ int s1_backend_open(struct s1_backend *b, enum mm3_backend kind, int device, con
                     const struct dit_model *dm, const struct vocoder *voc, enum mm3_matmul_precision precision);
 void s1_backend_close(struct s1_backend *b);
 
+/* Windows and vocoder decodes this process reran because fp16 operands overflowed
+ * (stage1/cuda/dit_kernels.h); 0 without CUDA. */
+unsigned long long s1_backend_fp16_rescues(void);
+
 /* The flow batch of the backend for up to max_windows windows of up to max_L latents:
  * the CPU reference (flow_batch_cpu_create) or the GPU's (flow_cuda_batch_open, on the
  * device s1_backend_open chose). Close it with out->close(out->ctx) before the backend. */

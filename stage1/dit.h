@@ -1,6 +1,6 @@
 /* The DiT velocity network (MiniMaxMusic3Transformer1DModel), float32 reference.
  *
- * Per sequence of L latents (model-stage1.md §4.1):
+ * Per sequence of L latents (docs/model.md §7):
  *   h0[j]  = [x[:, j], zeros(in_ch), cond[j]]          (2*in_ch + cond_dim channels)
  *   h1     = h0 + Wpre h0;  h = h1 proj_in^T            [L, hidden]
  *   tok 0  = time_embed(cos/sin Fourier features of t)  (RoPE position 0; latent j at j+1)

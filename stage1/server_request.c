@@ -121,11 +121,12 @@ static int send_progress(struct s1_server *s, struct s1_request *q)
 }
 
 static int send_small(struct s1_server *s, struct s1_request *q, uint32_t kind, uint32_t flags,
-                      const struct shmconn_tensor *t)
+                      const struct shmconn_tensor *t, int n_t)
 {
     if (!s->out || s->stage0_lost) return SHMCONN_E_PEER_DEAD;
-    struct shmconn_msg msg = {.req_id = q->id, .chunk = q->chunk_out, .kind = kind, .flags = flags, .n_tensors = 1};
-    msg.tensors[0] = *t;
+    struct shmconn_msg msg = {.req_id = q->id, .chunk = q->chunk_out, .kind = kind, .flags = flags, .n_tensors = n_t};
+    for (int i = 0; i < n_t; i++)
+        msg.tensors[i] = t[i];
     int rc = shmconn_send(s->out, &msg, s->send_timeout_s);
     if (rc < 0) return out_check(s, rc);
     q->chunk_out++;
@@ -202,7 +203,7 @@ void s1_request_fail(struct s1_server *s, struct s1_request *q, int tell, const 
     if (tell && s->out && !s->stage0_lost) {
         struct shmconn_tensor t;
         tensor_set(&t, "message", SHMCONN_DTYPE_U8, 1, (int64_t[]){(int64_t)strlen(text)}, 1, text);
-        int rc = send_small(s, q, PIPE_MSG_ERROR, SHMCONN_FLAG_ERROR, &t);
+        int rc = send_small(s, q, PIPE_MSG_ERROR, SHMCONN_FLAG_ERROR, &t, 1);
         if (rc < 0 && rc != SHMCONN_E_CANCELLED)
             LOG_WARN("request %" PRIu64 ": the ERROR message could not be sent: %s", q->id, mm3_last_error());
     }
@@ -247,10 +248,11 @@ static void request_complete(struct s1_server *s, struct s1_request *q)
     }
     if (rc == 0 && !s->codec_streaming) rc = send_pcm(s, q, q->song, q->song_cap, q->song_n);
     if (rc == 0) {
-        int64_t total = q->samples_out;
-        struct shmconn_tensor t;
-        tensor_set(&t, "total", MM3_DTYPE_I64, 1, (int64_t[]){1}, 8, &total);
-        rc = send_small(s, q, PIPE_MSG_DONE, SHMCONN_FLAG_LAST, &t);
+        int64_t total = q->samples_out, rescues = (int64_t)s1_backend_fp16_rescues();
+        struct shmconn_tensor t[2];
+        tensor_set(&t[0], "total", MM3_DTYPE_I64, 1, (int64_t[]){1}, 8, &total);
+        tensor_set(&t[1], "fp16_rescues", MM3_DTYPE_I64, 1, (int64_t[]){1}, 8, &rescues);
+        rc = send_small(s, q, PIPE_MSG_DONE, SHMCONN_FLAG_LAST, t, 2);
     }
     if (rc < 0) {
         request_send_failed(s, q, rc, "the end of the song");

@@ -17,10 +17,10 @@
 #include "stage1/condition.h"
 #include "support/test_support.h"
 
-/* The release's rates (model-stage1.md §2.2). */
+/* The release's rates (docs/model.md §2). */
 static const struct condition_config release = {4096, 8, 2048, 24000, 960, 44100, 512};
 
-/* model-stage1.md §3: the 23 (F, j) where the float32 index is one below floor(j F / L). */
+/* docs/model.md §6.3: the 23 (F, j) where the float32 index is one below floor(j F / L). */
 static const struct {
     int F, L, j;
 } table[] = {

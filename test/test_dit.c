@@ -158,7 +158,7 @@ static void test_golden_calls(void **state)
     st_file_close(&f);
 }
 
-/* model-stage1.md §5.1, N = 30: t_i = fp32(1 - fp32(sigma_i)), not fp32(i/N) (constants to 9
+/* docs/model.md §8.1, N = 30: t_i = fp32(1 - fp32(sigma_i)), not fp32(i/N) (constants to 9
  * significant digits, enough to name one float). */
 static void test_flow_schedule(void **state)
 {

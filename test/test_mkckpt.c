@@ -330,7 +330,7 @@ static void test_rope_top_level(void **state)
 }
 
 /* The release geometry, headers only (sparse files): parameter counts from
- * docs/model-stage0.md §1.2-1.4 and model-stage1.md §2.1-2.3. */
+ * docs/model.md §2. */
 static void test_full_preset_headers(void **state)
 {
     (void)state;

@@ -14,7 +14,7 @@
 static void test_seed_vectors(void **state)
 {
     (void)state;
-    /* SGLang-Omni acoustic seeds (model-stage0.md §5.2) */
+    /* SGLang-Omni acoustic seeds (docs/model.md §5) */
     assert_true(noise_seed_window(3, 0) == 1648571301556962109ull);
     assert_true(noise_seed_window(3, 1) == 5080984550091710395ull);
     const char *parts[2] = {"dit", "1"};

@@ -117,7 +117,7 @@ static void test_chunks(void **state)
             assert_int_equal(rec.sizes[i], cases[c].lat[i] * HOP);
             assert_int_equal(rec.at_finish[i], cases[c].fin[i]);
         }
-        /* model-stage1.md §6.4: 512 (431 + 345 (K-2) + L_last - 86), or 512 L for one window */
+        /* docs/model.md §9.2: 512 (431 + 345 (K-2) + L_last - 86), or 512 L for one window */
         int last_F = cases[c].T - 100 * (K - 1);
         int L_last = condition_latent_len(&m->cm->cfg, last_F);
         int64_t want = K == 1 ? (int64_t)HOP * L_last : (int64_t)HOP * (431 + 345 * (K - 2) + L_last - 86);
@@ -125,7 +125,7 @@ static void test_chunks(void **state)
         assert_int_equal(rec.bad_values, 0);
         assert_true(rec.clamped > 0);
     }
-    /* 750 frames: 7 windows, 1,324,032 samples (model-stage1.md §6.4 example) */
+    /* 750 frames: 7 windows, 1,324,032 samples (docs/model.md §9.2) */
     assert_int_equal(render_window_count(750), 7);
     assert_int_equal(render_window_count(9000), 89);
     assert_int_equal(render_window_count(200), 1);

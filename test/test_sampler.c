@@ -1,4 +1,4 @@
-/* Portable seeded sampler: the published vectors of model-stage0.md §5.2, top-k tie
+/* Portable seeded sampler: the published vectors of docs/model.md §5, top-k tie
  * handling, NaN/inf handling, the c0 and depth guidance rules, replay mode. */
 #include <math.h>
 #include <setjmp.h>

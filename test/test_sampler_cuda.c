@@ -521,7 +521,7 @@ static void test_gumbel_noise(void **state)
         assert_int_equal(cuda_sampler_gumbel(d, seed, pos, col0, COLS, NULL), 0);
         assert_int_equal(cuda_stream_sync(NULL), 0);
         assert_int_equal(cuda_memcpy_d2h(h, d, sizeof(double) * COLS), 0);
-        if (r == 0) /* the published vector of model-stage0.md §5.2 */
+        if (r == 0) /* the published vector of docs/model.md §5 */
             assert_true(fabs(h[0] - 0.13685856399176435) <= 1e-15 && fabs(h[3] - 3.0455076122592826) <= 1e-15);
         for (int i = 0; i < COLS; i++) {
             double want = sampler_gumbel(seed, pos, col0 + (uint32_t)i);

@@ -133,7 +133,7 @@ struct shape {
     int fused;     /* 1: a fused alternative, not part of the unfused frame sum */
 };
 
-/* Release geometry (model-stage0.md): LM 36 layers of hidden 4096, 32/8 heads x 128,
+/* Release geometry (docs/model.md §2): LM 36 layers of hidden 4096, 32/8 heads x 128,
  * FFN 12288; head sliced to 16385 rows; depth decoder 4 layers of 4096, 16 heads x
  * 256, FFN 6144, run 7 times per frame with a 4096^2 projection and a 1024-row head. */
 static const struct shape shapes[] = {

@@ -48,6 +48,7 @@ int main(int argc, char **argv)
             printf("stage%d_device %d\n", i, s->n_devices > 0 ? s->devices[0] : 0);
             printf("stage%d_mps_thread_percentage %d\n", i, s->mps_thread_percentage);
         }
+        printf("stage1_matmul_precision %s\n", mm3_matmul_precision_name(mm3_deploy_stage(&d, 1)->matmul_precision));
     }
     mm3_deploy_free(&d);
     return 0;

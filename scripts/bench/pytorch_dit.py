@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch baseline for stage 1: the reference DiT forward (docs: model-stage1.md section 4.1)
+"""PyTorch baseline for stage 1: the reference DiT forward (docs/model.md section 7)
 in plain PyTorch, timed at the release geometry with random weights on the GPU.
 
     pytorch_dit.py [--json FILE] [--windows 1,8] [--precisions bf16,tf32,fp32] [--modes eager,graph]
@@ -28,7 +28,7 @@ sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402  (scripts/bench/common.py)
 
-# The release's transformer/config.json (model-stage1.md section 2.2).
+# The release's transformer/config.json (docs/model.md section 2).
 RELEASE = {
     "in_channels": 128, "condition_dim": 2048, "num_layers": 36, "num_attention_heads": 32,
     "attention_head_dim": 64, "ff_inner_dim": 8192, "rotary_dim": 32, "fourier_embedding_dim": 256,
@@ -294,7 +294,7 @@ def main():
         path = os.path.join(args.checkpoint, "transformer", "config.json")
         cfg, source = common.read_json(path), path
     else:
-        cfg, source = RELEASE, "built-in release geometry (model-stage1.md 2.2)"
+        cfg, source = RELEASE, "built-in release geometry (docs/model.md 2)"
     g = Geometry(cfg)
     windows = [int(v) for v in args.windows.split(",") if v]
     precs = [p for p in args.precisions.split(",") if p]

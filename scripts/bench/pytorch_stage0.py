@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Optimised PyTorch baseline for stage 0 (docs: prior-art.md "Measured on an H200").
+"""Optimised PyTorch baseline for stage 0 (docs/performance.md, "The PyTorch baselines").
 
     pytorch_stage0.py [--json FILE] [--contexts 1000,5000] [--pairs 1,8] [--modes graph,eager]
                       [--frames N] [--checkpoint DIR] [--tiny] [--cache-len N]
@@ -8,7 +8,7 @@ transformers' Qwen3ForCausalLM built from a config (the release geometry by defa
 DIR/language_model/config.json; random bf16 weights drawn on the device, nothing is
 downloaded), a StaticCache, the CFG pairs as one batch (rows: every conditional row, then
 every unconditional row), the LM head sliced to the drawable rows (stop + the c0 codes), and
-the depth decoder of model-stage0.md section 3.5 in plain PyTorch, run as the reference runs
+the depth decoder of docs/model.md section 4.4 in plain PyTorch, run as the reference runs
 it: 7 passes per frame, each over the whole prefix, no cache. On CUDA the LM step (with the
 head and the c0 draw) is captured in one CUDA graph and the 7 depth passes (with their
 draws and the feedback embedding) in a second one; eager is the same code launched op by op.
@@ -32,7 +32,7 @@ sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
-# Contract constants of the model (model-stage0.md 1.2, 3.4): not geometry.
+# Contract constants of the model (docs/model.md 2, 4.3): not geometry.
 STOP_ID = 151670
 CODE_BASE = 151675
 N_SEMANTIC = 16384
@@ -99,7 +99,7 @@ def depth_weights(g, device, seed=0):
 
 
 def rmsnorm(x, w, eps=1e-6):
-    """Variance and x*rsqrt in fp32, rounded to bf16, times the weight in bf16 (model-stage0.md 3.5)."""
+    """Variance and x*rsqrt in fp32, rounded to bf16, times the weight in bf16 (docs/model.md 4.4)."""
     xf = x.float()
     y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     return w * y
@@ -327,7 +327,7 @@ def main():
         d_path = os.path.join(args.checkpoint, "rvq_depth_decoder", "config.json")
         lm_cfg, d_cfg, source = common.read_json(lm_path), common.read_json(d_path), args.checkpoint
     else:
-        lm_cfg, d_cfg, source = RELEASE_LM, RELEASE_DEPTH, "built-in release geometry (model-stage0.md 1.2, 1.3)"
+        lm_cfg, d_cfg, source = RELEASE_LM, RELEASE_DEPTH, "built-in release geometry (docs/model.md 2)"
     cfg = Qwen3Config(**{k: v for k, v in lm_cfg.items() if not k.startswith("_")})
     cfg._attn_implementation = "sdpa"
     dg = DepthGeometry(d_cfg)

@@ -13,6 +13,10 @@ Reads, from RESULTS_DIR, whichever of these exist (written by scripts/bench.sh):
   pytorch_dit.json     pytorch_dit.py
   pytorch_dit_check.json  pytorch_dit.py --check (golden comparison)
   e2e.json             e2e.py (both stages through the HTTP API)
+  e2e_config.json      bench.sh: the stage-1 precision of the end-to-end run
+and, from beside this script, reference.json: the previous end-to-end figures and each
+precision's audio SNR against float32 at the release geometry (the parity table), shown in
+the end-to-end rows' notes.
 A missing file, or one with "ok": false, turns its rows into "n/a (reason)"; no figure is
 ever left out. Columns: figure | mm3 | bound (the physical floor of a time, the ceiling of a
 rate) | PyTorch (the baseline on the same machine and shapes) | mm3/bound | mm3/PyTorch |
@@ -29,19 +33,21 @@ import common  # noqa: E402
 
 # Dense tensor-core peaks in TFLOP/s (vendor data sheets, SXM parts), by device-name substring.
 PEAKS = {
-    "H200": {"bf16": 989.4, "tf32": 494.7, "fp32": 66.9},
-    "H100": {"bf16": 989.4, "tf32": 494.7, "fp32": 66.9},
-    "A100": {"bf16": 312.0, "tf32": 156.0, "fp32": 19.5},
+    "H200": {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},
+    "H100": {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},
+    "A100": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
 }
 
 SONG_S = 30.0          # the goal's song length
+# Issue 40's end-to-end goals (one H200, 30 s songs, at a precision >= 40 dB from float32)
+GOAL_SINGLE_S, GOAL_TTFA_S, GOAL_AUDIO_S_PER_S, GOAL_MIN_DB = 6.5, 2.0, 9.0, 40.0
 FRAMES_PER_S = 25      # AR frames per second of audio
 WINDOW_FRAMES, HOP_FRAMES = 200, 100
 CONCURRENT = 8
 
 
 def windows_for(frames):
-    """Stage-1 windows of a song of `frames` frames (model-stage1.md 6.1)."""
+    """Stage-1 windows of a song of `frames` frames (docs/model.md 6.2)."""
     if frames <= WINDOW_FRAMES:
         return 1
     return -(-(frames - HOP_FRAMES) // HOP_FRAMES)
@@ -56,7 +62,8 @@ def device_peaks(docs):
 
 def load_dir(d):
     docs = {}
-    for name in ("meta", "load", "ops", "stage0", "dit", "pytorch_stage0", "pytorch_dit", "pytorch_dit_check", "e2e"):
+    for name in ("meta", "load", "ops", "stage0", "dit", "pytorch_stage0", "pytorch_dit", "pytorch_dit_check", "e2e",
+                 "e2e_config"):
         p = os.path.join(d, name + ".json")
         if os.path.exists(p):
             try:
@@ -64,6 +71,12 @@ def load_dir(d):
                     docs[name] = json.load(f)
             except (OSError, ValueError) as e:
                 docs[name] = {"ok": False, "reason": f"{name}.json unreadable: {e}"}
+    ref = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reference.json")
+    try:
+        with open(ref, encoding="utf-8") as f:
+            docs.setdefault("reference", json.load(f))
+    except (OSError, ValueError):
+        pass
     return docs
 
 
@@ -332,14 +345,37 @@ def build_rows(docs):
     if not goals:  # the derived PyTorch figures are for 30 s / 8 songs too
         pt_single = pt_ttfa = pt_agg = None
         pt_na = na(f"derived for {SONG_S:.0f} s songs only")
+    # Beside each goal: the previous figure and the precision's distance from float32; a
+    # precision under GOAL_MIN_DB does not count toward the goals.
+    ref = docs.get("reference") or {}
+    prev, parity = ref.get("previous") or {}, ref.get("parity_audio_db") or {}
+    prec = (docs.get("e2e_config") or {}).get("stage1_precision")
+    db = parity.get(prec) if prec else None
+    if prec:
+        prec_note = f"stage 1 {prec}" + (f", audio {db:.1f} dB from float32 (parity {parity.get('date', '?')})"
+                                          if isinstance(db, (int, float)) else ", no parity figure")
+        if isinstance(db, (int, float)) and db < GOAL_MIN_DB:
+            prec_note += f": under {GOAL_MIN_DB:g} dB, does not count toward the goals"
+            goals = False
+    else:
+        prec_note = "stage-1 precision unknown"
+
+    def note_with(key, unit, extra=""):
+        parts = [p for p in (extra, prec_note) if p]
+        if isinstance(prev.get(key), (int, float)):
+            parts.append(f"previous {prev[key]:g} {unit} ({prev.get('stage1_precision', '?')}, "
+                         f"{prev.get('commit', '?')} {prev.get('date', '?')})")
+        return "; ".join(parts)
     rows.append(Row(sec, f"one {song_s:g} s song alone, wall time", "s", "lower", m(single, "wall_s"), "—",
-                    pt_single if pt_single else pt_na, goal=goal("<=", 6.0), note=pt_note))
+                    pt_single if pt_single else pt_na, goal=goal("<=", GOAL_SINGLE_S),
+                    note=note_with("single_wall_s", "s", pt_note)))
     rows.append(Row(sec, "one song, real-time factor (wall / audio)", "", "lower", m(single, "rtf"), "—",
-                    pt_single / SONG_S if pt_single else pt_na, goal=goal("<=", 6.0 / SONG_S)))
+                    pt_single / SONG_S if pt_single else pt_na, goal=goal("<=", GOAL_SINGLE_S / SONG_S)))
     rows.append(Row(sec, "time to first audio, streaming", "s", "lower", m(single, "ttfa_s"), "—",
-                    pt_ttfa if pt_ttfa else pt_na, goal=goal("<=", 2.5)))
+                    pt_ttfa if pt_ttfa else pt_na, goal=goal("<=", GOAL_TTFA_S), note=note_with("ttfa_s", "s")))
     rows.append(Row(sec, f"{n_conc} concurrent {song_s:g} s songs, aggregate", "audio s/s", "higher",
-                    m(conc, "audio_s_per_s"), "—", pt_agg if pt_agg else pt_na, goal=goal(">=", 10.0)))
+                    m(conc, "audio_s_per_s"), "—", pt_agg if pt_agg else pt_na, goal=goal(">=", GOAL_AUDIO_S_PER_S),
+                    note=note_with("audio_s_per_s", "audio s/s")))
     rows.append(Row(sec, f"{n_conc} concurrent songs, latency p50", "s", "lower", m(conc, "latency_p50_s"),
                     "—", "—"))
     rows.append(Row(sec, f"{n_conc} concurrent songs, latency p95", "s", "lower", m(conc, "latency_p95_s"),

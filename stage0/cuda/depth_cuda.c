@@ -230,7 +230,7 @@ static int depth_fused(const struct depth_config *cfg, int n, int n_pos)
  * h += o . Wo^T, silu * up of the normed h, h += g . Wd^T; the norms, SwiGLU and
  * residual adds inside the products (cuda_ops_gemv_bf16_fused). Widths that do not
  * fuse take the same chain with separate norm/add kernels (7 launches). No q/k norm
- * and no RoPE here (model-stage0.md 3.5: learned positions, added once to the input).
+ * and no RoPE here (docs/model.md §4.4: learned positions, added once to the input).
  *
  * Positions pos .. pos + n_pos - 1 of n sequences in one pass: h holds their inputs
  * (projected, positions added) as n_pos blocks of n rows (position-major), the

@@ -1,4 +1,4 @@
-/* One batched sampling step for n CFG pairs on the GPU (model-stage0.md §3.4-§3.7):
+/* One batched sampling step for n CFG pairs on the GPU (docs/model.md §4.3-§4.5):
  * the drawable head on 2n rows in one product, the guided c0 draw, the depth
  * decoder's steps for all pairs at once with each codebook's guided draw, and the
  * frame feedback embedding, with one upload and one download per step. Draws go
