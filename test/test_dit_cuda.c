@@ -511,8 +511,11 @@ static void test_fp8_producers(void **state)
     }
 }
 
-/* dit_gemm_run_fp8 against the CPU product of the same e4m3 operands and scales (float32
- * accumulation both sides: only the summation order differs), with bias and C, C == D. */
+/* dit_gemm_run_fp8 against the CPU product (in double) of the same e4m3 operands and scales,
+ * with bias and C, C == D. The products of e4m3 values are exact; Hopper's fp8 tensor cores
+ * keep only ~14 bits of the partial sums within the span cuBLASLt promotes to float32 after,
+ * so the sums differ by ~2^-14 (6e-5) relative: bound 5e-4, where a misapplied scale gives ~1. */
+#define TOL_GEMM_FP8 5e-4
 static void check_gemm_fp8(int M, int K, int N, int with_bias, int with_c)
 {
     float *a = rnd_array((size_t)M * K, 2.0f, 0.0f), *w = rnd_array((size_t)N * K, 0.05f, 0.0f);
@@ -546,7 +549,7 @@ static void check_gemm_fp8(int M, int K, int N, int with_bias, int with_c)
     double rel = test_rel_error(d, ref, (size_t)M * N);
     printf("fp8 GEMM M %d K %d N %d%s%s: rel %.3g\n", M, K, N, with_bias ? " + bias" : "", with_c ? " + C (in place)" : "",
            rel);
-    assert_true(rel <= 1e-5);
+    assert_true(rel <= TOL_GEMM_FP8);
     assert_false(dit_gemm_fp8_fits(K + 8, N, K + 8, N));
     assert_true(dit_gemm_run_fp8(g, dd, N, dqa, dsa, K, dqw, dsw, NULL, NULL, M, K - 8, N, NULL) == -EINVAL);
     dit_gemm_destroy(g);

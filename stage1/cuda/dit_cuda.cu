@@ -569,9 +569,12 @@ extern "C" int dit_cuda_forward(struct dit_cuda *h, int B, int L, const float *x
 
     /* 3. blocks: residual adds ride on the GEMMs (C = D = x). An fp8 DiT's block matrices
      * with e4m3 rows (l->*_s) read e4m3 token rows with their scales (h->q8, h->qs); its
-     * attention computes in fp16. */
+     * attention computes in fp16 (in tf32 when rerun with scaled operands: as fp16's, which
+     * tells its attention by the scaled operand type). */
     float scale = 1.0f / sqrtf((float)g->head_dim);
-    enum mm3_matmul_precision attn_prec = h->prec == MM3_MATMUL_FP8 ? MM3_MATMUL_FP16 : h->prec;
+    enum mm3_matmul_precision attn_prec = h->prec != MM3_MATMUL_FP8         ? h->prec
+                                          : ob == DIT_OPERAND_F16_SCALED ? MM3_MATMUL_TF32
+                                                                         : MM3_MATMUL_FP16;
     for (int i = 0; i < g->n_layers; i++) {
         const struct dit_cuda_layer *l = &h->layers[i];
         const uint8_t *q8 = h->q8;

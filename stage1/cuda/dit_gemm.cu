@@ -30,13 +30,14 @@ struct gemm_plan {
     cublasLtMatrixLayout_t la, lw, ld;
     cublasLtMatmulAlgo_t algo;
     int bias_kernel; /* cuBLASLt offered no bias epilogue here: add it with add_bias_kernel */
+    int refused;     /* an fp8 shape cuBLASLt has no outer-vector-scaled kernel for: run it unit-scaled */
 };
 
 struct dit_gemm {
     enum mm3_matmul_precision prec;
     float alpha; /* scales every product: undoes an operand scale (dit_gemm_set_alpha) */
     int autotune;
-    int fp8_mode; /* MODE_FP8_OUTER until cuBLASLt refuses it, then MODE_FP8_UNIT */
+    int fp8_unit_logged; /* the log said once that some fp8 GEMMs apply their scales themselves */
     cublasLtHandle_t lt;
     void *workspace;
     float *fp8_acc; /* MODE_FP8_UNIT: the unscaled products, fp8_acc_elems floats */
@@ -98,7 +99,6 @@ extern "C" int dit_gemm_create(struct dit_gemm **out, enum mm3_matmul_precision 
     if (!g) return mm3_errorf(-ENOMEM, "dit_gemm_create: out of memory");
     g->prec = prec;
     g->alpha = 1.0f;
-    g->fp8_mode = MODE_FP8_OUTER;
     const char *env = getenv("MM3_DIT_GEMM_AUTOTUNE");
     g->autotune = !(env && !strcmp(env, "0"));
     cublasStatus_t st = cublasLtCreate(&g->lt);
@@ -312,12 +312,24 @@ static struct gemm_plan *plan_for(struct dit_gemm *g, const struct gemm_key *k, 
                                   const float *bias, const float *sa, const float *sw, cudaStream_t s, int *rc)
 {
     for (int i = 0; i < g->n_plans; i++)
-        if (!memcmp(&g->plans[i].key, k, sizeof *k)) return &g->plans[i];
+        if (!memcmp(&g->plans[i].key, k, sizeof *k)) {
+            if (!g->plans[i].refused) return &g->plans[i];
+            *rc = -ENOTSUP;
+            return NULL;
+        }
     /* the table is full only with many shapes; recycle the oldest slot */
     int slot = g->n_plans < GEMM_MAX_PLANS ? g->n_plans : 0;
     if (g->n_plans == GEMM_MAX_PLANS) plan_release(&g->plans[0]);
     *rc = plan_make(g, k, &g->plans[slot], 0, a, w, bias, sa, sw, s);
     if (*rc < 0 && bias && k->mode == MODE_PLAIN) *rc = plan_make(g, k, &g->plans[slot], 1, a, w, bias, sa, sw, s);
+    if (*rc < 0 && k->mode == MODE_FP8_OUTER) {
+        /* remember the refusal (an empty plan), so the shape does not ask cuBLASLt again */
+        g->plans[slot].key = *k;
+        g->plans[slot].refused = 1;
+        if (slot == g->n_plans) g->n_plans++;
+        *rc = -ENOTSUP;
+        return NULL;
+    }
     if (*rc < 0) return NULL;
     if (slot == g->n_plans) g->n_plans++;
     return &g->plans[slot];
@@ -379,23 +391,26 @@ static int fp8_acc_reserve(struct dit_gemm *g, size_t elems)
     return rc;
 }
 
-/* One fp8 GEMM in mode g->fp8_mode; -ENOTSUP when cuBLASLt has no outer-vector plan for it. */
-static int run_fp8_mode(struct dit_gemm *g, float *d, int ldd, const uint8_t *a8, const float *sa, int lda,
+/* One fp8 GEMM in mode MODE_FP8_OUTER or MODE_FP8_UNIT; -ENOTSUP (no message) when
+ * cuBLASLt has no outer-vector-scaled kernel for it. */
+static int run_fp8_mode(struct dit_gemm *g, int mode, float *d, int ldd, const uint8_t *a8, const float *sa, int lda,
                         const uint8_t *w8, const float *sw, const float *bias, const float *c, int M, int K, int N,
                         cudaStream_t s)
 {
-    int mode = g->fp8_mode, rc = 0;
+    int rc = 0;
     if (mode == MODE_FP8_UNIT && (rc = fp8_acc_reserve(g, (size_t)M * N)) < 0) return rc;
     struct gemm_key k;
     key_init(&k, mode, d, ldd, a8, lda, w8, bias, mode == MODE_FP8_UNIT ? NULL : c, M, K, N);
     struct gemm_plan *p = plan_for(g, &k, a8, w8, bias, sa, sw, s, &rc);
-    if (!p) return mode == MODE_FP8_OUTER ? -ENOTSUP : rc;
+    if (!p) return rc;
     float one = 1.0f, beta = mode == MODE_FP8_OUTER && c ? 1.0f : 0.0f;
     if (mode == MODE_FP8_OUTER) {
-        if (set_fp8_scales(p, sa, sw) != CUBLAS_STATUS_SUCCESS) return -ENOTSUP;
-        if (cublasLtMatmul(g->lt, p->op, &one, w8, p->lw, a8, p->la, &beta, c ? c : d, p->ld, d, p->ld, &p->algo,
-                           g->workspace, GEMM_WORKSPACE, s) != CUBLAS_STATUS_SUCCESS)
+        if (set_fp8_scales(p, sa, sw) != CUBLAS_STATUS_SUCCESS ||
+            cublasLtMatmul(g->lt, p->op, &one, w8, p->lw, a8, p->la, &beta, c ? c : d, p->ld, d, p->ld, &p->algo,
+                           g->workspace, GEMM_WORKSPACE, s) != CUBLAS_STATUS_SUCCESS) {
+            p->refused = 1;
             return -ENOTSUP;
+        }
         if (!bias) return 0;
         add_bias_kernel<<<dit_cuda_blocks((size_t)M * N, 256), 256, 0, s>>>(d, ldd, bias, M, N);
         return dit_cuda_launched("add_bias_kernel");
@@ -419,14 +434,15 @@ extern "C" int dit_gemm_run_fp8(struct dit_gemm *g, float *d, int ldd, const uin
                           "and lda multiples of 16, ldd of 4, non-NULL pointers",
                           M, K, N, lda, ldd);
     cudaStream_t s = (cudaStream_t)stream;
-    int rc = run_fp8_mode(g, d, ldd, a8, sa, lda, w8, sw, bias, c, M, K, N, s);
+    int rc = run_fp8_mode(g, MODE_FP8_OUTER, d, ldd, a8, sa, lda, w8, sw, bias, c, M, K, N, s);
     if (rc == -ENOTSUP) {
-        /* this cuBLASLt has no per-row scales for e4m3 here: unit scales and our own epilogue from now on */
-        LOG_INFO("fp8 GEMMs: cuBLASLt offers no per-row (outer vector) scales for M %d K %d N %d; applying the "
-                 "scales in an epilogue kernel",
-                 M, K, N);
-        g->fp8_mode = MODE_FP8_UNIT;
-        rc = run_fp8_mode(g, d, ldd, a8, sa, lda, w8, sw, bias, c, M, K, N, s);
+        /* no per-row scales for e4m3 in this cuBLASLt for this shape: unit scales and our own epilogue */
+        if (!g->fp8_unit_logged)
+            LOG_INFO("fp8 GEMMs: cuBLASLt offers no per-row (outer vector) scales for M %d K %d N %d (and maybe "
+                     "others): such GEMMs apply their scales in an epilogue kernel",
+                     M, K, N);
+        g->fp8_unit_logged = 1;
+        rc = run_fp8_mode(g, MODE_FP8_UNIT, d, ldd, a8, sa, lda, w8, sw, bias, c, M, K, N, s);
     }
     return rc;
 }
