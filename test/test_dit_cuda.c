@@ -542,13 +542,13 @@ static void check_gemm_fp8(int M, int K, int N, int with_bias, int with_c)
     float *dd = with_c ? dev_upload(c, 4ul * M * N) : dev_poisoned(4ul * M * N);
     struct dit_gemm *g;
     assert_int_equal(dit_gemm_create(&g, MM3_MATMUL_FP8), 0);
-    if (dit_gemm_run_fp8(g, dd, N, dqa, dsa, K, dqw, dsw, with_bias ? dbias : NULL, with_c ? dd : NULL, M, K, N,
-                         NULL) < 0)
+    if (dit_gemm_run_fp8(g, dd, N, dqa, dsa, K, dqw, dsw, with_bias ? dbias : NULL, with_c ? dd : NULL, M, K, N, NULL) <
+        0)
         fail_msg("dit_gemm_run_fp8: %s", mm3_last_error());
     float *d = dev_download(dd, (size_t)M * N, 0);
     double rel = test_rel_error(d, ref, (size_t)M * N);
-    printf("fp8 GEMM M %d K %d N %d%s%s: rel %.3g\n", M, K, N, with_bias ? " + bias" : "", with_c ? " + C (in place)" : "",
-           rel);
+    printf("fp8 GEMM M %d K %d N %d%s%s: rel %.3g\n", M, K, N, with_bias ? " + bias" : "",
+           with_c ? " + C (in place)" : "", rel);
     assert_true(rel <= TOL_GEMM_FP8);
     assert_false(dit_gemm_fp8_fits(K + 8, N, K + 8, N));
     assert_true(dit_gemm_run_fp8(g, dd, N, dqa, dsa, K, dqw, dsw, NULL, NULL, M, K - 8, N, NULL) == -EINVAL);
@@ -643,8 +643,7 @@ static void check_forward(const struct dit_model *m, const char *what, int B, in
     cuda_free(dx), cuda_free(dt);
 }
 
-static const double fwd_tol[MM3_MATMUL_COUNT] = {TOL_FWD_FP32, TOL_FWD_TF32, TOL_FWD_BF16, TOL_FWD_FP16,
-                                                 TOL_FWD_FP8};
+static const double fwd_tol[MM3_MATMUL_COUNT] = {TOL_FWD_FP32, TOL_FWD_TF32, TOL_FWD_BF16, TOL_FWD_FP16, TOL_FWD_FP8};
 
 /* tiny-a: the two recorded DiT calls of case 0 (reference outputs of the real
  * pipeline), and the CPU forward of a batch of two with one zero condition. */

@@ -1,10 +1,10 @@
 /* safetensors parser: golden checkpoint files read, a written file reads back. */
+#include <cmocka.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <cmocka.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -60,7 +60,8 @@ static void test_e4m3(void **state)
         int even = (b & 1) ? b + 1 : b;
         if (mm3_f32_to_e4m3(mid) != even) fail_msg("midpoint %g after 0x%02x: 0x%02x", mid, b, mm3_f32_to_e4m3(mid));
         float past = nextafterf(mid, copysignf(INFINITY, mid));
-        if (mm3_f32_to_e4m3(past) != b + 1) fail_msg("%g, past the midpoint after 0x%02x: 0x%02x", past, b, mm3_f32_to_e4m3(past));
+        if (mm3_f32_to_e4m3(past) != b + 1)
+            fail_msg("%g, past the midpoint after 0x%02x: 0x%02x", past, b, mm3_f32_to_e4m3(past));
     }
     assert_int_equal(mm3_f32_to_e4m3(0.0f), 0x00);
     assert_int_equal(mm3_f32_to_e4m3(-0.0f), 0x80);

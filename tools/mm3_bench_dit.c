@@ -2,7 +2,8 @@
  * made on the GPU (no files), in each matmul precision.
  *
  *   mm3-bench-dit [--layers N] [--latents L] [--windows 1,2,4,8] [--reps R]
- *                 [--precisions fp32,tf32,bf16,fp16,fp8] [--euler-steps S] [--attention auto,old,flash64,flash128,flash128m2]
+ *                 [--precisions fp32,tf32,bf16,fp16,fp8] [--euler-steps S] [--attention
+ * auto,old,flash64,flash128,flash128m2]
  *
  * Per precision: the dense GEMM peak (cuBLASLt 8192^3, median of 10 after warm-up,
  * CUDA events), one forward of B = 2 x windows sequences (CFG pair per window) of L
@@ -335,8 +336,9 @@ static void breakdown(const struct dit_config *cfg, enum mm3_matmul_precision p,
                             dit_gemm_run_fp8(G, x, D, q8.q, q8.s, D, q_wo.q, q_wo.s, NULL, x, N, D, D, stream));
                     break;
                 case 2:
-                    TIME_MS(t[a], reps,
-                            dit_gemm_run_fp8(G, g, 2 * F, q8.q, q8.s, D, q_wi.q, q_wi.s, bi, NULL, N, D, 2 * F, stream));
+                    TIME_MS(
+                        t[a], reps,
+                        dit_gemm_run_fp8(G, g, 2 * F, q8.q, q8.s, D, q_wi.q, q_wi.s, bi, NULL, N, D, 2 * F, stream));
                     break;
                 default:
                     TIME_MS(t[a], reps,

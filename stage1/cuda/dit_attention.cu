@@ -337,8 +337,8 @@ static int launch(void *out, int out_fmt, const float *qkv, int n_seq, int T, in
 
 /* What AUTO runs per precision (fp32, tf32, bf16, fp16; fp8's attention is fp16's);
  * dit_cuda_attention_default_set. */
-static const enum dit_attn_kernel builtin_kernel[MM3_MATMUL_COUNT] = {DIT_ATTN_SIMT, DIT_ATTN_FLASH128, DIT_ATTN_FLASH128,
-                                                                      DIT_ATTN_FLASH128, DIT_ATTN_FLASH128};
+static const enum dit_attn_kernel builtin_kernel[MM3_MATMUL_COUNT] = {
+    DIT_ATTN_SIMT, DIT_ATTN_FLASH128, DIT_ATTN_FLASH128, DIT_ATTN_FLASH128, DIT_ATTN_FLASH128};
 static enum dit_attn_kernel auto_kernel[MM3_MATMUL_COUNT] = {DIT_ATTN_SIMT, DIT_ATTN_FLASH128, DIT_ATTN_FLASH128,
                                                              DIT_ATTN_FLASH128, DIT_ATTN_FLASH128};
 

@@ -572,7 +572,7 @@ extern "C" int dit_cuda_forward(struct dit_cuda *h, int B, int L, const float *x
      * attention computes in fp16 (in tf32 when rerun with scaled operands: as fp16's, which
      * tells its attention by the scaled operand type). */
     float scale = 1.0f / sqrtf((float)g->head_dim);
-    enum mm3_matmul_precision attn_prec = h->prec != MM3_MATMUL_FP8         ? h->prec
+    enum mm3_matmul_precision attn_prec = h->prec != MM3_MATMUL_FP8      ? h->prec
                                           : ob == DIT_OPERAND_F16_SCALED ? MM3_MATMUL_TF32
                                                                          : MM3_MATMUL_FP16;
     for (int i = 0; i < g->n_layers; i++) {
@@ -580,8 +580,8 @@ extern "C" int dit_cuda_forward(struct dit_cuda *h, int B, int L, const float *x
         const uint8_t *q8 = h->q8;
         if (l->wqkv_s) {
             TRY(dit_fp8_layernorm(h->q8, h->qs, h->x, l->norm1_w, l->norm1_b, N, D, DIT_CUDA_LN_EPS, s));
-            TRY(dit_gemm_run_fp8(h->gemm, h->qkv, 3 * D, q8, h->qs, D, (const uint8_t *)l->wqkv, l->wqkv_s, NULL,
-                                 NULL, N, D, 3 * D, s));
+            TRY(dit_gemm_run_fp8(h->gemm, h->qkv, 3 * D, q8, h->qs, D, (const uint8_t *)l->wqkv, l->wqkv_s, NULL, NULL,
+                                 N, D, 3 * D, s));
         } else {
             TRY(dit_cuda_layernorm(h->op, ob, h->x, l->norm1_w, l->norm1_b, N, D, DIT_CUDA_LN_EPS, s));
             TRY(dit_gemm_run(h->gemm, h->qkv, 3 * D, h->op, D, l->wqkv, NULL, NULL, N, D, 3 * D, s));
@@ -590,8 +590,8 @@ extern "C" int dit_cuda_forward(struct dit_cuda *h, int B, int L, const float *x
             TRY(dit_cuda_attention(h->att, DIT_OPERAND_F32, h->qkv, B, T, g->n_heads, g->head_dim, g->rotary_dim,
                                    g->rotary_dim ? h->cs : NULL, scale, attn_prec, s));
             TRY(dit_fp8_quantize_rows(h->q8, h->qs, h->att, N, D, D, s));
-            TRY(dit_gemm_run_fp8(h->gemm, h->x, D, q8, h->qs, D, (const uint8_t *)l->wo, l->wo_s, NULL, h->x, N, D,
-                                 D, s));
+            TRY(dit_gemm_run_fp8(h->gemm, h->x, D, q8, h->qs, D, (const uint8_t *)l->wo, l->wo_s, NULL, h->x, N, D, D,
+                                 s));
         } else {
             TRY(dit_cuda_attention(h->op, ob, h->qkv, B, T, g->n_heads, g->head_dim, g->rotary_dim,
                                    g->rotary_dim ? h->cs : NULL, scale, attn_prec, s));
@@ -599,16 +599,16 @@ extern "C" int dit_cuda_forward(struct dit_cuda *h, int B, int L, const float *x
         }
         if (l->ff_in_s) {
             TRY(dit_fp8_layernorm(h->q8, h->qs, h->x, l->norm2_w, l->norm2_b, N, D, DIT_CUDA_LN_EPS, s));
-            TRY(dit_gemm_run_fp8(h->gemm, h->g, 2 * F, q8, h->qs, D, (const uint8_t *)l->ff_in, l->ff_in_s,
-                                 l->ff_in_b, NULL, N, D, 2 * F, s));
+            TRY(dit_gemm_run_fp8(h->gemm, h->g, 2 * F, q8, h->qs, D, (const uint8_t *)l->ff_in, l->ff_in_s, l->ff_in_b,
+                                 NULL, N, D, 2 * F, s));
         } else {
             TRY(dit_cuda_layernorm(h->op, ob, h->x, l->norm2_w, l->norm2_b, N, D, DIT_CUDA_LN_EPS, s));
             TRY(dit_gemm_run(h->gemm, h->g, 2 * F, h->op, D, l->ff_in, l->ff_in_b, NULL, N, D, 2 * F, s));
         }
         if (l->ff_out_s) {
             TRY(dit_fp8_silu_gate(h->q8, h->qs, h->g, N, F, s));
-            TRY(dit_gemm_run_fp8(h->gemm, h->x, D, q8, h->qs, F, (const uint8_t *)l->ff_out, l->ff_out_s,
-                                 l->ff_out_b, h->x, N, F, D, s));
+            TRY(dit_gemm_run_fp8(h->gemm, h->x, D, q8, h->qs, F, (const uint8_t *)l->ff_out, l->ff_out_s, l->ff_out_b,
+                                 h->x, N, F, D, s));
         } else {
             TRY(dit_cuda_silu_gate(h->op, ob, h->g, N, F, s));
             TRY(dit_gemm_run(h->gemm, h->x, D, h->op, F, l->ff_out, l->ff_out_b, h->x, N, F, D, s));

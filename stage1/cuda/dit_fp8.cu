@@ -77,8 +77,9 @@ __global__ void quantize_rows_kernel(uint8_t *q, float *s, const float *x, int d
 extern "C" int dit_fp8_quantize_rows(uint8_t *q, float *s, const float *x, int n, int dim, int ldx, void *stream)
 {
     if (n < 0 || dim < 1 || ldx < dim || !q || !s || !x)
-        return mm3_errorf(-EINVAL, "dit_fp8_quantize_rows: %d rows of %d (stride %d): expected rows >= 0, dim >= 1, "
-                                   "stride >= dim, non-NULL pointers",
+        return mm3_errorf(-EINVAL,
+                          "dit_fp8_quantize_rows: %d rows of %d (stride %d): expected rows >= 0, dim >= 1, "
+                          "stride >= dim, non-NULL pointers",
                           n, dim, ldx);
     if (n == 0) return 0;
     quantize_rows_kernel<<<n, Q_THREADS, 0, (cudaStream_t)stream>>>(q, s, x, dim, ldx);

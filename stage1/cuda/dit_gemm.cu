@@ -94,7 +94,8 @@ extern "C" int dit_gemm_create(struct dit_gemm **out, enum mm3_matmul_precision 
 {
     *out = NULL;
     if ((int)prec < 0 || prec >= MM3_MATMUL_COUNT)
-        return mm3_errorf(-EINVAL, "dit_gemm_create: matmul precision %d: expected fp32, tf32, bf16, fp16 or fp8", (int)prec);
+        return mm3_errorf(-EINVAL, "dit_gemm_create: matmul precision %d: expected fp32, tf32, bf16, fp16 or fp8",
+                          (int)prec);
     struct dit_gemm *g = (struct dit_gemm *)calloc(1, sizeof *g);
     if (!g) return mm3_errorf(-ENOMEM, "dit_gemm_create: out of memory");
     g->prec = prec;
@@ -249,10 +250,10 @@ static int plan_make(struct dit_gemm *g, const struct gemm_key *k, struct gemm_p
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     cublasComputeType_t ct =
         g->prec == MM3_MATMUL_TF32 && k->mode == MODE_PLAIN ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    cudaDataType_t ot = k->mode != MODE_PLAIN            ? CUDA_R_8F_E4M3
-                        : g->prec == MM3_MATMUL_BF16     ? CUDA_R_16BF
+    cudaDataType_t ot = k->mode != MODE_PLAIN                                     ? CUDA_R_8F_E4M3
+                        : g->prec == MM3_MATMUL_BF16                              ? CUDA_R_16BF
                         : g->prec == MM3_MATMUL_FP16 || g->prec == MM3_MATMUL_FP8 ? CUDA_R_16F
-                                                                                   : CUDA_R_32F;
+                                                                                  : CUDA_R_32F;
     /* a unit-scale fp8 GEMM writes its unscaled products densely into g->fp8_acc */
     int64_t ld_out = k->mode == MODE_FP8_UNIT ? k->N : k->ldd;
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;

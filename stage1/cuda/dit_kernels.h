@@ -35,9 +35,9 @@ void dit_cuda_count_f16_rescue(void);
  * fp8's e4m3 rows are dit_fp8.h's, its other GEMMs run in fp16). */
 static inline enum dit_operand dit_operand_of(enum mm3_matmul_precision p)
 {
-    return p == MM3_MATMUL_BF16                            ? DIT_OPERAND_BF16
+    return p == MM3_MATMUL_BF16                          ? DIT_OPERAND_BF16
            : p == MM3_MATMUL_FP16 || p == MM3_MATMUL_FP8 ? DIT_OPERAND_F16
-                                                           : DIT_OPERAND_F32;
+                                                         : DIT_OPERAND_F32;
 }
 
 /* y[n, dim] = LayerNorm(x) * w + b (biased variance, two-pass mean/variance in
