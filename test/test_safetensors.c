@@ -1,10 +1,12 @@
 /* safetensors parser: golden checkpoint files read, a written file reads back. */
-#include <cmocka.h>
-#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+/* cmocka needs the four above first */
+#include <cmocka.h>
+
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
