@@ -421,7 +421,7 @@ static void check_quantize(int n, int dim, int ldx)
     if (n > 1) memset(x + ldx, 0, sizeof(float) * ldx);
     if (n > 2)
         for (int i = 0; i < ldx; i++)
-            x[2ul * ldx + i] = i % 3 ? 1e-42f : -2e-41f;
+            x[2ul * ldx + i] = i % 3 ? 1e-42f : 2e-41f;
     uint8_t *q = malloc((size_t)n * dim), *gq = malloc((size_t)n * dim);
     float *s = malloc(4ul * n), *gs = malloc(4ul * n);
     assert_true(q && gq && s && gs);

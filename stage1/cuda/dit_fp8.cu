@@ -40,7 +40,7 @@ __device__ static float block_sum(float v, float *red)
 }
 
 /* |v| folded into a running amax so that NaN wins (fmaxf would drop it). */
-__device__ __forceinline__ float amax_step(float m, float v)
+static __device__ __forceinline__ float amax_step(float m, float v)
 {
     float a = fabsf(v);
     return a > m || a != a ? a : m;
@@ -48,7 +48,7 @@ __device__ __forceinline__ float amax_step(float m, float v)
 
 /* The row's scale (dit_fp8.h), stored by thread 0; returns 1 / scale. A NaN amax keeps a
  * unit scale: the NaN elements themselves carry it into the GEMM. */
-__device__ __forceinline__ float row_scale(float amax, float *s_row)
+static __device__ __forceinline__ float row_scale(float amax, float *s_row)
 {
     float s = amax / 448.0f;
     if (!(s >= FLT_MIN)) s = 1.0f;
@@ -56,7 +56,7 @@ __device__ __forceinline__ float row_scale(float amax, float *s_row)
     return 1.0f / s;
 }
 
-__device__ __forceinline__ uint8_t to_e4m3(float v)
+static __device__ __forceinline__ uint8_t to_e4m3(float v)
 {
     return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
 }
@@ -122,7 +122,7 @@ extern "C" int dit_fp8_layernorm(uint8_t *q, float *s, const float *x, const flo
     return dit_cuda_launched("layernorm_fp8_kernel");
 }
 
-__device__ __forceinline__ float silu(float z)
+static __device__ __forceinline__ float silu(float z)
 {
     return z / (1.0f + expf(-z));
 }
