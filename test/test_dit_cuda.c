@@ -498,16 +498,21 @@ static void test_fp8_producers(void **state)
     static const int gates[][2] = {{7, 300}, {5, 301}, {70, 8192}};
     for (size_t k = 0; k < 3; k++) {
         int n = gates[k][0], ff = gates[k][1];
-        float *g = rnd_array((size_t)n * 2 * ff, 4.0f, 0.0f);
-        float *ref = malloc(sizeof(float) * n * ff);
-        for (int r = 0; r < n; r++)
-            op_silu_mul(ref + (size_t)r * ff, g + (size_t)r * 2 * ff + ff, g + (size_t)r * 2 * ff, (size_t)ff);
-        float *dg = dev_upload(g, 8ul * n * ff);
+        float *g = rnd_array((size_t)n * 2 * ff, 4.0f, 0.0f), *bias = rnd_array(2ul * ff, 1.0f, 0.0f);
+        float *u = malloc(sizeof(float) * n * 2 * ff), *ref = malloc(sizeof(float) * n * ff);
+        assert_true(u && ref);
+        float *dg = dev_upload(g, 8ul * n * ff), *dbias = dev_upload(bias, 8ul * ff);
         void *dq = dev_poisoned((size_t)n * ff), *ds = dev_poisoned(4ul * n);
-        assert_int_equal(dit_fp8_silu_gate(dq, ds, dg, n, ff, NULL), 0);
-        check_fp8_rows("silu gate", ref, dq, ds, n, ff);
-        cuda_free(dg), cuda_free(dq), cuda_free(ds);
-        free(g), free(ref);
+        for (int with_bias = 0; with_bias < 2; with_bias++) {
+            for (size_t i = 0; i < (size_t)n * 2 * ff; i++)
+                u[i] = g[i] + (with_bias ? bias[i % (2 * ff)] : 0.0f);
+            for (int r = 0; r < n; r++)
+                op_silu_mul(ref + (size_t)r * ff, u + (size_t)r * 2 * ff + ff, u + (size_t)r * 2 * ff, (size_t)ff);
+            assert_int_equal(dit_fp8_silu_gate(dq, ds, dg, with_bias ? dbias : NULL, n, ff, NULL), 0);
+            check_fp8_rows(with_bias ? "silu gate + bias" : "silu gate", ref, dq, ds, n, ff);
+        }
+        cuda_free(dg), cuda_free(dbias), cuda_free(dq), cuda_free(ds);
+        free(g), free(bias), free(u), free(ref);
     }
 }
 

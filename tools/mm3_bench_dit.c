@@ -311,7 +311,9 @@ static void breakdown(const struct dit_config *cfg, enum mm3_matmul_precision p,
         if (dit_gemm_create(&gh[a], p) < 0) die("dit_gemm_create");
         dit_gemm_set_autotune(gh[a], a);
     }
-    const char *names[4] = {"qkv GEMM", "out-proj GEMM (+x)", "ff_in GEMM (+bias)", "ff_out GEMM (+bias, +x)"};
+    const char *names[4] = {"qkv GEMM", "out-proj GEMM (+x)",
+                            p == MM3_MATMUL_FP8 ? "ff_in GEMM (bias in the gating)" : "ff_in GEMM (+bias)",
+                            "ff_out GEMM (+bias, +x)"};
     double flops[4] = {flop_qkv, flop_wo, flop_in, flop_out};
     int f8 = p == MM3_MATMUL_FP8;
     struct fp8_mat q8 = {0}, q_qkv = {0}, q_wo = {0}, q_wi = {0}, q_wf = {0};
@@ -338,7 +340,7 @@ static void breakdown(const struct dit_config *cfg, enum mm3_matmul_precision p,
                 case 2:
                     TIME_MS(
                         t[a], reps,
-                        dit_gemm_run_fp8(G, g, 2 * F, q8.q, q8.s, D, q_wi.q, q_wi.s, bi, NULL, N, D, 2 * F, stream));
+                        dit_gemm_run_fp8(G, g, 2 * F, q8.q, q8.s, D, q_wi.q, q_wi.s, NULL, NULL, N, D, 2 * F, stream));
                     break;
                 default:
                     TIME_MS(t[a], reps,
@@ -385,7 +387,7 @@ static void breakdown(const struct dit_config *cfg, enum mm3_matmul_precision p,
     if (f8) {
         float tq;
         TIME_MS(tl, reps, dit_fp8_layernorm(q8.q, q8.s, x, lw, lw, N, D, 1e-5f, stream));
-        TIME_MS(tg, reps, dit_fp8_silu_gate(q8.q, q8.s, g, N, F, stream));
+        TIME_MS(tg, reps, dit_fp8_silu_gate(q8.q, q8.s, g, bi, N, F, stream));
         TIME_MS(tq, reps, dit_fp8_quantize_rows(q8.q, q8.s, x, N, D, D, stream));
         printf("| quantize the attention output | | %.3f | |\n", tq);
         sum += tq;

@@ -597,16 +597,19 @@ extern "C" int dit_cuda_forward(struct dit_cuda *h, int B, int L, const float *x
                                    g->rotary_dim ? h->cs : NULL, scale, attn_prec, s));
             TRY(dit_gemm_run(h->gemm, h->x, D, h->op, D, l->wo, NULL, h->x, N, D, D, s));
         }
+        /* fp8 gating adds ff_in's bias as it reads g (no pass of its own) */
+        const float *gate_bias = l->ff_out_s ? l->ff_in_b : NULL;
         if (l->ff_in_s) {
             TRY(dit_fp8_layernorm(h->q8, h->qs, h->x, l->norm2_w, l->norm2_b, N, D, DIT_CUDA_LN_EPS, s));
-            TRY(dit_gemm_run_fp8(h->gemm, h->g, 2 * F, q8, h->qs, D, (const uint8_t *)l->ff_in, l->ff_in_s, l->ff_in_b,
-                                 NULL, N, D, 2 * F, s));
+            TRY(dit_gemm_run_fp8(h->gemm, h->g, 2 * F, q8, h->qs, D, (const uint8_t *)l->ff_in, l->ff_in_s,
+                                 gate_bias ? NULL : l->ff_in_b, NULL, N, D, 2 * F, s));
         } else {
             TRY(dit_cuda_layernorm(h->op, ob, h->x, l->norm2_w, l->norm2_b, N, D, DIT_CUDA_LN_EPS, s));
-            TRY(dit_gemm_run(h->gemm, h->g, 2 * F, h->op, D, l->ff_in, l->ff_in_b, NULL, N, D, 2 * F, s));
+            TRY(dit_gemm_run(h->gemm, h->g, 2 * F, h->op, D, l->ff_in, gate_bias ? NULL : l->ff_in_b, NULL, N, D, 2 * F,
+                             s));
         }
         if (l->ff_out_s) {
-            TRY(dit_fp8_silu_gate(h->q8, h->qs, h->g, N, F, s));
+            TRY(dit_fp8_silu_gate(h->q8, h->qs, h->g, gate_bias, N, F, s));
             TRY(dit_gemm_run_fp8(h->gemm, h->x, D, q8, h->qs, F, (const uint8_t *)l->ff_out, l->ff_out_s, l->ff_out_b,
                                  h->x, N, F, D, s));
         } else {

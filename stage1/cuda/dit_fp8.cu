@@ -127,24 +127,32 @@ static __device__ __forceinline__ float silu(float z)
     return z / (1.0f + expf(-z));
 }
 
-__global__ void silu_gate_fp8_kernel(uint8_t *q, float *s, const float *g, int ff)
+/* The gated value of element i of row gr (bias: the ff_in GEMM's, or NULL). */
+static __device__ __forceinline__ float gated(const float *gr, const float *bias, int ff, int i)
+{
+    float v = gr[i], z = gr[ff + i];
+    if (bias) v += bias[i], z += bias[ff + i];
+    return silu(z) * v;
+}
+
+__global__ void silu_gate_fp8_kernel(uint8_t *q, float *s, const float *g, const float *bias, int ff)
 {
     __shared__ float red[Q_THREADS / 32];
     const float *gr = g + (size_t)blockIdx.x * 2 * ff;
     float m = 0.0f;
     for (int i = threadIdx.x; i < ff; i += blockDim.x)
-        m = amax_step(m, silu(gr[ff + i]) * gr[i]);
+        m = amax_step(m, gated(gr, bias, ff, i));
     float inv = row_scale(block_max(m, red), s + blockIdx.x);
     uint8_t *qr = q + (size_t)blockIdx.x * ff;
     for (int i = threadIdx.x; i < ff; i += blockDim.x)
-        qr[i] = to_e4m3(silu(gr[ff + i]) * gr[i] * inv);
+        qr[i] = to_e4m3(gated(gr, bias, ff, i) * inv);
 }
 
-extern "C" int dit_fp8_silu_gate(uint8_t *q, float *s, const float *g, int n, int ff, void *stream)
+extern "C" int dit_fp8_silu_gate(uint8_t *q, float *s, const float *g, const float *bias, int n, int ff, void *stream)
 {
     if (n < 0 || ff < 1 || !q || !s || !g)
         return mm3_errorf(-EINVAL, "dit_fp8_silu_gate: %d rows of %d: expected rows >= 0, ff >= 1, non-NULL", n, ff);
     if (n == 0) return 0;
-    silu_gate_fp8_kernel<<<n, Q_THREADS, 0, (cudaStream_t)stream>>>(q, s, g, ff);
+    silu_gate_fp8_kernel<<<n, Q_THREADS, 0, (cudaStream_t)stream>>>(q, s, g, bias, ff);
     return dit_cuda_launched("silu_gate_fp8_kernel");
 }

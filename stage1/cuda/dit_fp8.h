@@ -23,8 +23,10 @@ int dit_fp8_quantize_rows(uint8_t *q, float *s, const float *x, int n, int dim, 
 int dit_fp8_layernorm(uint8_t *q, float *s, const float *x, const float *w, const float *b, int n, int dim, float eps,
                       void *stream);
 
-/* dit_cuda_silu_gate's act[n, ff] = g[:, :ff] * silu(g[:, ff:]) as e4m3 rows with scales s[n]. */
-int dit_fp8_silu_gate(uint8_t *q, float *s, const float *g, int n, int ff, void *stream);
+/* dit_cuda_silu_gate's act[n, ff] = u[:, :ff] * silu(u[:, ff:]) as e4m3 rows with scales s[n],
+ * u = g + bias (bias[2 ff], the ff_in GEMM's, added here instead of in a pass of its own;
+ * NULL: none). */
+int dit_fp8_silu_gate(uint8_t *q, float *s, const float *g, const float *bias, int n, int ff, void *stream);
 
 #ifdef __cplusplus
 }
