@@ -38,6 +38,7 @@ struct dit_gemm {
     float alpha; /* scales every product: undoes an operand scale (dit_gemm_set_alpha) */
     int autotune;
     int fp8_unit_logged; /* the log said once that some fp8 GEMMs apply their scales themselves */
+    int fp8_epilogue;    /* dit_gemm_set_fp8_epilogue: every fp8 GEMM unit-scaled */
     cublasLtHandle_t lt;
     void *workspace;
     float *fp8_acc; /* MODE_FP8_UNIT: the unscaled products, fp8_acc_elems floats */
@@ -129,6 +130,11 @@ static void plan_release(struct gemm_plan *p)
 extern "C" void dit_gemm_set_alpha(struct dit_gemm *g, float alpha)
 {
     g->alpha = alpha;
+}
+
+extern "C" void dit_gemm_set_fp8_epilogue(struct dit_gemm *g, int on)
+{
+    g->fp8_epilogue = on != 0;
 }
 
 extern "C" void dit_gemm_set_autotune(struct dit_gemm *g, int on)
@@ -435,6 +441,7 @@ extern "C" int dit_gemm_run_fp8(struct dit_gemm *g, float *d, int ldd, const uin
                           "and lda multiples of 16, ldd of 4, non-NULL pointers",
                           M, K, N, lda, ldd);
     cudaStream_t s = (cudaStream_t)stream;
+    if (g->fp8_epilogue) return run_fp8_mode(g, MODE_FP8_UNIT, d, ldd, a8, sa, lda, w8, sw, bias, c, M, K, N, s);
     int rc = run_fp8_mode(g, MODE_FP8_OUTER, d, ldd, a8, sa, lda, w8, sw, bias, c, M, K, N, s);
     if (rc == -ENOTSUP) {
         /* no per-row scales for e4m3 in this cuBLASLt for this shape: unit scales and our own epilogue */

@@ -61,6 +61,10 @@ int dit_gemm_run_fp8(struct dit_gemm *g, float *d, int ldd, const uint8_t *a8, c
                      const uint8_t *w8, const float *sw, const float *bias, const float *c, int M, int K, int N,
                      void *stream);
 
+/* From now on, every fp8 GEMM takes the unit-scale path with the scaling epilogue, as where
+ * cuBLASLt has no per-row scales (for tests and comparisons). */
+void dit_gemm_set_fp8_epilogue(struct dit_gemm *g, int on);
+
 #ifdef __cplusplus
 }
 #endif
