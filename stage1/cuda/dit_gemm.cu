@@ -103,6 +103,8 @@ extern "C" int dit_gemm_create(struct dit_gemm **out, enum mm3_matmul_precision 
     g->alpha = 1.0f;
     const char *env = getenv("MM3_DIT_GEMM_AUTOTUNE");
     g->autotune = !(env && !strcmp(env, "0"));
+    env = getenv("MM3_DIT_GEMM_FP8_EPILOGUE");
+    g->fp8_epilogue = env && !strcmp(env, "1");
     cublasStatus_t st = cublasLtCreate(&g->lt);
     if (st != CUBLAS_STATUS_SUCCESS) {
         free(g);

@@ -62,7 +62,8 @@ int dit_gemm_run_fp8(struct dit_gemm *g, float *d, int ldd, const uint8_t *a8, c
                      void *stream);
 
 /* From now on, every fp8 GEMM takes the unit-scale path with the scaling epilogue, as where
- * cuBLASLt has no per-row scales (for tests and comparisons). */
+ * cuBLASLt has no per-row scales (for tests and comparisons; MM3_DIT_GEMM_FP8_EPILOGUE=1 in
+ * the environment: every handle from its creation). */
 void dit_gemm_set_fp8_epilogue(struct dit_gemm *g, int on);
 
 #ifdef __cplusplus
