@@ -64,7 +64,7 @@ struct load_ctx {
 /* The enums' names, indexed by value: what the file says and what the name
  * functions print are the same strings. */
 static const char *const backend_names[] = {"auto", "cpu", "cuda"};
-static const char *const precision_names[] = {"fp32", "tf32", "bf16", "fp16"};
+static const char *const precision_names[] = {"fp32", "tf32", "bf16", "fp16", "fp8"};
 static const char *const cudagraph_names[] = {"NONE", "FULL_DECODE_ONLY"};
 static const char *const kv_cache_dtype_names[] = {"auto", "bfloat16", "float32"};
 static const char *const mps_names[] = {"off", "auto", "on"};

@@ -47,7 +47,14 @@
 enum mm3_backend { MM3_BACKEND_AUTO = 0, MM3_BACKEND_CPU, MM3_BACKEND_CUDA };
 
 /* Operands of stage 1's GEMMs; float32 accumulation in every one. */
-enum mm3_matmul_precision { MM3_MATMUL_FP32 = 0, MM3_MATMUL_TF32, MM3_MATMUL_BF16, MM3_MATMUL_FP16, MM3_MATMUL_COUNT };
+enum mm3_matmul_precision {
+    MM3_MATMUL_FP32 = 0,
+    MM3_MATMUL_TF32,
+    MM3_MATMUL_BF16,
+    MM3_MATMUL_FP16,
+    MM3_MATMUL_FP8,
+    MM3_MATMUL_COUNT
+};
 
 /* Whether scripts/launch.sh runs the stages under a private CUDA MPS daemon. OFF: never
  * (the two processes time-slice the GPU); AUTO: when the backend may be CUDA, falling

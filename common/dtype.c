@@ -61,6 +61,37 @@ uint16_t mm3_f32_to_f16(float f)
     return sign | (uint16_t)(r >> 13);
 }
 
+uint8_t mm3_f32_to_e4m3(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return sign | 0x7fu;
+    float af;
+    memcpy(&af, &a, 4);
+    if (af >= MM3_E4M3_MAX) return sign | 0x7eu;
+    if (af < 0.015625f) /* below 2^-6: subnormal steps of 2^-9; 8 steps carry into the smallest normal */
+        return sign | (uint8_t)lrintf(af * 512.0f);
+    uint32_t r = a + 0x7ffffu + ((a >> 20) & 1u); /* round the mantissa to 3 bits, to nearest even */
+    uint32_t e = (r >> 23) - 127 + 7, m = (r >> 20) & 7u;
+    uint32_t code = e << 3 | m;
+    return sign | (uint8_t)(code > 0x7eu ? 0x7eu : code);
+}
+
+float mm3_e4m3_to_f32(uint8_t b)
+{
+    int e = (b >> 3) & 15, m = b & 7;
+    float v;
+    if (e == 15 && m == 7)
+        v = NAN;
+    else if (e == 0)
+        v = ldexpf((float)m, -9);
+    else
+        v = ldexpf(1.0f + (float)m / 8.0f, e - 7);
+    return b & 0x80 ? -v : v;
+}
+
 void mm3_convert_to_f32(float *dst, const void *src, enum mm3_dtype t, size_t n)
 {
     switch (t) {

@@ -40,6 +40,13 @@ static inline uint16_t mm3_f32_to_bf16(float f)
 float mm3_f16_to_f32(uint16_t h);
 uint16_t mm3_f32_to_f16(float f);
 
+/* FP8 e4m3 (OCP "E4M3FN": bias 7, no infinities, 0x7f / 0xff NaN, largest finite 448), as
+ * the GPU's cvt with saturation: round to nearest even, magnitudes beyond 448 (and
+ * infinities) become +-448, NaN stays NaN. The fp8 GEMMs' operands (stage1/cuda). */
+#define MM3_E4M3_MAX 448.0f
+uint8_t mm3_f32_to_e4m3(float f);
+float mm3_e4m3_to_f32(uint8_t b);
+
 /* Widen n elements of type t at src into float32 dst (I64 is converted by value). */
 void mm3_convert_to_f32(float *dst, const void *src, enum mm3_dtype t, size_t n);
 

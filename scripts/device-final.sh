@@ -52,7 +52,7 @@ if want tests; then
   done
   timeout 60 $bin/mm3-stage0 --golden "$MM3_GOLDEN_DIR" --backend cuda > "$out/golden_s0_cuda.log" 2>&1
   echo "stage0 golden cuda rc=$?"; grep -iE "rel|pass|fail" "$out/golden_s0_cuda.log" | tail -4
-  for p in tf32 bf16 fp16; do
+  for p in tf32 bf16 fp16 fp8; do
     timeout 60 $bin/mm3-stage1 --golden "$MM3_GOLDEN_DIR" --backend cuda --precision $p > "$out/golden_s1_$p.log" 2>&1
     echo "stage1 golden cuda $p rc=$?"; grep -iE "rel|pass|fail" "$out/golden_s1_$p.log" | tail -3
   done

@@ -15,7 +15,7 @@
 # Options: --checkpoint DIR (skip mkckpt, use DIR), --device cuda|cpu (reference and replays;
 # cpu replays have only fp32), --bin DIR, --python PY, --duration S (10: 250 frames = 2
 # windows, the second with the overlap prefix), --steps N (30, the serving default),
-# --precisions LIST (fp32,tf32,bf16,fp16), --out DIR ($OUT, else /tmp/parity).
+# --precisions LIST (fp32,tf32,bf16,fp16,fp8; PyTorch has no fp8 run: "-" beside it), --out DIR ($OUT, else /tmp/parity).
 # Each phase runs under its own timeout, all inside MM3_PARITY_DEADLINE_S (570 s) so the
 # call ends inside the run tool's 600 s; a failed phase is reported and the rest go on.
 # $OUT gets table.md, yardsticks.json, manifest.json and parity-logs.tgz (every log).
@@ -43,7 +43,7 @@ if [ "${1:-}" = --pack ]; then
   exit 0
 fi
 
-ckpt="" device=cuda bin="" py=python3 duration=10 steps=30 precisions=fp32,tf32,bf16,fp16 out=${OUT:-/tmp/parity}
+ckpt="" device=cuda bin="" py=python3 duration=10 steps=30 precisions=fp32,tf32,bf16,fp16,fp8 out=${OUT:-/tmp/parity}
 while [ $# -gt 0 ]; do
   case "$1" in
     --checkpoint) ckpt=$2; shift 2 ;;

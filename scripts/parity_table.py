@@ -81,7 +81,7 @@ def main():
     head = "| precision |" + "".join(f" {name} mm3 | {name} PyTorch |" for _, name in QUANTITIES) + " bounds | result |"
     out += [head, "|" + "---|" * (3 + 2 * len(QUANTITIES))]
     logs = sorted(glob.glob(os.path.join(a.dir, "logs", "stage1_*.log")))
-    order = {"fp32": 0, "tf32": 1, "bf16": 2, "fp16": 3}
+    order = {"fp32": 0, "tf32": 1, "bf16": 2, "fp16": 3, "fp8": 4}
     logs.sort(key=lambda p: order.get(os.path.basename(p)[7:-4], 9))
     seen = set()
     for path in logs:

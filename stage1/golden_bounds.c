@@ -25,6 +25,8 @@ void golden_bounds_tiny(struct golden_bounds *b, enum mm3_backend backend, enum 
             fwd = GOLDEN_REL_TOL_FWD_BF16, flow = GOLDEN_REL_TOL_FLOW_BF16, audio = GOLDEN_REL_TOL_AUDIO_BF16;
         } else if (p == MM3_MATMUL_FP16) {
             fwd = GOLDEN_REL_TOL_FWD_FP16, flow = GOLDEN_REL_TOL_FLOW_FP16, audio = GOLDEN_REL_TOL_AUDIO_FP16;
+        } else if (p == MM3_MATMUL_FP8) {
+            fwd = GOLDEN_REL_TOL_FWD_FP8, flow = GOLDEN_REL_TOL_FLOW_FP8, audio = GOLDEN_REL_TOL_AUDIO_FP8;
         }
     }
     b->tiny[GOLDEN_Q_DIT_CALL] = fwd;

@@ -1,6 +1,6 @@
 /* mm3-stage1: the acoustic stage.
  *
- *   mm3-stage1 --golden DIR [--model CKPT] [--backend cpu|cuda] [--precision fp32|tf32|bf16|fp16]
+ *   mm3-stage1 --golden DIR [--model CKPT] [--backend cpu|cuda] [--precision fp32|tf32|bf16|fp16|fp8]
  *       replay a golden directory (stage1/golden.h); exit 0 iff every case passes.
  *   mm3-stage1 --model CKPT --frames FILE.safetensors [--seed N] [--steps N]
  *              [--guidance G] [--shift S] [--float] [--backend cpu|cuda] [--precision P] -o OUT.wav
@@ -51,7 +51,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: mm3-stage1 --config DEPLOY.yaml [--model CKPT]\n"
-            "       mm3-stage1 --golden DIR [--model CKPT] [--backend cpu|cuda] [--precision fp32|tf32|bf16|fp16]\n"
+            "       mm3-stage1 --golden DIR [--model CKPT] [--backend cpu|cuda] [--precision fp32|tf32|bf16|fp16|fp8]\n"
             "       mm3-stage1 --model CKPT --frames FILE.safetensors [--seed N] [--steps N]\n"
             "                  [--guidance G] [--shift S] [--float] [--backend cpu|cuda] [--precision P] -o OUT.wav\n");
 }
@@ -231,7 +231,7 @@ int main(int argc, char **argv)
             break;
         case 'P':
             if ((k = name_index(optarg, precision_name, MM3_MATMUL_COUNT)) < 0) {
-                fprintf(stderr, "mm3-stage1: --precision '%s': expected fp32, tf32, bf16 or fp16\n", optarg);
+                fprintf(stderr, "mm3-stage1: --precision '%s': expected fp32, tf32, bf16, fp16 or fp8\n", optarg);
                 return 2;
             }
             o.precision = (enum mm3_matmul_precision)k;

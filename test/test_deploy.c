@@ -365,8 +365,13 @@ static void test_inline_errors(void **state)
                         "stages[0].num_inference_steps", "only stage 1");
     expect_inline_error("stages:\n  - {stage_id: 1, num_inference_steps: 0}\n", 2,
                         "stages[0].num_inference_steps", "[1, 1000]");
-    expect_inline_error("stages:\n  - {stage_id: 1, matmul_precision: fp8}\n", 2, "stages[0].matmul_precision",
-                        "fp32, tf32, bf16, fp16");
+    assert_int_equal(
+        mm3_deploy_load_string(&deploy, "stages:\n  - stage_id: 0\n  - {stage_id: 1, matmul_precision: fp8}\n", "k"),
+        0);
+    assert_int_equal(mm3_deploy_stage(&deploy, 1)->matmul_precision, MM3_MATMUL_FP8);
+    assert_string_equal(mm3_matmul_precision_name(MM3_MATMUL_FP8), "fp8");
+    expect_inline_error("stages:\n  - {stage_id: 1, matmul_precision: int8}\n", 2, "stages[0].matmul_precision",
+                        "fp32, tf32, bf16, fp16, fp8");
     expect_inline_error("stages:\n  - {stage_id: 0, dtype: float16}\n", 2, "stages[0].dtype", "bfloat16");
     expect_inline_error("stages:\n  - {stage_id: 0, devices: \"0,x\"}\n", 2, "stages[0].devices", "device");
     expect_inline_error("stages:\n  - {stage_id: 0, devices: \"1,1\"}\n", 2, "stages[0].devices", "twice");

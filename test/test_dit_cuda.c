@@ -6,7 +6,8 @@
  * of each operand, bf16 7, all with float32 accumulation, so their bounds follow the
  * operand rounding (~2^-11 and ~2^-8 per product, averaged over long sums). fp16 also
  * runs rescued (every operand stored scaled down, the GEMMs scaling back), which must
- * stay within the same bound.
+ * stay within the same bound. fp8 (e4m3 operands of the block GEMMs, per-row scales) has
+ * its own bound: see TOL_FWD_FP8.
  * Outputs are poisoned (NaN) before each run so an unwritten element fails.
  * The seed comes from the clock (MM3_TEST_SEED replays it).
  * MM3_TEST_DIT_QUICK=1 skips the release-width forward (its CPU reference takes ~1 min).
@@ -38,6 +39,8 @@
 #ifdef MM3_HAVE_CUDA
 #include "common/cuda/ops_cuda.h"
 #include "stage1/cuda/dit_cuda.h"
+#include "stage1/cuda/dit_fp8.h"
+#include "stage1/cuda/dit_gemm.h"
 #include "stage1/cuda/dit_kernels.h"
 
 /* Whole forward (see the header comment); measured on the H200 (2026-11-30), tiny-a and
@@ -46,6 +49,17 @@
 #define TOL_FWD_TF32 2e-3
 #define TOL_FWD_BF16 1.5e-2
 #define TOL_FWD_FP16 TOL_FWD_TF32 /* the same operand mantissa as tf32 */
+/* fp8: the block GEMMs' operands rounded to e4m3 (3 mantissa bits); the per-row scales keep
+ * every value in e4m3's normal range but the smallest (< amax / 2^15 of its row), so rounding
+ * is the only error. A rounding step of 2^-3 of the binade gives an RMS relative error per
+ * operand of 2^-3 / sqrt(12) * E[1 / (1 + f)^2]^(1/2) ~ 0.036 * 0.74 ~ 0.027 (mantissas f
+ * log-uniform), against bf16's 2^-7 / sqrt(12) * 0.74 ~ 0.0017: 16x. Errors propagate
+ * linearly to first order, so the forward's error should be ~16x bf16's measured 4.2e-3
+ * (~0.067, less since the io GEMMs stay fp16; ~0.03-0.07 expected); bound 1.5x that. */
+#define TOL_FWD_FP8 1e-1
+/* One value rounded to e4m3 after its row's scaling: at most half a step, 2^-4 relative, in
+ * the normal range; what falls below it (|v| < amax / 2^15) loses at most 2^-10 of the scale. */
+#define TOL_E4M3_OUT 6.25e-2
 /* Single kernels (measured: rows <= 2e-6, attention fp32 7e-7, tf32 3.6e-4, bf16 2.9e-3). */
 #define TOL_ROW 1e-5      /* LayerNorm, RoPE, gating: one reordered sum, 1-2 ulp trig/exp */
 #define TOL_BF16_OUT 8e-3 /* a float32 result rounded to bf16 (2^-9 relative per element) */
@@ -359,6 +373,214 @@ static void test_gating(void **state)
     check_gating(70, 8192); /* release FFN width */
 }
 
+/* ---- fp8 operands ------------------------------------------------------------------------- */
+
+/* The CPU's per-row quantization (stage1/cuda/dit_fp8.h): scale s = amax / 448 (1 for a row
+ * whose scale would be below FLT_MIN), q = e4m3(v * (1 / s)). */
+static void cpu_quantize_rows(uint8_t *q, float *s, const float *x, int n, int dim, int ldx)
+{
+    for (int r = 0; r < n; r++) {
+        const float *xr = x + (size_t)r * ldx;
+        float amax = 0.0f;
+        for (int i = 0; i < dim; i++)
+            if (fabsf(xr[i]) > amax) amax = fabsf(xr[i]);
+        float sc = amax / 448.0f;
+        if (!(sc >= 1.17549435e-38f)) sc = 1.0f;
+        float inv = 1.0f / sc;
+        s[r] = sc;
+        for (int i = 0; i < dim; i++)
+            q[(size_t)r * dim + i] = mm3_f32_to_e4m3(xr[i] * inv);
+    }
+}
+
+static void download_fp8(const void *dq, const void *ds, uint8_t *q, float *s, int n, int dim)
+{
+    assert_int_equal(cuda_stream_sync(NULL), 0);
+    assert_int_equal(cuda_memcpy_d2h(q, dq, (size_t)n * dim), 0);
+    assert_int_equal(cuda_memcpy_d2h(s, ds, 4ul * n), 0);
+}
+
+static float *dequantize(const uint8_t *q, const float *s, int n, int dim)
+{
+    float *y = malloc(sizeof(float) * ((size_t)n * dim + 1));
+    assert_non_null(y);
+    for (int r = 0; r < n; r++)
+        for (int i = 0; i < dim; i++)
+            y[(size_t)r * dim + i] = mm3_e4m3_to_f32(q[(size_t)r * dim + i]) * s[r];
+    return y;
+}
+
+/* dit_fp8_quantize_rows is bit-exact against the CPU: rows of magnitudes 1e-30 .. 1e30, an
+ * all-zero row, a row with a subnormal amax, a row stride past the width. */
+static void check_quantize(int n, int dim, int ldx)
+{
+    float *x = rnd_array((size_t)n * ldx, 1.0f, 0.0f);
+    for (int r = 0; r < n; r++)
+        for (int i = 0; i < ldx; i++)
+            x[(size_t)r * ldx + i] *= powf(10.0f, (float)(r % 61 - 30));
+    if (n > 1) memset(x + ldx, 0, sizeof(float) * ldx);
+    if (n > 2)
+        for (int i = 0; i < ldx; i++)
+            x[2ul * ldx + i] = i % 3 ? 1e-42f : 2e-41f;
+    uint8_t *q = malloc((size_t)n * dim), *gq = malloc((size_t)n * dim);
+    float *s = malloc(4ul * n), *gs = malloc(4ul * n);
+    assert_true(q && gq && s && gs);
+    cpu_quantize_rows(q, s, x, n, dim, ldx);
+    float *dx = dev_upload(x, 4ul * n * ldx);
+    void *dq = dev_poisoned((size_t)n * dim), *ds = dev_poisoned(4ul * n);
+    assert_int_equal(dit_fp8_quantize_rows(dq, ds, dx, n, dim, ldx, NULL), 0);
+    download_fp8(dq, ds, gq, gs, n, dim);
+    for (int r = 0; r < n; r++)
+        if (gs[r] != s[r]) fail_msg("row %d of %d x %d: scale %g, CPU %g", r, n, dim, gs[r], s[r]);
+    for (size_t i = 0; i < (size_t)n * dim; i++)
+        if (gq[i] != q[i]) fail_msg("element %zu of %d x %d: 0x%02x, CPU 0x%02x", i, n, dim, gq[i], q[i]);
+    /* each row's largest magnitude is e4m3's largest finite value */
+    for (int r = 0; r < n && dim > 0; r++) {
+        int top = 0;
+        for (int i = 0; i < dim; i++)
+            if ((q[(size_t)r * dim + i] & 0x7f) == 0x7e) top = 1;
+        if (r != 1 && r != 2 && !top) fail_msg("row %d: no element at 448", r);
+    }
+    printf("fp8 quantize %d x %d (stride %d): bit-exact\n", n, dim, ldx);
+    assert_true(dit_fp8_quantize_rows(dq, ds, dx, n, dim, dim - 1, NULL) == -EINVAL);
+    cuda_free(dx), cuda_free(dq), cuda_free(ds);
+    free(x), free(q), free(gq), free(s), free(gs);
+}
+
+static void test_fp8_quantize(void **state)
+{
+    (void)state;
+    check_quantize(70, 2048, 2048);
+    check_quantize(5, 301, 320);
+    check_quantize(3, 1, 1);
+}
+
+/* The fused producers against the float32 kernels' CPU references: the row scales within
+ * float32 rounding of amax / 448 and the dequantized rows within e4m3's rounding. */
+static void check_fp8_rows(const char *what, const float *ref, const void *dq, const void *ds, int n, int dim)
+{
+    uint8_t *q = malloc((size_t)n * dim);
+    float *s = malloc(4ul * n);
+    assert_true(q && s);
+    download_fp8(dq, ds, q, s, n, dim);
+    for (int r = 0; r < n; r++) {
+        float amax = 0.0f;
+        for (int i = 0; i < dim; i++)
+            if (fabsf(ref[(size_t)r * dim + i]) > amax) amax = fabsf(ref[(size_t)r * dim + i]);
+        if (!(fabs(s[r] - amax / 448.0) <= 1e-5 * amax / 448.0))
+            fail_msg("%s row %d: scale %g, expected %g", what, r, s[r], amax / 448.0);
+    }
+    float *y = dequantize(q, s, n, dim);
+    double rel = test_rel_error(y, ref, (size_t)n * dim);
+    printf("%s %d x %d fp8 out: rel %.3g\n", what, n, dim, rel);
+    assert_true(rel <= TOL_ROW + TOL_E4M3_OUT);
+    assert_true(rel > 1e-3); /* it did round to e4m3 */
+    free(q), free(s), free(y);
+}
+
+static void test_fp8_producers(void **state)
+{
+    (void)state;
+    static const int shapes[][2] = {{2 * 690, 2048}, {5, 64}, {3, 1000}};
+    for (size_t k = 0; k < 3; k++) {
+        int n = shapes[k][0], dim = shapes[k][1];
+        float *x = rnd_array((size_t)n * dim, 3.0f, 5.0f);
+        float *w = rnd_array(dim, 0.5f, 1.0f), *b = rnd_array(dim, 0.5f, 0.0f);
+        float *ref = malloc(sizeof(float) * n * dim);
+        op_layernorm(ref, x, w, b, n, dim, 1e-5f);
+        float *dx = dev_upload(x, 4ul * n * dim), *dw = dev_upload(w, 4ul * dim), *db = dev_upload(b, 4ul * dim);
+        void *dq = dev_poisoned((size_t)n * dim), *ds = dev_poisoned(4ul * n);
+        assert_int_equal(dit_fp8_layernorm(dq, ds, dx, dw, db, n, dim, 1e-5f, NULL), 0);
+        check_fp8_rows("layernorm", ref, dq, ds, n, dim);
+        cuda_free(dx), cuda_free(dw), cuda_free(db), cuda_free(dq), cuda_free(ds);
+        free(x), free(w), free(b), free(ref);
+    }
+    static const int gates[][2] = {{7, 300}, {5, 301}, {70, 8192}};
+    for (size_t k = 0; k < 3; k++) {
+        int n = gates[k][0], ff = gates[k][1];
+        float *g = rnd_array((size_t)n * 2 * ff, 4.0f, 0.0f), *bias = rnd_array(2ul * ff, 1.0f, 0.0f);
+        float *u = malloc(sizeof(float) * n * 2 * ff), *ref = malloc(sizeof(float) * n * ff);
+        assert_true(u && ref);
+        float *dg = dev_upload(g, 8ul * n * ff), *dbias = dev_upload(bias, 8ul * ff);
+        void *dq = dev_poisoned((size_t)n * ff), *ds = dev_poisoned(4ul * n);
+        for (int with_bias = 0; with_bias < 2; with_bias++) {
+            for (size_t i = 0; i < (size_t)n * 2 * ff; i++)
+                u[i] = g[i] + (with_bias ? bias[i % (2 * ff)] : 0.0f);
+            for (int r = 0; r < n; r++)
+                op_silu_mul(ref + (size_t)r * ff, u + (size_t)r * 2 * ff + ff, u + (size_t)r * 2 * ff, (size_t)ff);
+            assert_int_equal(dit_fp8_silu_gate(dq, ds, dg, with_bias ? dbias : NULL, n, ff, NULL), 0);
+            check_fp8_rows(with_bias ? "silu gate + bias" : "silu gate", ref, dq, ds, n, ff);
+        }
+        cuda_free(dg), cuda_free(dbias), cuda_free(dq), cuda_free(ds);
+        free(g), free(bias), free(u), free(ref);
+    }
+}
+
+/* dit_gemm_run_fp8 against the CPU product (in double) of the same e4m3 operands and scales,
+ * with bias and C, C == D. The products of e4m3 values are exact; Hopper's fp8 tensor cores
+ * keep only ~14 bits of the partial sums within the span cuBLASLt promotes to float32 after,
+ * so the sums differ by ~2^-14 (6e-5) relative: bound 5e-4, where a misapplied scale gives ~1. */
+#define TOL_GEMM_FP8 5e-4
+static void check_gemm_fp8(int M, int K, int N, int with_bias, int with_c)
+{
+    float *a = rnd_array((size_t)M * K, 2.0f, 0.0f), *w = rnd_array((size_t)N * K, 0.05f, 0.0f);
+    for (int m = 0; m < M; m++)
+        for (int k = 0; k < K; k++)
+            a[(size_t)m * K + k] *= (float)(1 + m % 5); /* rows of different ranges */
+    float *bias = rnd_array(N, 0.1f, 0.0f), *c = rnd_array((size_t)M * N, 1.0f, 0.0f);
+    uint8_t *qa = malloc((size_t)M * K), *qw = malloc((size_t)N * K);
+    float *sa = malloc(4ul * M), *sw = malloc(4ul * N), *ref = malloc(sizeof(float) * M * N);
+    assert_true(qa && qw && sa && sw && ref);
+    cpu_quantize_rows(qa, sa, a, M, K, K);
+    cpu_quantize_rows(qw, sw, w, N, K, K);
+    float *da = dequantize(qa, sa, M, K), *dw = dequantize(qw, sw, N, K);
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            double acc = 0.0;
+            for (int k = 0; k < K; k++)
+                acc += (double)da[(size_t)m * K + k] * dw[(size_t)n * K + k];
+            ref[(size_t)m * N + n] =
+                (float)(acc + (with_bias ? bias[n] : 0.0f) + (with_c ? c[(size_t)m * N + n] : 0.0f));
+        }
+    void *dqa = dev_upload(qa, (size_t)M * K), *dqw = dev_upload(qw, (size_t)N * K);
+    float *dsa = dev_upload(sa, 4ul * M), *dsw = dev_upload(sw, 4ul * N), *dbias = dev_upload(bias, 4ul * N);
+    float *dd = with_c ? dev_upload(c, 4ul * M * N) : dev_poisoned(4ul * M * N);
+    struct dit_gemm *g = NULL;
+    for (int epilogue = 0; epilogue < 2; epilogue++) { /* cuBLASLt's row scales, then the fallback's */
+        if (with_c) assert_int_equal(cuda_memcpy_h2d(dd, c, 4ul * M * N), 0);
+        dit_gemm_destroy(g);
+        assert_int_equal(dit_gemm_create(&g, MM3_MATMUL_FP8), 0);
+        dit_gemm_set_fp8_epilogue(g, epilogue);
+        if (dit_gemm_run_fp8(g, dd, N, dqa, dsa, K, dqw, dsw, with_bias ? dbias : NULL, with_c ? dd : NULL, M, K, N,
+                             NULL) < 0)
+            fail_msg("dit_gemm_run_fp8: %s", mm3_last_error());
+        float *d = dev_download(dd, (size_t)M * N, 0);
+        double rel = test_rel_error(d, ref, (size_t)M * N);
+        printf("fp8 GEMM M %d K %d N %d%s%s, %s: rel %.3g\n", M, K, N, with_bias ? " + bias" : "",
+               with_c ? " + C (in place)" : "", epilogue ? "scaling epilogue" : "cuBLASLt's scales", rel);
+        assert_true(rel <= TOL_GEMM_FP8);
+        free(d);
+    }
+    assert_false(dit_gemm_fp8_fits(K + 8, N, K + 8, N));
+    assert_true(dit_gemm_run_fp8(g, dd, N, dqa, dsa, K, dqw, dsw, NULL, NULL, M, K - 8, N, NULL) == -EINVAL);
+    dit_gemm_destroy(g);
+    /* a non-fp8 handle refuses */
+    assert_int_equal(dit_gemm_create(&g, MM3_MATMUL_FP16), 0);
+    assert_true(dit_gemm_run_fp8(g, dd, N, dqa, dsa, K, dqw, dsw, NULL, NULL, M, K, N, NULL) == -EINVAL);
+    dit_gemm_destroy(g);
+    cuda_free(dqa), cuda_free(dqw), cuda_free(dsa), cuda_free(dsw), cuda_free(dbias), cuda_free(dd);
+    free(a), free(w), free(bias), free(c), free(qa), free(qw), free(sa), free(sw), free(ref), free(da), free(dw);
+}
+
+static void test_gemm_fp8(void **state)
+{
+    (void)state;
+    check_gemm_fp8(37, 64, 48, 0, 0);
+    check_gemm_fp8(37, 64, 48, 1, 1);
+    check_gemm_fp8(300, 2048, 512, 1, 0);
+    check_gemm_fp8(129, 512, 2048, 0, 1);
+}
+
 /* ---- whole forward ---------------------------------------------------------------------- */
 
 struct ref_job {
@@ -431,7 +653,7 @@ static void check_forward(const struct dit_model *m, const char *what, int B, in
     cuda_free(dx), cuda_free(dt);
 }
 
-static const double fwd_tol[MM3_MATMUL_COUNT] = {TOL_FWD_FP32, TOL_FWD_TF32, TOL_FWD_BF16, TOL_FWD_FP16};
+static const double fwd_tol[MM3_MATMUL_COUNT] = {TOL_FWD_FP32, TOL_FWD_TF32, TOL_FWD_BF16, TOL_FWD_FP16, TOL_FWD_FP8};
 
 /* tiny-a: the two recorded DiT calls of case 0 (reference outputs of the real
  * pipeline), and the CPU forward of a batch of two with one zero condition. */
@@ -561,6 +783,33 @@ static void test_forward_release_block(void **state)
     dit_free(m);
 }
 
+/* ff_inner 24: ff_out's K is no multiple of 16, so an fp8 DiT runs it in fp16 (and ff_in with
+ * its own bias) while qkv, out and ff_in stay e4m3; every precision against the CPU. */
+static void test_forward_fp8_mixed(void **state)
+{
+    (void)state;
+    struct dit_config cfg = {.in_ch = 16,
+                             .cond_dim = 32,
+                             .n_layers = 2,
+                             .n_heads = 2,
+                             .head_dim = 32,
+                             .ff_inner = 24,
+                             .rotary_dim = 16,
+                             .fourier_dim = 16};
+    struct dit_model *m = random_model(&cfg);
+    int B = 2, L = 21;
+    size_t per = (size_t)cfg.in_ch * L;
+    float *x = rnd_array(B * per, 1.7f, 0.0f), *cond = rnd_array((size_t)L * cfg.cond_dim, 1.0f, 0.0f);
+    float *ref = malloc(sizeof(float) * B * per);
+    assert_non_null(ref);
+    float t[2] = {0.7f, 0.2f};
+    const float *conds[2] = {cond, NULL};
+    reference(m, B, L, x, t, conds, ref);
+    check_forward(m, "ff_inner 24", B, L, x, t, conds, ref, fwd_tol);
+    free(x), free(cond), free(ref);
+    dit_free(m);
+}
+
 static void test_bad_args(void **state)
 {
     (void)state;
@@ -588,6 +837,14 @@ static void test_bad_args(void **state)
     float *dx = dev_upload(x, 4ul * cfg.in_ch * L), *dt = dev_upload(&t, 4), *dv = dev_poisoned(4ul * cfg.in_ch * L);
     assert_int_equal(dit_cuda_forward(h, 1, L, dx, dt, NULL, dv, NULL), 0);
     float *v = dev_download(dv, (size_t)cfg.in_ch * L, 0);
+    free(v);
+    dit_cuda_free(h);
+    /* fp8, hidden 64 and ff 16: every block matrix fits e4m3; the fp16 rescue applies too */
+    assert_int_equal(dit_cuda_load_random(&h, &cfg, MM3_MATMUL_FP8, 1), 0);
+    assert_int_equal(dit_cuda_set_rescue(h, 1), 0);
+    assert_int_equal(dit_cuda_set_rescue(h, 0), 0);
+    assert_int_equal(dit_cuda_forward(h, 1, L, dx, dt, NULL, dv, NULL), 0);
+    v = dev_download(dv, (size_t)cfg.in_ch * L, 0);
     free(v), free(x);
     cuda_free(dx), cuda_free(dt), cuda_free(dv);
     dit_cuda_free(h);
@@ -603,14 +860,12 @@ int main(void)
     rng = seed_env ? strtoull(seed_env, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
     printf("seed %llu (MM3_TEST_SEED to replay)\n", (unsigned long long)rng);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_layernorm),
-        cmocka_unit_test(test_rope),
-        cmocka_unit_test(test_attention),
-        cmocka_unit_test(test_attention_default),
-        cmocka_unit_test(test_gating),
-        cmocka_unit_test(test_bad_args),
-        cmocka_unit_test(test_forward_tiny_a),
-        cmocka_unit_test(test_forward_release_block),
+        cmocka_unit_test(test_layernorm),      cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_attention),      cmocka_unit_test(test_attention_default),
+        cmocka_unit_test(test_gating),         cmocka_unit_test(test_fp8_quantize),
+        cmocka_unit_test(test_fp8_producers),  cmocka_unit_test(test_gemm_fp8),
+        cmocka_unit_test(test_bad_args),       cmocka_unit_test(test_forward_fp8_mixed),
+        cmocka_unit_test(test_forward_tiny_a), cmocka_unit_test(test_forward_release_block),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -40,6 +40,9 @@
 #define TOL_WINDOW_FP16 1e-2
 /* noise this large overflows fp16 operands (65504) but not when scaled down 256 times */
 #define FP16_OVERFLOW_NOISE 2e5f
+/* fp8 (e4m3 block GEMMs): the golden replay's latents bound, GOLDEN_REL_TOL_FLOW_FP8's
+ * derivation (16x bf16's operand rounding). */
+#define TOL_WINDOW_FP8 5e-2
 
 static uint64_t rng = 0x5eed1234abcdull;
 
@@ -210,6 +213,35 @@ static void fp16_case_free(struct fp16_case *k)
     free(k->cond), free(k->prev), free(k->x0), free(k->ref);
 }
 
+/* An fp8 window against the CPU: plain noise, and noise beyond fp16's range (the fp16 io
+ * GEMMs overflow, the window is rerun with scaled operands as fp16's is). */
+static void test_fp8_window(void **state)
+{
+    struct tiny *t = *state;
+    if (!t) skip();
+    struct flow_cuda *fc;
+    assert_int_equal(flow_cuda_create(&fc, t->dm, MM3_MATMUL_FP8, MAX_L), 0);
+    int C = t->dm->cfg.in_ch;
+    for (int big = 0; big < 2; big++) {
+        struct fp16_case k;
+        fp16_case_make(t, &k, 60, 20, 4, big ? FP16_OVERFLOW_NOISE : 1.0f);
+        float *x = malloc(sizeof(float) * C * 60);
+        assert_non_null(x);
+        memcpy(x, k.x0, sizeof(float) * C * 60);
+        unsigned long long r0 = dit_cuda_f16_rescues();
+        if (flow_cuda_window_run(fc, 4, FLOW_DEFAULT_GUIDANCE, 1.0f, 60, k.cond, 20, k.prev, x) < 0)
+            fail_msg("flow_cuda_window_run: %s", mm3_last_error());
+        double rel = test_rel_error(x, k.ref, (size_t)C * 60);
+        printf("fp8 window%s: rel %.2e (bound %.0e), rescued %llu\n", big ? ", noise beyond fp16's range" : "", rel,
+               TOL_WINDOW_FP8, dit_cuda_f16_rescues() - r0);
+        assert_true(rel <= TOL_WINDOW_FP8);
+        assert_true(dit_cuda_f16_rescues() == r0 + (unsigned long long)big);
+        free(x);
+        fp16_case_free(&k);
+    }
+    flow_cuda_free(fc);
+}
+
 static void test_fp16_rescue(void **state)
 {
     struct tiny *t = *state;
@@ -279,6 +311,7 @@ int main(void)
         cmocka_unit_test(test_step_bit_exact),
         cmocka_unit_test_setup_teardown(test_window_tiny_a, tiny_setup, tiny_teardown),
         cmocka_unit_test_setup_teardown(test_fp16_rescue, tiny_setup, tiny_teardown),
+        cmocka_unit_test_setup_teardown(test_fp8_window, tiny_setup, tiny_teardown),
         cmocka_unit_test_setup_teardown(test_bad_args, tiny_setup, tiny_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -57,6 +57,10 @@ static void test_tiny_bounds(void **state)
     assert_true(b.bound[GOLDEN_Q_AUDIO] == GOLDEN_REL_TOL_AUDIO_TF32);
     golden_bounds_tiny(&b, MM3_BACKEND_CUDA, MM3_MATMUL_FP16);
     assert_true(b.bound[GOLDEN_Q_AUDIO] == GOLDEN_REL_TOL_AUDIO_FP16);
+    golden_bounds_tiny(&b, MM3_BACKEND_CUDA, MM3_MATMUL_FP8);
+    assert_true(b.bound[GOLDEN_Q_DIT_CALL] == GOLDEN_REL_TOL_FWD_FP8);
+    assert_true(b.bound[GOLDEN_Q_LATENTS] == GOLDEN_REL_TOL_FLOW_FP8);
+    assert_true(b.bound[GOLDEN_Q_AUDIO] == GOLDEN_REL_TOL_AUDIO_FP8);
     assert_string_equal(golden_quantity_name(GOLDEN_Q_LATENTS), "latents");
 }
 
@@ -99,6 +103,11 @@ static void test_yardstick_widens_the_gpu_bound(void **state)
     golden_bounds_tiny(&b, MM3_BACKEND_CUDA, MM3_MATMUL_FP16);
     assert_int_equal(golden_bounds_apply_yardsticks(&b, path, MM3_MATMUL_FP16), 0);
     assert_true(b.bound[GOLDEN_Q_AUDIO] == GOLDEN_REL_TOL_AUDIO_FP16);
+    assert_true(b.yardstick[GOLDEN_Q_AUDIO] < 0);
+    /* PyTorch has no fp8 run: no yardstick, the tiny bound */
+    golden_bounds_tiny(&b, MM3_BACKEND_CUDA, MM3_MATMUL_FP8);
+    assert_int_equal(golden_bounds_apply_yardsticks(&b, path, MM3_MATMUL_FP8), 0);
+    assert_true(b.bound[GOLDEN_Q_AUDIO] == GOLDEN_REL_TOL_AUDIO_FP8);
     assert_true(b.yardstick[GOLDEN_Q_AUDIO] < 0);
     /* fp32 is not listed: 1e-4 everywhere */
     golden_bounds_tiny(&b, MM3_BACKEND_CUDA, MM3_MATMUL_FP32);

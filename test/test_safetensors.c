@@ -3,7 +3,10 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+/* cmocka needs the four above first */
 #include <cmocka.h>
+
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -36,6 +39,47 @@ static void test_roundtrip(void **state)
     st_file_close(&f);
     test_remove_tree(dir);
     free(dir);
+}
+
+/* e4m3 (the fp8 GEMM operands): every code decodes and re-encodes to itself, ties go
+ * to the even code, values past 448 saturate, and nothing is further than half a step. */
+static void test_e4m3(void **state)
+{
+    (void)state;
+    assert_true(mm3_e4m3_to_f32(0x38) == 1.0f);
+    assert_true(mm3_e4m3_to_f32(0x7e) == 448.0f);
+    assert_true(mm3_e4m3_to_f32(0x01) == ldexpf(1.0f, -9));
+    assert_true(mm3_e4m3_to_f32(0x08) == ldexpf(1.0f, -6));
+    assert_true(mm3_e4m3_to_f32(0xc0) == -2.0f);
+    assert_true(isnan(mm3_e4m3_to_f32(0x7f)) && isnan(mm3_e4m3_to_f32(0xff)));
+    for (int b = 0; b < 256; b++) {
+        if ((b & 0x7f) == 0x7f) continue;
+        float v = mm3_e4m3_to_f32((uint8_t)b);
+        if (mm3_f32_to_e4m3(v) != b) fail_msg("code 0x%02x (%g) re-encodes to 0x%02x", b, v, mm3_f32_to_e4m3(v));
+        if ((b & 0x7f) == 0x7e) continue;
+        /* the midpoint to the next code rounds to the even one of the two; just above it, up */
+        float next = mm3_e4m3_to_f32((uint8_t)(b + 1)), mid = 0.5f * (v + next);
+        int even = (b & 1) ? b + 1 : b;
+        if (mm3_f32_to_e4m3(mid) != even) fail_msg("midpoint %g after 0x%02x: 0x%02x", mid, b, mm3_f32_to_e4m3(mid));
+        float past = nextafterf(mid, copysignf(INFINITY, mid));
+        if (mm3_f32_to_e4m3(past) != b + 1)
+            fail_msg("%g, past the midpoint after 0x%02x: 0x%02x", past, b, mm3_f32_to_e4m3(past));
+    }
+    assert_int_equal(mm3_f32_to_e4m3(0.0f), 0x00);
+    assert_int_equal(mm3_f32_to_e4m3(-0.0f), 0x80);
+    assert_int_equal(mm3_f32_to_e4m3(464.0f), 0x7e); /* saturates instead of rounding to 480 */
+    assert_int_equal(mm3_f32_to_e4m3(1e30f), 0x7e);
+    assert_int_equal(mm3_f32_to_e4m3(-INFINITY), 0xfe);
+    assert_int_equal(mm3_f32_to_e4m3(NAN) & 0x7f, 0x7f);
+    assert_int_equal(mm3_f32_to_e4m3(ldexpf(1.0f, -11)), 0x00); /* a quarter step: zero */
+    assert_int_equal(mm3_f32_to_e4m3(ldexpf(3.0f, -11)), 0x01); /* three quarters of a step: one */
+    assert_int_equal(mm3_f32_to_e4m3(ldexpf(3.0f, -10)), 0x02); /* a step and a half: the even two */
+    /* normal range: within 2^-4 relative (half of a 3-bit mantissa step) */
+    for (int i = 0; i < 100000; i++) {
+        float v = ldexpf(1.0f + (float)i / 100000.0f, i % 14 - 6);
+        float q = mm3_e4m3_to_f32(mm3_f32_to_e4m3(v));
+        if (!(fabsf(q - v) <= ldexpf(v, -4))) fail_msg("%g -> %g", v, q);
+    }
 }
 
 /* F16 and I64 widen by value; an empty tensor is legal; load_f32 reports the shape. */
@@ -85,6 +129,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip),
         cmocka_unit_test(test_dtypes_and_load),
+        cmocka_unit_test(test_e4m3),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

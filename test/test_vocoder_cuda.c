@@ -318,7 +318,9 @@ static void test_fp16_rescue(void **state)
     float *ref = malloc(sizeof(float) * n), *pcm = malloc(sizeof(float) * n);
     assert_true(ref && pcm);
     struct vocoder_cuda *h;
-    if (vocoder_cuda_create(&h, v, MM3_MATMUL_FP16, L) < 0) fail_msg("vocoder_cuda_create: %s", mm3_last_error());
+    /* fp8 is the DiT's: its vocoder is this fp16 one */
+    if (vocoder_cuda_create(&h, v, MM3_MATMUL_FP8, L) < 0) fail_msg("vocoder_cuda_create: %s", mm3_last_error());
+    assert_int_equal(vocoder_cuda_precision(h), MM3_MATMUL_FP16);
     for (int big = 0; big < 2; big++) {
         float *lat = test_rand_array(&rng, (size_t)c * L, big ? 2e5f : 1.0f);
         assert_int_equal(vocoder_decode(v, lat, L, ref), 0);

@@ -2,7 +2,8 @@
  * made on the GPU (no files), in each matmul precision.
  *
  *   mm3-bench-dit [--layers N] [--latents L] [--windows 1,2,4,8] [--reps R]
- *                 [--precisions fp32,tf32,bf16,fp16] [--euler-steps S] [--attention auto,old,flash64,flash128,flash128m2]
+ *                 [--precisions fp32,tf32,bf16,fp16,fp8] [--euler-steps S] [--attention
+ * auto,old,flash64,flash128,flash128m2]
  *
  * Per precision: the dense GEMM peak (cuBLASLt 8192^3, median of 10 after warm-up,
  * CUDA events), one forward of B = 2 x windows sequences (CFG pair per window) of L
@@ -13,7 +14,9 @@
  * --attention: forward rows for each listed attention kernel (dit_cuda_attention_default_set):
  * auto (the built-in choice), old (the kernels before dit_attention_flash.cu: WMMA for tf32,
  * MMA for bf16), flash64, flash128, flash128m2; fp32 always runs SIMT. The per-piece breakdown times
- * every attention kernel of the precision. Prints a table last. */
+ * every attention kernel of the precision. fp8's peak and breakdown GEMMs are e4m3
+ * (dit_gemm_run_fp8), its LayerNorm and gating the fused quantizing kernels, its attention
+ * fp16's. Prints a table last. */
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
@@ -27,6 +30,7 @@
 #ifdef MM3_HAVE_CUDA
 #include "common/cuda/ops_cuda.h"
 #include "stage1/cuda/dit_cuda.h"
+#include "stage1/cuda/dit_fp8.h"
 #include "stage1/cuda/dit_gemm.h"
 #include "stage1/cuda/dit_kernels.h"
 #include "stage1/flow.h"
@@ -70,9 +74,57 @@ static const char *prec_name(enum mm3_matmul_precision p)
     return mm3_matmul_precision_name(p);
 }
 
+/* e4m3 rows of a random rows x cols matrix and their scales (dit_fp8.h). */
+struct fp8_mat {
+    uint8_t *q;
+    float *s;
+};
+
+static struct fp8_mat dev_fp8(size_t rows, size_t cols, float a, void *stream)
+{
+    struct fp8_mat m;
+    float *f = dev_random(rows * cols, a);
+    if (cuda_malloc((void **)&m.q, rows * cols) < 0 || cuda_malloc((void **)&m.s, 4 * rows) < 0 ||
+        dit_fp8_quantize_rows(m.q, m.s, f, (int)rows, (int)cols, (int)cols, stream) < 0 || cuda_stream_sync(stream) < 0)
+        die("fp8 operand");
+    cuda_free(f);
+    return m;
+}
+
+static void fp8_free(struct fp8_mat m)
+{
+    cuda_free(m.q), cuda_free(m.s);
+}
+
+/* Dense e4m3 GEMM peak in TFLOP/s, as gemm_peak. */
+static double gemm_peak_fp8(void *stream, void *e0, void *e1)
+{
+    const int n = 8192;
+    struct fp8_mat a = dev_fp8(n, n, 1.0f, stream), w = dev_fp8(n, n, 1.0f, stream);
+    float *d = NULL;
+    if (cuda_malloc((void **)&d, 4 * (size_t)n * n) < 0) die("cuda_malloc");
+    struct dit_gemm *g;
+    if (dit_gemm_create(&g, MM3_MATMUL_FP8) < 0) die("dit_gemm_create");
+    float ms[10];
+    for (int i = 0; i < 3; i++)
+        if (dit_gemm_run_fp8(g, d, n, a.q, a.s, n, w.q, w.s, NULL, NULL, n, n, n, stream) < 0) die("gemm");
+    for (int i = 0; i < 10; i++) {
+        cuda_event_record(e0, stream);
+        if (dit_gemm_run_fp8(g, d, n, a.q, a.s, n, w.q, w.s, NULL, NULL, n, n, n, stream) < 0) die("gemm");
+        cuda_event_record(e1, stream);
+        if (cuda_event_elapsed_ms(&ms[i], e0, e1) < 0) die("events");
+    }
+    double t = bench_median_f(ms, 10) * 1e-3;
+    dit_gemm_destroy(g);
+    fp8_free(a), fp8_free(w);
+    cuda_free(d);
+    return 2.0 * n * (double)n * n / t / 1e12;
+}
+
 /* Dense GEMM peak in TFLOP/s: random operands (zeros run faster), median of 10. */
 static double gemm_peak(enum mm3_matmul_precision p, void *stream, void *e0, void *e1)
 {
+    if (p == MM3_MATMUL_FP8) return gemm_peak_fp8(stream, e0, e1);
     const int n = 8192;
     size_t nn = (size_t)n * n;
     float *a32 = dev_random(nn, 1.0f), *w32 = dev_random(nn, 1.0f), *d = NULL;
@@ -259,12 +311,44 @@ static void breakdown(const struct dit_config *cfg, enum mm3_matmul_precision p,
         if (dit_gemm_create(&gh[a], p) < 0) die("dit_gemm_create");
         dit_gemm_set_autotune(gh[a], a);
     }
-    const char *names[4] = {"qkv GEMM", "out-proj GEMM (+x)", "ff_in GEMM (+bias)", "ff_out GEMM (+bias, +x)"};
+    const char *names[4] = {"qkv GEMM", "out-proj GEMM (+x)",
+                            p == MM3_MATMUL_FP8 ? "ff_in GEMM (bias in the gating)" : "ff_in GEMM (+bias)",
+                            "ff_out GEMM (+bias, +x)"};
     double flops[4] = {flop_qkv, flop_wo, flop_in, flop_out};
+    int f8 = p == MM3_MATMUL_FP8;
+    struct fp8_mat q8 = {0}, q_qkv = {0}, q_wo = {0}, q_wi = {0}, q_wf = {0};
+    if (f8) {
+        q8 = dev_fp8((size_t)N, (size_t)(D > F ? D : F), 1.0f, stream);
+        q_qkv = dev_fp8((size_t)3 * D, D, 0.02f, stream), q_wo = dev_fp8(D, D, 0.02f, stream);
+        q_wi = dev_fp8((size_t)2 * F, D, 0.02f, stream), q_wf = dev_fp8(D, F, 0.01f, stream);
+    }
     for (int k = 0; k < 4; k++) {
         float t[2];
         for (int a = 0; a < 2; a++) {
             struct dit_gemm *G = gh[a];
+            if (f8) {
+                switch (k) {
+                case 0:
+                    TIME_MS(t[a], reps,
+                            dit_gemm_run_fp8(G, qkv, 3 * D, q8.q, q8.s, D, q_qkv.q, q_qkv.s, NULL, NULL, N, D, 3 * D,
+                                             stream));
+                    break;
+                case 1:
+                    TIME_MS(t[a], reps,
+                            dit_gemm_run_fp8(G, x, D, q8.q, q8.s, D, q_wo.q, q_wo.s, NULL, x, N, D, D, stream));
+                    break;
+                case 2:
+                    TIME_MS(
+                        t[a], reps,
+                        dit_gemm_run_fp8(G, g, 2 * F, q8.q, q8.s, D, q_wi.q, q_wi.s, NULL, NULL, N, D, 2 * F, stream));
+                    break;
+                default:
+                    TIME_MS(t[a], reps,
+                            dit_gemm_run_fp8(G, x, D, q8.q, q8.s, F, q_wf.q, q_wf.s, bi, x, N, F, D, stream));
+                    break;
+                }
+                continue;
+            }
             switch (k) {
             case 0:
                 TIME_MS(t[a], reps, dit_gemm_run(G, qkv, 3 * D, op, D, wqkv, NULL, NULL, N, D, 3 * D, stream));
@@ -300,14 +384,24 @@ static void breakdown(const struct dit_config *cfg, enum mm3_matmul_precision p,
         printf("| attention (%s) | | %.3f | %.1f |\n", kernel_name(kk), t, flop_att / (t * 1e-3) / 1e12);
         if (kk == DIT_ATTN_AUTO) ta = t;
     }
-    TIME_MS(tl, reps, dit_cuda_layernorm(o2, bf, x, lw, lw, N, D, 1e-5f, stream));
+    if (f8) {
+        float tq;
+        TIME_MS(tl, reps, dit_fp8_layernorm(q8.q, q8.s, x, lw, lw, N, D, 1e-5f, stream));
+        TIME_MS(tg, reps, dit_fp8_silu_gate(q8.q, q8.s, g, bi, N, F, stream));
+        TIME_MS(tq, reps, dit_fp8_quantize_rows(q8.q, q8.s, x, N, D, D, stream));
+        printf("| quantize the attention output | | %.3f | |\n", tq);
+        sum += tq;
+    } else {
+        TIME_MS(tl, reps, dit_cuda_layernorm(o2, bf, x, lw, lw, N, D, 1e-5f, stream));
+        TIME_MS(tg, reps, dit_cuda_silu_gate(o2, bf, g, N, F, stream));
+    }
     printf("| LayerNorm (x2 per layer) | | %.3f | |\n", tl);
-    TIME_MS(tg, reps, dit_cuda_silu_gate(o2, bf, g, N, F, stream));
     printf("| SiLU gating | | %.3f | |\n", tg);
     sum += ta + 2 * tl + tg;
     printf("| sum of pieces | | %.3f | |\n", sum);
     for (int a = 0; a < 2; a++)
         dit_gemm_destroy(gh[a]);
+    if (f8) fp8_free(q8), fp8_free(q_qkv), fp8_free(q_wo), fp8_free(q_wi), fp8_free(q_wf);
     void *bufs[] = {op, wqkv, wo, wi, wf, x, qkv, g, bi, lw, cs, o2};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         cuda_free(bufs[i]);
@@ -316,7 +410,7 @@ static void breakdown(const struct dit_config *cfg, enum mm3_matmul_precision p,
 static void usage(void)
 {
     fprintf(stderr, "usage: mm3-bench-dit [--layers N] [--latents L] [--windows 1,2,4,8] [--reps R]\n"
-                    "                     [--precisions fp32,tf32,bf16,fp16] [--euler-steps S] [--frame-rate FPS]\n"
+                    "                     [--precisions fp32,tf32,bf16,fp16,fp8] [--euler-steps S] [--frame-rate FPS]\n"
                     "                     [--attention auto,old,flash64,flash128,flash128m2]\n");
     exit(2);
 }
@@ -375,6 +469,7 @@ int main(int argc, char **argv)
             if (strstr(val, "tf32")) precs[n_prec++] = MM3_MATMUL_TF32;
             if (strstr(val, "bf16")) precs[n_prec++] = MM3_MATMUL_BF16;
             if (strstr(val, "fp16")) precs[n_prec++] = MM3_MATMUL_FP16;
+            if (strstr(val, "fp8")) precs[n_prec++] = MM3_MATMUL_FP8;
         } else
             usage();
     }

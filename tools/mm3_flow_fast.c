@@ -61,7 +61,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: mm3-flow-fast --model CKPT [--frames FILE.safetensors | --seconds S] [--seed N] [--guidance G]\n"
-            "                     [--settings STEPS/SHIFT,...] [--backend cpu|cuda] [--precision fp32|tf32|bf16|fp16]\n"
+            "                     [--settings STEPS/SHIFT,...] [--backend cpu|cuda] [--precision fp32|tf32|bf16|fp16|fp8]\n"
             "  --settings  the first is the reference (default %s)\n",
             DEFAULT_SETTINGS);
 }
@@ -426,7 +426,7 @@ int main(int argc, char **argv)
             for (k = 0; k < MM3_MATMUL_COUNT && strcmp(optarg, mm3_matmul_precision_name(k)); k++)
                 ;
             if (k == MM3_MATMUL_COUNT) {
-                fprintf(stderr, "mm3-flow-fast: --precision '%s': expected fp32, tf32, bf16 or fp16\n", optarg);
+                fprintf(stderr, "mm3-flow-fast: --precision '%s': expected fp32, tf32, bf16, fp16 or fp8\n", optarg);
                 return 2;
             }
             o.precision = (enum mm3_matmul_precision)k;

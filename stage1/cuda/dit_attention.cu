@@ -335,11 +335,12 @@ static int launch(void *out, int out_fmt, const float *qkv, int n_seq, int T, in
     return dit_cuda_launched("attn_simt_kernel");
 }
 
-/* What AUTO runs per precision (fp32, tf32, bf16, fp16); dit_cuda_attention_default_set. */
-static const enum dit_attn_kernel builtin_kernel[MM3_MATMUL_COUNT] = {DIT_ATTN_SIMT, DIT_ATTN_FLASH128, DIT_ATTN_FLASH128,
-                                                                      DIT_ATTN_FLASH128};
+/* What AUTO runs per precision (fp32, tf32, bf16, fp16; fp8's attention is fp16's);
+ * dit_cuda_attention_default_set. */
+static const enum dit_attn_kernel builtin_kernel[MM3_MATMUL_COUNT] = {
+    DIT_ATTN_SIMT, DIT_ATTN_FLASH128, DIT_ATTN_FLASH128, DIT_ATTN_FLASH128, DIT_ATTN_FLASH128};
 static enum dit_attn_kernel auto_kernel[MM3_MATMUL_COUNT] = {DIT_ATTN_SIMT, DIT_ATTN_FLASH128, DIT_ATTN_FLASH128,
-                                                             DIT_ATTN_FLASH128};
+                                                             DIT_ATTN_FLASH128, DIT_ATTN_FLASH128};
 
 static bool kernel_computes(enum dit_attn_kernel k, enum mm3_matmul_precision prec)
 {
@@ -362,6 +363,7 @@ extern "C" int dit_cuda_attention_default_set(enum mm3_matmul_precision prec, en
 {
     if ((int)prec < 0 || prec >= MM3_MATMUL_COUNT)
         return mm3_errorf(-EINVAL, "dit_cuda_attention_default_set: precision %d: unknown", (int)prec);
+    if (prec == MM3_MATMUL_FP8) prec = MM3_MATMUL_FP16;
     int i = (int)prec;
     if (kernel == DIT_ATTN_AUTO) kernel = builtin_kernel[i];
     if (!kernel_computes(kernel, prec))
@@ -383,6 +385,7 @@ extern "C" int dit_cuda_attention_kernel(void *out, int out_fmt, const float *qk
                           rotary_dim, head_dim);
     if ((int)prec < 0 || prec >= MM3_MATMUL_COUNT)
         return mm3_errorf(-EINVAL, "dit_cuda_attention: precision %d: unknown", (int)prec);
+    if (prec == MM3_MATMUL_FP8) prec = MM3_MATMUL_FP16; /* fp8 is for the GEMMs: the attention computes in fp16 */
     if (kernel == DIT_ATTN_AUTO) kernel = auto_kernel[prec];
     if (!kernel_computes(kernel, prec))
         return mm3_errorf(-EINVAL, "dit_cuda_attention: kernel %d does not compute in precision %d", (int)kernel,

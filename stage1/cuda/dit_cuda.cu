@@ -6,10 +6,12 @@
 
 #include "stage1/cuda/dit_cuda.h"
 #include "stage1/cuda/dit_cuda_internal.h"
+#include "stage1/cuda/dit_fp8.h"
 #include "stage1/cuda/dit_gemm.h"
 #include "stage1/cuda/dit_kernels.h"
 
 extern "C" {
+#include "common/log.h"
 #include "common/ops.h"
 }
 
@@ -23,6 +25,9 @@ struct dit_cuda_layer {
     const void *ff_in;  /* [2*ff_inner, hidden] */
     const void *ff_out; /* [hidden, ff_inner] */
     const float *norm1_w, *norm1_b, *norm2_w, *norm2_b, *ff_in_b, *ff_out_b;
+    /* fp8: the per-output-channel scales of the matrices above stored as e4m3 (NULL: that
+     * matrix is fp16, its shape does not fit dit_gemm_fp8_fits) */
+    const float *wqkv_s, *wo_s, *ff_in_s, *ff_out_s;
 };
 
 struct dit_cuda {
@@ -40,6 +45,9 @@ struct dit_cuda {
     int cap_B, cap_L;
     float *h0, *h1, *x, *qkv, *g, *y, *yp, *tf, *t1, *cs;
     void *op; /* GEMM operand scratch: LayerNorm / attention / gating outputs, conversions */
+    uint8_t *q8; /* fp8: e4m3 operand rows of the block GEMMs ... */
+    float *qs;   /* ... their scales, one per token row */
+    float *att;  /* fp8: the float32 attention output before its quantization */
     int cs_T;
 };
 
@@ -62,7 +70,12 @@ static void free_activations(struct dit_cuda *h)
         *f[i] = NULL;
     }
     cudaFree(h->op);
+    cudaFree(h->q8);
+    cudaFree(h->qs);
+    cudaFree(h->att);
     h->op = NULL;
+    h->q8 = NULL;
+    h->qs = h->att = NULL;
     h->cap_B = h->cap_L = 0;
     h->cs_T = 0;
 }
@@ -91,8 +104,9 @@ extern "C" enum mm3_matmul_precision dit_cuda_precision(const struct dit_cuda *h
 
 extern "C" int dit_cuda_set_rescue(struct dit_cuda *h, int on)
 {
-    if (h->prec != MM3_MATMUL_FP16)
-        return on ? mm3_errorf(-EINVAL, "dit_cuda_set_rescue: only an fp16 DiT has operands to rescale") : 0;
+    if (h->prec != MM3_MATMUL_FP16 && h->prec != MM3_MATMUL_FP8)
+        return on ? mm3_errorf(-EINVAL, "dit_cuda_set_rescue: only an fp16 or fp8 DiT has fp16 operands to rescale")
+                  : 0;
     h->fmt = on ? DIT_OPERAND_F16_SCALED : DIT_OPERAND_F16;
     dit_gemm_set_alpha(h->gemm, on ? DIT_F16_RESCUE_SCALE : 1.0f);
     return 0;
@@ -125,7 +139,7 @@ static int create(struct dit_cuda **out, const struct dit_config *cfg, enum mm3_
     h->cfg = g;
     h->prec = prec;
     h->fmt = dit_operand_of(prec);
-    h->max_allocs = 16 + 10 * g.n_layers;
+    h->max_allocs = 16 + 14 * g.n_layers;
     h->allocs = (void **)calloc((size_t)h->max_allocs, sizeof *h->allocs);
     h->layers = (struct dit_cuda_layer *)calloc((size_t)g.n_layers, sizeof *h->layers);
     if (!h->allocs || !h->layers) {
@@ -142,9 +156,11 @@ static int create(struct dit_cuda **out, const struct dit_config *cfg, enum mm3_
 
 /* The weights in one fixed order, so the loaders share a single walk. `mat` makes an
  * operand matrix of rows x cols, `vec` a float32 vector; both fill it from `src`
- * (the CPU tensor, may be NULL for random). */
+ * (the CPU tensor, may be NULL for random). `scale` is non-NULL for the block matrices,
+ * which an fp8 DiT stores as e4m3 rows (their scales there) where the shape allows. */
 struct filler {
-    int (*mat)(struct filler *f, const void **dst, size_t rows, size_t cols, const float *const *src, int n_src);
+    int (*mat)(struct filler *f, const void **dst, const float **scale, size_t rows, size_t cols,
+               const float *const *src, int n_src);
     int (*vec)(struct filler *f, const float **dst, size_t n, const float *src, int kind);
     struct dit_cuda *h;
     float *staging; /* float32 device scratch (conversion to 2-byte operands) */
@@ -164,30 +180,30 @@ static int walk(struct filler *f, const struct dit_model *m)
 #define SRC(x) (w ? w->x : NULL)
     {
         const float *s[1] = {SRC(t1_w)};
-        if ((rc = f->mat(f, &h->t1_w, D, Fd, s, 1)) < 0) return rc;
+        if ((rc = f->mat(f, &h->t1_w, NULL, D, Fd, s, 1)) < 0) return rc;
     }
     if ((rc = f->vec(f, &h->t1_b, D, SRC(t1_b), VEC_BIAS)) < 0) return rc;
     {
         const float *s[1] = {SRC(t2_w)};
-        if ((rc = f->mat(f, &h->t2_w, D, D, s, 1)) < 0) return rc;
+        if ((rc = f->mat(f, &h->t2_w, NULL, D, D, s, 1)) < 0) return rc;
     }
     if ((rc = f->vec(f, &h->t2_b, D, SRC(t2_b), VEC_BIAS)) < 0) return rc;
     if ((rc = f->vec(f, &h->time_proj, Fd / 2, SRC(time_proj), VEC_TIME_PROJ)) < 0) return rc;
     {
         const float *s[1] = {SRC(pre_w)};
-        if ((rc = f->mat(f, &h->pre_w, Cc, Cc, s, 1)) < 0) return rc;
+        if ((rc = f->mat(f, &h->pre_w, NULL, Cc, Cc, s, 1)) < 0) return rc;
     }
     {
         const float *s[1] = {SRC(proj_in)};
-        if ((rc = f->mat(f, &h->proj_in, D, Cc, s, 1)) < 0) return rc;
+        if ((rc = f->mat(f, &h->proj_in, NULL, D, Cc, s, 1)) < 0) return rc;
     }
     {
         const float *s[1] = {SRC(proj_out)};
-        if ((rc = f->mat(f, &h->proj_out, C, D, s, 1)) < 0) return rc;
+        if ((rc = f->mat(f, &h->proj_out, NULL, C, D, s, 1)) < 0) return rc;
     }
     {
         const float *s[1] = {SRC(post_w)};
-        if ((rc = f->mat(f, &h->post_w, C, C, s, 1)) < 0) return rc;
+        if ((rc = f->mat(f, &h->post_w, NULL, C, C, s, 1)) < 0) return rc;
     }
 #undef SRC
     for (int i = 0; i < g->n_layers; i++) {
@@ -198,22 +214,22 @@ static int walk(struct filler *f, const struct dit_model *m)
         if ((rc = f->vec(f, &l->norm1_b, D, LS(norm1_b), VEC_NORM_B)) < 0) return rc;
         {
             const float *s[3] = {LS(wq), LS(wk), LS(wv)};
-            if ((rc = f->mat(f, &l->wqkv, 3 * D, D, s, 3)) < 0) return rc;
+            if ((rc = f->mat(f, &l->wqkv, &l->wqkv_s, 3 * D, D, s, 3)) < 0) return rc;
         }
         {
             const float *s[1] = {LS(wo)};
-            if ((rc = f->mat(f, &l->wo, D, D, s, 1)) < 0) return rc;
+            if ((rc = f->mat(f, &l->wo, &l->wo_s, D, D, s, 1)) < 0) return rc;
         }
         if ((rc = f->vec(f, &l->norm2_w, D, LS(norm2_w), VEC_NORM_W)) < 0) return rc;
         if ((rc = f->vec(f, &l->norm2_b, D, LS(norm2_b), VEC_NORM_B)) < 0) return rc;
         {
             const float *s[1] = {LS(ff_in_w)};
-            if ((rc = f->mat(f, &l->ff_in, 2 * F, D, s, 1)) < 0) return rc;
+            if ((rc = f->mat(f, &l->ff_in, &l->ff_in_s, 2 * F, D, s, 1)) < 0) return rc;
         }
         if ((rc = f->vec(f, &l->ff_in_b, 2 * F, LS(ff_in_b), VEC_BIAS)) < 0) return rc;
         {
             const float *s[1] = {LS(ff_out_w)};
-            if ((rc = f->mat(f, &l->ff_out, D, F, s, 1)) < 0) return rc;
+            if ((rc = f->mat(f, &l->ff_out, &l->ff_out_s, D, F, s, 1)) < 0) return rc;
         }
         if ((rc = f->vec(f, &l->ff_out_b, D, LS(ff_out_b), VEC_BIAS)) < 0) return rc;
 #undef LS
@@ -235,10 +251,51 @@ static int check_f16_range(const float *w, size_t n, size_t rows, size_t cols)
     return 0;
 }
 
-static int upload_mat(struct filler *f, const void **dst, size_t rows, size_t cols, const float *const *src, int n_src)
+/* Whether an fp8 DiT stores this block matrix (w[rows, cols], an activation row of cols
+ * in, rows out) as e4m3: the GEMM's K = cols, N = rows, lda = K, ldd = N. */
+static bool fp8_matrix(const struct dit_cuda *h, const float **scale, size_t rows, size_t cols)
+{
+    return h->prec == MM3_MATMUL_FP8 && scale && dit_gemm_fp8_fits((int)cols, (int)rows, (int)cols, (int)rows);
+}
+
+/* The e4m3 rows and per-row scales of the float32 matrix in f->staging. */
+static int fp8_from_staging(struct filler *f, const void **dst, const float **scale, size_t rows, size_t cols)
+{
+    struct dit_cuda *h = f->h;
+    void *p, *sc;
+    int rc = dev_alloc(h, &p, rows * cols);
+    if (rc == 0) rc = dev_alloc(h, &sc, rows * 4);
+    if (rc < 0) return rc;
+    *dst = p;
+    *scale = (const float *)sc;
+    return dit_fp8_quantize_rows((uint8_t *)p, (float *)sc, f->staging, (int)rows, (int)cols, (int)cols, NULL);
+}
+
+static int check_finite(const float *w, size_t n, size_t rows, size_t cols)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!std::isfinite(w[i]))
+            return mm3_errorf(-ERANGE, "a %zu x %zu weight matrix holds %g at element %zu: expected finite weights",
+                              rows, cols, (double)w[i], i);
+    return 0;
+}
+
+static int upload_mat(struct filler *f, const void **dst, const float **scale, size_t rows, size_t cols,
+                      const float *const *src, int n_src)
 {
     struct dit_cuda *h = f->h;
     void *p;
+    if (fp8_matrix(h, scale, rows, cols)) {
+        size_t per = rows * cols / (size_t)n_src;
+        int rc = 0;
+        for (int s = 0; s < n_src && rc == 0; s++) {
+            rc = check_finite(src[s], per, rows, cols);
+            if (rc == 0)
+                rc = dit_cuda_status(cudaMemcpy(f->staging + s * per, src[s], per * 4, cudaMemcpyHostToDevice),
+                                     "cudaMemcpy (weights)");
+        }
+        return rc < 0 ? rc : fp8_from_staging(f, dst, scale, rows, cols);
+    }
     size_t n = rows * cols, per = n / (size_t)n_src;
     int rc = dev_alloc(h, &p, n * dit_gemm_operand_size(h->prec));
     if (rc < 0) return rc;
@@ -293,6 +350,14 @@ static int finish_load(struct dit_cuda *h, int rc)
         free(inv);
     }
     if (rc == 0) rc = dit_cuda_status(cudaDeviceSynchronize(), "loading the DiT");
+    if (rc == 0 && h->prec == MM3_MATMUL_FP8) {
+        const struct dit_cuda_layer *l = &h->layers[0];
+        if (!l->wqkv_s || !l->wo_s || !l->ff_in_s || !l->ff_out_s)
+            LOG_INFO("fp8 DiT: hidden %d, ff_inner %d: the block matrices whose sizes are not multiples of 16 run in "
+                     "fp16 (qkv %s, out %s, ff_in %s, ff_out %s)",
+                     h->cfg.hidden, h->cfg.ff_inner, l->wqkv_s ? "fp8" : "fp16", l->wo_s ? "fp8" : "fp16",
+                     l->ff_in_s ? "fp8" : "fp16", l->ff_out_s ? "fp8" : "fp16");
+    }
     return rc;
 }
 
@@ -342,11 +407,18 @@ static uint64_t tensor_seed(struct filler *f)
     return f->seed * 0x100000001b3ull + (uint64_t)(f->tensor++) * 0x9e3779b97f4a7c15ull;
 }
 
-static int random_mat(struct filler *f, const void **dst, size_t rows, size_t cols, const float *const *src, int n_src)
+static int random_mat(struct filler *f, const void **dst, const float **scale, size_t rows, size_t cols,
+                      const float *const *src, int n_src)
 {
     struct dit_cuda *h = f->h;
     void *p;
     size_t n = rows * cols;
+    if (fp8_matrix(h, scale, rows, cols)) {
+        fill_random_kernel<<<dit_cuda_blocks(n, 256), 256>>>(f->staging, DIT_OPERAND_F32, n, tensor_seed(f),
+                                                             1.0f / sqrtf((float)cols), 0.0f);
+        int rc = dit_cuda_launched("fill_random_kernel");
+        return rc < 0 ? rc : fp8_from_staging(f, dst, scale, rows, cols);
+    }
     int rc = dev_alloc(h, &p, n * dit_gemm_operand_size(h->prec));
     if (rc < 0) return rc;
     *dst = p;
@@ -380,7 +452,11 @@ extern "C" int dit_cuda_load_random(struct dit_cuda **out, const struct dit_conf
     f.vec = random_vec;
     f.h = h;
     f.seed = seed;
-    rc = finish_load(h, walk(&f, NULL));
+    if (prec == MM3_MATMUL_FP8)
+        rc = dit_cuda_status(cudaMalloc((void **)&f.staging, largest_matrix(&h->cfg) * 4), "cudaMalloc (staging)");
+    if (rc == 0) rc = walk(&f, NULL);
+    rc = finish_load(h, rc);
+    cudaFree(f.staging);
     if (rc < 0) {
         dit_cuda_free(h);
         return mm3_error_prefix(rc, "random DiT: ");
@@ -419,6 +495,11 @@ extern "C" int dit_cuda_reserve(struct dit_cuda *h, int max_B, int max_L)
         rc = dit_cuda_status(cudaMalloc((void **)a[i].p, a[i].n * 4), "cudaMalloc (DiT activations)");
     if (rc == 0)
         rc = dit_cuda_status(cudaMalloc(&h->op, op * dit_gemm_operand_size(h->prec)), "cudaMalloc (DiT operands)");
+    if (rc == 0 && h->prec == MM3_MATMUL_FP8) {
+        rc = dit_cuda_status(cudaMalloc((void **)&h->q8, N * (D > F ? D : F)), "cudaMalloc (DiT fp8 operands)");
+        if (rc == 0) rc = dit_cuda_status(cudaMalloc((void **)&h->qs, N * 4), "cudaMalloc (DiT fp8 scales)");
+        if (rc == 0) rc = dit_cuda_status(cudaMalloc((void **)&h->att, N * D * 4), "cudaMalloc (DiT attention)");
+    }
     if (rc < 0) {
         free_activations(h);
         return rc;
@@ -486,19 +567,55 @@ extern "C" int dit_cuda_forward(struct dit_cuda *h, int B, int L, const float *x
     TRY(dit_cuda_silu(h->op, ob, h->t1, (size_t)B * D, s));
     TRY(dit_gemm_run(h->gemm, h->x, T * D, h->op, D, h->t2_w, h->t2_b, NULL, B, D, D, s));
 
-    /* 3. blocks: residual adds ride on the GEMMs (C = D = x) */
+    /* 3. blocks: residual adds ride on the GEMMs (C = D = x). An fp8 DiT's block matrices
+     * with e4m3 rows (l->*_s) read e4m3 token rows with their scales (h->q8, h->qs); its
+     * attention computes in fp16 (in tf32 when rerun with scaled operands: as fp16's, which
+     * tells its attention by the scaled operand type). */
     float scale = 1.0f / sqrtf((float)g->head_dim);
+    enum mm3_matmul_precision attn_prec = h->prec != MM3_MATMUL_FP8      ? h->prec
+                                          : ob == DIT_OPERAND_F16_SCALED ? MM3_MATMUL_TF32
+                                                                         : MM3_MATMUL_FP16;
     for (int i = 0; i < g->n_layers; i++) {
         const struct dit_cuda_layer *l = &h->layers[i];
-        TRY(dit_cuda_layernorm(h->op, ob, h->x, l->norm1_w, l->norm1_b, N, D, DIT_CUDA_LN_EPS, s));
-        TRY(dit_gemm_run(h->gemm, h->qkv, 3 * D, h->op, D, l->wqkv, NULL, NULL, N, D, 3 * D, s));
-        TRY(dit_cuda_attention(h->op, ob, h->qkv, B, T, g->n_heads, g->head_dim, g->rotary_dim,
-                               g->rotary_dim ? h->cs : NULL, scale, h->prec, s));
-        TRY(dit_gemm_run(h->gemm, h->x, D, h->op, D, l->wo, NULL, h->x, N, D, D, s));
-        TRY(dit_cuda_layernorm(h->op, ob, h->x, l->norm2_w, l->norm2_b, N, D, DIT_CUDA_LN_EPS, s));
-        TRY(dit_gemm_run(h->gemm, h->g, 2 * F, h->op, D, l->ff_in, l->ff_in_b, NULL, N, D, 2 * F, s));
-        TRY(dit_cuda_silu_gate(h->op, ob, h->g, N, F, s));
-        TRY(dit_gemm_run(h->gemm, h->x, D, h->op, F, l->ff_out, l->ff_out_b, h->x, N, F, D, s));
+        const uint8_t *q8 = h->q8;
+        if (l->wqkv_s) {
+            TRY(dit_fp8_layernorm(h->q8, h->qs, h->x, l->norm1_w, l->norm1_b, N, D, DIT_CUDA_LN_EPS, s));
+            TRY(dit_gemm_run_fp8(h->gemm, h->qkv, 3 * D, q8, h->qs, D, (const uint8_t *)l->wqkv, l->wqkv_s, NULL, NULL,
+                                 N, D, 3 * D, s));
+        } else {
+            TRY(dit_cuda_layernorm(h->op, ob, h->x, l->norm1_w, l->norm1_b, N, D, DIT_CUDA_LN_EPS, s));
+            TRY(dit_gemm_run(h->gemm, h->qkv, 3 * D, h->op, D, l->wqkv, NULL, NULL, N, D, 3 * D, s));
+        }
+        if (l->wo_s) {
+            TRY(dit_cuda_attention(h->att, DIT_OPERAND_F32, h->qkv, B, T, g->n_heads, g->head_dim, g->rotary_dim,
+                                   g->rotary_dim ? h->cs : NULL, scale, attn_prec, s));
+            TRY(dit_fp8_quantize_rows(h->q8, h->qs, h->att, N, D, D, s));
+            TRY(dit_gemm_run_fp8(h->gemm, h->x, D, q8, h->qs, D, (const uint8_t *)l->wo, l->wo_s, NULL, h->x, N, D, D,
+                                 s));
+        } else {
+            TRY(dit_cuda_attention(h->op, ob, h->qkv, B, T, g->n_heads, g->head_dim, g->rotary_dim,
+                                   g->rotary_dim ? h->cs : NULL, scale, attn_prec, s));
+            TRY(dit_gemm_run(h->gemm, h->x, D, h->op, D, l->wo, NULL, h->x, N, D, D, s));
+        }
+        /* fp8 gating adds ff_in's bias as it reads g (no pass of its own) */
+        const float *gate_bias = l->ff_out_s ? l->ff_in_b : NULL;
+        if (l->ff_in_s) {
+            TRY(dit_fp8_layernorm(h->q8, h->qs, h->x, l->norm2_w, l->norm2_b, N, D, DIT_CUDA_LN_EPS, s));
+            TRY(dit_gemm_run_fp8(h->gemm, h->g, 2 * F, q8, h->qs, D, (const uint8_t *)l->ff_in, l->ff_in_s,
+                                 gate_bias ? NULL : l->ff_in_b, NULL, N, D, 2 * F, s));
+        } else {
+            TRY(dit_cuda_layernorm(h->op, ob, h->x, l->norm2_w, l->norm2_b, N, D, DIT_CUDA_LN_EPS, s));
+            TRY(dit_gemm_run(h->gemm, h->g, 2 * F, h->op, D, l->ff_in, gate_bias ? NULL : l->ff_in_b, NULL, N, D, 2 * F,
+                             s));
+        }
+        if (l->ff_out_s) {
+            TRY(dit_fp8_silu_gate(h->q8, h->qs, h->g, gate_bias, N, F, s));
+            TRY(dit_gemm_run_fp8(h->gemm, h->x, D, q8, h->qs, F, (const uint8_t *)l->ff_out, l->ff_out_s, l->ff_out_b,
+                                 h->x, N, F, D, s));
+        } else {
+            TRY(dit_cuda_silu_gate(h->op, ob, h->g, N, F, s));
+            TRY(dit_gemm_run(h->gemm, h->x, D, h->op, F, l->ff_out, l->ff_out_b, h->x, N, F, D, s));
+        }
     }
 
     /* 4. drop the time token, proj_out, residual 1x1 conv, back to channels-first */

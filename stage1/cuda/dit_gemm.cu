@@ -1,4 +1,4 @@
-/* cuBLASLt GEMMs in fp32 / tf32 / bf16 / fp16 with bias and accumulate epilogues (dit_gemm.h). */
+/* cuBLASLt GEMMs in fp32 / tf32 / bf16 / fp16 / fp8 with bias and accumulate epilogues (dit_gemm.h). */
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -9,10 +9,18 @@
 #include "stage1/cuda/dit_cuda_internal.h"
 #include "stage1/cuda/dit_gemm.h"
 
+extern "C" {
+#include "common/log.h"
+}
+
 enum { GEMM_WORKSPACE = 64 << 20, GEMM_MAX_PLANS = 64, GEMM_CANDIDATES = 8 };
 
+/* How a plan computes: dit_gemm_run's operands, or e4m3 with the row scales applied by
+ * cuBLASLt (outer-vector scale modes) or by fp8_epilogue_kernel after a unit-scale GEMM. */
+enum { MODE_PLAIN = 0, MODE_FP8_OUTER, MODE_FP8_UNIT };
+
 struct gemm_key {
-    int M, K, N, lda, ldd, has_bias, has_c;
+    int M, K, N, lda, ldd, has_bias, has_c, mode;
     uint32_t align_a, align_w, align_d;
 };
 
@@ -22,14 +30,19 @@ struct gemm_plan {
     cublasLtMatrixLayout_t la, lw, ld;
     cublasLtMatmulAlgo_t algo;
     int bias_kernel; /* cuBLASLt offered no bias epilogue here: add it with add_bias_kernel */
+    int refused;     /* an fp8 shape cuBLASLt has no outer-vector-scaled kernel for: run it unit-scaled */
 };
 
 struct dit_gemm {
     enum mm3_matmul_precision prec;
     float alpha; /* scales every product: undoes an operand scale (dit_gemm_set_alpha) */
     int autotune;
+    int fp8_unit_logged; /* the log said once that some fp8 GEMMs apply their scales themselves */
+    int fp8_epilogue;    /* dit_gemm_set_fp8_epilogue: every fp8 GEMM unit-scaled */
     cublasLtHandle_t lt;
     void *workspace;
+    float *fp8_acc; /* MODE_FP8_UNIT: the unscaled products, fp8_acc_elems floats */
+    size_t fp8_acc_elems;
     int n_plans;
     struct gemm_plan plans[GEMM_MAX_PLANS];
 };
@@ -49,6 +62,20 @@ __global__ void add_bias_kernel(float *d, int ldd, const float *bias, int M, int
         d[(e / N) * ldd + e % N] += bias[e % N];
 }
 
+/* d = sa[m] sw[n] acc (+ bias[n]) (+ c): the row and column scales of a unit-scale fp8 GEMM. */
+__global__ void fp8_epilogue_kernel(float *d, int ldd, const float *acc, const float *sa, const float *sw,
+                                    const float *bias, const float *c, int M, int N)
+{
+    size_t n = (size_t)M * N;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+        size_t m = e / N, j = e % N, o = m * ldd + j;
+        float v = acc[e] * sa[m] * sw[j];
+        if (bias) v += bias[j];
+        if (c) v += c[o];
+        d[o] = v;
+    }
+}
+
 static int lt_error(cublasStatus_t st, const char *what)
 {
     return mm3_errorf(-ENODEV, "cuBLASLt %s: status %d", what, (int)st);
@@ -56,20 +83,28 @@ static int lt_error(cublasStatus_t st, const char *what)
 
 extern "C" size_t dit_gemm_operand_size(enum mm3_matmul_precision prec)
 {
-    return prec == MM3_MATMUL_BF16 || prec == MM3_MATMUL_FP16 ? 2 : 4;
+    return prec == MM3_MATMUL_BF16 || prec == MM3_MATMUL_FP16 || prec == MM3_MATMUL_FP8 ? 2 : 4;
+}
+
+extern "C" int dit_gemm_fp8_fits(int K, int N, int lda, int ldd)
+{
+    return K > 0 && N > 0 && K % 16 == 0 && N % 16 == 0 && lda % 16 == 0 && ldd % 4 == 0;
 }
 
 extern "C" int dit_gemm_create(struct dit_gemm **out, enum mm3_matmul_precision prec)
 {
     *out = NULL;
     if ((int)prec < 0 || prec >= MM3_MATMUL_COUNT)
-        return mm3_errorf(-EINVAL, "dit_gemm_create: matmul precision %d: expected fp32, tf32, bf16 or fp16", (int)prec);
+        return mm3_errorf(-EINVAL, "dit_gemm_create: matmul precision %d: expected fp32, tf32, bf16, fp16 or fp8",
+                          (int)prec);
     struct dit_gemm *g = (struct dit_gemm *)calloc(1, sizeof *g);
     if (!g) return mm3_errorf(-ENOMEM, "dit_gemm_create: out of memory");
     g->prec = prec;
     g->alpha = 1.0f;
     const char *env = getenv("MM3_DIT_GEMM_AUTOTUNE");
     g->autotune = !(env && !strcmp(env, "0"));
+    env = getenv("MM3_DIT_GEMM_FP8_EPILOGUE");
+    g->fp8_epilogue = env && !strcmp(env, "1");
     cublasStatus_t st = cublasLtCreate(&g->lt);
     if (st != CUBLAS_STATUS_SUCCESS) {
         free(g);
@@ -99,6 +134,11 @@ extern "C" void dit_gemm_set_alpha(struct dit_gemm *g, float alpha)
     g->alpha = alpha;
 }
 
+extern "C" void dit_gemm_set_fp8_epilogue(struct dit_gemm *g, int on)
+{
+    g->fp8_epilogue = on != 0;
+}
+
 extern "C" void dit_gemm_set_autotune(struct dit_gemm *g, int on)
 {
     g->autotune = on != 0;
@@ -109,6 +149,7 @@ extern "C" void dit_gemm_destroy(struct dit_gemm *g)
     if (!g) return;
     for (int i = 0; i < g->n_plans; i++)
         plan_release(&g->plans[i]);
+    cudaFree(g->fp8_acc);
     cudaFree(g->workspace);
     cublasLtDestroy(g->lt);
     free(g);
@@ -186,19 +227,43 @@ done:
     }
 }
 
+/* The row scales of an outer-vector fp8 plan: cuBLASLt's A is our w (N scales), its B our a (M). */
+static cublasStatus_t set_fp8_scales(struct gemm_plan *p, const float *sa, const float *sw)
+{
+    cublasStatus_t st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof sw);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sa, sizeof sa);
+    return st;
+}
+
+static const char *mode_name(const struct dit_gemm *g, int mode)
+{
+    return mode != MODE_PLAIN                                        ? "fp8"
+           : g->prec == MM3_MATMUL_BF16                              ? "bf16"
+           : g->prec == MM3_MATMUL_FP16 || g->prec == MM3_MATMUL_FP8 ? "fp16"
+           : g->prec == MM3_MATMUL_TF32                              ? "tf32"
+                                                                     : "fp32";
+}
+
 static int plan_make(struct dit_gemm *g, const struct gemm_key *k, struct gemm_plan *p, int bias_kernel, const void *a,
-                     const void *w, const float *bias, cudaStream_t s)
+                     const void *w, const float *bias, const float *sa, const float *sw, cudaStream_t s)
 {
     int rc = 0;
     memset(p, 0, sizeof *p);
     p->key = *k;
-    p->bias_kernel = bias_kernel;
+    p->bias_kernel = bias_kernel || k->mode != MODE_PLAIN; /* fp8: the bias is added after the scales */
     cublasLtMatmulPreference_t pref = NULL;
     cublasLtMatmulHeuristicResult_t heur[GEMM_CANDIDATES];
     int found = 0;
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    cublasComputeType_t ct = g->prec == MM3_MATMUL_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    cudaDataType_t ot = g->prec == MM3_MATMUL_BF16 ? CUDA_R_16BF : g->prec == MM3_MATMUL_FP16 ? CUDA_R_16F : CUDA_R_32F;
+    cublasComputeType_t ct =
+        g->prec == MM3_MATMUL_TF32 && k->mode == MODE_PLAIN ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    cudaDataType_t ot = k->mode != MODE_PLAIN                                     ? CUDA_R_8F_E4M3
+                        : g->prec == MM3_MATMUL_BF16                              ? CUDA_R_16BF
+                        : g->prec == MM3_MATMUL_FP16 || g->prec == MM3_MATMUL_FP8 ? CUDA_R_16F
+                                                                                  : CUDA_R_32F;
+    /* a unit-scale fp8 GEMM writes its unscaled products densely into g->fp8_acc */
+    int64_t ld_out = k->mode == MODE_FP8_UNIT ? k->N : k->ldd;
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     int epi_bias = k->has_bias && !p->bias_kernel;
     cublasLtEpilogue_t epi = epi_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
@@ -212,9 +277,15 @@ static int plan_make(struct dit_gemm *g, const struct gemm_key *k, struct gemm_p
         cudaDataType_t bt = CUDA_R_32F;
         LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
     }
+    if (k->mode == MODE_FP8_OUTER) {
+        int32_t sm = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+        LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &sm, sizeof sm));
+        LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &sm, sizeof sm));
+        LT_TRY(set_fp8_scales(p, sa, sw));
+    }
     LT_TRY(cublasLtMatrixLayoutCreate(&p->lw, ot, (uint64_t)k->K, (uint64_t)k->N, (int64_t)k->K));
     LT_TRY(cublasLtMatrixLayoutCreate(&p->la, ot, (uint64_t)k->K, (uint64_t)k->M, (int64_t)k->lda));
-    LT_TRY(cublasLtMatrixLayoutCreate(&p->ld, CUDA_R_32F, (uint64_t)k->N, (uint64_t)k->M, (int64_t)k->ldd));
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->ld, CUDA_R_32F, (uint64_t)k->N, (uint64_t)k->M, ld_out));
     LT_TRY(cublasLtMatmulPreferenceCreate(&pref));
     LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
     LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &k->align_w,
@@ -228,12 +299,8 @@ static int plan_make(struct dit_gemm *g, const struct gemm_key *k, struct gemm_p
     LT_TRY(cublasLtMatmulAlgoGetHeuristic(g->lt, p->op, p->lw, p->la, p->ld, p->ld, pref,
                                           g->autotune ? GEMM_CANDIDATES : 1, heur, &found));
     if (found < 1) {
-        rc = mm3_errorf(-ENODEV, "cuBLASLt: no algorithm for the %s GEMM M %d K %d N %d",
-                        g->prec == MM3_MATMUL_BF16   ? "bf16"
-                        : g->prec == MM3_MATMUL_FP16 ? "fp16"
-                        : g->prec == MM3_MATMUL_TF32 ? "tf32"
-                                                     : "fp32",
-                        k->M, k->K, k->N);
+        rc = mm3_errorf(-ENODEV, "cuBLASLt: no algorithm for the %s%s GEMM M %d K %d N %d", mode_name(g, k->mode),
+                        k->mode == MODE_FP8_OUTER ? " (per-row scales)" : "", k->M, k->K, k->N);
         goto fail;
     }
     p->algo = heur[0].algo;
@@ -249,6 +316,46 @@ fail:
     return rc;
 }
 
+/* The cached plan of key k (made on first use; NULL with the error set). */
+static struct gemm_plan *plan_for(struct dit_gemm *g, const struct gemm_key *k, const void *a, const void *w,
+                                  const float *bias, const float *sa, const float *sw, cudaStream_t s, int *rc)
+{
+    for (int i = 0; i < g->n_plans; i++)
+        if (!memcmp(&g->plans[i].key, k, sizeof *k)) {
+            if (!g->plans[i].refused) return &g->plans[i];
+            *rc = -ENOTSUP;
+            return NULL;
+        }
+    /* the table is full only with many shapes; recycle the oldest slot */
+    int slot = g->n_plans < GEMM_MAX_PLANS ? g->n_plans : 0;
+    if (g->n_plans == GEMM_MAX_PLANS) plan_release(&g->plans[0]);
+    *rc = plan_make(g, k, &g->plans[slot], 0, a, w, bias, sa, sw, s);
+    if (*rc < 0 && bias && k->mode == MODE_PLAIN) *rc = plan_make(g, k, &g->plans[slot], 1, a, w, bias, sa, sw, s);
+    if (*rc < 0 && k->mode == MODE_FP8_OUTER) {
+        /* remember the refusal (an empty plan), so the shape does not ask cuBLASLt again */
+        g->plans[slot].key = *k;
+        g->plans[slot].refused = 1;
+        if (slot == g->n_plans) g->n_plans++;
+        *rc = -ENOTSUP;
+        return NULL;
+    }
+    if (*rc < 0) return NULL;
+    if (slot == g->n_plans) g->n_plans++;
+    return &g->plans[slot];
+}
+
+static void key_init(struct gemm_key *k, int mode, float *d, int ldd, const void *a, int lda, const void *w,
+                     const float *bias, const float *c, int M, int K, int N)
+{
+    memset(k, 0, sizeof *k);
+    k->M = M, k->K = K, k->N = N, k->lda = lda, k->ldd = ldd, k->has_bias = bias != NULL, k->has_c = c != NULL;
+    k->mode = mode;
+    k->align_a = ptr_alignment(a);
+    k->align_w = ptr_alignment(w);
+    k->align_d = mode == MODE_FP8_UNIT ? 256 : ptr_alignment(d); /* unit: g->fp8_acc, from cudaMalloc */
+    if (c && ptr_alignment(c) < k->align_d) k->align_d = ptr_alignment(c);
+}
+
 extern "C" int dit_gemm_run(struct dit_gemm *g, float *d, int ldd, const void *a, int lda, const void *w,
                             const float *bias, const float *c, int M, int K, int N, void *stream)
 {
@@ -258,27 +365,10 @@ extern "C" int dit_gemm_run(struct dit_gemm *g, float *d, int ldd, const void *a
                           "lda >= K, ldd >= N, non-NULL pointers",
                           M, K, N, lda, ldd);
     struct gemm_key k;
-    memset(&k, 0, sizeof k);
-    k.M = M, k.K = K, k.N = N, k.lda = lda, k.ldd = ldd, k.has_bias = bias != NULL, k.has_c = c != NULL;
-    k.align_a = ptr_alignment(a);
-    k.align_w = ptr_alignment(w);
-    k.align_d = ptr_alignment(d);
-    if (c && ptr_alignment(c) < k.align_d) k.align_d = ptr_alignment(c);
-    struct gemm_plan *p = NULL;
-    for (int i = 0; i < g->n_plans && !p; i++)
-        if (!memcmp(&g->plans[i].key, &k, sizeof k)) p = &g->plans[i];
-    if (!p) {
-        /* the table is full only with many shapes; recycle the oldest slot */
-        int slot = g->n_plans < GEMM_MAX_PLANS ? g->n_plans : 0;
-        if (g->n_plans == GEMM_MAX_PLANS) plan_release(&g->plans[0]);
-        cudaStream_t s = (cudaStream_t)stream;
-        int rc = plan_make(g, &k, &g->plans[slot], 0, a, w, bias, s);
-        if (rc < 0 && bias) rc = plan_make(g, &k, &g->plans[slot], 1, a, w, bias, s);
-        if (rc < 0) return rc;
-        if (slot == g->n_plans) g->n_plans++;
-        p = &g->plans[slot];
-    }
+    key_init(&k, MODE_PLAIN, d, ldd, a, lda, w, bias, c, M, K, N);
     int rc = 0;
+    struct gemm_plan *p = plan_for(g, &k, a, w, bias, NULL, NULL, (cudaStream_t)stream, &rc);
+    if (!p) return rc;
     if (bias && !p->bias_kernel)
         LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
     {
@@ -293,5 +383,76 @@ extern "C" int dit_gemm_run(struct dit_gemm *g, float *d, int ldd, const void *a
     }
     return 0;
 fail:
+    return rc;
+}
+
+/* Room for elems unscaled fp8 products (grows only; synchronises the device when it does). */
+static int fp8_acc_reserve(struct dit_gemm *g, size_t elems)
+{
+    if (elems <= g->fp8_acc_elems) return 0;
+    int rc = dit_cuda_status(cudaDeviceSynchronize(), "fp8 GEMM products");
+    if (rc < 0) return rc;
+    cudaFree(g->fp8_acc);
+    g->fp8_acc = NULL;
+    g->fp8_acc_elems = 0;
+    rc = dit_cuda_status(cudaMalloc((void **)&g->fp8_acc, elems * sizeof(float)), "cudaMalloc (fp8 GEMM products)");
+    if (rc == 0) g->fp8_acc_elems = elems;
+    return rc;
+}
+
+/* One fp8 GEMM in mode MODE_FP8_OUTER or MODE_FP8_UNIT; -ENOTSUP (no message) when
+ * cuBLASLt has no outer-vector-scaled kernel for it. */
+static int run_fp8_mode(struct dit_gemm *g, int mode, float *d, int ldd, const uint8_t *a8, const float *sa, int lda,
+                        const uint8_t *w8, const float *sw, const float *bias, const float *c, int M, int K, int N,
+                        cudaStream_t s)
+{
+    int rc = 0;
+    if (mode == MODE_FP8_UNIT && (rc = fp8_acc_reserve(g, (size_t)M * N)) < 0) return rc;
+    struct gemm_key k;
+    key_init(&k, mode, d, ldd, a8, lda, w8, bias, mode == MODE_FP8_UNIT ? NULL : c, M, K, N);
+    struct gemm_plan *p = plan_for(g, &k, a8, w8, bias, sa, sw, s, &rc);
+    if (!p) return rc;
+    float one = 1.0f, beta = mode == MODE_FP8_OUTER && c ? 1.0f : 0.0f;
+    if (mode == MODE_FP8_OUTER) {
+        if (set_fp8_scales(p, sa, sw) != CUBLAS_STATUS_SUCCESS ||
+            cublasLtMatmul(g->lt, p->op, &one, w8, p->lw, a8, p->la, &beta, c ? c : d, p->ld, d, p->ld, &p->algo,
+                           g->workspace, GEMM_WORKSPACE, s) != CUBLAS_STATUS_SUCCESS) {
+            p->refused = 1;
+            return -ENOTSUP;
+        }
+        if (!bias) return 0;
+        add_bias_kernel<<<dit_cuda_blocks((size_t)M * N, 256), 256, 0, s>>>(d, ldd, bias, M, N);
+        return dit_cuda_launched("add_bias_kernel");
+    }
+    LT_TRY(cublasLtMatmul(g->lt, p->op, &one, w8, p->lw, a8, p->la, &beta, g->fp8_acc, p->ld, g->fp8_acc, p->ld,
+                          &p->algo, g->workspace, GEMM_WORKSPACE, s));
+    fp8_epilogue_kernel<<<dit_cuda_blocks((size_t)M * N, 256), 256, 0, s>>>(d, ldd, g->fp8_acc, sa, sw, bias, c, M, N);
+    return dit_cuda_launched("fp8_epilogue_kernel");
+fail:
+    return rc;
+}
+
+extern "C" int dit_gemm_run_fp8(struct dit_gemm *g, float *d, int ldd, const uint8_t *a8, const float *sa, int lda,
+                                const uint8_t *w8, const float *sw, const float *bias, const float *c, int M, int K,
+                                int N, void *stream)
+{
+    if (g->prec != MM3_MATMUL_FP8 || M < 1 || lda < K || ldd < N || !dit_gemm_fp8_fits(K, N, lda, ldd) || !d || !a8 ||
+        !sa || !w8 || !sw)
+        return mm3_errorf(-EINVAL,
+                          "dit_gemm_run_fp8: M %d K %d N %d, lda %d, ldd %d: expected an fp8 handle, M >= 1, K, N "
+                          "and lda multiples of 16, ldd of 4, non-NULL pointers",
+                          M, K, N, lda, ldd);
+    cudaStream_t s = (cudaStream_t)stream;
+    if (g->fp8_epilogue) return run_fp8_mode(g, MODE_FP8_UNIT, d, ldd, a8, sa, lda, w8, sw, bias, c, M, K, N, s);
+    int rc = run_fp8_mode(g, MODE_FP8_OUTER, d, ldd, a8, sa, lda, w8, sw, bias, c, M, K, N, s);
+    if (rc == -ENOTSUP) {
+        /* no per-row scales for e4m3 in this cuBLASLt for this shape: unit scales and our own epilogue */
+        if (!g->fp8_unit_logged)
+            LOG_INFO("fp8 GEMMs: cuBLASLt offers no per-row (outer vector) scales for M %d K %d N %d (and maybe "
+                     "others): such GEMMs apply their scales in an epilogue kernel",
+                     M, K, N);
+        g->fp8_unit_logged = 1;
+        rc = run_fp8_mode(g, MODE_FP8_UNIT, d, ldd, a8, sa, lda, w8, sw, bias, c, M, K, N, s);
+    }
     return rc;
 }

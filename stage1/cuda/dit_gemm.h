@@ -1,7 +1,7 @@
 /* cuBLASLt GEMMs of the DiT in one of the matmul precisions (deploy key
  * `matmul_precision`): fp32 (CUBLAS_COMPUTE_32F on float32), tf32
  * (CUBLAS_COMPUTE_32F_FAST_TF32 on float32), bf16 or fp16 (2-byte operands,
- * CUBLAS_COMPUTE_32F).
+ * CUBLAS_COMPUTE_32F). An fp8 handle runs dit_gemm_run in fp16 and dit_gemm_run_fp8 in e4m3.
  * Output, bias and the accumulated C are always float32.
  *
  *     struct dit_gemm *g;  dit_gemm_create(&g, MM3_MATMUL_TF32);
@@ -16,6 +16,7 @@
 #define MM3_STAGE1_CUDA_DIT_GEMM_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/deploy.h" /* enum mm3_matmul_precision */
 
@@ -35,7 +36,8 @@ void dit_gemm_set_autotune(struct dit_gemm *g, int on);
  * default. A caller that stores its operands divided by a power of two undoes it here. */
 void dit_gemm_set_alpha(struct dit_gemm *g, float alpha);
 
-/* Bytes of one operand element: 2 for bf16 and fp16, else 4. */
+/* Bytes of one operand element of dit_gemm_run: 2 for bf16, fp16 and fp8 (whose plain
+ * GEMMs run in fp16), else 4. */
 size_t dit_gemm_operand_size(enum mm3_matmul_precision prec);
 
 /* d[M, N] (row stride ldd) = a[M, K] (row stride lda) . w[N, K]^T (+ bias[N]) (+ c[M, N]),
@@ -43,6 +45,26 @@ size_t dit_gemm_operand_size(enum mm3_matmul_precision prec);
  * c may be NULL, equal to d, or another matrix with row stride ldd. */
 int dit_gemm_run(struct dit_gemm *g, float *d, int ldd, const void *a, int lda, const void *w, const float *bias,
                  const float *c, int M, int K, int N, void *stream);
+
+/* Whether a GEMM of this shape may run in fp8: cuBLASLt's e4m3 GEMMs need K, N and lda
+ * multiples of 16 (16-byte rows) and 16-byte float32 output rows. */
+int dit_gemm_fp8_fits(int K, int N, int lda, int ldd);
+
+/* fp8 handles only: d[M, N] = sa[m] sw[n] (a8[M, K] . w8[N, K]^T) (+ bias[N]) (+ c[M, N]) with
+ * float32 accumulation; a8 and w8 are e4m3 bytes (row strides lda and K), sa[M] and sw[N]
+ * their row scales (float32, on the device). The scales ride on cuBLASLt's outer-vector
+ * scale modes; where cuBLASLt has none for e4m3 (said once in the log) the GEMM runs with
+ * unit scales into a float32 scratch and one kernel applies scales, bias and c.
+ * Needs dit_gemm_fp8_fits(K, N, lda, ldd). c may be NULL, equal to d, or another matrix
+ * with row stride ldd. */
+int dit_gemm_run_fp8(struct dit_gemm *g, float *d, int ldd, const uint8_t *a8, const float *sa, int lda,
+                     const uint8_t *w8, const float *sw, const float *bias, const float *c, int M, int K, int N,
+                     void *stream);
+
+/* From now on, every fp8 GEMM takes the unit-scale path with the scaling epilogue, as where
+ * cuBLASLt has no per-row scales (for tests and comparisons; MM3_DIT_GEMM_FP8_EPILOGUE=1 in
+ * the environment: every handle from its creation). */
+void dit_gemm_set_fp8_epilogue(struct dit_gemm *g, int on);
 
 #ifdef __cplusplus
 }

@@ -31,10 +31,13 @@ enum dit_operand { DIT_OPERAND_F32 = 0, DIT_OPERAND_BF16 = 1, DIT_OPERAND_F16 = 
 unsigned long long dit_cuda_f16_rescues(void);
 void dit_cuda_count_f16_rescue(void);
 
-/* The operand type of a matmul precision (fp32 and tf32 GEMMs read float32). */
+/* The operand type of a matmul precision's dit_gemm_run (fp32 and tf32 GEMMs read float32;
+ * fp8's e4m3 rows are dit_fp8.h's, its other GEMMs run in fp16). */
 static inline enum dit_operand dit_operand_of(enum mm3_matmul_precision p)
 {
-    return p == MM3_MATMUL_BF16 ? DIT_OPERAND_BF16 : p == MM3_MATMUL_FP16 ? DIT_OPERAND_F16 : DIT_OPERAND_F32;
+    return p == MM3_MATMUL_BF16                          ? DIT_OPERAND_BF16
+           : p == MM3_MATMUL_FP16 || p == MM3_MATMUL_FP8 ? DIT_OPERAND_F16
+                                                         : DIT_OPERAND_F32;
 }
 
 /* y[n, dim] = LayerNorm(x) * w + b (biased variance, two-pass mean/variance in
@@ -59,6 +62,7 @@ int dit_cuda_rope(float *x, int n_seq, int T, int stride, int n_heads, int head_
  * on load when cs != NULL (rotary_dim > 0). Products: fp32 SIMT (MM3_MATMUL_FP32),
  * tensor cores with tf32, bf16 or fp16 operands and float32 accumulation otherwise (fp16:
  * the FLASH kernels; WMMA and a rescue run, out_fmt DIT_OPERAND_F16_SCALED, in tf32).
+ * MM3_MATMUL_FP8 computes as fp16 (fp8 is for the DiT's GEMMs).
  * head_dim must be 32, 64 or 128. */
 int dit_cuda_attention(void *out, int out_fmt, const float *qkv, int n_seq, int T, int n_heads, int head_dim,
                        int rotary_dim, const float *cs, float scale, enum mm3_matmul_precision prec, void *stream);

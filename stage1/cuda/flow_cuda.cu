@@ -204,9 +204,15 @@ static int queue_window(struct flow_cuda *f, int n_steps, float guidance, float 
     return 0;
 }
 
+/* fp16 and fp8 DiTs have fp16 operands (fp8: outside the e4m3 block GEMMs) that may overflow. */
+static bool has_f16_operands(const struct dit_cuda *d)
+{
+    return dit_cuda_precision(d) == MM3_MATMUL_FP16 || dit_cuda_precision(d) == MM3_MATMUL_FP8;
+}
+
 static const char *fp16_hint(const struct dit_cuda *d)
 {
-    return dit_cuda_precision(d) == MM3_MATMUL_FP16 ? " (also with the fp16 operands scaled down: use tf32)" : "";
+    return has_f16_operands(d) ? " (also with the fp16 operands scaled down: use tf32)" : "";
 }
 
 static bool all_finite(const float *x, size_t n)
@@ -242,7 +248,7 @@ extern "C" int flow_cuda_window_run(struct flow_cuda *f, int n_steps, float guid
                           n_steps, (double)shift, L, f->max_L, ov);
     size_t n = (size_t)C * L;
     int rc = run_window(f, n_steps, guidance, shift, L, cond, ov, prev, x);
-    if (rc == 0 && dit_cuda_precision(f->dit) == MM3_MATMUL_FP16 && !all_finite(f->out, n)) {
+    if (rc == 0 && has_f16_operands(f->dit) && !all_finite(f->out, n)) {
         /* fp16 operands overflowed somewhere (inf/NaN spreads to the latents): rerun
          * the window with every operand scaled down */
         dit_cuda_count_f16_rescue();
@@ -545,8 +551,8 @@ extern "C" int flow_cuda_batch_open(struct flow_cuda *f, int max_windows, struct
     b->conds = (const float **)calloc(2 * W, sizeof *b->conds);
     b->order = (int *)calloc(W, sizeof *b->order);
     b->jobs = (struct flow_job *)calloc(W, sizeof *b->jobs);
-    if (dit_cuda_precision(f->dit) == MM3_MATMUL_FP16) b->h_noise = (float *)malloc(sizeof(float) * W * slot);
-    int rc = b->conds && b->order && b->jobs && (b->h_noise || dit_cuda_precision(f->dit) != MM3_MATMUL_FP16)
+    if (has_f16_operands(f->dit)) b->h_noise = (float *)malloc(sizeof(float) * W * slot);
+    int rc = b->conds && b->order && b->jobs && (b->h_noise || !has_f16_operands(f->dit))
                  ? 0
                  : mm3_errorf(-ENOMEM, "flow_cuda batch: out of memory");
     if (rc == 0) rc = dit_cuda_status(cudaGetDevice(&b->device), "cudaGetDevice");

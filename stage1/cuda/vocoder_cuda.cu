@@ -370,6 +370,7 @@ extern "C" int vocoder_cuda_create(struct vocoder_cuda **out, const struct vocod
     if (max_L < 1) return mm3_errorf(-EINVAL, "vocoder_cuda_create: max_L %d, expected >= 1", max_L);
     if ((int64_t)max_L * vocoder_hop(v) > INT32_MAX / 2)
         return mm3_errorf(-EINVAL, "vocoder_cuda_create: max_L %d gives more than 2^30 samples per channel", max_L);
+    if (prec == MM3_MATMUL_FP8) prec = MM3_MATMUL_FP16; /* fp8 is the DiT's: the vocoder stays fp16 */
     struct vocoder_layers l;
     int rc = vocoder_layers_get(v, &l);
     if (rc < 0) return rc;
