@@ -81,6 +81,56 @@ static inline size_t dit_operand_size(int fmt)
     return fmt == DIT_OPERAND_F32 ? 4 : 2;
 }
 
+/* Sum and max of one value per thread over the block (blockDim.x a multiple of 32; red holds
+ * blockDim.x / 32 floats and may be reused by the next call). */
+__device__ __forceinline__ float dit_block_sum(float v, float *red)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads(); /* red is reused between calls */
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float s = 0.0f;
+    for (int w = 0; w < (int)blockDim.x / 32; w++)
+        s += red[w];
+    return s;
+}
+
+__device__ __forceinline__ float dit_block_max(float v, float *red)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads(); /* red is reused between calls */
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float m = red[0];
+    for (int w = 1; w < (int)blockDim.x / 32; w++)
+        m = fmaxf(m, red[w]);
+    return m;
+}
+
+/* LayerNorm statistics of row xr[dim] by the whole block, two passes (mean, then squared
+ * deviations) as op_layernorm, so rows with a large mean keep their float32 accuracy:
+ * *mean and *rstd = 1 / sqrt(var + eps). */
+__device__ __forceinline__ void dit_layernorm_stats(const float *xr, int dim, float eps, float *red, float *mean,
+                                                    float *rstd)
+{
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        s += xr[i];
+    float m = dit_block_sum(s, red) / (float)dim;
+    float q = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        float d = xr[i] - m;
+        q += d * d;
+    }
+    float var = dit_block_sum(q, red) / (float)dim;
+    *mean = m;
+    *rstd = 1.0f / sqrtf(var + eps);
+}
+
 /* Element d of a head after NeoX half-split RoPE; u is the head's row, t its
  * cos/sin row (NULL or half == 0: no rotation). */
 __device__ __forceinline__ float rope_at(const float *u, int d, int half, const float *t)

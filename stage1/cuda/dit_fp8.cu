@@ -11,34 +11,6 @@
 
 enum { Q_THREADS = 256 };
 
-__device__ static float block_max(float v, float *red)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    __syncthreads(); /* red is reused between calls */
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    float m = red[0];
-    for (int w = 1; w < (int)blockDim.x / 32; w++)
-        m = fmaxf(m, red[w]);
-    return m;
-}
-
-__device__ static float block_sum(float v, float *red)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    __syncthreads();
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    float s = 0.0f;
-    for (int w = 0; w < (int)blockDim.x / 32; w++)
-        s += red[w];
-    return s;
-}
-
 /* |v| folded into a running amax so that NaN wins (fmaxf would drop it). */
 static __device__ __forceinline__ float amax_step(float m, float v)
 {
@@ -68,7 +40,7 @@ __global__ void quantize_rows_kernel(uint8_t *q, float *s, const float *x, int d
     float m = 0.0f;
     for (int i = threadIdx.x; i < dim; i += blockDim.x)
         m = amax_step(m, xr[i]);
-    float inv = row_scale(block_max(m, red), s + blockIdx.x);
+    float inv = row_scale(dit_block_max(m, red), s + blockIdx.x);
     uint8_t *qr = q + (size_t)blockIdx.x * dim;
     for (int i = threadIdx.x; i < dim; i += blockDim.x)
         qr[i] = to_e4m3(xr[i] * inv);
@@ -92,21 +64,12 @@ __global__ void layernorm_fp8_kernel(uint8_t *q, float *s, const float *x, const
 {
     __shared__ float red[Q_THREADS / 32];
     const float *xr = x + (size_t)blockIdx.x * dim;
-    float sum = 0.0f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x)
-        sum += xr[i];
-    float mean = block_sum(sum, red) / (float)dim;
-    float sq = 0.0f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        float d = xr[i] - mean;
-        sq += d * d;
-    }
-    float var = block_sum(sq, red) / (float)dim;
-    float r = 1.0f / sqrtf(var + eps);
+    float mean, r;
+    dit_layernorm_stats(xr, dim, eps, red, &mean, &r);
     float m = 0.0f;
     for (int i = threadIdx.x; i < dim; i += blockDim.x)
         m = amax_step(m, (xr[i] - mean) * r * w[i] + (b ? b[i] : 0.0f));
-    float inv = row_scale(block_max(m, red), s + blockIdx.x);
+    float inv = row_scale(dit_block_max(m, red), s + blockIdx.x);
     uint8_t *qr = q + (size_t)blockIdx.x * dim;
     for (int i = threadIdx.x; i < dim; i += blockDim.x)
         qr[i] = to_e4m3(((xr[i] - mean) * r * w[i] + (b ? b[i] : 0.0f)) * inv);
@@ -142,7 +105,7 @@ __global__ void silu_gate_fp8_kernel(uint8_t *q, float *s, const float *g, const
     float m = 0.0f;
     for (int i = threadIdx.x; i < ff; i += blockDim.x)
         m = amax_step(m, gated(gr, bias, ff, i));
-    float inv = row_scale(block_max(m, red), s + blockIdx.x);
+    float inv = row_scale(dit_block_max(m, red), s + blockIdx.x);
     uint8_t *qr = q + (size_t)blockIdx.x * ff;
     for (int i = threadIdx.x; i < ff; i += blockDim.x)
         qr[i] = to_e4m3(gated(gr, bias, ff, i) * inv);

@@ -9,37 +9,13 @@
 
 enum { LN_THREADS = 256 };
 
-__device__ static float block_sum(float v, float *red)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    __syncthreads(); /* red is reused between calls */
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    float s = 0.0f;
-    for (int w = 0; w < (int)blockDim.x / 32; w++)
-        s += red[w];
-    return s;
-}
-
-/* One block per row; two passes (mean, then squared deviations) as op_layernorm, so
- * rows with a large mean keep their float32 accuracy. */
+/* One block per row (dit_layernorm_stats). */
 __global__ void layernorm_kernel(void *y, int fmt, const float *x, const float *w, const float *b, int dim, float eps)
 {
     __shared__ float red[LN_THREADS / 32];
     const float *xr = x + (size_t)blockIdx.x * dim;
-    float s = 0.0f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x)
-        s += xr[i];
-    float mean = block_sum(s, red) / (float)dim;
-    float q = 0.0f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        float d = xr[i] - mean;
-        q += d * d;
-    }
-    float var = block_sum(q, red) / (float)dim;
-    float r = 1.0f / sqrtf(var + eps);
+    float mean, r;
+    dit_layernorm_stats(xr, dim, eps, red, &mean, &r);
     size_t base = (size_t)blockIdx.x * dim;
     for (int i = threadIdx.x; i < dim; i += blockDim.x)
         dit_store_operand(y, base + i, (xr[i] - mean) * r * w[i] + (b ? b[i] : 0.0f), fmt);
