@@ -53,7 +53,9 @@ struct pipe_request_params {
     int32_t sample_rate;          /* 44100 (native) or 32000 (resampled in stage 1) */
     int32_t premixed;             /* 1: frames already softmax-mixed to `hidden` values */
     float flow_shift;             /* scheduler shift in (0, 20]; 0 = stage 1's default */
-    int32_t reserved[6];
+    int32_t streamed;             /* 1: the client plays the audio as it arrives (stage 1 gives the
+                                     song's windows playback deadlines); 0: one file at the end */
+    int32_t reserved[5];
 };
 _Static_assert(sizeof(struct pipe_request_params) == 64, "pipeline ABI");
 

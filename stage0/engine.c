@@ -350,6 +350,7 @@ static int send_start(struct engine *e, struct mm3_job *job, struct eng_req *r)
         .num_inference_steps = job->params.num_inference_steps,
         .guidance_scale = job->params.guidance_scale,
         .flow_shift = job->params.flow_shift,
+        .streamed = job->params.stream,
         .sample_rate = job->pcm_rate, /* the HTTP layer resamples to the request's rate */
         .premixed = !e->raw,
     };

@@ -92,6 +92,7 @@ static int send_pcm_message(struct s1_server *s, struct s1_request *q, const flo
     memcpy(msg.tensors[1].data, progress, sizeof progress);
     if ((rc = shmconn_send_commit(s->out, &msg)) < 0) return out_check(s, rc);
     q->chunk_out++;
+    if (m && q->t_first_audio == 0) q->t_first_audio = s1_now();
     q->samples_out += m;
     return 0;
 }
@@ -286,6 +287,15 @@ int s1_request_ready(const struct s1_request *q)
            (render_window_ready(q->render) || render_window_unfinished(q->render) > 0 || render_complete(q->render));
 }
 
+void s1_request_candidate(const struct s1_server *s, const struct s1_request *q, double now,
+                          struct window_candidate *c)
+{
+    c->id = q->id;
+    c->first = render_windows_done(q->render) == 0 && render_window_unfinished(q->render) == 0;
+    c->deadline = window_deadline(q->p.streamed && s->codec_streaming, c->first, now, q->t_first_audio,
+                                  (double)q->samples_out / q->p.sample_rate);
+}
+
 int s1_request_activate(struct s1_server *s, struct s1_request *q)
 {
     struct render_params p = {
@@ -477,6 +487,8 @@ static void on_start(struct s1_server *s, const struct shmconn_msg *m)
     else if (p.sample_rate != s->native_rate && p.sample_rate != 32000)
         snprintf(text, sizeof text, "START sample_rate %d: expected %d (native) or 32000", p.sample_rate,
                  s->native_rate);
+    else if (p.streamed != 0 && p.streamed != 1)
+        snprintf(text, sizeof text, "START streamed %d: expected 0 or 1", p.streamed);
     else if (s->n_reqs >= s->max_reqs)
         snprintf(text, sizeof text, "stage 1 is full: %d requests in flight (max_num_seqs %d + %d waiting)", s->n_reqs,
                  s->max_active, s->max_reqs - s->max_active);
