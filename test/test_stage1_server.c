@@ -77,6 +77,7 @@ static struct {
     shmconn_t *rx;      /* s1_to_s0, we consume */
     struct result res[MAX_RESULTS];
     int n_res, seq;
+    int streamed; /* START's streamed */
 } G;
 
 static double now_s(void)
@@ -206,6 +207,7 @@ static int send_start_shift(uint64_t id, uint64_t seed, int width, int premixed,
         .sample_rate = rate,
         .premixed = premixed,
         .flow_shift = shift,
+        .streamed = G.streamed,
     };
     struct shmconn_tensor t = tensor("params", SHMCONN_DTYPE_U8, 1, sizeof p, 0, 1, &p);
     return send_msg(id, PIPE_MSG_START, SHMCONN_FLAG_FIRST, 1, &t);
@@ -434,7 +436,8 @@ static int load_song(const char *golden, const char *file, struct song *s)
     return 0;
 }
 
-/* model, backend, codec_streaming, stage-0 dtype (CUDA runs stage 0 in bfloat16) */
+/* model, backend, codec_streaming, stage-0 dtype (CUDA runs stage 0 in bfloat16), stage 1's
+ * max_num_seqs, more stage-1 keys */
 static const char *DEPLOY_FMT = "pipeline: minimax_music3\n"
                                 "model: %s\n"
                                 "backend: %s\n"
@@ -455,14 +458,15 @@ static const char *DEPLOY_FMT = "pipeline: minimax_music3\n"
                                 "    output_connectors:\n"
                                 "      to_stage_1: shm\n"
                                 "  - stage_id: 1\n"
-                                "    max_num_seqs: 2\n"
+                                "    max_num_seqs: %d\n"
                                 "    dtype: float32\n"
                                 "    enforce_eager: true\n"
                                 "    input_connectors:\n"
                                 "      from_stage_0: shm\n"
                                 "    num_inference_steps: 3\n"
                                 "    guidance_scale: 1.25\n"
-                                "    matmul_precision: fp32\n";
+                                "    matmul_precision: fp32\n"
+                                "%s";
 
 static void start_server(void)
 {
@@ -513,7 +517,7 @@ static int setup(void **state)
     snprintf(G.out, sizeof G.out, "%s/stage1.out", G.tmp);
     FILE *f = fopen(G.deploy, "w");
     if (!f) return -1;
-    fprintf(f, DEPLOY_FMT, ckpt, gpu_backend() ? "cuda" : "cpu", "true", gpu_backend() ? "bfloat16" : "float32");
+    fprintf(f, DEPLOY_FMT, ckpt, gpu_backend() ? "cuda" : "cpu", "true", gpu_backend() ? "bfloat16" : "float32", 2, "");
     fclose(f);
     if (condition_load(&G.cm, ckpt) < 0 || dit_load(&G.dm, ckpt) < 0 || vocoder_load(&G.voc, ckpt) < 0 ||
         load_song(g, "case0.safetensors", &G.s0) < 0 || load_song(g, "case2.safetensors", &G.s2) < 0) {
@@ -916,7 +920,7 @@ static void test_codec_streaming_off(void **state)
     snprintf(G.deploy, sizeof G.deploy, "%s/deploy-nostream.yaml", G.tmp);
     FILE *f = fopen(G.deploy, "w");
     assert_non_null(f);
-    fprintf(f, DEPLOY_FMT, ckpt, gpu_backend() ? "cuda" : "cpu", "false", gpu_backend() ? "bfloat16" : "float32");
+    fprintf(f, DEPLOY_FMT, ckpt, gpu_backend() ? "cuda" : "cpu", "false", gpu_backend() ? "bfloat16" : "float32", 2, "");
     fclose(f);
     start_server();
     assert_int_equal(wait_ready(120), 0);
@@ -946,6 +950,72 @@ static void test_codec_streaming_off(void **state)
     assert_int_equal(count_segments(), 0);
 }
 
+/* Deadline order (stages[1].window_order: deadline, one window per DiT batch): six streamed
+ * songs of 14 windows play; once the first one's second window is out, a seventh song
+ * starts. Its first window is due now, the playing songs' next windows seconds from now,
+ * so it goes into the next batch: at most the window in the DiT when it came (and one
+ * round whose candidates were listed just before) finish first. Round robin (fifo) would
+ * put it behind the next window of every song after the one in the DiT. */
+static void test_first_window_overtakes(void **state)
+{
+    (void)state;
+    NEED_GOLDEN();
+    enum { N_PLAYING = 6, LONG_FRAMES = 1500 };
+    char ckpt[1024];
+    snprintf(ckpt, sizeof ckpt, "%s/checkpoint", test_golden_dir());
+    snprintf(G.deploy, sizeof G.deploy, "%s/deploy-deadline.yaml", G.tmp);
+    FILE *f = fopen(G.deploy, "w");
+    assert_non_null(f);
+    const char *order = getenv("MM3_TEST_WINDOW_ORDER"); /* fifo: shows what the test guards against */
+    char extra[128];
+    snprintf(extra, sizeof extra, "    max_num_batched_tokens: 1\n    window_order: %s\n", order ? order : "deadline");
+    fprintf(f, DEPLOY_FMT, ckpt, gpu_backend() ? "cuda" : "cpu", "true", gpu_backend() ? "bfloat16" : "float32", 8,
+            extra);
+    fclose(f);
+    start_server();
+    assert_int_equal(wait_ready(120), 0);
+    connect_stage0(&G.tx, &G.rx);
+
+    struct song lng = {malloc(sizeof(float) * (size_t)LONG_FRAMES * G.s2.width), LONG_FRAMES, G.s2.width};
+    assert_non_null(lng.frames);
+    for (int i = 0; i < LONG_FRAMES; i++)
+        memcpy(lng.frames + (size_t)i * lng.width, G.s2.frames + (size_t)(i % G.s2.n) * lng.width,
+               sizeof(float) * (size_t)lng.width);
+    G.streamed = 1;
+    for (int k = 0; k < N_PLAYING; k++)
+        send_song(201 + k, 300 + k, &lng, G.rate);
+    double end = now_s() + 120;
+    while (res_get(201)->n_pcm_msgs < 2 && now_s() < end)
+        pump(0.1);
+    assert_int_equal(res_get(201)->n_pcm_msgs, 2);
+    int before = 0;
+    for (int k = 0; k < N_PLAYING; k++)
+        before += res_get(201 + k)->n_pcm_msgs;
+    send_song(299, 399, &G.s2, G.rate);
+    G.streamed = 0;
+    while (res_get(299)->n_pcm_msgs == 0 && !res_get(299)->error && now_s() < end)
+        pump(0.1);
+    assert_false(res_get(299)->error);
+    int between = -before, left = 0;
+    for (int k = 0; k < N_PLAYING; k++) {
+        struct result *r = res_get(201 + k);
+        between += r->n_pcm_msgs;
+        left += !r->done;
+    }
+    free(lng.frames);
+    assert_int_equal(left, N_PLAYING); /* the playing songs still had windows to render */
+    if (between > 2) fail_msg("%d windows of playing songs went out before the new song's first window", between);
+    for (int k = 0; k < N_PLAYING; k++)
+        assert_false(wait_end(201 + k, 300)->error);
+    assert_false(wait_end(299, 60)->error);
+    assert_int_equal(kill(G.pid, SIGTERM), 0);
+    assert_int_equal(waitpid(G.pid, NULL, 0), G.pid);
+    G.pid = 0;
+    shmconn_close(G.tx);
+    shmconn_close(G.rx);
+    G.tx = G.rx = NULL;
+}
+
 int main(void)
 {
     if (!test_golden_dir()) {
@@ -968,6 +1038,7 @@ int main(void)
         cmocka_unit_test(test_squatter_refused),
         cmocka_unit_test(test_sigterm),
         cmocka_unit_test(test_codec_streaming_off),
+        cmocka_unit_test(test_first_window_overtakes),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
