@@ -79,7 +79,7 @@ static int send_pcm_message(struct s1_server *s, struct s1_request *q, const flo
 {
     struct shmconn_msg msg = {.req_id = q->id, .chunk = q->chunk_out, .kind = PIPE_MSG_PCM, .n_tensors = 2};
     tensor_set(&msg.tensors[0], "pcm", MM3_DTYPE_F32, 2, (int64_t[]){2, m}, 4, NULL);
-    tensor_set(&msg.tensors[1], "progress", MM3_DTYPE_I64, 1, (int64_t[]){2}, 8, NULL);
+    tensor_set(&msg.tensors[1], "progress", MM3_DTYPE_I64, 1, (int64_t[]){3}, 8, NULL);
     int rc = shmconn_send_begin(s->out, &msg, s->send_timeout_s);
     if (rc < 0) return out_check(s, rc);
     float *dst = msg.tensors[0].data;
@@ -88,7 +88,7 @@ static int send_pcm_message(struct s1_server *s, struct s1_request *q, const flo
         memcpy(dst + m, pcm + stride + at, sizeof(float) * (size_t)m);
     }
     int64_t planned = q->ended ? render_window_count((int)q->frames_in) : 0;
-    int64_t progress[2] = {q->windows_done, planned};
+    int64_t progress[3] = {q->windows_done, planned, (int64_t)(q->compute_s * 1e6)};
     memcpy(msg.tensors[1].data, progress, sizeof progress);
     if ((rc = shmconn_send_commit(s->out, &msg)) < 0) return out_check(s, rc);
     q->chunk_out++;
