@@ -4,7 +4,7 @@
  * The format mirrors vLLM-Omni's `deploy/minimax_music3.yaml` so an upstream
  * file reads the same here, plus a few keys of our own (model, backend, api,
  * matmul_precision, num_inference_steps, guidance_scale, flow_shift, mps, mps_thread_percentage,
- * stream_priority). Every key is
+ * stream_priority, window_order). Every key is
  * documented in docs/configuration.md.
  *
  * Loading produces a fully typed struct: no YAML survives it. Unknown keys,

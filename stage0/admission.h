@@ -40,7 +40,9 @@ double admission_work_per_audio(const struct admission *a);
 /* Streams stage 1 keeps fed (1 / w), or -1 while unknown. */
 double admission_capacity(const struct admission *a);
 
-/* 1 when one more counted stream fits beside `streams` admitted ones. */
+/* 1 when one more counted stream fits beside `streams` admitted ones. The first always
+ * does: a server slower than real time still serves streams, one at a time (they stall),
+ * rather than none, and keeps measuring. */
 int admission_allows(const struct admission *a, int streams);
 
 /* Seconds until the k-th (1-based) held stream can start, given the audio seconds left
