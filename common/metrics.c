@@ -181,8 +181,7 @@ int metrics_render(char **out, size_t *len)
     render_histogram(f, "mm3_window_slack_seconds",
                      "Per streamed window: when its listener would need it minus when it arrived (below 0: late).",
                      &m->window_slack_seconds);
-    render_gauge(f, "mm3_streams_admitted", "Streams admitted against the real-time capacity.",
-                 &m->streams_admitted);
+    render_gauge(f, "mm3_streams_admitted", "Streams admitted against the real-time capacity.", &m->streams_admitted);
     render_header(f, "mm3_realtime_capacity_streams", "gauge",
                   "Streams stage 1 keeps fed: 1 / (stage-1 seconds of work per second of audio), measured; -1 "
                   "before the first window.");

@@ -19,8 +19,8 @@
 #include "stage0/admission.h"
 #include "stage0/frame_spool.h"
 #include "stage0/generate.h"
-#include "stage0/playback.h"
 #include "stage0/journal_sweep.h"
+#include "stage0/playback.h"
 #include "stage0/scheduler.h"
 #include "stage0/teacher_force.h"
 
@@ -81,7 +81,7 @@ struct engine {
     _Atomic int s1_up;
     _Atomic int stopping;
 
-    pthread_mutex_t mu; /* guards reqs, n_reqs, adm */
+    pthread_mutex_t mu;   /* guards reqs, n_reqs, adm */
     struct admission adm; /* stage 1's measured work per audio second: its real-time capacity */
     double fps;           /* AR frames per second of audio */
     struct eng_req *reqs;
@@ -274,8 +274,10 @@ static void fail_send(struct engine *e, struct mm3_job *job, int rc, const char 
 
 static void capacity_publish(double cap)
 {
-    metrics_gauge_set(&mm3_metrics.realtime_capacity_milli,
-                      cap < 0 ? -1 : cap > 1e12 ? INT64_MAX : (int64_t)(cap * 1000));
+    int64_t milli = (int64_t)(cap * 1000);
+    if (cap < 0) milli = -1;
+    if (cap > 1e12) milli = INT64_MAX; /* nothing measurable: unbounded */
+    metrics_gauge_set(&mm3_metrics.realtime_capacity_milli, milli);
 }
 
 /* Stage 1 refuses songs beyond max_num_seqs(1) + max_num_seqs(0) ("stage 1 is full"):

@@ -110,14 +110,14 @@ static int server_load(struct s1_server *s, const struct s1_server_options *o)
     s->hop = vocoder_hop(s->voc);
     s->default_shift = (float)s->st->flow_shift;
     if (s->default_shift == 0.0f && (rc = flow_checkpoint_shift(s->d.model, &s->default_shift)) < 0) return rc;
-    LOG_INFO(
-        "%s: stage 1 on %s, model %s loaded in %.1f s (%d Hz, hop %d); max_num_seqs %d, up to %d requests "
-        "held, %d windows per DiT batch (%s), flow shift %g, stream priority %s, window order %s, codec_streaming %s, deadlines %.2f s "
-        "first / %.2f s steady, prefix '%s'",
-        s->d.source, mm3_backend_name(s->d.backend), s->d.model, s1_now() - t0, s->native_rate, s->hop, s->max_active,
-        s->max_reqs, s->fb.max_windows, s->fb.async ? "vocoder overlapped" : "in turn", (double)s->default_shift,
-        mm3_stream_priority_name(s->st->stream_priority), mm3_window_order_name(s->st->window_order), s->codec_streaming ? "on" : "off",
-        s->in_cfg.first_chunk_deadline_s, s->in_cfg.steady_deadline_s, s->prefix);
+    LOG_INFO("%s: stage 1 on %s, model %s loaded in %.1f s (%d Hz, hop %d); max_num_seqs %d, up to %d requests "
+             "held, %d windows per DiT batch (%s), flow shift %g, stream priority %s, window order %s, "
+             "codec_streaming %s, deadlines %.2f s first / %.2f s steady, prefix '%s'",
+             s->d.source, mm3_backend_name(s->d.backend), s->d.model, s1_now() - t0, s->native_rate, s->hop,
+             s->max_active, s->max_reqs, s->fb.max_windows, s->fb.async ? "vocoder overlapped" : "in turn",
+             (double)s->default_shift, mm3_stream_priority_name(s->st->stream_priority),
+             mm3_window_order_name(s->st->window_order), s->codec_streaming ? "on" : "off",
+             s->in_cfg.first_chunk_deadline_s, s->in_cfg.steady_deadline_s, s->prefix);
     return 0;
 }
 

@@ -287,8 +287,7 @@ int s1_request_ready(const struct s1_request *q)
            (render_window_ready(q->render) || render_window_unfinished(q->render) > 0 || render_complete(q->render));
 }
 
-void s1_request_candidate(const struct s1_server *s, const struct s1_request *q, double now,
-                          struct window_candidate *c)
+void s1_request_candidate(const struct s1_server *s, const struct s1_request *q, double now, struct window_candidate *c)
 {
     c->id = q->id;
     c->first = render_windows_done(q->render) == 0 && render_window_unfinished(q->render) == 0;

@@ -473,7 +473,8 @@ static void test_window_order_key(void **state)
         mm3_deploy_load_string(&deploy, "stages:\n  - stage_id: 0\n  - {stage_id: 1, window_order: fifo}\n", "k"), 0);
     assert_int_equal(mm3_deploy_stage(&deploy, 1)->window_order, MM3_WINDOW_ORDER_FIFO);
     assert_string_equal(mm3_window_order_name(MM3_WINDOW_ORDER_DEADLINE), "deadline");
-    expect_inline_error("stages:\n  - {stage_id: 0, window_order: fifo}\n", 2, "stages[0].window_order", "only stage 1");
+    expect_inline_error("stages:\n  - {stage_id: 0, window_order: fifo}\n", 2, "stages[0].window_order",
+                        "only stage 1");
     expect_inline_error("stages:\n  - {stage_id: 1, window_order: edf}\n", 2, "stages[0].window_order",
                         "deadline, fifo");
     assert_int_equal(inline_failures, 0);

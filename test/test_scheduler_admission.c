@@ -42,7 +42,7 @@ static void test_capacity_from_work(void **state)
     NEAR(admission_work_per_audio(&a), 1 / 5.22);
     NEAR(admission_capacity(&a), 5.22);
     assert_true(admission_allows(&a, 0));
-    assert_true(admission_allows(&a, 4)); /* the fifth fits */
+    assert_true(admission_allows(&a, 4));  /* the fifth fits */
     assert_false(admission_allows(&a, 5)); /* a sixth would make them all stall */
     /* one stream alone at RTF 0.37: 2 streams */
     struct admission b = {0};
@@ -120,7 +120,7 @@ static void test_playback_stalls(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_unknown_admits),      cmocka_unit_test(test_capacity_from_work),
+        cmocka_unit_test(test_unknown_admits),          cmocka_unit_test(test_capacity_from_work),
         cmocka_unit_test(test_capacity_follows_change), cmocka_unit_test(test_start_estimate),
         cmocka_unit_test(test_playback_stalls),
     };

@@ -920,7 +920,8 @@ static void test_codec_streaming_off(void **state)
     snprintf(G.deploy, sizeof G.deploy, "%s/deploy-nostream.yaml", G.tmp);
     FILE *f = fopen(G.deploy, "w");
     assert_non_null(f);
-    fprintf(f, DEPLOY_FMT, ckpt, gpu_backend() ? "cuda" : "cpu", "false", gpu_backend() ? "bfloat16" : "float32", 2, "");
+    fprintf(f, DEPLOY_FMT, ckpt, gpu_backend() ? "cuda" : "cpu", "false", gpu_backend() ? "bfloat16" : "float32", 2,
+            "");
     fclose(f);
     start_server();
     assert_int_equal(wait_ready(120), 0);

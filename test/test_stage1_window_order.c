@@ -102,10 +102,8 @@ static void test_batch_takes_the_most_urgent(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_deadline_arithmetic),
-        cmocka_unit_test(test_deadline_order),
-        cmocka_unit_test(test_fifo_keeps_round_robin),
-        cmocka_unit_test(test_ties),
+        cmocka_unit_test(test_deadline_arithmetic),         cmocka_unit_test(test_deadline_order),
+        cmocka_unit_test(test_fifo_keeps_round_robin),      cmocka_unit_test(test_ties),
         cmocka_unit_test(test_batch_takes_the_most_urgent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
