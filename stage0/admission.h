@@ -15,7 +15,7 @@
  * less efficient batches and reads a higher w (a lower C) than a full server; each stream
  * admitted makes the batches larger, w falls and C rises to the server's real figure. The
  * sums decay (ADMISSION_DECAY per window), so a change of load or precision shows within
- * a few dozen windows. Before the first window nothing is known and streams are admitted.
+ * a few dozen windows. Before the first window is measured one stream plays at a time.
  *
  * Start estimate for the k-th held stream: the n counted streams share stage 1, each
  * rendering about 1 / (w n) seconds of audio per second, so the one with r seconds of
@@ -42,7 +42,8 @@ double admission_capacity(const struct admission *a);
 
 /* 1 when one more counted stream fits beside `streams` admitted ones. The first always
  * does: a server slower than real time still serves streams, one at a time (they stall),
- * rather than none, and keeps measuring. */
+ * rather than none, and keeps measuring; before anything is measured only the first does
+ * (a burst on a fresh server waits for the first window's figure). */
 int admission_allows(const struct admission *a, int streams);
 
 /* Seconds until the k-th (1-based) held stream can start, given the audio seconds left

@@ -20,7 +20,8 @@ static void test_unknown_admits(void **state)
     struct admission a = {0};
     assert_true(admission_capacity(&a) < 0);
     assert_true(admission_work_per_audio(&a) == 0);
-    assert_true(admission_allows(&a, 100)); /* nothing measured yet */
+    assert_true(admission_allows(&a, 0)); /* nothing measured yet: one stream at a time */
+    assert_false(admission_allows(&a, 1));
     double left[2] = {10, 20};
     assert_true(admission_start_estimate(&a, left, 2, 1) < 0);
     /* nonsense is ignored */

@@ -54,6 +54,7 @@ struct result {
     int first_pcm_seq, end_seq; /* order of arrival over all requests */
     int n_pcm_msgs;
     int64_t first_pcm_n; /* samples in the first PCM message */
+    double t_first_pcm;  /* now_s() when it came */
     int n_progress;      /* PCM messages of no samples (codec_streaming off) */
     int64_t progress;    /* windows done, as the last of them said */
 };
@@ -316,6 +317,7 @@ static int pump(double timeout)
         r->n += n;
         r->n_pcm_msgs++;
         if (r->first_pcm_seq < 0) r->first_pcm_n = n;
+        if (r->first_pcm_seq < 0) r->t_first_pcm = now_s();
         if (r->first_pcm_seq < 0) r->first_pcm_seq = G.seq;
     } else if (m->kind == PIPE_MSG_DONE) {
         assert_true(m->flags & SHMCONN_FLAG_LAST);
@@ -951,12 +953,28 @@ static void test_codec_streaming_off(void **state)
     assert_int_equal(count_segments(), 0);
 }
 
+/* A song as stage 0 sends it, rendered cheaply (1 step, guidance 1: no unconditional
+ * branch) so that the CPU keeps several streams ahead of their listeners. */
+static void send_cheap_song(uint64_t id, uint64_t seed, const struct song *s)
+{
+    assert_int_equal(send_start_shift(id, seed, s->width, 0, G.rate, 1, 1.0f, 0.0f), 0);
+    for (int at = 0; at < s->n;) {
+        int n = at == 0 ? 200 : 100;
+        if (n > s->n - at) n = s->n - at;
+        assert_int_equal(send_frames(id, s->frames, at, n, s->width), 0);
+        at += n;
+    }
+    send_end(id, s->n);
+}
+
 /* Deadline order (stages[1].window_order: deadline, one window per DiT batch): six streamed
  * songs of 14 windows play; once the first one's second window is out, a seventh song
- * starts. Its first window is due now, the playing songs' next windows seconds from now,
- * so it goes into the next batch: at most the window in the DiT when it came (and one
- * round whose candidates were listed just before) finish first. Round robin (fifo) would
- * put it behind the next window of every song after the one in the DiT. */
+ * starts. Its first window is due now, the playing songs' next windows when their
+ * listeners run dry, seconds from now, so it goes into the next batch: at most the window
+ * in the DiT when it came (and one round listed while its messages were still coming)
+ * finish first. Round robin (fifo) puts it behind the next window of every song after the
+ * one in the DiT. A machine too loaded to keep the six ahead of their listeners cannot
+ * tell the two apart (a stream behind is rightly served first): the test skips then. */
 static void test_first_window_overtakes(void **state)
 {
     (void)state;
@@ -984,15 +1002,20 @@ static void test_first_window_overtakes(void **state)
                sizeof(float) * (size_t)lng.width);
     G.streamed = 1;
     for (int k = 0; k < N_PLAYING; k++)
-        send_song(201 + k, 300 + k, &lng, G.rate);
+        send_cheap_song(201 + k, 300 + k, &lng);
     double end = now_s() + 120;
     while (res_get(201)->n_pcm_msgs < 2 && now_s() < end)
         pump(0.1);
     assert_int_equal(res_get(201)->n_pcm_msgs, 2);
     int before = 0;
-    for (int k = 0; k < N_PLAYING; k++)
-        before += res_get(201 + k)->n_pcm_msgs;
-    send_song(299, 399, &G.s2, G.rate);
+    double t_send = now_s(), slack = 1e9; /* the least time a playing song's listener had left */
+    for (int k = 0; k < N_PLAYING; k++) {
+        struct result *r = res_get(201 + k);
+        before += r->n_pcm_msgs;
+        double s = r->first_pcm_seq < 0 ? -1 : r->t_first_pcm + (double)r->n / G.rate - t_send;
+        if (s < slack) slack = s;
+    }
+    send_cheap_song(299, 399, &G.s2);
     G.streamed = 0;
     while (res_get(299)->n_pcm_msgs == 0 && !res_get(299)->error && now_s() < end)
         pump(0.1);
@@ -1004,8 +1027,6 @@ static void test_first_window_overtakes(void **state)
         left += !r->done;
     }
     free(lng.frames);
-    assert_int_equal(left, N_PLAYING); /* the playing songs still had windows to render */
-    if (between > 2) fail_msg("%d windows of playing songs went out before the new song's first window", between);
     for (int k = 0; k < N_PLAYING; k++)
         assert_false(wait_end(201 + k, 300)->error);
     assert_false(wait_end(299, 60)->error);
@@ -1015,6 +1036,13 @@ static void test_first_window_overtakes(void **state)
     shmconn_close(G.tx);
     shmconn_close(G.rx);
     G.tx = G.rx = NULL;
+    fprintf(stderr, "first window of the new song after %d window(s) of playing songs; least slack %.2f s\n", between,
+            slack);
+    if (slack < 2.0 || left < N_PLAYING) {
+        fprintf(stderr, "the playing songs were not ahead of their listeners: nothing to tell\n");
+        skip();
+    }
+    if (between > 2) fail_msg("%d windows of playing songs went out before the new song's first window", between);
 }
 
 int main(void)
