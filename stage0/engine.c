@@ -84,6 +84,7 @@ struct engine {
     pthread_mutex_t mu;   /* guards reqs, n_reqs, adm */
     struct admission adm; /* stage 1's measured work per audio second: its real-time capacity */
     double fps;           /* AR frames per second of audio */
+    uint64_t held_job;    /* the last stream admission held (logged once) */
     struct eng_req *reqs;
     int n_reqs, max_reqs;   /* songs stage 1 holds at once (its own bound) */
     _Atomic int n_awaiting; /* entries held for a stage-1 restart */
@@ -288,12 +289,18 @@ static int sink_can_start(void *ctx, struct mm3_job *job)
     struct engine *e = ctx;
     if (atomic_load(&job->cancel_requested) || mm3_job_is_terminal(job)) return 1; /* let it leave the queue */
     pthread_mutex_lock(&e->mu);
-    int ok = e->n_reqs < e->max_reqs;
-    if (ok && counts_as_stream(job)) ok = admission_allows(&e->adm, streams_locked(e));
-    double cap = admission_capacity(&e->adm);
+    int ok = e->n_reqs < e->max_reqs, streams = streams_locked(e);
+    int held = ok && counts_as_stream(job) && !admission_allows(&e->adm, streams);
+    double cap = admission_capacity(&e->adm), w = admission_work_per_audio(&e->adm);
+    int first_hold = held && e->held_job != job->id;
+    if (held) e->held_job = job->id;
     pthread_mutex_unlock(&e->mu);
     capacity_publish(cap);
-    return ok;
+    if (first_hold)
+        LOG_INFO("job %llu: stream waits: %d streams play, real-time capacity %.2f (stage 1 works %.3f s per audio "
+                 "second)",
+                 (unsigned long long)job->id, streams, cap, w);
+    return ok && !held;
 }
 
 /* Seconds until the song at `position` of the queue may start while streams hold it. */
