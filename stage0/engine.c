@@ -84,7 +84,8 @@ struct engine {
     pthread_mutex_t mu;   /* guards reqs, n_reqs, adm */
     struct admission adm; /* stage 1's measured work per audio second: its real-time capacity */
     double fps;           /* AR frames per second of audio */
-    uint64_t held_job;    /* the last stream admission held (logged once) */
+    uint64_t held_job;     /* the last stream admission held (logged once) */
+    int held_for_capacity; /* the queue's head waits for real-time capacity (not for room in stage 1) */
     struct eng_req *reqs;
     int n_reqs, max_reqs;   /* songs stage 1 holds at once (its own bound) */
     _Atomic int n_awaiting; /* entries held for a stage-1 restart */
@@ -294,6 +295,7 @@ static int sink_can_start(void *ctx, struct mm3_job *job)
     double cap = admission_capacity(&e->adm), w = admission_work_per_audio(&e->adm);
     int first_hold = held && e->held_job != job->id;
     if (held) e->held_job = job->id;
+    e->held_for_capacity = held;
     pthread_mutex_unlock(&e->mu);
     capacity_publish(cap);
     if (first_hold)
@@ -308,10 +310,10 @@ static double sink_start_estimate(void *ctx, int position)
 {
     struct engine *e = ctx;
     pthread_mutex_lock(&e->mu);
-    int n = streams_locked(e);
+    int n = e->held_for_capacity ? streams_locked(e) : 0; /* 0: unknown */
     double left[n > 0 ? n : 1];
     int i = 0;
-    for (const struct eng_req *r = e->reqs; r; r = r->next) {
+    for (const struct eng_req *r = e->reqs; r && i < n; r = r->next) {
         if (!r->counted) continue;
         const struct mm3_job *j = r->job;
         left[i++] = (double)atomic_load(&j->frames_total) / e->fps - (double)r->pcm_got / j->pcm_rate;
