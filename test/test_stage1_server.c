@@ -968,7 +968,7 @@ static void send_cheap_song(uint64_t id, uint64_t seed, const struct song *s)
 }
 
 /* Deadline order (stages[1].window_order: deadline, one window per DiT batch): six streamed
- * songs of 14 windows play; once the first one's second window is out, a seventh song
+ * songs of 7 windows play; once the first one's second window is out, a seventh song
  * starts. Its first window is due now, the playing songs' next windows when their
  * listeners run dry, seconds from now, so it goes into the next batch: at most the window
  * in the DiT when it came (and one round listed while its messages were still coming)
@@ -979,7 +979,7 @@ static void test_first_window_overtakes(void **state)
 {
     (void)state;
     NEED_GOLDEN();
-    enum { N_PLAYING = 6, LONG_FRAMES = 1500 };
+    enum { N_PLAYING = 6, LONG_FRAMES = 800 };
     char ckpt[1024];
     snprintf(ckpt, sizeof ckpt, "%s/checkpoint", test_golden_dir());
     snprintf(G.deploy, sizeof G.deploy, "%s/deploy-deadline.yaml", G.tmp);
@@ -1027,9 +1027,7 @@ static void test_first_window_overtakes(void **state)
         left += !r->done;
     }
     free(lng.frames);
-    for (int k = 0; k < N_PLAYING; k++)
-        assert_false(wait_end(201 + k, 300)->error);
-    assert_false(wait_end(299, 60)->error);
+    /* what is left is not needed: the server fails it at shutdown */
     assert_int_equal(kill(G.pid, SIGTERM), 0);
     assert_int_equal(waitpid(G.pid, NULL, 0), G.pid);
     G.pid = 0;
@@ -1038,7 +1036,7 @@ static void test_first_window_overtakes(void **state)
     G.tx = G.rx = NULL;
     fprintf(stderr, "first window of the new song after %d window(s) of playing songs; least slack %.2f s\n", between,
             slack);
-    if (slack < 2.0 || left < N_PLAYING) {
+    if (slack < 1.0 || left < N_PLAYING) {
         fprintf(stderr, "the playing songs were not ahead of their listeners: nothing to tell\n");
         skip();
     }
