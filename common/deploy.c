@@ -69,6 +69,7 @@ static const char *const cudagraph_names[] = {"NONE", "FULL_DECODE_ONLY"};
 static const char *const kv_cache_dtype_names[] = {"auto", "bfloat16", "float32"};
 static const char *const mps_names[] = {"off", "auto", "on"};
 static const char *const stream_priority_names[] = {"normal", "high", "low"};
+static const char *const window_order_names[] = {"deadline", "fifo"};
 
 /* ---- messages ------------------------------------------------------------ */
 
@@ -771,6 +772,7 @@ static const struct field stage_fields[] = {
      .stage1_only = true},
     {"mps_thread_percentage", I32_AT(struct mm3_stage_config, mps_thread_percentage), .lo = 1, .hi = 100},
     {"stream_priority", CHOICE_AT(struct mm3_stage_config, stream_priority, stream_priority_names)},
+    {"window_order", CHOICE_AT(struct mm3_stage_config, window_order, window_order_names), .stage1_only = true},
 };
 
 static int decode_stage(struct load_ctx *c, const ynode *n, int position)
@@ -1224,6 +1226,11 @@ const char *mm3_mps_mode_name(enum mm3_mps_mode m)
 const char *mm3_stream_priority_name(enum mm3_stream_priority p)
 {
     return name_of(stream_priority_names, COUNT(stream_priority_names), (int)p);
+}
+
+const char *mm3_window_order_name(enum mm3_window_order o)
+{
+    return name_of(window_order_names, COUNT(window_order_names), (int)o);
 }
 
 int mm3_deploy_stream_priority_level(enum mm3_stream_priority p)

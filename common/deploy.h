@@ -4,7 +4,7 @@
  * The format mirrors vLLM-Omni's `deploy/minimax_music3.yaml` so an upstream
  * file reads the same here, plus a few keys of our own (model, backend, api,
  * matmul_precision, num_inference_steps, guidance_scale, flow_shift, mps, mps_thread_percentage,
- * stream_priority). Every key is
+ * stream_priority, window_order). Every key is
  * documented in docs/configuration.md.
  *
  * Loading produces a fully typed struct: no YAML survives it. Unknown keys,
@@ -64,6 +64,8 @@ enum mm3_mps_mode { MM3_MPS_OFF = 0, MM3_MPS_AUTO, MM3_MPS_ON };
 /* Priority of the CUDA streams a stage creates, against the other stage's under MPS:
  * NORMAL is CUDA's default priority, HIGH its greatest, LOW its least. */
 enum mm3_stream_priority { MM3_STREAM_PRIORITY_NORMAL = 0, MM3_STREAM_PRIORITY_HIGH, MM3_STREAM_PRIORITY_LOW };
+/* How stage 1 picks the windows of a DiT batch (stage1/window_order.h). */
+enum mm3_window_order { MM3_WINDOW_ORDER_DEADLINE = 0, MM3_WINDOW_ORDER_FIFO };
 
 /* NONE: every step eager. FULL_DECODE_ONLY: steps in which every row is in
  * steady state (stage 0: pure decode) replay a graph captured per batch size. */
@@ -128,6 +130,7 @@ struct mm3_stage_config {
     int num_inference_steps; /* default Euler steps per window */
     double guidance_scale;   /* default DiT guidance; 1.0 skips the uncond branch */
     double flow_shift;       /* default scheduler shift, (0, 20]; 0 = the checkpoint's */
+    enum mm3_window_order window_order; /* deadline (streams' playback first) or fifo (round robin) */
 
     int line; /* where the stage's entry starts (1-based) */
 };
@@ -208,6 +211,7 @@ const char *mm3_mps_mode_name(enum mm3_mps_mode m);
 const char *mm3_stream_priority_name(enum mm3_stream_priority p);
 /* +1 (high), 0 (normal) or -1 (low): the level cuda_stream_priority_set takes. */
 int mm3_deploy_stream_priority_level(enum mm3_stream_priority p);
+const char *mm3_window_order_name(enum mm3_window_order o);
 /* "auto", "bfloat16" or "float32" (the deploy file's spelling). */
 const char *mm3_kv_cache_dtype_name(enum mm3_kv_cache_dtype t);
 /* The inverse (command-line options); -EINVAL naming the accepted values. */

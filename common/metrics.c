@@ -14,6 +14,11 @@ struct mm3_metrics mm3_metrics;
 static const double ttfa_bounds[] = {0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300};
 static const double rtf_bounds[] = {0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 4};
 static const double duration_bounds[] = {1, 5, 10, 30, 60, 120, 240, 480, 900, 1800};
+/* A stream's stalls: none (the goal), a hiccup, to a song that never played smoothly. */
+static const double stall_bounds[] = {0, 0.1, 0.5, 1, 2, 5, 10, 30, 60};
+/* How early a streamed window reached stage 0 before its listener needed it; below 0 it
+ * came late (a stall). */
+static const double slack_bounds[] = {-10, -2, -0.5, 0, 0.5, 1, 2, 4, 8, 16, 32};
 
 #define N_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
@@ -32,6 +37,14 @@ static const double *histogram_bounds(const struct metrics_histogram *h, int *n)
         *n = N_OF(rtf_bounds);
         return rtf_bounds;
     }
+    if (h == &mm3_metrics.stream_stall_seconds) {
+        *n = N_OF(stall_bounds);
+        return stall_bounds;
+    }
+    if (h == &mm3_metrics.window_slack_seconds) {
+        *n = N_OF(slack_bounds);
+        return slack_bounds;
+    }
     *n = N_OF(duration_bounds);
     return duration_bounds;
 }
@@ -39,6 +52,8 @@ static const double *histogram_bounds(const struct metrics_histogram *h, int *n)
 _Static_assert(sizeof ttfa_bounds / sizeof(double) <= METRICS_MAX_BUCKETS, "buckets");
 _Static_assert(sizeof rtf_bounds / sizeof(double) <= METRICS_MAX_BUCKETS, "buckets");
 _Static_assert(sizeof duration_bounds / sizeof(double) <= METRICS_MAX_BUCKETS, "buckets");
+_Static_assert(sizeof stall_bounds / sizeof(double) <= METRICS_MAX_BUCKETS, "buckets");
+_Static_assert(sizeof slack_bounds / sizeof(double) <= METRICS_MAX_BUCKETS, "buckets");
 
 void metrics_histogram_observe(struct metrics_histogram *h, double v)
 {
@@ -158,6 +173,26 @@ int metrics_render(char **out, size_t *len)
                      "Wall time over audio duration per completed song (below 1 = faster than real time).", &m->rtf);
     render_histogram(f, "mm3_request_duration_seconds", "Generation request accepted to answer complete.",
                      &m->request_seconds);
+    render_counter(f, "mm3_stream_stalls_total",
+                   "Times a streamed song ran dry (its listener, playing at 1x from the first audio, had played "
+                   "everything sent).",
+                   &m->stream_stalls);
+    render_header(f, "mm3_stream_stall_seconds_total", "counter", "Time streamed songs spent dry.");
+    fprintf(f, "mm3_stream_stall_seconds_total %.6f\n", (double)counter_get(&m->stream_stall_us) * 1e-6);
+    render_histogram(f, "mm3_stream_stall_seconds", "Seconds a finished streamed song spent dry, per song.",
+                     &m->stream_stall_seconds);
+    render_histogram(f, "mm3_window_slack_seconds",
+                     "Per streamed window: when its listener would need it minus when it arrived (below 0: late).",
+                     &m->window_slack_seconds);
+    render_gauge(f, "mm3_streams_admitted", "Streams admitted against the real-time capacity.", &m->streams_admitted);
+    render_header(f, "mm3_realtime_capacity_streams", "gauge",
+                  "Streams stage 1 keeps fed: 1 / (stage-1 seconds of work per second of audio), measured; -1 "
+                  "before the first window.");
+    int64_t cap = gauge_get(&m->realtime_capacity_milli);
+    if (cap == INT64_MAX)
+        fprintf(f, "mm3_realtime_capacity_streams +Inf\n");
+    else
+        fprintf(f, "mm3_realtime_capacity_streams %.3f\n", cap < 0 ? -1.0 : (double)cap / 1000.0);
 
     if (fclose(f) != 0) {
         free(buf);

@@ -63,6 +63,15 @@ struct mm3_metrics {
     struct metrics_histogram ttfa_seconds;                   /* request accepted -> first audio ready */
     struct metrics_histogram rtf;                            /* wall time / audio duration, per finished song */
     struct metrics_histogram request_seconds;                /* request accepted -> answer complete */
+    /* Streams (stage0/playback.h, stage0/admission.h): a listener playing at 1x from its
+     * first audio, as estimated when stage 1's audio reaches stage 0. */
+    struct metrics_counter stream_stalls;          /* times a stream ran dry */
+    struct metrics_counter stream_stall_us;        /* time streams spent dry, microseconds */
+    struct metrics_histogram stream_stall_seconds; /* per finished stream: seconds it spent dry */
+    struct metrics_histogram window_slack_seconds; /* per streamed window: deadline - arrival (< 0: late) */
+    struct metrics_gauge streams_admitted;         /* streams counted against the real-time capacity */
+    struct metrics_gauge realtime_capacity_milli;  /* streams stage 1 keeps fed x 1000; -1 unknown,
+                                                      INT64_MAX unbounded (no work measured) */
 };
 
 extern struct mm3_metrics mm3_metrics;

@@ -14,8 +14,10 @@
  *
  * stage 1 -> stage 0 (channel "s1_to_s0"):
  *   PIPE_MSG_PCM                  tensor "pcm": F32 [2, n] channel-major, clamped, at the
- *                                 request's sample rate; tensor "progress": I64 [2] =
- *                                 {windows done, windows planned or 0 if unknown}; n = 0
+ *                                 request's sample rate; tensor "progress": I64 [3] =
+ *                                 {windows done, windows planned or 0 if unknown,
+ *                                 microseconds of stage-1 work on the song so far (stage 0's
+ *                                 real-time capacity: stage0/admission.h)}; n = 0
  *                                 (codec_streaming off: the audio waits for the end) is a
  *                                 rendered window's progress alone
  *   PIPE_MSG_DONE   flags LAST    tensor "total": I64 [1] = samples per channel sent; optional
@@ -55,7 +57,9 @@ struct pipe_request_params {
     int32_t sample_rate;          /* 44100 (native) or 32000 (resampled in stage 1) */
     int32_t premixed;             /* 1: frames already softmax-mixed to `hidden` values */
     float flow_shift;             /* scheduler shift in (0, 20]; 0 = stage 1's default */
-    int32_t reserved[6];
+    int32_t streamed;             /* 1: the client plays the audio as it arrives (stage 1 gives the
+                                     song's windows playback deadlines); 0: one file at the end */
+    int32_t reserved[5];
 };
 _Static_assert(sizeof(struct pipe_request_params) == 64, "pipeline ABI");
 

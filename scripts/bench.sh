@@ -17,7 +17,10 @@
 #   pytorch  scripts/bench/pytorch_stage0.py and pytorch_dit.py (+ the golden check of the
 #            DiT baseline when golden data is present)
 #   e2e      scripts/launch.sh + scripts/bench/e2e.py (one 30 s song, 8 at once; --e2e-duration S,
-#            --e2e-concurrency N); in a --dry-run only with --e2e (configs/tiny-cpu.yaml)
+#            --e2e-concurrency N; --e2e-allow-stall: streams start past the real-time capacity;
+#            --e2e-orders deadline,fifo: one launch per stages[1].window_order, e2e-<order>.json
+#            each, their figures side by side in e2e-orders.md, the first one as e2e.json); in a
+#            --dry-run only with --e2e (configs/tiny-cpu.yaml)
 # Results: DIR/*.log, DIR/*.json, DIR/bench.json (everything merged), DIR/table.txt, DIR/table.md.
 # DIR defaults to $OUT when set (the device tool brings $OUT back), else results/<UTC date>.
 # Environment: PYTHON (default python3, needs torch + transformers), MM3_BENCH_CKPT (where the
@@ -28,6 +31,7 @@ cd "$(dirname "$0")/.." || exit 1
 root=$PWD
 
 dry=0 out="" ckpt="" only="load,ops,stage0,dit,pytorch,e2e" e2e=0 config="" bin="" e2e_duration=30 e2e_conc=8
+e2e_orders="" e2e_stall=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry=1 ;;
@@ -38,8 +42,10 @@ while [ $# -gt 0 ]; do
     --config) config=${2:?--config needs a value}; shift ;;
     --e2e-duration) e2e_duration=${2:?--e2e-duration needs a value}; shift ;;
     --e2e-concurrency) e2e_conc=${2:?--e2e-concurrency needs a value}; shift ;;
+    --e2e-orders) e2e_orders=${2:?--e2e-orders needs a value}; shift ;;
+    --e2e-allow-stall) e2e_stall=--allow-stall ;;
     --bin) bin=${2:?--bin needs a value}; shift ;;
-    -h|--help) sed -n 2,25p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,28p "$0"; exit 0 ;;
     *) echo "bench.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -210,31 +216,61 @@ if phase e2e && [ -z "$e2e_na" ]; then
   if [ ! -x scripts/launch.sh ] || ! have mm3-stage0 || ! have mm3-stage1; then
     stub e2e "scripts/launch.sh or the stage programs missing"
   else
-    port=$("$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-    export MM3_SHM_PREFIX="mm3-bench-$$-" MM3_BIN_DIR="$root/$bin"
     # A dry run drives the CPU pipeline on the tiny checkpoint: it proves the harness, not speed.
     if [ "$dry" = 1 ]; then config=${config:-configs/tiny-cpu.yaml}; else config=${config:-configs/minimax_music3.yaml}; fi
-    log "launch.sh $config on port $port"
     # The stage-1 precision the end-to-end figures were made in (the table shows its parity dB).
     prec=$("$bin/mm3-deploy" --launch-env "$config" 2>/dev/null | awk '$1 == "stage1_matmul_precision" { print $2 }')
     echo "{\"stage1_precision\": \"${prec:-unknown}\", \"config\": \"$config\"}" > "$out/e2e_config.json"
-    scripts/launch.sh "$config" --model "$ckpt" --port "$port" > "$out/launch.log" 2>&1 &
-    launcher=$!
-    for _ in $(seq 1200); do
-      grep -q "^READY http" "$out/launch.log" 2>/dev/null && break
-      kill -0 $launcher 2>/dev/null || break
-      sleep 0.5
-    done
-    if grep -q "^READY http" "$out/launch.log"; then
-      log "e2e.py"
-      timeout 1500 "$py" scripts/bench/e2e.py --url "http://127.0.0.1:$port" --duration "$e2e_duration" \
-        --concurrency "$e2e_conc" --json "$out/e2e.json" > "$out/e2e.log" 2>&1 ||
-        [ -s "$out/e2e.json" ] || stub e2e "e2e.py failed: $(tail -1 "$out/e2e.log" | cut -c1-120)"
+    # e2e_run CONFIG NAME [LABEL]: one launch, e2e.py into $out/NAME.json and NAME.log
+    e2e_run() {
+      local cfg=$1 name=$2 label=${3:-} port launcher llog
+      llog=$out/launch.log
+      [ "$name" = e2e ] || llog=$out/launch-$name.log
+      port=$("$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+      export MM3_SHM_PREFIX="mm3-bench-$$-" MM3_BIN_DIR="$root/$bin"
+      log "launch.sh $cfg on port $port"
+      scripts/launch.sh "$cfg" --model "$ckpt" --port "$port" > "$llog" 2>&1 &
+      launcher=$!
+      for _ in $(seq 1200); do
+        grep -q "^READY http" "$llog" 2>/dev/null && break
+        kill -0 $launcher 2>/dev/null || break
+        sleep 0.5
+      done
+      if grep -q "^READY http" "$llog"; then
+        log "e2e.py${label:+ ($label)}"
+        timeout 1500 "$py" scripts/bench/e2e.py --url "http://127.0.0.1:$port" --duration "$e2e_duration" \
+          --concurrency "$e2e_conc" $e2e_stall ${label:+--label "$label"} --json "$out/$name.json" \
+          > "$out/$name.log" 2>&1 ||
+          [ -s "$out/$name.json" ] || stub "$name" "e2e.py failed: $(tail -1 "$out/$name.log" | cut -c1-120)"
+      else
+        stub "$name" "the stages did not start ($(basename "$llog"))"
+      fi
+      kill -TERM $launcher 2>/dev/null
+      wait $launcher 2>/dev/null
+    }
+    if [ -z "$e2e_orders" ]; then
+      e2e_run "$config" e2e
     else
-      stub e2e "the stages did not start (launch.log)"
+      runs=()
+      for order in ${e2e_orders//,/ }; do
+        # the deploy file with stages[1].window_order set (inserted under "- stage_id: 1")
+        "$py" - "$config" "$out/deploy-$order.yaml" "$order" <<'PY'
+import re, sys
+src, dst, order = sys.argv[1:]
+text = open(src).read()
+text = re.sub(r"^\s*window_order:.*\n", "", text, flags=re.M)
+text, n = re.subn(r"^(\s*)- stage_id: 1\s*$", lambda m: m.group(0) + "\n" + m.group(1) + "  window_order: " + order,
+                  text, count=1, flags=re.M)
+if n != 1:
+    sys.exit(f"{src}: no '- stage_id: 1' line to add window_order under")
+open(dst, "w").write(text)
+PY
+        e2e_run "$out/deploy-$order.yaml" "e2e-$order" "$order"
+        runs+=("$out/e2e-$order.json")
+      done
+      cp "${runs[0]}" "$out/e2e.json" 2>/dev/null
+      "$py" scripts/bench/e2e.py --compare "${runs[@]}" > "$out/e2e-orders.md" 2>&1 && cat "$out/e2e-orders.md"
     fi
-    kill -TERM $launcher 2>/dev/null
-    wait $launcher 2>/dev/null
   fi
 elif phase e2e; then
   stub e2e "$e2e_na"

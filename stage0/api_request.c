@@ -130,6 +130,7 @@ static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params
         "duration_s",     "seed",      "response_format", "sample_rate",   "num_inference_steps",
         "guidance_scale", "cfg_scale", "stream",          "stream_format", "model",
         "voice",          "speed",     "x_replay_file",   "ignore_eos",    "flow_shift",
+        "allow_stall",
     };
     const char *key;
     json_t *v;
@@ -225,6 +226,11 @@ static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params
     if (GET("stream")) {
         if (!json_is_boolean(v)) return bad(c, "stream", "field '%s': expected true or false%s", "");
         p->stream = json_is_true(v);
+    }
+    p->allow_stall = false;
+    if (GET("allow_stall")) {
+        if (!json_is_boolean(v)) return bad(c, "allow_stall", "field '%s': expected true or false%s", "");
+        p->allow_stall = json_is_true(v);
     }
     p->ignore_eos = false;
     if (GET("ignore_eos")) {

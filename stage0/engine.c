@@ -1,6 +1,7 @@
 #include "stage0/engine.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -15,8 +16,11 @@
 #include "common/pipeline_channel.h"
 #include "common/pipeline_proto.h"
 #include "shmconn/shmconn.h"
+#include "stage0/admission.h"
 #include "stage0/frame_spool.h"
+#include "stage0/generate.h"
 #include "stage0/journal_sweep.h"
+#include "stage0/playback.h"
 #include "stage0/scheduler.h"
 #include "stage0/teacher_force.h"
 
@@ -50,6 +54,11 @@ struct eng_req {
     /* PCM (under engine.mu): sample frames got from the current stage 1, and pushed
      * to the client over all attempts; a re-sent song skips what was pushed. */
     int64_t pcm_got, pcm_pushed;
+    /* A stream admitted against stage 1's real-time capacity (stage0/admission.h), and the
+     * stage-1 work (microseconds, its progress tensor) already fed to the estimate. */
+    int counted;
+    int64_t work_us_seen;
+    struct playback play; /* streamed: its listener, for the stall metrics (under engine.mu) */
     struct eng_req *next;
 };
 
@@ -72,7 +81,11 @@ struct engine {
     _Atomic int s1_up;
     _Atomic int stopping;
 
-    pthread_mutex_t mu; /* guards reqs, n_reqs */
+    pthread_mutex_t mu;   /* guards reqs, n_reqs, adm */
+    struct admission adm; /* stage 1's measured work per audio second: its real-time capacity */
+    double fps;           /* AR frames per second of audio */
+    uint64_t held_job;     /* the last stream admission held (logged once) */
+    int held_for_capacity; /* the queue's head waits for real-time capacity (not for room in stage 1) */
     struct eng_req *reqs;
     int n_reqs, max_reqs;   /* songs stage 1 holds at once (its own bound) */
     _Atomic int n_awaiting; /* entries held for a stage-1 restart */
@@ -85,12 +98,28 @@ struct engine {
 
 /* ---- the request table ---- */
 
+/* A streamed song whose client did not accept stalls: it gets playback deadlines in
+ * stage 1 and counts against the real-time capacity. */
+static int counts_as_stream(const struct mm3_job *job)
+{
+    return job->params.stream && !job->params.allow_stall;
+}
+
+static int streams_locked(const struct engine *e)
+{
+    int n = 0;
+    for (const struct eng_req *r = e->reqs; r; r = r->next)
+        n += r->counted;
+    return n;
+}
+
 static void req_add(struct engine *e, struct eng_req *r)
 {
     pthread_mutex_lock(&e->mu);
     r->next = e->reqs;
     e->reqs = r;
     e->n_reqs++;
+    metrics_gauge_set(&mm3_metrics.streams_admitted, streams_locked(e));
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -104,6 +133,7 @@ static struct eng_req *req_take(struct engine *e, uint64_t id)
     if (r) {
         *pp = r->next;
         e->n_reqs--;
+        metrics_gauge_set(&mm3_metrics.streams_admitted, streams_locked(e));
     }
     pthread_mutex_unlock(&e->mu);
     return r;
@@ -137,6 +167,8 @@ static void req_put(struct engine *e, struct eng_req *r)
     int last = --r->refs == 0;
     pthread_mutex_unlock(&e->mu);
     if (!last) return;
+    if (r->job->params.stream && r->play.started && mm3_job_state(r->job) == MM3_JOB_DONE)
+        metrics_histogram_observe(&mm3_metrics.stream_stall_seconds, r->play.stall_s);
     if (r->jr && r->jr_owned) journal_close(r->jr, sched_journal_status(r->job), r->jr_stop, r->jr_frames);
     if (r->awaiting) atomic_fetch_sub(&e->n_awaiting, 1);
     frame_spool_remove(r->spool); /* no re-send can follow */
@@ -242,15 +274,53 @@ static void fail_send(struct engine *e, struct mm3_job *job, int rc, const char 
         mm3_job_fail(job, 502, "sending %s to stage 1 failed: %s", what, mm3_last_error());
 }
 
+static void capacity_publish(double cap)
+{
+    int64_t milli = (int64_t)(cap * 1000);
+    if (cap < 0) milli = -1;
+    if (cap > 1e12) milli = INT64_MAX; /* nothing measurable: unbounded */
+    metrics_gauge_set(&mm3_metrics.realtime_capacity_milli, milli);
+}
+
 /* Stage 1 refuses songs beyond max_num_seqs(1) + max_num_seqs(0) ("stage 1 is full"):
- * a song whose frames are all sent still occupies it until DONE, so admission waits. */
-static int sink_can_start(void *ctx)
+ * a song whose frames are all sent still occupies it until DONE, so admission waits.
+ * A stream also waits while the streams admitted use stage 1's real-time capacity. */
+static int sink_can_start(void *ctx, struct mm3_job *job)
+{
+    struct engine *e = ctx;
+    if (atomic_load(&job->cancel_requested) || mm3_job_is_terminal(job)) return 1; /* let it leave the queue */
+    pthread_mutex_lock(&e->mu);
+    int ok = e->n_reqs < e->max_reqs, streams = streams_locked(e);
+    int held = ok && counts_as_stream(job) && !admission_allows(&e->adm, streams);
+    double cap = admission_capacity(&e->adm), w = admission_work_per_audio(&e->adm);
+    int first_hold = held && e->held_job != job->id;
+    if (held) e->held_job = job->id;
+    e->held_for_capacity = held;
+    pthread_mutex_unlock(&e->mu);
+    capacity_publish(cap);
+    if (first_hold)
+        LOG_INFO("job %llu: stream waits: %d streams play, real-time capacity %.2f (stage 1 works %.3f s per audio "
+                 "second)",
+                 (unsigned long long)job->id, streams, cap, w);
+    return ok && !held;
+}
+
+/* Seconds until the song at `position` of the queue may start while streams hold it. */
+static double sink_start_estimate(void *ctx, int position)
 {
     struct engine *e = ctx;
     pthread_mutex_lock(&e->mu);
-    int ok = e->n_reqs < e->max_reqs;
+    int n = e->held_for_capacity ? streams_locked(e) : 0; /* 0: unknown */
+    double left[n > 0 ? n : 1];
+    int i = 0;
+    for (const struct eng_req *r = e->reqs; r && i < n; r = r->next) {
+        if (!r->counted) continue;
+        const struct mm3_job *j = r->job;
+        left[i++] = (double)atomic_load(&j->frames_total) / e->fps - (double)r->pcm_got / j->pcm_rate;
+    }
+    double est = admission_start_estimate(&e->adm, left, n, position);
     pthread_mutex_unlock(&e->mu);
-    return ok;
+    return est;
 }
 
 static int send_start(struct engine *e, struct mm3_job *job, struct eng_req *r);
@@ -320,6 +390,7 @@ static int sink_start(void *ctx, struct mm3_job *job)
     }
     mm3_job_ref(job);
     r->job = job;
+    r->counted = counts_as_stream(job);
     r->refs = 2; /* the table's and ours for the START below */
     req_add(e, r);
     int rc = send_start(e, job, r);
@@ -350,6 +421,7 @@ static int send_start(struct engine *e, struct mm3_job *job, struct eng_req *r)
         .num_inference_steps = job->params.num_inference_steps,
         .guidance_scale = job->params.guidance_scale,
         .flow_shift = job->params.flow_shift,
+        .streamed = counts_as_stream(job),
         .sample_rate = job->pcm_rate, /* the HTTP layer resamples to the request's rate */
         .premixed = !e->raw,
     };
@@ -728,6 +800,29 @@ static void fail_all(struct engine *e, const char *msg)
     }
 }
 
+/* A PCM message of `audio_s` seconds (`new_s` of them not yet pushed to the client) for
+ * entry q, under e->mu: stage 1's work for it (progress[2], microseconds so far) feeds the
+ * real-time capacity, and a streamed song's listener is advanced (stall metrics). */
+static void pcm_account(struct engine *e, struct eng_req *q, const struct shmconn_tensor *prog, double audio_s,
+                        double new_s)
+{
+    if (prog && prog->dtype == MM3_DTYPE_I64 && prog->ndim == 1 && prog->shape[0] >= 3) {
+        int64_t work_us = ((const int64_t *)prog->data)[2];
+        /* after a stage-1 restart the song's work counts from 0 again: nothing to add */
+        if (work_us > q->work_us_seen) admission_observe(&e->adm, (double)(work_us - q->work_us_seen) * 1e-6, audio_s);
+        q->work_us_seen = work_us;
+        capacity_publish(admission_capacity(&e->adm));
+    }
+    if (!q->job->params.stream || new_s <= 0) return;
+    int stalls = q->play.stalls;
+    double slack = playback_arrive(&q->play, (double)mm3_job_now_ns() * 1e-9, new_s);
+    if (q->play.stalls > stalls) {
+        metrics_counter_add(&mm3_metrics.stream_stalls, 1);
+        metrics_counter_add(&mm3_metrics.stream_stall_us, (uint64_t)(-slack * 1e6));
+    }
+    if (q->play.audio_s > new_s) metrics_histogram_observe(&mm3_metrics.window_slack_seconds, slack);
+}
+
 static void on_pcm(struct engine *e, const struct shmconn_msg *m)
 {
     const struct shmconn_tensor *pcm = NULL, *prog = NULL;
@@ -757,6 +852,7 @@ static void on_pcm(struct engine *e, const struct shmconn_msg *m)
         skip = have <= 0 ? 0 : (size_t)have >= n ? n : (size_t)have;
         q->pcm_got += (int64_t)n;
         if (q->pcm_got > q->pcm_pushed) q->pcm_pushed = q->pcm_got;
+        if (n) pcm_account(e, q, prog, (double)n / job->pcm_rate, (double)(n - skip) / job->pcm_rate);
     }
     pthread_mutex_unlock(&e->mu);
     float *il = malloc(sizeof(float) * 2 * (n ? n : 1));
@@ -1070,6 +1166,8 @@ int engine_create(struct engine **out, const struct mm3_deploy *d, const struct 
                  "with scripts/launch.sh, which gives both stages a random run id and token",
                  e->prefix);
     e->send_timeout_s = e->cfg_out.steady_deadline_s;
+    if ((rc = generate_frame_rate(ckpt_root, &e->fps)) < 0) goto fail;
+    capacity_publish(-1);
     const struct mm3_stage_config *s0 = mm3_deploy_stage(d, 0);
     struct sched_config sc = {.max_rows = s0->max_num_seqs,
                               .max_ctx = s0->max_model_len,
@@ -1092,6 +1190,7 @@ int engine_create(struct engine **out, const struct mm3_deploy *d, const struct 
     e->max_reqs = mm3_deploy_stage(d, 1)->max_num_seqs + s0->max_num_seqs;
     struct sched_sink sink = {.ctx = e,
                               .can_start = sink_can_start,
+                              .start_estimate = sink_start_estimate,
                               .on_start = sink_start,
                               .on_frames = sink_frames,
                               .on_end = sink_end,

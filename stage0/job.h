@@ -49,6 +49,8 @@ struct mm3_job_params {
     float cfg_scale;      /* AR CFG */
     enum mm3_audio_format format;
     bool stream;
+    bool allow_stall; /* streamed: start without waiting for real-time capacity; its audio may stall
+                         (stage 1 gives its windows no deadline: stage0/admission.h) */
     bool ignore_eos; /* never draw the stop code: the song runs to max_frames (vLLM's ignore_eos; benchmarks) */
     char *replay_file; /* testing aid (MM3_ALLOW_REPLAY=1): golden case file of forced draws and noise inside
                           api.replay_dir (common/replay_file.h), as the client named it, or NULL */
@@ -81,6 +83,8 @@ struct mm3_job {
     _Atomic int64_t frames_total; /* planned frames (<= max_frames; the engine may lower it at EOS) */
     _Atomic int64_t pcm_frames_pushed;
     _Atomic int64_t t_first_audio_ns; /* CLOCK_MONOTONIC of the first PCM push, 0 before */
+    _Atomic int32_t queue_position;   /* 1-based place among the songs waiting to start, 0 = not waiting */
+    _Atomic int64_t start_estimate_ns; /* CLOCK_MONOTONIC when it may start while held for capacity, 0 unknown */
     int64_t t_created_ns;
 
     /* Error reported by submit (-EINVAL) or mm3_job_fail(); guarded by mu. */

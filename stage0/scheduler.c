@@ -274,12 +274,36 @@ static void leave_early(struct sched *s, struct sched_req *r)
     release(s, r);
 }
 
+/* The queue's places (and, while admission is held, start estimates) into its jobs, for
+ * the progress endpoint. Only this thread removes from the queue, so the nodes from the
+ * head to the tail seen under the lock stay while it walks them without it. */
+static void queue_publish(struct sched *s, int held)
+{
+    pthread_mutex_lock(&s->mu);
+    struct sched_req *r = s->q_head, *tail = s->q_tail;
+    pthread_mutex_unlock(&s->mu);
+    int64_t now = mm3_job_now_ns();
+    for (int k = 1; r; k++, r = r == tail ? NULL : r->next) {
+        atomic_store(&r->job->queue_position, k);
+        double est = held && s->sink.start_estimate ? s->sink.start_estimate(s->sink.ctx, k) : -1;
+        atomic_store(&r->job->start_estimate_ns, est >= 0 ? now + (int64_t)(est * 1e9) : 0);
+    }
+}
+
 /* Move queued requests onto free pairs. */
 static void admit(struct sched *s)
 {
+    int held = 0;
     for (int p = 0; p < s->n_pairs; p++) {
         if (s->active[p]) continue;
-        if (s->sink.can_start && !s->sink.can_start(s->sink.ctx)) return;
+        pthread_mutex_lock(&s->mu);
+        struct sched_req *head = s->q_head;
+        pthread_mutex_unlock(&s->mu);
+        if (!head) break;
+        if (s->sink.can_start && !s->sink.can_start(s->sink.ctx, head->job)) {
+            held = 1;
+            break;
+        }
         pthread_mutex_lock(&s->mu);
         struct sched_req *r = s->q_head;
         if (r) {
@@ -291,7 +315,9 @@ static void admit(struct sched *s)
             metrics_gauge_set(&mm3_metrics.active_rows, 2 * s->n_running);
         }
         pthread_mutex_unlock(&s->mu);
-        if (!r) return;
+        if (!r) break;
+        atomic_store(&r->job->queue_position, 0);
+        atomic_store(&r->job->start_estimate_ns, 0);
         s->did_work = 1;
         r->next = NULL;
         r->pair = p;
@@ -345,6 +371,7 @@ static void admit(struct sched *s)
         if (r->jr && s->sink.on_journal_open)
             s->sink.on_journal_open(s->sink.ctx, r->job, r->jr, r->ids, r->prompt_len);
     }
+    queue_publish(s, held);
 }
 
 /* Steady state: when every running song is fed and batchable, their forward and

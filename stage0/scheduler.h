@@ -60,9 +60,13 @@ struct sched_config {
 /* Called on the step thread. Frames are raw: n_codebooks * hidden floats each. */
 struct sched_sink {
     void *ctx;
-    /* Optional: 0 holds admission (the job stays queued), e.g. while stage 1 holds as
-     * many songs as it accepts. */
-    int (*can_start)(void *ctx);
+    /* Optional: 0 holds admission of `job`, the head of the queue (it and the songs behind
+     * it stay queued), e.g. while stage 1 holds as many songs as it accepts, or while the
+     * streams admitted use stage 1's real-time capacity (stage0/admission.h). */
+    int (*can_start)(void *ctx, struct mm3_job *job);
+    /* Optional: while admission is held, seconds until the song at 1-based `position`
+     * of the queue may start (< 0 unknown); published in the job (start_estimate_ns). */
+    double (*start_estimate)(void *ctx, int position);
     /* Rows assigned. < 0 fails the job (the sink calls mm3_job_fail itself). */
     int (*on_start)(void *ctx, struct mm3_job *job);
     /* n frames of `width` floats, indices first..first+n-1 (each exactly once, in order). */

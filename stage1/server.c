@@ -100,6 +100,8 @@ static int server_load(struct s1_server *s, const struct s1_server_options *o)
     if ((rc = s1_backend_flow_batch(&s->be, s->dm, condition_latent_len(&s->cm->cfg, RENDER_WINDOW_FRAMES), max_windows,
                                     &s->fb)) < 0)
         return mm3_error_prefix(rc, "%s: stage 1 flow batch of %d windows: ", s->d.source, max_windows);
+    s->cand = calloc((size_t)s->max_reqs + 1, sizeof *s->cand);
+    if (!s->cand) return mm3_errorf(-ENOMEM, "stage 1: out of memory");
     s->jobs = calloc((size_t)max_windows, sizeof *s->jobs);
     s->job_ids = calloc((size_t)max_windows, sizeof *s->job_ids);
     s->job_rc = calloc((size_t)max_windows, sizeof *s->job_rc);
@@ -108,14 +110,14 @@ static int server_load(struct s1_server *s, const struct s1_server_options *o)
     s->hop = vocoder_hop(s->voc);
     s->default_shift = (float)s->st->flow_shift;
     if (s->default_shift == 0.0f && (rc = flow_checkpoint_shift(s->d.model, &s->default_shift)) < 0) return rc;
-    LOG_INFO(
-        "%s: stage 1 on %s, model %s loaded in %.1f s (%d Hz, hop %d); max_num_seqs %d, up to %d requests "
-        "held, %d windows per DiT batch (%s), flow shift %g, stream priority %s, codec_streaming %s, deadlines %.2f s "
-        "first / %.2f s steady, prefix '%s'",
-        s->d.source, mm3_backend_name(s->d.backend), s->d.model, s1_now() - t0, s->native_rate, s->hop, s->max_active,
-        s->max_reqs, s->fb.max_windows, s->fb.async ? "vocoder overlapped" : "in turn", (double)s->default_shift,
-        mm3_stream_priority_name(s->st->stream_priority), s->codec_streaming ? "on" : "off",
-        s->in_cfg.first_chunk_deadline_s, s->in_cfg.steady_deadline_s, s->prefix);
+    LOG_INFO("%s: stage 1 on %s, model %s loaded in %.1f s (%d Hz, hop %d); max_num_seqs %d, up to %d requests "
+             "held, %d windows per DiT batch (%s), flow shift %g, stream priority %s, window order %s, "
+             "codec_streaming %s, deadlines %.2f s first / %.2f s steady, prefix '%s'",
+             s->d.source, mm3_backend_name(s->d.backend), s->d.model, s1_now() - t0, s->native_rate, s->hop,
+             s->max_active, s->max_reqs, s->fb.max_windows, s->fb.async ? "vocoder overlapped" : "in turn",
+             (double)s->default_shift, mm3_stream_priority_name(s->st->stream_priority),
+             mm3_window_order_name(s->st->window_order), s->codec_streaming ? "on" : "off",
+             s->in_cfg.first_chunk_deadline_s, s->in_cfg.steady_deadline_s, s->prefix);
     return 0;
 }
 
@@ -308,25 +310,30 @@ static void finish_windows(struct s1_server *s)
     }
 }
 
-/* One round: the next ready window of up to fb.max_windows active requests (round robin
- * from where the last round stopped) goes into ONE flow batch. With a GPU batch the
+/* One round: the next ready window of up to fb.max_windows active requests goes into ONE
+ * flow batch, taken in stages[1].window_order (stage1/window_order.h) from the candidates
+ * listed round robin from where the last round stopped. With a GPU batch the
  * previous round's windows are vocoded and sent while the DiT runs; the CPU batch runs in
  * begin, so there the windows are finished right after it. A request that fails or is
  * cancelled while its window is out is simply not collected (its latents are dropped). */
 static void round_run(struct s1_server *s)
 {
     struct flow_batch *fb = &s->fb;
-    int n = 0, start = s->n_reqs ? s->rr % s->n_reqs : 0;
-    uint64_t order[s->max_reqs + 1];
-    int n_order = s->n_reqs;
-    for (int i = 0; i < n_order; i++)
-        order[i] = s->reqs[(start + i) % n_order]->id;
-    for (int i = 0; i < n_order && n < fb->max_windows && !s->stage0_lost; i++) {
-        struct s1_request *q = s1_request_find(s, order[i]);
+    int n = 0, start = s->n_reqs ? s->rr % s->n_reqs : 0, n_cand = 0;
+    double now = s1_now();
+    for (int i = 0; i < s->n_reqs; i++) {
+        struct s1_request *q = s->reqs[(start + i) % s->n_reqs];
+        if (!q->active || !render_window_ready(q->render)) continue;
+        s1_request_candidate(s, q, now, &s->cand[n_cand++]);
+    }
+    window_order_sort(s->st->window_order, s->cand, n_cand);
+    for (int i = 0; i < n_cand && n < fb->max_windows && !s->stage0_lost; i++) {
+        struct s1_request *q = s1_request_find(s, s->cand[i].id);
         if (!q || !q->active || !render_window_ready(q->render)) continue;
         if (s1_request_prepare(s, q, &s->jobs[n]) == 1) {
             s->job_ids[n++] = q->id;
-            s->rr = (start + i + 1) % n_order;
+            for (int k = 0; k < s->n_reqs; k++) /* round robin goes on after the one taken */
+                if (s->reqs[k] == q) s->rr = k + 1;
         }
     }
     double t0 = s1_now();
@@ -393,6 +400,7 @@ static void server_free(struct s1_server *s)
     while (s->n_reqs)
         s1_request_remove(s, s->reqs[0]);
     free(s->reqs);
+    free(s->cand);
     shmconn_close(s->in);
     shmconn_close(s->out);
     pthread_mutex_destroy(&s->hb_mu);

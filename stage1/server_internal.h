@@ -19,6 +19,7 @@
 #include "stage1/replay_noise.h"
 #include "stage1/server.h"
 #include "stage1/vocoder.h"
+#include "stage1/window_order.h"
 
 /* Server totals, logged at shutdown. */
 struct s1_counters {
@@ -48,6 +49,7 @@ struct s1_request {
     int64_t song_n, song_cap;
     uint32_t chunk_out;  /* next chunk index on s1_to_s0 */
     int64_t samples_out; /* samples per channel sent */
+    double t_first_audio; /* s1_now() when its first samples went out, 0 before */
     int windows_done;    /* for the progress tensor */
     int in_flow;         /* a window of it is out in the server's flow batch */
     int send_rc;         /* first failed send inside the render's sink */
@@ -67,6 +69,7 @@ struct s1_server {
     uint64_t *job_ids;     /* its requests */
     int *job_rc;
     int rr; /* where the next batch starts looking (round robin) */
+    struct window_candidate *cand; /* [max_reqs + 1]: the ready windows of a round */
     int native_rate, hop;
     float default_shift; /* START's flow_shift 0: stages[1].flow_shift, else the checkpoint's */
     char prefix[32];
@@ -111,6 +114,10 @@ void s1_request_collect(struct s1_server *s, struct s1_request *q, int flow_rc, 
 /* Vocode and emit the oldest collected window of an active request, if any, then finish
  * the request when it is complete (it is then gone). */
 void s1_request_step(struct s1_server *s, struct s1_request *q);
+/* An active request's next window as a batch candidate: its deadline, when its client runs
+ * out of audio without it (stage1/window_order.h). */
+void s1_request_candidate(const struct s1_server *s, const struct s1_request *q, double now,
+                          struct window_candidate *c);
 /* 1 when the request has a window to run, a window to finish, or is complete. */
 int s1_request_ready(const struct s1_request *q);
 

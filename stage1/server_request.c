@@ -79,7 +79,7 @@ static int send_pcm_message(struct s1_server *s, struct s1_request *q, const flo
 {
     struct shmconn_msg msg = {.req_id = q->id, .chunk = q->chunk_out, .kind = PIPE_MSG_PCM, .n_tensors = 2};
     tensor_set(&msg.tensors[0], "pcm", MM3_DTYPE_F32, 2, (int64_t[]){2, m}, 4, NULL);
-    tensor_set(&msg.tensors[1], "progress", MM3_DTYPE_I64, 1, (int64_t[]){2}, 8, NULL);
+    tensor_set(&msg.tensors[1], "progress", MM3_DTYPE_I64, 1, (int64_t[]){3}, 8, NULL);
     int rc = shmconn_send_begin(s->out, &msg, s->send_timeout_s);
     if (rc < 0) return out_check(s, rc);
     float *dst = msg.tensors[0].data;
@@ -88,10 +88,11 @@ static int send_pcm_message(struct s1_server *s, struct s1_request *q, const flo
         memcpy(dst + m, pcm + stride + at, sizeof(float) * (size_t)m);
     }
     int64_t planned = q->ended ? render_window_count((int)q->frames_in) : 0;
-    int64_t progress[2] = {q->windows_done, planned};
+    int64_t progress[3] = {q->windows_done, planned, (int64_t)(q->compute_s * 1e6)};
     memcpy(msg.tensors[1].data, progress, sizeof progress);
     if ((rc = shmconn_send_commit(s->out, &msg)) < 0) return out_check(s, rc);
     q->chunk_out++;
+    if (m && q->t_first_audio == 0) q->t_first_audio = s1_now();
     q->samples_out += m;
     return 0;
 }
@@ -288,6 +289,14 @@ int s1_request_ready(const struct s1_request *q)
            (render_window_ready(q->render) || render_window_unfinished(q->render) > 0 || render_complete(q->render));
 }
 
+void s1_request_candidate(const struct s1_server *s, const struct s1_request *q, double now, struct window_candidate *c)
+{
+    c->id = q->id;
+    c->first = render_windows_done(q->render) == 0 && render_window_unfinished(q->render) == 0;
+    c->deadline = window_deadline(q->p.streamed && s->codec_streaming, c->first, now, q->t_first_audio,
+                                  (double)q->samples_out / q->p.sample_rate);
+}
+
 int s1_request_activate(struct s1_server *s, struct s1_request *q)
 {
     struct render_params p = {
@@ -479,6 +488,8 @@ static void on_start(struct s1_server *s, const struct shmconn_msg *m)
     else if (p.sample_rate != s->native_rate && p.sample_rate != 32000)
         snprintf(text, sizeof text, "START sample_rate %d: expected %d (native) or 32000", p.sample_rate,
                  s->native_rate);
+    else if (p.streamed != 0 && p.streamed != 1)
+        snprintf(text, sizeof text, "START streamed %d: expected 0 or 1", p.streamed);
     else if (s->n_reqs >= s->max_reqs)
         snprintf(text, sizeof text, "stage 1 is full: %d requests in flight (max_num_seqs %d + %d waiting)", s->n_reqs,
                  s->max_active, s->max_reqs - s->max_active);

@@ -59,6 +59,7 @@ static void test_defaults(void **state)
     assert_int_equal(p.format, MM3_AUDIO_WAV);
     assert_false(p.stream);
     assert_false(p.ignore_eos);
+    assert_false(p.allow_stall);
     mm3_job_params_free(&p);
 
     lim.default_frames = 750; /* the defaults are configurable */
@@ -104,6 +105,7 @@ static void test_all_fields(void **state)
                            "\"response_format\":\"flac\",\"sample_rate\":32000,"
                            "\"num_inference_steps\":8,\"guidance_scale\":2,\"cfg_scale\":1.25,"
                            "\"stream\":true,\"stream_format\":\"audio\",\"model\":\"anything\",\"ignore_eos\":true,"
+                           "\"allow_stall\":true,"
                            "\"voice\":\"default\",\"speed\":1.0,\"temperature\":null}",
                            &p, f),
                      0);
@@ -119,6 +121,7 @@ static void test_all_fields(void **state)
     assert_true(p.flow_shift == 0.0f); /* not given: stage 1's default */
     assert_true(p.stream);
     assert_true(p.ignore_eos);
+    assert_true(p.allow_stall);
     mm3_job_params_free(&p);
 
     assert_int_equal(parse("{" BASE ",\"max_new_tokens\":1,\"response_format\":\"pcm\",\"voice\":\"\"}", &p, f), 0);
@@ -194,6 +197,7 @@ static void test_field_errors(void **state)
     expect_bad("{" BASE ",\"flow_shift\":\"2\"}", "flow_shift", "number");
     expect_bad("{" BASE ",\"stream\":\"yes\"}", "stream", "true or false");
     expect_bad("{" BASE ",\"ignore_eos\":1}", "ignore_eos", "true or false");
+    expect_bad("{" BASE ",\"allow_stall\":\"yes\"}", "allow_stall", "true or false");
     expect_bad("{" BASE ",\"stream_format\":\"sse\"}", "stream_format", "audio");
     expect_bad("{" BASE ",\"model\":3}", "model", "string");
     expect_bad("{" BASE ",\"voice\":\"alloy\"}", "voice", "no voices");

@@ -468,6 +468,23 @@ static void test_flow_shift_and_mps_keys(void **state)
     assert_int_equal(inline_failures, 0);
 }
 
+/* stages[1].window_order: deadline by default, fifo read back, stage 0 and other words refused. */
+static void test_window_order_key(void **state)
+{
+    (void)state;
+    assert_int_equal(mm3_deploy_load_string(&deploy, "stages:\n  - stage_id: 0\n  - stage_id: 1\n", "k"), 0);
+    assert_int_equal(mm3_deploy_stage(&deploy, 1)->window_order, MM3_WINDOW_ORDER_DEADLINE);
+    assert_int_equal(
+        mm3_deploy_load_string(&deploy, "stages:\n  - stage_id: 0\n  - {stage_id: 1, window_order: fifo}\n", "k"), 0);
+    assert_int_equal(mm3_deploy_stage(&deploy, 1)->window_order, MM3_WINDOW_ORDER_FIFO);
+    assert_string_equal(mm3_window_order_name(MM3_WINDOW_ORDER_DEADLINE), "deadline");
+    expect_inline_error("stages:\n  - {stage_id: 0, window_order: fifo}\n", 2, "stages[0].window_order",
+                        "only stage 1");
+    expect_inline_error("stages:\n  - {stage_id: 1, window_order: edf}\n", 2, "stages[0].window_order",
+                        "deadline, fifo");
+    assert_int_equal(inline_failures, 0);
+}
+
 static void test_warnings_and_backend(void **state)
 {
     (void)state;
@@ -528,6 +545,7 @@ int main(void)
         cmocka_unit_test(test_deadlines),
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_flow_shift_and_mps_keys),
+        cmocka_unit_test(test_window_order_key),
         cmocka_unit_test(test_kv_cache_dtype_key),
         cmocka_unit_test(test_bad_files_rejected),
         cmocka_unit_test(test_short_context_warns),

@@ -44,7 +44,8 @@ struct sink_log {
     float *frames[MAX_JOBS];
     int n[MAX_JOBS], ended[MAX_JOBS], started[MAX_JOBS], aborted[MAX_JOBS], order_ok[MAX_JOBS];
     int n_jobs;
-    int hold; /* can_start answers !hold */
+    int hold;              /* can_start answers !hold */
+    struct mm3_job *asked; /* the job can_start was last asked about */
 };
 
 static int slot_of(struct sink_log *l, struct mm3_job *job)
@@ -84,10 +85,17 @@ static int on_end(void *ctx, struct mm3_job *job, int total)
     return 0;
 }
 
-static int can_start(void *ctx)
+static int can_start(void *ctx, struct mm3_job *job)
 {
     struct sink_log *l = ctx;
+    l->asked = job;
     return !l->hold;
+}
+
+static double start_estimate(void *ctx, int position)
+{
+    (void)ctx;
+    return 7.5 * position;
 }
 
 static void on_abort(void *ctx, struct mm3_job *job)
@@ -188,6 +196,7 @@ static struct sched *make_sched_cfg(struct model *m, struct sink_log *log, const
 {
     struct sched_sink sink = {.ctx = log,
                               .can_start = can_start,
+                              .start_estimate = start_estimate,
                               .on_start = on_start,
                               .on_frames = on_frames,
                               .on_end = on_end,
@@ -450,7 +459,8 @@ static void test_admission_and_cancel(void **state)
     log_free(&log);
 }
 
-/* can_start holds admission: the job stays queued, then starts when allowed. */
+/* can_start holds admission of the queue's head: it and the job behind it stay queued
+ * (their places and start estimates published in the jobs), then start when allowed. */
 static void test_admission_held(void **state)
 {
     struct model *m = *state;
@@ -458,21 +468,32 @@ static void test_admission_held(void **state)
     struct sink_log log;
     log_init(&log, m->s0->dd.cfg.n_codebooks * m->s0->lm.cfg.hidden);
     log.hold = 1;
-    struct sched *s = make_sched(m, &log, 2, 64, 2);
-    int a = log_add(&log, make_job(&k_req[1]));
+    struct sched *s = make_sched(m, &log, 4, 64, 2);
+    int a = log_add(&log, make_job(&k_req[1])), b = log_add(&log, make_job(&k_req[0]));
     assert_int_equal(sched_submit(s, log.jobs[a]), 0);
+    assert_int_equal(sched_submit(s, log.jobs[b]), 0);
     for (int i = 0; i < 5; i++)
-        assert_int_equal(sched_step(s), 1);
+        assert_int_equal(sched_step(s), 2);
     int queued, rows;
     sched_counts(s, &queued, &rows);
-    assert_int_equal(queued, 1);
+    assert_int_equal(queued, 2);
     assert_int_equal(log.started[a], 0);
+    assert_ptr_equal(log.asked, log.jobs[a]); /* asked about the head */
+    assert_int_equal(atomic_load(&log.jobs[a]->queue_position), 1);
+    assert_int_equal(atomic_load(&log.jobs[b]->queue_position), 2);
+    int64_t now = mm3_job_now_ns(), ea = atomic_load(&log.jobs[a]->start_estimate_ns),
+            eb = atomic_load(&log.jobs[b]->start_estimate_ns);
+    assert_true(ea > now + 7 * 1000000000LL && ea <= now + 7500000000LL);
+    assert_true(eb > now + 14 * 1000000000LL && eb <= now + 15000000000LL);
     log.hold = 0;
     int steps = 0;
     while (sched_step(s) > 0 && steps < 1000)
         steps++;
     assert_int_equal(log.started[a], 1);
     assert_int_equal(log.ended[a], 1);
+    assert_int_equal(log.ended[b], 1);
+    assert_int_equal(atomic_load(&log.jobs[a]->queue_position), 0);
+    assert_int_equal(atomic_load(&log.jobs[b]->start_estimate_ns), 0);
     sched_destroy(s, NULL);
     log_free(&log);
 }

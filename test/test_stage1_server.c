@@ -54,6 +54,7 @@ struct result {
     int first_pcm_seq, end_seq; /* order of arrival over all requests */
     int n_pcm_msgs;
     int64_t first_pcm_n; /* samples in the first PCM message */
+    double t_first_pcm;  /* now_s() when it came */
     int n_progress;      /* PCM messages of no samples (codec_streaming off) */
     int64_t progress;    /* windows done, as the last of them said */
 };
@@ -77,6 +78,7 @@ static struct {
     shmconn_t *rx;      /* s1_to_s0, we consume */
     struct result res[MAX_RESULTS];
     int n_res, seq;
+    int streamed; /* START's streamed */
 } G;
 
 static double now_s(void)
@@ -206,6 +208,7 @@ static int send_start_shift(uint64_t id, uint64_t seed, int width, int premixed,
         .sample_rate = rate,
         .premixed = premixed,
         .flow_shift = shift,
+        .streamed = G.streamed,
     };
     struct shmconn_tensor t = tensor("params", SHMCONN_DTYPE_U8, 1, sizeof p, 0, 1, &p);
     return send_msg(id, PIPE_MSG_START, SHMCONN_FLAG_FIRST, 1, &t);
@@ -314,6 +317,7 @@ static int pump(double timeout)
         r->n += n;
         r->n_pcm_msgs++;
         if (r->first_pcm_seq < 0) r->first_pcm_n = n;
+        if (r->first_pcm_seq < 0) r->t_first_pcm = now_s();
         if (r->first_pcm_seq < 0) r->first_pcm_seq = G.seq;
     } else if (m->kind == PIPE_MSG_DONE) {
         assert_true(m->flags & SHMCONN_FLAG_LAST);
@@ -440,7 +444,8 @@ static int load_song(const char *golden, const char *file, struct song *s)
     return 0;
 }
 
-/* model, backend, codec_streaming, stage-0 dtype (CUDA runs stage 0 in bfloat16) */
+/* model, backend, codec_streaming, stage-0 dtype (CUDA runs stage 0 in bfloat16), stage 1's
+ * max_num_seqs, more stage-1 keys */
 static const char *DEPLOY_FMT = "pipeline: minimax_music3\n"
                                 "model: %s\n"
                                 "backend: %s\n"
@@ -461,14 +466,15 @@ static const char *DEPLOY_FMT = "pipeline: minimax_music3\n"
                                 "    output_connectors:\n"
                                 "      to_stage_1: shm\n"
                                 "  - stage_id: 1\n"
-                                "    max_num_seqs: 2\n"
+                                "    max_num_seqs: %d\n"
                                 "    dtype: float32\n"
                                 "    enforce_eager: true\n"
                                 "    input_connectors:\n"
                                 "      from_stage_0: shm\n"
                                 "    num_inference_steps: 3\n"
                                 "    guidance_scale: 1.25\n"
-                                "    matmul_precision: fp32\n";
+                                "    matmul_precision: fp32\n"
+                                "%s";
 
 static void start_server(void)
 {
@@ -519,7 +525,7 @@ static int setup(void **state)
     snprintf(G.out, sizeof G.out, "%s/stage1.out", G.tmp);
     FILE *f = fopen(G.deploy, "w");
     if (!f) return -1;
-    fprintf(f, DEPLOY_FMT, ckpt, gpu_backend() ? "cuda" : "cpu", "true", gpu_backend() ? "bfloat16" : "float32");
+    fprintf(f, DEPLOY_FMT, ckpt, gpu_backend() ? "cuda" : "cpu", "true", gpu_backend() ? "bfloat16" : "float32", 2, "");
     fclose(f);
     if (condition_load(&G.cm, ckpt) < 0 || dit_load(&G.dm, ckpt) < 0 || vocoder_load(&G.voc, ckpt) < 0 ||
         load_song(g, "case0.safetensors", &G.s0) < 0 || load_song(g, "case2.safetensors", &G.s2) < 0) {
@@ -922,7 +928,8 @@ static void test_codec_streaming_off(void **state)
     snprintf(G.deploy, sizeof G.deploy, "%s/deploy-nostream.yaml", G.tmp);
     FILE *f = fopen(G.deploy, "w");
     assert_non_null(f);
-    fprintf(f, DEPLOY_FMT, ckpt, gpu_backend() ? "cuda" : "cpu", "false", gpu_backend() ? "bfloat16" : "float32");
+    fprintf(f, DEPLOY_FMT, ckpt, gpu_backend() ? "cuda" : "cpu", "false", gpu_backend() ? "bfloat16" : "float32", 2,
+            "");
     fclose(f);
     start_server();
     assert_int_equal(wait_ready(120), 0);
@@ -952,6 +959,96 @@ static void test_codec_streaming_off(void **state)
     assert_int_equal(count_segments(), 0);
 }
 
+/* A song as stage 0 sends it, rendered cheaply (1 step, guidance 1: no unconditional
+ * branch) so that the CPU keeps several streams ahead of their listeners. */
+static void send_cheap_song(uint64_t id, uint64_t seed, const struct song *s)
+{
+    assert_int_equal(send_start_shift(id, seed, s->width, 0, G.rate, 1, 1.0f, 0.0f), 0);
+    for (int at = 0; at < s->n;) {
+        int n = at == 0 ? 200 : 100;
+        if (n > s->n - at) n = s->n - at;
+        assert_int_equal(send_frames(id, s->frames, at, n, s->width), 0);
+        at += n;
+    }
+    send_end(id, s->n);
+}
+
+/* Deadline order (stages[1].window_order: deadline, one window per DiT batch): six streamed
+ * songs of 7 windows play; once the first one's second window is out, a seventh song
+ * starts. Its first window is due now, the playing songs' next windows when their
+ * listeners run dry, seconds from now, so it goes into the next batch: at most the window
+ * in the DiT when it came (and one round listed while its messages were still coming)
+ * finish first. Round robin (fifo) puts it behind the next window of every song after the
+ * one in the DiT. A machine too loaded to keep the six ahead of their listeners cannot
+ * tell the two apart (a stream behind is rightly served first): the test skips then. */
+static void test_first_window_overtakes(void **state)
+{
+    (void)state;
+    NEED_GOLDEN();
+    enum { N_PLAYING = 6, LONG_FRAMES = 800 };
+    char ckpt[1024];
+    snprintf(ckpt, sizeof ckpt, "%s/checkpoint", test_golden_dir());
+    snprintf(G.deploy, sizeof G.deploy, "%s/deploy-deadline.yaml", G.tmp);
+    FILE *f = fopen(G.deploy, "w");
+    assert_non_null(f);
+    const char *order = getenv("MM3_TEST_WINDOW_ORDER"); /* fifo: shows what the test guards against */
+    char extra[128];
+    snprintf(extra, sizeof extra, "    max_num_batched_tokens: 1\n    window_order: %s\n", order ? order : "deadline");
+    fprintf(f, DEPLOY_FMT, ckpt, gpu_backend() ? "cuda" : "cpu", "true", gpu_backend() ? "bfloat16" : "float32", 8,
+            extra);
+    fclose(f);
+    start_server();
+    assert_int_equal(wait_ready(120), 0);
+    connect_stage0(&G.tx, &G.rx);
+
+    struct song lng = {malloc(sizeof(float) * (size_t)LONG_FRAMES * G.s2.width), LONG_FRAMES, G.s2.width};
+    assert_non_null(lng.frames);
+    for (int i = 0; i < LONG_FRAMES; i++)
+        memcpy(lng.frames + (size_t)i * lng.width, G.s2.frames + (size_t)(i % G.s2.n) * lng.width,
+               sizeof(float) * (size_t)lng.width);
+    G.streamed = 1;
+    for (int k = 0; k < N_PLAYING; k++)
+        send_cheap_song(201 + k, 300 + k, &lng);
+    double end = now_s() + 120;
+    while (res_get(201)->n_pcm_msgs < 2 && now_s() < end)
+        pump(0.1);
+    assert_int_equal(res_get(201)->n_pcm_msgs, 2);
+    int before = 0;
+    double t_send = now_s(), slack = 1e9; /* the least time a playing song's listener had left */
+    for (int k = 0; k < N_PLAYING; k++) {
+        struct result *r = res_get(201 + k);
+        before += r->n_pcm_msgs;
+        double s = r->first_pcm_seq < 0 ? -1 : r->t_first_pcm + (double)r->n / G.rate - t_send;
+        if (s < slack) slack = s;
+    }
+    send_cheap_song(299, 399, &G.s2);
+    G.streamed = 0;
+    while (res_get(299)->n_pcm_msgs == 0 && !res_get(299)->error && now_s() < end)
+        pump(0.1);
+    assert_false(res_get(299)->error);
+    int between = -before, left = 0;
+    for (int k = 0; k < N_PLAYING; k++) {
+        struct result *r = res_get(201 + k);
+        between += r->n_pcm_msgs;
+        left += !r->done;
+    }
+    free(lng.frames);
+    /* what is left is not needed: the server fails it at shutdown */
+    assert_int_equal(kill(G.pid, SIGTERM), 0);
+    assert_int_equal(waitpid(G.pid, NULL, 0), G.pid);
+    G.pid = 0;
+    shmconn_close(G.tx);
+    shmconn_close(G.rx);
+    G.tx = G.rx = NULL;
+    fprintf(stderr, "first window of the new song after %d window(s) of playing songs; least slack %.2f s\n", between,
+            slack);
+    if (slack < 1.0 || left < N_PLAYING) {
+        fprintf(stderr, "the playing songs were not ahead of their listeners: nothing to tell\n");
+        skip();
+    }
+    if (between > 2) fail_msg("%d windows of playing songs went out before the new song's first window", between);
+}
+
 int main(void)
 {
     if (!test_golden_dir()) {
@@ -974,6 +1071,7 @@ int main(void)
         cmocka_unit_test(test_squatter_refused),
         cmocka_unit_test(test_sigterm),
         cmocka_unit_test(test_codec_streaming_off),
+        cmocka_unit_test(test_first_window_overtakes),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -18,7 +18,8 @@
 # bounds it, so the default fits one 9-minute device call with the checkpoint written first; run
 # e.g. mps-s1-40,mps-s1-100,mps+prio,mps-s1-55+prio in a second call.
 #
-# Per arrangement: scripts/launch.sh --model CKPT, then scripts/bench/e2e.py --duration S (30)
+# Per arrangement: scripts/launch.sh --model CKPT, then scripts/bench/e2e.py --allow-stall (every
+# stream starts at once: the sweep measures how the stages share the GPU, not admission) --duration S (30)
 # --concurrency N (8): one song alone (wall and first audio), then N at once (audio s per s).
 # Prints one row per arrangement as it finishes and the whole table at the end (markdown);
 # logs and JSON in --out (default $OUT, else /tmp/mps-sweep). CKPT: --ckpt, else $MM3_BENCH_CKPT
@@ -128,7 +129,7 @@ for name in "${list[@]}"; do
     left=$((each_s - (SECONDS - t0)))
     [ "$left" -lt 10 ] && left=10
     timeout "$left" "$py" scripts/bench/e2e.py --url "http://127.0.0.1:$port" --duration "$duration" \
-      --concurrency "$conc" --json "$d/e2e.json" > "$d/e2e.log" 2>&1 || note="e2e.py: $(tail -1 "$d/e2e.log" | cut -c1-80)"
+      --concurrency "$conc" --allow-stall --json "$d/e2e.json" > "$d/e2e.log" 2>&1 || note="e2e.py: $(tail -1 "$d/e2e.log" | cut -c1-80)"
   fi
   kill -TERM $launcher 2>/dev/null
   wait $launcher 2>/dev/null

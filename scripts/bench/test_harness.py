@@ -11,6 +11,8 @@
 - ncu_step.py on a CSV in ncu's --csv layout;
 - kernel_trace.py on a trace in tools/kernel_trace's layout.
 """
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -347,6 +349,32 @@ class E2eTest(unittest.TestCase):
         r = e2e.one_song("http://127.0.0.1:9", 1.0, 0, timeout=2)  # discard port: nothing listens
         self.assertFalse(r["ok"])
         self.assertIn("error", r)
+
+    def test_listener(self):
+        # plays from the first byte: 4 s at 0 runs dry at 4; 4 s at 3.5 (early) -> 8; 4 s at 9
+        # (a 1 s stall) -> 13; 4 s at 12 (early) -> 17; 1 s at 20 (a 3 s stall)
+        stalls, s = e2e.listen([(0, 4), (3.5, 4), (9, 4), (12, 4), (20, 1)])
+        self.assertEqual(stalls, 2)
+        self.assertAlmostEqual(s, 4.0)
+        self.assertEqual(e2e.listen([(5, 1)]), (0, 0.0))  # a first byte is no stall, however late
+
+    def test_compare(self):
+        with tempfile.TemporaryDirectory() as d:
+            runs = []
+            for label, rate, stalled in (("deadline", 5.1, 0), ("fifo", 5.2, 16)):
+                p = os.path.join(d, label + ".json")
+                with open(p, "w") as f:
+                    json.dump({"label": label, "concurrent": {"audio_s_per_s": rate, "ttfa_p95_s": 1.5,
+                                                              "streams_stalled": stalled}}, f)
+                runs.append(p)
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                self.assertEqual(e2e.compare(runs), 0)
+            text = out.getvalue()
+            self.assertIn("| | deadline | fifo |", text)
+            self.assertIn("| streams that stalled | 0 | 16 |", text)
+            self.assertIn("| throughput vs deadline | +0.0 % | +2.0 % |", text)
+            self.assertIn("| latency p50 s | n/a | n/a |", text)
 
 
 # ncu --csv --metrics gpu__time_duration.sum, as scripts/device-stage0.sh NCU=1 writes it.
