@@ -442,7 +442,7 @@ static int teardown_case0(void **state)
 static char *replay(void **state, const struct move *moves, int n_moves, double tol, int *pass)
 {
     struct perturb p = {.n_moves = n_moves};
-    memcpy(p.moves, moves, sizeof(struct move) * (size_t)n_moves);
+    if (n_moves > 0) memcpy(p.moves, moves, sizeof(struct move) * (size_t)n_moves);
     char *text = NULL;
     size_t len = 0;
     FILE *out = open_memstream(&text, &len);
