@@ -1,11 +1,13 @@
 # mm3_folder_library(target folder deps): a static library of every .c in the
-# folder except programs (main.c, *_main.c); with CUDA, every .cu under
-# folder/cuda joins it. New files need no CMake edit.
+# folder and its rooms (subfolders) except programs (main.c, *_main.c); with
+# CUDA, every .cu and .c in a cuda/ folder among them joins it. New files need no CMake edit.
 function(mm3_folder_library target folder deps)
-  file(GLOB srcs CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/${folder}/*.c)
+  file(GLOB_RECURSE srcs CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/${folder}/*.c)
   list(FILTER srcs EXCLUDE REGEX ".*/(main|[a-z0-9_]+_main)\\.c$")
+  list(FILTER srcs EXCLUDE REGEX ".*/cuda/[^/]*$")
   if(MM3_HAVE_CUDA)
-    file(GLOB cu CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/${folder}/cuda/*.cu ${CMAKE_SOURCE_DIR}/${folder}/cuda/*.c)
+    file(GLOB_RECURSE cu CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/${folder}/*.cu ${CMAKE_SOURCE_DIR}/${folder}/*.c)
+    list(FILTER cu INCLUDE REGEX ".*/cuda/[^/]*$")
     list(APPEND srcs ${cu})
   endif()
   if(NOT srcs)

@@ -73,7 +73,7 @@ enum mm3_cudagraph_mode { MM3_CUDAGRAPH_NONE = 0, MM3_CUDAGRAPH_FULL_DECODE_ONLY
 
 /* Element type of stage 0's KV cache (vLLM's kv_cache_dtype). AUTO: bfloat16 on the
  * CUDA backend (the model runs in bf16), float32 on the CPU backend, which keeps
- * float32 whatever is asked (stage0/talker_backend.h decides). */
+ * float32 whatever is asked (stage0/model/talker_backend.h decides). */
 enum mm3_kv_cache_dtype { MM3_KV_CACHE_AUTO = 0, MM3_KV_CACHE_BF16, MM3_KV_CACHE_F32 };
 
 /* One entry of `connectors:`. */

@@ -11,7 +11,7 @@
  * Who updates what (see docs/api.md): the HTTP layer counts requests, TTFA,
  * RTF, durations and audio seconds; the engine sets queue depth and active rows
  * and adds connector bytes and waits; frames and windows are added by
- * mm3_job_progress_add() in stage0/job.c. Rates (frames/s, windows/s) are
+ * mm3_job_progress_add() in stage0/api/job.c. Rates (frames/s, windows/s) are
  * PromQL rate() over the counters. */
 #ifndef MM3_METRICS_H
 #define MM3_METRICS_H

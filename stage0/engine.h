@@ -25,10 +25,10 @@
 #define MM3_STAGE0_ENGINE_H
 
 #include "common/deploy.h"
-#include "stage0/api.h"
-#include "stage0/depth.h"
-#include "stage0/talker.h"
-#include "stage0/tokenizer.h"
+#include "stage0/api/api.h"
+#include "stage0/model/depth.h"
+#include "stage0/model/talker.h"
+#include "stage0/text/tokenizer.h"
 
 struct engine;
 struct pipe_run;

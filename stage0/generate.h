@@ -28,7 +28,7 @@
  * generate_begin/step are exactly attach + feed/forward/take + sample on a private
  * 2-row state, so both paths give the same frames bit for bit.
  *
- * Every model call goes through struct talker_backend (stage0/talker_backend.h):
+ * Every model call goes through struct talker_backend (stage0/model/talker_backend.h):
  * the *_backend variants bind a request to a backend's rows (CPU or CUDA: one AR
  * loop for both); the plain variants are the same loop over a host talker_state
  * (teacher forcing, tests) and reach the CPU functions through the same helpers. */
@@ -38,9 +38,9 @@
 #include <stdint.h>
 
 #include "common/sampler.h"
-#include "stage0/depth.h"
-#include "stage0/talker.h"
-#include "stage0/talker_backend.h"
+#include "stage0/model/depth.h"
+#include "stage0/model/talker.h"
+#include "stage0/model/talker_backend.h"
 
 #define GENERATE_MAX_FRAMES 9000 /* reference cap (6 min at 25 frames/s) */
 #define GENERATE_MAX_PROMPT 5000

@@ -12,7 +12,7 @@
 #include "common/safetensors.h"
 #include "common/sampler.h"
 #include "stage0/generate.h"
-#include "stage0/generate_prompt.h"
+#include "stage0/text/generate_prompt.h"
 
 /* Everything one case needs, read from caseN.safetensors. */
 struct golden_case {

@@ -35,7 +35,7 @@ int golden_check_dir_with(const char *dir, golden_run_fn run, void *ctx, enum ta
                           double tol, FILE *out, int *n_pass,
                           int *n_fail);
 
-/* The replay through a talker backend ("cpu" or "cuda", stage0/talker_backend.h)
+/* The replay through a talker backend ("cpu" or "cuda", stage0/model/talker_backend.h)
  * with the loop of stage0/golden_backend.c. -ENODEV when the backend is missing. */
 int golden_check_dir_backend(const char *dir, const char *backend, double tol, FILE *out, int *n_pass, int *n_fail);
 

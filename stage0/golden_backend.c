@@ -1,4 +1,4 @@
-/* Golden replay through a talker backend (stage0/talker_backend.h): the AR loop of
+/* Golden replay through a talker backend (stage0/model/talker_backend.h): the AR loop of
  * stage0/generate.c on the backend's rows, so that the GPU path is checked against
  * the reference data by the very loop the server runs. */
 #include "stage0/golden.h"
@@ -9,7 +9,7 @@
 
 #include "common/error.h"
 #include "common/sampler.h"
-#include "stage0/talker_backend.h"
+#include "stage0/model/talker_backend.h"
 
 struct backend_ctx {
     enum talker_backend_kind kind;

@@ -35,11 +35,11 @@
 #include "common/sampler_replay.h"
 #include "stage0/engine.h"
 #include "stage0/generate.h"
-#include "stage0/generate_prompt.h"
+#include "stage0/text/generate_prompt.h"
 #include "stage0/golden.h"
-#include "stage0/talker_backend.h"
-#include "stage0/http_server.h"
-#include "stage0/tokenizer.h"
+#include "stage0/model/talker_backend.h"
+#include "stage0/api/http_server.h"
+#include "stage0/text/tokenizer.h"
 #ifdef MM3_HAVE_CUDA
 #include "common/cuda/ops_cuda.h"
 #endif

@@ -14,7 +14,7 @@
 #include "common/replay_file.h"
 #include "common/sampler_replay.h"
 #include "stage0/generate.h"
-#include "stage0/prompt.h"
+#include "stage0/text/prompt.h"
 
 struct sched_req {
     struct mm3_job *job;

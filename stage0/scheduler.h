@@ -32,12 +32,12 @@
 #ifndef MM3_STAGE0_SCHEDULER_H
 #define MM3_STAGE0_SCHEDULER_H
 
-#include "stage0/depth.h"
-#include "stage0/job.h"
-#include "stage0/journal.h"
-#include "stage0/talker.h"
-#include "stage0/talker_backend.h"
-#include "stage0/tokenizer.h"
+#include "stage0/model/depth.h"
+#include "stage0/api/job.h"
+#include "stage0/recovery/journal.h"
+#include "stage0/model/talker.h"
+#include "stage0/model/talker_backend.h"
+#include "stage0/text/tokenizer.h"
 
 struct sched_config {
     int max_rows;                     /* stage-0 max_num_seqs: rows of the shared KV cache (even) */

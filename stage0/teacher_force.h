@@ -16,10 +16,10 @@
 
 #include <stdint.h>
 
-#include "stage0/depth.h"
+#include "stage0/model/depth.h"
 #include "stage0/generate.h"
-#include "stage0/journal.h"
-#include "stage0/talker.h"
+#include "stage0/recovery/journal.h"
+#include "stage0/model/talker.h"
 
 #define TEACHER_FORCE_CHUNK 128 /* tokens per LM forward and frames per depth batch */
 

@@ -23,39 +23,7 @@
 #include <stdio.h>
 
 #include "common/deploy.h"
-
-#define GOLDEN_REL_TOL 1e-4
-/* Measured on the H200 over tiny-a (2026-11-30): fp32 everything <= 5.2e-7 (the CPU's
- * 1e-4 holds); tf32 dit_call <= 4.9e-4, latents <= 1.8e-4, audio <= 6.4e-6; bf16
- * dit_call <= 4.0e-3, latents <= 1.5e-3, audio <= 5.3e-5. The bounds keep ~4-7x margin.
- * One DiT forward (dit_call.*): as test_dit_cuda's whole-forward bounds. */
-#define GOLDEN_REL_TOL_FWD_TF32 2e-3
-#define GOLDEN_REL_TOL_FWD_BF16 1.5e-2
-/* Whole windows' latents after the flow loop: the Euler steps average the per-forward
- * rounding rather than grow it at tiny-a's 2-4 steps. */
-#define GOLDEN_REL_TOL_FLOW_TF32 1e-3
-#define GOLDEN_REL_TOL_FLOW_BF16 1e-2
-/* Waveform and audio: the vocoder's GEMMs run in the same precision since it moved to
- * cuBLASLt (before, it was float32 whatever the precision: the audio figures above).
- * By reasoning, not yet measured: the earlier round-to-nearest TF32 vocoder kernel gave
- * 2.3e-4 on tiny-a case0 window 0 (test_vocoder_cuda), cuBLASLt's TF32 may round
- * operands less carefully (up to ~2x), bf16's rounding step is 8x TF32's (~1.8e-3); the
- * DiT's own share is damped to <= 5.3e-5. Bounds ~4x (tf32) and ~5x (bf16) above that. */
-#define GOLDEN_REL_TOL_AUDIO_TF32 2e-3
-#define GOLDEN_REL_TOL_AUDIO_BF16 1e-2
-/* fp16 operands keep 10 mantissa bits, as TF32's: the same bounds (measured on the H200
- * over tiny-a, 2026-12-04: dit_call <= 4.9e-4, latents <= 1.8e-4, audio <= 2.0e-4). */
-#define GOLDEN_REL_TOL_FWD_FP16 GOLDEN_REL_TOL_FWD_TF32
-#define GOLDEN_REL_TOL_FLOW_FP16 GOLDEN_REL_TOL_FLOW_TF32
-#define GOLDEN_REL_TOL_AUDIO_FP16 GOLDEN_REL_TOL_AUDIO_TF32
-/* fp8: the DiT's block GEMMs read e4m3 operands (3 mantissa bits; per-row scales keep every
- * value in range, so rounding is the only error): the RMS relative rounding of one operand
- * is ~0.027 against bf16's ~0.0017, 16x. By reasoning, not yet measured: bf16's measured
- * figures times 16 (dit_call 6.4e-2, latents 2.4e-2), bounds ~1.6-2x above; the audio gets
- * the latents' error damped as bf16's was (~30x) plus the fp16 vocoder's (<= 2e-4). */
-#define GOLDEN_REL_TOL_FWD_FP8 1e-1
-#define GOLDEN_REL_TOL_FLOW_FP8 5e-2
-#define GOLDEN_REL_TOL_AUDIO_FP8 5e-3
+#include "stage1/golden_bounds.h"
 
 struct golden_options {
     const char *ckpt;                    /* checkpoint root, or NULL (see golden_run) */

@@ -6,7 +6,6 @@
 #include <math.h>
 
 #include "common/error.h"
-#include "stage1/golden.h"
 
 static const char *const quantity_names[GOLDEN_Q_COUNT] = {"dit_call", "latents", "audio"};
 

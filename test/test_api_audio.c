@@ -14,7 +14,7 @@
 
 #include "common/resample.h"
 #include "common/wav.h"
-#include "stage0/audio_encode.h"
+#include "stage0/api/audio_encode.h"
 
 static void test_pcm16_rule(void **state)
 {

@@ -15,7 +15,7 @@
 
 #include "common/http_client.h"
 #include "common/wav.h"
-#include "stage0/http_server.h"
+#include "stage0/api/http_server.h"
 
 enum fake_mode {
     FAKE_OK = 0,     /* n_chunks chunks, then END */

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "stage0/job.h"
+#include "stage0/api/job.h"
 
 static struct mm3_job *make_job(size_t queue)
 {

@@ -18,7 +18,7 @@
 #include "common/error.h"
 #include "common/replay_file.h"
 #include "common/safetensors.h"
-#include "stage0/api_request.h"
+#include "stage0/api/api_request.h"
 #include "support/test_support.h"
 
 static struct api_limits lim;

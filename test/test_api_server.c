@@ -26,7 +26,7 @@
 
 #include "common/http_client.h"
 #include "common/metrics.h"
-#include "stage0/http_server.h"
+#include "stage0/api/http_server.h"
 
 #include "test_api_fake.h"
 

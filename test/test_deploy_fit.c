@@ -23,7 +23,7 @@
 #include "common/ckpt_gen.h"
 #include "common/deploy.h"
 #include "common/error.h"
-#include "stage0/talker_backend.h"
+#include "stage0/model/talker_backend.h"
 #include "support/test_support.h"
 
 /* An H200's memory as cudaMemGetInfo reports it (the device's own log: budget

@@ -39,7 +39,7 @@
 
 #include "common/error.h"
 #include "common/http_client.h"
-#include "stage0/journal.h"
+#include "stage0/recovery/journal.h"
 #include "support/test_replica.h"
 #include "support/test_support.h"
 

@@ -1,4 +1,4 @@
-/* The batched sampling step (stage0/cuda/frame_cuda.h) replayed as a CUDA graph
+/* The batched sampling step (stage0/model/cuda/frame_cuda.h) replayed as a CUDA graph
  * against the same step run eagerly: two CUDA backends over the same model, one with
  * graphs enabled (talker_backend_graphs_enable, the scheduler's switch), fed the same
  * inputs. For n = 1, 2, 3 and 8 pairs and two top_k values, several consecutive calls
@@ -33,7 +33,7 @@
 #include "common/cuda/ops_cuda.h"
 #endif
 #include "common/sampler.h"
-#include "stage0/talker_backend.h"
+#include "stage0/model/talker_backend.h"
 #include "support/test_rand.h"
 #include "support/test_stage0.h"
 #include "support/test_support.h"

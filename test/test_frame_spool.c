@@ -1,4 +1,4 @@
-/* The frame spool (stage0/frame_spool.h): round trip in uneven records and pieces,
+/* The frame spool (stage0/recovery/frame_spool.h): round trip in uneven records and pieces,
  * a torn tail at every byte and a flipped byte anywhere (the intact prefix, never an
  * error), a header of another request / width / dtype / version (refused, naming the
  * file and field), a missing file, a full disk (the writer disables itself), appends
@@ -28,7 +28,7 @@
 
 #include "common/error.h"
 #include "common/http_client.h"
-#include "stage0/frame_spool.h"
+#include "stage0/recovery/frame_spool.h"
 #include "support/test_replica.h"
 #include "support/test_support.h"
 

@@ -3,7 +3,7 @@
  * per-request generate_sample loop, on tiny-a, songs run in lockstep:
  *
  *   - CPU: a backend whose sample_pairs is a host reference of the contract in
- *     stage0/talker_backend.h (built here from the CPU entries and common/sampler.h),
+ *     stage0/model/talker_backend.h (built here from the CPU entries and common/sampler.h),
  *     so the batching in generate.c (packing, chunks of depth_rows / 2 pairs, stop,
  *     budget, frame hooks, feedback, requests it must leave to the loop) is checked
  *     in CI: same codes, frames and stops bit for bit.

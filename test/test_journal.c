@@ -1,4 +1,4 @@
-/* The request journal (stage0/journal.h): round trip of every field, a torn tail at
+/* The request journal (stage0/recovery/journal.h): round trip of every field, a torn tail at
  * every byte, corrupt and truncated files (clear errors, no crash), unwritable folder
  * and a full disk (the writer disables itself), the unfinished list, reopening, the
  * size per frame, completion of an interrupted song from its journal, and
@@ -23,10 +23,10 @@
 #include "common/error.h"
 #include "common/sampler.h"
 #include "stage0/generate.h"
-#include "stage0/generate_prompt.h"
-#include "stage0/journal.h"
-#include "stage0/frame_spool.h"
-#include "stage0/journal_sweep.h"
+#include "stage0/text/generate_prompt.h"
+#include "stage0/recovery/journal.h"
+#include "stage0/recovery/frame_spool.h"
+#include "stage0/recovery/journal_sweep.h"
 #include "stage0/teacher_force.h"
 #include "support/test_stage0.h"
 #include "support/test_support.h"

@@ -13,7 +13,7 @@
 
 #include "common/error.h"
 #include "common/safetensors.h"
-#include "stage0/prompt.h"
+#include "stage0/text/prompt.h"
 #include "support/test_support.h"
 
 static int golden_skipped;

@@ -22,9 +22,9 @@
 #include "common/cuda/ops_cuda.h"
 #endif
 #include "stage0/generate.h"
-#include "stage0/prompt.h"
+#include "stage0/text/prompt.h"
 #include "stage0/scheduler.h"
-#include "stage0/tokenizer.h"
+#include "stage0/text/tokenizer.h"
 #include "support/test_stage0.h"
 #include "support/test_support.h"
 

@@ -21,9 +21,9 @@
 #include "common/error.h"
 #include "common/ops.h"
 #include "common/sampler.h"
-#include "stage0/depth.h"
-#include "stage0/talker.h"
-#include "stage0/talker_backend.h"
+#include "stage0/model/depth.h"
+#include "stage0/model/talker.h"
+#include "stage0/model/talker_backend.h"
 #include "support/test_stage0.h"
 #include "support/test_support.h"
 

@@ -1,5 +1,5 @@
-/* The GPU talker and depth decoder (stage0/cuda/) against the CPU reference
- * (stage0/talker.c, stage0/depth.c): tiny-a and release-shaped single layers built
+/* The GPU talker and depth decoder (stage0/model/cuda/) against the CPU reference
+ * (stage0/model/talker.c, stage0/model/depth.c): tiny-a and release-shaped single layers built
  * in memory, prefill (chunks of <= 16 tokens) + decode over several rows, rel <= 1e-4
  * (float32 compute on the same bf16 weights); a longer prefill batch through the bf16
  * GEMM within GOLDEN_REL_TOL_BF16. The batched sampling step: test_generate_batch.c. Then the golden replay of tiny-a
@@ -30,14 +30,14 @@
 #include "common/ops.h"
 #include "common/sampler.h"
 #include "stage0/golden.h"
-#include "stage0/talker_backend.h"
+#include "stage0/model/talker_backend.h"
 #include "stage0/teacher_force.h"
 #ifdef MM3_HAVE_CUDA
 #include "common/cuda/ops_cuda.h"
-#include "stage0/cuda/cuda_upload.h"
-#include "stage0/cuda/depth_cuda.h"
-#include "stage0/cuda/depth_kernels.h"
-#include "stage0/cuda/talker_kernels.h"
+#include "stage0/model/cuda/cuda_upload.h"
+#include "stage0/model/cuda/depth_cuda.h"
+#include "stage0/model/cuda/depth_kernels.h"
+#include "stage0/model/cuda/talker_kernels.h"
 #endif
 #include "support/test_stage0.h"
 #include "support/test_support.h"

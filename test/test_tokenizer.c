@@ -14,8 +14,8 @@
 #include <utf8proc.h>
 
 #include "common/error.h"
-#include "stage0/tokenizer.h"
-#include "stage0/tokenizer_nfc.h"
+#include "stage0/text/tokenizer.h"
+#include "stage0/text/tokenizer_nfc.h"
 #include "support/test_support.h"
 
 static char *data_path(const char *name)

@@ -13,7 +13,7 @@
 #include <utf8proc.h>
 
 #include "common/error.h"
-#include "stage0/tokenizer_nfc.h"
+#include "stage0/text/tokenizer_nfc.h"
 #include "tools/bench_median.h"
 
 /* HF tokenizers 0.23 (Python, NFC normaliser) on the same 40,000-mark text. */

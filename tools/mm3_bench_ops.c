@@ -31,7 +31,7 @@
 #ifdef MM3_HAVE_CUDA
 #include "common/cuda/ops_cuda.h"
 #include "common/cuda/read_bench.h"
-#include "stage0/cuda/talker_kernels.h"
+#include "stage0/model/cuda/talker_kernels.h"
 
 #define TRY(call)                                                              \
     do {                                                                       \

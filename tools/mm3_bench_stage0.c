@@ -54,18 +54,18 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/sampler.h"
-#include "stage0/depth.h"
-#include "stage0/job.h"
-#include "stage0/prompt.h"
+#include "stage0/model/depth.h"
+#include "stage0/api/job.h"
+#include "stage0/text/prompt.h"
 #include "stage0/scheduler.h"
-#include "stage0/talker.h"
-#include "stage0/talker_backend.h"
-#include "stage0/tokenizer.h"
+#include "stage0/model/talker.h"
+#include "stage0/model/talker_backend.h"
+#include "stage0/text/tokenizer.h"
 #include "tools/bench_median.h"
 
 #ifdef MM3_HAVE_CUDA
 #include "common/cuda/ops_cuda.h"
-#include "stage0/cuda/depth_cuda.h"
+#include "stage0/model/cuda/depth_cuda.h"
 #endif
 
 #define MAX_LIST 16

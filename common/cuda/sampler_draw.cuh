@@ -1,6 +1,6 @@
 /* The seeded stage-0 draw of one CFG pair by one thread block, shared by the
  * sampler's kernel (sampler_cuda.cu) and kernels that go on with the drawn column in
- * the same launch (stage0/cuda/frame_kernels.cu).
+ * the same launch (stage0/model/cuda/frame_kernels.cu).
  *
  * A block stages the order-preserving uint32 keys of one row in shared memory and
  * finds the k-th largest key with a radix select, first on the conditional row (the

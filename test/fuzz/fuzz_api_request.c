@@ -8,7 +8,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
-#include "stage0/api_request.h"
+#include "stage0/api/api_request.h"
 #include "test/fuzz/fuzz_support.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)

@@ -16,8 +16,8 @@
 
 #include "common/error.h"
 #include "common/log.h"
-#include "stage0/prompt.h"
-#include "stage0/tokenizer.h"
+#include "stage0/text/prompt.h"
+#include "stage0/text/tokenizer.h"
 #include "test/fuzz/fuzz_support.h"
 
 static struct tokenizer *g_tok;

@@ -25,8 +25,8 @@
 #include "common/error.h"
 #include "common/safetensors.h"
 #include "common/sampler.h"
-#include "stage0/depth.h"
-#include "stage0/talker.h"
+#include "stage0/model/depth.h"
+#include "stage0/model/talker.h"
 #include "support/test_support.h"
 
 struct test_stage0 {

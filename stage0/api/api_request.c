@@ -1,0 +1,299 @@
+#include "stage0/api/api_request.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "common/error.h"
+#include "common/replay_file.h"
+
+void api_limits_default(struct api_limits *lim)
+{
+    lim->max_frames = 9000;
+    lim->default_frames = 9000;
+    lim->frame_rate = 25.0;
+    lim->max_text_chars = 20000;
+    lim->default_sample_rate = 44100;
+    lim->default_seed = 0;
+    lim->default_steps = 30;
+    lim->default_guidance_scale = 1.7f;
+    lim->default_flow_shift = 0.0f;
+    lim->default_cfg_scale = 1.5f;
+}
+
+/* Fields whose values the model's recipe fixes: named in the 400 so a client
+ * learns why its knob is refused rather than seeing it silently ignored. */
+static const char *const recipe_fixed[] = {"temperature", "top_p", "top_k", "repetition_penalty"};
+
+struct parse_ctx {
+    const struct api_limits *lim;
+    char *field;
+    size_t field_cap;
+};
+
+static int bad(struct parse_ctx *c, const char *field, const char *fmt, const char *detail)
+{
+    snprintf(c->field, c->field_cap, "%s", field);
+    return mm3_errorf(-EINVAL, fmt, field, detail);
+}
+
+static size_t utf8_chars(const char *s)
+{
+    size_t n = 0;
+    for (; *s; s++)
+        if (((unsigned char)*s & 0xC0) != 0x80) n++;
+    return n;
+}
+
+static bool blank(const char *s)
+{
+    for (; *s; s++)
+        if (!isspace((unsigned char)*s)) return false;
+    return true;
+}
+
+/* One text field under two accepted names (compat name, our name). */
+static int take_text(struct parse_ctx *c, json_t *root, const char *compat, const char *ours, char **out)
+{
+    json_t *a = json_object_get(root, compat), *b = json_object_get(root, ours);
+    if (a && json_is_null(a)) a = NULL;
+    if (b && json_is_null(b)) b = NULL;
+    if (a && b) {
+        snprintf(c->field, c->field_cap, "%s", ours);
+        return mm3_errorf(-EINVAL, "fields '%s' and '%s' mean the same thing: give only one", compat, ours);
+    }
+    json_t *v = a ? a : b;
+    const char *name = a ? compat : ours;
+    if (!v) {
+        snprintf(c->field, c->field_cap, "%s", ours);
+        return mm3_errorf(-EINVAL, "field '%s' (or '%s') is required", ours, compat);
+    }
+    if (!json_is_string(v)) return bad(c, name, "field '%s': expected a string%s", "");
+    const char *s = json_string_value(v);
+    if (blank(s)) return bad(c, name, "field '%s': must not be empty%s", "");
+    if (utf8_chars(s) > c->lim->max_text_chars) {
+        char d[96];
+        snprintf(d, sizeof d, " (at most %zu characters; the prompt is also capped at 5000 tokens)",
+                 c->lim->max_text_chars);
+        return bad(c, name, "field '%s': too long%s", d);
+    }
+    *out = strdup(s);
+    if (!*out) return mm3_errorf(-ENOMEM, "out of memory");
+    return 0;
+}
+
+static bool is_number(json_t *v)
+{
+    return json_is_integer(v) || json_is_real(v);
+}
+
+static int take_int(struct parse_ctx *c, json_t *v, const char *name, long long lo, long long hi, long long *out)
+{
+    if (!json_is_integer(v)) {
+        char d[80];
+        snprintf(d, sizeof d, " %lld..%lld", lo, hi);
+        return bad(c, name, "field '%s': expected an integer in%s", d);
+    }
+    long long x = json_integer_value(v);
+    if (x < lo || x > hi) {
+        char d[96];
+        snprintf(d, sizeof d, " %lld..%lld, got %lld", lo, hi, x);
+        return bad(c, name, "field '%s': out of range: expected%s", d);
+    }
+    *out = x;
+    return 0;
+}
+
+static int take_number(struct parse_ctx *c, json_t *v, const char *name, double lo, double hi, double *out)
+{
+    char d[96];
+    snprintf(d, sizeof d, " %g..%g", lo, hi);
+    if (!is_number(v)) return bad(c, name, "field '%s': expected a number in%s", d);
+    double x = json_number_value(v);
+    if (!isfinite(x) || x < lo || x > hi) return bad(c, name, "field '%s': out of range: expected%s", d);
+    *out = x;
+    return 0;
+}
+
+static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params *p)
+{
+    const struct api_limits *lim = c->lim;
+    static const char *const known[] = {
+        "input",          "lyrics",    "instructions",    "caption",       "max_new_tokens",
+        "duration_s",     "seed",      "response_format", "sample_rate",   "num_inference_steps",
+        "guidance_scale", "cfg_scale", "stream",          "stream_format", "model",
+        "voice",          "speed",     "x_replay_file",   "ignore_eos",    "flow_shift",
+        "allow_stall",
+    };
+    const char *key;
+    json_t *v;
+    json_object_foreach(root, key, v)
+    {
+        for (size_t i = 0; i < sizeof recipe_fixed / sizeof *recipe_fixed; i++)
+            if (strcmp(key, recipe_fixed[i]) == 0 && !json_is_null(v))
+                return bad(c, key, "field '%s' is not accepted%s",
+                           ": the model's recipe fixes the sampling parameters");
+        bool found = false;
+        for (size_t i = 0; i < sizeof known / sizeof *known && !found; i++)
+            found = strcmp(key, known[i]) == 0;
+        for (size_t i = 0; i < sizeof recipe_fixed / sizeof *recipe_fixed && !found; i++)
+            found = strcmp(key, recipe_fixed[i]) == 0;
+        if (!found) return bad(c, key, "unknown field '%s'%s", " (see docs/api.md for the accepted fields)");
+    }
+
+    int rc;
+    if ((rc = take_text(c, root, "input", "lyrics", &p->lyrics)) < 0) return rc;
+    if ((rc = take_text(c, root, "instructions", "caption", &p->caption)) < 0) return rc;
+
+        /* Nulls count as absent: some clients send every optional field. */
+#define GET(name) ((v = json_object_get(root, name)) && !json_is_null(v))
+    long long iv;
+    double dv;
+    json_t *frames_v = json_object_get(root, "max_new_tokens");
+    json_t *dur_v = json_object_get(root, "duration_s");
+    if (frames_v && json_is_null(frames_v)) frames_v = NULL;
+    if (dur_v && json_is_null(dur_v)) dur_v = NULL;
+    p->max_frames = lim->default_frames;
+    if (frames_v && dur_v) {
+        snprintf(c->field, c->field_cap, "duration_s");
+        return mm3_errorf(-EINVAL, "fields 'max_new_tokens' and 'duration_s' both set the length: "
+                                   "give only one");
+    }
+    if (frames_v) {
+        if ((rc = take_int(c, frames_v, "max_new_tokens", 1, lim->max_frames, &iv)) < 0) return rc;
+        p->max_frames = (int32_t)iv;
+    }
+    if (dur_v) {
+        double lo = 1.0 / lim->frame_rate, hi = lim->max_frames / lim->frame_rate;
+        if ((rc = take_number(c, dur_v, "duration_s", lo, hi, &dv)) < 0) return rc;
+        double f = floor(dv * lim->frame_rate);
+        p->max_frames = f < 1 ? 1 : f > lim->max_frames ? lim->max_frames : (int32_t)f;
+    }
+    p->seed = lim->default_seed;
+    if (GET("seed")) {
+        if ((rc = take_int(c, v, "seed", 0, INT64_MAX, &iv)) < 0) return rc;
+        p->seed = (uint64_t)iv;
+    }
+    p->format = MM3_AUDIO_WAV;
+    if (GET("response_format")) {
+        const char *s = json_string_value(v);
+        if (!s) return bad(c, "response_format", "field '%s': expected a string%s", ": wav, pcm or flac");
+        if (strcmp(s, "wav") == 0)
+            p->format = MM3_AUDIO_WAV;
+        else if (strcmp(s, "pcm") == 0)
+            p->format = MM3_AUDIO_PCM;
+        else if (strcmp(s, "flac") == 0)
+            p->format = MM3_AUDIO_FLAC;
+        else
+            return bad(c, "response_format", "field '%s': unsupported format%s: expected wav, pcm or flac", "");
+    }
+    p->sample_rate = lim->default_sample_rate == 32000 ? 32000 : 44100;
+    if (GET("sample_rate")) {
+        if (!json_is_integer(v) || (json_integer_value(v) != 44100 && json_integer_value(v) != 32000))
+            return bad(c, "sample_rate", "field '%s': expected 44100 or 32000%s", "");
+        p->sample_rate = (int32_t)json_integer_value(v);
+    }
+    p->num_inference_steps = lim->default_steps;
+    if (GET("num_inference_steps")) {
+        if ((rc = take_int(c, v, "num_inference_steps", 1, 200, &iv)) < 0) return rc;
+        p->num_inference_steps = (int32_t)iv;
+    }
+    p->guidance_scale = lim->default_guidance_scale;
+    if (GET("guidance_scale")) {
+        if ((rc = take_number(c, v, "guidance_scale", 0, 100, &dv)) < 0) return rc;
+        p->guidance_scale = (float)dv;
+    }
+    p->flow_shift = lim->default_flow_shift;
+    if (GET("flow_shift")) {
+        if (!is_number(v)) return bad(c, "flow_shift", "field '%s': expected a number in%s", " (0, 20]");
+        dv = json_number_value(v);
+        if (!(dv > 0.0 && dv <= 20.0)) return bad(c, "flow_shift", "field '%s': out of range: expected%s", " (0, 20]");
+        p->flow_shift = (float)dv;
+    }
+    p->cfg_scale = lim->default_cfg_scale;
+    if (GET("cfg_scale")) {
+        if ((rc = take_number(c, v, "cfg_scale", 0, 100, &dv)) < 0) return rc;
+        p->cfg_scale = (float)dv;
+    }
+    p->stream = false;
+    if (GET("stream")) {
+        if (!json_is_boolean(v)) return bad(c, "stream", "field '%s': expected true or false%s", "");
+        p->stream = json_is_true(v);
+    }
+    p->allow_stall = false;
+    if (GET("allow_stall")) {
+        if (!json_is_boolean(v)) return bad(c, "allow_stall", "field '%s': expected true or false%s", "");
+        p->allow_stall = json_is_true(v);
+    }
+    p->ignore_eos = false;
+    if (GET("ignore_eos")) {
+        if (!json_is_boolean(v)) return bad(c, "ignore_eos", "field '%s': expected true or false%s", "");
+        p->ignore_eos = json_is_true(v);
+    }
+    if (GET("stream_format")) {
+        const char *s = json_string_value(v);
+        if (!s || strcmp(s, "audio") != 0)
+            return bad(c, "stream_format", "field '%s': only \"audio\" is supported%s", " (raw bytes; no SSE)");
+    }
+    if (GET("model") && !json_is_string(v)) return bad(c, "model", "field '%s': expected a string%s", "");
+    if (GET("voice")) {
+        const char *s = json_string_value(v);
+        if (!s || (s[0] && strcmp(s, "default") != 0))
+            return bad(c, "voice", "field '%s': this model has no voices%s", ": use \"\" or \"default\"");
+    }
+    if (GET("speed")) {
+        if (!is_number(v) || json_number_value(v) != 1.0)
+            return bad(c, "speed", "field '%s': only 1.0 is supported%s", "");
+    }
+    /* Testing aid only: a server-side file path from the client, so it must be opted into. */
+    if (GET("x_replay_file")) {
+        const char *allow = getenv("MM3_ALLOW_REPLAY");
+        if (!allow || strcmp(allow, "1") != 0)
+            return bad(c, "x_replay_file", "field '%s' is not enabled%s",
+                       " (a testing aid: the operator must set MM3_ALLOW_REPLAY=1)");
+        const char *s = json_string_value(v);
+        if (!s || !s[0]) return bad(c, "x_replay_file", "field '%s': expected a non-empty path%s", "");
+        /* refused here, before any work, when it is not a regular file inside api.replay_dir */
+        int fd = replay_file_open(c->lim->replay_dir, s);
+        if (fd < 0) {
+            snprintf(c->field, c->field_cap, "x_replay_file");
+            return fd == -ENOMEM ? fd : -EINVAL;
+        }
+        close(fd);
+        if (!(p->replay_file = strdup(s))) return mm3_errorf(-ENOMEM, "out of memory");
+    }
+#undef GET
+    return 0;
+}
+
+int api_request_parse(const char *body, size_t len, const struct api_limits *lim, struct mm3_job_params *out,
+                      char *field, size_t field_cap)
+{
+    memset(out, 0, sizeof *out);
+    struct parse_ctx c = {lim, field, field_cap};
+    if (field_cap) field[0] = 0;
+    json_error_t jerr;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) {
+        snprintf(field, field_cap, "body");
+        return mm3_errorf(-EINVAL, "body: invalid JSON at line %d, column %d (byte %d): %s", jerr.line, jerr.column,
+                          jerr.position, jerr.text);
+    }
+    int rc;
+    if (!json_is_object(root)) {
+        snprintf(field, field_cap, "body");
+        rc = mm3_errorf(-EINVAL, "body: expected a JSON object");
+    } else {
+        rc = parse_fields(&c, root, out);
+    }
+    json_decref(root);
+    if (rc < 0) mm3_job_params_free(out);
+    return rc;
+}
