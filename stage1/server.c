@@ -338,7 +338,9 @@ static void round_run(struct s1_server *s)
     }
     double t0 = s1_now();
     int brc = n ? fb->begin(fb->ctx, n, s->jobs) : 0;
+    s->finishing_overlapped = fb->async && n;
     if (fb->async || !n) finish_windows(s);
+    s->finishing_overlapped = 0;
     if (fb->async && n && !s->stage0_lost) { /* stage 0 is served while the DiT runs */
         drain(s, 0.0);
         if (!s->stage0_lost) poll_cancels(s);

@@ -69,6 +69,10 @@ struct s1_server {
     uint64_t *job_ids;     /* its requests */
     int *job_rc;
     int rr; /* where the next batch starts looking (round robin) */
+    /* Windows are being finished while a DiT batch runs: the wall time is already the
+     * batch's, shared among its windows, so a finish adds none to a song's work (the
+     * work sums must add up to stage 1's busy time for admission's capacity). */
+    int finishing_overlapped;
     struct window_candidate *cand; /* [max_reqs + 1]: the ready windows of a round */
     int native_rate, hop;
     float default_shift; /* START's flow_shift 0: stages[1].flow_shift, else the checkpoint's */

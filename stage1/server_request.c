@@ -351,7 +351,7 @@ void s1_request_step(struct s1_server *s, struct s1_request *q)
         double t0 = s1_now();
         q->windows_done = render_windows_done(q->render) + 1;
         int rc = render_window_finish(q->render);
-        double dt = s1_now() - t0;
+        double dt = s->finishing_overlapped ? 0.0 : s1_now() - t0;
         q->compute_s += dt;
         s->tot.compute_s += dt;
         if (rc < 0) {
