@@ -151,6 +151,26 @@ class GpuMemPoller:
         return {k: v / 1024.0 for k, v in self.peak.items()}  # MiB -> GiB
 
 
+def server_gauges(url):
+    """The server's own mm3_* figures from /metrics (capacity, stalls, queue): {name: value}, {} on failure."""
+    u = urllib.parse.urlparse(url)
+    try:
+        conn = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=10)
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode("utf-8", "replace")
+    except (OSError, http.client.HTTPException):
+        return {}
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("mm3_") and "{" not in line:
+            name, _, value = line.partition(" ")
+            try:
+                out[name] = float(value)
+            except ValueError:
+                pass
+    return out
+
+
 def concurrent(url, duration, n, seed0, ignore_eos=True, allow_stall=False):
     res = [None] * n
     start = threading.Barrier(n)
@@ -177,7 +197,7 @@ def concurrent(url, duration, n, seed0, ignore_eos=True, allow_stall=False):
             "stopped_early": sum(1 for r in ok if r["stopped_early"]),
             "stalls_per_stream": [r["stalls"] for r in ok], "streams_stalled": sum(1 for r in ok if r["stalls"]),
             "stalls_total": sum(r["stalls"] for r in ok), "stall_s_total": sum(r["stall_s"] for r in ok),
-            "requests": res}
+            "server": server_gauges(url), "requests": res}
 
 
 def bench(args):
