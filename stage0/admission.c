@@ -26,7 +26,7 @@ double admission_capacity(const struct admission *a)
 int admission_allows(const struct admission *a, int streams)
 {
     double c = admission_capacity(a);
-    return streams == 0 || (c >= 0 && streams + 1 <= floor(c));
+    return streams == 0 || (c >= 0 && streams + 1 <= floor(c * ADMISSION_UTILIZATION));
 }
 
 static int cmp_double(const void *x, const void *y)

@@ -7,9 +7,9 @@
  * audio, at the precision and batch sizes the server runs now) says stage 1 renders
  * 1 / w seconds of audio per second in all. A listener plays 1 s of audio per second, so
  * stage 1 keeps at most C = 1 / w streams fed: a new stream starts only while the streams
- * admitted are fewer than floor(C). Whole-file songs and streams whose client accepts
- * stalls (`allow_stall`) are not counted: stage 1 gives their windows no deadline, so they
- * only take the room the counted streams leave.
+ * admitted are fewer than floor(ADMISSION_UTILIZATION x C). Whole-file songs and streams
+ * whose client accepts stalls (`allow_stall`) are not counted: stage 1 gives their windows
+ * no deadline, so they only take the room the counted streams leave.
  *
  * w is measured on the batches the server actually ran: one stream alone runs small,
  * less efficient batches and reads a higher w (a lower C) than a full server; each stream
@@ -25,6 +25,11 @@
 #define MM3_STAGE0_ADMISSION_H
 
 #define ADMISSION_DECAY 0.98
+/* The share of the capacity admission fills. Stage 1 renders a song's windows one after
+ * another in batches it cannot interrupt: a window ready just after a batch began waits
+ * for it, and a new stream's first window joins the batches of the others. At full use
+ * each such wait is a stall somewhere; the headroom absorbs them. */
+#define ADMISSION_UTILIZATION 0.85
 
 struct admission {
     double work_s, audio_s; /* decayed sums over the windows reported */
