@@ -30,6 +30,13 @@ static void expect_error(int rc, int code, ...)
     va_end(ap);
 }
 
+/* A valid FRAMES message of [2, 3] zeros, for a test to spoil. */
+static void frames_2x3(struct shmconn_msg *m)
+{
+    static const float zeros[6];
+    assert_int_equal(pipe_encode_frames(m, &(struct pipe_frames){.frames = zeros, .n = 2, .width = 3}), 0);
+}
+
 static struct pipe_start start_example(void)
 {
     return (struct pipe_start){.params = {.version = PIPE_PARAMS_VERSION,
@@ -180,10 +187,9 @@ static void test_rejects_wrong_kind_and_missing(void **state)
 static void test_rejects_wrong_dtype(void **state)
 {
     (void)state;
-    float frames[6] = {0};
     struct shmconn_msg m;
     struct pipe_frames f;
-    assert_int_equal(pipe_encode_frames(&m, &(struct pipe_frames){.frames = frames, .n = 2, .width = 3}), 0);
+    frames_2x3(&m);
     m.tensors[0].dtype = MM3_DTYPE_F16; /* 12 bytes would be F16 [2, 3] */
     m.tensors[0].nbytes = 12;
     expect_error(pipe_decode_frames(&m, &f), -EBADMSG, "tensor 'frames'", "dtype F16, expected F32", NULL);
@@ -217,14 +223,14 @@ static void test_rejects_wrong_shape(void **state)
 
     /* rank: frames as [6] */
     struct pipe_frames f;
-    assert_int_equal(pipe_encode_frames(&m, &(struct pipe_frames){.frames = pcm, .n = 2, .width = 3}), 0);
+    frames_2x3(&m);
     m.tensors[0].ndim = 1;
     m.tensors[0].shape[0] = 6;
     expect_error(pipe_decode_frames(&m, &f), -EBADMSG, "tensor 'frames'", "shape [6], expected [n, n]", NULL);
 
     /* a scalar of two values */
     int64_t two[2] = {1, 2};
-    assert_int_equal(pipe_encode_frames(&m, &(struct pipe_frames){.frames = pcm, .n = 2, .width = 3}), 0);
+    frames_2x3(&m);
     m.tensors[1].shape[0] = 2;
     m.tensors[1].nbytes = sizeof two;
     m.tensors[1].data = two;
@@ -245,12 +251,12 @@ static void test_rejects_sizes(void **state)
     struct shmconn_msg m;
     struct pipe_frames f;
     /* bytes that disagree with the shape */
-    assert_int_equal(pipe_encode_frames(&m, &(struct pipe_frames){.frames = frames, .n = 2, .width = 3}), 0);
+    frames_2x3(&m);
     m.tensors[0].nbytes = 20;
     expect_error(pipe_decode_frames(&m, &f), -EBADMSG, "tensor 'frames'", "20 bytes for shape [2, 3] of F32", NULL);
 
     /* a dimension past what a stage counts in an int, and a product past 64 bits */
-    assert_int_equal(pipe_encode_frames(&m, &(struct pipe_frames){.frames = frames, .n = 2, .width = 3}), 0);
+    frames_2x3(&m);
     m.tensors[0].shape[0] = (int64_t)1 << 40;
     m.tensors[0].shape[1] = (int64_t)1 << 40;
     expect_error(pipe_decode_frames(&m, &f), -EBADMSG, "tensor 'frames'", "expected [n, n] (n up to 2147483647)",
@@ -268,8 +274,16 @@ static void test_rejects_sizes(void **state)
     expect_error(pipe_encode_error(&m, "x", SIZE_MAX / 2), -EOVERFLOW, "ERROR message", "tensor 'message'", NULL);
 }
 
-/* The codec's messages pass the connector's own checks: START, FRAMES, END one way, and
- * the zero-copy PCM with DONE the other, decoded from the region. */
+/* Send m as chunk `chunk` of request 7. */
+static void send_chunk(shmconn_t *tx, struct shmconn_msg *m, uint32_t chunk)
+{
+    m->req_id = 7;
+    m->chunk = chunk;
+    assert_int_equal(shmconn_send(tx, m, 1.0), 0);
+}
+
+/* The codec's messages pass the connector's own checks: START, FRAMES (through the
+ * payload area), a zero-copy PCM as stage 1 sends it, and END, decoded from the region. */
 static void test_through_shmconn(void **state)
 {
     (void)state;
@@ -283,66 +297,48 @@ static void test_through_shmconn(void **state)
     for (int i = 0; i < 800; i++)
         frames[i] = (float)i;
     struct pipe_start st = start_example();
-    struct pipe_frames fr = {.frames = frames, .n = 100, .width = 8, .first = 0};
     int64_t total = 100;
-    struct shmconn_msg m;
-    assert_int_equal(pipe_encode_start(&m, &st), 0);
-    m.req_id = 7;
-    assert_int_equal(shmconn_send(tx, &m, 1.0), 0);
-    assert_int_equal(pipe_encode_frames(&m, &fr), 0);
-    m.req_id = 7, m.chunk = 1;
-    assert_int_equal(shmconn_send(tx, &m, 1.0), 0); /* 3200 bytes: through the payload area */
-
-    /* zero copy, as stage 1 sends PCM */
     float left[5] = {1, 2, 3, 4, 5}, right[5] = {-1, -2, -3, -4, -5};
     struct pipe_progress pr = {1, 2, 3};
+    struct shmconn_msg m;
+    assert_int_equal(pipe_encode_start(&m, &st), 0);
+    send_chunk(tx, &m, 0);
+    assert_int_equal(pipe_encode_frames(&m, &(struct pipe_frames){.frames = frames, .n = 100, .width = 8}), 0);
+    send_chunk(tx, &m, 1);
     assert_int_equal(pipe_encode_pcm(&m, &(struct pipe_pcm){.n = 5}), 0);
     m.req_id = 7, m.chunk = 2;
     assert_int_equal(shmconn_send_begin(tx, &m, 1.0), 0);
     pipe_pcm_write(&m, left, right, &pr);
     assert_int_equal(shmconn_send_commit(tx, &m), 0);
     assert_int_equal(pipe_encode_end(&m, &total), 0);
-    m.req_id = 7, m.chunk = 3;
-    assert_int_equal(shmconn_send(tx, &m, 1.0), 0);
+    send_chunk(tx, &m, 3);
 
-    struct shmconn_event ev;
+    struct shmconn_event ev[4];
+    for (uint32_t i = 0; i < 4; i++) {
+        assert_int_equal(shmconn_recv(rx, &ev[i], 1.0), 0);
+        assert_int_equal(ev[i].msg.chunk, i);
+    }
     struct pipe_start st_got;
-    assert_int_equal(shmconn_recv(rx, &ev, 1.0), 0);
-    assert_int_equal(pipe_decode_start(&ev.msg, &st_got), 0);
-    assert_int_equal(st_got.params.seed, st.params.seed);
-    assert_int_equal(shmconn_release(rx, &ev.msg), 0);
-
+    assert_int_equal(pipe_decode_start(&ev[0].msg, &st_got), 0);
+    assert_memory_equal(&st_got.params, &st.params, sizeof st.params);
     struct pipe_frames fr_got;
-    assert_int_equal(shmconn_recv(rx, &ev, 1.0), 0);
-    assert_int_equal(pipe_decode_frames(&ev.msg, &fr_got), 0);
+    assert_int_equal(pipe_decode_frames(&ev[1].msg, &fr_got), 0);
     assert_int_equal(fr_got.n, 100);
     assert_memory_equal(fr_got.frames, frames, sizeof frames);
-    assert_int_equal(shmconn_release(rx, &ev.msg), 0);
-
     struct pipe_pcm pcm;
-    assert_int_equal(shmconn_recv(rx, &ev, 1.0), 0);
-    assert_int_equal(pipe_decode_pcm(&ev.msg, &pcm), 0);
+    assert_int_equal(pipe_decode_pcm(&ev[2].msg, &pcm), 0);
     assert_int_equal(pcm.n, 5);
     assert_memory_equal(pcm.pcm, left, sizeof left);
     assert_memory_equal(pcm.pcm + 5, right, sizeof right);
     assert_int_equal(pcm.progress.windows_planned, 2);
-    assert_int_equal(shmconn_release(rx, &ev.msg), 0);
-
     int64_t total_got;
-    assert_int_equal(shmconn_recv(rx, &ev, 1.0), 0);
-    assert_int_equal(pipe_decode_end(&ev.msg, &total_got), 0);
+    assert_int_equal(pipe_decode_end(&ev[3].msg, &total_got), 0);
     assert_int_equal(total_got, 100);
-    assert_int_equal(shmconn_release(rx, &ev.msg), 0);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(shmconn_release(rx, &ev[i].msg), 0);
 
     shmconn_close(rx);
     shmconn_close(tx);
-}
-
-static int group_setup(void **state)
-{
-    (void)state;
-    test_shm_prefix_init("mm3t"); /* under test/shmconn.cmake's leak check */
-    return 0;
 }
 
 int main(void)
@@ -357,5 +353,6 @@ int main(void)
         cmocka_unit_test(test_rejects_sizes),
         cmocka_unit_test(test_through_shmconn),
     };
-    return cmocka_run_group_tests(tests, group_setup, test_shm_group_teardown);
+    test_shm_prefix_init("mm3t"); /* under test/shmconn.cmake's leak check */
+    return cmocka_run_group_tests(tests, NULL, test_shm_group_teardown);
 }
