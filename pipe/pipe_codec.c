@@ -17,24 +17,36 @@ _Static_assert(sizeof(struct pipe_progress) == 3 * sizeof(int64_t), "progress tr
 const char *pipe_kind_name(uint32_t kind)
 {
     switch (kind) {
-    case PIPE_MSG_START: return "START";
-    case PIPE_MSG_FRAMES: return "FRAMES";
-    case PIPE_MSG_END: return "END";
-    case PIPE_MSG_CANCEL: return "CANCEL";
-    case PIPE_MSG_PCM: return "PCM";
-    case PIPE_MSG_DONE: return "DONE";
-    case PIPE_MSG_ERROR: return "ERROR";
-    default: return "unknown";
+    case PIPE_MSG_START:
+        return "START";
+    case PIPE_MSG_FRAMES:
+        return "FRAMES";
+    case PIPE_MSG_END:
+        return "END";
+    case PIPE_MSG_CANCEL:
+        return "CANCEL";
+    case PIPE_MSG_PCM:
+        return "PCM";
+    case PIPE_MSG_DONE:
+        return "DONE";
+    case PIPE_MSG_ERROR:
+        return "ERROR";
+    default:
+        return "unknown";
     }
 }
 
 static const char *dtype_name(uint32_t dtype)
 {
     switch (dtype) {
-    case SHMCONN_DTYPE_U8: return "U8";
-    case SHMCONN_DTYPE_I16: return "I16";
-    case SHMCONN_DTYPE_I32: return "I32";
-    default: return dtype < MM3_DTYPE_COUNT ? mm3_dtype_name((enum mm3_dtype)dtype) : "unknown";
+    case SHMCONN_DTYPE_U8:
+        return "U8";
+    case SHMCONN_DTYPE_I16:
+        return "I16";
+    case SHMCONN_DTYPE_I32:
+        return "I32";
+    default:
+        return dtype < MM3_DTYPE_COUNT ? mm3_dtype_name((enum mm3_dtype)dtype) : "unknown";
     }
 }
 
@@ -180,14 +192,13 @@ static const struct shmconn_tensor *tensor_find(const struct shmconn_msg *m, con
 static int kind_check(const struct shmconn_msg *m, uint32_t kind)
 {
     if (m->kind == kind) return 0;
-    return mm3_errorf(-EBADMSG, "bad %s message: kind %u (%s)", pipe_kind_name(kind), m->kind,
-                      pipe_kind_name(m->kind));
+    return mm3_errorf(-EBADMSG, "bad %s message: kind %u (%s)", pipe_kind_name(kind), m->kind, pipe_kind_name(m->kind));
 }
 
 /* Tensor `name` of m with dtype and shape (a dimension ANY: 0..ANY_MAX) whose byte size
  * matches its shape; else NULL with the error naming the tensor and what was expected. */
-static const struct shmconn_tensor *tensor_get(const struct shmconn_msg *m, const char *name, uint32_t dtype,
-                                               int ndim, const int64_t *shape)
+static const struct shmconn_tensor *tensor_get(const struct shmconn_msg *m, const char *name, uint32_t dtype, int ndim,
+                                               const int64_t *shape)
 {
     const char *kind = pipe_kind_name(m->kind);
     const struct shmconn_tensor *t = tensor_find(m, name);
@@ -207,8 +218,7 @@ static const struct shmconn_tensor *tensor_get(const struct shmconn_msg *m, cons
     if (!ok) {
         uint32_t n = t->ndim <= SHMCONN_MAX_DIMS ? t->ndim : SHMCONN_MAX_DIMS;
         mm3_errorf(-EBADMSG, "bad %s message: tensor '%s': shape %s, expected %s (n up to %d)", kind, name,
-                   shape_text(got, sizeof got, (int)n, t->shape), shape_text(want, sizeof want, ndim, shape),
-                   ANY_MAX);
+                   shape_text(got, sizeof got, (int)n, t->shape), shape_text(want, sizeof want, ndim, shape), ANY_MAX);
         return NULL;
     }
     uint64_t bytes = 0;
@@ -241,8 +251,10 @@ int pipe_decode_start(const struct shmconn_msg *m, struct pipe_start *s)
     if (!p) return -EBADMSG;
     memcpy(&s->params, p->data, sizeof s->params);
     if (s->params.version != PIPE_PARAMS_VERSION)
-        return mm3_errorf(-EBADMSG, "bad START message: params version %u, expected %d (stage 0 and stage 1 builds "
-                          "differ)", s->params.version, PIPE_PARAMS_VERSION);
+        return mm3_errorf(-EBADMSG,
+                          "bad START message: params version %u, expected %d (stage 0 and stage 1 builds "
+                          "differ)",
+                          s->params.version, PIPE_PARAMS_VERSION);
     if (tensor_find(m, "replay")) {
         const struct shmconn_tensor *r = tensor_get(m, "replay", SHMCONN_DTYPE_U8, 1, (int64_t[]){ANY});
         if (!r) return -EBADMSG;

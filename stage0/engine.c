@@ -395,7 +395,7 @@ static int send_start(struct engine *e, struct mm3_job *job, struct eng_req *r)
     pthread_rwlock_rdlock(&e->conn_mu);
     if (e->in) shmconn_request_begin(e->in, job->id);
     pthread_rwlock_unlock(&e->conn_mu);
-    struct pipe_start st = {.params = {
+    struct pipe_request_params p = {
         .version = PIPE_PARAMS_VERSION,
         .frame_width = (uint32_t)e->width,
         .seed = job->params.seed,
@@ -406,9 +406,9 @@ static int send_start(struct engine *e, struct mm3_job *job, struct eng_req *r)
         .streamed = counts_as_stream(job),
         .sample_rate = job->pcm_rate, /* the HTTP layer resamples to the request's rate */
         .premixed = !e->raw,
-    }};
-    st.replay = job->params.replay_file;
-    st.replay_len = st.replay ? strlen(st.replay) : 0;
+    };
+    const char *replay = job->params.replay_file;
+    struct pipe_start st = {.params = p, .replay = replay, .replay_len = replay ? strlen(replay) : 0};
     struct shmconn_msg m;
     int rc = pipe_encode_start(&m, &st);
     return rc < 0 ? rc : send_msg(e, job, r, &m);

@@ -416,8 +416,7 @@ static void on_start(struct s1_server *s, const struct shmconn_msg *m)
     if (p.guidance_scale < 0.0f) p.guidance_scale = (float)s->st->guidance_scale;
     if (p.flow_shift == 0.0f) p.flow_shift = s->default_shift;
     const struct condition_config *g = &s->cm->cfg;
-    if (p.premixed ? (int64_t)p.frame_width != g->hidden
-                        : (int64_t)p.frame_width != (int64_t)g->n_layers * g->hidden)
+    if (p.premixed ? (int64_t)p.frame_width != g->hidden : (int64_t)p.frame_width != (int64_t)g->n_layers * g->hidden)
         snprintf(text, sizeof text, "START frame_width %u with premixed %d: expected %d", p.frame_width, p.premixed,
                  p.premixed ? g->hidden : g->n_layers * g->hidden);
     else if (p.max_frames < 1 || p.max_frames > MM3_DEPLOY_AUDIO_FRAMES_MAX + MM3_DEPLOY_EXTRA_AR_STEPS)

@@ -259,8 +259,7 @@ static void test_rejects_sizes(void **state)
     frames_2x3(&m);
     m.tensors[0].shape[0] = (int64_t)1 << 40;
     m.tensors[0].shape[1] = (int64_t)1 << 40;
-    expect_error(pipe_decode_frames(&m, &f), -EBADMSG, "tensor 'frames'", "expected [n, n] (n up to 2147483647)",
-                 NULL);
+    expect_error(pipe_decode_frames(&m, &f), -EBADMSG, "tensor 'frames'", "expected [n, n] (n up to 2147483647)", NULL);
     m.tensors[0].shape[0] = (int64_t)1 << 31;
     expect_error(pipe_decode_frames(&m, &f), -EBADMSG, "tensor 'frames'", NULL);
 
@@ -269,8 +268,8 @@ static void test_rejects_sizes(void **state)
                  -EOVERFLOW, "FRAMES message", "tensor 'frames'", "dimension 0 expected 0..2147483647", NULL);
     expect_error(pipe_encode_frames(&m, &(struct pipe_frames){.frames = frames, .n = 2, .width = -1}), -EOVERFLOW,
                  "tensor 'frames'", "dimension 1", NULL);
-    expect_error(pipe_encode_pcm(&m, &(struct pipe_pcm){.n = INT64_MAX}), -EOVERFLOW, "PCM message",
-                 "tensor 'pcm'", NULL);
+    expect_error(pipe_encode_pcm(&m, &(struct pipe_pcm){.n = INT64_MAX}), -EOVERFLOW, "PCM message", "tensor 'pcm'",
+                 NULL);
     expect_error(pipe_encode_error(&m, "x", SIZE_MAX / 2), -EOVERFLOW, "ERROR message", "tensor 'message'", NULL);
 }
 

@@ -183,7 +183,7 @@ static int send_msg(uint64_t id, int encode_rc, struct shmconn_msg *m)
 static int send_start_shift(uint64_t id, uint64_t seed, int width, int premixed, int rate, int steps, float guidance,
                             float shift)
 {
-    struct pipe_start st = {.params = {
+    struct pipe_request_params p = {
         .version = PIPE_PARAMS_VERSION,
         .frame_width = (uint32_t)width,
         .seed = seed,
@@ -194,9 +194,9 @@ static int send_start_shift(uint64_t id, uint64_t seed, int width, int premixed,
         .premixed = premixed,
         .flow_shift = shift,
         .streamed = G.streamed,
-    }};
+    };
     struct shmconn_msg m;
-    return send_msg(id, pipe_encode_start(&m, &st), &m);
+    return send_msg(id, pipe_encode_start(&m, &(struct pipe_start){.params = p}), &m);
 }
 
 static int send_start_full(uint64_t id, uint64_t seed, int width, int premixed, int rate, int steps, float guidance)
