@@ -13,8 +13,8 @@
 #include "common/frame_mix.h"
 #include "common/log.h"
 #include "common/metrics.h"
-#include "common/pipeline_channel.h"
-#include "common/pipeline_proto.h"
+#include "pipe/pipe_channel.h"
+#include "pipe/pipe_codec.h"
 #include "shmconn/shmconn.h"
 #include "stage0/admission.h"
 #include "stage0/recovery/frame_spool.h"
@@ -191,16 +191,14 @@ static struct eng_req *req_get(struct engine *e, struct mm3_job *job)
 
 /* ---- sending (step thread) ---- */
 
-static int send_msg(struct engine *e, struct mm3_job *job, struct eng_req *r, uint32_t kind, uint32_t flags,
-                    struct shmconn_tensor *t, int n_t)
+/* Send m (encoded by pipe/pipe_codec.h) as the job's next chunk. */
+static int send_msg(struct engine *e, struct mm3_job *job, struct eng_req *r, struct shmconn_msg *m)
 {
-    struct shmconn_msg m = {.req_id = job->id, .chunk = r ? r->chunk++ : 0, .kind = kind, .flags = flags};
+    m->req_id = job->id;
+    m->chunk = r ? r->chunk++ : 0;
     uint64_t bytes = 0;
-    for (int i = 0; i < n_t; i++) {
-        m.tensors[i] = t[i];
-        bytes += t[i].nbytes;
-    }
-    m.n_tensors = (uint32_t)n_t;
+    for (uint32_t i = 0; i < m->n_tensors; i++)
+        bytes += m->tensors[i].nbytes;
     pthread_rwlock_rdlock(&e->conn_mu);
     int rc = SHMCONN_E_CLOSED;
     if (e->out) {
@@ -209,7 +207,7 @@ static int send_msg(struct engine *e, struct mm3_job *job, struct eng_req *r, ui
         struct shmconn_stats before, after;
         shmconn_stats_get(e->out, &before);
         int64_t t0 = mm3_job_now_ns();
-        rc = shmconn_send(e->out, &m, e->send_timeout_s);
+        rc = shmconn_send(e->out, m, e->send_timeout_s);
         shmconn_stats_get(e->out, &after);
         if (after.waits > before.waits) {
             metrics_counter_add(&mm3_metrics.conn_waits[METRICS_EDGE_S0_TO_S1], after.waits - before.waits);
@@ -220,22 +218,6 @@ static int send_msg(struct engine *e, struct mm3_job *job, struct eng_req *r, ui
     pthread_rwlock_unlock(&e->conn_mu);
     if (rc == 0) metrics_counter_add(&mm3_metrics.conn_bytes[METRICS_EDGE_S0_TO_S1], bytes);
     return rc;
-}
-
-static void tensor_set(struct shmconn_tensor *t, const char *name, uint32_t dtype, int ndim, const int64_t *shape,
-                       const void *data)
-{
-    memset(t, 0, sizeof *t);
-    snprintf(t->name, sizeof t->name, "%s", name);
-    t->dtype = dtype;
-    t->ndim = (uint32_t)ndim;
-    uint64_t n = 1;
-    for (int i = 0; i < ndim; i++) {
-        t->shape[i] = shape[i];
-        n *= (uint64_t)shape[i];
-    }
-    t->nbytes = n * shmconn_dtype_size(dtype);
-    t->data = (void *)data;
 }
 
 /* Hold an entry with a journal for stage 1's return instead of failing it (engine.mu
@@ -425,20 +407,19 @@ static int send_start(struct engine *e, struct mm3_job *job, struct eng_req *r)
         .sample_rate = job->pcm_rate, /* the HTTP layer resamples to the request's rate */
         .premixed = !e->raw,
     };
-    struct shmconn_tensor t[2];
-    tensor_set(&t[0], "params", SHMCONN_DTYPE_U8, 1, (int64_t[]){sizeof p}, &p);
     const char *replay = job->params.replay_file;
-    if (replay) tensor_set(&t[1], "replay", SHMCONN_DTYPE_U8, 1, (int64_t[]){(int64_t)strlen(replay)}, replay);
-    return send_msg(e, job, r, PIPE_MSG_START, SHMCONN_FLAG_FIRST, t, replay ? 2 : 1);
+    struct pipe_start st = {.params = p, .replay = replay, .replay_len = replay ? strlen(replay) : 0};
+    struct shmconn_msg m;
+    int rc = pipe_encode_start(&m, &st);
+    return rc < 0 ? rc : send_msg(e, job, r, &m);
 }
 
 static int send_frames(struct engine *e, struct mm3_job *job, struct eng_req *r, int first, int n, const float *mixed)
 {
-    struct shmconn_tensor t[2];
-    int64_t f = first;
-    tensor_set(&t[0], "frames", MM3_DTYPE_F32, 2, (int64_t[]){n, e->width}, mixed);
-    tensor_set(&t[1], "first", MM3_DTYPE_I64, 1, (int64_t[]){1}, &f);
-    int rc = send_msg(e, job, r, PIPE_MSG_FRAMES, 0, t, 2);
+    struct pipe_frames f = {.frames = mixed, .n = n, .width = e->width, .first = first};
+    struct shmconn_msg m;
+    int rc = pipe_encode_frames(&m, &f);
+    if (rc == 0) rc = send_msg(e, job, r, &m);
     if (rc < 0 && (rc == SHMCONN_E_PEER_DEAD || rc == SHMCONN_E_CLOSED) && hold(e, r)) return 1;
     if (rc < 0) fail_send(e, job, rc, "frames");
     return rc;
@@ -521,9 +502,9 @@ static int end_to_stage1(struct engine *e, struct mm3_job *job, struct eng_req *
         if (rc > 0) goto ended;
     }
     int64_t tot = total;
-    struct shmconn_tensor t;
-    tensor_set(&t, "total", MM3_DTYPE_I64, 1, (int64_t[]){1}, &tot);
-    int rc = send_msg(e, job, r, PIPE_MSG_END, SHMCONN_FLAG_LAST, &t, 1);
+    struct shmconn_msg m;
+    int rc = pipe_encode_end(&m, &tot);
+    if (rc == 0) rc = send_msg(e, job, r, &m);
     if (rc < 0 && (rc == SHMCONN_E_PEER_DEAD || rc == SHMCONN_E_CLOSED) && hold(e, r)) goto ended;
     if (rc < 0) {
         fail_send(e, job, rc, "the end of the song");
@@ -561,7 +542,9 @@ static void sink_abort(void *ctx, struct mm3_job *job)
     if (!r) return; /* stage 1 ended it first: nothing to tell */
     int told = 0;
     if (atomic_load(&e->s1_up)) {
-        int rc = send_msg(e, job, r, PIPE_MSG_CANCEL, SHMCONN_FLAG_CANCELLED, NULL, 0);
+        struct shmconn_msg m;
+        pipe_encode_cancel(&m);
+        int rc = send_msg(e, job, r, &m);
         told = rc == 0;
         if (rc < 0 && rc != SHMCONN_E_CANCELLED)
             LOG_WARN("job %llu: CANCEL to stage 1 not sent: %s", (unsigned long long)job->id, mm3_last_error());
@@ -803,16 +786,14 @@ static void fail_all(struct engine *e, const char *msg)
 /* A PCM message of `audio_s` seconds (`new_s` of them not yet pushed to the client) for
  * entry q, under e->mu: stage 1's work for it (progress[2], microseconds so far) feeds the
  * real-time capacity, and a streamed song's listener is advanced (stall metrics). */
-static void pcm_account(struct engine *e, struct eng_req *q, const struct shmconn_tensor *prog, double audio_s,
+static void pcm_account(struct engine *e, struct eng_req *q, const struct pipe_progress *prog, double audio_s,
                         double new_s)
 {
-    if (prog && prog->dtype == MM3_DTYPE_I64 && prog->ndim == 1 && prog->shape[0] >= 3) {
-        int64_t work_us = ((const int64_t *)prog->data)[2];
-        /* after a stage-1 restart the song's work counts from 0 again: nothing to add */
-        if (work_us > q->work_us_seen) admission_observe(&e->adm, (double)(work_us - q->work_us_seen) * 1e-6, audio_s);
-        q->work_us_seen = work_us;
-        capacity_publish(admission_capacity(&e->adm));
-    }
+    int64_t work_us = prog->work_us;
+    /* after a stage-1 restart the song's work counts from 0 again: nothing to add */
+    if (work_us > q->work_us_seen) admission_observe(&e->adm, (double)(work_us - q->work_us_seen) * 1e-6, audio_s);
+    q->work_us_seen = work_us;
+    capacity_publish(admission_capacity(&e->adm));
     if (!q->job->params.stream || new_s <= 0) return;
     int stalls = q->play.stalls;
     double slack = playback_arrive(&q->play, (double)mm3_job_now_ns() * 1e-9, new_s);
@@ -825,22 +806,18 @@ static void pcm_account(struct engine *e, struct eng_req *q, const struct shmcon
 
 static void on_pcm(struct engine *e, const struct shmconn_msg *m)
 {
-    const struct shmconn_tensor *pcm = NULL, *prog = NULL;
-    for (uint32_t i = 0; i < m->n_tensors; i++) {
-        if (!strcmp(m->tensors[i].name, "pcm")) pcm = &m->tensors[i];
-        if (!strcmp(m->tensors[i].name, "progress")) prog = &m->tensors[i];
-    }
     struct mm3_job *job = req_job(e, m->req_id);
     if (!job) return; /* cancelled meanwhile */
-    if (!pcm || pcm->dtype != MM3_DTYPE_F32 || pcm->ndim != 2 || pcm->shape[0] != 2) {
+    struct pipe_pcm pcm;
+    if (pipe_decode_pcm(m, &pcm) < 0) {
         struct eng_req *r = req_take(e, m->req_id);
-        mm3_job_fail(job, 502, "stage 1: malformed PCM message (expected tensor pcm F32 [2, n])");
+        mm3_job_fail(job, 502, "stage 1: %s", mm3_last_error());
         if (r) req_put(e, r);
         mm3_job_unref(job);
         return;
     }
-    size_t n = (size_t)pcm->shape[1];
-    const float *src = pcm->data;
+    size_t n = (size_t)pcm.n;
+    const float *src = pcm.pcm;
     /* After a re-send stage 1 renders the song from its start: skip what the client has. */
     size_t skip = 0;
     pthread_mutex_lock(&e->mu);
@@ -852,7 +829,7 @@ static void on_pcm(struct engine *e, const struct shmconn_msg *m)
         skip = have <= 0 ? 0 : (size_t)have >= n ? n : (size_t)have;
         q->pcm_got += (int64_t)n;
         if (q->pcm_got > q->pcm_pushed) q->pcm_pushed = q->pcm_got;
-        if (n) pcm_account(e, q, prog, (double)n / job->pcm_rate, (double)(n - skip) / job->pcm_rate);
+        if (n) pcm_account(e, q, &pcm.progress, (double)n / job->pcm_rate, (double)(n - skip) / job->pcm_rate);
     }
     pthread_mutex_unlock(&e->mu);
     float *il = malloc(sizeof(float) * 2 * (n ? n : 1));
@@ -865,9 +842,8 @@ static void on_pcm(struct engine *e, const struct shmconn_msg *m)
         rc = n > skip ? mm3_job_push_pcm(job, il, n - skip, PCM_PUSH_TIMEOUT_MS) : 0;
     }
     free(il);
-    if (rc == 0 && prog && prog->dtype == MM3_DTYPE_I64 && prog->shape[0] >= 1) {
-        int64_t done = ((const int64_t *)prog->data)[0];
-        int64_t delta = done - atomic_load(&job->windows_done);
+    if (rc == 0) {
+        int64_t delta = pcm.progress.windows_done - atomic_load(&job->windows_done);
         if (delta > 0) mm3_job_progress_add(job, 0, delta);
     }
     if (rc == -ETIMEDOUT || rc == -ENOMEM) {
@@ -899,25 +875,22 @@ static void on_message(struct engine *e, const struct shmconn_msg *m)
     }
     struct eng_req *r = req_take(e, m->req_id);
     if (!r) return;
-    if (m->kind == PIPE_MSG_DONE) {
-        for (uint32_t i = 0; i < m->n_tensors; i++)
-            if (!strcmp(m->tensors[i].name, "fp16_rescues") && m->tensors[i].nbytes == 8) {
-                int64_t n;
-                memcpy(&n, m->tensors[i].data, 8);
-                metrics_gauge_set(&mm3_metrics.stage1_fp16_rescues, n);
-            }
+    struct pipe_done done;
+    const char *text = "";
+    size_t len = 0;
+    char why[400];
+    int rc = m->kind == PIPE_MSG_DONE ? pipe_decode_done(m, &done) : pipe_decode_error(m, &text, &len);
+    if (rc < 0) { /* a malformed DONE or ERROR fails the job with what was wrong */
+        len = (size_t)snprintf(why, sizeof why, "%s", mm3_last_error());
+        text = why;
+    } else if (m->kind == PIPE_MSG_DONE) {
+        if (done.fp16_rescues >= 0) metrics_gauge_set(&mm3_metrics.stage1_fp16_rescues, done.fp16_rescues);
         mm3_job_finish(r->job);
-    } else {
-        const char *text = "";
-        int len = 0;
-        for (uint32_t i = 0; i < m->n_tensors; i++)
-            if (!strcmp(m->tensors[i].name, "message")) {
-                text = m->tensors[i].data;
-                len = (int)m->tensors[i].nbytes;
-            }
+    }
+    if (rc < 0 || m->kind == PIPE_MSG_ERROR) {
         if (len > 400) len = 400;
-        mm3_job_fail(r->job, 502, "stage 1: %.*s", len, text);
-        LOG_WARN("job %llu: stage 1: %.*s", (unsigned long long)m->req_id, len, text);
+        mm3_job_fail(r->job, 502, "stage 1: %.*s", (int)len, text);
+        LOG_WARN("job %llu: stage 1: %.*s", (unsigned long long)m->req_id, (int)len, text);
     }
     req_put(e, r);
 }

@@ -1,9 +1,9 @@
 /* The stage-0 engine: the scheduler (stage0/scheduler.h) wired to stage 1 over the
- * two pipeline channels (common/pipeline_proto.h), behind struct api_engine.
+ * two pipeline channels (pipe/pipe_proto.h), behind struct api_engine.
  *
  * Channels: stage 0 CREATES "s0_to_s1" (producer) and OPENS "s1_to_s0" (consumer,
  * created by stage 1), both under the segment prefix and run id (MM3_SHM_PREFIX,
- * MM3_RUN_ID, MM3_RUN_TOKEN), with the geometry stage 1 uses (common/pipeline_channel.h).
+ * MM3_RUN_ID, MM3_RUN_TOKEN), with the geometry stage 1 uses (pipe/pipe_channel.h).
  *
  * Frames go to stage 1 as produced (async_chunk: true), pre-mixed to `hidden`
  * floats with common/frame_mix.h, or held and sent when the song ends
@@ -34,7 +34,7 @@ struct engine;
 struct pipe_run;
 
 /* Reads the frame mix from ckpt_root/condition_encoder. run: the segment prefix, run id
- * and token (common/pipeline_channel.h: pipe_run_from_env); NULL = the default prefix,
+ * and token (pipe/pipe_channel.h: pipe_run_from_env); NULL = the default prefix,
  * no run id. */
 int engine_create(struct engine **out, const struct mm3_deploy *d, const struct talker *lm, const struct depth *dd,
                   const struct tokenizer *tok, const char *ckpt_root, const struct pipe_run *run);

@@ -1,4 +1,4 @@
-/* mm3-stage1 as a server process: the stage-1 half of the pipeline (common/pipeline_proto.h).
+/* mm3-stage1 as a server process: the stage-1 half of the pipeline (pipe/pipe_proto.h).
  *
  *     struct s1_server_options o = {.config = "configs/tiny-cpu.yaml", .model = NULL};
  *     return s1_server_run(&o) < 0 ? 1 : 0;       // until SIGINT / SIGTERM
@@ -6,7 +6,7 @@
  * Channels: stage 1 creates "s1_to_s0" (producer) and opens "s0_to_s1" (consumer, created
  * by stage 0), both under the segment prefix and run id ($MM3_SHM_PREFIX, default "mm3-";
  * $MM3_RUN_ID and $MM3_RUN_TOKEN, see pipe_run_from_env), with the geometry of
- * common/pipeline_channel.h (both stages use it: shmconn_open refuses a different geometry).
+ * pipe/pipe_channel.h (both stages use it: shmconn_open refuses a different geometry).
  *
  * START's num_inference_steps 0 and a negative guidance_scale stand for stage 1's deploy-file
  * defaults (stages[1].num_inference_steps / guidance_scale); stage 0 normally fills both.
@@ -27,7 +27,7 @@
 #define MM3_STAGE1_SERVER_H
 
 #include "common/deploy.h"
-#include "common/pipeline_channel.h"
+#include "pipe/pipe_channel.h"
 #include "shmconn/shmconn.h"
 
 /* PCM messages carry at most this many samples per channel (2 MiB of float32 stereo),
@@ -39,7 +39,7 @@ struct s1_server_options {
     const char *model;  /* overrides the file's `model:`; NULL = keep */
 };
 
-/* pipe_channel_config (common/pipeline_channel.h) under stage 1's old name. */
+/* pipe_channel_config (pipe/pipe_channel.h) under stage 1's old name. */
 void s1_channel_config(const struct mm3_deploy *d, const char *name, const char *prefix, struct shmconn_config *out);
 
 /* Load everything, print "READY stage1", serve until SIGINT/SIGTERM. Returns 0 after a

@@ -7,9 +7,9 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "common/pipeline_channel.h"
-#include "common/pipeline_proto.h"
 #include "common/resample.h"
+#include "pipe/pipe_channel.h"
+#include "pipe/pipe_codec.h"
 #include "shmconn/shmconn.h"
 #include "stage1/backend.h"
 #include "stage1/condition.h"

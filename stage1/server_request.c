@@ -1,5 +1,5 @@
 /* One request in the stage-1 server: START / FRAMES / END / CANCEL in, PCM / DONE / ERROR
- * out (common/pipeline_proto.h), a render per active request. */
+ * out (pipe/pipe_proto.h, through pipe/pipe_codec.h), a render per active request. */
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -56,40 +56,23 @@ static int out_check(struct s1_server *s, int rc)
     return rc;
 }
 
-static void tensor_set(struct shmconn_tensor *t, const char *name, uint32_t dtype, int ndim, const int64_t *shape,
-                       uint64_t elem, void *data)
-{
-    memset(t, 0, sizeof *t);
-    snprintf(t->name, sizeof t->name, "%s", name);
-    t->dtype = dtype;
-    t->ndim = (uint32_t)ndim;
-    uint64_t n = 1;
-    for (int i = 0; i < ndim; i++) {
-        t->shape[i] = shape[i];
-        n *= (uint64_t)shape[i];
-    }
-    t->nbytes = n * elem;
-    t->data = data;
-}
-
 /* One PCM message: samples at .. at + m - 1 of PCM [2, n] (channel c at pcm + c*stride;
  * m may be 0) and the progress tensor, written straight into the region. */
 static int send_pcm_message(struct s1_server *s, struct s1_request *q, const float *pcm, int64_t stride, int64_t at,
                             int64_t m)
 {
-    struct shmconn_msg msg = {.req_id = q->id, .chunk = q->chunk_out, .kind = PIPE_MSG_PCM, .n_tensors = 2};
-    tensor_set(&msg.tensors[0], "pcm", MM3_DTYPE_F32, 2, (int64_t[]){2, m}, 4, NULL);
-    tensor_set(&msg.tensors[1], "progress", MM3_DTYPE_I64, 1, (int64_t[]){3}, 8, NULL);
-    int rc = shmconn_send_begin(s->out, &msg, s->send_timeout_s);
-    if (rc < 0) return out_check(s, rc);
-    float *dst = msg.tensors[0].data;
-    if (m) {
-        memcpy(dst, pcm + at, sizeof(float) * (size_t)m);
-        memcpy(dst + m, pcm + stride + at, sizeof(float) * (size_t)m);
-    }
-    int64_t planned = q->ended ? render_window_count((int)q->frames_in) : 0;
-    int64_t progress[3] = {q->windows_done, planned, (int64_t)(q->compute_s * 1e6)};
-    memcpy(msg.tensors[1].data, progress, sizeof progress);
+    struct shmconn_msg msg;
+    int rc = pipe_encode_pcm(&msg, &(struct pipe_pcm){.pcm = NULL, .n = m}); /* written in place below */
+    if (rc < 0) return rc;
+    msg.req_id = q->id;
+    msg.chunk = q->chunk_out;
+    if ((rc = shmconn_send_begin(s->out, &msg, s->send_timeout_s)) < 0) return out_check(s, rc);
+    struct pipe_progress progress = {
+        .windows_done = q->windows_done,
+        .windows_planned = q->ended ? render_window_count((int)q->frames_in) : 0,
+        .work_us = (int64_t)(q->compute_s * 1e6),
+    };
+    pipe_pcm_write(&msg, m ? pcm + at : NULL, m ? pcm + stride + at : NULL, &progress);
     if ((rc = shmconn_send_commit(s->out, &msg)) < 0) return out_check(s, rc);
     q->chunk_out++;
     if (m && q->t_first_audio == 0) q->t_first_audio = s1_now();
@@ -121,14 +104,13 @@ static int send_progress(struct s1_server *s, struct s1_request *q)
     return send_pcm_message(s, q, NULL, 0, 0, 0);
 }
 
-static int send_small(struct s1_server *s, struct s1_request *q, uint32_t kind, uint32_t flags,
-                      const struct shmconn_tensor *t, int n_t)
+/* Send msg (encoded by pipe/pipe_codec.h) as the request's next chunk. */
+static int send_small(struct s1_server *s, struct s1_request *q, struct shmconn_msg *msg)
 {
     if (!s->out || s->stage0_lost) return SHMCONN_E_PEER_DEAD;
-    struct shmconn_msg msg = {.req_id = q->id, .chunk = q->chunk_out, .kind = kind, .flags = flags, .n_tensors = n_t};
-    for (int i = 0; i < n_t; i++)
-        msg.tensors[i] = t[i];
-    int rc = shmconn_send(s->out, &msg, s->send_timeout_s);
+    msg->req_id = q->id;
+    msg->chunk = q->chunk_out;
+    int rc = shmconn_send(s->out, msg, s->send_timeout_s);
     if (rc < 0) return out_check(s, rc);
     q->chunk_out++;
     return 0;
@@ -202,9 +184,9 @@ void s1_request_fail(struct s1_server *s, struct s1_request *q, int tell, const 
     char esc[1200]; /* the reason may quote the request (a replay file's path) */
     LOG_WARN("request %" PRIu64 " failed: %s", q->id, mm3_log_escape(esc, sizeof esc, text));
     if (tell && s->out && !s->stage0_lost) {
-        struct shmconn_tensor t;
-        tensor_set(&t, "message", SHMCONN_DTYPE_U8, 1, (int64_t[]){(int64_t)strlen(text)}, 1, text);
-        int rc = send_small(s, q, PIPE_MSG_ERROR, SHMCONN_FLAG_ERROR, &t, 1);
+        struct shmconn_msg msg;
+        int rc = pipe_encode_error(&msg, text, strlen(text));
+        if (rc == 0) rc = send_small(s, q, &msg);
         if (rc < 0 && rc != SHMCONN_E_CANCELLED)
             LOG_WARN("request %" PRIu64 ": the ERROR message could not be sent: %s", q->id, mm3_last_error());
     }
@@ -249,11 +231,9 @@ static void request_complete(struct s1_server *s, struct s1_request *q)
     }
     if (rc == 0 && !s->codec_streaming) rc = send_pcm(s, q, q->song, q->song_cap, q->song_n);
     if (rc == 0) {
-        int64_t total = q->samples_out, rescues = (int64_t)s1_backend_fp16_rescues();
-        struct shmconn_tensor t[2];
-        tensor_set(&t[0], "total", MM3_DTYPE_I64, 1, (int64_t[]){1}, 8, &total);
-        tensor_set(&t[1], "fp16_rescues", MM3_DTYPE_I64, 1, (int64_t[]){1}, 8, &rescues);
-        rc = send_small(s, q, PIPE_MSG_DONE, SHMCONN_FLAG_LAST, t, 2);
+        struct pipe_done done = {.total = q->samples_out, .fp16_rescues = (int64_t)s1_backend_fp16_rescues()};
+        struct shmconn_msg msg;
+        if ((rc = pipe_encode_done(&msg, &done)) == 0) rc = send_small(s, q, &msg);
     }
     if (rc < 0) {
         request_send_failed(s, q, rc, "the end of the song");
@@ -367,23 +347,6 @@ void s1_request_step(struct s1_server *s, struct s1_request *q)
 
 /* ---- messages from stage 0 ---- */
 
-static const struct shmconn_tensor *tensor_get(const struct shmconn_msg *m, const char *name, uint32_t dtype, int ndim,
-                                               char *why, size_t why_n)
-{
-    for (uint32_t i = 0; i < m->n_tensors; i++) {
-        const struct shmconn_tensor *t = &m->tensors[i];
-        if (strcmp(t->name, name)) continue;
-        if (t->dtype != dtype || (int)t->ndim != ndim) {
-            snprintf(why, why_n, "tensor '%s': dtype %u rank %u, expected dtype %u rank %d", name, t->dtype, t->ndim,
-                     dtype, ndim);
-            return NULL;
-        }
-        return t;
-    }
-    snprintf(why, why_n, "tensor '%s' missing", name);
-    return NULL;
-}
-
 /* Fail a request id that has no state here (bad START): ERROR and stop its frames. */
 static void refuse(struct s1_server *s, uint64_t id, const char *text)
 {
@@ -404,30 +367,21 @@ static void refuse(struct s1_server *s, uint64_t id, const char *text)
 /* START's optional "replay" tensor: a testing aid that reads a server-side file, so it
  * is honoured only when the operator set MM3_ALLOW_REPLAY=1, and only for a regular
  * file inside api.replay_dir (common/replay_file.h). Fails q on refusal. */
-static int start_replay(struct s1_server *s, struct s1_request *q, const struct shmconn_msg *m)
+static int start_replay(struct s1_server *s, struct s1_request *q, const struct pipe_start *st)
 {
-    char why[256];
-    int present = 0;
-    for (uint32_t i = 0; i < m->n_tensors; i++)
-        present |= !strcmp(m->tensors[i].name, "replay");
-    if (!present) return 0;
-    const struct shmconn_tensor *t = tensor_get(m, "replay", SHMCONN_DTYPE_U8, 1, why, sizeof why);
-    if (!t) {
-        s1_request_fail(s, q, 1, "bad START message: %s", why);
-        return -1;
-    }
+    if (!st->replay) return 0;
     const char *allow = getenv("MM3_ALLOW_REPLAY");
     if (!allow || strcmp(allow, "1")) {
         s1_request_fail(s, q, 1, "replay not enabled (stage 1 needs MM3_ALLOW_REPLAY=1)");
         return -1;
     }
-    char *path = malloc(t->nbytes + 1);
+    char *path = malloc(st->replay_len + 1);
     if (!path) {
         s1_request_fail(s, q, 1, "stage 1 is out of memory");
         return -1;
     }
-    memcpy(path, t->data, t->nbytes);
-    path[t->nbytes] = 0;
+    memcpy(path, st->replay, st->replay_len);
+    path[st->replay_len] = 0;
     struct st_file f;
     int rc = replay_file_open_st(&f, s->d.api.replay_dir, path);
     if (rc == 0) {
@@ -444,35 +398,25 @@ static int start_replay(struct s1_server *s, struct s1_request *q, const struct 
 
 static void on_start(struct s1_server *s, const struct shmconn_msg *m)
 {
-    char why[256];
-    const struct shmconn_tensor *t = tensor_get(m, "params", SHMCONN_DTYPE_U8, 1, why, sizeof why);
+    struct pipe_start st;
+    char text[512] = "";
+    if (pipe_decode_start(m, &st) < 0) snprintf(text, sizeof text, "%s", mm3_last_error());
     struct s1_request *old = s1_request_find(s, m->req_id);
     if (old) {
         s1_request_fail(s, old, 1, "START for request %" PRIu64 " while it is in flight", m->req_id);
         return;
     }
-    if (!t || t->nbytes != sizeof(struct pipe_request_params)) {
-        if (t)
-            snprintf(why, sizeof why, "tensor 'params': %" PRIu64 " bytes, expected %zu", t->nbytes,
-                     sizeof(struct pipe_request_params));
-        char text[320];
-        snprintf(text, sizeof text, "bad START message: %s", why);
+    if (text[0]) {
         refuse(s, m->req_id, text);
         return;
     }
-    struct pipe_request_params p;
-    memcpy(&p, t->data, sizeof p);
+    struct pipe_request_params p = st.params;
     /* stage 0 normally fills both; these mean "stage 1's deploy-file default" */
     if (p.num_inference_steps == 0) p.num_inference_steps = s->st->num_inference_steps;
     if (p.guidance_scale < 0.0f) p.guidance_scale = (float)s->st->guidance_scale;
     if (p.flow_shift == 0.0f) p.flow_shift = s->default_shift;
     const struct condition_config *g = &s->cm->cfg;
-    char text[512] = "";
-    if (p.version != PIPE_PARAMS_VERSION)
-        snprintf(text, sizeof text, "START params version %u, expected %d (stage 0 and stage 1 builds differ)",
-                 p.version, PIPE_PARAMS_VERSION);
-    else if (p.premixed ? (int64_t)p.frame_width != g->hidden
-                        : (int64_t)p.frame_width != (int64_t)g->n_layers * g->hidden)
+    if (p.premixed ? (int64_t)p.frame_width != g->hidden : (int64_t)p.frame_width != (int64_t)g->n_layers * g->hidden)
         snprintf(text, sizeof text, "START frame_width %u with premixed %d: expected %d", p.frame_width, p.premixed,
                  p.premixed ? g->hidden : g->n_layers * g->hidden);
     else if (p.max_frames < 1 || p.max_frames > MM3_DEPLOY_AUDIO_FRAMES_MAX + MM3_DEPLOY_EXTRA_AR_STEPS)
@@ -519,7 +463,7 @@ static void on_start(struct s1_server *s, const struct shmconn_msg *m)
         s1_request_fail(s, q, 1, "stage 1 cannot track the request: %s", mm3_last_error());
         return;
     }
-    if (start_replay(s, q, m) < 0) return;
+    if (start_replay(s, q, &st) < 0) return;
     LOG_INFO("request %" PRIu64 ": start, seed %" PRIu64 ", %d steps, guidance %.3g, shift %.3g, %d Hz, %s frames "
              "of %u, %d in flight",
              q->id, p.seed, p.num_inference_steps, (double)p.guidance_scale, (double)p.flow_shift, p.sample_rate,
@@ -528,15 +472,12 @@ static void on_start(struct s1_server *s, const struct shmconn_msg *m)
 
 static void on_frames(struct s1_server *s, struct s1_request *q, const struct shmconn_msg *m)
 {
-    char why[256];
-    const struct shmconn_tensor *f = tensor_get(m, "frames", MM3_DTYPE_F32, 2, why, sizeof why);
-    const struct shmconn_tensor *first = f ? tensor_get(m, "first", MM3_DTYPE_I64, 1, why, sizeof why) : NULL;
-    if (!f || !first || first->shape[0] != 1) {
-        s1_request_fail(s, q, 1, "bad FRAMES message: %s", !f || !first ? why : "tensor 'first': expected [1]");
+    struct pipe_frames f;
+    if (pipe_decode_frames(m, &f) < 0) {
+        s1_request_fail(s, q, 1, "%s", mm3_last_error());
         return;
     }
-    int64_t n = f->shape[0], w = f->shape[1], at;
-    memcpy(&at, first->data, sizeof at);
+    int64_t n = f.n, w = f.width, at = f.first;
     if (w != q->p.frame_width) {
         s1_request_fail(s, q, 1, "FRAMES of width %" PRId64 ", expected %u (START frame_width)", w, q->p.frame_width);
         return;
@@ -557,7 +498,7 @@ static void on_frames(struct s1_server *s, struct s1_request *q, const struct sh
     }
     int rc;
     if (q->active) {
-        rc = render_push_frames_deferred(q->render, f->data, (int)n, (int)w);
+        rc = render_push_frames_deferred(q->render, f.frames, (int)n, (int)w);
     } else {
         int H = s->cm->cfg.hidden;
         if (q->n_held + n > q->held_cap) {
@@ -572,7 +513,7 @@ static void on_frames(struct s1_server *s, struct s1_request *q, const struct sh
             q->held = b;
             q->held_cap = cap;
         }
-        rc = frame_mix_apply(&s->cm->mix, f->data, (int)n, (int)w, q->held + (size_t)q->n_held * H);
+        rc = frame_mix_apply(&s->cm->mix, f.frames, (int)n, (int)w, q->held + (size_t)q->n_held * H);
         if (rc == 0) q->n_held += (int)n;
     }
     if (rc < 0) {
@@ -584,15 +525,12 @@ static void on_frames(struct s1_server *s, struct s1_request *q, const struct sh
 
 static void on_end(struct s1_server *s, struct s1_request *q, const struct shmconn_msg *m)
 {
-    char why[256];
-    const struct shmconn_tensor *t = tensor_get(m, "total", MM3_DTYPE_I64, 1, why, sizeof why);
+    int64_t total;
     q->untracked = 1; /* LAST ended the deadline tracking */
-    if (!t || t->shape[0] != 1) {
-        s1_request_fail(s, q, 1, "bad END message: %s", t ? "tensor 'total': expected [1]" : why);
+    if (pipe_decode_end(m, &total) < 0) {
+        s1_request_fail(s, q, 1, "%s", mm3_last_error());
         return;
     }
-    int64_t total;
-    memcpy(&total, t->data, sizeof total);
     if (total != q->frames_in || total < 1) {
         s1_request_fail(s, q, 1, "END says %" PRId64 " frames, %" PRId64 " received (at least 1 needed)", total,
                         q->frames_in);

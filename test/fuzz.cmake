@@ -6,7 +6,7 @@
 set(MM3_FUZZ_DIR ${CMAKE_CURRENT_SOURCE_DIR}/fuzz)
 file(GLOB MM3_FUZZ_SOURCES CONFIGURE_DEPENDS ${MM3_FUZZ_DIR}/fuzz_*.c)
 list(REMOVE_ITEM MM3_FUZZ_SOURCES ${MM3_FUZZ_DIR}/fuzz_support.c)
-set(MM3_FUZZ_LIBS mm3_stage0 mm3_stage1 mm3_shmconn mm3_common)
+set(MM3_FUZZ_LIBS mm3_stage0 mm3_stage1 mm3_pipe mm3_shmconn mm3_common)
 
 add_library(mm3_fuzz_support STATIC ${MM3_FUZZ_DIR}/fuzz_support.c)
 target_include_directories(mm3_fuzz_support PUBLIC ${CMAKE_SOURCE_DIR})

@@ -7,7 +7,7 @@ if(TARGET mm3-bench-shm)
   set_tests_properties(shmconn_bench_quick PROPERTIES ENVIRONMENT "${MM3_TEST_ENV}" SKIP_RETURN_CODE 77
     TIMEOUT 120 FIXTURES_REQUIRED shmconn_segments)
 endif()
-set_tests_properties(test_shmconn test_shmconn_fork PROPERTIES FIXTURES_REQUIRED shmconn_segments)
+set_tests_properties(test_shmconn test_shmconn_fork test_pipe_codec PROPERTIES FIXTURES_REQUIRED shmconn_segments)
 add_test(NAME shmconn_dev_shm_clean COMMAND sh -c [=[
 rc=0
 for f in /dev/shm/mm3[tfb][0-9]*-*; do

@@ -22,7 +22,7 @@
 
 #include "common/dtype.h"
 #include "common/error.h"
-#include "common/pipeline_channel.h"
+#include "pipe/pipe_channel.h"
 #include "shmconn/shmconn.h"
 #include "shmconn/shmconn_region.h"
 #include "support/test_shm.h"

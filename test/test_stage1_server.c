@@ -1,5 +1,5 @@
 /* mm3-stage1 --config as a server: the test is stage 0. It starts the program as a child
- * (own MM3_SHM_PREFIX), speaks common/pipeline_proto.h over shmconn and checks the PCM
+ * (own MM3_SHM_PREFIX), speaks pipe/pipe_proto.h over shmconn and checks the PCM
  * against an in-process render of the same frames and seed (the server draws seeded noise,
  * so the golden `audio` is not the reference here; the golden frames are the input).
  * Inputs: the frame_hiddens of golden case0 (1 window) and case2 (2 windows).
@@ -30,9 +30,9 @@
 
 #include "common/error.h"
 #include "common/frame_mix.h"
-#include "common/pipeline_proto.h"
 #include "common/resample.h"
 #include "common/safetensors.h"
+#include "pipe/pipe_codec.h"
 #include "shmconn/shmconn.h"
 #include "shmconn/shmconn_region.h"
 #include "stage1/render.h"
@@ -172,27 +172,12 @@ static void connect_stage0(shmconn_t **tx, shmconn_t **rx)
     assert_int_equal(rc, 0);
 }
 
-static int send_msg(uint64_t id, uint32_t kind, uint32_t flags, int n_t, struct shmconn_tensor *t)
+/* Send a message the codec encoded (encode_rc: its status) as request id. */
+static int send_msg(uint64_t id, int encode_rc, struct shmconn_msg *m)
 {
-    struct shmconn_msg m = {.req_id = id, .kind = kind, .flags = flags, .n_tensors = (uint32_t)n_t};
-    for (int i = 0; i < n_t; i++)
-        m.tensors[i] = t[i];
-    return shmconn_send(G.tx, &m, 10.0);
-}
-
-static struct shmconn_tensor tensor(const char *name, uint32_t dtype, int ndim, int64_t d0, int64_t d1, size_t elem,
-                                    const void *data)
-{
-    struct shmconn_tensor t;
-    memset(&t, 0, sizeof t);
-    snprintf(t.name, sizeof t.name, "%s", name);
-    t.dtype = dtype;
-    t.ndim = (uint32_t)ndim;
-    t.shape[0] = d0;
-    t.shape[1] = d1;
-    t.nbytes = (uint64_t)d0 * (uint64_t)(ndim > 1 ? d1 : 1) * elem;
-    t.data = (void *)data;
-    return t;
+    assert_int_equal(encode_rc, 0);
+    m->req_id = id;
+    return shmconn_send(G.tx, m, 10.0);
 }
 
 static int send_start_shift(uint64_t id, uint64_t seed, int width, int premixed, int rate, int steps, float guidance,
@@ -210,8 +195,8 @@ static int send_start_shift(uint64_t id, uint64_t seed, int width, int premixed,
         .flow_shift = shift,
         .streamed = G.streamed,
     };
-    struct shmconn_tensor t = tensor("params", SHMCONN_DTYPE_U8, 1, sizeof p, 0, 1, &p);
-    return send_msg(id, PIPE_MSG_START, SHMCONN_FLAG_FIRST, 1, &t);
+    struct shmconn_msg m;
+    return send_msg(id, pipe_encode_start(&m, &(struct pipe_start){.params = p}), &m);
 }
 
 static int send_start_full(uint64_t id, uint64_t seed, int width, int premixed, int rate, int steps, float guidance)
@@ -231,17 +216,15 @@ static void send_start(uint64_t id, uint64_t seed, int width, int premixed, int 
 
 static int send_frames(uint64_t id, const float *frames, int64_t first, int n, int width)
 {
-    struct shmconn_tensor t[2] = {
-        tensor("frames", MM3_DTYPE_F32, 2, n, width, 4, frames + (size_t)first * width),
-        tensor("first", MM3_DTYPE_I64, 1, 1, 0, 8, &first),
-    };
-    return send_msg(id, PIPE_MSG_FRAMES, 0, 2, t);
+    struct pipe_frames f = {.frames = frames + (size_t)first * width, .n = n, .width = width, .first = first};
+    struct shmconn_msg m;
+    return send_msg(id, pipe_encode_frames(&m, &f), &m);
 }
 
 static void send_end(uint64_t id, int64_t total)
 {
-    struct shmconn_tensor t = tensor("total", MM3_DTYPE_I64, 1, 1, 0, 8, &total);
-    assert_int_equal(send_msg(id, PIPE_MSG_END, SHMCONN_FLAG_LAST, 1, &t), 0);
+    struct shmconn_msg m;
+    assert_int_equal(send_msg(id, pipe_encode_end(&m, &total), &m), 0);
 }
 
 /* A whole song in 100-frame chunks (the first one 200), as stage 0 sends them. */
@@ -269,13 +252,6 @@ static struct result *res_get(uint64_t id)
     return r;
 }
 
-static const struct shmconn_tensor *find_t(const struct shmconn_msg *m, const char *name)
-{
-    for (uint32_t i = 0; i < m->n_tensors; i++)
-        if (!strcmp(m->tensors[i].name, name)) return &m->tensors[i];
-    return NULL;
-}
-
 /* Receive one message from stage 1 into the results; 0, or -1 when nothing came. */
 static int pump(double timeout)
 {
@@ -288,16 +264,11 @@ static int pump(double timeout)
     const struct shmconn_msg *m = &ev.msg;
     assert_false(r->done || r->error); /* nothing after the end */
     if (m->kind == PIPE_MSG_PCM) {
-        const struct shmconn_tensor *p = find_t(m, "pcm"), *g = find_t(m, "progress");
-        assert_non_null(p);
-        assert_non_null(g);
-        assert_int_equal(p->dtype, MM3_DTYPE_F32);
-        assert_int_equal(p->ndim, 2);
-        assert_int_equal(p->shape[0], 2);
-        int64_t n = p->shape[1];
+        struct pipe_pcm p;
+        if (pipe_decode_pcm(m, &p) < 0) fail_msg("%s", mm3_last_error());
+        int64_t n = p.n;
         if (n == 0) { /* a rendered window's news, before any audio of the request */
-            int64_t done;
-            memcpy(&done, g->data, sizeof done);
+            int64_t done = p.progress.windows_done;
             assert_int_equal(r->n, 0);
             assert_true(done >= r->progress);
             r->progress = done;
@@ -311,7 +282,7 @@ static int pump(double timeout)
             for (int c = 0; c < 2; c++)
                 r->pcm[c] = realloc(r->pcm[c], sizeof(float) * (size_t)r->cap);
         }
-        const float *src = p->data;
+        const float *src = p.pcm;
         for (int c = 0; c < 2; c++)
             memcpy(r->pcm[c] + r->n, src + (size_t)c * n, sizeof(float) * (size_t)n);
         r->n += n;
@@ -321,23 +292,20 @@ static int pump(double timeout)
         if (r->first_pcm_seq < 0) r->first_pcm_seq = G.seq;
     } else if (m->kind == PIPE_MSG_DONE) {
         assert_true(m->flags & SHMCONN_FLAG_LAST);
-        const struct shmconn_tensor *t = find_t(m, "total");
-        assert_non_null(t);
-        memcpy(&r->total, t->data, 8);
+        struct pipe_done d;
+        if (pipe_decode_done(m, &d) < 0) fail_msg("%s", mm3_last_error());
+        r->total = d.total;
         /* stage 1's fp16 rerun count rides on every DONE (none on the CPU, nor in fp32) */
-        const struct shmconn_tensor *fr = find_t(m, "fp16_rescues");
-        assert_non_null(fr);
-        int64_t rescues;
-        memcpy(&rescues, fr->data, 8);
-        assert_int_equal(rescues, 0);
+        assert_int_equal(d.fp16_rescues, 0);
         r->done = 1;
         r->end_seq = G.seq;
     } else if (m->kind == PIPE_MSG_ERROR) {
         assert_true(m->flags & SHMCONN_FLAG_ERROR);
-        const struct shmconn_tensor *t = find_t(m, "message");
-        assert_non_null(t);
-        size_t n = t->nbytes < sizeof r->msg - 1 ? t->nbytes : sizeof r->msg - 1;
-        memcpy(r->msg, t->data, n);
+        const char *text;
+        size_t len;
+        if (pipe_decode_error(m, &text, &len) < 0) fail_msg("%s", mm3_last_error());
+        size_t n = len < sizeof r->msg - 1 ? len : sizeof r->msg - 1;
+        memcpy(r->msg, text, n);
         r->msg[n] = 0;
         r->error = 1;
         r->end_seq = G.seq;
@@ -761,7 +729,9 @@ static void test_cancel(void **state)
     NEED_GOLDEN();
     send_start(40, 5, G.s2.width, 0, G.rate);
     assert_int_equal(send_frames(40, G.s2.frames, 0, 150, G.s2.width), 0);
-    assert_int_equal(send_msg(40, PIPE_MSG_CANCEL, SHMCONN_FLAG_CANCELLED, 0, NULL), 0);
+    struct shmconn_msg cancel;
+    pipe_encode_cancel(&cancel);
+    assert_int_equal(send_msg(40, 0, &cancel), 0);
     log_wait("request 40: cancelled by stage 0; freeing it", 1, 30);
     send_song(41, 6, &G.s0, G.rate);
     expect_equal(wait_end(41, 60), &G.s0, 6, G.rate);

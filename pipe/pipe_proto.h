@@ -1,4 +1,5 @@
-/* The messages between the two stage processes (over shmconn/, one channel each way).
+/* The messages between the two stage processes (over shmconn/, one channel each way);
+ * pipe/pipe_codec.h encodes and checks them, pipe/pipe_channel.h sets the channels up.
  *
  * stage 0 -> stage 1 (channel "s0_to_s1"), per request, in order:
  *   PIPE_MSG_START  flags FIRST   tensor "params": U8 [sizeof(struct pipe_request_params)];
@@ -26,8 +27,8 @@
  *   PIPE_MSG_ERROR  flags ERROR   tensor "message": U8 [n] UTF-8 text (no NUL)
  *
  * Everything a stage needs to know about a request travels in START. */
-#ifndef MM3_PIPELINE_PROTO_H
-#define MM3_PIPELINE_PROTO_H
+#ifndef MM3_PIPE_PROTO_H
+#define MM3_PIPE_PROTO_H
 
 #include <stdint.h>
 

@@ -1,15 +1,15 @@
-/* The geometry of the two pipeline channels (common/pipeline_proto.h: "s0_to_s1",
+/* The geometry of the two pipeline channels (pipe/pipe_proto.h: "s0_to_s1",
  * "s1_to_s0"), in one place for both stages: shmconn_open refuses a segment whose
  * geometry differs from the opener's, so stage 0 and stage 1 must agree exactly.
  *
  *     struct shmconn_config c;
  *     pipe_channel_config(&deploy, PIPE_CHANNEL_S0_TO_S1, prefix, &c);
- *
- * Only the struct of shmconn/shmconn.h is used here (no call into mm3_shmconn). */
-#ifndef MM3_COMMON_PIPELINE_CHANNEL_H
-#define MM3_COMMON_PIPELINE_CHANNEL_H
+ */
+#ifndef MM3_PIPE_CHANNEL_H
+#define MM3_PIPE_CHANNEL_H
 
 #include "common/deploy.h"
+#include "pipe/pipe_proto.h"
 #include "shmconn/shmconn.h"
 
 /* Not in the deploy file; the same for both stages. */

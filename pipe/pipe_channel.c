@@ -1,4 +1,4 @@
-#include "common/pipeline_channel.h"
+#include "pipe/pipe_channel.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -57,10 +57,7 @@ int pipe_run_from_env(struct pipe_run *run)
     if (!id || !tok)
         return mm3_errorf(-EINVAL, "%s is set but %s is not: set both (scripts/launch.sh does) or neither",
                           id ? "MM3_RUN_ID" : "MM3_RUN_TOKEN", id ? "MM3_RUN_TOKEN" : "MM3_RUN_ID");
-    int id_ok = strlen(id) == SHMCONN_RUN_ID_HEX; /* shmconn_run_id_ok's rule, without linking mm3_shmconn */
-    for (const char *q = id; id_ok && *q; q++)
-        id_ok = (*q >= '0' && *q <= '9') || (*q >= 'a' && *q <= 'f');
-    if (!id_ok)
+    if (!shmconn_run_id_ok(id))
         return mm3_errorf(-EINVAL, "MM3_RUN_ID '%.40s': expected %d lowercase hex digits", id, SHMCONN_RUN_ID_HEX);
     if (strlen(tok) != 2 * SHMCONN_TOKEN_BYTES)
         return mm3_errorf(-EINVAL, "MM3_RUN_TOKEN: expected %d hex digits", 2 * SHMCONN_TOKEN_BYTES);
