@@ -1,0 +1,251 @@
+/* The engine's receiving side (stage0/engine_internal.h): the receiver thread. */
+#include "stage0/engine_internal.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "common/pipeline_channel.h"
+#include "common/pipeline_proto.h"
+
+/* A PCM message of `audio_s` seconds (`new_s` of them not yet pushed to the client) for
+ * entry q, under e->mu: stage 1's work for it (progress[2], microseconds so far) feeds the
+ * real-time capacity, and a streamed song's listener is advanced (stall metrics). */
+static void pcm_account(struct engine *e, struct eng_req *q, const struct shmconn_tensor *prog, double audio_s,
+                        double new_s)
+{
+    if (prog && prog->dtype == MM3_DTYPE_I64 && prog->ndim == 1 && prog->shape[0] >= 3) {
+        int64_t work_us = ((const int64_t *)prog->data)[2];
+        /* after a stage-1 restart the song's work counts from 0 again: nothing to add */
+        if (work_us > q->work_us_seen) admission_observe(&e->adm, (double)(work_us - q->work_us_seen) * 1e-6, audio_s);
+        q->work_us_seen = work_us;
+        eng_capacity_publish(admission_capacity(&e->adm));
+    }
+    if (!q->job->params.stream || new_s <= 0) return;
+    int stalls = q->play.stalls;
+    double slack = playback_arrive(&q->play, (double)mm3_job_now_ns() * 1e-9, new_s);
+    if (q->play.stalls > stalls) {
+        metrics_counter_add(&mm3_metrics.stream_stalls, 1);
+        metrics_counter_add(&mm3_metrics.stream_stall_us, (uint64_t)(-slack * 1e6));
+    }
+    if (q->play.audio_s > new_s) metrics_histogram_observe(&mm3_metrics.window_slack_seconds, slack);
+}
+
+static void on_pcm(struct engine *e, const struct shmconn_msg *m)
+{
+    const struct shmconn_tensor *pcm = NULL, *prog = NULL;
+    for (uint32_t i = 0; i < m->n_tensors; i++) {
+        if (!strcmp(m->tensors[i].name, "pcm")) pcm = &m->tensors[i];
+        if (!strcmp(m->tensors[i].name, "progress")) prog = &m->tensors[i];
+    }
+    struct mm3_job *job = eng_req_job(e, m->req_id);
+    if (!job) return; /* cancelled meanwhile */
+    if (!pcm || pcm->dtype != MM3_DTYPE_F32 || pcm->ndim != 2 || pcm->shape[0] != 2) {
+        struct eng_req *r = eng_req_take(e, m->req_id);
+        mm3_job_fail_kind(job, MM3_FAIL_STAGE1, "stage 1: malformed PCM message (expected tensor pcm F32 [2, n])");
+        if (r) eng_req_put(e, r);
+        mm3_job_unref(job);
+        return;
+    }
+    size_t n = (size_t)pcm->shape[1];
+    const float *src = pcm->data;
+    /* After a re-send stage 1 renders the song from its start: skip what the client has. */
+    size_t skip = 0;
+    pthread_mutex_lock(&e->mu);
+    struct eng_req *q = e->reqs;
+    while (q && q->job != job)
+        q = q->next;
+    if (q) {
+        int64_t have = q->pcm_pushed - q->pcm_got;
+        skip = have <= 0 ? 0 : (size_t)have >= n ? n : (size_t)have;
+        q->pcm_got += (int64_t)n;
+        if (q->pcm_got > q->pcm_pushed) q->pcm_pushed = q->pcm_got;
+        if (n) pcm_account(e, q, prog, (double)n / job->pcm_rate, (double)(n - skip) / job->pcm_rate);
+    }
+    pthread_mutex_unlock(&e->mu);
+    float *il = malloc(sizeof(float) * 2 * (n ? n : 1));
+    int rc = il ? 0 : -ENOMEM;
+    if (il) {
+        for (size_t i = skip; i < n; i++) {
+            il[2 * (i - skip)] = src[i];
+            il[2 * (i - skip) + 1] = src[n + i];
+        }
+        rc = n > skip ? mm3_job_push_pcm(job, il, n - skip, PCM_PUSH_TIMEOUT_MS) : 0;
+    }
+    free(il);
+    if (rc == 0 && prog && prog->dtype == MM3_DTYPE_I64 && prog->shape[0] >= 1) {
+        int64_t done = ((const int64_t *)prog->data)[0];
+        int64_t delta = done - atomic_load(&job->windows_done);
+        if (delta > 0) mm3_job_progress_add(job, 0, delta);
+    }
+    if (rc == -ETIMEDOUT || rc == -ENOMEM) {
+        /* Give up on it here and in stage 1 (the cancel ring tells it); the step loop
+         * frees the rows if it is still generating. */
+        struct eng_req *r = eng_req_take(e, m->req_id);
+        mm3_job_fail_kind(job, MM3_FAIL_INTERNAL, "%s", rc == -ENOMEM ? "stage 0: out of memory" : "client too slow to take the audio");
+        shmconn_request_cancel(e->in, m->req_id);
+        LOG_WARN("job %llu: %s", (unsigned long long)m->req_id,
+                 rc == -ENOMEM ? "out of memory for PCM" : "client took no audio for 30 s: cancelled");
+        if (r) eng_req_put(e, r);
+    }
+    mm3_job_unref(job);
+}
+
+static void on_message(struct engine *e, const struct shmconn_msg *m)
+{
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < m->n_tensors; i++)
+        bytes += m->tensors[i].nbytes;
+    metrics_counter_add(&mm3_metrics.conn_bytes[METRICS_EDGE_S1_TO_S0], bytes);
+    if (m->kind == PIPE_MSG_PCM) {
+        on_pcm(e, m);
+        return;
+    }
+    if (m->kind != PIPE_MSG_DONE && m->kind != PIPE_MSG_ERROR) {
+        LOG_WARN("stage 1 sent message kind %u for job %llu: ignored", m->kind, (unsigned long long)m->req_id);
+        return;
+    }
+    struct eng_req *r = eng_req_take(e, m->req_id);
+    if (!r) return;
+    if (m->kind == PIPE_MSG_DONE) {
+        for (uint32_t i = 0; i < m->n_tensors; i++)
+            if (!strcmp(m->tensors[i].name, "fp16_rescues") && m->tensors[i].nbytes == 8) {
+                int64_t n;
+                memcpy(&n, m->tensors[i].data, 8);
+                metrics_gauge_set(&mm3_metrics.stage1_fp16_rescues, n);
+            }
+        mm3_job_finish(r->job);
+    } else {
+        const char *text = "";
+        int len = 0;
+        for (uint32_t i = 0; i < m->n_tensors; i++)
+            if (!strcmp(m->tensors[i].name, "message")) {
+                text = m->tensors[i].data;
+                len = (int)m->tensors[i].nbytes;
+            }
+        if (len > 400) len = 400;
+        mm3_job_fail_kind(r->job, MM3_FAIL_STAGE1, "stage 1: %.*s", len, text);
+        LOG_WARN("job %llu: stage 1: %.*s", (unsigned long long)m->req_id, len, text);
+    }
+    eng_req_put(e, r);
+}
+
+/* Drop both channels after stage 1 went away, and offer a fresh s0_to_s1 for the next one. */
+void eng_reset_channels(struct engine *e)
+{
+    pthread_rwlock_wrlock(&e->conn_mu);
+    shmconn_close(e->in);
+    e->in = NULL;
+    shmconn_close(e->out);
+    e->out = NULL;
+    if (!atomic_load(&e->stopping) && shmconn_create(&e->out, &e->cfg_out) < 0)
+        LOG_ERROR("cannot re-create %s: %s", e->cfg_out.name, mm3_last_error());
+    pthread_rwlock_unlock(&e->conn_mu);
+}
+
+/* Stage 1 gave up on requests (its deadline, or its own failure). */
+static void poll_cancels(struct engine *e)
+{
+    uint64_t id;
+    uint32_t reason;
+    for (;;) {
+        pthread_rwlock_rdlock(&e->conn_mu);
+        int rc = e->out ? shmconn_cancel_poll(e->out, &id, &reason) : 0;
+        pthread_rwlock_unlock(&e->conn_mu);
+        if (rc <= 0) return;
+        struct eng_req *r = eng_req_take(e, id);
+        if (!r) continue;
+        mm3_job_fail_kind(r->job, MM3_FAIL_STAGE1, "stage 1 gave up on the request (%s)",
+                     reason == SHMCONN_CANCEL_TIMEOUT ? "no frames within its deadline" : "cancelled by stage 1");
+        eng_req_put(e, r);
+    }
+}
+
+static int try_connect(struct engine *e)
+{
+    pthread_rwlock_rdlock(&e->conn_mu);
+    int dead = !e->out || shmconn_peer_status(e->out) != 0;
+    pthread_rwlock_unlock(&e->conn_mu);
+    /* A consumer that attached and died leaves the region unusable: offer a new one. */
+    if (dead) eng_reset_channels(e);
+    shmconn_t *in;
+    int rc = shmconn_open(&in, &e->cfg_in, 0.25);
+    if (rc < 0) return rc;
+    pthread_rwlock_wrlock(&e->conn_mu);
+    e->in = in;
+    pthread_rwlock_unlock(&e->conn_mu);
+    atomic_store(&e->s1_up, 1);
+    LOG_INFO("stage 1 attached (%s)", shmconn_segment_name(in));
+    return 0;
+}
+
+void *eng_rx_thread(void *arg)
+{
+    struct engine *e = arg;
+    while (!atomic_load(&e->stopping)) {
+        int64_t now = mm3_job_now_ns();
+        atomic_store(&e->rx_turn_ns, now);
+        if (!e->in) {
+            int rc = try_connect(e);
+            /* a refused segment (another user's, another run's) is worth saying, not every 100 ms */
+            if (rc < 0 && rc != SHMCONN_E_TIMEOUT && now - e->last_connect_log_ns > 10 * INT64_C(1000000000)) {
+                LOG_WARN("stage 1 not attached: %s", mm3_last_error());
+                e->last_connect_log_ns = now;
+            }
+            if (rc < 0) {
+                struct timespec t = {0, 100 * 1000000L};
+                nanosleep(&t, NULL);
+            }
+            continue;
+        }
+        struct shmconn_event ev;
+        int rc = shmconn_recv(e->in, &ev, 0.2);
+        poll_cancels(e);
+        if (rc == SHMCONN_E_TIMEOUT) {
+            pthread_rwlock_rdlock(&e->conn_mu);
+            int st = e->out ? shmconn_peer_status(e->out) : SHMCONN_E_CLOSED;
+            pthread_rwlock_unlock(&e->conn_mu);
+            if (st == SHMCONN_E_PEER_DEAD || st == SHMCONN_E_CLOSED)
+                eng_stage1_lost(e, st == SHMCONN_E_CLOSED ? "closed its channel" : "process died");
+            continue;
+        }
+        if (rc < 0) {
+            eng_stage1_lost(e, rc == SHMCONN_E_CLOSED ? "closed its channel" : "process died");
+            continue;
+        }
+        if (ev.type == SHMCONN_EVENT_MESSAGE) {
+            on_message(e, &ev.msg);
+            shmconn_release(e->in, &ev.msg);
+        } else if (ev.type == SHMCONN_EVENT_TIMEOUT) {
+            struct eng_req *r = eng_req_take(e, ev.req_id);
+            if (r) {
+                mm3_job_fail_kind(r->job, MM3_FAIL_STAGE1, "stage 1 did not answer within %.0f s", ev.waited_s);
+                LOG_WARN("job %llu: stage 1 did not answer within %.0f s (%s deadline)", (unsigned long long)ev.req_id,
+                         ev.waited_s, ev.first_chunk ? "first-chunk" : "steady");
+                mm3_job_cancel(r->job); /* frees its rows at the next step */
+                eng_req_put(e, r);
+            }
+        } else if (ev.type == SHMCONN_EVENT_PEER_LOST) {
+            pthread_mutex_lock(&e->mu);
+            struct eng_req *h = e->reqs;
+            while (h && h->job->id != ev.req_id)
+                h = h->next;
+            int held = h && eng_hold_locked(e, h);
+            pthread_mutex_unlock(&e->mu);
+            struct eng_req *r = held ? NULL : eng_req_take(e, ev.req_id);
+            if (r) {
+                mm3_job_fail_kind(r->job, MM3_FAIL_STAGE1, "stage 1 died mid-song");
+                LOG_WARN("job %llu: stage 1 died mid-song", (unsigned long long)ev.req_id);
+                eng_req_put(e, r);
+            }
+        }
+    }
+    return NULL;
+}
