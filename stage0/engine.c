@@ -37,7 +37,7 @@ static int api_submit(void *ctx, struct mm3_job *job)
         mm3_job_set_error_kind(job, MM3_FAIL_BAD_REQUEST, "stream: streamed answers need codec_streaming: true in the deploy file");
         return -EINVAL;
     }
-    if (!atomic_load(&e->s1_up)) {
+    if (!engine_stage1_up(e)) {
         mm3_job_set_error_kind(job, MM3_FAIL_UNAVAILABLE, "stage 1 unavailable");
         return -EAGAIN;
     }
@@ -57,6 +57,32 @@ static void api_cancel(void *ctx, struct mm3_job *job)
     sched_wake(e->sched);
 }
 
+/* The health of one stage-1 worker. */
+static void worker_health(struct s1_worker *w, enum api_stage_state *state, char *detail, size_t cap)
+{
+    int up = atomic_load(&w->up);
+    double beat = -1;
+    if (up) {
+        pthread_rwlock_rdlock(&w->conn_mu);
+        beat = w->in ? shmconn_peer_heartbeat_age(w->in) : -1;
+        pthread_rwlock_unlock(&w->conn_mu);
+    }
+    if (!up) {
+        *state = API_STAGE_DOWN;
+        snprintf(detail, cap, "not attached: waiting for mm3-stage1 (requests get 503)");
+    } else if (beat < 0) {
+        *state = API_STAGE_STARTING;
+        snprintf(detail, cap, "attached, no heartbeat yet");
+    } else if (beat > PIPE_HEARTBEAT_DEADLINE_S) {
+        *state = API_STAGE_DOWN;
+        snprintf(detail, cap,
+                 "attached, but no heartbeat for %.1f s (stopped or stuck; its songs wait)", beat);
+    } else {
+        *state = API_STAGE_READY;
+        snprintf(detail, cap, "attached, heartbeat %.1f s ago", beat);
+    }
+}
+
 static void api_health(void *ctx, struct api_health *h)
 {
     struct engine *e = ctx;
@@ -72,9 +98,13 @@ static void api_health(void *ctx, struct api_health *h)
      * a PCM push up to PCM_PUSH_TIMEOUT_MS for a slow client), so one slow client must
      * not make the replica unready: the limit is the longest such wait, plus slack. */
     int64_t now = mm3_job_now_ns();
-    double rx_age = (double)(now - atomic_load(&e->rx_turn_ns)) * 1e-9;
+    double rx_age = 0;
+    for (int k = 0; k < e->n_workers; k++) {
+        double age = (double)(now - atomic_load(&e->workers[k].rx_turn_ns)) * 1e-9;
+        if (age > rx_age) rx_age = age;
+    }
     double step_age = (double)(now - atomic_load(&e->step_turn_ns)) * 1e-9;
-    double stall = e->cfg_in.steady_deadline_s;
+    double stall = e->workers[0].cfg_in.steady_deadline_s;
     if (stall < PCM_PUSH_TIMEOUT_MS * 1e-3) stall = PCM_PUSH_TIMEOUT_MS * 1e-3;
     stall += PIPE_HEARTBEAT_DEADLINE_S;
     if (rx_age > stall || step_age > stall) {
@@ -83,27 +113,21 @@ static void api_health(void *ctx, struct api_health *h)
                  "stuck: receiver last turned %.1f s ago, step loop %.1f s ago", rx_age, step_age);
     }
     snprintf(h->stages[1].name, sizeof h->stages[1].name, "stage1");
-    int up = atomic_load(&e->s1_up);
-    double beat = -1;
-    if (up) {
-        pthread_rwlock_rdlock(&e->conn_mu);
-        beat = e->in ? shmconn_peer_heartbeat_age(e->in) : -1;
-        pthread_rwlock_unlock(&e->conn_mu);
-    }
-    if (!up) {
-        h->stages[1].state = API_STAGE_DOWN;
-        snprintf(h->stages[1].detail, sizeof h->stages[1].detail,
-                 "not attached: waiting for mm3-stage1 (requests get 503)");
-    } else if (beat < 0) {
-        h->stages[1].state = API_STAGE_STARTING;
-        snprintf(h->stages[1].detail, sizeof h->stages[1].detail, "attached, no heartbeat yet");
-    } else if (beat > PIPE_HEARTBEAT_DEADLINE_S) {
-        h->stages[1].state = API_STAGE_DOWN;
-        snprintf(h->stages[1].detail, sizeof h->stages[1].detail,
-                 "attached, but no heartbeat for %.1f s (stopped or stuck; its songs wait)", beat);
+    if (e->n_workers == 1) {
+        worker_health(&e->workers[0], &h->stages[1].state, h->stages[1].detail, sizeof h->stages[1].detail);
     } else {
-        h->stages[1].state = API_STAGE_READY;
-        snprintf(h->stages[1].detail, sizeof h->stages[1].detail, "attached, heartbeat %.1f s ago", beat);
+        /* Ready while any worker is: the others' songs go to it. */
+        int ready = 0, starting = 0;
+        for (int k = 0; k < e->n_workers; k++) {
+            enum api_stage_state one;
+            char detail[128];
+            worker_health(&e->workers[k], &one, detail, sizeof detail);
+            ready += one == API_STAGE_READY;
+            starting += one == API_STAGE_STARTING;
+        }
+        h->stages[1].state = ready ? API_STAGE_READY : starting ? API_STAGE_STARTING : API_STAGE_DOWN;
+        snprintf(h->stages[1].detail, sizeof h->stages[1].detail, "%d of %d workers ready%s", ready, e->n_workers,
+                 ready ? "" : " (requests get 503)");
     }
     h->queue_depth = q;
     h->active_rows = rows;
@@ -139,17 +163,30 @@ int engine_create(struct engine **out, const struct mm3_deploy *d, const struct 
         rc = mm3_errorf(-ENOMEM, "engine: out of memory");
         goto fail;
     }
-    pipe_channel_config(d, PIPE_CHANNEL_S0_TO_S1, e->prefix, &e->cfg_out);
-    pipe_channel_config(d, PIPE_CHANNEL_S1_TO_S0, e->prefix, &e->cfg_in);
-    if (run) {
-        pipe_run_apply(run, &e->cfg_out);
-        pipe_run_apply(run, &e->cfg_in);
+    e->n_workers = mm3_deploy_stage1_workers(d);
+    if (!(e->workers = calloc((size_t)e->n_workers, sizeof *e->workers))) {
+        rc = mm3_errorf(-ENOMEM, "engine: out of memory");
+        goto fail;
     }
-    if (!e->cfg_out.run_id[0])
+    for (int k = 0; k < e->n_workers; k++) {
+        struct s1_worker *w = &e->workers[k];
+        w->e = e;
+        w->index = k;
+        pipe_worker_channel_config(d, PIPE_CHANNEL_S0_TO_S1, k, e->prefix, &w->cfg_out);
+        pipe_worker_channel_config(d, PIPE_CHANNEL_S1_TO_S0, k, e->prefix, &w->cfg_in);
+        if (run) {
+            pipe_run_apply(run, &w->cfg_out);
+            pipe_run_apply(run, &w->cfg_in);
+        }
+        pthread_rwlock_init(&w->conn_mu, NULL);
+    }
+    if (!e->workers[0].cfg_out.run_id[0])
         LOG_WARN("MM3_RUN_ID / MM3_RUN_TOKEN not set: segment names are predictable (%s...); start the replica "
                  "with scripts/launch.sh, which gives both stages a random run id and token",
                  e->prefix);
-    e->send_timeout_s = e->cfg_out.steady_deadline_s;
+    e->send_timeout_s = e->workers[0].cfg_out.steady_deadline_s;
+    e->await_limit_s = e->workers[0].cfg_out.first_chunk_deadline_s;
+    metrics_gauge_set(&mm3_metrics.stage1_workers, e->n_workers);
     if ((rc = generate_frame_rate(ckpt_root, &e->fps)) < 0) goto fail;
     eng_capacity_publish(-1);
     const struct mm3_stage_config *s0 = mm3_deploy_stage(d, 0);
@@ -171,19 +208,30 @@ int engine_create(struct engine **out, const struct mm3_deploy *d, const struct 
     struct talker_backend_plan plan;
     talker_backend_plan_compute_kv(sc.backend, sc.kv_dtype, lm, dd, sched_backend_rows(&sc), sc.max_ctx, &plan);
     if ((rc = talker_backend_plan_check(sc.backend, &plan, s0->gpu_memory_utilization)) < 0) goto fail;
-    e->max_reqs = mm3_deploy_stage(d, 1)->max_num_seqs + s0->max_num_seqs;
+    e->max_per_worker = mm3_deploy_stage(d, 1)->max_num_seqs + s0->max_num_seqs;
+    metrics_gauge_set(&mm3_metrics.kv_rows, s0->max_num_seqs);
     struct sched_sink sink;
     eng_sink_fill(e, &sink);
     if ((rc = sched_create(&e->sched, &sc, lm, dd, tok, &sink)) < 0) goto fail;
     pthread_mutex_init(&e->mu, NULL);
-    pthread_rwlock_init(&e->conn_mu, NULL);
     e->api = (struct api_engine){.ctx = e, .submit = api_submit, .cancel = api_cancel, .health = api_health};
     *out = e;
     return 0;
 fail:
+    for (int k = 0; e->workers && k < e->n_workers; k++)
+        pthread_rwlock_destroy(&e->workers[k].conn_mu);
+    free(e->workers);
     free(e->mixed);
     free(e);
     return rc;
+}
+
+static int attached_workers(struct engine *e)
+{
+    int n = 0;
+    for (int k = 0; k < e->n_workers; k++)
+        n += atomic_load(&e->workers[k].up);
+    return n;
 }
 
 int engine_start(struct engine *e, double wait_s)
@@ -199,30 +247,39 @@ int engine_start(struct engine *e, double wait_s)
             LOG_INFO("journal_dir %s: %d journal(s) of a stopped stage 0 marked interrupted, %d frame spool(s) removed",
                      e->d->api.journal_dir, sw.closed, sw.spools_removed);
     }
-    int rc = shmconn_create(&e->out, &e->cfg_out);
-    if (rc < 0) return rc;
-    atomic_store(&e->rx_turn_ns, mm3_job_now_ns());
-    if ((rc = pthread_create(&e->rx, NULL, eng_rx_thread, e)))
-        return mm3_errorf(-rc, "engine: receiver thread: %s", strerror(rc));
-    e->rx_started = 1;
+    for (int k = 0; k < e->n_workers; k++) {
+        struct s1_worker *w = &e->workers[k];
+        int rc = shmconn_create(&w->out, &w->cfg_out);
+        if (rc < 0) return rc;
+        atomic_store(&w->rx_turn_ns, mm3_job_now_ns());
+        if ((rc = pthread_create(&w->rx, NULL, eng_rx_thread, w)))
+            return mm3_errorf(-rc, "engine: receiver thread of stage-1 worker %d: %s", k, strerror(rc));
+        w->rx_started = 1;
+    }
     atomic_store(&e->step_turn_ns, mm3_job_now_ns());
-    if ((rc = sched_start(e->sched)) < 0) return rc;
+    int rc = sched_start(e->sched);
+    if (rc < 0) return rc;
     char seg[160];
-    LOG_INFO("waiting up to %g s for stage 1 to attach (%s)", wait_s, pipe_segment_name(&e->cfg_in, seg, sizeof seg));
+    LOG_INFO("waiting up to %g s for stage 1 to attach (%s%s)", wait_s,
+             pipe_segment_name(&e->workers[0].cfg_in, seg, sizeof seg),
+             e->n_workers > 1 ? " and the other workers' channels" : "");
     int64_t t0 = mm3_job_now_ns();
-    while (!atomic_load(&e->s1_up) && (mm3_job_now_ns() - t0) < (int64_t)(wait_s * 1e9)) {
+    while (attached_workers(e) < e->n_workers && (mm3_job_now_ns() - t0) < (int64_t)(wait_s * 1e9)) {
         struct timespec t = {0, 20 * 1000000L};
         nanosleep(&t, NULL);
     }
-    if (!atomic_load(&e->s1_up))
+    n = attached_workers(e);
+    if (n == 0)
         LOG_WARN("stage 1 not attached after %g s: serving anyway (/health says stage1 down, requests get 503)",
                  wait_s);
+    else if (n < e->n_workers)
+        LOG_WARN("%d of %d stage-1 workers attached after %g s: serving with those", n, e->n_workers, wait_s);
     return 0;
 }
 
 int engine_stage1_up(struct engine *e)
 {
-    return atomic_load(&e->s1_up);
+    return attached_workers(e) > 0;
 }
 
 struct api_engine *engine_api(struct engine *e)
@@ -236,15 +293,20 @@ void engine_destroy(struct engine *e)
     /* The step loop goes first: its on_abort sends CANCEL while the channel is up. */
     sched_destroy(e->sched, "server shutting down");
     atomic_store(&e->stopping, 1);
-    if (e->rx_started) pthread_join(e->rx, NULL);
+    for (int k = 0; k < e->n_workers; k++)
+        if (e->workers[k].rx_started) pthread_join(e->workers[k].rx, NULL);
     eng_fail_all(e, "server shutting down");
-    pthread_rwlock_wrlock(&e->conn_mu);
-    shmconn_close(e->in);
-    shmconn_close(e->out);
-    e->in = e->out = NULL;
-    pthread_rwlock_unlock(&e->conn_mu);
+    for (int k = 0; k < e->n_workers; k++) {
+        struct s1_worker *w = &e->workers[k];
+        pthread_rwlock_wrlock(&w->conn_mu);
+        shmconn_close(w->in);
+        shmconn_close(w->out);
+        w->in = w->out = NULL;
+        pthread_rwlock_unlock(&w->conn_mu);
+        pthread_rwlock_destroy(&w->conn_mu);
+    }
+    free(e->workers);
     pthread_mutex_destroy(&e->mu);
-    pthread_rwlock_destroy(&e->conn_mu);
     free(e->mixed);
     free(e);
 }

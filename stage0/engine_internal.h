@@ -60,7 +60,27 @@ struct eng_req {
     int counted;
     int64_t work_us_seen;
     struct playback play; /* streamed: its listener, for the stall metrics (under engine.mu) */
+    /* The stage-1 worker rendering the song (under engine.mu; set at START and at a
+     * re-send, by the step thread), and the frames sent to it for this attempt. */
+    struct s1_worker *w;
+    int64_t frames_sent;
     struct eng_req *next;
+};
+
+/* One stage-1 process and its two channels: s0_to_s1 (stage 0 creates, produces) and
+ * s1_to_s0 (the worker creates, stage 0 consumes), named per worker
+ * (pipe_worker_channel_config). Each has its own receiver thread. */
+struct s1_worker {
+    struct engine *e;
+    int index;
+    struct shmconn_config cfg_out, cfg_in;
+    pthread_rwlock_t conn_mu; /* read: any use of a handle (they are thread-safe); write: swapping them */
+    shmconn_t *out, *in;
+    _Atomic int up; /* attached */
+    pthread_t rx;
+    int rx_started;
+    _Atomic int64_t rx_turn_ns; /* mm3_job_now_ns of the receiver's last turn (readiness) */
+    int64_t last_connect_log_ns;
 };
 
 struct engine {
@@ -72,14 +92,13 @@ struct engine {
     int raw_width;
     float *mixed; /* [HELD_FRAMES_PER_MSG, hidden] step-thread scratch */
     char prefix[32];
-    struct shmconn_config cfg_out, cfg_in;
     double send_timeout_s;
+    double await_limit_s; /* how long a held song waits for a live worker */
     int raw;   /* MM3_STAGE0_RAW_FRAMES=1: send unmixed frames (premixed 0), to compare */
     int width; /* floats per frame sent: mix.hidden, or raw_width when raw */
 
-    pthread_rwlock_t conn_mu; /* read: any use of a handle (they are thread-safe); write: swapping them */
-    shmconn_t *out, *in;
-    _Atomic int s1_up;
+    struct s1_worker *workers;
+    int n_workers;
     _Atomic int stopping;
 
     pthread_mutex_t mu;   /* guards reqs, n_reqs, adm */
@@ -88,16 +107,26 @@ struct engine {
     uint64_t held_job;     /* the last stream admission held (logged once) */
     int held_for_capacity; /* the queue's head waits for real-time capacity (not for room in stage 1) */
     struct eng_req *reqs;
-    int n_reqs, max_reqs;   /* songs stage 1 holds at once (its own bound) */
+    int n_reqs;
+    int max_per_worker;     /* songs one stage-1 worker holds at once (its own bound) */
     _Atomic int n_awaiting; /* entries held for a stage-1 restart */
-    pthread_t rx;
-    int rx_started;
-    /* mm3_job_now_ns of the last turn of the receiver and of the step loop (readiness) */
-    _Atomic int64_t rx_turn_ns, step_turn_ns;
-    int64_t last_connect_log_ns;
+    _Atomic int64_t step_turn_ns; /* mm3_job_now_ns of the step loop's last turn (readiness) */
 };
 
 /* ---- engine_reqs.c: the request table (entries live under engine.mu) ---- */
+
+/* A worker that is attached and whose consumer side is not dead. */
+int eng_worker_alive(struct s1_worker *w);
+/* Windows the worker still has to render for its songs (engine.mu held): per song the
+ * frames sent and not yet back as audio, in window hops, at least one while it runs. */
+int eng_worker_windows_queued_locked(const struct engine *e, const struct s1_worker *w);
+/* Songs bound to the worker and not held (engine.mu held). */
+int eng_worker_songs_locked(const struct engine *e, const struct s1_worker *w);
+/* The live worker with room (fewer than max_per_worker songs) and the fewest windows
+ * queued (then the fewest songs; then the lowest index), or NULL (engine.mu held). */
+struct s1_worker *eng_pick_worker_locked(struct engine *e);
+/* Publish each worker's up, songs and windows queued (engine.mu held). */
+void eng_publish_worker_load_locked(const struct engine *e);
 
 /* 1 for a streamed song that counts against stage 1's real-time capacity. */
 int eng_counts_as_stream(const struct mm3_job *job);
@@ -105,10 +134,11 @@ int eng_counts_as_stream(const struct mm3_job *job);
 int eng_streams_locked(const struct engine *e);
 /* Link an entry (its refs already set by the caller). */
 void eng_req_add(struct engine *e, struct eng_req *r);
-/* Unlink the entry of job id (NULL if gone); the caller owns the table's reference. */
-struct eng_req *eng_req_take(struct engine *e, uint64_t id);
-/* A referenced job of id, without unlinking (NULL if gone). */
-struct mm3_job *eng_req_job(struct engine *e, uint64_t id);
+/* Unlink the entry of job id bound to worker w (any worker when w is NULL); NULL if
+ * gone. The caller owns the table's reference. */
+struct eng_req *eng_req_take(struct engine *e, uint64_t id, const struct s1_worker *w);
+/* A referenced job of id bound to w (any when NULL), without unlinking (NULL if gone). */
+struct mm3_job *eng_req_job(struct engine *e, uint64_t id, const struct s1_worker *w);
 /* The entry of job (engine.mu held), NULL if gone. */
 struct eng_req *eng_req_find_locked(struct engine *e, struct mm3_job *job);
 /* The entry of a job with a reference for the caller (NULL if gone). */
@@ -144,9 +174,10 @@ struct frame_spool *eng_spool_open(struct engine *e, struct mm3_job *job, struct
 
 /* ---- engine_recv.c: from stage 1 (receiver thread) ---- */
 
+/* The receiver of one worker (arg: its struct s1_worker). */
 void *eng_rx_thread(void *arg);
-/* Close both channels and offer a fresh s0_to_s1 for the next stage 1. */
-void eng_reset_channels(struct engine *e);
+/* Close the worker's channels and offer a fresh s0_to_s1 for its next process. */
+void eng_reset_channels(struct s1_worker *w);
 
 /* ---- engine_loss.c: stage 1 lost ---- */
 
@@ -154,8 +185,9 @@ void eng_reset_channels(struct engine *e);
  * 1 when held. */
 int eng_hold_locked(struct engine *e, struct eng_req *r);
 int eng_hold(struct engine *e, struct eng_req *r);
-/* Stage 1 is gone: hold the journaled songs, fail the others, reset the channels. */
-void eng_stage1_lost(struct engine *e, const char *why);
+/* A worker is gone: hold its journaled songs (re-sent to a live worker), fail its
+ * others, reset its channels. */
+void eng_stage1_lost(struct s1_worker *w, const char *why);
 /* The scheduler's on_tick: re-send held songs once stage 1 is back, fail the late. */
 void eng_sink_tick(void *ctx);
 

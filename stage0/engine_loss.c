@@ -25,7 +25,7 @@ int eng_hold_locked(struct engine *e, struct eng_req *r)
         r->await_since_ns = mm3_job_now_ns();
         atomic_fetch_add(&e->n_awaiting, 1);
         LOG_WARN("job %llu: stage 1 lost mid-song; journaled, waiting up to %g s for it to come back",
-                 (unsigned long long)r->job->id, e->cfg_out.first_chunk_deadline_s);
+                 (unsigned long long)r->job->id, e->await_limit_s);
     }
     return 1;
 }
@@ -101,6 +101,16 @@ static void resend(struct engine *e, struct eng_req *r)
 {
     struct mm3_job *job = r->job;
     pthread_mutex_lock(&e->mu);
+    struct s1_worker *w = eng_pick_worker_locked(e);
+    if (!w) { /* every live worker is full: try again at a later tick */
+        pthread_mutex_unlock(&e->mu);
+        return;
+    }
+    if (e->n_workers > 1)
+        LOG_INFO("job %llu: re-sent to stage-1 worker %d (was on %d)", (unsigned long long)job->id, w->index,
+                 r->w->index);
+    r->w = w;
+    r->frames_sent = 0;
     r->awaiting = 0;
     atomic_fetch_sub(&e->n_awaiting, 1);
     r->pcm_got = 0;
@@ -158,26 +168,27 @@ static void resend(struct engine *e, struct eng_req *r)
     if (ended && eng_end_to_stage1(e, job, r, total) < 0) eng_drop(e, job);
 }
 
-/* Stage 1 attached and its channel's consumer not dead. A song is held on the
- * receiver's PEER_LOST event before it marks the stage lost (s1_up): without the
- * peer check the step thread would re-send into the dead one at once. */
-static int stage1_alive(struct engine *e)
+/* A worker that is attached and whose channel's consumer is not dead. A song is held on
+ * the receiver's PEER_LOST event before it marks the worker lost (up): without the peer
+ * check the step thread would re-send into the dead one at once. */
+static int any_worker_alive(struct engine *e)
 {
-    if (!atomic_load(&e->s1_up)) return 0;
-    pthread_rwlock_rdlock(&e->conn_mu);
-    int alive = e->out && shmconn_peer_status(e->out) == 0;
-    pthread_rwlock_unlock(&e->conn_mu);
-    return alive;
+    for (int k = 0; k < e->n_workers; k++)
+        if (eng_worker_alive(&e->workers[k])) return 1;
+    return 0;
 }
 
 void eng_sink_tick(void *ctx)
 {
     struct engine *e = ctx;
     atomic_store(&e->step_turn_ns, mm3_job_now_ns());
+    pthread_mutex_lock(&e->mu);
+    eng_publish_worker_load_locked(e);
+    pthread_mutex_unlock(&e->mu);
     if (atomic_load(&e->n_awaiting) == 0) return;
-    double limit = e->cfg_out.first_chunk_deadline_s;
+    double limit = e->await_limit_s;
     int64_t now = mm3_job_now_ns();
-    int up = stage1_alive(e);
+    int up = any_worker_alive(e);
     for (;;) {
         /* One entry at a time: the table may change while we send. */
         pthread_mutex_lock(&e->mu);
@@ -197,7 +208,7 @@ void eng_sink_tick(void *ctx)
         pthread_mutex_unlock(&e->mu);
         if (!r) return;
         if (late && !up) {
-            struct eng_req *t = eng_req_take(e, r->job->id);
+            struct eng_req *t = eng_req_take(e, r->job->id, NULL);
             mm3_job_fail_kind(r->job, MM3_FAIL_STAGE1, "stage 1 died mid-song and did not come back within %g s", limit);
             LOG_WARN("job %llu: stage 1 did not come back within %g s", (unsigned long long)r->job->id, limit);
             if (t) eng_req_put(e, t);
@@ -209,20 +220,19 @@ void eng_sink_tick(void *ctx)
         int again = r->awaiting; /* lost again before the receiver noticed: next tick */
         pthread_mutex_unlock(&e->mu);
         eng_req_put(e, r);
-        if (again || !atomic_load(&e->s1_up)) return;
+        if (again || !any_worker_alive(e)) return;
     }
 }
 
-/* ---- receiving (receiver thread) ---- */
-
-/* Stage 1 is gone: hold the journaled entries for its return, fail the others. */
-static void eng_hold_or_fail_all(struct engine *e, const char *msg)
+/* Worker w is gone: hold its journaled entries for a live worker (or its return), fail
+ * its others. */
+static void hold_or_fail_worker(struct engine *e, struct s1_worker *w, const char *msg)
 {
     pthread_mutex_lock(&e->mu);
     struct eng_req *keep = NULL, *lost = NULL, *r = e->reqs;
     while (r) {
         struct eng_req *next = r->next;
-        if (eng_hold_locked(e, r)) {
+        if (r->w != w || eng_hold_locked(e, r)) {
             r->next = keep;
             keep = r;
         } else {
@@ -236,17 +246,27 @@ static void eng_hold_or_fail_all(struct engine *e, const char *msg)
     pthread_mutex_unlock(&e->mu);
     for (r = lost; r;) {
         struct eng_req *next = r->next;
-        if (mm3_job_fail_kind(r->job, MM3_FAIL_STAGE1, "%s", msg) == 0) LOG_WARN("job %llu: %s", (unsigned long long)r->job->id, msg);
+        if (mm3_job_fail_kind(r->job, MM3_FAIL_STAGE1, "%s", msg) == 0)
+            LOG_WARN("job %llu: %s", (unsigned long long)r->job->id, msg);
         eng_req_put(e, r);
         r = next;
     }
 }
 
-
-void eng_stage1_lost(struct engine *e, const char *why)
+void eng_stage1_lost(struct s1_worker *w, const char *why)
 {
-    if (atomic_exchange(&e->s1_up, 0))
-        LOG_WARN("stage 1 lost (%s): failing its requests without a journal, waiting for it", why);
-    eng_hold_or_fail_all(e, "stage 1 died mid-song");
-    eng_reset_channels(e);
+    struct engine *e = w->e;
+    if (atomic_exchange(&w->up, 0)) {
+        if (e->n_workers > 1)
+            LOG_WARN("stage-1 worker %d lost (%s): its journaled songs go to a live worker, the others fail; "
+                     "waiting for it",
+                     w->index, why);
+        else
+            LOG_WARN("stage 1 lost (%s): failing its requests without a journal, waiting for it", why);
+    }
+    hold_or_fail_worker(e, w, "stage 1 died mid-song");
+    eng_reset_channels(w);
+    pthread_mutex_lock(&e->mu);
+    eng_publish_worker_load_locked(e);
+    pthread_mutex_unlock(&e->mu);
 }

@@ -38,17 +38,17 @@ static void pcm_account(struct engine *e, struct eng_req *q, const struct shmcon
     if (q->play.audio_s > new_s) metrics_histogram_observe(&mm3_metrics.window_slack_seconds, slack);
 }
 
-static void on_pcm(struct engine *e, const struct shmconn_msg *m)
+static void on_pcm(struct engine *e, struct s1_worker *w, const struct shmconn_msg *m)
 {
     const struct shmconn_tensor *pcm = NULL, *prog = NULL;
     for (uint32_t i = 0; i < m->n_tensors; i++) {
         if (!strcmp(m->tensors[i].name, "pcm")) pcm = &m->tensors[i];
         if (!strcmp(m->tensors[i].name, "progress")) prog = &m->tensors[i];
     }
-    struct mm3_job *job = eng_req_job(e, m->req_id);
+    struct mm3_job *job = eng_req_job(e, m->req_id, w);
     if (!job) return; /* cancelled meanwhile */
     if (!pcm || pcm->dtype != MM3_DTYPE_F32 || pcm->ndim != 2 || pcm->shape[0] != 2) {
-        struct eng_req *r = eng_req_take(e, m->req_id);
+        struct eng_req *r = eng_req_take(e, m->req_id, w);
         mm3_job_fail_kind(job, MM3_FAIL_STAGE1, "stage 1: malformed PCM message (expected tensor pcm F32 [2, n])");
         if (r) eng_req_put(e, r);
         mm3_job_unref(job);
@@ -88,9 +88,9 @@ static void on_pcm(struct engine *e, const struct shmconn_msg *m)
     if (rc == -ETIMEDOUT || rc == -ENOMEM) {
         /* Give up on it here and in stage 1 (the cancel ring tells it); the step loop
          * frees the rows if it is still generating. */
-        struct eng_req *r = eng_req_take(e, m->req_id);
+        struct eng_req *r = eng_req_take(e, m->req_id, w);
         mm3_job_fail_kind(job, MM3_FAIL_INTERNAL, "%s", rc == -ENOMEM ? "stage 0: out of memory" : "client too slow to take the audio");
-        shmconn_request_cancel(e->in, m->req_id);
+        shmconn_request_cancel(w->in, m->req_id);
         LOG_WARN("job %llu: %s", (unsigned long long)m->req_id,
                  rc == -ENOMEM ? "out of memory for PCM" : "client took no audio for 30 s: cancelled");
         if (r) eng_req_put(e, r);
@@ -98,21 +98,21 @@ static void on_pcm(struct engine *e, const struct shmconn_msg *m)
     mm3_job_unref(job);
 }
 
-static void on_message(struct engine *e, const struct shmconn_msg *m)
+static void on_message(struct engine *e, struct s1_worker *w, const struct shmconn_msg *m)
 {
     uint64_t bytes = 0;
     for (uint32_t i = 0; i < m->n_tensors; i++)
         bytes += m->tensors[i].nbytes;
     metrics_counter_add(&mm3_metrics.conn_bytes[METRICS_EDGE_S1_TO_S0], bytes);
     if (m->kind == PIPE_MSG_PCM) {
-        on_pcm(e, m);
+        on_pcm(e, w, m);
         return;
     }
     if (m->kind != PIPE_MSG_DONE && m->kind != PIPE_MSG_ERROR) {
         LOG_WARN("stage 1 sent message kind %u for job %llu: ignored", m->kind, (unsigned long long)m->req_id);
         return;
     }
-    struct eng_req *r = eng_req_take(e, m->req_id);
+    struct eng_req *r = eng_req_take(e, m->req_id, w);
     if (!r) return;
     if (m->kind == PIPE_MSG_DONE) {
         for (uint32_t i = 0; i < m->n_tensors; i++)
@@ -137,30 +137,30 @@ static void on_message(struct engine *e, const struct shmconn_msg *m)
     eng_req_put(e, r);
 }
 
-/* Drop both channels after stage 1 went away, and offer a fresh s0_to_s1 for the next one. */
-void eng_reset_channels(struct engine *e)
+void eng_reset_channels(struct s1_worker *w)
 {
-    pthread_rwlock_wrlock(&e->conn_mu);
-    shmconn_close(e->in);
-    e->in = NULL;
-    shmconn_close(e->out);
-    e->out = NULL;
-    if (!atomic_load(&e->stopping) && shmconn_create(&e->out, &e->cfg_out) < 0)
-        LOG_ERROR("cannot re-create %s: %s", e->cfg_out.name, mm3_last_error());
-    pthread_rwlock_unlock(&e->conn_mu);
+    pthread_rwlock_wrlock(&w->conn_mu);
+    shmconn_close(w->in);
+    w->in = NULL;
+    shmconn_close(w->out);
+    w->out = NULL;
+    if (!atomic_load(&w->e->stopping) && shmconn_create(&w->out, &w->cfg_out) < 0)
+        LOG_ERROR("cannot re-create %s: %s", w->cfg_out.name, mm3_last_error());
+    pthread_rwlock_unlock(&w->conn_mu);
 }
 
 /* Stage 1 gave up on requests (its deadline, or its own failure). */
-static void poll_cancels(struct engine *e)
+static void poll_cancels(struct s1_worker *w)
 {
+    struct engine *e = w->e;
     uint64_t id;
     uint32_t reason;
     for (;;) {
-        pthread_rwlock_rdlock(&e->conn_mu);
-        int rc = e->out ? shmconn_cancel_poll(e->out, &id, &reason) : 0;
-        pthread_rwlock_unlock(&e->conn_mu);
+        pthread_rwlock_rdlock(&w->conn_mu);
+        int rc = w->out ? shmconn_cancel_poll(w->out, &id, &reason) : 0;
+        pthread_rwlock_unlock(&w->conn_mu);
         if (rc <= 0) return;
-        struct eng_req *r = eng_req_take(e, id);
+        struct eng_req *r = eng_req_take(e, id, w);
         if (!r) continue;
         mm3_job_fail_kind(r->job, MM3_FAIL_STAGE1, "stage 1 gave up on the request (%s)",
                      reason == SHMCONN_CANCEL_TIMEOUT ? "no frames within its deadline" : "cancelled by stage 1");
@@ -168,36 +168,40 @@ static void poll_cancels(struct engine *e)
     }
 }
 
-static int try_connect(struct engine *e)
+static int try_connect(struct s1_worker *w)
 {
-    pthread_rwlock_rdlock(&e->conn_mu);
-    int dead = !e->out || shmconn_peer_status(e->out) != 0;
-    pthread_rwlock_unlock(&e->conn_mu);
+    pthread_rwlock_rdlock(&w->conn_mu);
+    int dead = !w->out || shmconn_peer_status(w->out) != 0;
+    pthread_rwlock_unlock(&w->conn_mu);
     /* A consumer that attached and died leaves the region unusable: offer a new one. */
-    if (dead) eng_reset_channels(e);
+    if (dead) eng_reset_channels(w);
     shmconn_t *in;
-    int rc = shmconn_open(&in, &e->cfg_in, 0.25);
+    int rc = shmconn_open(&in, &w->cfg_in, 0.25);
     if (rc < 0) return rc;
-    pthread_rwlock_wrlock(&e->conn_mu);
-    e->in = in;
-    pthread_rwlock_unlock(&e->conn_mu);
-    atomic_store(&e->s1_up, 1);
+    pthread_rwlock_wrlock(&w->conn_mu);
+    w->in = in;
+    pthread_rwlock_unlock(&w->conn_mu);
+    atomic_store(&w->up, 1);
     LOG_INFO("stage 1 attached (%s)", shmconn_segment_name(in));
+    pthread_mutex_lock(&w->e->mu);
+    eng_publish_worker_load_locked(w->e);
+    pthread_mutex_unlock(&w->e->mu);
     return 0;
 }
 
 void *eng_rx_thread(void *arg)
 {
-    struct engine *e = arg;
+    struct s1_worker *w = arg;
+    struct engine *e = w->e;
     while (!atomic_load(&e->stopping)) {
         int64_t now = mm3_job_now_ns();
-        atomic_store(&e->rx_turn_ns, now);
-        if (!e->in) {
-            int rc = try_connect(e);
+        atomic_store(&w->rx_turn_ns, now);
+        if (!w->in) {
+            int rc = try_connect(w);
             /* a refused segment (another user's, another run's) is worth saying, not every 100 ms */
-            if (rc < 0 && rc != SHMCONN_E_TIMEOUT && now - e->last_connect_log_ns > 10 * INT64_C(1000000000)) {
-                LOG_WARN("stage 1 not attached: %s", mm3_last_error());
-                e->last_connect_log_ns = now;
+            if (rc < 0 && rc != SHMCONN_E_TIMEOUT && now - w->last_connect_log_ns > 10 * INT64_C(1000000000)) {
+                LOG_WARN("stage-1 worker %d not attached: %s", w->index, mm3_last_error());
+                w->last_connect_log_ns = now;
             }
             if (rc < 0) {
                 struct timespec t = {0, 100 * 1000000L};
@@ -206,25 +210,25 @@ void *eng_rx_thread(void *arg)
             continue;
         }
         struct shmconn_event ev;
-        int rc = shmconn_recv(e->in, &ev, 0.2);
-        poll_cancels(e);
+        int rc = shmconn_recv(w->in, &ev, 0.2);
+        poll_cancels(w);
         if (rc == SHMCONN_E_TIMEOUT) {
-            pthread_rwlock_rdlock(&e->conn_mu);
-            int st = e->out ? shmconn_peer_status(e->out) : SHMCONN_E_CLOSED;
-            pthread_rwlock_unlock(&e->conn_mu);
+            pthread_rwlock_rdlock(&w->conn_mu);
+            int st = w->out ? shmconn_peer_status(w->out) : SHMCONN_E_CLOSED;
+            pthread_rwlock_unlock(&w->conn_mu);
             if (st == SHMCONN_E_PEER_DEAD || st == SHMCONN_E_CLOSED)
-                eng_stage1_lost(e, st == SHMCONN_E_CLOSED ? "closed its channel" : "process died");
+                eng_stage1_lost(w, st == SHMCONN_E_CLOSED ? "closed its channel" : "process died");
             continue;
         }
         if (rc < 0) {
-            eng_stage1_lost(e, rc == SHMCONN_E_CLOSED ? "closed its channel" : "process died");
+            eng_stage1_lost(w, rc == SHMCONN_E_CLOSED ? "closed its channel" : "process died");
             continue;
         }
         if (ev.type == SHMCONN_EVENT_MESSAGE) {
-            on_message(e, &ev.msg);
-            shmconn_release(e->in, &ev.msg);
+            on_message(e, w, &ev.msg);
+            shmconn_release(w->in, &ev.msg);
         } else if (ev.type == SHMCONN_EVENT_TIMEOUT) {
-            struct eng_req *r = eng_req_take(e, ev.req_id);
+            struct eng_req *r = eng_req_take(e, ev.req_id, w);
             if (r) {
                 mm3_job_fail_kind(r->job, MM3_FAIL_STAGE1, "stage 1 did not answer within %.0f s", ev.waited_s);
                 LOG_WARN("job %llu: stage 1 did not answer within %.0f s (%s deadline)", (unsigned long long)ev.req_id,
@@ -235,11 +239,11 @@ void *eng_rx_thread(void *arg)
         } else if (ev.type == SHMCONN_EVENT_PEER_LOST) {
             pthread_mutex_lock(&e->mu);
             struct eng_req *h = e->reqs;
-            while (h && h->job->id != ev.req_id)
+            while (h && !(h->job->id == ev.req_id && h->w == w))
                 h = h->next;
             int held = h && eng_hold_locked(e, h);
             pthread_mutex_unlock(&e->mu);
-            struct eng_req *r = held ? NULL : eng_req_take(e, ev.req_id);
+            struct eng_req *r = held ? NULL : eng_req_take(e, ev.req_id, w);
             if (r) {
                 mm3_job_fail_kind(r->job, MM3_FAIL_STAGE1, "stage 1 died mid-song");
                 LOG_WARN("job %llu: stage 1 died mid-song", (unsigned long long)ev.req_id);

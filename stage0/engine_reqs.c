@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "stage0/generate.h"
 
 /* ---- the request table ---- */
 
@@ -40,12 +41,18 @@ void eng_req_add(struct engine *e, struct eng_req *r)
     pthread_mutex_unlock(&e->mu);
 }
 
-/* Unlink the entry of job id (NULL if gone); the caller owns it then. */
-struct eng_req *eng_req_take(struct engine *e, uint64_t id)
+/* Whether entry r answers for job id from worker w (any worker when w is NULL): a
+ * worker's late messages about a song re-sent elsewhere are not the song's. */
+static int req_is(const struct eng_req *r, uint64_t id, const struct s1_worker *w)
+{
+    return r->job->id == id && (!w || r->w == w);
+}
+
+struct eng_req *eng_req_take(struct engine *e, uint64_t id, const struct s1_worker *w)
 {
     pthread_mutex_lock(&e->mu);
     struct eng_req **pp = &e->reqs, *r;
-    while ((r = *pp) && r->job->id != id)
+    while ((r = *pp) && !req_is(r, id, w))
         pp = &r->next;
     if (r) {
         *pp = r->next;
@@ -56,12 +63,11 @@ struct eng_req *eng_req_take(struct engine *e, uint64_t id)
     return r;
 }
 
-/* A referenced job of id, without unlinking (NULL if gone). */
-struct mm3_job *eng_req_job(struct engine *e, uint64_t id)
+struct mm3_job *eng_req_job(struct engine *e, uint64_t id, const struct s1_worker *w)
 {
     pthread_mutex_lock(&e->mu);
     struct eng_req *r = e->reqs;
-    while (r && r->job->id != id)
+    while (r && !req_is(r, id, w))
         r = r->next;
     struct mm3_job *j = r ? r->job : NULL;
     if (j) mm3_job_ref(j);
@@ -109,7 +115,7 @@ struct eng_req *eng_req_get(struct engine *e, struct mm3_job *job)
 /* Out of the table after a failed re-send (stage 1 will not answer for it). */
 void eng_drop(struct engine *e, struct mm3_job *job)
 {
-    struct eng_req *t = eng_req_take(e, job->id);
+    struct eng_req *t = eng_req_take(e, job->id, NULL);
     if (t) eng_req_put(e, t);
 }
 
@@ -129,3 +135,65 @@ void eng_fail_all(struct engine *e, const char *msg)
     }
 }
 
+
+/* ---- stage-1 workers: liveness and load ---- */
+
+int eng_worker_alive(struct s1_worker *w)
+{
+    if (!atomic_load(&w->up)) return 0;
+    pthread_rwlock_rdlock(&w->conn_mu);
+    int alive = w->out && shmconn_peer_status(w->out) == 0;
+    pthread_rwlock_unlock(&w->conn_mu);
+    return alive;
+}
+
+int eng_worker_songs_locked(const struct engine *e, const struct s1_worker *w)
+{
+    int n = 0;
+    for (const struct eng_req *r = e->reqs; r; r = r->next)
+        n += r->w == w && !r->awaiting;
+    return n;
+}
+
+int eng_worker_windows_queued_locked(const struct engine *e, const struct s1_worker *w)
+{
+    int n = 0;
+    for (const struct eng_req *r = e->reqs; r; r = r->next) {
+        if (r->w != w || r->awaiting) continue;
+        /* audio back, in model frames: pcm_got samples at pcm_rate, fps frames a second */
+        double back = r->job->pcm_rate > 0 ? (double)r->pcm_got / r->job->pcm_rate * e->fps : 0;
+        double left = (double)r->frames_sent - back;
+        int windows = left > 0 ? (int)((left + WINDOW_HOP - 1) / WINDOW_HOP) : 0;
+        n += windows > 0 ? windows : 1; /* a running song always has its next window coming */
+    }
+    return n;
+}
+
+struct s1_worker *eng_pick_worker_locked(struct engine *e)
+{
+    struct s1_worker *best = NULL;
+    int best_windows = 0, best_songs = 0;
+    for (int k = 0; k < e->n_workers; k++) {
+        struct s1_worker *w = &e->workers[k];
+        if (!eng_worker_alive(w)) continue;
+        int songs = eng_worker_songs_locked(e, w);
+        if (songs >= e->max_per_worker) continue;
+        int windows = eng_worker_windows_queued_locked(e, w);
+        if (!best || windows < best_windows || (windows == best_windows && songs < best_songs)) {
+            best = w;
+            best_windows = windows;
+            best_songs = songs;
+        }
+    }
+    return best;
+}
+
+void eng_publish_worker_load_locked(const struct engine *e)
+{
+    for (int k = 0; k < e->n_workers && k < METRICS_WORKERS_MAX; k++) {
+        struct s1_worker *w = &e->workers[k];
+        metrics_gauge_set(&mm3_metrics.worker_up[k], atomic_load(&w->up));
+        metrics_gauge_set(&mm3_metrics.worker_songs[k], eng_worker_songs_locked(e, w));
+        metrics_gauge_set(&mm3_metrics.worker_windows_queued[k], eng_worker_windows_queued_locked(e, w));
+    }
+}

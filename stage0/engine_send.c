@@ -16,33 +16,35 @@
 
 /* ---- sending (step thread) ---- */
 
+/* One message for the job to the worker its entry is bound to. */
 static int send_msg(struct engine *e, struct mm3_job *job, struct eng_req *r, uint32_t kind, uint32_t flags,
                     struct shmconn_tensor *t, int n_t)
 {
-    struct shmconn_msg m = {.req_id = job->id, .chunk = r ? r->chunk++ : 0, .kind = kind, .flags = flags};
+    struct s1_worker *w = r->w; /* written by this (the step) thread only */
+    struct shmconn_msg m = {.req_id = job->id, .chunk = r->chunk++, .kind = kind, .flags = flags};
     uint64_t bytes = 0;
     for (int i = 0; i < n_t; i++) {
         m.tensors[i] = t[i];
         bytes += t[i].nbytes;
     }
     m.n_tensors = (uint32_t)n_t;
-    pthread_rwlock_rdlock(&e->conn_mu);
+    pthread_rwlock_rdlock(&w->conn_mu);
     int rc = SHMCONN_E_CLOSED;
-    if (e->out) {
+    if (w->out) {
         /* A send that had to sleep (ring or payload area full: stage 1 is behind) is
          * backpressure: count it and its time for mm3_connector_waits / _wait_seconds. */
         struct shmconn_stats before, after;
-        shmconn_stats_get(e->out, &before);
+        shmconn_stats_get(w->out, &before);
         int64_t t0 = mm3_job_now_ns();
-        rc = shmconn_send(e->out, &m, e->send_timeout_s);
-        shmconn_stats_get(e->out, &after);
+        rc = shmconn_send(w->out, &m, e->send_timeout_s);
+        shmconn_stats_get(w->out, &after);
         if (after.waits > before.waits) {
             metrics_counter_add(&mm3_metrics.conn_waits[METRICS_EDGE_S0_TO_S1], after.waits - before.waits);
             metrics_counter_add(&mm3_metrics.conn_wait_us[METRICS_EDGE_S0_TO_S1],
                                 (uint64_t)((mm3_job_now_ns() - t0) / 1000));
         }
     }
-    pthread_rwlock_unlock(&e->conn_mu);
+    pthread_rwlock_unlock(&w->conn_mu);
     if (rc == 0) metrics_counter_add(&mm3_metrics.conn_bytes[METRICS_EDGE_S0_TO_S1], bytes);
     return rc;
 }
@@ -83,16 +85,35 @@ void eng_capacity_publish(double cap)
     metrics_gauge_set(&mm3_metrics.realtime_capacity_milli, milli);
 }
 
-/* Stage 1 refuses songs beyond max_num_seqs(1) + max_num_seqs(0) ("stage 1 is full"):
- * a song whose frames are all sent still occupies it until DONE, so admission waits.
- * A stream also waits while the streams admitted use stage 1's real-time capacity. */
+/* The counted streams of the live worker with room that has the fewest (engine.mu
+ * held); -1 when no live worker has room. Each worker keeps about the same number of
+ * streams fed, so a stream fits where it would be the fewest. */
+static int fewest_streams_locked(struct engine *e)
+{
+    int best = -1;
+    for (int k = 0; k < e->n_workers; k++) {
+        struct s1_worker *w = &e->workers[k];
+        if (!eng_worker_alive(w) || eng_worker_songs_locked(e, w) >= e->max_per_worker) continue;
+        int n = 0;
+        for (const struct eng_req *r = e->reqs; r; r = r->next)
+            n += r->w == w && r->counted && !r->awaiting;
+        if (best < 0 || n < best) best = n;
+    }
+    return best;
+}
+
+/* A stage-1 worker refuses songs beyond max_num_seqs(1) + max_num_seqs(0) ("stage 1 is
+ * full"): a song whose frames are all sent still occupies it until DONE, so admission
+ * waits for a live worker with room. A stream also waits while the streams admitted use
+ * that worker's real-time capacity. */
 static int sink_can_start(void *ctx, struct mm3_job *job)
 {
     struct engine *e = ctx;
     if (atomic_load(&job->cancel_requested) || mm3_job_is_terminal(job)) return 1; /* let it leave the queue */
     pthread_mutex_lock(&e->mu);
-    int ok = e->n_reqs < e->max_reqs, streams = eng_streams_locked(e);
-    int held = ok && eng_counts_as_stream(job) && !admission_allows(&e->adm, streams);
+    int fewest = fewest_streams_locked(e), streams = eng_streams_locked(e);
+    int ok = fewest >= 0;
+    int held = ok && eng_counts_as_stream(job) && !admission_allows(&e->adm, fewest);
     double cap = admission_capacity(&e->adm), w = admission_work_per_audio(&e->adm);
     int first_hold = held && e->held_job != job->id;
     if (held) e->held_job = job->id;
@@ -100,8 +121,8 @@ static int sink_can_start(void *ctx, struct mm3_job *job)
     pthread_mutex_unlock(&e->mu);
     eng_capacity_publish(cap);
     if (first_hold)
-        LOG_INFO("job %llu: stream waits: %d streams play, real-time capacity %.2f (stage 1 works %.3f s per audio "
-                 "second)",
+        LOG_INFO("job %llu: stream waits: %d streams play, real-time capacity %.2f per stage-1 worker (it works "
+                 "%.3f s per audio second)",
                  (unsigned long long)job->id, streams, cap, w);
     return ok && !held;
 }
@@ -179,27 +200,35 @@ static void sink_journal_open(void *ctx, struct mm3_job *job, struct journal *jr
 static int sink_start(void *ctx, struct mm3_job *job)
 {
     struct engine *e = ctx;
-    if (!atomic_load(&e->s1_up)) {
-        mm3_job_fail_kind(job, MM3_FAIL_UNAVAILABLE, "stage 1 unavailable");
-        return -1;
-    }
     struct eng_req *r = calloc(1, sizeof *r);
     if (!r) {
         mm3_job_fail_kind(job, MM3_FAIL_INTERNAL, "stage 0: out of memory");
         return -1;
     }
+    /* The song stays with this worker: its windows chain (each carries the last one's
+     * overlap), so only a loss moves it, and then it starts over there. */
+    pthread_mutex_lock(&e->mu);
+    struct s1_worker *w = eng_pick_worker_locked(e);
+    pthread_mutex_unlock(&e->mu);
+    if (!w) {
+        free(r);
+        mm3_job_fail_kind(job, MM3_FAIL_UNAVAILABLE, "stage 1 unavailable");
+        return -1;
+    }
     mm3_job_ref(job);
     r->job = job;
+    r->w = w;
     r->counted = eng_counts_as_stream(job);
     r->refs = 2; /* the table's and ours for the START below */
     eng_req_add(e, r);
+    if (e->n_workers > 1) LOG_INFO("job %llu: stage-1 worker %d", (unsigned long long)job->id, w->index);
     int rc = eng_send_start(e, job, r);
     eng_req_put(e, r);
     if (rc < 0) {
-        if ((r = eng_req_take(e, job->id))) eng_req_put(e, r);
-        pthread_rwlock_rdlock(&e->conn_mu);
-        if (e->in) shmconn_request_end(e->in, job->id);
-        pthread_rwlock_unlock(&e->conn_mu);
+        if ((r = eng_req_take(e, job->id, NULL))) eng_req_put(e, r);
+        pthread_rwlock_rdlock(&w->conn_mu);
+        if (w->in) shmconn_request_end(w->in, job->id);
+        pthread_rwlock_unlock(&w->conn_mu);
         eng_fail_send(e, job, rc, "the request");
         return -1;
     }
@@ -210,9 +239,10 @@ static int sink_start(void *ctx, struct mm3_job *job)
  * function of the seed, so the audio is the same). */
 int eng_send_start(struct engine *e, struct mm3_job *job, struct eng_req *r)
 {
-    pthread_rwlock_rdlock(&e->conn_mu);
-    if (e->in) shmconn_request_begin(e->in, job->id);
-    pthread_rwlock_unlock(&e->conn_mu);
+    struct s1_worker *w = r->w;
+    pthread_rwlock_rdlock(&w->conn_mu);
+    if (w->in) shmconn_request_begin(w->in, job->id);
+    pthread_rwlock_unlock(&w->conn_mu);
     struct pipe_request_params p = {
         .version = PIPE_PARAMS_VERSION,
         .frame_width = (uint32_t)e->width,
@@ -239,6 +269,11 @@ static int send_frames(struct engine *e, struct mm3_job *job, struct eng_req *r,
     tensor_set(&t[0], "frames", MM3_DTYPE_F32, 2, (int64_t[]){n, e->width}, mixed);
     tensor_set(&t[1], "first", MM3_DTYPE_I64, 1, (int64_t[]){1}, &f);
     int rc = send_msg(e, job, r, PIPE_MSG_FRAMES, 0, t, 2);
+    if (rc == 0) {
+        pthread_mutex_lock(&e->mu);
+        r->frames_sent += n;
+        pthread_mutex_unlock(&e->mu);
+    }
     if (rc < 0 && (rc == SHMCONN_E_PEER_DEAD || rc == SHMCONN_E_CLOSED) && eng_hold(e, r)) return 1;
     if (rc < 0) eng_fail_send(e, job, rc, "frames");
     return rc;
@@ -355,18 +390,19 @@ static int sink_end(void *ctx, struct mm3_job *job, int total)
 static void sink_abort(void *ctx, struct mm3_job *job)
 {
     struct engine *e = ctx;
-    struct eng_req *r = eng_req_take(e, job->id);
+    struct eng_req *r = eng_req_take(e, job->id, NULL);
     if (!r) return; /* stage 1 ended it first: nothing to tell */
     int told = 0;
-    if (atomic_load(&e->s1_up)) {
+    struct s1_worker *w = r->w;
+    if (atomic_load(&w->up)) {
         int rc = send_msg(e, job, r, PIPE_MSG_CANCEL, SHMCONN_FLAG_CANCELLED, NULL, 0);
         told = rc == 0;
         if (rc < 0 && rc != SHMCONN_E_CANCELLED)
             LOG_WARN("job %llu: CANCEL to stage 1 not sent: %s", (unsigned long long)job->id, mm3_last_error());
     }
-    pthread_rwlock_rdlock(&e->conn_mu);
-    if (e->in) shmconn_request_cancel(e->in, job->id);
-    pthread_rwlock_unlock(&e->conn_mu);
+    pthread_rwlock_rdlock(&w->conn_mu);
+    if (w->in) shmconn_request_cancel(w->in, job->id);
+    pthread_rwlock_unlock(&w->conn_mu);
     LOG_INFO("job %llu: %s; %s, rows freed", (unsigned long long)job->id,
              atomic_load(&job->cancel_requested) ? "client went away" : "failed",
              told ? "cancelled in both stages" : "stage 1 not told (gone)");
