@@ -1102,9 +1102,8 @@ static int check_cross(struct load_ctx *c)
                         "stages 0 and 1 share device %d and ask for %g + %g > 1 of its memory", s0->devices[0],
                         s0->gpu_memory_utilization, s1->gpu_memory_utilization);
         return fail(c, stage_node(c, 1, MARK_GPU_MEMORY_UTILIZATION), p,
-                    "device %d holds %d stage-1 worker(s) x %g%s = %g > 1 of its memory (replicas: %d)",
-                    s1->devices[k], per_device, s1->gpu_memory_utilization, with_s0 ? " + stage 0's share" : "",
-                    want, s1->replicas);
+                    "device %d holds %d stage-1 worker(s) x %g%s = %g > 1 of its memory (replicas: %d)", s1->devices[k],
+                    per_device, s1->gpu_memory_utilization, with_s0 ? " + stage 0's share" : "", want, s1->replicas);
     }
     return check_connectors(c);
 }

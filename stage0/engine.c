@@ -18,14 +18,12 @@
 #include "common/pipeline_proto.h"
 #include "shmconn/shmconn.h"
 #include "stage0/admission.h"
-#include "stage0/recovery/frame_spool.h"
 #include "stage0/generate.h"
-#include "stage0/recovery/journal_sweep.h"
 #include "stage0/playback.h"
+#include "stage0/recovery/frame_spool.h"
+#include "stage0/recovery/journal_sweep.h"
 #include "stage0/scheduler.h"
 #include "stage0/teacher_force.h"
-
-
 
 /* ---- api_engine ---- */
 
@@ -34,7 +32,8 @@ static int api_submit(void *ctx, struct mm3_job *job)
     struct engine *e = ctx;
     const struct mm3_connector_config *k = mm3_deploy_edge_connector(e->d);
     if (job->params.stream && !k->codec_streaming) {
-        mm3_job_set_error_kind(job, MM3_FAIL_BAD_REQUEST, "stream: streamed answers need codec_streaming: true in the deploy file");
+        mm3_job_set_error_kind(job, MM3_FAIL_BAD_REQUEST,
+                               "stream: streamed answers need codec_streaming: true in the deploy file");
         return -EINVAL;
     }
     if (!engine_stage1_up(e)) {
@@ -42,7 +41,8 @@ static int api_submit(void *ctx, struct mm3_job *job)
         return -EAGAIN;
     }
     int rc = sched_submit(e->sched, job);
-    if (rc == -EAGAIN) mm3_job_set_error_kind(job, MM3_FAIL_UNAVAILABLE, "server busy: generation queue full, retry later");
+    if (rc == -EAGAIN)
+        mm3_job_set_error_kind(job, MM3_FAIL_UNAVAILABLE, "server busy: generation queue full, retry later");
     if (rc == -ESHUTDOWN) {
         mm3_job_set_error_kind(job, MM3_FAIL_UNAVAILABLE, "server shutting down");
         return -EAGAIN;
@@ -75,8 +75,7 @@ static void worker_health(struct s1_worker *w, enum api_stage_state *state, char
         snprintf(detail, cap, "attached, no heartbeat yet");
     } else if (beat > PIPE_HEARTBEAT_DEADLINE_S) {
         *state = API_STAGE_DOWN;
-        snprintf(detail, cap,
-                 "attached, but no heartbeat for %.1f s (stopped or stuck; its songs wait)", beat);
+        snprintf(detail, cap, "attached, but no heartbeat for %.1f s (stopped or stuck; its songs wait)", beat);
     } else {
         *state = API_STAGE_READY;
         snprintf(detail, cap, "attached, heartbeat %.1f s ago", beat);

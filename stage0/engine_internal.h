@@ -94,22 +94,22 @@ struct engine {
     char prefix[32];
     double send_timeout_s;
     double await_limit_s; /* how long a held song waits for a live worker */
-    int raw;   /* MM3_STAGE0_RAW_FRAMES=1: send unmixed frames (premixed 0), to compare */
-    int width; /* floats per frame sent: mix.hidden, or raw_width when raw */
+    int raw;              /* MM3_STAGE0_RAW_FRAMES=1: send unmixed frames (premixed 0), to compare */
+    int width;            /* floats per frame sent: mix.hidden, or raw_width when raw */
 
     struct s1_worker *workers;
     int n_workers;
     _Atomic int stopping;
 
-    pthread_mutex_t mu;   /* guards reqs, n_reqs, adm */
-    struct admission adm; /* stage 1's measured work per audio second: its real-time capacity */
-    double fps;           /* AR frames per second of audio */
+    pthread_mutex_t mu;    /* guards reqs, n_reqs, adm */
+    struct admission adm;  /* stage 1's measured work per audio second: its real-time capacity */
+    double fps;            /* AR frames per second of audio */
     uint64_t held_job;     /* the last stream admission held (logged once) */
     int held_for_capacity; /* the queue's head waits for real-time capacity (not for room in stage 1) */
     struct eng_req *reqs;
     int n_reqs;
-    int max_per_worker;     /* songs one stage-1 worker holds at once (its own bound) */
-    _Atomic int n_awaiting; /* entries held for a stage-1 restart */
+    int max_per_worker;           /* songs one stage-1 worker holds at once (its own bound) */
+    _Atomic int n_awaiting;       /* entries held for a stage-1 restart */
     _Atomic int64_t step_turn_ns; /* mm3_job_now_ns of the step loop's last turn (readiness) */
 };
 

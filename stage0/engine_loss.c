@@ -14,7 +14,6 @@
 #include "common/metrics.h"
 #include "stage0/teacher_force.h"
 
-
 /* Hold an entry with a journal for stage 1's return instead of failing it (engine.mu
  * held). Returns 1 when held. */
 int eng_hold_locked(struct engine *e, struct eng_req *r)
@@ -85,13 +84,12 @@ static int resend_from_spool(struct engine *e, struct eng_req *r, int *n)
     if (rc == -EPIPE || rc == 1) return rc;
     if (rc < 0 && c.sent > 0) {
         mm3_job_fail_kind(r->job, MM3_FAIL_STAGE1,
-                     "stage 1 died mid-song and re-sending from the frame spool failed after %d frames: %s", c.sent,
-                     mm3_last_error());
+                          "stage 1 died mid-song and re-sending from the frame spool failed after %d frames: %s",
+                          c.sent, mm3_last_error());
         return -EPIPE;
     }
     return rc;
 }
-
 
 /* Stage 1 is back: START again, frames 0..n-1 as first sent from the spool (or, when
  * it is missing, short or unreadable, recomputed by teacher forcing from the journal;
@@ -146,7 +144,8 @@ static void resend(struct engine *e, struct eng_req *r)
         rc = row < 0 ? mm3_errorf(-ENODATA, "no spare talker row to teacher-force on (journaling is off)")
                      : teacher_force_journal(be, row, r->jr, r->ids, r->prompt_len, &sink, &n);
         if (rc < 0 && rc != -EPIPE) {
-            mm3_job_fail_kind(job, MM3_FAIL_STAGE1, "stage 1 died mid-song and the journal cannot re-send it: %s", mm3_last_error());
+            mm3_job_fail_kind(job, MM3_FAIL_STAGE1, "stage 1 died mid-song and the journal cannot re-send it: %s",
+                              mm3_last_error());
             eng_drop(e, job);
             return;
         }
@@ -209,7 +208,8 @@ void eng_sink_tick(void *ctx)
         if (!r) return;
         if (late && !up) {
             struct eng_req *t = eng_req_take(e, r->job->id, NULL);
-            mm3_job_fail_kind(r->job, MM3_FAIL_STAGE1, "stage 1 died mid-song and did not come back within %g s", limit);
+            mm3_job_fail_kind(r->job, MM3_FAIL_STAGE1, "stage 1 died mid-song and did not come back within %g s",
+                              limit);
             LOG_WARN("job %llu: stage 1 did not come back within %g s", (unsigned long long)r->job->id, limit);
             if (t) eng_req_put(e, t);
             eng_req_put(e, r);

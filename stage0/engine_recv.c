@@ -89,7 +89,8 @@ static void on_pcm(struct engine *e, struct s1_worker *w, const struct shmconn_m
         /* Give up on it here and in stage 1 (the cancel ring tells it); the step loop
          * frees the rows if it is still generating. */
         struct eng_req *r = eng_req_take(e, m->req_id, w);
-        mm3_job_fail_kind(job, MM3_FAIL_INTERNAL, "%s", rc == -ENOMEM ? "stage 0: out of memory" : "client too slow to take the audio");
+        mm3_job_fail_kind(job, MM3_FAIL_INTERNAL, "%s",
+                          rc == -ENOMEM ? "stage 0: out of memory" : "client too slow to take the audio");
         shmconn_request_cancel(w->in, m->req_id);
         LOG_WARN("job %llu: %s", (unsigned long long)m->req_id,
                  rc == -ENOMEM ? "out of memory for PCM" : "client took no audio for 30 s: cancelled");
@@ -163,7 +164,7 @@ static void poll_cancels(struct s1_worker *w)
         struct eng_req *r = eng_req_take(e, id, w);
         if (!r) continue;
         mm3_job_fail_kind(r->job, MM3_FAIL_STAGE1, "stage 1 gave up on the request (%s)",
-                     reason == SHMCONN_CANCEL_TIMEOUT ? "no frames within its deadline" : "cancelled by stage 1");
+                          reason == SHMCONN_CANCEL_TIMEOUT ? "no frames within its deadline" : "cancelled by stage 1");
         eng_req_put(e, r);
     }
 }

@@ -119,7 +119,6 @@ void eng_drop(struct engine *e, struct mm3_job *job)
     if (t) eng_req_put(e, t);
 }
 
-
 void eng_fail_all(struct engine *e, const char *msg)
 {
     pthread_mutex_lock(&e->mu);
@@ -129,12 +128,12 @@ void eng_fail_all(struct engine *e, const char *msg)
     pthread_mutex_unlock(&e->mu);
     while (r) {
         struct eng_req *next = r->next;
-        if (mm3_job_fail_kind(r->job, MM3_FAIL_STAGE1, "%s", msg) == 0) LOG_WARN("job %llu: %s", (unsigned long long)r->job->id, msg);
+        if (mm3_job_fail_kind(r->job, MM3_FAIL_STAGE1, "%s", msg) == 0)
+            LOG_WARN("job %llu: %s", (unsigned long long)r->job->id, msg);
         eng_req_put(e, r);
         r = next;
     }
 }
-
 
 /* ---- stage-1 workers: liveness and load ---- */
 

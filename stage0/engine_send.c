@@ -145,7 +145,6 @@ static double sink_start_estimate(void *ctx, int position)
     return est;
 }
 
-
 /* The song's journal stays open until stage 1 delivered it (DONE) or it is lost: the
  * entry closes it when it goes (req_put). */
 static void sink_journal(void *ctx, struct mm3_job *job, struct journal *jr, enum journal_stop stop, int n_frames)
@@ -279,7 +278,6 @@ static int send_frames(struct engine *e, struct mm3_job *job, struct eng_req *r,
     return rc;
 }
 
-
 static int sink_frames(void *ctx, struct mm3_job *job, int first, int n, const float *frames, int width)
 {
     struct engine *e = ctx;
@@ -297,7 +295,7 @@ static int sink_frames(void *ctx, struct mm3_job *job, int first, int n, const f
 /* Payload frames [first, first + k) to stage 1: sent (async_chunk), or kept for the
  * end of the song. -1: the job failed; 1: stage 1 was lost, the entry is held. */
 int eng_payload_to_stage1(struct engine *e, struct mm3_job *job, struct eng_req *r, int first, int k,
-                             const float *payload)
+                          const float *payload)
 {
     int H = e->width;
     if (e->d->async_chunk) {
@@ -325,7 +323,7 @@ int eng_payload_to_stage1(struct engine *e, struct mm3_job *job, struct eng_req 
  * or raw): each one into the spool, then to stage 1 unless send is 0 or stage 1 was
  * lost meanwhile (held: the re-send reads them back from the spool). */
 int eng_frames_to_stage1(struct engine *e, struct mm3_job *job, struct eng_req *r, int first, int n,
-                            const float *frames, int width, int send)
+                         const float *frames, int width, int send)
 {
     for (int i = 0; i < n; i += HELD_FRAMES_PER_MSG) {
         int k = n - i < HELD_FRAMES_PER_MSG ? n - i : HELD_FRAMES_PER_MSG;

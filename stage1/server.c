@@ -90,8 +90,8 @@ static int server_load(struct s1_server *s, const struct s1_server_options *o)
         return rc;
     /* the condition projection, the DiT, its flow loop and the vocoder on the GPU; the
      * slot mix of the frames and the window bookkeeping stay on the host */
-    if ((rc = s1_backend_open(&s->be, s->d.backend, mm3_deploy_stage1_worker_device(&s->d, s->worker), s->cm, s->dm, s->voc,
-                              s->st->matmul_precision)) < 0)
+    if ((rc = s1_backend_open(&s->be, s->d.backend, mm3_deploy_stage1_worker_device(&s->d, s->worker), s->cm, s->dm,
+                              s->voc, s->st->matmul_precision)) < 0)
         return mm3_error_prefix(rc, "%s: stage 1 on %s: ", s->d.source, mm3_backend_name(s->d.backend));
     if (s->be.vocoder) vocoder_drop_weights(s->voc); /* s1_backend_apply hands every window to the GPU copy */
     if (s->be.flow) dit_drop_weights(s->dm);         /* and every DiT forward to the GPU flow loop */

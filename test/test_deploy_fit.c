@@ -112,7 +112,8 @@ static void test_release_configs_fit_h200(void **state)
             int dev = mm3_deploy_stage1_worker_device(&deploy, k), on_dev = 0;
             for (int j = 0; j < n; j++)
                 on_dev += mm3_deploy_stage1_worker_device(&deploy, j) == dev;
-            double want = on_dev * s1->gpu_memory_utilization + (s0->devices[0] == dev ? s0->gpu_memory_utilization : 0);
+            double want =
+                on_dev * s1->gpu_memory_utilization + (s0->devices[0] == dev ? s0->gpu_memory_utilization : 0);
             if (want > 1.0)
                 fail_msg("%s: device %d holds %d stage-1 worker(s)%s and asks for %g of it", e->d_name, dev, on_dev,
                          s0->devices[0] == dev ? " and stage 0" : "", want);

@@ -47,8 +47,8 @@ static char *deploy_with_workers(const char *ckpt, const char *journal_dir, int 
     const char *anchor = "  - stage_id: 1\n";
     char *at = strstr(base, anchor);
     char *text = NULL;
-    if (at && asprintf(&text, "%.*s%s    replicas: %d\n%s", (int)(at - base), base, anchor, workers,
-                       at + strlen(anchor)) < 0)
+    if (at &&
+        asprintf(&text, "%.*s%s    replicas: %d\n%s", (int)(at - base), base, anchor, workers, at + strlen(anchor)) < 0)
         text = NULL;
     free(base);
     return text;
@@ -167,8 +167,8 @@ static char *metrics_text(const struct test_replica *r)
     char url[256];
     snprintf(url, sizeof url, "%s/metrics", r->url);
     struct http_client_response resp;
-    int rc = http_client_request(&(struct http_client_request){.url = url, .method = "GET", .timeout_ms = 10000},
-                                 &resp);
+    int rc =
+        http_client_request(&(struct http_client_request){.url = url, .method = "GET", .timeout_ms = 10000}, &resp);
     char *text = rc == 0 && resp.status == 200 && resp.body ? strdup(resp.body) : NULL;
     http_client_response_free(&resp);
     return text;
@@ -199,7 +199,7 @@ static void test_songs_equal_one_worker(void **state)
     int w0 = bindings(&f->two, 0), w1 = bindings(&f->two, 1);
     printf("songs bound: worker 0 %d, worker 1 %d\n", w0, w1);
     assert_int_equal(w0 + w1, N_SONGS);
-    assert_true(w0 >= 2 && w1 >= 2); /* spread: the least loaded worker takes the next song */
+    assert_true(w0 >= 2 && w1 >= 2);           /* spread: the least loaded worker takes the next song */
     assert_int_equal(bindings(&f->one, 0), 0); /* one worker: no binding to log */
     for (int i = 0; i < N_SONGS; i++) {
         song_free(&one[i]);

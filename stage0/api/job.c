@@ -271,10 +271,14 @@ void mm3_job_set_error(struct mm3_job *job, int http_status, const char *fmt, ..
 int mm3_fail_kind_status(enum mm3_fail_kind kind)
 {
     switch (kind) {
-    case MM3_FAIL_BAD_REQUEST: return 400;
-    case MM3_FAIL_INTERNAL: return 500;
-    case MM3_FAIL_STAGE1: return 502;
-    case MM3_FAIL_UNAVAILABLE: return 503;
+    case MM3_FAIL_BAD_REQUEST:
+        return 400;
+    case MM3_FAIL_INTERNAL:
+        return 500;
+    case MM3_FAIL_STAGE1:
+        return 502;
+    case MM3_FAIL_UNAVAILABLE:
+        return 503;
     }
     return 500;
 }
