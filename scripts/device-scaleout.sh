@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Scale-out measurements on the GPU machine (docs/operations.md, "Scale out"), from the
-# packed tree (scripts/device-pack.sh built it: build/bin holds the CUDA programs):
+# packed tree (scripts/device-pack.sh -o .device mm3-stage0 mm3-stage1 mm3-deploy mm3-mkckpt
+# mm3-load, carried as .device; MM3_BIN_DIR overrides where the programs are):
 #
 #   scripts/device-scaleout.sh rehearsal   one H200: one stage 0 + one stage-1 worker
 #                                          (configs/minimax_music3.yaml) against the same
@@ -18,15 +19,18 @@ case "$mode" in rehearsal | multi) ;; *) echo "usage: device-scaleout.sh rehears
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$root/results/scaleout-$(date -u +%Y%m%d-%H%M)}
 mkdir -p "$out"
+bin=${MM3_BIN_DIR:-$root/.device/bin}
+[ -x "$bin/mm3-deploy" ] || bin=$root/build/bin
+export LD_LIBRARY_PATH="$root/.device/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 [ "$gpus" -ge 1 ] || { echo "device-scaleout.sh: no GPU visible" >&2; exit 77; }
 
 run() { # NAME CONFIG
     local name=$1 config=$2 c
-    "$root/build/bin/mm3-deploy" --check "$config" >/dev/null
+    "$bin/mm3-deploy" --check "$config" >/dev/null
     for c in 8 32; do
         echo "== $name: $config, $c at once"
-        "$root/scripts/bench.sh" --only e2e --config "$config" --e2e-concurrency "$c" --out "$out/$name-c$c" ||
+        "$root/scripts/bench.sh" --only e2e --bin "$bin" --config "$config" --e2e-concurrency "$c" --out "$out/$name-c$c" ||
             echo "== $name ($c at once) failed: see $out/$name-c$c" >&2
     done
 }
