@@ -43,6 +43,7 @@ enum mark {
     MARK_CFG_SCALE,
     MARK_CFG_ROLE,
     MARK_DEVICES,
+    MARK_REPLICAS,
     MARK_COUNT
 };
 
@@ -429,6 +430,7 @@ void mm3_deploy_init_defaults(struct mm3_deploy *d)
         snprintf(s->devices_text, sizeof s->devices_text, "0");
         s->n_devices = 1;
         s->devices[0] = 0;
+        s->replicas = 1;
         s->temperature = i == 0 ? 1.0 : 0.0;
         s->max_tokens = i == 0 ? MM3_DEPLOY_AUDIO_FRAMES_MAX + MM3_DEPLOY_EXTRA_AR_STEPS : 4096;
         s->seed = 0;
@@ -761,6 +763,8 @@ static const struct field stage_fields[] = {
     {"async_scheduling", BOOL_AT(struct mm3_stage_config, async_scheduling), .check = check_async_scheduling},
     {"enable_prefix_caching", BOOL_AT(struct mm3_stage_config, enable_prefix_caching), .check = check_prefix_caching},
     {"devices", CUSTOM(decode_devices), .mark = MARK_DEVICES},
+    {"replicas", I32_AT(struct mm3_stage_config, replicas), .lo = 1, .hi = MM3_DEPLOY_MAX_WORKERS,
+     .mark = MARK_REPLICAS, .stage1_only = true},
     {"input_connectors", CUSTOM(decode_input_edge)},
     {"output_connectors", CUSTOM(decode_output_edge)},
     {"default_sampling_params", CUSTOM(decode_sampling)},
@@ -1028,7 +1032,7 @@ static int check_cross(struct load_ctx *c)
                 return fail(c, stage_node(c, i, MARK_DTYPE), p, "%s (backend: %s)", why, mm3_backend_name(d->backend));
             }
         }
-        if (s->n_devices > 1) {
+        if (i == 0 && s->n_devices > 1) {
             stage_path(c, i, "devices", p);
             warn(c, c->marks[i].node[MARK_DEVICES], p,
                  "a stage runs on its first device (%d); mm3 does not split a stage "
@@ -1076,18 +1080,48 @@ static int check_cross(struct load_ctx *c)
     }
     s1->seed = s0->seed;
 
-    /* Stages sharing a device share its memory. */
-    if (d->backend != MM3_BACKEND_CPU && s0->devices[0] == s1->devices[0] &&
-        s0->gpu_memory_utilization + s1->gpu_memory_utilization > 1.0 + 1e-9) {
+    /* Several devices give one worker each; `replicas` puts several on one device. */
+    if (c->marks[1].node[MARK_REPLICAS] && s1->n_devices > 1 && s1->replicas != s1->n_devices) {
+        stage_path(c, 1, "replicas", p);
+        return fail(c, c->marks[1].node[MARK_REPLICAS], p,
+                    "%d, but devices \"%s\" already gives one worker per device (%d): drop replicas, or list "
+                    "one device",
+                    s1->replicas, s1->devices_text, s1->n_devices);
+    }
+    if (s1->n_devices > 1) s1->replicas = s1->n_devices;
+    /* Stages sharing a device share its memory: stage 1's workers on one device each take
+     * their gpu_memory_utilization of it, and stage 0 its own where it shares one. */
+    int per_device = s1->n_devices > 1 ? 1 : s1->replicas;
+    for (int k = 0; k < s1->n_devices && d->backend != MM3_BACKEND_CPU; k++) {
+        int with_s0 = s0->devices[0] == s1->devices[k];
+        double want = per_device * s1->gpu_memory_utilization + (with_s0 ? s0->gpu_memory_utilization : 0);
+        if (want <= 1.0 + 1e-9) continue;
         stage_path(c, 1, "gpu_memory_utilization", p);
+        if (with_s0 && per_device == 1)
+            return fail(c, stage_node(c, 1, MARK_GPU_MEMORY_UTILIZATION), p,
+                        "stages 0 and 1 share device %d and ask for %g + %g > 1 of its memory", s0->devices[0],
+                        s0->gpu_memory_utilization, s1->gpu_memory_utilization);
         return fail(c, stage_node(c, 1, MARK_GPU_MEMORY_UTILIZATION), p,
-                    "stages 0 and 1 share device %d and ask for %g + %g > 1 of its memory", s0->devices[0],
-                    s0->gpu_memory_utilization, s1->gpu_memory_utilization);
+                    "device %d holds %d stage-1 worker(s) x %g%s = %g > 1 of its memory (replicas: %d)", s1->devices[k],
+                    per_device, s1->gpu_memory_utilization, with_s0 ? " + stage 0's share" : "", want, s1->replicas);
     }
     return check_connectors(c);
 }
 
 /* ---- public -------------------------------------------------------------- */
+
+int mm3_deploy_stage1_workers(const struct mm3_deploy *d)
+{
+    const struct mm3_stage_config *s1 = mm3_deploy_stage(d, 1);
+    return s1->n_devices > 1 ? s1->n_devices : s1->replicas;
+}
+
+int mm3_deploy_stage1_worker_device(const struct mm3_deploy *d, int k)
+{
+    const struct mm3_stage_config *s1 = mm3_deploy_stage(d, 1);
+    if (s1->n_devices <= 0) return 0;
+    return s1->n_devices > 1 ? s1->devices[k % s1->n_devices] : s1->devices[0];
+}
 
 int mm3_deploy_load_string(struct mm3_deploy *d, const char *yaml, const char *name_for_messages)
 {

@@ -33,6 +33,8 @@
 #define MM3_DEPLOY_MAX_CONNECTORS 8
 #define MM3_DEPLOY_MAX_CAPTURE_SIZES 64
 #define MM3_DEPLOY_MAX_DEVICES 16
+/* Stage-1 workers one stage 0 feeds at most (`replicas`). */
+#define MM3_DEPLOY_MAX_WORKERS 16
 #define MM3_DEPLOY_MAX_WARNINGS 32
 #define MM3_DEPLOY_WARNING_MAX 512
 #define MM3_DEPLOY_FILE_BYTES_MAX (1 << 20)
@@ -111,7 +113,9 @@ struct mm3_stage_config {
     bool enable_prefix_caching; /* always false (checked) */
     char devices_text[MM3_DEPLOY_NAME_MAX];
     int n_devices;
-    int devices[MM3_DEPLOY_MAX_DEVICES];        /* CUDA ordinals; the stage runs on devices[0] */
+    int devices[MM3_DEPLOY_MAX_DEVICES];        /* CUDA ordinals; stage 0 runs on devices[0], stage 1 runs
+                                                   one worker per listed device */
+    int replicas; /* stage 1 only: workers on its one device (1 unless given); with several devices, = n_devices */
     char input_connector[MM3_DEPLOY_NAME_MAX];  /* stage 1: from_stage_0 ("" = default) */
     char output_connector[MM3_DEPLOY_NAME_MAX]; /* stage 0: to_stage_1 ("" = default) */
     int mps_thread_percentage;                  /* CUDA_MPS_ACTIVE_THREAD_PERCENTAGE under MPS, 1..100; 0 = no limit */
@@ -194,6 +198,11 @@ int mm3_deploy_resolve_backend(struct mm3_deploy *d, bool gpu_present);
 /* NULL when stage_id is not 0 or 1. */
 const struct mm3_stage_config *mm3_deploy_stage(const struct mm3_deploy *d, int stage_id);
 /* The connector declared under `connectors.<name>`, or NULL. */
+/* Stage-1 workers (each its own process and channel pair): one per device of stage 1's
+ * `devices`, or `replicas` on its one device; 1 by default. */
+int mm3_deploy_stage1_workers(const struct mm3_deploy *d);
+/* The CUDA device of stage-1 worker k (0 <= k < mm3_deploy_stage1_workers). */
+int mm3_deploy_stage1_worker_device(const struct mm3_deploy *d, int k);
 const struct mm3_connector_config *mm3_deploy_connector(const struct mm3_deploy *d, const char *name);
 /* The connector of the stage-0 -> stage-1 edge; never NULL. */
 const struct mm3_connector_config *mm3_deploy_edge_connector(const struct mm3_deploy *d);

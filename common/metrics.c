@@ -135,6 +135,51 @@ static void render_histogram(FILE *f, const char *name, const char *help, const 
     fprintf(f, "%s_sum %.9g\n%s_count %llu\n", name, sum, name, (unsigned long long)cum);
 }
 
+/* One series per stage-1 worker {worker="k"}. */
+static void render_worker_gauge(FILE *f, const char *name, const char *help, const struct metrics_gauge *g, int n)
+{
+    render_header(f, name, "gauge", help);
+    for (int k = 0; k < n; k++)
+        fprintf(f, "%s{worker=\"%d\"} %lld\n", name, k, (long long)gauge_get(&g[k]));
+}
+
+static void render_workers(FILE *f, const struct mm3_metrics *m)
+{
+    int n = (int)gauge_get(&m->stage1_workers);
+    if (n > METRICS_WORKERS_MAX) n = METRICS_WORKERS_MAX;
+    render_gauge(f, "mm3_stage1_workers", "Stage-1 worker processes this stage 0 feeds.", &m->stage1_workers);
+    render_worker_gauge(f, "mm3_stage1_worker_up", "1 while the stage-1 worker is attached.", m->worker_up, n);
+    render_worker_gauge(f, "mm3_stage1_worker_songs", "Songs bound to the stage-1 worker.", m->worker_songs, n);
+    render_worker_gauge(f, "mm3_stage1_worker_windows_queued",
+                        "Windows the stage-1 worker still has to render for its songs (what binding balances).",
+                        m->worker_windows_queued, n);
+}
+
+/* The same figures under the names operators' tools read: vLLM's scheduler gauges
+ * (KEDA rules, the llm-d endpoint picker) and vLLM-Omni's audio families
+ * (vllm_omni/metrics/definitions.py: audio_ttfp_s, audio_rtf, audio_frames). */
+static void render_vllm_names(FILE *f, const struct mm3_metrics *m)
+{
+    int64_t waiting = gauge_get(&m->queue_depth), in_flight = gauge_get(&m->requests_in_flight);
+    int64_t running = in_flight > waiting ? in_flight - waiting : 0;
+    render_header(f, "vllm:num_requests_waiting", "gauge", "Songs waiting for stage-0 rows (mm3_queue_depth).");
+    fprintf(f, "vllm:num_requests_waiting %lld\n", (long long)waiting);
+    render_header(f, "vllm:num_requests_running", "gauge",
+                  "Songs accepted and not waiting for rows: generating or rendering (mm3_requests_in_flight - "
+                  "mm3_queue_depth).");
+    fprintf(f, "vllm:num_requests_running %lld\n", (long long)running);
+    int64_t rows = gauge_get(&m->kv_rows), used = gauge_get(&m->active_rows);
+    render_header(f, "vllm:kv_cache_usage_perc", "gauge", "Stage-0 KV rows in use, 0 to 1 (mm3_active_rows / rows).");
+    fprintf(f, "vllm:kv_cache_usage_perc %.6f\n", rows > 0 ? (double)used / (double)rows : 0.0);
+    render_histogram(f, "vllm_omni:audio_ttfp_s", "Request arrival to first audio packet (mm3_time_to_first_audio_seconds).",
+                     &m->ttfa_seconds);
+    render_histogram(f, "vllm_omni:audio_rtf", "Generation time over audio duration per song (mm3_real_time_factor).",
+                     &m->rtf);
+    render_header(f, "vllm_omni:audio_frames_total", "counter",
+                  "Audio sample frames sent to clients; audio seconds = frames / sample rate (mm3_audio_samples_total).");
+    fprintf(f, "vllm_omni:audio_frames_total %llu\n", (unsigned long long)counter_get(&m->audio_samples));
+}
+
 int metrics_render(char **out, size_t *len)
 {
     char *buf = NULL;
@@ -193,6 +238,8 @@ int metrics_render(char **out, size_t *len)
         fprintf(f, "mm3_realtime_capacity_streams +Inf\n");
     else
         fprintf(f, "mm3_realtime_capacity_streams %.3f\n", cap < 0 ? -1.0 : (double)cap / 1000.0);
+    render_workers(f, m);
+    render_vllm_names(f, m);
 
     if (fclose(f) != 0) {
         free(buf);

@@ -44,6 +44,9 @@ enum metrics_outcome {
     METRICS_OUTCOME_COUNT
 };
 
+/* Stage-1 workers with their own load series {worker="k"}. */
+#define METRICS_WORKERS_MAX 16
+
 /* Label values of the connector metrics {edge=...}. */
 enum metrics_edge { METRICS_EDGE_S0_TO_S1 = 0, METRICS_EDGE_S1_TO_S0, METRICS_EDGE_COUNT };
 
@@ -72,6 +75,13 @@ struct mm3_metrics {
     struct metrics_gauge streams_admitted;         /* streams counted against the real-time capacity */
     struct metrics_gauge realtime_capacity_milli;  /* streams stage 1 keeps fed x 1000; -1 unknown,
                                                       INT64_MAX unbounded (no work measured) */
+    struct metrics_gauge kv_rows;                  /* stage-0 decode rows there are (max_num_seqs) */
+    /* Stage-1 workers (stage0/engine_internal.h): how many, and per worker whether it is
+     * attached, the songs bound to it and the windows it still has to render. */
+    struct metrics_gauge stage1_workers;
+    struct metrics_gauge worker_up[METRICS_WORKERS_MAX];
+    struct metrics_gauge worker_songs[METRICS_WORKERS_MAX];
+    struct metrics_gauge worker_windows_queued[METRICS_WORKERS_MAX];
 };
 
 extern struct mm3_metrics mm3_metrics;

@@ -22,6 +22,30 @@ void pipe_channel_config(const struct mm3_deploy *d, const char *channel, const 
     cfg->wait_slice_s = k->get_sleep_s;
 }
 
+void pipe_worker_channel_config(const struct mm3_deploy *d, const char *channel, int worker, const char *prefix,
+                                struct shmconn_config *cfg)
+{
+    pipe_channel_config(d, channel, prefix, cfg);
+    if (worker > 0) snprintf(cfg->name, sizeof cfg->name, "%s.w%d", channel, worker);
+}
+
+int pipe_worker_from_env(int n_workers, int *worker)
+{
+    *worker = 0;
+    const char *v = getenv("MM3_STAGE1_WORKER");
+    if (!v || !*v) return 0;
+    char *end;
+    errno = 0;
+    long k = strtol(v, &end, 10);
+    if (errno || *end || k < 0 || k >= n_workers)
+        return mm3_errorf(-EINVAL,
+                          "MM3_STAGE1_WORKER '%.32s': expected a worker index 0..%d (the deploy file gives stage 1 %d "
+                          "worker%s)",
+                          v, n_workers - 1, n_workers, n_workers == 1 ? "" : "s");
+    *worker = (int)k;
+    return 0;
+}
+
 int pipe_prefix_ok(const char *p)
 {
     size_t n = strlen(p);

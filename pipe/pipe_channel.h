@@ -27,6 +27,16 @@
 void pipe_channel_config(const struct mm3_deploy *d, const char *channel, const char *prefix,
                          struct shmconn_config *cfg);
 
+/* The config of `channel` between stage 0 and stage-1 worker `worker` (0-based): worker
+ * 0's channels are the plain "s0_to_s1" / "s1_to_s0", worker k's "<channel>.w<k>", so
+ * that each worker has its own pair of rings. */
+void pipe_worker_channel_config(const struct mm3_deploy *d, const char *channel, int worker, const char *prefix,
+                                struct shmconn_config *cfg);
+
+/* The stage-1 worker this process is, from MM3_STAGE1_WORKER (set by scripts/launch.sh;
+ * absent = 0): a bad value, or one not below n_workers, is an error naming it. */
+int pipe_worker_from_env(int n_workers, int *worker);
+
 /* Who the two stages of one replica are, from the environment scripts/launch.sh sets:
  * MM3_SHM_PREFIX (1-31 characters of [A-Za-z0-9._-], no "..", default "mm3-"),
  * MM3_RUN_ID (32 lowercase hex digits: 128 random bits, part of every segment name)

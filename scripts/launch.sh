@@ -21,6 +21,12 @@
 #     "stage1 down" on /health); stage 1 is restarted after a back-off of 1, 2, 4, ...
 #     up to 10 s, at most MM3_STAGE1_MAX_RESTARTS times (default 5) per 60 s; beyond
 #     that the launcher stops stage 0 and exits 1.
+#   - several stage-1 workers (stage 1's `devices: "1,2,3"` or `replicas: N`, read with
+#     mm3-deploy --launch-env): the launcher starts one mm3-stage1 per worker with
+#     MM3_STAGE1_WORKER=k (its own channels and device), pid and ready files stage1.pid,
+#     stage1.ready for worker 0 and stage1-k.pid, stage1-k.ready for worker k; each is
+#     supervised and restarted on its own as above, while stage 0 re-sends a dead
+#     worker's journaled songs to a live one.
 #   - stage 0 dies: stage 1 is stopped and the launcher exits 1 (the operator's
 #     supervisor restarts the pair).
 #   - SIGINT / SIGTERM: forwarded to stage 0, which drains (api.drain_timeout_s) and
@@ -75,6 +81,7 @@ deploy_mps=off
 stage0_device=0
 stage0_pct=0
 stage1_pct=0
+stage1_workers=1
 if [ -x "$bin/mm3-deploy" ]; then
     launch_env=$("$bin/mm3-deploy" --launch-env "$deploy") || { log "deploy file $deploy: refused (see above)"; exit 2; }
     while read -r k v; do
@@ -84,6 +91,7 @@ if [ -x "$bin/mm3-deploy" ]; then
             stage0_device) stage0_device=$v ;;
             stage0_mps_thread_percentage) stage0_pct=$v ;;
             stage1_mps_thread_percentage) stage1_pct=$v ;;
+            stage1_workers) stage1_workers=$v ;;
         esac
     done <<< "$launch_env"
 else
@@ -138,7 +146,10 @@ else
 fi
 
 s0=0
-s1=0
+# Stage-1 worker k: its pid (0 = not running) and the times of its recent restarts.
+s1=()
+s1_restarts=()
+for ((k = 0; k < stage1_workers; k++)); do s1[k]=0; s1_restarts[k]=""; done
 stopping=0
 mps_up=0
 
@@ -202,13 +213,28 @@ mps_env() {
 
 alive() { [ "$1" -gt 0 ] && kill -0 "$1" 2>/dev/null; }
 
+# Worker k's file name stem in the run folder: stage1 for worker 0, stage1-k after it.
+s1_name() { if [ "$1" -eq 0 ]; then echo stage1; else echo "stage1-$1"; fi; }
+
 start_stage1() {
-    rm -f "$run/stage1.ready"
-    env MM3_READY_FILE="$run/stage1.ready" $(mps_env "$stage1_pct") "$bin/mm3-stage1" --config "$deploy" \
-        "${model_args[@]}" >&2 &
-    s1=$!
-    echo "$s1" > "$run/stage1.pid"
-    log "stage 1 started (pid $s1)"
+    local k=$1 name
+    name=$(s1_name "$k")
+    rm -f "$run/$name.ready"
+    env MM3_READY_FILE="$run/$name.ready" MM3_STAGE1_WORKER="$k" $(mps_env "$stage1_pct") "$bin/mm3-stage1" \
+        --config "$deploy" "${model_args[@]}" >&2 &
+    s1[k]=$!
+    echo "${s1[k]}" > "$run/$name.pid"
+    if [ "$stage1_workers" -gt 1 ]; then
+        log "stage-1 worker $k started (pid ${s1[k]})"
+    else
+        log "stage 1 started (pid ${s1[k]})"
+    fi
+}
+
+any_s1_alive() {
+    local p
+    for p in "${s1[@]}"; do alive "$p" && return 0; done
+    return 1
 }
 
 start_stage0() {
@@ -230,12 +256,12 @@ stop_all() {
         sleep 0.1
         t=$((t + 1))
     done
-    alive "$s1" && kill -TERM "$s1" 2>/dev/null
-    while [ $t -lt 300 ] && { alive "$s0" || alive "$s1"; }; do
+    for p in "${s1[@]}"; do alive "$p" && kill -TERM "$p" 2>/dev/null; done
+    while [ $t -lt 300 ] && { alive "$s0" || any_s1_alive; }; do
         sleep 0.1
         t=$((t + 1))
     done
-    for p in $s0 $s1; do
+    for p in $s0 "${s1[@]}"; do
         if alive "$p"; then
             log "pid $p did not stop within 30 s: killing it"
             kill -KILL "$p" 2>/dev/null
@@ -243,7 +269,8 @@ stop_all() {
     done
     wait 2>/dev/null
     # Both stages are gone, so this run's segments are stale (no other run has its id).
-    rm -f "/dev/shm/${MM3_SHM_PREFIX}${MM3_RUN_ID}-s0_to_s1" "/dev/shm/${MM3_SHM_PREFIX}${MM3_RUN_ID}-s1_to_s0"
+    rm -f "/dev/shm/${MM3_SHM_PREFIX}${MM3_RUN_ID}-s0_to_s1" "/dev/shm/${MM3_SHM_PREFIX}${MM3_RUN_ID}-s1_to_s0" \
+        "/dev/shm/${MM3_SHM_PREFIX}${MM3_RUN_ID}-s0_to_s1.w"* "/dev/shm/${MM3_SHM_PREFIX}${MM3_RUN_ID}-s1_to_s0.w"*
     stop_mps
     [ "$own_run" = 1 ] && rm -rf "$run"
 }
@@ -260,20 +287,28 @@ case "$mps" in
             log "MPS unavailable ($mps_why): starting the stages without it"
         fi ;;
 esac
-start_stage1
+for ((k = 0; k < stage1_workers; k++)); do start_stage1 "$k"; done
 start_stage0
 
 # Start-up: both ready files within the limit, or a clear error and cleanup.
 deadline=$((SECONDS + timeout_s))
 while :; do
     [ "$stopping" = 1 ] && { stop_all; exit 0; }
-    [ -s "$run/stage0.ready" ] && [ -e "$run/stage1.ready" ] && break
-    if ! alive "$s1"; then
-        wait "$s1"; rc=$?
-        log "stage 1 exited with status $rc while starting (see its log above)"
+    ready=1
+    [ -s "$run/stage0.ready" ] || ready=0
+    for ((k = 0; k < stage1_workers; k++)); do [ -e "$run/$(s1_name "$k").ready" ] || ready=0; done
+    [ "$ready" = 1 ] && break
+    for ((k = 0; k < stage1_workers; k++)); do
+        alive "${s1[k]}" && continue
+        wait "${s1[k]}"; rc=$?
+        if [ "$stage1_workers" -gt 1 ]; then
+            log "stage-1 worker $k exited with status $rc while starting (see its log above)"
+        else
+            log "stage 1 exited with status $rc while starting (see its log above)"
+        fi
         stop_all
         exit 1
-    fi
+    done
     if ! alive "$s0"; then
         wait "$s0"; rc=$?
         log "stage 0 exited with status $rc while starting (see its log above)"
@@ -291,7 +326,6 @@ url=$(head -n 1 "$run/stage0.ready")
 echo "READY $url"
 log "API at $url"
 
-restarts=()
 while :; do
     if [ "$stopping" = 1 ]; then
         log "stopping both stages"
@@ -305,33 +339,41 @@ while :; do
         stop_all
         exit 1
     fi
-    if ! alive "$s1"; then
-        wait "$s1" 2>/dev/null; rc=$?
+    restarted=0
+    for ((k = 0; k < stage1_workers; k++)); do
+        alive "${s1[k]}" && continue
+        wait "${s1[k]}" 2>/dev/null; rc=$?
         now=$SECONDS
         kept=()
-        for t in "${restarts[@]}"; do [ $((now - t)) -lt 60 ] && kept+=("$t"); done
-        restarts=("${kept[@]}")
-        if [ "${#restarts[@]}" -ge "$max_restarts" ]; then
-            log "stage 1 died (status $rc) ${#restarts[@]} times within 60 s: giving up, stopping stage 0"
-            s1=0
+        for t in ${s1_restarts[k]}; do [ $((now - t)) -lt 60 ] && kept+=("$t"); done
+        if [ "$stage1_workers" -gt 1 ]; then who="stage-1 worker $k"; else who="stage 1"; fi
+        if [ "${#kept[@]}" -ge "$max_restarts" ]; then
+            log "$who died (status $rc) ${#kept[@]} times within 60 s: giving up, stopping stage 0"
+            s1[k]=0
             stop_all
             exit 1
         fi
-        backoff=$((1 << ${#restarts[@]}))
+        backoff=$((1 << ${#kept[@]}))
         [ "$backoff" -gt 10 ] && backoff=10
-        log "stage 1 died (status $rc): its requests failed; restarting it in ${backoff} s"
-        restarts+=("$now")
-        s1=0
+        if [ "$stage1_workers" -gt 1 ]; then
+            log "$who died (status $rc): its journaled songs go to a live worker, the others failed; restarting it in ${backoff} s"
+        else
+            log "stage 1 died (status $rc): its requests failed; restarting it in ${backoff} s"
+        fi
+        kept+=("$now")
+        s1_restarts[k]="${kept[*]}"
+        s1[k]=0
         for t in $(seq $((backoff * 10))); do
             [ "$stopping" = 1 ] && break
             alive "$s0" || break
             sleep 0.1
         done
-        [ "$stopping" = 1 ] && continue
-        alive "$s0" || continue
-        start_stage1
-        continue
-    fi
+        [ "$stopping" = 1 ] && break
+        alive "$s0" || break
+        start_stage1 "$k"
+        restarted=1
+    done
+    [ "$restarted" = 1 ] && continue
     # Wakes on a child's exit or a signal; the timeout keeps the loop honest.
     wait -n 2>/dev/null || sleep 0.1
 done

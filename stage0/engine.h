@@ -9,10 +9,13 @@
  * floats with common/frame_mix.h, or held and sent when the song ends
  * (async_chunk: false); MM3_STAGE0_RAW_FRAMES=1 sends raw frames instead (premixed 0,
  * for comparisons). A receiver thread turns PCM into job chunks (channel-major
- * [2, n] -> interleaved), DONE into mm3_job_finish, ERROR into 502. When stage 1
- * dies, its in-flight jobs fail ("stage 1 died mid-song"), /health says stage 1
- * down, new requests get 503 "stage 1 unavailable", and the engine re-creates its
- * channel and waits for the next stage 1 to attach.
+ * [2, n] -> interleaved), DONE into mm3_job_finish, ERROR into a failure. Stage 1 may
+ * be several workers (mm3_deploy_stage1_workers), each with its own pair of channels
+ * (pipe_worker_channel_config) and receiver thread; each song is bound to the least
+ * loaded live worker. When a worker dies, its journaled songs are re-sent to a live
+ * worker, the others fail ("stage 1 died mid-song"); with no worker left /health says
+ * stage 1 down and new requests get 503 "stage 1 unavailable"; the engine re-creates
+ * the worker's channel and waits for its next process to attach.
  *
  *     engine_create(&e, &deploy, &lm, &dd, tok, ckpt_root, &run);
  *     engine_start(e, 30.0);              // waits up to 30 s for stage 1, then serves anyway

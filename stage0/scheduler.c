@@ -165,9 +165,9 @@ int sched_submit(struct sched *s, struct mm3_job *job)
     if (rc < 0) {
         /* prompt.h names caption/lyrics itself, except for the token cap. */
         if (rc == -E2BIG)
-            mm3_job_set_error(job, 400, "caption + lyrics: %s", mm3_last_error());
+            mm3_job_set_error_kind(job, MM3_FAIL_BAD_REQUEST, "caption + lyrics: %s", mm3_last_error());
         else
-            mm3_job_set_error(job, 400, "%s", mm3_last_error());
+            mm3_job_set_error_kind(job, MM3_FAIL_BAD_REQUEST, "%s", mm3_last_error());
         free(r);
         return -EINVAL;
     }
@@ -176,7 +176,7 @@ int sched_submit(struct sched *s, struct mm3_job *job)
     /* max_model_len bounds prompt + frames; a long prompt shortens the song. */
     if (r->max_frames > s->cfg.max_ctx - n) r->max_frames = s->cfg.max_ctx - n;
     if (r->max_frames < 1) {
-        mm3_job_set_error(job, 400,
+        mm3_job_set_error_kind(job, MM3_FAIL_BAD_REQUEST,
                           "caption + lyrics: the prompt of %d tokens leaves no room for audio within max_model_len %d",
                           n, s->cfg.max_ctx);
         free(r->ids);
@@ -347,7 +347,7 @@ static void admit(struct sched *s)
             rc = generate_attach_backend(&r->g, &s->be, &r->sp, 2 * p, 2 * p + 1, r->ids, r->prompt_len, r->max_frames,
                                          r->job->params.cfg_scale, &hooks);
         if (rc < 0) {
-            mm3_job_fail(r->job, 500, "stage 0: %s", mm3_last_error());
+            mm3_job_fail_kind(r->job, MM3_FAIL_INTERNAL, "stage 0: %s", mm3_last_error());
             release(s, r);
             continue;
         }
@@ -415,7 +415,7 @@ static int step_general(struct sched *s)
         int left = budget - b->n;
         if (left < 2) break;
         if (generate_feed(&r->g, b, left) < 0) {
-            mm3_job_fail(r->job, 400, "prompt: %s", mm3_last_error());
+            mm3_job_fail_kind(r->job, MM3_FAIL_BAD_REQUEST, "prompt: %s", mm3_last_error());
             leave_early(s, r);
         }
     }
@@ -429,7 +429,7 @@ static int step_general(struct sched *s)
             for (int p = 0; p < s->n_pairs; p++) {
                 struct sched_req *r = s->active[p];
                 if (!r || r->g.fed_k == 0) continue;
-                mm3_job_fail(r->job, 500, "stage 0: %s", mm3_last_error());
+                mm3_job_fail_kind(r->job, MM3_FAIL_INTERNAL, "stage 0: %s", mm3_last_error());
                 leave_early(s, r);
             }
             return rc;
@@ -470,7 +470,7 @@ int sched_step(struct sched *s)
     for (int i = 0; i < n_sample; i++) {
         struct sched_req *r = s->sample[i];
         if (r->g.err < 0) {
-            mm3_job_fail(r->job, 500, "stage 0: %s", r->g.err_msg);
+            mm3_job_fail_kind(r->job, MM3_FAIL_INTERNAL, "stage 0: %s", r->g.err_msg);
             leave_early(s, r);
             continue;
         }
@@ -560,13 +560,13 @@ void sched_destroy(struct sched *s, const char *reason)
     for (int p = 0; p < s->n_pairs; p++) {
         struct sched_req *r = s->active[p];
         if (!r) continue;
-        mm3_job_fail(r->job, 503, "%s", reason);
+        mm3_job_fail_kind(r->job, MM3_FAIL_UNAVAILABLE, "%s", reason);
         leave_early(s, r);
     }
     struct sched_req *r = s->q_head;
     while (r) {
         struct sched_req *next = r->next;
-        mm3_job_fail(r->job, 503, "%s", reason);
+        mm3_job_fail_kind(r->job, MM3_FAIL_UNAVAILABLE, "%s", reason);
         req_free(r);
         r = next;
     }

@@ -35,11 +35,6 @@ static void on_signal(int sig)
     g_stop = 1;
 }
 
-void s1_channel_config(const struct mm3_deploy *d, const char *name, const char *prefix, struct shmconn_config *out)
-{
-    pipe_channel_config(d, name, prefix, out);
-}
-
 /* ---- start-up ---- */
 
 static int server_load(struct s1_server *s, const struct s1_server_options *o)
@@ -69,8 +64,9 @@ static int server_load(struct s1_server *s, const struct s1_server_options *o)
     s->max_reqs = s->max_active + mm3_deploy_stage(&s->d, 0)->max_num_seqs;
     s->codec_streaming = e->codec_streaming;
     s->send_timeout_s = mm3_connector_steady_deadline_s(e);
-    s1_channel_config(&s->d, PIPE_CHANNEL_S0_TO_S1, s->prefix, &s->in_cfg);
-    s1_channel_config(&s->d, PIPE_CHANNEL_S1_TO_S0, s->prefix, &s->out_cfg);
+    if ((rc = pipe_worker_from_env(mm3_deploy_stage1_workers(&s->d), &s->worker)) < 0) return rc;
+    pipe_worker_channel_config(&s->d, PIPE_CHANNEL_S0_TO_S1, s->worker, s->prefix, &s->in_cfg);
+    pipe_worker_channel_config(&s->d, PIPE_CHANNEL_S1_TO_S0, s->worker, s->prefix, &s->out_cfg);
     pipe_run_apply(&s->run, &s->in_cfg);
     pipe_run_apply(&s->run, &s->out_cfg);
     if (!s->run.run_id[0])
@@ -89,8 +85,8 @@ static int server_load(struct s1_server *s, const struct s1_server_options *o)
         return rc;
     /* the condition projection, the DiT, its flow loop and the vocoder on the GPU; the
      * slot mix of the frames and the window bookkeeping stay on the host */
-    if ((rc = s1_backend_open(&s->be, s->d.backend, s->st->n_devices > 0 ? s->st->devices[0] : 0, s->cm, s->dm, s->voc,
-                              s->st->matmul_precision)) < 0)
+    if ((rc = s1_backend_open(&s->be, s->d.backend, mm3_deploy_stage1_worker_device(&s->d, s->worker), s->cm, s->dm,
+                              s->voc, s->st->matmul_precision)) < 0)
         return mm3_error_prefix(rc, "%s: stage 1 on %s: ", s->d.source, mm3_backend_name(s->d.backend));
     if (s->be.vocoder) vocoder_drop_weights(s->voc); /* s1_backend_apply hands every window to the GPU copy */
     if (s->be.flow) dit_drop_weights(s->dm);         /* and every DiT forward to the GPU flow loop */

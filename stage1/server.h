@@ -26,10 +26,6 @@
 #ifndef MM3_STAGE1_SERVER_H
 #define MM3_STAGE1_SERVER_H
 
-#include "common/deploy.h"
-#include "pipe/pipe_channel.h"
-#include "shmconn/shmconn.h"
-
 /* PCM messages carry at most this many samples per channel (2 MiB of float32 stereo),
  * so any vocoder geometry fits the payload area many times over. */
 #define S1_PCM_MAX_SAMPLES (1 << 18)
@@ -38,9 +34,6 @@ struct s1_server_options {
     const char *config; /* deploy file (required) */
     const char *model;  /* overrides the file's `model:`; NULL = keep */
 };
-
-/* pipe_channel_config (pipe/pipe_channel.h) under stage 1's old name. */
-void s1_channel_config(const struct mm3_deploy *d, const char *name, const char *prefix, struct shmconn_config *out);
 
 /* Load everything, print "READY stage1", serve until SIGINT/SIGTERM. Returns 0 after a
  * clean shutdown, < 0 when start-up fails (message in mm3_last_error()). */

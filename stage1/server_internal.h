@@ -60,6 +60,7 @@ struct s1_request {
 struct s1_server {
     struct mm3_deploy d;
     const struct mm3_stage_config *st;
+    int worker; /* this stage-1 worker's index (MM3_STAGE1_WORKER): its channels and device */
     struct condition_model *cm;
     struct dit_model *dm;
     struct vocoder *voc;

@@ -469,6 +469,40 @@ static void test_flow_shift_and_mps_keys(void **state)
 }
 
 /* stages[1].window_order: deadline by default, fifo read back, stage 0 and other words refused. */
+/* Stage-1 workers: one per device of stage 1's devices, or replicas on one device; the
+ * key is stage 1's, a devices list and a different replicas count conflict, and workers
+ * sharing a device share its memory. */
+static void test_stage1_workers_key(void **state)
+{
+    (void)state;
+    assert_int_equal(mm3_deploy_load_string(&deploy, "stages:\n  - stage_id: 0\n  - stage_id: 1\n", "k"), 0);
+    assert_int_equal(mm3_deploy_stage1_workers(&deploy), 1);
+    assert_int_equal(mm3_deploy_load_string(&deploy,
+                                            "backend: cuda\nstages:\n  - {stage_id: 0, devices: \"0\"}\n"
+                                            "  - {stage_id: 1, devices: \"1,2,3\", gpu_memory_utilization: 0.6}\n",
+                                            "k"),
+                     0);
+    assert_int_equal(mm3_deploy_stage1_workers(&deploy), 3);
+    assert_int_equal(mm3_deploy_stage1_worker_device(&deploy, 0), 1);
+    assert_int_equal(mm3_deploy_stage1_worker_device(&deploy, 2), 3);
+    assert_false(has_warning(&deploy, "does not split a stage"));
+    assert_int_equal(mm3_deploy_load_string(&deploy,
+                                            "backend: cpu\nstages:\n  - {stage_id: 0, dtype: float32}\n"
+                                            "  - {stage_id: 1, replicas: 2}\n",
+                                            "k"),
+                     0);
+    assert_int_equal(mm3_deploy_stage1_workers(&deploy), 2);
+    assert_int_equal(mm3_deploy_stage1_worker_device(&deploy, 1), 0);
+    expect_inline_error("stages:\n  - {stage_id: 0, replicas: 2}\n", 2, "stages[0].replicas", "only stage 1");
+    expect_inline_error("stages:\n  - {stage_id: 1, replicas: 0}\n", 2, "stages[0].replicas", "1");
+    expect_inline_error("stages:\n  - stage_id: 0\n  - {stage_id: 1, devices: \"1,2\", replicas: 3}\n", 3,
+                        "stages[1].replicas", "one worker per device");
+    expect_inline_error("backend: cuda\nstages:\n  - {stage_id: 0, devices: \"0\", gpu_memory_utilization: 0.5}\n"
+                        "  - {stage_id: 1, devices: \"1\", replicas: 3, gpu_memory_utilization: 0.4}\n",
+                        4, "stages[1].gpu_memory_utilization", "3 stage-1 worker(s) x 0.4");
+    assert_int_equal(inline_failures, 0);
+}
+
 static void test_window_order_key(void **state)
 {
     (void)state;
@@ -552,6 +586,7 @@ int main(void)
         cmocka_unit_test(test_inline_errors),
         cmocka_unit_test(test_warnings_and_backend),
         cmocka_unit_test(test_missing_file),
+        cmocka_unit_test(test_stage1_workers_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

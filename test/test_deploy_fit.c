@@ -106,13 +106,28 @@ static void test_release_configs_fit_h200(void **state)
         if (!stage0_fits(&deploy, e->d_name, &p)) fail_msg("%s: stage 0 does not fit an H200", e->d_name);
         assert_int_equal(p.kv_dtype, MM3_KV_CACHE_BF16); /* auto on CUDA */
         const struct mm3_stage_config *s0 = mm3_deploy_stage(&deploy, 0), *s1 = mm3_deploy_stage(&deploy, 1);
-        if (s0->devices[0] == s1->devices[0] && s0->gpu_memory_utilization + s1->gpu_memory_utilization > 1.0)
-            fail_msg("%s: stages 0 and 1 share device %d and ask for %g + %g", e->d_name, s0->devices[0],
-                     s0->gpu_memory_utilization, s1->gpu_memory_utilization);
+        /* every stage-1 worker's device: its workers' shares, and stage 0's where it is there too */
+        int n = mm3_deploy_stage1_workers(&deploy);
+        for (int k = 0; k < n; k++) {
+            int dev = mm3_deploy_stage1_worker_device(&deploy, k), on_dev = 0;
+            for (int j = 0; j < n; j++)
+                on_dev += mm3_deploy_stage1_worker_device(&deploy, j) == dev;
+            double want =
+                on_dev * s1->gpu_memory_utilization + (s0->devices[0] == dev ? s0->gpu_memory_utilization : 0);
+            if (want > 1.0)
+                fail_msg("%s: device %d holds %d stage-1 worker(s)%s and asks for %g of it", e->d_name, dev, on_dev,
+                         s0->devices[0] == dev ? " and stage 0" : "", want);
+        }
+        if (!strcmp(e->d_name, "minimax_music3_4gpu.yaml")) {
+            assert_int_equal(n, 3); /* stage 1 on GPUs 1-3, stage 0 alone on GPU 0 */
+            for (int k = 0; k < n; k++)
+                assert_int_equal(mm3_deploy_stage1_worker_device(&deploy, k), k + 1);
+            assert_int_equal(s0->devices[0], 0);
+        }
         checked++;
     }
     closedir(dh);
-    assert_true(checked >= 2); /* minimax_music3.yaml and minimax_music3_2gpu.yaml */
+    assert_true(checked >= 3); /* minimax_music3.yaml, _2gpu.yaml and _4gpu.yaml */
 }
 
 /* The two-GPU file with `kv_cache_dtype: float32` in stage 0 (this morning's file):

@@ -32,6 +32,7 @@
 #include "common/frame_mix.h"
 #include "common/resample.h"
 #include "common/safetensors.h"
+#include "pipe/pipe_channel.h"
 #include "pipe/pipe_codec.h"
 #include "shmconn/shmconn.h"
 #include "shmconn/shmconn_region.h"
@@ -153,7 +154,7 @@ static void channel_cfg(const char *name, struct shmconn_config *c)
 {
     struct mm3_deploy d;
     assert_int_equal(mm3_deploy_load(&d, G.deploy), 0);
-    s1_channel_config(&d, name, G.prefix, c);
+    pipe_channel_config(&d, name, G.prefix, c);
     mm3_deploy_free(&d);
 }
 
@@ -779,8 +780,8 @@ static void test_stage0_restart(void **state)
         struct shmconn_config ct, cr;
         struct mm3_deploy d;
         if (mm3_deploy_load(&d, G.deploy) < 0) _exit(__LINE__);
-        s1_channel_config(&d, PIPE_CHANNEL_S0_TO_S1, G.prefix, &ct);
-        s1_channel_config(&d, PIPE_CHANNEL_S1_TO_S0, G.prefix, &cr);
+        pipe_channel_config(&d, PIPE_CHANNEL_S0_TO_S1, G.prefix, &ct);
+        pipe_channel_config(&d, PIPE_CHANNEL_S1_TO_S0, G.prefix, &cr);
         shmconn_t *tx, *rx;
         if (shmconn_create(&tx, &ct) < 0) _exit(__LINE__);
         double end = now_s() + 20;

@@ -12,6 +12,7 @@
  *           stage1_device N
  *           stage0_mps_thread_percentage P    (0: no limit)
  *           stage1_mps_thread_percentage P
+ *           stage1_workers N                  (stage-1 processes: its devices, or replicas)
  * Exit status 2 for a bad command line. */
 #include <stdio.h>
 #include <string.h>
@@ -48,6 +49,7 @@ int main(int argc, char **argv)
             printf("stage%d_device %d\n", i, s->n_devices > 0 ? s->devices[0] : 0);
             printf("stage%d_mps_thread_percentage %d\n", i, s->mps_thread_percentage);
         }
+        printf("stage1_workers %d\n", mm3_deploy_stage1_workers(&d));
         printf("stage1_matmul_precision %s\n", mm3_matmul_precision_name(mm3_deploy_stage(&d, 1)->matmul_precision));
     }
     mm3_deploy_free(&d);

@@ -268,6 +268,42 @@ void mm3_job_set_error(struct mm3_job *job, int http_status, const char *fmt, ..
     pthread_mutex_unlock(&job->mu);
 }
 
+int mm3_fail_kind_status(enum mm3_fail_kind kind)
+{
+    switch (kind) {
+    case MM3_FAIL_BAD_REQUEST:
+        return 400;
+    case MM3_FAIL_INTERNAL:
+        return 500;
+    case MM3_FAIL_STAGE1:
+        return 502;
+    case MM3_FAIL_UNAVAILABLE:
+        return 503;
+    }
+    return 500;
+}
+
+int mm3_job_fail_kind(struct mm3_job *job, enum mm3_fail_kind kind, const char *fmt, ...)
+{
+    char msg[sizeof job->error];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return job_end(job, MM3_CHUNK_ERROR, MM3_JOB_FAILED, mm3_fail_kind_status(kind), msg);
+}
+
+void mm3_job_set_error_kind(struct mm3_job *job, enum mm3_fail_kind kind, const char *fmt, ...)
+{
+    pthread_mutex_lock(&job->mu);
+    job->http_status = mm3_fail_kind_status(kind);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(job->error, sizeof job->error, fmt, ap);
+    va_end(ap);
+    pthread_mutex_unlock(&job->mu);
+}
+
 int mm3_job_error(struct mm3_job *job, char *msg, size_t cap)
 {
     pthread_mutex_lock(&job->mu);

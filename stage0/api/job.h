@@ -134,6 +134,24 @@ int mm3_job_finish(struct mm3_job *job);
 /* End the stream with an error (state FAILED), message and HTTP status (e.g.
  * 500; 400 for a bad prompt found late). Never blocks. Returns 0 or -EPIPE. */
 int mm3_job_fail(struct mm3_job *job, int http_status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Why a job failed, as the core loop (scheduler, engine) says it; the API layer maps
+ * each kind to its HTTP status (mm3_fail_kind_status). */
+enum mm3_fail_kind {
+    MM3_FAIL_BAD_REQUEST = 0, /* 400: the request cannot be served as asked (found late) */
+    MM3_FAIL_INTERNAL,        /* 500: stage 0 itself failed (memory, model), or its client stalled */
+    MM3_FAIL_STAGE1,          /* 502: stage 1 failed, gave up, timed out or was lost */
+    MM3_FAIL_UNAVAILABLE,     /* 503: no stage 1, a full queue, or shutting down: retry elsewhere */
+};
+
+/* The HTTP status of a kind (500 for an unknown one). */
+int mm3_fail_kind_status(enum mm3_fail_kind kind);
+/* mm3_job_fail with the status of kind. */
+int mm3_job_fail_kind(struct mm3_job *job, enum mm3_fail_kind kind, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* mm3_job_set_error with the status of kind. */
+void mm3_job_set_error_kind(struct mm3_job *job, enum mm3_fail_kind kind, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 /* Record why submit refused the job (no stream marker); used with -EINVAL. */
 void mm3_job_set_error(struct mm3_job *job, int http_status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
