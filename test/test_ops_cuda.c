@@ -130,7 +130,7 @@ static void expect_close(const float *got, const float *ref, size_t n, double to
 static int x_round_mode;  /* what cuda_ops_gemv_set_x_round was last given */
 static int gemv_mma_rows = 2; /* the float32 kernel's row limit (cuda_ops_gemv_set_mma_rows) */
 enum { GEMV_WIDE_OUT_DEFAULT = 6 * 4096 };
-static int gemv_wide_out = GEMV_WIDE_OUT_DEFAULT; /* MM3_GEMV_MMA_WIDE x 4096 (0: never) */
+static int gemv_wide_out = GEMV_WIDE_OUT_DEFAULT; /* cuda_ops_gemv_set_mma_wide's n x 4096 (0: never) */
 
 static void set_x_round(int mode)
 {
@@ -144,12 +144,11 @@ static void set_mma_rows(int rows)
     gemv_mma_rows = rows ? rows : 2;
 }
 
-/* n: MM3_GEMV_MMA_WIDE's value; NULL: unset (the default). */
-static void set_gemv_wide(const char *n)
+/* n: cuda_ops_gemv_set_mma_wide's value; -1: the default. */
+static void set_gemv_wide(int n)
 {
-    assert_int_equal(n ? setenv("MM3_GEMV_MMA_WIDE", n, 1) : unsetenv("MM3_GEMV_MMA_WIDE"), 0);
-    cuda_env_switches_reset();
-    gemv_wide_out = n ? atoi(n) * 4096 : GEMV_WIDE_OUT_DEFAULT;
+    assert_int_equal(cuda_ops_gemv_set_mma_wide(n), 0);
+    gemv_wide_out = n >= 0 ? n * 4096 : GEMV_WIDE_OUT_DEFAULT;
 }
 
 /* Whether a tensor-core GEMV at n rows rounds x. */
@@ -815,9 +814,9 @@ static void test_gemv_fused(void **state)
         check_fused(rows[i], 12288, 4096, CUDA_GEMV_ADD, 0);    /* h += g . Wd^T */
     }
     check_fused(2, 4096, 12288, CUDA_GEMV_SWIGLU, 1);
-    /* Wide products at 1-2 rows on the tensor cores (MM3_GEMV_MMA_WIDE: the talker's
-     * gate|up above by default, here from 12288 outputs) and on float32 (0). */
-    const char *wide[] = {"3", "0"};
+    /* Wide products at 1-2 rows on the tensor cores (cuda_ops_gemv_set_mma_wide: the
+     * talker's gate|up above by default, here from 12288 outputs) and on float32 (0). */
+    const int wide[] = {3, 0};
     for (int i = 0; i < 2; i++) {
         set_gemv_wide(wide[i]);
         for (int n = 1; n <= 2; n++) {
@@ -825,7 +824,8 @@ static void test_gemv_fused(void **state)
             check_fused(n, 4096, 12288, CUDA_GEMV_STORE, 1);
         }
     }
-    set_gemv_wide(NULL);
+    set_gemv_wide(-1);
+    assert_int_equal(cuda_ops_gemv_set_mma_wide(65), -EINVAL);
     /* Every row count (both kernels, every x tile count of the tensor-core one), k splits. */
     for (int n = 1; n <= CUDA_OPS_GEMV_MMA_MAX_ROWS; n++)
         check_fused_small(n);
@@ -1045,15 +1045,13 @@ static void test_attention_combine_kernels(void **state)
         {2, 32, 8, 128, 3000, {3000, 2999}, CUDA_KV_BF16, 64},
         {3, 12, 4, 64, 600, {0, 257, 513}, CUDA_KV_F32, 0},
     };
-    const char *modes[] = {"0", "2"};
-    for (int m = 0; m < 2; m++) {
-        assert_int_equal(setenv("MM3_ATT_COMBINE_STAGED", modes[m], 1), 0);
-        cuda_env_switches_reset();
+    for (int mode = 1; mode <= 2; mode++) {
+        assert_int_equal(cuda_ops_attention_set_combine(mode), 0);
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
             check_attention(&cases[i]);
     }
-    assert_int_equal(unsetenv("MM3_ATT_COMBINE_STAGED"), 0);
-    cuda_env_switches_reset();
+    assert_int_equal(cuda_ops_attention_set_combine(0), 0);
+    assert_int_equal(cuda_ops_attention_set_combine(3), -EINVAL);
 }
 
 /* cuda_ops_attention_decode_qkv against the chain it replaces, on the CPU: q and k

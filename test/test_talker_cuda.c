@@ -1038,28 +1038,24 @@ static void qkv_reference(const struct depth *d, const float *in, size_t rows, f
     free(a);
 }
 
-/* depth_cuda_create with MM3_DEPTH_INPUT_TABLE=mode (NULL: unset), and what
- * depth_cuda_table_spared_bytes says under the same switch; the switch is read afresh
- * before and after, and main's x-split setting, which the resets forget, set again. */
-static struct depth_cuda *depth_with_tables(const struct depth *d, int n, const char *mode, size_t *spared)
+/* depth_cuda_create with depth_cuda_set_input_tables(mode), and what
+ * depth_cuda_table_spared_bytes says under the same setting; the default set again after. */
+static struct depth_cuda *depth_with_tables(const struct depth *d, int n, int mode, size_t *spared)
 {
     struct depth_cuda *dc = NULL;
-    if (mode) assert_int_equal(setenv("MM3_DEPTH_INPUT_TABLE", mode, 1), 0);
-    cuda_env_switches_reset();
+    assert_int_equal(depth_cuda_set_input_tables(mode), 0);
     assert_int_equal(depth_cuda_create(&dc, d, n), 0);
     *spared = depth_cuda_table_spared_bytes(d);
-    assert_int_equal(unsetenv("MM3_DEPTH_INPUT_TABLE"), 0);
-    cuda_env_switches_reset();
-    assert_int_equal(cuda_ops_gemv_set_x_round(2), 0);
+    assert_int_equal(depth_cuda_set_input_tables(DEPTH_CUDA_TABLES_BOTH), 0);
     return dc;
 }
 
 /* The tables of projected inputs and of their layer-0 Q|K|V (depth_cuda_input_table,
  * depth_cuda_qkv_table) against the projection and the product computed here in
  * double, row by row, and a pass started from them (depth_cuda_step_projected_dev)
- * against the CPU decoder fed the embeddings. mode: MM3_DEPTH_INPUT_TABLE (NULL:
- * unset, both tables; "2": the input table only). */
-static double check_depth_input_table(struct depth *d, int n, const char *mode)
+ * against the CPU decoder fed the embeddings. mode: DEPTH_CUDA_TABLES_BOTH or
+ * DEPTH_CUDA_TABLES_INPUT (the input table only). */
+static double check_depth_input_table(struct depth *d, int n, int mode)
 {
     const int H = d->cfg.hidden, V = d->cfg.audio_vocab, S = d->cfg.n_codebooks;
     const size_t nh = (size_t)n * H, tab = (size_t)(S - 2) * V * H;
@@ -1136,12 +1132,12 @@ static double check_depth_input_table(struct depth *d, int n, const char *mode)
     depth_cuda_destroy(dc);
 
     /* switched off, or nothing to project: no table, nothing spared */
-    dc = depth_with_tables(d, n, "0", &spared);
+    dc = depth_with_tables(d, n, DEPTH_CUDA_TABLES_NONE, &spared);
     assert_null(depth_cuda_input_table(dc));
     assert_int_equal(spared, 0);
     depth_cuda_destroy(dc);
     d->audio_emb = NULL;
-    dc = depth_with_tables(d, n, NULL, &spared);
+    dc = depth_with_tables(d, n, DEPTH_CUDA_TABLES_BOTH, &spared);
     assert_null(depth_cuda_input_table(dc));
     assert_int_equal(spared, 0);
     depth_cuda_destroy(dc);
@@ -1157,13 +1153,13 @@ static void test_depth_input_table(void **state)
     make_depth(&d, 64, 224, 96, 4, 2, 2, 32); /* fused products; 9-16 rows: the x-staged kernel */
     const int rows[] = {16, 9, 8, 5, 2};
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-        worst = fmax(worst, check_depth_input_table(&d, rows[i], NULL));
-        worst = fmax(worst, check_depth_input_table(&d, rows[i], "2"));
+        worst = fmax(worst, check_depth_input_table(&d, rows[i], DEPTH_CUDA_TABLES_BOTH));
+        worst = fmax(worst, check_depth_input_table(&d, rows[i], DEPTH_CUDA_TABLES_INPUT));
     }
     free_depth(&d);
     make_depth(&d, 40, 72, 24, 5, 2, 2, 20); /* the separate chain */
-    worst = fmax(worst, check_depth_input_table(&d, 3, NULL));
-    worst = fmax(worst, check_depth_input_table(&d, 3, "2"));
+    worst = fmax(worst, check_depth_input_table(&d, 3, DEPTH_CUDA_TABLES_BOTH));
+    worst = fmax(worst, check_depth_input_table(&d, 3, DEPTH_CUDA_TABLES_INPUT));
     free_depth(&d);
     assert_true(worst <= REL_TOL);
 }

@@ -8,18 +8,16 @@
  * memory and write (acc[head_dim], m, l) for the chunk.
  * Pass 2: one block per (query head, sequence) merges the chunks (log-sum-exp).
  * With bf16 caches and head_dim 64 or 128 (the talker's), pass 1 runs on the tensor
- * cores instead (attention_decode_mma.cu; MM3_ATT_MMA=0 keeps this kernel): 16
- * sequences at context 1000 took 43 us per layer here, bound by the shuffles and
- * exps, 23.5 there.
+ * cores instead (attention_decode_mma.cu): this kernel is bound by its shuffles and
+ * exps there, and takes nearly twice as long (docs/performance.md).
  *
  * The fused variant (cuda_ops_attention_decode_qkv) takes the new token's q/k/v as
  * the QKV product left them: each block norms and rotates its q heads itself, the
  * block whose chunk holds the new position also its k head, stores k and v in the
  * cache and uses them from shared memory (no block reads that position from the
  * cache, so the store races with nothing). One launch per layer fewer. (Merging the
- * splits in the last block of each kv head instead of pass 2 was measured slower:
- * 26.8 against 15.2 us per layer at 2 sequences, context 1000; one block walks
- * what pass 2 spreads over `group` blocks.) */
+ * splits in the last block of each kv head instead of pass 2 was slower: one block
+ * walks what pass 2 spreads over `group` blocks.) */
 #include <math.h>
 #include <stdint.h>
 
@@ -67,9 +65,9 @@ __device__ __forceinline__ void load_rows(const KT *k, const KT *v, size_t kv_of
 }
 
 /* 3 blocks per SM for the talker's heads (bf16 KV, E 4, G 4) and those no wider: the
- * fused prologue had taken its instance from 168 to 172 registers, 2 blocks per SM,
- * and 16 sequences at context 5000 from 142 to 173 us per layer. Other instances
- * would spill under that cap. */
+ * fused prologue had pushed its instance past the registers of 3 blocks per SM, and
+ * the drop to 2 slowed long contexts markedly. Other instances would spill under that
+ * cap. */
 template <typename KT, int E, int G, bool FUSE>
 __global__ void __launch_bounds__(ATT_WARPS * 32, (sizeof(KT) == 2 && E >= 4 && E * G <= 16) ? 3 : 1)
     attn_split_kernel(float *__restrict__ part, const float *__restrict__ q, size_t q_stride, const KT *__restrict__ k,
@@ -355,32 +353,27 @@ static void att_plan(int n_seq, int n_kv_heads, int max_kv_len, int chunk_positi
     *n_split_out = max_kv_len > 0 ? (int)((max_kv_len + chunk - 1) / chunk) : 1;
 }
 
-/* MM3_ATT_EARLY=0: the tensor-core kernel's fused variant waits for the previous
- * kernel before any load (measuring). */
-static int att_early(void)
+/* Which combine kernel merges n_split partials: the staged one above
+ * ATT_COMBINE_STAGED_MIN splits, where loading every split's max and sum at once saves
+ * more than its extra barrier costs; below, the per-split one (docs/performance.md).
+ * cuda_ops_attention_set_combine: 0 = that choice, 1 = never staged, 2 = always. */
+enum { ATT_COMBINE_STAGED_MIN = 4 };
+static int combine_setting;
+
+extern "C" int cuda_ops_attention_set_combine(int mode)
 {
-    static int state = -1;
-    return cuda_env_switch(&state, "MM3_ATT_EARLY", 1);
+    if (mode < 0 || mode > 2)
+        return mm3_errorf(-EINVAL,
+                          "cuda_ops_attention_set_combine: %d: expected 0 (per split count), 1 (per split), 2 (staged)",
+                          mode);
+    __atomic_store_n(&combine_setting, mode, __ATOMIC_RELAXED);
+    return 0;
 }
 
-/* Which combine kernel merges n_split partials. Measured in the graphs on the H200
- * (context 1000, twenty-sixth session): with 16 splits (1 pair) the staged kernel adds
- * 3.7-4.1 us a layer against 4.4-4.9, with 2 (8 pairs) 4.3 against 3.1, where its
- * extra barrier costs more than the one round of loads it saves. MM3_ATT_COMBINE_STAGED
- * (measuring): 0 never staged, 2 always, unset or 1 above ATT_COMBINE_STAGED_MIN splits. */
-enum { ATT_COMBINE_STAGED_MIN = 4 };
 static bool att_combine_staged(int n_split)
 {
-    static int state = -1;
-    const int m = cuda_env_switch(&state, "MM3_ATT_COMBINE_STAGED", 1);
-    return m == 2 || (m == 1 && n_split > ATT_COMBINE_STAGED_MIN);
-}
-
-/* MM3_ATT_MMA=0: the CUDA-core kernel where the tensor-core one fits (measuring). */
-static int att_use_mma(void)
-{
-    static int state = -1;
-    return cuda_env_switch(&state, "MM3_ATT_MMA", 1);
+    const int m = __atomic_load_n(&combine_setting, __ATOMIC_RELAXED);
+    return m == 2 || (m == 0 && n_split > ATT_COMBINE_STAGED_MIN);
 }
 
 /* The tensor-core kernel's split count: one wave of its blocks (it keeps more bytes
@@ -457,7 +450,7 @@ static int attention_decode(float *out, const float *q, size_t q_stride, const v
     long chunk;
     int n_split;
     att_plan(n_seq, n_kv_heads, max_kv_len, chunk_positions, &chunk, &n_split);
-    const bool mma = att_use_mma() && att_mma_fits(kv_dtype == CUDA_KV_BF16, head_dim, group);
+    const bool mma = att_mma_fits(kv_dtype == CUDA_KV_BF16, head_dim, group);
     if (mma && !chunk_positions)
         n_split = att_mma_splits(n_seq, n_kv_heads, max_kv_len, n_split, att_mma_blocks_per_sm(head_dim, prep != NULL));
     const size_t part_bytes = att_part_bytes(n_seq, n_heads, head_dim, n_split);
@@ -483,7 +476,6 @@ static int attention_decode(float *out, const float *q, size_t q_stride, const v
         a.fuse.pos = prep->pos;
         a.fuse.kw = (void *)k_cache;
         a.fuse.vw = (void *)v_cache;
-        a.fuse.early = att_early();
     }
     dim3 grid((unsigned)n_split, (unsigned)n_kv_heads, (unsigned)n_seq);
     if (mma)

@@ -24,12 +24,11 @@ extern "C" {
 
 /* ---- device and memory ---------------------------------------------------- */
 
-/* The measuring switches of the GPU paths (MM3_PDL, MM3_GEMV_FUSE, ...; listed in
+/* The measuring switches of the GPU paths (MM3_PDL, MM3_GRAPH_TIMING; listed in
  * docs/operations.md): the digit when the variable is one digit ("0", "1", "2"...),
- * else `unset`; read once into *slot (a static of the caller, -1 until then, which a
- * tuning hook may also set) and taken from there afterwards. cuda_env_switches_reset:
- * every switch read from the environment so far reads it again at its next use (a value
- * a tuning hook stored into such a switch since is forgotten too); for a benchmark that
+ * else `unset`; read once into *slot (a static of the caller, -1 until then) and taken
+ * from there afterwards. cuda_env_switches_reset: every switch read from the environment
+ * so far reads it again at its next use; for a benchmark that
  * changes the environment between runs, with no kernel queued and no graph captured
  * under the old values. */
 int cuda_env_switch(int *slot, const char *name, int unset);
@@ -135,34 +134,37 @@ int cuda_ops_gemv_bf16_opw(float *y, const float *x, const uint16_t *w, int n_ro
 int cuda_ops_gemv_bf16_mma(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int m_tiles,
                            void *stream);
 
-/* Tuning hook: row counts above `rows` (2..4; 0 = the default, 2, or the environment's
- * MM3_GEMV_MMA_ROWS) go to the tensor-core GEMV, the rest to the float32 kernel; for
- * cuda_ops_matmul_bf16 and cuda_ops_gemv_bf16_fused alike. Not for use while kernels
- * are being queued on another thread. */
+/* Tuning hook: row counts above `rows` (2..4; 0 = the default, 2) go to the tensor-core
+ * GEMV, the rest to the float32 kernel; for cuda_ops_matmul_bf16 and
+ * cuda_ops_gemv_bf16_fused alike. Not for use while kernels are being queued on another
+ * thread. */
 int cuda_ops_gemv_set_mma_rows(int rows);
+/* Tuning hook: at 1-2 rows, products of at least wide x 4096 outputs (with in % 32 == 0)
+ * take the tensor-core GEMV; 0 = never, -1 = the default (6: the talker's gate|up).
+ * Same threading rule. */
+int cuda_ops_gemv_set_mma_wide(int wide);
 /* Tuning hook: 16-row weight tiles per block of the tensor-core GEMV where its caller
- * leaves the choice (m_tiles 0): 2 or 4 for every shape, or 0 = the default (2, or
- * the environment's MM3_MMA_MT). 17-32 rows always take 2. Same threading rule. */
+ * leaves the choice (m_tiles 0): 2 or 4 for every shape, or 0 = the default (2).
+ * 17-32 rows always take 2. Same threading rule. */
 int cuda_ops_gemv_set_mma_tiles(int m_tiles);
 /* Tuning hook: where the tensor-core GEMV keeps a warp's weights between load and
  * use: 1 = a shared-memory ring (cp.async, three k steps), 2 = registers (two steps),
  * 0 = the default (registers at 3-16 rows, the ring at 9-16 only where x is split
- * rather than rounded (cuda_ops_gemv_set_x_round); or the environment's MM3_MMA_RING).
- * 4 weight tiles per block always use registers; 17-32 rows the ring, or registers
- * with 2 where x is rounded (measuring: with x split they spill). Same threading rule. */
+ * rather than rounded (cuda_ops_gemv_set_x_round)). 4 weight tiles per block always use
+ * registers; 17-32 rows the ring, or registers with 2 where x is rounded (with x split
+ * they spill). Same threading rule. */
 int cuda_ops_gemv_set_mma_ring(int mode);
 /* Tuning hook: which tensor-core GEMV serves a row count where the caller leaves the
  * weight tile count open: 1 = the x-staged kernel (gemv_xs.cu: x copied into shared
  * memory once per block, warps split the outputs) for every tensor-core row count,
  * 2 = never (gemv_mma.cu only), 0 = the default (x-staged where the outputs alone
- * nearly fill the GPU at 17-32 rows, and at 9-16 where x is split rather than rounded;
- * or the environment's MM3_GEMV_XS). Same threading rule. */
+ * nearly fill the GPU at 17-32 rows, and at 9-16 where x is split rather than rounded).
+ * Same threading rule. */
 int cuda_ops_gemv_set_xs(int mode);
 /* Tuning hook: where the tensor-core GEMVs round float32 x to bf16 (two MMAs per
  * weight tile, the precision of the reference's bf16 activations) instead of splitting
  * it into bf16 hi + lo (four MMAs, float32 accuracy): 1 = every row count, 2 = never,
- * 0 = the default (above CUDA_OPS_GEMV_SPLIT_MAX_ROWS rows, or the environment's
- * MM3_GEMV_XROUND). Same threading rule. */
+ * 0 = the default (above CUDA_OPS_GEMV_SPLIT_MAX_ROWS rows). Same threading rule. */
 int cuda_ops_gemv_set_x_round(int mode);
 /* Most rows of a product whose x the default keeps split (float32 accuracy): a caller
  * that wants float32 accuracy whatever the hook says about larger batches slices its
@@ -173,7 +175,7 @@ int cuda_ops_gemv_set_x_round(int mode);
  * n <= 2:  float32 GEMV kernel: one pass over w with 16-byte loads serves all
  *          rows; x stays float32 (matches op_matmul on widened w up to summation order);
  *          products of >= 24576 outputs take the tensor-core kernel below instead
- *          (MM3_GEMV_MMA_WIDE, as cuda_ops_gemv_bf16_fused).
+ *          (cuda_ops_gemv_set_mma_wide, as cuda_ops_gemv_bf16_fused).
  * n 3..32: tensor-core GEMV (cuda_ops_gemv_bf16_mma, or above 8 rows the x-staged one:
  *          cuda_ops_gemv_set_xs) when in % 32 == 0 and w, x are
  *          16-byte aligned (else the float32 kernel up to 16 rows): x split into bf16
@@ -226,15 +228,12 @@ int cuda_ops_gemv_bf16_fused(float *y, const float *x, const uint16_t *w, int n_
 /* Whether that shape fuses: rows 1..cuda_ops_gemv_max_rows(in), in % 8 == 0 (in % 32
  * == 0 on the tensor-core kernel, beyond 2 rows by default), out even for SWIGLU, no
  * norm with ADD. At 1-2 rows products of >= 24576 outputs with in % 32 == 0 run on the
- * tensor-core kernel too (MM3_GEMV_MMA_WIDE=n: from n x 4096 outputs, 0 never). */
+ * tensor-core kernel too (cuda_ops_gemv_set_mma_wide). */
 int cuda_ops_gemv_fused_ok(int n_rows, int in, int out, enum cuda_gemv_epi epi, int norm);
 /* Whether fusing the norm and the residual add into the products is faster at this
- * row count (measured on the H200, ctx 1000, docs/performance.md): at 1-2 rows (1 CFG
- * pair 8.13 -> 7.68 ms per frame) and on the tensor-core kernel (8 pairs 12.42 -> 11.98);
- * not with 3-4 rows on the float32 kernel (cuda_ops_gemv_set_mma_rows 3 or 4), where
- * every block re-deriving the normed x for 4 rows makes it ALU-bound (2 pairs 10.58 ->
- * 11.89). MM3_GEMV_FUSE=0 /
- * =1 in the environment: never / at every row count (for measuring). */
+ * row count (docs/performance.md): at 1-2 rows and on the tensor-core kernel, yes; not
+ * with 3-4 rows on the float32 kernel (cuda_ops_gemv_set_mma_rows 3 or 4), where every
+ * block re-deriving the normed x for 4 rows makes it ALU-bound. */
 int cuda_ops_gemv_fused_pays(int n_rows);
 
 /* y[n_rows, ffn] = silu(x . Wg^T) * (x . Wu^T) with w_gu [2*ffn, in] holding the rows
@@ -291,6 +290,11 @@ int cuda_ops_attention_decode_rows(float *out, const float *q, size_t q_stride, 
                                    int n_heads, int n_kv_heads, int head_dim, float scale, void *workspace,
                                    size_t workspace_bytes, void *stream);
 size_t cuda_ops_attention_decode_workspace_bytes(int n_seq, int n_heads, int n_kv_heads, int head_dim, int max_kv_len);
+/* Tuning hook (tests): which kernel merges the decode attention's split partials: 1 =
+ * the per-split one, 2 = the staged one (every split's max and sum into shared memory at
+ * once), 0 = the default (staged above 4 splits). Not for use while kernels are being
+ * queued on another thread. */
+int cuda_ops_attention_set_combine(int mode);
 
 /* The decode step of a layer with the q/k/v rows as the QKV product leaves them. */
 struct cuda_qkv_prep {
