@@ -966,8 +966,9 @@ static void check_attention(const struct att_case *c)
     const float scale = 1.0f / sqrtf((float)c->head_dim);
     for (int s = 0; s < c->n_seq; s++) {
         size_t qo = (size_t)s * c->n_heads * c->head_dim;
+        const struct attention_heads h = {c->n_heads, c->n_kv_heads, c->head_dim, scale};
         op_attention(ref + qo, c->n_heads * c->head_dim, q + qo, c->n_heads * c->head_dim, kf + s * seq, vf + s * seq,
-                     (int)row, 1, c->kv_len[s], c->n_heads, c->n_kv_heads, c->head_dim, 1, c->kv_len[s] - 1, scale);
+                     (int)row, 1, c->kv_len[s], &h, 1, c->kv_len[s] - 1);
     }
 
     void *dk, *dv;
@@ -981,11 +982,15 @@ static void check_attention(const struct att_case *c)
     float *dq = dev_upload(q, sizeof(float) * qn);
     int *dlen = dev_upload(c->kv_len, sizeof(int) * c->n_seq);
     float *dout_inner, *dout = dev_guarded(qn, &dout_inner);
-    int rc = c->chunk ? cuda_ops_attention_decode_chunk(dout_inner, dq, dk, dv, c->dtype, dlen, c->max_len, seq, row,
-                                                        c->n_seq, c->n_heads, c->n_kv_heads, c->head_dim, scale,
-                                                        c->chunk, NULL)
-                      : cuda_ops_attention_decode(dout_inner, dq, dk, dv, c->dtype, dlen, c->max_len, seq, row,
-                                                  c->n_seq, c->n_heads, c->n_kv_heads, c->head_dim, scale, NULL);
+    const struct cuda_attention_decode a = {.out = dout_inner,
+                                            .q = dq,
+                                            .kv = {dk, dv, c->dtype, seq, row},
+                                            .kv_len = dlen,
+                                            .n_seq = c->n_seq,
+                                            .max_kv_len = c->max_len,
+                                            .heads = {c->n_heads, c->n_kv_heads, c->head_dim, scale},
+                                            .chunk_positions = c->chunk};
+    int rc = cuda_ops_attention_decode(&a, NULL);
     if (rc) fail_msg("%s: %s", what, mm3_last_error());
     float *got = dev_fetch_checked(dout, qn, what);
     /* float32 softmax and sums in another order, device expf: ~1e-6 typical. */
@@ -1108,8 +1113,9 @@ static void check_attention_qkv(const struct att_qkv_case *c)
             if (c->dtype == CUDA_KV_BF16) k = mm3_bf16_to_f32(mm3_f32_to_bf16(k)), v = mm3_bf16_to_f32(mm3_f32_to_bf16(v));
             kf[at + i] = k, vf[at + i] = v;
         }
+        const struct attention_heads h = {c->n_heads, c->n_kv_heads, D, 1.0f / sqrtf((float)D)};
         op_attention(ref + (size_t)s * QD, QD, qr, QD, kf + (size_t)seq_row[s] * seq, vf + (size_t)seq_row[s] * seq,
-                     (int)row, 1, len[s], c->n_heads, c->n_kv_heads, D, 1, len[s] - 1, 1.0f / sqrtf((float)D));
+                     (int)row, 1, len[s], &h, 1, len[s] - 1);
     }
 
     const size_t elem = c->dtype == CUDA_KV_BF16 ? 2 : 4;
@@ -1129,9 +1135,18 @@ static void check_attention_qkv(const struct att_qkv_case *c)
     float *first = NULL;
     for (int run = 0; run < 3; run++) {
         assert_int_equal(cuda_memset(dout_inner, 0xff, sizeof(float) * (size_t)S * QD), 0);
-        int rc = cuda_ops_attention_decode_qkv(dout_inner, dqkv, qkv_stride, dk, dv, c->dtype, dlen, drow, c->max_len,
-                                               seq, row, S, c->n_heads, c->n_kv_heads, D, 1.0f / sqrtf((float)D), &prep,
-                                               run ? ws : NULL, run ? ws_bytes : 0, NULL);
+        const struct cuda_attention_decode a = {.out = dout_inner,
+                                                .q = dqkv,
+                                                .q_stride = qkv_stride,
+                                                .kv = {dk, dv, c->dtype, seq, row},
+                                                .kv_len = dlen,
+                                                .seq_row = drow,
+                                                .n_seq = S,
+                                                .max_kv_len = c->max_len,
+                                                .heads = {c->n_heads, c->n_kv_heads, D, 1.0f / sqrtf((float)D)},
+                                                .workspace = run ? ws : NULL,
+                                                .workspace_bytes = run ? ws_bytes : 0};
+        int rc = cuda_ops_attention_decode_qkv(&a, &prep, NULL);
         if (rc) fail_msg("%s: %s", what, mm3_last_error());
         float *got = dev_fetch_checked(dout, (size_t)S * QD, what);
         expect_close(got, ref, (size_t)S * QD, TOL_F32_SUM, what);
@@ -1191,33 +1206,36 @@ static void test_attention_bad_args(void **state)
 {
     (void)state;
     int dummy[4] = {0, 0, 0, 0};
-    assert_int_equal(cuda_ops_attention_decode(NULL, NULL, dummy, dummy, CUDA_KV_BF16, NULL, 1, 1024, 1024, 1, 32, 8,
-                                               96, 1.0f, NULL),
-                     -EINVAL);
+    /* one sequence, cache rows of 1024 positions x 8 kv heads x 128 */
+    const struct cuda_attention_decode good = {.kv = {dummy, dummy, CUDA_KV_BF16, 1024 * 1024, 1024},
+                                               .n_seq = 1,
+                                               .max_kv_len = 1,
+                                               .heads = {32, 8, 128, 1.0f}};
+    struct cuda_attention_decode a = good;
+    assert_int_equal(cuda_ops_attention_decode(NULL, NULL), -EINVAL);
+    a.heads.head_dim = 96;
+    assert_int_equal(cuda_ops_attention_decode(&a, NULL), -EINVAL);
     assert_non_null(strstr(mm3_last_error(), "head_dim"));
-    assert_int_equal(cuda_ops_attention_decode_chunk(NULL, NULL, dummy, dummy, CUDA_KV_BF16, NULL, 1, 1024, 1024, 1,
-                                                     32, 8, 128, 1.0f, 100, NULL),
-                     -EINVAL);
+    a = good;
+    a.chunk_positions = 100;
+    assert_int_equal(cuda_ops_attention_decode(&a, NULL), -EINVAL);
     assert_non_null(strstr(mm3_last_error(), "chunk"));
-    assert_int_equal(cuda_ops_attention_decode(NULL, NULL, dummy, dummy, CUDA_KV_BF16, NULL, 1, 1024, 1024, 1, 32, 3,
-                                               128, 1.0f, NULL),
-                     -EINVAL);
-    assert_int_equal(cuda_ops_attention_decode(NULL, NULL, dummy, dummy, CUDA_KV_BF16, NULL, 1, 1024, 100, 1, 32, 8,
-                                               128, 1.0f, NULL),
-                     -EINVAL);
-    assert_int_equal(cuda_ops_attention_decode_qkv(NULL, NULL, 6144, dummy, dummy, CUDA_KV_BF16, NULL, NULL, 1, 1024,
-                                                   1024, 1, 32, 8, 128, 1.0f, NULL, NULL, 0, NULL),
-                     -EINVAL);
+    a = good;
+    a.heads.n_kv_heads = 3;
+    assert_int_equal(cuda_ops_attention_decode(&a, NULL), -EINVAL);
+    a = good;
+    a.kv.row_stride = 100;
+    assert_int_equal(cuda_ops_attention_decode(&a, NULL), -EINVAL);
+    a = good;
+    a.q_stride = 6144;
+    assert_int_equal(cuda_ops_attention_decode_qkv(&a, NULL, NULL), -EINVAL);
     assert_non_null(strstr(mm3_last_error(), "prep"));
     struct cuda_qkv_prep prep = {NULL, NULL, 1e-6f, 127, NULL, dummy};
-    assert_int_equal(cuda_ops_attention_decode_qkv(NULL, NULL, 6144, dummy, dummy, CUDA_KV_BF16, NULL, NULL, 1, 1024,
-                                                   1024, 1, 32, 8, 128, 1.0f, &prep, NULL, 0, NULL),
-                     -EINVAL);
+    assert_int_equal(cuda_ops_attention_decode_qkv(&a, &prep, NULL), -EINVAL);
     assert_non_null(strstr(mm3_last_error(), "rotary_dim"));
     prep.rotary_dim = 128;
-    assert_int_equal(cuda_ops_attention_decode_qkv(NULL, NULL, 4096, dummy, dummy, CUDA_KV_BF16, NULL, NULL, 1, 1024,
-                                                   1024, 1, 32, 8, 128, 1.0f, &prep, NULL, 0, NULL),
-                     -EINVAL); /* a q|k|v row is 6144 floats */
+    a.q_stride = 4096;
+    assert_int_equal(cuda_ops_attention_decode_qkv(&a, &prep, NULL), -EINVAL); /* a q|k|v row is 6144 floats */
     assert_non_null(strstr(mm3_last_error(), "q|k|v"));
 }
 

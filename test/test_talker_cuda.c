@@ -679,12 +679,10 @@ static void test_kv_bf16_kernels(void **state)
     assert_int_equal(cuda_memset(d_k16, 0, sizeof(uint16_t) * cache_n), 0);
     assert_int_equal(cuda_memset(d_v16, 0, sizeof(uint16_t) * cache_n), 0);
     const float *k = d_qkv + QD, *v = d_qkv + QD + KD;
-    assert_int_equal(talker_cuda_kv_store_pair(d_k16, d_v16, CUDA_KV_BF16, k, v, (size_t)QKV, d_row, d_pos, n, KD,
-                                               row_stride, KD, NULL),
-                     0);
-    assert_int_equal(talker_cuda_kv_store_pair(d_k32, d_v32, CUDA_KV_F32, k, v, (size_t)QKV, d_row, d_pos, n, KD,
-                                               row_stride, KD, NULL),
-                     0);
+    const struct cuda_kv_cache kv16 = {d_k16, d_v16, CUDA_KV_BF16, row_stride, KD};
+    const struct cuda_kv_cache kv32 = {d_k32, d_v32, CUDA_KV_F32, row_stride, KD};
+    assert_int_equal(talker_cuda_kv_store_pair(&kv16, k, v, (size_t)QKV, d_row, d_pos, n, KD, NULL), 0);
+    assert_int_equal(talker_cuda_kv_store_pair(&kv32, k, v, (size_t)QKV, d_row, d_pos, n, KD, NULL), 0);
     assert_int_equal(cuda_stream_sync(NULL), 0);
     uint16_t *k16 = malloc(sizeof(uint16_t) * cache_n), *v16 = malloc(sizeof(uint16_t) * cache_n);
     float *k32 = malloc(sizeof(float) * cache_n), *v32 = malloc(sizeof(float) * cache_n);
@@ -709,17 +707,16 @@ static void test_kv_bf16_kernels(void **state)
 
     /* Row attention: every token over its row's positions 0..pos. */
     float scale = 1.0f / sqrtf((float)D);
+    const struct attention_heads heads = {NH, NKV, D, scale};
     float *got = malloc(sizeof(float) * n * QD), *want = malloc(sizeof(float) * n * QD);
     assert_non_null(got), assert_non_null(want);
-    assert_int_equal(talker_cuda_attention_rows_kv(d_out, d_qkv, (size_t)QKV, d_k16, d_v16, CUDA_KV_BF16, d_row, d_pos,
-                                                   n, NH, NKV, D, row_stride, KD, scale, NULL),
-                     0);
+    assert_int_equal(talker_cuda_attention_rows_kv(d_out, d_qkv, (size_t)QKV, &kv16, d_row, d_pos, n, &heads, NULL), 0);
     assert_int_equal(cuda_stream_sync(NULL), 0);
     assert_int_equal(cuda_memcpy_d2h(got, d_out, sizeof(float) * n * QD), 0);
     for (int i = 0; i < n; i++) {
         size_t base = (size_t)row[i] * row_stride;
-        op_attention(want + (size_t)i * QD, QD, qkv + (size_t)i * QKV, QKV, kw + base, vw + base, KD, 1, pos[i] + 1, NH,
-                     NKV, D, 0, 0, scale);
+        op_attention(want + (size_t)i * QD, QD, qkv + (size_t)i * QKV, QKV, kw + base, vw + base, KD, 1, pos[i] + 1,
+                     &heads, 0, 0);
     }
     expect_close("row attention, bf16 cache", 0, got, want, (size_t)n * QD, 1e-5);
 
@@ -741,8 +738,8 @@ static void test_kv_bf16_kernels(void **state)
     assert_int_equal(cuda_memcpy_h2d(d_len, kv_len, sizeof(int) * ROWS), 0);
     for (int s = 0; s < ROWS; s++) {
         size_t base = (size_t)seq_row[s] * row_stride;
-        op_attention(want + (size_t)s * QD, QD, dq + (size_t)s * QKV, QKV, kw + base, vw + base, KD, 1, kv_len[s], NH,
-                     NKV, D, 0, 0, scale);
+        op_attention(want + (size_t)s * QD, QD, dq + (size_t)s * QKV, QKV, kw + base, vw + base, KD, 1, kv_len[s],
+                     &heads, 0, 0);
     }
     /* Partials in stream-ordered memory, then in a caller's workspace (what the
      * captured graphs use); one byte short of the size asked for is refused. */
@@ -750,22 +747,28 @@ static void test_kv_bf16_kernels(void **state)
     void *d_ws;
     assert_true(ws_bytes > 0);
     assert_int_equal(cuda_malloc(&d_ws, ws_bytes), 0);
+    struct cuda_attention_decode a = {.out = d_out,
+                                      .q = d_qkv,
+                                      .q_stride = (size_t)QKV,
+                                      .kv = kv16,
+                                      .kv_len = d_len,
+                                      .seq_row = d_seq,
+                                      .n_seq = ROWS,
+                                      .max_kv_len = CTX,
+                                      .heads = heads};
     for (int with_ws = 0; with_ws < 2; with_ws++) {
         assert_int_equal(cuda_memset(d_out, 0, sizeof(float) * ROWS * QD), 0);
-        assert_int_equal(cuda_ops_attention_decode_rows(d_out, d_qkv, (size_t)QKV, d_k16, d_v16, CUDA_KV_BF16, d_len,
-                                                        d_seq, CTX, row_stride, KD, ROWS, NH, NKV, D, scale,
-                                                        with_ws ? d_ws : NULL, with_ws ? ws_bytes : 0, NULL),
-                         0);
+        a.workspace = with_ws ? d_ws : NULL;
+        a.workspace_bytes = with_ws ? ws_bytes : 0;
+        assert_int_equal(cuda_ops_attention_decode(&a, NULL), 0);
         assert_int_equal(cuda_stream_sync(NULL), 0);
         assert_int_equal(cuda_memcpy_d2h(got, d_out, sizeof(float) * ROWS * QD), 0);
         expect_close(with_ws ? "split-K decode attention, bf16 cache, workspace"
                              : "split-K decode attention, bf16 cache",
                      0, got, want, (size_t)ROWS * QD, 1e-5);
     }
-    assert_int_equal(cuda_ops_attention_decode_rows(d_out, d_qkv, (size_t)QKV, d_k16, d_v16, CUDA_KV_BF16, d_len, d_seq,
-                                                    CTX, row_stride, KD, ROWS, NH, NKV, D, scale, d_ws, ws_bytes - 1,
-                                                    NULL),
-                     -EINVAL);
+    a.workspace_bytes = ws_bytes - 1;
+    assert_int_equal(cuda_ops_attention_decode(&a, NULL), -EINVAL);
     cuda_free(d_ws);
 
     /* Special values: NaN stays NaN, infinities stay infinite, as on the host. */
@@ -779,8 +782,8 @@ static void test_kv_bf16_kernels(void **state)
     assert_int_equal(cuda_memcpy_h2d(d_sp, special, sizeof special), 0);
     assert_int_equal(cuda_memcpy_h2d(d_row, &zero, sizeof zero), 0);
     assert_int_equal(cuda_memcpy_h2d(d_pos, &zero, sizeof zero), 0);
-    assert_int_equal(talker_cuda_kv_store_pair(d_sk, d_sv, CUDA_KV_BF16, d_sp, d_sp, 4, d_row, d_pos, 1, 4, 4, 4, NULL),
-                     0);
+    struct cuda_kv_cache kv_sp = {d_sk, d_sv, CUDA_KV_BF16, 4, 4};
+    assert_int_equal(talker_cuda_kv_store_pair(&kv_sp, d_sp, d_sp, 4, d_row, d_pos, 1, 4, NULL), 0);
     assert_int_equal(cuda_stream_sync(NULL), 0);
     assert_int_equal(cuda_memcpy_d2h(sk, d_sk, sizeof sk), 0);
     assert_int_equal(cuda_memcpy_d2h(sv, d_sv, sizeof sv), 0);
@@ -789,11 +792,10 @@ static void test_kv_bf16_kernels(void **state)
         assert_int_equal(sv[i], mm3_f32_to_bf16(special[i]));
     }
     /* Bad arguments are refused with a message, not launched. */
-    assert_int_equal(
-        talker_cuda_kv_store_pair(d_sk, d_sv, (enum cuda_kv_dtype)7, d_sp, d_sp, 4, d_row, d_pos, 1, 4, 4, 4, NULL),
-        -EINVAL);
-    assert_int_equal(talker_cuda_attention_rows_kv(d_out, d_qkv, (size_t)QD - 1, d_k16, d_v16, CUDA_KV_BF16, d_row,
-                                                   d_pos, 1, NH, NKV, D, row_stride, KD, scale, NULL),
+    kv_sp.dtype = (enum cuda_kv_dtype)7;
+    assert_int_equal(talker_cuda_kv_store_pair(&kv_sp, d_sp, d_sp, 4, d_row, d_pos, 1, 4, NULL), -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "kv dtype"));
+    assert_int_equal(talker_cuda_attention_rows_kv(d_out, d_qkv, (size_t)QD - 1, &kv16, d_row, d_pos, 1, &heads, NULL),
                      -EINVAL);
     void *dev[] = {d_qkv, d_out, d_k32, d_v32, d_k16, d_v16, d_row, d_pos, d_len, d_seq, d_sp, d_sk, d_sv};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
@@ -850,12 +852,13 @@ static void check_qkv_fused(int NH, int NKV, int D, enum cuda_kv_dtype dt)
     assert_int_equal(cuda_memcpy_h2d(d_pos, pos, sizeof(int) * N), 0);
     assert_int_equal(cuda_ops_qk_norm_rope(d_a, N, QKV, NH, D, d_qn, 1e-6f, D, d_pos, d_inv, NULL), 0);
     assert_int_equal(cuda_ops_qk_norm_rope(d_a + QD, N, QKV, NKV, D, d_kn, 1e-6f, D, d_pos, d_inv, NULL), 0);
-    assert_int_equal(talker_cuda_kv_store_pair(d_ka, d_va, dt, d_a + QD, d_a + QD + KD, (size_t)QKV, d_row, d_pos, N,
-                                               KD, row_stride, KD, NULL),
+    const struct cuda_kv_cache kva = {d_ka, d_va, dt, row_stride, (size_t)KD};
+    const struct cuda_kv_cache kvb = {d_kb, d_vb, dt, row_stride, (size_t)KD};
+    const struct attention_heads heads = {NH, NKV, D, 1.0f / sqrtf((float)D)};
+    const struct cuda_qkv_prep prep = {d_qn, d_kn, 1e-6f, D, d_inv, d_pos};
+    assert_int_equal(talker_cuda_kv_store_pair(&kva, d_a + QD, d_a + QD + KD, (size_t)QKV, d_row, d_pos, N, KD, NULL),
                      0);
-    assert_int_equal(talker_cuda_qkv_norm_rope_store(d_b, N, NH, NKV, D, d_qn, d_kn, 1e-6f, D, d_pos, d_inv, d_kb, d_vb,
-                                                     dt, d_row, row_stride, KD, NULL),
-                     0);
+    assert_int_equal(talker_cuda_qkv_norm_rope_store(d_b, N, &heads, &prep, &kvb, d_row, NULL), 0);
     assert_int_equal(cuda_stream_sync(NULL), 0);
     float *ha = malloc(sizeof(float) * N * QKV), *hb = malloc(sizeof(float) * N * QKV);
     char *ca = malloc(cache), *cb = malloc(cache);
@@ -902,8 +905,9 @@ static void check_depth_attention_store(int n, int n_heads, int D, int positions
         for (int t = 0; t < n; t++) {
             memcpy(kc + t * row_stride + (size_t)pos * H, qkv + (size_t)t * 3 * H + H, sizeof(float) * H);
             memcpy(vc + t * row_stride + (size_t)pos * H, qkv + (size_t)t * 3 * H + 2 * H, sizeof(float) * H);
+            const struct attention_heads heads = {n_heads, n_heads, D, scale};
             op_attention(want + (size_t)t * H, H, qkv + (size_t)t * 3 * H, 3 * H, kc + t * row_stride,
-                         vc + t * row_stride, H, 1, pos + 1, n_heads, n_heads, D, 0, 0, scale);
+                         vc + t * row_stride, H, 1, pos + 1, &heads, 0, 0);
         }
         assert_int_equal(cuda_memcpy_h2d(d_qkv, qkv, sizeof(float) * (size_t)n * 3 * H), 0);
         assert_int_equal(

@@ -323,15 +323,6 @@ template <typename KT> static int att_launch_e(const att_args &a, int head_dim, 
     }
 }
 
-extern "C" int cuda_ops_attention_decode(float *out, const float *q, const void *k_cache, const void *v_cache,
-                                         enum cuda_kv_dtype kv_dtype, const int *kv_len, int max_kv_len,
-                                         size_t seq_stride, size_t row_stride, int n_seq, int n_heads, int n_kv_heads,
-                                         int head_dim, float scale, void *stream)
-{
-    return cuda_ops_attention_decode_chunk(out, q, k_cache, v_cache, kv_dtype, kv_len, max_kv_len, seq_stride,
-                                           row_stride, n_seq, n_heads, n_kv_heads, head_dim, scale, 0, stream);
-}
-
 static int att_sm_count(void)
 {
     const int sms = cuda_sm_count();
@@ -399,12 +390,14 @@ static size_t att_part_bytes(int n_seq, int n_heads, int head_dim, int n_split)
 
 /* prep NULL: the plain kernels (q already normed and rotated, k/v stored); else the
  * fused variant (cuda_ops_attention_decode_qkv). */
-static int attention_decode(float *out, const float *q, size_t q_stride, const void *k_cache, const void *v_cache,
-                            enum cuda_kv_dtype kv_dtype, const int *kv_len, const int *seq_row, int max_kv_len,
-                            size_t seq_stride, size_t row_stride, int n_seq, int n_heads, int n_kv_heads, int head_dim,
-                            float scale, int chunk_positions, const struct cuda_qkv_prep *prep, void *workspace,
-                            size_t workspace_bytes, void *stream)
+static int attention_decode(const struct cuda_attention_decode *d, const struct cuda_qkv_prep *prep, void *stream)
 {
+    if (!d) return mm3_errorf(-EINVAL, "cuda_ops_attention_decode: NULL arguments");
+    const int n_seq = d->n_seq, max_kv_len = d->max_kv_len, chunk_positions = d->chunk_positions;
+    const int n_heads = d->heads.n_heads, n_kv_heads = d->heads.n_kv_heads, head_dim = d->heads.head_dim;
+    const enum cuda_kv_dtype kv_dtype = d->kv.dtype;
+    const void *k_cache = d->kv.k, *v_cache = d->kv.v;
+    const size_t seq_stride = d->kv.seq_stride, row_stride = d->kv.row_stride;
     if (chunk_positions < 0 || chunk_positions % ATT_CHUNK_ALIGN)
         return mm3_errorf(-EINVAL, "cuda_ops_attention_decode: chunk %d: expected 0 (auto) or a multiple of %d",
                           chunk_positions, ATT_CHUNK_ALIGN);
@@ -423,6 +416,7 @@ static int attention_decode(float *out, const float *q, size_t q_stride, const v
     if (head_dim != 32 && head_dim != 64 && head_dim != 128 && head_dim != ATT_MAX_HEAD_DIM)
         return mm3_errorf(-EINVAL, "cuda_ops_attention_decode: head_dim %d: expected 32, 64, 128 or 256", head_dim);
     const size_t q_width = (size_t)(n_heads + (prep ? 2 * n_kv_heads : 0)) * head_dim;
+    const size_t q_stride = d->q_stride ? d->q_stride : q_width;
     if (q_stride < q_width)
         return mm3_errorf(-EINVAL, "cuda_ops_attention_decode: q stride %zu < the %zu floats of a %s row", q_stride,
                           q_width, prep ? "q|k|v" : "q");
@@ -454,19 +448,20 @@ static int attention_decode(float *out, const float *q, size_t q_stride, const v
     if (mma && !chunk_positions)
         n_split = att_mma_splits(n_seq, n_kv_heads, max_kv_len, n_split, att_mma_blocks_per_sm(head_dim, prep != NULL));
     const size_t part_bytes = att_part_bytes(n_seq, n_heads, head_dim, n_split);
-    float *part = (float *)workspace;
+    float *part = (float *)d->workspace;
     int rc = 0;
     if (!part)
         rc = cuda_status(cudaMallocAsync((void **)&part, part_bytes, st), "cudaMallocAsync (attention partials)");
-    else if (workspace_bytes < part_bytes)
-        rc = mm3_errorf(-EINVAL, "cuda_ops_attention_decode: workspace of %zu bytes, %zu needed", workspace_bytes,
+    else if (d->workspace_bytes < part_bytes)
+        rc = mm3_errorf(-EINVAL, "cuda_ops_attention_decode: workspace of %zu bytes, %zu needed", d->workspace_bytes,
                         part_bytes);
     if (rc < 0) return rc;
 
     /* Automatic plans let each sequence cut its own length (chunk 0 in the kernel). */
-    att_args a = {part,       q,          q_stride, k_cache, v_cache, kv_len,  seq_row,
-                  seq_stride, row_stride, n_heads,  group,   scale,   n_split, chunk_positions ? (int)chunk : 0,
-                  prep != NULL, {}}; /* a.fuse stays zero (the plain kernel ignores it) without prep */
+    att_args a = {
+        part,         d->q,       q_stride, k_cache, v_cache,        d->kv_len, d->seq_row,
+        seq_stride,   row_stride, n_heads,  group,   d->heads.scale, n_split,   chunk_positions ? (int)chunk : 0,
+        prep != NULL, {}}; /* a.fuse stays zero (the plain kernel ignores it) without prep */
     if (prep) {
         a.fuse.q_norm = prep->q_norm;
         a.fuse.k_norm = prep->k_norm;
@@ -486,48 +481,24 @@ static int attention_decode(float *out, const float *q, size_t q_stride, const v
     if (rc == 0 && att_combine_staged(n_split))
         rc = launch_pdl("attn_combine_staged_kernel", attn_combine_staged_kernel,
                         dim3((unsigned)n_heads, (unsigned)n_seq), head_dim, sizeof(float) * (size_t)(2 * n_split + 1),
-                        st, out, (const float *)part, n_heads, head_dim, n_split);
+                        st, d->out, (const float *)part, n_heads, head_dim, n_split);
     else if (rc == 0)
         rc = launch_pdl("attn_combine_kernel", attn_combine_kernel, dim3((unsigned)n_heads, (unsigned)n_seq), head_dim,
-                        0, st, out, (const float *)part, n_heads, head_dim, n_split);
-    if (!workspace) (void)cudaFreeAsync(part, st);
+                        0, st, d->out, (const float *)part, n_heads, head_dim, n_split);
+    if (!d->workspace) (void)cudaFreeAsync(part, st);
     return rc;
 }
 
-extern "C" int cuda_ops_attention_decode_chunk(float *out, const float *q, const void *k_cache, const void *v_cache,
-                                               enum cuda_kv_dtype kv_dtype, const int *kv_len, int max_kv_len,
-                                               size_t seq_stride, size_t row_stride, int n_seq, int n_heads,
-                                               int n_kv_heads, int head_dim, float scale, int chunk_positions,
-                                               void *stream)
+extern "C" int cuda_ops_attention_decode(const struct cuda_attention_decode *a, void *stream)
 {
-    return attention_decode(out, q, (size_t)(n_heads > 0 ? n_heads : 0) * (head_dim > 0 ? head_dim : 0), k_cache,
-                            v_cache, kv_dtype, kv_len, NULL, max_kv_len, seq_stride, row_stride, n_seq, n_heads,
-                            n_kv_heads, head_dim, scale, chunk_positions, NULL, NULL, 0, stream);
+    return attention_decode(a, NULL, stream);
 }
 
-/* Any rows, a query row stride, a caller's workspace (ops_cuda.h). */
-extern "C" int cuda_ops_attention_decode_rows(float *out, const float *q, size_t q_stride, const void *k_cache,
-                                              const void *v_cache, enum cuda_kv_dtype kv_dtype, const int *kv_len,
-                                              const int *seq_row, int max_kv_len, size_t seq_stride, size_t row_stride,
-                                              int n_seq, int n_heads, int n_kv_heads, int head_dim, float scale,
-                                              void *workspace, size_t workspace_bytes, void *stream)
-{
-    return attention_decode(out, q, q_stride, k_cache, v_cache, kv_dtype, kv_len, seq_row, max_kv_len, seq_stride,
-                            row_stride, n_seq, n_heads, n_kv_heads, head_dim, scale, 0, NULL, workspace,
-                            workspace_bytes, stream);
-}
-
-extern "C" int cuda_ops_attention_decode_qkv(float *out, const float *qkv, size_t qkv_stride, void *k_cache,
-                                             void *v_cache, enum cuda_kv_dtype kv_dtype, const int *kv_len,
-                                             const int *seq_row, int max_kv_len, size_t seq_stride, size_t row_stride,
-                                             int n_seq, int n_heads, int n_kv_heads, int head_dim, float scale,
-                                             const struct cuda_qkv_prep *prep, void *workspace, size_t workspace_bytes,
+extern "C" int cuda_ops_attention_decode_qkv(const struct cuda_attention_decode *a, const struct cuda_qkv_prep *prep,
                                              void *stream)
 {
     if (!prep) return mm3_errorf(-EINVAL, "cuda_ops_attention_decode_qkv: NULL prep");
-    return attention_decode(out, qkv, qkv_stride, k_cache, v_cache, kv_dtype, kv_len, seq_row, max_kv_len, seq_stride,
-                            row_stride, n_seq, n_heads, n_kv_heads, head_dim, scale, 0, prep, workspace,
-                            workspace_bytes, stream);
+    return attention_decode(a, prep, stream);
 }
 
 extern "C" size_t cuda_ops_attention_decode_workspace_bytes(int n_seq, int n_heads, int n_kv_heads, int head_dim,

@@ -18,6 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/attention_heads.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -251,44 +253,44 @@ int cuda_ops_add(float *y, const float *x, size_t n, void *stream);
 /* KV cache element types accepted by cuda_ops_attention_decode. */
 enum cuda_kv_dtype { CUDA_KV_F32 = 0, CUDA_KV_BF16 = 1 };
 
-/* Decode attention: one query row per sequence over its KV cache (no mask needed:
- * the query sits after every cached position, as op_attention causal with
- * q_pos0 = kv_len - 1).
- *   q[n_seq, n_heads*head_dim], out[n_seq, n_heads*head_dim] float32.
- *   k_cache, v_cache: element (s, j, g, d) at s*seq_stride + j*row_stride + g*head_dim + d
- *     (elements, not bytes), type kv_dtype; query head h reads kv head h / (n_heads/n_kv_heads).
- *   kv_len: device int[n_seq], each in [0, max_kv_len]; 0 gives a zero output row.
- * Split-K: about 4 blocks per SM are planned for max_kv_len (n_split chunks per kv
+/* A KV cache as the attention kernels read (and the fused variants write) it: element
+ * (s, j, g, d) of k and v (cache row s, position j, kv head g, dim d) at
+ * s*seq_stride + j*row_stride + g*head_dim + d (elements, not bytes), type dtype. */
+struct cuda_kv_cache {
+    void *k, *v;
+    enum cuda_kv_dtype dtype;
+    size_t seq_stride, row_stride;
+};
+
+/* One decode attention call: one query row per sequence over its KV cache (no mask
+ * needed: the query sits after every cached position, as op_attention causal with
+ * q_pos0 = kv_len - 1). */
+struct cuda_attention_decode {
+    float *out;      /* [n_seq][n_heads * head_dim], float32 */
+    const float *q;  /* sequence s's query row at q + s * q_stride (may sit inside a fused QKV row) */
+    size_t q_stride; /* floats; 0: packed rows (n_heads * head_dim, or the q|k|v width for _qkv) */
+    struct cuda_kv_cache kv;
+    const int *kv_len;  /* device int[n_seq], each in [0, max_kv_len]; 0 gives a zero output row */
+    const int *seq_row; /* device int[n_seq]: sequence s's cache row; NULL: row s */
+    int n_seq, max_kv_len;
+    struct attention_heads heads;
+    int chunk_positions; /* tuning only: positions per block, a multiple of 64; 0: planned */
+    /* Device memory of at least cuda_ops_attention_decode_workspace_bytes() for the
+     * call's n_seq and max_kv_len, or NULL for stream-ordered memory (an allocation and
+     * a free that a captured graph records as nodes, which also cut the overlap of
+     * pdl.cuh there). */
+    void *workspace;
+    size_t workspace_bytes;
+};
+
+/* Split-K: about 4 blocks per SM are planned for max_kv_len (n_split chunks per kv
  * head and sequence); each sequence cuts its own length into those n_split chunks
  * (multiples of 64 positions), so a graph planned for a long context stays parallel
- * at a short one; a combine kernel merges them (float32 log-sum-exp). The partial results
- * live in stream-ordered memory (cudaMallocAsync), so the call captures into graphs.
- * Requires head_dim a multiple of 32 and <= 256, n_heads/n_kv_heads <= 8, and
- * 16-byte aligned rows where the row is >= 16 bytes per lane. */
-int cuda_ops_attention_decode(float *out, const float *q, const void *k_cache, const void *v_cache,
-                              enum cuda_kv_dtype kv_dtype, const int *kv_len, int max_kv_len, size_t seq_stride,
-                              size_t row_stride, int n_seq, int n_heads, int n_kv_heads, int head_dim, float scale,
-                              void *stream);
-
-/* Tuning hook: the same with a fixed chunk of positions per block (a multiple of 64;
- * 0 = automatic, about 4 blocks per SM). */
-int cuda_ops_attention_decode_chunk(float *out, const float *q, const void *k_cache, const void *v_cache,
-                                    enum cuda_kv_dtype kv_dtype, const int *kv_len, int max_kv_len, size_t seq_stride,
-                                    size_t row_stride, int n_seq, int n_heads, int n_kv_heads, int head_dim,
-                                    float scale, int chunk_positions, void *stream);
-
-/* cuda_ops_attention_decode with sequence s reading cache row seq_row[s] (device ints)
- * instead of row s and its query row at q + s*q_stride (q may sit inside a fused QKV
- * row): a decode batch over any rows, with every length and row in device memory, so
- * one CUDA graph serves every step. workspace: device memory of at least
- * cuda_ops_attention_decode_workspace_bytes() for the call's n_seq and max_kv_len, or
- * NULL for stream-ordered memory (an allocation and a free that a captured graph
- * records as nodes, which also cut the overlap of pdl.cuh there). */
-int cuda_ops_attention_decode_rows(float *out, const float *q, size_t q_stride, const void *k_cache,
-                                   const void *v_cache, enum cuda_kv_dtype kv_dtype, const int *kv_len,
-                                   const int *seq_row, int max_kv_len, size_t seq_stride, size_t row_stride, int n_seq,
-                                   int n_heads, int n_kv_heads, int head_dim, float scale, void *workspace,
-                                   size_t workspace_bytes, void *stream);
+ * at a short one; a combine kernel merges them (float32 log-sum-exp). With every length
+ * and row in device memory one CUDA graph serves every decode step. Requires head_dim
+ * 32, 64, 128 or 256, n_heads/n_kv_heads <= 8, and 16-byte aligned rows where the row
+ * is >= 16 bytes per lane. */
+int cuda_ops_attention_decode(const struct cuda_attention_decode *a, void *stream);
 size_t cuda_ops_attention_decode_workspace_bytes(int n_seq, int n_heads, int n_kv_heads, int head_dim, int max_kv_len);
 /* Tuning hook (tests): which kernel merges the decode attention's split partials: 1 =
  * the per-split one, 2 = the staged one (every split's max and sum into shared memory at
@@ -305,19 +307,16 @@ struct cuda_qkv_prep {
     const int *pos;        /* device int[n_seq]: the new token's position */
 };
 
-/* cuda_ops_attention_decode_rows where the row at qkv + s*qkv_stride holds n_heads q
+/* cuda_ops_attention_decode where a->q's row s (at q + s*q_stride) holds n_heads q
  * heads, then n_kv_heads k heads, then n_kv_heads v heads (the QKV product's output,
  * unmodified by the call). Inside the split-K kernel: q and k norm + RoPE at pos[s]
  * (the same steps as cuda_ops_qk_norm_rope, same bits) and the store of k and v at
- * position pos[s] of cache row seq_row[s] (rounded to kv_dtype); then the attention
- * over [0, kv_len[s]) and the combine kernel, as _rows. pos[s] must be kv_len[s] - 1
+ * position pos[s] of the sequence's cache row (rounded to the cache's type); then the
+ * attention over [0, kv_len[s]) and the combine kernel. pos[s] must be kv_len[s] - 1
  * (the token attends to itself) or >= kv_len[s] (stored, not attended: graph
- * padding). workspace: as _rows. */
-int cuda_ops_attention_decode_qkv(float *out, const float *qkv, size_t qkv_stride, void *k_cache, void *v_cache,
-                                  enum cuda_kv_dtype kv_dtype, const int *kv_len, const int *seq_row, int max_kv_len,
-                                  size_t seq_stride, size_t row_stride, int n_seq, int n_heads, int n_kv_heads,
-                                  int head_dim, float scale, const struct cuda_qkv_prep *prep, void *workspace,
-                                  size_t workspace_bytes, void *stream);
+ * padding). */
+int cuda_ops_attention_decode_qkv(const struct cuda_attention_decode *a, const struct cuda_qkv_prep *prep,
+                                  void *stream);
 
 #ifdef __cplusplus
 }

@@ -258,31 +258,46 @@ static int attention_queue(struct talker_cuda *tc, struct talker_cuda_scratch *s
     const struct talker_config *cfg = &tc->cfg;
     int D = cfg->head_dim, QD = cfg->n_heads * D, KD = cfg->n_kv_heads * D, QKV = QD + 2 * KD;
     size_t row_stride = (size_t)tc->ctx_alloc * KD, layer_stride = (size_t)tc->max_rows * row_stride;
-    void *kc = (char *)tc->kc + li * layer_stride * tc->kv_elem;
-    void *vc = (char *)tc->vc + li * layer_stride * tc->kv_elem;
-    float scale = 1.0f / sqrtf((float)D);
+    /* cache rows row_stride apart, positions KD apart */
+    const struct cuda_kv_cache kv = {(char *)tc->kc + li * layer_stride * tc->kv_elem,
+                                     (char *)tc->vc + li * layer_stride * tc->kv_elem, tc->kv_dtype, row_stride,
+                                     (size_t)KD};
+    const struct attention_heads heads = {cfg->n_heads, cfg->n_kv_heads, D, 1.0f / sqrtf((float)D)};
     const struct talker_cuda_layer *L = &tc->layers[li];
+    const struct cuda_qkv_prep prep = {L->q_norm, L->k_norm, cfg->eps, D, tc->inv_freq, s->pos};
     if (split_k && !prefill) {
-        struct cuda_qkv_prep prep = {L->q_norm, L->k_norm, cfg->eps, D, tc->inv_freq, s->pos};
-        return cuda_ops_attention_decode_qkv(s->o, s->qkv, (size_t)QKV, kc, vc, tc->kv_dtype, s->kv_len, s->row,
-                                             max_len, row_stride, KD, n, cfg->n_heads, cfg->n_kv_heads, D, scale, &prep,
-                                             s->att_ws, s->att_ws_bytes, st);
+        const struct cuda_attention_decode a = {.out = s->o,
+                                                .q = s->qkv,
+                                                .q_stride = (size_t)QKV,
+                                                .kv = kv,
+                                                .kv_len = s->kv_len,
+                                                .seq_row = s->row,
+                                                .n_seq = n,
+                                                .max_kv_len = max_len,
+                                                .heads = heads,
+                                                .workspace = s->att_ws,
+                                                .workspace_bytes = s->att_ws_bytes};
+        return cuda_ops_attention_decode_qkv(&a, &prep, st);
     }
-    int rc =
-        talker_cuda_qkv_norm_rope_store(s->qkv, n, cfg->n_heads, cfg->n_kv_heads, D, L->q_norm, L->k_norm, cfg->eps, D,
-                                        s->pos, tc->inv_freq, kc, vc, tc->kv_dtype, s->row, row_stride, KD, st);
+    int rc = talker_cuda_qkv_norm_rope_store(s->qkv, n, &heads, &prep, &kv, s->row, st);
     if (rc < 0) return rc;
     if (split_k && prefill) {
         for (int t = 0; t < n && rc == 0; t += PREFILL_ATTENTION_TOKENS) {
-            int m = n - t < PREFILL_ATTENTION_TOKENS ? n - t : PREFILL_ATTENTION_TOKENS;
-            rc = cuda_ops_attention_decode_rows(s->o + (size_t)t * QD, s->qkv + (size_t)t * QKV, (size_t)QKV, kc, vc,
-                                                tc->kv_dtype, s->kv_len + t, s->row + t, max_len, row_stride, KD, m,
-                                                cfg->n_heads, cfg->n_kv_heads, D, scale, NULL, 0, st);
+            const struct cuda_attention_decode a = {
+                .out = s->o + (size_t)t * QD,
+                .q = s->qkv + (size_t)t * QKV,
+                .q_stride = (size_t)QKV,
+                .kv = kv,
+                .kv_len = s->kv_len + t,
+                .seq_row = s->row + t,
+                .n_seq = n - t < PREFILL_ATTENTION_TOKENS ? n - t : PREFILL_ATTENTION_TOKENS,
+                .max_kv_len = max_len,
+                .heads = heads};
+            rc = cuda_ops_attention_decode(&a, st);
         }
         return rc;
     }
-    return talker_cuda_attention_rows_kv(s->o, s->qkv, (size_t)QKV, kc, vc, tc->kv_dtype, s->row, s->pos, n,
-                                         cfg->n_heads, cfg->n_kv_heads, D, row_stride, KD, scale, st);
+    return talker_cuda_attention_rows_kv(s->o, s->qkv, (size_t)QKV, &kv, s->row, s->pos, n, &heads, st);
 }
 
 /* The decode layers with the norms, SwiGLU and residual adds inside the products
