@@ -419,7 +419,7 @@ static void *arena_map(uint64_t bytes)
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return NULL;
 #ifdef MADV_HUGEPAGE
-    if (bytes >= (2u << 20) && !getenv("MM3_NO_THP")) madvise(p, bytes, MADV_HUGEPAGE);
+    if (bytes >= (2u << 20)) madvise(p, bytes, MADV_HUGEPAGE);
 #endif
     return p;
 }

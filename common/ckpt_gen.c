@@ -436,7 +436,7 @@ static void build_vocoder(struct gen_component *c, const struct ckpt_gen_geometr
             add_alpha(c, n, cout);
             fmt(p, sizeof p, "blocks.%d.res_unit%d.conv2", b, r);
             /* residual branch at 0.1 gain: twelve Snake units stacked at full gain drive
-             * the final tanh into saturation (measured: 94% of samples at |x| > 0.99) */
+             * the final tanh into saturation (nearly every sample at |x| > 0.99) */
             add_wn_conv(c, p, cout, cout, 1, cout, (double)cout / (0.1 * 0.1));
         }
         ch = cout;

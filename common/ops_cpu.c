@@ -101,9 +101,10 @@ void op_rope(float *x, int n, int stride, int n_heads, int head_dim, int rotary_
 }
 
 void op_attention(float *out, int out_stride, const float *q, int q_stride, const float *k, const float *v,
-                  int kv_stride, int n_q, int n_kv, int n_heads, int n_kv_heads, int head_dim, int causal,
-                  int q_pos0, float scale)
+                  int kv_stride, int n_q, int n_kv, const struct attention_heads *heads, int causal, int q_pos0)
 {
+    const int n_heads = heads->n_heads, n_kv_heads = heads->n_kv_heads, head_dim = heads->head_dim;
+    const float scale = heads->scale;
     CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0);
     int group = n_heads / n_kv_heads;
     float *score = malloc(sizeof(float) * (size_t)(n_kv > 0 ? n_kv : 1));

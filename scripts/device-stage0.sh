@@ -8,7 +8,7 @@
 #                      "MM3_PDL=0 --pairs 1,8 --contexts 1000"', carry=[".device"])
 #         Each argument: optional VAR=value words (environment), then bench arguments
 #         (an A/B of measuring switches in one bench process, the checkpoint loaded once:
-#         "--pairs 1,8 --env-sets MM3_ATT_EARLY=0;;MM3_ATT_EARLY=0;").
+#         "--pairs 1,8 --env-sets MM3_PDL=0;;MM3_PDL=0;").
 #         Two words are not environment: BIN=prog runs another bench binary (a path, or a
 #         name under .device/bin, e.g. a copy of an earlier build for an A/B), NCU=1 runs it
 #         under ncu (one kernel duration per launch, or the comma-separated metrics of

@@ -218,7 +218,7 @@ static void forward_one(const struct dit_model *m, struct dit_workspace *ws, int
     op_matmul(ws->x, ws->t1, w->t2_w, w->t2_b, 1, D, D);
 
     /* 3. blocks */
-    float scale = 1.0f / sqrtf((float)g->head_dim);
+    const struct attention_heads heads = {g->n_heads, g->n_heads, g->head_dim, 1.0f / sqrtf((float)g->head_dim)};
     for (int i = 0; i < g->n_layers; i++) {
         const struct dit_layer *l = &w->layers[i];
         op_layernorm(ws->a, ws->x, l->norm1_w, l->norm1_b, T, D, 1e-5f);
@@ -227,7 +227,7 @@ static void forward_one(const struct dit_model *m, struct dit_workspace *ws, int
         op_matmul(ws->v, ws->a, l->wv, NULL, T, D, D);
         op_rope(ws->q, T, D, g->n_heads, g->head_dim, g->rotary_dim, ws->pos, m->inv_freq);
         op_rope(ws->k, T, D, g->n_heads, g->head_dim, g->rotary_dim, ws->pos, m->inv_freq);
-        op_attention(ws->o, D, ws->q, D, ws->k, ws->v, D, T, T, g->n_heads, g->n_heads, g->head_dim, 0, 0, scale);
+        op_attention(ws->o, D, ws->q, D, ws->k, ws->v, D, T, T, &heads, 0, 0);
         op_matmul(ws->a, ws->o, l->wo, NULL, T, D, D);
         op_add(ws->x, ws->a, (size_t)T * D);
 

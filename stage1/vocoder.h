@@ -34,7 +34,7 @@ void vocoder_free(struct vocoder *v);
  * tanh-bounded, not clamped. Allocates its scratch per call: three float buffers of the
  * largest activation, 96 x 512L floats in the release (3 x 135 MB for L = 689); const v,
  * so concurrent calls on one vocoder are safe. The CPU cost is about 0.8 G MAC per latent
- * and track in the release (0.7 s per latent on one core): a reference, not a server path.
+ * and track in the release (far from real time on one core): a reference, not a server path.
  * Returns 0, -EINVAL for L < 1 or hop*L > 2^30, -ENOMEM, -ENODATA after
  * vocoder_drop_weights. */
 int vocoder_decode(const struct vocoder *v, const float *latents, int L, float *pcm);

@@ -1,18 +1,23 @@
-/* The GPU paths' measuring switches (cuda_env_switch): read from the environment once,
- * then cached; cuda_env_switches_reset makes every switch read so far read the
- * environment again (what mm3-bench-stage0 --env-sets relies on between its sets).
- * Host code only: runs without a GPU, skipped (77) in a build without CUDA. */
+/* The GPU paths' measuring switches (cuda_env_switch: MM3_PDL, MM3_GRAPH_TIMING): read
+ * from the environment once, then cached; cuda_env_switches_reset makes every switch read
+ * so far read the environment again (what mm3-bench-stage0 --env-sets relies on between
+ * its sets). The kernels' tuning hooks are set in code only: they check their values and
+ * no reset touches them. Host code only: runs without a GPU, skipped (77) in a build
+ * without CUDA. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include <cmocka.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #ifdef MM3_HAVE_CUDA
 #include "common/cuda/ops_cuda.h"
+#include "common/error.h"
 
 static void test_cached_until_reset(void **state)
 {
@@ -42,25 +47,42 @@ static void test_cached_until_reset(void **state)
     assert_int_equal(unsetenv("MM3_TEST_SWITCH_B"), 0);
 }
 
-/* A slot a tuning hook set (not -1) is forgotten by the reset too. */
-static void test_reset_forgets_hook_values(void **state)
+/* Every tuning hook takes its documented values and refuses others with -EINVAL and a
+ * message naming it. */
+static void test_tuning_hooks_check_values(void **state)
 {
     (void)state;
-    static int c = -1;
-    assert_int_equal(setenv("MM3_TEST_SWITCH_C", "2", 1), 0);
-    assert_int_equal(cuda_env_switch(&c, "MM3_TEST_SWITCH_C", 0), 2);
-    c = 4; /* as cuda_ops_gemv_set_mma_tiles stores into its slot */
-    assert_int_equal(cuda_env_switch(&c, "MM3_TEST_SWITCH_C", 0), 4);
-    cuda_env_switches_reset();
-    assert_int_equal(cuda_env_switch(&c, "MM3_TEST_SWITCH_C", 0), 2);
-    assert_int_equal(unsetenv("MM3_TEST_SWITCH_C"), 0);
+    assert_int_equal(cuda_ops_gemv_set_mma_tiles(3), -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "cuda_ops_gemv_set_mma_tiles"));
+    assert_int_equal(cuda_ops_gemv_set_mma_ring(3), -EINVAL);
+    assert_int_equal(cuda_ops_gemv_set_xs(-1), -EINVAL);
+    assert_int_equal(cuda_ops_gemv_set_x_round(3), -EINVAL);
+    assert_int_equal(cuda_ops_gemv_set_mma_rows(1), -EINVAL);
+    assert_int_equal(cuda_ops_gemv_set_mma_wide(-2), -EINVAL);
+    assert_int_equal(cuda_ops_attention_set_combine(3), -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "cuda_ops_attention_set_combine"));
+    assert_int_equal(cuda_ops_gemv_set_mma_tiles(4), 0);
+    assert_int_equal(cuda_ops_gemv_set_mma_ring(2), 0);
+    assert_int_equal(cuda_ops_gemv_set_xs(2), 0);
+    assert_int_equal(cuda_ops_gemv_set_x_round(1), 0);
+    assert_int_equal(cuda_ops_gemv_set_mma_rows(4), 0);
+    assert_int_equal(cuda_ops_gemv_set_mma_wide(0), 0);
+    assert_int_equal(cuda_ops_attention_set_combine(2), 0);
+    /* back to the defaults */
+    assert_int_equal(cuda_ops_gemv_set_mma_tiles(0), 0);
+    assert_int_equal(cuda_ops_gemv_set_mma_ring(0), 0);
+    assert_int_equal(cuda_ops_gemv_set_xs(0), 0);
+    assert_int_equal(cuda_ops_gemv_set_x_round(0), 0);
+    assert_int_equal(cuda_ops_gemv_set_mma_rows(0), 0);
+    assert_int_equal(cuda_ops_gemv_set_mma_wide(-1), 0);
+    assert_int_equal(cuda_ops_attention_set_combine(0), 0);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cached_until_reset),
-        cmocka_unit_test(test_reset_forgets_hook_values),
+        cmocka_unit_test(test_tuning_hooks_check_values),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -226,8 +226,8 @@ static void check_attention(int B, int T, int heads, int head_dim, int rot)
     float scale = 1.0f / sqrtf((float)head_dim);
     for (int b = 0; b < B; b++) {
         const float *s = roped + (size_t)b * T * 3 * D;
-        op_attention(ref + (size_t)b * T * D, D, s, 3 * D, s + D, s + 2 * D, 3 * D, T, T, heads, heads, head_dim, 0, 0,
-                     scale);
+        const struct attention_heads h = {heads, heads, head_dim, scale};
+        op_attention(ref + (size_t)b * T * D, D, s, 3 * D, s + D, s + 2 * D, 3 * D, T, T, &h, 0, 0);
     }
     float *dqkv = dev_upload(qkv, 4ul * rows * 3 * D);
     static const struct {
@@ -237,21 +237,15 @@ static void check_attention(int B, int T, int heads, int head_dim, int rot)
         double tol;
     } variants[] = {{MM3_MATMUL_FP32, DIT_ATTN_SIMT, "SIMT", TOL_ATT_FP32},
                     {MM3_MATMUL_TF32, DIT_ATTN_WMMA, "WMMA", TOL_ATT_TF32},
-                    {MM3_MATMUL_TF32, DIT_ATTN_FLASH64, "FLASH64", TOL_ATT_TF32},
-                    {MM3_MATMUL_TF32, DIT_ATTN_FLASH128, "FLASH128", TOL_ATT_TF32},
-                    {MM3_MATMUL_TF32, DIT_ATTN_FLASH128M2, "FLASH128M2", TOL_ATT_TF32},
+                    {MM3_MATMUL_TF32, DIT_ATTN_FLASH, "FLASH", TOL_ATT_TF32},
                     {MM3_MATMUL_BF16, DIT_ATTN_WMMA, "WMMA", TOL_ATT_BF16},
                     {MM3_MATMUL_BF16, DIT_ATTN_MMA, "MMA", TOL_ATT_BF16},
-                    {MM3_MATMUL_BF16, DIT_ATTN_FLASH64, "FLASH64", TOL_ATT_BF16},
-                    {MM3_MATMUL_BF16, DIT_ATTN_FLASH128, "FLASH128", TOL_ATT_BF16},
-                    {MM3_MATMUL_BF16, DIT_ATTN_FLASH128M2, "FLASH128M2", TOL_ATT_BF16},
+                    {MM3_MATMUL_BF16, DIT_ATTN_FLASH, "FLASH", TOL_ATT_BF16},
                     {MM3_MATMUL_FP32, DIT_ATTN_AUTO, "AUTO", TOL_ATT_FP32},
                     {MM3_MATMUL_TF32, DIT_ATTN_AUTO, "AUTO", TOL_ATT_TF32},
                     {MM3_MATMUL_BF16, DIT_ATTN_AUTO, "AUTO", TOL_ATT_BF16},
                     {MM3_MATMUL_FP16, DIT_ATTN_WMMA, "WMMA", TOL_ATT_TF32},
-                    {MM3_MATMUL_FP16, DIT_ATTN_FLASH64, "FLASH64", TOL_ATT_TF32},
-                    {MM3_MATMUL_FP16, DIT_ATTN_FLASH128, "FLASH128", TOL_ATT_TF32},
-                    {MM3_MATMUL_FP16, DIT_ATTN_FLASH128M2, "FLASH128M2", TOL_ATT_TF32},
+                    {MM3_MATMUL_FP16, DIT_ATTN_FLASH, "FLASH", TOL_ATT_TF32},
                     {MM3_MATMUL_FP16, DIT_ATTN_AUTO, "AUTO", TOL_ATT_TF32}};
     for (size_t k = 0; k < sizeof variants / sizeof variants[0]; k++)
         for (size_t f = 0; f < N_OUT_FMTS; f++) {
@@ -271,7 +265,7 @@ static void check_attention(int B, int T, int heads, int head_dim, int rot)
     assert_true(dit_cuda_attention_kernel(dqkv, 0, dqkv, B, T, heads, head_dim, rot, dcs, scale, MM3_MATMUL_TF32,
                                           DIT_ATTN_MMA, NULL) == -EINVAL);
     assert_true(dit_cuda_attention_kernel(dqkv, 0, dqkv, B, T, heads, head_dim, rot, dcs, scale, MM3_MATMUL_FP32,
-                                          DIT_ATTN_FLASH128, NULL) == -EINVAL);
+                                          DIT_ATTN_FLASH, NULL) == -EINVAL);
     assert_true(dit_cuda_attention(dqkv, 0, dqkv, B, T, heads, 48, 0, NULL, scale, MM3_MATMUL_FP32, NULL) == -EINVAL);
     cuda_free(dqkv), cuda_free(dcs), cuda_free(dinv);
     free(qkv), free(roped), free(ref), free(inv), free(pos);
@@ -312,7 +306,7 @@ static uint16_t *attention_bytes(const float *dqkv, int B, int T, int heads, int
 static void test_attention_default(void **state)
 {
     (void)state;
-    assert_true(dit_cuda_attention_default_set(MM3_MATMUL_FP32, DIT_ATTN_FLASH64) == -EINVAL);
+    assert_true(dit_cuda_attention_default_set(MM3_MATMUL_FP32, DIT_ATTN_FLASH) == -EINVAL);
     assert_true(dit_cuda_attention_default_set(MM3_MATMUL_TF32, DIT_ATTN_MMA) == -EINVAL);
     assert_int_equal(dit_cuda_attention_default_set(MM3_MATMUL_TF32, DIT_ATTN_WMMA), 0);
     assert_int_equal(dit_cuda_attention_default_set(MM3_MATMUL_BF16, DIT_ATTN_MMA), 0);
@@ -328,9 +322,9 @@ static void test_attention_default(void **state)
     static const struct {
         enum mm3_matmul_precision prec;
         enum dit_attn_kernel kernel;
-    } cases[] = {{MM3_MATMUL_TF32, DIT_ATTN_WMMA},       {MM3_MATMUL_BF16, DIT_ATTN_MMA},
-                 {MM3_MATMUL_TF32, DIT_ATTN_FLASH64},    {MM3_MATMUL_BF16, DIT_ATTN_FLASH128M2},
-                 {MM3_MATMUL_TF32, DIT_ATTN_FLASH128M2}, {MM3_MATMUL_BF16, DIT_ATTN_FLASH64}};
+    } cases[] = {{MM3_MATMUL_TF32, DIT_ATTN_WMMA},  {MM3_MATMUL_BF16, DIT_ATTN_MMA},
+                 {MM3_MATMUL_TF32, DIT_ATTN_FLASH}, {MM3_MATMUL_BF16, DIT_ATTN_FLASH},
+                 {MM3_MATMUL_FP16, DIT_ATTN_WMMA},  {MM3_MATMUL_FP16, DIT_ATTN_FLASH}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         assert_int_equal(dit_cuda_attention_default_set(cases[i].prec, cases[i].kernel), 0);
         uint16_t *a = attention_bytes(dqkv, B, T, heads, hd, rot, dcs, cases[i].prec, DIT_ATTN_AUTO);

@@ -31,6 +31,7 @@
 #include "common/error.h"
 #ifdef MM3_HAVE_CUDA
 #include "common/cuda/ops_cuda.h"
+#include "stage0/model/cuda/depth_cuda.h"
 #endif
 #include "common/sampler.h"
 #include "stage0/model/talker_backend.h"
@@ -161,21 +162,18 @@ static void graph_vs_eager(const struct talker *lm, const struct depth *dd)
     talker_backend_close(&graph);
 }
 
-/* A backend opened with MM3_DEPTH_INPUT_TABLE=value (read when the depth decoder is
- * built), the switch read afresh before and after. */
-static void open_with_table(struct talker_backend *b, const struct talker *lm, const struct depth *dd,
-                            const char *value)
+/* A backend opened with depth_cuda_set_input_tables(mode) (read when the depth decoder
+ * is built), the default set again after. */
+static void open_with_table(struct talker_backend *b, const struct talker *lm, const struct depth *dd, int mode)
 {
 #ifdef MM3_HAVE_CUDA
-    assert_int_equal(setenv("MM3_DEPTH_INPUT_TABLE", value, 1), 0);
-    cuda_env_switches_reset();
+    assert_int_equal(depth_cuda_set_input_tables(mode), 0);
     int rc = talker_backend_open(b, TALKER_BACKEND_CUDA, lm, dd, 2, 16, 2 * MAX_PAIRS);
-    assert_int_equal(unsetenv("MM3_DEPTH_INPUT_TABLE"), 0);
-    cuda_env_switches_reset();
+    assert_int_equal(depth_cuda_set_input_tables(DEPTH_CUDA_TABLES_BOTH), 0);
     if (rc < 0) fail_msg("backend: %s", mm3_last_error());
     assert_non_null(b->sample_pairs);
 #else
-    (void)b, (void)lm, (void)dd, (void)value;
+    (void)b, (void)lm, (void)dd, (void)mode;
     fail_msg("no CUDA build");
 #endif
 }
@@ -184,12 +182,11 @@ static void table_vs_projection(const struct talker *lm, const struct depth *dd)
 {
     const int H = lm->cfg.hidden, ncb = dd->cfg.n_codebooks;
     struct talker_backend be[2];
-    open_with_table(&be[0], lm, dd, "0");
-    open_with_table(&be[1], lm, dd, "1");
+    open_with_table(&be[0], lm, dd, 0);
+    open_with_table(&be[1], lm, dd, 1);
 #ifdef MM3_HAVE_CUDA
     /* x split at every row count: the QKV table keeps float32 accuracy, where 8 pairs
-     * (16 rows) would round the product it replaces. After the opens: their switch
-     * resets forget what a hook set. */
+     * (16 rows) would round the product it replaces. */
     assert_int_equal(cuda_ops_gemv_set_x_round(2), 0);
 #endif
     struct pairs p;

@@ -130,7 +130,7 @@ static void expect_close(const float *got, const float *ref, size_t n, double to
 static int x_round_mode;  /* what cuda_ops_gemv_set_x_round was last given */
 static int gemv_mma_rows = 2; /* the float32 kernel's row limit (cuda_ops_gemv_set_mma_rows) */
 enum { GEMV_WIDE_OUT_DEFAULT = 6 * 4096 };
-static int gemv_wide_out = GEMV_WIDE_OUT_DEFAULT; /* MM3_GEMV_MMA_WIDE x 4096 (0: never) */
+static int gemv_wide_out = GEMV_WIDE_OUT_DEFAULT; /* cuda_ops_gemv_set_mma_wide's n x 4096 (0: never) */
 
 static void set_x_round(int mode)
 {
@@ -144,12 +144,11 @@ static void set_mma_rows(int rows)
     gemv_mma_rows = rows ? rows : 2;
 }
 
-/* n: MM3_GEMV_MMA_WIDE's value; NULL: unset (the default). */
-static void set_gemv_wide(const char *n)
+/* n: cuda_ops_gemv_set_mma_wide's value; -1: the default. */
+static void set_gemv_wide(int n)
 {
-    assert_int_equal(n ? setenv("MM3_GEMV_MMA_WIDE", n, 1) : unsetenv("MM3_GEMV_MMA_WIDE"), 0);
-    cuda_env_switches_reset();
-    gemv_wide_out = n ? atoi(n) * 4096 : GEMV_WIDE_OUT_DEFAULT;
+    assert_int_equal(cuda_ops_gemv_set_mma_wide(n), 0);
+    gemv_wide_out = n >= 0 ? n * 4096 : GEMV_WIDE_OUT_DEFAULT;
 }
 
 /* Whether a tensor-core GEMV at n rows rounds x. */
@@ -815,9 +814,9 @@ static void test_gemv_fused(void **state)
         check_fused(rows[i], 12288, 4096, CUDA_GEMV_ADD, 0);    /* h += g . Wd^T */
     }
     check_fused(2, 4096, 12288, CUDA_GEMV_SWIGLU, 1);
-    /* Wide products at 1-2 rows on the tensor cores (MM3_GEMV_MMA_WIDE: the talker's
-     * gate|up above by default, here from 12288 outputs) and on float32 (0). */
-    const char *wide[] = {"3", "0"};
+    /* Wide products at 1-2 rows on the tensor cores (cuda_ops_gemv_set_mma_wide: the
+     * talker's gate|up above by default, here from 12288 outputs) and on float32 (0). */
+    const int wide[] = {3, 0};
     for (int i = 0; i < 2; i++) {
         set_gemv_wide(wide[i]);
         for (int n = 1; n <= 2; n++) {
@@ -825,7 +824,8 @@ static void test_gemv_fused(void **state)
             check_fused(n, 4096, 12288, CUDA_GEMV_STORE, 1);
         }
     }
-    set_gemv_wide(NULL);
+    set_gemv_wide(-1);
+    assert_int_equal(cuda_ops_gemv_set_mma_wide(65), -EINVAL);
     /* Every row count (both kernels, every x tile count of the tensor-core one), k splits. */
     for (int n = 1; n <= CUDA_OPS_GEMV_MMA_MAX_ROWS; n++)
         check_fused_small(n);
@@ -966,8 +966,9 @@ static void check_attention(const struct att_case *c)
     const float scale = 1.0f / sqrtf((float)c->head_dim);
     for (int s = 0; s < c->n_seq; s++) {
         size_t qo = (size_t)s * c->n_heads * c->head_dim;
+        const struct attention_heads h = {c->n_heads, c->n_kv_heads, c->head_dim, scale};
         op_attention(ref + qo, c->n_heads * c->head_dim, q + qo, c->n_heads * c->head_dim, kf + s * seq, vf + s * seq,
-                     (int)row, 1, c->kv_len[s], c->n_heads, c->n_kv_heads, c->head_dim, 1, c->kv_len[s] - 1, scale);
+                     (int)row, 1, c->kv_len[s], &h, 1, c->kv_len[s] - 1);
     }
 
     void *dk, *dv;
@@ -981,11 +982,15 @@ static void check_attention(const struct att_case *c)
     float *dq = dev_upload(q, sizeof(float) * qn);
     int *dlen = dev_upload(c->kv_len, sizeof(int) * c->n_seq);
     float *dout_inner, *dout = dev_guarded(qn, &dout_inner);
-    int rc = c->chunk ? cuda_ops_attention_decode_chunk(dout_inner, dq, dk, dv, c->dtype, dlen, c->max_len, seq, row,
-                                                        c->n_seq, c->n_heads, c->n_kv_heads, c->head_dim, scale,
-                                                        c->chunk, NULL)
-                      : cuda_ops_attention_decode(dout_inner, dq, dk, dv, c->dtype, dlen, c->max_len, seq, row,
-                                                  c->n_seq, c->n_heads, c->n_kv_heads, c->head_dim, scale, NULL);
+    const struct cuda_attention_decode a = {.out = dout_inner,
+                                            .q = dq,
+                                            .kv = {dk, dv, c->dtype, seq, row},
+                                            .kv_len = dlen,
+                                            .n_seq = c->n_seq,
+                                            .max_kv_len = c->max_len,
+                                            .heads = {c->n_heads, c->n_kv_heads, c->head_dim, scale},
+                                            .chunk_positions = c->chunk};
+    int rc = cuda_ops_attention_decode(&a, NULL);
     if (rc) fail_msg("%s: %s", what, mm3_last_error());
     float *got = dev_fetch_checked(dout, qn, what);
     /* float32 softmax and sums in another order, device expf: ~1e-6 typical. */
@@ -1045,15 +1050,13 @@ static void test_attention_combine_kernels(void **state)
         {2, 32, 8, 128, 3000, {3000, 2999}, CUDA_KV_BF16, 64},
         {3, 12, 4, 64, 600, {0, 257, 513}, CUDA_KV_F32, 0},
     };
-    const char *modes[] = {"0", "2"};
-    for (int m = 0; m < 2; m++) {
-        assert_int_equal(setenv("MM3_ATT_COMBINE_STAGED", modes[m], 1), 0);
-        cuda_env_switches_reset();
+    for (int mode = 1; mode <= 2; mode++) {
+        assert_int_equal(cuda_ops_attention_set_combine(mode), 0);
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
             check_attention(&cases[i]);
     }
-    assert_int_equal(unsetenv("MM3_ATT_COMBINE_STAGED"), 0);
-    cuda_env_switches_reset();
+    assert_int_equal(cuda_ops_attention_set_combine(0), 0);
+    assert_int_equal(cuda_ops_attention_set_combine(3), -EINVAL);
 }
 
 /* cuda_ops_attention_decode_qkv against the chain it replaces, on the CPU: q and k
@@ -1110,8 +1113,9 @@ static void check_attention_qkv(const struct att_qkv_case *c)
             if (c->dtype == CUDA_KV_BF16) k = mm3_bf16_to_f32(mm3_f32_to_bf16(k)), v = mm3_bf16_to_f32(mm3_f32_to_bf16(v));
             kf[at + i] = k, vf[at + i] = v;
         }
+        const struct attention_heads h = {c->n_heads, c->n_kv_heads, D, 1.0f / sqrtf((float)D)};
         op_attention(ref + (size_t)s * QD, QD, qr, QD, kf + (size_t)seq_row[s] * seq, vf + (size_t)seq_row[s] * seq,
-                     (int)row, 1, len[s], c->n_heads, c->n_kv_heads, D, 1, len[s] - 1, 1.0f / sqrtf((float)D));
+                     (int)row, 1, len[s], &h, 1, len[s] - 1);
     }
 
     const size_t elem = c->dtype == CUDA_KV_BF16 ? 2 : 4;
@@ -1131,9 +1135,18 @@ static void check_attention_qkv(const struct att_qkv_case *c)
     float *first = NULL;
     for (int run = 0; run < 3; run++) {
         assert_int_equal(cuda_memset(dout_inner, 0xff, sizeof(float) * (size_t)S * QD), 0);
-        int rc = cuda_ops_attention_decode_qkv(dout_inner, dqkv, qkv_stride, dk, dv, c->dtype, dlen, drow, c->max_len,
-                                               seq, row, S, c->n_heads, c->n_kv_heads, D, 1.0f / sqrtf((float)D), &prep,
-                                               run ? ws : NULL, run ? ws_bytes : 0, NULL);
+        const struct cuda_attention_decode a = {.out = dout_inner,
+                                                .q = dqkv,
+                                                .q_stride = qkv_stride,
+                                                .kv = {dk, dv, c->dtype, seq, row},
+                                                .kv_len = dlen,
+                                                .seq_row = drow,
+                                                .n_seq = S,
+                                                .max_kv_len = c->max_len,
+                                                .heads = {c->n_heads, c->n_kv_heads, D, 1.0f / sqrtf((float)D)},
+                                                .workspace = run ? ws : NULL,
+                                                .workspace_bytes = run ? ws_bytes : 0};
+        int rc = cuda_ops_attention_decode_qkv(&a, &prep, NULL);
         if (rc) fail_msg("%s: %s", what, mm3_last_error());
         float *got = dev_fetch_checked(dout, (size_t)S * QD, what);
         expect_close(got, ref, (size_t)S * QD, TOL_F32_SUM, what);
@@ -1193,33 +1206,36 @@ static void test_attention_bad_args(void **state)
 {
     (void)state;
     int dummy[4] = {0, 0, 0, 0};
-    assert_int_equal(cuda_ops_attention_decode(NULL, NULL, dummy, dummy, CUDA_KV_BF16, NULL, 1, 1024, 1024, 1, 32, 8,
-                                               96, 1.0f, NULL),
-                     -EINVAL);
+    /* one sequence, cache rows of 1024 positions x 8 kv heads x 128 */
+    const struct cuda_attention_decode good = {.kv = {dummy, dummy, CUDA_KV_BF16, 1024 * 1024, 1024},
+                                               .n_seq = 1,
+                                               .max_kv_len = 1,
+                                               .heads = {32, 8, 128, 1.0f}};
+    struct cuda_attention_decode a = good;
+    assert_int_equal(cuda_ops_attention_decode(NULL, NULL), -EINVAL);
+    a.heads.head_dim = 96;
+    assert_int_equal(cuda_ops_attention_decode(&a, NULL), -EINVAL);
     assert_non_null(strstr(mm3_last_error(), "head_dim"));
-    assert_int_equal(cuda_ops_attention_decode_chunk(NULL, NULL, dummy, dummy, CUDA_KV_BF16, NULL, 1, 1024, 1024, 1,
-                                                     32, 8, 128, 1.0f, 100, NULL),
-                     -EINVAL);
+    a = good;
+    a.chunk_positions = 100;
+    assert_int_equal(cuda_ops_attention_decode(&a, NULL), -EINVAL);
     assert_non_null(strstr(mm3_last_error(), "chunk"));
-    assert_int_equal(cuda_ops_attention_decode(NULL, NULL, dummy, dummy, CUDA_KV_BF16, NULL, 1, 1024, 1024, 1, 32, 3,
-                                               128, 1.0f, NULL),
-                     -EINVAL);
-    assert_int_equal(cuda_ops_attention_decode(NULL, NULL, dummy, dummy, CUDA_KV_BF16, NULL, 1, 1024, 100, 1, 32, 8,
-                                               128, 1.0f, NULL),
-                     -EINVAL);
-    assert_int_equal(cuda_ops_attention_decode_qkv(NULL, NULL, 6144, dummy, dummy, CUDA_KV_BF16, NULL, NULL, 1, 1024,
-                                                   1024, 1, 32, 8, 128, 1.0f, NULL, NULL, 0, NULL),
-                     -EINVAL);
+    a = good;
+    a.heads.n_kv_heads = 3;
+    assert_int_equal(cuda_ops_attention_decode(&a, NULL), -EINVAL);
+    a = good;
+    a.kv.row_stride = 100;
+    assert_int_equal(cuda_ops_attention_decode(&a, NULL), -EINVAL);
+    a = good;
+    a.q_stride = 6144;
+    assert_int_equal(cuda_ops_attention_decode_qkv(&a, NULL, NULL), -EINVAL);
     assert_non_null(strstr(mm3_last_error(), "prep"));
     struct cuda_qkv_prep prep = {NULL, NULL, 1e-6f, 127, NULL, dummy};
-    assert_int_equal(cuda_ops_attention_decode_qkv(NULL, NULL, 6144, dummy, dummy, CUDA_KV_BF16, NULL, NULL, 1, 1024,
-                                                   1024, 1, 32, 8, 128, 1.0f, &prep, NULL, 0, NULL),
-                     -EINVAL);
+    assert_int_equal(cuda_ops_attention_decode_qkv(&a, &prep, NULL), -EINVAL);
     assert_non_null(strstr(mm3_last_error(), "rotary_dim"));
     prep.rotary_dim = 128;
-    assert_int_equal(cuda_ops_attention_decode_qkv(NULL, NULL, 4096, dummy, dummy, CUDA_KV_BF16, NULL, NULL, 1, 1024,
-                                                   1024, 1, 32, 8, 128, 1.0f, &prep, NULL, 0, NULL),
-                     -EINVAL); /* a q|k|v row is 6144 floats */
+    a.q_stride = 4096;
+    assert_int_equal(cuda_ops_attention_decode_qkv(&a, &prep, NULL), -EINVAL); /* a q|k|v row is 6144 floats */
     assert_non_null(strstr(mm3_last_error(), "q|k|v"));
 }
 

@@ -19,7 +19,7 @@
 #include "common/error.h"
 #include "common/sampler.h"
 #ifdef MM3_HAVE_CUDA
-#include "common/cuda/ops_cuda.h"
+#include "stage0/model/cuda/frame_cuda.h"
 #endif
 #include "stage0/generate.h"
 #include "stage0/text/prompt.h"
@@ -356,7 +356,7 @@ static void test_cuda_steady_decode(void **state)
 /* The look-ahead of the steady state (frame_cuda_decode_pairs: the next decode step
  * queued before this one's frames are handed on, taken when the next step is exactly
  * that one, dropped otherwise): the same songs bit for bit as without it
- * (MM3_DECODE_AHEAD=0), with songs ending on their budgets, queued songs admitted in
+ * (frame_cuda_set_look_ahead(0)), with songs ending on their budgets, queued songs admitted in
  * between (a general step after a step queued ahead) and, in the second run, a song
  * cancelled while its next step was queued. Most steady steps were taken from the
  * look-ahead; some were dropped. */
@@ -374,11 +374,9 @@ static void test_cuda_look_ahead(void **state)
         int steady_on, steady_off;
         long ahead_on[2], ahead_off[2];
         run_cuda_sched(m, &on, 1, cancel_at[c], &steady_on, ahead_on);
-        assert_int_equal(setenv("MM3_DECODE_AHEAD", "0", 1), 0);
-        cuda_env_switches_reset();
+        frame_cuda_set_look_ahead(0);
         run_cuda_sched(m, &off, 1, cancel_at[c], &steady_off, ahead_off);
-        assert_int_equal(unsetenv("MM3_DECODE_AHEAD"), 0);
-        cuda_env_switches_reset();
+        frame_cuda_set_look_ahead(1);
         print_message("cancel at %d: steady steps %d / %d; queued ahead %ld, taken %ld\n", cancel_at[c], steady_on,
                       steady_off, ahead_on[0], ahead_on[1]);
         assert_int_equal(ahead_off[0], 0);

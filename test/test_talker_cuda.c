@@ -679,12 +679,10 @@ static void test_kv_bf16_kernels(void **state)
     assert_int_equal(cuda_memset(d_k16, 0, sizeof(uint16_t) * cache_n), 0);
     assert_int_equal(cuda_memset(d_v16, 0, sizeof(uint16_t) * cache_n), 0);
     const float *k = d_qkv + QD, *v = d_qkv + QD + KD;
-    assert_int_equal(talker_cuda_kv_store_pair(d_k16, d_v16, CUDA_KV_BF16, k, v, (size_t)QKV, d_row, d_pos, n, KD,
-                                               row_stride, KD, NULL),
-                     0);
-    assert_int_equal(talker_cuda_kv_store_pair(d_k32, d_v32, CUDA_KV_F32, k, v, (size_t)QKV, d_row, d_pos, n, KD,
-                                               row_stride, KD, NULL),
-                     0);
+    const struct cuda_kv_cache kv16 = {d_k16, d_v16, CUDA_KV_BF16, row_stride, KD};
+    const struct cuda_kv_cache kv32 = {d_k32, d_v32, CUDA_KV_F32, row_stride, KD};
+    assert_int_equal(talker_cuda_kv_store_pair(&kv16, k, v, (size_t)QKV, d_row, d_pos, n, KD, NULL), 0);
+    assert_int_equal(talker_cuda_kv_store_pair(&kv32, k, v, (size_t)QKV, d_row, d_pos, n, KD, NULL), 0);
     assert_int_equal(cuda_stream_sync(NULL), 0);
     uint16_t *k16 = malloc(sizeof(uint16_t) * cache_n), *v16 = malloc(sizeof(uint16_t) * cache_n);
     float *k32 = malloc(sizeof(float) * cache_n), *v32 = malloc(sizeof(float) * cache_n);
@@ -709,17 +707,16 @@ static void test_kv_bf16_kernels(void **state)
 
     /* Row attention: every token over its row's positions 0..pos. */
     float scale = 1.0f / sqrtf((float)D);
+    const struct attention_heads heads = {NH, NKV, D, scale};
     float *got = malloc(sizeof(float) * n * QD), *want = malloc(sizeof(float) * n * QD);
     assert_non_null(got), assert_non_null(want);
-    assert_int_equal(talker_cuda_attention_rows_kv(d_out, d_qkv, (size_t)QKV, d_k16, d_v16, CUDA_KV_BF16, d_row, d_pos,
-                                                   n, NH, NKV, D, row_stride, KD, scale, NULL),
-                     0);
+    assert_int_equal(talker_cuda_attention_rows_kv(d_out, d_qkv, (size_t)QKV, &kv16, d_row, d_pos, n, &heads, NULL), 0);
     assert_int_equal(cuda_stream_sync(NULL), 0);
     assert_int_equal(cuda_memcpy_d2h(got, d_out, sizeof(float) * n * QD), 0);
     for (int i = 0; i < n; i++) {
         size_t base = (size_t)row[i] * row_stride;
-        op_attention(want + (size_t)i * QD, QD, qkv + (size_t)i * QKV, QKV, kw + base, vw + base, KD, 1, pos[i] + 1, NH,
-                     NKV, D, 0, 0, scale);
+        op_attention(want + (size_t)i * QD, QD, qkv + (size_t)i * QKV, QKV, kw + base, vw + base, KD, 1, pos[i] + 1,
+                     &heads, 0, 0);
     }
     expect_close("row attention, bf16 cache", 0, got, want, (size_t)n * QD, 1e-5);
 
@@ -741,8 +738,8 @@ static void test_kv_bf16_kernels(void **state)
     assert_int_equal(cuda_memcpy_h2d(d_len, kv_len, sizeof(int) * ROWS), 0);
     for (int s = 0; s < ROWS; s++) {
         size_t base = (size_t)seq_row[s] * row_stride;
-        op_attention(want + (size_t)s * QD, QD, dq + (size_t)s * QKV, QKV, kw + base, vw + base, KD, 1, kv_len[s], NH,
-                     NKV, D, 0, 0, scale);
+        op_attention(want + (size_t)s * QD, QD, dq + (size_t)s * QKV, QKV, kw + base, vw + base, KD, 1, kv_len[s],
+                     &heads, 0, 0);
     }
     /* Partials in stream-ordered memory, then in a caller's workspace (what the
      * captured graphs use); one byte short of the size asked for is refused. */
@@ -750,22 +747,28 @@ static void test_kv_bf16_kernels(void **state)
     void *d_ws;
     assert_true(ws_bytes > 0);
     assert_int_equal(cuda_malloc(&d_ws, ws_bytes), 0);
+    struct cuda_attention_decode a = {.out = d_out,
+                                      .q = d_qkv,
+                                      .q_stride = (size_t)QKV,
+                                      .kv = kv16,
+                                      .kv_len = d_len,
+                                      .seq_row = d_seq,
+                                      .n_seq = ROWS,
+                                      .max_kv_len = CTX,
+                                      .heads = heads};
     for (int with_ws = 0; with_ws < 2; with_ws++) {
         assert_int_equal(cuda_memset(d_out, 0, sizeof(float) * ROWS * QD), 0);
-        assert_int_equal(cuda_ops_attention_decode_rows(d_out, d_qkv, (size_t)QKV, d_k16, d_v16, CUDA_KV_BF16, d_len,
-                                                        d_seq, CTX, row_stride, KD, ROWS, NH, NKV, D, scale,
-                                                        with_ws ? d_ws : NULL, with_ws ? ws_bytes : 0, NULL),
-                         0);
+        a.workspace = with_ws ? d_ws : NULL;
+        a.workspace_bytes = with_ws ? ws_bytes : 0;
+        assert_int_equal(cuda_ops_attention_decode(&a, NULL), 0);
         assert_int_equal(cuda_stream_sync(NULL), 0);
         assert_int_equal(cuda_memcpy_d2h(got, d_out, sizeof(float) * ROWS * QD), 0);
         expect_close(with_ws ? "split-K decode attention, bf16 cache, workspace"
                              : "split-K decode attention, bf16 cache",
                      0, got, want, (size_t)ROWS * QD, 1e-5);
     }
-    assert_int_equal(cuda_ops_attention_decode_rows(d_out, d_qkv, (size_t)QKV, d_k16, d_v16, CUDA_KV_BF16, d_len, d_seq,
-                                                    CTX, row_stride, KD, ROWS, NH, NKV, D, scale, d_ws, ws_bytes - 1,
-                                                    NULL),
-                     -EINVAL);
+    a.workspace_bytes = ws_bytes - 1;
+    assert_int_equal(cuda_ops_attention_decode(&a, NULL), -EINVAL);
     cuda_free(d_ws);
 
     /* Special values: NaN stays NaN, infinities stay infinite, as on the host. */
@@ -779,8 +782,8 @@ static void test_kv_bf16_kernels(void **state)
     assert_int_equal(cuda_memcpy_h2d(d_sp, special, sizeof special), 0);
     assert_int_equal(cuda_memcpy_h2d(d_row, &zero, sizeof zero), 0);
     assert_int_equal(cuda_memcpy_h2d(d_pos, &zero, sizeof zero), 0);
-    assert_int_equal(talker_cuda_kv_store_pair(d_sk, d_sv, CUDA_KV_BF16, d_sp, d_sp, 4, d_row, d_pos, 1, 4, 4, 4, NULL),
-                     0);
+    struct cuda_kv_cache kv_sp = {d_sk, d_sv, CUDA_KV_BF16, 4, 4};
+    assert_int_equal(talker_cuda_kv_store_pair(&kv_sp, d_sp, d_sp, 4, d_row, d_pos, 1, 4, NULL), 0);
     assert_int_equal(cuda_stream_sync(NULL), 0);
     assert_int_equal(cuda_memcpy_d2h(sk, d_sk, sizeof sk), 0);
     assert_int_equal(cuda_memcpy_d2h(sv, d_sv, sizeof sv), 0);
@@ -789,11 +792,10 @@ static void test_kv_bf16_kernels(void **state)
         assert_int_equal(sv[i], mm3_f32_to_bf16(special[i]));
     }
     /* Bad arguments are refused with a message, not launched. */
-    assert_int_equal(
-        talker_cuda_kv_store_pair(d_sk, d_sv, (enum cuda_kv_dtype)7, d_sp, d_sp, 4, d_row, d_pos, 1, 4, 4, 4, NULL),
-        -EINVAL);
-    assert_int_equal(talker_cuda_attention_rows_kv(d_out, d_qkv, (size_t)QD - 1, d_k16, d_v16, CUDA_KV_BF16, d_row,
-                                                   d_pos, 1, NH, NKV, D, row_stride, KD, scale, NULL),
+    kv_sp.dtype = (enum cuda_kv_dtype)7;
+    assert_int_equal(talker_cuda_kv_store_pair(&kv_sp, d_sp, d_sp, 4, d_row, d_pos, 1, 4, NULL), -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "kv dtype"));
+    assert_int_equal(talker_cuda_attention_rows_kv(d_out, d_qkv, (size_t)QD - 1, &kv16, d_row, d_pos, 1, &heads, NULL),
                      -EINVAL);
     void *dev[] = {d_qkv, d_out, d_k32, d_v32, d_k16, d_v16, d_row, d_pos, d_len, d_seq, d_sp, d_sk, d_sv};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
@@ -850,12 +852,13 @@ static void check_qkv_fused(int NH, int NKV, int D, enum cuda_kv_dtype dt)
     assert_int_equal(cuda_memcpy_h2d(d_pos, pos, sizeof(int) * N), 0);
     assert_int_equal(cuda_ops_qk_norm_rope(d_a, N, QKV, NH, D, d_qn, 1e-6f, D, d_pos, d_inv, NULL), 0);
     assert_int_equal(cuda_ops_qk_norm_rope(d_a + QD, N, QKV, NKV, D, d_kn, 1e-6f, D, d_pos, d_inv, NULL), 0);
-    assert_int_equal(talker_cuda_kv_store_pair(d_ka, d_va, dt, d_a + QD, d_a + QD + KD, (size_t)QKV, d_row, d_pos, N,
-                                               KD, row_stride, KD, NULL),
+    const struct cuda_kv_cache kva = {d_ka, d_va, dt, row_stride, (size_t)KD};
+    const struct cuda_kv_cache kvb = {d_kb, d_vb, dt, row_stride, (size_t)KD};
+    const struct attention_heads heads = {NH, NKV, D, 1.0f / sqrtf((float)D)};
+    const struct cuda_qkv_prep prep = {d_qn, d_kn, 1e-6f, D, d_inv, d_pos};
+    assert_int_equal(talker_cuda_kv_store_pair(&kva, d_a + QD, d_a + QD + KD, (size_t)QKV, d_row, d_pos, N, KD, NULL),
                      0);
-    assert_int_equal(talker_cuda_qkv_norm_rope_store(d_b, N, NH, NKV, D, d_qn, d_kn, 1e-6f, D, d_pos, d_inv, d_kb, d_vb,
-                                                     dt, d_row, row_stride, KD, NULL),
-                     0);
+    assert_int_equal(talker_cuda_qkv_norm_rope_store(d_b, N, &heads, &prep, &kvb, d_row, NULL), 0);
     assert_int_equal(cuda_stream_sync(NULL), 0);
     float *ha = malloc(sizeof(float) * N * QKV), *hb = malloc(sizeof(float) * N * QKV);
     char *ca = malloc(cache), *cb = malloc(cache);
@@ -902,8 +905,9 @@ static void check_depth_attention_store(int n, int n_heads, int D, int positions
         for (int t = 0; t < n; t++) {
             memcpy(kc + t * row_stride + (size_t)pos * H, qkv + (size_t)t * 3 * H + H, sizeof(float) * H);
             memcpy(vc + t * row_stride + (size_t)pos * H, qkv + (size_t)t * 3 * H + 2 * H, sizeof(float) * H);
+            const struct attention_heads heads = {n_heads, n_heads, D, scale};
             op_attention(want + (size_t)t * H, H, qkv + (size_t)t * 3 * H, 3 * H, kc + t * row_stride,
-                         vc + t * row_stride, H, 1, pos + 1, n_heads, n_heads, D, 0, 0, scale);
+                         vc + t * row_stride, H, 1, pos + 1, &heads, 0, 0);
         }
         assert_int_equal(cuda_memcpy_h2d(d_qkv, qkv, sizeof(float) * (size_t)n * 3 * H), 0);
         assert_int_equal(
@@ -1038,28 +1042,24 @@ static void qkv_reference(const struct depth *d, const float *in, size_t rows, f
     free(a);
 }
 
-/* depth_cuda_create with MM3_DEPTH_INPUT_TABLE=mode (NULL: unset), and what
- * depth_cuda_table_spared_bytes says under the same switch; the switch is read afresh
- * before and after, and main's x-split setting, which the resets forget, set again. */
-static struct depth_cuda *depth_with_tables(const struct depth *d, int n, const char *mode, size_t *spared)
+/* depth_cuda_create with depth_cuda_set_input_tables(mode), and what
+ * depth_cuda_table_spared_bytes says under the same setting; the default set again after. */
+static struct depth_cuda *depth_with_tables(const struct depth *d, int n, int mode, size_t *spared)
 {
     struct depth_cuda *dc = NULL;
-    if (mode) assert_int_equal(setenv("MM3_DEPTH_INPUT_TABLE", mode, 1), 0);
-    cuda_env_switches_reset();
+    assert_int_equal(depth_cuda_set_input_tables(mode), 0);
     assert_int_equal(depth_cuda_create(&dc, d, n), 0);
     *spared = depth_cuda_table_spared_bytes(d);
-    assert_int_equal(unsetenv("MM3_DEPTH_INPUT_TABLE"), 0);
-    cuda_env_switches_reset();
-    assert_int_equal(cuda_ops_gemv_set_x_round(2), 0);
+    assert_int_equal(depth_cuda_set_input_tables(DEPTH_CUDA_TABLES_BOTH), 0);
     return dc;
 }
 
 /* The tables of projected inputs and of their layer-0 Q|K|V (depth_cuda_input_table,
  * depth_cuda_qkv_table) against the projection and the product computed here in
  * double, row by row, and a pass started from them (depth_cuda_step_projected_dev)
- * against the CPU decoder fed the embeddings. mode: MM3_DEPTH_INPUT_TABLE (NULL:
- * unset, both tables; "2": the input table only). */
-static double check_depth_input_table(struct depth *d, int n, const char *mode)
+ * against the CPU decoder fed the embeddings. mode: DEPTH_CUDA_TABLES_BOTH or
+ * DEPTH_CUDA_TABLES_INPUT (the input table only). */
+static double check_depth_input_table(struct depth *d, int n, int mode)
 {
     const int H = d->cfg.hidden, V = d->cfg.audio_vocab, S = d->cfg.n_codebooks;
     const size_t nh = (size_t)n * H, tab = (size_t)(S - 2) * V * H;
@@ -1136,12 +1136,12 @@ static double check_depth_input_table(struct depth *d, int n, const char *mode)
     depth_cuda_destroy(dc);
 
     /* switched off, or nothing to project: no table, nothing spared */
-    dc = depth_with_tables(d, n, "0", &spared);
+    dc = depth_with_tables(d, n, DEPTH_CUDA_TABLES_NONE, &spared);
     assert_null(depth_cuda_input_table(dc));
     assert_int_equal(spared, 0);
     depth_cuda_destroy(dc);
     d->audio_emb = NULL;
-    dc = depth_with_tables(d, n, NULL, &spared);
+    dc = depth_with_tables(d, n, DEPTH_CUDA_TABLES_BOTH, &spared);
     assert_null(depth_cuda_input_table(dc));
     assert_int_equal(spared, 0);
     depth_cuda_destroy(dc);
@@ -1157,13 +1157,13 @@ static void test_depth_input_table(void **state)
     make_depth(&d, 64, 224, 96, 4, 2, 2, 32); /* fused products; 9-16 rows: the x-staged kernel */
     const int rows[] = {16, 9, 8, 5, 2};
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-        worst = fmax(worst, check_depth_input_table(&d, rows[i], NULL));
-        worst = fmax(worst, check_depth_input_table(&d, rows[i], "2"));
+        worst = fmax(worst, check_depth_input_table(&d, rows[i], DEPTH_CUDA_TABLES_BOTH));
+        worst = fmax(worst, check_depth_input_table(&d, rows[i], DEPTH_CUDA_TABLES_INPUT));
     }
     free_depth(&d);
     make_depth(&d, 40, 72, 24, 5, 2, 2, 20); /* the separate chain */
-    worst = fmax(worst, check_depth_input_table(&d, 3, NULL));
-    worst = fmax(worst, check_depth_input_table(&d, 3, "2"));
+    worst = fmax(worst, check_depth_input_table(&d, 3, DEPTH_CUDA_TABLES_BOTH));
+    worst = fmax(worst, check_depth_input_table(&d, 3, DEPTH_CUDA_TABLES_INPUT));
     free_depth(&d);
     assert_true(worst <= REL_TOL);
 }

@@ -3,7 +3,7 @@
  *
  *   mm3-bench-dit [--layers N] [--latents L] [--windows 1,2,4,8] [--reps R]
  *                 [--precisions fp32,tf32,bf16,fp16,fp8] [--euler-steps S] [--attention
- * auto,old,flash64,flash128,flash128m2]
+ * auto,old,flash]
  *
  * Per precision: the dense GEMM peak (cuBLASLt 8192^3, median of 10 after warm-up,
  * CUDA events), one forward of B = 2 x windows sequences (CFG pair per window) of L
@@ -13,7 +13,7 @@
  * CFG (host-side blend), relative L2 error of the first velocity and of the final latents.
  * --attention: forward rows for each listed attention kernel (dit_cuda_attention_default_set):
  * auto (the built-in choice), old (the kernels before dit_attention_flash.cu: WMMA for tf32,
- * MMA for bf16), flash64, flash128, flash128m2; fp32 always runs SIMT. The per-piece breakdown times
+ * MMA for bf16), flash; fp32 always runs SIMT. The per-piece breakdown times
  * every attention kernel of the precision. fp8's peak and breakdown GEMMs are e4m3
  * (dit_gemm_run_fp8), its LayerNorm and gating the fused quantizing kernels, its attention
  * fp16's. Prints a table last. */
@@ -37,7 +37,7 @@
 #include "stage1/render.h"
 
 #define MAX_WINDOWS 8
-#define MAX_ATTN 5
+#define MAX_ATTN 3 /* the attn_choices below */
 #define STEPS_PER_WINDOW 30
 
 static uint64_t rng = 0x5eed0d17ull;
@@ -161,13 +161,12 @@ static const struct attn_choice {
     enum dit_attn_kernel tf32, bf16;
 } attn_choices[] = {{"auto", DIT_ATTN_AUTO, DIT_ATTN_AUTO},
                     {"old", DIT_ATTN_WMMA, DIT_ATTN_MMA},
-                    {"flash64", DIT_ATTN_FLASH64, DIT_ATTN_FLASH64},
-                    {"flash128", DIT_ATTN_FLASH128, DIT_ATTN_FLASH128},
-                    {"flash128m2", DIT_ATTN_FLASH128M2, DIT_ATTN_FLASH128M2}};
+                    {"flash", DIT_ATTN_FLASH, DIT_ATTN_FLASH}};
+_Static_assert(sizeof attn_choices / sizeof attn_choices[0] == MAX_ATTN, "MAX_ATTN counts attn_choices");
 
 static const char *kernel_name(enum dit_attn_kernel k)
 {
-    static const char *names[] = {"AUTO", "SIMT", "WMMA", "MMA", "FLASH64", "FLASH128", "FLASH128M2"};
+    static const char *names[] = {"AUTO", "SIMT", "WMMA", "MMA", "FLASH"};
     return (unsigned)k < sizeof names / sizeof names[0] ? names[k] : "?";
 }
 
@@ -368,9 +367,8 @@ static void breakdown(const struct dit_config *cfg, enum mm3_matmul_precision p,
         sum += t[1];
     }
     /* every attention kernel of this precision; the sum counts the default (AUTO) one */
-    static const enum dit_attn_kernel kernels[] = {DIT_ATTN_AUTO,      DIT_ATTN_SIMT,    DIT_ATTN_WMMA,
-                                                   DIT_ATTN_MMA,       DIT_ATTN_FLASH64, DIT_ATTN_FLASH128,
-                                                   DIT_ATTN_FLASH128M2};
+    static const enum dit_attn_kernel kernels[] = {DIT_ATTN_AUTO, DIT_ATTN_SIMT, DIT_ATTN_WMMA, DIT_ATTN_MMA,
+                                                   DIT_ATTN_FLASH};
     float ta = 0, tl, tg;
     for (size_t k = 0; k < sizeof kernels / sizeof kernels[0]; k++) {
         enum dit_attn_kernel kk = kernels[k];
@@ -411,7 +409,7 @@ static void usage(void)
 {
     fprintf(stderr, "usage: mm3-bench-dit [--layers N] [--latents L] [--windows 1,2,4,8] [--reps R]\n"
                     "                     [--precisions fp32,tf32,bf16,fp16,fp8] [--euler-steps S] [--frame-rate FPS]\n"
-                    "                     [--attention auto,old,flash64,flash128,flash128m2]\n");
+                    "                     [--attention auto,old,flash]\n");
     exit(2);
 }
 
@@ -456,7 +454,7 @@ int main(int argc, char **argv)
             n_attn = 0;
             for (int c = 0; c < MAX_ATTN; c++) {
                 const char *hit = strstr(val, attn_choices[c].name);
-                /* "flash64" must not match inside another name: whole comma-separated items */
+                /* a name must not match inside another: whole comma-separated items */
                 size_t len = strlen(attn_choices[c].name);
                 for (; hit; hit = strstr(hit + 1, attn_choices[c].name))
                     if ((hit == val || hit[-1] == ',') && (hit[len] == ',' || hit[len] == 0)) break;

@@ -14,7 +14,7 @@
  * 4. The frame: sum over the frame's matmuls of count x time, against the floor
  *    22.3 GB / copy bandwidth.
  * --read-patterns instead: the read rate of a 1 GiB bf16 matrix by access pattern and
- * copy mechanism (common/cuda/read_bench.h), one and two blocks per SM, against the copy
+ * copy mechanism (tools/cuda/read_bench.h), one and two blocks per SM, against the copy
  * bandwidth.
  * Built without CUDA it prints "no CUDA" and exits 77. */
 #include <math.h>
@@ -30,8 +30,8 @@
 
 #ifdef MM3_HAVE_CUDA
 #include "common/cuda/ops_cuda.h"
-#include "common/cuda/read_bench.h"
 #include "stage0/model/cuda/talker_kernels.h"
+#include "tools/cuda/read_bench.h"
 
 #define TRY(call)                                                              \
     do {                                                                       \
@@ -200,9 +200,15 @@ static void att_once(void *arg, int i)
     (void)i;
     struct att_arg *a = arg;
     const size_t row = 8 * 128;
-    TRY(cuda_ops_attention_decode_chunk(a->out, a->q, a->k, a->v, CUDA_KV_BF16, a->len, a->max_len,
-                                        (size_t)a->max_len * row, row, a->n_seq, 32, 8, 128, 1.0f / sqrtf(128.0f),
-                                        a->chunk, stream));
+    const struct cuda_attention_decode d = {.out = a->out,
+                                            .q = a->q,
+                                            .kv = {a->k, a->v, CUDA_KV_BF16, (size_t)a->max_len * row, row},
+                                            .kv_len = a->len,
+                                            .n_seq = a->n_seq,
+                                            .max_kv_len = a->max_len,
+                                            .heads = {32, 8, 128, 1.0f / sqrtf(128.0f)},
+                                            .chunk_positions = a->chunk};
+    TRY(cuda_ops_attention_decode(&d, stream));
 }
 
 /* One talker layer's decode attention as the graph runs it: the QKV rows as the
@@ -222,17 +228,24 @@ static void step_once(void *arg, int i)
     (void)i;
     struct step_arg *a = arg;
     const size_t row = 8 * 128, seq = (size_t)(a->plan + 1) * row, qkv = 6144;
-    const float scale = 1.0f / sqrtf(128.0f);
+    const struct cuda_qkv_prep prep = {a->qn, a->kn, 1e-6f, 128, a->inv_freq, a->pos};
+    const struct cuda_attention_decode d = {.out = a->out,
+                                            .q = a->qkv,
+                                            .q_stride = qkv,
+                                            .kv = {a->k, a->v, CUDA_KV_BF16, seq, row},
+                                            .kv_len = a->len,
+                                            .seq_row = a->row,
+                                            .n_seq = a->n_seq,
+                                            .max_kv_len = a->plan,
+                                            .heads = {32, 8, 128, 1.0f / sqrtf(128.0f)},
+                                            .workspace = a->ws,
+                                            .workspace_bytes = a->ws_bytes};
     if (a->mode == 0) {
-        TRY(talker_cuda_qkv_norm_rope_store(a->qkv, a->n_seq, 32, 8, 128, a->qn, a->kn, 1e-6f, 128, a->pos,
-                                            a->inv_freq, a->k, a->v, CUDA_KV_BF16, a->row, seq, row, stream));
-        TRY(cuda_ops_attention_decode_rows(a->out, a->qkv, qkv, a->k, a->v, CUDA_KV_BF16, a->len, a->row, a->plan, seq,
-                                           row, a->n_seq, 32, 8, 128, scale, a->ws, a->ws_bytes, stream));
+        TRY(talker_cuda_qkv_norm_rope_store(a->qkv, a->n_seq, &d.heads, &prep, &d.kv, a->row, stream));
+        TRY(cuda_ops_attention_decode(&d, stream));
         return;
     }
-    struct cuda_qkv_prep prep = {a->qn, a->kn, 1e-6f, 128, a->inv_freq, a->pos};
-    TRY(cuda_ops_attention_decode_qkv(a->out, a->qkv, qkv, a->k, a->v, CUDA_KV_BF16, a->len, a->row, a->plan, seq, row,
-                                      a->n_seq, 32, 8, 128, scale, &prep, a->ws, a->ws_bytes, stream));
+    TRY(cuda_ops_attention_decode_qkv(&d, &prep, stream));
 }
 
 static void fill_random_bf16(void *dev, size_t n);

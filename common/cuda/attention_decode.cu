@@ -8,18 +8,16 @@
  * memory and write (acc[head_dim], m, l) for the chunk.
  * Pass 2: one block per (query head, sequence) merges the chunks (log-sum-exp).
  * With bf16 caches and head_dim 64 or 128 (the talker's), pass 1 runs on the tensor
- * cores instead (attention_decode_mma.cu; MM3_ATT_MMA=0 keeps this kernel): 16
- * sequences at context 1000 took 43 us per layer here, bound by the shuffles and
- * exps, 23.5 there.
+ * cores instead (attention_decode_mma.cu): this kernel is bound by its shuffles and
+ * exps there, and takes nearly twice as long (docs/performance.md).
  *
  * The fused variant (cuda_ops_attention_decode_qkv) takes the new token's q/k/v as
  * the QKV product left them: each block norms and rotates its q heads itself, the
  * block whose chunk holds the new position also its k head, stores k and v in the
  * cache and uses them from shared memory (no block reads that position from the
  * cache, so the store races with nothing). One launch per layer fewer. (Merging the
- * splits in the last block of each kv head instead of pass 2 was measured slower:
- * 26.8 against 15.2 us per layer at 2 sequences, context 1000; one block walks
- * what pass 2 spreads over `group` blocks.) */
+ * splits in the last block of each kv head instead of pass 2 was slower: one block
+ * walks what pass 2 spreads over `group` blocks.) */
 #include <math.h>
 #include <stdint.h>
 
@@ -67,9 +65,9 @@ __device__ __forceinline__ void load_rows(const KT *k, const KT *v, size_t kv_of
 }
 
 /* 3 blocks per SM for the talker's heads (bf16 KV, E 4, G 4) and those no wider: the
- * fused prologue had taken its instance from 168 to 172 registers, 2 blocks per SM,
- * and 16 sequences at context 5000 from 142 to 173 us per layer. Other instances
- * would spill under that cap. */
+ * fused prologue had pushed its instance past the registers of 3 blocks per SM, and
+ * the drop to 2 slowed long contexts markedly. Other instances would spill under that
+ * cap. */
 template <typename KT, int E, int G, bool FUSE>
 __global__ void __launch_bounds__(ATT_WARPS * 32, (sizeof(KT) == 2 && E >= 4 && E * G <= 16) ? 3 : 1)
     attn_split_kernel(float *__restrict__ part, const float *__restrict__ q, size_t q_stride, const KT *__restrict__ k,
@@ -325,15 +323,6 @@ template <typename KT> static int att_launch_e(const att_args &a, int head_dim, 
     }
 }
 
-extern "C" int cuda_ops_attention_decode(float *out, const float *q, const void *k_cache, const void *v_cache,
-                                         enum cuda_kv_dtype kv_dtype, const int *kv_len, int max_kv_len,
-                                         size_t seq_stride, size_t row_stride, int n_seq, int n_heads, int n_kv_heads,
-                                         int head_dim, float scale, void *stream)
-{
-    return cuda_ops_attention_decode_chunk(out, q, k_cache, v_cache, kv_dtype, kv_len, max_kv_len, seq_stride,
-                                           row_stride, n_seq, n_heads, n_kv_heads, head_dim, scale, 0, stream);
-}
-
 static int att_sm_count(void)
 {
     const int sms = cuda_sm_count();
@@ -355,32 +344,27 @@ static void att_plan(int n_seq, int n_kv_heads, int max_kv_len, int chunk_positi
     *n_split_out = max_kv_len > 0 ? (int)((max_kv_len + chunk - 1) / chunk) : 1;
 }
 
-/* MM3_ATT_EARLY=0: the tensor-core kernel's fused variant waits for the previous
- * kernel before any load (measuring). */
-static int att_early(void)
+/* Which combine kernel merges n_split partials: the staged one above
+ * ATT_COMBINE_STAGED_MIN splits, where loading every split's max and sum at once saves
+ * more than its extra barrier costs; below, the per-split one (docs/performance.md).
+ * cuda_ops_attention_set_combine: 0 = that choice, 1 = never staged, 2 = always. */
+enum { ATT_COMBINE_STAGED_MIN = 4 };
+static int combine_setting;
+
+extern "C" int cuda_ops_attention_set_combine(int mode)
 {
-    static int state = -1;
-    return cuda_env_switch(&state, "MM3_ATT_EARLY", 1);
+    if (mode < 0 || mode > 2)
+        return mm3_errorf(-EINVAL,
+                          "cuda_ops_attention_set_combine: %d: expected 0 (per split count), 1 (per split), 2 (staged)",
+                          mode);
+    __atomic_store_n(&combine_setting, mode, __ATOMIC_RELAXED);
+    return 0;
 }
 
-/* Which combine kernel merges n_split partials. Measured in the graphs on the H200
- * (context 1000, twenty-sixth session): with 16 splits (1 pair) the staged kernel adds
- * 3.7-4.1 us a layer against 4.4-4.9, with 2 (8 pairs) 4.3 against 3.1, where its
- * extra barrier costs more than the one round of loads it saves. MM3_ATT_COMBINE_STAGED
- * (measuring): 0 never staged, 2 always, unset or 1 above ATT_COMBINE_STAGED_MIN splits. */
-enum { ATT_COMBINE_STAGED_MIN = 4 };
 static bool att_combine_staged(int n_split)
 {
-    static int state = -1;
-    const int m = cuda_env_switch(&state, "MM3_ATT_COMBINE_STAGED", 1);
-    return m == 2 || (m == 1 && n_split > ATT_COMBINE_STAGED_MIN);
-}
-
-/* MM3_ATT_MMA=0: the CUDA-core kernel where the tensor-core one fits (measuring). */
-static int att_use_mma(void)
-{
-    static int state = -1;
-    return cuda_env_switch(&state, "MM3_ATT_MMA", 1);
+    const int m = __atomic_load_n(&combine_setting, __ATOMIC_RELAXED);
+    return m == 2 || (m == 0 && n_split > ATT_COMBINE_STAGED_MIN);
 }
 
 /* The tensor-core kernel's split count: one wave of its blocks (it keeps more bytes
@@ -406,12 +390,14 @@ static size_t att_part_bytes(int n_seq, int n_heads, int head_dim, int n_split)
 
 /* prep NULL: the plain kernels (q already normed and rotated, k/v stored); else the
  * fused variant (cuda_ops_attention_decode_qkv). */
-static int attention_decode(float *out, const float *q, size_t q_stride, const void *k_cache, const void *v_cache,
-                            enum cuda_kv_dtype kv_dtype, const int *kv_len, const int *seq_row, int max_kv_len,
-                            size_t seq_stride, size_t row_stride, int n_seq, int n_heads, int n_kv_heads, int head_dim,
-                            float scale, int chunk_positions, const struct cuda_qkv_prep *prep, void *workspace,
-                            size_t workspace_bytes, void *stream)
+static int attention_decode(const struct cuda_attention_decode *d, const struct cuda_qkv_prep *prep, void *stream)
 {
+    if (!d) return mm3_errorf(-EINVAL, "cuda_ops_attention_decode: NULL arguments");
+    const int n_seq = d->n_seq, max_kv_len = d->max_kv_len, chunk_positions = d->chunk_positions;
+    const int n_heads = d->heads.n_heads, n_kv_heads = d->heads.n_kv_heads, head_dim = d->heads.head_dim;
+    const enum cuda_kv_dtype kv_dtype = d->kv.dtype;
+    const void *k_cache = d->kv.k, *v_cache = d->kv.v;
+    const size_t seq_stride = d->kv.seq_stride, row_stride = d->kv.row_stride;
     if (chunk_positions < 0 || chunk_positions % ATT_CHUNK_ALIGN)
         return mm3_errorf(-EINVAL, "cuda_ops_attention_decode: chunk %d: expected 0 (auto) or a multiple of %d",
                           chunk_positions, ATT_CHUNK_ALIGN);
@@ -430,6 +416,7 @@ static int attention_decode(float *out, const float *q, size_t q_stride, const v
     if (head_dim != 32 && head_dim != 64 && head_dim != 128 && head_dim != ATT_MAX_HEAD_DIM)
         return mm3_errorf(-EINVAL, "cuda_ops_attention_decode: head_dim %d: expected 32, 64, 128 or 256", head_dim);
     const size_t q_width = (size_t)(n_heads + (prep ? 2 * n_kv_heads : 0)) * head_dim;
+    const size_t q_stride = d->q_stride ? d->q_stride : q_width;
     if (q_stride < q_width)
         return mm3_errorf(-EINVAL, "cuda_ops_attention_decode: q stride %zu < the %zu floats of a %s row", q_stride,
                           q_width, prep ? "q|k|v" : "q");
@@ -457,23 +444,24 @@ static int attention_decode(float *out, const float *q, size_t q_stride, const v
     long chunk;
     int n_split;
     att_plan(n_seq, n_kv_heads, max_kv_len, chunk_positions, &chunk, &n_split);
-    const bool mma = att_use_mma() && att_mma_fits(kv_dtype == CUDA_KV_BF16, head_dim, group);
+    const bool mma = att_mma_fits(kv_dtype == CUDA_KV_BF16, head_dim, group);
     if (mma && !chunk_positions)
         n_split = att_mma_splits(n_seq, n_kv_heads, max_kv_len, n_split, att_mma_blocks_per_sm(head_dim, prep != NULL));
     const size_t part_bytes = att_part_bytes(n_seq, n_heads, head_dim, n_split);
-    float *part = (float *)workspace;
+    float *part = (float *)d->workspace;
     int rc = 0;
     if (!part)
         rc = cuda_status(cudaMallocAsync((void **)&part, part_bytes, st), "cudaMallocAsync (attention partials)");
-    else if (workspace_bytes < part_bytes)
-        rc = mm3_errorf(-EINVAL, "cuda_ops_attention_decode: workspace of %zu bytes, %zu needed", workspace_bytes,
+    else if (d->workspace_bytes < part_bytes)
+        rc = mm3_errorf(-EINVAL, "cuda_ops_attention_decode: workspace of %zu bytes, %zu needed", d->workspace_bytes,
                         part_bytes);
     if (rc < 0) return rc;
 
     /* Automatic plans let each sequence cut its own length (chunk 0 in the kernel). */
-    att_args a = {part,       q,          q_stride, k_cache, v_cache, kv_len,  seq_row,
-                  seq_stride, row_stride, n_heads,  group,   scale,   n_split, chunk_positions ? (int)chunk : 0,
-                  prep != NULL, {}}; /* a.fuse stays zero (the plain kernel ignores it) without prep */
+    att_args a = {
+        part,         d->q,       q_stride, k_cache, v_cache,        d->kv_len, d->seq_row,
+        seq_stride,   row_stride, n_heads,  group,   d->heads.scale, n_split,   chunk_positions ? (int)chunk : 0,
+        prep != NULL, {}}; /* a.fuse stays zero (the plain kernel ignores it) without prep */
     if (prep) {
         a.fuse.q_norm = prep->q_norm;
         a.fuse.k_norm = prep->k_norm;
@@ -483,7 +471,6 @@ static int attention_decode(float *out, const float *q, size_t q_stride, const v
         a.fuse.pos = prep->pos;
         a.fuse.kw = (void *)k_cache;
         a.fuse.vw = (void *)v_cache;
-        a.fuse.early = att_early();
     }
     dim3 grid((unsigned)n_split, (unsigned)n_kv_heads, (unsigned)n_seq);
     if (mma)
@@ -494,48 +481,24 @@ static int attention_decode(float *out, const float *q, size_t q_stride, const v
     if (rc == 0 && att_combine_staged(n_split))
         rc = launch_pdl("attn_combine_staged_kernel", attn_combine_staged_kernel,
                         dim3((unsigned)n_heads, (unsigned)n_seq), head_dim, sizeof(float) * (size_t)(2 * n_split + 1),
-                        st, out, (const float *)part, n_heads, head_dim, n_split);
+                        st, d->out, (const float *)part, n_heads, head_dim, n_split);
     else if (rc == 0)
         rc = launch_pdl("attn_combine_kernel", attn_combine_kernel, dim3((unsigned)n_heads, (unsigned)n_seq), head_dim,
-                        0, st, out, (const float *)part, n_heads, head_dim, n_split);
-    if (!workspace) (void)cudaFreeAsync(part, st);
+                        0, st, d->out, (const float *)part, n_heads, head_dim, n_split);
+    if (!d->workspace) (void)cudaFreeAsync(part, st);
     return rc;
 }
 
-extern "C" int cuda_ops_attention_decode_chunk(float *out, const float *q, const void *k_cache, const void *v_cache,
-                                               enum cuda_kv_dtype kv_dtype, const int *kv_len, int max_kv_len,
-                                               size_t seq_stride, size_t row_stride, int n_seq, int n_heads,
-                                               int n_kv_heads, int head_dim, float scale, int chunk_positions,
-                                               void *stream)
+extern "C" int cuda_ops_attention_decode(const struct cuda_attention_decode *a, void *stream)
 {
-    return attention_decode(out, q, (size_t)(n_heads > 0 ? n_heads : 0) * (head_dim > 0 ? head_dim : 0), k_cache,
-                            v_cache, kv_dtype, kv_len, NULL, max_kv_len, seq_stride, row_stride, n_seq, n_heads,
-                            n_kv_heads, head_dim, scale, chunk_positions, NULL, NULL, 0, stream);
+    return attention_decode(a, NULL, stream);
 }
 
-/* Any rows, a query row stride, a caller's workspace (ops_cuda.h). */
-extern "C" int cuda_ops_attention_decode_rows(float *out, const float *q, size_t q_stride, const void *k_cache,
-                                              const void *v_cache, enum cuda_kv_dtype kv_dtype, const int *kv_len,
-                                              const int *seq_row, int max_kv_len, size_t seq_stride, size_t row_stride,
-                                              int n_seq, int n_heads, int n_kv_heads, int head_dim, float scale,
-                                              void *workspace, size_t workspace_bytes, void *stream)
-{
-    return attention_decode(out, q, q_stride, k_cache, v_cache, kv_dtype, kv_len, seq_row, max_kv_len, seq_stride,
-                            row_stride, n_seq, n_heads, n_kv_heads, head_dim, scale, 0, NULL, workspace,
-                            workspace_bytes, stream);
-}
-
-extern "C" int cuda_ops_attention_decode_qkv(float *out, const float *qkv, size_t qkv_stride, void *k_cache,
-                                             void *v_cache, enum cuda_kv_dtype kv_dtype, const int *kv_len,
-                                             const int *seq_row, int max_kv_len, size_t seq_stride, size_t row_stride,
-                                             int n_seq, int n_heads, int n_kv_heads, int head_dim, float scale,
-                                             const struct cuda_qkv_prep *prep, void *workspace, size_t workspace_bytes,
+extern "C" int cuda_ops_attention_decode_qkv(const struct cuda_attention_decode *a, const struct cuda_qkv_prep *prep,
                                              void *stream)
 {
     if (!prep) return mm3_errorf(-EINVAL, "cuda_ops_attention_decode_qkv: NULL prep");
-    return attention_decode(out, qkv, qkv_stride, k_cache, v_cache, kv_dtype, kv_len, seq_row, max_kv_len, seq_stride,
-                            row_stride, n_seq, n_heads, n_kv_heads, head_dim, scale, 0, prep, workspace,
-                            workspace_bytes, stream);
+    return attention_decode(a, prep, stream);
 }
 
 extern "C" size_t cuda_ops_attention_decode_workspace_bytes(int n_seq, int n_heads, int n_kv_heads, int head_dim,

@@ -21,7 +21,6 @@ struct att_fuse {
     int rotary_dim;
     const int *pos; /* [sequence]: where the new k/v go */
     void *kw, *vw;  /* the caches again, for the store */
-    int early;      /* the tensor-core kernel's first K/V loads and RoPE table before its PDL wait */
 };
 
 /* What the prologue below reads that no earlier kernel writes: the RoPE cos/sin of

@@ -2,8 +2,8 @@
  *
  * The CUDA-core kernel (attention_decode.cu) spends per position and query head a
  * 32-lane shuffle reduction and an exp on every lane: at 16 sequences it is bound by
- * those instructions, not by the K/V stream (44 us per layer for 15 us of reads at
- * context 1000). Here a warp takes 16 positions per step and does the products with
+ * those instructions, not by the K/V stream (about three times its reads' time;
+ * docs/performance.md). Here a warp takes 16 positions per step and does the products with
  * mma.sync m16n8k16 (as flash attention does): S = Q K^T, then O += P V.
  *
  * The 16 rows of the A operand are the kv head's query heads (up to 8) in bf16 hi
@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32, 2)
                           int chunk, att_fuse f)
 {
     pdl_launch_dependents();
-    /* Decode (FUSE, f.early): every index below comes from the host (kv_len, pos,
+    /* Decode (FUSE): every index below comes from the host (kv_len, pos,
      * seq_row are copied in before the step), the cache rows read before this
      * kernel's own store hold earlier forwards' K/V, and the host waits for each
      * forward (talker_cuda.c's stream sync, or frame_cuda_decode_pairs' wait for the
@@ -140,8 +140,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32, 2)
      * finishes. A prefill's K/V were stored by the kernel just before: wait first.
      * (The depth decoder cannot do the same: its earlier positions come from the
      * same graph, with no sync in between.) */
-    const bool early = FUSE && f.early;
-    if (!early) pdl_wait();
+    if constexpr (!FUSE) pdl_wait();
     constexpr int KC = HD / 32, VB = HD / 64, G = MMA_ATT_ROWS;
     __shared__ float sm_acc[ATT_WARPS][G][HD];
     __shared__ float sm_m[ATT_WARPS][G], sm_l[ATT_WARPS][G];
@@ -172,7 +171,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32, 2)
         const bool prep = j0 < len || store;
         /* The tables read nothing an earlier kernel writes: before the wait either way. */
         if (prep) att_prologue_tables<HD>(rope_cs, rope_sn, nq, nk, f, (float)pnew);
-        if (early) pdl_wait();
+        pdl_wait();
         if (prep)
             att_prepare<uint16_t, HD, G>(sq, sk, sv, rope_cs, rope_sn, nq, nk, q + (size_t)s * q_stride, hk, group,
                                          store, f, seq_off + (size_t)pnew * row_stride);

@@ -7,7 +7,7 @@
  * into bf16 hi + lo parts (x - hi - lo is below 2^-16 |x|) and each tile takes two
  * MMAs with float32 accumulation. Above 8 rows x is rounded to bf16 instead (the
  * precision of the reference's bf16 activations; gemv_x_round): one MMA per tile and
- * k half, which made 8 pairs 9.38 -> 8.97 ms/frame on the H200 (twentieth session).
+ * k half, a faster frame at 8 pairs (docs/performance.md).
  *
  * The dot product does not care in which order k is visited, so each lane loads 8
  * consecutive k (16 bytes) of a weight row and feeds them to two MMAs; the B
@@ -205,7 +205,7 @@ __device__ __forceinline__ void mma_store_tile(float *__restrict__ y, float *bs,
 template <int NT, int MMA_MT, int EPI, bool NORM, int STAGES, int XM = X_SPLIT>
 __global__ void __launch_bounds__(MMA_THREADS, 2)
     gemv_mma_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int n_rows,
-                    int in, int out, int ks, int tiles, const float *__restrict__ wn, float eps, int pre)
+                    int in, int out, int ks, int tiles, const float *__restrict__ wn, float eps)
 {
     pdl_launch_dependents();
     constexpr int MMA_OUT = 16 * MMA_MT;
@@ -231,9 +231,9 @@ __global__ void __launch_bounds__(MMA_THREADS, 2)
     const int ncols = 8 * NT;
     const int st0 = rank * MMA_WARPS + warp;
     uint4 *ring = mma_ring + (size_t)warp * (STAGES ? STAGES : 1) * MMA_MT * 2 * 32;
-    /* The first tile's first weights are loaded before pdl_wait when `pre` (weights
-     * are no earlier kernel's output), so a block placed while the previous kernel
-     * finishes streams. Registers: steps st0 and st0 + stride; ring: STAGES - 1 steps. */
+    /* The first tile's first weights are loaded before pdl_wait (weights are no earlier
+     * kernel's output), so a block placed while the previous kernel finishes streams.
+     * Registers: steps st0 and st0 + stride; ring: STAGES - 1 steps. */
     const uint4 *wr[MMA_MT][2];
     uint4 wa[2][MMA_MT][2];
     auto start_tile = [&](int tile) {
@@ -247,9 +247,8 @@ __global__ void __launch_bounds__(MMA_THREADS, 2)
             if (st0 + stride < steps) mma_load_step<MMA_MT>(wa[1], wr, st0 + stride);
         }
     };
-    if (!pre) pdl_wait();
     if (blockIdx.x < tiles) start_tile(blockIdx.x);
-    if (pre) pdl_wait();
+    pdl_wait();
 
     for (int tile = blockIdx.x, slot = 0; tile < tiles; tile += gridDim.x, slot++) {
         const int o0 = tile * MMA_OUT;
@@ -349,23 +348,6 @@ __global__ void __launch_bounds__(MMA_THREADS, 2)
     }
 }
 
-/* MM3_MMA_PRE=0: the first weight loads after griddepcontrol.wait (measuring; on:
- * 2 pairs 8.39 -> 8.16 ms/frame, 8 pairs 10.83 -> 10.64 in one call). */
-static int mma_switch_pre(void)
-{
-    static int state = -1;
-    return cuda_env_switch(&state, "MM3_MMA_PRE", 1);
-}
-
-/* MM3_PDL_MMA=0: this kernel without the PDL attribute even where the rest has it
- * (measured once at 8 pairs: 12.61 ms off against 12.84 on, about the run-to-run
- * spread; left on with the rest). */
-static int mma_pdl(void)
-{
-    static int state = -1;
-    return cuda_env_switch(&state, "MM3_PDL_MMA", 1);
-}
-
 /* Clusters of ks blocks of this kernel that fit on the GPU at once (cached per
  * instantiation; every thread computes the same values, so the race is benign). */
 template <int NT, int MT, int EPI, bool NORM, int S, int XM = X_SPLIT> static int mma_resident_clusters(int ks)
@@ -379,14 +361,6 @@ template <int NT, int MT, int EPI, bool NORM, int S, int XM = X_SPLIT> static in
                                              mma_ring_bytes<MT, S>(), ks);
     }
     return cache[ks];
-}
-
-/* MM3_MMA_BALANCE=0: the plan below without k splits of several tiles per block
- * (measuring). */
-static int mma_balance(void)
-{
-    static int state = -1;
-    return cuda_env_switch(&state, "MM3_MMA_BALANCE", 1);
 }
 
 /* One wave. Clusters of ks blocks split `in` (ks = 1: none); each cluster takes `per`
@@ -407,7 +381,7 @@ static void mma_plan(int tiles, int steps, int *ks_out, int *grid_out)
     for (int k = 2; k <= MMA_MAX_CLUSTER && k * MMA_WARPS <= steps; k++) {
         const int clusters = mma_resident_clusters<NT, MT, EPI, NORM, S, XM>(k);
         const int p = (tiles + clusters - 1) / clusters;
-        if (p > MMA_MERGE_SLOTS || (p > 1 && (!mma_balance() || k * MMA_WARPS * MMA_MIN_TILE_STEPS > steps))) continue;
+        if (p > MMA_MERGE_SLOTS || (p > 1 && k * MMA_WARPS * MMA_MIN_TILE_STEPS > steps)) continue;
         if ((long)tiles * k * per * 100 > best * p * 103) best = (long)tiles * k, per = p, ks = k;
     }
     *ks_out = ks;
@@ -423,58 +397,53 @@ static int mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, i
     mma_plan<NT, MT, EPI, NORM, S, XM>(tiles, in / MMA_KSTEP, &ks, &grid);
     return launch_ex("cudaLaunchKernelEx(gemv_mma_kernel)", gemv_mma_kernel<NT, MT, EPI, NORM, S, XM>,
                      dim3((unsigned)grid, (unsigned)ks), dim3(MMA_THREADS), mma_ring_bytes<MT, S>(), st, ks,
-                     mma_pdl() != 0, y, x, w, n_rows, in, out, ks, tiles, wn, eps, mma_switch_pre());
+                     true, y, x, w, n_rows, in, out, ks, tiles, wn, eps);
 }
 
 /* cuda_ops_gemv_set_mma_tiles: 2 or 4 weight tiles per block for every launch, or
- * (0) the choice below or MM3_MMA_MT; -1: not yet read from the environment. */
-static int mma_tiles_setting = -1;
+ * (0) the choice below. */
+static int mma_tiles_setting;
 
 extern "C" int cuda_ops_gemv_set_mma_tiles(int m_tiles)
 {
     if (m_tiles != 0 && m_tiles != 2 && m_tiles != 4)
         return mm3_errorf(-EINVAL, "cuda_ops_gemv_set_mma_tiles: %d: expected 0 (per shape), 2 or 4", m_tiles);
-    __atomic_store_n(&mma_tiles_setting, m_tiles ? m_tiles : -1, __ATOMIC_RELAXED); /* 0: read the environment again */
+    __atomic_store_n(&mma_tiles_setting, m_tiles, __ATOMIC_RELAXED);
     return 0;
 }
 
 /* Weight tiles per block: 2 unless 4 is forced. With two k steps of weights held per
  * warp (the kernel's pipeline), 4 tiles need more than the 128 registers that keep two
- * blocks per SM and spill; measured with 2 everywhere against the kernel before the
- * pipeline with 2 or 4 per shape: 2 pairs 9.13 -> 8.16 ms/frame, 8 pairs 10.83 -> 10.64. */
+ * blocks per SM and spill, and were slower per frame (docs/performance.md). */
 static int mma_default_tiles(void)
 {
-    return cuda_env_switch(&mma_tiles_setting, "MM3_MMA_MT", 0) == 4 ? 4 : 2;
+    return __atomic_load_n(&mma_tiles_setting, __ATOMIC_RELAXED) == 4 ? 4 : 2;
 }
 
-/* Where a warp's weights wait for the tensor cores: 0 = per x conversion and row count
- * (below; or the environment's MM3_MMA_RING), 1 = the shared-memory ring, 2 = registers;
- * -1 = not yet read. Measured on the H200, ctx 1000, both in one call: with x split, at
- * 9-16 rows (8 pairs) the ring of 3 steps 10.26 against 10.68 ms/frame for registers
- * (10.34 / 10.57 in another call; rings of 4 or 5 steps 10.62 / 10.98; twentieth
- * session 9.53 against 9.77), at 3-8 rows (2 and 4 pairs) registers 7.63 / 8.00
- * against 8.66 / 9.07. With x rounded to bf16 (half the x registers, half the MMAs)
- * registers win at 9-16 rows too: 8 pairs 8.81 against 8.97 (twentieth session). The
- * ring's 48 KiB per block come out of L1, where x is re-read once per weight tile. */
-static int mma_ring_setting = -1;
+/* Where a warp's weights wait for the tensor cores (cuda_ops_gemv_set_mma_ring): 0 = per
+ * x conversion and row count (below), 1 = the shared-memory ring, 2 = registers. With x
+ * split, the ring of 3 steps is faster at 9-16 rows and registers at 3-8; with x rounded
+ * to bf16 (half the x registers, half the MMAs) registers win at 9-16 rows too
+ * (docs/performance.md). The ring's 48 KiB per block come out of L1, where x is re-read
+ * once per weight tile. */
+static int mma_ring_setting;
 
 extern "C" int cuda_ops_gemv_set_mma_ring(int mode)
 {
     if (mode < 0 || mode > 2)
         return mm3_errorf(-EINVAL,
                           "cuda_ops_gemv_set_mma_ring: %d: expected 0 (per row count), 1 (ring), 2 (registers)", mode);
-    __atomic_store_n(&mma_ring_setting, mode ? mode : -1, __ATOMIC_RELAXED); /* 0: read the environment again */
+    __atomic_store_n(&mma_ring_setting, mode, __ATOMIC_RELAXED);
     return 0;
 }
 
 /* 17-32 rows (NT 4) take the ring unless registers are asked for (2) with x rounded:
  * with x split, 32 accumulators and 32 words of split x per step leave no registers for
- * weights in flight (ptxas: spills); rounded, x takes half as many (ptxas, twenty-first
- * session: 128 registers, no spills without the norm, 12 bytes with it). Not yet measured
- * against the ring or the x-staged kernel (MM3_GEMV_XS=2 MM3_MMA_RING=2). */
+ * weights in flight (ptxas: spills); rounded, x takes half as many (128 registers, no
+ * spills without the norm, a few bytes with it). */
 template <int NT, int XM> static bool mma_uses_ring(void)
 {
-    const int m = cuda_env_switch(&mma_ring_setting, "MM3_MMA_RING", 0);
+    const int m = __atomic_load_n(&mma_ring_setting, __ATOMIC_RELAXED);
     if (NT > 2) return m != 2 || XM == X_SPLIT;
     return m == 1 || (m != 2 && NT == 2 && XM == X_SPLIT);
 }
@@ -482,25 +451,25 @@ template <int NT, int XM> static bool mma_uses_ring(void)
 enum { MMA_RING_STAGES = 3 };
 
 /* Where the tensor-core GEMVs round float32 x to bf16 instead of splitting it
- * (gemv_mma.cuh, X_ROUND): 0 = per row count (gemv_x_round; or the environment's
- * MM3_GEMV_XROUND), 1 = every row count, 2 = never; -1 = not yet read. */
-static int x_round_setting = -1;
+ * (gemv_mma.cuh, X_ROUND; cuda_ops_gemv_set_x_round): 0 = per row count (gemv_x_round),
+ * 1 = every row count, 2 = never. */
+static int x_round_setting;
 
 extern "C" int cuda_ops_gemv_set_x_round(int mode)
 {
     if (mode < 0 || mode > 2)
         return mm3_errorf(-EINVAL, "cuda_ops_gemv_set_x_round: %d: expected 0 (per row count), 1 (always), 2 (never)",
                           mode);
-    __atomic_store_n(&x_round_setting, mode ? mode : -1, __ATOMIC_RELAXED); /* 0: read the environment again */
+    __atomic_store_n(&x_round_setting, mode, __ATOMIC_RELAXED);
     return 0;
 }
 
 /* Rounded above 8 rows (two or four x tiles), where the split's second pair of MMAs
- * and its conversion slow the products; up to 8 rows x in bf16 gained nothing on the
- * H200 (nineteenth session), so those keep float32 accuracy. */
+ * and its conversion slow the products; up to 8 rows x in bf16 gained nothing
+ * (docs/performance.md), so those keep float32 accuracy. */
 bool gemv_x_round(int n_rows)
 {
-    const int m = cuda_env_switch(&x_round_setting, "MM3_GEMV_XROUND", 0);
+    const int m = __atomic_load_n(&x_round_setting, __ATOMIC_RELAXED);
     return m == 1 || (m == 0 && n_rows > CUDA_OPS_GEMV_SPLIT_MAX_ROWS);
 }
 

@@ -14,8 +14,8 @@ enum { MMA_KSTEP = 32 }; /* k per step: a lane's 8 consecutive k (16 bytes) of 4
 
 /* A weight load, read once (evict first), with the L2 prefetch-size hint of 256
  * bytes: a lane reads 64 bytes of a row per k step, so L2 fetches the row's next
- * three steps with this one. Measured at 16 rows on the H200: LM down_proj 33.0 ->
- * 32.3 us, head 40.4 -> 38.0 (MT=4); 8 pairs 11.10 -> 10.85 ms/frame in one call. */
+ * three steps with this one, which made the products and the frame faster at 16 rows
+ * (docs/performance.md). */
 __device__ __forceinline__ uint4 mma_weight_load(const uint4 *p)
 {
     uint4 v;
@@ -46,8 +46,8 @@ template <int N> __device__ __forceinline__ void mma_copy_wait(void)
 /* How x meets the bf16 tensor cores. X_SPLIT: float32 x as bf16 hi + lo parts, float32
  * accuracy, four MMAs per tile. X_ROUND: float32 x rounded to bf16 (the hi parts only,
  * two MMAs per tile), the precision of the reference, whose activations are bf16. x
- * stored in bf16 (half its bytes) measured only 1% faster than rounded at 16 rows
- * (twentieth session: 11.9 against 12.0 us at 4096 x 4096). */
+ * stored in bf16 (half its bytes) was barely faster than rounding it here, so x stays
+ * float32 in memory. */
 enum { X_SPLIT = 0, X_ROUND = 1 };
 
 /* gemv_epi_dispatch for the two tensor-core kernels, with how x meets them as a third

@@ -14,9 +14,8 @@
  * once, at the end (fixed order: deterministic).
  *
  * Weights in flight: a ring of XS_STAGES k steps per warp filled by cp.async. Held in
- * registers instead (4 steps), the same kernel ran at 60-70% of this speed on the
- * H200, as if the __syncthreads of every chunk drained the loads in flight; copies
- * into the ring keep streaming across it.
+ * registers instead, the same kernel ran clearly slower, as if the __syncthreads of
+ * every chunk drained the loads in flight; copies into the ring keep streaming across it.
  * Same arithmetic as gemv_mma.cu: x split into bf16 hi + lo or rounded to bf16
  * (gemv_x_round; the lo fragments are then neither stored nor read), float32 sums. */
 #include <cooperative_groups.h>
@@ -274,21 +273,12 @@ static int xs_resident_clusters(int ks)
     return cache[ks];
 }
 
-/* MM3_XS_KS=k (1-8): every launch splits `in` over k blocks (measuring). */
-static int xs_forced_split(void)
-{
-    static int state = -1;
-    const int k = cuda_env_switch(&state, "MM3_XS_KS", 0);
-    return k >= 1 && k <= XS_MAX_CLUSTER ? k : 0;
-}
-
 /* The largest k split whose grid still fits on the GPU at once (one wave: a second
  * wave of a few blocks streams at a fraction of the rate); none where the output
  * groups alone fill it. Each block keeps at least one k step. */
 static int xs_plan(int out, int steps)
 {
-    const int groups = (out + XS_OUT - 1) / XS_OUT, forced = xs_forced_split();
-    if (forced) return forced < steps ? forced : steps;
+    const int groups = (out + XS_OUT - 1) / XS_OUT;
     int ks = 1;
     for (int k = 2; k <= XS_MAX_CLUSTER && k <= steps; k++)
         if (groups <= xs_resident_clusters(k)) ks = k;
@@ -316,30 +306,27 @@ static int xs_launch_variant(float *y, const float *x, const uint16_t *w, int n_
     });
 }
 
-/* cuda_ops_gemv_set_xs: 0 = per row count (or MM3_GEMV_XS), 1 = every tensor-core
- * row count, 2 = never; -1 = not yet read. */
-static int xs_setting = -1;
+/* cuda_ops_gemv_set_xs: 0 = per row count, 1 = every tensor-core row count, 2 = never. */
+static int xs_setting;
 
 extern "C" int cuda_ops_gemv_set_xs(int mode)
 {
     if (mode < 0 || mode > 2)
         return mm3_errorf(-EINVAL, "cuda_ops_gemv_set_xs: %d: expected 0 (per row count), 1 (always), 2 (never)", mode);
-    __atomic_store_n(&xs_setting, mode ? mode : -1, __ATOMIC_RELAXED); /* 0: read the environment again */
+    __atomic_store_n(&xs_setting, mode, __ATOMIC_RELAXED);
     return 0;
 }
 
-/* Measured on the H200 at 16 rows with x split (mm3-bench-ops, same call): where the
- * output groups fill the GPU with at most 2 blocks per group this kernel wins (12288 x
- * 4096: 38.4 -> 32.0 us, 24576 x 4096: 66.4 -> 60.0), where they need clusters of 5-8
- * it loses (4096 x 4096: 13.8 -> 19.7 us; 4096 x 12288: 32.7 -> 36.0). With x rounded
- * to bf16 (gemv_x_round) gemv_mma.cu's register path wins or ties at 16 rows too
- * (24576 x 4096: 58.1 against 60.3 us, 16385 x 4096: 38.6 against 41.8, 12288 x 4096:
- * 33.5 against 33.4; twentieth session), so there this kernel serves 17-32 rows only. */
+/* With x split, this kernel wins where the output groups fill the GPU with at most 2
+ * blocks per group and loses where they need clusters of 5-8 (their merge costs more
+ * than x's re-reads); with x rounded to bf16 (gemv_x_round) gemv_mma.cu's register path
+ * wins or ties at 16 rows too, so there this kernel serves 17-32 rows only
+ * (mm3-bench-ops; docs/performance.md). */
 enum { XS_SERVE_MAX_SPLIT = 2 };
 
 int gemv_xs_plan(int n_rows, int in, int out)
 {
-    const int m = cuda_env_switch(&xs_setting, "MM3_GEMV_XS", 0);
+    const int m = __atomic_load_n(&xs_setting, __ATOMIC_RELAXED);
     if (m == 2 || (m == 0 && (n_rows <= 8 || (n_rows <= 16 && gemv_x_round(n_rows))))) return 0;
     const int ks = xs_plan(out, in / MMA_KSTEP);
     return m == 1 || ks <= XS_SERVE_MAX_SPLIT ? ks : 0;

@@ -22,25 +22,34 @@ enum { GEMV_THREADS = 256, GEMV_WARPS = GEMV_THREADS / 32 };
 /* Row counts above mma_rows go to the tensor-core kernel (gemv_mma.cu): 2 by default
  * (cuda_ops_gemv_set_mma_rows). */
 enum { GEMV_MMA_ROWS_DEFAULT = 2, GEMV_MMA_ROWS_MAX = 4 }; /* the float32 fused kernel exists up to 4 */
-static int mma_rows_setting = -1;                          /* -1: not yet read */
+static int mma_rows_setting;                               /* 0: the default */
 
 static int mma_rows(void)
 {
-    const int r = cuda_env_switch(&mma_rows_setting, "MM3_GEMV_MMA_ROWS", GEMV_MMA_ROWS_DEFAULT);
-    return r < GEMV_MMA_ROWS_DEFAULT || r > GEMV_MMA_ROWS_MAX ? GEMV_MMA_ROWS_DEFAULT : r;
+    const int r = __atomic_load_n(&mma_rows_setting, __ATOMIC_RELAXED);
+    return r ? r : GEMV_MMA_ROWS_DEFAULT;
 }
 
-/* Products with at least MM3_GEMV_MMA_WIDE x 4096 outputs (6 by default: the talker's
- * gate|up, 24576) take the tensor-core kernel at 1-2 rows too, fused or not; 0: never.
- * Measured in the 1-pair graphs on the H200 (context 1000): the talker's gate|up adds
- * 52.0 us a layer there against 56.1-56.4 on float32, the forward graph 0.1-0.19 ms
- * less; with 3 (the depth decoder's gate|up, 12288, too) the frame did not change. */
+/* Products with at least wide x 4096 outputs (6 by default: the talker's gate|up, 24576)
+ * take the tensor-core kernel at 1-2 rows too, fused or not: there it streams the
+ * weights faster than the float32 kernel; at 3 (the depth decoder's gate|up, 12288,
+ * too) the frame did not change (docs/performance.md). cuda_ops_gemv_set_mma_wide. */
 enum { GEMV_MMA_WIDE_DEFAULT = 6 };
+static int mma_wide_setting = -1; /* -1: the default */
+
 static bool gemv_mma_wide(int in, int out)
 {
-    static int state = -1;
-    const int v = cuda_env_switch(&state, "MM3_GEMV_MMA_WIDE", GEMV_MMA_WIDE_DEFAULT);
+    int v = __atomic_load_n(&mma_wide_setting, __ATOMIC_RELAXED);
+    if (v < 0) v = GEMV_MMA_WIDE_DEFAULT;
     return v > 0 && in % 32 == 0 && out >= v * 4096;
+}
+
+extern "C" int cuda_ops_gemv_set_mma_wide(int wide)
+{
+    if (wide < -1 || wide > 64)
+        return mm3_errorf(-EINVAL, "cuda_ops_gemv_set_mma_wide: %d: expected -1 (default), 0 (never) or 1..64", wide);
+    __atomic_store_n(&mma_wide_setting, wide, __ATOMIC_RELAXED);
+    return 0;
 }
 
 extern "C" int cuda_ops_gemv_set_mma_rows(int rows)
@@ -48,7 +57,7 @@ extern "C" int cuda_ops_gemv_set_mma_rows(int rows)
     if (rows != 0 && (rows < GEMV_MMA_ROWS_DEFAULT || rows > GEMV_MMA_ROWS_MAX))
         return mm3_errorf(-EINVAL, "cuda_ops_gemv_set_mma_rows: %d: expected 0 (default) or %d..%d", rows,
                           GEMV_MMA_ROWS_DEFAULT, GEMV_MMA_ROWS_MAX);
-    __atomic_store_n(&mma_rows_setting, rows ? rows : -1, __ATOMIC_RELAXED); /* 0: read the environment again */
+    __atomic_store_n(&mma_rows_setting, rows, __ATOMIC_RELAXED);
     return 0;
 }
 
@@ -439,8 +448,8 @@ extern "C" int cuda_ops_matmul_bf16(float *y, const float *x, const uint16_t *w,
         return mm3_errorf(-EINVAL, "cuda_ops_matmul_bf16: %d rows, in %d, out %d: expected all >= 1", n_rows, in, out);
     if (!y || !x || !w) return mm3_errorf(-EINVAL, "cuda_ops_matmul_bf16: NULL pointer");
     cudaStream_t s = cuda_stream_of(stream);
-    /* Measured on the H200 (docs/performance.md): the float32 kernel is short of
-     * ALU and L1 for many rows; the tensor-core kernel serves them. */
+    /* The float32 kernel is short of ALU and L1 for many rows; the tensor-core kernel
+     * serves them (docs/performance.md). */
     const bool mma_fits = in % 32 == 0 && (((uintptr_t)w | (uintptr_t)x) & 15) == 0;
     if (n_rows > (mma_fits ? CUDA_OPS_GEMV_MMA_MAX_ROWS : CUDA_OPS_GEMV_MAX_ROWS))
         return lt_matmul(y, x, w, n_rows, in, out, s);
@@ -489,10 +498,8 @@ extern "C" int cuda_ops_gemv_max_rows(int in)
 
 extern "C" int cuda_ops_gemv_fused_pays(int n_rows)
 {
-    static int state = -1;
-    const int mode = cuda_env_switch(&state, "MM3_GEMV_FUSE", 2); /* 0 never, 1 always, else by row count */
-    if (n_rows < 1 || n_rows > CUDA_OPS_GEMV_MMA_MAX_ROWS || mode == 0) return 0;
-    return mode == 1 || n_rows <= 2 || n_rows > mma_rows();
+    if (n_rows < 1 || n_rows > CUDA_OPS_GEMV_MMA_MAX_ROWS) return 0;
+    return n_rows <= 2 || n_rows > mma_rows();
 }
 
 extern "C" int cuda_ops_gemv_fused_ok(int n_rows, int in, int out, enum cuda_gemv_epi epi, int norm)

@@ -18,18 +18,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/attention_heads.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 /* ---- device and memory ---------------------------------------------------- */
 
-/* The measuring switches of the GPU paths (MM3_PDL, MM3_GEMV_FUSE, ...; listed in
+/* The measuring switches of the GPU paths (MM3_PDL, MM3_GRAPH_TIMING; listed in
  * docs/operations.md): the digit when the variable is one digit ("0", "1", "2"...),
- * else `unset`; read once into *slot (a static of the caller, -1 until then, which a
- * tuning hook may also set) and taken from there afterwards. cuda_env_switches_reset:
- * every switch read from the environment so far reads it again at its next use (a value
- * a tuning hook stored into such a switch since is forgotten too); for a benchmark that
+ * else `unset`; read once into *slot (a static of the caller, -1 until then) and taken
+ * from there afterwards. cuda_env_switches_reset: every switch read from the environment
+ * so far reads it again at its next use; for a benchmark that
  * changes the environment between runs, with no kernel queued and no graph captured
  * under the old values. */
 int cuda_env_switch(int *slot, const char *name, int unset);
@@ -135,34 +136,37 @@ int cuda_ops_gemv_bf16_opw(float *y, const float *x, const uint16_t *w, int n_ro
 int cuda_ops_gemv_bf16_mma(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int m_tiles,
                            void *stream);
 
-/* Tuning hook: row counts above `rows` (2..4; 0 = the default, 2, or the environment's
- * MM3_GEMV_MMA_ROWS) go to the tensor-core GEMV, the rest to the float32 kernel; for
- * cuda_ops_matmul_bf16 and cuda_ops_gemv_bf16_fused alike. Not for use while kernels
- * are being queued on another thread. */
+/* Tuning hook: row counts above `rows` (2..4; 0 = the default, 2) go to the tensor-core
+ * GEMV, the rest to the float32 kernel; for cuda_ops_matmul_bf16 and
+ * cuda_ops_gemv_bf16_fused alike. Not for use while kernels are being queued on another
+ * thread. */
 int cuda_ops_gemv_set_mma_rows(int rows);
+/* Tuning hook: at 1-2 rows, products of at least wide x 4096 outputs (with in % 32 == 0)
+ * take the tensor-core GEMV; 0 = never, -1 = the default (6: the talker's gate|up).
+ * Same threading rule. */
+int cuda_ops_gemv_set_mma_wide(int wide);
 /* Tuning hook: 16-row weight tiles per block of the tensor-core GEMV where its caller
- * leaves the choice (m_tiles 0): 2 or 4 for every shape, or 0 = the default (2, or
- * the environment's MM3_MMA_MT). 17-32 rows always take 2. Same threading rule. */
+ * leaves the choice (m_tiles 0): 2 or 4 for every shape, or 0 = the default (2).
+ * 17-32 rows always take 2. Same threading rule. */
 int cuda_ops_gemv_set_mma_tiles(int m_tiles);
 /* Tuning hook: where the tensor-core GEMV keeps a warp's weights between load and
  * use: 1 = a shared-memory ring (cp.async, three k steps), 2 = registers (two steps),
  * 0 = the default (registers at 3-16 rows, the ring at 9-16 only where x is split
- * rather than rounded (cuda_ops_gemv_set_x_round); or the environment's MM3_MMA_RING).
- * 4 weight tiles per block always use registers; 17-32 rows the ring, or registers
- * with 2 where x is rounded (measuring: with x split they spill). Same threading rule. */
+ * rather than rounded (cuda_ops_gemv_set_x_round)). 4 weight tiles per block always use
+ * registers; 17-32 rows the ring, or registers with 2 where x is rounded (with x split
+ * they spill). Same threading rule. */
 int cuda_ops_gemv_set_mma_ring(int mode);
 /* Tuning hook: which tensor-core GEMV serves a row count where the caller leaves the
  * weight tile count open: 1 = the x-staged kernel (gemv_xs.cu: x copied into shared
  * memory once per block, warps split the outputs) for every tensor-core row count,
  * 2 = never (gemv_mma.cu only), 0 = the default (x-staged where the outputs alone
- * nearly fill the GPU at 17-32 rows, and at 9-16 where x is split rather than rounded;
- * or the environment's MM3_GEMV_XS). Same threading rule. */
+ * nearly fill the GPU at 17-32 rows, and at 9-16 where x is split rather than rounded).
+ * Same threading rule. */
 int cuda_ops_gemv_set_xs(int mode);
 /* Tuning hook: where the tensor-core GEMVs round float32 x to bf16 (two MMAs per
  * weight tile, the precision of the reference's bf16 activations) instead of splitting
  * it into bf16 hi + lo (four MMAs, float32 accuracy): 1 = every row count, 2 = never,
- * 0 = the default (above CUDA_OPS_GEMV_SPLIT_MAX_ROWS rows, or the environment's
- * MM3_GEMV_XROUND). Same threading rule. */
+ * 0 = the default (above CUDA_OPS_GEMV_SPLIT_MAX_ROWS rows). Same threading rule. */
 int cuda_ops_gemv_set_x_round(int mode);
 /* Most rows of a product whose x the default keeps split (float32 accuracy): a caller
  * that wants float32 accuracy whatever the hook says about larger batches slices its
@@ -173,7 +177,7 @@ int cuda_ops_gemv_set_x_round(int mode);
  * n <= 2:  float32 GEMV kernel: one pass over w with 16-byte loads serves all
  *          rows; x stays float32 (matches op_matmul on widened w up to summation order);
  *          products of >= 24576 outputs take the tensor-core kernel below instead
- *          (MM3_GEMV_MMA_WIDE, as cuda_ops_gemv_bf16_fused).
+ *          (cuda_ops_gemv_set_mma_wide, as cuda_ops_gemv_bf16_fused).
  * n 3..32: tensor-core GEMV (cuda_ops_gemv_bf16_mma, or above 8 rows the x-staged one:
  *          cuda_ops_gemv_set_xs) when in % 32 == 0 and w, x are
  *          16-byte aligned (else the float32 kernel up to 16 rows): x split into bf16
@@ -226,15 +230,12 @@ int cuda_ops_gemv_bf16_fused(float *y, const float *x, const uint16_t *w, int n_
 /* Whether that shape fuses: rows 1..cuda_ops_gemv_max_rows(in), in % 8 == 0 (in % 32
  * == 0 on the tensor-core kernel, beyond 2 rows by default), out even for SWIGLU, no
  * norm with ADD. At 1-2 rows products of >= 24576 outputs with in % 32 == 0 run on the
- * tensor-core kernel too (MM3_GEMV_MMA_WIDE=n: from n x 4096 outputs, 0 never). */
+ * tensor-core kernel too (cuda_ops_gemv_set_mma_wide). */
 int cuda_ops_gemv_fused_ok(int n_rows, int in, int out, enum cuda_gemv_epi epi, int norm);
 /* Whether fusing the norm and the residual add into the products is faster at this
- * row count (measured on the H200, ctx 1000, docs/performance.md): at 1-2 rows (1 CFG
- * pair 8.13 -> 7.68 ms per frame) and on the tensor-core kernel (8 pairs 12.42 -> 11.98);
- * not with 3-4 rows on the float32 kernel (cuda_ops_gemv_set_mma_rows 3 or 4), where
- * every block re-deriving the normed x for 4 rows makes it ALU-bound (2 pairs 10.58 ->
- * 11.89). MM3_GEMV_FUSE=0 /
- * =1 in the environment: never / at every row count (for measuring). */
+ * row count (docs/performance.md): at 1-2 rows and on the tensor-core kernel, yes; not
+ * with 3-4 rows on the float32 kernel (cuda_ops_gemv_set_mma_rows 3 or 4), where every
+ * block re-deriving the normed x for 4 rows makes it ALU-bound. */
 int cuda_ops_gemv_fused_pays(int n_rows);
 
 /* y[n_rows, ffn] = silu(x . Wg^T) * (x . Wu^T) with w_gu [2*ffn, in] holding the rows
@@ -252,45 +253,50 @@ int cuda_ops_add(float *y, const float *x, size_t n, void *stream);
 /* KV cache element types accepted by cuda_ops_attention_decode. */
 enum cuda_kv_dtype { CUDA_KV_F32 = 0, CUDA_KV_BF16 = 1 };
 
-/* Decode attention: one query row per sequence over its KV cache (no mask needed:
- * the query sits after every cached position, as op_attention causal with
- * q_pos0 = kv_len - 1).
- *   q[n_seq, n_heads*head_dim], out[n_seq, n_heads*head_dim] float32.
- *   k_cache, v_cache: element (s, j, g, d) at s*seq_stride + j*row_stride + g*head_dim + d
- *     (elements, not bytes), type kv_dtype; query head h reads kv head h / (n_heads/n_kv_heads).
- *   kv_len: device int[n_seq], each in [0, max_kv_len]; 0 gives a zero output row.
- * Split-K: about 4 blocks per SM are planned for max_kv_len (n_split chunks per kv
+/* A KV cache as the attention kernels read (and the fused variants write) it: element
+ * (s, j, g, d) of k and v (cache row s, position j, kv head g, dim d) at
+ * s*seq_stride + j*row_stride + g*head_dim + d (elements, not bytes), type dtype. */
+struct cuda_kv_cache {
+    void *k, *v;
+    enum cuda_kv_dtype dtype;
+    size_t seq_stride, row_stride;
+};
+
+/* One decode attention call: one query row per sequence over its KV cache (no mask
+ * needed: the query sits after every cached position, as op_attention causal with
+ * q_pos0 = kv_len - 1). */
+struct cuda_attention_decode {
+    float *out;      /* [n_seq][n_heads * head_dim], float32 */
+    const float *q;  /* sequence s's query row at q + s * q_stride (may sit inside a fused QKV row) */
+    size_t q_stride; /* floats; 0: packed rows (n_heads * head_dim, or the q|k|v width for _qkv) */
+    struct cuda_kv_cache kv;
+    const int *kv_len;  /* device int[n_seq], each in [0, max_kv_len]; 0 gives a zero output row */
+    const int *seq_row; /* device int[n_seq]: sequence s's cache row; NULL: row s */
+    int n_seq, max_kv_len;
+    struct attention_heads heads;
+    int chunk_positions; /* tuning only: positions per block, a multiple of 64; 0: planned */
+    /* Device memory of at least cuda_ops_attention_decode_workspace_bytes() for the
+     * call's n_seq and max_kv_len, or NULL for stream-ordered memory (an allocation and
+     * a free that a captured graph records as nodes, which also cut the overlap of
+     * pdl.cuh there). */
+    void *workspace;
+    size_t workspace_bytes;
+};
+
+/* Split-K: about 4 blocks per SM are planned for max_kv_len (n_split chunks per kv
  * head and sequence); each sequence cuts its own length into those n_split chunks
  * (multiples of 64 positions), so a graph planned for a long context stays parallel
- * at a short one; a combine kernel merges them (float32 log-sum-exp). The partial results
- * live in stream-ordered memory (cudaMallocAsync), so the call captures into graphs.
- * Requires head_dim a multiple of 32 and <= 256, n_heads/n_kv_heads <= 8, and
- * 16-byte aligned rows where the row is >= 16 bytes per lane. */
-int cuda_ops_attention_decode(float *out, const float *q, const void *k_cache, const void *v_cache,
-                              enum cuda_kv_dtype kv_dtype, const int *kv_len, int max_kv_len, size_t seq_stride,
-                              size_t row_stride, int n_seq, int n_heads, int n_kv_heads, int head_dim, float scale,
-                              void *stream);
-
-/* Tuning hook: the same with a fixed chunk of positions per block (a multiple of 64;
- * 0 = automatic, about 4 blocks per SM). */
-int cuda_ops_attention_decode_chunk(float *out, const float *q, const void *k_cache, const void *v_cache,
-                                    enum cuda_kv_dtype kv_dtype, const int *kv_len, int max_kv_len, size_t seq_stride,
-                                    size_t row_stride, int n_seq, int n_heads, int n_kv_heads, int head_dim,
-                                    float scale, int chunk_positions, void *stream);
-
-/* cuda_ops_attention_decode with sequence s reading cache row seq_row[s] (device ints)
- * instead of row s and its query row at q + s*q_stride (q may sit inside a fused QKV
- * row): a decode batch over any rows, with every length and row in device memory, so
- * one CUDA graph serves every step. workspace: device memory of at least
- * cuda_ops_attention_decode_workspace_bytes() for the call's n_seq and max_kv_len, or
- * NULL for stream-ordered memory (an allocation and a free that a captured graph
- * records as nodes, which also cut the overlap of pdl.cuh there). */
-int cuda_ops_attention_decode_rows(float *out, const float *q, size_t q_stride, const void *k_cache,
-                                   const void *v_cache, enum cuda_kv_dtype kv_dtype, const int *kv_len,
-                                   const int *seq_row, int max_kv_len, size_t seq_stride, size_t row_stride, int n_seq,
-                                   int n_heads, int n_kv_heads, int head_dim, float scale, void *workspace,
-                                   size_t workspace_bytes, void *stream);
+ * at a short one; a combine kernel merges them (float32 log-sum-exp). With every length
+ * and row in device memory one CUDA graph serves every decode step. Requires head_dim
+ * 32, 64, 128 or 256, n_heads/n_kv_heads <= 8, and 16-byte aligned rows where the row
+ * is >= 16 bytes per lane. */
+int cuda_ops_attention_decode(const struct cuda_attention_decode *a, void *stream);
 size_t cuda_ops_attention_decode_workspace_bytes(int n_seq, int n_heads, int n_kv_heads, int head_dim, int max_kv_len);
+/* Tuning hook (tests): which kernel merges the decode attention's split partials: 1 =
+ * the per-split one, 2 = the staged one (every split's max and sum into shared memory at
+ * once), 0 = the default (staged above 4 splits). Not for use while kernels are being
+ * queued on another thread. */
+int cuda_ops_attention_set_combine(int mode);
 
 /* The decode step of a layer with the q/k/v rows as the QKV product leaves them. */
 struct cuda_qkv_prep {
@@ -301,19 +307,16 @@ struct cuda_qkv_prep {
     const int *pos;        /* device int[n_seq]: the new token's position */
 };
 
-/* cuda_ops_attention_decode_rows where the row at qkv + s*qkv_stride holds n_heads q
+/* cuda_ops_attention_decode where a->q's row s (at q + s*q_stride) holds n_heads q
  * heads, then n_kv_heads k heads, then n_kv_heads v heads (the QKV product's output,
  * unmodified by the call). Inside the split-K kernel: q and k norm + RoPE at pos[s]
  * (the same steps as cuda_ops_qk_norm_rope, same bits) and the store of k and v at
- * position pos[s] of cache row seq_row[s] (rounded to kv_dtype); then the attention
- * over [0, kv_len[s]) and the combine kernel, as _rows. pos[s] must be kv_len[s] - 1
+ * position pos[s] of the sequence's cache row (rounded to the cache's type); then the
+ * attention over [0, kv_len[s]) and the combine kernel. pos[s] must be kv_len[s] - 1
  * (the token attends to itself) or >= kv_len[s] (stored, not attended: graph
- * padding). workspace: as _rows. */
-int cuda_ops_attention_decode_qkv(float *out, const float *qkv, size_t qkv_stride, void *k_cache, void *v_cache,
-                                  enum cuda_kv_dtype kv_dtype, const int *kv_len, const int *seq_row, int max_kv_len,
-                                  size_t seq_stride, size_t row_stride, int n_seq, int n_heads, int n_kv_heads,
-                                  int head_dim, float scale, const struct cuda_qkv_prep *prep, void *workspace,
-                                  size_t workspace_bytes, void *stream);
+ * padding). */
+int cuda_ops_attention_decode_qkv(const struct cuda_attention_decode *a, const struct cuda_qkv_prep *prep,
+                                  void *stream);
 
 #ifdef __cplusplus
 }

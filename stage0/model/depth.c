@@ -153,7 +153,8 @@ int depth_step(const struct depth *d, struct depth_state *s, int n, const float 
     op_matmul(h, x, d->proj, NULL, n, (int)H, (int)H);
     for (int r = 0; r < n; r++)
         op_add(h + r * H, d->pos_emb + (size_t)pos * H, H);
-    float scale = 1.0f / sqrtf((float)cfg->head_dim);
+    const struct attention_heads heads = {cfg->n_heads, cfg->n_heads, cfg->head_dim,
+                                          1.0f / sqrtf((float)cfg->head_dim)};
     for (int l = 0; l < cfg->n_layers; l++) {
         const struct depth_layer *L = &d->layers[l];
         op_rmsnorm(a, h, L->attn_norm, n, (int)H, cfg->eps);
@@ -163,8 +164,7 @@ int depth_step(const struct depth *d, struct depth_state *s, int n, const float 
             float *vc = s->v + (((size_t)l * s->max_rows + r) * S) * H;
             op_matmul(kc + pos * H, a + r * H, L->wk, NULL, 1, (int)H, (int)H);
             op_matmul(vc + pos * H, a + r * H, L->wv, NULL, 1, (int)H, (int)H);
-            op_attention(o + r * H, (int)H, q + r * H, (int)H, kc, vc, (int)H, 1, pos + 1, cfg->n_heads, cfg->n_heads,
-                         cfg->head_dim, 0, 0, scale);
+            op_attention(o + r * H, (int)H, q + r * H, (int)H, kc, vc, (int)H, 1, pos + 1, &heads, 0, 0);
         }
         op_matmul(a, o, L->wo, NULL, n, (int)H, (int)H);
         op_add(h, a, n * H);

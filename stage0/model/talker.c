@@ -182,7 +182,7 @@ int talker_forward(const struct talker *m, struct talker_state *s, int n, const 
         goto out;
     }
     memcpy(h, emb, sizeof(float) * n * H);
-    float scale = 1.0f / sqrtf((float)D);
+    const struct attention_heads heads = {cfg->n_heads, cfg->n_kv_heads, (int)D, 1.0f / sqrtf((float)D)};
     for (int l = 0; l < cfg->n_layers; l++) {
         const struct talker_layer *L = &m->layers[l];
         float *kc = s->k + (size_t)l * s->max_rows * s->max_ctx * KD;
@@ -204,8 +204,8 @@ int talker_forward(const struct talker *m, struct talker_state *s, int n, const 
         }
         for (int i = 0; i < n; i++) {
             size_t base = (size_t)row[i] * s->max_ctx * KD;
-            op_attention(o + i * QD, (int)QD, q + i * QD, (int)QD, kc + base, vc + base, (int)KD, 1, pos[i] + 1,
-                         cfg->n_heads, cfg->n_kv_heads, (int)D, 0, 0, scale);
+            op_attention(o + i * QD, (int)QD, q + i * QD, (int)QD, kc + base, vc + base, (int)KD, 1, pos[i] + 1, &heads,
+                         0, 0);
         }
         op_matmul(a, o, L->wo, NULL, n, (int)QD, (int)H);
         op_add(h, a, n * H);

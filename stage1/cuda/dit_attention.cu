@@ -3,13 +3,15 @@
  * streamed through shared memory in tiles, online float32 softmax, partial RoPE
  * applied to q and k as they are loaded (the table holds cos/sin per position).
  *
- * Two variants: a float32 SIMT kernel (each thread owns one query row) for the
- * fp32 precision, and a tensor-core kernel (WMMA, tf32 or bf16 operands, float32
- * accumulators) where each warp owns 16 query rows; its running output stays in
- * shared memory in float32, so the per-row rescale needs no fragment layout.
- * This file also dispatches: dit_attention_mma.cu (the first bf16 mma.sync kernel)
- * and dit_attention_flash.cu (the tf32 / bf16 / fp16 default, FLASH64 / FLASH128 / M2) hold the
- * others; the WMMA and MMA kernels stay as fallbacks and benchmark baselines. */
+ * One kernel per precision and shape class (dit_cuda_attention_kernel dispatches):
+ * - fp32: the float32 SIMT kernel here (each thread owns one query row): the only one
+ *   that computes in float32, as the fp32 precision promises.
+ * - tf32, bf16, fp16: the flash kernel (dit_attention_flash.cu), the fastest.
+ * - where the flash kernel's loads do not fit (a rotary half not a multiple of 4,
+ *   unaligned rows): the tensor-core kernel here (WMMA, tf32 or bf16 operands, float32
+ *   accumulators; each warp owns 16 query rows, its running output in shared memory in
+ *   float32, so the per-row rescale needs no fragment layout), or for bf16
+ *   dit_attention_mma.cu (mma.sync, everything in registers), which loads element-wise. */
 #include <cmath>
 #include <cstdint>
 #include <mma.h>
@@ -22,7 +24,7 @@ using namespace nvcuda;
 
 /* dit_attention_flash.cu (only this file calls it) */
 int dit_attention_flash(void *out, int out_fmt, const float *qkv, int n_seq, int T, int H, int head_dim, int half,
-                        const float *cs, float scale, int op, int variant, cudaStream_t s);
+                        const float *cs, float scale, int op, cudaStream_t s);
 bool dit_attention_flash_usable(const void *out, const float *qkv, int half, const float *cs);
 
 /* ---- float32 SIMT ----------------------------------------------------------------- */
@@ -317,13 +319,10 @@ template <int HD>
 static int launch(void *out, int out_fmt, const float *qkv, int n_seq, int T, int H, int half, const float *cs,
                   float scale, enum mm3_matmul_precision prec, enum dit_attn_kernel k, cudaStream_t s)
 {
-    if (k == DIT_ATTN_FLASH64 || k == DIT_ATTN_FLASH128 || k == DIT_ATTN_FLASH128M2) {
+    if (k == DIT_ATTN_FLASH) {
         if (dit_attention_flash_usable(out, qkv, half, cs))
-            return dit_attention_flash(out, out_fmt, qkv, n_seq, T, H, HD, half, cs, scale, flash_operands(prec, out_fmt),
-                                       k == DIT_ATTN_FLASH128M2 ? 2
-                                       : k == DIT_ATTN_FLASH128 ? 1
-                                                                : 0,
-                                       s);
+            return dit_attention_flash(out, out_fmt, qkv, n_seq, T, H, HD, half, cs, scale,
+                                       flash_operands(prec, out_fmt), s);
         k = prec == MM3_MATMUL_BF16 ? DIT_ATTN_MMA : DIT_ATTN_WMMA; /* odd rotary split or alignment */
     }
     if (k == DIT_ATTN_MMA) return dit_attention_mma_bf16(out, out_fmt, qkv, n_seq, T, H, HD, half, cs, scale, s);
@@ -337,10 +336,10 @@ static int launch(void *out, int out_fmt, const float *qkv, int n_seq, int T, in
 
 /* What AUTO runs per precision (fp32, tf32, bf16, fp16; fp8's attention is fp16's);
  * dit_cuda_attention_default_set. */
-static const enum dit_attn_kernel builtin_kernel[MM3_MATMUL_COUNT] = {
-    DIT_ATTN_SIMT, DIT_ATTN_FLASH128, DIT_ATTN_FLASH128, DIT_ATTN_FLASH128, DIT_ATTN_FLASH128};
-static enum dit_attn_kernel auto_kernel[MM3_MATMUL_COUNT] = {DIT_ATTN_SIMT, DIT_ATTN_FLASH128, DIT_ATTN_FLASH128,
-                                                             DIT_ATTN_FLASH128, DIT_ATTN_FLASH128};
+static const enum dit_attn_kernel builtin_kernel[MM3_MATMUL_COUNT] = {DIT_ATTN_SIMT, DIT_ATTN_FLASH, DIT_ATTN_FLASH,
+                                                                      DIT_ATTN_FLASH, DIT_ATTN_FLASH};
+static enum dit_attn_kernel auto_kernel[MM3_MATMUL_COUNT] = {DIT_ATTN_SIMT, DIT_ATTN_FLASH, DIT_ATTN_FLASH,
+                                                             DIT_ATTN_FLASH, DIT_ATTN_FLASH};
 
 static bool kernel_computes(enum dit_attn_kernel k, enum mm3_matmul_precision prec)
 {
@@ -348,9 +347,7 @@ static bool kernel_computes(enum dit_attn_kernel k, enum mm3_matmul_precision pr
     case DIT_ATTN_SIMT:
         return true;
     case DIT_ATTN_WMMA:
-    case DIT_ATTN_FLASH64:
-    case DIT_ATTN_FLASH128:
-    case DIT_ATTN_FLASH128M2:
+    case DIT_ATTN_FLASH:
         return prec != MM3_MATMUL_FP32;
     case DIT_ATTN_MMA:
         return prec == MM3_MATMUL_BF16;

@@ -1,14 +1,14 @@
 /* The tensor-core attention of the DiT for the tf32, bf16 and fp16 operands
- * (DIT_ATTN_FLASH64 / FLASH128 / FLASH128M2 of dit_cuda_attention_kernel; FLASH128 is
- * the default): mma.sync with float32 accumulators, flash-attention-2 style, scores /
- * probabilities / output of a warp's query rows in registers (the fragment layout of
+ * (DIT_ATTN_FLASH of dit_cuda_attention_kernel, the default where it applies): mma.sync with float32 accumulators,
+ * flash-attention-2 style, scores / probabilities / output of a warp's query rows in registers (the fragment layout of
  * the PTX ISA).
  *
  * Why it is laid out this way (the kernels it replaces are in dit_attention.cu and
  * dit_attention_mma.cu):
- * - 16 * NW * MT queries per block, NW warps of MT m tiles of 16 rows (FLASH64: 4 x 1,
- *   FLASH128: 8 x 1, FLASH128M2: 4 x 2, which reuses each K / V fragment twice and fits
- *   three blocks per SM instead of two). K and V tiles are converted
+ * - 16 * NW * MT queries per block, NW warps of MT m tiles of 16 rows: 128 queries as
+ *   8 warps x 1 tile (FLASH_WARPS, FLASH_TILES), which ran closest to the tensor-core
+ *   peak of the shapes tried (64 queries as 4 x 1, 128 as 4 x 2: docs/performance.md,
+ *   the DiT attention). K and V tiles are converted
  *   from the float32 qkv buffer (RoPE applied to k on the way) once per block and
  *   shared by all its warps, so more queries per block means less conversion work
  *   per query. qkv is const and the contract has no scratch buffer, so RoPE cannot
@@ -450,26 +450,19 @@ int launch_flash(void *out, int out_fmt, const float *qkv, int n_seq, int T, int
     return dit_cuda_launched("attn_flash_kernel");
 }
 
-/* variant: 0 = 64 queries (4 warps x 16 rows), 1 = 128 (8 x 16), 2 = 128 (4 warps x 32 rows) */
-template <int HD, int OP>
-int launch_hd(void *out, int out_fmt, const float *qkv, int n_seq, int T, int H, int half, const float *cs,
-              float scale, int variant, cudaStream_t s)
-{
-    if (variant == 2) return launch_flash<HD, 4, 2, OP>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, s);
-    if (variant == 1) return launch_flash<HD, 8, 1, OP>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, s);
-    return launch_flash<HD, 4, 1, OP>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, s);
-}
+/* 128 queries per block: 8 warps of one 16-row tile each (see the top). */
+enum { FLASH_WARPS = 8, FLASH_TILES = 1 };
 
 } // namespace
 
 /* Called by dit_attention.cu (declared there): arguments checked, n_seq > 0, and
  * dit_attention_flash_usable() true. */
 int dit_attention_flash(void *out, int out_fmt, const float *qkv, int n_seq, int T, int H, int head_dim, int half,
-                        const float *cs, float scale, int op, int variant, cudaStream_t s)
+                        const float *cs, float scale, int op, cudaStream_t s)
 {
 #define FLASH_CASE(hd, o)                                                                                              \
     case hd * 4 + o:                                                                                                   \
-        return launch_hd<hd, o>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, variant, s)
+        return launch_flash<hd, FLASH_WARPS, FLASH_TILES, o>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, s)
     switch (head_dim * 4 + op) {
         FLASH_CASE(32, FLASH_TF32);
         FLASH_CASE(32, FLASH_BF16);

@@ -101,10 +101,7 @@ extern "C" int dit_gemm_create(struct dit_gemm **out, enum mm3_matmul_precision 
     if (!g) return mm3_errorf(-ENOMEM, "dit_gemm_create: out of memory");
     g->prec = prec;
     g->alpha = 1.0f;
-    const char *env = getenv("MM3_DIT_GEMM_AUTOTUNE");
-    g->autotune = !(env && !strcmp(env, "0"));
-    env = getenv("MM3_DIT_GEMM_FP8_EPILOGUE");
-    g->fp8_epilogue = env && !strcmp(env, "1");
+    g->autotune = 1;
     cublasStatus_t st = cublasLtCreate(&g->lt);
     if (st != CUBLAS_STATUS_SUCCESS) {
         free(g);

@@ -10,7 +10,7 @@
  * Plans (descriptors and the chosen algorithm) are cached per shape, so steady
  * calls cost no heuristic query. The first call of a shape outside a graph capture
  * times up to 8 of cuBLASLt's heuristic candidates on its real operands and keeps the
- * fastest (MM3_DIT_GEMM_AUTOTUNE=0 in the environment: take the first candidate).
+ * fastest (dit_gemm_set_autotune(g, 0): take the first candidate).
  * Not thread-safe: one handle per thread/stream. */
 #ifndef MM3_STAGE1_CUDA_DIT_GEMM_H
 #define MM3_STAGE1_CUDA_DIT_GEMM_H
@@ -62,8 +62,7 @@ int dit_gemm_run_fp8(struct dit_gemm *g, float *d, int ldd, const uint8_t *a8, c
                      void *stream);
 
 /* From now on, every fp8 GEMM takes the unit-scale path with the scaling epilogue, as where
- * cuBLASLt has no per-row scales (for tests and comparisons; MM3_DIT_GEMM_FP8_EPILOGUE=1 in
- * the environment: every handle from its creation). */
+ * cuBLASLt has no per-row scales (for tests and comparisons). */
 void dit_gemm_set_fp8_epilogue(struct dit_gemm *g, int on);
 
 #ifdef __cplusplus

@@ -70,22 +70,13 @@ int dit_cuda_attention(void *out, int out_fmt, const float *qkv, int n_seq, int 
 /* The attention kernels behind dit_cuda_attention (tests and benchmark pick one):
  * SIMT float32 (any precision: computes in fp32), WMMA (tf32 or bf16: S and O pass
  * through shared memory), MMA (bf16 only: mma.sync, everything in registers, 64
- * queries per block), FLASH64 / FLASH128 / FLASH128M2 (tf32, bf16 or fp16: mma.sync with
- * ldmatrix, double-buffered K/V tiles; 64 queries = 4 warps x 16 rows, 128 = 8 warps x
- * 16 rows, 128 = 4 warps x 32 rows; dit_attention_flash.cu).
- * The FLASH kernels need rotary_dim % 8 == 0 and 16-byte aligned qkv / cs (8-byte
- * aligned out); otherwise they run as WMMA (tf32) or MMA (bf16).
- * AUTO = SIMT for fp32, FLASH128 for tf32, bf16 and fp16, unless dit_cuda_attention_default_set
+ * queries per block), FLASH (tf32, bf16 or fp16: mma.sync with ldmatrix,
+ * double-buffered K/V tiles, 128 queries = 8 warps x 16 rows; dit_attention_flash.cu).
+ * FLASH needs rotary_dim % 8 == 0 and 16-byte aligned qkv / cs (8-byte aligned out);
+ * otherwise it runs as WMMA (tf32) or MMA (bf16), which is why those two ship.
+ * AUTO = SIMT for fp32, FLASH for tf32, bf16 and fp16, unless dit_cuda_attention_default_set
  * says otherwise. */
-enum dit_attn_kernel {
-    DIT_ATTN_AUTO = 0,
-    DIT_ATTN_SIMT,
-    DIT_ATTN_WMMA,
-    DIT_ATTN_MMA,
-    DIT_ATTN_FLASH64,
-    DIT_ATTN_FLASH128,
-    DIT_ATTN_FLASH128M2
-};
+enum dit_attn_kernel { DIT_ATTN_AUTO = 0, DIT_ATTN_SIMT, DIT_ATTN_WMMA, DIT_ATTN_MMA, DIT_ATTN_FLASH };
 int dit_cuda_attention_kernel(void *out, int out_fmt, const float *qkv, int n_seq, int T, int n_heads, int head_dim,
                               int rotary_dim, const float *cs, float scale, enum mm3_matmul_precision prec,
                               enum dit_attn_kernel kernel, void *stream);

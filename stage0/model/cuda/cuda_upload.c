@@ -12,8 +12,8 @@
 #include "stage0/model/cuda/host_pinned.h"
 
 /* Per staging buffer. Each chunk is one file_reader batch, whose blocks run in
- * parallel: H200 machine, warm page cache, 14 GB of talker matrices: 8 MiB 6.2 GB/s,
- * 32 MiB 4.8, 128 MiB 9.3-10.5, 256 MiB 8.3-9.1 (docs/performance.md). */
+ * parallel: smaller chunks give the reads too little parallelism, larger ones gained
+ * nothing (docs/performance.md, the weight upload). */
 #define STAGE_BYTES ((size_t)128 << 20)
 
 static size_t stage_bytes_set;
@@ -85,15 +85,6 @@ static int stage_open(struct cuda_upload *u)
 {
     if (u->stream) return 0;
     u->stage_bytes = stage_bytes_set ? stage_bytes_set : STAGE_BYTES;
-    const char *mib = getenv("MM3_UPLOAD_STAGE_MIB");
-    if (!stage_bytes_set && mib && *mib) {
-        char *end;
-        long v = strtol(mib, &end, 10);
-        if (*end || v < 1 || v > 4096)
-            LOG_WARN("MM3_UPLOAD_STAGE_MIB=%s: expected MiB in 1..4096; using %zu", mib, STAGE_BYTES >> 20);
-        else
-            u->stage_bytes = (size_t)v << 20;
-    }
     void *stream;
     int rc = cuda_stream_create(&stream);
     for (int b = 0; b < 2 && rc == 0; b++) {

@@ -50,9 +50,8 @@ struct cuda_upload {
     double t0, t_read, t_wait, t_alloc;
 };
 
-/* Bytes per staging buffer of later uploads (0: the default, 128 MiB, or
- * MM3_UPLOAD_STAGE_MIB). Tests shrink it so that small matrices cross many chunks of
- * the ring. */
+/* Bytes per staging buffer of later uploads (0: the default, 128 MiB). Tests shrink it
+ * so that small matrices cross many chunks of the ring. */
 void cuda_upload_set_stage_bytes(size_t bytes);
 
 /* An upload into list l; src may be NULL (every matrix field set). */

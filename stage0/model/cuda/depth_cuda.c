@@ -54,17 +54,26 @@ static int step01_max_rows(const struct depth_cuda *dc)
 /* Which tables build_input_tables makes for d: the inputs of positions 2..
  * n_codebooks-1 where there are such positions, audio embeddings on the host and
  * position rows for them; layer 0's Q|K|V beside them where hidden % 4 == 0 (rows of
- * whole float4s: the draw's copy). MM3_DEPTH_INPUT_TABLE: 0 no tables, 2 the input table
- * only (A/Bs), else both. */
+ * whole float4s: the draw's copy), unless depth_cuda_set_input_tables says otherwise. */
 struct input_tables_plan {
     int n_tab, input, qkv;
 };
 
+static int tables_setting = DEPTH_CUDA_TABLES_BOTH;
+
+int depth_cuda_set_input_tables(int mode)
+{
+    if (mode != DEPTH_CUDA_TABLES_NONE && mode != DEPTH_CUDA_TABLES_BOTH && mode != DEPTH_CUDA_TABLES_INPUT)
+        return mm3_errorf(-EINVAL, "depth_cuda_set_input_tables: %d: expected 0 (none), 1 (both) or 2 (input only)",
+                          mode);
+    __atomic_store_n(&tables_setting, mode, __ATOMIC_RELAXED);
+    return 0;
+}
+
 static struct input_tables_plan input_tables_plan(const struct depth *d)
 {
-    static int env = -1;
     const struct depth_config *cfg = &d->cfg;
-    const int mode = cuda_env_switch(&env, "MM3_DEPTH_INPUT_TABLE", 1);
+    const int mode = __atomic_load_n(&tables_setting, __ATOMIC_RELAXED);
     struct input_tables_plan p = {.n_tab = cfg->n_codebooks - 2};
     p.input = mode && p.n_tab >= 1 && d->audio_emb && cfg->n_codebooks <= cfg->max_pos;
     p.qkv = p.input && mode != 2 && cfg->n_layers > 0 && cfg->hidden % 4 == 0;

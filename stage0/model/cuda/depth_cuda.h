@@ -55,15 +55,15 @@ float *depth_cuda_step01_inputs(struct depth_cuda *dc, int n);
  * n_layers products). depth_cuda_input_table: float32 [(n_codebooks-2) x audio_vocab]
  * [hidden], row (j-1) audio_vocab + c = the input of position j+1 after code c of
  * codebook j; NULL where it was not built (fewer than 3 codebooks, no audio embeddings
- * on the host, MM3_DEPTH_INPUT_TABLE=0). A caller copies the n rows of a pass into
+ * on the host, or DEPTH_CUDA_TABLES_NONE). A caller copies the n rows of a pass into
  * depth_cuda_projected_inputs (the decoder's residual rows; the last pass's raw rows
  * live there too, depth_cuda_raw_rows) and runs depth_cuda_step_projected_dev, which
  * is depth_cuda_step_dev without the projection and the position add.
  * depth_cuda_qkv_table: float32 [same rows][3 hidden], layer 0's fused Q|K|V of each
  * input row (the product of its RMS-normed row, float32 accuracy), NULL where not
- * built (no input table, hidden not a multiple of 4, or MM3_DEPTH_INPUT_TABLE=2). Where it exists the caller also
- * copies the n rows' Q|K|V into depth_cuda_projected_qkv, and the pass skips layer 0's
- * first product as well. */
+ * built (no input table, hidden not a multiple of 4, or DEPTH_CUDA_TABLES_INPUT). Where
+ * it exists the caller also copies the n rows' Q|K|V into depth_cuda_projected_qkv, and
+ * the pass skips layer 0's first product as well. */
 const float *depth_cuda_input_table(const struct depth_cuda *dc);
 float *depth_cuda_projected_inputs(struct depth_cuda *dc);
 const float *depth_cuda_qkv_table(const struct depth_cuda *dc);
@@ -72,6 +72,11 @@ int depth_cuda_step_projected_dev(struct depth_cuda *dc, int n, int pos, float *
 /* Bytes of bf16 matrices a frame's passes 2.. skip with the tables depth_cuda_create
  * would build for d now (0: none); what mm3-bench-stage0 reports beside its floor. */
 size_t depth_cuda_table_spared_bytes(const struct depth *d);
+/* Test hook: which of those tables depth_cuda_create builds from now on (to compare a
+ * pass from the tables with the products they replace): both by default. Process-wide;
+ * not for use while another thread creates a depth state. -EINVAL for another mode. */
+enum { DEPTH_CUDA_TABLES_NONE = 0, DEPTH_CUDA_TABLES_BOTH = 1, DEPTH_CUDA_TABLES_INPUT = 2 };
+int depth_cuda_set_input_tables(int mode);
 
 /* The final norm left to the head and the caller: where depth_cuda_raw_fits(n, n_pos)
  * (the layers and the head's product fuse at n rows; n_pos 2 for step01), out may be

@@ -53,8 +53,8 @@ __device__ __forceinline__ void depth_att_store(float *row, const float (&v)[E],
  * positions 0..pos, each lane holding head_dim / 32 dims (depth_att_load). Positions go
  * in chunks of DEPTH_ATT_CHUNK (one chunk for the depth decoder's 8 positions) whose K
  * and V rows are all loaded before any is used: one round trip to memory per chunk
- * where a position at a time took one per position (at 8 CFG pairs 5.8 us at
- * position 2 growing to 11.5 at position 7). Chunks merge as an online softmax. With
+ * where a position at a time took one per position (its time grew with every
+ * position). Chunks merge as an online softmax. With
  * VEC the loads are 16-byte words, a quarter of the load instructions. */
 template <bool VEC>
 __global__ void __launch_bounds__(DEPTH_ATT_WARPS * 32)

@@ -527,14 +527,20 @@ static int ahead_queue(struct frame_cuda *fc, struct talker_cuda *tc, struct dep
     return 0;
 }
 
+/* frame_cuda_set_look_ahead: on unless a test turns it off. */
+static int look_ahead = 1;
+
+void frame_cuda_set_look_ahead(int on)
+{
+    __atomic_store_n(&look_ahead, on != 0, __ATOMIC_RELAXED);
+}
+
 int frame_cuda_decode_pairs(struct frame_cuda *fc, struct talker_cuda *tc, struct depth_cuda *dc,
                             const struct talker_decode_in *in, const struct talker_pairs_out *out)
 {
     const struct talker_pairs_in *pairs = &in->pairs;
     int n = pairs->n, rc, slot;
-    static int handover = -1;   /* MM3_DECODE_PAIRS=0: measuring switch, the two calls composed */
-    static int look_ahead = -1; /* MM3_DECODE_AHEAD=0: measuring switch, no step queued ahead */
-    if (!fc->stream || !cuda_env_switch(&handover, "MM3_DECODE_PAIRS", 1)) return 1;
+    if (!fc->stream) return 1;
     if ((rc = check_pairs(fc, "frame_cuda_decode_pairs", pairs)) < 0) return rc;
     if (ahead_is(fc, in)) {
         slot = fc->ahead.slot;
@@ -549,7 +555,7 @@ int frame_cuda_decode_pairs(struct frame_cuda *fc, struct talker_cuda *tc, struc
     if ((rc = cuda_event_sync(fc->codes_done[slot])) < 0) return drain_failed(fc, rc);
     /* The next step goes to the GPU before this one's frames are copied out and handed
      * on, so the host's work on them (here and the caller's) overlaps it. */
-    if (in->last && cuda_env_switch(&look_ahead, "MM3_DECODE_AHEAD", 1) && (rc = ahead_queue(fc, tc, dc, in, slot)) < 0)
+    if (in->last && __atomic_load_n(&look_ahead, __ATOMIC_RELAXED) && (rc = ahead_queue(fc, tc, dc, in, slot)) < 0)
         return rc;
     if ((rc = cuda_event_sync(fc->frames_done[slot])) < 0) {
         fc->ahead.queued = 0;

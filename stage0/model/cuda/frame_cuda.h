@@ -55,7 +55,7 @@ int frame_cuda_sample_pairs(struct frame_cuda *fc, struct talker_cuda *tc, struc
  * the hidden pairs handed over by a device copy. Returns 1, doing nothing, where that
  * does not apply (graphs off, no graph for 2n rows).
  *
- * With in->last (and MM3_DECODE_AHEAD not 0) the call looks ahead: once this step's
+ * With in->last (and frame_cuda_set_look_ahead not turned off) the call looks ahead: once this step's
  * codes and feedback are down it queues the step that follows if nothing else
  * changes (the pairs that go on, one token further, the feedback as their input),
  * then waits for this step's frames and copies them out while the GPU runs it. The
@@ -73,5 +73,10 @@ int frame_cuda_decode_pairs(struct frame_cuda *fc, struct talker_cuda *tc, struc
 int frame_cuda_ahead_drop(struct frame_cuda *fc);
 /* Steps queued ahead so far, and those a call then asked for (0 and 0 for NULL). */
 void frame_cuda_ahead_stats(const struct frame_cuda *fc, long *queued, long *taken);
+
+/* Test hook: 0 = frame_cuda_decode_pairs never looks ahead (to compare its results with
+ * the look-ahead's), else it does (the default). Process-wide; not for use while a
+ * step is being queued on another thread. */
+void frame_cuda_set_look_ahead(int on);
 
 #endif

@@ -25,7 +25,7 @@ enum {
 /* store(i, load(i)) for i < n over the block, each thread's loads of a batch issued
  * before its stores. Through pointers that may alias, the compiler keeps every load
  * after the store before it: a loop of load-store pairs costs one memory round trip
- * per element and thread (the draws' table copies, ~1 us each at the H200's latency). */
+ * per element and thread (the draws' table copies, each then bound by memory latency). */
 template <typename T, typename Load, typename Store>
 static __device__ __forceinline__ void copy_batched(int n, Load load, Store store)
 {

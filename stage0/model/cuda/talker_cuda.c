@@ -236,70 +236,68 @@ static int split_k_fits(const struct talker_config *c)
     return (d == 32 || d == 64 || d == 128 || d == 256) && c->n_heads / c->n_kv_heads <= 8;
 }
 
-/* MM3_ATT_FUSE=0: decode through the separate norm/RoPE/store kernel (measuring). */
-static int attention_fused(void)
-{
-    static int state = -1;
-    return cuda_env_switch(&state, "MM3_ATT_FUSE", 1);
-}
-
-/* MM3_PREFILL_SPLITK=0: prefill through the row attention (one block per token and
- * query head) instead of the split-K kernels (measuring). */
-static int prefill_split_k(void)
-{
-    static int state = -1;
-    return cuda_env_switch(&state, "MM3_PREFILL_SPLITK", 1);
-}
-
 /* Prefill tokens per split-K attention call: bounds its stream-ordered partials
  * (tokens x query heads x (head_dim + 2) floats: 68 MB at 4096 x 32 x 128). */
 enum { PREFILL_ATTENTION_TOKENS = 4096 };
 
 /* Layer li's attention on the QKV rows in s->qkv into s->o. Split-K decode: q and k
  * norm + RoPE and the K/V store inside the split kernel over rows s->row with kv
- * lengths up to max_len, then its combine (cuda_ops_attention_decode_qkv). Otherwise
- * q and k norm + RoPE in place with the K/V store (one launch: the same results as
- * cuda_ops_qk_norm_rope twice and talker_cuda_kv_store_pair), then the split-K kernel
- * and its combine, or the row attention (heads the decode kernel does not take). A
- * prefill stores every token's K/V before any token attends (its tokens read each
- * other's), so it never takes the fused variant; the split-K kernel then treats each
- * token as a sequence of kv_len = pos + 1, which shares each K/V read among the query
- * heads of a kv head and runs on the tensor cores with the bf16 cache. */
+ * lengths up to max_len, then its combine (cuda_ops_attention_decode_qkv: one launch
+ * fewer per layer than storing first). Otherwise q and k norm + RoPE in place with the
+ * K/V store (one launch: the same results as cuda_ops_qk_norm_rope twice and
+ * talker_cuda_kv_store_pair), then the split-K kernel and its combine, or the row
+ * attention (heads the decode kernel does not take). A prefill stores every token's K/V
+ * before any token attends (its tokens read each other's), so it never takes the fused
+ * variant; the split-K kernel then treats each token as a sequence of kv_len = pos + 1,
+ * which shares each K/V read among the query heads of a kv head and runs on the tensor
+ * cores with the bf16 cache (several times the row attention's prefill rate:
+ * docs/performance.md). */
 static int attention_queue(struct talker_cuda *tc, struct talker_cuda_scratch *s, int li, int n, int split_k,
                            int prefill, int max_len, void *st)
 {
     const struct talker_config *cfg = &tc->cfg;
     int D = cfg->head_dim, QD = cfg->n_heads * D, KD = cfg->n_kv_heads * D, QKV = QD + 2 * KD;
     size_t row_stride = (size_t)tc->ctx_alloc * KD, layer_stride = (size_t)tc->max_rows * row_stride;
-    void *kc = (char *)tc->kc + li * layer_stride * tc->kv_elem;
-    void *vc = (char *)tc->vc + li * layer_stride * tc->kv_elem;
-    float scale = 1.0f / sqrtf((float)D);
+    /* cache rows row_stride apart, positions KD apart */
+    const struct cuda_kv_cache kv = {(char *)tc->kc + li * layer_stride * tc->kv_elem,
+                                     (char *)tc->vc + li * layer_stride * tc->kv_elem, tc->kv_dtype, row_stride,
+                                     (size_t)KD};
+    const struct attention_heads heads = {cfg->n_heads, cfg->n_kv_heads, D, 1.0f / sqrtf((float)D)};
     const struct talker_cuda_layer *L = &tc->layers[li];
-    if (split_k && !prefill && attention_fused()) {
-        struct cuda_qkv_prep prep = {L->q_norm, L->k_norm, cfg->eps, D, tc->inv_freq, s->pos};
-        return cuda_ops_attention_decode_qkv(s->o, s->qkv, (size_t)QKV, kc, vc, tc->kv_dtype, s->kv_len, s->row,
-                                             max_len, row_stride, KD, n, cfg->n_heads, cfg->n_kv_heads, D, scale, &prep,
-                                             s->att_ws, s->att_ws_bytes, st);
+    const struct cuda_qkv_prep prep = {L->q_norm, L->k_norm, cfg->eps, D, tc->inv_freq, s->pos};
+    if (split_k && !prefill) {
+        const struct cuda_attention_decode a = {.out = s->o,
+                                                .q = s->qkv,
+                                                .q_stride = (size_t)QKV,
+                                                .kv = kv,
+                                                .kv_len = s->kv_len,
+                                                .seq_row = s->row,
+                                                .n_seq = n,
+                                                .max_kv_len = max_len,
+                                                .heads = heads,
+                                                .workspace = s->att_ws,
+                                                .workspace_bytes = s->att_ws_bytes};
+        return cuda_ops_attention_decode_qkv(&a, &prep, st);
     }
-    int rc =
-        talker_cuda_qkv_norm_rope_store(s->qkv, n, cfg->n_heads, cfg->n_kv_heads, D, L->q_norm, L->k_norm, cfg->eps, D,
-                                        s->pos, tc->inv_freq, kc, vc, tc->kv_dtype, s->row, row_stride, KD, st);
+    int rc = talker_cuda_qkv_norm_rope_store(s->qkv, n, &heads, &prep, &kv, s->row, st);
     if (rc < 0) return rc;
     if (split_k && prefill) {
         for (int t = 0; t < n && rc == 0; t += PREFILL_ATTENTION_TOKENS) {
-            int m = n - t < PREFILL_ATTENTION_TOKENS ? n - t : PREFILL_ATTENTION_TOKENS;
-            rc = cuda_ops_attention_decode_rows(s->o + (size_t)t * QD, s->qkv + (size_t)t * QKV, (size_t)QKV, kc, vc,
-                                                tc->kv_dtype, s->kv_len + t, s->row + t, max_len, row_stride, KD, m,
-                                                cfg->n_heads, cfg->n_kv_heads, D, scale, NULL, 0, st);
+            const struct cuda_attention_decode a = {
+                .out = s->o + (size_t)t * QD,
+                .q = s->qkv + (size_t)t * QKV,
+                .q_stride = (size_t)QKV,
+                .kv = kv,
+                .kv_len = s->kv_len + t,
+                .seq_row = s->row + t,
+                .n_seq = n - t < PREFILL_ATTENTION_TOKENS ? n - t : PREFILL_ATTENTION_TOKENS,
+                .max_kv_len = max_len,
+                .heads = heads};
+            rc = cuda_ops_attention_decode(&a, st);
         }
         return rc;
     }
-    if (split_k)
-        return cuda_ops_attention_decode_rows(s->o, s->qkv, (size_t)QKV, kc, vc, tc->kv_dtype, s->kv_len, s->row,
-                                              max_len, row_stride, KD, n, cfg->n_heads, cfg->n_kv_heads, D, scale,
-                                              s->att_ws, s->att_ws_bytes, st);
-    return talker_cuda_attention_rows_kv(s->o, s->qkv, (size_t)QKV, kc, vc, tc->kv_dtype, s->row, s->pos, n,
-                                         cfg->n_heads, cfg->n_kv_heads, D, row_stride, KD, scale, st);
+    return talker_cuda_attention_rows_kv(s->o, s->qkv, (size_t)QKV, &kv, s->row, s->pos, n, &heads, st);
 }
 
 /* The decode layers with the norms, SwiGLU and residual adds inside the products
@@ -486,8 +484,7 @@ int talker_cuda_forward(struct talker_cuda *tc, int n, const int *row, const int
         (rc = cuda_memcpy_h2d(s->row, row, sizeof(int) * n)) == 0 &&
         (rc = cuda_memcpy_h2d(s->pos, pos, sizeof(int) * n)) == 0 &&
         (rc = cuda_memcpy_h2d(s->kv_len, kv_len, sizeof(int) * n)) == 0 &&
-        (rc = forward_queue(tc, s, n, (decode || prefill_split_k()) && split_k_fits(cfg), max_len, !decode, NULL)) ==
-            0 &&
+        (rc = forward_queue(tc, s, n, split_k_fits(cfg), max_len, !decode, NULL)) == 0 &&
         (rc = cuda_stream_sync(NULL)) == 0)
         rc = cuda_memcpy_d2h(hidden_out, s->a, sizeof(float) * n * H);
     free(kv_len);

@@ -81,12 +81,15 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     }
 }
 
-extern "C" int talker_cuda_attention_rows_kv(float *out, const float *q, size_t q_stride, const void *k_cache,
-                                             const void *v_cache, enum cuda_kv_dtype kv_dtype, const int *row,
-                                             const int *pos, int n_tok, int n_heads, int n_kv_heads, int head_dim,
-                                             size_t row_stride, size_t pos_stride, float scale, void *stream)
+extern "C" int talker_cuda_attention_rows_kv(float *out, const float *q, size_t q_stride,
+                                             const struct cuda_kv_cache *kv, const int *row, const int *pos, int n_tok,
+                                             const struct attention_heads *heads, void *stream)
 {
     if (n_tok == 0) return 0;
+    const int n_heads = heads->n_heads, n_kv_heads = heads->n_kv_heads, head_dim = heads->head_dim;
+    const enum cuda_kv_dtype kv_dtype = kv->dtype;
+    const size_t row_stride = kv->seq_stride, pos_stride = kv->row_stride;
+    const float scale = heads->scale;
     if (n_tok < 0 || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || head_dim <= 0 ||
         head_dim > TALKER_CUDA_MAX_HEAD_DIM || n_tok > 65535 || q_stride < (size_t)n_heads * head_dim)
         return mm3_errorf(-EINVAL,
@@ -101,11 +104,11 @@ extern "C" int talker_cuda_attention_rows_kv(float *out, const float *q, size_t 
     int group = n_heads / n_kv_heads;
     if (kv_dtype == CUDA_KV_BF16)
         return launch_pdl("attention_rows_kernel<uint16_t>", attention_rows_kernel<uint16_t>, grid, ATT_WARPS * 32, 0,
-                          st, out, q, q_stride, (const uint16_t *)k_cache, (const uint16_t *)v_cache, row, pos, n_heads,
+                          st, out, q, q_stride, (const uint16_t *)kv->k, (const uint16_t *)kv->v, row, pos, n_heads,
                           group, head_dim, row_stride, pos_stride, scale);
     else
         return launch_pdl("attention_rows_kernel<float>", attention_rows_kernel<float>, grid, ATT_WARPS * 32, 0, st,
-                          out, q, q_stride, (const float *)k_cache, (const float *)v_cache, row, pos, n_heads, group,
+                          out, q, q_stride, (const float *)kv->k, (const float *)kv->v, row, pos, n_heads, group,
                           head_dim, row_stride, pos_stride, scale);
 }
 
@@ -125,11 +128,13 @@ __global__ void kv_store_pair_kernel(KT *__restrict__ kc, KT *__restrict__ vc, c
     }
 }
 
-extern "C" int talker_cuda_kv_store_pair(void *k_cache, void *v_cache, enum cuda_kv_dtype kv_dtype, const float *k,
-                                         const float *v, size_t src_stride, const int *row, const int *pos, int n,
-                                         int width, size_t row_stride, size_t pos_stride, void *stream)
+extern "C" int talker_cuda_kv_store_pair(const struct cuda_kv_cache *kv, const float *k, const float *v,
+                                         size_t src_stride, const int *row, const int *pos, int n, int width,
+                                         void *stream)
 {
     if (n == 0) return 0;
+    const enum cuda_kv_dtype kv_dtype = kv->dtype;
+    const size_t row_stride = kv->seq_stride, pos_stride = kv->row_stride;
     if (n < 0 || n > 65535 || width <= 0 || src_stride < (size_t)width)
         return mm3_errorf(-EINVAL,
                           "talker_cuda_kv_store_pair: %d tokens of width %d, source stride %zu: expected 0..65535 "
@@ -142,12 +147,11 @@ extern "C" int talker_cuda_kv_store_pair(void *k_cache, void *v_cache, enum cuda
     cudaStream_t st = cuda_stream_of(stream);
     if (kv_dtype == CUDA_KV_BF16)
         return launch_pdl("kv_store_pair_kernel<uint16_t>", kv_store_pair_kernel<uint16_t>, grid, 256, 0, st,
-                          (uint16_t *)k_cache, (uint16_t *)v_cache, k, v, src_stride, row, pos, width, row_stride,
+                          (uint16_t *)kv->k, (uint16_t *)kv->v, k, v, src_stride, row, pos, width, row_stride,
                           pos_stride);
     else
-        return launch_pdl("kv_store_pair_kernel<float>", kv_store_pair_kernel<float>, grid, 256, 0, st,
-                          (float *)k_cache, (float *)v_cache, k, v, src_stride, row, pos, width, row_stride,
-                          pos_stride);
+        return launch_pdl("kv_store_pair_kernel<float>", kv_store_pair_kernel<float>, grid, 256, 0, st, (float *)kv->k,
+                          (float *)kv->v, k, v, src_stride, row, pos, width, row_stride, pos_stride);
 }
 
 /* One warp per (token, item): items [0, n_heads) are q heads, then n_kv_heads k heads,
@@ -187,13 +191,17 @@ __global__ void qkv_norm_rope_store_kernel(float *qkv, int n, int n_heads, int n
     }
 }
 
-extern "C" int talker_cuda_qkv_norm_rope_store(float *qkv, int n, int n_heads, int n_kv_heads, int head_dim,
-                                               const float *q_norm, const float *k_norm, float eps, int rotary_dim,
-                                               const int *pos, const float *inv_freq, void *k_cache, void *v_cache,
-                                               enum cuda_kv_dtype kv_dtype, const int *row, size_t row_stride,
-                                               size_t pos_stride, void *stream)
+extern "C" int talker_cuda_qkv_norm_rope_store(float *qkv, int n, const struct attention_heads *heads,
+                                               const struct cuda_qkv_prep *prep, const struct cuda_kv_cache *kv,
+                                               const int *row, void *stream)
 {
     if (n == 0) return 0;
+    const int n_heads = heads->n_heads, n_kv_heads = heads->n_kv_heads, head_dim = heads->head_dim;
+    const int rotary_dim = prep->rotary_dim;
+    const int *pos = prep->pos;
+    const float *inv_freq = prep->inv_freq;
+    const enum cuda_kv_dtype kv_dtype = kv->dtype;
+    const size_t row_stride = kv->seq_stride, pos_stride = kv->row_stride;
     if (n < 0 || n_heads < 1 || n_kv_heads < 1 || head_dim < 1 || head_dim > 1024 || rotary_dim < 0 ||
         rotary_dim > head_dim || rotary_dim % 2 || (rotary_dim > 0 && (!pos || !inv_freq)))
         return mm3_errorf(-EINVAL,
@@ -210,13 +218,14 @@ extern "C" int talker_cuda_qkv_norm_rope_store(float *qkv, int n, int n_heads, i
     cudaStream_t st = cuda_stream_of(stream);
     if (kv_dtype == CUDA_KV_BF16)
         return launch_pdl("qkv_norm_rope_store_kernel<uint16_t>", qkv_norm_rope_store_kernel<uint16_t>,
-                          (unsigned)blocks, 32 * warps_per_block, 0, st, qkv, n, n_heads, n_kv_heads, head_dim, q_norm,
-                          k_norm, eps, rotary_dim, pos, inv_freq, (uint16_t *)k_cache, (uint16_t *)v_cache, row,
-                          row_stride, pos_stride);
+                          (unsigned)blocks, 32 * warps_per_block, 0, st, qkv, n, n_heads, n_kv_heads, head_dim,
+                          prep->q_norm, prep->k_norm, prep->eps, rotary_dim, pos, inv_freq, (uint16_t *)kv->k,
+                          (uint16_t *)kv->v, row, row_stride, pos_stride);
     else
         return launch_pdl("qkv_norm_rope_store_kernel<float>", qkv_norm_rope_store_kernel<float>, (unsigned)blocks,
-                          32 * warps_per_block, 0, st, qkv, n, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps,
-                          rotary_dim, pos, inv_freq, (float *)k_cache, (float *)v_cache, row, row_stride, pos_stride);
+                          32 * warps_per_block, 0, st, qkv, n, n_heads, n_kv_heads, head_dim, prep->q_norm,
+                          prep->k_norm, prep->eps, rotary_dim, pos, inv_freq, (float *)kv->k, (float *)kv->v, row,
+                          row_stride, pos_stride);
 }
 
 __global__ void add_row_kernel(float *__restrict__ y, const float *__restrict__ x, size_t total, int width)

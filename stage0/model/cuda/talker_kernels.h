@@ -22,34 +22,33 @@ extern "C" {
 /* Token i (i < n_tok) attends over positions 0..pos[i] of cache row row[i]:
  *   query row i at q + i*q_stride (q_stride >= n_heads*head_dim: q may sit inside a
  *   fused QKV row) -> out[n_tok, n_heads*head_dim]
- *   k/v element (r, j, g, d) of kv_dtype at r*row_stride + j*pos_stride + g*head_dim + d
- * (query head h reads kv head h / (n_heads / n_kv_heads)); row, pos device ints.
+ *   kv: the cache (struct cuda_kv_cache, ops_cuda.h); row, pos device ints.
  * Same result as op_attention (causal, q_pos0 = pos[i]) up to summation order:
  * one block per (head, token), warps take positions round-robin with an online
- * softmax and merge at the end. Correct for any head_dim <= 256, not tuned. */
-int talker_cuda_attention_rows_kv(float *out, const float *q, size_t q_stride, const void *k_cache, const void *v_cache,
-                                  enum cuda_kv_dtype kv_dtype, const int *row, const int *pos, int n_tok, int n_heads,
-                                  int n_kv_heads, int head_dim, size_t row_stride, size_t pos_stride, float scale,
+ * softmax and merge at the end. The kernel for the heads the split-K decode attention
+ * does not take: correct for any head_dim <= 256, not tuned. */
+int talker_cuda_attention_rows_kv(float *out, const float *q, size_t q_stride, const struct cuda_kv_cache *kv,
+                                  const int *row, const int *pos, int n_tok, const struct attention_heads *heads,
                                   void *stream);
 
-/* K and V of n tokens into their caches of kv_dtype in one launch:
- *   k_cache[row[i]*row_stride + pos[i]*pos_stride + c] = k[i*src_stride + c], c < width
+/* K and V of n tokens into their caches in one launch:
+ *   kv->k[row[i]*kv->seq_stride + pos[i]*kv->row_stride + c] = k[i*src_stride + c], c < width
  * and the same for v (k, v may be columns of one fused QKV row: src_stride >= width). */
-int talker_cuda_kv_store_pair(void *k_cache, void *v_cache, enum cuda_kv_dtype kv_dtype, const float *k, const float *v,
-                              size_t src_stride, const int *row, const int *pos, int n, int width, size_t row_stride,
-                              size_t pos_stride, void *stream);
+int talker_cuda_kv_store_pair(const struct cuda_kv_cache *kv, const float *k, const float *v, size_t src_stride,
+                              const int *row, const int *pos, int n, int width, void *stream);
 
 /* The step between the QKV product and attention, in one launch, on fused rows
  * qkv[n][q width | kv width | kv width] (q width = n_heads*head_dim, kv width =
- * n_kv_heads*head_dim): per-head RMSNorm (q_norm on q heads, k_norm on k heads; NULL
- * skips it) then NeoX RoPE over the first rotary_dim dims at position pos[i], in place
- * on q and k, and K and V stored into their caches of kv_dtype at (row[i], pos[i])
- * (layout of talker_cuda_kv_store_pair). Bit for bit cuda_ops_qk_norm_rope on q, the
- * same on k, then talker_cuda_kv_store_pair: one warp per head, the same arithmetic. */
-int talker_cuda_qkv_norm_rope_store(float *qkv, int n, int n_heads, int n_kv_heads, int head_dim, const float *q_norm,
-                                    const float *k_norm, float eps, int rotary_dim, const int *pos,
-                                    const float *inv_freq, void *k_cache, void *v_cache, enum cuda_kv_dtype kv_dtype,
-                                    const int *row, size_t row_stride, size_t pos_stride, void *stream);
+ * n_kv_heads*head_dim; heads->scale unused): per-head RMSNorm (prep->q_norm on q heads,
+ * prep->k_norm on k heads; NULL skips it) then NeoX RoPE over the first
+ * prep->rotary_dim dims at position prep->pos[i], in place on q and k, and K and V
+ * stored into the cache at (row[i], pos[i]) (layout of talker_cuda_kv_store_pair). Bit
+ * for bit cuda_ops_qk_norm_rope on q, the same on k, then talker_cuda_kv_store_pair:
+ * one warp per head, the same arithmetic (the prefill's path; a decode step does all
+ * of it inside cuda_ops_attention_decode_qkv). */
+int talker_cuda_qkv_norm_rope_store(float *qkv, int n, const struct attention_heads *heads,
+                                    const struct cuda_qkv_prep *prep, const struct cuda_kv_cache *kv, const int *row,
+                                    void *stream);
 
 /* y[r*width + c] += x[c] for r < n_rows. */
 int talker_cuda_add_row(float *y, const float *x, int n_rows, int width, void *stream);

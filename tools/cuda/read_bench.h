@@ -5,8 +5,8 @@
  * a shared-memory ring, 3 contiguous 16 KiB bulk copies into the same ring. sink: one
  * word per block, written practically never. Returns 0 or a negative errno code with
  * a message. Only compiled with CUDA. */
-#ifndef MM3_CUDA_READ_BENCH_H
-#define MM3_CUDA_READ_BENCH_H
+#ifndef MM3_TOOLS_CUDA_READ_BENCH_H
+#define MM3_TOOLS_CUDA_READ_BENCH_H
 
 #include <stdint.h>
 

@@ -3,23 +3,22 @@
  * (or candidates for them) read weights. Nothing is computed; each block folds what
  * it read into one word so the reads cannot be dropped.
  *
- * The fifteenth session's persistent depth pass streamed its products at ~3.4 TB/s
- * (26 GB/s per SM) with tensor-map boxes at any ring depth, and worse with cp.async;
- * these kernels separate the access pattern and the copy mechanism from everything
- * else (docs/performance.md). */
+ * Benchmark-only (never linked into the stages): these kernels separate the access
+ * pattern and the copy mechanism from everything else a decode kernel does
+ * (docs/performance.md). */
 #include <cuda.h>
 #include <stdint.h>
 
 #include "common/cuda/cuda_internal.h"
 #include "common/cuda/gemv_mma.cuh" /* mma_weight_load: the decode GEMVs' weight load */
-#include "common/cuda/read_bench.h"
+#include "tools/cuda/read_bench.h"
 
 enum {
     RB_THREADS = 256,
-    RB_K = 4096,        /* row width in bf16 (8 KiB rows) */
-    RB_TILE = 16,       /* rows per tile */
-    RB_CHUNK = 512,     /* k per chunk of a tile: 16 KiB */
-    RB_STAGES = 8,      /* ring stages of the copy-engine patterns */
+    RB_K = 4096,    /* row width in bf16 (8 KiB rows) */
+    RB_TILE = 16,   /* rows per tile */
+    RB_CHUNK = 512, /* k per chunk of a tile: 16 KiB */
+    RB_STAGES = 8,  /* ring stages of the copy-engine patterns */
     RB_STAGE = RB_TILE * RB_CHUNK * 2,
 };
 
@@ -57,7 +56,8 @@ __global__ void __launch_bounds__(RB_THREADS) rb_tiles(const uint16_t *w, int ro
             uint4 v[8];
 #pragma unroll
             for (int u = 0; u < 8; u++) {
-                const int p = threadIdx.x + (u & 3) * RB_THREADS, r = p / per_row, k = (c + (u >> 2)) * RB_CHUNK + 8 * (p % per_row);
+                const int p = threadIdx.x + (u & 3) * RB_THREADS, r = p / per_row,
+                          k = (c + (u >> 2)) * RB_CHUNK + 8 * (p % per_row);
                 v[u] = mma_weight_load((const uint4 *)(w + (size_t)(t * RB_TILE + r) * RB_K + k));
             }
 #pragma unroll
@@ -76,18 +76,19 @@ __device__ __forceinline__ void rb_wait(uint64_t *b, unsigned parity)
 {
     unsigned done = 0;
     while (!done)
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-                     : "=r"(done)
-                     : "r"(rb_smem(b)), "r"(parity)
-                     : "memory");
+        asm volatile(
+            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+            : "=r"(done)
+            : "r"(rb_smem(b)), "r"(parity)
+            : "memory");
 }
 
 /* The copy engine into a ring of RB_STAGES 16 KiB stages, lane 0 of warp 0 issuing,
  * warp 1 releasing each stage as soon as it has landed. mode 0: the tiles' chunks as
  * tensor-map boxes of [16 rows][256 k] (two per stage); mode 1: one 16 KiB bulk copy of
  * contiguous memory per stage (what a tile-contiguous weight layout would allow). */
-__global__ void __launch_bounds__(64) rb_copy_engine(const __grid_constant__ CUtensorMap map, const uint16_t *w,
-                                                     int rows, int mode, unsigned *sink)
+__global__ void __launch_bounds__(64)
+    rb_copy_engine(const __grid_constant__ CUtensorMap map, const uint16_t *w, int rows, int mode, unsigned *sink)
 {
     extern __shared__ __align__(128) unsigned char rb_dyn[];
     __shared__ __align__(8) uint64_t full[RB_STAGES], empty[RB_STAGES];
