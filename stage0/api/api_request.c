@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -31,6 +32,60 @@ void api_limits_default(struct api_limits *lim)
 /* Fields whose values the model's recipe fixes: named in the 400 so a client
  * learns why its knob is refused rather than seeing it silently ignored. */
 static const char *const recipe_fixed[] = {"temperature", "top_p", "top_k", "repetition_penalty"};
+
+/* Fields other servers' clients send (vLLM-Omni's speech request, SGLang-Omni's): accepted at
+ * their neutral value, which asks for nothing this model does not do; any other value is a
+ * 400 naming the field, never silently ignored. */
+enum neutral_kind {
+    NEUTRAL_NULL,          /* only null */
+    NEUTRAL_FALSE,         /* null or false */
+    NEUTRAL_EMPTY_STRING,  /* null or "" */
+    NEUTRAL_EMPTY_OBJECT,  /* null or {} */
+    NEUTRAL_AUTO,          /* null or "auto" (any case) */
+    NEUTRAL_MUSIC,         /* null or "music" (any case) */
+    NEUTRAL_DEFAULT_VOICE, /* null, "" or "default" (any case) */
+};
+
+static const struct {
+    const char *name;
+    enum neutral_kind kind;
+    const char *why; /* what the 400 says after "field 'X': " */
+} neutral_fields[] = {
+    {"language", NEUTRAL_AUTO, "the lyrics set the language: use null or \"auto\""},
+    {"task_type", NEUTRAL_MUSIC, "this model has one task: use null or \"music\""},
+    {"ref_audio", NEUTRAL_EMPTY_STRING, "this model takes no reference audio: use null"},
+    {"ref_text", NEUTRAL_EMPTY_STRING, "this model takes no reference audio or text: use null"},
+    {"x_vector_only_mode", NEUTRAL_FALSE, "this model takes no reference audio: use null or false"},
+    {"extra_params", NEUTRAL_EMPTY_OBJECT, "no extra parameters are accepted: use null or {}"},
+    {"speaker", NEUTRAL_DEFAULT_VOICE, "this model has no speakers: use null, \"\" or \"default\""},
+    {"voice", NEUTRAL_DEFAULT_VOICE, "this model has no voices: use null, \"\" or \"default\""},
+    {"word_timestamps", NEUTRAL_FALSE, "word timestamps are not produced: use null or false"},
+    {"initial_codec_chunk_frames", NEUTRAL_NULL, "stage 1 sets the window size: use null"},
+    {"non_streaming_mode", NEUTRAL_NULL, "a speech prompt mode: use null"},
+};
+
+static bool neutral_value(enum neutral_kind kind, json_t *v)
+{
+    if (json_is_null(v)) return true;
+    const char *s = json_string_value(v);
+    switch (kind) {
+    case NEUTRAL_NULL:
+        return false;
+    case NEUTRAL_FALSE:
+        return json_is_false(v);
+    case NEUTRAL_EMPTY_STRING:
+        return s && !s[0];
+    case NEUTRAL_EMPTY_OBJECT:
+        return json_is_object(v) && json_object_size(v) == 0;
+    case NEUTRAL_AUTO:
+        return s && strcasecmp(s, "auto") == 0;
+    case NEUTRAL_MUSIC:
+        return s && strcasecmp(s, "music") == 0;
+    case NEUTRAL_DEFAULT_VOICE:
+        return s && (!s[0] || strcasecmp(s, "default") == 0);
+    }
+    return false;
+}
 
 struct parse_ctx {
     const struct api_limits *lim;
@@ -71,9 +126,9 @@ static int take_text(struct parse_ctx *c, json_t *root, const char *compat, cons
     }
     json_t *v = a ? a : b;
     const char *name = a ? compat : ours;
-    if (!v) {
-        snprintf(c->field, c->field_cap, "%s", ours);
-        return mm3_errorf(-EINVAL, "field '%s' (or '%s') is required", ours, compat);
+    if (!v) { /* named as OpenAI-style clients know it */
+        snprintf(c->field, c->field_cap, "%s", compat);
+        return mm3_errorf(-EINVAL, "field '%s' (or '%s') is required", compat, ours);
     }
     if (!json_is_string(v)) return bad(c, name, "field '%s': expected a string%s", "");
     const char *s = json_string_value(v);
@@ -129,8 +184,7 @@ static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params
         "input",          "lyrics",    "instructions",    "caption",       "max_new_tokens",
         "duration_s",     "seed",      "response_format", "sample_rate",   "num_inference_steps",
         "guidance_scale", "cfg_scale", "stream",          "stream_format", "model",
-        "voice",          "speed",     "x_replay_file",   "ignore_eos",    "flow_shift",
-        "allow_stall",
+        "speed",          "x_replay_file", "ignore_eos",  "flow_shift",    "allow_stall",
     };
     const char *key;
     json_t *v;
@@ -141,6 +195,12 @@ static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params
                 return bad(c, key, "field '%s' is not accepted%s",
                            ": the model's recipe fixes the sampling parameters");
         bool found = false;
+        for (size_t i = 0; i < sizeof neutral_fields / sizeof *neutral_fields && !found; i++) {
+            if (strcmp(key, neutral_fields[i].name) != 0) continue;
+            if (!neutral_value(neutral_fields[i].kind, v))
+                return bad(c, key, "field '%s': %s", neutral_fields[i].why);
+            found = true;
+        }
         for (size_t i = 0; i < sizeof known / sizeof *known && !found; i++)
             found = strcmp(key, known[i]) == 0;
         for (size_t i = 0; i < sizeof recipe_fixed / sizeof *recipe_fixed && !found; i++)
@@ -243,11 +303,6 @@ static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params
             return bad(c, "stream_format", "field '%s': only \"audio\" is supported%s", " (raw bytes; no SSE)");
     }
     if (GET("model") && !json_is_string(v)) return bad(c, "model", "field '%s': expected a string%s", "");
-    if (GET("voice")) {
-        const char *s = json_string_value(v);
-        if (!s || (s[0] && strcmp(s, "default") != 0))
-            return bad(c, "voice", "field '%s': this model has no voices%s", ": use \"\" or \"default\"");
-    }
     if (GET("speed")) {
         if (!is_number(v) || json_number_value(v) != 1.0)
             return bad(c, "speed", "field '%s': only 1.0 is supported%s", "");
@@ -273,6 +328,27 @@ static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params
     return 0;
 }
 
+/* Valid JSON with an integer past 64 bits (a seed >= 2^63) is an out-of-range value,
+ * not a syntax error: find the top-level field that holds it. False when there is none
+ * (the big number is nested, or the body is bad elsewhere). */
+static bool overflowed_field(const char *body, size_t len, char *field, size_t field_cap)
+{
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL, NULL);
+    const char *key;
+    json_t *v;
+    bool found = false;
+    if (json_is_object(root)) json_object_foreach(root, key, v)
+        {
+            /* 2^63: every integer jansson could not hold is at least this large */
+            if (!found && json_is_real(v) && fabs(json_real_value(v)) >= 9223372036854775808.0) {
+                snprintf(field, field_cap, "%s", key);
+                found = true;
+            }
+        }
+    json_decref(root);
+    return found;
+}
+
 int api_request_parse(const char *body, size_t len, const struct api_limits *lim, struct mm3_job_params *out,
                       char *field, size_t field_cap)
 {
@@ -281,6 +357,9 @@ int api_request_parse(const char *body, size_t len, const struct api_limits *lim
     if (field_cap) field[0] = 0;
     json_error_t jerr;
     json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root && json_error_code(&jerr) == json_error_numeric_overflow && overflowed_field(body, len, field, field_cap))
+        return mm3_errorf(-EINVAL, "field '%s': out of range: expected an integer in %s", field,
+                          strcmp(field, "seed") == 0 ? "0..9223372036854775807" : "64 bits");
     if (!root) {
         snprintf(field, field_cap, "body");
         return mm3_errorf(-EINVAL, "body: invalid JSON at line %d, column %d (byte %d): %s", jerr.line, jerr.column,

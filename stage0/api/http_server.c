@@ -45,9 +45,21 @@ struct http_server {
     _Atomic size_t buffered; /* bytes reserved by whole-file answers (max_buffered_bytes) */
     struct api_jobs jobs;    /* answers in progress, for GET /v1/audio/speech/{id} */
     struct api_conns conns;  /* open connections: per-client limit, read deadline, slots */
+    int64_t created;         /* Unix time the server started: the model object's `created` */
 };
 
-enum route { ROUTE_NONE = 0, ROUTE_SPEECH, ROUTE_PROGRESS, ROUTE_HEALTH, ROUTE_LIVE, ROUTE_METRICS, ROUTE_MODELS };
+enum route {
+    ROUTE_NONE = 0,
+    ROUTE_SPEECH,
+    ROUTE_PROGRESS,
+    ROUTE_HEALTH,
+    ROUTE_LIVE,
+    ROUTE_METRICS,
+    ROUTE_MODELS,
+    ROUTE_MODEL, /* GET /v1/models/{id} */
+};
+
+#define MODELS_PATH "/v1/models"
 
 /* Per-request state (MHD's con_cls), freed when MHD reports the request done. */
 struct api_req {
@@ -804,11 +816,27 @@ static enum MHD_Result handle_metrics(struct http_server *s, struct MHD_Connecti
     return ret;
 }
 
+/* OpenAI's model object; `created` is when this server started (the checkpoint has no date). */
+static json_t *model_object(const struct http_server *s)
+{
+    return json_pack("{s:s, s:s, s:I, s:s}", "id", s->cfg.model_name, "object", "model", "created",
+                     (json_int_t)s->created, "owned_by", "mm3");
+}
+
 static enum MHD_Result handle_models(struct http_server *s, struct MHD_Connection *c)
 {
-    json_t *o = json_pack("{s:s, s:[{s:s, s:s, s:s}]}", "object", "list", "data", "id", s->cfg.model_name, "object",
-                          "model", "owned_by", "mm3");
-    return queue_json(c, MHD_HTTP_OK, o, 0);
+    return queue_json(c, MHD_HTTP_OK, json_pack("{s:s, s:[o]}", "object", "list", "data", model_object(s)), 0);
+}
+
+/* GET /v1/models/{id}: the one model, or 404 naming the one there is. The id may hold
+ * a '/' (an "owner/name" checkpoint name), so it is everything after the prefix. */
+static enum MHD_Result handle_model(struct http_server *s, struct MHD_Connection *c, const char *url)
+{
+    const char *id = url + strlen(MODELS_PATH "/");
+    if (strcmp(id, s->cfg.model_name) == 0) return queue_json(c, MHD_HTTP_OK, model_object(s), 0);
+    char msg[512];
+    snprintf(msg, sizeof msg, "no model '%.200s' here: this server serves '%.200s'", id, s->cfg.model_name);
+    return queue_error(c, MHD_HTTP_NOT_FOUND, "model", msg, 0);
 }
 
 /* ---- routing ---- */
@@ -823,13 +851,17 @@ static enum route route_of(const char *url, const char *method, bool *method_ok,
         *method_ok = strcmp(method, MHD_HTTP_METHOD_GET) == 0 || strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
         return ROUTE_PROGRESS;
     }
+    if (strncmp(url, MODELS_PATH "/", strlen(MODELS_PATH "/")) == 0 && url[strlen(MODELS_PATH "/")]) {
+        *method_ok = strcmp(method, MHD_HTTP_METHOD_GET) == 0 || strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
+        return ROUTE_MODEL;
+    }
     struct {
         const char *path, *method;
         enum route r;
     } table[] = {
         {SPEECH_PATH, MHD_HTTP_METHOD_POST, ROUTE_SPEECH},    {"/health", MHD_HTTP_METHOD_GET, ROUTE_HEALTH},
         {"/health/ready", MHD_HTTP_METHOD_GET, ROUTE_HEALTH}, {"/health/live", MHD_HTTP_METHOD_GET, ROUTE_LIVE},
-        {"/metrics", MHD_HTTP_METHOD_GET, ROUTE_METRICS},     {"/v1/models", MHD_HTTP_METHOD_GET, ROUTE_MODELS},
+        {"/metrics", MHD_HTTP_METHOD_GET, ROUTE_METRICS},     {MODELS_PATH, MHD_HTTP_METHOD_GET, ROUTE_MODELS},
     };
     for (size_t i = 0; i < sizeof table / sizeof *table; i++) {
         if (strcmp(url, table[i].path) != 0) continue;
@@ -1073,6 +1105,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return handle_metrics(s, c);
     case ROUTE_MODELS:
         return handle_models(s, c);
+    case ROUTE_MODEL:
+        return handle_model(s, c, url);
     case ROUTE_NONE:
         break;
     }
@@ -1162,6 +1196,7 @@ int http_server_start(struct http_server **out, const struct http_server_config 
         return mm3_errorf(-ENOMEM, "http server: out of memory");
     }
     s->cfg = *cfg;
+    s->created = (int64_t)time(NULL);
     s->engine = engine;
     if (api_conns_init(&s->conns, cfg->request_read_timeout_s) < 0) {
         freeaddrinfo(ai);
