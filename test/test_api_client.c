@@ -370,6 +370,20 @@ static void test_url_and_format(void **state)
     assert_non_null(b);
     assert_true(len > 4 && memcmp(b, "fLaC", 4) == 0);
     free(b);
+    /* mp3 and opus too: an MPEG audio frame, an Ogg page */
+    static const char *const lossy[] = {"mp3", "opus"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(out, sizeof out, "%s/song.%s", dir, lossy[k]);
+        const char *args[] = {"generate", "--caption", "c", "--lyrics", "l", "-o", out, "--url", fx->base, "--quiet", NULL};
+        assert_int_equal(run_mm3(args), 0);
+        b = read_file(out, &len);
+        assert_non_null(b);
+        if (k == 0)
+            assert_true(len > 4 && b[0] == 0xff && (b[1] & 0xe0) == 0xe0);
+        else
+            assert_true(len > 4 && memcmp(b, "OggS", 4) == 0);
+        free(b);
+    }
 
     snprintf(url, sizeof url, "%s/api", fx->base);
     snprintf(out, sizeof out, "%s/lost.wav", dir);

@@ -185,7 +185,7 @@ static void test_field_errors(void **state)
 {
     expect_bad("{" BASE ",\"seed\":-1}", "seed", "out of range");
     expect_bad("{" BASE ",\"seed\":1.5}", "seed", "integer");
-    expect_bad("{" BASE ",\"response_format\":\"mp3\"}", "response_format", "wav, pcm or flac");
+    expect_bad("{" BASE ",\"response_format\":\"aac\"}", "response_format", "wav, pcm, flac, mp3 or opus");
     expect_bad("{" BASE ",\"response_format\":1}", "response_format", "string");
     expect_bad("{" BASE ",\"sample_rate\":48000}", "sample_rate", "44100 or 32000");
     expect_bad("{" BASE ",\"num_inference_steps\":0}", "num_inference_steps", "1..200");

@@ -180,6 +180,34 @@ static void test_flac(void **state)
     fixture_stop(fx);
 }
 
+/* mp3 and opus over HTTP: their content types, and the streamed answer is the whole
+ * file's bytes (the encoders' own tests decode them back: test_api_audio). */
+static void test_mp3_opus(void **state)
+{
+    struct fixture *fx = fixture_start(FAKE_OK, 0);
+    fx->fe.delay_ms = 5;
+    static const char *const names[] = {"mp3", "opus"}, *const types[] = {"audio/mpeg", "audio/ogg"};
+    for (int k = 0; k < 2; k++) {
+        char body[256];
+        struct http_client_response whole, st;
+        snprintf(body, sizeof body, SONG ",\"response_format\":\"%s\"}", names[k]);
+        assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", body, &whole), 0);
+        assert_int_equal(whole.status, 200);
+        assert_string_equal(http_client_header(&whole, "content-type"), types[k]);
+        snprintf(body, sizeof body, SONG ",\"response_format\":\"%s\",\"stream\":true}", names[k]);
+        assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", body, &st), 0);
+        assert_int_equal(st.status, 200);
+        assert_true(st.chunked && st.complete && st.n_chunks >= 2);
+        assert_string_equal(http_client_header(&st, "content-type"), types[k]);
+        assert_true(whole.body_len > 1000);
+        assert_int_equal(st.body_len, whole.body_len);
+        assert_memory_equal(st.body, whole.body, whole.body_len);
+        http_client_response_free(&whole);
+        http_client_response_free(&st);
+    }
+    fixture_stop(fx);
+}
+
 static void test_resampled_length(void **state)
 {
     struct fixture *fx = fixture_start(FAKE_OK, 0);
@@ -1135,6 +1163,7 @@ int main(void)
         cmocka_unit_test(test_queue_depth_429),
         cmocka_unit_test(test_health_metrics),
         cmocka_unit_test(test_models),
+        cmocka_unit_test(test_mp3_opus),
         cmocka_unit_test(test_error_params),
         cmocka_unit_test(test_slow_and_idle_clients_cut_off),
         cmocka_unit_test(test_per_client_limit),

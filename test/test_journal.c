@@ -88,6 +88,30 @@ static char *write_journal(const char *dir, const char *id, const int32_t *codes
     return path;
 }
 
+/* Every response format survives the journal (a re-sent song keeps its container). */
+static void test_format_round_trip(void **state)
+{
+    char *dir = test_make_tmpdir("journal_fmt");
+    const enum mm3_audio_format fmts[] = {MM3_AUDIO_WAV, MM3_AUDIO_PCM, MM3_AUDIO_FLAC, MM3_AUDIO_MP3, MM3_AUDIO_OPUS};
+    for (int k = 0; k < 5; k++) {
+        struct mm3_job_params p = test_params();
+        p.format = fmts[k];
+        char id[16];
+        snprintf(id, sizeof id, "fmt-%d", k);
+        struct journal *j;
+        assert_int_equal(journal_open_write(&j, dir, id, &p, NCB, 1024, &k_ids[0][0], 3), 0);
+        char *path = strdup(journal_path(j));
+        assert_int_equal(journal_close(j, JOURNAL_DONE, JOURNAL_STOP_TOKEN, 0), 0);
+        struct journal_record r;
+        assert_int_equal(journal_read(path, &r), 0);
+        assert_int_equal(r.h.params.format, fmts[k]);
+        journal_record_free(&r);
+        free(path);
+    }
+    test_remove_tree(dir);
+    free(dir);
+}
+
 static void test_round_trip(void **state)
 {
     (void)state;
@@ -966,6 +990,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_format_round_trip),
         cmocka_unit_test(test_torn_tail),
         cmocka_unit_test(test_corrupt),
         cmocka_unit_test(test_unwritable),

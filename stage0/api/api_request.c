@@ -87,6 +87,8 @@ static bool neutral_value(enum neutral_kind kind, json_t *v)
     return false;
 }
 
+#define RESPONSE_FORMATS "wav, pcm, flac, mp3 or opus"
+
 struct parse_ctx {
     const struct api_limits *lim;
     char *field;
@@ -244,15 +246,22 @@ static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params
     p->format = MM3_AUDIO_WAV;
     if (GET("response_format")) {
         const char *s = json_string_value(v);
-        if (!s) return bad(c, "response_format", "field '%s': expected a string%s", ": wav, pcm or flac");
-        if (strcmp(s, "wav") == 0)
-            p->format = MM3_AUDIO_WAV;
-        else if (strcmp(s, "pcm") == 0)
-            p->format = MM3_AUDIO_PCM;
-        else if (strcmp(s, "flac") == 0)
-            p->format = MM3_AUDIO_FLAC;
-        else
-            return bad(c, "response_format", "field '%s': unsupported format%s: expected wav, pcm or flac", "");
+        if (!s) return bad(c, "response_format", "field '%s': expected a string%s", ": " RESPONSE_FORMATS);
+        static const struct {
+            const char *name;
+            enum mm3_audio_format format;
+        } formats[] = {{"wav", MM3_AUDIO_WAV},
+                       {"pcm", MM3_AUDIO_PCM},
+                       {"flac", MM3_AUDIO_FLAC},
+                       {"mp3", MM3_AUDIO_MP3},
+                       {"opus", MM3_AUDIO_OPUS}};
+        size_t i = 0;
+        while (i < sizeof formats / sizeof *formats && strcmp(s, formats[i].name) != 0)
+            i++;
+        /* aac among them: no Debian 12 main library encodes it well (docs/api.md) */
+        if (i == sizeof formats / sizeof *formats)
+            return bad(c, "response_format", "field '%s': unsupported format%s: expected " RESPONSE_FORMATS, "");
+        p->format = formats[i].format;
     }
     p->sample_rate = lim->default_sample_rate == 32000 ? 32000 : 44100;
     if (GET("sample_rate")) {

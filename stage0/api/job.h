@@ -34,7 +34,7 @@ enum mm3_job_state {
     MM3_JOB_CANCELLED,  /* client went away */
 };
 
-enum mm3_audio_format { MM3_AUDIO_WAV = 0, MM3_AUDIO_PCM, MM3_AUDIO_FLAC };
+enum mm3_audio_format { MM3_AUDIO_WAV = 0, MM3_AUDIO_PCM, MM3_AUDIO_FLAC, MM3_AUDIO_MP3, MM3_AUDIO_OPUS };
 
 /* Validated request parameters (see docs/api.md for the HTTP field names). */
 struct mm3_job_params {

@@ -123,7 +123,11 @@ const char *journal_status_name(enum journal_status s)
 
 static const char *format_name(enum mm3_audio_format f)
 {
-    return f == MM3_AUDIO_PCM ? "pcm" : f == MM3_AUDIO_FLAC ? "flac" : "wav";
+    return f == MM3_AUDIO_PCM    ? "pcm"
+           : f == MM3_AUDIO_FLAC ? "flac"
+           : f == MM3_AUDIO_MP3  ? "mp3"
+           : f == MM3_AUDIO_OPUS ? "opus"
+                                 : "wav";
 }
 
 /* ---- writing ---- */
@@ -538,7 +542,11 @@ static int parse_header(const char *path, const char *json, size_t n, struct jou
     h->params.cfg_scale = (float)json_number_value(cs);
     h->params.flow_shift = fs ? (float)json_number_value(fs) : 0.0f;
     const char *f = json_string_value(fmt);
-    h->params.format = !strcmp(f, "pcm") ? MM3_AUDIO_PCM : !strcmp(f, "flac") ? MM3_AUDIO_FLAC : MM3_AUDIO_WAV;
+    h->params.format = !strcmp(f, "pcm")    ? MM3_AUDIO_PCM
+                       : !strcmp(f, "flac") ? MM3_AUDIO_FLAC
+                       : !strcmp(f, "mp3")  ? MM3_AUDIO_MP3
+                       : !strcmp(f, "opus") ? MM3_AUDIO_OPUS
+                                            : MM3_AUDIO_WAV;
     h->params.stream = json_is_true(st);
     h->n_codebooks = (int32_t)ncb;
     h->c0_codes = (int32_t)c0n;
