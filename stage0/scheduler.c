@@ -172,6 +172,7 @@ int sched_submit(struct sched *s, struct mm3_job *job)
         return -EINVAL;
     }
     r->prompt_len = n;
+    atomic_store(&job->prompt_tokens, n); /* usage of the SSE done event */
     r->max_frames = job->params.max_frames;
     /* max_model_len bounds prompt + frames; a long prompt shortens the song. */
     if (r->max_frames > s->cfg.max_ctx - n) r->max_frames = s->cfg.max_ctx - n;

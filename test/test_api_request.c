@@ -199,7 +199,8 @@ static void test_field_errors(void **state)
     expect_bad("{" BASE ",\"stream\":\"yes\"}", "stream", "true or false");
     expect_bad("{" BASE ",\"ignore_eos\":1}", "ignore_eos", "true or false");
     expect_bad("{" BASE ",\"allow_stall\":\"yes\"}", "allow_stall", "true or false");
-    expect_bad("{" BASE ",\"stream_format\":\"sse\"}", "stream_format", "audio");
+    expect_bad("{" BASE ",\"stream_format\":\"websocket\"}", "stream_format", "\"audio\" (raw bytes) or \"sse\"");
+    expect_bad("{" BASE ",\"stream_format\":true}", "stream_format", "\"sse\"");
     expect_bad("{" BASE ",\"model\":3}", "model", "string");
     expect_bad("{" BASE ",\"voice\":\"alloy\"}", "voice", "no voices");
     expect_bad("{" BASE ",\"speed\":1.5}", "speed", "1.0");
@@ -256,6 +257,32 @@ static void test_other_servers_fields(void **state)
     expect_bad("{" BASE ",\"initial_codec_chunk_frames\":4}", "initial_codec_chunk_frames", "null");
     expect_bad("{" BASE ",\"non_streaming_mode\":true}", "non_streaming_mode", "null");
     expect_bad("{" BASE ",\"emotion\":null}", "emotion", "unknown field");
+}
+
+/* stream_format decides streaming when given (OpenAI's and vLLM-Omni's switch). */
+static void test_stream_format(void **state)
+{
+    static const struct {
+        const char *extra;
+        bool stream, sse;
+    } cases[] = {
+        {"", false, false},
+        {",\"stream\":true", true, false},
+        {",\"stream_format\":\"audio\"", true, false},
+        {",\"stream_format\":\"sse\"", true, true},
+        {",\"stream\":false,\"stream_format\":\"sse\"", true, true},
+        {",\"stream\":true,\"stream_format\":null", true, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char body[256];
+        snprintf(body, sizeof body, "{" BASE "%s}", cases[i].extra);
+        struct mm3_job_params p;
+        char f[64];
+        assert_int_equal(parse(body, &p, f), 0);
+        if (p.stream != cases[i].stream || p.sse != cases[i].sse)
+            fail_msg("%s: stream %d sse %d", cases[i].extra, p.stream, p.sse);
+        mm3_job_params_free(&p);
+    }
 }
 
 /* An integer past 64 bits is valid JSON: a seed of 2^63 or more is out of range. */
@@ -382,7 +409,7 @@ int main(void)
         cmocka_unit_test(test_defaults), cmocka_unit_test(test_deploy_defaults),    cmocka_unit_test(test_all_fields),   cmocka_unit_test(test_duration_rules),
         cmocka_unit_test(test_text_fields), cmocka_unit_test(test_field_errors), cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_replay_file_confined), cmocka_unit_test(test_other_servers_fields),
-        cmocka_unit_test(test_seed_beyond_64_bits),
+        cmocka_unit_test(test_seed_beyond_64_bits), cmocka_unit_test(test_stream_format),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

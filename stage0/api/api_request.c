@@ -306,10 +306,15 @@ static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params
         if (!json_is_boolean(v)) return bad(c, "ignore_eos", "field '%s': expected true or false%s", "");
         p->ignore_eos = json_is_true(v);
     }
+    /* OpenAI's and vLLM-Omni's switch: when given it decides, whatever `stream` says. */
+    p->sse = false;
     if (GET("stream_format")) {
         const char *s = json_string_value(v);
-        if (!s || strcmp(s, "audio") != 0)
-            return bad(c, "stream_format", "field '%s': only \"audio\" is supported%s", " (raw bytes; no SSE)");
+        if (!s || (strcmp(s, "audio") != 0 && strcmp(s, "sse") != 0))
+            return bad(c, "stream_format", "field '%s': expected \"audio\" (raw bytes) or \"sse\"%s",
+                       " (OpenAI's speech.audio.* events)");
+        p->stream = true;
+        p->sse = strcmp(s, "sse") == 0;
     }
     if (GET("model") && !json_is_string(v)) return bad(c, "model", "field '%s': expected a string%s", "");
     if (GET("speed")) {

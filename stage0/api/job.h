@@ -49,6 +49,7 @@ struct mm3_job_params {
     float cfg_scale;      /* AR CFG */
     enum mm3_audio_format format;
     bool stream;
+    bool sse;         /* streamed as OpenAI's server-sent events (stream_format "sse"); implies stream */
     bool allow_stall; /* streamed: start without waiting for real-time capacity; its audio may stall
                          (stage 1 gives its windows no deadline: stage0/admission.h) */
     bool ignore_eos; /* never draw the stop code: the song runs to max_frames (vLLM's ignore_eos; benchmarks) */
@@ -81,6 +82,7 @@ struct mm3_job {
     _Atomic int64_t frames_done;  /* AR frames generated */
     _Atomic int64_t windows_done; /* stage-1 windows decoded */
     _Atomic int64_t frames_total; /* planned frames (<= max_frames; the engine may lower it at EOS) */
+    _Atomic int32_t prompt_tokens; /* prompt length in tokens (per CFG row), set when the engine accepts it */
     _Atomic int64_t pcm_frames_pushed;
     _Atomic int64_t t_first_audio_ns; /* CLOCK_MONOTONIC of the first PCM push, 0 before */
     _Atomic int32_t queue_position;   /* 1-based place among the songs waiting to start, 0 = not waiting */
