@@ -353,6 +353,8 @@ static void admit(struct sched *s)
             continue;
         }
         r->g.ignore_stop = r->job->params.ignore_eos;
+        /* a long prompt may have shortened the song below its asked minimum */
+        r->g.min_frames = r->job->params.min_frames < r->max_frames ? r->job->params.min_frames : r->max_frames;
         r->attached = 1;
         if (s->cfg.journal_dir && s->cfg.journal_dir[0]) {
             char id[JOURNAL_ID_MAX];

@@ -259,6 +259,41 @@ static void test_other_servers_fields(void **state)
     expect_bad("{" BASE ",\"emotion\":null}", "emotion", "unknown field");
 }
 
+/* The minimum length: frames or seconds (rounded up), one of the two, never past the cap. */
+static void test_min_length(void **state)
+{
+    static const struct {
+        const char *extra;
+        int min_frames;
+    } ok[] = {
+        {"", 0},
+        {",\"min_new_tokens\":250", 250},
+        {",\"min_new_tokens\":null", 0},
+        {",\"min_duration_s\":30", 750},
+        {",\"min_duration_s\":10.01", 251},
+        {",\"min_duration_s\":0", 0},
+        {",\"duration_s\":20,\"min_duration_s\":20", 500},
+        {",\"max_new_tokens\":100,\"min_new_tokens\":100", 100},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
+        char body[256];
+        snprintf(body, sizeof body, "{" BASE "%s}", ok[i].extra);
+        struct mm3_job_params p;
+        char f[64];
+        if (parse(body, &p, f) != 0) fail_msg("%s refused: %s", ok[i].extra, mm3_last_error());
+        if (p.min_frames != ok[i].min_frames) fail_msg("%s: min_frames %d, want %d", ok[i].extra, p.min_frames, ok[i].min_frames);
+        mm3_job_params_free(&p);
+    }
+    expect_bad("{" BASE ",\"min_new_tokens\":10,\"min_duration_s\":1}", "min_duration_s", "only one");
+    expect_bad("{" BASE ",\"max_new_tokens\":100,\"min_new_tokens\":101}", "min_new_tokens", "length cap");
+    expect_bad("{" BASE ",\"duration_s\":10,\"min_duration_s\":10.5}", "min_duration_s", "length cap");
+    expect_bad("{" BASE ",\"min_new_tokens\":-1}", "min_new_tokens", "out of range");
+    expect_bad("{" BASE ",\"min_new_tokens\":9001}", "min_new_tokens", "0..9000");
+    expect_bad("{" BASE ",\"min_new_tokens\":1.5}", "min_new_tokens", "integer");
+    expect_bad("{" BASE ",\"min_duration_s\":\"30\"}", "min_duration_s", "number");
+    expect_bad("{" BASE ",\"min_duration_s\":361}", "min_duration_s", "out of range");
+}
+
 /* stream_format decides streaming when given (OpenAI's and vLLM-Omni's switch). */
 static void test_stream_format(void **state)
 {
@@ -410,6 +445,7 @@ int main(void)
         cmocka_unit_test(test_text_fields), cmocka_unit_test(test_field_errors), cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_replay_file_confined), cmocka_unit_test(test_other_servers_fields),
         cmocka_unit_test(test_seed_beyond_64_bits), cmocka_unit_test(test_stream_format),
+        cmocka_unit_test(test_min_length),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

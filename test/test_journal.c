@@ -55,6 +55,7 @@ static struct mm3_job_params test_params(void)
         .lyrics = "[verse]\nla la \xc3\xa9t\xc3\xa9\n\"quoted\" \\ back",
         .caption = "a bright synth pop song",
         .max_frames = 1234,
+        .min_frames = 600,
         .seed = 18446744073709551557ull, /* above INT64_MAX: must survive JSON */
         .sample_rate = 32000,
         .num_inference_steps = 7,
@@ -126,6 +127,7 @@ static void test_round_trip(void **state)
     assert_string_equal(r.h.params.lyrics, p.lyrics);
     assert_true(r.h.params.seed == p.seed);
     assert_int_equal(r.h.params.max_frames, p.max_frames);
+    assert_int_equal(r.h.params.min_frames, 600);
     assert_int_equal(r.h.params.sample_rate, 32000);
     assert_int_equal(r.h.params.num_inference_steps, 7);
     assert_true(r.h.params.guidance_scale == p.guidance_scale);

@@ -184,6 +184,7 @@ static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params
     const struct api_limits *lim = c->lim;
     static const char *const known[] = {
         "input",          "lyrics",    "instructions",    "caption",       "max_new_tokens",
+        "min_new_tokens", "min_duration_s",
         "duration_s",     "seed",      "response_format", "sample_rate",   "num_inference_steps",
         "guidance_scale", "cfg_scale", "stream",          "stream_format", "model",
         "speed",          "x_replay_file", "ignore_eos",  "flow_shift",    "allow_stall",
@@ -238,6 +239,37 @@ static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params
         double f = floor(dv * lim->frame_rate);
         p->max_frames = f < 1 ? 1 : f > lim->max_frames ? lim->max_frames : (int32_t)f;
     }
+    /* The minimum length: vLLM's min_tokens, in frames or seconds (rounded up, so the song
+     * is at least that long), never past the length cap. */
+    json_t *min_frames_v = json_object_get(root, "min_new_tokens");
+    json_t *min_dur_v = json_object_get(root, "min_duration_s");
+    if (min_frames_v && json_is_null(min_frames_v)) min_frames_v = NULL;
+    if (min_dur_v && json_is_null(min_dur_v)) min_dur_v = NULL;
+    p->min_frames = 0;
+    if (min_frames_v && min_dur_v) {
+        snprintf(c->field, c->field_cap, "min_duration_s");
+        return mm3_errorf(-EINVAL, "fields 'min_new_tokens' and 'min_duration_s' both set the minimum length: "
+                                   "give only one");
+    }
+    if (min_frames_v) {
+        if ((rc = take_int(c, min_frames_v, "min_new_tokens", 0, lim->max_frames, &iv)) < 0) return rc;
+        p->min_frames = (int32_t)iv;
+    }
+    if (min_dur_v) {
+        if ((rc = take_number(c, min_dur_v, "min_duration_s", 0, lim->max_frames / lim->frame_rate, &dv)) < 0)
+            return rc;
+        /* the 1e-9 keeps 30.0 s at 750 frames where 30.0 * 25 lands a hair above */
+        double f = ceil(dv * lim->frame_rate - 1e-9);
+        p->min_frames = f < 0 ? 0 : f > lim->max_frames ? lim->max_frames : (int32_t)f;
+    }
+    if (p->min_frames > p->max_frames) {
+        const char *name = min_dur_v ? "min_duration_s" : "min_new_tokens";
+        char d[160];
+        snprintf(d, sizeof d, "%d frames (%.2f s) is more than the length cap of %d frames (%.2f s)", p->min_frames,
+                 p->min_frames / lim->frame_rate, p->max_frames, p->max_frames / lim->frame_rate);
+        return bad(c, name, "field '%s': %s", d);
+    }
+
     p->seed = lim->default_seed;
     if (GET("seed")) {
         if ((rc = take_int(c, v, "seed", 0, INT64_MAX, &iv)) < 0) return rc;

@@ -41,6 +41,7 @@ struct mm3_job_params {
     char *lyrics;       /* UTF-8, owned by the job, non-empty after trimming */
     char *caption;      /* UTF-8, owned by the job, non-empty after trimming */
     int32_t max_frames; /* AR frames cap, 1..limit (25 per second) */
+    int32_t min_frames; /* the stop code cannot be drawn before this many frames, 0..max_frames */
     uint64_t seed;
     int32_t sample_rate; /* output rate: 44100 or 32000 */
     int32_t num_inference_steps;
