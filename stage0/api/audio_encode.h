@@ -25,17 +25,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "stage0/api/audio_buf.h"
 #include "stage0/api/job.h"
 
-/* Growable byte buffer. */
-struct audio_buf {
-    uint8_t *data;
-    size_t len, cap;
-};
-
-int audio_buf_reserve(struct audio_buf *b, size_t n);
-int audio_buf_append(struct audio_buf *b, const void *p, size_t n);
-void audio_buf_free(struct audio_buf *b);
 
 /* float32 -> int16: wav_sample_pcm16 on each sample. */
 void audio_pcm16_from_f32(int16_t *dst, const float *src, size_t n);

@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "stage0/api/audio_encode.h"
+#include "stage0/api/audio_buf.h"
 
 /* The bit rate: transparent for most music at 44.1 kHz stereo. */
 #define AUDIO_MP3_KBPS 192

@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "stage0/api/audio_encode.h"
+#include "stage0/api/audio_buf.h"
 
 /* Bit rate for stereo music (Opus is transparent for most music from about 128 kbit/s). */
 #define AUDIO_OPUS_BITRATE 160000

@@ -21,7 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "stage0/api/audio_encode.h"
+#include "stage0/api/audio_buf.h"
 
 #define SSE_CONTENT_TYPE "text/event-stream"
 
