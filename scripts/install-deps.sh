@@ -7,5 +7,5 @@ $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
   build-essential cmake ninja-build pkg-config clang \
   libyaml-dev libjansson-dev libpcre2-dev libutf8proc-dev libzstd-dev libb2-dev \
-  libcmocka-dev libmicrohttpd-dev liburing-dev libflac-dev \
+  libcmocka-dev libmicrohttpd-dev liburing-dev libflac-dev libmp3lame-dev libopusenc-dev \
   curl sox libsndfile1-dev procps libclang-rt-dev >/dev/null

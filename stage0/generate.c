@@ -351,6 +351,14 @@ static int sample_finish(struct generate *g, int col, const float *fb)
     return 0;
 }
 
+/* Whether the next c0 draw may not be the stop code: ignore_eos, or the song is still
+ * shorter than its minimum. The mask changes no other draw, so a seeded song is the same
+ * song up to where it would have stopped. */
+static int stop_masked(const struct generate *g)
+{
+    return g->ignore_stop || g->n_frames < g->min_frames;
+}
+
 /* A failed sample ends the request and keeps its own message (a batch samples many). */
 static int sample_failed(struct generate *g, int rc)
 {
@@ -383,7 +391,7 @@ int generate_sample(struct generate *g)
     }
     /* As vLLM's ignore_eos: the stop id gets no probability, everything else is untouched
      * (nan_to_num then maps it to -1e9, below every candidate the Gumbel noise can lift). */
-    if (g->ignore_stop) guided[0] = -INFINITY;
+    if (stop_masked(g)) guided[0] = -INFINITY;
     if (g->hooks.on_draw) g->hooks.on_draw(g->hooks.ctx, s, 0, guided, SAMPLER_C0_COLS);
     if ((rc = sampler_draw(g->sp, guided, SAMPLER_C0_COLS, (uint32_t)(ncb * s), &col)) < 0) return sample_failed(g, rc);
     if (col != 0) {
@@ -461,7 +469,7 @@ static struct talker_pairs_in pairs_in(struct generate *const *g, int n, int ahe
         b->seed[p] = g[p]->sp->seed;
         b->step[p] = g[p]->step + ahead;
         b->scale[p] = g[p]->cfg_scale;
-        b->ignore_stop[p] = g[p]->ignore_stop ? 1 : 0;
+        b->ignore_stop[p] = stop_masked(g[p]) ? 1 : 0;
     }
     return (struct talker_pairs_in){.n = n,
                                     .seed = b->seed,

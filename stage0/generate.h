@@ -104,6 +104,8 @@ struct generate {
     int step;          /* next LM step */
     int n_frames;      /* frames emitted so far */
     int ignore_stop; /* 1: the stop column is masked before every c0 draw (runs to max_frames) */
+    int min_frames;  /* the stop column is masked while fewer frames than this are emitted (vLLM's
+                        min_tokens); 0 = none, at most max_frames */
     int done;
     enum generate_stop stop;
     float *hidden;  /* [2, hidden]: post-norm LM hidden of (cond, uncond) */

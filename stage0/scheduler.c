@@ -172,6 +172,7 @@ int sched_submit(struct sched *s, struct mm3_job *job)
         return -EINVAL;
     }
     r->prompt_len = n;
+    atomic_store(&job->prompt_tokens, n); /* usage of the SSE done event */
     r->max_frames = job->params.max_frames;
     /* max_model_len bounds prompt + frames; a long prompt shortens the song. */
     if (r->max_frames > s->cfg.max_ctx - n) r->max_frames = s->cfg.max_ctx - n;
@@ -352,6 +353,8 @@ static void admit(struct sched *s)
             continue;
         }
         r->g.ignore_stop = r->job->params.ignore_eos;
+        /* a long prompt may have shortened the song below its asked minimum */
+        r->g.min_frames = r->job->params.min_frames < r->max_frames ? r->job->params.min_frames : r->max_frames;
         r->attached = 1;
         if (s->cfg.journal_dir && s->cfg.journal_dir[0]) {
             char id[JOURNAL_ID_MAX];

@@ -1,6 +1,7 @@
 /* Output encoders: PCM16 conversion rule (common/wav.h's), WAV header bytes, whole-file vs
- * streamed output identity for any chunking, and the 32 kHz path equal to the
- * whole-buffer resampler of common/resample.h. */
+ * streamed output identity for any chunking, the 32 kHz path equal to the
+ * whole-buffer resampler of common/resample.h, and MP3 and Ogg Opus decoded back by
+ * libsndfile (libmpg123 and libopus inside: decoders independent of the encoders). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,6 +12,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <sndfile.h>
 
 #include "common/resample.h"
 #include "common/wav.h"
@@ -149,6 +152,149 @@ static void test_resampled_matches_resampler(void **state)
     free(x);
 }
 
+/* ---- MP3 and Ogg Opus, decoded back by libsndfile ---- */
+
+struct mem_file {
+    const uint8_t *data;
+    sf_count_t len, pos;
+};
+
+static sf_count_t mem_len(void *u)
+{
+    return ((struct mem_file *)u)->len;
+}
+
+static sf_count_t mem_seek(sf_count_t off, int whence, void *u)
+{
+    struct mem_file *m = u;
+    sf_count_t p = whence == SEEK_SET ? off : whence == SEEK_CUR ? m->pos + off : m->len + off;
+    if (p < 0 || p > m->len) return -1;
+    return m->pos = p;
+}
+
+static sf_count_t mem_read(void *dst, sf_count_t n, void *u)
+{
+    struct mem_file *m = u;
+    if (n > m->len - m->pos) n = m->len - m->pos;
+    memcpy(dst, m->data + m->pos, (size_t)n);
+    m->pos += n;
+    return n;
+}
+
+static sf_count_t mem_write(const void *src, sf_count_t n, void *u)
+{
+    return 0;
+}
+
+static sf_count_t mem_tell(void *u)
+{
+    return ((struct mem_file *)u)->pos;
+}
+
+/* Decode an encoded file; returns interleaved float frames (caller frees), or NULL when
+ * this libsndfile cannot read the format (the caller skips the check then). */
+static float *decode(const struct audio_buf *b, SF_INFO *info)
+{
+    SF_VIRTUAL_IO io = {mem_len, mem_seek, mem_read, mem_write, mem_tell};
+    struct mem_file m = {b->data, (sf_count_t)b->len, 0};
+    memset(info, 0, sizeof *info);
+    SNDFILE *f = sf_open_virtual(&io, SFM_READ, info, &m);
+    if (!f) {
+        print_message("libsndfile cannot read it: %s\n", sf_strerror(NULL));
+        return NULL;
+    }
+    /* MP3 without an Info frame has no length in its header: read until the end */
+    size_t cap = 1 << 16, n = 0;
+    float *x = malloc(cap * (size_t)info->channels * sizeof *x);
+    for (;;) {
+        if (n + 4096 > cap) {
+            cap *= 2;
+            x = realloc(x, cap * (size_t)info->channels * sizeof *x);
+        }
+        sf_count_t got = sf_readf_float(f, x + n * (size_t)info->channels, 4096);
+        if (got <= 0) break;
+        n += (size_t)got;
+    }
+    sf_close(f);
+    info->frames = (sf_count_t)n;
+    return x;
+}
+
+/* Frequency of channel c from its zero crossings over the middle half, in Hz. */
+static double crossing_hz(const float *x, size_t n, int channels, int c, int rate)
+{
+    size_t a = n / 4, z = 3 * n / 4, crossings = 0;
+    for (size_t i = a + 1; i < z; i++)
+        if ((x[(i - 1) * channels + c] < 0) != (x[i * channels + c] < 0)) crossings++;
+    return (double)crossings / 2.0 / ((double)(z - a) / rate);
+}
+
+static double rms(const float *x, size_t n, int channels, int c)
+{
+    double s = 0;
+    for (size_t i = n / 4; i < 3 * n / 4; i++)
+        s += (double)x[i * channels + c] * x[i * channels + c];
+    return sqrt(s / (double)(n / 2));
+}
+
+/* 2 s of signal() (351 Hz at 0.8 left, 91 Hz at 0.5 right) through MP3 and Ogg Opus,
+ * whole and streamed in uneven pieces: the same bytes either way, and the decoded audio
+ * has the length, pitch and level that went in. */
+static void test_lossy_decoded_back(void **state)
+{
+    size_t n = 88200;
+    float *x = signal(n);
+    const double left_hz = 0.05 * 44100 / (2 * M_PI), right_hz = 0.013 * 44100 / (2 * M_PI);
+    const enum mm3_audio_format fmts[] = {MM3_AUDIO_MP3, MM3_AUDIO_OPUS};
+    for (int k = 0; k < 2; k++) {
+        struct audio_buf w = {0}, s = {0};
+        encode_both(fmts[k], 44100, x, n, &w, &s);
+        assert_true(w.len > 1000);
+        assert_int_equal(s.len, w.len);
+        assert_memory_equal(s.data, w.data, w.len);
+        if (fmts[k] == MM3_AUDIO_MP3) /* an MPEG-1 Layer III frame header */
+            assert_true(w.data[0] == 0xff && (w.data[1] & 0xfe) == 0xfa);
+        else
+            assert_memory_equal(w.data, "OggS", 4);
+        SF_INFO info;
+        float *y = decode(&w, &info);
+        if (y) {
+            size_t got = (size_t)info.frames;
+            assert_int_equal(info.channels, 2);
+            /* MP3 adds the encoder's delay and pads to whole 1152-sample frames; Ogg Opus
+             * decodes at 48 kHz, trimmed to the exact length by its granule positions */
+            double want = fmts[k] == MM3_AUDIO_MP3 ? (double)n : (double)n * info.samplerate / 44100.0;
+            if (fmts[k] == MM3_AUDIO_MP3) {
+                assert_int_equal(info.samplerate, 44100);
+                if (got < n || got > n + 3 * 1152) fail_msg("mp3: %zu frames decoded for %zu", got, n);
+            } else if (fabs((double)got - want) > 960) {
+                fail_msg("opus: %zu frames decoded at %d Hz for %zu at 44100", got, info.samplerate, n);
+            }
+            double hl = crossing_hz(y, got, 2, 0, info.samplerate), hr = crossing_hz(y, got, 2, 1, info.samplerate);
+            if (fabs(hl - left_hz) > 0.01 * left_hz || fabs(hr - right_hz) > 0.03 * right_hz)
+                fail_msg("%s: decoded at %.1f / %.1f Hz, want %.1f / %.1f", audio_format_name(fmts[k]), hl, hr, left_hz,
+                         right_hz);
+            double rl = rms(y, got, 2, 0), rr = rms(y, got, 2, 1);
+            if (fabs(rl - 0.8 / M_SQRT2) > 0.05 || fabs(rr - 0.5 / M_SQRT2) > 0.05)
+                fail_msg("%s: decoded level %.3f / %.3f, want %.3f / %.3f", audio_format_name(fmts[k]), rl, rr,
+                         0.8 / M_SQRT2, 0.5 / M_SQRT2);
+            free(y);
+        }
+        audio_buf_free(&w);
+        audio_buf_free(&s);
+    }
+    /* 32 kHz: MP3 stays at 32 kHz (an MPEG-1 rate); Opus records it as the input rate */
+    struct audio_buf w = {0}, s = {0};
+    encode_both(MM3_AUDIO_MP3, 32000, x, n, &w, &s);
+    SF_INFO info;
+    float *y = decode(&w, &info);
+    if (y) assert_int_equal(info.samplerate, 32000);
+    free(y);
+    audio_buf_free(&w);
+    audio_buf_free(&s);
+    free(x);
+}
+
 static void test_bad_geometry(void **state)
 {
     struct audio_encoder *e;
@@ -170,7 +316,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pcm16_rule),          cmocka_unit_test(test_wav_header),
         cmocka_unit_test(test_stream_equals_whole), cmocka_unit_test(test_resampled_matches_resampler),
-        cmocka_unit_test(test_bad_geometry),
+        cmocka_unit_test(test_bad_geometry),        cmocka_unit_test(test_lossy_decoded_back),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

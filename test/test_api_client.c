@@ -1,6 +1,8 @@
 /* The mm3 client program against a server with the fake engine: generate
  * writes a complete WAV (sizes patched after streaming) with the engine's
- * samples, server errors exit 1 and leave no file, health reports readiness. */
+ * samples, server errors exit 1 and leave no file, health reports readiness;
+ * every bad numeric flag or format is exit 2 before anything is sent, --url
+ * takes /v1 or not, a 404 is explained, and a signal leaves no OUT.part. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,8 +11,10 @@
 #include <cmocka.h>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stdatomic.h>
 #include <sys/socket.h>
@@ -26,8 +30,8 @@ extern char **environ;
 
 static char mm3_bin[1024];
 
-/* Run mm3 with args (NULL-terminated); returns its exit status. */
-static int run_mm3(const char *const *args)
+/* Start mm3 with args (NULL-terminated), its stderr into err_path when not NULL. */
+static pid_t spawn_mm3(const char *const *args, const char *err_path)
 {
     const char *argv[32];
     int n = 0;
@@ -35,8 +39,19 @@ static int run_mm3(const char *const *args)
     for (; *args && n < 31; args++)
         argv[n++] = *args;
     argv[n] = NULL;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    if (err_path) posix_spawn_file_actions_addopen(&fa, 2, err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     pid_t pid;
-    assert_int_equal(posix_spawn(&pid, mm3_bin, NULL, NULL, (char *const *)argv, environ), 0);
+    assert_int_equal(posix_spawn(&pid, mm3_bin, &fa, NULL, (char *const *)argv, environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    return pid;
+}
+
+/* Run mm3 with args (NULL-terminated); returns its exit status. */
+static int run_mm3(const char *const *args)
+{
+    pid_t pid = spawn_mm3(args, NULL);
     int st;
     assert_int_equal(waitpid(pid, &st, 0), pid);
     assert_true(WIFEXITED(st));
@@ -63,6 +78,12 @@ static uint8_t *read_file(const char *path, size_t *len)
     fclose(f);
     *len = (size_t)n;
     return b;
+}
+
+static long long file_size_of(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 ? (long long)st.st_size : -1;
 }
 
 static uint32_t rd32(const uint8_t *b)
@@ -263,6 +284,162 @@ static void test_bounded_memory(void **state)
     free(dir);
 }
 
+/* Every malformed or out-of-range flag is refused with exit 2 and a message naming
+ * the flag, before any request reaches the server. */
+static void test_strict_flags(void **state)
+{
+    struct fixture *fx = fixture_start(FAKE_OK, 0);
+    char *dir = test_make_tmpdir("mm3strict");
+    char err[600], out[600];
+    snprintf(err, sizeof err, "%s/stderr.txt", dir);
+    snprintf(out, sizeof out, "%s/song.wav", dir);
+    static const char *const bad[][4] = {
+        {"--duration", "-1"},    {"--duration", "nan"},  {"--duration", "inf"},     {"--duration", "-inf"},
+        {"--duration", "2x"},    {"--duration", ""},     {"--duration", "0"},       {"--duration", "361"},
+        {"--duration", "1e999"}, {"--seed", "-1"},       {"--seed", "1.5"},         {"--seed", " 7"},
+        {"--seed", "7 "},        {"--seed", "+7"},       {"--seed", "9223372036854775808"},
+        {"--seed", "99999999999999999999999"},           {"--steps", "-1"},         {"--steps", "0"},
+        {"--steps", "201"},      {"--steps", "3x"},      {"--sample-rate", "48000"}, {"--sample-rate", "44100.0"},
+        {"--format", "ogg"},     {"--format", "WAV"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        const char *args[] = {"generate", "--caption", "c",   "--lyrics", "l",      bad[i][0], bad[i][1],
+                              "-o",       out,         "--url", fx->base,  "--quiet", NULL};
+        pid_t pid = spawn_mm3(args, err);
+        int st;
+        assert_int_equal(waitpid(pid, &st, 0), pid);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 2) fail_msg("%s '%s' was not refused with exit 2", bad[i][0], bad[i][1]);
+        size_t len;
+        char *msg = (char *)read_file(err, &len);
+        assert_non_null(msg);
+        msg = realloc(msg, len + 1);
+        msg[len] = 0;
+        if (!strstr(msg, bad[i][0])) fail_msg("%s '%s': the message does not name the flag: %s", bad[i][0], bad[i][1], msg);
+        free(msg);
+    }
+    /* The format: -o's extension and --format must agree; an unknown extension needs --format. */
+    static const char *const mismatch[][4] = {
+        {"-o", "x.mp3", "--format", "wav"}, {"-o", "x.flac", "--format", "pcm"}, {"-o", "x.xyz", NULL, NULL}};
+    for (size_t i = 0; i < sizeof mismatch / sizeof *mismatch; i++) {
+        char path[700];
+        snprintf(path, sizeof path, "%s/%s", dir, mismatch[i][1]);
+        const char *args[] = {"generate", "--caption", "c", "--lyrics", "l", "--url", fx->base, "--quiet",
+                              "-o", path, mismatch[i][2], mismatch[i][3], NULL};
+        if (run_mm3(args) != 2) fail_msg("-o %s --format %s was not refused", mismatch[i][1], mismatch[i][2]);
+    }
+    assert_int_equal(atomic_load(&fx->fe.submits), 0);
+    struct stat st;
+    assert_int_not_equal(stat(out, &st), 0);
+
+    /* Boundary values pass: a 64-bit seed at INT64_MAX, 200 steps, 32 kHz. */
+    const char *ok[] = {"generate", "--caption", "c", "--lyrics", "l", "--seed", "9223372036854775807", "--steps",
+                        "200", "--duration", "0.04", "--sample-rate", "32000", "-o", out, "--url", fx->base, "--quiet",
+                        NULL};
+    assert_int_equal(run_mm3(ok), 0);
+    assert_int_equal(atomic_load(&fx->fe.submits), 1);
+    fixture_stop(fx);
+    test_remove_tree(dir);
+    free(dir);
+}
+
+/* --url works with or without /v1 (and a trailing slash); a wrong path is a 404 the
+ * message explains; the format follows -o's extension. */
+static void test_url_and_format(void **state)
+{
+    struct fixture *fx = fixture_start(FAKE_OK, 0);
+    char *dir = test_make_tmpdir("mm3url");
+    char out[600], err[600], url[128];
+    snprintf(err, sizeof err, "%s/stderr.txt", dir);
+    static const char *const suffixes[] = {"", "/", "/v1", "/v1/"};
+    for (size_t i = 0; i < sizeof suffixes / sizeof *suffixes; i++) {
+        snprintf(url, sizeof url, "%s%s", fx->base, suffixes[i]);
+        snprintf(out, sizeof out, "%s/song%zu.pcm", dir, i);
+        const char *args[] = {"generate", "--caption", "c", "--lyrics", "l", "-o", out, "--url", url, "--quiet", NULL};
+        if (run_mm3(args) != 0) fail_msg("--url %s failed", url);
+        size_t len;
+        uint8_t *b = read_file(out, &len);
+        assert_non_null(b);
+        assert_int_equal(len, 5 * 4410 * 4); /* raw PCM: the format came from .pcm */
+        free(b);
+    }
+    snprintf(out, sizeof out, "%s/song.flac", dir);
+    const char *flac[] = {"generate", "--caption", "c", "--lyrics", "l", "-o", out, "--url", fx->base, "--quiet", NULL};
+    assert_int_equal(run_mm3(flac), 0);
+    size_t len;
+    uint8_t *b = read_file(out, &len);
+    assert_non_null(b);
+    assert_true(len > 4 && memcmp(b, "fLaC", 4) == 0);
+    free(b);
+    /* mp3 and opus too: an MPEG audio frame, an Ogg page */
+    static const char *const lossy[] = {"mp3", "opus"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(out, sizeof out, "%s/song.%s", dir, lossy[k]);
+        const char *args[] = {"generate", "--caption", "c", "--lyrics", "l", "-o", out, "--url", fx->base, "--quiet", NULL};
+        assert_int_equal(run_mm3(args), 0);
+        b = read_file(out, &len);
+        assert_non_null(b);
+        if (k == 0)
+            assert_true(len > 4 && b[0] == 0xff && (b[1] & 0xe0) == 0xe0);
+        else
+            assert_true(len > 4 && memcmp(b, "OggS", 4) == 0);
+        free(b);
+    }
+
+    snprintf(url, sizeof url, "%s/api", fx->base);
+    snprintf(out, sizeof out, "%s/lost.wav", dir);
+    const char *lost[] = {"generate", "--caption", "c", "--lyrics", "l", "-o", out, "--url", url, "--quiet", NULL};
+    pid_t pid = spawn_mm3(lost, err);
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 1);
+    char *msg = (char *)read_file(err, &len);
+    msg = realloc(msg, len + 1);
+    msg[len] = 0;
+    if (!strstr(msg, "404") || !strstr(msg, "--url")) fail_msg("the 404 is not explained: %s", msg);
+    free(msg);
+    struct stat sb;
+    char part[700];
+    snprintf(part, sizeof part, "%s.part", out);
+    assert_int_not_equal(stat(out, &sb), 0);
+    assert_int_not_equal(stat(part, &sb), 0);
+    fixture_stop(fx);
+    test_remove_tree(dir);
+    free(dir);
+}
+
+/* SIGINT or SIGTERM in the middle of a song: the client dies of the signal and
+ * leaves no OUT.part (nor OUT). */
+static void test_signal_removes_part(void **state)
+{
+    static const int sigs[] = {SIGINT, SIGTERM};
+    for (size_t i = 0; i < sizeof sigs / sizeof *sigs; i++) {
+        struct fixture *fx = fixture_start(FAKE_ENDLESS, 0);
+        fx->fe.delay_ms = 20;
+        char *dir = test_make_tmpdir("mm3sig");
+        char out[600], part[700];
+        snprintf(out, sizeof out, "%s/song.wav", dir);
+        snprintf(part, sizeof part, "%s.part", out);
+        const char *args[] = {"generate", "--caption", "c", "--lyrics", "l", "-o", out, "--url", fx->base, "--quiet",
+                              NULL};
+        pid_t pid = spawn_mm3(args, NULL);
+        bool streaming = false;
+        for (int t = 0; t < 1000 && !streaming; t++) {
+            streaming = file_size_of(part) > 44 * 2;
+            if (!streaming) sleep_ms(10);
+        }
+        assert_true(streaming);
+        assert_int_equal(kill(pid, sigs[i]), 0);
+        int st;
+        assert_int_equal(waitpid(pid, &st, 0), pid);
+        assert_true(WIFSIGNALED(st) && WTERMSIG(st) == sigs[i]);
+        if (file_size_of(part) >= 0) fail_msg("signal %d left %s", sigs[i], part);
+        assert_true(file_size_of(out) < 0);
+        fixture_stop(fx);
+        test_remove_tree(dir);
+        free(dir);
+    }
+}
+
 #define KEY "0123456789abcdef-client-key"
 
 static void with_key(struct http_server_config *cfg)
@@ -314,6 +491,9 @@ int main(void)
         cmocka_unit_test(test_generate_and_health),
         cmocka_unit_test(test_bounded_memory),
         cmocka_unit_test(test_api_key),
+        cmocka_unit_test(test_strict_flags),
+        cmocka_unit_test(test_url_and_format),
+        cmocka_unit_test(test_signal_removes_part),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -160,8 +160,9 @@ static void test_duration_rules(void **state)
 
 static void test_text_fields(void **state)
 {
-    expect_bad("{\"instructions\":\"pop\"}", "lyrics", "required");
-    expect_bad("{\"input\":\"la\"}", "caption", "required");
+    /* a missing text is named as OpenAI-style clients know it */
+    expect_bad("{\"instructions\":\"pop\"}", "input", "'input' (or 'lyrics') is required");
+    expect_bad("{\"input\":\"la\"}", "instructions", "'instructions' (or 'caption') is required");
     expect_bad("{\"input\":\" \\n\\t \",\"instructions\":\"pop\"}", "input", "empty");
     expect_bad("{\"lyrics\":\"\",\"instructions\":\"pop\"}", "lyrics", "empty");
     expect_bad("{\"input\":\"la\",\"caption\":\"  \"}", "caption", "empty");
@@ -184,7 +185,7 @@ static void test_field_errors(void **state)
 {
     expect_bad("{" BASE ",\"seed\":-1}", "seed", "out of range");
     expect_bad("{" BASE ",\"seed\":1.5}", "seed", "integer");
-    expect_bad("{" BASE ",\"response_format\":\"mp3\"}", "response_format", "wav, pcm or flac");
+    expect_bad("{" BASE ",\"response_format\":\"aac\"}", "response_format", "wav, pcm, flac, mp3 or opus");
     expect_bad("{" BASE ",\"response_format\":1}", "response_format", "string");
     expect_bad("{" BASE ",\"sample_rate\":48000}", "sample_rate", "44100 or 32000");
     expect_bad("{" BASE ",\"num_inference_steps\":0}", "num_inference_steps", "1..200");
@@ -198,7 +199,8 @@ static void test_field_errors(void **state)
     expect_bad("{" BASE ",\"stream\":\"yes\"}", "stream", "true or false");
     expect_bad("{" BASE ",\"ignore_eos\":1}", "ignore_eos", "true or false");
     expect_bad("{" BASE ",\"allow_stall\":\"yes\"}", "allow_stall", "true or false");
-    expect_bad("{" BASE ",\"stream_format\":\"sse\"}", "stream_format", "audio");
+    expect_bad("{" BASE ",\"stream_format\":\"websocket\"}", "stream_format", "\"audio\" (raw bytes) or \"sse\"");
+    expect_bad("{" BASE ",\"stream_format\":true}", "stream_format", "\"sse\"");
     expect_bad("{" BASE ",\"model\":3}", "model", "string");
     expect_bad("{" BASE ",\"voice\":\"alloy\"}", "voice", "no voices");
     expect_bad("{" BASE ",\"speed\":1.5}", "speed", "1.0");
@@ -206,8 +208,132 @@ static void test_field_errors(void **state)
     expect_bad("{" BASE ",\"top_p\":0.9}", "top_p", "recipe");
     expect_bad("{" BASE ",\"top_k\":50}", "top_k", "recipe");
     expect_bad("{" BASE ",\"repetition_penalty\":1.1}", "repetition_penalty", "recipe");
-    expect_bad("{" BASE ",\"ref_audio\":\"x\"}", "ref_audio", "unknown field");
+    expect_bad("{" BASE ",\"ref_audio\":\"x\"}", "ref_audio", "no reference audio");
     expect_bad("{" BASE ",\"durationS\":3}", "durationS", "unknown field");
+}
+
+/* vLLM-Omni and SGLang-Omni clients send their own fields, often explicitly at their
+ * defaults: the neutral values pass, anything mm3 cannot honour is a 400 naming the field,
+ * and truly unknown fields stay refused. */
+static void test_other_servers_fields(void **state)
+{
+    static const char *const neutral[] = {
+        "\"language\":null",       "\"language\":\"auto\"",      "\"language\":\"Auto\"",
+        "\"task_type\":null",      "\"task_type\":\"music\"",    "\"task_type\":\"Music\"",
+        "\"ref_audio\":null",      "\"ref_audio\":\"\"",         "\"ref_text\":null",
+        "\"ref_text\":\"\"",       "\"x_vector_only_mode\":false", "\"extra_params\":{}",
+        "\"extra_params\":null",   "\"speaker\":null",           "\"speaker\":\"Default\"",
+        "\"voice\":\"Default\"",   "\"voice\":\"DEFAULT\"",      "\"voice\":null",
+        "\"word_timestamps\":false", "\"word_timestamps\":null", "\"initial_codec_chunk_frames\":null",
+        "\"non_streaming_mode\":null",
+    };
+    for (size_t i = 0; i < sizeof neutral / sizeof *neutral; i++) {
+        char body[512];
+        snprintf(body, sizeof body, "{" BASE ",%s}", neutral[i]);
+        struct mm3_job_params p;
+        char f[64];
+        if (parse(body, &p, f) != 0) fail_msg("%s refused: %s", neutral[i], mm3_last_error());
+        mm3_job_params_free(&p);
+    }
+    /* All of them at once, as a vLLM-Omni client sends them. */
+    struct mm3_job_params p;
+    char f[64];
+    assert_int_equal(parse("{" BASE ",\"language\":\"Auto\",\"task_type\":null,\"ref_audio\":null,\"ref_text\":null,"
+                           "\"extra_params\":{},\"speaker\":null,\"word_timestamps\":false,\"voice\":\"default\"}",
+                           &p, f),
+                     0);
+    mm3_job_params_free(&p);
+
+    expect_bad("{" BASE ",\"language\":\"English\"}", "language", "\"auto\"");
+    expect_bad("{" BASE ",\"language\":5}", "language", "\"auto\"");
+    expect_bad("{" BASE ",\"task_type\":\"CustomVoice\"}", "task_type", "\"music\"");
+    expect_bad("{" BASE ",\"ref_text\":\"hello\"}", "ref_text", "no reference");
+    expect_bad("{" BASE ",\"x_vector_only_mode\":true}", "x_vector_only_mode", "no reference audio");
+    expect_bad("{" BASE ",\"extra_params\":{\"a\":1}}", "extra_params", "{}");
+    expect_bad("{" BASE ",\"extra_params\":[]}", "extra_params", "{}");
+    expect_bad("{" BASE ",\"speaker\":\"vivian\"}", "speaker", "no speakers");
+    expect_bad("{" BASE ",\"voice\":\"alloy\"}", "voice", "no voices");
+    expect_bad("{" BASE ",\"word_timestamps\":true}", "word_timestamps", "not produced");
+    expect_bad("{" BASE ",\"initial_codec_chunk_frames\":4}", "initial_codec_chunk_frames", "null");
+    expect_bad("{" BASE ",\"non_streaming_mode\":true}", "non_streaming_mode", "null");
+    expect_bad("{" BASE ",\"emotion\":null}", "emotion", "unknown field");
+}
+
+/* The minimum length: frames or seconds (rounded up), one of the two, never past the cap. */
+static void test_min_length(void **state)
+{
+    static const struct {
+        const char *extra;
+        int min_frames;
+    } ok[] = {
+        {"", 0},
+        {",\"min_new_tokens\":250", 250},
+        {",\"min_new_tokens\":null", 0},
+        {",\"min_duration_s\":30", 750},
+        {",\"min_duration_s\":10.01", 251},
+        {",\"min_duration_s\":0", 0},
+        {",\"duration_s\":20,\"min_duration_s\":20", 500},
+        {",\"max_new_tokens\":100,\"min_new_tokens\":100", 100},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
+        char body[256];
+        snprintf(body, sizeof body, "{" BASE "%s}", ok[i].extra);
+        struct mm3_job_params p;
+        char f[64];
+        if (parse(body, &p, f) != 0) fail_msg("%s refused: %s", ok[i].extra, mm3_last_error());
+        if (p.min_frames != ok[i].min_frames) fail_msg("%s: min_frames %d, want %d", ok[i].extra, p.min_frames, ok[i].min_frames);
+        mm3_job_params_free(&p);
+    }
+    expect_bad("{" BASE ",\"min_new_tokens\":10,\"min_duration_s\":1}", "min_duration_s", "only one");
+    expect_bad("{" BASE ",\"max_new_tokens\":100,\"min_new_tokens\":101}", "min_new_tokens", "length cap");
+    expect_bad("{" BASE ",\"duration_s\":10,\"min_duration_s\":10.5}", "min_duration_s", "length cap");
+    expect_bad("{" BASE ",\"min_new_tokens\":-1}", "min_new_tokens", "out of range");
+    expect_bad("{" BASE ",\"min_new_tokens\":9001}", "min_new_tokens", "0..9000");
+    expect_bad("{" BASE ",\"min_new_tokens\":1.5}", "min_new_tokens", "integer");
+    expect_bad("{" BASE ",\"min_duration_s\":\"30\"}", "min_duration_s", "number");
+    expect_bad("{" BASE ",\"min_duration_s\":361}", "min_duration_s", "out of range");
+}
+
+/* stream_format decides streaming when given (OpenAI's and vLLM-Omni's switch). */
+static void test_stream_format(void **state)
+{
+    static const struct {
+        const char *extra;
+        bool stream, sse;
+    } cases[] = {
+        {"", false, false},
+        {",\"stream\":true", true, false},
+        {",\"stream_format\":\"audio\"", true, false},
+        {",\"stream_format\":\"sse\"", true, true},
+        {",\"stream\":false,\"stream_format\":\"sse\"", true, true},
+        {",\"stream\":true,\"stream_format\":null", true, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char body[256];
+        snprintf(body, sizeof body, "{" BASE "%s}", cases[i].extra);
+        struct mm3_job_params p;
+        char f[64];
+        assert_int_equal(parse(body, &p, f), 0);
+        if (p.stream != cases[i].stream || p.sse != cases[i].sse)
+            fail_msg("%s: stream %d sse %d", cases[i].extra, p.stream, p.sse);
+        mm3_job_params_free(&p);
+    }
+}
+
+/* An integer past 64 bits is valid JSON: a seed of 2^63 or more is out of range. */
+static void test_seed_beyond_64_bits(void **state)
+{
+    expect_bad("{" BASE ",\"seed\":9223372036854775808}", "seed", "0..9223372036854775807");
+    expect_bad("{" BASE ",\"seed\":123456789012345678901234567890}", "seed", "out of range");
+    expect_bad("{" BASE ",\"seed\":-9223372036854775809}", "seed", "out of range");
+    expect_bad("{" BASE ",\"max_new_tokens\":99999999999999999999}", "max_new_tokens", "out of range");
+    /* nested, it stays a body error; and the largest seed passes */
+    expect_bad("{" BASE ",\"extra_params\":{\"seed\":99999999999999999999}}", "body", "invalid JSON");
+    struct mm3_job_params p;
+    char f[64];
+    assert_int_equal(parse("{" BASE ",\"seed\":9223372036854775807}", &p, f), 0);
+    assert_true(p.seed == 9223372036854775807ull);
+    mm3_job_params_free(&p);
 }
 
 static void test_malformed(void **state)
@@ -317,7 +443,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults), cmocka_unit_test(test_deploy_defaults),    cmocka_unit_test(test_all_fields),   cmocka_unit_test(test_duration_rules),
         cmocka_unit_test(test_text_fields), cmocka_unit_test(test_field_errors), cmocka_unit_test(test_malformed),
-        cmocka_unit_test(test_replay_file_confined),
+        cmocka_unit_test(test_replay_file_confined), cmocka_unit_test(test_other_servers_fields),
+        cmocka_unit_test(test_seed_beyond_64_bits), cmocka_unit_test(test_stream_format),
+        cmocka_unit_test(test_min_length),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

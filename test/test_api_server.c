@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include <FLAC/stream_decoder.h>
+#include <jansson.h>
 
 #include "common/http_client.h"
 #include "common/metrics.h"
@@ -176,6 +177,34 @@ static void test_flac(void **state)
     assert_true(r.chunked && r.complete);
     check_flac(r.body, r.body_len, 5 * 4410);
     http_client_response_free(&r);
+    fixture_stop(fx);
+}
+
+/* mp3 and opus over HTTP: their content types, and the streamed answer is the whole
+ * file's bytes (the encoders' own tests decode them back: test_api_audio). */
+static void test_mp3_opus(void **state)
+{
+    struct fixture *fx = fixture_start(FAKE_OK, 0);
+    fx->fe.delay_ms = 5;
+    static const char *const names[] = {"mp3", "opus"}, *const types[] = {"audio/mpeg", "audio/ogg"};
+    for (int k = 0; k < 2; k++) {
+        char body[256];
+        struct http_client_response whole, st;
+        snprintf(body, sizeof body, SONG ",\"response_format\":\"%s\"}", names[k]);
+        assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", body, &whole), 0);
+        assert_int_equal(whole.status, 200);
+        assert_string_equal(http_client_header(&whole, "content-type"), types[k]);
+        snprintf(body, sizeof body, SONG ",\"response_format\":\"%s\",\"stream\":true}", names[k]);
+        assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", body, &st), 0);
+        assert_int_equal(st.status, 200);
+        assert_true(st.chunked && st.complete && st.n_chunks >= 2);
+        assert_string_equal(http_client_header(&st, "content-type"), types[k]);
+        assert_true(whole.body_len > 1000);
+        assert_int_equal(st.body_len, whole.body_len);
+        assert_memory_equal(st.body, whole.body, whole.body_len);
+        http_client_response_free(&whole);
+        http_client_response_free(&st);
+    }
     fixture_stop(fx);
 }
 
@@ -608,10 +637,81 @@ static void test_health_metrics(void **state)
     assert_non_null(strstr(r.body, "mm3_real_time_factor_count 1\n"));
     assert_non_null(strstr(r.body, "mm3_audio_samples_total 22050\n"));
     http_client_response_free(&r);
+    fixture_stop(fx);
+}
+
+static void with_owner_model_name(struct http_server_config *cfg)
+{
+    cfg->model_name = "MiniMaxAI/MiniMax-Music3";
+}
+
+/* /v1/models lists the one model as OpenAI does (with `created`); /v1/models/{id} answers
+ * it, also when the id holds a '/', and any other id is a 404 naming param "model". */
+static void test_models(void **state)
+{
+    fixture_tweak = with_owner_model_name;
+    struct fixture *fx = fixture_start(FAKE_OK, 0);
+    time_t before = time(NULL);
+    struct http_client_response r;
     assert_int_equal(do_request(fx, "GET", "/v1/models", NULL, &r), 0);
     assert_int_equal(r.status, 200);
-    assert_non_null(strstr(r.body, "MiniMax-Music3"));
+    json_t *o = json_loads(r.body, 0, NULL);
+    assert_non_null(o);
+    assert_string_equal(json_string_value(json_object_get(o, "object")), "list");
+    json_t *m = json_array_get(json_object_get(o, "data"), 0);
+    assert_int_equal(json_array_size(json_object_get(o, "data")), 1);
+    assert_string_equal(json_string_value(json_object_get(m, "id")), "MiniMaxAI/MiniMax-Music3");
+    assert_string_equal(json_string_value(json_object_get(m, "object")), "model");
+    assert_string_equal(json_string_value(json_object_get(m, "owned_by")), "mm3");
+    json_int_t created = json_integer_value(json_object_get(m, "created"));
+    assert_true(json_is_integer(json_object_get(m, "created")));
+    assert_true(created > 1700000000 && created <= (json_int_t)before);
+    json_decref(o);
     http_client_response_free(&r);
+
+    assert_int_equal(do_request(fx, "GET", "/v1/models/MiniMaxAI/MiniMax-Music3", NULL, &r), 0);
+    assert_int_equal(r.status, 200);
+    o = json_loads(r.body, 0, NULL);
+    assert_string_equal(json_string_value(json_object_get(o, "id")), "MiniMaxAI/MiniMax-Music3");
+    assert_string_equal(json_string_value(json_object_get(o, "object")), "model");
+    assert_int_equal(json_integer_value(json_object_get(o, "created")), created);
+    json_decref(o);
+    http_client_response_free(&r);
+
+    assert_int_equal(do_request(fx, "GET", "/v1/models/tts-1", NULL, &r), 0);
+    assert_int_equal(r.status, 404);
+    o = json_loads(r.body, 0, NULL);
+    json_t *e = json_object_get(o, "error");
+    assert_string_equal(json_string_value(json_object_get(e, "param")), "model");
+    assert_non_null(strstr(json_string_value(json_object_get(e, "message")), "'tts-1'"));
+    json_decref(o);
+    http_client_response_free(&r);
+    assert_int_equal(do_request(fx, "POST", "/v1/models/MiniMaxAI/MiniMax-Music3", "{}", &r), 0);
+    assert_int_equal(r.status, 405);
+    http_client_response_free(&r);
+    fixture_stop(fx);
+}
+
+/* A missing `input` and a too-large seed are named in the 400's param. */
+static void test_error_params(void **state)
+{
+    struct fixture *fx = fixture_start(FAKE_OK, 0);
+    static const char *const cases[][2] = {
+        {"{\"instructions\":\"pop\"}", "input"},
+        {SONG ",\"seed\":18446744073709551616}", "seed"},
+        {SONG ",\"language\":\"French\"}", "language"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        struct http_client_response r;
+        assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", cases[i][0], &r), 0);
+        assert_int_equal(r.status, 400);
+        json_t *o = json_loads(r.body, 0, NULL);
+        const char *param = json_string_value(json_object_get(json_object_get(o, "error"), "param"));
+        if (!param || strcmp(param, cases[i][1]) != 0) fail_msg("%s: param %s, want %s", cases[i][0], param, cases[i][1]);
+        json_decref(o);
+        http_client_response_free(&r);
+    }
+    assert_int_equal(atomic_load(&fx->fe.submits), 0);
     fixture_stop(fx);
 }
 
@@ -1062,6 +1162,9 @@ int main(void)
         cmocka_unit_test(test_connection_limit),
         cmocka_unit_test(test_queue_depth_429),
         cmocka_unit_test(test_health_metrics),
+        cmocka_unit_test(test_models),
+        cmocka_unit_test(test_mp3_opus),
+        cmocka_unit_test(test_error_params),
         cmocka_unit_test(test_slow_and_idle_clients_cut_off),
         cmocka_unit_test(test_per_client_limit),
         cmocka_unit_test(test_health_answered_when_connections_exhausted),

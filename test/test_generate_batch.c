@@ -16,7 +16,8 @@
  *
  * Five songs start on consecutive steps with prompts of different lengths (every pair
  * at its own draw positions), one with guidance off, one with ignore_stop and a short
- * budget, one with an on_draw hook (never batched). The stop column's head row is a
+ * budget, one with an on_draw hook (never batched), one with a minimum length equal to the
+ * frame it stops at (the stop is masked up to that draw and allowed at it, on both paths). The stop column's head row is a
  * scaled copy of a code's row the model draws, so stops happen (mid-song, and before
  * the first frame: an error both paths must report alike). */
 /* clang-format off */
@@ -51,12 +52,12 @@
 struct spec {
     uint64_t seed;
     float cfg;
-    int ignore_stop, max_frames, hook;
+    int ignore_stop, max_frames, hook, min_frames;
 };
 
 static const struct spec k_specs[N_SONGS] = {
-    {11, 1.5f, 0, MAX_FRAMES, 0},     {12, 1.5f, 1, 9, 0}, {13, 1.0f, 0, MAX_FRAMES, 0}, {14, 1.5f, 0, MAX_FRAMES, 1},
-    {15, 2.5f, 0, MAX_FRAMES - 5, 0},
+    {11, 1.5f, 0, MAX_FRAMES, 0, 8}, {12, 1.5f, 1, 9, 0, 0}, {13, 1.0f, 0, MAX_FRAMES, 0, 0}, {14, 1.5f, 0, MAX_FRAMES, 1, 0},
+    {15, 2.5f, 0, MAX_FRAMES - 5, 0, 0},
 };
 
 static const int32_t k_prompt[2][6] = {
@@ -196,6 +197,7 @@ static void side_init(struct side *sd, const struct talker_backend *be, int batc
                                          k_specs[i].cfg, &hooks);
         if (rc < 0) fail_msg("attach: %s", mm3_last_error());
         sd->g[i].ignore_stop = k_specs[i].ignore_stop;
+        sd->g[i].min_frames = k_specs[i].min_frames;
     }
 }
 
@@ -295,6 +297,7 @@ static void run_lockstep(struct side *ref, struct side *bat, int copy_hidden, do
         assert_int_equal(a->draws, b->draws); /* the hooked song drew through the loop on both sides */
         stops += ref->g[i].stop == GENERATE_STOP_TOKEN;
         if (k_specs[i].ignore_stop) assert_int_equal(ref->g[i].stop, GENERATE_STOP_BUDGET);
+        if (ref->g[i].err == 0) assert_true(a->n >= k_specs[i].min_frames);
     }
     assert_true(ref->song[3].draws > 0);
     print_message("%d of %d songs ended by the stop code\n", stops, N_SONGS);

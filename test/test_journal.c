@@ -55,6 +55,7 @@ static struct mm3_job_params test_params(void)
         .lyrics = "[verse]\nla la \xc3\xa9t\xc3\xa9\n\"quoted\" \\ back",
         .caption = "a bright synth pop song",
         .max_frames = 1234,
+        .min_frames = 600,
         .seed = 18446744073709551557ull, /* above INT64_MAX: must survive JSON */
         .sample_rate = 32000,
         .num_inference_steps = 7,
@@ -88,6 +89,30 @@ static char *write_journal(const char *dir, const char *id, const int32_t *codes
     return path;
 }
 
+/* Every response format survives the journal (a re-sent song keeps its container). */
+static void test_format_round_trip(void **state)
+{
+    char *dir = test_make_tmpdir("journal_fmt");
+    const enum mm3_audio_format fmts[] = {MM3_AUDIO_WAV, MM3_AUDIO_PCM, MM3_AUDIO_FLAC, MM3_AUDIO_MP3, MM3_AUDIO_OPUS};
+    for (int k = 0; k < 5; k++) {
+        struct mm3_job_params p = test_params();
+        p.format = fmts[k];
+        char id[16];
+        snprintf(id, sizeof id, "fmt-%d", k);
+        struct journal *j;
+        assert_int_equal(journal_open_write(&j, dir, id, &p, NCB, 1024, &k_ids[0][0], 3), 0);
+        char *path = strdup(journal_path(j));
+        assert_int_equal(journal_close(j, JOURNAL_DONE, JOURNAL_STOP_TOKEN, 0), 0);
+        struct journal_record r;
+        assert_int_equal(journal_read(path, &r), 0);
+        assert_int_equal(r.h.params.format, fmts[k]);
+        journal_record_free(&r);
+        free(path);
+    }
+    test_remove_tree(dir);
+    free(dir);
+}
+
 static void test_round_trip(void **state)
 {
     (void)state;
@@ -102,6 +127,7 @@ static void test_round_trip(void **state)
     assert_string_equal(r.h.params.lyrics, p.lyrics);
     assert_true(r.h.params.seed == p.seed);
     assert_int_equal(r.h.params.max_frames, p.max_frames);
+    assert_int_equal(r.h.params.min_frames, 600);
     assert_int_equal(r.h.params.sample_rate, 32000);
     assert_int_equal(r.h.params.num_inference_steps, 7);
     assert_true(r.h.params.guidance_scale == p.guidance_scale);
@@ -966,6 +992,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_format_round_trip),
         cmocka_unit_test(test_torn_tail),
         cmocka_unit_test(test_corrupt),
         cmocka_unit_test(test_unwritable),

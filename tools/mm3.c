@@ -1,19 +1,23 @@
 /* mm3: command-line client of the mm3 server.
  *
  *   mm3 generate (--caption TEXT | --caption-file F) (--lyrics-file F | --lyrics TEXT)
- *                [--duration S] [--seed N] [-o song.wav] [--format wav|pcm|flac]
+ *                [--duration S] [--seed N] [-o song.wav] [--format wav|pcm|flac|mp3|opus]
  *                [--sample-rate 44100|32000] [--steps N] [--quiet] [--url URL] [--api-key KEY]
  *   mm3 health [--url URL]
  *   mm3 rerender ARGS...   (= mm3-rerender ARGS..., docs/journal.md)
  *
  * generate always streams (stream: true): audio is written as stage 1 finishes
  * each window, into OUT.part, renamed to OUT when the stream ended properly (a
- * streamed WAV's "unknown" sizes are patched then). Progress comes from
+ * streamed WAV's "unknown" sizes are patched then); on any failure, and on
+ * SIGINT/SIGTERM/SIGHUP, OUT.part is removed. Every numeric flag is checked in
+ * full (range, NaN, trailing junk) before anything is sent: exit 2. Progress comes from
  * GET /v1/audio/speech/{X-Request-Id}, polled from a second thread; on a
  * terminal it is a bar, otherwise a plain line per window. See docs/api.md. */
 #include <errno.h>
 #include <getopt.h>
+#include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -34,6 +38,10 @@
  * The audio itself goes to the output file as it arrives. */
 #define MAX_ERROR_BODY (64 * 1024)
 #define MAX_JSON_BODY (1 << 20)
+/* The model's own cap: 9000 frames at 25 per second; a deploy may cap lower (the server says so). */
+#define MAX_DURATION_S 360.0
+/* The server's range of num_inference_steps (stage0/api/api_request.c). */
+#define MAX_STEPS 200
 
 /* Sent as `Authorization: Bearer` on /v1 requests; NULL = none. */
 static const char *api_key;
@@ -42,13 +50,14 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage:\n"
                "  mm3 generate (--caption TEXT | --caption-file F) (--lyrics-file F | --lyrics TEXT)\n"
-               "               [--duration S] [--seed N] [-o song.wav] [--format wav|pcm|flac]\n"
+               "               [--duration S] [--seed N] [-o song.wav] [--format wav|pcm|flac|mp3|opus]\n"
                "               [--sample-rate 44100|32000] [--steps N] [--quiet] [--url URL]\n"
                "               [--api-key KEY]\n"
                "  mm3 health [--url URL]\n"
                "  mm3 rerender --model CKPT --journal FILE [...] -o OUT.wav   (runs mm3-rerender)\n"
-               "URL defaults to $MM3_URL, else " DEFAULT_URL ". KEY defaults to $MM3_API_KEY (a key\n"
-               "on the command line is visible to every local user in the process list).\n");
+               "URL (with or without /v1) defaults to $MM3_URL, else " DEFAULT_URL ". KEY defaults to\n"
+               "$MM3_API_KEY (a key on the command line is visible to every local user in the process list).\n"
+               "The format is -o's extension (.wav .pcm .flac .mp3 .opus) or --format; they must agree.\n");
 }
 
 static double now_s(void)
@@ -76,6 +85,121 @@ static char *read_text_file(const char *path)
     }
     buf[n] = 0;
     return buf;
+}
+
+/* ---- strict flags ---- */
+
+/* A finite decimal number in [lo, hi] with nothing after it; else a message naming the flag, and false. */
+static bool flag_double(const char *flag, const char *arg, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double x = strtod(arg, &end);
+    /* written so that NaN fails the range test too; strtod takes "inf" and "nan" */
+    if (end == arg || *end || errno == ERANGE || !isfinite(x) || !(x >= lo && x <= hi)) {
+        fprintf(stderr, "mm3: %s '%s': expected a number in %g..%g\n", flag, arg, lo, hi);
+        return false;
+    }
+    *out = x;
+    return true;
+}
+
+/* A decimal integer in [lo, hi] (lo >= 0) with no sign, spaces or junk; else a message, and false. */
+static bool flag_uint(const char *flag, const char *arg, unsigned long long lo, unsigned long long hi,
+                      unsigned long long *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(arg, &end, 10);
+    /* strtoull skips spaces and takes "-1" as 2^64 - 1: only digits are allowed */
+    if (!arg[0] || strspn(arg, "0123456789") != strlen(arg) || errno == ERANGE || end == arg || *end || x < lo ||
+        x > hi) {
+        fprintf(stderr, "mm3: %s '%s': expected an integer in %llu..%llu\n", flag, arg, lo, hi);
+        return false;
+    }
+    *out = x;
+    return true;
+}
+
+/* The server's base address: "http://h:p", "http://h:p/" and "http://h:p/v1[/]" all give
+ * "http://h:p", since the client adds /v1/... and /health itself. False when too long. */
+static bool base_url(const char *url, char *out, size_t cap)
+{
+    if (snprintf(out, cap, "%s", url) >= (int)cap) {
+        fprintf(stderr, "mm3: --url: longer than %zu characters\n", cap - 1);
+        return false;
+    }
+    size_t n = strlen(out);
+    while (n && out[n - 1] == '/')
+        out[--n] = 0;
+    if (n >= 3 && strcmp(out + n - 3, "/v1") == 0) out[n -= 3] = 0;
+    while (n && out[n - 1] == '/')
+        out[--n] = 0;
+    return true;
+}
+
+/* Audio formats by name and file extension, as the server's response_format takes them. */
+static const char *const formats[] = {"wav", "pcm", "flac", "mp3", "opus"};
+
+static bool format_known(const char *name)
+{
+    for (size_t i = 0; i < sizeof formats / sizeof *formats; i++)
+        if (strcmp(name, formats[i]) == 0) return true;
+    return false;
+}
+
+/* The format to ask for, from --format and -o's extension: the two must agree; without
+ * either it is WAV; an extension that is not an audio format needs --format. */
+static const char *format_resolve(const char *format, const char *out_path)
+{
+    if (format && !format_known(format)) {
+        fprintf(stderr, "mm3: --format '%s': expected wav, pcm, flac, mp3 or opus\n", format);
+        return NULL;
+    }
+    const char *slash = out_path ? strrchr(out_path, '/') : NULL;
+    const char *dot = out_path ? strrchr(slash ? slash : out_path, '.') : NULL;
+    if (!dot || dot[1] == 0) return format ? format : "wav";
+    const char *ext = dot + 1;
+    if (!format_known(ext)) {
+        if (format) return format;
+        fprintf(stderr, "mm3: -o '%s': '.%s' is not an audio format mm3 knows (wav, pcm, flac, mp3, opus): "
+                        "give --format\n", out_path, ext);
+        return NULL;
+    }
+    if (format && strcmp(format, ext) != 0) {
+        fprintf(stderr, "mm3: -o '%s' is .%s but --format is %s: make them agree\n", out_path, ext, format);
+        return NULL;
+    }
+    return ext;
+}
+
+/* ---- the partial file goes away on a signal too ---- */
+
+static char signal_part_path[4096];
+static volatile sig_atomic_t signal_part_armed;
+
+static void on_fatal_signal(int sig)
+{
+    if (signal_part_armed) unlink(signal_part_path); /* async-signal-safe */
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void part_cleanup_arm(const char *path)
+{
+    snprintf(signal_part_path, sizeof signal_part_path, "%s", path);
+    signal_part_armed = 1;
+    struct sigaction sa = {.sa_handler = on_fatal_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+}
+
+/* Before the rename: from then on the path is no longer ours to remove. */
+static void part_cleanup_disarm(void)
+{
+    signal_part_armed = 0;
 }
 
 /* ---- generate ---- */
@@ -128,8 +252,8 @@ static int on_headers(void *user, const struct http_client_response *r)
     g->max_frames = (v = http_client_header(r, "x-max-frames")) ? atoll(v) : 0;
     v = http_client_header(r, "content-type");
     g->wav = v && strcmp(v, "audio/wav") == 0;
-    /* FLAC bytes do not map to seconds; progress then relies on the server only. */
-    if (v && strcmp(v, "audio/flac") == 0) g->rate = 0;
+    /* Compressed bytes do not map to seconds; progress then relies on the server only. */
+    if (!v || (strcmp(v, "audio/wav") != 0 && strcmp(v, "audio/pcm") != 0)) g->rate = 0;
     g->header_bytes = g->wav ? 44 : 0;
     pthread_cond_broadcast(&g->cond);
     pthread_mutex_unlock(&g->mu);
@@ -173,7 +297,7 @@ struct progress {
 /* Ask the server; without an answer, estimate frames from the audio received. */
 static void progress_poll(struct gen *g, const char *id, struct progress *p)
 {
-    char url[512];
+    char url[1024 + 64];
     snprintf(url, sizeof url, "%s/v1/audio/speech/%s", g->base_url, id);
     struct http_client_response r;
     struct http_client_request rq = {
@@ -292,8 +416,9 @@ static int cmd_generate(int argc, char **argv, const char *url)
 {
     const char *caption = NULL, *caption_file = NULL, *lyrics = NULL, *lyrics_file = NULL;
     const char *out_path = NULL, *format = NULL;
-    double duration = -1;
-    long long seed = -1, steps = -1, rate = -1;
+    double duration = 0;
+    unsigned long long seed = 0, steps = 0, rate = 0;
+    bool has_duration = false, has_seed = false, has_steps = false, has_rate = false;
     bool quiet = false;
     static const struct option opts[] = {
         {"caption", required_argument, 0, 'c'},
@@ -315,7 +440,7 @@ static int cmd_generate(int argc, char **argv, const char *url)
     int ch;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "o:qh", opts, NULL)) != -1) {
-        char *end = NULL;
+        bool ok = true;
         switch (ch) {
         case 'c':
             caption = optarg;
@@ -330,16 +455,22 @@ static int cmd_generate(int argc, char **argv, const char *url)
             lyrics_file = optarg;
             break;
         case 'd':
-            duration = strtod(optarg, &end);
+            /* the smallest length is one frame (1/25 s) */
+            ok = has_duration = flag_double("--duration", optarg, 0.04, MAX_DURATION_S, &duration);
             break;
         case 's':
-            seed = strtoll(optarg, &end, 10);
+            ok = has_seed = flag_uint("--seed", optarg, 0, INT64_MAX, &seed);
             break;
         case 'n':
-            steps = strtoll(optarg, &end, 10);
+            ok = has_steps = flag_uint("--steps", optarg, 1, MAX_STEPS, &steps);
             break;
         case 'r':
-            rate = strtoll(optarg, &end, 10);
+            /* only the two rates stage 1 renders, spelled plainly */
+            ok = has_rate = !strcmp(optarg, "44100") || !strcmp(optarg, "32000");
+            if (ok)
+                rate = strtoull(optarg, NULL, 10);
+            else
+                fprintf(stderr, "mm3: --sample-rate '%s': expected 44100 or 32000\n", optarg);
             break;
         case 'o':
             out_path = optarg;
@@ -363,10 +494,7 @@ static int cmd_generate(int argc, char **argv, const char *url)
             usage(stderr);
             return 2;
         }
-        if (end && *end) {
-            fprintf(stderr, "mm3: not a number: '%s'\n", optarg);
-            return 2;
-        }
+        if (!ok) return 2;
     }
     if (optind != argc || !caption == !caption_file || !lyrics == !lyrics_file) {
         fprintf(stderr, "mm3 generate: give exactly one of --caption/--caption-file and one of "
@@ -374,11 +502,19 @@ static int cmd_generate(int argc, char **argv, const char *url)
         usage(stderr);
         return 2;
     }
-    if (!format) {
-        const char *dot = out_path ? strrchr(out_path, '.') : NULL;
-        format = dot && (!strcmp(dot, ".flac") || !strcmp(dot, ".pcm")) ? dot + 1 : "wav";
+    if (out_path && !out_path[0]) {
+        fprintf(stderr, "mm3: -o: expected a file name\n");
+        return 2;
     }
-    if (!out_path) out_path = !strcmp(format, "flac") ? "song.flac" : !strcmp(format, "pcm") ? "song.pcm" : "song.wav";
+    if (!(format = format_resolve(format, out_path))) return 2;
+    char out_default[16];
+    if (!out_path) {
+        snprintf(out_default, sizeof out_default, "song.%s", format);
+        out_path = out_default;
+    }
+    char base[1024];
+    if (!base_url(url, base, sizeof base)) return 2;
+    url = base;
 
     char *cap_buf = caption_file ? read_text_file(caption_file) : NULL;
     char *lyr_buf = lyrics_file ? read_text_file(lyrics_file) : NULL;
@@ -395,16 +531,21 @@ static int cmd_generate(int argc, char **argv, const char *url)
         fprintf(stderr, "mm3: caption and lyrics must be UTF-8 text\n");
         return 1;
     }
-    if (duration >= 0) json_object_set_new(req, "duration_s", json_real(duration));
-    if (seed >= 0) json_object_set_new(req, "seed", json_integer(seed));
-    if (steps >= 0) json_object_set_new(req, "num_inference_steps", json_integer(steps));
-    if (rate >= 0) json_object_set_new(req, "sample_rate", json_integer(rate));
+    if (has_duration) json_object_set_new(req, "duration_s", json_real(duration));
+    if (has_seed) json_object_set_new(req, "seed", json_integer((json_int_t)seed));
+    if (has_steps) json_object_set_new(req, "num_inference_steps", json_integer((json_int_t)steps));
+    if (has_rate) json_object_set_new(req, "sample_rate", json_integer((json_int_t)rate));
     char *body = json_dumps(req, JSON_COMPACT);
     json_decref(req);
 
     struct gen g = {.base_url = url, .out_path = out_path, .quiet = quiet};
     g.tty = !quiet && isatty(STDERR_FILENO);
-    snprintf(g.part_path, sizeof g.part_path, "%s.part", out_path);
+    if (snprintf(g.part_path, sizeof g.part_path, "%s.part", out_path) >= (int)sizeof g.part_path) {
+        fprintf(stderr, "mm3: -o: path too long\n");
+        free(body);
+        return 2;
+    }
+    part_cleanup_arm(g.part_path);
     g.out = fopen(g.part_path, "wb+");
     if (!g.out) {
         fprintf(stderr, "mm3: %s: %s\n", g.part_path, strerror(errno));
@@ -417,7 +558,7 @@ static int cmd_generate(int argc, char **argv, const char *url)
     pthread_t th;
     bool progress = !quiet && pthread_create(&th, NULL, progress_thread, &g) == 0;
 
-    char speech_url[512];
+    char speech_url[sizeof base + 32];
     snprintf(speech_url, sizeof speech_url, "%s/v1/audio/speech", url);
     struct http_client_request rq = {
         .url = speech_url,
@@ -444,6 +585,10 @@ static int cmd_generate(int argc, char **argv, const char *url)
     if (rc < 0) {
         fprintf(stderr, "%smm3: %s\n", g.tty ? "\n" : "", mm3_last_error());
         ret = 1;
+    } else if (resp.status == 404) {
+        fprintf(stderr, "%smm3: %s answered 404 Not Found: is --url the mm3 server's address "
+                        "(http://HOST:PORT, with or without /v1)?\n", g.tty ? "\n" : "", speech_url);
+        ret = 1;
     } else if (resp.status != 200) {
         fprintf(stderr, "%smm3: server answered %d: %s\n", g.tty ? "\n" : "", resp.status, error_message(&g));
         ret = 1;
@@ -458,13 +603,22 @@ static int cmd_generate(int argc, char **argv, const char *url)
         fprintf(stderr, "mm3: %s: %s\n", g.part_path, strerror(errno));
         ret = 1;
     }
+    /* Only this thread is left: with the signals held, the .part is either renamed or
+     * still armed for removal when one arrives. */
+    sigset_t fatal, old;
+    sigemptyset(&fatal);
+    sigaddset(&fatal, SIGINT);
+    sigaddset(&fatal, SIGTERM);
+    sigaddset(&fatal, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &fatal, &old);
     if (ret == 0 && rename(g.part_path, out_path) != 0) {
         fprintf(stderr, "mm3: rename to %s: %s\n", out_path, strerror(errno));
         ret = 1;
     }
-    if (ret != 0) {
-        unlink(g.part_path);
-    } else if (!quiet) {
+    if (ret != 0) unlink(g.part_path);
+    part_cleanup_disarm();
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (ret == 0 && !quiet) {
         if (g.tty) {
             /* Done: the song may have ended before its frame cap (end of music). */
             struct progress p = {g.last_frames, g.last_frames, g.last_windows, true};
@@ -499,8 +653,9 @@ static int cmd_health(int argc, char **argv, const char *url)
         }
         url = optarg;
     }
-    char full[512];
-    snprintf(full, sizeof full, "%s/health", url);
+    char base[1024], full[sizeof base + 16];
+    if (!base_url(url, base, sizeof base)) return 2;
+    snprintf(full, sizeof full, "%s/health", base);
     struct http_client_response r;
     struct http_client_request rq = {.url = full, .method = "GET", .timeout_ms = 5000, .max_body_bytes = MAX_JSON_BODY};
     if (http_client_request(&rq, &r) < 0) {

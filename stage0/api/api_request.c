@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -31,6 +32,62 @@ void api_limits_default(struct api_limits *lim)
 /* Fields whose values the model's recipe fixes: named in the 400 so a client
  * learns why its knob is refused rather than seeing it silently ignored. */
 static const char *const recipe_fixed[] = {"temperature", "top_p", "top_k", "repetition_penalty"};
+
+/* Fields other servers' clients send (vLLM-Omni's speech request, SGLang-Omni's): accepted at
+ * their neutral value, which asks for nothing this model does not do; any other value is a
+ * 400 naming the field, never silently ignored. */
+enum neutral_kind {
+    NEUTRAL_NULL,          /* only null */
+    NEUTRAL_FALSE,         /* null or false */
+    NEUTRAL_EMPTY_STRING,  /* null or "" */
+    NEUTRAL_EMPTY_OBJECT,  /* null or {} */
+    NEUTRAL_AUTO,          /* null or "auto" (any case) */
+    NEUTRAL_MUSIC,         /* null or "music" (any case) */
+    NEUTRAL_DEFAULT_VOICE, /* null, "" or "default" (any case) */
+};
+
+static const struct {
+    const char *name;
+    enum neutral_kind kind;
+    const char *why; /* what the 400 says after "field 'X': " */
+} neutral_fields[] = {
+    {"language", NEUTRAL_AUTO, "the lyrics set the language: use null or \"auto\""},
+    {"task_type", NEUTRAL_MUSIC, "this model has one task: use null or \"music\""},
+    {"ref_audio", NEUTRAL_EMPTY_STRING, "this model takes no reference audio: use null"},
+    {"ref_text", NEUTRAL_EMPTY_STRING, "this model takes no reference audio or text: use null"},
+    {"x_vector_only_mode", NEUTRAL_FALSE, "this model takes no reference audio: use null or false"},
+    {"extra_params", NEUTRAL_EMPTY_OBJECT, "no extra parameters are accepted: use null or {}"},
+    {"speaker", NEUTRAL_DEFAULT_VOICE, "this model has no speakers: use null, \"\" or \"default\""},
+    {"voice", NEUTRAL_DEFAULT_VOICE, "this model has no voices: use null, \"\" or \"default\""},
+    {"word_timestamps", NEUTRAL_FALSE, "word timestamps are not produced: use null or false"},
+    {"initial_codec_chunk_frames", NEUTRAL_NULL, "stage 1 sets the window size: use null"},
+    {"non_streaming_mode", NEUTRAL_NULL, "a speech prompt mode: use null"},
+};
+
+static bool neutral_value(enum neutral_kind kind, json_t *v)
+{
+    if (json_is_null(v)) return true;
+    const char *s = json_string_value(v);
+    switch (kind) {
+    case NEUTRAL_NULL:
+        return false;
+    case NEUTRAL_FALSE:
+        return json_is_false(v);
+    case NEUTRAL_EMPTY_STRING:
+        return s && !s[0];
+    case NEUTRAL_EMPTY_OBJECT:
+        return json_is_object(v) && json_object_size(v) == 0;
+    case NEUTRAL_AUTO:
+        return s && strcasecmp(s, "auto") == 0;
+    case NEUTRAL_MUSIC:
+        return s && strcasecmp(s, "music") == 0;
+    case NEUTRAL_DEFAULT_VOICE:
+        return s && (!s[0] || strcasecmp(s, "default") == 0);
+    }
+    return false;
+}
+
+#define RESPONSE_FORMATS "wav, pcm, flac, mp3 or opus"
 
 struct parse_ctx {
     const struct api_limits *lim;
@@ -71,9 +128,9 @@ static int take_text(struct parse_ctx *c, json_t *root, const char *compat, cons
     }
     json_t *v = a ? a : b;
     const char *name = a ? compat : ours;
-    if (!v) {
-        snprintf(c->field, c->field_cap, "%s", ours);
-        return mm3_errorf(-EINVAL, "field '%s' (or '%s') is required", ours, compat);
+    if (!v) { /* named as OpenAI-style clients know it */
+        snprintf(c->field, c->field_cap, "%s", compat);
+        return mm3_errorf(-EINVAL, "field '%s' (or '%s') is required", compat, ours);
     }
     if (!json_is_string(v)) return bad(c, name, "field '%s': expected a string%s", "");
     const char *s = json_string_value(v);
@@ -127,10 +184,10 @@ static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params
     const struct api_limits *lim = c->lim;
     static const char *const known[] = {
         "input",          "lyrics",    "instructions",    "caption",       "max_new_tokens",
+        "min_new_tokens", "min_duration_s",
         "duration_s",     "seed",      "response_format", "sample_rate",   "num_inference_steps",
         "guidance_scale", "cfg_scale", "stream",          "stream_format", "model",
-        "voice",          "speed",     "x_replay_file",   "ignore_eos",    "flow_shift",
-        "allow_stall",
+        "speed",          "x_replay_file", "ignore_eos",  "flow_shift",    "allow_stall",
     };
     const char *key;
     json_t *v;
@@ -141,6 +198,12 @@ static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params
                 return bad(c, key, "field '%s' is not accepted%s",
                            ": the model's recipe fixes the sampling parameters");
         bool found = false;
+        for (size_t i = 0; i < sizeof neutral_fields / sizeof *neutral_fields && !found; i++) {
+            if (strcmp(key, neutral_fields[i].name) != 0) continue;
+            if (!neutral_value(neutral_fields[i].kind, v))
+                return bad(c, key, "field '%s': %s", neutral_fields[i].why);
+            found = true;
+        }
         for (size_t i = 0; i < sizeof known / sizeof *known && !found; i++)
             found = strcmp(key, known[i]) == 0;
         for (size_t i = 0; i < sizeof recipe_fixed / sizeof *recipe_fixed && !found; i++)
@@ -176,6 +239,37 @@ static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params
         double f = floor(dv * lim->frame_rate);
         p->max_frames = f < 1 ? 1 : f > lim->max_frames ? lim->max_frames : (int32_t)f;
     }
+    /* The minimum length: vLLM's min_tokens, in frames or seconds (rounded up, so the song
+     * is at least that long), never past the length cap. */
+    json_t *min_frames_v = json_object_get(root, "min_new_tokens");
+    json_t *min_dur_v = json_object_get(root, "min_duration_s");
+    if (min_frames_v && json_is_null(min_frames_v)) min_frames_v = NULL;
+    if (min_dur_v && json_is_null(min_dur_v)) min_dur_v = NULL;
+    p->min_frames = 0;
+    if (min_frames_v && min_dur_v) {
+        snprintf(c->field, c->field_cap, "min_duration_s");
+        return mm3_errorf(-EINVAL, "fields 'min_new_tokens' and 'min_duration_s' both set the minimum length: "
+                                   "give only one");
+    }
+    if (min_frames_v) {
+        if ((rc = take_int(c, min_frames_v, "min_new_tokens", 0, lim->max_frames, &iv)) < 0) return rc;
+        p->min_frames = (int32_t)iv;
+    }
+    if (min_dur_v) {
+        if ((rc = take_number(c, min_dur_v, "min_duration_s", 0, lim->max_frames / lim->frame_rate, &dv)) < 0)
+            return rc;
+        /* the 1e-9 keeps 30.0 s at 750 frames where 30.0 * 25 lands a hair above */
+        double f = ceil(dv * lim->frame_rate - 1e-9);
+        p->min_frames = f < 0 ? 0 : f > lim->max_frames ? lim->max_frames : (int32_t)f;
+    }
+    if (p->min_frames > p->max_frames) {
+        const char *name = min_dur_v ? "min_duration_s" : "min_new_tokens";
+        char d[160];
+        snprintf(d, sizeof d, "%d frames (%.2f s) is more than the length cap of %d frames (%.2f s)", p->min_frames,
+                 p->min_frames / lim->frame_rate, p->max_frames, p->max_frames / lim->frame_rate);
+        return bad(c, name, "field '%s': %s", d);
+    }
+
     p->seed = lim->default_seed;
     if (GET("seed")) {
         if ((rc = take_int(c, v, "seed", 0, INT64_MAX, &iv)) < 0) return rc;
@@ -184,15 +278,22 @@ static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params
     p->format = MM3_AUDIO_WAV;
     if (GET("response_format")) {
         const char *s = json_string_value(v);
-        if (!s) return bad(c, "response_format", "field '%s': expected a string%s", ": wav, pcm or flac");
-        if (strcmp(s, "wav") == 0)
-            p->format = MM3_AUDIO_WAV;
-        else if (strcmp(s, "pcm") == 0)
-            p->format = MM3_AUDIO_PCM;
-        else if (strcmp(s, "flac") == 0)
-            p->format = MM3_AUDIO_FLAC;
-        else
-            return bad(c, "response_format", "field '%s': unsupported format%s: expected wav, pcm or flac", "");
+        if (!s) return bad(c, "response_format", "field '%s': expected a string%s", ": " RESPONSE_FORMATS);
+        static const struct {
+            const char *name;
+            enum mm3_audio_format format;
+        } formats[] = {{"wav", MM3_AUDIO_WAV},
+                       {"pcm", MM3_AUDIO_PCM},
+                       {"flac", MM3_AUDIO_FLAC},
+                       {"mp3", MM3_AUDIO_MP3},
+                       {"opus", MM3_AUDIO_OPUS}};
+        size_t i = 0;
+        while (i < sizeof formats / sizeof *formats && strcmp(s, formats[i].name) != 0)
+            i++;
+        /* aac among them: no Debian 12 main library encodes it well (docs/api.md) */
+        if (i == sizeof formats / sizeof *formats)
+            return bad(c, "response_format", "field '%s': unsupported format%s: expected " RESPONSE_FORMATS, "");
+        p->format = formats[i].format;
     }
     p->sample_rate = lim->default_sample_rate == 32000 ? 32000 : 44100;
     if (GET("sample_rate")) {
@@ -237,17 +338,17 @@ static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params
         if (!json_is_boolean(v)) return bad(c, "ignore_eos", "field '%s': expected true or false%s", "");
         p->ignore_eos = json_is_true(v);
     }
+    /* OpenAI's and vLLM-Omni's switch: when given it decides, whatever `stream` says. */
+    p->sse = false;
     if (GET("stream_format")) {
         const char *s = json_string_value(v);
-        if (!s || strcmp(s, "audio") != 0)
-            return bad(c, "stream_format", "field '%s': only \"audio\" is supported%s", " (raw bytes; no SSE)");
+        if (!s || (strcmp(s, "audio") != 0 && strcmp(s, "sse") != 0))
+            return bad(c, "stream_format", "field '%s': expected \"audio\" (raw bytes) or \"sse\"%s",
+                       " (OpenAI's speech.audio.* events)");
+        p->stream = true;
+        p->sse = strcmp(s, "sse") == 0;
     }
     if (GET("model") && !json_is_string(v)) return bad(c, "model", "field '%s': expected a string%s", "");
-    if (GET("voice")) {
-        const char *s = json_string_value(v);
-        if (!s || (s[0] && strcmp(s, "default") != 0))
-            return bad(c, "voice", "field '%s': this model has no voices%s", ": use \"\" or \"default\"");
-    }
     if (GET("speed")) {
         if (!is_number(v) || json_number_value(v) != 1.0)
             return bad(c, "speed", "field '%s': only 1.0 is supported%s", "");
@@ -273,6 +374,27 @@ static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params
     return 0;
 }
 
+/* Valid JSON with an integer past 64 bits (a seed >= 2^63) is an out-of-range value,
+ * not a syntax error: find the top-level field that holds it. False when there is none
+ * (the big number is nested, or the body is bad elsewhere). */
+static bool overflowed_field(const char *body, size_t len, char *field, size_t field_cap)
+{
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL, NULL);
+    const char *key;
+    json_t *v;
+    bool found = false;
+    if (json_is_object(root)) json_object_foreach(root, key, v)
+        {
+            /* 2^63: every integer jansson could not hold is at least this large */
+            if (!found && json_is_real(v) && fabs(json_real_value(v)) >= 9223372036854775808.0) {
+                snprintf(field, field_cap, "%s", key);
+                found = true;
+            }
+        }
+    json_decref(root);
+    return found;
+}
+
 int api_request_parse(const char *body, size_t len, const struct api_limits *lim, struct mm3_job_params *out,
                       char *field, size_t field_cap)
 {
@@ -281,6 +403,9 @@ int api_request_parse(const char *body, size_t len, const struct api_limits *lim
     if (field_cap) field[0] = 0;
     json_error_t jerr;
     json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root && json_error_code(&jerr) == json_error_numeric_overflow && overflowed_field(body, len, field, field_cap))
+        return mm3_errorf(-EINVAL, "field '%s': out of range: expected an integer in %s", field,
+                          strcmp(field, "seed") == 0 ? "0..9223372036854775807" : "64 bits");
     if (!root) {
         snprintf(field, field_cap, "body");
         return mm3_errorf(-EINVAL, "body: invalid JSON at line %d, column %d (byte %d): %s", jerr.line, jerr.column,

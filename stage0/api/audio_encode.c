@@ -10,37 +10,8 @@
 #include "common/error.h"
 #include "common/resample.h"
 #include "common/wav.h"
-
-/* ---- byte buffer ---- */
-
-int audio_buf_reserve(struct audio_buf *b, size_t n)
-{
-    if (b->len + n <= b->cap) return 0;
-    size_t cap = b->cap ? b->cap : 4096;
-    while (cap < b->len + n)
-        cap *= 2;
-    uint8_t *p = realloc(b->data, cap);
-    if (!p) return mm3_errorf(-ENOMEM, "audio buffer: out of memory for %zu bytes", cap);
-    b->data = p;
-    b->cap = cap;
-    return 0;
-}
-
-int audio_buf_append(struct audio_buf *b, const void *p, size_t n)
-{
-    int rc = audio_buf_reserve(b, n);
-    if (rc < 0) return rc;
-    if (n) memcpy(b->data + b->len, p, n);
-    b->len += n;
-    return 0;
-}
-
-void audio_buf_free(struct audio_buf *b)
-{
-    free(b->data);
-    b->data = NULL;
-    b->len = b->cap = 0;
-}
+#include "stage0/api/audio_mp3.h"
+#include "stage0/api/audio_opus.h"
 
 /* Move src's bytes to the end of dst; src ends empty. Swaps when dst is empty. */
 static int audio_buf_move(struct audio_buf *dst, struct audio_buf *src)
@@ -74,6 +45,10 @@ const char *audio_format_content_type(enum mm3_audio_format fmt)
         return "audio/pcm";
     case MM3_AUDIO_FLAC:
         return "audio/flac";
+    case MM3_AUDIO_MP3:
+        return "audio/mpeg";
+    case MM3_AUDIO_OPUS:
+        return "audio/ogg"; /* Ogg Opus (RFC 7845) */
     }
     return "application/octet-stream";
 }
@@ -87,6 +62,10 @@ const char *audio_format_name(enum mm3_audio_format fmt)
         return "pcm";
     case MM3_AUDIO_FLAC:
         return "flac";
+    case MM3_AUDIO_MP3:
+        return "mp3";
+    case MM3_AUDIO_OPUS:
+        return "opus";
     }
     return "?";
 }
@@ -101,6 +80,8 @@ struct audio_encoder {
     struct audio_buf file; /* whole-file mode: everything; streaming: pending bytes */
     size_t flac_pos;       /* FLAC write position in `file` (it seeks back at finish) */
     FLAC__StreamEncoder *flac;
+    struct audio_mp3 *mp3;
+    struct audio_opus *opus;
     int16_t *s16;     /* scratch */
     FLAC__int32 *s32; /* scratch */
     size_t scratch_frames;
@@ -175,7 +156,11 @@ int audio_encoder_create(struct audio_encoder **out, enum mm3_audio_format fmt, 
         audio_encoder_free(e);
         return mm3_error_prefix(rc, "sample_rate %d: ", out_rate);
     }
-    if (fmt == MM3_AUDIO_FLAC && (rc = flac_open(e)) < 0) {
+    rc = fmt == MM3_AUDIO_FLAC   ? flac_open(e)
+         : fmt == MM3_AUDIO_MP3  ? audio_mp3_open(&e->mp3, channels, out_rate)
+         : fmt == MM3_AUDIO_OPUS ? audio_opus_open(&e->opus, channels, out_rate)
+                                 : 0;
+    if (rc < 0) {
         audio_encoder_free(e);
         return rc;
     }
@@ -230,6 +215,10 @@ static int encode_frames(struct audio_encoder *e, const float *pcm, size_t n_fra
             rc = mm3_errorf(-EIO, "flac encoder: %s", FLAC__stream_encoder_get_resolved_state_string(e->flac));
             goto fail;
         }
+    } else if (e->fmt == MM3_AUDIO_MP3) {
+        if ((rc = audio_mp3_encode(e->mp3, e->s16, n_frames, &e->file)) < 0) goto fail;
+    } else if (e->fmt == MM3_AUDIO_OPUS) {
+        if ((rc = audio_opus_encode(e->opus, e->s16, n_frames, &e->file)) < 0) goto fail;
     } else {
         /* Little-endian host assumed (x86-64, aarch64): int16 memory is PCM16 LE. */
         if ((rc = audio_buf_append(&e->file, e->s16, n * sizeof(int16_t))) < 0) goto fail;
@@ -315,6 +304,8 @@ int audio_encoder_finish(struct audio_encoder *e, struct audio_buf *out)
             return mm3_errorf(-EIO, "flac encoder: finish failed: %s",
                               FLAC__stream_encoder_get_resolved_state_string(e->flac));
     }
+    if (e->fmt == MM3_AUDIO_MP3 && (rc = audio_mp3_finish(e->mp3, &e->file)) < 0) return rc;
+    if (e->fmt == MM3_AUDIO_OPUS && (rc = audio_opus_finish(e->opus, &e->file)) < 0) return rc;
     if (e->fmt == MM3_AUDIO_WAV && !e->streaming) {
         if (e->data_bytes > 0xFFFFFFFFu - 36u)
             return mm3_errorf(-EFBIG, "wav: %llu data bytes do not fit a RIFF header",
@@ -328,6 +319,8 @@ void audio_encoder_free(struct audio_encoder *e)
 {
     if (!e) return;
     if (e->flac) FLAC__stream_encoder_delete(e->flac);
+    audio_mp3_free(e->mp3);
+    audio_opus_free(e->opus);
     audio_buf_free(&e->file);
     free(e->s16);
     free(e->s32);

@@ -1,5 +1,5 @@
-/* Output encoders for the HTTP API: WAV (PCM16), raw PCM16 LE and FLAC, each
- * usable whole-file or streaming.
+/* Output encoders for the HTTP API: WAV (PCM16), raw PCM16 LE, FLAC, MP3
+ * (audio_mp3.h) and Ogg Opus (audio_opus.h), each usable whole-file or streaming.
  *
  * Input is float32 interleaved PCM, converted to PCM16 by the project's one rule
  * (common/wav.h wav_sample_pcm16: NaN -> 0, clamp to [-1, 1], x * 32767 rounded
@@ -11,7 +11,8 @@
  * Streaming (streaming = true): `out` may be a fresh or drained buffer each
  * call; bytes appended are ready to send. A streamed WAV carries 0xFFFFFFFF in
  * both RIFF size fields (as vLLM-Omni does: "length unknown"); a streamed FLAC
- * has total_samples = 0 and no MD5 in STREAMINFO (allowed by the format).
+ * has total_samples = 0 and no MD5 in STREAMINFO (allowed by the format). MP3 and
+ * Ogg Opus are the same bytes either way (no header is patched at the end).
  *
  * Sample-rate conversion (out_rate != in_rate, e.g. 44100 -> 32000 as the
  * reference servers deliver) runs the streaming resampler of common/resample.h
@@ -24,24 +25,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "stage0/api/audio_buf.h"
 #include "stage0/api/job.h"
 
-/* Growable byte buffer. */
-struct audio_buf {
-    uint8_t *data;
-    size_t len, cap;
-};
-
-int audio_buf_reserve(struct audio_buf *b, size_t n);
-int audio_buf_append(struct audio_buf *b, const void *p, size_t n);
-void audio_buf_free(struct audio_buf *b);
 
 /* float32 -> int16: wav_sample_pcm16 on each sample. */
 void audio_pcm16_from_f32(int16_t *dst, const float *src, size_t n);
 
 /* MIME type sent as Content-Type. */
 const char *audio_format_content_type(enum mm3_audio_format fmt);
-/* "wav", "pcm", "flac". */
+/* "wav", "pcm", "flac", "mp3", "opus". */
 const char *audio_format_name(enum mm3_audio_format fmt);
 
 struct audio_encoder;

@@ -26,6 +26,7 @@
 #include "stage0/api/api_conns.h"
 #include "stage0/api/api_jobs.h"
 #include "stage0/api/audio_encode.h"
+#include "stage0/api/sse.h"
 
 #define SPEECH_PATH "/v1/audio/speech"
 #define STREAM_BLOCK_BYTES (64 * 1024)
@@ -45,9 +46,21 @@ struct http_server {
     _Atomic size_t buffered; /* bytes reserved by whole-file answers (max_buffered_bytes) */
     struct api_jobs jobs;    /* answers in progress, for GET /v1/audio/speech/{id} */
     struct api_conns conns;  /* open connections: per-client limit, read deadline, slots */
+    int64_t created;         /* Unix time the server started: the model object's `created` */
 };
 
-enum route { ROUTE_NONE = 0, ROUTE_SPEECH, ROUTE_PROGRESS, ROUTE_HEALTH, ROUTE_LIVE, ROUTE_METRICS, ROUTE_MODELS };
+enum route {
+    ROUTE_NONE = 0,
+    ROUTE_SPEECH,
+    ROUTE_PROGRESS,
+    ROUTE_HEALTH,
+    ROUTE_LIVE,
+    ROUTE_METRICS,
+    ROUTE_MODELS,
+    ROUTE_MODEL, /* GET /v1/models/{id} */
+};
+
+#define MODELS_PATH "/v1/models"
 
 /* Per-request state (MHD's con_cls), freed when MHD reports the request done. */
 struct api_req {
@@ -69,6 +82,7 @@ struct api_stream {
     struct audio_encoder *enc;
     struct audio_buf pending;
     size_t pending_off;
+    struct audio_buf raw; /* sse: encoded audio before it is wrapped into events */
     int fd;
     int64_t t_start_ns;
     bool ended;    /* encoder finished; send what is pending, then end */
@@ -271,7 +285,8 @@ static void job_cancel(struct http_server *s, struct mm3_job *job)
 static void add_audio_headers(struct MHD_Response *r, const struct mm3_job *job)
 {
     char v[32];
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, audio_format_content_type(job->params.format));
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
+                            job->params.sse ? SSE_CONTENT_TYPE : audio_format_content_type(job->params.format));
     MHD_add_response_header(r, "X-Request-Id", job->public_id);
     snprintf(v, sizeof v, "%d", job->params.sample_rate);
     MHD_add_response_header(r, "X-Sample-Rate", v);
@@ -309,6 +324,21 @@ static void stream_record(struct api_stream *st, enum metrics_outcome o)
              seconds_since(st->t_start_ns), (long long)atomic_load(&st->job->pcm_frames_pushed));
 }
 
+/* Where the encoder writes: the bytes to send, or for SSE the audio to wrap first. */
+static struct audio_buf *stream_sink(struct api_stream *st)
+{
+    return st->job->params.sse ? &st->raw : &st->pending;
+}
+
+/* SSE: wrap what the encoder made into one speech.audio.delta event. */
+static int stream_wrap(struct api_stream *st)
+{
+    if (!st->job->params.sse) return 0;
+    int rc = sse_audio_delta(&st->pending, st->raw.data, st->raw.len);
+    st->raw.len = 0;
+    return rc;
+}
+
 /* Encode one popped chunk into st->pending. Returns 1 more data, 0 end, < 0 error. */
 static int stream_take(struct api_stream *st, struct mm3_job_chunk *ch)
 {
@@ -316,12 +346,17 @@ static int stream_take(struct api_stream *st, struct mm3_job_chunk *ch)
     switch (ch->kind) {
     case MM3_CHUNK_PCM:
         metrics_counter_add(&mm3_metrics.audio_samples, ch->n_frames);
-        rc = audio_encoder_write(st->enc, ch->pcm, ch->n_frames, &st->pending);
+        rc = audio_encoder_write(st->enc, ch->pcm, ch->n_frames, stream_sink(st));
         mm3_job_chunk_release(ch);
+        if (rc == 0) rc = stream_wrap(st);
         return rc < 0 ? rc : 1;
     case MM3_CHUNK_END:
         st->ended = true;
-        rc = audio_encoder_finish(st->enc, &st->pending);
+        rc = audio_encoder_finish(st->enc, stream_sink(st));
+        if (rc == 0) rc = stream_wrap(st);
+        if (rc == 0 && st->job->params.sse)
+            rc = sse_audio_done(&st->pending, atomic_load(&st->job->prompt_tokens),
+                                atomic_load(&st->job->frames_done));
         if (rc == 0) {
             observe_done(st->job, st->t_start_ns);
             stream_record(st, METRICS_OUTCOME_OK);
@@ -330,7 +365,14 @@ static int stream_take(struct api_stream *st, struct mm3_job_chunk *ch)
     case MM3_CHUNK_ERROR: {
         char msg[512];
         int status = mm3_job_error(st->job, msg, sizeof msg);
-        return mm3_errorf(-EIO, "job %llu failed mid-stream (%d): %s", (unsigned long long)st->job->id, status, msg);
+        rc = mm3_errorf(-EIO, "job %llu failed mid-stream (%d): %s", (unsigned long long)st->job->id, status, msg);
+        if (!st->job->params.sse) return rc;
+        /* An event stream can say it: the error event ends it instead of done. */
+        char esc[600];
+        LOG_ERROR("%s", mm3_log_escape(esc, sizeof esc, mm3_last_error()));
+        st->ended = true;
+        stream_record(st, METRICS_OUTCOME_FAILED);
+        return sse_audio_error(&st->pending, status >= 400 && status <= 599 ? status : 500, msg);
     }
     }
     return -EINVAL;
@@ -388,6 +430,7 @@ static void stream_free(void *cls)
     api_jobs_remove(&st->srv->jobs, st->job);
     audio_encoder_free(st->enc);
     audio_buf_free(&st->pending);
+    audio_buf_free(&st->raw);
     mm3_job_unref(st->job);
     free(st);
 }
@@ -692,7 +735,7 @@ static enum MHD_Result handle_speech(struct http_server *s, struct MHD_Connectio
     }
     LOG_INFO("job %llu: accepted as %s: %d frames, seed %llu, %s%s", (unsigned long long)job->id, job->public_id,
              job->params.max_frames, (unsigned long long)job->params.seed, audio_format_name(job->params.format),
-             job->params.stream ? ", streamed" : "");
+             job->params.sse ? ", streamed as events" : job->params.stream ? ", streamed" : "");
     int fd = connection_fd(c);
     /* Not listed = no progress reports; the answer itself is unaffected. */
     (void)api_jobs_add(&s->jobs, job);
@@ -804,11 +847,27 @@ static enum MHD_Result handle_metrics(struct http_server *s, struct MHD_Connecti
     return ret;
 }
 
+/* OpenAI's model object; `created` is when this server started (the checkpoint has no date). */
+static json_t *model_object(const struct http_server *s)
+{
+    return json_pack("{s:s, s:s, s:I, s:s}", "id", s->cfg.model_name, "object", "model", "created",
+                     (json_int_t)s->created, "owned_by", "mm3");
+}
+
 static enum MHD_Result handle_models(struct http_server *s, struct MHD_Connection *c)
 {
-    json_t *o = json_pack("{s:s, s:[{s:s, s:s, s:s}]}", "object", "list", "data", "id", s->cfg.model_name, "object",
-                          "model", "owned_by", "mm3");
-    return queue_json(c, MHD_HTTP_OK, o, 0);
+    return queue_json(c, MHD_HTTP_OK, json_pack("{s:s, s:[o]}", "object", "list", "data", model_object(s)), 0);
+}
+
+/* GET /v1/models/{id}: the one model, or 404 naming the one there is. The id may hold
+ * a '/' (an "owner/name" checkpoint name), so it is everything after the prefix. */
+static enum MHD_Result handle_model(struct http_server *s, struct MHD_Connection *c, const char *url)
+{
+    const char *id = url + strlen(MODELS_PATH "/");
+    if (strcmp(id, s->cfg.model_name) == 0) return queue_json(c, MHD_HTTP_OK, model_object(s), 0);
+    char msg[512];
+    snprintf(msg, sizeof msg, "no model '%.200s' here: this server serves '%.200s'", id, s->cfg.model_name);
+    return queue_error(c, MHD_HTTP_NOT_FOUND, "model", msg, 0);
 }
 
 /* ---- routing ---- */
@@ -823,13 +882,17 @@ static enum route route_of(const char *url, const char *method, bool *method_ok,
         *method_ok = strcmp(method, MHD_HTTP_METHOD_GET) == 0 || strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
         return ROUTE_PROGRESS;
     }
+    if (strncmp(url, MODELS_PATH "/", strlen(MODELS_PATH "/")) == 0 && url[strlen(MODELS_PATH "/")]) {
+        *method_ok = strcmp(method, MHD_HTTP_METHOD_GET) == 0 || strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
+        return ROUTE_MODEL;
+    }
     struct {
         const char *path, *method;
         enum route r;
     } table[] = {
         {SPEECH_PATH, MHD_HTTP_METHOD_POST, ROUTE_SPEECH},    {"/health", MHD_HTTP_METHOD_GET, ROUTE_HEALTH},
         {"/health/ready", MHD_HTTP_METHOD_GET, ROUTE_HEALTH}, {"/health/live", MHD_HTTP_METHOD_GET, ROUTE_LIVE},
-        {"/metrics", MHD_HTTP_METHOD_GET, ROUTE_METRICS},     {"/v1/models", MHD_HTTP_METHOD_GET, ROUTE_MODELS},
+        {"/metrics", MHD_HTTP_METHOD_GET, ROUTE_METRICS},     {MODELS_PATH, MHD_HTTP_METHOD_GET, ROUTE_MODELS},
     };
     for (size_t i = 0; i < sizeof table / sizeof *table; i++) {
         if (strcmp(url, table[i].path) != 0) continue;
@@ -1073,6 +1136,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return handle_metrics(s, c);
     case ROUTE_MODELS:
         return handle_models(s, c);
+    case ROUTE_MODEL:
+        return handle_model(s, c, url);
     case ROUTE_NONE:
         break;
     }
@@ -1162,6 +1227,7 @@ int http_server_start(struct http_server **out, const struct http_server_config 
         return mm3_errorf(-ENOMEM, "http server: out of memory");
     }
     s->cfg = *cfg;
+    s->created = (int64_t)time(NULL);
     s->engine = engine;
     if (api_conns_init(&s->conns, cfg->request_read_timeout_s) < 0) {
         freeaddrinfo(ai);

@@ -34,13 +34,14 @@ enum mm3_job_state {
     MM3_JOB_CANCELLED,  /* client went away */
 };
 
-enum mm3_audio_format { MM3_AUDIO_WAV = 0, MM3_AUDIO_PCM, MM3_AUDIO_FLAC };
+enum mm3_audio_format { MM3_AUDIO_WAV = 0, MM3_AUDIO_PCM, MM3_AUDIO_FLAC, MM3_AUDIO_MP3, MM3_AUDIO_OPUS };
 
 /* Validated request parameters (see docs/api.md for the HTTP field names). */
 struct mm3_job_params {
     char *lyrics;       /* UTF-8, owned by the job, non-empty after trimming */
     char *caption;      /* UTF-8, owned by the job, non-empty after trimming */
     int32_t max_frames; /* AR frames cap, 1..limit (25 per second) */
+    int32_t min_frames; /* the stop code cannot be drawn before this many frames, 0..max_frames */
     uint64_t seed;
     int32_t sample_rate; /* output rate: 44100 or 32000 */
     int32_t num_inference_steps;
@@ -49,6 +50,7 @@ struct mm3_job_params {
     float cfg_scale;      /* AR CFG */
     enum mm3_audio_format format;
     bool stream;
+    bool sse;         /* streamed as OpenAI's server-sent events (stream_format "sse"); implies stream */
     bool allow_stall; /* streamed: start without waiting for real-time capacity; its audio may stall
                          (stage 1 gives its windows no deadline: stage0/admission.h) */
     bool ignore_eos; /* never draw the stop code: the song runs to max_frames (vLLM's ignore_eos; benchmarks) */
@@ -81,6 +83,7 @@ struct mm3_job {
     _Atomic int64_t frames_done;  /* AR frames generated */
     _Atomic int64_t windows_done; /* stage-1 windows decoded */
     _Atomic int64_t frames_total; /* planned frames (<= max_frames; the engine may lower it at EOS) */
+    _Atomic int32_t prompt_tokens; /* prompt length in tokens (per CFG row), set when the engine accepts it */
     _Atomic int64_t pcm_frames_pushed;
     _Atomic int64_t t_first_audio_ns; /* CLOCK_MONOTONIC of the first PCM push, 0 before */
     _Atomic int32_t queue_position;   /* 1-based place among the songs waiting to start, 0 = not waiting */

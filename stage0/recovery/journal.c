@@ -123,7 +123,11 @@ const char *journal_status_name(enum journal_status s)
 
 static const char *format_name(enum mm3_audio_format f)
 {
-    return f == MM3_AUDIO_PCM ? "pcm" : f == MM3_AUDIO_FLAC ? "flac" : "wav";
+    return f == MM3_AUDIO_PCM    ? "pcm"
+           : f == MM3_AUDIO_FLAC ? "flac"
+           : f == MM3_AUDIO_MP3  ? "mp3"
+           : f == MM3_AUDIO_OPUS ? "opus"
+                                 : "wav";
 }
 
 /* ---- writing ---- */
@@ -201,6 +205,11 @@ static char *header_json(const char *req_id, const struct mm3_job_params *p, int
         "cfg_scale", (double)p->cfg_scale, "format", format_name(p->format), "stream", (int)p->stream, "n_codebooks",
         ncb, "c0_codes", SAMPLER_N_CODES, "audio_vocab", audio_vocab, "prompt_len", prompt_len, "prompt_hash", h,
         "created_unix_ms", (json_int_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
+    /* the minimum length masks the stop code: a re-sent song must keep it to be the same song */
+    if (o && json_object_set_new(o, "min_frames", json_integer(p->min_frames)) < 0) {
+        json_decref(o);
+        return NULL;
+    }
     if (!o) return NULL;
     char *s = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
     json_decref(o);
@@ -470,7 +479,7 @@ static int parse_header(const char *path, const char *json, size_t n, struct jou
     json_error_t e;
     json_t *o = json_loadb(json, n, 0, &e);
     if (!o) return mm3_errorf(-EINVAL, "journal %s: header JSON: %s", path, e.text);
-    int64_t mf, sr, steps, ncb, c0n, av, pl, ms = 0;
+    int64_t mf, sr, steps, ncb, c0n, av, pl, ms = 0, minf = 0;
     json_t *id = json_object_get(o, "request_id"), *seed = json_object_get(o, "seed");
     json_t *cap = json_object_get(o, "caption"), *lyr = json_object_get(o, "lyrics");
     json_t *gs = json_object_get(o, "guidance_scale"), *cs = json_object_get(o, "cfg_scale");
@@ -489,6 +498,9 @@ static int parse_header(const char *path, const char *json, size_t n, struct jou
         bad = "lyrics";
     else if (json_get_int(o, "max_frames", 0, INT32_MAX, &mf) < 0)
         bad = "max_frames";
+    /* absent in journals written before the field existed: no minimum */
+    else if (json_object_get(o, "min_frames") && json_get_int(o, "min_frames", 0, mf, &minf) < 0)
+        bad = "min_frames";
     else if (json_get_int(o, "sample_rate", 0, INT32_MAX, &sr) < 0)
         bad = "sample_rate";
     else if (json_get_int(o, "num_inference_steps", 0, INT32_MAX, &steps) < 0)
@@ -532,13 +544,18 @@ static int parse_header(const char *path, const char *json, size_t n, struct jou
     h->params.lyrics = strdup(json_string_value(lyr));
     h->params.seed = sv;
     h->params.max_frames = (int32_t)mf;
+    h->params.min_frames = (int32_t)minf;
     h->params.sample_rate = (int32_t)sr;
     h->params.num_inference_steps = (int32_t)steps;
     h->params.guidance_scale = (float)json_number_value(gs);
     h->params.cfg_scale = (float)json_number_value(cs);
     h->params.flow_shift = fs ? (float)json_number_value(fs) : 0.0f;
     const char *f = json_string_value(fmt);
-    h->params.format = !strcmp(f, "pcm") ? MM3_AUDIO_PCM : !strcmp(f, "flac") ? MM3_AUDIO_FLAC : MM3_AUDIO_WAV;
+    h->params.format = !strcmp(f, "pcm")    ? MM3_AUDIO_PCM
+                       : !strcmp(f, "flac") ? MM3_AUDIO_FLAC
+                       : !strcmp(f, "mp3")  ? MM3_AUDIO_MP3
+                       : !strcmp(f, "opus") ? MM3_AUDIO_OPUS
+                                            : MM3_AUDIO_WAV;
     h->params.stream = json_is_true(st);
     h->n_codebooks = (int32_t)ncb;
     h->c0_codes = (int32_t)c0n;
