@@ -2,6 +2,7 @@
 #include "common/lora_merge.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +42,36 @@ int lora_merge_add_stage(const struct mm3_stage_config *s)
 {
     for (int i = 0; i < s->n_lora; i++) {
         int rc = lora_merge_add(s->lora[i].component, s->lora[i].path, s->lora[i].scale);
+        if (rc < 0) return rc;
+    }
+    return 0;
+}
+
+int lora_merge_add_golden(const char *dir, const void *manifest_json, const char *const *components, int n)
+{
+    const json_t *list = json_object_get(manifest_json, "lora");
+    if (!list || json_is_null(list)) return 0;
+    if (!json_is_array(list))
+        return mm3_errorf(-EINVAL, "%s/manifest.json: key 'lora': expected a list of {component, path, scale}", dir);
+    size_t i;
+    const json_t *e;
+    json_array_foreach(list, i, e)
+    {
+        const char *comp = json_string_value(json_object_get(e, "component"));
+        const char *path = json_string_value(json_object_get(e, "path"));
+        const json_t *js = json_object_get(e, "scale");
+        if (!comp || !path || (js && !json_is_number(js)))
+            return mm3_errorf(-EINVAL,
+                              "%s/manifest.json: lora[%zu]: expected {\"component\": string, \"path\": string, "
+                              "\"scale\": number}",
+                              dir, i);
+        int mine = 0;
+        for (int k = 0; k < n; k++)
+            mine |= !strcmp(components[k], comp);
+        if (!mine) continue;
+        char full[4200];
+        snprintf(full, sizeof full, "%s/%s", dir, path);
+        int rc = lora_merge_add(comp, full, js ? json_number_value(js) : 1.0);
         if (rc < 0) return rc;
     }
     return 0;

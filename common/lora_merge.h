@@ -30,6 +30,10 @@
 int lora_merge_add(const char *component, const char *dir, double scale);
 /* Every entry of stage s's `lora:` list (mm3_stage_config.lora). */
 int lora_merge_add_stage(const struct mm3_stage_config *s);
+/* The adapters a golden directory's manifest lists, for the given components:
+ * "lora": [{"component": C, "path": P (relative to dir), "scale": S}, ...] (absent:
+ * none). A golden made with adapters (scripts/make_golden.py --lora) replays with them. */
+int lora_merge_add_golden(const char *dir, const void *manifest_json, const char *const *components, int n);
 /* Drop every registered adapter (tests; a process that reloads). */
 void lora_merge_clear(void);
 /* Adapters registered for component (0 when none). */
