@@ -61,8 +61,8 @@ static int write_config(const char *path, const struct ckpt_gen_lora_opts *o, ch
 {
     FILE *f = fopen(path, "w");
     if (!f) return mm3_errorf(-errno, "%s: cannot create: %s", path, strerror(errno));
-    fprintf(f, "{\n  \"peft_type\": \"LORA\",\n  \"r\": %d,\n  \"lora_alpha\": %.17g,\n  \"use_rslora\": %s,\n", o->rank,
-            o->alpha, o->rslora ? "true" : "false");
+    fprintf(f, "{\n  \"peft_type\": \"LORA\",\n  \"r\": %d,\n  \"lora_alpha\": %.17g,\n  \"use_rslora\": %s,\n",
+            o->rank, o->alpha, o->rslora ? "true" : "false");
     fprintf(f, "  \"target_modules\": [");
     for (int i = 0; i < n; i++)
         fprintf(f, "%s\"%s\"", i ? ", " : "", targets[i]);
@@ -135,7 +135,8 @@ int ckpt_gen_lora_write(const char *out, const char *ckpt_root, const struct ckp
     if (rc == 0 && n == 0)
         rc = mm3_errorf(-EINVAL, "%s/%s: no 2-D weight matches the targets '%s'", ckpt_root, o->component, list);
     char path[4200];
-    if (rc == 0 && mkdir(out, 0755) < 0 && errno != EEXIST) rc = mm3_errorf(-errno, "%s: cannot create the adapter folder: %s", out, strerror(errno));
+    if (rc == 0 && mkdir(out, 0755) < 0 && errno != EEXIST)
+        rc = mm3_errorf(-errno, "%s: cannot create the adapter folder: %s", out, strerror(errno));
     if (rc == 0) {
         snprintf(path, sizeof path, "%s/adapter_model.safetensors", out);
         rc = st_write_file(path, w, n, NULL);

@@ -748,8 +748,10 @@ static int decode_lora_entry(const struct scope *sc, const ynode *n, const char 
         if (rc < 0) return rc;
     }
     path_join(p, path, "path");
-    if (!path_node) return fail(c, n, p, "missing (expected the adapter's folder: adapter_config.json and "
-                                         "adapter_model.safetensors)");
+    if (!path_node)
+        return fail(c, n, p,
+                    "missing (expected the adapter's folder: adapter_config.json and "
+                    "adapter_model.safetensors)");
     return 0;
 }
 

@@ -46,8 +46,8 @@ static int config_unset(const char *path, const json_t *cfg, const char *key, co
     const json_t *v = json_object_get(cfg, key);
     if (!v || json_is_null(v) || json_is_false(v)) return 0;
     if ((json_is_array(v) && json_array_size(v) == 0) || (json_is_object(v) && json_object_size(v) == 0)) return 0;
-    return mm3_errorf(-EINVAL, "%s: key '%s': %s is not supported (mm3 serves plain LoRA on linear layers)", path,
-                      key, what);
+    return mm3_errorf(-EINVAL, "%s: key '%s': %s is not supported (mm3 serves plain LoRA on linear layers)", path, key,
+                      what);
 }
 
 static int config_names(const char *path, const char *key, const json_t *v, const json_t **out)
@@ -72,8 +72,8 @@ static int read_config(struct lora_adapter *a, const char *path, json_t *cfg, st
     if (!json_is_object(cfg)) return mm3_errorf(-EINVAL, "%s: expected a JSON object", path);
     const json_t *v = json_object_get(cfg, "peft_type");
     if (v && !json_is_null(v) && (!json_is_string(v) || strcmp(json_string_value(v), "LORA")))
-        return mm3_errorf(-EINVAL, "%s: key 'peft_type': expected \"LORA\" (other PEFT adapter types are not supported)",
-                          path);
+        return mm3_errorf(-EINVAL,
+                          "%s: key 'peft_type': expected \"LORA\" (other PEFT adapter types are not supported)", path);
     v = json_object_get(cfg, "r");
     if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > LORA_MAX_RANK)
         return mm3_errorf(-EINVAL, "%s: key 'r': expected an integer rank in [1, %d]", path, LORA_MAX_RANK);
@@ -170,8 +170,7 @@ static int parse_key(const char *path, const char *key, const char *component, c
         }
     if (ends_with(k, ".lora_A.bias") || ends_with(k, ".lora_B.bias"))
         return mm3_errorf(-EINVAL, "%s: tensor '%s': a trained LoRA bias (lora_bias) is not supported", path, key);
-    if (ends_with(k, ".bias"))
-        return mm3_errorf(-EINVAL, "%s: tensor '%s': bias training is not supported", path, key);
+    if (ends_with(k, ".bias")) return mm3_errorf(-EINVAL, "%s: tensor '%s': bias training is not supported", path, key);
     if (strstr(k, ".lora_A.") || strstr(k, ".lora_B."))
         return mm3_errorf(-EINVAL,
                           "%s: tensor '%s': expected '<module>.lora_A.weight' or '<module>.lora_B.weight' "
@@ -208,8 +207,8 @@ static int check_shape(const char *path, const struct st_tensor *t, int64_t rank
 }
 
 /* Pair the sorted entries into modules: each module has exactly one A and one B. */
-static int build_modules(struct lora_adapter *a, const char *path, const struct st_file *f, struct key_entry *e,
-                         int n, const struct lora_targets *tg)
+static int build_modules(struct lora_adapter *a, const char *path, const struct st_file *f, struct key_entry *e, int n,
+                         const struct lora_targets *tg)
 {
     a->modules = calloc((size_t)(n / 2 + 1), sizeof *a->modules);
     if (!a->modules) return mm3_errorf(-ENOMEM, "%s: out of memory", path);
@@ -239,7 +238,8 @@ static int build_modules(struct lora_adapter *a, const char *path, const struct 
         m->weight = malloc(wl);
         m->a = malloc(sizeof(float) * (size_t)(a->rank * m->in));
         m->b = malloc(sizeof(float) * (size_t)(m->out * a->rank));
-        if (!m->weight || !m->a || !m->b) return mm3_errorf(-ENOMEM, "%s: out of memory for module '%s'", path, m->name);
+        if (!m->weight || !m->a || !m->b)
+            return mm3_errorf(-ENOMEM, "%s: out of memory for module '%s'", path, m->name);
         snprintf(m->weight, wl, "%s.weight", m->name);
         if ((rc = st_file_read_f32(f, ta->name, m->a, -1, NULL)) < 0 ||
             (rc = st_file_read_f32(f, tb->name, m->b, -1, NULL)) < 0)
@@ -324,8 +324,10 @@ const struct lora_module *lora_adapter_find(const struct lora_adapter *a, const 
         int mid = lo + (hi - lo) / 2;
         int c = strcmp(a->modules[mid].weight, weight);
         if (c == 0) return &a->modules[mid];
-        if (c < 0) lo = mid + 1;
-        else hi = mid - 1;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
     }
     return NULL;
 }

@@ -41,10 +41,10 @@ struct lora_module {
 
 struct lora_adapter {
     char *dir;
-    int rank;          /* r */
-    double alpha;      /* lora_alpha */
-    int rslora;        /* use_rslora */
-    double scaling;    /* alpha / r, or alpha / sqrt(r) with rslora */
+    int rank;       /* r */
+    double alpha;   /* lora_alpha */
+    int rslora;     /* use_rslora */
+    double scaling; /* alpha / r, or alpha / sqrt(r) with rslora */
     int n_modules;
     struct lora_module *modules; /* sorted by weight name */
 };

@@ -120,8 +120,8 @@ int lora_merge_check(const struct ckpt_component *c)
 
 /* The adapters' deltas added to rows [row0, row0 + n) of tensor t (widened, cols
  * floats each), then the sum rounded once to `round_to` (BF16, F16; F32: none). */
-static int merge_rows(const struct ckpt_component *c, const struct ckpt_tensor *t, int64_t row0, int64_t n,
-                      float *rows, enum mm3_dtype round_to)
+static int merge_rows(const struct ckpt_component *c, const struct ckpt_tensor *t, int64_t row0, int64_t n, float *rows,
+                      enum mm3_dtype round_to)
 {
     int merged = 0;
     for (int i = 0; i < g_n_merges; i++) {

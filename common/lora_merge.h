@@ -46,7 +46,6 @@ int lora_merge_check(const struct ckpt_component *c);
  * c's component merged into what they return (common/checkpoint.h). */
 int lora_merge_read_f32(const struct ckpt_component *c, const char *name, float *dst, int ndim, const int64_t *shape);
 int lora_merge_read_rows_f32(const struct ckpt_component *c, const char *name, int64_t row0, int64_t n, float *dst);
-int lora_merge_read_rows_bf16(const struct ckpt_component *c, const char *name, int64_t row0, int64_t n,
-                              uint16_t *dst);
+int lora_merge_read_rows_bf16(const struct ckpt_component *c, const char *name, int64_t row0, int64_t n, uint16_t *dst);
 
 #endif

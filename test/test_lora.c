@@ -141,7 +141,7 @@ static void test_talker_merge_bf16(void **state)
     for (int64_t k = 0; k < out * in; k++) {
         float got = m.layers[1].wq[k];
         assert_true(mm3_bf16_to_f32(mm3_f32_to_bf16(got)) == got); /* a bf16 value */
-        double ulp = fabs(e[k]) * (1.0 / 128.0) + 1e-6; /* one bf16 step at |e| (8 bits) */
+        double ulp = fabs(e[k]) * (1.0 / 128.0) + 1e-6;            /* one bf16 step at |e| (8 bits) */
         if (fabs(got - e[k]) > ulp) fail_msg("wq[%lld] = %.9g, expected %.9g", (long long)k, got, e[k]);
     }
     free(e);
@@ -207,8 +207,8 @@ static void test_dit_merge_rslora(void **state)
     struct dit_model *m;
     assert_int_equal(dit_load(&m, g_ckpt), 0);
     int64_t out, in;
-    double *e = expected_merge("transformer", "transformer_blocks.1.ff_out.weight", ad, "transformer.", factor, &out,
-                               &in);
+    double *e =
+        expected_merge("transformer", "transformer_blocks.1.ff_out.weight", ad, "transformer.", factor, &out, &in);
     for (int64_t k = 0; k < out * in; k++)
         if (fabs(m->w.layers[1].ff_out_w[k] - e[k]) > 1e-5 * (1 + fabs(e[k])))
             fail_msg("ff_out[%lld] = %.9g, expected %.9g", (long long)k, m->w.layers[1].ff_out_w[k], e[k]);
@@ -256,9 +256,9 @@ static void expect_refused(const char *dir, const char *component, const char *n
     lora_merge_clear();
 }
 
-#define CFG(extra)                                                                                                  \
-    "{\"peft_type\": \"LORA\", \"r\": 2, \"lora_alpha\": 4, \"target_modules\": [\"q_proj\"], \"bias\": \"none\"" \
-    extra "}"
+#define CFG(extra)                                                                                                     \
+    "{\"peft_type\": \"LORA\", \"r\": 2, \"lora_alpha\": 4, \"target_modules\": [\"q_proj\"], \"bias\": "              \
+    "\"none\"" extra "}"
 #define QA "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
 #define QB "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"
 
@@ -312,27 +312,27 @@ static void test_bad_adapters(void **state)
     expect_refused(dir, "language_model", "exactly one lora_A and one lora_B");
 
     struct st_writer_tensor t[3] = {good[0], good[1]};
-    t[2] = (struct st_writer_tensor){"base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector",
-                                     MM3_DTYPE_F32, 1, {QD}, z};
+    t[2] = (struct st_writer_tensor){
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector", MM3_DTYPE_F32, 1, {QD}, z};
     write_adapter(dir, NULL, t, 3);
     expect_refused(dir, "language_model", "DoRA");
-    t[2] = (struct st_writer_tensor){"base_model.model.model.layers.0.self_attn.q_proj.lora_B.bias", MM3_DTYPE_F32,
-                                     1, {QD}, z};
+    t[2] = (struct st_writer_tensor){
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_B.bias", MM3_DTYPE_F32, 1, {QD}, z};
     write_adapter(dir, NULL, t, 3);
     expect_refused(dir, "language_model", "lora_bias");
-    t[2] = (struct st_writer_tensor){"base_model.model.model.layers.0.self_attn.q_proj.bias", MM3_DTYPE_F32, 1, {QD},
-                                     z};
+    t[2] =
+        (struct st_writer_tensor){"base_model.model.model.layers.0.self_attn.q_proj.bias", MM3_DTYPE_F32, 1, {QD}, z};
     write_adapter(dir, NULL, t, 3);
     expect_refused(dir, "language_model", "bias training");
-    t[2] = (struct st_writer_tensor){"base_model.model.model.embed_tokens.lora_embedding_A", MM3_DTYPE_F32, 2, {2, H},
-                                     z};
+    t[2] =
+        (struct st_writer_tensor){"base_model.model.model.embed_tokens.lora_embedding_A", MM3_DTYPE_F32, 2, {2, H}, z};
     write_adapter(dir, NULL, t, 3);
     expect_refused(dir, "language_model", "embedding adapters");
     t[2] = (struct st_writer_tensor){"base_model.model.lm_head.weight", MM3_DTYPE_F32, 2, {2, H}, z};
     write_adapter(dir, NULL, t, 3);
     expect_refused(dir, "language_model", "not a LoRA tensor");
-    t[2] = (struct st_writer_tensor){"base_model.model.model.layers.1.self_attn.q_proj.lora_A.default.weight",
-                                     MM3_DTYPE_F32, 2, {2, H}, z};
+    t[2] = (struct st_writer_tensor){
+        "base_model.model.model.layers.1.self_attn.q_proj.lora_A.default.weight", MM3_DTYPE_F32, 2, {2, H}, z};
     write_adapter(dir, NULL, t, 3);
     expect_refused(dir, "language_model", "adapter name");
 
@@ -344,10 +344,10 @@ static void test_bad_adapters(void **state)
     write_adapter(dir, NULL, t, 2);
     expect_refused(dir, "language_model", "convolution");
     /* A module the base does not have (an adapter for another model). */
-    t[0] = (struct st_writer_tensor){"base_model.model.model.layers.99.self_attn.q_proj.lora_A.weight", MM3_DTYPE_F32,
-                                     2, {2, H}, z};
-    t[1] = (struct st_writer_tensor){"base_model.model.model.layers.99.self_attn.q_proj.lora_B.weight", MM3_DTYPE_F32,
-                                     2, {QD, 2}, z};
+    t[0] = (struct st_writer_tensor){
+        "base_model.model.model.layers.99.self_attn.q_proj.lora_A.weight", MM3_DTYPE_F32, 2, {2, H}, z};
+    t[1] = (struct st_writer_tensor){
+        "base_model.model.model.layers.99.self_attn.q_proj.lora_B.weight", MM3_DTYPE_F32, 2, {QD, 2}, z};
     write_adapter(dir, NULL, t, 2);
     expect_refused(dir, "language_model", "does not hold");
     free(z);

@@ -64,10 +64,10 @@ int main(int argc, char **argv)
             lo.rslora = 1;
         } else if (v && (!strcmp(a, "--lora") || !strcmp(a, "--model") || !strcmp(a, "--component") ||
                          !strcmp(a, "--targets"))) {
-            *(!strcmp(a, "--lora")      ? &lora_out
-              : !strcmp(a, "--model")   ? &lora_model
+            *(!strcmp(a, "--lora")        ? &lora_out
+              : !strcmp(a, "--model")     ? &lora_model
               : !strcmp(a, "--component") ? &lo.component
-                                        : &lo.targets) = v;
+                                          : &lo.targets) = v;
             i++;
         } else if (v && (!strcmp(a, "--rank") || !strcmp(a, "--alpha"))) {
             char *end;

@@ -42,7 +42,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (a.modules || a.dir || a.n_modules) fuzz_fail("a refused adapter was not freed");
         return 0;
     }
-    if (a.rank < 1 || a.rank > LORA_MAX_RANK || !isfinite(a.scaling)) fuzz_fail("rank %d scaling %g", a.rank, a.scaling);
+    if (a.rank < 1 || a.rank > LORA_MAX_RANK || !isfinite(a.scaling))
+        fuzz_fail("rank %d scaling %g", a.rank, a.scaling);
     for (int i = 0; i < a.n_modules; i++) {
         const struct lora_module *m = &a.modules[i];
         if (i > 0 && strcmp(a.modules[i - 1].weight, m->weight) >= 0) fuzz_fail("modules not sorted/unique");
