@@ -335,7 +335,7 @@ const struct lora_module *lora_adapter_find(const struct lora_adapter *a, const 
 int lora_module_add_rows(const struct lora_module *m, int rank, float factor, int64_t row0, int64_t n, float *rows)
 {
     const int64_t in = m->in;
-    float *acc = malloc(sizeof(float) * (size_t)in);
+    float *restrict acc = malloc(sizeof(float) * (size_t)in);
     if (!acc) return mm3_errorf(-ENOMEM, "LoRA module '%s': out of memory", m->name);
     for (int64_t i = 0; i < n; i++) {
         const float *b = m->b + (row0 + i) * rank;
@@ -343,7 +343,7 @@ int lora_module_add_rows(const struct lora_module *m, int rank, float factor, in
         memset(acc, 0, sizeof(float) * (size_t)in);
         for (int k = 0; k < rank; k++) {
             const float bk = b[k];
-            const float *ak = m->a + (int64_t)k * in;
+            const float *restrict ak = m->a + (int64_t)k * in;
             for (int64_t j = 0; j < in; j++)
                 acc[j] += bk * ak[j];
         }
