@@ -63,4 +63,19 @@ int ckpt_gen_write(const char *dir, const struct ckpt_gen_geometry *g, const str
  * built-in English/lyrics text (fewer if the text runs out of repeated pairs). */
 int ckpt_gen_tokenizer_write(const char *path, int n_merges);
 
+/* A random LoRA adapter in the PEFT layout (common/lora.h) for one component of
+ * the checkpoint at ckpt_root: every 2-D "<module>.weight" whose module a target
+ * names (PEFT's suffix rule) gets lora_A [rank, in] ~ N(0, 1/in) and lora_B
+ * [out, rank] ~ N(0, 0.01/rank) in F32, a pure function of (seed, key). Keys carry
+ * PEFT's "base_model.model." prefix, "transformer." (diffusers') for the DiT. */
+struct ckpt_gen_lora_opts {
+    const char *component; /* language_model, rvq_depth_decoder or transformer */
+    const char *targets;   /* comma-separated module names; NULL or "": every linear layer of the blocks */
+    int rank;
+    double alpha; /* lora_alpha */
+    int rslora;   /* use_rslora */
+    uint64_t seed;
+};
+int ckpt_gen_lora_write(const char *out, const char *ckpt_root, const struct ckpt_gen_lora_opts *o);
+
 #endif

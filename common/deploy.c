@@ -715,6 +715,69 @@ static int decode_sampling(const struct scope *s, const ynode *key, const ynode 
     return decode_fields(s, v, path, sampling_fields, COUNT(sampling_fields));
 }
 
+/* The components a stage's adapters may adapt; the first is the default. */
+static const char *const lora_components[MM3_DEPLOY_NUM_STAGES][2] = {{"language_model", "rvq_depth_decoder"},
+                                                                      {"transformer", NULL}};
+
+static int decode_lora_entry(const struct scope *sc, const ynode *n, const char *path, struct mm3_lora_config *l)
+{
+    struct load_ctx *c = sc->c;
+    const char *const *comps = lora_components[sc->stage];
+    int n_comps = comps[1] ? 2 : 1;
+    char what[96], p[KEY_PATH_MAX];
+    if (n->kind != MM3_YAML_MAP)
+        return fail(c, n, path, "expected a mapping {path: ADAPTER_DIR, scale: 1.0}, got %s",
+                    mm3_yaml_describe(n, what, sizeof what));
+    l->scale = 1.0;
+    snprintf(l->component, sizeof l->component, "%s", comps[0]);
+    const ynode *path_node = NULL;
+    for (size_t i = 0; i < n->n; i++) {
+        const char *k = n->keys[i]->text;
+        const ynode *v = n->items[i];
+        path_join(p, path, k);
+        int rc, choice = 0;
+        if (!strcmp(k, "path")) {
+            path_node = v;
+            rc = get_string(c, v, p, l->path, sizeof l->path, false);
+        } else if (!strcmp(k, "scale")) {
+            rc = get_number(c, v, p, -100, false, 100, false, &l->scale);
+        } else if (!strcmp(k, "component")) {
+            if ((rc = get_choice(c, v, p, comps, n_comps, &choice)) == 0)
+                snprintf(l->component, sizeof l->component, "%s", comps[choice]);
+        } else {
+            rc = unknown_key(c, n->keys[i], p, "path, scale, component");
+        }
+        if (rc < 0) return rc;
+    }
+    path_join(p, path, "path");
+    if (!path_node)
+        return fail(c, n, p,
+                    "missing (expected the adapter's folder: adapter_config.json and "
+                    "adapter_model.safetensors)");
+    return 0;
+}
+
+static int decode_lora(const struct scope *sc, const ynode *key, const ynode *v, const char *path)
+{
+    struct mm3_stage_config *s = scope_stage(sc);
+    char what[96];
+    s->n_lora = 0;
+    if (mm3_yaml_is_null(v)) return 0;
+    if (v->kind != MM3_YAML_SEQ)
+        return fail(sc->c, v, path, "expected a list of adapters like [{path: DIR, scale: 1.0}], got %s",
+                    mm3_yaml_describe(v, what, sizeof what));
+    if (v->n > MM3_DEPLOY_MAX_LORA)
+        return fail(sc->c, v, path, "expected at most %d adapters, got %zu", MM3_DEPLOY_MAX_LORA, v->n);
+    for (size_t j = 0; j < v->n; j++) {
+        char q[KEY_PATH_MAX];
+        path_index(q, path, j);
+        int rc = decode_lora_entry(sc, v->items[j], q, &s->lora[j]);
+        if (rc < 0) return rc;
+        s->n_lora++;
+    }
+    return 0;
+}
+
 static int decode_stage_id(const struct scope *s, const ynode *key, const ynode *v, const char *path)
 {
     return 0; /* read first, by decode_stage */
@@ -777,6 +840,7 @@ static const struct field stage_fields[] = {
     {"mps_thread_percentage", I32_AT(struct mm3_stage_config, mps_thread_percentage), .lo = 1, .hi = 100},
     {"stream_priority", CHOICE_AT(struct mm3_stage_config, stream_priority, stream_priority_names)},
     {"window_order", CHOICE_AT(struct mm3_stage_config, window_order, window_order_names), .stage1_only = true},
+    {"lora", CUSTOM(decode_lora)},
 };
 
 static int decode_stage(struct load_ctx *c, const ynode *n, int position)

@@ -38,6 +38,7 @@
 #define MM3_DEPLOY_MAX_WARNINGS 32
 #define MM3_DEPLOY_WARNING_MAX 512
 #define MM3_DEPLOY_FILE_BYTES_MAX (1 << 20)
+#define MM3_DEPLOY_MAX_LORA 8
 
 /* Serving limits of the model recipe (vLLM-Omni constants.py), not geometry:
  * the prompt cap of the HTTP contract, the longest song in AR frames, and the
@@ -90,6 +91,14 @@ struct mm3_connector_config {
     bool used;                                 /* some stage names it */
 };
 
+/* One entry of a stage's `lora:` list: a PEFT adapter folder merged into the
+ * weights of `component` at load, scaled by `scale` (common/lora_merge.h). */
+struct mm3_lora_config {
+    char path[MM3_DEPLOY_PATH_MAX];
+    double scale;
+    char component[MM3_DEPLOY_NAME_MAX]; /* stage 0: language_model | rvq_depth_decoder; stage 1: transformer */
+};
+
 struct mm3_compilation_config {
     int mode; /* always 0: mm3 compiles nothing */
     int n_capture_sizes;
@@ -120,6 +129,8 @@ struct mm3_stage_config {
     char output_connector[MM3_DEPLOY_NAME_MAX]; /* stage 0: to_stage_1 ("" = default) */
     int mps_thread_percentage;                  /* CUDA_MPS_ACTIVE_THREAD_PERCENTAGE under MPS, 1..100; 0 = no limit */
     enum mm3_stream_priority stream_priority;   /* of the CUDA streams the stage creates */
+    int n_lora;
+    struct mm3_lora_config lora[MM3_DEPLOY_MAX_LORA]; /* merged at load, in list order */
 
     /* default_sampling_params */
     double temperature; /* stage 0: 1.0; stage 1: 0.0 (both checked) */

@@ -9,6 +9,7 @@
 
 #include "common/dtype.h"
 #include "common/error.h"
+#include "common/lora_merge.h"
 
 int weights_config_size(const struct ckpt_component *c, const char *key, int max, int *out)
 {
@@ -202,7 +203,7 @@ size_t weight_table_floats(const struct weight_table *t)
 static int read_rows(const struct ckpt_component *c, const struct weight_spec *s, float *dst)
 {
     int rc = ckpt_find_shaped(c, s->name, s->ndim, s->shape, NULL);
-    return rc < 0 ? rc : ckpt_read_rows_f32(c, s->name, s->row0, s->n_rows, dst);
+    return rc < 0 ? rc : lora_merge_read_rows_f32(c, s->name, s->row0, s->n_rows, dst);
 }
 
 /* Every tensor of c is named by the table. */
@@ -232,11 +233,12 @@ int weights_load_table(const struct ckpt_component *c, const struct weight_table
     *arena = NULL;
     if (arena_floats) *arena_floats = 0;
     if (t->rc < 0) return t->rc;
+    int rc = lora_merge_check(c);
+    if (rc < 0) return rc;
     size_t total = weight_table_floats(t);
     float *base = malloc(sizeof(float) * (total ? total : 1));
     if (!base) return mm3_errorf(-ENOMEM, "%s: cannot allocate %zu floats of weights", c->dir, total);
     float *p = base;
-    int rc = 0;
     for (int i = 0; i < t->n && rc == 0; i++) {
         const struct weight_spec *s = &t->specs[i];
         if (s->kind == WEIGHT_ELSEWHERE) continue;
@@ -249,7 +251,7 @@ int weights_load_table(const struct ckpt_component *c, const struct weight_table
             continue;
         }
         if (s->dst) *s->dst = p;
-        if (s->kind == WEIGHT_TENSOR) rc = ckpt_read_f32(c, s->name, p, s->ndim, s->shape);
+        if (s->kind == WEIGHT_TENSOR) rc = lora_merge_read_f32(c, s->name, p, s->ndim, s->shape);
         if (s->kind == WEIGHT_ROWS) rc = read_rows(c, s, p);
         p += spec_floats(s);
     }

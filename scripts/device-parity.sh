@@ -16,6 +16,9 @@
 # cpu replays have only fp32), --bin DIR, --python PY, --duration S (10: 250 frames = 2
 # windows, the second with the overlap prefix), --steps N (30, the serving default),
 # --precisions LIST (fp32,tf32,bf16,fp16,fp8; PyTorch has no fp8 run: "-" beside it), --out DIR ($OUT, else /tmp/parity).
+# --lora R: random rank-R LoRA adapters (mm3-mkckpt --lora; the talker's q_proj,v_proj, the depth
+# decoder's and the DiT's attention) applied to the reference by PEFT (make_golden.py --lora; the
+# pack carries the peft wheel) and merged by mm3 from the golden manifest: the adapter parity check.
 # Each phase runs under its own timeout, all inside MM3_PARITY_DEADLINE_S (570 s) so the
 # call ends inside the run tool's 600 s; a failed phase is reported and the rest go on.
 # $OUT gets table.md, yardsticks.json, manifest.json and parity-logs.tgz (every log).
@@ -39,11 +42,13 @@ if [ "${1:-}" = --pack ]; then
   else
     python3 -m pip download -q --no-deps -d "$pack"/whl "diffusers==${MM3_DIFFUSERS_VERSION:-0.42.1}" || exit 1
   fi
+  # PEFT applies the adapters of --lora to the reference; pure Python like diffusers.
+  python3 -m pip download -q --no-deps -d "$pack"/whl "peft${MM3_PEFT_VERSION:+==$MM3_PEFT_VERSION}" || exit 1
   du -sh --apparent-size "$pack"; ls "$pack" "$pack"/whl
   exit 0
 fi
 
-ckpt="" device=cuda bin="" py=python3 duration=10 steps=30 precisions=fp32,tf32,bf16,fp16,fp8 out=${OUT:-/tmp/parity}
+ckpt="" device=cuda bin="" py=python3 lora=0 duration=10 steps=30 precisions=fp32,tf32,bf16,fp16,fp8 out=${OUT:-/tmp/parity}
 while [ $# -gt 0 ]; do
   case "$1" in
     --checkpoint) ckpt=$2; shift 2 ;;
@@ -51,6 +56,7 @@ while [ $# -gt 0 ]; do
     --bin) bin=$2; shift 2 ;;
     --python) py=$2; shift 2 ;;
     --duration) duration=$2; shift 2 ;;
+    --lora) lora=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --precisions) precisions=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
@@ -92,7 +98,7 @@ if [ -z "$bin" ]; then
   fi
 fi
 [ -x "$bin/mm3-stage1" ] || { echo "device-parity: no mm3-stage1 in '$bin' (--pack here first, or --bin)"; exit 1; }
-if ! "$py" -c "import diffusers" 2>/dev/null; then
+if ! "$py" -c "import diffusers, peft" 2>/dev/null; then
   ls $pack/whl/*.whl >/dev/null 2>&1 || { echo "device-parity: no diffusers for $py and no $pack/whl"; exit 1; }
   "$py" -m pip install -q --no-index --no-deps --target "$work/py" $pack/whl/*.whl > "$logs/pip.log" 2>&1 ||
     { echo "device-parity: installing the diffusers wheel failed"; cat "$logs/pip.log"; exit 1; }
@@ -121,8 +127,18 @@ cat > "$work/cases.json" <<EOF
 {"cases": [{"prompt": "Genre: acoustic pop. BPM: 96. Key: C major.", "lyrics": "[verse]\nMorning light\n[outro]",
   "audio_duration": $duration, "num_inference_steps": $steps, "seed": 42}]}
 EOF
+lora_args=()
+if [ "$lora" != 0 ]; then
+  mkdir -p "$work/lora"
+  for spec in language_model:q_proj,v_proj rvq_depth_decoder:to_q,to_k,to_v,to_out transformer:to_q,to_k,to_v,to_out.0; do
+    c=${spec%%:*}
+    phase "lora_$c" 60 "$bin/mm3-mkckpt" --lora "$work/lora/$c" --model "$ckpt" --component "$c" --rank "$lora" \
+      --alpha $((2 * lora)) --targets "${spec#*:}" --seed 3 || exit 1
+    lora_args+=(--lora "$c=$work/lora/$c")
+  done
+fi
 phase reference 300 "$py" scripts/make_golden.py "$ckpt" "$golden" "$work/cases.json" --compact --device "$device" \
-  --yardsticks tf32,bf16,fp16,bf16-naive
+  --yardsticks tf32,bf16,fp16,bf16-naive "${lora_args[@]}"
 # the manifest names the checkpoint relative to the directory (make_golden.py writes "checkpoint")
 [ -f "$golden/manifest.json" ] || exit 1
 grep -E "frames|tf32|bf16|fp16" "$logs/reference.log" | grep -v "it/s" | head -8

@@ -19,6 +19,16 @@ CUDA). Setup, outside the repository:
     /tmp/ref/bin/python scripts/make_golden.py CKPT OUT CASES [--compact] [--device cpu|cuda]
         [--yardsticks tf32,bf16,fp16,bf16-naive]
 
+--lora COMPONENT=DIR[:SCALE] (repeatable; COMPONENT language_model, rvq_depth_decoder or
+transformer) applies a PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors, e.g.
+from `mm3-mkckpt --lora`) to the reference with PEFT itself (`pip install peft`): the adapter
+is injected into the float32 module (peft.inject_adapter_in_model, set_peft_model_state_dict,
+every adapter key must be consumed), its scaling multiplied by SCALE, and merged with PEFT's
+merge_and_unload; the talker and the depth decoder are then rounded to bf16 once, as their
+bf16 checkpoints load (mm3 merges the same way: docs/checkpoint.md, "LoRA adapters"). The
+adapters are copied to OUT/lora/COMPONENT and listed in the manifest's "lora", so the replays
+(`mm3-stage0 --golden`, `mm3-stage1 --golden`) merge them too.
+
 --compact leaves out the keys the replays can do without (window.0.waveform and the
 per-window frame_hiddens, which repeat audio and frame_hiddens).
 
@@ -68,6 +78,40 @@ def float32_exact():
     torch.set_float32_matmul_precision("highest")
 
 
+def apply_lora(module, component, adapter_dir, scale):
+    """PEFT's own LoRA on module (float32): injected, loaded, scaled, merged and unloaded."""
+    from peft import LoraConfig, inject_adapter_in_model, set_peft_model_state_dict
+    from peft.tuners.lora import LoraLayer
+    from safetensors.torch import load_file
+    cfg = LoraConfig.from_pretrained(adapter_dir)
+    sd = load_file(f"{adapter_dir}/adapter_model.safetensors")
+    prefixes = ("base_model.model.", f"{component}.")
+    sd = {next((k[len(p):] for p in prefixes if k.startswith(p)), k): v for k, v in sd.items()}
+    module = inject_adapter_in_model(cfg, module, adapter_name="golden")
+    res = set_peft_model_state_dict(module, sd, adapter_name="golden")
+    unexpected = [k for k in getattr(res, "unexpected_keys", []) if "lora_" in k]
+    if unexpected:
+        raise SystemExit(f"--lora {component}={adapter_dir}: keys PEFT did not take: {unexpected[:4]}")
+    n = 0
+    for m in module.modules():
+        if isinstance(m, LoraLayer):
+            m.scaling["golden"] *= scale
+            m.merge(adapter_names=["golden"])
+            n += 1
+    if n == 0:
+        raise SystemExit(f"--lora {component}={adapter_dir}: no module of {component} was adapted")
+    # unload: put each merged base layer back in its LoRA wrapper's place
+    for name, m in list(module.named_modules()):
+        if isinstance(m, LoraLayer):
+            parent = module.get_submodule(name.rpartition(".")[0]) if "." in name else module
+            setattr(parent, name.rpartition(".")[2], m.get_base_layer())
+    print(f"lora {component}: {n} modules merged by PEFT (scale {scale})", flush=True)
+    return module
+
+
+LORA = {}  # component -> (dir, scale), from --lora
+
+
 def load_pipeline(ck, device):
     f32 = torch.float32
     # As tiny-a's reference: the LM cast to bf16 and back, which rounds its rotary inv_freq
@@ -77,6 +121,11 @@ def load_pipeline(ck, device):
     lm = lm.to(torch.bfloat16).float().eval()
     dd = MiniMaxMusic3RVQDepthDecoder.from_pretrained(f"{ck}/rvq_depth_decoder", torch_dtype=torch.bfloat16)
     dd = dd.to(device).float().eval()
+    # Adapters merged in float32 by PEFT, then the bf16 components rounded once to bf16.
+    if "language_model" in LORA:
+        lm = apply_lora(lm, "language_model", *LORA["language_model"]).to(torch.bfloat16).float().eval()
+    if "rvq_depth_decoder" in LORA:
+        dd = apply_lora(dd, "rvq_depth_decoder", *LORA["rvq_depth_decoder"]).to(torch.bfloat16).float().eval()
 
     def load(cls, sub):
         return cls.from_pretrained(f"{ck}/{sub}", torch_dtype=f32).to(device).eval()
@@ -85,7 +134,9 @@ def load_pipeline(ck, device):
     pipe.update_components(
         language_model=lm, rvq_depth_decoder=dd,
         condition_encoder=load(MiniMaxMusic3ConditionEncoder, "condition_encoder"),
-        transformer=load(MiniMaxMusic3Transformer1DModel, "transformer"),
+        transformer=(apply_lora(load(MiniMaxMusic3Transformer1DModel, "transformer"), "transformer",
+                                *LORA["transformer"]) if "transformer" in LORA
+                     else load(MiniMaxMusic3Transformer1DModel, "transformer")),
         vocoder=load(MiniMaxMusic3Vocoder, "vocoder"),
         scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(f"{ck}/scheduler"),
         tokenizer=AutoTokenizer.from_pretrained(f"{ck}/tokenizer"))
@@ -287,7 +338,15 @@ def main():
     ap.add_argument("--compact", action="store_true")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--yardsticks", default="", help="comma-separated: " + ",".join(YARDSTICKS))
+    ap.add_argument("--lora", action="append", default=[], metavar="COMPONENT=DIR[:SCALE]")
     a = ap.parse_args()
+    for spec in a.lora:
+        comp, _, rest = spec.partition("=")
+        path, _, scale = rest.partition(":")
+        if comp not in ("language_model", "rvq_depth_decoder", "transformer") or not path:
+            ap.error(f"--lora {spec!r}: expected COMPONENT=DIR[:SCALE] with COMPONENT language_model, "
+                     "rvq_depth_decoder or transformer")
+        LORA[comp] = (path, float(scale) if scale else 1.0)
     yardsticks = [p for p in a.yardsticks.split(",") if p]
     for p in yardsticks:
         if p not in YARDSTICKS:
@@ -302,6 +361,12 @@ def main():
     install_recorders(pipe, rec)
     manifest = {"diffusers_version": diffusers.__version__, "torch": torch.__version__, "device": a.device,
                 "tf32": False, "checkpoint": "checkpoint", "cases": []}
+    if LORA:
+        import shutil
+        manifest["lora"] = []
+        for comp, (path, scale) in LORA.items():
+            shutil.copytree(path, f"{out}/lora/{comp}", dirs_exist_ok=True)
+            manifest["lora"].append({"component": comp, "path": f"lora/{comp}", "scale": scale})
     per_case = []
     for i, case in enumerate(cases):
         t0 = time.monotonic()

@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/lora_merge.h"
 #include "common/safetensors.h"
 #include "common/sampler.h"
 #include "stage0/generate.h"
@@ -729,6 +730,8 @@ int golden_check_dir_with(const char *dir, golden_run_fn run, void *ctx, enum ta
     struct depth dd;
     double fps;
     if ((rc = generate_frame_rate(root, &fps)) < 0) goto out;
+    static const char *const lora_components[] = {"language_model", "rvq_depth_decoder"};
+    if ((rc = lora_merge_add_golden(dir, man, lora_components, 2)) < 0) goto out;
     if ((rc = talker_backend_load_models(models_for, root, &lm, &dd)) < 0) goto out;
     size_t i;
     json_t *jc;
@@ -743,6 +746,7 @@ int golden_check_dir_with(const char *dir, golden_run_fn run, void *ctx, enum ta
     talker_free(&lm);
     depth_free(&dd);
 out:
+    lora_merge_clear();
     json_decref(man);
     if (rc == 0) fprintf(out, "%d passed, %d failed\n", *n_pass, *n_fail);
     return rc;

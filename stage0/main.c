@@ -29,6 +29,7 @@
 #include "common/deploy.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/lora_merge.h"
 #include "common/safetensors.h"
 #include "common/sampler.h"
 #include "common/sampler_replay.h"
@@ -338,6 +339,8 @@ static int serve_load(struct serve_state *st, const struct stage0_args *a)
     /* The CUDA backend uploads the matrices straight from the checkpoint; the
      * teacher-forcing fallback of a re-send loads the whole model when it needs it. */
     enum talker_backend_kind kind = st->d.backend == MM3_BACKEND_CUDA ? TALKER_BACKEND_CUDA : TALKER_BACKEND_CPU;
+    /* Adapters stay registered: the teacher-forcing fallback reloads the model merged the same way. */
+    if ((rc = lora_merge_add_stage(mm3_deploy_stage(&st->d, 0))) < 0) return rc;
     if ((rc = talker_backend_load_models(kind, root, &st->lm, &st->dd)) < 0) return rc;
     st->have_lm = st->have_dd = 1;
     LOG_INFO("loaded %s: talker %d layers x %d hidden, %d codebooks", root, st->lm.cfg.n_layers, st->lm.cfg.hidden,
@@ -352,6 +355,7 @@ static void serve_free(struct serve_state *st)
     if (st->have_lm) talker_free(&st->lm);
     if (st->have_dd) depth_free(&st->dd);
     tokenizer_free(st->tok);
+    lora_merge_clear();
     mm3_deploy_free(&st->d);
 }
 

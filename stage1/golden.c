@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "common/error.h"
+#include "common/lora_merge.h"
 #include "common/safetensors.h"
 #include "stage1/condition.h"
 #include "stage1/dit.h"
@@ -432,6 +433,8 @@ int golden_run(const char *dir, const struct golden_options *o, FILE *out, int *
     struct models m = {0};
     int rc;
     if ((rc = pick_bounds(dir, o, &m.b, out)) < 0) goto out;
+    static const char *const lora_components[] = {"transformer"};
+    if ((rc = lora_merge_add_golden(dir, man, lora_components, 1)) < 0) goto out;
     if ((rc = condition_load(&m.cm, root)) < 0 || (rc = dit_load(&m.dm, root)) < 0 ||
         (rc = vocoder_load(&m.voc, root)) < 0 || (rc = flow_checkpoint_shift(root, &m.shift)) < 0)
         goto out;
@@ -449,6 +452,7 @@ int golden_run(const char *dir, const struct golden_options *o, FILE *out, int *
         fflush(out);
     }
 out:
+    lora_merge_clear();
     s1_backend_close(&m.be);
     condition_free(m.cm);
     dit_free(m.dm);

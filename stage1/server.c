@@ -13,6 +13,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/lora_merge.h"
 #include "stage1/server_internal.h"
 
 #ifdef MM3_HAVE_CUDA
@@ -80,9 +81,11 @@ static int server_load(struct s1_server *s, const struct s1_server_options *o)
 #ifdef MM3_HAVE_CUDA
     cuda_stream_priority_set(mm3_deploy_stream_priority_level(s->st->stream_priority)); /* before the first stream */
 #endif
-    if ((rc = condition_load(&s->cm, s->d.model)) < 0 || (rc = dit_load(&s->dm, s->d.model)) < 0 ||
-        (rc = vocoder_load(&s->voc, s->d.model)) < 0)
-        return rc;
+    /* The DiT's adapters are merged as it loads and not needed afterwards. */
+    if ((rc = lora_merge_add_stage(s->st)) == 0 && (rc = condition_load(&s->cm, s->d.model)) == 0)
+        rc = dit_load(&s->dm, s->d.model);
+    lora_merge_clear();
+    if (rc < 0 || (rc = vocoder_load(&s->voc, s->d.model)) < 0) return rc;
     /* the condition projection, the DiT, its flow loop and the vocoder on the GPU; the
      * slot mix of the frames and the window bookkeeping stay on the host */
     if ((rc = s1_backend_open(&s->be, s->d.backend, mm3_deploy_stage1_worker_device(&s->d, s->worker), s->cm, s->dm,

@@ -9,6 +9,7 @@
 #include "common/dtype.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/lora_merge.h"
 #include "stage0/model/cuda/host_pinned.h"
 
 /* Per staging buffer. Each chunk is one file_reader batch, whose blocks run in
@@ -152,7 +153,9 @@ static int put_rows(struct cuda_upload *u, const struct rows_src *src, uint16_t 
                 stage[e] = mm3_f32_to_bf16(h[e]);
         } else {
             t = now_s();
-            if ((rc = ckpt_read_rows_bf16(&u->ckpt, src->name, src->row0 + (int64_t)r0, (int64_t)k, stage)) < 0) break;
+            /* Through the LoRA merge: adapters registered for this component are added here. */
+            rc = lora_merge_read_rows_bf16(&u->ckpt, src->name, src->row0 + (int64_t)r0, (int64_t)k, stage);
+            if (rc < 0) break;
             u->t_read += now_s() - t;
             u->ckpt_bytes += k * row_bytes;
         }
