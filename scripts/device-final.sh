@@ -13,7 +13,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-gpu_tests=(test_condition_cuda test_dit_cuda test_flow_cuda test_frame_cuda test_generate_batch test_ops_cuda test_render_batch test_sampler_cuda test_talker_cuda test_vocoder_cuda)
+gpu_tests=(test_condition_cuda test_dit_cuda test_flow_cuda test_frame_cuda test_generate_batch test_ops_cuda test_render_batch test_sampler_cuda test_scheduler test_cuda_env_switch test_talker_cuda test_vocoder_cuda)
 progs=(mm3-stage0 mm3-stage1 mm3-deploy mm3-flow-fast mm3-mkckpt mm3-bench-stage0 mm3-bench-ops mm3-bench-vocoder mm3-bench-dit mm3-bench-load
        "${gpu_tests[@]}")
 

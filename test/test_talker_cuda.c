@@ -1072,7 +1072,7 @@ static double check_depth_input_table(struct depth *d, int n, int mode)
     struct depth_cuda *dc = depth_with_tables(d, n, mode, &spared);
     const float *t = depth_cuda_input_table(dc), *tq = depth_cuda_qkv_table(dc);
     assert_non_null(t);
-    if (mode)
+    if (mode == DEPTH_CUDA_TABLES_INPUT)
         assert_null(tq);
     else
         assert_non_null(tq);
