@@ -12,7 +12,9 @@
 # Each configuration: scripts/bench.sh --only e2e (random weights at the release geometry,
 # stage 1 at the file's precision), one 30 s song and 8 at once, then 32 at once; results
 # under $OUT/<name>-c8 and $OUT/<name>-c32 (e2e.json: audio s/s, first audio, per-GPU busy).
-# Environment: OUT (default results/scaleout-<UTC date>), MM3_BENCH_CKPT (bench.sh's).
+# Environment: OUT (default results/scaleout-<UTC date>), MM3_BENCH_CKPT (bench.sh's),
+# MM3_SCALEOUT_BASE (the rehearsal's one-GPU file, default configs/minimax_music3.yaml: an
+# H100 needs a smaller max_model_len), MM3_SCALEOUT_CONCURRENCY (default "8 32").
 set -eu
 mode=${1:-}
 case "$mode" in rehearsal | multi) ;; *) echo "usage: device-scaleout.sh rehearsal|multi" >&2; exit 2 ;; esac
@@ -28,7 +30,7 @@ gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 run() { # NAME CONFIG
     local name=$1 config=$2 c
     "$bin/mm3-deploy" --check "$config" >/dev/null
-    for c in 8 32; do
+    for c in ${MM3_SCALEOUT_CONCURRENCY:-8 32}; do
         echo "== $name: $config, $c at once"
         "$root/scripts/bench.sh" --only e2e --bin "$bin" --config "$config" --e2e-concurrency "$c" --out "$out/$name-c$c" ||
             echo "== $name ($c at once) failed: see $out/$name-c$c" >&2
@@ -36,10 +38,11 @@ run() { # NAME CONFIG
 }
 
 if [ "$mode" = rehearsal ]; then
-    run one-worker "$root/configs/minimax_music3.yaml"
+    base=${MM3_SCALEOUT_BASE:-$root/configs/minimax_music3.yaml}
+    run one-worker "$base"
     # The one-GPU file with two stage-1 workers on the same GPU (0.6 + 2 x 0.2 of its memory).
     two=$out/minimax_music3_2workers.yaml
-    sed 's/^  - stage_id: 1$/  - stage_id: 1\n    replicas: 2/' "$root/configs/minimax_music3.yaml" > "$two"
+    sed 's/^  - stage_id: 1$/  - stage_id: 1\n    replicas: 2/' "$base" > "$two"
     grep -q '^    replicas: 2$' "$two" || { echo "device-scaleout.sh: could not add replicas to $two" >&2; exit 1; }
     run two-workers "$two"
 else

@@ -282,6 +282,8 @@ static void test_attention(void **state)
     check_attention(4, 37, 3, 64, 32);   /* odd T: one partial query and key tile, B 4 */
     check_attention(5, 131, 2, 64, 8);   /* rotary halves of 4; tiles of 128 queries + 3 */
     check_attention(2, 77, 2, 128, 64);  /* head_dim 128 with RoPE */
+    check_attention(2, 45, 4, 16, 8);    /* small heads (golden geometries): the float32 kernel for every kernel asked */
+    check_attention(1, 20, 2, 8, 4);
 }
 
 /* Bytes of one attention run (bf16 output) of kernel k on qkv; the kernels are

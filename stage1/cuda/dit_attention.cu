@@ -5,7 +5,8 @@
  *
  * One kernel per precision and shape class (dit_cuda_attention_kernel dispatches):
  * - fp32: the float32 SIMT kernel here (each thread owns one query row): the only one
- *   that computes in float32, as the fp32 precision promises.
+ *   that computes in float32, as the fp32 precision promises. It also serves heads of 8
+ *   and 16 (small test geometries) in every precision: the tensor-core tiles start at 32.
  * - tf32, bf16, fp16: the flash kernel (dit_attention_flash.cu), the fastest.
  * - where the flash kernel's loads do not fit (a rotary half not a multiple of 4,
  *   unaligned rows): the tensor-core kernel here (WMMA, tf32 or bf16 operands, float32
@@ -316,6 +317,15 @@ static int flash_operands(enum mm3_matmul_precision prec, int out_fmt)
 }
 
 template <int HD>
+static int launch_simt(void *out, int out_fmt, const float *qkv, int n_seq, int T, int H, int half, const float *cs,
+                       float scale, cudaStream_t s)
+{
+    dim3 grid((T + SIMT_Q - 1) / SIMT_Q, H, n_seq);
+    attn_simt_kernel<HD><<<grid, SIMT_Q, 0, s>>>(out, out_fmt, qkv, T, H, half, cs, scale);
+    return dit_cuda_launched("attn_simt_kernel");
+}
+
+template <int HD>
 static int launch(void *out, int out_fmt, const float *qkv, int n_seq, int T, int H, int half, const float *cs,
                   float scale, enum mm3_matmul_precision prec, enum dit_attn_kernel k, cudaStream_t s)
 {
@@ -329,9 +339,7 @@ static int launch(void *out, int out_fmt, const float *qkv, int n_seq, int T, in
     if (k == DIT_ATTN_WMMA && prec == MM3_MATMUL_BF16)
         return launch_tc<HD, true>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, s);
     if (k == DIT_ATTN_WMMA) return launch_tc<HD, false>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, s);
-    dim3 grid((T + SIMT_Q - 1) / SIMT_Q, H, n_seq);
-    attn_simt_kernel<HD><<<grid, SIMT_Q, 0, s>>>(out, out_fmt, qkv, T, H, half, cs, scale);
-    return dit_cuda_launched("attn_simt_kernel");
+    return launch_simt<HD>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, s);
 }
 
 /* What AUTO runs per precision (fp32, tf32, bf16, fp16; fp8's attention is fp16's);
@@ -392,6 +400,10 @@ extern "C" int dit_cuda_attention_kernel(void *out, int out_fmt, const float *qk
     cudaStream_t s = (cudaStream_t)stream;
     int ob = out_fmt;
     switch (head_dim) {
+    case 8: /* small heads (test geometries): the float32 kernel in every precision */
+        return launch_simt<8>(out, ob, qkv, n_seq, T, n_heads, half, cs, scale, s);
+    case 16:
+        return launch_simt<16>(out, ob, qkv, n_seq, T, n_heads, half, cs, scale, s);
     case 32:
         return launch<32>(out, ob, qkv, n_seq, T, n_heads, half, cs, scale, prec, kernel, s);
     case 64:
@@ -399,7 +411,7 @@ extern "C" int dit_cuda_attention_kernel(void *out, int out_fmt, const float *qk
     case 128:
         return launch<128>(out, ob, qkv, n_seq, T, n_heads, half, cs, scale, prec, kernel, s);
     default:
-        return mm3_errorf(-EINVAL, "dit_cuda_attention: attention_head_dim %d: the CUDA kernel supports 32, 64, 128",
+        return mm3_errorf(-EINVAL, "dit_cuda_attention: attention_head_dim %d: the CUDA kernels support 8, 16, 32, 64, 128",
                           head_dim);
     }
 }

@@ -119,8 +119,8 @@ static int check_config(const struct dit_config *g)
         g->rotary_dim > g->head_dim)
         return mm3_errorf(-EINVAL, "dit_cuda: transformer config: expected positive sizes, even fourier_dim and an "
                                    "even rotary_dim <= attention_head_dim");
-    if (g->head_dim != 32 && g->head_dim != 64 && g->head_dim != 128)
-        return mm3_errorf(-EINVAL, "dit_cuda: attention_head_dim %d: the CUDA attention supports 32, 64 and 128",
+    if (g->head_dim != 8 && g->head_dim != 16 && g->head_dim != 32 && g->head_dim != 64 && g->head_dim != 128)
+        return mm3_errorf(-EINVAL, "dit_cuda: attention_head_dim %d: the CUDA attention supports 8, 16, 32, 64 and 128",
                           g->head_dim);
     return 0;
 }
