@@ -29,6 +29,15 @@
 /* An H200's memory as cudaMemGetInfo reports it (the device's own log: budget
  * 121682 MiB = 0.85 x 143156 MiB), a little under the 141 GB on the box. */
 #define H200_BYTES ((size_t)143156 << 20)
+/* An H100's (80 GB) the same way: 81079 MiB. */
+#define H100_BYTES ((size_t)81079 << 20)
+
+/* The device a shipped file is written for: *_h100.yaml an H100, the rest an H200. */
+static size_t device_bytes(const char *file)
+{
+    size_t n = strlen(file);
+    return n >= 10 && !strcmp(file + n - 10, "_h100.yaml") ? H100_BYTES : H200_BYTES;
+}
 
 static struct mm3_deploy deploy; /* large: keep it off the stack */
 
@@ -64,8 +73,8 @@ static double mib(size_t b)
     return (double)b / (1024.0 * 1024.0);
 }
 
-/* Stage 0's plan of the loaded file on one H200 (CUDA backend), printed. */
-static int stage0_fits(const struct mm3_deploy *d, const char *name, struct talker_backend_plan *p)
+/* Stage 0's plan of the loaded file on a device of `bytes` (CUDA backend), printed. */
+static int stage0_fits_on(const struct mm3_deploy *d, const char *name, size_t bytes, struct talker_backend_plan *p)
 {
     struct talker lm;
     struct depth dd;
@@ -73,13 +82,18 @@ static int stage0_fits(const struct mm3_deploy *d, const char *name, struct talk
     const struct mm3_stage_config *s0 = mm3_deploy_stage(d, 0);
     talker_backend_plan_compute_kv(TALKER_BACKEND_CUDA, s0->kv_cache_dtype, &lm, &dd, s0->max_num_seqs,
                                    s0->max_model_len, p);
-    int fits = talker_backend_plan_fits(p, s0->gpu_memory_utilization, H200_BYTES);
+    int fits = talker_backend_plan_fits(p, s0->gpu_memory_utilization, bytes);
     print_message("%s: weights %.1f MiB + KV (%s) %.1f MiB/row x %d rows + workspace %.1f MiB = %.1f MiB; "
                   "budget %g x %.0f MiB = %.1f MiB: %s\n",
                   name, mib(p->weights_bytes), mm3_kv_cache_dtype_name(p->kv_dtype), mib(p->kv_bytes_per_row), p->rows,
-                  mib(p->workspace_bytes), mib(p->total_bytes), s0->gpu_memory_utilization, mib(H200_BYTES),
-                  s0->gpu_memory_utilization * mib(H200_BYTES), fits ? "fits" : "does NOT fit");
+                  mib(p->workspace_bytes), mib(p->total_bytes), s0->gpu_memory_utilization, mib(bytes),
+                  s0->gpu_memory_utilization * mib(bytes), fits ? "fits" : "does NOT fit");
     return fits;
+}
+
+static int stage0_fits(const struct mm3_deploy *d, const char *name, struct talker_backend_plan *p)
+{
+    return stage0_fits_on(d, name, H200_BYTES, p);
 }
 
 static int is_release_file(const struct mm3_deploy *d)
@@ -103,7 +117,8 @@ static void test_release_configs_fit_h200(void **state)
         if (mm3_deploy_load(&deploy, path) != 0) fail_msg("%s: %s", e->d_name, mm3_last_error());
         if (!is_release_file(&deploy)) continue;
         struct talker_backend_plan p;
-        if (!stage0_fits(&deploy, e->d_name, &p)) fail_msg("%s: stage 0 does not fit an H200", e->d_name);
+        if (!stage0_fits_on(&deploy, e->d_name, device_bytes(e->d_name), &p))
+            fail_msg("%s: stage 0 does not fit the device it is written for", e->d_name);
         assert_int_equal(p.kv_dtype, MM3_KV_CACHE_BF16); /* auto on CUDA */
         const struct mm3_stage_config *s0 = mm3_deploy_stage(&deploy, 0), *s1 = mm3_deploy_stage(&deploy, 1);
         /* every stage-1 worker's device: its workers' shares, and stage 0's where it is there too */
@@ -127,7 +142,23 @@ static void test_release_configs_fit_h200(void **state)
         checked++;
     }
     closedir(dh);
-    assert_true(checked >= 3); /* minimax_music3.yaml, _2gpu.yaml and _4gpu.yaml */
+    assert_true(checked >= 4); /* minimax_music3.yaml, _h100.yaml, _2gpu.yaml and _4gpu.yaml */
+}
+
+/* The one-GPU file is an H200's: on an H100 stage 0 refuses it at start (61 GB of plan
+ * for 0.6 x 79 GB), which is why the H100 file exists. */
+static void test_one_gpu_file_needs_h100_file(void **state)
+{
+    (void)state;
+    char path[1024];
+    struct talker_backend_plan p;
+    snprintf(path, sizeof path, "%s/configs/minimax_music3.yaml", test_source_dir());
+    assert_int_equal(mm3_deploy_load(&deploy, path), 0);
+    assert_false(stage0_fits_on(&deploy, "minimax_music3.yaml on an H100", H100_BYTES, &p));
+    snprintf(path, sizeof path, "%s/configs/minimax_music3_h100.yaml", test_source_dir());
+    assert_int_equal(mm3_deploy_load(&deploy, path), 0);
+    assert_true(stage0_fits_on(&deploy, "minimax_music3_h100.yaml", H100_BYTES, &p));
+    assert_int_equal(mm3_deploy_stage(&deploy, 0)->max_model_len, 10240); /* full-length songs kept */
 }
 
 /* The two-GPU file with `kv_cache_dtype: float32` in stage 0 (this morning's file):
@@ -199,7 +230,7 @@ static void test_kv_dtype_resolution(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_release_configs_fit_h200),
+        cmocka_unit_test(test_release_configs_fit_h200), cmocka_unit_test(test_one_gpu_file_needs_h100_file),
         cmocka_unit_test(test_two_gpu_file_needs_bf16_kv),
         cmocka_unit_test(test_kv_dtype_resolution),
     };
