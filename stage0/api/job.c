@@ -268,6 +268,25 @@ void mm3_job_set_error(struct mm3_job *job, int http_status, const char *fmt, ..
     pthread_mutex_unlock(&job->mu);
 }
 
+void mm3_job_set_error_param(struct mm3_job *job, int http_status, const char *param, const char *fmt, ...)
+{
+    pthread_mutex_lock(&job->mu);
+    job->http_status = http_status;
+    snprintf(job->error_param, sizeof job->error_param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(job->error, sizeof job->error, fmt, ap);
+    va_end(ap);
+    pthread_mutex_unlock(&job->mu);
+}
+
+void mm3_job_error_param(struct mm3_job *job, char *param, size_t cap)
+{
+    pthread_mutex_lock(&job->mu);
+    if (cap) snprintf(param, cap, "%s", job->error_param);
+    pthread_mutex_unlock(&job->mu);
+}
+
 int mm3_fail_kind_status(enum mm3_fail_kind kind)
 {
     switch (kind) {
