@@ -195,6 +195,8 @@ int engine_create(struct engine **out, const struct mm3_deploy *d, const struct 
                               .max_queue = d->api.max_queue_depth,
                               .journal_dir = d->api.journal_dir,
                               .replay_dir = d->api.replay_dir};
+    e->max_song_frames = (int)(s0->max_tokens - MM3_DEPLOY_EXTRA_AR_STEPS); /* as the HTTP limits (main.c) */
+    if (e->max_song_frames > GENERATE_MAX_FRAMES) e->max_song_frames = GENERATE_MAX_FRAMES;
     if (d->api.continue_max_songs > 0) {
         struct song_store_limits sl = {d->api.continue_max_songs, d->api.continue_max_bytes, d->api.continue_max_age_s};
         if ((rc = song_store_create(&e->songs, &sl)) < 0) goto fail;

@@ -14,7 +14,6 @@
 
 #include "common/error.h"
 #include "common/log.h"
-#include "stage0/generate.h"
 
 /* 400 naming field when the request set it (bit) to something other than the song's. */
 static int conflict(struct mm3_job *job, uint32_t bit, int differs, const char *field, const char *song_value)
@@ -56,7 +55,7 @@ static int check_conflicts(struct mm3_job *job, const struct mm3_job_params *son
 static int take_song(struct engine *e, struct mm3_job *job, const struct song_record *rec)
 {
     struct mm3_job_params *p = &job->params;
-    int frames = rec->n_steps - 1, room = GENERATE_MAX_FRAMES - frames;
+    int frames = rec->n_steps - 1, room = e->max_song_frames - frames;
     if (room < 1) {
         mm3_job_set_error_param(job, 400, "continue_from",
                                 "continue_from: the song has %d frames (%.2f s), the longest a song can be", frames,
@@ -69,7 +68,7 @@ static int take_song(struct engine *e, struct mm3_job *job, const struct song_re
             mm3_job_set_error_param(job, 400, "duration_s",
                                     "duration_s (or max_new_tokens): %d new frames (%.2f s) after the song's %d would "
                                     "pass the longest song of %d frames; at most %d (%.2f s) can be added",
-                                    add, add / e->fps, frames, GENERATE_MAX_FRAMES, room, room / e->fps);
+                                    add, add / e->fps, frames, e->max_song_frames, room, room / e->fps);
             return -EINVAL;
         }
         add = room; /* the default length: what is left */

@@ -104,6 +104,7 @@ struct engine {
     int width;            /* floats per frame sent: mix.hidden, or raw_width when raw */
 
     struct song_store *songs; /* finished songs for continue_from; NULL = continuation off */
+    int max_song_frames;      /* the longest song the API serves (stage 0 max_tokens, at most 9000) */
 
     struct s1_worker *workers;
     int n_workers;
