@@ -409,12 +409,12 @@ static int wav_patch_sizes(FILE *f, uint64_t total)
     return 0;
 }
 
-/* Whether the error body is mm3's JSON error (a 404 of a continued song the server does
- * not know, rather than a server that is not mm3). */
-static bool mm3_error_body(struct gen *g)
+/* Whether the error body is about a request field (a 404 naming continue_from: the server
+ * does not know the song), rather than a wrong address. */
+static bool field_error(struct gen *g)
 {
     json_t *o = g->err_body ? json_loads(g->err_body, 0, NULL) : NULL;
-    bool ours = o && json_is_string(json_object_get(json_object_get(o, "error"), "message"));
+    bool ours = o && json_is_string(json_object_get(json_object_get(o, "error"), "param"));
     json_decref(o);
     return ours;
 }
@@ -480,7 +480,7 @@ static int stream_song(const char *url, char *body, const char *out_path, bool q
     if (rc < 0) {
         fprintf(stderr, "%smm3: %s\n", g.tty ? "\n" : "", mm3_last_error());
         ret = 1;
-    } else if (resp.status == 404 && !mm3_error_body(&g)) {
+    } else if (resp.status == 404 && !field_error(&g)) {
         fprintf(stderr, "%smm3: %s answered 404 Not Found: is --url the mm3 server's address "
                         "(http://HOST:PORT, with or without /v1)?\n", g.tty ? "\n" : "", speech_url);
         ret = 1;
