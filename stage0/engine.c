@@ -40,7 +40,8 @@ static int api_submit(void *ctx, struct mm3_job *job)
         mm3_job_set_error_kind(job, MM3_FAIL_UNAVAILABLE, "stage 1 unavailable");
         return -EAGAIN;
     }
-    int rc = job->params.continue_from[0] ? eng_continue_submit(e, job) : sched_submit(e->sched, job);
+    int cont = job->params.continue_from[0] || job->params.journal;
+    int rc = cont ? eng_continue_submit(e, job) : sched_submit(e->sched, job);
     if (rc == -EAGAIN)
         mm3_job_set_error_kind(job, MM3_FAIL_UNAVAILABLE, "server busy: generation queue full, retry later");
     if (rc == -ESHUTDOWN) {
@@ -196,6 +197,8 @@ int engine_create(struct engine **out, const struct mm3_deploy *d, const struct 
                               .journal_dir = d->api.journal_dir,
                               .replay_dir = d->api.replay_dir};
     e->max_song_frames = (int)(s0->max_tokens - MM3_DEPLOY_EXTRA_AR_STEPS); /* as the HTTP limits (main.c) */
+    e->n_codebooks = dd->cfg.n_codebooks;
+    e->audio_vocab = dd->cfg.audio_vocab;
     if (e->max_song_frames > GENERATE_MAX_FRAMES) e->max_song_frames = GENERATE_MAX_FRAMES;
     if (d->api.continue_max_songs > 0) {
         struct song_store_limits sl = {d->api.continue_max_songs, d->api.continue_max_bytes, d->api.continue_max_age_s};

@@ -3,7 +3,8 @@
  * and sends their frames again, so stage 1 renders the whole song with its windows
  * chained from the start (the simplest correct join: its cost is stage 1 rendering the
  * earlier part again); the PCM of the earlier part is skipped unless the request asks
- * for the whole song (docs/api.md, "Continuing a song"). */
+ * for the whole song (docs/api.md, "Continuing a song"). continue_journal brings the
+ * song as an uploaded journal file instead, checked like any request body. */
 #include "stage0/engine_internal.h"
 
 #include <errno.h>
@@ -14,6 +15,9 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/sampler.h"
+#include "stage0/generate.h"
+#include "stage0/recovery/journal.h"
 
 /* 400 naming field when the request set it (bit) to something other than the song's. */
 static int conflict(struct mm3_job *job, uint32_t bit, int differs, const char *field, const char *song_value)
@@ -52,14 +56,13 @@ static int check_conflicts(struct mm3_job *job, const struct mm3_job_params *son
 
 /* The job's params become the song's, with the whole song's length: new frames after
  * the song's `frames`, at least one (the new part never ends before its first frame). */
-static int take_song(struct engine *e, struct mm3_job *job, const struct song_record *rec)
+static int take_song(struct engine *e, struct mm3_job *job, const struct song_record *rec, const char *field)
 {
     struct mm3_job_params *p = &job->params;
     int frames = rec->n_steps - 1, room = e->max_song_frames - frames;
     if (room < 1) {
-        mm3_job_set_error_param(job, 400, "continue_from",
-                                "continue_from: the song has %d frames (%.2f s), the longest a song can be", frames,
-                                frames / e->fps);
+        mm3_job_set_error_param(job, 400, field, "%s: the song has %d frames (%.2f s), the longest a song can be",
+                                field, frames, frames / e->fps);
         return -EINVAL;
     }
     int add = p->max_frames;
@@ -94,20 +97,70 @@ static int take_song(struct engine *e, struct mm3_job *job, const struct song_re
     return 0;
 }
 
-int eng_continue_submit(struct engine *e, struct mm3_job *job)
+/* 400 about the uploaded journal (continue_journal). */
+static int bad_journal(struct mm3_job *job, const char *msg)
+{
+    mm3_job_set_error_param(job, 400, "continue_journal", "continue_journal: %s", msg);
+    return -EINVAL;
+}
+
+/* The song of an uploaded journal (untrusted): an intact journal of a finished song of
+ * this model, at most the longest song; *prompt_hash for the scheduler to check. */
+static int uploaded_song(struct engine *e, struct mm3_job *job, struct song_record *out, uint64_t *prompt_hash)
+{
+    const struct mm3_job_params *p = &job->params;
+    memset(out, 0, sizeof *out);
+    struct journal_record jr;
+    int rc = journal_read_buffer("(uploaded)", p->journal, p->journal_len, e->max_song_frames + 1, &jr);
+    if (rc == -EINVAL) return bad_journal(job, mm3_last_error());
+    if (rc < 0) return rc;
+    char msg[256];
+    if (jr.h.n_codebooks != e->n_codebooks || jr.h.audio_vocab != e->audio_vocab || jr.h.c0_codes != SAMPLER_N_CODES)
+        snprintf(msg, sizeof msg,
+                 "written for another model (%d codebooks, %d semantic and %d audio codes; this server's: %d, %d "
+                 "and %d)",
+                 jr.h.n_codebooks, jr.h.c0_codes, jr.h.audio_vocab, e->n_codebooks, SAMPLER_N_CODES, e->audio_vocab);
+    else if (jr.torn)
+        snprintf(msg, sizeof msg,
+                 "the file is cut or corrupt after %d steps (byte %lld of %zu), or longer than %d frames: upload the "
+                 "whole journal of a finished song",
+                 jr.n_steps, (long long)jr.valid_bytes, p->journal_len, e->max_song_frames);
+    else if (jr.status != JOURNAL_DONE)
+        snprintf(msg, sizeof msg, "the journal's song is %s, not done: only a delivered song can be continued",
+                 journal_status_name(jr.status));
+    else
+        msg[0] = 0;
+    if (msg[0]) {
+        journal_record_free(&jr);
+        return bad_journal(job, msg);
+    }
+    /* the record's strings and codes move into the song */
+    out->params = jr.h.params;
+    out->params.replay_file = NULL;
+    out->params.journal = NULL;
+    jr.h.params.caption = jr.h.params.lyrics = NULL;
+    out->codes = jr.codes;
+    jr.codes = NULL;
+    out->n_steps = jr.n_steps;
+    out->n_codebooks = jr.h.n_codebooks;
+    *prompt_hash = jr.h.prompt_hash;
+    journal_record_free(&jr);
+    return 0;
+}
+
+/* The song a continuation names: kept by this server, or uploaded. */
+static int find_song(struct engine *e, struct mm3_job *job, struct song_record *rec, uint64_t *prompt_hash)
 {
     struct mm3_job_params *p = &job->params;
+    *prompt_hash = 0;
+    if (p->journal) return uploaded_song(e, job, rec, prompt_hash);
     if (!e->songs) {
         mm3_job_set_error_param(job, 400, "continue_from",
-                                "continue_from: continuing songs is off on this server (api.continue_max_songs: 0)");
+                                "continue_from: continuing songs is off on this server (api.continue_max_songs: 0); "
+                                "continue_journal takes the song's journal file instead");
         return -EINVAL;
     }
-    if (p->replay_file) {
-        mm3_job_set_error_param(job, 400, "x_replay_file", "x_replay_file: cannot be combined with continue_from");
-        return -EINVAL;
-    }
-    struct song_record rec;
-    int rc = song_store_get(e->songs, p->continue_from, mm3_job_now_ns(), &rec);
+    int rc = song_store_get(e->songs, p->continue_from, mm3_job_now_ns(), rec);
     if (rc == -ENOENT) {
         mm3_job_set_error_param(job, 404, "continue_from",
                                 "continue_from: no finished song %s on this server (unknown, failed or cancelled, or "
@@ -116,19 +169,33 @@ int eng_continue_submit(struct engine *e, struct mm3_job *job)
                                 p->continue_from);
         return -EINVAL;
     }
+    return rc;
+}
+
+int eng_continue_submit(struct engine *e, struct mm3_job *job)
+{
+    struct mm3_job_params *p = &job->params;
+    const char *field = p->journal ? "continue_journal" : "continue_from";
+    if (p->replay_file) {
+        mm3_job_set_error_param(job, 400, "x_replay_file", "x_replay_file: cannot be combined with %s", field);
+        return -EINVAL;
+    }
+    struct song_record rec;
+    uint64_t prompt_hash;
+    int rc = find_song(e, job, &rec, &prompt_hash);
     if (rc < 0) return rc;
     if (rec.n_steps < 2) {
-        mm3_job_set_error_param(job, 400, "continue_from", "continue_from: the song %s has no frame to continue",
-                                p->continue_from);
+        mm3_job_set_error_param(job, 400, field, "%s: the song has no frame to continue", field);
         rc = -EINVAL;
     }
     if (rc == 0) rc = check_conflicts(job, &rec.params);
-    if (rc == 0) rc = take_song(e, job, &rec);
+    if (rc == 0) rc = take_song(e, job, &rec, field);
     if (rc == 0) {
-        rc = sched_submit_continue(e->sched, job, rec.codes, rec.n_steps);
+        rc = sched_submit_continue(e->sched, job, rec.codes, rec.n_steps, prompt_hash);
         if (rc == 0)
             LOG_INFO("job %llu: continues %s (%d frames) to %d frames, answering %s", (unsigned long long)job->id,
-                     p->continue_from, rec.n_steps - 1, p->max_frames, p->return_whole ? "the whole song" : "the new part");
+                     p->journal ? "an uploaded journal's song" : p->continue_from, rec.n_steps - 1, p->max_frames,
+                     p->return_whole ? "the whole song" : "the new part");
     }
     song_record_free(&rec);
     return rc;

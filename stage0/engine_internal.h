@@ -105,6 +105,7 @@ struct engine {
 
     struct song_store *songs; /* finished songs for continue_from; NULL = continuation off */
     int max_song_frames;      /* the longest song the API serves (stage 0 max_tokens, at most 9000) */
+    int n_codebooks, audio_vocab; /* the depth decoder's: an uploaded journal must match them */
 
     struct s1_worker *workers;
     int n_workers;
@@ -190,10 +191,12 @@ void eng_reset_channels(struct s1_worker *w);
 
 /* ---- engine_continue.c: continue_from ---- */
 
-/* Submit a job whose params.continue_from names a kept song: its params become the
- * song's (conflicts refused naming the field), the whole song's length, the PCM the
- * client does not want skipped; then sched_submit_continue. -EINVAL with the job's
- * error and param set (404 unknown or expired, 400 a conflict), or sched's codes. */
+/* Submit a job whose params.continue_from names a kept song, or whose params.journal is
+ * an uploaded journal (validated: intact, finished, this model's, its prompt hash): its
+ * params become the song's (conflicts refused naming the field), the whole song's
+ * length, the PCM the client does not want skipped; then sched_submit_continue. -EINVAL
+ * with the job's error and param set (404 unknown or expired, 400 a conflict or a bad
+ * journal), or sched's codes. */
 int eng_continue_submit(struct engine *e, struct mm3_job *job);
 /* Keep the song of a delivered entry (stage 1's DONE, before the job finishes). */
 void eng_continue_keep(struct engine *e, struct eng_req *r);

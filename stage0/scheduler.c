@@ -173,23 +173,26 @@ static int steps_append(struct sched_req *r, const int32_t *codes, int n, int nc
     return 0;
 }
 
-static int submit(struct sched *s, struct mm3_job *job, const int32_t *cont_codes, int cont_steps);
+static int submit(struct sched *s, struct mm3_job *job, const int32_t *cont_codes, int cont_steps,
+                  uint64_t prompt_hash);
 
 int sched_submit(struct sched *s, struct mm3_job *job)
 {
-    return submit(s, job, NULL, 0);
+    return submit(s, job, NULL, 0, 0);
 }
 
-int sched_submit_continue(struct sched *s, struct mm3_job *job, const int32_t *codes, int n_steps)
+int sched_submit_continue(struct sched *s, struct mm3_job *job, const int32_t *codes, int n_steps,
+                          uint64_t prompt_hash)
 {
     if (n_steps < 1 || !codes) {
         mm3_job_set_error_param(job, 400, "continue_from", "continue_from: the song has no journaled step");
         return mm3_errorf(-EINVAL, "scheduler: a continuation needs the codes of at least one step");
     }
-    return submit(s, job, codes, n_steps);
+    return submit(s, job, codes, n_steps, prompt_hash);
 }
 
-static int submit(struct sched *s, struct mm3_job *job, const int32_t *cont_codes, int cont_steps)
+static int submit(struct sched *s, struct mm3_job *job, const int32_t *cont_codes, int cont_steps,
+                  uint64_t prompt_hash)
 {
     /* the cheap refusals first: a full queue does not tokenize anything */
     pthread_mutex_lock(&s->mu);
@@ -211,6 +214,14 @@ static int submit(struct sched *s, struct mm3_job *job, const int32_t *cont_code
         return -EINVAL;
     }
     r->prompt_len = n;
+    if (prompt_hash && journal_prompt_hash(r->ids, n) != prompt_hash) {
+        mm3_job_set_error_param(job, 400, "continue_journal",
+                                "continue_journal: the journal was written for another prompt than this server makes "
+                                "of its caption and lyrics (another tokenizer or checkpoint)");
+        free(r->ids);
+        free(r);
+        return -EINVAL;
+    }
     atomic_store(&job->prompt_tokens, n); /* usage of the SSE done event */
     r->max_frames = job->params.max_frames;
     /* max_model_len bounds prompt + frames; a long prompt shortens the song. */

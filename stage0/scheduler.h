@@ -112,13 +112,16 @@ int sched_submit(struct sched *s, struct mm3_job *job);
 
 /* sched_submit for a continuation: the song of codes[n_steps, n_codebooks] (its steps as
  * journaled, step 0 included) goes on in job, whose params are the song's with the
- * whole song's max_frames / min_frames. When the job gets rows the steps are
+ * whole song's max_frames / min_frames. prompt_hash (journal_prompt_hash), when not 0,
+ * must be that of the job's tokenized caption and lyrics (an uploaded journal: 400
+ * naming continue_journal otherwise). When the job gets rows the steps are
  * teacher-forced onto them (teacher_force_fill), journaled, and their frames go to
  * sink.on_frames as frames 0..n_steps-2; then generation draws frame n_steps-1 on.
  * With the same seed the frames equal those of the whole song generated at once (the
  * draws are position-addressed; on the CPU bit for bit). 400 naming continue_from when
  * not one new frame fits max_model_len. */
-int sched_submit_continue(struct sched *s, struct mm3_job *job, const int32_t *codes, int n_steps);
+int sched_submit_continue(struct sched *s, struct mm3_job *job, const int32_t *codes, int n_steps,
+                          uint64_t prompt_hash);
 
 /* Wake the loop so a cancelled job leaves at the next step boundary. */
 void sched_wake(struct sched *s);

@@ -3,7 +3,8 @@
  * samples, server errors exit 1 and leave no file, health reports readiness;
  * every bad numeric flag or format is exit 2 before anything is sent, --url
  * takes /v1 or not, a 404 is explained, and a signal leaves no OUT.part; continue sends
- * continue_from with its flags and refuses a malformed id. */
+ * continue_from with its flags (or a journal file as continue_journal) and refuses a
+ * malformed id. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -124,6 +125,20 @@ static void test_continue(void **state)
     assert_int_equal(fx->fe.last.min_frames, 25);
     assert_int_equal(fx->fe.last.given, 0);
     pthread_mutex_unlock(&fx->fe.mu);
+    /* a journal file, uploaded as it is */
+    char jpath[600];
+    snprintf(jpath, sizeof jpath, "%s/song.mm3j", dir);
+    static const uint8_t jbytes[] = {'M', 'M', '3', 'J', 'R', 'N', 'L', 0, 1, 0, 0, 0, 0xff, 0x80, 7};
+    FILE *jf = fopen(jpath, "wb");
+    assert_non_null(jf);
+    assert_int_equal(fwrite(jbytes, 1, sizeof jbytes, jf), sizeof jbytes);
+    fclose(jf);
+    const char *up[] = {"continue", "--journal", jpath, "--duration", "1", "-o", out, "--url", fx->base, "--quiet", NULL};
+    assert_int_equal(run_mm3(up), 0);
+    pthread_mutex_lock(&fx->fe.mu);
+    assert_string_equal(fx->fe.last.continue_from, "");
+    assert_int_equal(fx->fe.last.journal_len, sizeof jbytes);
+    pthread_mutex_unlock(&fx->fe.mu);
     int submits = atomic_load(&fx->fe.submits);
     /* refused before anything is sent: exit 2 */
     static const char *const bad[][6] = {
@@ -133,6 +148,7 @@ static void test_continue(void **state)
         {"continue", "00112233445566778899aabbccddeeff", "00112233445566778899aabbccddeeff", NULL},
         {"continue", "00112233445566778899aabbccddeeff", "--duration", "nan", NULL},
         {"continue", "00112233445566778899aabbccddeeff", "--duration", "1", "--min-duration", "2"},
+        {"continue", "00112233445566778899aabbccddeeff", "--journal", "x.mm3j", NULL},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         const char *args[12] = {0};

@@ -108,6 +108,7 @@ static int fake_submit(void *ctx, struct mm3_job *job)
     pthread_mutex_lock(&fe->mu);
     fe->last = job->params;
     fe->last.lyrics = fe->last.caption = fe->last.replay_file = NULL;
+    fe->last.journal = NULL;
     pthread_mutex_unlock(&fe->mu);
     atomic_fetch_add(&fe->submits, 1);
     if (fe->mode == FAKE_EAGAIN) return -EAGAIN;

@@ -362,6 +362,19 @@ static void test_continuation(void **state)
     expect_bad(json, "return", "\"new\"");
     snprintf(json, sizeof json, "{\"continue_from\":\"%s\",\"input\":\" \"}", id);
     expect_bad(json, "input", "must not be empty");
+    /* an uploaded journal file, base64 */
+    assert_int_equal(parse("{\"continue_journal\":\"TU0zSlJOTAA=\",\"return\":\"whole\"}", &p, f), 0);
+    assert_int_equal(p.journal_len, 8);
+    assert_memory_equal(p.journal, "MM3JRNL", 8);
+    assert_true(p.return_whole);
+    assert_string_equal(p.lyrics, "");
+    mm3_job_params_free(&p);
+    assert_null(p.journal);
+    snprintf(json, sizeof json, "{\"continue_from\":\"%s\",\"continue_journal\":\"TU0zSlJOTAA=\"}", id);
+    expect_bad(json, "continue_journal", "not both");
+    expect_bad("{\"continue_journal\":\"TU0z*lJOTAA=\"}", "continue_journal", "not base64");
+    expect_bad("{\"continue_journal\":\"\"}", "continue_journal", "base64");
+    expect_bad("{\"continue_journal\":5}", "continue_journal", "base64");
 }
 
 static void test_seed_beyond_64_bits(void **state)

@@ -5,6 +5,8 @@
  *     the whole audio ("return": "whole"); the new part alone ("return": "new") is the
  *     whole song's audio from N frames' time on;
  *   - a continuation is itself kept: continuing it again equals the longer song too;
+ *   - the first song's journal file uploaded (continue_journal) continues it the same way;
+ *     a cut or corrupt upload, or one that is not base64, is a 400 naming the field;
  *   - errors name the field: an id of the wrong form (400), an unknown id (404), a seed
  *     or a caption that differs from the song's (400), a length past the longest song
  *     (the deploy file's 4000 frames: 400), `return` without continue_from (400), a song
@@ -24,6 +26,7 @@
 #include <sys/stat.h>
 
 #include "common/http_client.h"
+#include "stage0/api/base64.h"
 #include "stage0/recovery/journal.h"
 #include "support/test_replica.h"
 #include "support/test_support.h"
@@ -146,6 +149,44 @@ static int journals_with_steps(const char *dir, int n_steps, int32_t **codes, in
     return k;
 }
 
+/* The bytes of the one journal of the folder with n_steps steps (caller frees). */
+static uint8_t *journal_file_with_steps(const char *dir, int n_steps, size_t *len)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    uint8_t *bytes = NULL;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        size_t n = strlen(de->d_name);
+        if (n < 5 || strcmp(de->d_name + n - 5, ".mm3j") != 0) continue;
+        char path[2400];
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        struct journal_record rec;
+        assert_int_equal(journal_read(path, &rec), 0);
+        if (rec.n_steps == n_steps) {
+            assert_null(bytes);
+            bytes = (uint8_t *)test_file_read(path, len);
+        }
+        journal_record_free(&rec);
+    }
+    closedir(d);
+    assert_non_null(bytes);
+    return bytes;
+}
+
+/* A body continuing the uploaded journal file bytes[len] by N_MORE frames, whole. */
+static char *upload_body(const uint8_t *bytes, size_t len)
+{
+    char *b64, *body;
+    assert_int_equal(base64_encode(bytes, len, &b64), 0);
+    assert_true(asprintf(&body,
+                         "{\"continue_journal\": \"%s\", \"max_new_tokens\": %d, \"return\": \"whole\", "
+                         "\"ignore_eos\": true}",
+                         b64, N_MORE) > 0);
+    free(b64);
+    return body;
+}
+
 static void test_continue_equals_one_shot(void **state)
 {
     struct cont *c = *state;
@@ -184,6 +225,28 @@ static void test_continue_equals_one_shot(void **state)
         assert_memory_equal(codes[k], codes[0], bytes);
     for (int k = 0; k < n; k++)
         free(codes[k]);
+
+    /* the first song's journal file, uploaded, continues it the same way */
+    size_t jlen, up_len;
+    uint8_t *jbytes = journal_file_with_steps(c->journal_dir, N_FIRST + 1, &jlen);
+    char *up = upload_body(jbytes, jlen);
+    uint8_t *uploaded = song(c, up, NULL, &up_len);
+    free(up);
+    assert_int_equal(up_len, once_len);
+    assert_memory_equal(uploaded, once, once_len);
+    free(uploaded);
+    /* cut, or a byte flipped in its codes: the file is refused, naming the field */
+    char param[32];
+    up = upload_body(jbytes, jlen - 30);
+    assert_int_equal(refused(c, up, param, sizeof param), 400);
+    assert_string_equal(param, "continue_journal");
+    free(up);
+    jbytes[jlen - 40] ^= 0x10;
+    up = upload_body(jbytes, jlen);
+    assert_int_equal(refused(c, up, param, sizeof param), 400);
+    assert_string_equal(param, "continue_journal");
+    free(up);
+    free(jbytes);
 
     /* a continuation is kept in turn: continued again it is the still longer song */
     snprintf(body, sizeof body,
@@ -237,6 +300,12 @@ static void test_errors_name_the_field(void **state)
     snprintf(body, sizeof body, "{%s, \"max_new_tokens\": 10, \"return\": \"whole\"}", k_text);
     assert_int_equal(refused(c, body, param, sizeof param), 400);
     assert_string_equal(param, "return");
+    snprintf(body, sizeof body, "{\"continue_journal\": \"not base64!\", \"max_new_tokens\": 10}");
+    assert_int_equal(refused(c, body, param, sizeof param), 400);
+    assert_string_equal(param, "continue_journal");
+    snprintf(body, sizeof body, "{\"continue_journal\": \"TU0zSlJOTAA=\", \"max_new_tokens\": 10}");
+    assert_int_equal(refused(c, body, param, sizeof param), 400); /* the magic alone */
+    assert_string_equal(param, "continue_journal");
 
     size_t len;
     snprintf(body, sizeof body, "{%s, \"max_new_tokens\": 20, \"seed\": 3}", k_text);

@@ -424,7 +424,8 @@ static void test_cuda_look_ahead(void **state)
  * once with the same seed and minimum (the engine's N + 1): the same codes at every
  * step, the same frames (the earlier ones teacher-forced and re-sent first). On the CPU
  * bit for bit; on CUDA (when there is a GPU, with graphs) the codes are equal and the
- * frames within the backend's summation-order bound. */
+ * frames within the backend's summation-order bound. A continuation that fits no new
+ * frame, or whose uploaded journal's prompt hash differs, is refused naming its field. */
 static void run_continue(struct model *m, enum talker_backend_kind backend)
 {
     enum { N = 12, M = 9 };
@@ -454,7 +455,7 @@ static void run_continue(struct model *m, enum talker_backend_kind backend)
     log_add(&log, make_job(&q));
     for (int i = 1; i <= 2; i++)
         log.jobs[i]->params.min_frames = N + 1;
-    assert_int_equal(sched_submit_continue(s, log.jobs[1], log.codes[0], log.n_steps[0]), 0);
+    assert_int_equal(sched_submit_continue(s, log.jobs[1], log.codes[0], log.n_steps[0], 0), 0);
     assert_int_equal(sched_submit(s, log.jobs[2]), 0);
     while (sched_step(s) > 0) {
     }
@@ -483,12 +484,20 @@ static void run_continue(struct model *m, enum talker_backend_kind backend)
     /* no room for one new frame: 400 naming continue_from */
     q.frames = N;
     log_add(&log, make_job(&q));
-    assert_int_equal(sched_submit_continue(s, log.jobs[3], log.codes[0], log.n_steps[0]), -EINVAL);
+    assert_int_equal(sched_submit_continue(s, log.jobs[3], log.codes[0], log.n_steps[0], 0), -EINVAL);
     char msg[256];
     assert_int_equal(mm3_job_error(log.jobs[3], msg, sizeof msg), 400);
     char param[32];
     mm3_job_error_param(log.jobs[3], param, sizeof param);
     assert_string_equal(param, "continue_from");
+    /* an uploaded journal written for another prompt: 400 naming continue_journal */
+    q.frames = N + M;
+    log_add(&log, make_job(&q));
+    assert_int_equal(sched_submit_continue(s, log.jobs[4], log.codes[0], log.n_steps[0], 12345), -EINVAL);
+    assert_int_equal(mm3_job_error(log.jobs[4], msg, sizeof msg), 400);
+    mm3_job_error_param(log.jobs[4], param, sizeof param);
+    assert_string_equal(param, "continue_journal");
+    assert_non_null(strstr(msg, "another prompt"));
     sched_destroy(s, NULL);
     log_free(&log);
 }

@@ -3,13 +3,14 @@
  *   mm3 generate (--caption TEXT | --caption-file F) (--lyrics-file F | --lyrics TEXT)
  *                [--duration S] [--seed N] [-o song.wav] [--format wav|pcm|flac|mp3|opus]
  *                [--sample-rate 44100|32000] [--steps N] [--quiet] [--url URL] [--api-key KEY]
- *   mm3 continue ID [--duration S] [--min-duration S] [--whole] [-o new.wav] [--format F]
- *                [--sample-rate 44100|32000] [--quiet] [--url URL] [--api-key KEY]
+ *   mm3 continue (ID | --journal FILE) [--duration S] [--min-duration S] [--whole] [-o new.wav]
+ *                [--format F] [--sample-rate 44100|32000] [--quiet] [--url URL] [--api-key KEY]
  *   mm3 health [--url URL]
  *   mm3 rerender ARGS...   (= mm3-rerender ARGS..., docs/journal.md)
  *
  * continue goes on with the finished song the server answered with X-Request-Id ID
- * (continue_from): --duration seconds more, the new part or with --whole the whole song.
+ * (continue_from), or with the song of a journal file it uploads (continue_journal):
+ * --duration seconds more, the new part or with --whole the whole song.
  * generate and continue always stream (stream: true): audio is written as stage 1 finishes
  * each window, into OUT.part, renamed to OUT when the stream ended properly (a
  * streamed WAV's "unknown" sizes are patched then); on any failure, and on
@@ -35,9 +36,12 @@
 
 #include "common/error.h"
 #include "common/http_client.h"
+#include "stage0/api/base64.h"
 
 #define DEFAULT_URL "http://127.0.0.1:8000"
 #define MAX_TEXT_FILE (1 << 20)
+/* An uploaded journal: a 6-minute song's is ~110 KB; the server's body cap decides the rest. */
+#define MAX_JOURNAL_FILE (8 << 20)
 /* Bodies the client holds in memory: an error answer, a progress or health report.
  * The audio itself goes to the output file as it arrives. */
 #define MAX_ERROR_BODY (64 * 1024)
@@ -57,7 +61,7 @@ static void usage(FILE *f)
                "               [--duration S] [--seed N] [-o song.wav] [--format wav|pcm|flac|mp3|opus]\n"
                "               [--sample-rate 44100|32000] [--steps N] [--quiet] [--url URL]\n"
                "               [--api-key KEY]\n"
-               "  mm3 continue ID [--duration S] [--min-duration S] [--whole] [-o new.wav]\n"
+               "  mm3 continue (ID | --journal FILE) [--duration S] [--min-duration S] [--whole] [-o new.wav]\n"
                "               [--format wav|pcm|flac|mp3|opus] [--sample-rate 44100|32000] [--quiet]\n"
                "               [--url URL] [--api-key KEY]\n"
                "  mm3 health [--url URL]\n"
@@ -91,6 +95,26 @@ static char *read_text_file(const char *path)
         return NULL;
     }
     buf[n] = 0;
+    return buf;
+}
+
+/* A whole binary file of at most cap bytes (malloc'ed), or NULL with a message. */
+static uint8_t *read_binary_file(const char *path, size_t cap, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "mm3: %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    uint8_t *buf = malloc(cap + 1);
+    *n = buf ? fread(buf, 1, cap + 1, f) : 0;
+    bool err = ferror(f);
+    fclose(f);
+    if (!buf || err || *n > cap) {
+        fprintf(stderr, "mm3: %s: %s\n", path, !buf ? "out of memory" : err ? "read error" : "larger than 8 MiB");
+        free(buf);
+        return NULL;
+    }
     return buf;
 }
 
@@ -665,12 +689,13 @@ static int cmd_generate(int argc, char **argv, const char *url)
 
 /* ---- continue ---- */
 
-/* mm3 continue ID: the song the server answered with X-Request-Id ID goes on for
- * --duration seconds more (all the server allows without it); the new part, or with
- * --whole the whole song, streamed to -o like generate. */
+/* mm3 continue ID: the song the server answered with X-Request-Id ID (or, with
+ * --journal FILE, the song of that journal, uploaded) goes on for --duration seconds
+ * more (the server's default without it); the new part, or with --whole the whole song,
+ * streamed to -o like generate. */
 static int cmd_continue(int argc, char **argv, const char *url)
 {
-    const char *out_path = NULL, *format = NULL;
+    const char *out_path = NULL, *format = NULL, *journal = NULL;
     double duration = 0, min_duration = 0;
     unsigned long long rate = 0;
     bool has_duration = false, has_min = false, has_rate = false, whole = false, quiet = false;
@@ -678,6 +703,7 @@ static int cmd_continue(int argc, char **argv, const char *url)
         {"duration", required_argument, 0, 'd'},
         {"min-duration", required_argument, 0, 'm'},
         {"whole", no_argument, 0, 'w'},
+        {"journal", required_argument, 0, 'j'},
         {"output", required_argument, 0, 'o'},
         {"format", required_argument, 0, 'f'},
         {"sample-rate", required_argument, 0, 'r'},
@@ -700,6 +726,9 @@ static int cmd_continue(int argc, char **argv, const char *url)
             break;
         case 'w':
             whole = true;
+            break;
+        case 'j':
+            journal = optarg;
             break;
         case 'r':
             ok = has_rate = !strcmp(optarg, "44100") || !strcmp(optarg, "32000");
@@ -732,11 +761,12 @@ static int cmd_continue(int argc, char **argv, const char *url)
         }
         if (!ok) return 2;
     }
-    /* the id is the server's X-Request-Id: 32 lowercase hex digits */
+    /* the id is the server's X-Request-Id: 32 lowercase hex digits; or the song's journal file */
     const char *id = optind == argc - 1 ? argv[optind] : NULL;
-    if (!id || strlen(id) != 32 || strspn(id, "0123456789abcdef") != 32) {
+    bool id_ok = id && strlen(id) == 32 && strspn(id, "0123456789abcdef") == 32;
+    if (journal ? optind != argc : !id_ok) {
         fprintf(stderr, "mm3 continue: give one request id (32 lowercase hex digits, the X-Request-Id of a finished "
-                        "song)%s%s\n", id ? ", not " : "", id ? id : "");
+                        "song)%s%s, or --journal FILE alone\n", id ? ", not " : "", id ? id : "");
         usage(stderr);
         return 2;
     }
@@ -756,8 +786,21 @@ static int cmd_continue(int argc, char **argv, const char *url)
     }
     char base[1024];
     if (!base_url(url, base, sizeof base)) return 2;
-    json_t *req = json_pack("{s:s, s:s, s:b, s:s}", "continue_from", id, "response_format", format, "stream", 1,
-                            "return", whole ? "whole" : "new");
+    char *b64 = NULL;
+    if (journal) {
+        size_t n;
+        uint8_t *bytes = read_binary_file(journal, MAX_JOURNAL_FILE, &n);
+        if (!bytes) return 1;
+        int rc = base64_encode(bytes, n, &b64);
+        free(bytes);
+        if (rc < 0) {
+            fprintf(stderr, "mm3: %s\n", mm3_last_error());
+            return 1;
+        }
+    }
+    json_t *req = json_pack("{s:s, s:s, s:b, s:s}", journal ? "continue_journal" : "continue_from", journal ? b64 : id,
+                            "response_format", format, "stream", 1, "return", whole ? "whole" : "new");
+    free(b64);
     if (!req) {
         fprintf(stderr, "mm3: out of memory\n");
         return 1;

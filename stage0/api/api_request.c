@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "common/replay_file.h"
+#include "stage0/api/base64.h"
 
 void api_limits_default(struct api_limits *lim)
 {
@@ -202,14 +203,32 @@ static int take_continuation(struct parse_ctx *c, json_t *root, struct mm3_job_p
                        "32 lowercase hex digits, as X-Request-Id gives it");
         memcpy(p->continue_from, s, n + 1);
     }
+    v = json_object_get(root, "continue_journal");
+    if (v && !json_is_null(v)) {
+        const char *s = json_string_value(v);
+        if (p->continue_from[0])
+            return bad(c, "continue_journal", "field '%s': give continue_from or %s, not both",
+                       "continue_journal (an uploaded journal file)");
+        if (!s || !s[0])
+            return bad(c, "continue_journal", "field '%s': expected %s", "a journal file (.mm3j) in base64");
+        int rc = base64_decode(s, json_string_length(v), &p->journal, &p->journal_len);
+        if (rc == -EINVAL) {
+            char why[160]; /* the decoder's message, before the error buffer is reused */
+            snprintf(why, sizeof why, "%s", mm3_last_error());
+            return bad(c, "continue_journal", "field '%s': %s", why);
+        }
+        if (rc < 0) return rc;
+    }
+    bool cont = p->continue_from[0] || p->journal;
     v = json_object_get(root, "return");
     if (v && !json_is_null(v)) {
         const char *s = json_string_value(v);
         if (!s || (strcmp(s, "new") != 0 && strcmp(s, "whole") != 0))
             return bad(c, "return", "field '%s': expected \"new\" (the continuation's audio) or \"whole\"%s",
                        " (the whole song)");
-        if (!p->continue_from[0])
-            return bad(c, "return", "field '%s' needs continue_from%s", " (it says what a continuation answers)");
+        if (!cont)
+            return bad(c, "return", "field '%s' needs continue_from or continue_journal%s",
+                       " (it says what a continuation answers)");
         p->return_whole = strcmp(s, "whole") == 0;
     }
     return 0;
@@ -224,7 +243,7 @@ static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params
         "duration_s",     "seed",      "response_format", "sample_rate",   "num_inference_steps",
         "guidance_scale", "cfg_scale", "stream",          "stream_format", "model",
         "speed",          "x_replay_file", "ignore_eos",  "flow_shift",    "allow_stall",
-        "continue_from",  "return",
+        "continue_from",  "continue_journal", "return",
     };
     const char *key;
     json_t *v;
@@ -253,7 +272,7 @@ static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params
 #define GET(name) ((v = json_object_get(root, name)) && !json_is_null(v))
 #define GIVEN(bit) (p->given |= (bit))
     if ((rc = take_continuation(c, root, p)) < 0) return rc;
-    bool cont = p->continue_from[0] != 0, given;
+    bool cont = p->continue_from[0] || p->journal, given;
     if ((rc = take_text(c, root, "input", "lyrics", cont, &p->lyrics, &given)) < 0) return rc;
     if (given) GIVEN(MM3_GIVEN_LYRICS);
     if ((rc = take_text(c, root, "instructions", "caption", cont, &p->caption, &given)) < 0) return rc;

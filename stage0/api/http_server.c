@@ -508,7 +508,7 @@ static void buffer_give(struct http_server *s, size_t n)
 static size_t whole_answer_bound(const struct http_server *s, const struct mm3_job_params *p)
 {
     /* a continuation answering the whole song holds the earlier part too */
-    int32_t frames = p->continue_from[0] && p->return_whole ? s->cfg.limits.max_frames : p->max_frames;
+    int32_t frames = (p->continue_from[0] || p->journal) && p->return_whole ? s->cfg.limits.max_frames : p->max_frames;
     double seconds = (double)frames / s->cfg.limits.frame_rate;
     size_t pcm = (size_t)(seconds * p->sample_rate + 1) * (size_t)s->cfg.pcm_channels * 2;
     return pcm + pcm / 64 + 4096;

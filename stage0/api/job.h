@@ -77,6 +77,10 @@ struct mm3_job_params {
     /* Continue a finished song of this server (its public id; "" = a new song): max_frames and
      * min_frames count the new part until the engine makes them the whole song's. */
     char continue_from[MM3_JOB_PUBLIC_ID_LEN + 1];
+    /* Or continue the song of an uploaded journal file (continue_journal, decoded from base64;
+     * untrusted: the engine validates it), owned like the strings; NULL = none. */
+    uint8_t *journal;
+    size_t journal_len;
     bool return_whole; /* a continuation answers the whole song, not only its new part */
     uint32_t given;    /* enum mm3_given: the fields the request set */
 };

@@ -94,6 +94,8 @@ static int record_copy(struct song_record *dst, const struct song_record *src)
     dst->params.caption = strdup(src->params.caption);
     dst->params.lyrics = strdup(src->params.lyrics);
     dst->params.replay_file = NULL;
+    dst->params.journal = NULL;
+    dst->params.journal_len = 0;
     size_t nc = (size_t)src->n_steps * src->n_codebooks;
     dst->codes = malloc(sizeof(int32_t) * (nc ? nc : 1));
     if (!dst->params.caption || !dst->params.lyrics || !dst->codes) {

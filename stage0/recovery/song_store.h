@@ -31,7 +31,7 @@ struct song_store_limits {
 /* One kept song (a copy: the caller owns it). */
 struct song_record {
     char id[MM3_JOB_PUBLIC_ID_LEN + 1];
-    struct mm3_job_params params; /* caption and lyrics owned; replay_file NULL */
+    struct mm3_job_params params; /* caption and lyrics owned; replay_file and journal NULL */
     int32_t *codes;               /* [n_steps, n_codebooks] */
     int n_steps, n_codebooks;
     int64_t put_ns; /* the clock the caller passed to song_store_put */

@@ -294,3 +294,5 @@ if __name__ == "__main__":
     seeds_tokenizer()
     seeds_api_request()
     seeds_shmconn()
+    # corpus/journal/ is not made here: "finished" is a journal mm3 wrote (a 60-frame song of
+    # test_e2e_continue on tiny-a), "cut_in_codes" and "cut_in_header" its first 300 and 100 bytes.
