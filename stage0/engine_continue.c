@@ -105,7 +105,9 @@ static int bad_journal(struct mm3_job *job, const char *msg)
 }
 
 /* The song of an uploaded journal (untrusted): an intact journal of a finished song of
- * this model, at most the longest song; *prompt_hash for the scheduler to check. */
+ * this model, at most the longest song, its parameters within the request ranges (they
+ * reach stage 1 as a request's would; the caption and lyrics meet the prompt's checks in
+ * the scheduler); *prompt_hash for the scheduler to check. */
 static int uploaded_song(struct engine *e, struct mm3_job *job, struct song_record *out, uint64_t *prompt_hash)
 {
     const struct mm3_job_params *p = &job->params;
@@ -125,6 +127,16 @@ static int uploaded_song(struct engine *e, struct mm3_job *job, struct song_reco
                  "the file is cut or corrupt after %d steps (byte %lld of %zu), or longer than %d frames: upload the "
                  "whole journal of a finished song",
                  jr.n_steps, (long long)jr.valid_bytes, p->journal_len, e->max_song_frames);
+    else if (jr.h.params.num_inference_steps < 1 || jr.h.params.num_inference_steps > 200)
+        snprintf(msg, sizeof msg, "header field 'num_inference_steps' is %d, expected 1..200",
+                 jr.h.params.num_inference_steps);
+    else if (!(jr.h.params.guidance_scale >= 0 && jr.h.params.guidance_scale <= 100))
+        snprintf(msg, sizeof msg, "header field 'guidance_scale' is %g, expected 0..100", jr.h.params.guidance_scale);
+    else if (!(jr.h.params.cfg_scale >= 0 && jr.h.params.cfg_scale <= 100))
+        snprintf(msg, sizeof msg, "header field 'cfg_scale' is %g, expected 0..100", jr.h.params.cfg_scale);
+    else if (jr.h.params.seed > INT64_MAX)
+        snprintf(msg, sizeof msg, "header field 'seed' is %llu, expected 0..%lld",
+                 (unsigned long long)jr.h.params.seed, (long long)INT64_MAX);
     else if (jr.status != JOURNAL_DONE)
         snprintf(msg, sizeof msg, "the journal's song is %s, not done: only a delivered song can be continued",
                  journal_status_name(jr.status));

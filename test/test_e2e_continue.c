@@ -122,6 +122,40 @@ static int refused(struct cont *c, const char *body, char *param, size_t cap)
     return st;
 }
 
+/* A refused request's status; its error names param and its message holds needle. */
+static int refused_saying(struct cont *c, const char *body, const char *param, const char *needle)
+{
+    struct http_client_response resp;
+    post(c, body, &resp);
+    int st = resp.status;
+    if (!resp.body || !strstr(resp.body, param) || !strstr(resp.body, needle))
+        fail_msg("%d %s: wanted param %s and '%s'", st, resp.body ? resp.body : "", param, needle);
+    http_client_response_free(&resp);
+    return st;
+}
+
+/* A journal of the song rec (its codes) with other parameters or prompt ids, as a file's
+ * bytes (caller frees). */
+static uint8_t *crafted_journal(struct cont *c, const struct journal_record *rec, int steps, const int32_t *ids,
+                                int prompt_len, size_t *len)
+{
+    static int k;
+    struct mm3_job_params p = rec->h.params;
+    p.num_inference_steps = steps;
+    char id[32];
+    snprintf(id, sizeof id, "crafted-%d", k++);
+    struct journal *w;
+    assert_int_equal(journal_open_write(&w, c->tmp, id, &p, rec->h.n_codebooks, rec->h.audio_vocab, ids, prompt_len),
+                     0);
+    assert_int_equal(journal_append_codes(w, rec->codes, rec->n_steps), 0);
+    char *path = strdup(journal_path(w));
+    assert_int_equal(journal_close(w, JOURNAL_DONE, JOURNAL_STOP_BUDGET, rec->n_steps - 1), 0);
+    uint8_t *b = (uint8_t *)test_file_read(path, len);
+    assert_non_null(b);
+    free(path);
+    return b;
+}
+
 /* Every finished journal of the folder with n_steps steps, its codes into codes[k]
  * (*ncb codes a step). */
 static int journals_with_steps(const char *dir, int n_steps, int32_t **codes, int max, int *ncb)
@@ -241,6 +275,20 @@ static void test_continue_equals_one_shot(void **state)
     assert_int_equal(refused(c, up, param, sizeof param), 400);
     assert_string_equal(param, "continue_journal");
     free(up);
+    /* a journal whose parameters stage 1 must not get, or written for another prompt */
+    struct journal_record first_rec;
+    assert_int_equal(journal_read_buffer("first", jbytes, jlen, 100000, &first_rec), 0);
+    const int32_t other_ids[2] = {1, 1};
+    size_t clen;
+    uint8_t *crafted = crafted_journal(c, &first_rec, 100000, other_ids, 1, &clen);
+    up = upload_body(crafted, clen);
+    assert_int_equal(refused_saying(c, up, "continue_journal", "num_inference_steps"), 400);
+    free(up), free(crafted);
+    crafted = crafted_journal(c, &first_rec, first_rec.h.params.num_inference_steps, other_ids, 1, &clen);
+    up = upload_body(crafted, clen);
+    assert_int_equal(refused_saying(c, up, "continue_journal", "another prompt"), 400);
+    free(up), free(crafted);
+    journal_record_free(&first_rec);
     jbytes[jlen - 40] ^= 0x10;
     up = upload_body(jbytes, jlen);
     assert_int_equal(refused(c, up, param, sizeof param), 400);
