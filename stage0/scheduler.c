@@ -27,7 +27,7 @@ struct sched_req {
     int attached;
     struct journal *jr; /* NULL: not journaled */
     int pair;           /* row pair index, -1 while queued */
-    /* The codes of every step so far (cfg.keep_codes, or a continuation): [n_steps, ncb]. A
+    /* The codes of every step so far ([n_steps, ncb]; appended with cfg.keep_codes). A
      * continuation starts with its song's cont_steps steps, teacher-forced when it gets rows. */
     int32_t *steps;
     int n_steps, cap_steps, cont_steps;
@@ -227,10 +227,11 @@ static int submit(struct sched *s, struct mm3_job *job, const int32_t *cont_code
     /* max_model_len bounds prompt + frames; a long prompt shortens the song. */
     if (r->max_frames > s->cfg.max_ctx - n) r->max_frames = s->cfg.max_ctx - n;
     if (cont_steps > 0 && r->max_frames < cont_steps) { /* not one new frame fits */
-        mm3_job_set_error_param(job, 400, "continue_from",
-                                "continue_from: the song's prompt of %d tokens and %d frames leave no room for a new "
-                                "frame within max_model_len %d",
-                                n, cont_steps - 1, s->cfg.max_ctx);
+        const char *field = job->params.journal ? "continue_journal" : "continue_from";
+        mm3_job_set_error_param(job, 400, field,
+                                "%s: the song's prompt of %d tokens and %d frames leave no room for a new frame within "
+                                "max_model_len %d",
+                                field, n, cont_steps - 1, s->cfg.max_ctx);
         free(r->ids);
         free(r);
         return -EINVAL;
@@ -376,8 +377,8 @@ static int continue_song(struct sched *s, struct sched_req *r)
         return rc;
     }
     if (r->jr) journal_append_codes(r->jr, r->steps, r->cont_steps);
-    LOG_INFO("job %llu: continues a song of %d frames from frame %d", (unsigned long long)r->job->id,
-             r->cont_steps - 1, r->cont_steps - 1);
+    LOG_INFO("job %llu: the continued song's %d frames teacher-forced and sent; drawing from frame %d on",
+             (unsigned long long)r->job->id, r->cont_steps - 1, r->cont_steps - 1);
     return 0;
 }
 
@@ -587,7 +588,7 @@ int sched_step(struct sched *s)
         /* Every step that drew codes, step 0 and the budget-ending one included. */
         int drew = !(r->g.done && r->g.stop == GENERATE_STOP_TOKEN);
         if (r->jr && drew) journal_append_codes(r->jr, r->g.codes, 1);
-        if ((s->cfg.keep_codes || r->cont_steps) && drew &&
+        if (s->cfg.keep_codes && drew &&
             steps_append(r, r->g.codes, 1, s->dd->cfg.n_codebooks) < 0) {
             mm3_job_fail_kind(r->job, MM3_FAIL_INTERNAL, "stage 0: %s", mm3_last_error());
             leave_early(s, r);
