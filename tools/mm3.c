@@ -111,7 +111,10 @@ static uint8_t *read_binary_file(const char *path, size_t cap, size_t *n)
     bool err = ferror(f);
     fclose(f);
     if (!buf || err || *n > cap) {
-        fprintf(stderr, "mm3: %s: %s\n", path, !buf ? "out of memory" : err ? "read error" : "larger than 8 MiB");
+        if (buf && !err)
+            fprintf(stderr, "mm3: %s: larger than %zu bytes\n", path, cap);
+        else
+            fprintf(stderr, "mm3: %s: %s\n", path, !buf ? "out of memory" : "read error");
         free(buf);
         return NULL;
     }
@@ -454,7 +457,8 @@ static const char *error_message(struct gen *g)
 }
 
 /* POST body (freed here) to url's speech endpoint and stream the answer into OUT.part,
- * renamed to out_path when complete; progress on stderr unless quiet. 0 or 1. */
+ * renamed to out_path when complete; progress on stderr unless quiet. The exit status:
+ * 0, 1 (the server or the file failed) or 2 (-o too long). */
 static int stream_song(const char *url, char *body, const char *out_path, bool quiet)
 {
     struct gen g = {.base_url = url, .out_path = out_path, .quiet = quiet};
