@@ -412,6 +412,9 @@ void mm3_deploy_init_defaults(struct mm3_deploy *d)
     d->api.max_connections_per_client = 32;
     d->api.admin_connections = 8;
     d->api.drain_timeout_s = 10;
+    d->api.continue_max_songs = 256;
+    d->api.continue_max_bytes = 64LL << 20;
+    d->api.continue_max_age_s = 3600;
     connector_defaults(&d->edge, "(default)");
     for (int i = 0; i < MM3_DEPLOY_NUM_STAGES; i++) {
         struct mm3_stage_config *s = &d->stages[i];
@@ -937,6 +940,9 @@ static const struct field api_fields[] = {
     {"journal_dir", STRING_AT(struct mm3_api_config, journal_dir), .allow_empty = true},
     {"replay_dir", STRING_AT(struct mm3_api_config, replay_dir), .allow_empty = true},
     {"max_buffered_bytes", I64_AT(struct mm3_api_config, max_buffered_bytes), .lo = 1LL << 20, .hi = 1LL << 40},
+    {"continue_max_songs", I32_AT(struct mm3_api_config, continue_max_songs), .lo = 0, .hi = 1000000},
+    {"continue_max_bytes", I64_AT(struct mm3_api_config, continue_max_bytes), .lo = 0, .hi = 1LL << 40},
+    {"continue_max_age_s", NUMBER_AT(struct mm3_api_config, continue_max_age_s), .min = 0, .max = 30 * 86400},
     {"default_sample_rate", CUSTOM(decode_sample_rate)},
     {"idle_timeout_s", I32_AT(struct mm3_api_config, idle_timeout_s), .lo = 1, .hi = 86400},
     {"request_read_timeout_s", NUMBER_AT(struct mm3_api_config, request_read_timeout_s), .min = 0, .min_open = true,

@@ -167,6 +167,10 @@ struct mm3_api_config {
     int admin_connections;                 /* beyond max_connections, for /health* and /metrics only */
     double drain_timeout_s;                /* on SIGTERM: in-flight songs may finish within this */
     char api_key[MM3_DEPLOY_API_KEY_MAX];  /* "" = no key; else Bearer required on /v1 paths */
+    /* Finished songs kept in stage 0's memory for continue_from (stage0/recovery/song_store.h). */
+    int continue_max_songs;      /* 0 = continuation off */
+    int64_t continue_max_bytes;  /* their codes, captions and lyrics together */
+    double continue_max_age_s;   /* a song older than this cannot be continued */
 };
 
 struct mm3_deploy {

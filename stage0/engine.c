@@ -40,7 +40,8 @@ static int api_submit(void *ctx, struct mm3_job *job)
         mm3_job_set_error_kind(job, MM3_FAIL_UNAVAILABLE, "stage 1 unavailable");
         return -EAGAIN;
     }
-    int rc = sched_submit(e->sched, job);
+    int cont = job->params.continue_from[0] || job->params.journal;
+    int rc = cont ? eng_continue_submit(e, job) : sched_submit(e->sched, job);
     if (rc == -EAGAIN)
         mm3_job_set_error_kind(job, MM3_FAIL_UNAVAILABLE, "server busy: generation queue full, retry later");
     if (rc == -ESHUTDOWN) {
@@ -195,6 +196,15 @@ int engine_create(struct engine **out, const struct mm3_deploy *d, const struct 
                               .max_queue = d->api.max_queue_depth,
                               .journal_dir = d->api.journal_dir,
                               .replay_dir = d->api.replay_dir};
+    e->max_song_frames = (int)(s0->max_tokens - MM3_DEPLOY_EXTRA_AR_STEPS); /* as the HTTP limits (main.c) */
+    e->n_codebooks = dd->cfg.n_codebooks;
+    e->audio_vocab = dd->cfg.audio_vocab;
+    if (e->max_song_frames > GENERATE_MAX_FRAMES) e->max_song_frames = GENERATE_MAX_FRAMES;
+    if (d->api.continue_max_songs > 0) {
+        struct song_store_limits sl = {d->api.continue_max_songs, d->api.continue_max_bytes, d->api.continue_max_age_s};
+        if ((rc = song_store_create(&e->songs, &sl)) < 0) goto fail;
+        sc.keep_codes = 1;
+    }
     sc.backend = d->backend == MM3_BACKEND_CUDA ? TALKER_BACKEND_CUDA : TALKER_BACKEND_CPU;
     sc.kv_dtype = s0->kv_cache_dtype;
     if (!s0->enforce_eager && s0->compilation.cudagraph_mode == MM3_CUDAGRAPH_FULL_DECODE_ONLY) {
@@ -217,6 +227,7 @@ int engine_create(struct engine **out, const struct mm3_deploy *d, const struct 
     *out = e;
     return 0;
 fail:
+    song_store_destroy(e->songs);
     for (int k = 0; e->workers && k < e->n_workers; k++)
         pthread_rwlock_destroy(&e->workers[k].conn_mu);
     free(e->workers);
@@ -306,6 +317,7 @@ void engine_destroy(struct engine *e)
     }
     free(e->workers);
     pthread_mutex_destroy(&e->mu);
+    song_store_destroy(e->songs);
     free(e->mixed);
     free(e);
 }

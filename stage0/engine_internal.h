@@ -5,7 +5,8 @@
  *   engine_send.c   the scheduler's sink: START, frames, END and CANCEL to stage 1;
  *   engine_recv.c   the receiver thread: PCM, DONE, ERROR, cancels, attaching stage 1;
  *   engine_loss.c   stage 1 lost: holding journaled songs, re-sending them from the
- *                   frame spool (or by teacher forcing), failing the rest.
+ *                   frame spool (or by teacher forcing), failing the rest;
+ *   engine_continue.c  continue_from: a kept song (stage0/recovery/song_store.h) goes on.
  * Only the engine's files include this. */
 #ifndef MM3_STAGE0_ENGINE_INTERNAL_H
 #define MM3_STAGE0_ENGINE_INTERNAL_H
@@ -23,6 +24,7 @@
 #include "stage0/playback.h"
 #include "stage0/recovery/frame_spool.h"
 #include "stage0/recovery/journal.h"
+#include "stage0/recovery/song_store.h"
 #include "stage0/scheduler.h"
 
 /* Frames per FRAMES message when a held song (async_chunk: false) is sent at its end. */
@@ -64,6 +66,10 @@ struct eng_req {
      * re-send, by the step thread), and the frames sent to it for this attempt. */
     struct s1_worker *w;
     int64_t frames_sent;
+    /* The codes of every step once generation ended (the song store keeps them when stage
+     * 1 delivers the song; under engine.mu). */
+    int32_t *codes;
+    int n_steps, n_codebooks;
     struct eng_req *next;
 };
 
@@ -96,6 +102,10 @@ struct engine {
     double await_limit_s; /* how long a held song waits for a live worker */
     int raw;              /* MM3_STAGE0_RAW_FRAMES=1: send unmixed frames (premixed 0), to compare */
     int width;            /* floats per frame sent: mix.hidden, or raw_width when raw */
+
+    struct song_store *songs; /* finished songs for continue_from; NULL = continuation off */
+    int max_song_frames;      /* the longest song the API serves (stage 0 max_tokens, at most 9000) */
+    int n_codebooks, audio_vocab; /* the depth decoder's: an uploaded journal must match them */
 
     struct s1_worker *workers;
     int n_workers;
@@ -178,6 +188,18 @@ struct frame_spool *eng_spool_open(struct engine *e, struct mm3_job *job, struct
 void *eng_rx_thread(void *arg);
 /* Close the worker's channels and offer a fresh s0_to_s1 for its next process. */
 void eng_reset_channels(struct s1_worker *w);
+
+/* ---- engine_continue.c: continue_from ---- */
+
+/* Submit a job whose params.continue_from names a kept song, or whose params.journal is
+ * an uploaded journal (validated: intact, finished, this model's, its prompt hash): its
+ * params become the song's (conflicts refused naming the field), the whole song's
+ * length, the PCM the client does not want skipped; then sched_submit_continue. -EINVAL
+ * with the job's error and param set (404 unknown or expired, 400 a conflict or a bad
+ * journal), or sched's codes. */
+int eng_continue_submit(struct engine *e, struct mm3_job *job);
+/* Keep the song of a delivered entry (stage 1's DONE, before the job finishes). */
+void eng_continue_keep(struct engine *e, struct eng_req *r);
 
 /* ---- engine_loss.c: stage 1 lost ---- */
 

@@ -119,6 +119,7 @@ static void on_message(struct engine *e, struct s1_worker *w, const struct shmco
         text = why;
     } else if (m->kind == PIPE_MSG_DONE) {
         if (done.fp16_rescues >= 0) metrics_gauge_set(&mm3_metrics.stage1_fp16_rescues, done.fp16_rescues);
+        eng_continue_keep(e, r); /* before the client can hear the end and ask for more */
         mm3_job_finish(r->job);
     }
     if (rc < 0 || m->kind == PIPE_MSG_ERROR) {

@@ -96,6 +96,7 @@ void eng_req_put(struct engine *e, struct eng_req *r)
     if (r->awaiting) atomic_fetch_sub(&e->n_awaiting, 1);
     frame_spool_remove(r->spool); /* no re-send can follow */
     mm3_job_unref(r->job);
+    free(r->codes);
     free(r->ids);
     free(r->held);
     free(r);

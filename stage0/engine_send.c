@@ -202,6 +202,7 @@ static int sink_start(void *ctx, struct mm3_job *job)
     r->job = job;
     r->w = w;
     r->counted = eng_counts_as_stream(job);
+    r->pcm_pushed = job->pcm_skip; /* a continuation's earlier part: as if the client had it */
     r->refs = 2; /* the table's and ours for the START below */
     eng_req_add(e, r);
     if (e->n_workers > 1) LOG_INFO("job %llu: stage-1 worker %d", (unsigned long long)job->id, w->index);
@@ -368,6 +369,27 @@ static int sink_end(void *ctx, struct mm3_job *job, int total)
     return rc;
 }
 
+/* The song's codes, kept on the entry until stage 1 delivers it (eng_continue_keep). */
+static void sink_codes(void *ctx, struct mm3_job *job, const int32_t *codes, int n_steps, int n_codebooks)
+{
+    struct engine *e = ctx;
+    struct eng_req *r = eng_req_get(e, job);
+    if (!r) return;
+    size_t n = (size_t)n_steps * n_codebooks;
+    int32_t *copy = malloc(sizeof(int32_t) * (n ? n : 1));
+    if (copy)
+        memcpy(copy, codes, sizeof(int32_t) * n);
+    else
+        LOG_WARN("job %llu: out of memory: the song will not be kept for continuation", (unsigned long long)job->id);
+    pthread_mutex_lock(&e->mu);
+    free(r->codes);
+    r->codes = copy;
+    r->n_steps = n_steps;
+    r->n_codebooks = n_codebooks;
+    pthread_mutex_unlock(&e->mu);
+    eng_req_put(e, r);
+}
+
 static void sink_abort(void *ctx, struct mm3_job *job)
 {
     struct engine *e = ctx;
@@ -403,5 +425,6 @@ void eng_sink_fill(struct engine *e, struct sched_sink *sink)
                                 .on_abort = sink_abort,
                                 .on_journal = sink_journal,
                                 .on_journal_open = sink_journal_open,
+                                .on_codes = sink_codes,
                                 .on_tick = eng_sink_tick};
 }

@@ -14,6 +14,7 @@
 #include "common/replay_file.h"
 #include "common/sampler_replay.h"
 #include "stage0/generate.h"
+#include "stage0/teacher_force.h"
 #include "stage0/text/prompt.h"
 
 struct sched_req {
@@ -26,6 +27,10 @@ struct sched_req {
     int attached;
     struct journal *jr; /* NULL: not journaled */
     int pair;           /* row pair index, -1 while queued */
+    /* The codes of every step so far ([n_steps, ncb]; appended with cfg.keep_codes). A
+     * continuation starts with its song's cont_steps steps, teacher-forced when it gets rows. */
+    int32_t *steps;
+    int n_steps, cap_steps, cont_steps;
     /* Frames emitted during the current step (at most one per sample). */
     float *out;
     int out_first, out_n;
@@ -87,6 +92,7 @@ static void req_free(struct sched_req *r)
     if (r->attached) generate_end(&r->g);
     if (r->job) mm3_job_unref(r->job);
     sampler_replay_free(&r->forced);
+    free(r->steps);
     free(r->ids);
     free(r->out);
     free(r);
@@ -150,7 +156,43 @@ static int admission_locked(const struct sched *s)
     return 0;
 }
 
+/* Append n steps' codes to r->steps. */
+static int steps_append(struct sched_req *r, const int32_t *codes, int n, int ncb)
+{
+    if (r->n_steps + n > r->cap_steps) {
+        int cap = r->cap_steps ? 2 * r->cap_steps : 256;
+        while (cap < r->n_steps + n)
+            cap *= 2;
+        int32_t *v = realloc(r->steps, sizeof(int32_t) * (size_t)cap * ncb);
+        if (!v) return mm3_errorf(-ENOMEM, "scheduler: out of memory for the codes of %d steps", cap);
+        r->steps = v;
+        r->cap_steps = cap;
+    }
+    memcpy(r->steps + (size_t)r->n_steps * ncb, codes, sizeof(int32_t) * (size_t)n * ncb);
+    r->n_steps += n;
+    return 0;
+}
+
+static int submit(struct sched *s, struct mm3_job *job, const int32_t *cont_codes, int cont_steps,
+                  uint64_t prompt_hash);
+
 int sched_submit(struct sched *s, struct mm3_job *job)
+{
+    return submit(s, job, NULL, 0, 0);
+}
+
+int sched_submit_continue(struct sched *s, struct mm3_job *job, const int32_t *codes, int n_steps,
+                          uint64_t prompt_hash)
+{
+    if (n_steps < 1 || !codes) {
+        mm3_job_set_error_param(job, 400, "continue_from", "continue_from: the song has no journaled step");
+        return mm3_errorf(-EINVAL, "scheduler: a continuation needs the codes of at least one step");
+    }
+    return submit(s, job, codes, n_steps, prompt_hash);
+}
+
+static int submit(struct sched *s, struct mm3_job *job, const int32_t *cont_codes, int cont_steps,
+                  uint64_t prompt_hash)
 {
     /* the cheap refusals first: a full queue does not tokenize anything */
     pthread_mutex_lock(&s->mu);
@@ -172,10 +214,36 @@ int sched_submit(struct sched *s, struct mm3_job *job)
         return -EINVAL;
     }
     r->prompt_len = n;
+    if (prompt_hash && journal_prompt_hash(r->ids, n) != prompt_hash) {
+        mm3_job_set_error_param(job, 400, "continue_journal",
+                                "continue_journal: the journal was written for another prompt than this server makes "
+                                "of its caption and lyrics (another tokenizer or checkpoint)");
+        free(r->ids);
+        free(r);
+        return -EINVAL;
+    }
     atomic_store(&job->prompt_tokens, n); /* usage of the SSE done event */
     r->max_frames = job->params.max_frames;
     /* max_model_len bounds prompt + frames; a long prompt shortens the song. */
     if (r->max_frames > s->cfg.max_ctx - n) r->max_frames = s->cfg.max_ctx - n;
+    if (cont_steps > 0 && r->max_frames < cont_steps) { /* not one new frame fits */
+        const char *field = job->params.journal ? "continue_journal" : "continue_from";
+        mm3_job_set_error_param(job, 400, field,
+                                "%s: the song's prompt of %d tokens and %d frames leave no room for a new frame within "
+                                "max_model_len %d",
+                                field, n, cont_steps - 1, s->cfg.max_ctx);
+        free(r->ids);
+        free(r);
+        return -EINVAL;
+    }
+    if (cont_steps > 0) {
+        if (steps_append(r, cont_codes, cont_steps, s->dd->cfg.n_codebooks) < 0) {
+            free(r->ids);
+            free(r);
+            return -ENOMEM;
+        }
+        r->cont_steps = cont_steps;
+    }
     if (r->max_frames < 1) {
         mm3_job_set_error_kind(job, MM3_FAIL_BAD_REQUEST,
                           "caption + lyrics: the prompt of %d tokens leaves no room for audio within max_model_len %d",
@@ -188,6 +256,7 @@ int sched_submit(struct sched *s, struct mm3_job *job)
     rc = admission_locked(s); /* again: others came in while this one was tokenized */
     if (rc < 0) {
         pthread_mutex_unlock(&s->mu);
+        free(r->steps);
         free(r->ids);
         free(r);
         return rc == -EAGAIN ? rc : mm3_errorf(rc, "scheduler: shutting down");
@@ -273,6 +342,44 @@ static void leave_early(struct sched *s, struct sched_req *r)
 {
     if (s->sink.on_abort) s->sink.on_abort(s->sink.ctx, r->job);
     release(s, r);
+}
+
+/* A continuation's earlier frames, recomputed while its rows fill, go out as the song's
+ * first frames (stage 1 renders the whole song: its windows chain from the start). */
+struct continue_emit {
+    struct sched *s;
+    struct sched_req *r;
+};
+
+static int continue_emit_frames(void *ctx, int t0, const float *frames, int n)
+{
+    struct continue_emit *c = ctx;
+    struct sched *s = c->s;
+    struct sched_req *r = c->r;
+    mm3_job_progress_add(r->job, n, 0);
+    if (!s->sink.on_frames) return 0;
+    int width = s->dd->cfg.n_codebooks * s->lm->cfg.hidden;
+    return s->sink.on_frames(s->sink.ctx, r->job, t0, n, frames, width) < 0 ? 1 : 0; /* 1: the sink failed it */
+}
+
+/* Teacher-force a continuation's earlier steps onto its rows (one prefill-sized pass on
+ * the step thread), journal them and send their frames; the seeded sampler then draws
+ * the new frames as the uninterrupted song would. < 0: the job failed (the caller
+ * releases its rows). */
+static int continue_song(struct sched *s, struct sched_req *r)
+{
+    struct continue_emit c = {s, r};
+    struct teacher_force_sink sink = {&c, continue_emit_frames};
+    int rc = teacher_force_fill(&r->g, r->steps, r->cont_steps, &sink);
+    if (rc > 0) return -1; /* the sink failed the job */
+    if (rc < 0) {
+        mm3_job_fail_kind(r->job, MM3_FAIL_INTERNAL, "stage 0: continuing the song: %s", mm3_last_error());
+        return rc;
+    }
+    if (r->jr) journal_append_codes(r->jr, r->steps, r->cont_steps);
+    LOG_INFO("job %llu: the continued song's %d frames teacher-forced and sent; drawing from frame %d on",
+             (unsigned long long)r->job->id, r->cont_steps - 1, r->cont_steps - 1);
+    return 0;
 }
 
 /* The queue's places (and, while admission is held, start estimates) into its jobs, for
@@ -373,6 +480,7 @@ static void admit(struct sched *s)
         }
         if (r->jr && s->sink.on_journal_open)
             s->sink.on_journal_open(s->sink.ctx, r->job, r->jr, r->ids, r->prompt_len);
+        if (r->cont_steps > 0 && continue_song(s, r) < 0) leave_early(s, r);
     }
     queue_publish(s, held);
 }
@@ -478,7 +586,14 @@ int sched_step(struct sched *s)
             continue;
         }
         /* Every step that drew codes, step 0 and the budget-ending one included. */
-        if (r->jr && !(r->g.done && r->g.stop == GENERATE_STOP_TOKEN)) journal_append_codes(r->jr, r->g.codes, 1);
+        int drew = !(r->g.done && r->g.stop == GENERATE_STOP_TOKEN);
+        if (r->jr && drew) journal_append_codes(r->jr, r->g.codes, 1);
+        if (s->cfg.keep_codes && drew &&
+            steps_append(r, r->g.codes, 1, s->dd->cfg.n_codebooks) < 0) {
+            mm3_job_fail_kind(r->job, MM3_FAIL_INTERNAL, "stage 0: %s", mm3_last_error());
+            leave_early(s, r);
+            continue;
+        }
         int width = s->dd->cfg.n_codebooks * s->lm->cfg.hidden;
         if (r->out_n > 0) {
             mm3_job_progress_add(r->job, r->out_n, 0);
@@ -490,6 +605,9 @@ int sched_step(struct sched *s)
         }
         if (r->g.done) {
             mm3_job_set_frames_total(r->job, r->g.n_frames);
+            /* before on_end: stage 1's DONE may come back before on_end returns */
+            if (s->cfg.keep_codes && s->sink.on_codes)
+                s->sink.on_codes(s->sink.ctx, r->job, r->steps, r->n_steps, s->dd->cfg.n_codebooks);
             if (s->sink.on_end && s->sink.on_end(s->sink.ctx, r->job, r->g.n_frames) < 0) {
                 leave_early(s, r);
                 continue;

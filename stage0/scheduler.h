@@ -49,6 +49,7 @@ struct sched_config {
     const char *journal_dir;          /* api.journal_dir: journal every request there; NULL / "" = off;
                                          on, the backend gets one spare row (sched_spare_row) */
     const char *replay_dir;           /* api.replay_dir: where x_replay_file names may point; NULL / "" = none */
+    int keep_codes;                   /* keep every song's codes and hand them to sink.on_codes (continuation) */
     /* CUDA graphs of pure-decode steps (cudagraph_mode FULL_DECODE_ONLY, enforce_eager
      * off): batch sizes in rows (ascending; copied) and eager runs per size before the
      * capture. n_capture_sizes 0: every step eager. Ignored on the CPU. */
@@ -85,6 +86,10 @@ struct sched_sink {
      * so that the sink can re-send the song's frames by teacher forcing. */
     void (*on_journal_open)(void *ctx, struct mm3_job *job, struct journal *jr, const int32_t *ids_pair,
                             int prompt_len);
+    /* Optional, with cfg.keep_codes: generation ended normally; the codes of every step
+     * (step 0 included, as journaled: [n_steps, n_codebooks], valid during the call), before
+     * on_end. */
+    void (*on_codes)(void *ctx, struct mm3_job *job, const int32_t *codes, int n_steps, int n_codebooks);
     /* Optional: called on the step thread before every step and at least every 100 ms
      * while idle (the sink's own work that must not race the steps: re-sends). */
     void (*on_tick)(void *ctx);
@@ -104,6 +109,19 @@ int sched_create(struct sched **out, const struct sched_config *cfg, const struc
  * for a bad prompt, -EAGAIN when the queue is full, -ESHUTDOWN when stopping.
  * On success the scheduler holds its own reference. */
 int sched_submit(struct sched *s, struct mm3_job *job);
+
+/* sched_submit for a continuation: the song of codes[n_steps, n_codebooks] (its steps as
+ * journaled, step 0 included) goes on in job, whose params are the song's with the
+ * whole song's max_frames / min_frames. prompt_hash (journal_prompt_hash), when not 0,
+ * must be that of the job's tokenized caption and lyrics (an uploaded journal: 400
+ * naming continue_journal otherwise). When the job gets rows the steps are
+ * teacher-forced onto them (teacher_force_fill), journaled, and their frames go to
+ * sink.on_frames as frames 0..n_steps-2; then generation draws frame n_steps-1 on.
+ * With the same seed the frames equal those of the whole song generated at once (the
+ * draws are position-addressed; on the CPU bit for bit). 400 naming continue_from when
+ * not one new frame fits max_model_len. */
+int sched_submit_continue(struct sched *s, struct mm3_job *job, const int32_t *codes, int n_steps,
+                          uint64_t prompt_hash);
 
 /* Wake the loop so a cancelled job leaves at the next step boundary. */
 void sched_wake(struct sched *s);

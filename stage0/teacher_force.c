@@ -271,6 +271,42 @@ static int resume_emit_frames(void *ctx, int t0, const float *frames, int n)
     return 0;
 }
 
+int teacher_force_fill(struct generate *g, const int32_t *codes, int n_steps, const struct teacher_force_sink *sink)
+{
+    int ncb = g->dd->cfg.n_codebooks, rc;
+    if (n_steps < 0 || n_steps - 1 > g->max_frames)
+        return mm3_errorf(-EINVAL, "teacher forcing: %d journaled steps exceed the budget of %d frames", n_steps,
+                          g->max_frames);
+    if (g->phase != GENERATE_PREFILL || g->prefilled != 0)
+        return mm3_errorf(-EINVAL, "teacher forcing: the request's rows were already fed");
+    if ((rc = codes_check(g->dd, codes, n_steps)) < 0) return rc;
+    int budget_full = n_steps > 0 && n_steps - 1 == g->max_frames; /* generation stopped without feeding its last step */
+    struct tf_pass p = {.lm = g->lm,
+                        .dd = g->dd,
+                        .ts = g->ts,
+                        .be = g->be,
+                        .rows = {g->row[0], g->row[1]},
+                        .n_rows = 2,
+                        .ids_pair = g->ids,
+                        .P = g->prompt_len,
+                        .codes = codes,
+                        .n_steps = n_steps,
+                        .n_feed = n_steps - budget_full,
+                        .sink = sink,
+                        .last = g->hidden};
+    if ((rc = tf_run(&p)) != 0) return rc;
+    g->prefilled = g->prompt_len;
+    g->step = n_steps;
+    g->n_frames = n_steps > 0 ? n_steps - 1 : 0;
+    if (n_steps > 0) memcpy(g->codes, codes + (size_t)(n_steps - 1) * ncb, sizeof(int32_t) * ncb);
+    g->phase = GENERATE_SAMPLE;
+    if (budget_full) {
+        g->done = 1;
+        g->stop = GENERATE_STOP_BUDGET;
+    }
+    return 0;
+}
+
 int teacher_force_attach(struct generate *g, const struct talker *lm, const struct depth *dd, struct sampler *sp,
                          struct talker_state *ts, int row_c, int row_u, const int32_t *ids_pair, int prompt_len,
                          int max_frames, float cfg_scale, const struct generate_hooks *hooks, const int32_t *codes,
@@ -284,33 +320,11 @@ int teacher_force_attach(struct generate *g, const struct talker *lm, const stru
     if ((rc = codes_check(dd, codes, n_steps)) < 0) return rc;
     if ((rc = generate_attach(g, lm, dd, sp, ts, row_c, row_u, ids_pair, prompt_len, max_frames, cfg_scale, hooks)) < 0)
         return rc;
-    int budget_full = n_steps > 0 && n_steps - 1 == max_frames; /* generation stopped without feeding its last step */
     struct resume_emit e = {hooks, codes, ncb, (size_t)ncb * H};
     struct teacher_force_sink sink = {&e, resume_emit_frames};
-    struct tf_pass p = {.lm = lm,
-                        .dd = dd,
-                        .ts = ts,
-                        .rows = {row_c, row_u},
-                        .n_rows = 2,
-                        .ids_pair = g->ids,
-                        .P = prompt_len,
-                        .codes = codes,
-                        .n_steps = n_steps,
-                        .n_feed = n_steps - budget_full,
-                        .sink = &sink,
-                        .last = g->hidden};
-    if ((rc = tf_run(&p)) < 0) {
+    if ((rc = teacher_force_fill(g, codes, n_steps, &sink)) != 0) {
         generate_end(g);
         return rc;
-    }
-    g->prefilled = prompt_len;
-    g->step = n_steps;
-    g->n_frames = n_steps > 0 ? n_steps - 1 : 0;
-    if (n_steps > 0) memcpy(g->codes, codes + (size_t)(n_steps - 1) * ncb, sizeof(int32_t) * ncb);
-    g->phase = GENERATE_SAMPLE;
-    if (budget_full) {
-        g->done = 1;
-        g->stop = GENERATE_STOP_BUDGET;
     }
     return 0;
 }

@@ -70,6 +70,16 @@ int teacher_force_resume(struct generate *g, const struct talker *lm, const stru
                          const int32_t *ids_pair, int prompt_len, int max_frames, float cfg_scale,
                          const struct generate_hooks *hooks, const int32_t *codes, int n_steps);
 
+/* Fill the rows of a request attached but not yet fed (generate_attach or
+ * generate_attach_backend, so on the CPU or on a backend's KV rows): both rows prefilled
+ * with the prompt and fed steps 0..n_steps-1, frames 0..n_steps-2 to sink (NULL: none)
+ * as they are computed, and g left at step n_steps in GENERATE_SAMPLE (done with
+ * GENERATE_STOP_BUDGET when the steps already filled max_frames). Returns 0, < 0 (bad
+ * codes or sizes, a model error), or the sink's nonzero value. A continued song
+ * (stage0/scheduler.h) starts this way; on a backend, call it on the thread that runs
+ * the backend's steps (its depth rows are scratch). */
+int teacher_force_fill(struct generate *g, const int32_t *codes, int n_steps, const struct teacher_force_sink *sink);
+
 /* The same on rows row_c / row_u of a shared talker_state (the scheduler's): like
  * generate_attach(), but the rows are filled right away (synchronously: one
  * prefill-sized pass over prompt_len + n_steps tokens per row) and g is left in

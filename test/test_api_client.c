@@ -1,8 +1,10 @@
-/* The mm3 client program against a server with the fake engine: generate
+/* The mm3 client program against a server with the fake engine: generate and continue
  * writes a complete WAV (sizes patched after streaming) with the engine's
  * samples, server errors exit 1 and leave no file, health reports readiness;
  * every bad numeric flag or format is exit 2 before anything is sent, --url
- * takes /v1 or not, a 404 is explained, and a signal leaves no OUT.part. */
+ * takes /v1 or not, a 404 is explained, and a signal leaves no OUT.part; continue sends
+ * continue_from with its flags (or a journal file as continue_journal) and refuses a
+ * malformed id. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -89,6 +91,92 @@ static long long file_size_of(const char *path)
 static uint32_t rd32(const uint8_t *b)
 {
     return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+}
+
+static void test_continue(void **state)
+{
+    (void)state;
+    struct fixture *fx = fixture_start(FAKE_OK, 0);
+    char *dir = test_make_tmpdir("mm3cont");
+    char out[600], part[700];
+    snprintf(out, sizeof out, "%s/more.wav", dir);
+    snprintf(part, sizeof part, "%s.part", out);
+    const char *id = "00112233445566778899aabbccddeeff";
+    const char *whole[] = {"continue", id, "--duration", "2", "--whole", "-o", out, "--url", fx->base, "--quiet", NULL};
+    assert_int_equal(run_mm3(whole), 0);
+    size_t len;
+    uint8_t *b = read_file(out, &len);
+    assert_non_null(b);
+    assert_int_equal(len, 44 + 5 * 4410 * 4);
+    assert_int_equal(rd32(b + 40), len - 44);
+    free(b);
+    pthread_mutex_lock(&fx->fe.mu);
+    assert_string_equal(fx->fe.last.continue_from, id);
+    assert_true(fx->fe.last.return_whole);
+    assert_true(fx->fe.last.stream);
+    assert_int_equal(fx->fe.last.max_frames, 50);
+    assert_int_equal(fx->fe.last.given, MM3_GIVEN_LENGTH);
+    pthread_mutex_unlock(&fx->fe.mu);
+    /* the new part, a minimum, no length: the server's default */
+    const char *fresh[] = {"continue", id, "--min-duration", "1", "-o", out, "--url", fx->base, "--quiet", NULL};
+    assert_int_equal(run_mm3(fresh), 0);
+    pthread_mutex_lock(&fx->fe.mu);
+    assert_false(fx->fe.last.return_whole);
+    assert_int_equal(fx->fe.last.min_frames, 25);
+    assert_int_equal(fx->fe.last.given, 0);
+    pthread_mutex_unlock(&fx->fe.mu);
+    /* a journal file, uploaded as it is */
+    char jpath[600];
+    snprintf(jpath, sizeof jpath, "%s/song.mm3j", dir);
+    static const uint8_t jbytes[] = {'M', 'M', '3', 'J', 'R', 'N', 'L', 0, 1, 0, 0, 0, 0xff, 0x80, 7};
+    FILE *jf = fopen(jpath, "wb");
+    assert_non_null(jf);
+    assert_int_equal(fwrite(jbytes, 1, sizeof jbytes, jf), sizeof jbytes);
+    fclose(jf);
+    const char *up[] = {"continue", "--journal", jpath, "--duration", "1", "-o", out, "--url", fx->base, "--quiet", NULL};
+    assert_int_equal(run_mm3(up), 0);
+    pthread_mutex_lock(&fx->fe.mu);
+    assert_string_equal(fx->fe.last.continue_from, "");
+    assert_int_equal(fx->fe.last.journal_len, sizeof jbytes);
+    pthread_mutex_unlock(&fx->fe.mu);
+    int submits = atomic_load(&fx->fe.submits);
+    /* refused before anything is sent: exit 2 */
+    static const char *const bad[][6] = {
+        {"continue", NULL},
+        {"continue", "00112233", NULL},
+        {"continue", "00112233445566778899AABBCCDDEEFF", NULL},
+        {"continue", "00112233445566778899aabbccddeeff", "00112233445566778899aabbccddeeff", NULL},
+        {"continue", "00112233445566778899aabbccddeeff", "--duration", "nan", NULL},
+        {"continue", "00112233445566778899aabbccddeeff", "--duration", "1", "--min-duration", "2"},
+        {"continue", "00112233445566778899aabbccddeeff", "--journal", "x.mm3j", NULL},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        const char *args[12] = {0};
+        int n = 0;
+        for (int k = 0; k < 6 && bad[i][k]; k++)
+            args[n++] = bad[i][k];
+        args[n++] = "--url";
+        args[n++] = fx->base;
+        args[n++] = "--quiet";
+        if (run_mm3(args) != 2) fail_msg("mm3 continue case %zu was not refused with exit 2", i);
+    }
+    assert_int_equal(atomic_load(&fx->fe.submits), submits);
+    /* the server does not know the song: exit 1, no file, and the error names the field */
+    unlink(out);
+    fx->fe.mode = FAKE_NO_SONG;
+    assert_int_equal(run_mm3(whole), 1);
+    struct stat st;
+    assert_int_not_equal(stat(out, &st), 0);
+    assert_int_not_equal(stat(part, &st), 0);
+    struct http_client_response resp;
+    char body[128];
+    snprintf(body, sizeof body, "{\"continue_from\": \"%s\"}", id);
+    assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", body, &resp), 0);
+    assert_int_equal(resp.status, 404);
+    assert_non_null(strstr(resp.body, "\"param\":\"continue_from\""));
+    http_client_response_free(&resp);
+    fixture_stop(fx);
+    free(dir);
 }
 
 static void test_generate_and_health(void **state)
@@ -488,7 +576,7 @@ int main(void)
         return 77;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_generate_and_health),
+        cmocka_unit_test(test_generate_and_health), cmocka_unit_test(test_continue),
         cmocka_unit_test(test_bounded_memory),
         cmocka_unit_test(test_api_key),
         cmocka_unit_test(test_strict_flags),

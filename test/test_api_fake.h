@@ -24,6 +24,7 @@ enum fake_mode {
     FAKE_FAIL_MID,   /* two chunks, then an error */
     FAKE_FAIL_EARLY, /* an error before any audio */
     FAKE_ENDLESS,    /* chunks until cancelled */
+    FAKE_NO_SONG,    /* submit: a continue_from the engine does not know (404 naming the field) */
 };
 
 #define FAKE_MAX_THREADS 64
@@ -36,6 +37,7 @@ struct fake_engine {
     bool ready;
     _Atomic int submits, cancels;
     pthread_mutex_t mu;
+    struct mm3_job_params last; /* the last submitted job's params (strings not kept), under mu */
     pthread_t threads[FAKE_MAX_THREADS];
     int n_threads;
 };
@@ -103,8 +105,18 @@ static void *fake_thread(void *arg)
 static int fake_submit(void *ctx, struct mm3_job *job)
 {
     struct fake_engine *fe = ctx;
+    pthread_mutex_lock(&fe->mu);
+    fe->last = job->params;
+    fe->last.lyrics = fe->last.caption = fe->last.replay_file = NULL;
+    fe->last.journal = NULL;
+    pthread_mutex_unlock(&fe->mu);
     atomic_fetch_add(&fe->submits, 1);
     if (fe->mode == FAKE_EAGAIN) return -EAGAIN;
+    if (fe->mode == FAKE_NO_SONG) {
+        mm3_job_set_error_param(job, 404, "continue_from", "continue_from: no finished song %s on this server",
+                                job->params.continue_from);
+        return -EINVAL;
+    }
     if (fe->mode == FAKE_EINVAL) {
         mm3_job_set_error(job, 400, "field 'input': prompt is 6000 tokens, the limit is 5000");
         return -EINVAL;

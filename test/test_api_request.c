@@ -321,6 +321,62 @@ static void test_stream_format(void **state)
 }
 
 /* An integer past 64 bits is valid JSON: a seed of 2^63 or more is out of range. */
+static void test_continuation(void **state)
+{
+    (void)state;
+    struct mm3_job_params p;
+    char f[64];
+    const char *id = "0123456789abcdef0123456789abcdef";
+    char json[512];
+    /* caption and lyrics may be left out: the continued song's are taken */
+    snprintf(json, sizeof json, "{\"continue_from\":\"%s\",\"duration_s\":2}", id);
+    assert_int_equal(parse(json, &p, f), 0);
+    assert_string_equal(p.continue_from, id);
+    assert_false(p.return_whole);
+    assert_string_equal(p.lyrics, "");
+    assert_string_equal(p.caption, "");
+    assert_int_equal(p.max_frames, 50);
+    assert_int_equal(p.given, MM3_GIVEN_LENGTH);
+    mm3_job_params_free(&p);
+    snprintf(json, sizeof json,
+             "{" BASE ",\"continue_from\":\"%s\",\"return\":\"whole\",\"seed\":4,\"cfg_scale\":2,"
+             "\"num_inference_steps\":8,\"guidance_scale\":1,\"flow_shift\":2,\"sample_rate\":32000}",
+             id);
+    assert_int_equal(parse(json, &p, f), 0);
+    assert_true(p.return_whole);
+    assert_string_equal(p.caption, "pop");
+    assert_int_equal(p.given, MM3_GIVEN_LYRICS | MM3_GIVEN_CAPTION | MM3_GIVEN_SEED | MM3_GIVEN_CFG_SCALE |
+                                  MM3_GIVEN_STEPS | MM3_GIVEN_GUIDANCE | MM3_GIVEN_FLOW_SHIFT |
+                                  MM3_GIVEN_SAMPLE_RATE);
+    mm3_job_params_free(&p);
+    /* a new song sets no continuation and needs its text */
+    assert_int_equal(parse("{" BASE "}", &p, f), 0);
+    assert_string_equal(p.continue_from, "");
+    mm3_job_params_free(&p);
+    expect_bad("{\"duration_s\":2}", "input", "required");
+    expect_bad("{\"continue_from\":\"0123\"}", "continue_from", "32 lowercase hex digits");
+    expect_bad("{\"continue_from\":\"0123456789ABCDEF0123456789abcdef\"}", "continue_from", "request id");
+    expect_bad("{\"continue_from\":7}", "continue_from", "request id");
+    expect_bad("{" BASE ",\"return\":\"whole\"}", "return", "needs continue_from");
+    snprintf(json, sizeof json, "{\"continue_from\":\"%s\",\"return\":\"all\"}", id);
+    expect_bad(json, "return", "\"new\"");
+    snprintf(json, sizeof json, "{\"continue_from\":\"%s\",\"input\":\" \"}", id);
+    expect_bad(json, "input", "must not be empty");
+    /* an uploaded journal file, base64 */
+    assert_int_equal(parse("{\"continue_journal\":\"TU0zSlJOTAA=\",\"return\":\"whole\"}", &p, f), 0);
+    assert_int_equal(p.journal_len, 8);
+    assert_memory_equal(p.journal, "MM3JRNL", 8);
+    assert_true(p.return_whole);
+    assert_string_equal(p.lyrics, "");
+    mm3_job_params_free(&p);
+    assert_null(p.journal);
+    snprintf(json, sizeof json, "{\"continue_from\":\"%s\",\"continue_journal\":\"TU0zSlJOTAA=\"}", id);
+    expect_bad(json, "continue_journal", "not both");
+    expect_bad("{\"continue_journal\":\"TU0z*lJOTAA=\"}", "continue_journal", "not base64");
+    expect_bad("{\"continue_journal\":\"\"}", "continue_journal", "base64");
+    expect_bad("{\"continue_journal\":5}", "continue_journal", "base64");
+}
+
 static void test_seed_beyond_64_bits(void **state)
 {
     expect_bad("{" BASE ",\"seed\":9223372036854775808}", "seed", "0..9223372036854775807");
@@ -445,7 +501,7 @@ int main(void)
         cmocka_unit_test(test_text_fields), cmocka_unit_test(test_field_errors), cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_replay_file_confined), cmocka_unit_test(test_other_servers_fields),
         cmocka_unit_test(test_seed_beyond_64_bits), cmocka_unit_test(test_stream_format),
-        cmocka_unit_test(test_min_length),
+        cmocka_unit_test(test_min_length), cmocka_unit_test(test_continuation),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

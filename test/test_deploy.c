@@ -223,6 +223,9 @@ static void test_defaults(void **state)
     assert_int_equal(deploy.api.max_connections_per_client, 32);
     assert_int_equal(deploy.api.admin_connections, 8);
     assert_true(deploy.api.drain_timeout_s == 10);
+    assert_int_equal(deploy.api.continue_max_songs, 256);
+    assert_int_equal(deploy.api.continue_max_bytes, 64LL << 20);
+    assert_true(deploy.api.continue_max_age_s == 3600);
     assert_string_equal(deploy.api.api_key, "");
     assert_string_equal(deploy.model, "");
     assert_string_equal(mm3_deploy_edge_connector(&deploy)->connector_class, "SharedMemoryConnector");
@@ -348,6 +351,9 @@ static void test_inline_errors(void **state)
     expect_inline_error("api:\n  max_connections_per_client: -1\n", 2, "api.max_connections_per_client", "[0, ");
     expect_inline_error("api:\n  admin_connections: 5000\n", 2, "api.admin_connections", "[0, 1024]");
     expect_inline_error("api:\n  drain_timeout_s: -1\n", 2, "api.drain_timeout_s", "[0, 3600]");
+    expect_inline_error("api:\n  continue_max_songs: -1\n", 2, "api.continue_max_songs", "[0, ");
+    expect_inline_error("api:\n  continue_max_bytes: -5\n", 2, "api.continue_max_bytes", "[0, ");
+    expect_inline_error("api:\n  continue_max_age_s: -1\n", 2, "api.continue_max_age_s", "[0, ");
     expect_inline_error("api:\n  api_key: short\n", 2, "api.api_key", "at least 16");
     expect_inline_error("api:\n  api_key: 'with a space in the key'\n", 2, "api.api_key", "printable ASCII");
     expect_inline_error("connectors:\n  c:\n    name: MooncakeStoreConnector\n", 3, "connectors.c.name",

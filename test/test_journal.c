@@ -113,6 +113,43 @@ static void test_format_round_trip(void **state)
     free(dir);
 }
 
+/* An uploaded journal is read from memory with a cap on its steps: within the cap it
+ * reads as the file does; past it, only a prefix within the cap (torn), so a small file
+ * cannot inflate into a large allocation; garbage is -EINVAL naming the upload. */
+static void test_read_buffer_capped(void **state)
+{
+    (void)state;
+    char *dir = test_make_tmpdir("journal_buf");
+    int32_t *codes = random_codes(300);
+    char *path = write_journal(dir, "req-buf", codes, 300, JOURNAL_DONE, JOURNAL_STOP_BUDGET);
+    size_t n;
+    uint8_t *b = (uint8_t *)test_file_read(path, &n);
+    assert_non_null(b);
+    struct journal_record whole, r;
+    assert_int_equal(journal_read(path, &whole), 0);
+    assert_int_equal(journal_read_buffer("upload", b, n, 301, &r), 0);
+    assert_int_equal(r.n_steps, 300);
+    assert_false(r.torn);
+    assert_int_equal(r.status, JOURNAL_DONE);
+    assert_string_equal(r.h.params.caption, whole.h.params.caption);
+    assert_memory_equal(r.codes, whole.codes, sizeof(int32_t) * 300 * NCB);
+    journal_record_free(&r);
+    assert_int_equal(journal_read_buffer("upload", b, n, 120, &r), 0);
+    assert_true(r.torn);
+    assert_true(r.n_steps <= 120 && r.n_steps > 0);
+    assert_memory_equal(r.codes, whole.codes, sizeof(int32_t) * (size_t)r.n_steps * NCB);
+    journal_record_free(&r);
+    static const uint8_t junk[] = "not a journal at all, just some bytes";
+    assert_int_equal(journal_read_buffer("upload", junk, sizeof junk, 301, &r), -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "upload"));
+    journal_record_free(&whole);
+    free(b);
+    free(codes);
+    free(path);
+    test_remove_tree(dir);
+    free(dir);
+}
+
 static void test_round_trip(void **state)
 {
     (void)state;
@@ -992,6 +1029,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_read_buffer_capped),
         cmocka_unit_test(test_format_round_trip),
         cmocka_unit_test(test_torn_tail),
         cmocka_unit_test(test_corrupt),

@@ -12,6 +12,8 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +48,8 @@ struct sink_log {
     int n_jobs;
     int hold;              /* can_start answers !hold */
     struct mm3_job *asked; /* the job can_start was last asked about */
+    int32_t *codes[MAX_JOBS]; /* on_codes (keep_codes): every step's codes */
+    int n_steps[MAX_JOBS];
 };
 
 static int slot_of(struct sink_log *l, struct mm3_job *job)
@@ -83,6 +87,17 @@ static int on_end(void *ctx, struct mm3_job *job, int total)
     l->ended[i]++;
     mm3_job_finish(job);
     return 0;
+}
+
+static void on_codes(void *ctx, struct mm3_job *job, const int32_t *codes, int n_steps, int n_codebooks)
+{
+    struct sink_log *l = ctx;
+    int i = slot_of(l, job);
+    if (i < 0) return;
+    free(l->codes[i]);
+    l->codes[i] = malloc(sizeof(int32_t) * (size_t)n_steps * n_codebooks);
+    memcpy(l->codes[i], codes, sizeof(int32_t) * (size_t)n_steps * n_codebooks);
+    l->n_steps[i] = n_steps;
 }
 
 static int can_start(void *ctx, struct mm3_job *job)
@@ -200,7 +215,8 @@ static struct sched *make_sched_cfg(struct model *m, struct sink_log *log, const
                               .on_start = on_start,
                               .on_frames = on_frames,
                               .on_end = on_end,
-                              .on_abort = on_abort};
+                              .on_abort = on_abort,
+                              .on_codes = on_codes};
     struct sched *s;
     if (sched_create(&s, cfg, &m->s0->lm, &m->s0->dd, m->tok, &sink) < 0) fail_msg("sched: %s", mm3_last_error());
     return s;
@@ -222,6 +238,7 @@ static void log_free(struct sink_log *l)
 {
     for (int i = 0; i < l->n_jobs; i++) {
         free(l->frames[i]);
+        free(l->codes[i]);
         mm3_job_unref(l->jobs[i]);
     }
 }
@@ -401,6 +418,104 @@ static void test_cuda_look_ahead(void **state)
     skip();
 }
 #endif
+
+/* A song of N frames continued (sched_submit_continue with its codes, as the engine
+ * does for continue_from) to N + M frames is the song of N + M frames generated at
+ * once with the same seed and minimum (the engine's N + 1): the same codes at every
+ * step, the same frames (the earlier ones teacher-forced and re-sent first). On the CPU
+ * bit for bit; on CUDA (when there is a GPU, with graphs) the codes are equal and the
+ * frames within the backend's summation-order bound. A continuation that fits no new
+ * frame, or whose uploaded journal's prompt hash differs, is refused naming its field. */
+static void run_continue(struct model *m, enum talker_backend_kind backend)
+{
+    enum { N = 12, M = 9 };
+    static const int sizes[4] = {2, 4, 8, 16};
+    int width = m->s0->dd.cfg.n_codebooks * m->s0->lm.cfg.hidden, ncb = m->s0->dd.cfg.n_codebooks;
+    struct sink_log log;
+    log_init(&log, width);
+    struct sched_config cfg = {.max_rows = 4, .max_ctx = 512, .max_batched_tokens = 12, .max_queue = 8,
+                               .backend = backend, .keep_codes = 1};
+    if (backend == TALKER_BACKEND_CUDA) {
+        cfg.n_capture_sizes = 4;
+        cfg.capture_sizes = sizes;
+        cfg.graph_warmups = 1;
+    }
+    struct sched *s = make_sched_cfg(m, &log, &cfg);
+    struct request q = k_req[0];
+    q.frames = N;
+    log_add(&log, make_job(&q));
+    assert_int_equal(sched_submit(s, log.jobs[0]), 0);
+    while (sched_step(s) > 0) {
+    }
+    assert_int_equal(log.n[0], N);
+    assert_int_equal(log.n_steps[0], N + 1);
+    /* the continuation and the longer song, side by side in one batch */
+    q.frames = N + M;
+    log_add(&log, make_job(&q));
+    log_add(&log, make_job(&q));
+    for (int i = 1; i <= 2; i++)
+        log.jobs[i]->params.min_frames = N + 1;
+    assert_int_equal(sched_submit_continue(s, log.jobs[1], log.codes[0], log.n_steps[0], 0), 0);
+    assert_int_equal(sched_submit(s, log.jobs[2]), 0);
+    while (sched_step(s) > 0) {
+    }
+    for (int i = 1; i <= 2; i++) {
+        assert_int_equal(log.ended[i], 1);
+        assert_true(log.order_ok[i]);
+        assert_int_equal(log.n[i], N + M);
+        assert_int_equal(log.n_steps[i], N + M + 1);
+        assert_int_equal(atomic_load(&log.jobs[i]->frames_done), N + M);
+    }
+    assert_memory_equal(log.codes[1], log.codes[2], sizeof(int32_t) * (N + M + 1) * ncb);
+    assert_memory_equal(log.codes[1], log.codes[0], sizeof(int32_t) * (N + 1) * ncb);
+    if (backend == TALKER_BACKEND_CPU) {
+        assert_memory_equal(log.frames[1], log.frames[2], sizeof(float) * (N + M) * width);
+        assert_memory_equal(log.frames[1], log.frames[0], sizeof(float) * N * width);
+    } else {
+        double num = 0, den = 0;
+        for (size_t k = 0; k < (size_t)(N + M) * width; k++) {
+            double d = (double)log.frames[1][k] - log.frames[2][k];
+            num += d * d;
+            den += (double)log.frames[2][k] * log.frames[2][k];
+        }
+        print_message("continued vs one-shot frames on CUDA: rel %.3g\n", sqrt(num / den));
+        assert_true(sqrt(num / den) < 1e-3);
+    }
+    /* no room for one new frame: 400 naming continue_from */
+    q.frames = N;
+    log_add(&log, make_job(&q));
+    assert_int_equal(sched_submit_continue(s, log.jobs[3], log.codes[0], log.n_steps[0], 0), -EINVAL);
+    char msg[256];
+    assert_int_equal(mm3_job_error(log.jobs[3], msg, sizeof msg), 400);
+    char param[32];
+    mm3_job_error_param(log.jobs[3], param, sizeof param);
+    assert_string_equal(param, "continue_from");
+    /* an uploaded journal written for another prompt: 400 naming continue_journal */
+    q.frames = N + M;
+    log_add(&log, make_job(&q));
+    assert_int_equal(sched_submit_continue(s, log.jobs[4], log.codes[0], log.n_steps[0], 12345), -EINVAL);
+    assert_int_equal(mm3_job_error(log.jobs[4], msg, sizeof msg), 400);
+    mm3_job_error_param(log.jobs[4], param, sizeof param);
+    assert_string_equal(param, "continue_journal");
+    assert_non_null(strstr(msg, "another prompt"));
+    sched_destroy(s, NULL);
+    log_free(&log);
+}
+
+static void test_continue_equals_longer(void **state)
+{
+    struct model *m = *state;
+    if (!m) skip();
+    run_continue(m, TALKER_BACKEND_CPU);
+}
+
+static void test_cuda_continue_equals_longer(void **state)
+{
+    struct model *m = *state;
+    if (!m) skip();
+    if (!talker_backend_available(TALKER_BACKEND_CUDA)) skip();
+    run_continue(m, TALKER_BACKEND_CUDA);
+}
 
 /* The queue bound, the prompt cap naming the field, and a cancel that frees the pair. */
 static void test_admission_and_cancel(void **state)
@@ -614,6 +729,7 @@ int main(void)
         cmocka_unit_test(test_admission_held),          cmocka_unit_test(test_guidance_off_ignores_uncond),
         cmocka_unit_test(test_thread_and_shutdown),     cmocka_unit_test(test_memory_plan),
         cmocka_unit_test(test_cuda_steady_decode),      cmocka_unit_test(test_cuda_look_ahead),
+        cmocka_unit_test(test_continue_equals_longer),  cmocka_unit_test(test_cuda_continue_equals_longer),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -3,10 +3,15 @@
  *   mm3 generate (--caption TEXT | --caption-file F) (--lyrics-file F | --lyrics TEXT)
  *                [--duration S] [--seed N] [-o song.wav] [--format wav|pcm|flac|mp3|opus]
  *                [--sample-rate 44100|32000] [--steps N] [--quiet] [--url URL] [--api-key KEY]
+ *   mm3 continue (ID | --journal FILE) [--duration S] [--min-duration S] [--whole] [-o new.wav]
+ *                [--format F] [--sample-rate 44100|32000] [--quiet] [--url URL] [--api-key KEY]
  *   mm3 health [--url URL]
  *   mm3 rerender ARGS...   (= mm3-rerender ARGS..., docs/journal.md)
  *
- * generate always streams (stream: true): audio is written as stage 1 finishes
+ * continue goes on with the finished song the server answered with X-Request-Id ID
+ * (continue_from), or with the song of a journal file it uploads (continue_journal):
+ * --duration seconds more, the new part or with --whole the whole song.
+ * generate and continue always stream (stream: true): audio is written as stage 1 finishes
  * each window, into OUT.part, renamed to OUT when the stream ended properly (a
  * streamed WAV's "unknown" sizes are patched then); on any failure, and on
  * SIGINT/SIGTERM/SIGHUP, OUT.part is removed. Every numeric flag is checked in
@@ -31,9 +36,12 @@
 
 #include "common/error.h"
 #include "common/http_client.h"
+#include "stage0/api/base64.h"
 
 #define DEFAULT_URL "http://127.0.0.1:8000"
 #define MAX_TEXT_FILE (1 << 20)
+/* An uploaded journal: a 6-minute song's is ~110 KB; the server's body cap decides the rest. */
+#define MAX_JOURNAL_FILE (8 << 20)
 /* Bodies the client holds in memory: an error answer, a progress or health report.
  * The audio itself goes to the output file as it arrives. */
 #define MAX_ERROR_BODY (64 * 1024)
@@ -53,6 +61,9 @@ static void usage(FILE *f)
                "               [--duration S] [--seed N] [-o song.wav] [--format wav|pcm|flac|mp3|opus]\n"
                "               [--sample-rate 44100|32000] [--steps N] [--quiet] [--url URL]\n"
                "               [--api-key KEY]\n"
+               "  mm3 continue (ID | --journal FILE) [--duration S] [--min-duration S] [--whole] [-o new.wav]\n"
+               "               [--format wav|pcm|flac|mp3|opus] [--sample-rate 44100|32000] [--quiet]\n"
+               "               [--url URL] [--api-key KEY]\n"
                "  mm3 health [--url URL]\n"
                "  mm3 rerender --model CKPT --journal FILE [...] -o OUT.wav   (runs mm3-rerender)\n"
                "URL (with or without /v1) defaults to $MM3_URL, else " DEFAULT_URL ". KEY defaults to\n"
@@ -84,6 +95,29 @@ static char *read_text_file(const char *path)
         return NULL;
     }
     buf[n] = 0;
+    return buf;
+}
+
+/* A whole binary file of at most cap bytes (malloc'ed), or NULL with a message. */
+static uint8_t *read_binary_file(const char *path, size_t cap, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "mm3: %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    uint8_t *buf = malloc(cap + 1);
+    *n = buf ? fread(buf, 1, cap + 1, f) : 0;
+    bool err = ferror(f);
+    fclose(f);
+    if (!buf || err || *n > cap) {
+        if (buf && !err)
+            fprintf(stderr, "mm3: %s: larger than %zu bytes\n", path, cap);
+        else
+            fprintf(stderr, "mm3: %s: %s\n", path, !buf ? "out of memory" : "read error");
+        free(buf);
+        return NULL;
+    }
     return buf;
 }
 
@@ -402,6 +436,16 @@ static int wav_patch_sizes(FILE *f, uint64_t total)
     return 0;
 }
 
+/* Whether the error body is about a request field (a 404 naming continue_from: the server
+ * does not know the song), rather than a wrong address. */
+static bool field_error(struct gen *g)
+{
+    json_t *o = g->err_body ? json_loads(g->err_body, 0, NULL) : NULL;
+    bool ours = o && json_is_string(json_object_get(json_object_get(o, "error"), "param"));
+    json_decref(o);
+    return ours;
+}
+
 static const char *error_message(struct gen *g)
 {
     static char msg[1024];
@@ -410,6 +454,112 @@ static const char *error_message(struct gen *g)
     snprintf(msg, sizeof msg, "%s", m ? m : g->err_body ? g->err_body : "(no message)");
     json_decref(o);
     return msg;
+}
+
+/* POST body (freed here) to url's speech endpoint and stream the answer into OUT.part,
+ * renamed to out_path when complete; progress on stderr unless quiet. The exit status:
+ * 0, 1 (the server or the file failed) or 2 (-o too long). */
+static int stream_song(const char *url, char *body, const char *out_path, bool quiet)
+{
+    struct gen g = {.base_url = url, .out_path = out_path, .quiet = quiet};
+    g.tty = !quiet && isatty(STDERR_FILENO);
+    if (snprintf(g.part_path, sizeof g.part_path, "%s.part", out_path) >= (int)sizeof g.part_path) {
+        fprintf(stderr, "mm3: -o: path too long\n");
+        free(body);
+        return 2;
+    }
+    part_cleanup_arm(g.part_path);
+    g.out = fopen(g.part_path, "wb+");
+    if (!g.out) {
+        fprintf(stderr, "mm3: %s: %s\n", g.part_path, strerror(errno));
+        free(body);
+        return 1;
+    }
+    pthread_mutex_init(&g.mu, NULL);
+    pthread_cond_init(&g.cond, NULL);
+    g.t0 = now_s();
+    pthread_t th;
+    bool progress = !quiet && pthread_create(&th, NULL, progress_thread, &g) == 0;
+
+    char speech_url[1024 + 32];
+    snprintf(speech_url, sizeof speech_url, "%s/v1/audio/speech", url);
+    struct http_client_request rq = {
+        .url = speech_url,
+        .method = "POST",
+        .body = body,
+        .body_len = strlen(body),
+        .timeout_ms = 600000, /* a queued request may wait minutes for its first audio */
+        .bearer_token = api_key,
+        .on_headers = on_headers,
+        .on_body = on_body,
+        .user = &g,
+    };
+    struct http_client_response resp;
+    int rc = http_client_request(&rq, &resp);
+    free(body);
+
+    pthread_mutex_lock(&g.mu);
+    g.done = true;
+    pthread_cond_broadcast(&g.cond);
+    pthread_mutex_unlock(&g.mu);
+    if (progress) pthread_join(th, NULL);
+
+    int ret = 0;
+    if (rc < 0) {
+        fprintf(stderr, "%smm3: %s\n", g.tty ? "\n" : "", mm3_last_error());
+        ret = 1;
+    } else if (resp.status == 404 && !field_error(&g)) {
+        fprintf(stderr, "%smm3: %s answered 404 Not Found: is --url the mm3 server's address "
+                        "(http://HOST:PORT, with or without /v1)?\n", g.tty ? "\n" : "", speech_url);
+        ret = 1;
+    } else if (resp.status != 200) {
+        fprintf(stderr, "%smm3: server answered %d: %s\n", g.tty ? "\n" : "", resp.status, error_message(&g));
+        ret = 1;
+    } else if (!resp.complete) {
+        fprintf(stderr, "%smm3: the stream was cut: the server failed mid-song (see its log)\n", g.tty ? "\n" : "");
+        ret = 1;
+    } else if (g.wav && wav_patch_sizes(g.out, g.bytes) < 0) {
+        fprintf(stderr, "mm3: %s: cannot patch the WAV header\n", g.part_path);
+        ret = 1;
+    }
+    if (fclose(g.out) != 0 && ret == 0) {
+        fprintf(stderr, "mm3: %s: %s\n", g.part_path, strerror(errno));
+        ret = 1;
+    }
+    /* Only this thread is left: with the signals held, the .part is either renamed or
+     * still armed for removal when one arrives. */
+    sigset_t fatal, old;
+    sigemptyset(&fatal);
+    sigaddset(&fatal, SIGINT);
+    sigaddset(&fatal, SIGTERM);
+    sigaddset(&fatal, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &fatal, &old);
+    if (ret == 0 && rename(g.part_path, out_path) != 0) {
+        fprintf(stderr, "mm3: rename to %s: %s\n", out_path, strerror(errno));
+        ret = 1;
+    }
+    if (ret != 0) unlink(g.part_path);
+    part_cleanup_disarm();
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (ret == 0 && !quiet) {
+        if (g.tty) {
+            /* Done: the song may have ended before its frame cap (end of music). */
+            struct progress p = {g.last_frames, g.last_frames, g.last_windows, true};
+            if (p.frames <= 0) p.frames = p.total = g.max_frames; /* finished before the first poll */
+            progress_draw(&g, &p, audio_seconds(&g), true);
+        }
+        double a = audio_seconds(&g);
+        if (a > 0)
+            fprintf(stderr, "wrote %s: %.1f s of audio (%d Hz, %d ch) in %.1f s\n", out_path, a, g.rate, g.channels,
+                    now_s() - g.t0);
+        else
+            fprintf(stderr, "wrote %s: %llu bytes in %.1f s\n", out_path, (unsigned long long)g.bytes, now_s() - g.t0);
+    }
+    http_client_response_free(&resp);
+    free(g.err_body);
+    pthread_mutex_destroy(&g.mu);
+    pthread_cond_destroy(&g.cond);
+    return ret;
 }
 
 static int cmd_generate(int argc, char **argv, const char *url)
@@ -538,105 +688,133 @@ static int cmd_generate(int argc, char **argv, const char *url)
     char *body = json_dumps(req, JSON_COMPACT);
     json_decref(req);
 
-    struct gen g = {.base_url = url, .out_path = out_path, .quiet = quiet};
-    g.tty = !quiet && isatty(STDERR_FILENO);
-    if (snprintf(g.part_path, sizeof g.part_path, "%s.part", out_path) >= (int)sizeof g.part_path) {
-        fprintf(stderr, "mm3: -o: path too long\n");
-        free(body);
+    return stream_song(url, body, out_path, quiet);
+}
+
+/* ---- continue ---- */
+
+/* mm3 continue ID: the song the server answered with X-Request-Id ID (or, with
+ * --journal FILE, the song of that journal, uploaded) goes on for --duration seconds
+ * more (the server's default without it); the new part, or with --whole the whole song,
+ * streamed to -o like generate. */
+static int cmd_continue(int argc, char **argv, const char *url)
+{
+    const char *out_path = NULL, *format = NULL, *journal = NULL;
+    double duration = 0, min_duration = 0;
+    unsigned long long rate = 0;
+    bool has_duration = false, has_min = false, has_rate = false, whole = false, quiet = false;
+    static const struct option opts[] = {
+        {"duration", required_argument, 0, 'd'},
+        {"min-duration", required_argument, 0, 'm'},
+        {"whole", no_argument, 0, 'w'},
+        {"journal", required_argument, 0, 'j'},
+        {"output", required_argument, 0, 'o'},
+        {"format", required_argument, 0, 'f'},
+        {"sample-rate", required_argument, 0, 'r'},
+        {"quiet", no_argument, 0, 'q'},
+        {"url", required_argument, 0, 'u'},
+        {"api-key", required_argument, 0, 'k'},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    int ch;
+    optind = 1;
+    while ((ch = getopt_long(argc, argv, "o:qh", opts, NULL)) != -1) {
+        bool ok = true;
+        switch (ch) {
+        case 'd':
+            ok = has_duration = flag_double("--duration", optarg, 0.04, MAX_DURATION_S, &duration);
+            break;
+        case 'm':
+            ok = has_min = flag_double("--min-duration", optarg, 0, MAX_DURATION_S, &min_duration);
+            break;
+        case 'w':
+            whole = true;
+            break;
+        case 'j':
+            journal = optarg;
+            break;
+        case 'r':
+            ok = has_rate = !strcmp(optarg, "44100") || !strcmp(optarg, "32000");
+            if (ok)
+                rate = strtoull(optarg, NULL, 10);
+            else
+                fprintf(stderr, "mm3: --sample-rate '%s': expected 44100 or 32000\n", optarg);
+            break;
+        case 'o':
+            out_path = optarg;
+            break;
+        case 'f':
+            format = optarg;
+            break;
+        case 'q':
+            quiet = true;
+            break;
+        case 'u':
+            url = optarg;
+            break;
+        case 'k':
+            api_key = optarg;
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
+        }
+        if (!ok) return 2;
+    }
+    /* the id is the server's X-Request-Id: 32 lowercase hex digits; or the song's journal file */
+    const char *id = optind == argc - 1 ? argv[optind] : NULL;
+    bool id_ok = id && strlen(id) == 32 && strspn(id, "0123456789abcdef") == 32;
+    if (journal ? optind != argc : !id_ok) {
+        fprintf(stderr, "mm3 continue: give one request id (32 lowercase hex digits, the X-Request-Id of a finished "
+                        "song)%s%s, or --journal FILE alone\n", id ? ", not " : "", id ? id : "");
+        usage(stderr);
         return 2;
     }
-    part_cleanup_arm(g.part_path);
-    g.out = fopen(g.part_path, "wb+");
-    if (!g.out) {
-        fprintf(stderr, "mm3: %s: %s\n", g.part_path, strerror(errno));
-        free(body);
+    if (has_duration && has_min && min_duration > duration) {
+        fprintf(stderr, "mm3: --min-duration %g is more than --duration %g\n", min_duration, duration);
+        return 2;
+    }
+    if (out_path && !out_path[0]) {
+        fprintf(stderr, "mm3: -o: expected a file name\n");
+        return 2;
+    }
+    if (!(format = format_resolve(format, out_path))) return 2;
+    char out_default[16];
+    if (!out_path) {
+        snprintf(out_default, sizeof out_default, "song.%s", format);
+        out_path = out_default;
+    }
+    char base[1024];
+    if (!base_url(url, base, sizeof base)) return 2;
+    char *b64 = NULL;
+    if (journal) {
+        size_t n;
+        uint8_t *bytes = read_binary_file(journal, MAX_JOURNAL_FILE, &n);
+        if (!bytes) return 1;
+        int rc = base64_encode(bytes, n, &b64);
+        free(bytes);
+        if (rc < 0) {
+            fprintf(stderr, "mm3: %s\n", mm3_last_error());
+            return 1;
+        }
+    }
+    json_t *req = json_pack("{s:s, s:s, s:b, s:s}", journal ? "continue_journal" : "continue_from", journal ? b64 : id,
+                            "response_format", format, "stream", 1, "return", whole ? "whole" : "new");
+    free(b64);
+    if (!req) {
+        fprintf(stderr, "mm3: out of memory\n");
         return 1;
     }
-    pthread_mutex_init(&g.mu, NULL);
-    pthread_cond_init(&g.cond, NULL);
-    g.t0 = now_s();
-    pthread_t th;
-    bool progress = !quiet && pthread_create(&th, NULL, progress_thread, &g) == 0;
-
-    char speech_url[sizeof base + 32];
-    snprintf(speech_url, sizeof speech_url, "%s/v1/audio/speech", url);
-    struct http_client_request rq = {
-        .url = speech_url,
-        .method = "POST",
-        .body = body,
-        .body_len = strlen(body),
-        .timeout_ms = 600000, /* a queued request may wait minutes for its first audio */
-        .bearer_token = api_key,
-        .on_headers = on_headers,
-        .on_body = on_body,
-        .user = &g,
-    };
-    struct http_client_response resp;
-    int rc = http_client_request(&rq, &resp);
-    free(body);
-
-    pthread_mutex_lock(&g.mu);
-    g.done = true;
-    pthread_cond_broadcast(&g.cond);
-    pthread_mutex_unlock(&g.mu);
-    if (progress) pthread_join(th, NULL);
-
-    int ret = 0;
-    if (rc < 0) {
-        fprintf(stderr, "%smm3: %s\n", g.tty ? "\n" : "", mm3_last_error());
-        ret = 1;
-    } else if (resp.status == 404) {
-        fprintf(stderr, "%smm3: %s answered 404 Not Found: is --url the mm3 server's address "
-                        "(http://HOST:PORT, with or without /v1)?\n", g.tty ? "\n" : "", speech_url);
-        ret = 1;
-    } else if (resp.status != 200) {
-        fprintf(stderr, "%smm3: server answered %d: %s\n", g.tty ? "\n" : "", resp.status, error_message(&g));
-        ret = 1;
-    } else if (!resp.complete) {
-        fprintf(stderr, "%smm3: the stream was cut: the server failed mid-song (see its log)\n", g.tty ? "\n" : "");
-        ret = 1;
-    } else if (g.wav && wav_patch_sizes(g.out, g.bytes) < 0) {
-        fprintf(stderr, "mm3: %s: cannot patch the WAV header\n", g.part_path);
-        ret = 1;
-    }
-    if (fclose(g.out) != 0 && ret == 0) {
-        fprintf(stderr, "mm3: %s: %s\n", g.part_path, strerror(errno));
-        ret = 1;
-    }
-    /* Only this thread is left: with the signals held, the .part is either renamed or
-     * still armed for removal when one arrives. */
-    sigset_t fatal, old;
-    sigemptyset(&fatal);
-    sigaddset(&fatal, SIGINT);
-    sigaddset(&fatal, SIGTERM);
-    sigaddset(&fatal, SIGHUP);
-    pthread_sigmask(SIG_BLOCK, &fatal, &old);
-    if (ret == 0 && rename(g.part_path, out_path) != 0) {
-        fprintf(stderr, "mm3: rename to %s: %s\n", out_path, strerror(errno));
-        ret = 1;
-    }
-    if (ret != 0) unlink(g.part_path);
-    part_cleanup_disarm();
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (ret == 0 && !quiet) {
-        if (g.tty) {
-            /* Done: the song may have ended before its frame cap (end of music). */
-            struct progress p = {g.last_frames, g.last_frames, g.last_windows, true};
-            if (p.frames <= 0) p.frames = p.total = g.max_frames; /* finished before the first poll */
-            progress_draw(&g, &p, audio_seconds(&g), true);
-        }
-        double a = audio_seconds(&g);
-        if (a > 0)
-            fprintf(stderr, "wrote %s: %.1f s of audio (%d Hz, %d ch) in %.1f s\n", out_path, a, g.rate, g.channels,
-                    now_s() - g.t0);
-        else
-            fprintf(stderr, "wrote %s: %llu bytes in %.1f s\n", out_path, (unsigned long long)g.bytes, now_s() - g.t0);
-    }
-    http_client_response_free(&resp);
-    free(g.err_body);
-    pthread_mutex_destroy(&g.mu);
-    pthread_cond_destroy(&g.cond);
-    return ret;
+    if (has_duration) json_object_set_new(req, "duration_s", json_real(duration));
+    if (has_min) json_object_set_new(req, "min_duration_s", json_real(min_duration));
+    if (has_rate) json_object_set_new(req, "sample_rate", json_integer((json_int_t)rate));
+    char *body = json_dumps(req, JSON_COMPACT);
+    json_decref(req);
+    return stream_song(base, body, out_path, quiet);
 }
 
 /* ---- health ---- */
@@ -702,6 +880,7 @@ int main(int argc, char **argv)
         return 2;
     }
     if (!strcmp(argv[1], "generate")) return cmd_generate(argc - 1, argv + 1, url);
+    if (!strcmp(argv[1], "continue")) return cmd_continue(argc - 1, argv + 1, url);
     if (!strcmp(argv[1], "health")) return cmd_health(argc - 1, argv + 1, url);
     if (!strcmp(argv[1], "rerender")) return cmd_rerender(argv + 1);
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {

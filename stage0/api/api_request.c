@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "common/replay_file.h"
+#include "stage0/api/base64.h"
 
 void api_limits_default(struct api_limits *lim)
 {
@@ -116,8 +117,10 @@ static bool blank(const char *s)
     return true;
 }
 
-/* One text field under two accepted names (compat name, our name). */
-static int take_text(struct parse_ctx *c, json_t *root, const char *compat, const char *ours, char **out)
+/* One text field under two accepted names (compat name, our name). Optional (absent:
+ * "", *given 0) for a continuation, which takes the continued song's. */
+static int take_text(struct parse_ctx *c, json_t *root, const char *compat, const char *ours, bool optional,
+                     char **out, bool *given)
 {
     json_t *a = json_object_get(root, compat), *b = json_object_get(root, ours);
     if (a && json_is_null(a)) a = NULL;
@@ -128,6 +131,11 @@ static int take_text(struct parse_ctx *c, json_t *root, const char *compat, cons
     }
     json_t *v = a ? a : b;
     const char *name = a ? compat : ours;
+    *given = v != NULL;
+    if (!v && optional) {
+        *out = strdup("");
+        return *out ? 0 : mm3_errorf(-ENOMEM, "out of memory");
+    }
     if (!v) { /* named as OpenAI-style clients know it */
         snprintf(c->field, c->field_cap, "%s", compat);
         return mm3_errorf(-EINVAL, "field '%s' (or '%s') is required", compat, ours);
@@ -179,6 +187,53 @@ static int take_number(struct parse_ctx *c, json_t *v, const char *name, double 
     return 0;
 }
 
+/* continue_from (a request id: 32 lowercase hex digits) and return ("new" or "whole",
+ * only with continue_from). */
+static int take_continuation(struct parse_ctx *c, json_t *root, struct mm3_job_params *p)
+{
+    json_t *v = json_object_get(root, "continue_from");
+    if (v && !json_is_null(v)) {
+        const char *s = json_string_value(v);
+        size_t n = s ? strlen(s) : 0;
+        bool hex = n == MM3_JOB_PUBLIC_ID_LEN;
+        for (size_t i = 0; hex && i < n; i++)
+            hex = (s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f');
+        if (!hex)
+            return bad(c, "continue_from", "field '%s': expected a request id (%s) of a finished song",
+                       "32 lowercase hex digits, as X-Request-Id gives it");
+        memcpy(p->continue_from, s, n + 1);
+    }
+    v = json_object_get(root, "continue_journal");
+    if (v && !json_is_null(v)) {
+        const char *s = json_string_value(v);
+        if (p->continue_from[0])
+            return bad(c, "continue_journal", "field '%s': give continue_from or %s, not both",
+                       "continue_journal (an uploaded journal file)");
+        if (!s || !s[0])
+            return bad(c, "continue_journal", "field '%s': expected %s", "a journal file (.mm3j) in base64");
+        int rc = base64_decode(s, json_string_length(v), &p->journal, &p->journal_len);
+        if (rc == -EINVAL) {
+            char why[160]; /* the decoder's message, before the error buffer is reused */
+            snprintf(why, sizeof why, "%s", mm3_last_error());
+            return bad(c, "continue_journal", "field '%s': %s", why);
+        }
+        if (rc < 0) return rc;
+    }
+    bool cont = p->continue_from[0] || p->journal;
+    v = json_object_get(root, "return");
+    if (v && !json_is_null(v)) {
+        const char *s = json_string_value(v);
+        if (!s || (strcmp(s, "new") != 0 && strcmp(s, "whole") != 0))
+            return bad(c, "return", "field '%s': expected \"new\" (the continuation's audio) or \"whole\"%s",
+                       " (the whole song)");
+        if (!cont)
+            return bad(c, "return", "field '%s' needs continue_from or continue_journal%s",
+                       " (it says what a continuation answers)");
+        p->return_whole = strcmp(s, "whole") == 0;
+    }
+    return 0;
+}
+
 static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params *p)
 {
     const struct api_limits *lim = c->lim;
@@ -188,6 +243,7 @@ static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params
         "duration_s",     "seed",      "response_format", "sample_rate",   "num_inference_steps",
         "guidance_scale", "cfg_scale", "stream",          "stream_format", "model",
         "speed",          "x_replay_file", "ignore_eos",  "flow_shift",    "allow_stall",
+        "continue_from",  "continue_journal", "return",
     };
     const char *key;
     json_t *v;
@@ -212,11 +268,16 @@ static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params
     }
 
     int rc;
-    if ((rc = take_text(c, root, "input", "lyrics", &p->lyrics)) < 0) return rc;
-    if ((rc = take_text(c, root, "instructions", "caption", &p->caption)) < 0) return rc;
-
-        /* Nulls count as absent: some clients send every optional field. */
+    /* Nulls count as absent: some clients send every optional field. */
 #define GET(name) ((v = json_object_get(root, name)) && !json_is_null(v))
+#define GIVEN(bit) (p->given |= (bit))
+    if ((rc = take_continuation(c, root, p)) < 0) return rc;
+    bool cont = p->continue_from[0] || p->journal, given;
+    if ((rc = take_text(c, root, "input", "lyrics", cont, &p->lyrics, &given)) < 0) return rc;
+    if (given) GIVEN(MM3_GIVEN_LYRICS);
+    if ((rc = take_text(c, root, "instructions", "caption", cont, &p->caption, &given)) < 0) return rc;
+    if (given) GIVEN(MM3_GIVEN_CAPTION);
+
     long long iv;
     double dv;
     json_t *frames_v = json_object_get(root, "max_new_tokens");
@@ -224,6 +285,7 @@ static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params
     if (frames_v && json_is_null(frames_v)) frames_v = NULL;
     if (dur_v && json_is_null(dur_v)) dur_v = NULL;
     p->max_frames = lim->default_frames;
+    if (frames_v || dur_v) GIVEN(MM3_GIVEN_LENGTH);
     if (frames_v && dur_v) {
         snprintf(c->field, c->field_cap, "duration_s");
         return mm3_errorf(-EINVAL, "fields 'max_new_tokens' and 'duration_s' both set the length: "
@@ -272,6 +334,7 @@ static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params
 
     p->seed = lim->default_seed;
     if (GET("seed")) {
+        GIVEN(MM3_GIVEN_SEED);
         if ((rc = take_int(c, v, "seed", 0, INT64_MAX, &iv)) < 0) return rc;
         p->seed = (uint64_t)iv;
     }
@@ -297,22 +360,26 @@ static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params
     }
     p->sample_rate = lim->default_sample_rate == 32000 ? 32000 : 44100;
     if (GET("sample_rate")) {
+        GIVEN(MM3_GIVEN_SAMPLE_RATE);
         if (!json_is_integer(v) || (json_integer_value(v) != 44100 && json_integer_value(v) != 32000))
             return bad(c, "sample_rate", "field '%s': expected 44100 or 32000%s", "");
         p->sample_rate = (int32_t)json_integer_value(v);
     }
     p->num_inference_steps = lim->default_steps;
     if (GET("num_inference_steps")) {
+        GIVEN(MM3_GIVEN_STEPS);
         if ((rc = take_int(c, v, "num_inference_steps", 1, 200, &iv)) < 0) return rc;
         p->num_inference_steps = (int32_t)iv;
     }
     p->guidance_scale = lim->default_guidance_scale;
     if (GET("guidance_scale")) {
+        GIVEN(MM3_GIVEN_GUIDANCE);
         if ((rc = take_number(c, v, "guidance_scale", 0, 100, &dv)) < 0) return rc;
         p->guidance_scale = (float)dv;
     }
     p->flow_shift = lim->default_flow_shift;
     if (GET("flow_shift")) {
+        GIVEN(MM3_GIVEN_FLOW_SHIFT);
         if (!is_number(v)) return bad(c, "flow_shift", "field '%s': expected a number in%s", " (0, 20]");
         dv = json_number_value(v);
         if (!(dv > 0.0 && dv <= 20.0)) return bad(c, "flow_shift", "field '%s': out of range: expected%s", " (0, 20]");
@@ -320,6 +387,7 @@ static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params
     }
     p->cfg_scale = lim->default_cfg_scale;
     if (GET("cfg_scale")) {
+        GIVEN(MM3_GIVEN_CFG_SCALE);
         if ((rc = take_number(c, v, "cfg_scale", 0, 100, &dv)) < 0) return rc;
         p->cfg_scale = (float)dv;
     }
@@ -370,6 +438,7 @@ static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params
         close(fd);
         if (!(p->replay_file = strdup(s))) return mm3_errorf(-ENOMEM, "out of memory");
     }
+#undef GIVEN
 #undef GET
     return 0;
 }

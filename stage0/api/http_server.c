@@ -507,7 +507,9 @@ static void buffer_give(struct http_server *s, size_t n)
  * its rate, plus headroom for container framing (WAV header, FLAC frame headers). */
 static size_t whole_answer_bound(const struct http_server *s, const struct mm3_job_params *p)
 {
-    double seconds = (double)p->max_frames / s->cfg.limits.frame_rate;
+    /* a continuation answering the whole song holds the earlier part too */
+    int32_t frames = (p->continue_from[0] || p->journal) && p->return_whole ? s->cfg.limits.max_frames : p->max_frames;
+    double seconds = (double)frames / s->cfg.limits.frame_rate;
     size_t pcm = (size_t)(seconds * p->sample_rate + 1) * (size_t)s->cfg.pcm_channels * 2;
     return pcm + pcm / 64 + 4096;
 }
@@ -672,6 +674,18 @@ static enum MHD_Result handle_speech(struct http_server *s, struct MHD_Connectio
     char field[64];
     if (api_request_parse(rq->body ? rq->body : "", rq->len, &s->cfg.limits, &p, field, sizeof field) < 0)
         return reject(s, c, rq, MHD_HTTP_BAD_REQUEST, field, mm3_last_error());
+    if (p.continue_from[0]) { /* a song still being made cannot be continued yet */
+        struct mm3_job *from = api_jobs_find(&s->jobs, p.continue_from);
+        int running = from && !mm3_job_is_terminal(from);
+        if (from) mm3_job_unref(from);
+        if (running) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "continue_from: the song %s is still being generated; continue it once it has "
+                     "finished", p.continue_from);
+            mm3_job_params_free(&p);
+            return reject(s, c, rq, MHD_HTTP_CONFLICT, "continue_from", msg);
+        }
+    }
 
     struct audio_encoder *enc = NULL;
     int rc = audio_encoder_create(&enc, p.format, s->cfg.pcm_channels, s->cfg.pcm_rate, p.sample_rate, p.stream);
@@ -714,9 +728,10 @@ static enum MHD_Result handle_speech(struct http_server *s, struct MHD_Connectio
     }
     rc = s->engine->submit(s->engine->ctx, job);
     if (rc < 0) {
-        char msg[512];
+        char msg[512], param[32];
         unsigned status = 500;
         int js = mm3_job_error(job, msg, sizeof msg);
+        mm3_job_error_param(job, param, sizeof param);
         if (rc == -EAGAIN) {
             status = MHD_HTTP_SERVICE_UNAVAILABLE;
             if (!msg[0]) snprintf(msg, sizeof msg, "server busy: generation queue full, retry later");
@@ -731,7 +746,7 @@ static enum MHD_Result handle_speech(struct http_server *s, struct MHD_Connectio
         audio_encoder_free(enc);
         atomic_fetch_sub(&s->in_flight, 1);
         metrics_gauge_add(&mm3_metrics.requests_in_flight, -1);
-        return reject(s, c, rq, status, NULL, msg);
+        return reject(s, c, rq, status, param, msg);
     }
     LOG_INFO("job %llu: accepted as %s: %d frames, seed %llu, %s%s", (unsigned long long)job->id, job->public_id,
              job->params.max_frames, (unsigned long long)job->params.seed, audio_format_name(job->params.format),

@@ -26,7 +26,10 @@ void mm3_job_params_free(struct mm3_job_params *p)
     free(p->lyrics);
     free(p->caption);
     free(p->replay_file);
+    free(p->journal);
     p->lyrics = p->caption = p->replay_file = NULL;
+    p->journal = NULL;
+    p->journal_len = 0;
 }
 
 /* 128 bits from the kernel's generator, as 32 lowercase hex digits. */
@@ -66,9 +69,12 @@ int mm3_job_create(struct mm3_job **out, const struct mm3_job_params *params, in
     j->params.lyrics = strdup(params->lyrics);
     j->params.caption = strdup(params->caption);
     j->params.replay_file = params->replay_file ? strdup(params->replay_file) : NULL;
+    j->params.journal = params->journal ? malloc(params->journal_len ? params->journal_len : 1) : NULL;
+    if (j->params.journal) memcpy(j->params.journal, params->journal, params->journal_len);
     j->ring_cap = queue_chunks + 1;
     j->ring = calloc(j->ring_cap, sizeof *j->ring);
-    if (!j->params.lyrics || !j->params.caption || !j->ring || (params->replay_file && !j->params.replay_file)) {
+    if (!j->params.lyrics || !j->params.caption || !j->ring || (params->replay_file && !j->params.replay_file) ||
+        (params->journal && !j->params.journal)) {
         mm3_job_params_free(&j->params);
         free(j->ring);
         free(j);
@@ -265,6 +271,25 @@ void mm3_job_set_error(struct mm3_job *job, int http_status, const char *fmt, ..
     va_start(ap, fmt);
     vsnprintf(job->error, sizeof job->error, fmt, ap);
     va_end(ap);
+    pthread_mutex_unlock(&job->mu);
+}
+
+void mm3_job_set_error_param(struct mm3_job *job, int http_status, const char *param, const char *fmt, ...)
+{
+    pthread_mutex_lock(&job->mu);
+    job->http_status = http_status;
+    snprintf(job->error_param, sizeof job->error_param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(job->error, sizeof job->error, fmt, ap);
+    va_end(ap);
+    pthread_mutex_unlock(&job->mu);
+}
+
+void mm3_job_error_param(struct mm3_job *job, char *param, size_t cap)
+{
+    pthread_mutex_lock(&job->mu);
+    if (cap) snprintf(param, cap, "%s", job->error_param);
     pthread_mutex_unlock(&job->mu);
 }
 

@@ -36,6 +36,24 @@ enum mm3_job_state {
 
 enum mm3_audio_format { MM3_AUDIO_WAV = 0, MM3_AUDIO_PCM, MM3_AUDIO_FLAC, MM3_AUDIO_MP3, MM3_AUDIO_OPUS };
 
+/* The id clients see (X-Request-Id, GET /v1/audio/speech/{id}): 128 random bits in
+ * lowercase hex, so that no client can reach another's song by counting. */
+#define MM3_JOB_PUBLIC_ID_LEN 32
+
+/* Fields a request set itself (struct mm3_job_params.given): a continuation inherits the
+ * others from the song it continues, and refuses these when they differ from it. */
+enum mm3_given {
+    MM3_GIVEN_LYRICS = 1u << 0,
+    MM3_GIVEN_CAPTION = 1u << 1,
+    MM3_GIVEN_LENGTH = 1u << 2, /* max_new_tokens or duration_s */
+    MM3_GIVEN_SEED = 1u << 3,
+    MM3_GIVEN_SAMPLE_RATE = 1u << 4,
+    MM3_GIVEN_STEPS = 1u << 5,
+    MM3_GIVEN_GUIDANCE = 1u << 6,
+    MM3_GIVEN_FLOW_SHIFT = 1u << 7,
+    MM3_GIVEN_CFG_SCALE = 1u << 8,
+};
+
 /* Validated request parameters (see docs/api.md for the HTTP field names). */
 struct mm3_job_params {
     char *lyrics;       /* UTF-8, owned by the job, non-empty after trimming */
@@ -56,6 +74,15 @@ struct mm3_job_params {
     bool ignore_eos; /* never draw the stop code: the song runs to max_frames (vLLM's ignore_eos; benchmarks) */
     char *replay_file; /* testing aid (MM3_ALLOW_REPLAY=1): golden case file of forced draws and noise inside
                           api.replay_dir (common/replay_file.h), as the client named it, or NULL */
+    /* Continue a finished song of this server (its public id; "" = a new song): max_frames and
+     * min_frames count the new part until the engine makes them the whole song's. */
+    char continue_from[MM3_JOB_PUBLIC_ID_LEN + 1];
+    /* Or continue the song of an uploaded journal file (continue_journal, decoded from base64;
+     * untrusted: the engine validates it), owned like the strings; NULL = none. */
+    uint8_t *journal;
+    size_t journal_len;
+    bool return_whole; /* a continuation answers the whole song, not only its new part */
+    uint32_t given;    /* enum mm3_given: the fields the request set */
 };
 
 enum mm3_job_chunk_kind { MM3_CHUNK_PCM = 0, MM3_CHUNK_END, MM3_CHUNK_ERROR };
@@ -65,10 +92,6 @@ struct mm3_job_chunk {
     float *pcm;      /* PCM: n_frames * channels floats, owned by the chunk */
     size_t n_frames; /* sample frames (one sample per channel each) */
 };
-
-/* The id clients see (X-Request-Id, GET /v1/audio/speech/{id}): 128 random bits in
- * lowercase hex, so that no client can reach another's song by counting. */
-#define MM3_JOB_PUBLIC_ID_LEN 32
 
 struct mm3_job {
     uint64_t id; /* unique in this process, > 0: the engine's and the logs' handle, never shown to clients */
@@ -89,10 +112,14 @@ struct mm3_job {
     _Atomic int32_t queue_position;   /* 1-based place among the songs waiting to start, 0 = not waiting */
     _Atomic int64_t start_estimate_ns; /* CLOCK_MONOTONIC when it may start while held for capacity, 0 unknown */
     int64_t t_created_ns;
+    /* Sample frames (at pcm_rate) at the start of the song the client does not get: a
+     * continuation answering only its new part. Set by the engine before the first PCM. */
+    int64_t pcm_skip;
 
     /* Error reported by submit (-EINVAL) or mm3_job_fail(); guarded by mu. */
     int http_status;
     char error[512];
+    char error_param[32]; /* the request field the error is about ("" = none), for the JSON body */
 
     void *engine_data; /* free for the engine's use */
 
@@ -171,8 +198,14 @@ void mm3_job_chunk_release(struct mm3_job_chunk *c);
  * not ended: the caller then owes engine->cancel. Wakes a blocked pusher. */
 bool mm3_job_cancel(struct mm3_job *job);
 
+/* mm3_job_set_error naming the request field it is about (the error body's "param"). */
+void mm3_job_set_error_param(struct mm3_job *job, int http_status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
 /* Copy of the error message and status (status 0 if none). */
 int mm3_job_error(struct mm3_job *job, char *msg, size_t cap);
+/* Copy of the field named by mm3_job_set_error_param ("" if none). */
+void mm3_job_error_param(struct mm3_job *job, char *param, size_t cap);
 
 int64_t mm3_job_now_ns(void);
 

@@ -575,11 +575,13 @@ static int parse_header(const char *path, const char *json, size_t n, struct jou
 struct decoded {
     size_t step_bytes;
     uint8_t *b;
-    size_t n, cap; /* bytes */
+    size_t n, cap;    /* bytes */
+    size_t max_steps; /* more decoded steps than this end the readable prefix */
 };
 
 static int decoded_push(struct decoded *d, const uint8_t *p, size_t n)
 {
+    if ((d->n + n) / d->step_bytes > d->max_steps) return -1;
     if (d->n + n > d->cap) {
         size_t cap = d->cap ? 2 * d->cap : 1 << 16;
         while (cap < d->n + n)
@@ -640,31 +642,35 @@ int journal_read(const char *path, struct journal_record *rec)
     size_t n = 0;
     int rc = read_file(path, &b, &n);
     if (rc < 0) return rc;
+    rc = journal_read_buffer(path, b, n, MAX_STEPS, rec);
+    free(b);
+    return rc;
+}
+
+int journal_read_buffer(const char *path, const uint8_t *b, size_t n, int max_steps, struct journal_record *rec)
+{
+    memset(rec, 0, sizeof *rec);
+    int rc;
+    if (max_steps < 0 || max_steps > MAX_STEPS) max_steps = MAX_STEPS;
     if (n < 16 || memcmp(b, MAGIC, 8) != 0) {
-        free(b);
         return mm3_errorf(-EINVAL, "journal %s: not a journal (bad magic or shorter than a header)", path);
     }
     uint32_t ver = get_u32(b + 8), jl = get_u32(b + 12);
     if (ver != JOURNAL_VERSION) {
-        free(b);
         return mm3_errorf(-EINVAL, "journal %s: version %u, expected %d", path, ver, JOURNAL_VERSION);
     }
     if ((size_t)jl + 24 > n) {
-        free(b);
         return mm3_errorf(-EINVAL, "journal %s: truncated header (%u bytes of JSON announced, file has %zu bytes)",
                           path, jl, n);
     }
     if (hash64(b + 16, jl, NULL, 0) != get_u64(b + 16 + jl)) {
-        free(b);
         return mm3_errorf(-EINVAL, "journal %s: header checksum mismatch (corrupt header)", path);
     }
-    if ((rc = parse_header(path, (const char *)b + 16, jl, &rec->h)) < 0) {
-        free(b);
-        return rc;
-    }
+    if ((rc = parse_header(path, (const char *)b + 16, jl, &rec->h)) < 0) return rc;
     int32_t limit[JOURNAL_MAX_CODEBOOKS];
     int bits[JOURNAL_MAX_CODEBOOKS];
-    struct decoded d = {.step_bytes = layout(rec->h.n_codebooks, rec->h.c0_codes, rec->h.audio_vocab, limit, bits)};
+    struct decoded d = {.step_bytes = layout(rec->h.n_codebooks, rec->h.c0_codes, rec->h.audio_vocab, limit, bits),
+                        .max_steps = (size_t)max_steps};
     ZSTD_DCtx *dc = ZSTD_createDCtx();
     if (!dc) {
         rc = mm3_errorf(-ENOMEM, "journal %s: out of memory", path);
@@ -729,7 +735,6 @@ int journal_read(const char *path, struct journal_record *rec)
 out:
     ZSTD_freeDCtx(dc);
     free(d.b);
-    free(b);
     if (rc < 0) journal_record_free(rec);
     return rc;
 }

@@ -121,6 +121,10 @@ int journal_steps(const struct journal *j);
  * (rec->torn = 1); a missing, truncated or corrupt header is -EINVAL naming the path
  * and what is wrong. */
 int journal_read(const char *path, struct journal_record *rec);
+/* The same from n bytes in memory (an uploaded journal: untrusted), path naming it in
+ * messages; at most max_steps steps are decoded (more end the readable prefix, torn), so
+ * a small upload cannot inflate into a large allocation. */
+int journal_read_buffer(const char *path, const uint8_t *b, size_t n, int max_steps, struct journal_record *rec);
 void journal_record_free(struct journal_record *rec);
 
 /* Journals in dir to complete after a restart: no end record, or the last one says

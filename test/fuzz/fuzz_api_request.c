@@ -1,7 +1,9 @@
 /* Fuzz target: arbitrary bytes as the JSON body of POST /v1/audio/speech
  * through api_request_parse with the default limits. Oracles: a refused body
  * has a terminated field name and a message; an accepted one has non-empty UTF-8 text
- * fields, a frame count within the limits and a known sample rate. */
+ * fields (a continuation may leave them empty: its song's are taken), a frame count within
+ * the limits and a known sample rate; a continuation's id is 32 lowercase hex digits, and
+ * return "whole" comes only with one. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,7 +41,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (!memchr(field, 0, sizeof field)) fuzz_fail("field name not terminated");
         if (!mm3_last_error()[0]) fuzz_fail("refused without a message");
     } else {
-        if (!p.lyrics || !p.caption || !p.lyrics[0] || !p.caption[0]) fuzz_fail("accepted without caption/lyrics");
+        int cont = p.continue_from[0] != 0;
+        if (!p.lyrics || !p.caption || (!cont && (!p.lyrics[0] || !p.caption[0])))
+            fuzz_fail("accepted without caption/lyrics");
+        if (cont && (strlen(p.continue_from) != 32 || strspn(p.continue_from, "0123456789abcdef") != 32))
+            fuzz_fail("continue_from '%s' is not a request id", p.continue_from);
+        if (p.return_whole && !cont) fuzz_fail("return whole without continue_from");
         if (p.max_frames < 1 || p.max_frames > lim.max_frames) fuzz_fail("max_frames %d", (int)p.max_frames);
         if (p.sample_rate != 44100 && p.sample_rate != 32000) fuzz_fail("sample_rate %d", (int)p.sample_rate);
         mm3_job_params_free(&p);

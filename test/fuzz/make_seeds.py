@@ -212,6 +212,8 @@ def seeds_api_request():
         "out_of_range": dict(base, max_new_tokens=90000, sample_rate=8000, num_inference_steps=0, guidance_scale=-1),
         "wrong_types": {"input": 5, "instructions": ["pop"], "seed": -1, "stream": "yes"},
         "unknown_field": dict(base, temperature=0.7),
+        "continuation": {"continue_from": "0123456789abcdef0123456789abcdef", "duration_s": 20,
+                         "return": "whole", "min_duration_s": 5},
     }
     for k, v in bodies.items():
         out(t, k, json.dumps(v))
@@ -292,3 +294,5 @@ if __name__ == "__main__":
     seeds_tokenizer()
     seeds_api_request()
     seeds_shmconn()
+    # corpus/journal/ is not made here: "finished" is a journal mm3 wrote (a 60-frame song of
+    # test_e2e_continue on tiny-a), "cut_in_codes" and "cut_in_header" its first 300 and 100 bytes.
