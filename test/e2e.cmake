@@ -62,7 +62,7 @@ endif()
 if(TARGET test_e2e_workers)
   set_tests_properties(test_e2e_workers PROPERTIES TIMEOUT 300)
 endif()
-# Two replicas behind a real nginx (Debian's `nginx`; skips 77 without it): about 30 s.
+# Two replicas behind a real nginx (Debian's `nginx`; skips 77 without it).
 if(TARGET test_e2e_router)
   set_tests_properties(test_e2e_router PROPERTIES TIMEOUT 300 LABELS "e2e;router")
 endif()

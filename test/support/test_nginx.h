@@ -143,7 +143,7 @@ static inline int test_nginx_site_conf(const char *shipped, const char *const *u
         }
         line += n;
     }
-    const char *missing = !saw_upstream ? "no `upstream mm3 {` block"
+    const char *missing = !saw_upstream  ? "no `upstream mm3 {` block"
                           : servers == 0 ? "no `server ADDR ...;` line in upstream mm3"
                           : listens != 1 ? "not exactly one `listen` line"
                                          : NULL;
@@ -175,8 +175,8 @@ static inline int test_nginx_port_open(int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0) return 0;
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr_in a = {
+        .sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     int ok = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
     close(fd);
     return ok;
