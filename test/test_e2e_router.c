@@ -146,11 +146,32 @@ static char *replica_deploy(const char *ckpt, const char *dir)
     return test_replica_cpu_deploy(ckpt, 1, 1, journal, 16, 4, 300, 12000, 12000);
 }
 
-static int group_setup(void **state)
+static void song_free(struct song *s)
 {
-    struct fixture *f = calloc(1, sizeof *f);
-    *state = f;
-    if (!f) return -1;
+    free(s->buf);
+    s->buf = NULL;
+    http_client_response_free(&s->resp);
+}
+
+static int group_teardown(void **state)
+{
+    struct fixture *f = *state;
+    if (!f) return 0;
+    test_nginx_stop(&f->ng);
+    for (int i = 0; i < 2; i++)
+        if (f->rep[i].launcher) test_replica_stop(&f->rep[i]);
+    for (int i = 0; i < N_SPREAD; i++)
+        song_free(&f->spread[i]);
+    if (f->tmp) test_remove_tree(f->tmp);
+    free(f->tmp);
+    free(f->shipped);
+    free(f);
+    return 0;
+}
+
+/* Starts both replicas and nginx; 0, or -1 leaving what did start to group_teardown. */
+static int start_all(struct fixture *f)
+{
     f->tmp = test_make_tmpdir("e2e-router");
     f->shipped = shipped_conf();
     if (!f->tmp || !f->shipped) return -1;
@@ -175,27 +196,15 @@ static int group_setup(void **state)
     return 0;
 }
 
-static void song_free(struct song *s)
+static int group_setup(void **state)
 {
-    free(s->buf);
-    s->buf = NULL;
-    http_client_response_free(&s->resp);
-}
-
-static int group_teardown(void **state)
-{
-    struct fixture *f = *state;
-    if (!f) return 0;
-    test_nginx_stop(&f->ng);
-    for (int i = 0; i < 2; i++)
-        if (f->rep[i].launcher) test_replica_stop(&f->rep[i]);
-    for (int i = 0; i < N_SPREAD; i++)
-        song_free(&f->spread[i]);
-    if (f->tmp) test_remove_tree(f->tmp);
-    free(f->tmp);
-    free(f->shipped);
-    free(f);
-    return 0;
+    struct fixture *f = calloc(1, sizeof *f);
+    *state = f;
+    if (!f) return -1;
+    if (start_all(f) == 0) return 0;
+    group_teardown(state); /* stop what did start; a teardown cmocka may still call sees NULL */
+    *state = NULL;
+    return -1;
 }
 
 static void song_init(struct song *s, const char *base, const char *name, int seed, double seconds, int stream)
@@ -209,7 +218,7 @@ static void song_init(struct song *s, const char *base, const char *name, int se
              k_lyrics, seconds, seed, stream ? "true" : "false");
 }
 
-/* The same request as from under another name. */
+/* The same request again, under another name. */
 static void song_again(struct song *s, const struct song *from, const char *name)
 {
     memset(s, 0, sizeof *s);

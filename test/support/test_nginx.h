@@ -5,10 +5,8 @@
  * test's folder, so it runs as any user, in the foreground, on an ephemeral port.
  *
  *     const char *bin = test_nginx_binary();          NULL: no nginx, skip
- *     char *site;
- *     test_nginx_site_conf(shipped_text, upstreams, 2, port, &site, why, sizeof why);
- *     struct test_nginx ng;
- *     test_nginx_start(&ng, bin, tmp, shipped_text, upstreams, 2);
+ *     struct test_nginx ng;                            upstreams: {"127.0.0.1:PORT", ...}
+ *     test_nginx_start(&ng, bin, tmp, shipped_text, upstreams, 2);   (test_nginx_site_conf inside)
  *     ... requests to ng.url, test_nginx_access_line(&ng, "/v1/audio/speech?song=a") ...
  *     test_nginx_stop(&ng);
  *
@@ -249,8 +247,8 @@ static inline int test_nginx_start(struct test_nginx *ng, const char *bin, const
             execl(bin, bin, "-p", ng->dir, "-c", conf, (char *)NULL);
             _exit(127);
         }
+        int st = 0;
         for (int i = 0; i < 100; i++) {
-            int st;
             if (waitpid(p, &st, WNOHANG) == p) {
                 p = 0;
                 break;
@@ -265,7 +263,9 @@ static inline int test_nginx_start(struct test_nginx *ng, const char *bin, const
         }
         char *text = test_file_read(out, NULL);
         int clash = text && strstr(text, "Address already in use");
-        if (!clash) fprintf(stderr, "nginx did not start; its output:\n%s\n", text ? text : "(none)");
+        if (!clash)
+            fprintf(stderr, "%s %s; its output (%s):\n%s\n", bin,
+                    p ? "did not accept connections within 10 s" : "exited", out, text ? text : "(none)");
         free(text);
         if (p > 0) {
             kill(p, SIGKILL);
