@@ -44,7 +44,10 @@ static const char *k_lyrics = "[verse]\\nhello world\\n[chorus]\\nsing with me\\
 /* The CPU test deploy file with stage 1 given `replicas: workers` (caller frees). */
 static char *deploy_with_workers(const char *ckpt, const char *journal_dir, int workers)
 {
-    char *base = test_replica_cpu_deploy(ckpt, 1, 1, journal_dir, 16, 4, 300, 6000, 3000);
+    /* Stage 0 waits up to 120 s for a song's next audio: under sanitizers a whole-file
+     * song can wait that long behind streams in stage 1's deadline order, and a dead
+     * worker is found by its process, not by this wait. */
+    char *base = test_replica_cpu_deploy(ckpt, 1, 1, journal_dir, 16, 4, 300, 12000, 12000);
     if (!base) return NULL;
     const char *anchor = "  - stage_id: 1\n";
     char *at = strstr(base, anchor);
