@@ -62,12 +62,16 @@ endif()
 if(TARGET test_e2e_workers)
   set_tests_properties(test_e2e_workers PROPERTIES TIMEOUT 300)
 endif()
+# Two replicas behind a real nginx (Debian's `nginx`; skips 77 without it).
+if(TARGET test_e2e_router)
+  set_tests_properties(test_e2e_router PROPERTIES TIMEOUT 300 LABELS "e2e;router")
+endif()
 # Under sanitizers the served tests that kill and restart stage 1 take ~250-300 s (test_e2e)
 # and ~170-390 s (test_frame_spool) on 2 cores, and beside another heavy test (the render
 # tests, a build) their deadlines were missed in CI (seventeenth session: test_e2e at its
 # 300 s timeout, a held song's 502): there they run alone, with room.
 if(MM3_SANITIZE)
-  foreach(t test_e2e test_e2e_workers test_frame_spool)
+  foreach(t test_e2e test_e2e_workers test_e2e_router test_frame_spool)
     if(TARGET ${t})
       set_tests_properties(${t} PROPERTIES TIMEOUT 900 RUN_SERIAL TRUE)
     endif()
