@@ -51,6 +51,7 @@ struct s1_request {
     uint32_t chunk_out;  /* next chunk index on s1_to_s0 */
     int64_t samples_out; /* samples per channel sent */
     double t_first_audio; /* s1_now() when its first samples went out, 0 before */
+    double t_last_out;    /* s1_now() of its last PCM message, 0 before */
     int windows_done;    /* for the progress tensor */
     int in_flow;         /* a window of it is out in the server's flow batch */
     int send_rc;         /* first failed send inside the render's sink */

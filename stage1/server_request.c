@@ -84,7 +84,8 @@ static int send_pcm_message(struct s1_server *s, struct s1_request *q, const flo
     pipe_pcm_write(&msg, m ? pcm + at : NULL, m ? pcm + stride + at : NULL, &progress);
     if ((rc = shmconn_send_commit(s->out, &msg)) < 0) return out_check(s, rc);
     q->chunk_out++;
-    if (m && q->t_first_audio == 0) q->t_first_audio = s1_now();
+    q->t_last_out = s1_now();
+    if (m && q->t_first_audio == 0) q->t_first_audio = q->t_last_out;
     q->samples_out += m;
     return 0;
 }
@@ -283,8 +284,10 @@ void s1_request_candidate(const struct s1_server *s, const struct s1_request *q,
 {
     c->id = q->id;
     c->first = render_windows_done(q->render) == 0 && render_window_unfinished(q->render) == 0;
+    /* a whole-file song is due once half of stage 0's wait for its next audio has passed */
+    double whole_by = (q->t_last_out > 0 ? q->t_last_out : q->t_start) + 0.5 * s->in_cfg.steady_deadline_s;
     c->deadline = window_deadline(q->p.streamed && s->codec_streaming, c->first, now, q->t_first_audio,
-                                  (double)q->samples_out / q->p.sample_rate);
+                                  (double)q->samples_out / q->p.sample_rate, whole_by);
 }
 
 int s1_request_activate(struct s1_server *s, struct s1_request *q)

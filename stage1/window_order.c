@@ -1,9 +1,10 @@
 /* Earliest-deadline ordering of the windows of a stage-1 batch (stage1/window_order.h). */
 #include "stage1/window_order.h"
 
-double window_deadline(int streamed, int first, double now, double t_first_audio, double audio_sent_s)
+double window_deadline(int streamed, int first, double now, double t_first_audio, double audio_sent_s,
+                       double whole_by)
 {
-    if (!streamed) return WINDOW_NO_DEADLINE;
+    if (!streamed) return whole_by;
     if (first) return now;
     return (t_first_audio > 0 ? t_first_audio : now) + audio_sent_s;
 }

@@ -3,11 +3,14 @@
  * A streamed song's next window has a deadline: the moment its client, playing at 1x from
  * the first sample it got, will have played everything sent so far. A song's first window
  * is due now (its client hears nothing until it is out). Songs delivered as one file have
- * no deadline. `deadline` orders the candidates by earliest deadline (first windows ahead
- * of later windows due at the same time; ties keep the round-robin order), so a new song's
- * first window overtakes the later windows of songs already playing and a stream far ahead
- * yields to one about to run dry; whole-file songs fill the batch's spare room. `fifo`
- * keeps the round-robin order. The batch size is the caller's either way. */
+ * no listener; their windows fill the batch's spare room, but only until the time stage 0
+ * would give up waiting for their next audio comes near (the caller's `whole_by`): then they
+ * are due like a stream, so a steady load of streams cannot starve them into a timeout.
+ * `deadline` orders the candidates by earliest deadline (first windows ahead of later
+ * windows due at the same time; ties keep the round-robin order), so a new song's first
+ * window overtakes the later windows of songs already playing and a stream far ahead
+ * yields to one about to run dry. `fifo` keeps the round-robin order. The batch size is
+ * the caller's either way. */
 #ifndef MM3_STAGE1_WINDOW_ORDER_H
 #define MM3_STAGE1_WINDOW_ORDER_H
 
@@ -24,10 +27,11 @@ struct window_candidate {
     int first;       /* the song's first window */
 };
 
-/* The deadline of a song's next window. streamed 0: WINDOW_NO_DEADLINE. first: now.
- * Otherwise t_first_audio + audio_sent_s; t_first_audio 0 (an earlier window is rendered
- * but its audio is not out yet) counts as now, the soonest it can go out. */
-double window_deadline(int streamed, int first, double now, double t_first_audio, double audio_sent_s);
+/* The deadline of a song's next window. streamed 0: whole_by (WINDOW_NO_DEADLINE for none).
+ * first: now. Otherwise t_first_audio + audio_sent_s; t_first_audio 0 (an earlier window
+ * is rendered but its audio is not out yet) counts as now, the soonest it can go out. */
+double window_deadline(int streamed, int first, double now, double t_first_audio, double audio_sent_s,
+                       double whole_by);
 
 /* Put c[0..n), given in round-robin order, in the order the batch takes them. */
 void window_order_sort(enum mm3_window_order order, struct window_candidate *c, int n);

@@ -9,39 +9,60 @@
 
 #include "stage1/window_order.h"
 
-static void test_deadline_arithmetic(void **state)
-{
-    (void)state;
-    double now = 100.0;
-    /* whole-file songs have none, whatever they sent */
-    assert_true(isinf(window_deadline(0, 1, now, 0, 0)));
-    assert_true(isinf(window_deadline(0, 0, now, 90.0, 8.0)));
-    /* a first window is due now */
-    assert_true(window_deadline(1, 1, now, 0, 0) == now);
-    /* first audio at 90 s, 8 s sent: the client runs dry at 98 s (late already) */
-    assert_true(window_deadline(1, 0, now, 90.0, 8.0) == 98.0);
-    /* 16 s sent: 106 s, six seconds of slack */
-    assert_true(window_deadline(1, 0, now, 90.0, 16.0) == 106.0);
-    /* a window rendered but its audio not out yet: as soon as it can go out */
-    assert_true(window_deadline(1, 0, now, 0, 0) == now);
-}
-
 static void ids(const struct window_candidate *c, int n, uint64_t *out)
 {
     for (int i = 0; i < n; i++)
         out[i] = c[i].id;
 }
 
+static void test_deadline_arithmetic(void **state)
+{
+    (void)state;
+    double now = 100.0;
+    /* whole-file songs have none, whatever they sent, unless they are due by a time */
+    assert_true(isinf(window_deadline(0, 1, now, 0, 0, WINDOW_NO_DEADLINE)));
+    assert_true(isinf(window_deadline(0, 0, now, 90.0, 8.0, WINDOW_NO_DEADLINE)));
+    /* a first window is due now */
+    assert_true(window_deadline(1, 1, now, 0, 0, WINDOW_NO_DEADLINE) == now);
+    /* first audio at 90 s, 8 s sent: the client runs dry at 98 s (late already) */
+    assert_true(window_deadline(1, 0, now, 90.0, 8.0, WINDOW_NO_DEADLINE) == 98.0);
+    /* 16 s sent: 106 s, six seconds of slack */
+    assert_true(window_deadline(1, 0, now, 90.0, 16.0, WINDOW_NO_DEADLINE) == 106.0);
+    /* a window rendered but its audio not out yet: as soon as it can go out */
+    assert_true(window_deadline(1, 0, now, 0, 0, WINDOW_NO_DEADLINE) == now);
+    assert_true(window_deadline(0, 0, now, 90.0, 8.0, 130.0) == 130.0);
+    assert_true(window_deadline(1, 0, now, 90.0, 8.0, 130.0) == 98.0); /* a stream ignores it */
+}
+
+/* A whole-file song that has waited long (due by 52 s, half of stage 0's wait for its next
+ * audio gone) goes ahead of streams with slack, still behind the ones about to run dry. */
+static void test_whole_file_not_starved(void **state)
+{
+    (void)state;
+    double now = 50.0;
+    struct window_candidate c[4] = {
+        {1, window_deadline(1, 0, now, 40.0, 24.0, WINDOW_NO_DEADLINE), 0}, /* 64 */
+        {5, window_deadline(0, 0, now, 0, 0, 52.0), 0},                     /* whole file, due at 52 */
+        {3, window_deadline(1, 0, now, 20.0, 28.0, WINDOW_NO_DEADLINE), 0}, /* 48: stalling */
+        {2, window_deadline(1, 0, now, 45.0, 8.0, WINDOW_NO_DEADLINE), 0},  /* 53 */
+    };
+    uint64_t got[4], want[4] = {3, 5, 2, 1};
+    window_order_sort(MM3_WINDOW_ORDER_DEADLINE, c, 4);
+    ids(c, 4, got);
+    assert_memory_equal(got, want, sizeof want);
+}
+
+
 /* Three songs playing (ids 1-3, in round-robin order), a new song's first window (4) and a
  * whole-file song (5), on a fake clock at 50 s. */
 static int fixture(struct window_candidate *c)
 {
     double now = 50.0;
-    c[0] = (struct window_candidate){1, window_deadline(1, 0, now, 40.0, 24.0), 0}; /* 64: far ahead */
-    c[1] = (struct window_candidate){5, window_deadline(0, 0, now, 30.0, 8.0), 0};  /* no deadline */
-    c[2] = (struct window_candidate){2, window_deadline(1, 0, now, 45.0, 8.0), 0};  /* 53: about to run dry */
-    c[3] = (struct window_candidate){3, window_deadline(1, 0, now, 20.0, 28.0), 0}; /* 48: stalling */
-    c[4] = (struct window_candidate){4, window_deadline(1, 1, now, 0, 0), 1};       /* 50: first */
+    c[0] = (struct window_candidate){1, window_deadline(1, 0, now, 40.0, 24.0, WINDOW_NO_DEADLINE), 0}; /* 64: far ahead */
+    c[1] = (struct window_candidate){5, window_deadline(0, 0, now, 30.0, 8.0, WINDOW_NO_DEADLINE), 0};  /* no deadline */
+    c[2] = (struct window_candidate){2, window_deadline(1, 0, now, 45.0, 8.0, WINDOW_NO_DEADLINE), 0};  /* 53: about to run dry */
+    c[3] = (struct window_candidate){3, window_deadline(1, 0, now, 20.0, 28.0, WINDOW_NO_DEADLINE), 0}; /* 48: stalling */
+    c[4] = (struct window_candidate){4, window_deadline(1, 1, now, 0, 0, WINDOW_NO_DEADLINE), 1};       /* 50: first */
     return 5;
 }
 
@@ -104,7 +125,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_deadline_arithmetic),         cmocka_unit_test(test_deadline_order),
         cmocka_unit_test(test_fifo_keeps_round_robin),      cmocka_unit_test(test_ties),
-        cmocka_unit_test(test_batch_takes_the_most_urgent),
+        cmocka_unit_test(test_batch_takes_the_most_urgent), cmocka_unit_test(test_whole_file_not_starved),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
