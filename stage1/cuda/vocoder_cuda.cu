@@ -592,12 +592,29 @@ std::vector<float> to_time_major(const float *x, int batch, int c, int t)
                 y[((size_t)b * t + n) * c + i] = x[((size_t)b * c + i) * t + n];
     return y;
 }
+
+/* Whether g is the shape the decode runs for that layer kind (the host twins below run
+ * only those): 0 or -EINVAL naming the field. */
+int check_geometry(const char *fn, const struct conv1d_geometry *g, int pad, int c_out)
+{
+    if (g->c_in < 1 || g->c_out < 1 || g->t < 1 || g->k < 1)
+        return mm3_errorf(-EINVAL, "%s: c_in %d, c_out %d, t %d, k %d: expected all >= 1", fn, g->c_in, g->c_out, g->t,
+                          g->k);
+    if (g->pad != pad) return mm3_errorf(-EINVAL, "%s: pad %d, expected %d", fn, g->pad, pad);
+    if (c_out > 0 && g->c_out != c_out) return mm3_errorf(-EINVAL, "%s: c_out %d, expected %d", fn, g->c_out, c_out);
+    return 0;
+}
 } // namespace
 
 extern "C" int vocoder_cuda_conv1d_host(float *y, const float *x, const float *alpha, const float *w, const float *b,
-                                        int batch, int c_in, int c_out, int t, int k, int dilation,
-                                        enum mm3_matmul_precision prec)
+                                        int batch, const struct conv1d_geometry *g, enum mm3_matmul_precision prec)
 {
+    int c_in = g->c_in, c_out = g->c_out, t = g->t, k = g->k, dilation = g->dilation;
+    if (k % 2 == 0 || dilation < 1)
+        return mm3_errorf(-EINVAL, "vocoder_cuda_conv1d_host: k %d, dilation %d: expected odd k and dilation >= 1", k,
+                          dilation);
+    int rc = check_geometry("vocoder_cuda_conv1d_host", g, dilation * (k - 1) / 2, 0);
+    if (rc < 0) return rc;
     std::vector<float> wt((size_t)c_out * c_in * k), xt = to_time_major(x, batch, c_in, t);
     vocoder_cuda_tap_major(wt.data(), w, c_out, c_in, k);
     host_run r;
@@ -618,9 +635,15 @@ extern "C" int vocoder_cuda_conv1d_host(float *y, const float *x, const float *a
 }
 
 extern "C" int vocoder_cuda_conv_transpose1d_host(float *y, const float *x, const float *alpha, const float *w,
-                                                  const float *b, int batch, int c_in, int c_out, int t_in, int s,
+                                                  const float *b, int batch, const struct conv1d_geometry *g,
                                                   enum mm3_matmul_precision prec)
 {
+    int c_in = g->c_in, c_out = g->c_out, t_in = g->t, s = g->stride;
+    if (s < 1 || g->k != 2 * s)
+        return mm3_errorf(-EINVAL, "vocoder_cuda_conv_transpose1d_host: k %d and stride %d, expected k = 2 * stride",
+                          g->k, s);
+    int rc = check_geometry("vocoder_cuda_conv_transpose1d_host", g, (s + 1) / 2, 0);
+    if (rc < 0) return rc;
     std::vector<float> wp((size_t)c_in * c_out * 2 * s), bias((size_t)s * c_out),
         xt = to_time_major(x, batch, c_in, t_in);
     vocoder_cuda_phase_weights(wp.data(), w, c_in, c_out, s);
@@ -648,8 +671,13 @@ extern "C" int vocoder_cuda_conv_transpose1d_host(float *y, const float *x, cons
 }
 
 extern "C" int vocoder_cuda_conv_out_host(float *y, const float *x, const float *alpha, const float *w, const float *b,
-                                          int batch, int c_in, int t, int k)
+                                          int batch, const struct conv1d_geometry *g)
 {
+    int c_in = g->c_in, t = g->t, k = g->k;
+    if (g->dilation != 1)
+        return mm3_errorf(-EINVAL, "vocoder_cuda_conv_out_host: dilation %d, expected 1", g->dilation);
+    int rc = check_geometry("vocoder_cuda_conv_out_host", g, (k - 1) / 2, 1);
+    if (rc < 0) return rc;
     std::vector<float> wt((size_t)c_in * k), xt = to_time_major(x, batch, c_in, t);
     vocoder_cuda_tap_major(wt.data(), w, 1, c_in, k);
     host_run r;
