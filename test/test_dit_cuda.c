@@ -545,7 +545,19 @@ static void check_gemm_fp8(int M, int K, int N, int with_bias, int with_c)
         dit_gemm_destroy(g);
         assert_int_equal(dit_gemm_create(&g, MM3_MATMUL_FP8), 0);
         dit_gemm_set_fp8_epilogue(g, epilogue);
-        if (dit_gemm_run_fp8(g, dd, N, dqa, dsa, K, dqw, dsw, with_bias ? dbias : NULL, with_c ? dd : NULL, M, K, N,
+        if (dit_gemm_run_fp8(g,
+                             &(struct dit_gemm_product){.d = dd,
+                                                        .a = dqa,
+                                                        .sa = dsa,
+                                                        .w = dqw,
+                                                        .sw = dsw,
+                                                        .bias = with_bias ? dbias : NULL,
+                                                        .c = with_c ? dd : NULL,
+                                                        .M = M,
+                                                        .K = K,
+                                                        .N = N,
+                                                        .lda = K,
+                                                        .ldd = N},
                              NULL) < 0)
             fail_msg("dit_gemm_run_fp8: %s", mm3_last_error());
         float *d = dev_download(dd, (size_t)M * N, 0);
@@ -556,11 +568,20 @@ static void check_gemm_fp8(int M, int K, int N, int with_bias, int with_c)
         free(d);
     }
     assert_false(dit_gemm_fp8_fits(K + 8, N, K + 8, N));
-    assert_true(dit_gemm_run_fp8(g, dd, N, dqa, dsa, K, dqw, dsw, NULL, NULL, M, K - 8, N, NULL) == -EINVAL);
+    assert_true(
+        dit_gemm_run_fp8(
+            g,
+            &(struct dit_gemm_product){
+                .d = dd, .a = dqa, .sa = dsa, .w = dqw, .sw = dsw, .M = M, .K = K - 8, .N = N, .lda = K, .ldd = N},
+            NULL) == -EINVAL);
     dit_gemm_destroy(g);
     /* a non-fp8 handle refuses */
     assert_int_equal(dit_gemm_create(&g, MM3_MATMUL_FP16), 0);
-    assert_true(dit_gemm_run_fp8(g, dd, N, dqa, dsa, K, dqw, dsw, NULL, NULL, M, K, N, NULL) == -EINVAL);
+    assert_true(dit_gemm_run_fp8(
+                    g,
+                    &(struct dit_gemm_product){
+                        .d = dd, .a = dqa, .sa = dsa, .w = dqw, .sw = dsw, .M = M, .K = K, .N = N, .lda = K, .ldd = N},
+                    NULL) == -EINVAL);
     dit_gemm_destroy(g);
     cuda_free(dqa), cuda_free(dqw), cuda_free(dsa), cuda_free(dsw), cuda_free(dbias), cuda_free(dd);
     free(a), free(w), free(bias), free(c), free(qa), free(qw), free(sa), free(sw), free(ref), free(da), free(dw);

@@ -107,10 +107,20 @@ static double gemm_peak_fp8(void *stream, void *e0, void *e1)
     if (dit_gemm_create(&g, MM3_MATMUL_FP8) < 0) die("dit_gemm_create");
     float ms[10];
     for (int i = 0; i < 3; i++)
-        if (dit_gemm_run_fp8(g, d, n, a.q, a.s, n, w.q, w.s, NULL, NULL, n, n, n, stream) < 0) die("gemm");
+        if (dit_gemm_run_fp8(
+                g,
+                &(struct dit_gemm_product){
+                    .d = d, .a = a.q, .sa = a.s, .w = w.q, .sw = w.s, .M = n, .K = n, .N = n, .lda = n, .ldd = n},
+                stream) < 0)
+            die("gemm");
     for (int i = 0; i < 10; i++) {
         cuda_event_record(e0, stream);
-        if (dit_gemm_run_fp8(g, d, n, a.q, a.s, n, w.q, w.s, NULL, NULL, n, n, n, stream) < 0) die("gemm");
+        if (dit_gemm_run_fp8(
+                g,
+                &(struct dit_gemm_product){
+                    .d = d, .a = a.q, .sa = a.s, .w = w.q, .sw = w.s, .M = n, .K = n, .N = n, .lda = n, .ldd = n},
+                stream) < 0)
+            die("gemm");
         cuda_event_record(e1, stream);
         if (cuda_event_elapsed_ms(&ms[i], e0, e1) < 0) die("events");
     }
@@ -141,10 +151,16 @@ static double gemm_peak(enum mm3_matmul_precision p, void *stream, void *e0, voi
     if (dit_gemm_create(&g, p) < 0) die("dit_gemm_create");
     float ms[10];
     for (int i = 0; i < 3; i++)
-        if (dit_gemm_run(g, d, n, a, n, w, NULL, NULL, n, n, n, stream) < 0) die("gemm");
+        if (dit_gemm_run(g,
+                         &(struct dit_gemm_product){.d = d, .a = a, .w = w, .M = n, .K = n, .N = n, .lda = n, .ldd = n},
+                         stream) < 0)
+            die("gemm");
     for (int i = 0; i < 10; i++) {
         cuda_event_record(e0, stream);
-        if (dit_gemm_run(g, d, n, a, n, w, NULL, NULL, n, n, n, stream) < 0) die("gemm");
+        if (dit_gemm_run(g,
+                         &(struct dit_gemm_product){.d = d, .a = a, .w = w, .M = n, .K = n, .N = n, .lda = n, .ldd = n},
+                         stream) < 0)
+            die("gemm");
         cuda_event_record(e1, stream);
         if (cuda_event_elapsed_ms(&ms[i], e0, e1) < 0) die("events");
     }
@@ -329,37 +345,103 @@ static void breakdown(const struct dit_config *cfg, enum mm3_matmul_precision p,
                 switch (k) {
                 case 0:
                     TIME_MS(t[a], reps,
-                            dit_gemm_run_fp8(G, qkv, 3 * D, q8.q, q8.s, D, q_qkv.q, q_qkv.s, NULL, NULL, N, D, 3 * D,
+                            dit_gemm_run_fp8(G,
+                                             &(struct dit_gemm_product){.d = qkv,
+                                                                        .a = q8.q,
+                                                                        .sa = q8.s,
+                                                                        .w = q_qkv.q,
+                                                                        .sw = q_qkv.s,
+                                                                        .M = N,
+                                                                        .K = D,
+                                                                        .N = 3 * D,
+                                                                        .lda = D,
+                                                                        .ldd = 3 * D},
                                              stream));
                     break;
                 case 1:
                     TIME_MS(t[a], reps,
-                            dit_gemm_run_fp8(G, x, D, q8.q, q8.s, D, q_wo.q, q_wo.s, NULL, x, N, D, D, stream));
+                            dit_gemm_run_fp8(G,
+                                             &(struct dit_gemm_product){.d = x,
+                                                                        .a = q8.q,
+                                                                        .sa = q8.s,
+                                                                        .w = q_wo.q,
+                                                                        .sw = q_wo.s,
+                                                                        .c = x,
+                                                                        .M = N,
+                                                                        .K = D,
+                                                                        .N = D,
+                                                                        .lda = D,
+                                                                        .ldd = D},
+                                             stream));
                     break;
                 case 2:
-                    TIME_MS(
-                        t[a], reps,
-                        dit_gemm_run_fp8(G, g, 2 * F, q8.q, q8.s, D, q_wi.q, q_wi.s, NULL, NULL, N, D, 2 * F, stream));
+                    TIME_MS(t[a], reps,
+                            dit_gemm_run_fp8(G,
+                                             &(struct dit_gemm_product){.d = g,
+                                                                        .a = q8.q,
+                                                                        .sa = q8.s,
+                                                                        .w = q_wi.q,
+                                                                        .sw = q_wi.s,
+                                                                        .M = N,
+                                                                        .K = D,
+                                                                        .N = 2 * F,
+                                                                        .lda = D,
+                                                                        .ldd = 2 * F},
+                                             stream));
                     break;
                 default:
                     TIME_MS(t[a], reps,
-                            dit_gemm_run_fp8(G, x, D, q8.q, q8.s, F, q_wf.q, q_wf.s, bi, x, N, F, D, stream));
+                            dit_gemm_run_fp8(G,
+                                             &(struct dit_gemm_product){.d = x,
+                                                                        .a = q8.q,
+                                                                        .sa = q8.s,
+                                                                        .w = q_wf.q,
+                                                                        .sw = q_wf.s,
+                                                                        .bias = bi,
+                                                                        .c = x,
+                                                                        .M = N,
+                                                                        .K = F,
+                                                                        .N = D,
+                                                                        .lda = F,
+                                                                        .ldd = D},
+                                             stream));
                     break;
                 }
                 continue;
             }
             switch (k) {
             case 0:
-                TIME_MS(t[a], reps, dit_gemm_run(G, qkv, 3 * D, op, D, wqkv, NULL, NULL, N, D, 3 * D, stream));
+                TIME_MS(
+                    t[a], reps,
+                    dit_gemm_run(G,
+                                 &(struct dit_gemm_product){
+                                     .d = qkv, .a = op, .w = wqkv, .M = N, .K = D, .N = 3 * D, .lda = D, .ldd = 3 * D},
+                                 stream));
                 break;
             case 1:
-                TIME_MS(t[a], reps, dit_gemm_run(G, x, D, op, D, wo, NULL, x, N, D, D, stream));
+                TIME_MS(t[a], reps,
+                        dit_gemm_run(G,
+                                     &(struct dit_gemm_product){
+                                         .d = x, .a = op, .w = wo, .c = x, .M = N, .K = D, .N = D, .lda = D, .ldd = D},
+                                     stream));
                 break;
             case 2:
-                TIME_MS(t[a], reps, dit_gemm_run(G, g, 2 * F, op, D, wi, bi, NULL, N, D, 2 * F, stream));
+                TIME_MS(
+                    t[a], reps,
+                    dit_gemm_run(
+                        G,
+                        &(struct dit_gemm_product){
+                            .d = g, .a = op, .w = wi, .bias = bi, .M = N, .K = D, .N = 2 * F, .lda = D, .ldd = 2 * F},
+                        stream));
                 break;
             default:
-                TIME_MS(t[a], reps, dit_gemm_run(G, x, D, op, F, wf, bi, x, N, F, D, stream));
+                TIME_MS(
+                    t[a], reps,
+                    dit_gemm_run(
+                        G,
+                        &(struct dit_gemm_product){
+                            .d = x, .a = op, .w = wf, .bias = bi, .c = x, .M = N, .K = F, .N = D, .lda = F, .ldd = D},
+                        stream));
                 break;
             }
         }

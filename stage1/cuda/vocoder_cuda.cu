@@ -216,11 +216,32 @@ static int vc_conv1d(const struct vc_ops *o, float *y, const struct vc_act &x, c
     if (rc < 0) return rc;
     int K = k * x.c, t = x.t;
     long long y_track = (long long)t * c_out;
-    if (!res || res->track_stride == y_track)
-        return dit_gemm_run(o->g, y, c_out, o->op, K, w, b, res ? res->p : nullptr, batch * t, K, c_out, o->st);
-    for (int tr = 0; rc == 0 && tr < batch; tr++)
-        rc = dit_gemm_run(o->g, y + tr * y_track, c_out, vc_operand_at(o, o->op, (size_t)tr * t * K), K, w, b,
-                          res->p + tr * res->track_stride, t, K, c_out, o->st);
+    if (!res || res->track_stride == y_track) {
+        const struct dit_gemm_product prod = {.d = y,
+                                              .a = o->op,
+                                              .w = w,
+                                              .bias = b,
+                                              .c = res ? res->p : nullptr,
+                                              .M = batch * t,
+                                              .K = K,
+                                              .N = c_out,
+                                              .lda = K,
+                                              .ldd = c_out};
+        return dit_gemm_run(o->g, &prod, o->st);
+    }
+    for (int tr = 0; rc == 0 && tr < batch; tr++) {
+        const struct dit_gemm_product prod = {.d = y + tr * y_track,
+                                              .a = vc_operand_at(o, o->op, (size_t)tr * t * K),
+                                              .w = w,
+                                              .bias = b,
+                                              .c = res->p + tr * res->track_stride,
+                                              .M = t,
+                                              .K = K,
+                                              .N = c_out,
+                                              .lda = K,
+                                              .ldd = c_out};
+        rc = dit_gemm_run(o->g, &prod, o->st);
+    }
     return rc;
 }
 
@@ -235,7 +256,9 @@ static int vc_conv_t(const struct vc_ops *o, float *ybuf, const struct vc_act &x
     int rc = vc_gather(o, a, batch);
     if (rc < 0) return rc;
     int K = 2 * x.c, N = s * c_out;
-    rc = dit_gemm_run(o->g, ybuf, N, o->op, K, w, b, nullptr, batch * (x.t + 1), K, N, o->st);
+    const struct dit_gemm_product prod = {
+        .d = ybuf, .a = o->op, .w = w, .bias = b, .M = batch * (x.t + 1), .K = K, .N = N, .lda = K, .ldd = N};
+    rc = dit_gemm_run(o->g, &prod, o->st);
     *out = {ybuf + (size_t)(s / 2) * c_out, (long long)(x.t + 1) * N, x.t * s, c_out};
     return rc;
 }
@@ -303,9 +326,18 @@ static int vc_decode_device(struct vocoder_cuda *h, int L)
     g.dst = o->op, g.rows = L, g.c = half, g.k = 1, g.dil = 1, g.pad = 0;
     int rc = vc_gather(o, g, 2);
     const struct vocoder_cuda_conv *cv = &w->in_proj;
-    if (rc == 0)
-        rc = dit_gemm_run(o->g, h->hbuf, cv->c_out, o->op, half, vc_operand_at(o, G, cv->w), F + cv->b, nullptr, 2 * L,
-                          half, cv->c_out, o->st);
+    if (rc == 0) {
+        const struct dit_gemm_product prod = {.d = h->hbuf,
+                                              .a = o->op,
+                                              .w = vc_operand_at(o, G, cv->w),
+                                              .bias = F + cv->b,
+                                              .M = 2 * L,
+                                              .K = half,
+                                              .N = cv->c_out,
+                                              .lda = half,
+                                              .ldd = cv->c_out};
+        rc = dit_gemm_run(o->g, &prod, o->st);
+    }
     cv = &w->conv_in;
     struct vc_act x = {h->hbuf, (long long)L * w->input_dim, L, w->input_dim};
     if (rc == 0)
