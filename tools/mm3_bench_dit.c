@@ -452,27 +452,37 @@ static void breakdown(const struct dit_config *cfg, enum mm3_matmul_precision p,
     static const enum dit_attn_kernel kernels[] = {DIT_ATTN_AUTO, DIT_ATTN_SIMT, DIT_ATTN_WMMA, DIT_ATTN_MMA,
                                                    DIT_ATTN_FLASH};
     float ta = 0, tl, tg;
+    const struct dit_attention att = {.out = o2,
+                                      .out_fmt = bf,
+                                      .qkv = qkv,
+                                      .heads = {.n_seq = B,
+                                                .T = T,
+                                                .n_heads = cfg->n_heads,
+                                                .head_dim = cfg->head_dim,
+                                                .rotary_dim = cfg->rotary_dim},
+                                      .cs = cfg->rotary_dim ? cs : NULL,
+                                      .scale = 0.125f,
+                                      .prec = p};
+    const struct dit_layernorm ln = {.x = x, .w = lw, .b = lw, .n = N, .dim = D, .eps = 1e-5f};
     for (size_t k = 0; k < sizeof kernels / sizeof kernels[0]; k++) {
         enum dit_attn_kernel kk = kernels[k];
         if (kk == DIT_ATTN_SIMT && p != MM3_MATMUL_FP32) continue; /* minutes at B 16 */
         if (kk != DIT_ATTN_AUTO && kk != DIT_ATTN_SIMT && p == MM3_MATMUL_FP32) continue;
         if (kk == DIT_ATTN_MMA && p != MM3_MATMUL_BF16) continue;
         float t;
-        TIME_MS(t, reps,
-                dit_cuda_attention_kernel(o2, bf, qkv, B, T, cfg->n_heads, cfg->head_dim, cfg->rotary_dim,
-                                          cfg->rotary_dim ? cs : NULL, 0.125f, p, kk, stream));
+        TIME_MS(t, reps, dit_cuda_attention_kernel(&att, kk, stream));
         printf("| attention (%s) | | %.3f | %.1f |\n", kernel_name(kk), t, flop_att / (t * 1e-3) / 1e12);
         if (kk == DIT_ATTN_AUTO) ta = t;
     }
     if (f8) {
         float tq;
-        TIME_MS(tl, reps, dit_fp8_layernorm(q8.q, q8.s, x, lw, lw, N, D, 1e-5f, stream));
+        TIME_MS(tl, reps, dit_fp8_layernorm(q8.q, q8.s, &ln, stream));
         TIME_MS(tg, reps, dit_fp8_silu_gate(q8.q, q8.s, g, bi, N, F, stream));
         TIME_MS(tq, reps, dit_fp8_quantize_rows(q8.q, q8.s, x, N, D, D, stream));
         printf("| quantize the attention output | | %.3f | |\n", tq);
         sum += tq;
     } else {
-        TIME_MS(tl, reps, dit_cuda_layernorm(o2, bf, x, lw, lw, N, D, 1e-5f, stream));
+        TIME_MS(tl, reps, dit_cuda_layernorm(o2, bf, &ln, stream));
         TIME_MS(tg, reps, dit_cuda_silu_gate(o2, bf, g, N, F, stream));
     }
     printf("| LayerNorm (x2 per layer) | | %.3f | |\n", tl);

@@ -589,11 +589,17 @@ extern "C" int dit_cuda_forward(struct dit_cuda *h, int B, int L, const float *x
     enum mm3_matmul_precision attn_prec = h->prec != MM3_MATMUL_FP8      ? h->prec
                                           : ob == DIT_OPERAND_F16_SCALED ? MM3_MATMUL_TF32
                                                                          : MM3_MATMUL_FP16;
+    const struct dit_heads heads = {
+        .n_seq = B, .T = T, .n_heads = g->n_heads, .head_dim = g->head_dim, .rotary_dim = g->rotary_dim};
     for (int i = 0; i < g->n_layers; i++) {
         const struct dit_cuda_layer *l = &h->layers[i];
         const uint8_t *q8 = h->q8;
+        const struct dit_layernorm norm1 = {
+            .x = h->x, .w = l->norm1_w, .b = l->norm1_b, .n = N, .dim = D, .eps = DIT_CUDA_LN_EPS};
+        const struct dit_layernorm norm2 = {
+            .x = h->x, .w = l->norm2_w, .b = l->norm2_b, .n = N, .dim = D, .eps = DIT_CUDA_LN_EPS};
         if (l->wqkv_s) {
-            TRY(dit_fp8_layernorm(h->q8, h->qs, h->x, l->norm1_w, l->norm1_b, N, D, DIT_CUDA_LN_EPS, s));
+            TRY(dit_fp8_layernorm(h->q8, h->qs, &norm1, s));
             const struct dit_gemm_product qkv = {.d = h->qkv,
                                                  .a = q8,
                                                  .w = (const uint8_t *)l->wqkv,
@@ -606,14 +612,20 @@ extern "C" int dit_cuda_forward(struct dit_cuda *h, int B, int L, const float *x
                                                  .ldd = 3 * D};
             TRY(dit_gemm_run_fp8(h->gemm, &qkv, s));
         } else {
-            TRY(dit_cuda_layernorm(h->op, ob, h->x, l->norm1_w, l->norm1_b, N, D, DIT_CUDA_LN_EPS, s));
+            TRY(dit_cuda_layernorm(h->op, ob, &norm1, s));
             const struct dit_gemm_product qkv = {
                 .d = h->qkv, .a = h->op, .w = l->wqkv, .M = N, .K = D, .N = 3 * D, .lda = D, .ldd = 3 * D};
             TRY(dit_gemm_run(h->gemm, &qkv, s));
         }
         if (l->wo_s) {
-            TRY(dit_cuda_attention(h->att, DIT_OPERAND_F32, h->qkv, B, T, g->n_heads, g->head_dim, g->rotary_dim,
-                                   g->rotary_dim ? h->cs : NULL, scale, attn_prec, s));
+            const struct dit_attention att = {.out = h->att,
+                                              .out_fmt = DIT_OPERAND_F32,
+                                              .qkv = h->qkv,
+                                              .heads = heads,
+                                              .cs = g->rotary_dim ? h->cs : NULL,
+                                              .scale = scale,
+                                              .prec = attn_prec};
+            TRY(dit_cuda_attention(&att, s));
             TRY(dit_fp8_quantize_rows(h->q8, h->qs, h->att, N, D, D, s));
             const struct dit_gemm_product wo = {.d = h->x,
                                                 .a = q8,
@@ -628,8 +640,14 @@ extern "C" int dit_cuda_forward(struct dit_cuda *h, int B, int L, const float *x
                                                 .ldd = D};
             TRY(dit_gemm_run_fp8(h->gemm, &wo, s));
         } else {
-            TRY(dit_cuda_attention(h->op, ob, h->qkv, B, T, g->n_heads, g->head_dim, g->rotary_dim,
-                                   g->rotary_dim ? h->cs : NULL, scale, attn_prec, s));
+            const struct dit_attention att = {.out = h->op,
+                                              .out_fmt = ob,
+                                              .qkv = h->qkv,
+                                              .heads = heads,
+                                              .cs = g->rotary_dim ? h->cs : NULL,
+                                              .scale = scale,
+                                              .prec = attn_prec};
+            TRY(dit_cuda_attention(&att, s));
             const struct dit_gemm_product wo = {
                 .d = h->x, .a = h->op, .w = l->wo, .c = h->x, .M = N, .K = D, .N = D, .lda = D, .ldd = D};
             TRY(dit_gemm_run(h->gemm, &wo, s));
@@ -637,7 +655,7 @@ extern "C" int dit_cuda_forward(struct dit_cuda *h, int B, int L, const float *x
         /* fp8 gating adds ff_in's bias as it reads g (no pass of its own) */
         const float *gate_bias = l->ff_out_s ? l->ff_in_b : NULL;
         if (l->ff_in_s) {
-            TRY(dit_fp8_layernorm(h->q8, h->qs, h->x, l->norm2_w, l->norm2_b, N, D, DIT_CUDA_LN_EPS, s));
+            TRY(dit_fp8_layernorm(h->q8, h->qs, &norm2, s));
             const struct dit_gemm_product ff_in = {.d = h->g,
                                                    .a = q8,
                                                    .w = (const uint8_t *)l->ff_in,
@@ -651,7 +669,7 @@ extern "C" int dit_cuda_forward(struct dit_cuda *h, int B, int L, const float *x
                                                    .ldd = 2 * F};
             TRY(dit_gemm_run_fp8(h->gemm, &ff_in, s));
         } else {
-            TRY(dit_cuda_layernorm(h->op, ob, h->x, l->norm2_w, l->norm2_b, N, D, DIT_CUDA_LN_EPS, s));
+            TRY(dit_cuda_layernorm(h->op, ob, &norm2, s));
             const struct dit_gemm_product ff_in = {.d = h->g,
                                                    .a = h->op,
                                                    .w = l->ff_in,
