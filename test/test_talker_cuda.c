@@ -850,8 +850,18 @@ static void check_qkv_fused(int NH, int NKV, int D, enum cuda_kv_dtype dt)
     assert_int_equal(cuda_memcpy_h2d(d_inv, inv, sizeof(float) * D / 2), 0);
     assert_int_equal(cuda_memcpy_h2d(d_row, row, sizeof(int) * N), 0);
     assert_int_equal(cuda_memcpy_h2d(d_pos, pos, sizeof(int) * N), 0);
-    assert_int_equal(cuda_ops_qk_norm_rope(d_a, N, QKV, NH, D, d_qn, 1e-6f, D, d_pos, d_inv, NULL), 0);
-    assert_int_equal(cuda_ops_qk_norm_rope(d_a + QD, N, QKV, NKV, D, d_kn, 1e-6f, D, d_pos, d_inv, NULL), 0);
+    assert_int_equal(
+        cuda_ops_qk_norm_rope(
+            d_a, N, QKV, NH, D,
+            &(struct cuda_head_norm_rope){.w = d_qn, .eps = 1e-6f, .rotary_dim = D, .pos = d_pos, .inv_freq = d_inv},
+            NULL),
+        0);
+    assert_int_equal(
+        cuda_ops_qk_norm_rope(
+            d_a + QD, N, QKV, NKV, D,
+            &(struct cuda_head_norm_rope){.w = d_kn, .eps = 1e-6f, .rotary_dim = D, .pos = d_pos, .inv_freq = d_inv},
+            NULL),
+        0);
     const struct cuda_kv_cache kva = {d_ka, d_va, dt, row_stride, (size_t)KD};
     const struct cuda_kv_cache kvb = {d_kb, d_vb, dt, row_stride, (size_t)KD};
     const struct attention_heads heads = {NH, NKV, D, 1.0f / sqrtf((float)D)};

@@ -503,9 +503,14 @@ static int mma_launch_variant(float *y, const float *x, const uint16_t *w, int n
     });
 }
 
-int gemv_mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int m_tiles,
-                    enum cuda_gemv_epi epi, const float *norm_w, float eps, cudaStream_t st)
+int gemv_mma_launch(const struct cuda_gemv_fused *g, int m_tiles, cudaStream_t st)
 {
+    float *y = g->y;
+    const float *x = g->x, *norm_w = g->norm_w;
+    const uint16_t *w = g->w;
+    int n_rows = g->n_rows, in = g->in, out = g->out;
+    enum cuda_gemv_epi epi = g->epi;
+    float eps = g->eps;
     if (m_tiles != 0 && m_tiles != 2 && m_tiles != 4)
         return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_mma: %d weight tiles per block, expected 0 (auto), 2 or 4",
                           m_tiles);
@@ -521,7 +526,7 @@ int gemv_mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, int
     if (norm_w && epi == CUDA_GEMV_ADD)
         return mm3_errorf(-ENOTSUP, "cuda_ops_gemv_bf16_mma: no norm with the residual add");
     const int xs_split = m_tiles == 0 ? gemv_xs_plan(n_rows, in, out) : 0;
-    if (xs_split) return gemv_xs_launch(y, x, w, n_rows, in, out, xs_split, epi, norm_w, eps, st);
+    if (xs_split) return gemv_xs_launch(g, xs_split, st);
     if (n_rows <= 8) return mma_launch_variant<1>(y, x, w, n_rows, in, out, m_tiles, epi, norm_w, eps, st);
     if (n_rows <= 16) return mma_launch_variant<2>(y, x, w, n_rows, in, out, m_tiles, epi, norm_w, eps, st);
     return mma_launch_variant<4>(y, x, w, n_rows, in, out, m_tiles, epi, norm_w, eps, st);
@@ -530,5 +535,6 @@ int gemv_mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, int
 extern "C" int cuda_ops_gemv_bf16_mma(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out,
                                       int m_tiles, void *stream)
 {
-    return gemv_mma_launch(y, x, w, n_rows, in, out, m_tiles, CUDA_GEMV_STORE, NULL, 0.0f, cuda_stream_of(stream));
+    const struct cuda_gemv_fused g = {.y = y, .x = x, .w = w, .n_rows = n_rows, .in = in, .out = out};
+    return gemv_mma_launch(&g, m_tiles, cuda_stream_of(stream));
 }

@@ -333,9 +333,14 @@ int gemv_xs_plan(int n_rows, int in, int out)
 }
 
 /* The caller (gemv_mma_launch) has checked rows, in % 32, alignment and the epilogue. */
-int gemv_xs_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int ks,
-                   enum cuda_gemv_epi epi, const float *norm_w, float eps, cudaStream_t st)
+int gemv_xs_launch(const struct cuda_gemv_fused *g, int ks, cudaStream_t st)
 {
+    float *y = g->y;
+    const float *x = g->x, *norm_w = g->norm_w;
+    const uint16_t *w = g->w;
+    int n_rows = g->n_rows, in = g->in, out = g->out;
+    enum cuda_gemv_epi epi = g->epi;
+    float eps = g->eps;
     if (n_rows <= 8) return xs_launch_variant<1>(y, x, w, n_rows, in, out, ks, epi, norm_w, eps, st);
     if (n_rows <= 16) return xs_launch_variant<2>(y, x, w, n_rows, in, out, ks, epi, norm_w, eps, st);
     return xs_launch_variant<4>(y, x, w, n_rows, in, out, ks, epi, norm_w, eps, st);

@@ -454,8 +454,10 @@ extern "C" int cuda_ops_matmul_bf16(float *y, const float *x, const uint16_t *w,
     if (n_rows > (mma_fits ? CUDA_OPS_GEMV_MMA_MAX_ROWS : CUDA_OPS_GEMV_MAX_ROWS))
         return lt_matmul(y, x, w, n_rows, in, out, s);
     /* Wide products as the fused path runs them: the same kernel, the same bits. */
-    if ((n_rows > mma_rows() || gemv_mma_wide(in, out)) && mma_fits)
-        return gemv_mma_launch(y, x, w, n_rows, in, out, 0, CUDA_GEMV_STORE, NULL, 0.0f, s);
+    if ((n_rows > mma_rows() || gemv_mma_wide(in, out)) && mma_fits) {
+        const struct cuda_gemv_fused g = {.y = y, .x = x, .w = w, .n_rows = n_rows, .in = in, .out = out};
+        return gemv_mma_launch(&g, 0, s);
+    }
     bool vec = in % 8 == 0 && ((uintptr_t)w & 15) == 0 && ((uintptr_t)x & 15) == 0;
     return gemv_dispatch(y, x, w, n_rows, in, out, vec, gemv_default_opw(n_rows), s);
 }
@@ -511,9 +513,14 @@ extern "C" int cuda_ops_gemv_fused_ok(int n_rows, int in, int out, enum cuda_gem
     return epi == CUDA_GEMV_STORE || epi == CUDA_GEMV_SWIGLU || epi == CUDA_GEMV_ADD;
 }
 
-extern "C" int cuda_ops_gemv_bf16_fused(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out,
-                                        enum cuda_gemv_epi epi, const float *norm_w, float eps, void *stream)
+extern "C" int cuda_ops_gemv_bf16_fused(const struct cuda_gemv_fused *g, void *stream)
 {
+    float *y = g->y;
+    const float *x = g->x, *norm_w = g->norm_w;
+    const uint16_t *w = g->w;
+    int n_rows = g->n_rows, in = g->in, out = g->out;
+    enum cuda_gemv_epi epi = g->epi;
+    float eps = g->eps;
     if (!cuda_ops_gemv_fused_ok(n_rows, in, out, epi, norm_w != NULL))
         return mm3_errorf(-ENOTSUP,
                           "cuda_ops_gemv_bf16_fused: %d rows, in %d, out %d, epilogue %d%s: not a fused shape (see "
@@ -523,8 +530,7 @@ extern "C" int cuda_ops_gemv_bf16_fused(float *y, const float *x, const uint16_t
     if ((((uintptr_t)w | (uintptr_t)x) & 15) || (norm_w && ((uintptr_t)norm_w & 15)))
         return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_fused: w, x and the norm weights must be 16-byte aligned");
     cudaStream_t s = cuda_stream_of(stream);
-    if (n_rows > mma_rows() || gemv_mma_wide(in, out))
-        return gemv_mma_launch(y, x, w, n_rows, in, out, 0, epi, norm_w, eps, s);
+    if (n_rows > mma_rows() || gemv_mma_wide(in, out)) return gemv_mma_launch(g, 0, s);
     switch (n_rows) {
     case 1:
         return gemv_fused_rows<1>(y, x, w, in, out, epi, norm_w, eps, s);
@@ -545,8 +551,12 @@ extern "C" int cuda_ops_matmul_bf16_swiglu(float *y, float *gu, const float *x, 
                           ffn);
     if (!y || !x || !w_gu) return mm3_errorf(-EINVAL, "cuda_ops_matmul_bf16_swiglu: NULL pointer");
     const int out = 2 * ffn;
-    if (cuda_ops_gemv_fused_ok(n_rows, in, out, CUDA_GEMV_SWIGLU, 0) && ((((uintptr_t)w_gu | (uintptr_t)x) & 15) == 0))
-        return cuda_ops_gemv_bf16_fused(y, x, w_gu, n_rows, in, out, CUDA_GEMV_SWIGLU, NULL, 0.0f, stream);
+    if (cuda_ops_gemv_fused_ok(n_rows, in, out, CUDA_GEMV_SWIGLU, 0) &&
+        ((((uintptr_t)w_gu | (uintptr_t)x) & 15) == 0)) {
+        const struct cuda_gemv_fused g = {
+            .y = y, .x = x, .w = w_gu, .n_rows = n_rows, .in = in, .out = out, .epi = CUDA_GEMV_SWIGLU};
+        return cuda_ops_gemv_bf16_fused(&g, stream);
+    }
     if (!gu) return mm3_errorf(-EINVAL, "cuda_ops_matmul_bf16_swiglu: %d rows need the gu scratch", n_rows);
     int rc = cuda_ops_matmul_bf16(gu, x, w_gu, n_rows, in, out, stream);
     return rc < 0 ? rc : cuda_ops_silu_mul_interleaved(y, gu, n_rows, ffn, stream);

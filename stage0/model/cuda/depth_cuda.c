@@ -269,15 +269,33 @@ static int depth_layers(struct depth_cuda *dc, int n, int pos, int n_pos, int qk
         float *h = dc->h + r0 * H, *o = dc->o + r0 * H, *a = dc->a + r0 * H;
         const int qkv_ready = li == 0 && qkv0_ready;
         if (fused) {
-            if (!qkv_ready && (rc = gemv_rows_fused(dc->qkv, dc->h, L->wqkv, N, H, 3 * H, CUDA_GEMV_STORE, L->attn_norm,
-                                                    cfg->eps, st)) < 0)
-                return rc;
+            const struct cuda_gemv_fused qkv = {.y = dc->qkv,
+                                                .x = dc->h,
+                                                .w = L->wqkv,
+                                                .n_rows = N,
+                                                .in = H,
+                                                .out = 3 * H,
+                                                .norm_w = L->attn_norm,
+                                                .eps = cfg->eps};
+            const struct cuda_gemv_fused wo = {
+                .y = h, .x = o, .w = L->wo, .n_rows = M, .in = H, .out = H, .epi = CUDA_GEMV_ADD};
+            const struct cuda_gemv_fused gate_up = {.y = g,
+                                                    .x = h,
+                                                    .w = L->wgu,
+                                                    .n_rows = M,
+                                                    .in = H,
+                                                    .out = 2 * F,
+                                                    .epi = CUDA_GEMV_SWIGLU,
+                                                    .norm_w = L->ffn_norm,
+                                                    .eps = cfg->eps};
+            const struct cuda_gemv_fused down = {
+                .y = h, .x = g, .w = L->wd, .n_rows = M, .in = F, .out = H, .epi = CUDA_GEMV_ADD};
+            if (!qkv_ready && (rc = gemv_rows_fused(&qkv, st)) < 0) return rc;
             for (int p = 0; p < n_pos && rc == 0; p++)
                 rc = depth_cuda_attention_store(dc->o + (size_t)p * n * H, dc->qkv + (size_t)p * n * 3 * H, kc, vc, n,
                                                 pos + p, cfg->n_heads, cfg->head_dim, row_stride, scale, st);
-            if (rc < 0 || (rc = gemv_rows_fused(h, o, L->wo, M, H, H, CUDA_GEMV_ADD, NULL, 0.0f, st)) < 0 ||
-                (rc = gemv_rows_fused(g, h, L->wgu, M, H, 2 * F, CUDA_GEMV_SWIGLU, L->ffn_norm, cfg->eps, st)) < 0 ||
-                (rc = gemv_rows_fused(h, g, L->wd, M, F, H, CUDA_GEMV_ADD, NULL, 0.0f, st)) < 0)
+            if (rc < 0 || (rc = gemv_rows_fused(&wo, st)) < 0 || (rc = gemv_rows_fused(&gate_up, st)) < 0 ||
+                (rc = gemv_rows_fused(&down, st)) < 0)
                 return rc;
             continue;
         }
@@ -393,8 +411,15 @@ int depth_cuda_logits_raw_dev(struct depth_cuda *dc, int j, const float *raw, in
                           "fuses into the head",
                           j, n, cfg->n_codebooks - 1);
     int H = cfg->hidden, V = cfg->audio_vocab;
-    return gemv_rows_fused(logits, raw, dc->heads + (size_t)(j - 1) * V * H, n, H, V, CUDA_GEMV_STORE, dc->norm,
-                           cfg->eps, stream);
+    const struct cuda_gemv_fused head = {.y = logits,
+                                         .x = raw,
+                                         .w = dc->heads + (size_t)(j - 1) * V * H,
+                                         .n_rows = n,
+                                         .in = H,
+                                         .out = V,
+                                         .norm_w = dc->norm,
+                                         .eps = cfg->eps};
+    return gemv_rows_fused(&head, stream);
 }
 
 int depth_cuda_step01_fits(const struct depth_cuda *dc, int n)
