@@ -297,7 +297,8 @@ static int attention_queue(struct talker_cuda *tc, struct talker_cuda_scratch *s
         }
         return rc;
     }
-    return talker_cuda_attention_rows_kv(s->o, s->qkv, (size_t)QKV, &kv, s->row, s->pos, n, &heads, st);
+    const struct talker_kv_slots slots = {s->row, s->pos, n};
+    return talker_cuda_attention_rows_kv(s->o, s->qkv, (size_t)QKV, &kv, &slots, &heads, st);
 }
 
 /* The decode layers with the norms, SwiGLU and residual adds inside the products
