@@ -230,7 +230,16 @@ static void check_attention(int B, int T, int heads, int head_dim, int rot)
     for (int b = 0; b < B; b++) {
         const float *s = roped + (size_t)b * T * 3 * D;
         const struct attention_heads h = {heads, heads, head_dim, scale};
-        op_attention(ref + (size_t)b * T * D, D, s, 3 * D, s + D, s + 2 * D, 3 * D, T, T, &h, 0, 0);
+        op_attention(&(struct attention_rows){.out = ref + (size_t)b * T * D,
+                                              .out_stride = D,
+                                              .q = s,
+                                              .q_stride = 3 * D,
+                                              .k = s + D,
+                                              .v = s + 2 * D,
+                                              .kv_stride = 3 * D,
+                                              .n_q = T,
+                                              .n_kv = T},
+                     &h);
     }
     float *dqkv = dev_upload(qkv, 4ul * rows * 3 * D);
     const struct dit_heads dh = {.n_seq = B, .T = T, .n_heads = heads, .head_dim = head_dim, .rotary_dim = rot};

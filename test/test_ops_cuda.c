@@ -1014,8 +1014,18 @@ static void check_attention(const struct att_case *c)
     for (int s = 0; s < c->n_seq; s++) {
         size_t qo = (size_t)s * c->n_heads * c->head_dim;
         const struct attention_heads h = {c->n_heads, c->n_kv_heads, c->head_dim, scale};
-        op_attention(ref + qo, c->n_heads * c->head_dim, q + qo, c->n_heads * c->head_dim, kf + s * seq, vf + s * seq,
-                     (int)row, 1, c->kv_len[s], &h, 1, c->kv_len[s] - 1);
+        op_attention(&(struct attention_rows){.out = ref + qo,
+                                              .out_stride = c->n_heads * c->head_dim,
+                                              .q = q + qo,
+                                              .q_stride = c->n_heads * c->head_dim,
+                                              .k = kf + s * seq,
+                                              .v = vf + s * seq,
+                                              .kv_stride = (int)row,
+                                              .n_q = 1,
+                                              .n_kv = c->kv_len[s],
+                                              .causal = 1,
+                                              .q_pos0 = c->kv_len[s] - 1},
+                     &h);
     }
 
     void *dk, *dv;
@@ -1161,8 +1171,18 @@ static void check_attention_qkv(const struct att_qkv_case *c)
             kf[at + i] = k, vf[at + i] = v;
         }
         const struct attention_heads h = {c->n_heads, c->n_kv_heads, D, 1.0f / sqrtf((float)D)};
-        op_attention(ref + (size_t)s * QD, QD, qr, QD, kf + (size_t)seq_row[s] * seq, vf + (size_t)seq_row[s] * seq,
-                     (int)row, 1, len[s], &h, 1, len[s] - 1);
+        op_attention(&(struct attention_rows){.out = ref + (size_t)s * QD,
+                                              .out_stride = QD,
+                                              .q = qr,
+                                              .q_stride = QD,
+                                              .k = kf + (size_t)seq_row[s] * seq,
+                                              .v = vf + (size_t)seq_row[s] * seq,
+                                              .kv_stride = (int)row,
+                                              .n_q = 1,
+                                              .n_kv = len[s],
+                                              .causal = 1,
+                                              .q_pos0 = len[s] - 1},
+                     &h);
     }
 
     const size_t elem = c->dtype == CUDA_KV_BF16 ? 2 : 4;

@@ -716,8 +716,16 @@ static void test_kv_bf16_kernels(void **state)
     assert_int_equal(cuda_memcpy_d2h(got, d_out, sizeof(float) * n * QD), 0);
     for (int i = 0; i < n; i++) {
         size_t base = (size_t)row[i] * row_stride;
-        op_attention(want + (size_t)i * QD, QD, qkv + (size_t)i * QKV, QKV, kw + base, vw + base, KD, 1, pos[i] + 1,
-                     &heads, 0, 0);
+        op_attention(&(struct attention_rows){.out = want + (size_t)i * QD,
+                                              .out_stride = QD,
+                                              .q = qkv + (size_t)i * QKV,
+                                              .q_stride = QKV,
+                                              .k = kw + base,
+                                              .v = vw + base,
+                                              .kv_stride = KD,
+                                              .n_q = 1,
+                                              .n_kv = pos[i] + 1},
+                     &heads);
     }
     expect_close("row attention, bf16 cache", 0, got, want, (size_t)n * QD, 1e-5);
 
@@ -739,8 +747,16 @@ static void test_kv_bf16_kernels(void **state)
     assert_int_equal(cuda_memcpy_h2d(d_len, kv_len, sizeof(int) * ROWS), 0);
     for (int s = 0; s < ROWS; s++) {
         size_t base = (size_t)seq_row[s] * row_stride;
-        op_attention(want + (size_t)s * QD, QD, dq + (size_t)s * QKV, QKV, kw + base, vw + base, KD, 1, kv_len[s],
-                     &heads, 0, 0);
+        op_attention(&(struct attention_rows){.out = want + (size_t)s * QD,
+                                              .out_stride = QD,
+                                              .q = dq + (size_t)s * QKV,
+                                              .q_stride = QKV,
+                                              .k = kw + base,
+                                              .v = vw + base,
+                                              .kv_stride = KD,
+                                              .n_q = 1,
+                                              .n_kv = kv_len[s]},
+                     &heads);
     }
     /* Partials in stream-ordered memory, then in a caller's workspace (what the
      * captured graphs use); one byte short of the size asked for is refused. */
@@ -919,8 +935,16 @@ static void check_depth_attention_store(int n, int n_heads, int D, int positions
         for (int t = 0; t < n; t++) {
             memcpy(kc + t * row_stride + (size_t)pos * H, qkv + (size_t)t * 3 * H + H, sizeof(float) * H);
             memcpy(vc + t * row_stride + (size_t)pos * H, qkv + (size_t)t * 3 * H + 2 * H, sizeof(float) * H);
-            op_attention(want + (size_t)t * H, H, qkv + (size_t)t * 3 * H, 3 * H, kc + t * row_stride,
-                         vc + t * row_stride, H, 1, pos + 1, &heads, 0, 0);
+            op_attention(&(struct attention_rows){.out = want + (size_t)t * H,
+                                                  .out_stride = H,
+                                                  .q = qkv + (size_t)t * 3 * H,
+                                                  .q_stride = 3 * H,
+                                                  .k = kc + t * row_stride,
+                                                  .v = vc + t * row_stride,
+                                                  .kv_stride = H,
+                                                  .n_q = 1,
+                                                  .n_kv = pos + 1},
+                         &heads);
         }
         assert_int_equal(cuda_memcpy_h2d(d_qkv, qkv, sizeof(float) * (size_t)n * 3 * H), 0);
         assert_int_equal(depth_cuda_attention_store(d_out, d_qkv, n, pos, &kv, &heads, NULL), 0);
