@@ -475,21 +475,17 @@ extern "C" int cuda_ops_gemv_bf16_opw(float *y, const float *x, const uint16_t *
 /* The fused variants of the float32 kernel, for up to mma_rows() rows (more go to
  * the tensor-core kernel): instantiated only for the combinations the decode
  * layers use, with 4 outputs per warp (even: a block holds whole gate/up pairs). */
-template <int NR, int EPI, bool NORM>
-static int gemv_fused_launch(float *y, const float *x, const uint16_t *w, int in, int out, const float *wn, float eps,
-                             cudaStream_t s)
+template <int NR, int EPI, bool NORM> static int gemv_fused_launch(const struct cuda_gemv_fused &g, cudaStream_t s)
 {
-    dim3 grid((unsigned)((out + 3) / 4));
-    return launch_pdl("gemv_bf16_kernel (fused)", gemv_bf16_kernel<NR, 4, true, EPI, NORM>, grid, GEMV_THREADS, 0, s, y,
-                      x, w, in, out, wn, eps);
+    dim3 grid((unsigned)((g.out + 3) / 4));
+    return launch_pdl("gemv_bf16_kernel (fused)", gemv_bf16_kernel<NR, 4, true, EPI, NORM>, grid, GEMV_THREADS, 0, s,
+                      g.y, g.x, g.w, g.in, g.out, g.norm_w, g.eps);
 }
 
-template <int NR>
-static int gemv_fused_rows(float *y, const float *x, const uint16_t *w, int in, int out, enum cuda_gemv_epi epi,
-                           const float *wn, float eps, cudaStream_t s)
+template <int NR> static int gemv_fused_rows(const struct cuda_gemv_fused &g, cudaStream_t s)
 {
-    return gemv_epi_dispatch(epi, wn != NULL, [&](auto e, auto norm) {
-        return gemv_fused_launch<NR, decltype(e)::value, decltype(norm)::value>(y, x, w, in, out, wn, eps, s);
+    return gemv_epi_dispatch(g.epi, g.norm_w != NULL, [&](auto e, auto norm) {
+        return gemv_fused_launch<NR, decltype(e)::value, decltype(norm)::value>(g, s);
     });
 }
 
@@ -515,31 +511,29 @@ extern "C" int cuda_ops_gemv_fused_ok(int n_rows, int in, int out, enum cuda_gem
 
 extern "C" int cuda_ops_gemv_bf16_fused(const struct cuda_gemv_fused *g, void *stream)
 {
-    float *y = g->y;
     const float *x = g->x, *norm_w = g->norm_w;
     const uint16_t *w = g->w;
     int n_rows = g->n_rows, in = g->in, out = g->out;
     enum cuda_gemv_epi epi = g->epi;
-    float eps = g->eps;
     if (!cuda_ops_gemv_fused_ok(n_rows, in, out, epi, norm_w != NULL))
         return mm3_errorf(-ENOTSUP,
                           "cuda_ops_gemv_bf16_fused: %d rows, in %d, out %d, epilogue %d%s: not a fused shape (see "
                           "cuda_ops_gemv_fused_ok)",
                           n_rows, in, out, (int)epi, norm_w ? " with norm" : "");
-    if (!y || !x || !w) return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_fused: NULL pointer");
+    if (!g->y || !x || !w) return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_fused: NULL pointer");
     if ((((uintptr_t)w | (uintptr_t)x) & 15) || (norm_w && ((uintptr_t)norm_w & 15)))
         return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_fused: w, x and the norm weights must be 16-byte aligned");
     cudaStream_t s = cuda_stream_of(stream);
     if (n_rows > mma_rows() || gemv_mma_wide(in, out)) return gemv_mma_launch(g, 0, s);
     switch (n_rows) {
     case 1:
-        return gemv_fused_rows<1>(y, x, w, in, out, epi, norm_w, eps, s);
+        return gemv_fused_rows<1>(*g, s);
     case 2:
-        return gemv_fused_rows<2>(y, x, w, in, out, epi, norm_w, eps, s);
+        return gemv_fused_rows<2>(*g, s);
     case 3:
-        return gemv_fused_rows<3>(y, x, w, in, out, epi, norm_w, eps, s);
+        return gemv_fused_rows<3>(*g, s);
     default:
-        return gemv_fused_rows<4>(y, x, w, in, out, epi, norm_w, eps, s);
+        return gemv_fused_rows<4>(*g, s);
     }
 }
 

@@ -242,9 +242,11 @@ static const char *mode_name(const struct dit_gemm *g, int mode)
                                                                      : "fp32";
 }
 
-static int plan_make(struct dit_gemm *g, const struct gemm_key *k, struct gemm_plan *p, int bias_kernel, const void *a,
-                     const void *w, const float *bias, const float *sa, const float *sw, cudaStream_t s)
+static int plan_make(struct dit_gemm *g, const struct gemm_key *k, struct gemm_plan *p, int bias_kernel,
+                     const struct dit_gemm_product *prod, cudaStream_t s)
 {
+    const void *a = prod->a, *w = prod->w;
+    const float *bias = prod->bias, *sa = prod->sa, *sw = prod->sw;
     int rc = 0;
     memset(p, 0, sizeof *p);
     p->key = *k;
@@ -314,8 +316,8 @@ fail:
 }
 
 /* The cached plan of key k (made on first use; NULL with the error set). */
-static struct gemm_plan *plan_for(struct dit_gemm *g, const struct gemm_key *k, const void *a, const void *w,
-                                  const float *bias, const float *sa, const float *sw, cudaStream_t s, int *rc)
+static struct gemm_plan *plan_for(struct dit_gemm *g, const struct gemm_key *k, const struct dit_gemm_product *prod,
+                                  cudaStream_t s, int *rc)
 {
     for (int i = 0; i < g->n_plans; i++)
         if (!memcmp(&g->plans[i].key, k, sizeof *k)) {
@@ -326,8 +328,8 @@ static struct gemm_plan *plan_for(struct dit_gemm *g, const struct gemm_key *k, 
     /* the table is full only with many shapes; recycle the oldest slot */
     int slot = g->n_plans < GEMM_MAX_PLANS ? g->n_plans : 0;
     if (g->n_plans == GEMM_MAX_PLANS) plan_release(&g->plans[0]);
-    *rc = plan_make(g, k, &g->plans[slot], 0, a, w, bias, sa, sw, s);
-    if (*rc < 0 && bias && k->mode == MODE_PLAIN) *rc = plan_make(g, k, &g->plans[slot], 1, a, w, bias, sa, sw, s);
+    *rc = plan_make(g, k, &g->plans[slot], 0, prod, s);
+    if (*rc < 0 && prod->bias && k->mode == MODE_PLAIN) *rc = plan_make(g, k, &g->plans[slot], 1, prod, s);
     if (*rc < 0 && k->mode == MODE_FP8_OUTER) {
         /* remember the refusal (an empty plan), so the shape does not ask cuBLASLt again */
         g->plans[slot].key = *k;
@@ -371,7 +373,7 @@ extern "C" int dit_gemm_run(struct dit_gemm *g, const struct dit_gemm_product *p
     struct gemm_key k;
     key_init(&k, MODE_PLAIN, prod);
     int rc = 0;
-    struct gemm_plan *p = plan_for(g, &k, a, w, bias, NULL, NULL, (cudaStream_t)stream, &rc);
+    struct gemm_plan *p = plan_for(g, &k, prod, (cudaStream_t)stream, &rc);
     if (!p) return rc;
     if (bias && !p->bias_kernel)
         LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
@@ -416,7 +418,7 @@ static int run_fp8_mode(struct dit_gemm *g, int mode, const struct dit_gemm_prod
     if (mode == MODE_FP8_UNIT && (rc = fp8_acc_reserve(g, (size_t)M * N)) < 0) return rc;
     struct gemm_key k;
     key_init(&k, mode, prod);
-    struct gemm_plan *p = plan_for(g, &k, a8, w8, bias, sa, sw, s, &rc);
+    struct gemm_plan *p = plan_for(g, &k, prod, s, &rc);
     if (!p) return rc;
     float one = 1.0f, beta = mode == MODE_FP8_OUTER && c ? 1.0f : 0.0f;
     if (mode == MODE_FP8_OUTER) {
