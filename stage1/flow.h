@@ -15,6 +15,10 @@
 
 #include "stage1/dit.h"
 
+#ifdef __cplusplus
+extern "C" { /* flow_cuda.cu shares the schedule and struct flow_job */
+#endif
+
 /* Default number of Euler steps of the release (num_inference_steps). */
 #define FLOW_DEFAULT_STEPS 30
 /* Default CFG scale of the DiT (guidance_scale). */
@@ -47,5 +51,9 @@ struct flow_job {
 /* Run the window j in place (j->x). ws must hold j->L latents. Returns 0, -EINVAL,
  * -ENOMEM, or -ERANGE if the latents stop being finite. */
 int flow_window_run(const struct dit_model *m, struct dit_workspace *ws, const struct flow_job *j);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

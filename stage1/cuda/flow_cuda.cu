@@ -10,10 +10,7 @@
 #include "stage1/cuda/dit_cuda.h"
 #include "stage1/cuda/dit_cuda_internal.h"
 #include "stage1/cuda/flow_cuda.h"
-
-extern "C" {
 #include "stage1/flow.h"
-}
 
 struct flow_cuda {
     struct dit_cuda *dit;
