@@ -35,14 +35,22 @@ void op_rope_inv_freq(float *inv_freq, double theta, int dim);
 void op_rope(float *x, int n, int stride, int n_heads, int head_dim, int rotary_dim, const int *pos,
              const float *inv_freq);
 
-/* Scaled dot-product attention, float32 softmax, with the heads of `heads`
- * (common/attention_heads.h, the GPU kernels' description too).
- * q[n_q, *] (row stride q_stride): head h at column h*head_dim.
- * k, v[n_kv, *] (row stride kv_stride): kv head g at column g*head_dim.
- * causal: query i sits at absolute position q_pos0 + i and sees keys 0..q_pos0+i;
- * otherwise every key. out[n_q, n_heads*head_dim] (row stride out_stride). */
-void op_attention(float *out, int out_stride, const float *q, int q_stride, const float *k, const float *v,
-                  int kv_stride, int n_q, int n_kv, const struct attention_heads *heads, int causal, int q_pos0);
+/* The rows of one op_attention call (strides in floats). */
+struct attention_rows {
+    float *out; /* [n_q, n_heads*head_dim] */
+    int out_stride;
+    const float *q; /* [n_q, *]: head h at column h*head_dim */
+    int q_stride;
+    const float *k, *v; /* [n_kv, *]: kv head g at column g*head_dim */
+    int kv_stride;
+    int n_q, n_kv;
+    int causal; /* query i sits at absolute position q_pos0 + i and sees keys 0..q_pos0+i; 0: every key */
+    int q_pos0;
+};
+
+/* Scaled dot-product attention over the rows r, float32 softmax, with the heads of
+ * `heads` (common/attention_heads.h, the GPU kernels' description too). */
+void op_attention(const struct attention_rows *r, const struct attention_heads *heads);
 
 /* silu(z) = z * sigmoid(z). y[i] = silu(gate[i]) * up[i]. y may alias either. */
 void op_silu_mul(float *y, const float *gate, const float *up, size_t n);

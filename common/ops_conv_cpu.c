@@ -60,9 +60,9 @@ int op_conv1d_out_len(int t, int k, int dilation, int pad)
     return t + 2 * pad - dilation * (k - 1);
 }
 
-void op_conv1d(float *y, const float *x, const float *w, const float *b, int c_in, int c_out, int t, int k,
-               int dilation, int pad)
+void op_conv1d(float *y, const float *x, const float *w, const float *b, const struct conv1d_geometry *g)
 {
+    int c_in = g->c_in, c_out = g->c_out, t = g->t, k = g->k, dilation = g->dilation, pad = g->pad;
     int t_out = op_conv1d_out_len(t, k, dilation, pad);
     if (t_out <= 0) return;
     int tile = conv_tile_len(c_in);
@@ -91,9 +91,9 @@ int op_conv_transpose1d_out_len(int t_in, int k, int stride, int pad)
     return (t_in - 1) * stride - 2 * pad + k;
 }
 
-void op_conv_transpose1d(float *y, const float *x, const float *w, const float *b, int c_in, int c_out, int t_in, int k,
-                         int stride, int pad)
+void op_conv_transpose1d(float *y, const float *x, const float *w, const float *b, const struct conv1d_geometry *g)
 {
+    int c_in = g->c_in, c_out = g->c_out, t_in = g->t, k = g->k, stride = g->stride, pad = g->pad;
     int t_out = op_conv_transpose1d_out_len(t_in, k, stride, pad);
     if (t_out <= 0 || t_in <= 0) return;
     int tile = conv_tile_len(c_in) * stride;

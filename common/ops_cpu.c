@@ -100,9 +100,12 @@ void op_rope(float *x, int n, int stride, int n_heads, int head_dim, int rotary_
     }
 }
 
-void op_attention(float *out, int out_stride, const float *q, int q_stride, const float *k, const float *v,
-                  int kv_stride, int n_q, int n_kv, const struct attention_heads *heads, int causal, int q_pos0)
+void op_attention(const struct attention_rows *r, const struct attention_heads *heads)
 {
+    float *out = r->out;
+    const float *q = r->q, *k = r->k, *v = r->v;
+    const int out_stride = r->out_stride, q_stride = r->q_stride, kv_stride = r->kv_stride;
+    const int n_q = r->n_q, n_kv = r->n_kv, causal = r->causal, q_pos0 = r->q_pos0;
     const int n_heads = heads->n_heads, n_kv_heads = heads->n_kv_heads, head_dim = heads->head_dim;
     const float scale = heads->scale;
     CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0);

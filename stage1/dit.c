@@ -227,7 +227,16 @@ static void forward_one(const struct dit_model *m, struct dit_workspace *ws, int
         op_matmul(ws->v, ws->a, l->wv, NULL, T, D, D);
         op_rope(ws->q, T, D, g->n_heads, g->head_dim, g->rotary_dim, ws->pos, m->inv_freq);
         op_rope(ws->k, T, D, g->n_heads, g->head_dim, g->rotary_dim, ws->pos, m->inv_freq);
-        op_attention(ws->o, D, ws->q, D, ws->k, ws->v, D, T, T, &heads, 0, 0);
+        op_attention(&(struct attention_rows){.out = ws->o,
+                                              .out_stride = D,
+                                              .q = ws->q,
+                                              .q_stride = D,
+                                              .k = ws->k,
+                                              .v = ws->v,
+                                              .kv_stride = D,
+                                              .n_q = T,
+                                              .n_kv = T},
+                     &heads);
         op_matmul(ws->a, ws->o, l->wo, NULL, T, D, D);
         op_add(ws->x, ws->a, (size_t)T * D);
 

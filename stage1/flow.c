@@ -53,9 +53,12 @@ int flow_checkpoint_shift(const char *model_dir, float *shift)
     return rc;
 }
 
-int flow_window_run(const struct dit_model *m, struct dit_workspace *ws, int n_steps, float guidance, float shift,
-                    int L, const float *cond, int ov, const float *prev, float *x)
+int flow_window_run(const struct dit_model *m, struct dit_workspace *ws, const struct flow_job *j)
 {
+    const int n_steps = j->n_steps, L = j->L, ov = j->ov;
+    const float guidance = j->guidance, shift = j->shift;
+    const float *cond = j->cond, *prev = j->prev;
+    float *x = j->x;
     const struct dit_config *g = &m->cfg;
     int C = g->in_ch;
     size_t n = (size_t)C * L;

@@ -15,6 +15,10 @@
 
 #include "stage1/dit.h"
 
+#ifdef __cplusplus
+extern "C" { /* flow_cuda.cu shares the schedule and struct flow_job */
+#endif
+
 /* Default number of Euler steps of the release (num_inference_steps). */
 #define FLOW_DEFAULT_STEPS 30
 /* Default CFG scale of the DiT (guidance_scale). */
@@ -33,12 +37,23 @@ void flow_schedule_fill(float *table, int n_steps, float shift);
  * but unreadable file, or a shift that is not a number in (0, FLOW_MAX_SHIFT], is an error. */
 int flow_checkpoint_shift(const char *model_dir, float *shift);
 
-/* Run one window in place.
- * x[in_ch, L]: the window's initial noise on entry, its final latents on return.
- * cond[L, cond_dim]: the (already spliced) conditioning of the conditional branch.
- * prev[in_ch, ov] (row stride ov): the previous window's carried latents, or ov = 0.
- * ws must hold L latents. Returns 0, -ENOMEM, or -ERANGE if the latents stop being finite. */
-int flow_window_run(const struct dit_model *m, struct dit_workspace *ws, int n_steps, float guidance, float shift,
-                    int L, const float *cond, int ov, const float *prev, float *x);
+/* One window of the flow: its loop's settings and arrays. */
+struct flow_job {
+    int n_steps;
+    float guidance;
+    float shift; /* scheduler shift (> 0; 1 = the release's schedule) */
+    int L, ov;
+    const float *cond; /* [L, cond_dim]: the (already spliced) conditioning of the conditional branch */
+    const float *prev; /* [in_ch, ov] (row stride ov): the previous window's carried latents, or NULL with ov = 0 */
+    float *x;          /* [in_ch, L]: the window's initial noise in, its final latents out */
+};
+
+/* Run the window j in place (j->x). ws must hold j->L latents. Returns 0, -EINVAL,
+ * -ENOMEM, or -ERANGE if the latents stop being finite. */
+int flow_window_run(const struct dit_model *m, struct dit_workspace *ws, const struct flow_job *j);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

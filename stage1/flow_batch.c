@@ -26,7 +26,7 @@ static int cpu_begin(void *ctx, int n, const struct flow_job *jobs)
             continue;
         }
         /* x is both the input and the output: the window is done when begin returns */
-        c->rc[i] = flow_window_run(c->m, c->ws, j->n_steps, j->guidance, j->shift, j->L, j->cond, j->ov, j->prev, j->x);
+        c->rc[i] = flow_window_run(c->m, c->ws, j);
     }
     return 0;
 }

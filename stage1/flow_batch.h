@@ -20,16 +20,7 @@
 #define MM3_STAGE1_FLOW_BATCH_H
 
 #include "stage1/dit.h"
-
-struct flow_job {
-    int n_steps;
-    float guidance;
-    float shift; /* scheduler shift (> 0; 1 = the release's schedule) */
-    int L, ov;
-    const float *cond; /* [L, cond_dim], spliced */
-    const float *prev; /* [in_ch, ov] (row stride ov), or NULL with ov = 0 */
-    float *x;          /* [in_ch, L]: initial noise in, final latents out; NULL at end: dropped */
-};
+#include "stage1/flow.h" /* struct flow_job; a job's x NULL at end: its latents are dropped */
 
 struct flow_batch {
     void *ctx;

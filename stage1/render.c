@@ -343,9 +343,9 @@ int render_run_one_window(struct render *r)
     struct flow_job j;
     if ((rc = render_window_prepare(r, &j)) <= 0) return rc;
     if (r->p.flow.run)
-        rc = r->p.flow.run(r->p.flow.ctx, j.n_steps, j.guidance, j.shift, j.L, j.cond, j.ov, j.prev, j.x);
+        rc = r->p.flow.run(r->p.flow.ctx, &j);
     else
-        rc = flow_window_run(r->dm, r->ws, j.n_steps, j.guidance, j.shift, j.L, j.cond, j.ov, j.prev, j.x);
+        rc = flow_window_run(r->dm, r->ws, &j);
     if ((rc = render_window_collect(r, rc)) < 0) return rc;
     if ((rc = render_window_finish(r)) < 0) return rc;
     return 1;

@@ -78,12 +78,11 @@ struct render_observer {
 };
 
 /* The Euler + CFG loop of one window with flow_window_run's contract (stage1/flow.h:
- * x[in_ch, L] noise in, latents out; cond[L, cond_dim]; prev[in_ch, ov]), on some
- * backend, e.g. flow_cuda_window_run_cb (stage1/cuda/flow_cuda.h) with a flow_cuda. */
+ * struct flow_job), on some backend, e.g. flow_cuda_window_run_cb
+ * (stage1/cuda/flow_cuda.h) with a flow_cuda. */
 struct render_flow {
     void *ctx;
-    int (*run)(void *ctx, int n_steps, float guidance, float shift, int L, const float *cond, int ov, const float *prev,
-               float *x);
+    int (*run)(void *ctx, const struct flow_job *j);
 };
 
 /* The condition projection of a window with condition_project's contract (stage1/condition.h:

@@ -295,7 +295,13 @@ void vocoder_drop_weights(struct vocoder *v)
 
 static void conv(float *y, const float *x, const struct voc_conv *cv, int t, int dilation)
 {
-    op_conv1d(y, x, cv->w, cv->b, cv->c_in, cv->c_out, t, cv->k, dilation, dilation * (cv->k - 1) / 2);
+    struct conv1d_geometry g = {.c_in = cv->c_in,
+                                .c_out = cv->c_out,
+                                .t = t,
+                                .k = cv->k,
+                                .dilation = dilation,
+                                .pad = dilation * (cv->k - 1) / 2};
+    op_conv1d(y, x, cv->w, cv->b, &g);
 }
 
 /* One track: u [latent_channels/2, L] -> y [hop*L]. a, r1, r2 hold max_floats each. */
@@ -310,7 +316,9 @@ static void vocoder_decode_track(const struct vocoder *v, const float *u, int L,
         int s = blk->stride, c = blk->up.c_out;
         op_snake(r1, a, blk->alpha, blk->up.c_in, t);
         CHECK(op_conv_transpose1d_out_len(t, 2 * s, s, (s + 1) / 2) == s * t);
-        op_conv_transpose1d(a, r1, blk->up.w, blk->up.b, blk->up.c_in, c, t, 2 * s, s, (s + 1) / 2);
+        struct conv1d_geometry up = {
+            .c_in = blk->up.c_in, .c_out = c, .t = t, .k = 2 * s, .stride = s, .pad = (s + 1) / 2};
+        op_conv_transpose1d(a, r1, blk->up.w, blk->up.b, &up);
         t *= s;
         for (int r = 0; r < VOCODER_RES_UNITS; r++) {
             const struct voc_res_unit *ru = &blk->res[r];

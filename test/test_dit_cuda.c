@@ -146,7 +146,8 @@ static void check_layernorm(int n, int dim)
     float *dx = dev_upload(x, 4ul * n * dim), *dw = dev_upload(w, 4ul * dim), *db = dev_upload(b, 4ul * dim);
     for (size_t f = 0; f < N_OUT_FMTS; f++) {
         void *dy = dev_poisoned(4ul * n * dim);
-        assert_int_equal(dit_cuda_layernorm(dy, out_fmts[f].fmt, dx, dw, db, n, dim, 1e-5f, NULL), 0);
+        const struct dit_layernorm ln = {.x = dx, .w = dw, .b = db, .n = n, .dim = dim, .eps = 1e-5f};
+        assert_int_equal(dit_cuda_layernorm(dy, out_fmts[f].fmt, &ln, NULL), 0);
         float *y = dev_download(dy, (size_t)n * dim, out_fmts[f].fmt);
         double rel = test_rel_error(y, ref, (size_t)n * dim);
         printf("layernorm %d x %d %s out: rel %.3g\n", n, dim, out_fmts[f].name, rel);
@@ -181,7 +182,8 @@ static void check_rope(int B, int T, int heads, int head_dim, int rot)
     float *dx = dev_upload(x, 4ul * rows * stride), *dinv = dev_upload(inv, 4ul * rot / 2);
     float *dcs = dev_poisoned(4ul * T * rot);
     assert_int_equal(dit_cuda_rope_table(dcs, dinv, T, rot, NULL), 0);
-    assert_int_equal(dit_cuda_rope(dx, B, T, stride, heads, head_dim, rot, dcs, NULL), 0);
+    struct dit_heads h = {.n_seq = B, .T = T, .n_heads = heads, .head_dim = head_dim, .rotary_dim = rot};
+    assert_int_equal(dit_cuda_rope(dx, stride, &h, dcs, NULL), 0);
     float *y = dev_download(dx, (size_t)rows * stride, 0);
     double rel = test_rel_error(y, ref, (size_t)rows * stride);
     printf("rope %d x %d, %d heads x %d, rotary %d: rel %.3g\n", B, T, heads, head_dim, rot, rel);
@@ -189,7 +191,8 @@ static void check_rope(int B, int T, int heads, int head_dim, int rot)
     /* the columns past the heads (k, v here) are untouched */
     for (int r = 0; r < rows; r++)
         assert_memory_equal(y + (size_t)r * stride + D, x + (size_t)r * stride + D, 8ul * D);
-    assert_true(dit_cuda_rope(dx, B, T, stride, heads, head_dim, head_dim + 2, dcs, NULL) == -EINVAL);
+    h.rotary_dim = head_dim + 2;
+    assert_true(dit_cuda_rope(dx, stride, &h, dcs, NULL) == -EINVAL);
     free(y), free(x), free(ref), free(inv), free(pos);
     cuda_free(dx), cuda_free(dinv), cuda_free(dcs);
 }
@@ -227,9 +230,19 @@ static void check_attention(int B, int T, int heads, int head_dim, int rot)
     for (int b = 0; b < B; b++) {
         const float *s = roped + (size_t)b * T * 3 * D;
         const struct attention_heads h = {heads, heads, head_dim, scale};
-        op_attention(ref + (size_t)b * T * D, D, s, 3 * D, s + D, s + 2 * D, 3 * D, T, T, &h, 0, 0);
+        op_attention(&(struct attention_rows){.out = ref + (size_t)b * T * D,
+                                              .out_stride = D,
+                                              .q = s,
+                                              .q_stride = 3 * D,
+                                              .k = s + D,
+                                              .v = s + 2 * D,
+                                              .kv_stride = 3 * D,
+                                              .n_q = T,
+                                              .n_kv = T},
+                     &h);
     }
     float *dqkv = dev_upload(qkv, 4ul * rows * 3 * D);
+    const struct dit_heads dh = {.n_seq = B, .T = T, .n_heads = heads, .head_dim = head_dim, .rotary_dim = rot};
     static const struct {
         enum mm3_matmul_precision prec;
         enum dit_attn_kernel kernel;
@@ -250,9 +263,14 @@ static void check_attention(int B, int T, int heads, int head_dim, int rot)
     for (size_t k = 0; k < sizeof variants / sizeof variants[0]; k++)
         for (size_t f = 0; f < N_OUT_FMTS; f++) {
             void *dout = dev_poisoned(4ul * rows * D);
-            assert_int_equal(dit_cuda_attention_kernel(dout, out_fmts[f].fmt, dqkv, B, T, heads, head_dim, rot, dcs,
-                                                       scale, variants[k].prec, variants[k].kernel, NULL),
-                             0);
+            const struct dit_attention a = {.out = dout,
+                                            .out_fmt = out_fmts[f].fmt,
+                                            .qkv = dqkv,
+                                            .heads = dh,
+                                            .cs = dcs,
+                                            .scale = scale,
+                                            .prec = variants[k].prec};
+            assert_int_equal(dit_cuda_attention_kernel(&a, variants[k].kernel, NULL), 0);
             float *o = dev_download(dout, (size_t)rows * D, out_fmts[f].fmt);
             double rel = test_rel_error(o, ref, (size_t)rows * D);
             printf("attention %d x %d, %d heads x %d, rotary %d, %s %s, %s out: rel %.3g\n", B, T, heads, head_dim, rot,
@@ -262,11 +280,13 @@ static void check_attention(int B, int T, int heads, int head_dim, int rot)
             cuda_free(dout);
         }
     /* MMA computes in bf16 only, the FLASH kernels in tf32, bf16 and fp16 */
-    assert_true(dit_cuda_attention_kernel(dqkv, 0, dqkv, B, T, heads, head_dim, rot, dcs, scale, MM3_MATMUL_TF32,
-                                          DIT_ATTN_MMA, NULL) == -EINVAL);
-    assert_true(dit_cuda_attention_kernel(dqkv, 0, dqkv, B, T, heads, head_dim, rot, dcs, scale, MM3_MATMUL_FP32,
-                                          DIT_ATTN_FLASH, NULL) == -EINVAL);
-    assert_true(dit_cuda_attention(dqkv, 0, dqkv, B, T, heads, 48, 0, NULL, scale, MM3_MATMUL_FP32, NULL) == -EINVAL);
+    struct dit_attention bad = {
+        .out = dqkv, .qkv = dqkv, .heads = dh, .cs = dcs, .scale = scale, .prec = MM3_MATMUL_TF32};
+    assert_true(dit_cuda_attention_kernel(&bad, DIT_ATTN_MMA, NULL) == -EINVAL);
+    bad.prec = MM3_MATMUL_FP32;
+    assert_true(dit_cuda_attention_kernel(&bad, DIT_ATTN_FLASH, NULL) == -EINVAL);
+    bad.heads.head_dim = 48, bad.heads.rotary_dim = 0, bad.cs = NULL;
+    assert_true(dit_cuda_attention(&bad, NULL) == -EINVAL);
     cuda_free(dqkv), cuda_free(dcs), cuda_free(dinv);
     free(qkv), free(roped), free(ref), free(inv), free(pos);
 }
@@ -293,9 +313,15 @@ static uint16_t *attention_bytes(const float *dqkv, int B, int T, int heads, int
 {
     size_t n = (size_t)B * T * heads * head_dim;
     void *dout = dev_poisoned(2 * n);
-    assert_int_equal(dit_cuda_attention_kernel(dout, 1, dqkv, B, T, heads, head_dim, rot, dcs,
-                                               1.0f / sqrtf((float)head_dim), prec, k, NULL),
-                     0);
+    const struct dit_attention a = {
+        .out = dout,
+        .out_fmt = 1,
+        .qkv = dqkv,
+        .heads = {.n_seq = B, .T = T, .n_heads = heads, .head_dim = head_dim, .rotary_dim = rot},
+        .cs = dcs,
+        .scale = 1.0f / sqrtf((float)head_dim),
+        .prec = prec};
+    assert_int_equal(dit_cuda_attention_kernel(&a, k, NULL), 0);
     uint16_t *h = malloc(2 * n);
     assert_non_null(h);
     assert_int_equal(cuda_stream_sync(NULL), 0);
@@ -486,7 +512,8 @@ static void test_fp8_producers(void **state)
         op_layernorm(ref, x, w, b, n, dim, 1e-5f);
         float *dx = dev_upload(x, 4ul * n * dim), *dw = dev_upload(w, 4ul * dim), *db = dev_upload(b, 4ul * dim);
         void *dq = dev_poisoned((size_t)n * dim), *ds = dev_poisoned(4ul * n);
-        assert_int_equal(dit_fp8_layernorm(dq, ds, dx, dw, db, n, dim, 1e-5f, NULL), 0);
+        const struct dit_layernorm ln = {.x = dx, .w = dw, .b = db, .n = n, .dim = dim, .eps = 1e-5f};
+        assert_int_equal(dit_fp8_layernorm(dq, ds, &ln, NULL), 0);
         check_fp8_rows("layernorm", ref, dq, ds, n, dim);
         cuda_free(dx), cuda_free(dw), cuda_free(db), cuda_free(dq), cuda_free(ds);
         free(x), free(w), free(b), free(ref);
@@ -547,7 +574,19 @@ static void check_gemm_fp8(int M, int K, int N, int with_bias, int with_c)
         dit_gemm_destroy(g);
         assert_int_equal(dit_gemm_create(&g, MM3_MATMUL_FP8), 0);
         dit_gemm_set_fp8_epilogue(g, epilogue);
-        if (dit_gemm_run_fp8(g, dd, N, dqa, dsa, K, dqw, dsw, with_bias ? dbias : NULL, with_c ? dd : NULL, M, K, N,
+        if (dit_gemm_run_fp8(g,
+                             &(struct dit_gemm_product){.d = dd,
+                                                        .a = dqa,
+                                                        .sa = dsa,
+                                                        .w = dqw,
+                                                        .sw = dsw,
+                                                        .bias = with_bias ? dbias : NULL,
+                                                        .c = with_c ? dd : NULL,
+                                                        .M = M,
+                                                        .K = K,
+                                                        .N = N,
+                                                        .lda = K,
+                                                        .ldd = N},
                              NULL) < 0)
             fail_msg("dit_gemm_run_fp8: %s", mm3_last_error());
         float *d = dev_download(dd, (size_t)M * N, 0);
@@ -558,11 +597,20 @@ static void check_gemm_fp8(int M, int K, int N, int with_bias, int with_c)
         free(d);
     }
     assert_false(dit_gemm_fp8_fits(K + 8, N, K + 8, N));
-    assert_true(dit_gemm_run_fp8(g, dd, N, dqa, dsa, K, dqw, dsw, NULL, NULL, M, K - 8, N, NULL) == -EINVAL);
+    assert_true(
+        dit_gemm_run_fp8(
+            g,
+            &(struct dit_gemm_product){
+                .d = dd, .a = dqa, .sa = dsa, .w = dqw, .sw = dsw, .M = M, .K = K - 8, .N = N, .lda = K, .ldd = N},
+            NULL) == -EINVAL);
     dit_gemm_destroy(g);
     /* a non-fp8 handle refuses */
     assert_int_equal(dit_gemm_create(&g, MM3_MATMUL_FP16), 0);
-    assert_true(dit_gemm_run_fp8(g, dd, N, dqa, dsa, K, dqw, dsw, NULL, NULL, M, K, N, NULL) == -EINVAL);
+    assert_true(dit_gemm_run_fp8(
+                    g,
+                    &(struct dit_gemm_product){
+                        .d = dd, .a = dqa, .sa = dsa, .w = dqw, .sw = dsw, .M = M, .K = K, .N = N, .lda = K, .ldd = N},
+                    NULL) == -EINVAL);
     dit_gemm_destroy(g);
     cuda_free(dqa), cuda_free(dqw), cuda_free(dsa), cuda_free(dsw), cuda_free(dbias), cuda_free(dd);
     free(a), free(w), free(bias), free(c), free(qa), free(qw), free(sa), free(sw), free(ref), free(da), free(dw);

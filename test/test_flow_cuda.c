@@ -157,8 +157,9 @@ static void window_case(struct tiny *t, int L, int ov, int steps, float guidance
     float *x_cpu = test_rand_array(&rng, n, 1.0f), *x_gpu = malloc(sizeof(float) * n);
     assert_non_null(x_gpu);
     memcpy(x_gpu, x_cpu, sizeof(float) * n);
-    assert_int_equal(flow_window_run(t->dm, t->ws, steps, guidance, shift, L, cond, ov, prev, x_cpu), 0);
-    int rc = flow_cuda_window_run(t->fc, steps, guidance, shift, L, cond, ov, prev, x_gpu);
+    assert_int_equal(
+        flow_window_run(t->dm, t->ws, &(struct flow_job){steps, guidance, shift, L, ov, cond, prev, x_cpu}), 0);
+    int rc = flow_cuda_window_run(t->fc, &(struct flow_job){steps, guidance, shift, L, ov, cond, prev, x_gpu});
     if (rc < 0) fprintf(stderr, "%s\n", mm3_last_error());
     assert_int_equal(rc, 0);
     double rel = test_rel_error(x_gpu, x_cpu, n);
@@ -197,7 +198,10 @@ static void fp16_case_make(struct tiny *t, struct fp16_case *k, int L, int ov, i
     k->ref = malloc(sizeof(float) * n);
     assert_non_null(k->ref);
     memcpy(k->ref, k->x0, sizeof(float) * n);
-    assert_int_equal(flow_window_run(t->dm, t->ws, steps, FLOW_DEFAULT_GUIDANCE, 1.0f, L, k->cond, ov, k->prev, k->ref), 0);
+    assert_int_equal(
+        flow_window_run(t->dm, t->ws,
+                        &(struct flow_job){steps, FLOW_DEFAULT_GUIDANCE, 1.0f, L, ov, k->cond, k->prev, k->ref}),
+        0);
 }
 
 static void fp16_case_check(struct tiny *t, const struct fp16_case *k, const float *x, const char *what)
@@ -229,7 +233,7 @@ static void test_fp8_window(void **state)
         assert_non_null(x);
         memcpy(x, k.x0, sizeof(float) * C * 60);
         unsigned long long r0 = dit_cuda_f16_rescues();
-        if (flow_cuda_window_run(fc, 4, FLOW_DEFAULT_GUIDANCE, 1.0f, 60, k.cond, 20, k.prev, x) < 0)
+        if (flow_cuda_window_run(fc, &(struct flow_job){4, FLOW_DEFAULT_GUIDANCE, 1.0f, 60, 20, k.cond, k.prev, x}) < 0)
             fail_msg("flow_cuda_window_run: %s", mm3_last_error());
         double rel = test_rel_error(x, k.ref, (size_t)C * 60);
         printf("fp8 window%s: rel %.2e (bound %.0e), rescued %llu\n", big ? ", noise beyond fp16's range" : "", rel,
@@ -258,11 +262,14 @@ static void test_fp16_rescue(void **state)
     /* one window at a time */
     unsigned long long r0 = dit_cuda_f16_rescues();
     memcpy(x, plain.x0, sizeof(float) * C * 60);
-    assert_int_equal(flow_cuda_window_run(fc, 4, FLOW_DEFAULT_GUIDANCE, 1.0f, 60, plain.cond, 20, plain.prev, x), 0);
+    assert_int_equal(
+        flow_cuda_window_run(fc, &(struct flow_job){4, FLOW_DEFAULT_GUIDANCE, 1.0f, 60, 20, plain.cond, plain.prev, x}),
+        0);
     fp16_case_check(t, &plain, x, "window");
     assert_true(dit_cuda_f16_rescues() == r0); /* nothing overflowed */
     memcpy(x, big.x0, sizeof(float) * C * 60);
-    assert_int_equal(flow_cuda_window_run(fc, 4, FLOW_DEFAULT_GUIDANCE, 1.0f, 60, big.cond, 20, big.prev, x), 0);
+    assert_int_equal(
+        flow_cuda_window_run(fc, &(struct flow_job){4, FLOW_DEFAULT_GUIDANCE, 1.0f, 60, 20, big.cond, big.prev, x}), 0);
     fp16_case_check(t, &big, x, "window, noise beyond fp16's range");
     assert_true(dit_cuda_f16_rescues() == r0 + 1);
 
@@ -293,12 +300,12 @@ static void test_bad_args(void **state)
     struct tiny *t = *state;
     if (!t) skip();
     float x[4] = {0}, c[4] = {0};
-    assert_true(flow_cuda_window_run(t->fc, 4, 1.7f, 1.0f, MAX_L + 1, c, 0, NULL, x) == -EINVAL);
+    assert_true(flow_cuda_window_run(t->fc, &(struct flow_job){4, 1.7f, 1.0f, MAX_L + 1, 0, c, NULL, x}) == -EINVAL);
     assert_non_null(strstr(mm3_last_error(), "max"));
-    assert_true(flow_cuda_window_run(t->fc, 0, 1.7f, 1.0f, 1, c, 0, NULL, x) == -EINVAL);
-    assert_true(flow_cuda_window_run(t->fc, 4, 1.7f, 0.0f, 1, c, 0, NULL, x) == -EINVAL);
-    assert_true(flow_cuda_window_run(t->fc, 4, 1.7f, 1.0f, 3, c, 4, x, x) == -EINVAL);
-    assert_true(flow_cuda_window_run(t->fc, 4, 1.7f, 1.0f, 3, c, 2, NULL, x) == -EINVAL);
+    assert_true(flow_cuda_window_run(t->fc, &(struct flow_job){0, 1.7f, 1.0f, 1, 0, c, NULL, x}) == -EINVAL);
+    assert_true(flow_cuda_window_run(t->fc, &(struct flow_job){4, 1.7f, 0.0f, 1, 0, c, NULL, x}) == -EINVAL);
+    assert_true(flow_cuda_window_run(t->fc, &(struct flow_job){4, 1.7f, 1.0f, 3, 4, c, x, x}) == -EINVAL);
+    assert_true(flow_cuda_window_run(t->fc, &(struct flow_job){4, 1.7f, 1.0f, 3, 2, c, NULL, x}) == -EINVAL);
 }
 
 int main(void)

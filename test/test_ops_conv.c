@@ -45,18 +45,18 @@ static void test_conv1d_hand(void **state)
     float x[4] = {1, 2, 3, 4}, w[3] = {1, 10, 100}, b[1] = {0.5f}, y[4];
     /* pad 1: y[n] = b + x[n-1] + 10 x[n] + 100 x[n+1] */
     assert_int_equal(op_conv1d_out_len(4, 3, 1, 1), 4);
-    op_conv1d(y, x, w, b, 1, 1, 4, 3, 1, 1);
+    op_conv1d(y, x, w, b, &(struct conv1d_geometry){.c_in = 1, .c_out = 1, .t = 4, .k = 3, .dilation = 1, .pad = 1});
     assert_close(y, (double[]){210.5, 321.5, 432.5, 43.5}, 4, 0);
     /* dilation 2, pad 2: y[n] = b + x[n-2] + 10 x[n] + 100 x[n+2] */
-    op_conv1d(y, x, w, b, 1, 1, 4, 3, 2, 2);
+    op_conv1d(y, x, w, b, &(struct conv1d_geometry){.c_in = 1, .c_out = 1, .t = 4, .k = 3, .dilation = 2, .pad = 2});
     assert_close(y, (double[]){310.5, 420.5, 31.5, 42.5}, 4, 0);
     /* no padding: only the 2 full windows, no bias */
     assert_int_equal(op_conv1d_out_len(4, 3, 1, 0), 2);
-    op_conv1d(y, x, w, NULL, 1, 1, 4, 3, 1, 0);
+    op_conv1d(y, x, w, NULL, &(struct conv1d_geometry){.c_in = 1, .c_out = 1, .t = 4, .k = 3, .dilation = 1, .pad = 0});
     assert_close(y, (double[]){321, 432}, 2, 0);
     /* channels: w [out 2, in 2, k 1] mixes rows; y0 = x0 + 2 x1, y1 = 1 - x0 + x1/2 */
     float x2[4] = {1, 2, 3, 4}, w2[4] = {1, 2, -1, 0.5f}, b2[2] = {0, 1};
-    op_conv1d(y, x2, w2, b2, 2, 2, 2, 1, 1, 0);
+    op_conv1d(y, x2, w2, b2, &(struct conv1d_geometry){.c_in = 2, .c_out = 2, .t = 2, .k = 1, .dilation = 1, .pad = 0});
     assert_close(y, (double[]){7, 10, 1.5, 1}, 4, 0);
     /* the vocoder's dilated residual conv keeps the length */
     assert_int_equal(op_conv1d_out_len(10, 7, 9, 27), 10);
@@ -69,15 +69,18 @@ static void test_conv_transpose1d_hand(void **state)
      * [1, 10, 102, 1020, 203, 2030, 300, 3000]; pad 1 drops one sample on each side. */
     float x[3] = {1, 2, 3}, w[4] = {1, 10, 100, 1000}, b[1] = {0.25f}, y[8];
     assert_int_equal(op_conv_transpose1d_out_len(3, 4, 2, 1), 6);
-    op_conv_transpose1d(y, x, w, b, 1, 1, 3, 4, 2, 1);
+    op_conv_transpose1d(y, x, w, b,
+                        &(struct conv1d_geometry){.c_in = 1, .c_out = 1, .t = 3, .k = 4, .stride = 2, .pad = 1});
     assert_close(y, (double[]){10.25, 102.25, 1020.25, 203.25, 2030.25, 300.25}, 6, 0);
     assert_int_equal(op_conv_transpose1d_out_len(3, 4, 2, 0), 8);
-    op_conv_transpose1d(y, x, w, NULL, 1, 1, 3, 4, 2, 0);
+    op_conv_transpose1d(y, x, w, NULL,
+                        &(struct conv1d_geometry){.c_in = 1, .c_out = 1, .t = 3, .k = 4, .stride = 2, .pad = 0});
     assert_close(y, (double[]){1, 10, 102, 1020, 203, 2030, 300, 3000}, 8, 0);
     /* layout [in, out, k]: x = [1; 2] (T 1), W[0] = [[1,2],[3,4]], W[1] = [[5,6],[7,8]];
      * y[o, kk] = W[0,o,kk] + 2 W[1,o,kk] (an [out, in, k] reading would give [7, 10, ...]) */
     float x2[2] = {1, 2}, w2[8] = {1, 2, 3, 4, 5, 6, 7, 8};
-    op_conv_transpose1d(y, x2, w2, NULL, 2, 2, 1, 2, 2, 0);
+    op_conv_transpose1d(y, x2, w2, NULL,
+                        &(struct conv1d_geometry){.c_in = 2, .c_out = 2, .t = 1, .k = 2, .stride = 2, .pad = 0});
     assert_close(y, (double[]){11, 14, 17, 20}, 4, 0);
     /* the vocoder's upsampling geometry: k = 2s, pad = ceil(s/2) gives exactly s*T */
     assert_int_equal(op_conv_transpose1d_out_len(689, 16, 8, 4), 8 * 689);
@@ -165,7 +168,8 @@ static void test_against_definition(void **state)
         fill(x, (size_t)ci * t, &seed);
         fill(w, (size_t)co * ci * k, &seed);
         fill(b, (size_t)co, &seed);
-        op_conv1d(y, x, w, b, ci, co, t, k, d, pad);
+        op_conv1d(y, x, w, b,
+                  &(struct conv1d_geometry){.c_in = ci, .c_out = co, .t = t, .k = k, .dilation = d, .pad = pad});
         conv1d_naive(want, x, w, b, ci, co, t, k, d, pad);
         assert_close(y, want, co * to, 1e-5);
         free(x), free(w), free(b), free(y), free(want);
@@ -182,7 +186,8 @@ static void test_against_definition(void **state)
         fill(x, (size_t)ci * t, &seed);
         fill(w, (size_t)ci * co * k, &seed);
         fill(b, (size_t)co, &seed);
-        op_conv_transpose1d(y, x, w, b, ci, co, t, k, s, pad);
+        op_conv_transpose1d(
+            y, x, w, b, &(struct conv1d_geometry){.c_in = ci, .c_out = co, .t = t, .k = k, .stride = s, .pad = pad});
         conv_t_naive(want, x, w, b, ci, co, t, k, s, pad);
         assert_close(y, want, co * to, 1e-5);
         free(x), free(w), free(b), free(y), free(want);

@@ -395,8 +395,11 @@ static void check_qk_norm_rope(int n, int n_heads, int head_dim, int rotary_dim,
     float *dw = dev_upload(w, sizeof(float) * head_dim);
     int *dpos = dev_upload(pos, sizeof(int) * n);
     float *dfreq = dev_upload(inv_freq, sizeof(float) * (rotary_dim / 2 + 1));
-    int rc = cuda_ops_qk_norm_rope(dx_inner + lead, n, stride, n_heads, head_dim, with_norm ? dw : NULL, 1e-6f,
-                                   rotary_dim, dpos, dfreq, NULL);
+    int rc = cuda_ops_qk_norm_rope(
+        dx_inner + lead, n, stride, n_heads, head_dim,
+        &(struct cuda_head_norm_rope){
+            .w = with_norm ? dw : NULL, .eps = 1e-6f, .rotary_dim = rotary_dim, .pos = dpos, .inv_freq = dfreq},
+        NULL);
     if (rc) fail_msg("%s: %s", what, mm3_last_error());
     float *got = dev_fetch_checked(dx, len, what);
     expect_close(got, ref, len, TOL_F32_TRIG, what);
@@ -432,9 +435,12 @@ static void test_qk_norm_rope(void **state)
 static void test_qk_norm_rope_bad_args(void **state)
 {
     (void)state;
-    assert_int_equal(cuda_ops_qk_norm_rope(NULL, 1, 128, 1, 128, NULL, 1e-6f, 127, NULL, NULL, NULL), -EINVAL);
+    assert_int_equal(cuda_ops_qk_norm_rope(NULL, 1, 128, 1, 128,
+                                           &(struct cuda_head_norm_rope){.eps = 1e-6f, .rotary_dim = 127}, NULL),
+                     -EINVAL);
     assert_non_null(strstr(mm3_last_error(), "rotary_dim"));
-    assert_int_equal(cuda_ops_qk_norm_rope(NULL, 1, 100, 1, 128, NULL, 1e-6f, 0, NULL, NULL, NULL), -EINVAL);
+    assert_int_equal(cuda_ops_qk_norm_rope(NULL, 1, 100, 1, 128, &(struct cuda_head_norm_rope){.eps = 1e-6f}, NULL),
+                     -EINVAL);
 }
 
 /* ---- element-wise -------------------------------------------------------------- */
@@ -619,11 +625,41 @@ static int chain_queue(const struct chain_dev *d, int n, void *st)
     const float eps = 1e-6f;
     for (int l = 0; l < CHAIN_LAYERS; l++) {
         const size_t wa = (size_t)l * CHAIN_A * CHAIN_H, wgu = (size_t)l * 2 * CHAIN_F * CHAIN_H;
-        if (cuda_ops_gemv_bf16_fused(d->a, d->h, d->wa + wa, n, CHAIN_H, CHAIN_A, CUDA_GEMV_STORE, d->n1, eps, st) ||
-            cuda_ops_gemv_bf16_fused(d->h, d->a, d->wo + wa, n, CHAIN_A, CHAIN_H, CUDA_GEMV_ADD, NULL, 0.0f, st) ||
-            cuda_ops_gemv_bf16_fused(d->f, d->h, d->wgu + wgu, n, CHAIN_H, 2 * CHAIN_F, CUDA_GEMV_SWIGLU, d->n2, eps,
+        if (cuda_ops_gemv_bf16_fused(&(struct cuda_gemv_fused){.y = d->a,
+                                                               .x = d->h,
+                                                               .w = d->wa + wa,
+                                                               .n_rows = n,
+                                                               .in = CHAIN_H,
+                                                               .out = CHAIN_A,
+                                                               .norm_w = d->n1,
+                                                               .eps = eps},
                                      st) ||
-            cuda_ops_gemv_bf16_fused(d->h, d->f, d->wd + wgu / 2, n, CHAIN_F, CHAIN_H, CUDA_GEMV_ADD, NULL, 0.0f, st))
+            cuda_ops_gemv_bf16_fused(&(struct cuda_gemv_fused){.y = d->h,
+                                                               .x = d->a,
+                                                               .w = d->wo + wa,
+                                                               .n_rows = n,
+                                                               .in = CHAIN_A,
+                                                               .out = CHAIN_H,
+                                                               .epi = CUDA_GEMV_ADD},
+                                     st) ||
+            cuda_ops_gemv_bf16_fused(&(struct cuda_gemv_fused){.y = d->f,
+                                                               .x = d->h,
+                                                               .w = d->wgu + wgu,
+                                                               .n_rows = n,
+                                                               .in = CHAIN_H,
+                                                               .out = 2 * CHAIN_F,
+                                                               .epi = CUDA_GEMV_SWIGLU,
+                                                               .norm_w = d->n2,
+                                                               .eps = eps},
+                                     st) ||
+            cuda_ops_gemv_bf16_fused(&(struct cuda_gemv_fused){.y = d->h,
+                                                               .x = d->f,
+                                                               .w = d->wd + wgu / 2,
+                                                               .n_rows = n,
+                                                               .in = CHAIN_F,
+                                                               .out = CHAIN_H,
+                                                               .epi = CUDA_GEMV_ADD},
+                                     st))
             return -1;
     }
     return 0;
@@ -782,7 +818,16 @@ static void check_fused(int n, int in, int out, enum cuda_gemv_epi epi, int norm
     float *dy_inner, *dy = dev_guarded((size_t)n * yw, &dy_inner);
     if (epi == CUDA_GEMV_ADD) /* the others write every output over the poison */
         assert_int_equal(cuda_memcpy_h2d(dy_inner, y0, sizeof(float) * (size_t)n * yw), 0);
-    if (cuda_ops_gemv_bf16_fused(dy_inner, dx, dw, n, in, out, epi, norm ? dwn : NULL, eps, NULL))
+    if (cuda_ops_gemv_bf16_fused(&(struct cuda_gemv_fused){.y = dy_inner,
+                                                           .x = dx,
+                                                           .w = dw,
+                                                           .n_rows = n,
+                                                           .in = in,
+                                                           .out = out,
+                                                           .epi = epi,
+                                                           .norm_w = norm ? dwn : NULL,
+                                                           .eps = eps},
+                                 NULL))
         fail_msg("%s: %s", what, mm3_last_error());
     float *got = dev_fetch_checked(dy, (size_t)n * yw, what);
     /* x split in two bf16 halves on the tensor cores (above 2 rows, or wide products). */
@@ -935,8 +980,10 @@ static void test_gemv_fused(void **state)
     assert_false(cuda_ops_gemv_fused_ok(33, 64, 8, CUDA_GEMV_STORE, 0)); /* beyond the 32-row slice */
     float *d = NULL;
     assert_int_equal(cuda_malloc((void **)&d, 4096), 0);
-    assert_int_equal(cuda_ops_gemv_bf16_fused(d, d, (const uint16_t *)d, 5, 40, 8, CUDA_GEMV_STORE, NULL, 0.0f, NULL),
-                     -ENOTSUP);
+    assert_int_equal(
+        cuda_ops_gemv_bf16_fused(
+            &(struct cuda_gemv_fused){.y = d, .x = d, .w = (const uint16_t *)d, .n_rows = 5, .in = 40, .out = 8}, NULL),
+        -ENOTSUP);
     assert_non_null(strstr(mm3_last_error(), "cuda_ops_gemv_bf16_fused"));
     cuda_free(d);
 }
@@ -967,8 +1014,18 @@ static void check_attention(const struct att_case *c)
     for (int s = 0; s < c->n_seq; s++) {
         size_t qo = (size_t)s * c->n_heads * c->head_dim;
         const struct attention_heads h = {c->n_heads, c->n_kv_heads, c->head_dim, scale};
-        op_attention(ref + qo, c->n_heads * c->head_dim, q + qo, c->n_heads * c->head_dim, kf + s * seq, vf + s * seq,
-                     (int)row, 1, c->kv_len[s], &h, 1, c->kv_len[s] - 1);
+        op_attention(&(struct attention_rows){.out = ref + qo,
+                                              .out_stride = c->n_heads * c->head_dim,
+                                              .q = q + qo,
+                                              .q_stride = c->n_heads * c->head_dim,
+                                              .k = kf + s * seq,
+                                              .v = vf + s * seq,
+                                              .kv_stride = (int)row,
+                                              .n_q = 1,
+                                              .n_kv = c->kv_len[s],
+                                              .causal = 1,
+                                              .q_pos0 = c->kv_len[s] - 1},
+                     &h);
     }
 
     void *dk, *dv;
@@ -1114,8 +1171,18 @@ static void check_attention_qkv(const struct att_qkv_case *c)
             kf[at + i] = k, vf[at + i] = v;
         }
         const struct attention_heads h = {c->n_heads, c->n_kv_heads, D, 1.0f / sqrtf((float)D)};
-        op_attention(ref + (size_t)s * QD, QD, qr, QD, kf + (size_t)seq_row[s] * seq, vf + (size_t)seq_row[s] * seq,
-                     (int)row, 1, len[s], &h, 1, len[s] - 1);
+        op_attention(&(struct attention_rows){.out = ref + (size_t)s * QD,
+                                              .out_stride = QD,
+                                              .q = qr,
+                                              .q_stride = QD,
+                                              .k = kf + (size_t)seq_row[s] * seq,
+                                              .v = vf + (size_t)seq_row[s] * seq,
+                                              .kv_stride = (int)row,
+                                              .n_q = 1,
+                                              .n_kv = len[s],
+                                              .causal = 1,
+                                              .q_pos0 = len[s] - 1},
+                     &h);
     }
 
     const size_t elem = c->dtype == CUDA_KV_BF16 ? 2 : 4;

@@ -240,8 +240,19 @@ static void dev_batch_free(struct dev_batch *d)
 
 static int dev_draw(const struct dev_batch *d, const struct batch *b, void *stream)
 {
-    return cuda_sampler_draw_pairs(d->logits, b->ld, b->n, b->n_pairs, d->scale, b->c0_rule, b->top_k, d->seed, d->pos,
-                                   d->mask, d->cols, d->guided, stream);
+    const struct cuda_sampler_pairs draw = {.logits = d->logits,
+                                            .ld = b->ld,
+                                            .n = b->n,
+                                            .n_pairs = b->n_pairs,
+                                            .scale = d->scale,
+                                            .c0_rule = b->c0_rule,
+                                            .top_k = b->top_k,
+                                            .seed = d->seed,
+                                            .pos = d->pos,
+                                            .mask_col0 = d->mask,
+                                            .col_out = d->cols,
+                                            .guided_out = d->guided};
+    return cuda_sampler_draw_pairs(&draw, stream);
 }
 
 /* Run on the GPU; cols[n_pairs] and, when guided != NULL, guided[n_pairs * n]. */
@@ -409,19 +420,34 @@ static void test_bad_args(void **state)
     assert_int_equal(cuda_malloc((void **)&dseed, sizeof(uint64_t)), 0);
     assert_int_equal(cuda_malloc((void **)&dpos, sizeof(uint32_t)), 0);
     assert_int_equal(cuda_malloc((void **)&dcol, sizeof(int)), 0);
-    assert_int_equal(cuda_sampler_draw_pairs(dl, 16, 0, 1, ds, 0, 50, dseed, dpos, NULL, dcol, NULL, NULL), -EINVAL);
-    assert_int_equal(cuda_sampler_draw_pairs(dl, 15, 16, 1, ds, 0, 50, dseed, dpos, NULL, dcol, NULL, NULL), -EINVAL);
+    const struct cuda_sampler_pairs good = {.logits = dl,
+                                            .ld = 16,
+                                            .n = 16,
+                                            .n_pairs = 1,
+                                            .scale = ds,
+                                            .top_k = 50,
+                                            .seed = dseed,
+                                            .pos = dpos,
+                                            .col_out = dcol};
+    struct cuda_sampler_pairs bad = good;
+    bad.n = 0;
+    assert_int_equal(cuda_sampler_draw_pairs(&bad, NULL), -EINVAL);
+    bad = good, bad.ld = 15;
+    assert_int_equal(cuda_sampler_draw_pairs(&bad, NULL), -EINVAL);
     assert_non_null(strstr(mm3_last_error(), "ld >= n"));
-    assert_int_equal(cuda_sampler_draw_pairs(dl, 16, 16, -1, ds, 0, 50, dseed, dpos, NULL, dcol, NULL, NULL), -EINVAL);
-    assert_int_equal(cuda_sampler_draw_pairs(dl, 16, 16, 1, ds, 0, 50, dseed, NULL, NULL, dcol, NULL, NULL), -EINVAL);
+    bad = good, bad.n_pairs = -1;
+    assert_int_equal(cuda_sampler_draw_pairs(&bad, NULL), -EINVAL);
+    bad = good, bad.pos = NULL;
+    assert_int_equal(cuda_sampler_draw_pairs(&bad, NULL), -EINVAL);
     int max = cuda_sampler_max_cols();
     printf("  max columns per row: %d\n", max);
     assert_true(max >= SAMPLER_C0_COLS);
-    assert_int_equal(cuda_sampler_draw_pairs(dl, max + 1, max + 1, 1, ds, 0, 50, dseed, dpos, NULL, dcol, NULL, NULL),
-                     -EINVAL);
+    bad = good, bad.ld = bad.n = max + 1;
+    assert_int_equal(cuda_sampler_draw_pairs(&bad, NULL), -EINVAL);
     assert_non_null(strstr(mm3_last_error(), "at most"));
     /* No pairs: nothing to do, nothing touched (even NULL buffers). */
-    assert_int_equal(cuda_sampler_draw_pairs(NULL, 16, 16, 0, NULL, 0, 50, NULL, NULL, NULL, NULL, NULL, NULL), 0);
+    const struct cuda_sampler_pairs none = {.ld = 16, .n = 16, .top_k = 50};
+    assert_int_equal(cuda_sampler_draw_pairs(&none, NULL), 0);
     assert_int_equal(cuda_sampler_gumbel(NULL, 1, 2, 3, -1, NULL), -EINVAL);
     cuda_free(dl);
     cuda_free(ds);

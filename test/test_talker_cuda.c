@@ -681,8 +681,9 @@ static void test_kv_bf16_kernels(void **state)
     const float *k = d_qkv + QD, *v = d_qkv + QD + KD;
     const struct cuda_kv_cache kv16 = {d_k16, d_v16, CUDA_KV_BF16, row_stride, KD};
     const struct cuda_kv_cache kv32 = {d_k32, d_v32, CUDA_KV_F32, row_stride, KD};
-    assert_int_equal(talker_cuda_kv_store_pair(&kv16, k, v, (size_t)QKV, d_row, d_pos, n, KD, NULL), 0);
-    assert_int_equal(talker_cuda_kv_store_pair(&kv32, k, v, (size_t)QKV, d_row, d_pos, n, KD, NULL), 0);
+    const struct talker_kv_slots slots = {d_row, d_pos, n};
+    assert_int_equal(talker_cuda_kv_store_pair(&kv16, k, v, (size_t)QKV, &slots, KD, NULL), 0);
+    assert_int_equal(talker_cuda_kv_store_pair(&kv32, k, v, (size_t)QKV, &slots, KD, NULL), 0);
     assert_int_equal(cuda_stream_sync(NULL), 0);
     uint16_t *k16 = malloc(sizeof(uint16_t) * cache_n), *v16 = malloc(sizeof(uint16_t) * cache_n);
     float *k32 = malloc(sizeof(float) * cache_n), *v32 = malloc(sizeof(float) * cache_n);
@@ -710,13 +711,21 @@ static void test_kv_bf16_kernels(void **state)
     const struct attention_heads heads = {NH, NKV, D, scale};
     float *got = malloc(sizeof(float) * n * QD), *want = malloc(sizeof(float) * n * QD);
     assert_non_null(got), assert_non_null(want);
-    assert_int_equal(talker_cuda_attention_rows_kv(d_out, d_qkv, (size_t)QKV, &kv16, d_row, d_pos, n, &heads, NULL), 0);
+    assert_int_equal(talker_cuda_attention_rows_kv(d_out, d_qkv, (size_t)QKV, &kv16, &slots, &heads, NULL), 0);
     assert_int_equal(cuda_stream_sync(NULL), 0);
     assert_int_equal(cuda_memcpy_d2h(got, d_out, sizeof(float) * n * QD), 0);
     for (int i = 0; i < n; i++) {
         size_t base = (size_t)row[i] * row_stride;
-        op_attention(want + (size_t)i * QD, QD, qkv + (size_t)i * QKV, QKV, kw + base, vw + base, KD, 1, pos[i] + 1,
-                     &heads, 0, 0);
+        op_attention(&(struct attention_rows){.out = want + (size_t)i * QD,
+                                              .out_stride = QD,
+                                              .q = qkv + (size_t)i * QKV,
+                                              .q_stride = QKV,
+                                              .k = kw + base,
+                                              .v = vw + base,
+                                              .kv_stride = KD,
+                                              .n_q = 1,
+                                              .n_kv = pos[i] + 1},
+                     &heads);
     }
     expect_close("row attention, bf16 cache", 0, got, want, (size_t)n * QD, 1e-5);
 
@@ -738,8 +747,16 @@ static void test_kv_bf16_kernels(void **state)
     assert_int_equal(cuda_memcpy_h2d(d_len, kv_len, sizeof(int) * ROWS), 0);
     for (int s = 0; s < ROWS; s++) {
         size_t base = (size_t)seq_row[s] * row_stride;
-        op_attention(want + (size_t)s * QD, QD, dq + (size_t)s * QKV, QKV, kw + base, vw + base, KD, 1, kv_len[s],
-                     &heads, 0, 0);
+        op_attention(&(struct attention_rows){.out = want + (size_t)s * QD,
+                                              .out_stride = QD,
+                                              .q = dq + (size_t)s * QKV,
+                                              .q_stride = QKV,
+                                              .k = kw + base,
+                                              .v = vw + base,
+                                              .kv_stride = KD,
+                                              .n_q = 1,
+                                              .n_kv = kv_len[s]},
+                     &heads);
     }
     /* Partials in stream-ordered memory, then in a caller's workspace (what the
      * captured graphs use); one byte short of the size asked for is refused. */
@@ -783,7 +800,8 @@ static void test_kv_bf16_kernels(void **state)
     assert_int_equal(cuda_memcpy_h2d(d_row, &zero, sizeof zero), 0);
     assert_int_equal(cuda_memcpy_h2d(d_pos, &zero, sizeof zero), 0);
     struct cuda_kv_cache kv_sp = {d_sk, d_sv, CUDA_KV_BF16, 4, 4};
-    assert_int_equal(talker_cuda_kv_store_pair(&kv_sp, d_sp, d_sp, 4, d_row, d_pos, 1, 4, NULL), 0);
+    const struct talker_kv_slots one = {d_row, d_pos, 1};
+    assert_int_equal(talker_cuda_kv_store_pair(&kv_sp, d_sp, d_sp, 4, &one, 4, NULL), 0);
     assert_int_equal(cuda_stream_sync(NULL), 0);
     assert_int_equal(cuda_memcpy_d2h(sk, d_sk, sizeof sk), 0);
     assert_int_equal(cuda_memcpy_d2h(sv, d_sv, sizeof sv), 0);
@@ -793,10 +811,9 @@ static void test_kv_bf16_kernels(void **state)
     }
     /* Bad arguments are refused with a message, not launched. */
     kv_sp.dtype = (enum cuda_kv_dtype)7;
-    assert_int_equal(talker_cuda_kv_store_pair(&kv_sp, d_sp, d_sp, 4, d_row, d_pos, 1, 4, NULL), -EINVAL);
+    assert_int_equal(talker_cuda_kv_store_pair(&kv_sp, d_sp, d_sp, 4, &one, 4, NULL), -EINVAL);
     assert_non_null(strstr(mm3_last_error(), "kv dtype"));
-    assert_int_equal(talker_cuda_attention_rows_kv(d_out, d_qkv, (size_t)QD - 1, &kv16, d_row, d_pos, 1, &heads, NULL),
-                     -EINVAL);
+    assert_int_equal(talker_cuda_attention_rows_kv(d_out, d_qkv, (size_t)QD - 1, &kv16, &one, &heads, NULL), -EINVAL);
     void *dev[] = {d_qkv, d_out, d_k32, d_v32, d_k16, d_v16, d_row, d_pos, d_len, d_seq, d_sp, d_sk, d_sv};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         cuda_free(dev[i]);
@@ -850,13 +867,24 @@ static void check_qkv_fused(int NH, int NKV, int D, enum cuda_kv_dtype dt)
     assert_int_equal(cuda_memcpy_h2d(d_inv, inv, sizeof(float) * D / 2), 0);
     assert_int_equal(cuda_memcpy_h2d(d_row, row, sizeof(int) * N), 0);
     assert_int_equal(cuda_memcpy_h2d(d_pos, pos, sizeof(int) * N), 0);
-    assert_int_equal(cuda_ops_qk_norm_rope(d_a, N, QKV, NH, D, d_qn, 1e-6f, D, d_pos, d_inv, NULL), 0);
-    assert_int_equal(cuda_ops_qk_norm_rope(d_a + QD, N, QKV, NKV, D, d_kn, 1e-6f, D, d_pos, d_inv, NULL), 0);
+    assert_int_equal(
+        cuda_ops_qk_norm_rope(
+            d_a, N, QKV, NH, D,
+            &(struct cuda_head_norm_rope){.w = d_qn, .eps = 1e-6f, .rotary_dim = D, .pos = d_pos, .inv_freq = d_inv},
+            NULL),
+        0);
+    assert_int_equal(
+        cuda_ops_qk_norm_rope(
+            d_a + QD, N, QKV, NKV, D,
+            &(struct cuda_head_norm_rope){.w = d_kn, .eps = 1e-6f, .rotary_dim = D, .pos = d_pos, .inv_freq = d_inv},
+            NULL),
+        0);
     const struct cuda_kv_cache kva = {d_ka, d_va, dt, row_stride, (size_t)KD};
     const struct cuda_kv_cache kvb = {d_kb, d_vb, dt, row_stride, (size_t)KD};
     const struct attention_heads heads = {NH, NKV, D, 1.0f / sqrtf((float)D)};
     const struct cuda_qkv_prep prep = {d_qn, d_kn, 1e-6f, D, d_inv, d_pos};
-    assert_int_equal(talker_cuda_kv_store_pair(&kva, d_a + QD, d_a + QD + KD, (size_t)QKV, d_row, d_pos, N, KD, NULL),
+    assert_int_equal(talker_cuda_kv_store_pair(&kva, d_a + QD, d_a + QD + KD, (size_t)QKV,
+                                               &(const struct talker_kv_slots){d_row, d_pos, N}, KD, NULL),
                      0);
     assert_int_equal(talker_cuda_qkv_norm_rope_store(d_b, N, &heads, &prep, &kvb, d_row, NULL), 0);
     assert_int_equal(cuda_stream_sync(NULL), 0);
@@ -897,6 +925,8 @@ static void check_depth_attention_store(int n, int n_heads, int D, int positions
     assert_int_equal(cuda_malloc((void **)&d_qkv, sizeof(float) * (size_t)n * 3 * H), 0);
     assert_int_equal(cuda_malloc((void **)&d_out, sizeof(float) * (size_t)n * H), 0);
     const float scale = 1.0f / sqrtf((float)D);
+    const struct attention_heads heads = {n_heads, n_heads, D, scale};
+    const struct cuda_kv_cache kv = {d_kc, d_vc, CUDA_KV_F32, row_stride, (size_t)H};
     char what[96];
     snprintf(what, sizeof what, "depth attention + store, %d rows, %d heads of %d", n, n_heads, D);
     for (int pos = 0; pos < positions; pos++) {
@@ -905,13 +935,19 @@ static void check_depth_attention_store(int n, int n_heads, int D, int positions
         for (int t = 0; t < n; t++) {
             memcpy(kc + t * row_stride + (size_t)pos * H, qkv + (size_t)t * 3 * H + H, sizeof(float) * H);
             memcpy(vc + t * row_stride + (size_t)pos * H, qkv + (size_t)t * 3 * H + 2 * H, sizeof(float) * H);
-            const struct attention_heads heads = {n_heads, n_heads, D, scale};
-            op_attention(want + (size_t)t * H, H, qkv + (size_t)t * 3 * H, 3 * H, kc + t * row_stride,
-                         vc + t * row_stride, H, 1, pos + 1, &heads, 0, 0);
+            op_attention(&(struct attention_rows){.out = want + (size_t)t * H,
+                                                  .out_stride = H,
+                                                  .q = qkv + (size_t)t * 3 * H,
+                                                  .q_stride = 3 * H,
+                                                  .k = kc + t * row_stride,
+                                                  .v = vc + t * row_stride,
+                                                  .kv_stride = H,
+                                                  .n_q = 1,
+                                                  .n_kv = pos + 1},
+                         &heads);
         }
         assert_int_equal(cuda_memcpy_h2d(d_qkv, qkv, sizeof(float) * (size_t)n * 3 * H), 0);
-        assert_int_equal(
-            depth_cuda_attention_store(d_out, d_qkv, d_kc, d_vc, n, pos, n_heads, D, row_stride, scale, NULL), 0);
+        assert_int_equal(depth_cuda_attention_store(d_out, d_qkv, n, pos, &kv, &heads, NULL), 0);
         assert_int_equal(cuda_stream_sync(NULL), 0);
         assert_int_equal(cuda_memcpy_d2h(got, d_out, sizeof(float) * (size_t)n * H), 0);
         expect_close(what, pos, got, want, (size_t)n * H, 1e-5);
@@ -920,8 +956,15 @@ static void check_depth_attention_store(int n, int n_heads, int D, int positions
     assert_memory_equal(kd, kc, sizeof(float) * cache_n);
     assert_int_equal(cuda_memcpy_d2h(kd, d_vc, sizeof(float) * cache_n), 0);
     assert_memory_equal(kd, vc, sizeof(float) * cache_n);
-    assert_int_equal(depth_cuda_attention_store(d_out, d_qkv, d_kc, d_vc, n, 0, n_heads, 257, row_stride, scale, NULL),
-                     -EINVAL);
+    const struct attention_heads wide = {n_heads, n_heads, 257, scale};
+    const struct cuda_kv_cache kv_wide = {d_kc, d_vc, CUDA_KV_F32, row_stride, (size_t)n_heads * 257};
+    assert_int_equal(depth_cuda_attention_store(d_out, d_qkv, n, 0, &kv_wide, &wide, NULL), -EINVAL);
+    const struct attention_heads gqa = {n_heads, 1, D, scale};
+    assert_int_equal(depth_cuda_attention_store(d_out, d_qkv, n, 0, &kv, &gqa, NULL), -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "n_kv_heads = n_heads"));
+    struct cuda_kv_cache kv16 = kv;
+    kv16.dtype = CUDA_KV_BF16;
+    assert_int_equal(depth_cuda_attention_store(d_out, d_qkv, n, 0, &kv16, &heads, NULL), -EINVAL);
     cuda_free(d_kc), cuda_free(d_vc), cuda_free(d_qkv), cuda_free(d_out);
     free(kc), free(vc), free(qkv), free(want), free(got), free(kd);
 }

@@ -294,30 +294,40 @@ static void decode_track_from_layers(const struct vocoder_layers *l, const float
     }
     float *a = malloc(sizeof(float) * big), *r1 = malloc(sizeof(float) * big), *r2 = malloc(sizeof(float) * big);
     const struct vocoder_conv_ref *cv = &l->in_proj;
-    op_conv1d(r1, u, cv->w, cv->b, cv->c_in, cv->c_out, L, cv->k, 1, 0);
+    op_conv1d(r1, u, cv->w, cv->b,
+              &(struct conv1d_geometry){.c_in = cv->c_in, .c_out = cv->c_out, .t = L, .k = cv->k, .dilation = 1});
     cv = &l->conv_in;
-    op_conv1d(a, r1, cv->w, cv->b, cv->c_in, cv->c_out, L, cv->k, 1, (cv->k - 1) / 2);
+    op_conv1d(a, r1, cv->w, cv->b,
+              &(struct conv1d_geometry){
+                  .c_in = cv->c_in, .c_out = cv->c_out, .t = L, .k = cv->k, .dilation = 1, .pad = (cv->k - 1) / 2});
     int n = L;
     for (int b = 0; b < l->n_blocks; b++) {
         const struct vocoder_conv_ref *up = &l->up[b];
         int s = l->stride[b], c = up->c_out;
         assert_int_equal(up->k, 2 * s);
         op_snake(r1, a, l->alpha[b], up->c_in, n);
-        op_conv_transpose1d(a, r1, up->w, up->b, up->c_in, c, n, up->k, s, (s + 1) / 2);
+        op_conv_transpose1d(a, r1, up->w, up->b,
+                            &(struct conv1d_geometry){
+                                .c_in = up->c_in, .c_out = c, .t = n, .k = up->k, .stride = s, .pad = (s + 1) / 2});
         n *= s;
         for (int r = 0; r < VOCODER_RES_UNITS; r++) {
             const struct vocoder_conv_ref *c1 = &l->conv1[b][r], *c2 = &l->conv2[b][r];
             int d = l->dilation[r];
             op_snake(r1, a, l->alpha1[b][r], c, n);
-            op_conv1d(r2, r1, c1->w, c1->b, c, c, n, c1->k, d, d * (c1->k - 1) / 2);
+            op_conv1d(r2, r1, c1->w, c1->b,
+                      &(struct conv1d_geometry){
+                          .c_in = c, .c_out = c, .t = n, .k = c1->k, .dilation = d, .pad = d * (c1->k - 1) / 2});
             op_snake(r2, r2, l->alpha2[b][r], c, n);
-            op_conv1d(r1, r2, c2->w, c2->b, c, c, n, c2->k, 1, 0);
+            op_conv1d(r1, r2, c2->w, c2->b,
+                      &(struct conv1d_geometry){.c_in = c, .c_out = c, .t = n, .k = c2->k, .dilation = 1});
             op_add(a, r1, (size_t)c * n);
         }
     }
     cv = &l->conv_out;
     op_snake(r1, a, l->alpha_out, cv->c_in, n);
-    op_conv1d(y, r1, cv->w, cv->b, cv->c_in, 1, n, cv->k, 1, (cv->k - 1) / 2);
+    op_conv1d(y, r1, cv->w, cv->b,
+              &(struct conv1d_geometry){
+                  .c_in = cv->c_in, .c_out = 1, .t = n, .k = cv->k, .dilation = 1, .pad = (cv->k - 1) / 2});
     for (int i = 0; i < n; i++)
         y[i] = tanhf(y[i]);
     free(a), free(r1), free(r2);

@@ -32,6 +32,7 @@
 /* cmocka needs the four above first */
 #include <cmocka.h>
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,9 +76,10 @@ static float *rand_alpha(int c)
 
 /* ref[it] = op_conv1d(op_snake(x[it])) or without the Snake. */
 static void ref_conv1d(float *ref, const float *x, const float *alpha, const float *w, const float *b, int batch,
-                       int c_in, int c_out, int t, int k, int dil)
+                       const struct conv1d_geometry *g)
 {
-    size_t nx = (size_t)c_in * t, ny = (size_t)c_out * t;
+    int c_in = g->c_in, t = g->t;
+    size_t nx = (size_t)c_in * t, ny = (size_t)g->c_out * t;
     float *s = malloc(sizeof(float) * nx);
     for (int it = 0; it < batch; it++) {
         const float *xi = x + it * nx;
@@ -85,7 +87,7 @@ static void ref_conv1d(float *ref, const float *x, const float *alpha, const flo
             op_snake(s, xi, alpha, c_in, t);
             xi = s;
         }
-        op_conv1d(ref + it * ny, xi, w, b, c_in, c_out, t, k, dil, dil * (k - 1) / 2);
+        op_conv1d(ref + it * ny, xi, w, b, g);
     }
     free(s);
 }
@@ -97,10 +99,12 @@ static void check_conv1d(int batch, int c_in, int c_out, int t, int k, int dil, 
           *w = test_rand_array(&rng, (size_t)c_out * c_in * k, 1.0f / sqrtf((float)c_in * k));
     float *b = test_rand_array(&rng, c_out, 0.1f), *alpha = snake ? rand_alpha(c_in) : NULL;
     float *y = malloc(sizeof(float) * batch * ny), *ref = malloc(sizeof(float) * batch * ny);
-    ref_conv1d(ref, x, alpha, w, b, batch, c_in, c_out, t, k, dil);
+    struct conv1d_geometry g = {
+        .c_in = c_in, .c_out = c_out, .t = t, .k = k, .dilation = dil, .stride = 1, .pad = dil * (k - 1) / 2};
+    ref_conv1d(ref, x, alpha, w, b, batch, &g);
     for (int p = 0; p < N_PRECS; p++) {
         memset(y, 0xff, sizeof(float) * batch * ny); /* NaN: every output must be written */
-        int rc = vocoder_cuda_conv1d_host(y, x, alpha, w, b, batch, c_in, c_out, t, k, dil, precs[p]);
+        int rc = vocoder_cuda_conv1d_host(y, x, alpha, w, b, batch, &g, precs[p]);
         if (rc < 0) fail_msg("vocoder_cuda_conv1d_host: %s", mm3_last_error());
         double rel = test_rel_error(y, ref, batch * ny);
         printf("conv1d %s%s %d->%d k%d d%d T%d x%d: rel %.3g (bound %.0e)\n", mm3_matmul_precision_name(precs[p]),
@@ -127,6 +131,8 @@ static void test_conv1d(void **state)
 static void check_conv_t(int batch, int c_in, int c_out, int t_in, int s, int snake)
 {
     int k = 2 * s, t_out = op_conv_transpose1d_out_len(t_in, k, s, (s + 1) / 2);
+    struct conv1d_geometry g = {
+        .c_in = c_in, .c_out = c_out, .t = t_in, .k = k, .dilation = 1, .stride = s, .pad = (s + 1) / 2};
     assert_int_equal(t_out, s * t_in);
     size_t nx = (size_t)c_in * t_in, ny = (size_t)c_out * t_out;
     float *x = test_rand_array(&rng, batch * nx, 1.0f),
@@ -140,11 +146,11 @@ static void check_conv_t(int batch, int c_in, int c_out, int t_in, int s, int sn
             op_snake(sx, xi, alpha, c_in, t_in);
             xi = sx;
         }
-        op_conv_transpose1d(ref + it * ny, xi, w, b, c_in, c_out, t_in, k, s, (s + 1) / 2);
+        op_conv_transpose1d(ref + it * ny, xi, w, b, &g);
     }
     for (int p = 0; p < N_PRECS; p++) {
         memset(y, 0xff, sizeof(float) * batch * ny);
-        int rc = vocoder_cuda_conv_transpose1d_host(y, x, alpha, w, b, batch, c_in, c_out, t_in, s, precs[p]);
+        int rc = vocoder_cuda_conv_transpose1d_host(y, x, alpha, w, b, batch, &g, precs[p]);
         if (rc < 0) fail_msg("vocoder_cuda_conv_transpose1d_host: %s", mm3_last_error());
         double rel = test_rel_error(y, ref, batch * ny);
         printf("conv_transpose1d %s%s %d->%d s%d T%d x%d: rel %.3g (bound %.0e)\n", mm3_matmul_precision_name(precs[p]),
@@ -172,11 +178,13 @@ static void check_conv_out(int batch, int c_in, int t)
     float *x = test_rand_array(&rng, batch * nx, 1.0f), *w = test_rand_array(&rng, (size_t)c_in * k, 0.05f);
     float *b = test_rand_array(&rng, 1, 0.1f), *alpha = rand_alpha(c_in);
     float *y = malloc(sizeof(float) * batch * t), *ref = malloc(sizeof(float) * batch * t);
-    ref_conv1d(ref, x, alpha, w, b, batch, c_in, 1, t, k, 1);
+    struct conv1d_geometry g = {
+        .c_in = c_in, .c_out = 1, .t = t, .k = k, .dilation = 1, .stride = 1, .pad = (k - 1) / 2};
+    ref_conv1d(ref, x, alpha, w, b, batch, &g);
     for (int i = 0; i < batch * t; i++)
         ref[i] = tanhf(ref[i]);
     memset(y, 0xff, sizeof(float) * batch * t);
-    if (vocoder_cuda_conv_out_host(y, x, alpha, w, b, batch, c_in, t, k) < 0)
+    if (vocoder_cuda_conv_out_host(y, x, alpha, w, b, batch, &g) < 0)
         fail_msg("vocoder_cuda_conv_out_host: %s", mm3_last_error());
     double rel = test_rel_error(y, ref, (size_t)batch * t);
     printf("conv_out +snake +tanh %d->1 k%d T%d x%d: rel %.3g\n", c_in, k, t, batch, rel);
@@ -190,6 +198,27 @@ static void test_conv_out(void **state)
     check_conv_out(2, 96, 2000); /* release */
     check_conv_out(2, 300, 131); /* channels in 3 chunks, a partial row tile */
     check_conv_out(1, 3, 2);     /* T shorter than the taps */
+}
+
+/* A geometry the decode never runs is refused with a message naming the field, before
+ * any upload (y stays untouched). */
+static void test_geometry_refused(void **state)
+{
+    (void)state;
+    float x[8] = {0}, w[16] = {0}, b[2] = {0}, y[8] = {7};
+    struct conv1d_geometry even_k = {.c_in = 1, .c_out = 1, .t = 8, .k = 2, .dilation = 1, .pad = 0};
+    assert_int_equal(vocoder_cuda_conv1d_host(y, x, NULL, w, b, 1, &even_k, MM3_MATMUL_FP32), -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "k 2"));
+    struct conv1d_geometry bad_pad = {.c_in = 1, .c_out = 1, .t = 8, .k = 3, .dilation = 2, .pad = 1};
+    assert_int_equal(vocoder_cuda_conv1d_host(y, x, NULL, w, b, 1, &bad_pad, MM3_MATMUL_FP32), -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "pad 1, expected 2"));
+    struct conv1d_geometry bad_k = {.c_in = 1, .c_out = 1, .t = 4, .k = 3, .stride = 2, .pad = 1};
+    assert_int_equal(vocoder_cuda_conv_transpose1d_host(y, x, NULL, w, b, 1, &bad_k, MM3_MATMUL_FP32), -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "k = 2 * stride"));
+    struct conv1d_geometry two_out = {.c_in = 1, .c_out = 2, .t = 8, .k = 3, .dilation = 1, .pad = 1};
+    assert_int_equal(vocoder_cuda_conv_out_host(y, x, NULL, w, b, 1, &two_out), -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "c_out 2, expected 1"));
+    assert_true(y[0] == 7.0f);
 }
 
 /* ---- 2. whole decodes ---- */
@@ -381,9 +410,9 @@ int main(void)
         return 77;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_conv1d), cmocka_unit_test(test_conv_transpose), cmocka_unit_test(test_conv_out),
-        cmocka_unit_test(test_geom_b), cmocka_unit_test(test_tiny_a),         cmocka_unit_test(test_fp16_rescue),
-        cmocka_unit_test(test_release_shape),
+        cmocka_unit_test(test_conv1d),           cmocka_unit_test(test_conv_transpose), cmocka_unit_test(test_conv_out),
+        cmocka_unit_test(test_geometry_refused), cmocka_unit_test(test_geom_b),         cmocka_unit_test(test_tiny_a),
+        cmocka_unit_test(test_fp16_rescue),      cmocka_unit_test(test_release_shape),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -107,10 +107,20 @@ static double gemm_peak_fp8(void *stream, void *e0, void *e1)
     if (dit_gemm_create(&g, MM3_MATMUL_FP8) < 0) die("dit_gemm_create");
     float ms[10];
     for (int i = 0; i < 3; i++)
-        if (dit_gemm_run_fp8(g, d, n, a.q, a.s, n, w.q, w.s, NULL, NULL, n, n, n, stream) < 0) die("gemm");
+        if (dit_gemm_run_fp8(
+                g,
+                &(struct dit_gemm_product){
+                    .d = d, .a = a.q, .sa = a.s, .w = w.q, .sw = w.s, .M = n, .K = n, .N = n, .lda = n, .ldd = n},
+                stream) < 0)
+            die("gemm");
     for (int i = 0; i < 10; i++) {
         cuda_event_record(e0, stream);
-        if (dit_gemm_run_fp8(g, d, n, a.q, a.s, n, w.q, w.s, NULL, NULL, n, n, n, stream) < 0) die("gemm");
+        if (dit_gemm_run_fp8(
+                g,
+                &(struct dit_gemm_product){
+                    .d = d, .a = a.q, .sa = a.s, .w = w.q, .sw = w.s, .M = n, .K = n, .N = n, .lda = n, .ldd = n},
+                stream) < 0)
+            die("gemm");
         cuda_event_record(e1, stream);
         if (cuda_event_elapsed_ms(&ms[i], e0, e1) < 0) die("events");
     }
@@ -141,10 +151,16 @@ static double gemm_peak(enum mm3_matmul_precision p, void *stream, void *e0, voi
     if (dit_gemm_create(&g, p) < 0) die("dit_gemm_create");
     float ms[10];
     for (int i = 0; i < 3; i++)
-        if (dit_gemm_run(g, d, n, a, n, w, NULL, NULL, n, n, n, stream) < 0) die("gemm");
+        if (dit_gemm_run(g,
+                         &(struct dit_gemm_product){.d = d, .a = a, .w = w, .M = n, .K = n, .N = n, .lda = n, .ldd = n},
+                         stream) < 0)
+            die("gemm");
     for (int i = 0; i < 10; i++) {
         cuda_event_record(e0, stream);
-        if (dit_gemm_run(g, d, n, a, n, w, NULL, NULL, n, n, n, stream) < 0) die("gemm");
+        if (dit_gemm_run(g,
+                         &(struct dit_gemm_product){.d = d, .a = a, .w = w, .M = n, .K = n, .N = n, .lda = n, .ldd = n},
+                         stream) < 0)
+            die("gemm");
         cuda_event_record(e1, stream);
         if (cuda_event_elapsed_ms(&ms[i], e0, e1) < 0) die("events");
     }
@@ -329,37 +345,103 @@ static void breakdown(const struct dit_config *cfg, enum mm3_matmul_precision p,
                 switch (k) {
                 case 0:
                     TIME_MS(t[a], reps,
-                            dit_gemm_run_fp8(G, qkv, 3 * D, q8.q, q8.s, D, q_qkv.q, q_qkv.s, NULL, NULL, N, D, 3 * D,
+                            dit_gemm_run_fp8(G,
+                                             &(struct dit_gemm_product){.d = qkv,
+                                                                        .a = q8.q,
+                                                                        .sa = q8.s,
+                                                                        .w = q_qkv.q,
+                                                                        .sw = q_qkv.s,
+                                                                        .M = N,
+                                                                        .K = D,
+                                                                        .N = 3 * D,
+                                                                        .lda = D,
+                                                                        .ldd = 3 * D},
                                              stream));
                     break;
                 case 1:
                     TIME_MS(t[a], reps,
-                            dit_gemm_run_fp8(G, x, D, q8.q, q8.s, D, q_wo.q, q_wo.s, NULL, x, N, D, D, stream));
+                            dit_gemm_run_fp8(G,
+                                             &(struct dit_gemm_product){.d = x,
+                                                                        .a = q8.q,
+                                                                        .sa = q8.s,
+                                                                        .w = q_wo.q,
+                                                                        .sw = q_wo.s,
+                                                                        .c = x,
+                                                                        .M = N,
+                                                                        .K = D,
+                                                                        .N = D,
+                                                                        .lda = D,
+                                                                        .ldd = D},
+                                             stream));
                     break;
                 case 2:
-                    TIME_MS(
-                        t[a], reps,
-                        dit_gemm_run_fp8(G, g, 2 * F, q8.q, q8.s, D, q_wi.q, q_wi.s, NULL, NULL, N, D, 2 * F, stream));
+                    TIME_MS(t[a], reps,
+                            dit_gemm_run_fp8(G,
+                                             &(struct dit_gemm_product){.d = g,
+                                                                        .a = q8.q,
+                                                                        .sa = q8.s,
+                                                                        .w = q_wi.q,
+                                                                        .sw = q_wi.s,
+                                                                        .M = N,
+                                                                        .K = D,
+                                                                        .N = 2 * F,
+                                                                        .lda = D,
+                                                                        .ldd = 2 * F},
+                                             stream));
                     break;
                 default:
                     TIME_MS(t[a], reps,
-                            dit_gemm_run_fp8(G, x, D, q8.q, q8.s, F, q_wf.q, q_wf.s, bi, x, N, F, D, stream));
+                            dit_gemm_run_fp8(G,
+                                             &(struct dit_gemm_product){.d = x,
+                                                                        .a = q8.q,
+                                                                        .sa = q8.s,
+                                                                        .w = q_wf.q,
+                                                                        .sw = q_wf.s,
+                                                                        .bias = bi,
+                                                                        .c = x,
+                                                                        .M = N,
+                                                                        .K = F,
+                                                                        .N = D,
+                                                                        .lda = F,
+                                                                        .ldd = D},
+                                             stream));
                     break;
                 }
                 continue;
             }
             switch (k) {
             case 0:
-                TIME_MS(t[a], reps, dit_gemm_run(G, qkv, 3 * D, op, D, wqkv, NULL, NULL, N, D, 3 * D, stream));
+                TIME_MS(
+                    t[a], reps,
+                    dit_gemm_run(G,
+                                 &(struct dit_gemm_product){
+                                     .d = qkv, .a = op, .w = wqkv, .M = N, .K = D, .N = 3 * D, .lda = D, .ldd = 3 * D},
+                                 stream));
                 break;
             case 1:
-                TIME_MS(t[a], reps, dit_gemm_run(G, x, D, op, D, wo, NULL, x, N, D, D, stream));
+                TIME_MS(t[a], reps,
+                        dit_gemm_run(G,
+                                     &(struct dit_gemm_product){
+                                         .d = x, .a = op, .w = wo, .c = x, .M = N, .K = D, .N = D, .lda = D, .ldd = D},
+                                     stream));
                 break;
             case 2:
-                TIME_MS(t[a], reps, dit_gemm_run(G, g, 2 * F, op, D, wi, bi, NULL, N, D, 2 * F, stream));
+                TIME_MS(
+                    t[a], reps,
+                    dit_gemm_run(
+                        G,
+                        &(struct dit_gemm_product){
+                            .d = g, .a = op, .w = wi, .bias = bi, .M = N, .K = D, .N = 2 * F, .lda = D, .ldd = 2 * F},
+                        stream));
                 break;
             default:
-                TIME_MS(t[a], reps, dit_gemm_run(G, x, D, op, F, wf, bi, x, N, F, D, stream));
+                TIME_MS(
+                    t[a], reps,
+                    dit_gemm_run(
+                        G,
+                        &(struct dit_gemm_product){
+                            .d = x, .a = op, .w = wf, .bias = bi, .c = x, .M = N, .K = F, .N = D, .lda = F, .ldd = D},
+                        stream));
                 break;
             }
         }
@@ -370,27 +452,37 @@ static void breakdown(const struct dit_config *cfg, enum mm3_matmul_precision p,
     static const enum dit_attn_kernel kernels[] = {DIT_ATTN_AUTO, DIT_ATTN_SIMT, DIT_ATTN_WMMA, DIT_ATTN_MMA,
                                                    DIT_ATTN_FLASH};
     float ta = 0, tl, tg;
+    const struct dit_attention att = {.out = o2,
+                                      .out_fmt = bf,
+                                      .qkv = qkv,
+                                      .heads = {.n_seq = B,
+                                                .T = T,
+                                                .n_heads = cfg->n_heads,
+                                                .head_dim = cfg->head_dim,
+                                                .rotary_dim = cfg->rotary_dim},
+                                      .cs = cfg->rotary_dim ? cs : NULL,
+                                      .scale = 0.125f,
+                                      .prec = p};
+    const struct dit_layernorm ln = {.x = x, .w = lw, .b = lw, .n = N, .dim = D, .eps = 1e-5f};
     for (size_t k = 0; k < sizeof kernels / sizeof kernels[0]; k++) {
         enum dit_attn_kernel kk = kernels[k];
         if (kk == DIT_ATTN_SIMT && p != MM3_MATMUL_FP32) continue; /* minutes at B 16 */
         if (kk != DIT_ATTN_AUTO && kk != DIT_ATTN_SIMT && p == MM3_MATMUL_FP32) continue;
         if (kk == DIT_ATTN_MMA && p != MM3_MATMUL_BF16) continue;
         float t;
-        TIME_MS(t, reps,
-                dit_cuda_attention_kernel(o2, bf, qkv, B, T, cfg->n_heads, cfg->head_dim, cfg->rotary_dim,
-                                          cfg->rotary_dim ? cs : NULL, 0.125f, p, kk, stream));
+        TIME_MS(t, reps, dit_cuda_attention_kernel(&att, kk, stream));
         printf("| attention (%s) | | %.3f | %.1f |\n", kernel_name(kk), t, flop_att / (t * 1e-3) / 1e12);
         if (kk == DIT_ATTN_AUTO) ta = t;
     }
     if (f8) {
         float tq;
-        TIME_MS(tl, reps, dit_fp8_layernorm(q8.q, q8.s, x, lw, lw, N, D, 1e-5f, stream));
+        TIME_MS(tl, reps, dit_fp8_layernorm(q8.q, q8.s, &ln, stream));
         TIME_MS(tg, reps, dit_fp8_silu_gate(q8.q, q8.s, g, bi, N, F, stream));
         TIME_MS(tq, reps, dit_fp8_quantize_rows(q8.q, q8.s, x, N, D, D, stream));
         printf("| quantize the attention output | | %.3f | |\n", tq);
         sum += tq;
     } else {
-        TIME_MS(tl, reps, dit_cuda_layernorm(o2, bf, x, lw, lw, N, D, 1e-5f, stream));
+        TIME_MS(tl, reps, dit_cuda_layernorm(o2, bf, &ln, stream));
         TIME_MS(tg, reps, dit_cuda_silu_gate(o2, bf, g, N, F, stream));
     }
     printf("| LayerNorm (x2 per layer) | | %.3f | |\n", tl);

@@ -61,10 +61,9 @@ template <typename K> static int cuda_resident_clusters_y(K kernel, int threads,
     return n;
 }
 
-/* The tensor-core GEMV of gemv_mma.cu (m_tiles 0 = default) with the epilogue and
- * norm of cuda_ops_gemv_bf16_fused (norm_w NULL: none). */
-int gemv_mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int m_tiles,
-                    enum cuda_gemv_epi epi, const float *norm_w, float eps, cudaStream_t st);
+/* The tensor-core GEMV of gemv_mma.cu (m_tiles 0 = default) for the product g of
+ * cuda_ops_gemv_bf16_fused (g->norm_w NULL: no norm). */
+int gemv_mma_launch(const struct cuda_gemv_fused *g, int m_tiles, cudaStream_t st);
 /* gemv_xs.cu: the tensor-core GEMV with x staged in shared memory, to which
  * gemv_mma_launch hands the shapes gemv_xs_plan gives a k split (blocks per output
  * group, >= 1) for; 0: gemv_mma.cu serves the shape. gemv_xs_launch takes that split
@@ -73,7 +72,6 @@ int gemv_xs_plan(int n_rows, int in, int out);
 /* Whether the tensor-core GEMVs round x to bf16 at this row count (X_ROUND) rather
  * than split it (cuda_ops_gemv_set_x_round). */
 bool gemv_x_round(int n_rows);
-int gemv_xs_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int ks,
-                   enum cuda_gemv_epi epi, const float *norm_w, float eps, cudaStream_t st);
+int gemv_xs_launch(const struct cuda_gemv_fused *g, int ks, cudaStream_t st);
 
 #endif

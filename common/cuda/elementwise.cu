@@ -112,9 +112,13 @@ __global__ void qk_norm_rope_kernel(float *x, int n_rows, int stride, int n_head
     warp_head_norm_rope(u, head_dim, w, eps, rotary_dim, (float)pos[t], inv_freq, lane);
 }
 
-extern "C" int cuda_ops_qk_norm_rope(float *x, int n_rows, int stride, int n_heads, int head_dim, const float *w,
-                                     float eps, int rotary_dim, const int *pos, const float *inv_freq, void *stream)
+extern "C" int cuda_ops_qk_norm_rope(float *x, int n_rows, int stride, int n_heads, int head_dim,
+                                     const struct cuda_head_norm_rope *p, void *stream)
 {
+    const float *w = p->w, *inv_freq = p->inv_freq;
+    const int *pos = p->pos;
+    float eps = p->eps;
+    int rotary_dim = p->rotary_dim;
     if (n_rows < 0 || n_heads < 1 || head_dim < 1 || head_dim > 1024 || stride < n_heads * head_dim)
         return mm3_errorf(-EINVAL,
                           "cuda_ops_qk_norm_rope: %d rows, %d heads of %d, stride %d: expected head_dim 1..1024 "

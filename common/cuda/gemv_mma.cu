@@ -389,15 +389,14 @@ static void mma_plan(int tiles, int steps, int *ks_out, int *grid_out)
 }
 
 template <int NT, int MT, int EPI, bool NORM, int S, int XM = X_SPLIT>
-static int mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, const float *wn,
-                      float eps, cudaStream_t st)
+static int mma_launch(const struct cuda_gemv_fused &g, cudaStream_t st)
 {
-    const int tiles = (out + 16 * MT - 1) / (16 * MT);
+    const int tiles = (g.out + 16 * MT - 1) / (16 * MT);
     int ks, grid;
-    mma_plan<NT, MT, EPI, NORM, S, XM>(tiles, in / MMA_KSTEP, &ks, &grid);
+    mma_plan<NT, MT, EPI, NORM, S, XM>(tiles, g.in / MMA_KSTEP, &ks, &grid);
     return launch_ex("cudaLaunchKernelEx(gemv_mma_kernel)", gemv_mma_kernel<NT, MT, EPI, NORM, S, XM>,
-                     dim3((unsigned)grid, (unsigned)ks), dim3(MMA_THREADS), mma_ring_bytes<MT, S>(), st, ks,
-                     true, y, x, w, n_rows, in, out, ks, tiles, wn, eps);
+                     dim3((unsigned)grid, (unsigned)ks), dim3(MMA_THREADS), mma_ring_bytes<MT, S>(), st, ks, true, g.y,
+                     g.x, g.w, g.n_rows, g.in, g.out, ks, tiles, g.norm_w, g.eps);
 }
 
 /* cuda_ops_gemv_set_mma_tiles: 2 or 4 weight tiles per block for every launch, or
@@ -475,37 +474,35 @@ bool gemv_x_round(int n_rows)
 
 /* 17-32 rows (NT 4) always take 2 tiles (4 would hold 64 accumulators). */
 template <int NT, int EPI, bool NORM, int XM>
-static int mma_launch_tiles(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int m_tiles,
-                            const float *wn, float eps, cudaStream_t st)
+static int mma_launch_tiles(const struct cuda_gemv_fused &g, int m_tiles, cudaStream_t st)
 {
     if constexpr (NT > 2) {
         if constexpr (XM == X_ROUND)
-            if (!mma_uses_ring<NT, XM>())
-                return mma_launch<NT, 2, EPI, NORM, 0, XM>(y, x, w, n_rows, in, out, wn, eps, st);
-        return mma_launch<NT, 2, EPI, NORM, MMA_RING_STAGES, XM>(y, x, w, n_rows, in, out, wn, eps, st);
+            if (!mma_uses_ring<NT, XM>()) return mma_launch<NT, 2, EPI, NORM, 0, XM>(g, st);
+        return mma_launch<NT, 2, EPI, NORM, MMA_RING_STAGES, XM>(g, st);
     } else {
         if (m_tiles == 0) m_tiles = mma_default_tiles();
-        if (m_tiles == 4) return mma_launch<NT, 4, EPI, NORM, 0, XM>(y, x, w, n_rows, in, out, wn, eps, st);
-        return mma_uses_ring<NT, XM>()
-                   ? mma_launch<NT, 2, EPI, NORM, MMA_RING_STAGES, XM>(y, x, w, n_rows, in, out, wn, eps, st)
-                   : mma_launch<NT, 2, EPI, NORM, 0, XM>(y, x, w, n_rows, in, out, wn, eps, st);
+        if (m_tiles == 4) return mma_launch<NT, 4, EPI, NORM, 0, XM>(g, st);
+        return mma_uses_ring<NT, XM>() ? mma_launch<NT, 2, EPI, NORM, MMA_RING_STAGES, XM>(g, st)
+                                       : mma_launch<NT, 2, EPI, NORM, 0, XM>(g, st);
     }
 }
 
 /* Every epilogue / norm variant and x conversion for one x tile count. */
-template <int NT>
-static int mma_launch_variant(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int m_tiles,
-                              enum cuda_gemv_epi epi, const float *wn, float eps, cudaStream_t st)
+template <int NT> static int mma_launch_variant(const struct cuda_gemv_fused &g, int m_tiles, cudaStream_t st)
 {
-    return gemv_mma_dispatch(epi, wn != NULL, gemv_x_round(n_rows), [&](auto e, auto norm, auto xm) {
-        return mma_launch_tiles<NT, decltype(e)::value, decltype(norm)::value, decltype(xm)::value>(
-            y, x, w, n_rows, in, out, m_tiles, wn, eps, st);
+    return gemv_mma_dispatch(g.epi, g.norm_w != NULL, gemv_x_round(g.n_rows), [&](auto e, auto norm, auto xm) {
+        return mma_launch_tiles<NT, decltype(e)::value, decltype(norm)::value, decltype(xm)::value>(g, m_tiles, st);
     });
 }
 
-int gemv_mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int m_tiles,
-                    enum cuda_gemv_epi epi, const float *norm_w, float eps, cudaStream_t st)
+int gemv_mma_launch(const struct cuda_gemv_fused *g, int m_tiles, cudaStream_t st)
 {
+    float *y = g->y;
+    const float *x = g->x, *norm_w = g->norm_w;
+    const uint16_t *w = g->w;
+    int n_rows = g->n_rows, in = g->in, out = g->out;
+    enum cuda_gemv_epi epi = g->epi;
     if (m_tiles != 0 && m_tiles != 2 && m_tiles != 4)
         return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_mma: %d weight tiles per block, expected 0 (auto), 2 or 4",
                           m_tiles);
@@ -521,14 +518,15 @@ int gemv_mma_launch(float *y, const float *x, const uint16_t *w, int n_rows, int
     if (norm_w && epi == CUDA_GEMV_ADD)
         return mm3_errorf(-ENOTSUP, "cuda_ops_gemv_bf16_mma: no norm with the residual add");
     const int xs_split = m_tiles == 0 ? gemv_xs_plan(n_rows, in, out) : 0;
-    if (xs_split) return gemv_xs_launch(y, x, w, n_rows, in, out, xs_split, epi, norm_w, eps, st);
-    if (n_rows <= 8) return mma_launch_variant<1>(y, x, w, n_rows, in, out, m_tiles, epi, norm_w, eps, st);
-    if (n_rows <= 16) return mma_launch_variant<2>(y, x, w, n_rows, in, out, m_tiles, epi, norm_w, eps, st);
-    return mma_launch_variant<4>(y, x, w, n_rows, in, out, m_tiles, epi, norm_w, eps, st);
+    if (xs_split) return gemv_xs_launch(g, xs_split, st);
+    if (n_rows <= 8) return mma_launch_variant<1>(*g, m_tiles, st);
+    if (n_rows <= 16) return mma_launch_variant<2>(*g, m_tiles, st);
+    return mma_launch_variant<4>(*g, m_tiles, st);
 }
 
 extern "C" int cuda_ops_gemv_bf16_mma(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out,
                                       int m_tiles, void *stream)
 {
-    return gemv_mma_launch(y, x, w, n_rows, in, out, m_tiles, CUDA_GEMV_STORE, NULL, 0.0f, cuda_stream_of(stream));
+    const struct cuda_gemv_fused g = {.y = y, .x = x, .w = w, .n_rows = n_rows, .in = in, .out = out};
+    return gemv_mma_launch(&g, m_tiles, cuda_stream_of(stream));
 }

@@ -286,23 +286,19 @@ static int xs_plan(int out, int steps)
 }
 
 template <int NT, int EPI, bool NORM, int XM>
-static int xs_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int ks, const float *wn,
-                     float eps, cudaStream_t st)
+static int xs_launch(const struct cuda_gemv_fused &g, int ks, cudaStream_t st)
 {
-    const int groups = (out + XS_OUT - 1) / XS_OUT;
+    const int groups = (g.out + XS_OUT - 1) / XS_OUT;
     xs_allow_smem<NT, EPI, NORM, XM>();
     return launch_ex("cudaLaunchKernelEx(gemv_xs_kernel)", gemv_xs_kernel<NT, EPI, NORM, XM>,
-                     dim3((unsigned)groups, (unsigned)ks), dim3(XS_THREADS), XS_SMEM_BYTES, st, ks, true, y, x, w,
-                     n_rows, in, out, ks, wn, eps);
+                     dim3((unsigned)groups, (unsigned)ks), dim3(XS_THREADS), XS_SMEM_BYTES, st, ks, true, g.y, g.x, g.w,
+                     g.n_rows, g.in, g.out, ks, g.norm_w, g.eps);
 }
 
-template <int NT>
-static int xs_launch_variant(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int ks,
-                             enum cuda_gemv_epi epi, const float *wn, float eps, cudaStream_t st)
+template <int NT> static int xs_launch_variant(const struct cuda_gemv_fused &g, int ks, cudaStream_t st)
 {
-    return gemv_mma_dispatch(epi, wn != NULL, gemv_x_round(n_rows), [&](auto e, auto norm, auto xm) {
-        return xs_launch<NT, decltype(e)::value, decltype(norm)::value, decltype(xm)::value>(y, x, w, n_rows, in, out,
-                                                                                             ks, wn, eps, st);
+    return gemv_mma_dispatch(g.epi, g.norm_w != NULL, gemv_x_round(g.n_rows), [&](auto e, auto norm, auto xm) {
+        return xs_launch<NT, decltype(e)::value, decltype(norm)::value, decltype(xm)::value>(g, ks, st);
     });
 }
 
@@ -333,10 +329,9 @@ int gemv_xs_plan(int n_rows, int in, int out)
 }
 
 /* The caller (gemv_mma_launch) has checked rows, in % 32, alignment and the epilogue. */
-int gemv_xs_launch(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out, int ks,
-                   enum cuda_gemv_epi epi, const float *norm_w, float eps, cudaStream_t st)
+int gemv_xs_launch(const struct cuda_gemv_fused *g, int ks, cudaStream_t st)
 {
-    if (n_rows <= 8) return xs_launch_variant<1>(y, x, w, n_rows, in, out, ks, epi, norm_w, eps, st);
-    if (n_rows <= 16) return xs_launch_variant<2>(y, x, w, n_rows, in, out, ks, epi, norm_w, eps, st);
-    return xs_launch_variant<4>(y, x, w, n_rows, in, out, ks, epi, norm_w, eps, st);
+    if (g->n_rows <= 8) return xs_launch_variant<1>(*g, ks, st);
+    if (g->n_rows <= 16) return xs_launch_variant<2>(*g, ks, st);
+    return xs_launch_variant<4>(*g, ks, st);
 }

@@ -454,8 +454,10 @@ extern "C" int cuda_ops_matmul_bf16(float *y, const float *x, const uint16_t *w,
     if (n_rows > (mma_fits ? CUDA_OPS_GEMV_MMA_MAX_ROWS : CUDA_OPS_GEMV_MAX_ROWS))
         return lt_matmul(y, x, w, n_rows, in, out, s);
     /* Wide products as the fused path runs them: the same kernel, the same bits. */
-    if ((n_rows > mma_rows() || gemv_mma_wide(in, out)) && mma_fits)
-        return gemv_mma_launch(y, x, w, n_rows, in, out, 0, CUDA_GEMV_STORE, NULL, 0.0f, s);
+    if ((n_rows > mma_rows() || gemv_mma_wide(in, out)) && mma_fits) {
+        const struct cuda_gemv_fused g = {.y = y, .x = x, .w = w, .n_rows = n_rows, .in = in, .out = out};
+        return gemv_mma_launch(&g, 0, s);
+    }
     bool vec = in % 8 == 0 && ((uintptr_t)w & 15) == 0 && ((uintptr_t)x & 15) == 0;
     return gemv_dispatch(y, x, w, n_rows, in, out, vec, gemv_default_opw(n_rows), s);
 }
@@ -473,21 +475,17 @@ extern "C" int cuda_ops_gemv_bf16_opw(float *y, const float *x, const uint16_t *
 /* The fused variants of the float32 kernel, for up to mma_rows() rows (more go to
  * the tensor-core kernel): instantiated only for the combinations the decode
  * layers use, with 4 outputs per warp (even: a block holds whole gate/up pairs). */
-template <int NR, int EPI, bool NORM>
-static int gemv_fused_launch(float *y, const float *x, const uint16_t *w, int in, int out, const float *wn, float eps,
-                             cudaStream_t s)
+template <int NR, int EPI, bool NORM> static int gemv_fused_launch(const struct cuda_gemv_fused &g, cudaStream_t s)
 {
-    dim3 grid((unsigned)((out + 3) / 4));
-    return launch_pdl("gemv_bf16_kernel (fused)", gemv_bf16_kernel<NR, 4, true, EPI, NORM>, grid, GEMV_THREADS, 0, s, y,
-                      x, w, in, out, wn, eps);
+    dim3 grid((unsigned)((g.out + 3) / 4));
+    return launch_pdl("gemv_bf16_kernel (fused)", gemv_bf16_kernel<NR, 4, true, EPI, NORM>, grid, GEMV_THREADS, 0, s,
+                      g.y, g.x, g.w, g.in, g.out, g.norm_w, g.eps);
 }
 
-template <int NR>
-static int gemv_fused_rows(float *y, const float *x, const uint16_t *w, int in, int out, enum cuda_gemv_epi epi,
-                           const float *wn, float eps, cudaStream_t s)
+template <int NR> static int gemv_fused_rows(const struct cuda_gemv_fused &g, cudaStream_t s)
 {
-    return gemv_epi_dispatch(epi, wn != NULL, [&](auto e, auto norm) {
-        return gemv_fused_launch<NR, decltype(e)::value, decltype(norm)::value>(y, x, w, in, out, wn, eps, s);
+    return gemv_epi_dispatch(g.epi, g.norm_w != NULL, [&](auto e, auto norm) {
+        return gemv_fused_launch<NR, decltype(e)::value, decltype(norm)::value>(g, s);
     });
 }
 
@@ -511,29 +509,31 @@ extern "C" int cuda_ops_gemv_fused_ok(int n_rows, int in, int out, enum cuda_gem
     return epi == CUDA_GEMV_STORE || epi == CUDA_GEMV_SWIGLU || epi == CUDA_GEMV_ADD;
 }
 
-extern "C" int cuda_ops_gemv_bf16_fused(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out,
-                                        enum cuda_gemv_epi epi, const float *norm_w, float eps, void *stream)
+extern "C" int cuda_ops_gemv_bf16_fused(const struct cuda_gemv_fused *g, void *stream)
 {
+    const float *x = g->x, *norm_w = g->norm_w;
+    const uint16_t *w = g->w;
+    int n_rows = g->n_rows, in = g->in, out = g->out;
+    enum cuda_gemv_epi epi = g->epi;
     if (!cuda_ops_gemv_fused_ok(n_rows, in, out, epi, norm_w != NULL))
         return mm3_errorf(-ENOTSUP,
                           "cuda_ops_gemv_bf16_fused: %d rows, in %d, out %d, epilogue %d%s: not a fused shape (see "
                           "cuda_ops_gemv_fused_ok)",
                           n_rows, in, out, (int)epi, norm_w ? " with norm" : "");
-    if (!y || !x || !w) return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_fused: NULL pointer");
+    if (!g->y || !x || !w) return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_fused: NULL pointer");
     if ((((uintptr_t)w | (uintptr_t)x) & 15) || (norm_w && ((uintptr_t)norm_w & 15)))
         return mm3_errorf(-EINVAL, "cuda_ops_gemv_bf16_fused: w, x and the norm weights must be 16-byte aligned");
     cudaStream_t s = cuda_stream_of(stream);
-    if (n_rows > mma_rows() || gemv_mma_wide(in, out))
-        return gemv_mma_launch(y, x, w, n_rows, in, out, 0, epi, norm_w, eps, s);
+    if (n_rows > mma_rows() || gemv_mma_wide(in, out)) return gemv_mma_launch(g, 0, s);
     switch (n_rows) {
     case 1:
-        return gemv_fused_rows<1>(y, x, w, in, out, epi, norm_w, eps, s);
+        return gemv_fused_rows<1>(*g, s);
     case 2:
-        return gemv_fused_rows<2>(y, x, w, in, out, epi, norm_w, eps, s);
+        return gemv_fused_rows<2>(*g, s);
     case 3:
-        return gemv_fused_rows<3>(y, x, w, in, out, epi, norm_w, eps, s);
+        return gemv_fused_rows<3>(*g, s);
     default:
-        return gemv_fused_rows<4>(y, x, w, in, out, epi, norm_w, eps, s);
+        return gemv_fused_rows<4>(*g, s);
     }
 }
 
@@ -545,8 +545,12 @@ extern "C" int cuda_ops_matmul_bf16_swiglu(float *y, float *gu, const float *x, 
                           ffn);
     if (!y || !x || !w_gu) return mm3_errorf(-EINVAL, "cuda_ops_matmul_bf16_swiglu: NULL pointer");
     const int out = 2 * ffn;
-    if (cuda_ops_gemv_fused_ok(n_rows, in, out, CUDA_GEMV_SWIGLU, 0) && ((((uintptr_t)w_gu | (uintptr_t)x) & 15) == 0))
-        return cuda_ops_gemv_bf16_fused(y, x, w_gu, n_rows, in, out, CUDA_GEMV_SWIGLU, NULL, 0.0f, stream);
+    if (cuda_ops_gemv_fused_ok(n_rows, in, out, CUDA_GEMV_SWIGLU, 0) &&
+        ((((uintptr_t)w_gu | (uintptr_t)x) & 15) == 0)) {
+        const struct cuda_gemv_fused g = {
+            .y = y, .x = x, .w = w_gu, .n_rows = n_rows, .in = in, .out = out, .epi = CUDA_GEMV_SWIGLU};
+        return cuda_ops_gemv_bf16_fused(&g, stream);
+    }
     if (!gu) return mm3_errorf(-EINVAL, "cuda_ops_matmul_bf16_swiglu: %d rows need the gu scratch", n_rows);
     int rc = cuda_ops_matmul_bf16(gu, x, w_gu, n_rows, in, out, stream);
     return rc < 0 ? rc : cuda_ops_silu_mul_interleaved(y, gu, n_rows, ffn, stream);

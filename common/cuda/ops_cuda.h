@@ -197,14 +197,23 @@ int cuda_ops_rmsnorm(float *y, const float *x, const float *w, int n_rows, int d
 int cuda_ops_add_rmsnorm(float *h, float *y, const float *x_add, const float *w, int n_rows, int dim, float eps,
                          void *stream);
 
-/* In place on x[n_rows, *] (row stride `stride` floats), heads of head_dim at
- * column h*head_dim: per-head RMSNorm over head_dim with weight w[head_dim]
- * (skipped when w is NULL), then NeoX RoPE over the first rotary_dim dims with
- * position pos[row] (device int array) and inv_freq[rotary_dim/2] (device, from
- * op_rope_inv_freq). Same as op_rmsnorm per head followed by op_rope.
- * Requires head_dim <= 1024 and rotary_dim even, <= head_dim (0 = no RoPE). */
-int cuda_ops_qk_norm_rope(float *x, int n_rows, int stride, int n_heads, int head_dim, const float *w, float eps,
-                          int rotary_dim, const int *pos, const float *inv_freq, void *stream);
+/* What cuda_ops_qk_norm_rope does to each head: RMSNorm over head_dim with weight
+ * w[head_dim] (skipped when w is NULL), then NeoX RoPE over the first rotary_dim dims
+ * (even, <= head_dim; 0 = no RoPE) with position pos[row] (device int array) and
+ * inv_freq[rotary_dim/2] (device, from op_rope_inv_freq). */
+struct cuda_head_norm_rope {
+    const float *w;
+    float eps;
+    int rotary_dim;
+    const int *pos;
+    const float *inv_freq;
+};
+
+/* In place on x[n_rows, *] (row stride `stride` floats), n_heads heads of head_dim at
+ * column h*head_dim: the steps of p. Same as op_rmsnorm per head followed by op_rope.
+ * Requires head_dim <= 1024. */
+int cuda_ops_qk_norm_rope(float *x, int n_rows, int stride, int n_heads, int head_dim,
+                          const struct cuda_head_norm_rope *p, void *stream);
 
 /* y[i] = silu(gate[i]) * up[i] for i < n. y may alias gate or up. */
 int cuda_ops_silu_mul(float *y, const float *gate, const float *up, size_t n, void *stream);
@@ -217,16 +226,25 @@ int cuda_ops_silu_mul_interleaved(float *y, const float *gu, int n_rows, int ffn
  * interleaved gate j = 2j, up j = 2j + 1; y += sum (the residual add, in place). */
 enum cuda_gemv_epi { CUDA_GEMV_STORE = 0, CUDA_GEMV_SWIGLU = 1, CUDA_GEMV_ADD = 2 };
 
-/* y = epi(RMSNorm(x; norm_w, eps) . W^T) for 1..cuda_ops_gemv_max_rows(in) rows,
- * float32-accurate like cuda_ops_matmul_bf16 (same kernels): the decode layer's norm,
- * product and SwiGLU or residual add in one launch. norm_w NULL: x as is; the norm is
- * applied as x is read (each block sums x^2 over the part of the row it reads, the
- * k-split blocks of a cluster share theirs), its scale on the sums, so it rounds
- * differently from cuda_ops_rmsnorm then the product (~1e-7 relative). -ENOTSUP where
- * cuda_ops_gemv_fused_ok says no (the caller runs the unfused ops); w, x, norm_w
- * 16-byte aligned; y must not alias x. */
-int cuda_ops_gemv_bf16_fused(float *y, const float *x, const uint16_t *w, int n_rows, int in, int out,
-                             enum cuda_gemv_epi epi, const float *norm_w, float eps, void *stream);
+/* One fused decode product: y = epi(RMSNorm(x; norm_w, eps) . w^T). */
+struct cuda_gemv_fused {
+    float *y;          /* [n_rows, out], [n_rows, out / 2] with CUDA_GEMV_SWIGLU; must not alias x */
+    const float *x;    /* [n_rows, in] */
+    const uint16_t *w; /* [out, in], bf16 bit patterns */
+    int n_rows, in, out;
+    enum cuda_gemv_epi epi;
+    const float *norm_w; /* [in] RMSNorm weights; NULL: x as is */
+    float eps;
+};
+
+/* The product g for 1..cuda_ops_gemv_max_rows(in) rows, float32-accurate like
+ * cuda_ops_matmul_bf16 (same kernels): the decode layer's norm, product and SwiGLU or
+ * residual add in one launch. The norm is applied as x is read (each block sums x^2 over
+ * the part of the row it reads, the k-split blocks of a cluster share theirs), its scale
+ * on the sums, so it rounds differently from cuda_ops_rmsnorm then the product (~1e-7
+ * relative). -ENOTSUP where cuda_ops_gemv_fused_ok says no (the caller runs the unfused
+ * ops); w, x, norm_w 16-byte aligned. */
+int cuda_ops_gemv_bf16_fused(const struct cuda_gemv_fused *g, void *stream);
 /* Whether that shape fuses: rows 1..cuda_ops_gemv_max_rows(in), in % 8 == 0 (in % 32
  * == 0 on the tensor-core kernel, beyond 2 rows by default), out even for SWIGLU, no
  * norm with ADD. At 1-2 rows products of >= 24576 outputs with in % 32 == 0 run on the

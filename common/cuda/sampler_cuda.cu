@@ -36,10 +36,13 @@ extern "C" int cuda_sampler_max_cols(void)
     return sampler_draw_max_cols((const void *)draw_pairs_kernel, "draw_pairs_kernel", &max_cols_cached);
 }
 
-extern "C" int cuda_sampler_draw_pairs(const float *logits, int ld, int n, int n_pairs, const float *scale, int c0_rule,
-                                       int top_k, const uint64_t *seed, const uint32_t *pos,
-                                       const unsigned char *mask_col0, int *col_out, float *guided_out, void *stream)
+extern "C" int cuda_sampler_draw_pairs(const struct cuda_sampler_pairs *d, void *stream)
 {
+    const float *logits = d->logits, *scale = d->scale;
+    int ld = d->ld, n = d->n, n_pairs = d->n_pairs;
+    const uint64_t *seed = d->seed;
+    const uint32_t *pos = d->pos;
+    int *col_out = d->col_out;
     if (n < 1 || ld < n || n_pairs < 0)
         return mm3_errorf(-EINVAL,
                           "cuda_sampler_draw_pairs: n %d, ld %d, n_pairs %d: expected n >= 1, ld >= n, n_pairs >= 0", n,
@@ -55,8 +58,8 @@ extern "C" int cuda_sampler_draw_pairs(const float *logits, int ld, int n, int n
                           max_cols);
     size_t smem = sizeof(uint32_t) * (size_t)n;
     return launch_pdl("draw_pairs_kernel", draw_pairs_kernel, (unsigned)n_pairs, SAMPLER_THREADS, smem,
-                      cuda_stream_of(stream), logits, ld, n, scale, c0_rule, top_k, seed, pos, mask_col0, col_out,
-                      guided_out);
+                      cuda_stream_of(stream), logits, ld, n, scale, d->c0_rule, d->top_k, seed, pos, d->mask_col0,
+                      col_out, d->guided_out);
 }
 
 extern "C" int cuda_sampler_gumbel(double *out, uint64_t seed, uint32_t pos, uint32_t col0, int n, void *stream)

@@ -27,9 +27,21 @@
 extern "C" {
 #endif
 
-/* Guided draw for n_pairs CFG pairs at once, all pointers on the device, no host sync, so it
- * can be captured in a CUDA graph. logits: [n_pairs][2][n] (row 0 of a pair = conditional,
- * row 1 = unconditional), ld = distance in floats between consecutive rows (>= n).
+/* A guided draw for n_pairs CFG pairs at once, all pointers on the device. */
+struct cuda_sampler_pairs {
+    const float *logits; /* [n_pairs][2][n]: row 0 of a pair conditional, row 1 unconditional */
+    int ld;              /* floats between consecutive rows (>= n) */
+    int n, n_pairs;
+    const float *scale; /* [n_pairs] */
+    int c0_rule, top_k;
+    const uint64_t *seed;           /* [n_pairs] */
+    const uint32_t *pos;            /* [n_pairs] */
+    const unsigned char *mask_col0; /* NULL or [n_pairs] */
+    int *col_out;                   /* [n_pairs] */
+    float *guided_out;              /* NULL or [n_pairs][n] */
+};
+
+/* The draw d, no host sync, so it can be captured in a CUDA graph.
  * Per pair p: scale[p] (> 1: blend u + (c - u) * scale as three separately rounded float ops;
  * <= 1: g = c, no blend, as stage0/generate.c does), c0_rule (1: after the blend set g = -inf
  * where c < the conditional row's top_k-th largest value, NaN ranking first, exactly
@@ -43,9 +55,7 @@ extern "C" {
  * top_k <= 0 or >= n: no top-k restriction (as common/sampler.c). One block of 1024 threads
  * per pair; the row's keys are staged in shared memory, so n is limited to
  * cuda_sampler_max_cols() (about 57 000 on an H200). */
-int cuda_sampler_draw_pairs(const float *logits, int ld, int n, int n_pairs, const float *scale, int c0_rule, int top_k,
-                            const uint64_t *seed, const uint32_t *pos, const unsigned char *mask_col0, int *col_out,
-                            float *guided_out, void *stream);
+int cuda_sampler_draw_pairs(const struct cuda_sampler_pairs *d, void *stream);
 
 /* Largest n cuda_sampler_draw_pairs accepts on the current device (0 on a CUDA error). */
 int cuda_sampler_max_cols(void);

@@ -164,7 +164,16 @@ int depth_step(const struct depth *d, struct depth_state *s, int n, const float 
             float *vc = s->v + (((size_t)l * s->max_rows + r) * S) * H;
             op_matmul(kc + pos * H, a + r * H, L->wk, NULL, 1, (int)H, (int)H);
             op_matmul(vc + pos * H, a + r * H, L->wv, NULL, 1, (int)H, (int)H);
-            op_attention(o + r * H, (int)H, q + r * H, (int)H, kc, vc, (int)H, 1, pos + 1, &heads, 0, 0);
+            op_attention(&(struct attention_rows){.out = o + r * H,
+                                                  .out_stride = (int)H,
+                                                  .q = q + r * H,
+                                                  .q_stride = (int)H,
+                                                  .k = kc,
+                                                  .v = vc,
+                                                  .kv_stride = (int)H,
+                                                  .n_q = 1,
+                                                  .n_kv = pos + 1},
+                         &heads);
         }
         op_matmul(a, o, L->wo, NULL, n, (int)H, (int)H);
         op_add(h, a, n * H);

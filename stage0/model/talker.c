@@ -204,8 +204,16 @@ int talker_forward(const struct talker *m, struct talker_state *s, int n, const 
         }
         for (int i = 0; i < n; i++) {
             size_t base = (size_t)row[i] * s->max_ctx * KD;
-            op_attention(o + i * QD, (int)QD, q + i * QD, (int)QD, kc + base, vc + base, (int)KD, 1, pos[i] + 1, &heads,
-                         0, 0);
+            op_attention(&(struct attention_rows){.out = o + i * QD,
+                                                  .out_stride = (int)QD,
+                                                  .q = q + i * QD,
+                                                  .q_stride = (int)QD,
+                                                  .k = kc + base,
+                                                  .v = vc + base,
+                                                  .kv_stride = (int)KD,
+                                                  .n_q = 1,
+                                                  .n_kv = pos[i] + 1},
+                         &heads);
         }
         op_matmul(a, o, L->wo, NULL, n, (int)QD, (int)H);
         op_add(h, a, n * H);

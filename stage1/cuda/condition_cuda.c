@@ -73,8 +73,18 @@ int condition_cuda_project(struct condition_cuda *cc, const float *mixed, int F,
         return rc;
     for (int k = 0; k < 3; k++) {
         const float *w = cc->w + (size_t)k * O * H;
-        rc = dit_gemm_run(cc->gemm, cc->y, O, cc->x_pad + (size_t)k * H, H, w, k == 0 ? cc->b : NULL,
-                          k == 0 ? NULL : cc->y, F, H, O, NULL);
+        rc = dit_gemm_run(cc->gemm,
+                          &(struct dit_gemm_product){.d = cc->y,
+                                                     .a = cc->x_pad + (size_t)k * H,
+                                                     .w = w,
+                                                     .bias = k == 0 ? cc->b : NULL,
+                                                     .c = k == 0 ? NULL : cc->y,
+                                                     .M = F,
+                                                     .K = H,
+                                                     .N = O,
+                                                     .lda = H,
+                                                     .ldd = O},
+                          NULL);
         if (rc < 0) return rc;
     }
     if ((rc = cuda_memcpy_d2h(cc->y_host, cc->y, sizeof(float) * (size_t)F * O)) < 0) return rc;

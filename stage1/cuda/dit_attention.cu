@@ -24,8 +24,7 @@
 using namespace nvcuda;
 
 /* dit_attention_flash.cu (only this file calls it) */
-int dit_attention_flash(void *out, int out_fmt, const float *qkv, int n_seq, int T, int H, int head_dim, int half,
-                        const float *cs, float scale, int op, cudaStream_t s);
+int dit_attention_flash(const struct dit_attention *a, int half, int op, cudaStream_t s);
 bool dit_attention_flash_usable(const void *out, const float *qkv, int half, const float *cs);
 
 /* ---- float32 SIMT ----------------------------------------------------------------- */
@@ -290,20 +289,20 @@ __global__ void __launch_bounds__(TC_THREADS) attn_tc_kernel(void *out, int out_
         dit_store_operand(out, ob + c, orow[c] * inv, out_fmt);
 }
 
-template <int HD, bool BF16>
-static int launch_tc(void *out, int out_fmt, const float *qkv, int n_seq, int T, int H, int half, const float *cs,
-                     float scale, cudaStream_t s)
+template <int HD, bool BF16> static int launch_tc(const struct dit_attention *a, int half, cudaStream_t s)
 {
+    const float *qkv = a->qkv, *cs = a->cs;
+    int T = a->heads.T, H = a->heads.n_heads;
     size_t smem = tc_cfg<HD, BF16>::SMEM;
     /* once per instantiation: more than 48 KB of dynamic shared memory must be asked for */
     static const cudaError_t attr =
         cudaFuncSetAttribute(attn_tc_kernel<HD, BF16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     int rc = dit_cuda_status(attr, "cudaFuncSetAttribute (attention shared memory)");
     if (rc < 0) return rc;
-    dim3 grid((T + TC_Q - 1) / TC_Q, H, n_seq);
+    dim3 grid((T + TC_Q - 1) / TC_Q, H, a->heads.n_seq);
     bool vec = half % 4 == 0 && ((uintptr_t)qkv | (uintptr_t)cs) % 16 == 0;
     attn_tc_kernel<HD, BF16>
-        <<<grid, TC_THREADS, smem, s>>>(out, out_fmt, qkv, T, H, half, cs, scale * (float)M_LOG2E, vec);
+        <<<grid, TC_THREADS, smem, s>>>(a->out, a->out_fmt, qkv, T, H, half, cs, a->scale * (float)M_LOG2E, vec);
     return dit_cuda_launched("attn_tc_kernel");
 }
 
@@ -316,30 +315,27 @@ static int flash_operands(enum mm3_matmul_precision prec, int out_fmt)
     return FLASH_TF32;
 }
 
-template <int HD>
-static int launch_simt(void *out, int out_fmt, const float *qkv, int n_seq, int T, int H, int half, const float *cs,
-                       float scale, cudaStream_t s)
+template <int HD> static int launch_simt(const struct dit_attention *a, int half, cudaStream_t s)
 {
-    dim3 grid((T + SIMT_Q - 1) / SIMT_Q, H, n_seq);
-    attn_simt_kernel<HD><<<grid, SIMT_Q, 0, s>>>(out, out_fmt, qkv, T, H, half, cs, scale);
+    int T = a->heads.T, H = a->heads.n_heads;
+    dim3 grid((T + SIMT_Q - 1) / SIMT_Q, H, a->heads.n_seq);
+    attn_simt_kernel<HD><<<grid, SIMT_Q, 0, s>>>(a->out, a->out_fmt, a->qkv, T, H, half, a->cs, a->scale);
     return dit_cuda_launched("attn_simt_kernel");
 }
 
-template <int HD>
-static int launch(void *out, int out_fmt, const float *qkv, int n_seq, int T, int H, int half, const float *cs,
-                  float scale, enum mm3_matmul_precision prec, enum dit_attn_kernel k, cudaStream_t s)
+/* a->prec as the kernels compute it (fp8 mapped to fp16); half = the rotated half of a head. */
+template <int HD> static int launch(const struct dit_attention *a, int half, enum dit_attn_kernel k, cudaStream_t s)
 {
+    enum mm3_matmul_precision prec = a->prec;
     if (k == DIT_ATTN_FLASH) {
-        if (dit_attention_flash_usable(out, qkv, half, cs))
-            return dit_attention_flash(out, out_fmt, qkv, n_seq, T, H, HD, half, cs, scale,
-                                       flash_operands(prec, out_fmt), s);
+        if (dit_attention_flash_usable(a->out, a->qkv, half, a->cs))
+            return dit_attention_flash(a, half, flash_operands(prec, a->out_fmt), s);
         k = prec == MM3_MATMUL_BF16 ? DIT_ATTN_MMA : DIT_ATTN_WMMA; /* odd rotary split or alignment */
     }
-    if (k == DIT_ATTN_MMA) return dit_attention_mma_bf16(out, out_fmt, qkv, n_seq, T, H, HD, half, cs, scale, s);
-    if (k == DIT_ATTN_WMMA && prec == MM3_MATMUL_BF16)
-        return launch_tc<HD, true>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, s);
-    if (k == DIT_ATTN_WMMA) return launch_tc<HD, false>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, s);
-    return launch_simt<HD>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, s);
+    if (k == DIT_ATTN_MMA) return dit_attention_mma_bf16(a, half, s);
+    if (k == DIT_ATTN_WMMA && prec == MM3_MATMUL_BF16) return launch_tc<HD, true>(a, half, s);
+    if (k == DIT_ATTN_WMMA) return launch_tc<HD, false>(a, half, s);
+    return launch_simt<HD>(a, half, s);
 }
 
 /* What AUTO runs per precision (fp32, tf32, bf16, fp16; fp8's attention is fp16's);
@@ -378,11 +374,16 @@ extern "C" int dit_cuda_attention_default_set(enum mm3_matmul_precision prec, en
     return 0;
 }
 
-extern "C" int dit_cuda_attention_kernel(void *out, int out_fmt, const float *qkv, int n_seq, int T, int n_heads,
-                                         int head_dim, int rotary_dim, const float *cs, float scale,
-                                         enum mm3_matmul_precision prec, enum dit_attn_kernel kernel, void *stream)
+extern "C" int dit_cuda_attention_kernel(const struct dit_attention *a, enum dit_attn_kernel kernel, void *stream)
 {
-    if (n_seq < 0 || T < 1 || n_heads < 1 || n_heads > 65535 || n_seq > 65535 || !out || !qkv)
+    int n_seq = a->heads.n_seq, T = a->heads.T, n_heads = a->heads.n_heads, head_dim = a->heads.head_dim,
+        rotary_dim = a->heads.rotary_dim;
+    const float *cs = a->cs;
+    enum mm3_matmul_precision prec = a->prec;
+    if (!a->out || !a->qkv)
+        return mm3_errorf(-EINVAL, "dit_cuda_attention: out %p, qkv %p: expected non-NULL", a->out,
+                          (const void *)a->qkv);
+    if (n_seq < 0 || T < 1 || n_heads < 1 || n_heads > 65535 || n_seq > 65535)
         return mm3_errorf(-EINVAL, "dit_cuda_attention: %d sequences of %d tokens, %d heads: expected positive sizes",
                           n_seq, T, n_heads);
     if (rotary_dim < 0 || rotary_dim % 2 || rotary_dim > head_dim || (rotary_dim > 0 && !cs))
@@ -398,28 +399,26 @@ extern "C" int dit_cuda_attention_kernel(void *out, int out_fmt, const float *qk
     if (n_seq == 0) return 0;
     int half = cs ? rotary_dim / 2 : 0;
     cudaStream_t s = (cudaStream_t)stream;
-    int ob = out_fmt;
+    struct dit_attention run = *a;
+    run.prec = prec;
     switch (head_dim) {
     case 8: /* small heads (test geometries): the float32 kernel in every precision */
-        return launch_simt<8>(out, ob, qkv, n_seq, T, n_heads, half, cs, scale, s);
+        return launch_simt<8>(&run, half, s);
     case 16:
-        return launch_simt<16>(out, ob, qkv, n_seq, T, n_heads, half, cs, scale, s);
+        return launch_simt<16>(&run, half, s);
     case 32:
-        return launch<32>(out, ob, qkv, n_seq, T, n_heads, half, cs, scale, prec, kernel, s);
+        return launch<32>(&run, half, kernel, s);
     case 64:
-        return launch<64>(out, ob, qkv, n_seq, T, n_heads, half, cs, scale, prec, kernel, s);
+        return launch<64>(&run, half, kernel, s);
     case 128:
-        return launch<128>(out, ob, qkv, n_seq, T, n_heads, half, cs, scale, prec, kernel, s);
+        return launch<128>(&run, half, kernel, s);
     default:
         return mm3_errorf(-EINVAL, "dit_cuda_attention: attention_head_dim %d: the CUDA kernels support 8, 16, 32, 64, 128",
                           head_dim);
     }
 }
 
-extern "C" int dit_cuda_attention(void *out, int out_fmt, const float *qkv, int n_seq, int T, int n_heads,
-                                  int head_dim, int rotary_dim, const float *cs, float scale,
-                                  enum mm3_matmul_precision prec, void *stream)
+extern "C" int dit_cuda_attention(const struct dit_attention *a, void *stream)
 {
-    return dit_cuda_attention_kernel(out, out_fmt, qkv, n_seq, T, n_heads, head_dim, rotary_dim, cs, scale, prec,
-                                     DIT_ATTN_AUTO, stream);
+    return dit_cuda_attention_kernel(a, DIT_ATTN_AUTO, stream);
 }

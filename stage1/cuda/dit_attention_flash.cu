@@ -434,9 +434,7 @@ __global__ void __launch_bounds__(32 * NW, MT > 1    ? 3
     }
 }
 
-template <int HD, int NW, int MT, int OP>
-int launch_flash(void *out, int out_fmt, const float *qkv, int n_seq, int T, int H, int half, const float *cs,
-                 float scale, cudaStream_t s)
+template <int HD, int NW, int MT, int OP> int launch_flash(const struct dit_attention *a, int half, cudaStream_t s)
 {
     typedef fl_cfg<HD, NW, MT, OP> C;
     /* once per instantiation: more than 48 KB of dynamic shared memory must be asked for */
@@ -444,9 +442,10 @@ int launch_flash(void *out, int out_fmt, const float *qkv, int n_seq, int T, int
                                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM);
     int rc = dit_cuda_status(attr, "cudaFuncSetAttribute (flash attention shared memory)");
     if (rc < 0) return rc;
-    dim3 grid((T + C::QT - 1) / C::QT, H, n_seq);
+    int T = a->heads.T, H = a->heads.n_heads;
+    dim3 grid((T + C::QT - 1) / C::QT, H, a->heads.n_seq);
     attn_flash_kernel<HD, NW, MT, OP>
-        <<<grid, C::THREADS, C::SMEM, s>>>(out, out_fmt, qkv, T, H, half, cs, scale * (float)M_LOG2E);
+        <<<grid, C::THREADS, C::SMEM, s>>>(a->out, a->out_fmt, a->qkv, T, H, half, a->cs, a->scale * (float)M_LOG2E);
     return dit_cuda_launched("attn_flash_kernel");
 }
 
@@ -457,12 +456,12 @@ enum { FLASH_WARPS = 8, FLASH_TILES = 1 };
 
 /* Called by dit_attention.cu (declared there): arguments checked, n_seq > 0, and
  * dit_attention_flash_usable() true. */
-int dit_attention_flash(void *out, int out_fmt, const float *qkv, int n_seq, int T, int H, int head_dim, int half,
-                        const float *cs, float scale, int op, cudaStream_t s)
+int dit_attention_flash(const struct dit_attention *a, int half, int op, cudaStream_t s)
 {
+    int head_dim = a->heads.head_dim;
 #define FLASH_CASE(hd, o)                                                                                              \
     case hd * 4 + o:                                                                                                   \
-        return launch_flash<hd, FLASH_WARPS, FLASH_TILES, o>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, s)
+        return launch_flash<hd, FLASH_WARPS, FLASH_TILES, o>(a, half, s)
     switch (head_dim * 4 + op) {
         FLASH_CASE(32, FLASH_TF32);
         FLASH_CASE(32, FLASH_BF16);

@@ -200,32 +200,32 @@ __global__ void __launch_bounds__(MTHREADS) attn_mma_kernel(void *out, int out_f
     }
 }
 
-template <int HD>
-static int launch_mma(void *out, int out_fmt, const float *qkv, int n_seq, int T, int H, int half, const float *cs,
-                      float scale, cudaStream_t s)
+template <int HD> static int launch_mma(const struct dit_attention *a, int half, cudaStream_t s)
 {
+    const float *qkv = a->qkv, *cs = a->cs;
+    int T = a->heads.T, H = a->heads.n_heads;
     size_t smem = mma_cfg<HD>::SMEM;
     static const cudaError_t attr =
         cudaFuncSetAttribute(attn_mma_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     int rc = dit_cuda_status(attr, "cudaFuncSetAttribute (mma attention shared memory)");
     if (rc < 0) return rc;
-    dim3 grid((T + MQ - 1) / MQ, H, n_seq);
+    dim3 grid((T + MQ - 1) / MQ, H, a->heads.n_seq);
     bool vec = half % 4 == 0 && ((uintptr_t)qkv | (uintptr_t)cs) % 16 == 0;
-    attn_mma_kernel<HD><<<grid, MTHREADS, smem, s>>>(out, out_fmt, qkv, T, H, half, cs, scale * (float)M_LOG2E, vec);
+    attn_mma_kernel<HD>
+        <<<grid, MTHREADS, smem, s>>>(a->out, a->out_fmt, qkv, T, H, half, cs, a->scale * (float)M_LOG2E, vec);
     return dit_cuda_launched("attn_mma_kernel");
 }
 
-int dit_attention_mma_bf16(void *out, int out_fmt, const float *qkv, int n_seq, int T, int H, int head_dim, int half,
-                           const float *cs, float scale, cudaStream_t s)
+int dit_attention_mma_bf16(const struct dit_attention *a, int half, cudaStream_t s)
 {
-    switch (head_dim) {
+    switch (a->heads.head_dim) {
     case 32:
-        return launch_mma<32>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, s);
+        return launch_mma<32>(a, half, s);
     case 64:
-        return launch_mma<64>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, s);
+        return launch_mma<64>(a, half, s);
     case 128:
-        return launch_mma<128>(out, out_fmt, qkv, n_seq, T, H, half, cs, scale, s);
+        return launch_mma<128>(a, half, s);
     default:
-        return mm3_errorf(-EINVAL, "attention: head_dim %d: the mma kernel supports 32, 64, 128", head_dim);
+        return mm3_errorf(-EINVAL, "attention: head_dim %d: the mma kernel supports 32, 64, 128", a->heads.head_dim);
     }
 }

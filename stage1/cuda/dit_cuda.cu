@@ -554,18 +554,32 @@ extern "C" int dit_cuda_forward(struct dit_cuda *h, int B, int L, const float *x
         TRY(dit_cuda_embed_input(h->h0 + (size_t)b * L * Cc, x + (size_t)b * C * L, cond ? cond[b] : NULL, L, C,
                                  g->cond_dim, s));
     TRY(operand(h, &a, h->h0, (size_t)BL * Cc, s));
-    TRY(dit_gemm_run(h->gemm, h->h1, Cc, a, Cc, h->pre_w, NULL, h->h0, BL, Cc, Cc, s));
+    const struct dit_gemm_product pre = {
+        .d = h->h1, .a = a, .w = h->pre_w, .c = h->h0, .M = BL, .K = Cc, .N = Cc, .lda = Cc, .ldd = Cc};
+    TRY(dit_gemm_run(h->gemm, &pre, s));
     TRY(operand(h, &a, h->h1, (size_t)BL * Cc, s));
-    for (int b = 0; b < B; b++)
-        TRY(dit_gemm_run(h->gemm, h->x + ((size_t)b * T + 1) * D, D, op_at(h, a, (size_t)b * L * Cc), Cc, h->proj_in,
-                         NULL, NULL, L, Cc, D, s));
+    for (int b = 0; b < B; b++) {
+        const struct dit_gemm_product proj_in = {.d = h->x + ((size_t)b * T + 1) * D,
+                                                 .a = op_at(h, a, (size_t)b * L * Cc),
+                                                 .w = h->proj_in,
+                                                 .M = L,
+                                                 .K = Cc,
+                                                 .N = D,
+                                                 .lda = Cc,
+                                                 .ldd = D};
+        TRY(dit_gemm_run(h->gemm, &proj_in, s));
+    }
 
     /* 2. time token in row 0 of each sequence */
     TRY(dit_cuda_time_features(h->tf, t, h->time_proj, B, Fd, s));
     TRY(operand(h, &a, h->tf, (size_t)B * Fd, s));
-    TRY(dit_gemm_run(h->gemm, h->t1, D, a, Fd, h->t1_w, h->t1_b, NULL, B, Fd, D, s));
+    const struct dit_gemm_product t1 = {
+        .d = h->t1, .a = a, .w = h->t1_w, .bias = h->t1_b, .M = B, .K = Fd, .N = D, .lda = Fd, .ldd = D};
+    TRY(dit_gemm_run(h->gemm, &t1, s));
     TRY(dit_cuda_silu(h->op, ob, h->t1, (size_t)B * D, s));
-    TRY(dit_gemm_run(h->gemm, h->x, T * D, h->op, D, h->t2_w, h->t2_b, NULL, B, D, D, s));
+    const struct dit_gemm_product t2 = {
+        .d = h->x, .a = h->op, .w = h->t2_w, .bias = h->t2_b, .M = B, .K = D, .N = D, .lda = D, .ldd = T * D};
+    TRY(dit_gemm_run(h->gemm, &t2, s));
 
     /* 3. blocks: residual adds ride on the GEMMs (C = D = x). An fp8 DiT's block matrices
      * with e4m3 rows (l->*_s) read e4m3 token rows with their scales (h->q8, h->qs); its
@@ -575,56 +589,146 @@ extern "C" int dit_cuda_forward(struct dit_cuda *h, int B, int L, const float *x
     enum mm3_matmul_precision attn_prec = h->prec != MM3_MATMUL_FP8      ? h->prec
                                           : ob == DIT_OPERAND_F16_SCALED ? MM3_MATMUL_TF32
                                                                          : MM3_MATMUL_FP16;
+    const struct dit_heads heads = {
+        .n_seq = B, .T = T, .n_heads = g->n_heads, .head_dim = g->head_dim, .rotary_dim = g->rotary_dim};
     for (int i = 0; i < g->n_layers; i++) {
         const struct dit_cuda_layer *l = &h->layers[i];
         const uint8_t *q8 = h->q8;
+        const struct dit_layernorm norm1 = {
+            .x = h->x, .w = l->norm1_w, .b = l->norm1_b, .n = N, .dim = D, .eps = DIT_CUDA_LN_EPS};
+        const struct dit_layernorm norm2 = {
+            .x = h->x, .w = l->norm2_w, .b = l->norm2_b, .n = N, .dim = D, .eps = DIT_CUDA_LN_EPS};
         if (l->wqkv_s) {
-            TRY(dit_fp8_layernorm(h->q8, h->qs, h->x, l->norm1_w, l->norm1_b, N, D, DIT_CUDA_LN_EPS, s));
-            TRY(dit_gemm_run_fp8(h->gemm, h->qkv, 3 * D, q8, h->qs, D, (const uint8_t *)l->wqkv, l->wqkv_s, NULL, NULL,
-                                 N, D, 3 * D, s));
+            TRY(dit_fp8_layernorm(h->q8, h->qs, &norm1, s));
+            const struct dit_gemm_product qkv = {.d = h->qkv,
+                                                 .a = q8,
+                                                 .w = (const uint8_t *)l->wqkv,
+                                                 .sa = h->qs,
+                                                 .sw = l->wqkv_s,
+                                                 .M = N,
+                                                 .K = D,
+                                                 .N = 3 * D,
+                                                 .lda = D,
+                                                 .ldd = 3 * D};
+            TRY(dit_gemm_run_fp8(h->gemm, &qkv, s));
         } else {
-            TRY(dit_cuda_layernorm(h->op, ob, h->x, l->norm1_w, l->norm1_b, N, D, DIT_CUDA_LN_EPS, s));
-            TRY(dit_gemm_run(h->gemm, h->qkv, 3 * D, h->op, D, l->wqkv, NULL, NULL, N, D, 3 * D, s));
+            TRY(dit_cuda_layernorm(h->op, ob, &norm1, s));
+            const struct dit_gemm_product qkv = {
+                .d = h->qkv, .a = h->op, .w = l->wqkv, .M = N, .K = D, .N = 3 * D, .lda = D, .ldd = 3 * D};
+            TRY(dit_gemm_run(h->gemm, &qkv, s));
         }
         if (l->wo_s) {
-            TRY(dit_cuda_attention(h->att, DIT_OPERAND_F32, h->qkv, B, T, g->n_heads, g->head_dim, g->rotary_dim,
-                                   g->rotary_dim ? h->cs : NULL, scale, attn_prec, s));
+            const struct dit_attention att = {.out = h->att,
+                                              .out_fmt = DIT_OPERAND_F32,
+                                              .qkv = h->qkv,
+                                              .heads = heads,
+                                              .cs = g->rotary_dim ? h->cs : NULL,
+                                              .scale = scale,
+                                              .prec = attn_prec};
+            TRY(dit_cuda_attention(&att, s));
             TRY(dit_fp8_quantize_rows(h->q8, h->qs, h->att, N, D, D, s));
-            TRY(dit_gemm_run_fp8(h->gemm, h->x, D, q8, h->qs, D, (const uint8_t *)l->wo, l->wo_s, NULL, h->x, N, D, D,
-                                 s));
+            const struct dit_gemm_product wo = {.d = h->x,
+                                                .a = q8,
+                                                .w = (const uint8_t *)l->wo,
+                                                .sa = h->qs,
+                                                .sw = l->wo_s,
+                                                .c = h->x,
+                                                .M = N,
+                                                .K = D,
+                                                .N = D,
+                                                .lda = D,
+                                                .ldd = D};
+            TRY(dit_gemm_run_fp8(h->gemm, &wo, s));
         } else {
-            TRY(dit_cuda_attention(h->op, ob, h->qkv, B, T, g->n_heads, g->head_dim, g->rotary_dim,
-                                   g->rotary_dim ? h->cs : NULL, scale, attn_prec, s));
-            TRY(dit_gemm_run(h->gemm, h->x, D, h->op, D, l->wo, NULL, h->x, N, D, D, s));
+            const struct dit_attention att = {.out = h->op,
+                                              .out_fmt = ob,
+                                              .qkv = h->qkv,
+                                              .heads = heads,
+                                              .cs = g->rotary_dim ? h->cs : NULL,
+                                              .scale = scale,
+                                              .prec = attn_prec};
+            TRY(dit_cuda_attention(&att, s));
+            const struct dit_gemm_product wo = {
+                .d = h->x, .a = h->op, .w = l->wo, .c = h->x, .M = N, .K = D, .N = D, .lda = D, .ldd = D};
+            TRY(dit_gemm_run(h->gemm, &wo, s));
         }
         /* fp8 gating adds ff_in's bias as it reads g (no pass of its own) */
         const float *gate_bias = l->ff_out_s ? l->ff_in_b : NULL;
         if (l->ff_in_s) {
-            TRY(dit_fp8_layernorm(h->q8, h->qs, h->x, l->norm2_w, l->norm2_b, N, D, DIT_CUDA_LN_EPS, s));
-            TRY(dit_gemm_run_fp8(h->gemm, h->g, 2 * F, q8, h->qs, D, (const uint8_t *)l->ff_in, l->ff_in_s,
-                                 gate_bias ? NULL : l->ff_in_b, NULL, N, D, 2 * F, s));
+            TRY(dit_fp8_layernorm(h->q8, h->qs, &norm2, s));
+            const struct dit_gemm_product ff_in = {.d = h->g,
+                                                   .a = q8,
+                                                   .w = (const uint8_t *)l->ff_in,
+                                                   .sa = h->qs,
+                                                   .sw = l->ff_in_s,
+                                                   .bias = gate_bias ? NULL : l->ff_in_b,
+                                                   .M = N,
+                                                   .K = D,
+                                                   .N = 2 * F,
+                                                   .lda = D,
+                                                   .ldd = 2 * F};
+            TRY(dit_gemm_run_fp8(h->gemm, &ff_in, s));
         } else {
-            TRY(dit_cuda_layernorm(h->op, ob, h->x, l->norm2_w, l->norm2_b, N, D, DIT_CUDA_LN_EPS, s));
-            TRY(dit_gemm_run(h->gemm, h->g, 2 * F, h->op, D, l->ff_in, gate_bias ? NULL : l->ff_in_b, NULL, N, D, 2 * F,
-                             s));
+            TRY(dit_cuda_layernorm(h->op, ob, &norm2, s));
+            const struct dit_gemm_product ff_in = {.d = h->g,
+                                                   .a = h->op,
+                                                   .w = l->ff_in,
+                                                   .bias = gate_bias ? NULL : l->ff_in_b,
+                                                   .M = N,
+                                                   .K = D,
+                                                   .N = 2 * F,
+                                                   .lda = D,
+                                                   .ldd = 2 * F};
+            TRY(dit_gemm_run(h->gemm, &ff_in, s));
         }
         if (l->ff_out_s) {
             TRY(dit_fp8_silu_gate(h->q8, h->qs, h->g, gate_bias, N, F, s));
-            TRY(dit_gemm_run_fp8(h->gemm, h->x, D, q8, h->qs, F, (const uint8_t *)l->ff_out, l->ff_out_s, l->ff_out_b,
-                                 h->x, N, F, D, s));
+            const struct dit_gemm_product ff_out = {.d = h->x,
+                                                    .a = q8,
+                                                    .w = (const uint8_t *)l->ff_out,
+                                                    .sa = h->qs,
+                                                    .sw = l->ff_out_s,
+                                                    .bias = l->ff_out_b,
+                                                    .c = h->x,
+                                                    .M = N,
+                                                    .K = F,
+                                                    .N = D,
+                                                    .lda = F,
+                                                    .ldd = D};
+            TRY(dit_gemm_run_fp8(h->gemm, &ff_out, s));
         } else {
             TRY(dit_cuda_silu_gate(h->op, ob, h->g, N, F, s));
-            TRY(dit_gemm_run(h->gemm, h->x, D, h->op, F, l->ff_out, l->ff_out_b, h->x, N, F, D, s));
+            const struct dit_gemm_product ff_out = {.d = h->x,
+                                                    .a = h->op,
+                                                    .w = l->ff_out,
+                                                    .bias = l->ff_out_b,
+                                                    .c = h->x,
+                                                    .M = N,
+                                                    .K = F,
+                                                    .N = D,
+                                                    .lda = F,
+                                                    .ldd = D};
+            TRY(dit_gemm_run(h->gemm, &ff_out, s));
         }
     }
 
     /* 4. drop the time token, proj_out, residual 1x1 conv, back to channels-first */
     TRY(operand(h, &a, h->x, (size_t)N * D, s));
-    for (int b = 0; b < B; b++)
-        TRY(dit_gemm_run(h->gemm, h->y + (size_t)b * L * C, C, op_at(h, a, ((size_t)b * T + 1) * D), D, h->proj_out,
-                         NULL, NULL, L, D, C, s));
+    for (int b = 0; b < B; b++) {
+        const struct dit_gemm_product proj_out = {.d = h->y + (size_t)b * L * C,
+                                                  .a = op_at(h, a, ((size_t)b * T + 1) * D),
+                                                  .w = h->proj_out,
+                                                  .M = L,
+                                                  .K = D,
+                                                  .N = C,
+                                                  .lda = D,
+                                                  .ldd = C};
+        TRY(dit_gemm_run(h->gemm, &proj_out, s));
+    }
     TRY(operand(h, &a, h->y, (size_t)BL * C, s));
-    TRY(dit_gemm_run(h->gemm, h->yp, C, a, C, h->post_w, NULL, h->y, BL, C, C, s));
+    const struct dit_gemm_product post = {
+        .d = h->yp, .a = a, .w = h->post_w, .c = h->y, .M = BL, .K = C, .N = C, .lda = C, .ldd = C};
+    TRY(dit_gemm_run(h->gemm, &post, s));
     for (int b = 0; b < B; b++)
         TRY(dit_cuda_transpose_out(v + (size_t)b * C * L, h->yp + (size_t)b * L * C, L, C, s));
 #undef TRY

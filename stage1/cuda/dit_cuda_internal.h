@@ -162,8 +162,8 @@ __device__ __forceinline__ float4 rope_at4(const float *u, int d0, int half, con
 /* Operands of the flash attention's products (dit_attention_flash.cu). */
 enum { FLASH_TF32 = 0, FLASH_BF16 = 1, FLASH_F16 = 2 };
 
-/* dit_attention_mma.cu: the bf16 mma.sync attention (head_dim 32, 64, 128; half = rotary_dim/2). */
-int dit_attention_mma_bf16(void *out, int out_fmt, const float *qkv, int n_seq, int T, int H, int head_dim, int half,
-                           const float *cs, float scale, cudaStream_t s);
+/* dit_attention_mma.cu: the bf16 mma.sync attention a (head_dim 32, 64, 128; half =
+ * rotary_dim/2, 0 without a table). */
+int dit_attention_mma_bf16(const struct dit_attention *a, int half, cudaStream_t s);
 
 #endif

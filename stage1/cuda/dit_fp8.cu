@@ -75,9 +75,11 @@ __global__ void layernorm_fp8_kernel(uint8_t *q, float *s, const float *x, const
         qr[i] = to_e4m3(((xr[i] - mean) * r * w[i] + (b ? b[i] : 0.0f)) * inv);
 }
 
-extern "C" int dit_fp8_layernorm(uint8_t *q, float *s, const float *x, const float *w, const float *b, int n, int dim,
-                                 float eps, void *stream)
+extern "C" int dit_fp8_layernorm(uint8_t *q, float *s, const struct dit_layernorm *ln, void *stream)
 {
+    const float *x = ln->x, *w = ln->w, *b = ln->b;
+    int n = ln->n, dim = ln->dim;
+    float eps = ln->eps;
     if (n < 0 || dim < 1 || !q || !s || !x || !w)
         return mm3_errorf(-EINVAL, "dit_fp8_layernorm: %d rows of %d: expected rows >= 0, dim >= 1, non-NULL", n, dim);
     if (n == 0) return 0;

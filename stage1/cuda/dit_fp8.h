@@ -12,6 +12,8 @@
 
 #include <stdint.h>
 
+#include "stage1/cuda/dit_kernels.h" /* struct dit_layernorm */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -19,9 +21,8 @@ extern "C" {
 /* q[n, dim], s[n] from x[n, dim] (row stride ldx >= dim). */
 int dit_fp8_quantize_rows(uint8_t *q, float *s, const float *x, int n, int dim, int ldx, void *stream);
 
-/* dit_cuda_layernorm's rows (b may be NULL), stored as e4m3 rows q[n, dim] with scales s[n]. */
-int dit_fp8_layernorm(uint8_t *q, float *s, const float *x, const float *w, const float *b, int n, int dim, float eps,
-                      void *stream);
+/* The rows of ln (as dit_cuda_layernorm's), stored as e4m3 rows q[n, dim] with scales s[n]. */
+int dit_fp8_layernorm(uint8_t *q, float *s, const struct dit_layernorm *ln, void *stream);
 
 /* dit_cuda_silu_gate's act[n, ff] = u[:, :ff] * silu(u[:, ff:]) as e4m3 rows with scales s[n],
  * u = g + bias (bias[2 ff], the ff_in GEMM's, added here instead of in a pass of its own;

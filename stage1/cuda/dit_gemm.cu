@@ -242,9 +242,11 @@ static const char *mode_name(const struct dit_gemm *g, int mode)
                                                                      : "fp32";
 }
 
-static int plan_make(struct dit_gemm *g, const struct gemm_key *k, struct gemm_plan *p, int bias_kernel, const void *a,
-                     const void *w, const float *bias, const float *sa, const float *sw, cudaStream_t s)
+static int plan_make(struct dit_gemm *g, const struct gemm_key *k, struct gemm_plan *p, int bias_kernel,
+                     const struct dit_gemm_product *prod, cudaStream_t s)
 {
+    const void *a = prod->a, *w = prod->w;
+    const float *bias = prod->bias, *sa = prod->sa, *sw = prod->sw;
     int rc = 0;
     memset(p, 0, sizeof *p);
     p->key = *k;
@@ -314,8 +316,8 @@ fail:
 }
 
 /* The cached plan of key k (made on first use; NULL with the error set). */
-static struct gemm_plan *plan_for(struct dit_gemm *g, const struct gemm_key *k, const void *a, const void *w,
-                                  const float *bias, const float *sa, const float *sw, cudaStream_t s, int *rc)
+static struct gemm_plan *plan_for(struct dit_gemm *g, const struct gemm_key *k, const struct dit_gemm_product *prod,
+                                  cudaStream_t s, int *rc)
 {
     for (int i = 0; i < g->n_plans; i++)
         if (!memcmp(&g->plans[i].key, k, sizeof *k)) {
@@ -326,8 +328,8 @@ static struct gemm_plan *plan_for(struct dit_gemm *g, const struct gemm_key *k, 
     /* the table is full only with many shapes; recycle the oldest slot */
     int slot = g->n_plans < GEMM_MAX_PLANS ? g->n_plans : 0;
     if (g->n_plans == GEMM_MAX_PLANS) plan_release(&g->plans[0]);
-    *rc = plan_make(g, k, &g->plans[slot], 0, a, w, bias, sa, sw, s);
-    if (*rc < 0 && bias && k->mode == MODE_PLAIN) *rc = plan_make(g, k, &g->plans[slot], 1, a, w, bias, sa, sw, s);
+    *rc = plan_make(g, k, &g->plans[slot], 0, prod, s);
+    if (*rc < 0 && prod->bias && k->mode == MODE_PLAIN) *rc = plan_make(g, k, &g->plans[slot], 1, prod, s);
     if (*rc < 0 && k->mode == MODE_FP8_OUTER) {
         /* remember the refusal (an empty plan), so the shape does not ask cuBLASLt again */
         g->plans[slot].key = *k;
@@ -341,9 +343,13 @@ static struct gemm_plan *plan_for(struct dit_gemm *g, const struct gemm_key *k, 
     return &g->plans[slot];
 }
 
-static void key_init(struct gemm_key *k, int mode, float *d, int ldd, const void *a, int lda, const void *w,
-                     const float *bias, const float *c, int M, int K, int N)
+/* The key of product p in mode; MODE_FP8_UNIT adds c in its epilogue, not in the GEMM. */
+static void key_init(struct gemm_key *k, int mode, const struct dit_gemm_product *p)
 {
+    float *d = p->d;
+    const void *a = p->a, *w = p->w;
+    const float *bias = p->bias, *c = mode == MODE_FP8_UNIT ? NULL : p->c;
+    int M = p->M, K = p->K, N = p->N, lda = p->lda, ldd = p->ldd;
     memset(k, 0, sizeof *k);
     k->M = M, k->K = K, k->N = N, k->lda = lda, k->ldd = ldd, k->has_bias = bias != NULL, k->has_c = c != NULL;
     k->mode = mode;
@@ -353,18 +359,21 @@ static void key_init(struct gemm_key *k, int mode, float *d, int ldd, const void
     if (c && ptr_alignment(c) < k->align_d) k->align_d = ptr_alignment(c);
 }
 
-extern "C" int dit_gemm_run(struct dit_gemm *g, float *d, int ldd, const void *a, int lda, const void *w,
-                            const float *bias, const float *c, int M, int K, int N, void *stream)
+extern "C" int dit_gemm_run(struct dit_gemm *g, const struct dit_gemm_product *prod, void *stream)
 {
+    float *d = prod->d;
+    const void *a = prod->a, *w = prod->w;
+    const float *bias = prod->bias, *c = prod->c;
+    int M = prod->M, K = prod->K, N = prod->N, lda = prod->lda, ldd = prod->ldd;
     if (M < 1 || K < 1 || N < 1 || lda < K || ldd < N || !d || !a || !w)
         return mm3_errorf(-EINVAL,
                           "dit_gemm_run: M %d K %d N %d, lda %d, ldd %d: expected positive sizes, "
                           "lda >= K, ldd >= N, non-NULL pointers",
                           M, K, N, lda, ldd);
     struct gemm_key k;
-    key_init(&k, MODE_PLAIN, d, ldd, a, lda, w, bias, c, M, K, N);
+    key_init(&k, MODE_PLAIN, prod);
     int rc = 0;
-    struct gemm_plan *p = plan_for(g, &k, a, w, bias, NULL, NULL, (cudaStream_t)stream, &rc);
+    struct gemm_plan *p = plan_for(g, &k, prod, (cudaStream_t)stream, &rc);
     if (!p) return rc;
     if (bias && !p->bias_kernel)
         LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
@@ -399,15 +408,17 @@ static int fp8_acc_reserve(struct dit_gemm *g, size_t elems)
 
 /* One fp8 GEMM in mode MODE_FP8_OUTER or MODE_FP8_UNIT; -ENOTSUP (no message) when
  * cuBLASLt has no outer-vector-scaled kernel for it. */
-static int run_fp8_mode(struct dit_gemm *g, int mode, float *d, int ldd, const uint8_t *a8, const float *sa, int lda,
-                        const uint8_t *w8, const float *sw, const float *bias, const float *c, int M, int K, int N,
-                        cudaStream_t s)
+static int run_fp8_mode(struct dit_gemm *g, int mode, const struct dit_gemm_product *prod, cudaStream_t s)
 {
+    float *d = prod->d;
+    const void *a8 = prod->a, *w8 = prod->w;
+    const float *sa = prod->sa, *sw = prod->sw, *bias = prod->bias, *c = prod->c;
+    int M = prod->M, N = prod->N, ldd = prod->ldd;
     int rc = 0;
     if (mode == MODE_FP8_UNIT && (rc = fp8_acc_reserve(g, (size_t)M * N)) < 0) return rc;
     struct gemm_key k;
-    key_init(&k, mode, d, ldd, a8, lda, w8, bias, mode == MODE_FP8_UNIT ? NULL : c, M, K, N);
-    struct gemm_plan *p = plan_for(g, &k, a8, w8, bias, sa, sw, s, &rc);
+    key_init(&k, mode, prod);
+    struct gemm_plan *p = plan_for(g, &k, prod, s, &rc);
     if (!p) return rc;
     float one = 1.0f, beta = mode == MODE_FP8_OUTER && c ? 1.0f : 0.0f;
     if (mode == MODE_FP8_OUTER) {
@@ -429,19 +440,18 @@ fail:
     return rc;
 }
 
-extern "C" int dit_gemm_run_fp8(struct dit_gemm *g, float *d, int ldd, const uint8_t *a8, const float *sa, int lda,
-                                const uint8_t *w8, const float *sw, const float *bias, const float *c, int M, int K,
-                                int N, void *stream)
+extern "C" int dit_gemm_run_fp8(struct dit_gemm *g, const struct dit_gemm_product *prod, void *stream)
 {
-    if (g->prec != MM3_MATMUL_FP8 || M < 1 || lda < K || ldd < N || !dit_gemm_fp8_fits(K, N, lda, ldd) || !d || !a8 ||
-        !sa || !w8 || !sw)
+    int M = prod->M, K = prod->K, N = prod->N, lda = prod->lda, ldd = prod->ldd;
+    if (g->prec != MM3_MATMUL_FP8 || M < 1 || lda < K || ldd < N || !dit_gemm_fp8_fits(K, N, lda, ldd) || !prod->d ||
+        !prod->a || !prod->sa || !prod->w || !prod->sw)
         return mm3_errorf(-EINVAL,
                           "dit_gemm_run_fp8: M %d K %d N %d, lda %d, ldd %d: expected an fp8 handle, M >= 1, K, N "
                           "and lda multiples of 16, ldd of 4, non-NULL pointers",
                           M, K, N, lda, ldd);
     cudaStream_t s = (cudaStream_t)stream;
-    if (g->fp8_epilogue) return run_fp8_mode(g, MODE_FP8_UNIT, d, ldd, a8, sa, lda, w8, sw, bias, c, M, K, N, s);
-    int rc = run_fp8_mode(g, MODE_FP8_OUTER, d, ldd, a8, sa, lda, w8, sw, bias, c, M, K, N, s);
+    if (g->fp8_epilogue) return run_fp8_mode(g, MODE_FP8_UNIT, prod, s);
+    int rc = run_fp8_mode(g, MODE_FP8_OUTER, prod, s);
     if (rc == -ENOTSUP) {
         /* no per-row scales for e4m3 in this cuBLASLt for this shape: unit scales and our own epilogue */
         if (!g->fp8_unit_logged)
@@ -449,7 +459,7 @@ extern "C" int dit_gemm_run_fp8(struct dit_gemm *g, float *d, int ldd, const uin
                      "others): such GEMMs apply their scales in an epilogue kernel",
                      M, K, N);
         g->fp8_unit_logged = 1;
-        rc = run_fp8_mode(g, MODE_FP8_UNIT, d, ldd, a8, sa, lda, w8, sw, bias, c, M, K, N, s);
+        rc = run_fp8_mode(g, MODE_FP8_UNIT, prod, s);
     }
     return rc;
 }

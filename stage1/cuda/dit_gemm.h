@@ -5,7 +5,8 @@
  * Output, bias and the accumulated C are always float32.
  *
  *     struct dit_gemm *g;  dit_gemm_create(&g, MM3_MATMUL_TF32);
- *     dit_gemm_run(g, d, ldd, a, lda, w, bias, c, M, K, N, stream);
+ *     dit_gemm_run(g, &(struct dit_gemm_product){.d = d, .a = a, .w = w, .M = M, .K = K, .N = N,
+ *                                               .lda = K, .ldd = N}, stream);
  *
  * Plans (descriptors and the chosen algorithm) are cached per shape, so steady
  * calls cost no heuristic query. The first call of a shape outside a graph capture
@@ -40,26 +41,31 @@ void dit_gemm_set_alpha(struct dit_gemm *g, float alpha);
  * GEMMs run in fp16), else 4. */
 size_t dit_gemm_operand_size(enum mm3_matmul_precision prec);
 
-/* d[M, N] (row stride ldd) = a[M, K] (row stride lda) . w[N, K]^T (+ bias[N]) (+ c[M, N]),
- * row-major. a and w are operands (bf16 / fp16 bits, else float32); bias may be NULL;
- * c may be NULL, equal to d, or another matrix with row stride ldd. */
-int dit_gemm_run(struct dit_gemm *g, float *d, int ldd, const void *a, int lda, const void *w, const float *bias,
-                 const float *c, int M, int K, int N, void *stream);
+/* One product, row-major: d[M, N] (row stride ldd) = a[M, K] (row stride lda) . w[N, K]^T
+ * (+ bias[N]) (+ c[M, N]); for dit_gemm_run_fp8 scaled per row by sa and sw. */
+struct dit_gemm_product {
+    float *d;
+    const void *a;        /* dit_gemm_run: operands (bf16 / fp16 bits, else float32); _fp8: e4m3 bytes */
+    const void *w;        /* like a; row stride K */
+    const float *sa, *sw; /* dit_gemm_run_fp8 only: row scales of a [M] and w [N], float32 on the device */
+    const float *bias;    /* [N] or NULL */
+    const float *c;       /* NULL, equal to d, or another matrix with row stride ldd */
+    int M, K, N, lda, ldd;
+};
+
+/* The product p in the handle's precision (p->sa and p->sw are not read). */
+int dit_gemm_run(struct dit_gemm *g, const struct dit_gemm_product *p, void *stream);
 
 /* Whether a GEMM of this shape may run in fp8: cuBLASLt's e4m3 GEMMs need K, N and lda
  * multiples of 16 (16-byte rows) and 16-byte float32 output rows. */
 int dit_gemm_fp8_fits(int K, int N, int lda, int ldd);
 
-/* fp8 handles only: d[M, N] = sa[m] sw[n] (a8[M, K] . w8[N, K]^T) (+ bias[N]) (+ c[M, N]) with
- * float32 accumulation; a8 and w8 are e4m3 bytes (row strides lda and K), sa[M] and sw[N]
- * their row scales (float32, on the device). The scales ride on cuBLASLt's outer-vector
- * scale modes; where cuBLASLt has none for e4m3 (said once in the log) the GEMM runs with
- * unit scales into a float32 scratch and one kernel applies scales, bias and c.
- * Needs dit_gemm_fp8_fits(K, N, lda, ldd). c may be NULL, equal to d, or another matrix
- * with row stride ldd. */
-int dit_gemm_run_fp8(struct dit_gemm *g, float *d, int ldd, const uint8_t *a8, const float *sa, int lda,
-                     const uint8_t *w8, const float *sw, const float *bias, const float *c, int M, int K, int N,
-                     void *stream);
+/* fp8 handles only: d[M, N] = sa[m] sw[n] (a[M, K] . w[N, K]^T) (+ bias[N]) (+ c[M, N]) with
+ * float32 accumulation; p->a and p->w are e4m3 bytes, p->sa and p->sw their row scales.
+ * The scales ride on cuBLASLt's outer-vector scale modes; where cuBLASLt has none for e4m3
+ * (said once in the log) the GEMM runs with unit scales into a float32 scratch and one
+ * kernel applies scales, bias and c. Needs dit_gemm_fp8_fits(K, N, lda, ldd). */
+int dit_gemm_run_fp8(struct dit_gemm *g, const struct dit_gemm_product *p, void *stream);
 
 /* From now on, every fp8 GEMM takes the unit-scale path with the scaling epilogue, as where
  * cuBLASLt has no per-row scales (for tests and comparisons). */

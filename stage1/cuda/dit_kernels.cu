@@ -21,9 +21,11 @@ __global__ void layernorm_kernel(void *y, int fmt, const float *x, const float *
         dit_store_operand(y, base + i, (xr[i] - mean) * r * w[i] + (b ? b[i] : 0.0f), fmt);
 }
 
-extern "C" int dit_cuda_layernorm(void *y, int out_fmt, const float *x, const float *w, const float *b, int n, int dim,
-                                  float eps, void *stream)
+extern "C" int dit_cuda_layernorm(void *y, int out_fmt, const struct dit_layernorm *ln, void *stream)
 {
+    const float *x = ln->x, *w = ln->w, *b = ln->b;
+    int n = ln->n, dim = ln->dim;
+    float eps = ln->eps;
     if (n < 0 || dim < 1 || !y || !x || !w)
         return mm3_errorf(-EINVAL, "dit_cuda_layernorm: %d rows of %d: expected rows >= 0, dim >= 1, non-NULL", n, dim);
     if (n == 0) return 0;
@@ -74,9 +76,9 @@ __global__ void rope_kernel(float *x, size_t rows, int T, int stride, int n_head
     }
 }
 
-extern "C" int dit_cuda_rope(float *x, int n_seq, int T, int stride, int n_heads, int head_dim, int rotary_dim,
-                             const float *cs, void *stream)
+extern "C" int dit_cuda_rope(float *x, int stride, const struct dit_heads *h, const float *cs, void *stream)
 {
+    int n_seq = h->n_seq, T = h->T, n_heads = h->n_heads, head_dim = h->head_dim, rotary_dim = h->rotary_dim;
     if (n_seq < 0 || T < 1 || n_heads < 1 || rotary_dim < 2 || rotary_dim % 2 || rotary_dim > head_dim ||
         stride < n_heads * head_dim || !x || !cs)
         return mm3_errorf(-EINVAL,

@@ -40,32 +40,51 @@ static inline enum dit_operand dit_operand_of(enum mm3_matmul_precision p)
                                                          : DIT_OPERAND_F32;
 }
 
-/* y[n, dim] = LayerNorm(x) * w + b (biased variance, two-pass mean/variance in
- * float32, as op_layernorm); b may be NULL. y in operand type out_fmt. */
-int dit_cuda_layernorm(void *y, int out_fmt, const float *x, const float *w, const float *b, int n, int dim, float eps,
-                       void *stream);
+/* The rows of a LayerNorm: LayerNorm(x) * w + b of x[n, dim] (biased variance,
+ * two-pass mean/variance in float32, as op_layernorm); b may be NULL. Shared by
+ * dit_cuda_layernorm and dit_fp8_layernorm. */
+struct dit_layernorm {
+    const float *x, *w, *b;
+    int n, dim;
+    float eps;
+};
+
+/* y[n, dim] = the rows of ln, in operand type out_fmt. */
+int dit_cuda_layernorm(void *y, int out_fmt, const struct dit_layernorm *ln, void *stream);
 
 /* cs[T, rotary_dim]: per position p < T, cos(ang_i) for i < rotary_dim/2 then sin(ang_i),
  * ang_i = fp32(inv_freq[i] * fp32(p)) (inv_freq on the device, from op_rope_inv_freq). */
 int dit_cuda_rope_table(float *cs, const float *inv_freq, int T, int rotary_dim, void *stream);
 
-/* op_rope in place on x[n_seq * T, *] (row stride `stride`), token row r at position r % T,
- * using the table of dit_cuda_rope_table. */
-int dit_cuda_rope(float *x, int n_seq, int T, int stride, int n_heads, int head_dim, int rotary_dim, const float *cs,
-                  void *stream);
+/* The token rows and heads of the DiT's attention: n_seq sequences of T tokens (token
+ * row r at position r % T), n_heads heads of head_dim values, RoPE over the first
+ * rotary_dim dims of each head (0: none). */
+struct dit_heads {
+    int n_seq, T, n_heads, head_dim, rotary_dim;
+};
 
-/* Bidirectional multi-head attention of n_seq sequences of T tokens, flash style
- * (online float32 softmax, nothing of size T x T in memory).
- *   qkv[n_seq * T, 3 * n_heads * head_dim]: q, then k, then v; head h at column h*head_dim.
- *   out[n_seq * T, n_heads * head_dim] in operand type out_fmt.
- * RoPE (cs from dit_cuda_rope_table, position = token index) is applied to q and k
- * on load when cs != NULL (rotary_dim > 0). Products: fp32 SIMT (MM3_MATMUL_FP32),
- * tensor cores with tf32, bf16 or fp16 operands and float32 accumulation otherwise (fp16:
- * the FLASH kernels; WMMA and a rescue run, out_fmt DIT_OPERAND_F16_SCALED, in tf32).
- * MM3_MATMUL_FP8 computes as fp16 (fp8 is for the DiT's GEMMs).
- * head_dim must be 32, 64 or 128. */
-int dit_cuda_attention(void *out, int out_fmt, const float *qkv, int n_seq, int T, int n_heads, int head_dim,
-                       int rotary_dim, const float *cs, float scale, enum mm3_matmul_precision prec, void *stream);
+/* op_rope in place on x[n_seq * T, *] (row stride `stride`) for the heads h (rotary_dim
+ * >= 2), using the table of dit_cuda_rope_table. */
+int dit_cuda_rope(float *x, int stride, const struct dit_heads *h, const float *cs, void *stream);
+
+/* Bidirectional multi-head attention of heads.n_seq sequences of heads.T tokens, flash style
+ * (online float32 softmax, nothing of size T x T in memory). */
+struct dit_attention {
+    void *out;        /* [n_seq * T, n_heads * head_dim] in operand type out_fmt */
+    int out_fmt;      /* enum dit_operand */
+    const float *qkv; /* [n_seq * T, 3 * n_heads * head_dim]: q, then k, then v; head h at column h*head_dim */
+    struct dit_heads heads;
+    const float *cs; /* dit_cuda_rope_table's; NULL: no RoPE */
+    float scale;     /* scores are q . k * scale */
+    enum mm3_matmul_precision prec;
+};
+
+/* RoPE (cs, position = token index) is applied to q and k on load when a->cs != NULL
+ * (rotary_dim > 0). Products: fp32 SIMT (MM3_MATMUL_FP32), tensor cores with tf32, bf16
+ * or fp16 operands and float32 accumulation otherwise (fp16: the FLASH kernels; WMMA and a
+ * rescue run, out_fmt DIT_OPERAND_F16_SCALED, in tf32). MM3_MATMUL_FP8 computes as fp16
+ * (fp8 is for the DiT's GEMMs). head_dim must be 32, 64 or 128. */
+int dit_cuda_attention(const struct dit_attention *a, void *stream);
 
 /* The attention kernels behind dit_cuda_attention (tests and benchmark pick one):
  * SIMT float32 (any precision: computes in fp32), WMMA (tf32 or bf16: S and O pass
@@ -77,9 +96,7 @@ int dit_cuda_attention(void *out, int out_fmt, const float *qkv, int n_seq, int 
  * AUTO = SIMT for fp32, FLASH for tf32, bf16 and fp16, unless dit_cuda_attention_default_set
  * says otherwise. */
 enum dit_attn_kernel { DIT_ATTN_AUTO = 0, DIT_ATTN_SIMT, DIT_ATTN_WMMA, DIT_ATTN_MMA, DIT_ATTN_FLASH };
-int dit_cuda_attention_kernel(void *out, int out_fmt, const float *qkv, int n_seq, int T, int n_heads, int head_dim,
-                              int rotary_dim, const float *cs, float scale, enum mm3_matmul_precision prec,
-                              enum dit_attn_kernel kernel, void *stream);
+int dit_cuda_attention_kernel(const struct dit_attention *a, enum dit_attn_kernel kernel, void *stream);
 
 /* What DIT_ATTN_AUTO (and so dit_cuda_attention and the DiT forward) runs in precision
  * prec from now on, process-wide; DIT_ATTN_AUTO restores the built-in choice. For

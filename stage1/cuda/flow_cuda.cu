@@ -10,10 +10,7 @@
 #include "stage1/cuda/dit_cuda.h"
 #include "stage1/cuda/dit_cuda_internal.h"
 #include "stage1/cuda/flow_cuda.h"
-
-extern "C" {
 #include "stage1/flow.h"
-}
 
 struct flow_cuda {
     struct dit_cuda *dit;
@@ -163,9 +160,11 @@ static int ensure_steps(struct flow_cuda *f, int n_steps)
 }
 
 /* Queue the whole window; x ends up in f->xb[0 .. C*L). */
-static int queue_window(struct flow_cuda *f, int n_steps, float guidance, float shift, int L, const float *cond, int ov,
-                        const float *prev, const float *x)
+static int queue_window(struct flow_cuda *f, const struct flow_job *j)
 {
+    const int n_steps = j->n_steps, L = j->L, ov = j->ov;
+    const float guidance = j->guidance, shift = j->shift;
+    const float *cond = j->cond, *prev = j->prev, *x = j->x;
     int C = f->in_ch, rc;
     size_t n = (size_t)C * L;
     cudaStream_t s = f->stream;
@@ -223,11 +222,10 @@ static bool all_finite(const float *x, size_t n)
 }
 
 /* Queue, drain, and download the latents into f->out (the caller's x stays the noise). */
-static int run_window(struct flow_cuda *f, int n_steps, float guidance, float shift, int L, const float *cond, int ov,
-                      const float *prev, const float *x)
+static int run_window(struct flow_cuda *f, const struct flow_job *j)
 {
-    size_t n = (size_t)f->in_ch * L;
-    int rc = queue_window(f, n_steps, guidance, shift, L, cond, ov, prev, x);
+    size_t n = (size_t)f->in_ch * j->L;
+    int rc = queue_window(f, j);
     /* always drain the stream: queued copies may still read the caller's arrays */
     int rs = dit_cuda_status(cudaStreamSynchronize(f->stream), "flow window");
     if (rc == 0) rc = rs;
@@ -237,9 +235,11 @@ static int run_window(struct flow_cuda *f, int n_steps, float guidance, float sh
     return rc;
 }
 
-extern "C" int flow_cuda_window_run(struct flow_cuda *f, int n_steps, float guidance, float shift, int L,
-                                    const float *cond, int ov, const float *prev, float *x)
+extern "C" int flow_cuda_window_run(struct flow_cuda *f, const struct flow_job *j)
 {
+    const int n_steps = j->n_steps, L = j->L, ov = j->ov;
+    const float shift = j->shift, *prev = j->prev;
+    float *x = j->x;
     int C = f->in_ch;
     if (n_steps < 1 || !(shift > 0.0f) || L < 1 || L > f->max_L || ov < 0 || ov > L || (ov > 0 && !prev))
         return mm3_errorf(-EINVAL,
@@ -247,13 +247,13 @@ extern "C" int flow_cuda_window_run(struct flow_cuda *f, int n_steps, float guid
                           "shift > 0, 1 <= L <= max and 0 <= overlap <= L",
                           n_steps, (double)shift, L, f->max_L, ov);
     size_t n = (size_t)C * L;
-    int rc = run_window(f, n_steps, guidance, shift, L, cond, ov, prev, x);
+    int rc = run_window(f, j);
     if (rc == 0 && has_f16_operands(f->dit) && !all_finite(f->out, n)) {
         /* fp16 operands overflowed somewhere (inf/NaN spreads to the latents): rerun
          * the window with every operand scaled down */
         dit_cuda_count_f16_rescue();
         rc = dit_cuda_set_rescue(f->dit, 1);
-        if (rc == 0) rc = run_window(f, n_steps, guidance, shift, L, cond, ov, prev, x);
+        if (rc == 0) rc = run_window(f, j);
         dit_cuda_set_rescue(f->dit, 0);
     }
     if (rc == 0) memcpy(x, f->out, sizeof(float) * n);
@@ -268,10 +268,9 @@ extern "C" int flow_cuda_window_run(struct flow_cuda *f, int n_steps, float guid
     return 0;
 }
 
-extern "C" int flow_cuda_window_run_cb(void *f, int n_steps, float guidance, float shift, int L, const float *cond,
-                                       int ov, const float *prev, float *x)
+extern "C" int flow_cuda_window_run_cb(void *f, const struct flow_job *j)
 {
-    return flow_cuda_window_run((struct flow_cuda *)f, n_steps, guidance, shift, L, cond, ov, prev, x);
+    return flow_cuda_window_run((struct flow_cuda *)f, j);
 }
 
 /* ---- several windows in one loop (flow_cuda_batch_open) ---- */

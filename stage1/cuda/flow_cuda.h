@@ -10,7 +10,7 @@
  *
  *     struct flow_cuda *f;
  *     flow_cuda_create(&f, dit_model, MM3_MATMUL_TF32, max_L);   // uploads the DiT
- *     flow_cuda_window_run(f, n_steps, guidance, shift, L, cond, ov, prev, x);  // host arrays
+ *     flow_cuda_window_run(f, &job);   // struct flow_job (stage1/flow.h), host arrays
  *     flow_cuda_free(f);
  *
  * A flow_cuda serves one window at a time (not thread safe). Only built with CUDA
@@ -55,16 +55,13 @@ int flow_cuda_batch_open(struct flow_cuda *f, int max_windows, struct flow_batch
 struct dit_cuda *flow_cuda_dit(struct flow_cuda *f);
 void *flow_cuda_stream(struct flow_cuda *f);
 
-/* flow_window_run's contract, host arrays in and out:
- * x[in_ch, L]: the initial noise on entry, the final latents (prefix restored) on return;
- * cond[L, cond_dim]; prev[in_ch, ov] (row stride ov) or ov = 0. L <= max_L.
+/* flow_window_run's contract, host arrays in and out: j->x holds the initial noise on
+ * entry, the final latents (prefix restored) on return. j->L <= max_L.
  * Returns 0, -EINVAL, -ENOMEM / -ENODEV (CUDA), or -ERANGE if the latents stop being finite. */
-int flow_cuda_window_run(struct flow_cuda *f, int n_steps, float guidance, float shift, int L, const float *cond,
-                         int ov, const float *prev, float *x);
+int flow_cuda_window_run(struct flow_cuda *f, const struct flow_job *j);
 
 /* The same with `void *` first, to plug into render_params.flow (stage1/render.h). */
-int flow_cuda_window_run_cb(void *f, int n_steps, float guidance, float shift, int L, const float *cond, int ov,
-                            const float *prev, float *x);
+int flow_cuda_window_run_cb(void *f, const struct flow_job *j);
 
 /* ---- the per-step kernels (device pointers, queued on `stream`; exposed for tests) ---- */
 

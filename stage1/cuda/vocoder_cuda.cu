@@ -203,12 +203,25 @@ static const void *vc_operand_at(const struct vc_ops *o, const void *base, size_
     return (const char *)base + i * dit_operand_size(o->fmt);
 }
 
+/* One layer on the device: the Snake alphas applied to its input (NULL: none), its
+ * weights (GEMM operands; conv_out's float32 [k][c_in]) and bias, and its shape: c_out
+ * outputs of k taps at dilation dil (Conv1d), or of stride `stride` (ConvTranspose1d). */
+struct vc_layer {
+    const float *alpha;
+    const void *w;
+    const float *b;
+    int c_out, k, dil, stride;
+};
+
 /* y[track][n][o] (gapless, track stride t*c_out) = b[o] + (res) + sum_{tap, i}
  * w[o][tap][i] * snake(x(track, n + tap*dil - pad, i)), pad = dil*(k-1)/2. res: NULL
  * (res.p) or a view of y's shape with any track stride; it may be y itself. */
-static int vc_conv1d(const struct vc_ops *o, float *y, const struct vc_act &x, const float *alpha, const void *w,
-                     const float *b, const struct vc_act *res, int batch, int c_out, int k, int dil)
+static int vc_conv1d(const struct vc_ops *o, float *y, const struct vc_act &x, const struct vc_layer &l,
+                     const struct vc_act *res, int batch)
 {
+    const float *alpha = l.alpha, *b = l.b;
+    const void *w = l.w;
+    const int c_out = l.c_out, k = l.k, dil = l.dil;
     gather_args a = {};
     a.src = x.p, a.src_track = x.track_stride, a.src_row = x.c, a.src_col = 1, a.t_src = x.t;
     a.alpha = alpha, a.dst = o->op, a.rows = x.t, a.c = x.c, a.k = k, a.dil = dil, a.pad = dil * (k - 1) / 2;
@@ -216,33 +229,60 @@ static int vc_conv1d(const struct vc_ops *o, float *y, const struct vc_act &x, c
     if (rc < 0) return rc;
     int K = k * x.c, t = x.t;
     long long y_track = (long long)t * c_out;
-    if (!res || res->track_stride == y_track)
-        return dit_gemm_run(o->g, y, c_out, o->op, K, w, b, res ? res->p : nullptr, batch * t, K, c_out, o->st);
-    for (int tr = 0; rc == 0 && tr < batch; tr++)
-        rc = dit_gemm_run(o->g, y + tr * y_track, c_out, vc_operand_at(o, o->op, (size_t)tr * t * K), K, w, b,
-                          res->p + tr * res->track_stride, t, K, c_out, o->st);
+    if (!res || res->track_stride == y_track) {
+        const struct dit_gemm_product prod = {.d = y,
+                                              .a = o->op,
+                                              .w = w,
+                                              .bias = b,
+                                              .c = res ? res->p : nullptr,
+                                              .M = batch * t,
+                                              .K = K,
+                                              .N = c_out,
+                                              .lda = K,
+                                              .ldd = c_out};
+        return dit_gemm_run(o->g, &prod, o->st);
+    }
+    for (int tr = 0; rc == 0 && tr < batch; tr++) {
+        const struct dit_gemm_product prod = {.d = y + tr * y_track,
+                                              .a = vc_operand_at(o, o->op, (size_t)tr * t * K),
+                                              .w = w,
+                                              .bias = b,
+                                              .c = res->p + tr * res->track_stride,
+                                              .M = t,
+                                              .K = K,
+                                              .N = c_out,
+                                              .lda = K,
+                                              .ldd = c_out};
+        rc = dit_gemm_run(o->g, &prod, o->st);
+    }
     return rc;
 }
 
 /* ConvTranspose1d (k 2s, stride s, pad s/2) of x into ybuf [batch][(t+1)*s][c_out] with
  * phase weights w and the per-phase bias b [s][c_out]; *out views the result. */
-static int vc_conv_t(const struct vc_ops *o, float *ybuf, const struct vc_act &x, const float *alpha, const void *w,
-                     const float *b, int batch, int c_out, int s, struct vc_act *out)
+static int vc_conv_t(const struct vc_ops *o, float *ybuf, const struct vc_act &x, const struct vc_layer &l, int batch,
+                     struct vc_act *out)
 {
+    const float *alpha = l.alpha, *b = l.b;
+    const void *w = l.w;
+    const int c_out = l.c_out, s = l.stride;
     gather_args a = {};
     a.src = x.p, a.src_track = x.track_stride, a.src_row = x.c, a.src_col = 1, a.t_src = x.t;
     a.alpha = alpha, a.dst = o->op, a.rows = x.t + 1, a.c = x.c, a.k = 2, a.dil = 1, a.pad = 1;
     int rc = vc_gather(o, a, batch);
     if (rc < 0) return rc;
     int K = 2 * x.c, N = s * c_out;
-    rc = dit_gemm_run(o->g, ybuf, N, o->op, K, w, b, nullptr, batch * (x.t + 1), K, N, o->st);
+    const struct dit_gemm_product prod = {
+        .d = ybuf, .a = o->op, .w = w, .bias = b, .M = batch * (x.t + 1), .K = K, .N = N, .lda = K, .ldd = N};
+    rc = dit_gemm_run(o->g, &prod, o->st);
     *out = {ybuf + (size_t)(s / 2) * c_out, (long long)(x.t + 1) * N, x.t * s, c_out};
     return rc;
 }
 
-static int vc_conv_out(const struct vc_ops *o, float *pcm, const struct vc_act &x, const float *alpha, const float *w,
-                       const float *b, int batch, int k)
+static int vc_conv_out(const struct vc_ops *o, float *pcm, const struct vc_act &x, const struct vc_layer &l, int batch)
 {
+    const float *alpha = l.alpha, *w = (const float *)l.w, *b = l.b;
+    const int k = l.k;
     if (k < 1 || k % 2 == 0 || k - 1 > OUT_MAX_SPAN)
         return mm3_errorf(-EINVAL, "vocoder_cuda: conv_out kernel size %d, expected odd and <= %d", k,
                           OUT_MAX_SPAN + 1);
@@ -303,34 +343,61 @@ static int vc_decode_device(struct vocoder_cuda *h, int L)
     g.dst = o->op, g.rows = L, g.c = half, g.k = 1, g.dil = 1, g.pad = 0;
     int rc = vc_gather(o, g, 2);
     const struct vocoder_cuda_conv *cv = &w->in_proj;
-    if (rc == 0)
-        rc = dit_gemm_run(o->g, h->hbuf, cv->c_out, o->op, half, vc_operand_at(o, G, cv->w), F + cv->b, nullptr, 2 * L,
-                          half, cv->c_out, o->st);
+    if (rc == 0) {
+        const struct dit_gemm_product prod = {.d = h->hbuf,
+                                              .a = o->op,
+                                              .w = vc_operand_at(o, G, cv->w),
+                                              .bias = F + cv->b,
+                                              .M = 2 * L,
+                                              .K = half,
+                                              .N = cv->c_out,
+                                              .lda = half,
+                                              .ldd = cv->c_out};
+        rc = dit_gemm_run(o->g, &prod, o->st);
+    }
     cv = &w->conv_in;
     struct vc_act x = {h->hbuf, (long long)L * w->input_dim, L, w->input_dim};
-    if (rc == 0)
-        rc = vc_conv1d(o, h->a, x, nullptr, vc_operand_at(o, G, cv->w), F + cv->b, nullptr, 2, cv->c_out, cv->k, 1);
+    const struct vc_layer conv_in = {
+        .alpha = nullptr, .w = vc_operand_at(o, G, cv->w), .b = F + cv->b, .c_out = cv->c_out, .k = cv->k, .dil = 1};
+    if (rc == 0) rc = vc_conv1d(o, h->a, x, conv_in, nullptr, 2);
     struct vc_act cur = {h->a, (long long)L * cv->c_out, L, cv->c_out};
     for (int b = 0; rc == 0 && b < w->n_blocks; b++) {
         const struct vocoder_cuda_conv *up = &w->up[b];
         struct vc_act stream;
-        rc = vc_conv_t(o, h->ybuf, cur, F + w->alpha[b], vc_operand_at(o, G, up->w), F + up->b, 2, up->c_out,
-                       w->stride[b], &stream);
+        const struct vc_layer upsample = {.alpha = F + w->alpha[b],
+                                          .w = vc_operand_at(o, G, up->w),
+                                          .b = F + up->b,
+                                          .c_out = up->c_out,
+                                          .k = 2,
+                                          .dil = 1,
+                                          .stride = w->stride[b]};
+        rc = vc_conv_t(o, h->ybuf, cur, upsample, 2, &stream);
         int t = stream.t, c = stream.c;
         for (int r = 0; rc == 0 && r < VOCODER_RES_UNITS; r++) {
             const struct vocoder_cuda_conv *c1 = &w->conv1[b][r], *c2 = &w->conv2[b][r];
-            rc = vc_conv1d(o, h->hbuf, stream, F + w->alpha1[b][r], vc_operand_at(o, G, c1->w), F + c1->b, nullptr, 2,
-                           c, c1->k, w->dilation[r]);
+            const struct vc_layer conv1 = {.alpha = F + w->alpha1[b][r],
+                                           .w = vc_operand_at(o, G, c1->w),
+                                           .b = F + c1->b,
+                                           .c_out = c,
+                                           .k = c1->k,
+                                           .dil = w->dilation[r]};
+            const struct vc_layer conv2 = {.alpha = F + w->alpha2[b][r],
+                                           .w = vc_operand_at(o, G, c2->w),
+                                           .b = F + c2->b,
+                                           .c_out = c,
+                                           .k = c2->k,
+                                           .dil = 1};
+            rc = vc_conv1d(o, h->hbuf, stream, conv1, nullptr, 2);
             struct vc_act hv = {h->hbuf, (long long)t * c, t, c};
-            if (rc == 0)
-                rc = vc_conv1d(o, h->a, hv, F + w->alpha2[b][r], vc_operand_at(o, G, c2->w), F + c2->b, &stream, 2, c,
-                               c2->k, 1);
+            if (rc == 0) rc = vc_conv1d(o, h->a, hv, conv2, &stream, 2);
             stream = {h->a, (long long)t * c, t, c};
         }
         cur = stream;
     }
     cv = &w->conv_out;
-    if (rc == 0) rc = vc_conv_out(o, h->pcm, cur, F + w->alpha_out, F + cv->w, F + cv->b, 2, cv->k);
+    const struct vc_layer conv_out = {
+        .alpha = F + w->alpha_out, .w = F + cv->w, .b = F + cv->b, .c_out = 1, .k = cv->k};
+    if (rc == 0) rc = vc_conv_out(o, h->pcm, cur, conv_out, 2);
     return rc;
 }
 
@@ -592,12 +659,29 @@ std::vector<float> to_time_major(const float *x, int batch, int c, int t)
                 y[((size_t)b * t + n) * c + i] = x[((size_t)b * c + i) * t + n];
     return y;
 }
+
+/* Whether g is the shape the decode runs for that layer kind (the host twins below run
+ * only those): 0 or -EINVAL naming the field. */
+int check_geometry(const char *fn, const struct conv1d_geometry *g, int pad, int c_out)
+{
+    if (g->c_in < 1 || g->c_out < 1 || g->t < 1 || g->k < 1)
+        return mm3_errorf(-EINVAL, "%s: c_in %d, c_out %d, t %d, k %d: expected all >= 1", fn, g->c_in, g->c_out, g->t,
+                          g->k);
+    if (g->pad != pad) return mm3_errorf(-EINVAL, "%s: pad %d, expected %d", fn, g->pad, pad);
+    if (c_out > 0 && g->c_out != c_out) return mm3_errorf(-EINVAL, "%s: c_out %d, expected %d", fn, g->c_out, c_out);
+    return 0;
+}
 } // namespace
 
 extern "C" int vocoder_cuda_conv1d_host(float *y, const float *x, const float *alpha, const float *w, const float *b,
-                                        int batch, int c_in, int c_out, int t, int k, int dilation,
-                                        enum mm3_matmul_precision prec)
+                                        int batch, const struct conv1d_geometry *g, enum mm3_matmul_precision prec)
 {
+    int c_in = g->c_in, c_out = g->c_out, t = g->t, k = g->k, dilation = g->dilation;
+    if (k % 2 == 0 || dilation < 1)
+        return mm3_errorf(-EINVAL, "vocoder_cuda_conv1d_host: k %d, dilation %d: expected odd k and dilation >= 1", k,
+                          dilation);
+    int rc = check_geometry("vocoder_cuda_conv1d_host", g, dilation * (k - 1) / 2, 0);
+    if (rc < 0) return rc;
     std::vector<float> wt((size_t)c_out * c_in * k), xt = to_time_major(x, batch, c_in, t);
     vocoder_cuda_tap_major(wt.data(), w, c_out, c_in, k);
     host_run r;
@@ -607,7 +691,8 @@ extern "C" int vocoder_cuda_conv1d_host(float *y, const float *x, const float *a
     const void *dw = r.up_operands(wt.data(), wt.size());
     float *dy = r.up(nullptr, (size_t)batch * t * c_out);
     if (r.rc == 0)
-        r.rc = vc_conv1d(&r.o, dy, {dx, (long long)t * c_in, t, c_in}, da, dw, db, nullptr, batch, c_out, k, dilation);
+        r.rc = vc_conv1d(&r.o, dy, {dx, (long long)t * c_in, t, c_in},
+                         {.alpha = da, .w = dw, .b = db, .c_out = c_out, .k = k, .dil = dilation}, nullptr, batch);
     std::vector<float> yt((size_t)batch * t * c_out);
     r.down(yt.data(), dy, yt.size());
     for (int it = 0; r.rc == 0 && it < batch; it++)
@@ -618,9 +703,15 @@ extern "C" int vocoder_cuda_conv1d_host(float *y, const float *x, const float *a
 }
 
 extern "C" int vocoder_cuda_conv_transpose1d_host(float *y, const float *x, const float *alpha, const float *w,
-                                                  const float *b, int batch, int c_in, int c_out, int t_in, int s,
+                                                  const float *b, int batch, const struct conv1d_geometry *g,
                                                   enum mm3_matmul_precision prec)
 {
+    int c_in = g->c_in, c_out = g->c_out, t_in = g->t, s = g->stride;
+    if (s < 1 || g->k != 2 * s)
+        return mm3_errorf(-EINVAL, "vocoder_cuda_conv_transpose1d_host: k %d and stride %d, expected k = 2 * stride",
+                          g->k, s);
+    int rc = check_geometry("vocoder_cuda_conv_transpose1d_host", g, (s + 1) / 2, 0);
+    if (rc < 0) return rc;
     std::vector<float> wp((size_t)c_in * c_out * 2 * s), bias((size_t)s * c_out),
         xt = to_time_major(x, batch, c_in, t_in);
     vocoder_cuda_phase_weights(wp.data(), w, c_in, c_out, s);
@@ -635,7 +726,8 @@ extern "C" int vocoder_cuda_conv_transpose1d_host(float *y, const float *x, cons
     float *dy = r.up(nullptr, ny);
     struct vc_act v = {};
     if (r.rc == 0)
-        r.rc = vc_conv_t(&r.o, dy, {dx, (long long)t_in * c_in, t_in, c_in}, da, dw, db, batch, c_out, s, &v);
+        r.rc = vc_conv_t(&r.o, dy, {dx, (long long)t_in * c_in, t_in, c_in},
+                         {.alpha = da, .w = dw, .b = db, .c_out = c_out, .k = 2, .dil = 1, .stride = s}, batch, &v);
     std::vector<float> yt(ny);
     r.down(yt.data(), dy, ny);
     /* the view *v says where each track's output starts inside the slack layout */
@@ -648,8 +740,13 @@ extern "C" int vocoder_cuda_conv_transpose1d_host(float *y, const float *x, cons
 }
 
 extern "C" int vocoder_cuda_conv_out_host(float *y, const float *x, const float *alpha, const float *w, const float *b,
-                                          int batch, int c_in, int t, int k)
+                                          int batch, const struct conv1d_geometry *g)
 {
+    int c_in = g->c_in, t = g->t, k = g->k;
+    if (g->dilation != 1)
+        return mm3_errorf(-EINVAL, "vocoder_cuda_conv_out_host: dilation %d, expected 1", g->dilation);
+    int rc = check_geometry("vocoder_cuda_conv_out_host", g, (k - 1) / 2, 1);
+    if (rc < 0) return rc;
     std::vector<float> wt((size_t)c_in * k), xt = to_time_major(x, batch, c_in, t);
     vocoder_cuda_tap_major(wt.data(), w, 1, c_in, k);
     host_run r;
@@ -657,7 +754,9 @@ extern "C" int vocoder_cuda_conv_out_host(float *y, const float *x, const float 
     const float *dx = r.up(xt.data(), xt.size()), *da = alpha ? r.up(alpha, (size_t)c_in) : nullptr;
     const float *dw = r.up(wt.data(), wt.size()), *db = r.up(b, 1);
     float *dy = r.up(nullptr, (size_t)batch * t);
-    if (r.rc == 0) r.rc = vc_conv_out(&r.o, dy, {dx, (long long)t * c_in, t, c_in}, da, dw, db, batch, k);
+    if (r.rc == 0)
+        r.rc = vc_conv_out(&r.o, dy, {dx, (long long)t * c_in, t, c_in},
+                           {.alpha = da, .w = dw, .b = db, .c_out = 1, .k = k}, batch);
     r.down(y, dy, (size_t)batch * t);
     return r.rc;
 }

@@ -5,6 +5,7 @@
 
 #include <stddef.h>
 
+#include "common/conv1d_geometry.h"
 #include "common/deploy.h"
 #include "stage1/vocoder.h"
 
@@ -53,18 +54,20 @@ void vocoder_cuda_tap_major(float *dst, const float *w, int c_out, int c_in, int
 
 /* Single layers on host arrays (upload, run the decode's device path, download), for the
  * tests: `batch` independent channels-first items [C, T] like common/ops_conv.h, each
- * through op_snake with alpha (NULL: no Snake) and then
+ * through op_snake with alpha (NULL: no Snake) and then, for the geometry g,
  *   conv1d: op_conv1d (odd k, pad dilation*(k-1)/2), GEMMs in precision prec;
- *   conv_transpose1d: op_conv_transpose1d (k 2s, stride s, pad s/2; w in the stored
+ *   conv_transpose1d: op_conv_transpose1d (k 2s, stride s, pad (s+1)/2; w in the stored
  *     layout [c_in, c_out, 2s]), GEMMs in precision prec;
- *   conv_out: op_conv1d to one channel (odd k <= 17, w [1, c_in, k]) and tanh, float32.
- * 0 or a negative errno. */
+ *   conv_out: op_conv1d to one channel (c_out 1, odd k <= 17, dilation 1, pad (k-1)/2,
+ *     w [1, c_in, k]) and tanh, float32.
+ * 0, -EINVAL (with a message naming the field) for a geometry the decode does not run,
+ * or another negative errno. */
 int vocoder_cuda_conv1d_host(float *y, const float *x, const float *alpha, const float *w, const float *b, int batch,
-                             int c_in, int c_out, int t, int k, int dilation, enum mm3_matmul_precision prec);
+                             const struct conv1d_geometry *g, enum mm3_matmul_precision prec);
 int vocoder_cuda_conv_transpose1d_host(float *y, const float *x, const float *alpha, const float *w, const float *b,
-                                       int batch, int c_in, int c_out, int t_in, int s, enum mm3_matmul_precision prec);
+                                       int batch, const struct conv1d_geometry *g, enum mm3_matmul_precision prec);
 int vocoder_cuda_conv_out_host(float *y, const float *x, const float *alpha, const float *w, const float *b, int batch,
-                               int c_in, int t, int k);
+                               const struct conv1d_geometry *g);
 
 #ifdef __cplusplus
 }

@@ -257,27 +257,50 @@ static int depth_layers(struct depth_cuda *dc, int n, int pos, int n_pos, int qk
     const int N = n * n_pos, H = cfg->hidden, F = cfg->ffn;
     const size_t last = (size_t)(n_pos - 1) * n; /* first row of the last position */
     size_t row_stride = (size_t)cfg->n_codebooks * H, layer_stride = (size_t)dc->max_rows * row_stride;
-    float scale = 1.0f / sqrtf((float)cfg->head_dim);
+    const struct attention_heads heads = {cfg->n_heads, cfg->n_heads, cfg->head_dim,
+                                          1.0f / sqrtf((float)cfg->head_dim)};
     float *g = dc->qkv; /* silu(gate) * up: the QKV rows are free by then */
     const int fused = depth_fused(cfg, n, n_pos);
     int rc = 0;
     for (int li = 0; li < cfg->n_layers; li++) {
         const struct depth_cuda_layer *L = &dc->layers[li];
-        float *kc = dc->kc + li * layer_stride, *vc = dc->vc + li * layer_stride;
+        const struct cuda_kv_cache kv = {.k = dc->kc + li * layer_stride,
+                                         .v = dc->vc + li * layer_stride,
+                                         .dtype = CUDA_KV_F32,
+                                         .seq_stride = row_stride,
+                                         .row_stride = (size_t)cfg->n_heads * cfg->head_dim};
         const size_t r0 = li == cfg->n_layers - 1 ? last : 0; /* rows after the attention: r0 .. N-1 */
         const int M = N - (int)r0;
         float *h = dc->h + r0 * H, *o = dc->o + r0 * H, *a = dc->a + r0 * H;
         const int qkv_ready = li == 0 && qkv0_ready;
         if (fused) {
-            if (!qkv_ready && (rc = gemv_rows_fused(dc->qkv, dc->h, L->wqkv, N, H, 3 * H, CUDA_GEMV_STORE, L->attn_norm,
-                                                    cfg->eps, st)) < 0)
-                return rc;
+            const struct cuda_gemv_fused qkv = {.y = dc->qkv,
+                                                .x = dc->h,
+                                                .w = L->wqkv,
+                                                .n_rows = N,
+                                                .in = H,
+                                                .out = 3 * H,
+                                                .norm_w = L->attn_norm,
+                                                .eps = cfg->eps};
+            const struct cuda_gemv_fused wo = {
+                .y = h, .x = o, .w = L->wo, .n_rows = M, .in = H, .out = H, .epi = CUDA_GEMV_ADD};
+            const struct cuda_gemv_fused gate_up = {.y = g,
+                                                    .x = h,
+                                                    .w = L->wgu,
+                                                    .n_rows = M,
+                                                    .in = H,
+                                                    .out = 2 * F,
+                                                    .epi = CUDA_GEMV_SWIGLU,
+                                                    .norm_w = L->ffn_norm,
+                                                    .eps = cfg->eps};
+            const struct cuda_gemv_fused down = {
+                .y = h, .x = g, .w = L->wd, .n_rows = M, .in = F, .out = H, .epi = CUDA_GEMV_ADD};
+            if (!qkv_ready && (rc = gemv_rows_fused(&qkv, st)) < 0) return rc;
             for (int p = 0; p < n_pos && rc == 0; p++)
-                rc = depth_cuda_attention_store(dc->o + (size_t)p * n * H, dc->qkv + (size_t)p * n * 3 * H, kc, vc, n,
-                                                pos + p, cfg->n_heads, cfg->head_dim, row_stride, scale, st);
-            if (rc < 0 || (rc = gemv_rows_fused(h, o, L->wo, M, H, H, CUDA_GEMV_ADD, NULL, 0.0f, st)) < 0 ||
-                (rc = gemv_rows_fused(g, h, L->wgu, M, H, 2 * F, CUDA_GEMV_SWIGLU, L->ffn_norm, cfg->eps, st)) < 0 ||
-                (rc = gemv_rows_fused(h, g, L->wd, M, F, H, CUDA_GEMV_ADD, NULL, 0.0f, st)) < 0)
+                rc = depth_cuda_attention_store(dc->o + (size_t)p * n * H, dc->qkv + (size_t)p * n * 3 * H, n, pos + p,
+                                                &kv, &heads, st);
+            if (rc < 0 || (rc = gemv_rows_fused(&wo, st)) < 0 || (rc = gemv_rows_fused(&gate_up, st)) < 0 ||
+                (rc = gemv_rows_fused(&down, st)) < 0)
                 return rc;
             continue;
         }
@@ -288,8 +311,8 @@ static int depth_layers(struct depth_cuda *dc, int n, int pos, int n_pos, int qk
             rc = cuda_ops_add_rmsnorm(dc->h, dc->a, dc->o, L->attn_norm, N, H, cfg->eps, st);
         if (rc == 0 && !qkv_ready) rc = gemv_rows(dc->qkv, dc->a, L->wqkv, N, H, 3 * H, st);
         for (int p = 0; p < n_pos && rc == 0; p++)
-            rc = depth_cuda_attention_store(dc->o + (size_t)p * n * H, dc->qkv + (size_t)p * n * 3 * H, kc, vc, n,
-                                            pos + p, cfg->n_heads, cfg->head_dim, row_stride, scale, st);
+            rc = depth_cuda_attention_store(dc->o + (size_t)p * n * H, dc->qkv + (size_t)p * n * 3 * H, n, pos + p, &kv,
+                                            &heads, st);
         /* a = o . Wo^T; then h += a and o = rmsnorm(h) (o is free once Wo has read it);
          * the FFN output lands in o for the next norm's add. */
         if (rc < 0 || (rc = gemv_rows(a, o, L->wo, M, H, H, st)) < 0 ||
@@ -393,8 +416,15 @@ int depth_cuda_logits_raw_dev(struct depth_cuda *dc, int j, const float *raw, in
                           "fuses into the head",
                           j, n, cfg->n_codebooks - 1);
     int H = cfg->hidden, V = cfg->audio_vocab;
-    return gemv_rows_fused(logits, raw, dc->heads + (size_t)(j - 1) * V * H, n, H, V, CUDA_GEMV_STORE, dc->norm,
-                           cfg->eps, stream);
+    const struct cuda_gemv_fused head = {.y = logits,
+                                         .x = raw,
+                                         .w = dc->heads + (size_t)(j - 1) * V * H,
+                                         .n_rows = n,
+                                         .in = H,
+                                         .out = V,
+                                         .norm_w = dc->norm,
+                                         .eps = cfg->eps};
+    return gemv_rows_fused(&head, stream);
 }
 
 int depth_cuda_step01_fits(const struct depth_cuda *dc, int n)

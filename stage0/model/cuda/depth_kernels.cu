@@ -134,9 +134,18 @@ __global__ void __launch_bounds__(DEPTH_ATT_WARPS * 32)
     depth_att_store<VEC>(out + (size_t)t * H + (size_t)h * D, acc, D, lane);
 }
 
-extern "C" int depth_cuda_attention_store(float *out, const float *qkv, float *k_cache, float *v_cache, int n, int pos,
-                                          int n_heads, int head_dim, size_t row_stride, float scale, void *stream)
+extern "C" int depth_cuda_attention_store(float *out, const float *qkv, int n, int pos, const struct cuda_kv_cache *kv,
+                                          const struct attention_heads *heads, void *stream)
 {
+    const int n_heads = heads->n_heads, head_dim = heads->head_dim;
+    float *k_cache = (float *)kv->k, *v_cache = (float *)kv->v;
+    const size_t row_stride = kv->seq_stride;
+    if (heads->n_kv_heads != n_heads || kv->dtype != CUDA_KV_F32 || kv->row_stride != (size_t)n_heads * head_dim)
+        return mm3_errorf(-EINVAL,
+                          "depth_cuda_attention_store: %d kv heads for %d heads of %d, cache dtype %d, position "
+                          "stride %zu: expected n_kv_heads = n_heads, a float32 cache and a stride of n_heads x "
+                          "head_dim",
+                          heads->n_kv_heads, n_heads, head_dim, (int)kv->dtype, kv->row_stride);
     if (n < 1 || pos < 0 || n_heads < 1 || head_dim < 1 || head_dim > 32 * DEPTH_ATT_MAX_PER_LANE)
         return mm3_errorf(-EINVAL,
                           "depth_cuda_attention_store: %d rows at position %d, %d heads of %d: expected rows and "
@@ -150,5 +159,5 @@ extern "C" int depth_cuda_attention_store(float *out, const float *qkv, float *k
     return launch_pdl("depth_attention_store_kernel",
                       vec ? depth_attention_store_kernel<true> : depth_attention_store_kernel<false>, blocks,
                       DEPTH_ATT_WARPS * 32, 0, cuda_stream_of(stream), out, qkv, k_cache, v_cache, n, pos, n_heads,
-                      head_dim, row_stride, scale);
+                      head_dim, row_stride, heads->scale);
 }

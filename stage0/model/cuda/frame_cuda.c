@@ -339,7 +339,9 @@ static int queue_step(struct frame_cuda *fc, struct talker_cuda *tc, struct dept
             (rc = frame_cuda_draw_take(&d, n, stream)) < 0)
             return rc;
     }
-    return frame_cuda_feedback(fb, codes, ncb, n, fc->e0, SAMPLER_N_CODES, fc->audio, V, H, fc->feedback_scale, stream);
+    const struct frame_feedback_tables t = {
+        .e0 = fc->e0, .e0_rows = SAMPLER_N_CODES, .audio = fc->audio, .V = V, .width = H, .scale = fc->feedback_scale};
+    return frame_cuda_feedback(fb, codes, ncb, n, &t, stream);
 }
 
 /* The graph of (n, top_k), added (not yet captured) when new. */

@@ -210,9 +210,12 @@ __global__ void feedback_kernel(float *__restrict__ fb, const int32_t *__restric
     fb[(size_t)p * width + i] = __fmul_rn(s, scale);
 }
 
-extern "C" int frame_cuda_feedback(float *fb, const int32_t *codes, int ncb, int n, const uint16_t *e0, int e0_rows,
-                                   const uint16_t *audio, int V, int width, float scale, void *stream)
+extern "C" int frame_cuda_feedback(float *fb, const int32_t *codes, int ncb, int n,
+                                   const struct frame_feedback_tables *t, void *stream)
 {
+    const uint16_t *e0 = t->e0, *audio = t->audio;
+    int e0_rows = t->e0_rows, V = t->V, width = t->width;
+    float scale = t->scale;
     if (n < 1 || n > 65535 || ncb < 1 || e0_rows < 1 || V < 1 || width < 1)
         return mm3_errorf(-EINVAL, "frame_cuda_feedback: %d pairs, %d codebooks, %d/%d rows, width %d", n, ncb, e0_rows,
                           V, width);

@@ -52,11 +52,21 @@ int frame_cuda_draw_take(const struct frame_draw_take *a, int n, void *stream);
 /* Largest n_cols frame_cuda_draw_take accepts on the current device (0 on a CUDA error). */
 int frame_cuda_draw_take_max_cols(void);
 
-/* fb[p, i] = (e0[codes[p*ncb] - 1, i] + sum_{j=1..ncb-1} audio[(j-1)*V + codes[p*ncb+j], i]) * scale,
- * summed in talker_feedback_embedding's order with every operation rounded separately
- * (no fused multiply-add), so the result equals the CPU's bit for bit. */
-int frame_cuda_feedback(float *fb, const int32_t *codes, int ncb, int n, const uint16_t *e0, int e0_rows,
-                        const uint16_t *audio, int V, int width, float scale, void *stream);
+/* The embedding tables of the frame feedback (bf16 rows of width values) and its scale. */
+struct frame_feedback_tables {
+    const uint16_t *e0; /* [e0_rows][width]: the first codebook's, row code - 1 */
+    int e0_rows;
+    const uint16_t *audio; /* [(ncb - 1) * V][width]: codebook j's rows from (j - 1) * V */
+    int V, width;
+    float scale;
+};
+
+/* fb[p, i] = (e0[codes[p*ncb] - 1, i] + sum_{j=1..ncb-1} audio[(j-1)*V + codes[p*ncb+j], i]) * scale
+ * for p < n, with the tables t, summed in talker_feedback_embedding's order with every
+ * operation rounded separately (no fused multiply-add), so the result equals the CPU's
+ * bit for bit. */
+int frame_cuda_feedback(float *fb, const int32_t *codes, int ncb, int n, const struct frame_feedback_tables *t,
+                        void *stream);
 
 #ifdef __cplusplus
 }

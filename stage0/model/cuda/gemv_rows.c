@@ -29,14 +29,16 @@ int gemv_rows_swiglu(float *y, float *gu, const float *x, const uint16_t *wgu, i
     return 0;
 }
 
-int gemv_rows_fused(float *y, const float *x, const uint16_t *w, int n, int in, int out, enum cuda_gemv_epi epi,
-                    const float *norm_w, float eps, void *stream)
+int gemv_rows_fused(const struct cuda_gemv_fused *g, void *stream)
 {
-    const int slice = cuda_ops_gemv_max_rows(in);
-    int y_width = epi == CUDA_GEMV_SWIGLU ? out / 2 : out;
-    for (int r = 0; r < n; r += slice) {
-        int rc = cuda_ops_gemv_bf16_fused(y + (size_t)r * y_width, x + (size_t)r * in, w, slice_rows(n, r, slice), in,
-                                          out, epi, norm_w, eps, stream);
+    const int slice = cuda_ops_gemv_max_rows(g->in);
+    int y_width = g->epi == CUDA_GEMV_SWIGLU ? g->out / 2 : g->out;
+    for (int r = 0; r < g->n_rows; r += slice) {
+        struct cuda_gemv_fused part = *g;
+        part.y = g->y + (size_t)r * y_width;
+        part.x = g->x + (size_t)r * g->in;
+        part.n_rows = slice_rows(g->n_rows, r, slice);
+        int rc = cuda_ops_gemv_bf16_fused(&part, stream);
         if (rc < 0) return rc;
     }
     return 0;

@@ -16,9 +16,8 @@ int gemv_rows(float *y, const float *x, const uint16_t *w, int n, int in, int ou
  * (cuda_ops_matmul_bf16_swiglu per slice; gu [n, 2 ffn] its scratch). */
 int gemv_rows_swiglu(float *y, float *gu, const float *x, const uint16_t *wgu, int n, int in, int ffn, void *stream);
 
-/* cuda_ops_gemv_bf16_fused per slice (y has out / 2 columns with CUDA_GEMV_SWIGLU). */
-int gemv_rows_fused(float *y, const float *x, const uint16_t *w, int n, int in, int out, enum cuda_gemv_epi epi,
-                    const float *norm_w, float eps, void *stream);
+/* cuda_ops_gemv_bf16_fused on g's rows (any number) per slice. */
+int gemv_rows_fused(const struct cuda_gemv_fused *g, void *stream);
 
 /* Whether every slice of n rows fuses for this product and gains by it
  * (cuda_ops_gemv_fused_ok, cuda_ops_gemv_fused_pays). */

@@ -297,7 +297,8 @@ static int attention_queue(struct talker_cuda *tc, struct talker_cuda_scratch *s
         }
         return rc;
     }
-    return talker_cuda_attention_rows_kv(s->o, s->qkv, (size_t)QKV, &kv, s->row, s->pos, n, &heads, st);
+    const struct talker_kv_slots slots = {s->row, s->pos, n};
+    return talker_cuda_attention_rows_kv(s->o, s->qkv, (size_t)QKV, &kv, &slots, &heads, st);
 }
 
 /* The decode layers with the norms, SwiGLU and residual adds inside the products
@@ -314,12 +315,31 @@ static int forward_fused_queue(struct talker_cuda *tc, struct talker_cuda_scratc
     int rc = 0;
     for (int li = 0; li < cfg->n_layers && rc == 0; li++) {
         const struct talker_cuda_layer *L = &tc->layers[li];
-        if ((rc = gemv_rows_fused(s->qkv, s->h, L->wqkv, n, H, QKV, CUDA_GEMV_STORE, L->attn_norm, cfg->eps, st)) < 0 ||
-            (rc = attention_queue(tc, s, li, n, split_k, 0, max_len, st)) < 0 ||
-            (rc = gemv_rows_fused(s->h, s->o, L->wo, n, QD, H, CUDA_GEMV_ADD, NULL, 0.0f, st)) < 0 ||
-            (rc = gemv_rows_fused(s->g, s->h, L->wgu, n, H, 2 * F, CUDA_GEMV_SWIGLU, L->ffn_norm, cfg->eps, st)) < 0)
+        const struct cuda_gemv_fused qkv = {.y = s->qkv,
+                                            .x = s->h,
+                                            .w = L->wqkv,
+                                            .n_rows = n,
+                                            .in = H,
+                                            .out = QKV,
+                                            .norm_w = L->attn_norm,
+                                            .eps = cfg->eps};
+        const struct cuda_gemv_fused wo = {
+            .y = s->h, .x = s->o, .w = L->wo, .n_rows = n, .in = QD, .out = H, .epi = CUDA_GEMV_ADD};
+        const struct cuda_gemv_fused gate_up = {.y = s->g,
+                                                .x = s->h,
+                                                .w = L->wgu,
+                                                .n_rows = n,
+                                                .in = H,
+                                                .out = 2 * F,
+                                                .epi = CUDA_GEMV_SWIGLU,
+                                                .norm_w = L->ffn_norm,
+                                                .eps = cfg->eps};
+        const struct cuda_gemv_fused down = {
+            .y = s->h, .x = s->g, .w = L->wd, .n_rows = n, .in = F, .out = H, .epi = CUDA_GEMV_ADD};
+        if ((rc = gemv_rows_fused(&qkv, st)) < 0 || (rc = attention_queue(tc, s, li, n, split_k, 0, max_len, st)) < 0 ||
+            (rc = gemv_rows_fused(&wo, st)) < 0 || (rc = gemv_rows_fused(&gate_up, st)) < 0)
             break;
-        rc = gemv_rows_fused(s->h, s->g, L->wd, n, F, H, CUDA_GEMV_ADD, NULL, 0.0f, st);
+        rc = gemv_rows_fused(&down, st);
     }
     if (rc == 0) rc = cuda_ops_rmsnorm(s->a, s->h, tc->norm, n, H, cfg->eps, st);
     return rc;

@@ -82,9 +82,11 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 }
 
 extern "C" int talker_cuda_attention_rows_kv(float *out, const float *q, size_t q_stride,
-                                             const struct cuda_kv_cache *kv, const int *row, const int *pos, int n_tok,
+                                             const struct cuda_kv_cache *kv, const struct talker_kv_slots *slots,
                                              const struct attention_heads *heads, void *stream)
 {
+    const int *row = slots->row, *pos = slots->pos;
+    const int n_tok = slots->n;
     if (n_tok == 0) return 0;
     const int n_heads = heads->n_heads, n_kv_heads = heads->n_kv_heads, head_dim = heads->head_dim;
     const enum cuda_kv_dtype kv_dtype = kv->dtype;
@@ -129,9 +131,11 @@ __global__ void kv_store_pair_kernel(KT *__restrict__ kc, KT *__restrict__ vc, c
 }
 
 extern "C" int talker_cuda_kv_store_pair(const struct cuda_kv_cache *kv, const float *k, const float *v,
-                                         size_t src_stride, const int *row, const int *pos, int n, int width,
+                                         size_t src_stride, const struct talker_kv_slots *slots, int width,
                                          void *stream)
 {
+    const int *row = slots->row, *pos = slots->pos;
+    const int n = slots->n;
     if (n == 0) return 0;
     const enum cuda_kv_dtype kv_dtype = kv->dtype;
     const size_t row_stride = kv->seq_stride, pos_stride = kv->row_stride;

@@ -19,23 +19,30 @@ extern "C" {
 /* Largest head_dim of talker_cuda_attention_rows_kv (8 values per lane of a warp). */
 #define TALKER_CUDA_MAX_HEAD_DIM 256
 
-/* Token i (i < n_tok) attends over positions 0..pos[i] of cache row row[i]:
+/* Where n tokens sit in a KV cache: token i at cache row row[i], position pos[i]
+ * (device ints). */
+struct talker_kv_slots {
+    const int *row, *pos;
+    int n;
+};
+
+/* Token i (i < slots->n) attends over positions 0..pos[i] of cache row row[i]:
  *   query row i at q + i*q_stride (q_stride >= n_heads*head_dim: q may sit inside a
- *   fused QKV row) -> out[n_tok, n_heads*head_dim]
- *   kv: the cache (struct cuda_kv_cache, ops_cuda.h); row, pos device ints.
+ *   fused QKV row) -> out[n, n_heads*head_dim]
+ *   kv: the cache (struct cuda_kv_cache, ops_cuda.h).
  * Same result as op_attention (causal, q_pos0 = pos[i]) up to summation order:
  * one block per (head, token), warps take positions round-robin with an online
  * softmax and merge at the end. The kernel for the heads the split-K decode attention
  * does not take: correct for any head_dim <= 256, not tuned. */
 int talker_cuda_attention_rows_kv(float *out, const float *q, size_t q_stride, const struct cuda_kv_cache *kv,
-                                  const int *row, const int *pos, int n_tok, const struct attention_heads *heads,
+                                  const struct talker_kv_slots *slots, const struct attention_heads *heads,
                                   void *stream);
 
-/* K and V of n tokens into their caches in one launch:
+/* K and V of the slots' n tokens into their caches in one launch:
  *   kv->k[row[i]*kv->seq_stride + pos[i]*kv->row_stride + c] = k[i*src_stride + c], c < width
  * and the same for v (k, v may be columns of one fused QKV row: src_stride >= width). */
 int talker_cuda_kv_store_pair(const struct cuda_kv_cache *kv, const float *k, const float *v, size_t src_stride,
-                              const int *row, const int *pos, int n, int width, void *stream);
+                              const struct talker_kv_slots *slots, int width, void *stream);
 
 /* The step between the QKV product and attention, in one launch, on fused rows
  * qkv[n][q width | kv width | kv width] (q width = n_heads*head_dim, kv width =
