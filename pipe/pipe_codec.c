@@ -12,7 +12,7 @@
 #define ANY (-1)
 #define ANY_MAX INT32_MAX
 
-_Static_assert(sizeof(struct pipe_progress) == 4 * sizeof(int64_t), "progress travels as I64 [4]");
+_Static_assert(sizeof(struct pipe_progress) == 3 * sizeof(int64_t), "progress travels as I64 [3]");
 
 const char *pipe_kind_name(uint32_t kind)
 {
@@ -151,7 +151,7 @@ int pipe_encode_pcm(struct shmconn_msg *m, const struct pipe_pcm *p)
     msg_begin(m, PIPE_MSG_PCM, 0);
     int rc = tensor_add(m, "pcm", MM3_DTYPE_F32, 2, (int64_t[]){2, p->n}, (int64_t[]){2, ANY_MAX}, p->pcm);
     if (rc == 0)
-        rc = tensor_add(m, "progress", MM3_DTYPE_I64, 1, (int64_t[]){4}, (int64_t[]){4}, p->pcm ? &p->progress : NULL);
+        rc = tensor_add(m, "progress", MM3_DTYPE_I64, 1, (int64_t[]){3}, (int64_t[]){3}, p->pcm ? &p->progress : NULL);
     return rc;
 }
 
@@ -288,7 +288,7 @@ int pipe_decode_pcm(const struct shmconn_msg *m, struct pipe_pcm *p)
     memset(p, 0, sizeof *p);
     if (kind_check(m, PIPE_MSG_PCM) < 0) return -EBADMSG;
     const struct shmconn_tensor *t = tensor_get(m, "pcm", MM3_DTYPE_F32, 2, (int64_t[]){2, ANY});
-    const struct shmconn_tensor *g = t ? tensor_get(m, "progress", MM3_DTYPE_I64, 1, (int64_t[]){4}) : NULL;
+    const struct shmconn_tensor *g = t ? tensor_get(m, "progress", MM3_DTYPE_I64, 1, (int64_t[]){3}) : NULL;
     if (!g) return -EBADMSG;
     p->pcm = t->data;
     p->n = t->shape[1];

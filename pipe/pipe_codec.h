@@ -62,7 +62,6 @@ struct pipe_progress {
     int64_t windows_done;
     int64_t windows_planned; /* 0 while the song's length is unknown */
     int64_t work_us;         /* microseconds of stage-1 work on the song so far */
-    int64_t capacity_milli;  /* streams the worker keeps fed x 1000 (stage1/capacity.h); -1 unknown */
 };
 
 struct pipe_pcm {

@@ -15,11 +15,10 @@
  *
  * stage 1 -> stage 0 (channel "s1_to_s0"):
  *   PIPE_MSG_PCM                  tensor "pcm": F32 [2, n] channel-major, clamped, at the
- *                                 request's sample rate; tensor "progress": I64 [4] =
+ *                                 request's sample rate; tensor "progress": I64 [3] =
  *                                 {windows done, windows planned or 0 if unknown,
- *                                 microseconds of stage-1 work on the song so far, the
- *                                 worker's real-time capacity in streams x 1000 or -1 if
- *                                 not known yet (stage1/capacity.h, stage0/admission.h)}; n = 0
+ *                                 microseconds of stage-1 work on the song so far (stage 0's
+ *                                 real-time capacity: stage0/admission.h)}; n = 0
  *                                 (codec_streaming off: the audio waits for the end) is a
  *                                 rendered window's progress alone
  *   PIPE_MSG_DONE   flags LAST    tensor "total": I64 [1] = samples per channel sent; optional

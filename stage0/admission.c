@@ -11,11 +11,6 @@ void admission_observe(struct admission *a, double work_s, double audio_s)
     a->audio_s = a->audio_s * ADMISSION_DECAY + audio_s;
 }
 
-void admission_report(struct admission *a, double capacity)
-{
-    if (capacity > 0 && !isnan(capacity)) a->reported = capacity;
-}
-
 double admission_work_per_audio(const struct admission *a)
 {
     return a->audio_s > 0 ? a->work_s / a->audio_s : 0.0;
@@ -23,7 +18,6 @@ double admission_work_per_audio(const struct admission *a)
 
 double admission_capacity(const struct admission *a)
 {
-    if (a->reported > 0) return a->reported;
     double w = admission_work_per_audio(a);
     if (a->audio_s <= 0) return -1;
     return w > 0 ? 1.0 / w : INFINITY;

@@ -1,17 +1,19 @@
 /* Honest admission of streamed songs: how many streams stage 1 can keep fed, from what it
  * measures, and when a held stream may expect to start.
  *
- * Stage 1 reports, with every window's PCM, its real-time capacity C: the streams it keeps
- * fed with the batches it would run for them (stage1/capacity.h: a batch cost fitted over
- * the batch sizes it ran, so a lightly loaded stage 1, rendering windows one at a time,
- * does not read as a slow one). A new stream starts only while the streams admitted are
- * fewer than floor(ADMISSION_UTILIZATION x C). Whole-file songs and streams whose client
- * accepts stalls (`allow_stall`) are not counted: stage 1 gives their windows no deadline,
- * so they only take the room the counted streams leave.
+ * Stage 1 reports, with every window's PCM, the seconds of work it spent on the song so
+ * far (condition, its share of the batched DiT, vocoder). The engine feeds each window's
+ * work and audio seconds here; their ratio w (seconds of stage-1 work per second of
+ * audio, at the precision and batch sizes the server runs now) says stage 1 renders
+ * 1 / w seconds of audio per second in all. A listener plays 1 s of audio per second, so
+ * stage 1 keeps at most C = 1 / w streams fed: a new stream starts only while the streams
+ * admitted are fewer than floor(ADMISSION_UTILIZATION x C). Whole-file songs and streams
+ * whose client accepts stalls (`allow_stall`) are not counted: stage 1 gives their windows
+ * no deadline, so they only take the room the counted streams leave.
  *
- * It also reports the seconds of work it spent on each song so far (condition, its share
- * of the batched DiT, vocoder); their ratio to the audio, w, is what stage 1 spends per
- * second of audio now. Until stage 1 has reported a capacity, 1 / w stands in for it. The
+ * w is measured on the batches the server actually ran: one stream alone runs small,
+ * less efficient batches and reads a higher w (a lower C) than a full server; each stream
+ * admitted makes the batches larger, w falls and C rises to the server's real figure. The
  * sums decay (ADMISSION_DECAY per window), so a change of load or precision shows within
  * a few dozen windows. Before the first window is measured one stream plays at a time.
  *
@@ -31,20 +33,16 @@
 
 struct admission {
     double work_s, audio_s; /* decayed sums over the windows reported */
-    double reported;        /* the latest capacity stage 1 reported; <= 0: none yet */
 };
 
 /* One window (or any stretch of a song): stage-1 work and the audio it made, in seconds.
  * Nonsense (negative, NaN, no audio) is ignored. */
 void admission_observe(struct admission *a, double work_s, double audio_s);
 
-/* Stage 1's capacity in streams as it reported it; capacity < 0 (unknown) is ignored. */
-void admission_report(struct admission *a, double capacity);
-
 /* Seconds of stage-1 work per second of audio; 0 before any observation. */
 double admission_work_per_audio(const struct admission *a);
 
-/* Streams stage 1 keeps fed: the reported capacity, else 1 / w, else -1 (unknown). */
+/* Streams stage 1 keeps fed (1 / w), or -1 while unknown. */
 double admission_capacity(const struct admission *a);
 
 /* 1 when one more counted stream fits beside `streams` admitted ones. The first always

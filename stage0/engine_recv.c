@@ -25,7 +25,6 @@ static void pcm_account(struct engine *e, struct eng_req *q, const struct pipe_p
     /* after a stage-1 restart the song's work counts from 0 again: nothing to add */
     if (work_us > q->work_us_seen) admission_observe(&e->adm, (double)(work_us - q->work_us_seen) * 1e-6, audio_s);
     q->work_us_seen = work_us;
-    if (prog->capacity_milli >= 0) admission_report(&e->adm, (double)prog->capacity_milli / 1000.0);
     eng_capacity_publish(admission_capacity(&e->adm));
     if (!q->job->params.stream || new_s <= 0) return;
     int stalls = q->play.stalls;

@@ -99,7 +99,6 @@ static int server_load(struct s1_server *s, const struct s1_server_options *o)
     if ((rc = s1_backend_flow_batch(&s->be, s->dm, condition_latent_len(&s->cm->cfg, RENDER_WINDOW_FRAMES), max_windows,
                                     &s->fb)) < 0)
         return mm3_error_prefix(rc, "%s: stage 1 flow batch of %d windows: ", s->d.source, max_windows);
-    s1_capacity_init(&s->cap, max_windows);
     s->cand = calloc((size_t)s->max_reqs + 1, sizeof *s->cand);
     if (!s->cand) return mm3_errorf(-ENOMEM, "stage 1: out of memory");
     s->jobs = calloc((size_t)max_windows, sizeof *s->jobs);
@@ -353,7 +352,6 @@ static void round_run(struct s1_server *s)
         int erc = fb->end(fb->ctx, n, s->jobs, s->job_rc);
         double dt = s1_now() - t0;
         s->tot.compute_s += dt;
-        s1_capacity_batch(&s->cap, n, dt);
         LOG_DEBUG("flow batch of %d window(s): %.3f s", n, dt);
         for (int i = 0; i < n; i++) {
             struct s1_request *q = s1_request_find(s, s->job_ids[i]);

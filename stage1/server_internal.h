@@ -12,7 +12,6 @@
 #include "pipe/pipe_codec.h"
 #include "shmconn/shmconn.h"
 #include "stage1/backend.h"
-#include "stage1/capacity.h"
 #include "stage1/condition.h"
 #include "stage1/dit.h"
 #include "stage1/flow.h"
@@ -56,8 +55,6 @@ struct s1_request {
     int in_flow;         /* a window of it is out in the server's flow batch */
     int send_rc;         /* first failed send inside the render's sink */
     double t_start, compute_s;
-    double window_extra_s;  /* the next window's work outside its DiT batch so far */
-    int64_t native_samples; /* samples per channel the render emitted (native rate) */
     struct replay_noise replay; /* n > 0: START's "replay" file noise instead of the seed */
 };
 
@@ -79,7 +76,6 @@ struct s1_server {
      * work sums must add up to stage 1's busy time for admission's capacity). */
     int finishing_overlapped;
     struct window_candidate *cand; /* [max_reqs + 1]: the ready windows of a round */
-    struct s1_capacity cap;        /* real-time capacity, sent with every PCM message */
     int native_rate, hop;
     float default_shift; /* START's flow_shift 0: stages[1].flow_shift, else the checkpoint's */
     char prefix[32];

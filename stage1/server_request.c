@@ -1,7 +1,6 @@
 /* One request in the stage-1 server: START / FRAMES / END / CANCEL in, PCM / DONE / ERROR
  * out (pipe/pipe_proto.h, through pipe/pipe_codec.h), a render per active request. */
 #include <inttypes.h>
-#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,13 +56,6 @@ static int out_check(struct s1_server *s, int rc)
     return rc;
 }
 
-/* The capacity as the progress tensor carries it. */
-static int64_t capacity_milli(const struct s1_capacity *c)
-{
-    double streams = s1_capacity_streams(c);
-    return streams < 0 ? -1 : (int64_t)fmin(streams * 1000.0, 1e12);
-}
-
 /* One PCM message: samples at .. at + m - 1 of PCM [2, n] (channel c at pcm + c*stride;
  * m may be 0) and the progress tensor, written straight into the region. */
 static int send_pcm_message(struct s1_server *s, struct s1_request *q, const float *pcm, int64_t stride, int64_t at,
@@ -79,7 +71,6 @@ static int send_pcm_message(struct s1_server *s, struct s1_request *q, const flo
         .windows_done = q->windows_done,
         .windows_planned = q->ended ? render_window_count((int)q->frames_in) : 0,
         .work_us = (int64_t)(q->compute_s * 1e6),
-        .capacity_milli = capacity_milli(&s->cap),
     };
     pipe_pcm_write(&msg, m ? pcm + at : NULL, m ? pcm + stride + at : NULL, &progress);
     if ((rc = shmconn_send_commit(s->out, &msg)) < 0) return out_check(s, rc);
@@ -164,7 +155,6 @@ static int request_emit(void *ctx, const float *pcm, int n)
     struct s1_request *q = ctx;
     struct s1_server *s = q->srv;
     int rc;
-    q->native_samples += n;
     if (q->rs) {
         int64_t want = resample_stream_push_len(q->rs, n), got = 0;
         if ((rc = rs_reserve(q, want)) == 0 &&
@@ -322,7 +312,6 @@ int s1_request_prepare(struct s1_server *s, struct s1_request *q, struct flow_jo
     double dt = s1_now() - t0;
     q->compute_s += dt;
     s->tot.compute_s += dt;
-    q->window_extra_s += dt;
     if (rc < 0) {
         request_render_failed(s, q, "window failed");
         return rc;
@@ -343,7 +332,6 @@ void s1_request_step(struct s1_server *s, struct s1_request *q)
     if (!q->active) return;
     if (render_window_unfinished(q->render) > 0) {
         double t0 = s1_now();
-        int64_t samples0 = q->native_samples;
         q->windows_done = render_windows_done(q->render) + 1;
         int rc = render_window_finish(q->render);
         double dt = s->finishing_overlapped ? 0.0 : s1_now() - t0;
@@ -353,10 +341,6 @@ void s1_request_step(struct s1_server *s, struct s1_request *q)
             request_render_failed(s, q, "window failed");
             return;
         }
-        if (q->windows_done > 1) /* a first window's audio is not what a stream needs per window */
-            s1_capacity_window(&s->cap, q->window_extra_s + dt,
-                               (double)(q->native_samples - samples0) / s->native_rate);
-        q->window_extra_s = 0;
         s->tot.windows++;
         LOG_DEBUG("request %" PRIu64 ": window %d finished, %.3f s of compute so far", q->id, q->windows_done - 1,
                   q->compute_s);

@@ -1,5 +1,5 @@
 /* stage0/admission.h and stage0/playback.h on a fake clock: the real-time capacity from
- * stage 1's report or its work per audio second, which streams it admits, the start estimate of a held
+ * stage 1's work per audio second, which streams it admits, the start estimate of a held
  * stream, and the stalls of a listener playing at 1x. */
 #include <math.h>
 #include <setjmp.h>
@@ -95,28 +95,6 @@ static void test_start_estimate(void **state)
     NEAR(admission_start_estimate(&a, done, 1, 1), 0.0);
 }
 
-/* Stage 1's reported capacity (its fitted batch cost) decides once it comes: a stage 1
- * rendering windows one at a time reads slow by work per audio second, not by its report. */
-static void test_reported_capacity(void **state)
-{
-    (void)state;
-    struct admission a = {0};
-    for (int i = 0; i < 200; i++)
-        admission_observe(&a, 0.68, 4.0); /* batches of one: 1 / w = 5.9 */
-    NEAR(admission_capacity(&a), 4.0 / 0.68);
-    assert_false(admission_allows(&a, 5));
-    admission_report(&a, 8.44);
-    NEAR(admission_capacity(&a), 8.44);
-    assert_true(admission_allows(&a, 6));  /* the seventh fits 0.85 x 8.44 */
-    assert_false(admission_allows(&a, 7));
-    NEAR(admission_work_per_audio(&a), 0.68 / 4.0); /* the start estimate keeps the work */
-    admission_report(&a, -1); /* unknown (a restarted stage 1): the last report stands */
-    admission_report(&a, NAN);
-    NEAR(admission_capacity(&a), 8.44);
-    admission_report(&a, 3.0); /* the latest report wins: load or precision changed */
-    NEAR(admission_capacity(&a), 3.0);
-}
-
 /* A listener from its first audio at t = 10: 4 s arrive, the next 4 s at 13 (1 s early),
  * the next at 19 (due at 18: a 1 s stall), the next at 22.5 (due at 23, early again). */
 static void test_playback_stalls(void **state)
@@ -146,7 +124,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_unknown_admits),          cmocka_unit_test(test_capacity_from_work),
         cmocka_unit_test(test_capacity_follows_change), cmocka_unit_test(test_start_estimate),
-        cmocka_unit_test(test_reported_capacity),       cmocka_unit_test(test_playback_stalls),
+        cmocka_unit_test(test_playback_stalls),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
