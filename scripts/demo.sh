@@ -30,8 +30,11 @@ if [ -z "$model" ]; then
   [ -f build/tiny-ckpt/modular_model_index.json ] || build/bin/mm3-mkckpt --preset tiny --out build/tiny-ckpt --seed 1
   config=${config:-configs/tiny-cpu.yaml}
   model=build/tiny-ckpt
-else
-  config=${config:-configs/minimax_music3.yaml}
+elif [ -z "$config" ]; then
+  # The one-GPU file is an H200's; a card of less than 100 GiB gets the 80 GB file.
+  mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 2>/dev/null | head -1)
+  config=configs/minimax_music3.yaml
+  [ -n "$mib" ] && [ "$mib" -lt 102400 ] 2>/dev/null && config=configs/minimax_music3_h100.yaml
 fi
 
 export MM3_SHM_PREFIX="mm3-demo-$$-"
