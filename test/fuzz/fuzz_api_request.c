@@ -41,12 +41,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (!memchr(field, 0, sizeof field)) fuzz_fail("field name not terminated");
         if (!mm3_last_error()[0]) fuzz_fail("refused without a message");
     } else {
-        int cont = p.continue_from[0] != 0;
+        /* a continuation (by id or by an uploaded journal) may leave its text out */
+        int by_id = p.continue_from[0] != 0, cont = by_id || p.journal;
         if (!p.lyrics || !p.caption || (!cont && (!p.lyrics[0] || !p.caption[0])))
             fuzz_fail("accepted without caption/lyrics");
-        if (cont && (strlen(p.continue_from) != 32 || strspn(p.continue_from, "0123456789abcdef") != 32))
+        if (by_id && (strlen(p.continue_from) != 32 || strspn(p.continue_from, "0123456789abcdef") != 32))
             fuzz_fail("continue_from '%s' is not a request id", p.continue_from);
-        if (p.return_whole && !cont) fuzz_fail("return whole without continue_from");
+        if (by_id && p.journal) fuzz_fail("both continue_from and continue_journal accepted");
+        if (p.journal && !p.journal_len) fuzz_fail("an empty uploaded journal accepted");
+        if (p.return_whole && !cont) fuzz_fail("return whole without a continuation");
         if (p.max_frames < 1 || p.max_frames > lim.max_frames) fuzz_fail("max_frames %d", (int)p.max_frames);
         if (p.sample_rate != 44100 && p.sample_rate != 32000) fuzz_fail("sample_rate %d", (int)p.sample_rate);
         mm3_job_params_free(&p);

@@ -214,6 +214,8 @@ def seeds_api_request():
         "unknown_field": dict(base, temperature=0.7),
         "continuation": {"continue_from": "0123456789abcdef0123456789abcdef", "duration_s": 20,
                          "return": "whole", "min_duration_s": 5},
+        # an uploaded journal (base64 that need not be a journal: the engine checks it) and no caption
+        "continuation_journal": {"input": "se]", "continue_journal": "p" + "b" * 71, "model": "pcm"},
     }
     for k, v in bodies.items():
         out(t, k, json.dumps(v))
