@@ -227,7 +227,7 @@ if phase e2e && [ -z "$e2e_na" ]; then
       llog=$out/launch.log
       [ "$name" = e2e ] || llog=$out/launch-$name.log
       port=$("$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-      export MM3_SHM_PREFIX="mm3-bench-$$-" MM3_BIN_DIR="$root/$bin"
+      export MM3_SHM_PREFIX="mm3-bench-$$-" MM3_BIN_DIR="$(cd "$bin" && pwd)"
       log "launch.sh $cfg on port $port"
       scripts/launch.sh "$cfg" --model "$ckpt" --port "$port" > "$llog" 2>&1 &
       launcher=$!
