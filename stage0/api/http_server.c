@@ -125,7 +125,7 @@ void http_server_config_default(struct http_server_config *cfg)
     cfg->max_buffered_bytes = (size_t)1 << 30;
     cfg->pcm_channels = 2;
     cfg->pcm_rate = 44100;
-    cfg->model_name = "MiniMax-Music3";
+    cfg->model_name = MM3_SERVED_MODEL_NAME;
     api_limits_default(&cfg->limits);
 }
 
