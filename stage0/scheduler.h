@@ -56,6 +56,9 @@ struct sched_config {
     int n_capture_sizes;
     const int *capture_sizes;
     int graph_warmups;
+    /* Per-request talker adapters (deploy lora_modules; NULL or empty: none): a job's
+     * params.lora names one, which both rows of its pair apply. Must outlive the scheduler. */
+    const struct talker_lora_set *lora;
 };
 
 /* Called on the step thread. Frames are raw: n_codebooks * hidden floats each. */
@@ -106,7 +109,7 @@ int sched_create(struct sched **out, const struct sched_config *cfg, const struc
                  const struct tokenizer *tok, const struct sched_sink *sink);
 
 /* Tokenize and enqueue. -EINVAL with the job's error set (400 naming the field)
- * for a bad prompt, -EAGAIN when the queue is full, -ESHUTDOWN when stopping.
+ * for a bad prompt or an adapter (params.lora) that is not loaded, -EAGAIN when the queue is full, -ESHUTDOWN when stopping.
  * On success the scheduler holds its own reference. */
 int sched_submit(struct sched *s, struct mm3_job *job);
 
