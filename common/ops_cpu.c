@@ -185,7 +185,8 @@ void op_lora_up(float *y, const float *t, const float *b, float scale, int n, in
         for (int o = 0; o < out; o++) {
             const float *br = b + (size_t)o * rank;
             float s = 0.0f;
-            for (int k = 0; k < rank; k++) s += tr[k] * br[k];
+            for (int k = 0; k < rank; k++)
+                s += tr[k] * br[k];
             yr[o] += scale * s;
         }
     }

@@ -208,8 +208,10 @@ static int submit(struct sched *s, struct mm3_job *job, const int32_t *cont_code
     if (job->params.lora[0] && r->lora < 0) {
         /* a continued journal's adapter, or one a replica of other lora_modules took */
         const char *field = job->params.journal ? "continue_journal" : "lora";
-        mm3_job_set_error_param(job, 400, field, "%s: the song's adapter '%s' is not loaded here (GET /v1/models lists "
-                                "the adapters)", field, job->params.lora);
+        mm3_job_set_error_param(job, 400, field,
+                                "%s: the song's adapter '%s' is not loaded here (GET /v1/models lists "
+                                "the adapters)",
+                                field, job->params.lora);
         free(r);
         return -EINVAL;
     }

@@ -537,11 +537,19 @@ int main(void)
 {
     api_limits_default(&lim);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_defaults), cmocka_unit_test(test_deploy_defaults),    cmocka_unit_test(test_all_fields),   cmocka_unit_test(test_duration_rules),
-        cmocka_unit_test(test_text_fields), cmocka_unit_test(test_field_errors), cmocka_unit_test(test_malformed),
-        cmocka_unit_test(test_replay_file_confined), cmocka_unit_test(test_other_servers_fields),
-        cmocka_unit_test(test_seed_beyond_64_bits), cmocka_unit_test(test_stream_format),
-        cmocka_unit_test(test_min_length), cmocka_unit_test(test_continuation),
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_deploy_defaults),
+        cmocka_unit_test(test_all_fields),
+        cmocka_unit_test(test_duration_rules),
+        cmocka_unit_test(test_text_fields),
+        cmocka_unit_test(test_field_errors),
+        cmocka_unit_test(test_malformed),
+        cmocka_unit_test(test_replay_file_confined),
+        cmocka_unit_test(test_other_servers_fields),
+        cmocka_unit_test(test_seed_beyond_64_bits),
+        cmocka_unit_test(test_stream_format),
+        cmocka_unit_test(test_min_length),
+        cmocka_unit_test(test_continuation),
         cmocka_unit_test(test_lora),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -73,10 +73,14 @@ static void test_ops(void **state)
     const int n = 3, in = 37, out = 29, rank = 5;
     const float s = 1.75f;
     float x[3 * 37], a[5 * 37], b[29 * 5], y[3 * 29], y0[3 * 29], t[3 * 5];
-    for (int i = 0; i < n * in; i++) x[i] = test_rand_uniform(&rng, 1.0f);
-    for (int i = 0; i < rank * in; i++) a[i] = test_rand_uniform(&rng, 1.0f);
-    for (int i = 0; i < out * rank; i++) b[i] = test_rand_uniform(&rng, 1.0f);
-    for (int i = 0; i < n * out; i++) y[i] = y0[i] = test_rand_uniform(&rng, 1.0f);
+    for (int i = 0; i < n * in; i++)
+        x[i] = test_rand_uniform(&rng, 1.0f);
+    for (int i = 0; i < rank * in; i++)
+        a[i] = test_rand_uniform(&rng, 1.0f);
+    for (int i = 0; i < out * rank; i++)
+        b[i] = test_rand_uniform(&rng, 1.0f);
+    for (int i = 0; i < n * out; i++)
+        y[i] = y0[i] = test_rand_uniform(&rng, 1.0f);
     op_lora_down(t, x, a, n, in, rank);
     op_lora_up(y, t, b, s, n, rank, out);
     for (int r = 0; r < n; r++)
@@ -84,7 +88,8 @@ static void test_ops(void **state)
             double acc = 0;
             for (int k = 0; k < rank; k++) {
                 double ax = 0;
-                for (int i = 0; i < in; i++) ax += (double)a[k * in + i] * x[r * in + i];
+                for (int i = 0; i < in; i++)
+                    ax += (double)a[k * in + i] * x[r * in + i];
                 acc += (double)b[o * rank + k] * ax;
             }
             double want = y0[r * out + o] + s * acc;
@@ -99,7 +104,8 @@ static void run_row(const struct talker *m, struct talker_state *s, int row, con
 {
     int H = m->cfg.hidden;
     int rows[64], pos[64];
-    for (int i = 0; i < P; i++) rows[i] = row, pos[i] = i;
+    for (int i = 0; i < P; i++)
+        rows[i] = row, pos[i] = i;
     assert_int_equal(talker_forward(m, s, P, rows, pos, emb, hidden), 0);
     for (int d = 0; d < D; d++) {
         int p = P + d;
@@ -115,7 +121,8 @@ static float *token_embeddings(uint64_t seed)
     float *e = malloc(sizeof(float) * T * H);
     int32_t ids[T];
     uint64_t rng = seed;
-    for (int i = 0; i < T; i++) ids[i] = (int32_t)(test_rand_next(&rng) % 1000);
+    for (int i = 0; i < T; i++)
+        ids[i] = (int32_t)(test_rand_next(&rng) % 1000);
     assert_int_equal(talker_embed_tokens(&g_lm, ids, T, e), 0);
     return e;
 }
@@ -134,7 +141,8 @@ static void test_per_request_equals_merged(void **state)
     assert_int_equal(set.a[0].rank, 8);
     assert_true(fabsf(set.a[0].scale - (float)(scale * 2.0)) < 1e-6f);
     for (int l = 0; l < g_lm.cfg.n_layers; l++)
-        for (int t = 0; t < TALKER_LORA_N_TARGETS; t++) assert_non_null(talker_lora_at(&set.a[0], l, t)->a);
+        for (int t = 0; t < TALKER_LORA_N_TARGETS; t++)
+            assert_non_null(talker_lora_at(&set.a[0], l, t)->a);
 
     int H = g_lm.cfg.hidden;
     float *emb = token_embeddings(5);
@@ -174,10 +182,9 @@ static void test_mixed_batch(void **state)
     struct talker_lora_set set = {0};
     assert_int_equal(talker_lora_set_add(&set, &g_lm.cfg, "a", make_adapter("a", "language_model", 4, 21, NULL), 1.0),
                      0);
-    assert_int_equal(
-        talker_lora_set_add(&set, &g_lm.cfg, "b", make_adapter("b", "language_model", 16, 22, "q_proj,v_proj,down_proj"),
-                            0.5),
-        0);
+    assert_int_equal(talker_lora_set_add(&set, &g_lm.cfg, "b",
+                                         make_adapter("b", "language_model", 16, 22, "q_proj,v_proj,down_proj"), 0.5),
+                     0);
     assert_int_equal(talker_lora_set_find(&set, "b"), 1);
     assert_null(talker_lora_at(&set.a[1], 0, TALKER_LORA_K)->a);
     const int adapter[6] = {0, 0, -1, -1, 1, 1};
@@ -197,7 +204,8 @@ static void test_mixed_batch(void **state)
     struct talker_state s;
     assert_int_equal(talker_state_init(&s, &g_lm, 6, 32), 0);
     talker_state_set_lora(&s, &set);
-    for (int r = 0; r < 6; r++) s.row_lora[r] = adapter[r];
+    for (int r = 0; r < 6; r++)
+        s.row_lora[r] = adapter[r];
     float *x = malloc(sizeof(float) * 6 * T * H), *y = malloc(sizeof(float) * 6 * T * H);
     int rows[6 * T], pos[6 * T];
     /* prefill in two chunks per row, rows interleaved; then D decode steps of all six */
@@ -219,9 +227,11 @@ static void test_mixed_batch(void **state)
             memcpy(x + (size_t)r * H, emb[r] + (size_t)(P + d) * H, sizeof(float) * H);
         }
         assert_int_equal(talker_forward(&g_lm, &s, 6, rows, pos, x, y), 0);
-        for (int r = 0; r < 6; r++) memcpy(batch[r] + (size_t)(P + d) * H, y + (size_t)r * H, sizeof(float) * H);
+        for (int r = 0; r < 6; r++)
+            memcpy(batch[r] + (size_t)(P + d) * H, y + (size_t)r * H, sizeof(float) * H);
     }
-    for (int r = 0; r < 6; r++) assert_memory_equal(batch[r], alone[r], sizeof(float) * T * H);
+    for (int r = 0; r < 6; r++)
+        assert_memory_equal(batch[r], alone[r], sizeof(float) * T * H);
     /* rows 0, 2, 4 had the same kind of input but other adapters: other hiddens */
     float *ref = token_embeddings(100);
     struct talker_state b;
@@ -231,7 +241,8 @@ static void test_mixed_batch(void **state)
     assert_true(test_rel_error(alone[0], none, (size_t)T * H) > 1e-3);
     talker_state_free(&b);
     free(ref), free(none), free(x), free(y);
-    for (int r = 0; r < 6; r++) free(emb[r]), free(alone[r]), free(batch[r]);
+    for (int r = 0; r < 6; r++)
+        free(emb[r]), free(alone[r]), free(batch[r]);
     talker_state_free(&s);
     talker_lora_set_free(&set);
 }

@@ -277,12 +277,11 @@ static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params
 {
     const struct api_limits *lim = c->lim;
     static const char *const known[] = {
-        "input",          "lyrics",    "instructions",    "caption",       "max_new_tokens",
-        "min_new_tokens", "min_duration_s",
-        "duration_s",     "seed",      "response_format", "sample_rate",   "num_inference_steps",
-        "guidance_scale", "cfg_scale", "stream",          "stream_format", "model",
-        "speed",          "x_replay_file", "ignore_eos",  "flow_shift",    "allow_stall",
-        "continue_from",  "continue_journal", "return",    "lora",
+        "input",          "lyrics",     "instructions", "caption",         "max_new_tokens", "min_new_tokens",
+        "min_duration_s", "duration_s", "seed",         "response_format", "sample_rate",    "num_inference_steps",
+        "guidance_scale", "cfg_scale",  "stream",       "stream_format",   "model",          "speed",
+        "x_replay_file",  "ignore_eos", "flow_shift",   "allow_stall",     "continue_from",  "continue_journal",
+        "return",         "lora",
     };
     const char *key;
     json_t *v;
