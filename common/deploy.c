@@ -781,6 +781,84 @@ static int decode_lora(const struct scope *sc, const ynode *key, const ynode *v,
     return 0;
 }
 
+static int decode_lora_module(const struct scope *sc, const ynode *n, const char *path, int j)
+{
+    struct load_ctx *c = sc->c;
+    struct mm3_stage_config *s = scope_stage(sc);
+    struct mm3_lora_module_config *l = &s->lora_modules[j];
+    char what[96], p[KEY_PATH_MAX];
+    if (n->kind != MM3_YAML_MAP)
+        return fail(c, n, path, "expected a mapping {name: NAME, path: ADAPTER_DIR, scale: 1.0}, got %s",
+                    mm3_yaml_describe(n, what, sizeof what));
+    l->scale = 1.0;
+    const ynode *name_node = NULL, *path_node = NULL;
+    for (size_t i = 0; i < n->n; i++) {
+        const char *k = n->keys[i]->text;
+        const ynode *v = n->items[i];
+        path_join(p, path, k);
+        int rc;
+        if (!strcmp(k, "name")) {
+            name_node = v;
+            if ((rc = get_string(c, v, p, l->name, sizeof l->name, false)) == 0 &&
+                strspn(l->name, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") != strlen(l->name))
+                rc = fail(c, v, p, "expected only letters, digits, '.', '_' and '-' (a request names it), got '%s'",
+                          l->name);
+            if (rc == 0 && !strcmp(l->name, MM3_SERVED_MODEL_NAME))
+                rc = fail(c, v, p, "'%s' is the base model's name: a request naming it gets no adapter", l->name);
+            for (int o = 0; rc == 0 && o < j; o++)
+                if (!strcmp(s->lora_modules[o].name, l->name))
+                    rc = fail(c, v, p, "'%s' is already the name of lora_modules[%d]", l->name, o);
+        } else if (!strcmp(k, "path")) {
+            path_node = v;
+            rc = get_string(c, v, p, l->path, sizeof l->path, false);
+        } else if (!strcmp(k, "scale")) {
+            rc = get_number(c, v, p, -100, false, 100, false, &l->scale);
+        } else if (!strcmp(k, "component")) {
+            char comp[MM3_DEPLOY_NAME_MAX];
+            if ((rc = get_string(c, v, p, comp, sizeof comp, false)) == 0 && strcmp(comp, "language_model"))
+                rc = fail(c, v, p,
+                          "expected 'language_model': only talker adapters are served per request (merge a "
+                          "'%s' adapter at load with stages[0].lora)",
+                          comp);
+        } else {
+            rc = unknown_key(c, n->keys[i], p, "name, path, scale, component");
+        }
+        if (rc < 0) return rc;
+    }
+    if (!name_node) {
+        path_join(p, path, "name");
+        return fail(c, n, p, "missing (expected the name a request picks the adapter by)");
+    }
+    if (!path_node) {
+        path_join(p, path, "path");
+        return fail(c, n, p,
+                    "missing (expected the adapter's folder: adapter_config.json and adapter_model.safetensors)");
+    }
+    return 0;
+}
+
+static int decode_lora_modules(const struct scope *sc, const ynode *key, const ynode *v, const char *path)
+{
+    struct mm3_stage_config *s = scope_stage(sc);
+    char what[96];
+    s->n_lora_modules = 0;
+    if (mm3_yaml_is_null(v)) return 0;
+    if (v->kind != MM3_YAML_SEQ)
+        return fail(sc->c, v, path, "expected a list of adapters like [{name: NAME, path: DIR}], got %s",
+                    mm3_yaml_describe(v, what, sizeof what));
+    if (v->n > MM3_DEPLOY_MAX_LORA_MODULES)
+        return fail(sc->c, v, path, "expected at most %d adapters served per request, got %zu",
+                    MM3_DEPLOY_MAX_LORA_MODULES, v->n);
+    for (size_t j = 0; j < v->n; j++) {
+        char q[KEY_PATH_MAX];
+        path_index(q, path, j);
+        int rc = decode_lora_module(sc, v->items[j], q, (int)j);
+        if (rc < 0) return rc;
+        s->n_lora_modules++;
+    }
+    return 0;
+}
+
 static int decode_stage_id(const struct scope *s, const ynode *key, const ynode *v, const char *path)
 {
     return 0; /* read first, by decode_stage */
@@ -844,6 +922,7 @@ static const struct field stage_fields[] = {
     {"stream_priority", CHOICE_AT(struct mm3_stage_config, stream_priority, stream_priority_names)},
     {"window_order", CHOICE_AT(struct mm3_stage_config, window_order, window_order_names), .stage1_only = true},
     {"lora", CUSTOM(decode_lora)},
+    {"lora_modules", CUSTOM(decode_lora_modules), .stage0_only = true},
 };
 
 static int decode_stage(struct load_ctx *c, const ynode *n, int position)

@@ -39,6 +39,11 @@
 #define MM3_DEPLOY_WARNING_MAX 512
 #define MM3_DEPLOY_FILE_BYTES_MAX (1 << 20)
 #define MM3_DEPLOY_MAX_LORA 8
+/* Per-request talker adapters (lora_modules) loaded at once. */
+#define MM3_DEPLOY_MAX_LORA_MODULES 8
+#define MM3_DEPLOY_LORA_NAME_MAX 64
+/* The model id the API serves (/v1/models, a request's `model`); no adapter may take it. */
+#define MM3_SERVED_MODEL_NAME "MiniMax-Music3"
 
 /* Serving limits of the model recipe (vLLM-Omni constants.py), not geometry:
  * the prompt cap of the HTTP contract, the longest song in AR frames, and the
@@ -99,6 +104,14 @@ struct mm3_lora_config {
     char component[MM3_DEPLOY_NAME_MAX]; /* stage 0: language_model | rvq_depth_decoder; stage 1: transformer */
 };
 
+/* One entry of stage 0's `lora_modules:` list: a talker adapter a request picks by
+ * name (its `model` or `lora` field), applied without merging (stage0/model/talker_lora.h). */
+struct mm3_lora_module_config {
+    char name[MM3_DEPLOY_LORA_NAME_MAX]; /* 1..63 of [A-Za-z0-9._-], unique, not MM3_SERVED_MODEL_NAME */
+    char path[MM3_DEPLOY_PATH_MAX];
+    double scale;
+};
+
 struct mm3_compilation_config {
     int mode; /* always 0: mm3 compiles nothing */
     int n_capture_sizes;
@@ -131,6 +144,8 @@ struct mm3_stage_config {
     enum mm3_stream_priority stream_priority;   /* of the CUDA streams the stage creates */
     int n_lora;
     struct mm3_lora_config lora[MM3_DEPLOY_MAX_LORA]; /* merged at load, in list order */
+    int n_lora_modules;                               /* stage 0 only */
+    struct mm3_lora_module_config lora_modules[MM3_DEPLOY_MAX_LORA_MODULES]; /* served per request */
 
     /* default_sampling_params */
     double temperature; /* stage 0: 1.0; stage 1: 0.0 (both checked) */

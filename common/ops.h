@@ -62,4 +62,12 @@ void op_softmax(float *x, int n);
 /* y[i] += x[i] */
 void op_add(float *y, const float *x, size_t n);
 
+/* The two halves of a LoRA product y += scale * B (A x), kept apart because the
+ * small [n, rank] middle is what a batch of rows with different adapters shares:
+ * op_lora_down: t[n, rank] = x[n, in] . a[rank, in]^T;
+ * op_lora_up:   y[n, out] += scale * (t[n, rank] . b[out, rank]^T), the product
+ * summed in float32 before it is scaled and added. */
+void op_lora_down(float *t, const float *x, const float *a, int n, int in, int rank);
+void op_lora_up(float *y, const float *t, const float *b, float scale, int n, int rank, int out);
+
 #endif

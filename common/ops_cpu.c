@@ -171,3 +171,23 @@ void op_add(float *y, const float *x, size_t n)
 {
     for (size_t i = 0; i < n; i++) y[i] += x[i];
 }
+
+void op_lora_down(float *t, const float *x, const float *a, int n, int in, int rank)
+{
+    op_matmul(t, x, a, NULL, n, in, rank);
+}
+
+void op_lora_up(float *y, const float *t, const float *b, float scale, int n, int rank, int out)
+{
+    for (int r = 0; r < n; r++) {
+        const float *tr = t + (size_t)r * rank;
+        float *yr = y + (size_t)r * out;
+        for (int o = 0; o < out; o++) {
+            const float *br = b + (size_t)o * rank;
+            float s = 0.0f;
+            for (int k = 0; k < rank; k++)
+                s += tr[k] * br[k];
+            yr[o] += scale * s;
+        }
+    }
+}

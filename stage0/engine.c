@@ -205,6 +205,13 @@ int engine_create(struct engine **out, const struct mm3_deploy *d, const struct 
         if ((rc = song_store_create(&e->songs, &sl)) < 0) goto fail;
         sc.keep_codes = 1;
     }
+    for (int i = 0; i < s0->n_lora_modules; i++)
+        if ((rc = talker_lora_set_add(&e->lora, &lm->cfg, s0->lora_modules[i].name, s0->lora_modules[i].path,
+                                      s0->lora_modules[i].scale)) < 0) {
+            mm3_error_prefix(rc, "%s: stages[0].lora_modules[%d]: ", d->source, i);
+            goto fail;
+        }
+    sc.lora = &e->lora;
     sc.backend = d->backend == MM3_BACKEND_CUDA ? TALKER_BACKEND_CUDA : TALKER_BACKEND_CPU;
     sc.kv_dtype = s0->kv_cache_dtype;
     if (!s0->enforce_eager && s0->compilation.cudagraph_mode == MM3_CUDAGRAPH_FULL_DECODE_ONLY) {
@@ -227,6 +234,7 @@ int engine_create(struct engine **out, const struct mm3_deploy *d, const struct 
     *out = e;
     return 0;
 fail:
+    talker_lora_set_free(&e->lora);
     song_store_destroy(e->songs);
     for (int k = 0; e->workers && k < e->n_workers; k++)
         pthread_rwlock_destroy(&e->workers[k].conn_mu);
@@ -318,6 +326,7 @@ void engine_destroy(struct engine *e)
     free(e->workers);
     pthread_mutex_destroy(&e->mu);
     song_store_destroy(e->songs);
+    talker_lora_set_free(&e->lora);
     free(e->mixed);
     free(e);
 }

@@ -51,6 +51,9 @@ static int check_conflicts(struct mm3_job *job, const struct mm3_job_params *son
         rc = conflict(job, MM3_GIVEN_GUIDANCE, p->guidance_scale != song->guidance_scale, "guidance_scale", v);
     snprintf(v, sizeof v, "%g", song->flow_shift);
     if (rc == 0) rc = conflict(job, MM3_GIVEN_FLOW_SHIFT, p->flow_shift != song->flow_shift, "flow_shift", v);
+    /* the song's frames came from its adapter's talker: the rest must too */
+    snprintf(v, sizeof v, "%s", song->lora[0] ? song->lora : "no adapter");
+    if (rc == 0) rc = conflict(job, MM3_GIVEN_LORA, strcmp(p->lora, song->lora) != 0, "lora", v);
     return rc;
 }
 
@@ -89,6 +92,7 @@ static int take_song(struct engine *e, struct mm3_job *job, const struct song_re
     p->num_inference_steps = rec->params.num_inference_steps;
     p->guidance_scale = rec->params.guidance_scale;
     p->flow_shift = rec->params.flow_shift;
+    memcpy(p->lora, rec->params.lora, sizeof p->lora);
     p->max_frames = frames + add;
     p->min_frames = frames + (p->min_frames > 1 ? p->min_frames : 1);
     if (p->min_frames > p->max_frames) p->min_frames = p->max_frames;

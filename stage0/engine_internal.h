@@ -91,6 +91,7 @@ struct s1_worker {
 
 struct engine {
     const struct mm3_deploy *d;
+    struct talker_lora_set lora; /* stage 0's lora_modules, served per request */
     time_t created_unix; /* before any journal of this process (the start-up sweep) */
     struct sched *sched;
     struct api_engine api;

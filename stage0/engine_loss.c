@@ -141,8 +141,12 @@ static void resend(struct engine *e, struct eng_req *r)
         /* On the scheduler's spare row, on the backend the song was generated on. */
         const struct talker_backend *be;
         int row = sched_spare_row(e->sched, &be);
+        /* the frames were made with the song's adapter: the spare row takes it for the re-send */
+        int lora = talker_lora_set_find(&e->lora, job->params.lora);
         rc = row < 0 ? mm3_errorf(-ENODATA, "no spare talker row to teacher-force on (journaling is off)")
-                     : teacher_force_journal(be, row, r->jr, r->ids, r->prompt_len, &sink, &n);
+                     : talker_backend_row_lora(be, row, lora);
+        if (rc == 0) rc = teacher_force_journal(be, row, r->jr, r->ids, r->prompt_len, &sink, &n);
+        if (row >= 0) talker_backend_row_lora(be, row, -1);
         if (rc < 0 && rc != -EPIPE) {
             mm3_job_fail_kind(job, MM3_FAIL_STAGE1, "stage 1 died mid-song and the journal cannot re-send it: %s",
                               mm3_last_error());

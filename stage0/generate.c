@@ -164,6 +164,7 @@ int generate_attach(struct generate *g, const struct talker *lm, const struct de
                            cfg_scale, hooks);
     if (rc < 0) return rc;
     g->ts = ts;
+    if (ts->row_lora) ts->row_lora[row_c] = ts->row_lora[row_u] = -1;
     if ((rc = depth_state_init(&g->ds, dd, 2)) < 0) generate_end(g);
     return rc;
 }
@@ -178,7 +179,28 @@ int generate_attach_backend(struct generate *g, const struct talker_backend *be,
                           be->depth_rows);
     int rc = attach_common(g, be->lm, be->dd, sp, be->max_rows, be->max_ctx, row_c, row_u, ids_pair, prompt_len,
                            max_frames, cfg_scale, hooks);
-    if (rc == 0) g->be = be;
+    if (rc < 0) return rc;
+    g->be = be;
+    /* the rows may have served a song with an adapter */
+    if ((rc = generate_set_lora(g, -1)) < 0) generate_end(g);
+    return rc;
+}
+
+int generate_set_lora(struct generate *g, int adapter)
+{
+    int rc = 0;
+    for (int i = 0; i < 2 && rc == 0; i++) {
+        if (g->be) {
+            rc = talker_backend_row_lora(g->be, g->row[i], adapter);
+        } else if (g->ts->row_lora) {
+            int n = g->ts->lora ? g->ts->lora->n : 0;
+            if (adapter < -1 || adapter >= n)
+                return mm3_errorf(-EINVAL, "generate: adapter %d outside the %d loaded", adapter, n);
+            g->ts->row_lora[g->row[i]] = adapter;
+        } else if (adapter != -1) {
+            return mm3_errorf(-EINVAL, "generate: the talker state serves no adapters");
+        }
+    }
     return rc;
 }
 

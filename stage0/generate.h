@@ -137,6 +137,12 @@ int generate_attach_backend(struct generate *g, const struct talker_backend *be,
                             int row_u, const int32_t *ids_pair, int prompt_len, int max_frames, float cfg_scale,
                             const struct generate_hooks *hooks);
 
+/* Both rows of g (the conditional and the unconditional: PEFT adapts the whole
+ * model) add the products of per-request adapter `adapter` of the backend's or the
+ * state's set (-1: none, what attach sets) from the next forward on. Call it before
+ * the first feed. */
+int generate_set_lora(struct generate *g, int adapter);
+
 /* Append this request's tokens for the next forward: in PREFILL the next
  * k = min(left, budget / 2) prompt tokens of BOTH rows (pairs stay step-locked),
  * in FEED the two feedback tokens (budget >= 2 needed). Returns the number of

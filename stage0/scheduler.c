@@ -21,6 +21,7 @@ struct sched_req {
     struct mm3_job *job;
     int32_t *ids; /* [2, P] */
     int prompt_len, max_frames;
+    int lora; /* adapter of cfg.lora both rows apply, -1: none */
     struct sampler sp;
     struct sampler_replay_data forced; /* draws of a replayed request (testing aid), else empty */
     struct generate g;
@@ -133,6 +134,7 @@ int sched_create(struct sched **out, const struct sched_config *cfg, const struc
     if ((rc = talker_backend_open_kv(&s->be, cfg->backend, lm, dd, sched_backend_rows(cfg), cfg->max_ctx, cfg->max_rows,
                                      cfg->kv_dtype)) < 0)
         goto fail;
+    if ((rc = talker_backend_set_lora(&s->be, cfg->lora)) < 0) goto fail;
     if (cfg->n_capture_sizes > 0 &&
         (rc = talker_backend_graphs_enable(&s->be, cfg->capture_sizes, cfg->n_capture_sizes, cfg->graph_warmups)) < 0)
         goto fail;
@@ -202,6 +204,17 @@ static int submit(struct sched *s, struct mm3_job *job, const int32_t *cont_code
     struct sched_req *r = calloc(1, sizeof *r);
     if (!r) return mm3_errorf(-ENOMEM, "scheduler: out of memory");
     r->pair = -1;
+    r->lora = job->params.lora[0] ? talker_lora_set_find(s->cfg.lora, job->params.lora) : -1;
+    if (job->params.lora[0] && r->lora < 0) {
+        /* a continued journal's adapter, or one a replica of other lora_modules took */
+        const char *field = job->params.journal ? "continue_journal" : "lora";
+        mm3_job_set_error_param(job, 400, field,
+                                "%s: the song's adapter '%s' is not loaded here (GET /v1/models lists "
+                                "the adapters)",
+                                field, job->params.lora);
+        free(r);
+        return -EINVAL;
+    }
     int n = 0;
     rc = prompt_encode_pair(s->tok, job->params.caption, job->params.lyrics, &r->ids, &n);
     if (rc < 0) {
@@ -454,6 +467,7 @@ static void admit(struct sched *s)
         if (rc == 0)
             rc = generate_attach_backend(&r->g, &s->be, &r->sp, 2 * p, 2 * p + 1, r->ids, r->prompt_len, r->max_frames,
                                          r->job->params.cfg_scale, &hooks);
+        if (rc == 0 && r->lora >= 0 && (rc = generate_set_lora(&r->g, r->lora)) < 0) generate_end(&r->g);
         if (rc < 0) {
             mm3_job_fail_kind(r->job, MM3_FAIL_INTERNAL, "stage 0: %s", mm3_last_error());
             release(s, r);

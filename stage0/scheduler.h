@@ -56,6 +56,9 @@ struct sched_config {
     int n_capture_sizes;
     const int *capture_sizes;
     int graph_warmups;
+    /* Per-request talker adapters (deploy lora_modules; NULL or empty: none): a job's
+     * params.lora names one, which both rows of its pair apply. Must outlive the scheduler. */
+    const struct talker_lora_set *lora;
 };
 
 /* Called on the step thread. Frames are raw: n_codebooks * hidden floats each. */
@@ -106,8 +109,8 @@ int sched_create(struct sched **out, const struct sched_config *cfg, const struc
                  const struct tokenizer *tok, const struct sched_sink *sink);
 
 /* Tokenize and enqueue. -EINVAL with the job's error set (400 naming the field)
- * for a bad prompt, -EAGAIN when the queue is full, -ESHUTDOWN when stopping.
- * On success the scheduler holds its own reference. */
+ * for a bad prompt or an adapter (params.lora) that is not loaded, -EAGAIN when the queue is full, -ESHUTDOWN when
+ * stopping. On success the scheduler holds its own reference. */
 int sched_submit(struct sched *s, struct mm3_job *job);
 
 /* sched_submit for a continuation: the song of codes[n_steps, n_codebooks] (its steps as

@@ -493,15 +493,64 @@ static void test_replay_file_confined(void **state)
     free(tmp);
 }
 
+/* An adapter is picked by `model` (when it names one; other model names are the base
+ * model) or by `lora`, which must name one: 404 (-ENOENT) naming the known adapters. */
+static void test_lora(void **state)
+{
+    (void)state;
+    struct api_limits saved = lim;
+    lim.n_lora = 2;
+    snprintf(lim.lora_names[0], sizeof lim.lora_names[0], "rock");
+    snprintf(lim.lora_names[1], sizeof lim.lora_names[1], "jazz.v2");
+    struct mm3_job_params p;
+    char f[64];
+    assert_int_equal(parse("{" BASE ",\"model\":\"rock\"}", &p, f), 0);
+    assert_string_equal(p.lora, "rock");
+    assert_true(p.given & MM3_GIVEN_LORA);
+    mm3_job_params_free(&p);
+    assert_int_equal(parse("{" BASE ",\"lora\":\"jazz.v2\",\"model\":\"MiniMax-Music3\"}", &p, f), 0);
+    assert_string_equal(p.lora, "jazz.v2");
+    mm3_job_params_free(&p);
+    assert_int_equal(parse("{" BASE ",\"model\":\"tts-1\",\"lora\":null}", &p, f), 0);
+    assert_string_equal(p.lora, "");
+    assert_false(p.given & MM3_GIVEN_LORA);
+    mm3_job_params_free(&p);
+    assert_int_equal(parse("{" BASE ",\"model\":\"rock\",\"lora\":\"rock\"}", &p, f), 0);
+    assert_string_equal(p.lora, "rock");
+    mm3_job_params_free(&p);
+
+    assert_int_equal(parse("{" BASE ",\"lora\":\"pop\"}", &p, f), -ENOENT);
+    assert_string_equal(f, "lora");
+    assert_non_null(strstr(mm3_last_error(), "no adapter 'pop' here; this server serves 'rock', 'jazz.v2'"));
+    assert_null(p.lyrics);
+    expect_bad("{" BASE ",\"lora\":3}", "lora", "expected a string");
+    expect_bad("{" BASE ",\"model\":\"rock\",\"lora\":\"jazz.v2\"}", "lora", "names another adapter than `model`");
+    lim = saved;
+    assert_int_equal(parse("{" BASE ",\"lora\":\"rock\"}", &p, f), -ENOENT);
+    assert_non_null(strstr(mm3_last_error(), "this server serves no adapters"));
+    assert_int_equal(parse("{" BASE ",\"model\":\"rock\"}", &p, f), 0);
+    assert_string_equal(p.lora, "");
+    mm3_job_params_free(&p);
+}
+
 int main(void)
 {
     api_limits_default(&lim);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_defaults), cmocka_unit_test(test_deploy_defaults),    cmocka_unit_test(test_all_fields),   cmocka_unit_test(test_duration_rules),
-        cmocka_unit_test(test_text_fields), cmocka_unit_test(test_field_errors), cmocka_unit_test(test_malformed),
-        cmocka_unit_test(test_replay_file_confined), cmocka_unit_test(test_other_servers_fields),
-        cmocka_unit_test(test_seed_beyond_64_bits), cmocka_unit_test(test_stream_format),
-        cmocka_unit_test(test_min_length), cmocka_unit_test(test_continuation),
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_deploy_defaults),
+        cmocka_unit_test(test_all_fields),
+        cmocka_unit_test(test_duration_rules),
+        cmocka_unit_test(test_text_fields),
+        cmocka_unit_test(test_field_errors),
+        cmocka_unit_test(test_malformed),
+        cmocka_unit_test(test_replay_file_confined),
+        cmocka_unit_test(test_other_servers_fields),
+        cmocka_unit_test(test_seed_beyond_64_bits),
+        cmocka_unit_test(test_stream_format),
+        cmocka_unit_test(test_min_length),
+        cmocka_unit_test(test_continuation),
+        cmocka_unit_test(test_lora),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -692,6 +692,61 @@ static void test_models(void **state)
     fixture_stop(fx);
 }
 
+static void with_adapters(struct http_server_config *cfg)
+{
+    cfg->limits.n_lora = 2;
+    snprintf(cfg->limits.lora_names[0], sizeof cfg->limits.lora_names[0], "rock");
+    snprintf(cfg->limits.lora_names[1], sizeof cfg->limits.lora_names[1], "jazz");
+}
+
+/* With lora_modules, /v1/models lists the base model and each adapter as vLLM does
+ * (parent = the base model, root = its own id), /v1/models/{adapter} answers it, and
+ * a song asking for an adapter that is not loaded gets 404 naming param "lora". */
+static void test_models_adapters(void **state)
+{
+    fixture_tweak = with_adapters;
+    struct fixture *fx = fixture_start(FAKE_OK, 0);
+    struct http_client_response r;
+    assert_int_equal(do_request(fx, "GET", "/v1/models", NULL, &r), 0);
+    assert_int_equal(r.status, 200);
+    json_t *o = json_loads(r.body, 0, NULL);
+    json_t *data = json_object_get(o, "data");
+    assert_int_equal(json_array_size(data), 3);
+    static const char *const ids[] = {"MiniMax-Music3", "rock", "jazz"};
+    for (size_t i = 0; i < 3; i++) {
+        json_t *m = json_array_get(data, i);
+        assert_string_equal(json_string_value(json_object_get(m, "id")), ids[i]);
+        assert_string_equal(json_string_value(json_object_get(m, "object")), "model");
+        assert_string_equal(json_string_value(json_object_get(m, "owned_by")), "mm3");
+        assert_string_equal(json_string_value(json_object_get(m, "root")), ids[i]);
+        if (i == 0)
+            assert_true(json_is_null(json_object_get(m, "parent")));
+        else
+            assert_string_equal(json_string_value(json_object_get(m, "parent")), "MiniMax-Music3");
+    }
+    json_decref(o);
+    http_client_response_free(&r);
+    assert_int_equal(do_request(fx, "GET", "/v1/models/jazz", NULL, &r), 0);
+    assert_int_equal(r.status, 200);
+    o = json_loads(r.body, 0, NULL);
+    assert_string_equal(json_string_value(json_object_get(o, "parent")), "MiniMax-Music3");
+    json_decref(o);
+    http_client_response_free(&r);
+
+    assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", SONG ",\"lora\":\"pop\"}", &r), 0);
+    assert_int_equal(r.status, 404);
+    o = json_loads(r.body, 0, NULL);
+    json_t *e = json_object_get(o, "error");
+    assert_string_equal(json_string_value(json_object_get(e, "param")), "lora");
+    assert_non_null(strstr(json_string_value(json_object_get(e, "message")), "'rock', 'jazz'"));
+    json_decref(o);
+    http_client_response_free(&r);
+    assert_int_equal(do_request(fx, "POST", "/v1/audio/speech", SONG ",\"model\":\"rock\"}", &r), 0);
+    assert_int_equal(r.status, 200);
+    http_client_response_free(&r);
+    fixture_stop(fx);
+}
+
 /* A missing `input` and a too-large seed are named in the 400's param. */
 static void test_error_params(void **state)
 {
@@ -1163,6 +1218,7 @@ int main(void)
         cmocka_unit_test(test_queue_depth_429),
         cmocka_unit_test(test_health_metrics),
         cmocka_unit_test(test_models),
+        cmocka_unit_test(test_models_adapters),
         cmocka_unit_test(test_mp3_opus),
         cmocka_unit_test(test_error_params),
         cmocka_unit_test(test_slow_and_idle_clients_cut_off),

@@ -1,5 +1,6 @@
-/* The deploy file's per-stage `lora:` list (common/deploy.c): entries with their
- * defaults, and each malformed entry refused with the key path and what was expected. */
+/* The deploy file's per-stage `lora:` list and stage 0's `lora_modules:` (common/deploy.c):
+ * entries with their defaults, and each malformed entry refused with the key path and
+ * what was expected. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -69,11 +70,60 @@ static void test_lora_errors(void **state)
                  "", "stages[0].lora: expected at most 8 adapters");
 }
 
+static void test_lora_modules(void **state)
+{
+    (void)state;
+    struct mm3_deploy d;
+    const char *yaml = "stages:\n"
+                       "  - stage_id: 0\n"
+                       "    lora_modules:\n"
+                       "      - {name: rock, path: /a/rock}\n"
+                       "      - {name: jazz.v2_x-1, path: /a/jazz, scale: 0.5, component: language_model}\n"
+                       "  - stage_id: 1\n";
+    assert_int_equal(mm3_deploy_load_string(&d, yaml, "m"), 0);
+    const struct mm3_stage_config *s0 = mm3_deploy_stage(&d, 0);
+    assert_int_equal(s0->n_lora_modules, 2);
+    assert_string_equal(s0->lora_modules[0].name, "rock");
+    assert_string_equal(s0->lora_modules[0].path, "/a/rock");
+    assert_true(s0->lora_modules[0].scale == 1.0);
+    assert_string_equal(s0->lora_modules[1].name, "jazz.v2_x-1");
+    assert_true(s0->lora_modules[1].scale == 0.5);
+    assert_int_equal(s0->n_lora, 0);
+    mm3_deploy_free(&d);
+}
+
+static void test_lora_modules_errors(void **state)
+{
+    (void)state;
+    expect_error("    lora_modules: /a\n", "", "bad:3:19: stages[0].lora_modules: expected a list of adapters");
+    expect_error("    lora_modules: [{path: /a}]\n", "", "stages[0].lora_modules[0].name: missing");
+    expect_error("    lora_modules: [{name: a}]\n", "", "stages[0].lora_modules[0].path: missing");
+    expect_error("    lora_modules: [{name: 'a b', path: /a}]\n", "",
+                 "bad:3:27: stages[0].lora_modules[0].name: expected only letters, digits");
+    expect_error("    lora_modules: [{name: a/b, path: /a}]\n", "", "stages[0].lora_modules[0].name: expected only");
+    expect_error("    lora_modules: [{name: MiniMax-Music3, path: /a}]\n", "",
+                 "stages[0].lora_modules[0].name: 'MiniMax-Music3' is the base model's name");
+    expect_error("    lora_modules: [{name: a, path: /a}, {name: b, path: /b}, {name: a, path: /c}]\n", "",
+                 "stages[0].lora_modules[2].name: 'a' is already the name of lora_modules[0]");
+    expect_error("    lora_modules: [{name: a, path: /a, component: rvq_depth_decoder}]\n", "",
+                 "stages[0].lora_modules[0].component: expected 'language_model': only talker adapters");
+    expect_error("    lora_modules: [{name: a, path: /a, rank: 4}]\n", "",
+                 "stages[0].lora_modules[0].rank: unknown key");
+    expect_error("", "    lora_modules: [{name: a, path: /a}]\n", "stages[1].lora_modules: only stage 0");
+    char many[1024] = "    lora_modules: [";
+    for (int i = 0; i < 9; i++)
+        snprintf(many + strlen(many), sizeof many - strlen(many), "%s{name: a%d, path: /a}", i ? ", " : "", i);
+    strcat(many, "]\n");
+    expect_error(many, "", "stages[0].lora_modules: expected at most 8 adapters served per request");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lora_lists),
         cmocka_unit_test(test_lora_errors),
+        cmocka_unit_test(test_lora_modules),
+        cmocka_unit_test(test_lora_modules_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

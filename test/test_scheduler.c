@@ -299,6 +299,78 @@ static void test_batched_equals_separate(void **state)
     log_free(&log);
 }
 
+/* Run the jobs of k_req[idx[i]] with adapter names lora[i] ("" = none) on a CPU
+ * scheduler serving set, 3 row pairs, to the end; frames into log. */
+static void run_adapters(struct model *m, const struct talker_lora_set *set, const int *idx, const char *const *lora,
+                         int n, struct sink_log *log)
+{
+    struct sched_config cfg = {.max_rows = 6, .max_ctx = 512, .max_batched_tokens = 24, .max_queue = 8, .lora = set};
+    struct sched *s = make_sched_cfg(m, log, &cfg);
+    for (int i = 0; i < n; i++) {
+        struct mm3_job *j = make_job(&k_req[idx[i]]);
+        snprintf(j->params.lora, sizeof j->params.lora, "%s", lora[i]);
+        log_add(log, j);
+        assert_int_equal(sched_submit(s, j), 0);
+    }
+    int steps = 0, left;
+    while ((left = sched_step(s)) > 0 && steps < 2000) steps++;
+    assert_int_equal(left, 0);
+    sched_destroy(s, NULL);
+}
+
+/* Songs with adapter a, none and adapter b share the batch: each is bit for bit the song
+ * it is alone, and the adapters make other songs than the base model. An adapter that is
+ * not loaded is refused at submit with 400 naming `lora`. */
+static void test_adapters_batched_equal_alone(void **state)
+{
+    struct model *m = *state;
+    if (!m) skip();
+    char *dir = test_make_tmpdir("sched_lora");
+    struct talker_lora_set set = {0};
+    for (int k = 0; k < 2; k++) {
+        char path[1200];
+        snprintf(path, sizeof path, "%s/%c", dir, 'a' + k);
+        struct ckpt_gen_lora_opts o = {.component = "language_model", .rank = 4 + 12 * k, .alpha = 16, .seed = 5 + k};
+        assert_int_equal(ckpt_gen_lora_write(path, m->s0->root, &o), 0);
+        assert_int_equal(talker_lora_set_add(&set, &m->s0->lm.cfg, k ? "b" : "a", path, 1.0), 0);
+    }
+    int width = m->s0->dd.cfg.n_codebooks * m->s0->lm.cfg.hidden;
+    static const int idx[3] = {0, 0, 3};
+    static const char *const lora[3] = {"a", "", "b"};
+    struct sink_log mixed;
+    log_init(&mixed, width);
+    run_adapters(m, &set, idx, lora, 3, &mixed);
+    for (int i = 0; i < 3; i++) {
+        struct sink_log alone;
+        log_init(&alone, width);
+        run_adapters(m, &set, &idx[i], &lora[i], 1, &alone);
+        assert_int_equal(mixed.ended[i], 1);
+        assert_int_equal(alone.n[0], mixed.n[i]);
+        assert_true(mixed.n[i] > 0);
+        assert_memory_equal(alone.frames[0], mixed.frames[i], sizeof(float) * (size_t)mixed.n[i] * width);
+        log_free(&alone);
+    }
+    /* songs 0 and 1: the same request, adapter a and none */
+    assert_true(memcmp(mixed.frames[0], mixed.frames[1], sizeof(float) * width) != 0);
+    log_free(&mixed);
+
+    struct sink_log log;
+    log_init(&log, width);
+    struct sched_config cfg = {.max_rows = 2, .max_ctx = 512, .max_batched_tokens = 24, .max_queue = 8, .lora = &set};
+    struct sched *s = make_sched_cfg(m, &log, &cfg);
+    struct mm3_job *j = make_job(&k_req[0]);
+    snprintf(j->params.lora, sizeof j->params.lora, "pop");
+    assert_int_equal(sched_submit(s, j), -EINVAL);
+    assert_int_equal(j->http_status, 400);
+    assert_string_equal(j->error_param, "lora");
+    mm3_job_unref(j);
+    sched_destroy(s, NULL);
+    log_free(&log);
+    talker_lora_set_free(&set);
+    test_remove_tree(dir);
+    free(dir);
+}
+
 /* The 4 requests through a CUDA scheduler (eager or with graphs) to the end; the
  * steps that took the steady path (one decode_pairs call: forward time, no separate
  * sampling time) counted in *steady; job 0 cancelled after cancel_at steps (-1:
@@ -726,6 +798,7 @@ int main(void)
     if (!test_golden_dir()) return 77;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batched_equals_separate), cmocka_unit_test(test_admission_and_cancel),
+        cmocka_unit_test(test_adapters_batched_equal_alone),
         cmocka_unit_test(test_admission_held),          cmocka_unit_test(test_guidance_off_ignores_uncond),
         cmocka_unit_test(test_thread_and_shutdown),     cmocka_unit_test(test_memory_plan),
         cmocka_unit_test(test_cuda_steady_decode),      cmocka_unit_test(test_cuda_look_ahead),

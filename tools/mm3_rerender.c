@@ -110,6 +110,14 @@ static int rerender(const struct options *o)
         rc = mm3_errorf(-ENODATA, "%s: no frame journaled (%d steps)", o->journal, rec.n_steps);
         goto out;
     }
+    /* its frames came from the adapter's talker; the base model's would be another song */
+    if (jp->lora[0]) {
+        rc = mm3_errorf(-EINVAL,
+                        "%s: the song was made with the per-request adapter '%s', which mm3-rerender does not load; "
+                        "continue it through the server that serves the adapter (continue_journal)",
+                        o->journal, jp->lora);
+        goto out;
+    }
     if ((rc = journal_prompt(o->model, &rec, &ids, &P)) < 0) goto out;
     if ((rc = talker_load(&s0.lm, o->model)) < 0) goto out;
     if ((rc = depth_load(&s0.dd, o->model)) < 0) {

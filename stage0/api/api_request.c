@@ -234,16 +234,54 @@ static int take_continuation(struct parse_ctx *c, json_t *root, struct mm3_job_p
     return 0;
 }
 
+static int lora_index(const struct api_limits *lim, const char *name)
+{
+    for (int i = 0; i < lim->n_lora; i++)
+        if (!strcmp(lim->lora_names[i], name)) return i;
+    return -1;
+}
+
+/* The adapter: `model` when it names one (any other model name is the base model, as
+ * OpenAI speech clients send a name of their own), or `lora`, which must name one. */
+static int take_lora(struct parse_ctx *c, json_t *root, struct mm3_job_params *p)
+{
+    json_t *m = json_object_get(root, "model"), *l = json_object_get(root, "lora");
+    p->lora[0] = 0;
+    if (m && !json_is_null(m)) {
+        if (!json_is_string(m)) return bad(c, "model", "field '%s': expected a string%s", "");
+        if (lora_index(c->lim, json_string_value(m)) >= 0) {
+            snprintf(p->lora, sizeof p->lora, "%s", json_string_value(m));
+            p->given |= MM3_GIVEN_LORA;
+        }
+    }
+    if (!l || json_is_null(l)) return 0;
+    if (!json_is_string(l)) return bad(c, "lora", "field '%s': expected a string%s", " naming an adapter");
+    const char *name = json_string_value(l);
+    if (lora_index(c->lim, name) < 0) {
+        char known[MM3_JOB_LORA_MAX * 9] = "";
+        for (int i = 0; i < c->lim->n_lora; i++)
+            snprintf(known + strlen(known), sizeof known - strlen(known), "%s'%s'", i ? ", " : "",
+                     c->lim->lora_names[i]);
+        snprintf(c->field, c->field_cap, "lora");
+        return mm3_errorf(-ENOENT, "field 'lora': no adapter '%.80s' here; %s%s (GET /v1/models lists them)", name,
+                          c->lim->n_lora ? "this server serves " : "this server serves no adapters", known);
+    }
+    if (p->lora[0] && strcmp(p->lora, name))
+        return bad(c, "lora", "field '%s': names another adapter than `model` does%s", "; give one of them");
+    snprintf(p->lora, sizeof p->lora, "%s", name);
+    p->given |= MM3_GIVEN_LORA;
+    return 0;
+}
+
 static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params *p)
 {
     const struct api_limits *lim = c->lim;
     static const char *const known[] = {
-        "input",          "lyrics",    "instructions",    "caption",       "max_new_tokens",
-        "min_new_tokens", "min_duration_s",
-        "duration_s",     "seed",      "response_format", "sample_rate",   "num_inference_steps",
-        "guidance_scale", "cfg_scale", "stream",          "stream_format", "model",
-        "speed",          "x_replay_file", "ignore_eos",  "flow_shift",    "allow_stall",
-        "continue_from",  "continue_journal", "return",
+        "input",          "lyrics",     "instructions", "caption",         "max_new_tokens", "min_new_tokens",
+        "min_duration_s", "duration_s", "seed",         "response_format", "sample_rate",    "num_inference_steps",
+        "guidance_scale", "cfg_scale",  "stream",       "stream_format",   "model",          "speed",
+        "x_replay_file",  "ignore_eos", "flow_shift",   "allow_stall",     "continue_from",  "continue_journal",
+        "return",         "lora",
     };
     const char *key;
     json_t *v;
@@ -416,7 +454,7 @@ static int parse_fields(struct parse_ctx *c, json_t *root, struct mm3_job_params
         p->stream = true;
         p->sse = strcmp(s, "sse") == 0;
     }
-    if (GET("model") && !json_is_string(v)) return bad(c, "model", "field '%s': expected a string%s", "");
+    if ((rc = take_lora(c, root, p)) < 0) return rc;
     if (GET("speed")) {
         if (!is_number(v) || json_number_value(v) != 1.0)
             return bad(c, "speed", "field '%s': only 1.0 is supported%s", "");

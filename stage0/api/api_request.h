@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/deploy.h"
 #include "stage0/api/job.h"
 
 struct api_limits {
@@ -26,6 +27,9 @@ struct api_limits {
     float default_flow_shift;       /* stage 1 flow_shift; 0 = stage 1's own default (the checkpoint's) */
     float default_cfg_scale;        /* stage 0 extra_args.cfg_scale (1.5) */
     const char *replay_dir;         /* api.replay_dir: x_replay_file must name a file inside it; NULL = refused */
+    /* The per-request adapters (deploy lora_modules) a request may pick by `model` or `lora`. */
+    int n_lora;
+    char lora_names[MM3_DEPLOY_MAX_LORA_MODULES][MM3_JOB_LORA_MAX];
 };
 
 /* Defaults: 9000 frames cap and default, 25 fps, 20000 characters, 44100 Hz, and the
@@ -34,7 +38,8 @@ void api_limits_default(struct api_limits *lim);
 
 /* Parse `len` bytes of JSON. On success fills *out (caller frees with
  * mm3_job_params_free) and returns 0; on a bad request returns -EINVAL, sets the
- * error message and copies the offending field name (or "body") to `field`. */
+ * error message and copies the offending field name (or "body") to `field`; a `lora`
+ * that names no loaded adapter is -ENOENT (404, as vLLM answers an unknown model). */
 int api_request_parse(const char *body, size_t len, const struct api_limits *lim, struct mm3_job_params *out,
                       char *field, size_t field_cap);
 

@@ -125,7 +125,7 @@ void http_server_config_default(struct http_server_config *cfg)
     cfg->max_buffered_bytes = (size_t)1 << 30;
     cfg->pcm_channels = 2;
     cfg->pcm_rate = 44100;
-    cfg->model_name = "MiniMax-Music3";
+    cfg->model_name = MM3_SERVED_MODEL_NAME;
     api_limits_default(&cfg->limits);
 }
 
@@ -153,6 +153,9 @@ void http_server_config_from_deploy(struct http_server_config *cfg, const struct
     cfg->limits.replay_dir = api->replay_dir;
     cfg->max_buffered_bytes = (size_t)api->max_buffered_bytes;
     cfg->limits.default_flow_shift = (float)s1->flow_shift;
+    cfg->limits.n_lora = s0->n_lora_modules;
+    for (int i = 0; i < s0->n_lora_modules; i++)
+        snprintf(cfg->limits.lora_names[i], sizeof cfg->limits.lora_names[i], "%s", s0->lora_modules[i].name);
 }
 
 /* ---- small response helpers ---- */
@@ -672,8 +675,9 @@ static enum MHD_Result handle_speech(struct http_server *s, struct MHD_Connectio
     }
     struct mm3_job_params p;
     char field[64];
-    if (api_request_parse(rq->body ? rq->body : "", rq->len, &s->cfg.limits, &p, field, sizeof field) < 0)
-        return reject(s, c, rq, MHD_HTTP_BAD_REQUEST, field, mm3_last_error());
+    int rc = api_request_parse(rq->body ? rq->body : "", rq->len, &s->cfg.limits, &p, field, sizeof field);
+    if (rc < 0)
+        return reject(s, c, rq, rc == -ENOENT ? MHD_HTTP_NOT_FOUND : MHD_HTTP_BAD_REQUEST, field, mm3_last_error());
     if (p.continue_from[0]) { /* a song still being made cannot be continued yet */
         struct mm3_job *from = api_jobs_find(&s->jobs, p.continue_from);
         int running = from && !mm3_job_is_terminal(from);
@@ -688,7 +692,7 @@ static enum MHD_Result handle_speech(struct http_server *s, struct MHD_Connectio
     }
 
     struct audio_encoder *enc = NULL;
-    int rc = audio_encoder_create(&enc, p.format, s->cfg.pcm_channels, s->cfg.pcm_rate, p.sample_rate, p.stream);
+    rc = audio_encoder_create(&enc, p.format, s->cfg.pcm_channels, s->cfg.pcm_rate, p.sample_rate, p.stream);
     if (rc < 0) {
         mm3_job_params_free(&p);
         return reject(s, c, rq, rc == -ENOSYS ? MHD_HTTP_NOT_IMPLEMENTED : 500, rc == -ENOSYS ? "sample_rate" : NULL,
@@ -862,16 +866,23 @@ static enum MHD_Result handle_metrics(struct http_server *s, struct MHD_Connecti
     return ret;
 }
 
-/* OpenAI's model object; `created` is when this server started (the checkpoint has no date). */
-static json_t *model_object(const struct http_server *s)
+/* OpenAI's model object, with vLLM's root and parent: `created` is when this server
+ * started (the checkpoint has no date). Model k < 0 is the base model (root: its
+ * checkpoint name, parent null), k >= 0 adapter k of lora_modules (parent: the base). */
+static json_t *model_object(const struct http_server *s, int k)
 {
-    return json_pack("{s:s, s:s, s:I, s:s}", "id", s->cfg.model_name, "object", "model", "created",
-                     (json_int_t)s->created, "owned_by", "mm3");
+    const char *id = k < 0 ? s->cfg.model_name : s->cfg.limits.lora_names[k];
+    return json_pack("{s:s, s:s, s:I, s:s, s:s, s:o}", "id", id, "object", "model", "created", (json_int_t)s->created,
+                     "owned_by", "mm3", "root", k < 0 ? s->cfg.model_name : id, "parent",
+                     k < 0 ? json_null() : json_string(s->cfg.model_name));
 }
 
 static enum MHD_Result handle_models(struct http_server *s, struct MHD_Connection *c)
 {
-    return queue_json(c, MHD_HTTP_OK, json_pack("{s:s, s:[o]}", "object", "list", "data", model_object(s)), 0);
+    json_t *data = json_array();
+    for (int k = -1; data && k < s->cfg.limits.n_lora; k++)
+        json_array_append_new(data, model_object(s, k));
+    return queue_json(c, MHD_HTTP_OK, json_pack("{s:s, s:o}", "object", "list", "data", data), 0);
 }
 
 /* GET /v1/models/{id}: the one model, or 404 naming the one there is. The id may hold
@@ -879,7 +890,9 @@ static enum MHD_Result handle_models(struct http_server *s, struct MHD_Connectio
 static enum MHD_Result handle_model(struct http_server *s, struct MHD_Connection *c, const char *url)
 {
     const char *id = url + strlen(MODELS_PATH "/");
-    if (strcmp(id, s->cfg.model_name) == 0) return queue_json(c, MHD_HTTP_OK, model_object(s), 0);
+    if (strcmp(id, s->cfg.model_name) == 0) return queue_json(c, MHD_HTTP_OK, model_object(s, -1), 0);
+    for (int k = 0; k < s->cfg.limits.n_lora; k++)
+        if (strcmp(id, s->cfg.limits.lora_names[k]) == 0) return queue_json(c, MHD_HTTP_OK, model_object(s, k), 0);
     char msg[512];
     snprintf(msg, sizeof msg, "no model '%.200s' here: this server serves '%.200s'", id, s->cfg.model_name);
     return queue_error(c, MHD_HTTP_NOT_FOUND, "model", msg, 0);

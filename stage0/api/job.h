@@ -52,7 +52,11 @@ enum mm3_given {
     MM3_GIVEN_GUIDANCE = 1u << 6,
     MM3_GIVEN_FLOW_SHIFT = 1u << 7,
     MM3_GIVEN_CFG_SCALE = 1u << 8,
+    MM3_GIVEN_LORA = 1u << 9, /* model naming an adapter, or lora */
 };
+
+/* A per-request adapter's name (deploy lora_modules) with its NUL. */
+#define MM3_JOB_LORA_MAX 64
 
 /* Validated request parameters (see docs/api.md for the HTTP field names). */
 struct mm3_job_params {
@@ -82,6 +86,9 @@ struct mm3_job_params {
     uint8_t *journal;
     size_t journal_len;
     bool return_whole; /* a continuation answers the whole song, not only its new part */
+    /* The talker adapter the song is made with (a name of lora_modules; "" = the base
+     * model): both rows of its CFG pair add its products (stage0/model/talker_lora.h). */
+    char lora[MM3_JOB_LORA_MAX];
     uint32_t given;    /* enum mm3_given: the fields the request set */
 };
 

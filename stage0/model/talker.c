@@ -12,6 +12,7 @@
 #include "common/ops.h"
 #include "common/sampler.h"
 #include "common/weights.h"
+#include "stage0/model/talker_lora.h"
 
 /* Sanity bound on every config.json size (keeps size products in range). */
 #define TALKER_MAX_SIZE (1 << 30)
@@ -146,18 +147,57 @@ int talker_state_init(struct talker_state *s, const struct talker *m, int max_ro
      * skips positions reads zeros, never stale memory (calloc's pages come zeroed lazily) */
     s->k = calloc(n, sizeof(float));
     s->v = calloc(n, sizeof(float));
-    if (!s->k || !s->v) {
+    s->row_lora = malloc(sizeof(int) * (size_t)(max_rows > 0 ? max_rows : 1));
+    if (!s->k || !s->v || !s->row_lora) {
         talker_state_free(s);
         return mm3_errorf(-ENOMEM, "talker: cannot allocate a KV cache of %d rows x %d positions", max_rows, max_ctx);
     }
+    talker_state_set_lora(s, NULL);
     return 0;
+}
+
+void talker_state_set_lora(struct talker_state *s, const struct talker_lora_set *set)
+{
+    s->lora = set;
+    for (int r = 0; r < s->max_rows; r++)
+        s->row_lora[r] = -1;
 }
 
 void talker_state_free(struct talker_state *s)
 {
     free(s->k);
     free(s->v);
+    free(s->row_lora);
     s->k = s->v = NULL;
+    s->row_lora = NULL;
+}
+
+/* The largest rank of the adapters the batch's rows use; 0 when none does. */
+static int batch_lora_rank(const struct talker_state *s, int n, const int *row)
+{
+    int r = 0;
+    for (int i = 0; s->lora && i < n; i++) {
+        int a = s->row_lora[row[i]];
+        if (a >= 0 && s->lora->a[a].rank > r) r = s->lora->a[a].rank;
+    }
+    return r;
+}
+
+/* y[i] += s B (A x[i]) for every token i whose row's adapter adapts `target` of
+ * layer l, one token at a time so that a row's result does not depend on the batch. */
+static void lora_add(const struct talker_state *s, int l, enum talker_lora_target target, float *y, const float *x,
+                     int n, const int *row, int in, int out, float *t)
+{
+    if (!t) return;
+    for (int i = 0; i < n; i++) {
+        int a = s->row_lora[row[i]];
+        if (a < 0) continue;
+        const struct talker_lora *L = &s->lora->a[a];
+        const struct talker_lora_mat *m = talker_lora_at(L, l, target);
+        if (!m->a) continue;
+        op_lora_down(t, x + (size_t)i * in, m->a, 1, in, L->rank);
+        op_lora_up(y + (size_t)i * out, t, m->b, L->scale, 1, L->rank, out);
+    }
 }
 
 int talker_forward(const struct talker *m, struct talker_state *s, int n, const int *row, const int *pos,
@@ -169,6 +209,7 @@ int talker_forward(const struct talker *m, struct talker_state *s, int n, const 
             return mm3_errorf(
                 -EINVAL, "talker_forward: token %d at row %d position %d outside the state (%d rows, %d positions)", i,
                 row[i], pos[i], s->max_rows, s->max_ctx);
+    int lora_rank = batch_lora_rank(s, n, row);
     size_t H = (size_t)cfg->hidden, F = (size_t)cfg->ffn, D = (size_t)cfg->head_dim;
     size_t QD = (size_t)cfg->n_heads * D, KD = (size_t)cfg->n_kv_heads * D;
     size_t big = QD > H ? QD : H;
@@ -176,8 +217,9 @@ int talker_forward(const struct talker *m, struct talker_state *s, int n, const 
     float *q = malloc(sizeof(float) * n * QD), *o = malloc(sizeof(float) * n * QD);
     float *k = malloc(sizeof(float) * n * KD), *v = malloc(sizeof(float) * n * KD);
     float *g = malloc(sizeof(float) * n * F), *u = malloc(sizeof(float) * n * F);
+    float *lt = lora_rank ? malloc(sizeof(float) * (size_t)lora_rank) : NULL;
     int rc = 0;
-    if (!h || !a || !q || !o || !k || !v || !g || !u) {
+    if (!h || !a || !q || !o || !k || !v || !g || !u || (lora_rank && !lt)) {
         rc = mm3_errorf(-ENOMEM, "talker_forward: out of memory for %d tokens", n);
         goto out;
     }
@@ -191,6 +233,10 @@ int talker_forward(const struct talker *m, struct talker_state *s, int n, const 
         op_matmul(q, a, L->wq, NULL, n, (int)H, (int)QD);
         op_matmul(k, a, L->wk, NULL, n, (int)H, (int)KD);
         op_matmul(v, a, L->wv, NULL, n, (int)H, (int)KD);
+        /* the adapters' deltas land before the q/k norms, as in the PEFT-wrapped projections */
+        lora_add(s, l, TALKER_LORA_Q, q, a, n, row, (int)H, (int)QD, lt);
+        lora_add(s, l, TALKER_LORA_K, k, a, n, row, (int)H, (int)KD, lt);
+        lora_add(s, l, TALKER_LORA_V, v, a, n, row, (int)H, (int)KD, lt);
         op_rmsnorm(q, q, L->q_norm, n * cfg->n_heads, (int)D, cfg->eps);
         op_rmsnorm(k, k, L->k_norm, n * cfg->n_kv_heads, (int)D, cfg->eps);
         op_rope(q, n, (int)QD, cfg->n_heads, (int)D, (int)D, pos, m->inv_freq);
@@ -216,17 +262,21 @@ int talker_forward(const struct talker *m, struct talker_state *s, int n, const 
                          &heads);
         }
         op_matmul(a, o, L->wo, NULL, n, (int)QD, (int)H);
+        lora_add(s, l, TALKER_LORA_O, a, o, n, row, (int)QD, (int)H, lt);
         op_add(h, a, n * H);
         op_rmsnorm(a, h, L->ffn_norm, n, (int)H, cfg->eps);
         op_matmul(g, a, L->wg, NULL, n, (int)H, (int)F);
         op_matmul(u, a, L->wu, NULL, n, (int)H, (int)F);
+        lora_add(s, l, TALKER_LORA_GATE, g, a, n, row, (int)H, (int)F, lt);
+        lora_add(s, l, TALKER_LORA_UP, u, a, n, row, (int)H, (int)F, lt);
         op_silu_mul(g, g, u, n * F);
         op_matmul(a, g, L->wd, NULL, n, (int)F, (int)H);
+        lora_add(s, l, TALKER_LORA_DOWN, a, g, n, row, (int)F, (int)H, lt);
         op_add(h, a, n * H);
     }
     op_rmsnorm(hidden_out, h, m->norm, n, (int)H, cfg->eps);
 out:
-    free(h), free(a), free(q), free(o), free(k), free(v), free(g), free(u);
+    free(h), free(a), free(q), free(o), free(k), free(v), free(g), free(u), free(lt);
     return rc;
 }
 

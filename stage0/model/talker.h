@@ -41,9 +41,15 @@ struct talker {
     struct weight_deferred deferred; /* the matrices it left in the checkpoint */
 };
 
+struct talker_lora_set;
+
 struct talker_state {
     int max_rows, max_ctx;
     float *k, *v; /* [n_layers][max_rows][max_ctx][n_kv_heads * head_dim] */
+    /* Per-request adapters (stage0/model/talker_lora.h): row r's tokens add the
+     * low-rank products of adapter lora->a[row_lora[r]]; -1 (the default) = none. */
+    const struct talker_lora_set *lora;
+    int *row_lora; /* [max_rows] */
 };
 
 /* Load root/language_model. Checks vocab_size >= 151675 + 16384. */
@@ -60,6 +66,9 @@ void talker_free(struct talker *m);
 
 int talker_state_init(struct talker_state *s, const struct talker *m, int max_rows, int max_ctx);
 void talker_state_free(struct talker_state *s);
+/* The adapters rows may use (NULL: none); every row goes back to no adapter. The set
+ * must outlive its use. */
+void talker_state_set_lora(struct talker_state *s, const struct talker_lora_set *set);
 
 /* n tokens; token i belongs to row[i] at position pos[i] with input embedding
  * emb[i]. Every token attends to positions 0..pos[i] of its own row (earlier ones

@@ -65,6 +65,20 @@ static int cpu_depth_logits(void *impl, int j, const float *hidden, int n, float
     return 0;
 }
 
+static int cpu_set_lora(void *impl, const struct talker_lora_set *set)
+{
+    struct cpu_impl *c = impl;
+    talker_state_set_lora(&c->ts, set);
+    return 0;
+}
+
+static int cpu_row_lora(void *impl, int row, int adapter)
+{
+    struct cpu_impl *c = impl;
+    c->ts.row_lora[row] = adapter;
+    return 0;
+}
+
 static void cpu_destroy(void *impl)
 {
     struct cpu_impl *c = impl;
@@ -94,6 +108,8 @@ static int cpu_open(struct talker_backend *b, int max_rows, int max_ctx, int dep
     b->head_drawable = cpu_head_drawable;
     b->depth_step = cpu_depth_step;
     b->depth_logits = cpu_depth_logits;
+    b->set_lora = cpu_set_lora;
+    b->row_lora = cpu_row_lora;
     b->destroy = cpu_destroy;
     return 0;
 }
@@ -182,6 +198,30 @@ static int gpu_open(struct talker_backend *b, int max_rows, int max_ctx, int dep
     return 0;
 }
 #endif
+
+int talker_backend_set_lora(struct talker_backend *b, const struct talker_lora_set *set)
+{
+    if (set && set->n && set->n_layers != b->lm->cfg.n_layers)
+        return mm3_errorf(-EINVAL, "talker backend: the adapters were made for %d layers, the talker has %d",
+                          set->n_layers, b->lm->cfg.n_layers);
+    if (!b->set_lora)
+        return set && set->n ? mm3_errorf(-EINVAL, "talker backend %s: per-request adapters are not served", b->name)
+                             : 0;
+    int rc = b->set_lora(b->impl, set && set->n ? set : NULL);
+    if (rc == 0) b->lora = set && set->n ? set : NULL;
+    return rc;
+}
+
+int talker_backend_row_lora(const struct talker_backend *b, int row, int adapter)
+{
+    if (row < 0 || row >= b->max_rows)
+        return mm3_errorf(-EINVAL, "talker backend: row %d outside [0, %d)", row, b->max_rows);
+    int n = b->lora ? b->lora->n : 0;
+    if (adapter < -1 || adapter >= n)
+        return mm3_errorf(-EINVAL, "talker backend: adapter %d outside the %d loaded", adapter, n);
+    if (!b->row_lora) return 0; /* adapter is -1: nothing to do */
+    return b->row_lora(b->impl, row, adapter);
+}
 
 int talker_backend_available(enum talker_backend_kind kind)
 {

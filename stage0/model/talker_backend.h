@@ -31,6 +31,7 @@
 #include "common/deploy.h"
 #include "stage0/model/depth.h"
 #include "stage0/model/talker.h"
+#include "stage0/model/talker_lora.h"
 #include "stage0/model/talker_pairs.h"
 
 enum talker_backend_kind { TALKER_BACKEND_CPU = 0, TALKER_BACKEND_CUDA };
@@ -55,8 +56,20 @@ struct talker_backend {
      * (CUDA: no host round trip between the two graphs). May return 1 for a step it
      * does not serve (talker_backend_decode_pairs then composes the two). */
     int (*decode_pairs)(void *impl, const struct talker_decode_in *in, const struct talker_pairs_out *out);
+    int (*set_lora)(void *impl, const struct talker_lora_set *set);
+    int (*row_lora)(void *impl, int row, int adapter);
     void (*destroy)(void *impl);
+    const struct talker_lora_set *lora; /* talker_backend_set_lora's, or NULL */
 };
+
+/* Per-request adapters (stage0/model/talker_lora.h): the set the rows may use (NULL:
+ * none), loaded where the backend computes (the CUDA backend uploads the factors);
+ * every row goes back to no adapter. set must outlive b. */
+int talker_backend_set_lora(struct talker_backend *b, const struct talker_lora_set *set);
+/* From its next forward on, row `row` adds the products of adapter `adapter` of the
+ * set (-1: none). Both rows of a CFG pair take the song's adapter. -EINVAL naming
+ * the row or adapter when out of range. */
+int talker_backend_row_lora(const struct talker_backend *b, int row, int adapter);
 
 /* A decode step of in->pairs.n pairs through decode_pairs where the backend serves
  * it, else forward into out->hidden and sample_pairs on that (which must exist). */

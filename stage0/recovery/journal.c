@@ -210,6 +210,11 @@ static char *header_json(const char *req_id, const struct mm3_job_params *p, int
         json_decref(o);
         return NULL;
     }
+    /* the frames depend on the adapter: a re-send or a continuation applies it again */
+    if (o && p->lora[0] && json_object_set_new(o, "lora", json_string(p->lora)) < 0) {
+        json_decref(o);
+        return NULL;
+    }
     if (!o) return NULL;
     char *s = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
     json_decref(o);
@@ -305,7 +310,7 @@ int journal_open_write(struct journal **out, const char *dir, const char *req_id
         goto fail_file;
     }
     memcpy(h, MAGIC, 8);
-    put_u32(h + 8, JOURNAL_VERSION);
+    put_u32(h + 8, params->lora[0] ? JOURNAL_VERSION : JOURNAL_VERSION_NO_LORA);
     put_u32(h + 12, (uint32_t)jl);
     memcpy(h + 16, json, jl);
     put_u64(h + 16 + jl, hash64(json, jl, NULL, 0));
@@ -487,6 +492,7 @@ static int parse_header(const char *path, const char *json, size_t n, struct jou
     json_t *ph = json_object_get(o, "prompt_hash");
     /* absent in journals written before the field existed: stage 1's default */
     json_t *fs = json_object_get(o, "flow_shift");
+    json_t *lora = json_object_get(o, "lora"); /* absent: the base model */
     const char *bad = NULL;
     if (!json_is_string(id) || strlen(json_string_value(id)) >= JOURNAL_ID_MAX)
         bad = "request_id";
@@ -525,6 +531,11 @@ static int parse_header(const char *path, const char *json, size_t n, struct jou
         bad = "prompt_len";
     else if (!json_is_string(ph) || strlen(json_string_value(ph)) != 16)
         bad = "prompt_hash";
+    else if (lora &&
+             (!json_is_string(lora) || !json_string_length(lora) || json_string_length(lora) >= MM3_JOB_LORA_MAX ||
+              strspn(json_string_value(lora), "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") !=
+                  json_string_length(lora)))
+        bad = "lora";
     if (bad) {
         json_decref(o);
         return mm3_errorf(-EINVAL, "journal %s: header field '%s' missing or of the wrong type", path, bad);
@@ -550,6 +561,7 @@ static int parse_header(const char *path, const char *json, size_t n, struct jou
     h->params.guidance_scale = (float)json_number_value(gs);
     h->params.cfg_scale = (float)json_number_value(cs);
     h->params.flow_shift = fs ? (float)json_number_value(fs) : 0.0f;
+    if (lora) snprintf(h->params.lora, sizeof h->params.lora, "%s", json_string_value(lora));
     const char *f = json_string_value(fmt);
     h->params.format = !strcmp(f, "pcm")    ? MM3_AUDIO_PCM
                        : !strcmp(f, "flac") ? MM3_AUDIO_FLAC
@@ -656,8 +668,9 @@ int journal_read_buffer(const char *path, const uint8_t *b, size_t n, int max_st
         return mm3_errorf(-EINVAL, "journal %s: not a journal (bad magic or shorter than a header)", path);
     }
     uint32_t ver = get_u32(b + 8), jl = get_u32(b + 12);
-    if (ver != JOURNAL_VERSION) {
-        return mm3_errorf(-EINVAL, "journal %s: version %u, expected %d", path, ver, JOURNAL_VERSION);
+    if (ver != JOURNAL_VERSION && ver != JOURNAL_VERSION_NO_LORA) {
+        return mm3_errorf(-EINVAL, "journal %s: version %u, expected %d or %d", path, ver, JOURNAL_VERSION_NO_LORA,
+                          JOURNAL_VERSION);
     }
     if ((size_t)jl + 24 > n) {
         return mm3_errorf(-EINVAL, "journal %s: truncated header (%u bytes of JSON announced, file has %zu bytes)",

@@ -26,7 +26,11 @@
 
 #include "stage0/api/job.h"
 
-#define JOURNAL_VERSION 1
+/* Version 2: the header may name the song's per-request adapter ("lora"), which a
+ * reader must apply; journals without one are written as version 1, which readers of
+ * either version read the same. */
+#define JOURNAL_VERSION 2
+#define JOURNAL_VERSION_NO_LORA 1
 #define JOURNAL_SUFFIX ".mm3j"
 #define JOURNAL_ID_MAX 96      /* request id: 1..95 of [A-Za-z0-9._-] */
 #define JOURNAL_FLUSH_STEPS 25 /* a crash loses at most this many steps (one second of audio) */

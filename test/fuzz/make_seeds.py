@@ -216,6 +216,9 @@ def seeds_api_request():
                          "return": "whole", "min_duration_s": 5},
         # an uploaded journal (base64 that need not be a journal: the engine checks it) and no caption
         "continuation_journal": {"input": "se]", "continue_journal": "p" + "b" * 71, "model": "pcm"},
+        # adapters: fuzz_api_request's limits load "rock" and "jazz"; "pop" is unknown (404)
+        "lora": dict(base, model="rock", lora="rock"),
+        "lora_unknown": dict(base, lora="pop", model="jazz"),
     }
     for k, v in bodies.items():
         out(t, k, json.dumps(v))
