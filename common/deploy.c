@@ -781,6 +781,13 @@ static int decode_lora(const struct scope *sc, const ynode *key, const ynode *v,
     return 0;
 }
 
+int mm3_lora_name_valid(const char *name)
+{
+    size_t n = strlen(name);
+    return n > 0 && n < MM3_DEPLOY_LORA_NAME_MAX &&
+           strspn(name, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") == n;
+}
+
 static int decode_lora_module(const struct scope *sc, const ynode *n, const char *path, int j)
 {
     struct load_ctx *c = sc->c;
@@ -799,10 +806,11 @@ static int decode_lora_module(const struct scope *sc, const ynode *n, const char
         int rc;
         if (!strcmp(k, "name")) {
             name_node = v;
-            if ((rc = get_string(c, v, p, l->name, sizeof l->name, false)) == 0 &&
-                strspn(l->name, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") != strlen(l->name))
-                rc = fail(c, v, p, "expected only letters, digits, '.', '_' and '-' (a request names it), got '%s'",
-                          l->name);
+            if ((rc = get_string(c, v, p, l->name, sizeof l->name, false)) == 0 && !mm3_lora_name_valid(l->name))
+                rc = fail(c, v, p,
+                          "expected only letters, digits, '.', '_' and '-', 1 to %d of them (a request names it), "
+                          "got '%s'",
+                          MM3_DEPLOY_LORA_NAME_MAX - 1, l->name);
             if (rc == 0 && !strcmp(l->name, MM3_SERVED_MODEL_NAME))
                 rc = fail(c, v, p, "'%s' is the base model's name: a request naming it gets no adapter", l->name);
             for (int o = 0; rc == 0 && o < j; o++)

@@ -42,6 +42,9 @@
 /* Per-request talker adapters (lora_modules) loaded at once. */
 #define MM3_DEPLOY_MAX_LORA_MODULES 8
 #define MM3_DEPLOY_LORA_NAME_MAX 64
+/* 1 when name may name a lora_modules adapter (a request, a journal name it):
+ * 1..MM3_DEPLOY_LORA_NAME_MAX - 1 of [A-Za-z0-9._-]. */
+int mm3_lora_name_valid(const char *name);
 /* The model id the API serves (/v1/models, a request's `model`); no adapter may take it. */
 #define MM3_SERVED_MODEL_NAME "MiniMax-Music3"
 

@@ -26,6 +26,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/deploy.h"
+
 enum mm3_job_state {
     MM3_JOB_QUEUED = 0, /* accepted, waiting for rows */
     MM3_JOB_RUNNING,    /* rows assigned, frames being generated */
@@ -56,7 +58,7 @@ enum mm3_given {
 };
 
 /* A per-request adapter's name (deploy lora_modules) with its NUL. */
-#define MM3_JOB_LORA_MAX 64
+#define MM3_JOB_LORA_MAX MM3_DEPLOY_LORA_NAME_MAX
 
 /* Validated request parameters (see docs/api.md for the HTTP field names). */
 struct mm3_job_params {

@@ -14,20 +14,13 @@ static const char *const target_names[TALKER_LORA_N_TARGETS] = {
     "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj",
 };
 
-const char *talker_lora_target_name(enum talker_lora_target t)
+static int name_check(const char *name)
 {
-    const char *n = target_names[t];
-    return strchr(n, '.') + 1;
-}
-
-int talker_lora_name_check(const char *name)
-{
+    if (mm3_lora_name_valid(name)) return 0;
     size_t n = strlen(name);
     if (n == 0 || n >= TALKER_LORA_NAME_MAX)
         return mm3_errorf(-EINVAL, "adapter name '%.80s': expected 1 to %d characters", name, TALKER_LORA_NAME_MAX - 1);
-    if (strspn(name, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") != n)
-        return mm3_errorf(-EINVAL, "adapter name '%s': expected only letters, digits, '.', '_' and '-'", name);
-    return 0;
+    return mm3_errorf(-EINVAL, "adapter name '%s': expected only letters, digits, '.', '_' and '-'", name);
 }
 
 /* The shape [out, in] of a target of the talker of cfg. */
@@ -70,7 +63,7 @@ static int place_module(const struct talker_config *cfg, const char *dir, const 
 int talker_lora_set_add(struct talker_lora_set *s, const struct talker_config *cfg, const char *name, const char *dir,
                         double scale)
 {
-    int rc = talker_lora_name_check(name);
+    int rc = name_check(name);
     if (rc < 0) return rc;
     if (s->n == TALKER_LORA_MAX)
         return mm3_errorf(-EINVAL, "adapter '%s': at most %d adapters can be served per request", name,

@@ -20,11 +20,12 @@
 #ifndef MM3_STAGE0_TALKER_LORA_H
 #define MM3_STAGE0_TALKER_LORA_H
 
+#include "common/deploy.h"
 #include "common/lora.h"
 #include "stage0/model/talker.h"
 
-#define TALKER_LORA_MAX 8       /* adapters loaded at once (deploy: lora_modules) */
-#define TALKER_LORA_NAME_MAX 64 /* a name is 1..63 of [A-Za-z0-9._-] */
+#define TALKER_LORA_MAX MM3_DEPLOY_MAX_LORA_MODULES     /* adapters loaded at once */
+#define TALKER_LORA_NAME_MAX MM3_DEPLOY_LORA_NAME_MAX    /* mm3_lora_name_valid's names */
 
 /* The adapted linear layers of one decoder layer, in forward order. */
 enum talker_lora_target {
@@ -58,7 +59,7 @@ struct talker_lora_set {
     struct talker_lora a[TALKER_LORA_MAX];
 };
 
-/* Load the PEFT adapter in dir as entry `name` (talker_lora_name_check) with factor
+/* Load the PEFT adapter in dir as entry `name` (mm3_lora_name_valid) with factor
  * `scale`, checked against the talker of cfg: every module must be one of the layers
  * above with the base weight's shape. Errors name the folder and the module. */
 int talker_lora_set_add(struct talker_lora_set *s, const struct talker_config *cfg, const char *name, const char *dir,
@@ -66,13 +67,8 @@ int talker_lora_set_add(struct talker_lora_set *s, const struct talker_config *c
 void talker_lora_set_free(struct talker_lora_set *s);
 /* Index of the adapter called name, or -1. */
 int talker_lora_set_find(const struct talker_lora_set *s, const char *name);
-/* 0 when name is 1..63 characters of [A-Za-z0-9._-]; -EINVAL naming it otherwise. */
-int talker_lora_name_check(const char *name);
 
 /* The layer `target` of decoder layer `layer` of adapter l (its a is NULL when not adapted). */
 const struct talker_lora_mat *talker_lora_at(const struct talker_lora *l, int layer, enum talker_lora_target target);
-
-/* "q_proj" ... "down_proj": the module name of a target (PEFT's target_modules spelling). */
-const char *talker_lora_target_name(enum talker_lora_target t);
 
 #endif

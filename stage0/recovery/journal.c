@@ -531,10 +531,8 @@ static int parse_header(const char *path, const char *json, size_t n, struct jou
         bad = "prompt_len";
     else if (!json_is_string(ph) || strlen(json_string_value(ph)) != 16)
         bad = "prompt_hash";
-    else if (lora &&
-             (!json_is_string(lora) || !json_string_length(lora) || json_string_length(lora) >= MM3_JOB_LORA_MAX ||
-              strspn(json_string_value(lora), "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") !=
-                  json_string_length(lora)))
+    else if (lora && (!json_is_string(lora) || strlen(json_string_value(lora)) != json_string_length(lora) ||
+                      !mm3_lora_name_valid(json_string_value(lora))))
         bad = "lora";
     if (bad) {
         json_decref(o);
