@@ -10,6 +10,8 @@
 #         MM3_FINAL_PHASES=tests,e2e,stage0,vocoder,pytorch (default all, in that order)
 #         MM3_FINAL_CONFIG=deploy.yaml for the e2e phase (default configs/minimax_music3.yaml);
 #         MM3_MPS=1 runs the stages under a private MPS daemon (scripts/launch.sh --mps)
+#         MM3_FINAL_STAGE0_ARGS: the stage-0 benchmark's grid (default --contexts 1000 --pairs 1,2,4,8;
+#         e.g. add --lora 16,64 for the per-request adapter figures)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -74,7 +76,7 @@ if want e2e; then
 fi
 if want stage0; then
   stamp stage0
-  MM3_BENCH_STAGE0_ARGS="--contexts 1000 --pairs 1,2,4,8 --time-limit ${MM3_FINAL_STAGE0_S:-100}" \
+  MM3_BENCH_STAGE0_ARGS="${MM3_FINAL_STAGE0_ARGS:---contexts 1000 --pairs 1,2,4,8} --time-limit ${MM3_FINAL_STAGE0_S:-100}" \
     timeout $((${MM3_FINAL_STAGE0_S:-100} + 50)) scripts/bench.sh --out "$out" --bin $bin --only stage0 >/dev/null 2>&1
   echo "stage0 rc=$?"; grep -E "^\|" "$out/stage0.log" 2>/dev/null | tail -12
 fi

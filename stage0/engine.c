@@ -223,6 +223,8 @@ int engine_create(struct engine **out, const struct mm3_deploy *d, const struct 
      * numbers, what the device cannot hold (never an allocation failure later). */
     struct talker_backend_plan plan;
     talker_backend_plan_compute_kv(sc.backend, sc.kv_dtype, lm, dd, sched_backend_rows(&sc), sc.max_ctx, &plan);
+    plan.adapter_bytes = talker_lora_set_bytes(&e->lora);
+    plan.total_bytes += plan.adapter_bytes;
     if ((rc = talker_backend_plan_check(sc.backend, &plan, s0->gpu_memory_utilization)) < 0) goto fail;
     e->max_per_worker = mm3_deploy_stage(d, 1)->max_num_seqs + s0->max_num_seqs;
     metrics_gauge_set(&mm3_metrics.kv_rows, s0->max_num_seqs);

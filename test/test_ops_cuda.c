@@ -1306,6 +1306,140 @@ static void test_attention_bad_args(void **state)
     assert_non_null(strstr(mm3_last_error(), "q|k|v"));
 }
 
+/* ---- LoRA deltas, rows with different adapters ------------------------------------ */
+
+/* Adapter slots of check_lora: slot 0 adapts every target at rank r0, slot 1 only the
+ * first at rank r1, slot 2 is empty; rows cycle through none, 0, 1, 0, 2. */
+static void check_lora(int n, int in, int n_targets, const int *out, const int *offset, int step, int r0, int r1,
+                       const char *what)
+{
+    int y_stride = 0;
+    for (int j = 0; j < n_targets; j++) {
+        int end = offset[j] + (out[j] - 1) * step + 1;
+        if (end > y_stride) y_stride = end;
+    }
+    struct cuda_lora l = {.rank = {r0, r1}, .scale = {0.75f, -1.5f}, .n_targets = n_targets, .in = in};
+    l.rank_max = r0 > r1 ? r0 : r1;
+    float *ha[2][CUDA_LORA_TARGETS] = {{0}}, *hb[2][CUDA_LORA_TARGETS] = {{0}};
+    for (int k = 0; k < 2; k++)
+        for (int j = 0; j < n_targets; j++) {
+            int r = l.rank[k];
+            if (k == 1 && j > 0) break;
+            ha[k][j] = rnd_array((size_t)r * in, 0.5f);
+            hb[k][j] = rnd_array((size_t)out[j] * r, 0.5f);
+            l.target[j].a[k] = dev_upload(ha[k][j], sizeof(float) * r * in);
+            l.target[j].b[k] = dev_upload(hb[k][j], sizeof(float) * out[j] * r);
+        }
+    for (int j = 0; j < n_targets; j++) {
+        l.target[j].out = out[j];
+        l.target[j].y_offset = offset[j];
+        l.target[j].y_step = step;
+    }
+    static const int cycle[5] = {-1, 0, 1, 0, 2};
+    int *adapter = malloc(sizeof(int) * n);
+    float *x = rnd_array((size_t)n * in, 1.0f), *y0 = rnd_array((size_t)n * y_stride + 2 * GUARD, 1.0f);
+    float *ref = malloc(sizeof(float) * ((size_t)n * y_stride + 2 * GUARD));
+    float *t = malloc(sizeof(float) * l.rank_max), *delta = malloc(sizeof(float) * (size_t)y_stride);
+    assert_true(adapter && ref && t && delta);
+    memcpy(ref, y0, sizeof(float) * ((size_t)n * y_stride + 2 * GUARD));
+    for (int i = 0; i < n; i++) {
+        int k = adapter[i] = cycle[i % 5];
+        for (int j = 0; k >= 0 && k < 2 && j < n_targets; j++) {
+            if (!ha[k][j]) continue;
+            memset(delta, 0, sizeof(float) * out[j]);
+            op_lora_down(t, x + (size_t)i * in, ha[k][j], 1, in, l.rank[k]);
+            op_lora_up(delta, t, hb[k][j], l.scale[k], 1, l.rank[k], out[j]);
+            for (int o = 0; o < out[j]; o++)
+                ref[GUARD + (size_t)i * y_stride + offset[j] + (size_t)o * step] += delta[o];
+        }
+    }
+    float *dy = dev_upload(y0, sizeof(float) * ((size_t)n * y_stride + 2 * GUARD));
+    l.n_rows = n;
+    l.adapter = dev_upload(adapter, sizeof(int) * n);
+    l.x = dev_upload(x, sizeof(float) * n * in);
+    l.x_stride = in;
+    l.y = dy + GUARD;
+    l.y_stride = y_stride;
+    assert_int_equal(cuda_malloc((void **)&l.t, sizeof(float) * n * n_targets * l.rank_max), 0);
+    assert_int_equal(cuda_ops_lora_down(&l, NULL), 0);
+    assert_int_equal(cuda_ops_lora_up(&l, NULL), 0);
+    assert_int_equal(cuda_stream_sync(NULL), 0);
+    size_t total = (size_t)n * y_stride + 2 * GUARD;
+    float *got = malloc(sizeof(float) * total);
+    assert_non_null(got);
+    assert_int_equal(cuda_memcpy_d2h(got, dy, sizeof(float) * total), 0);
+    /* Guards and the rows without a delta (no adapter, the empty slot) are untouched
+     * bit for bit; elsewhere the deltas agree within float32 summation order. */
+    for (size_t e = 0; e < total; e++) {
+        size_t row = e < GUARD ? 0 : (e - GUARD) / (size_t)y_stride;
+        int untouched = e < GUARD || e >= total - GUARD || adapter[row] < 0 || adapter[row] >= 2;
+        if (untouched && memcmp(&got[e], &y0[e], 4) != 0) fail_msg("%s: element %zu changed", what, e);
+        got[e] -= y0[e];
+        ref[e] -= y0[e];
+    }
+    expect_close(got, ref, total, TOL_F32_SUM, what);
+    double moved = 0;
+    for (size_t e = 0; e < total; e++)
+        moved += fabs(ref[e]);
+    assert_true(moved > 0); /* the deltas are there to compare */
+    for (int k = 0; k < 2; k++)
+        for (int j = 0; j < n_targets; j++) {
+            cuda_free((void *)l.target[j].a[k]), cuda_free((void *)l.target[j].b[k]);
+            free(ha[k][j]), free(hb[k][j]);
+        }
+    cuda_free((void *)l.adapter), cuda_free((void *)l.x), cuda_free(l.t), cuda_free(dy);
+    free(adapter), free(x), free(y0), free(ref), free(t), free(delta), free(got);
+}
+
+static void test_lora(void **state)
+{
+    (void)state;
+    /* q|k|v of the release talker in one fused row, ranks 16 and 64 */
+    const int qkv_out[3] = {4096, 1024, 1024}, qkv_off[3] = {0, 4096, 5120};
+    check_lora(10, 4096, 3, qkv_out, qkv_off, 1, 16, 8, "lora q|k|v 10 rows x 4096, ranks 16/8");
+    check_lora(3, 4096, 3, qkv_out, qkv_off, 1, 64, 64, "lora q|k|v 3 rows x 4096, ranks 64/64");
+    /* gate|up interleaved and a lone down product */
+    const int gu_out[2] = {12288, 12288}, gu_off[2] = {0, 1}, down_out[1] = {4096}, zero[1] = {0};
+    check_lora(5, 4096, 2, gu_out, gu_off, 2, 16, 32, "lora gate|up interleaved 5 rows, ranks 16/32");
+    check_lora(7, 12288, 1, down_out, zero, 1, 16, 4, "lora down 7 rows x 12288, ranks 16/4");
+    /* odd widths */
+    const int odd_out[3] = {5, 3, 7}, odd_off[3] = {0, 5, 8};
+    check_lora(6, 37, 3, odd_out, odd_off, 1, 3, 1, "lora odd 6 rows x 37, ranks 3/1");
+}
+
+static void test_lora_bad_args(void **state)
+{
+    (void)state;
+    float buf[4];
+    int ad[1] = {0};
+    struct cuda_lora l = {.rank = {4},
+                          .rank_max = 4,
+                          .n_targets = 1,
+                          .in = 4,
+                          .n_rows = 1,
+                          .adapter = ad,
+                          .x = buf,
+                          .t = buf,
+                          .y = buf,
+                          .y_stride = 1};
+    l.target[0].out = 1;
+    l.target[0].y_step = 1;
+    l.n_targets = 0;
+    assert_int_equal(cuda_ops_lora_down(&l, NULL), -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "targets"));
+    l.n_targets = 1;
+    l.rank[1] = 5; /* above rank_max */
+    assert_int_equal(cuda_ops_lora_up(&l, NULL), -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "slot 1 has rank 5"));
+    l.rank[1] = 0;
+    l.rank_max = CUDA_LORA_MAX_RANK + 1;
+    assert_int_equal(cuda_ops_lora_down(&l, NULL), -EINVAL);
+    l.rank_max = 4;
+    l.target[0].y_step = 0;
+    assert_int_equal(cuda_ops_lora_up(&l, NULL), -EINVAL);
+    assert_non_null(strstr(mm3_last_error(), "step 0"));
+}
+
 static void test_device_helpers(void **state)
 {
     (void)state;
@@ -1345,6 +1479,8 @@ int main(void)
         cmocka_unit_test(test_attention_combine_kernels),
         cmocka_unit_test(test_attention_qkv),
         cmocka_unit_test(test_attention_bad_args),
+        cmocka_unit_test(test_lora),
+        cmocka_unit_test(test_lora_bad_args),
     };
     /* One test alone (e.g. on the device): MM3_TEST_FILTER=test_gemv_fused */
     const char *filter = getenv("MM3_TEST_FILTER");

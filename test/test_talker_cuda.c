@@ -31,6 +31,7 @@
 #include "common/sampler.h"
 #include "stage0/golden.h"
 #include "stage0/model/talker_backend.h"
+#include "stage0/model/talker_lora.h"
 #include "stage0/teacher_force.h"
 #ifdef MM3_HAVE_CUDA
 #include "common/cuda/ops_cuda.h"
@@ -350,6 +351,95 @@ static void compare_graphs(const struct talker *m, const struct depth *dd, int s
     talker_backend_close(&eager);
     talker_backend_close(&graph);
     free(emb), free(a), free(b);
+}
+
+/* Prefill of PROMPT tokens in each of 3 rows (one batch, the CPU backend): hidden[3 * PROMPT, H]. */
+static void lora_prefill_cpu(const struct test_stage0 *m, const struct talker_lora_set *set, float *hidden)
+{
+    enum { ROWS = 3, PROMPT = 6 };
+    struct talker_backend cpu;
+    assert_int_equal(talker_backend_open(&cpu, TALKER_BACKEND_CPU, &m->lm, &m->dd, ROWS, 16, ROWS), 0);
+    assert_int_equal(talker_backend_set_lora(&cpu, set), 0);
+    if (set) {
+        assert_int_equal(talker_backend_row_lora(&cpu, 0, 0), 0);
+        assert_int_equal(talker_backend_row_lora(&cpu, 2, 1), 0);
+    }
+    int H = m->lm.cfg.hidden, row[ROWS * PROMPT], pos[ROWS * PROMPT];
+    float *emb = malloc(sizeof(float) * ROWS * PROMPT * H);
+    assert_non_null(emb);
+    uint64_t saved = rng_state;
+    rng_state = 0x1234567ull;
+    for (int i = 0; i < ROWS * PROMPT; i++)
+        row[i] = i / PROMPT, pos[i] = i % PROMPT;
+    for (size_t i = 0; i < (size_t)ROWS * PROMPT * H; i++)
+        emb[i] = frand();
+    rng_state = saved;
+    assert_int_equal(cpu.forward(cpu.impl, ROWS * PROMPT, row, pos, emb, hidden), 0);
+    talker_backend_close(&cpu);
+    free(emb);
+}
+
+/* Per-request adapters (stage0/model/talker_lora.h) on tiny-a: rows with adapter a
+ * (every linear layer, rank 4), none and b (q and v, rank 8, scale 0.5) share every
+ * batch, on the GPU eagerly and through the decode graphs' adapter variant, compared
+ * with the CPU forward with the same adapters per row at the float32 bound. The
+ * adapters move the rows they serve far beyond that bound and leave the other alone. */
+static void test_tiny_lora_per_request(void **state)
+{
+    const struct test_stage0 *m = *state;
+    if (!m) skip();
+    char *dir = test_make_tmpdir("talker_cuda_lora");
+    char pa[4200], pb[4200];
+    snprintf(pa, sizeof pa, "%s/a", dir);
+    snprintf(pb, sizeof pb, "%s/b", dir);
+    const struct ckpt_gen_lora_opts oa = {.component = "language_model", .rank = 4, .alpha = 8, .seed = 3};
+    const struct ckpt_gen_lora_opts ob = {
+        .component = "language_model", .targets = "q_proj,v_proj", .rank = 8, .alpha = 8, .seed = 4};
+    assert_int_equal(ckpt_gen_lora_write(pa, m->root, &oa), 0);
+    assert_int_equal(ckpt_gen_lora_write(pb, m->root, &ob), 0);
+    struct talker_lora_set set = {0};
+    assert_int_equal(talker_lora_set_add(&set, &m->lm.cfg, "a", pa, 1.0), 0);
+    assert_int_equal(talker_lora_set_add(&set, &m->lm.cfg, "b", pb, 0.5), 0);
+
+    int H = m->lm.cfg.hidden;
+    size_t per_row = (size_t)6 * H;
+    float *base = malloc(sizeof(float) * 3 * per_row), *adapted = malloc(sizeof(float) * 3 * per_row);
+    assert_non_null(base), assert_non_null(adapted);
+    lora_prefill_cpu(m, NULL, base);
+    lora_prefill_cpu(m, &set, adapted);
+    double moved_a = test_rel_error(adapted, base, per_row),
+           moved_b = test_rel_error(adapted + 2 * per_row, base + 2 * per_row, per_row);
+    print_message("adapters move the hiddens by rel %.3g (a) and %.3g (b)\n", moved_a, moved_b);
+    assert_true(moved_a > 100 * REL_TOL && moved_b > 100 * REL_TOL);
+    assert_memory_equal(adapted + per_row, base + per_row, sizeof(float) * per_row);
+
+    for (int graphs = 0; graphs < 2; graphs++) {
+        struct talker_backend cpu, gpu;
+        open_pair(&cpu, &gpu, &m->lm, &m->dd, 3, 64);
+        int sizes[2] = {2, 4};
+        if (graphs) assert_int_equal(talker_backend_graphs_enable(&gpu, sizes, 2, 1), 0);
+        struct talker_backend *b[2] = {&cpu, &gpu};
+        for (int i = 0; i < 2; i++) {
+            assert_int_equal(talker_backend_set_lora(b[i], &set), 0);
+            assert_int_equal(talker_backend_row_lora(b[i], 0, 0), 0);
+            assert_int_equal(talker_backend_row_lora(b[i], 2, 1), 0);
+        }
+        assert_int_equal(talker_backend_row_lora(&gpu, 1, 2), -EINVAL); /* only 2 loaded */
+        int prompt[3] = {12, 9, 5};
+        compare_talker(&cpu, &gpu, 3, prompt, 12);
+        if (graphs) {
+            struct talker_backend_counts counts;
+            talker_backend_counts(&gpu, &counts);
+            print_message("adapter graphs: %d captured, %ld replays\n", counts.forward_graphs, counts.forward_replays);
+            assert_true(counts.forward_graphs >= 2 && counts.forward_replays >= 8);
+        }
+        talker_backend_close(&cpu);
+        talker_backend_close(&gpu);
+    }
+    talker_lora_set_free(&set);
+    free(base), free(adapted);
+    test_remove_tree(dir);
+    free(dir);
 }
 
 static void test_tiny_graphs(void **state)
@@ -1394,6 +1484,7 @@ int main(void)
         cmocka_unit_test(test_teacher_force_on_gpu),
         cmocka_unit_test(test_tiny_prefill_gemm),
         cmocka_unit_test(test_tiny_graphs),
+        cmocka_unit_test(test_tiny_lora_per_request),
         cmocka_unit_test(test_release_shaped_talker),
         cmocka_unit_test(test_release_shaped_depth),
         cmocka_unit_test(test_depth_fused_many_rows),

@@ -4,7 +4,7 @@
  *                    [--frames N] [--warmup N] [--utilization F] [--ttff-tokens N]
  *                    [--max-batched-tokens N] [--copy-mib N] [--time-limit S]
  *                    [--capture-sizes LIST|none] [--kv-dtype auto|bfloat16|float32]
- *                    [--env-sets "A=1,B=0;A=0"]
+ *                    [--env-sets "A=1,B=0;A=0"] [--lora RANKS]
  *
  * It drives the server's own code: one stage-0 scheduler (stage0/scheduler.h) over the
  * chosen talker backend, requests made as the HTTP layer makes them (ignore_eos set, so a
@@ -39,7 +39,12 @@
  * --env-sets: the whole grid once per ';'-separated set of ','-separated VAR=value
  * assignments (the GPU paths' measuring switches, docs/operations.md), the checkpoint
  * loaded once: each set gets a fresh scheduler (weights uploaded, graphs captured) with the
- * switches read again, so an A/B costs one load instead of one per setting. */
+ * switches read again, so an A/B costs one load instead of one per setting.
+ * --lora RANKS: after the plain grid, the grid again for each rank R of the ','-separated
+ * list with a random rank-R adapter on every linear layer of the talker (mm3-mkckpt
+ * --lora's, lora_alpha 2R, written under $TMPDIR) served per request, twice: loaded but
+ * used by no song (the no-adapter path with adapters loaded), then used by the first song
+ * of each configuration (1 of 1 at one pair, 1 of 8 at eight). */
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
@@ -51,6 +56,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "common/ckpt_gen.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "common/sampler.h"
@@ -60,6 +66,7 @@
 #include "stage0/scheduler.h"
 #include "stage0/model/talker.h"
 #include "stage0/model/talker_backend.h"
+#include "stage0/model/talker_lora.h"
 #include "stage0/text/tokenizer.h"
 #include "tools/bench_median.h"
 
@@ -84,6 +91,7 @@ struct args {
     double utilization, time_limit;
     int capture[MAX_LIST], n_capture; /* rows; n_capture 0: eager decode */
     const char *env_sets;             /* --env-sets as given; NULL: the environment as it is */
+    int lora_ranks[MAX_LIST], n_lora_ranks; /* --lora */
 };
 
 /* --env-sets parsed: set k assigns value[k][i] to name[k][i]. `vars` are the distinct
@@ -167,7 +175,7 @@ static void usage(FILE *f)
                "                        [--frames N] [--warmup N] [--utilization F] [--ttff-tokens N]\n"
                "                        [--max-batched-tokens N] [--copy-mib N] [--time-limit S]\n"
                "                        [--capture-sizes LIST|none] [--kv-dtype auto|bfloat16|float32]\n"
-               "                        [--profile-frame K] [--env-sets SETS]\n"
+               "                        [--profile-frame K] [--env-sets SETS] [--lora RANKS]\n"
                "  --frames N      timed decode steps per configuration (default 32)\n"
                "  --warmup N      steady decode steps skipped before timing (default 3)\n"
                "  --utilization F gpu_memory_utilization the plan is checked against (default 0.6)\n"
@@ -180,6 +188,8 @@ static void usage(FILE *f)
                "                  float32 on cpu), as the deploy key kv_cache_dtype\n"
                "  --profile-frame K  timed step K of every configuration runs inside a profiler range\n"
                "                  (cuda: for ncu --profile-from-start off; default 0: none)\n"
+               "  --lora RANKS    the grid again per rank with a random adapter served per request, unused\n"
+               "                  and then used by the first song (e.g. 16,64)\n"
                "  --env-sets \"A=1,B=0;A=0\"  the grid once per set of environment assignments (';' between\n"
                "                  sets, ',' within one), the checkpoint loaded once\n");
 }
@@ -320,6 +330,8 @@ static int parse_args(int argc, char **argv, struct args *a)
             rc = parse_int("--profile-frame", v, 0, 100000, &a->profile_frame);
         else if (!strcmp(k, "--time-limit"))
             rc = parse_double("--time-limit", v, 0, 1e7, &a->time_limit);
+        else if (!strcmp(k, "--lora"))
+            rc = parse_list("--lora", v, 1, 256, a->lora_ranks, &a->n_lora_ranks);
         else if (!strcmp(k, "--env-sets"))
             a->env_sets = v;
         else
@@ -441,6 +453,8 @@ struct bench {
     double ready_s; /* sched_create: weight upload, KV cache, graphs */
     int mem_ok;
     int failures;        /* configurations that failed (not skipped for time) */
+    int lora_songs;      /* the first songs of a configuration use the adapter "bench" */
+    char lora_label[64]; /* the --lora variant ("" without one) */
     char timed_out[256]; /* why the rest is skipped; "" while there is time */
 };
 
@@ -530,7 +544,8 @@ static int out_of_time(struct bench *b, const char *what)
     return 0;
 }
 
-static int submit(struct bench *b, const char *caption, const char *lyrics, uint64_t seed, struct song *slot)
+static int submit(struct bench *b, const char *caption, const char *lyrics, uint64_t seed, int adapted,
+                  struct song *slot)
 {
     struct mm3_job_params p = {.lyrics = (char *)lyrics,
                                .caption = (char *)caption,
@@ -541,6 +556,7 @@ static int submit(struct bench *b, const char *caption, const char *lyrics, uint
                                .guidance_scale = 1.7f,
                                .cfg_scale = SAMPLER_CFG_SCALE,
                                .ignore_eos = true};
+    if (adapted) snprintf(p.lora, sizeof p.lora, "bench");
     memset(slot, 0, sizeof *slot);
     int rc = mm3_job_create(&slot->job, &p, 2, 44100, 1);
     if (rc < 0) return rc;
@@ -700,7 +716,8 @@ static int run_level(struct bench *b, struct result *r, const char *lyrics, int 
     snprintf(what, sizeof what, "while prefilling context %d, %d pairs", r->context, r->pairs);
     double t_sub = now_s();
     for (int i = have; i < r->pairs; i++) {
-        int rc = submit(b, k_caption, lyrics, 1000u + (uint64_t)r->context * 64u + (uint64_t)i, &b->songs[i]);
+        int rc = submit(b, k_caption, lyrics, 1000u + (uint64_t)r->context * 64u + (uint64_t)i, i < b->lora_songs,
+                        &b->songs[i]);
         if (rc < 0) return rc;
         b->n_songs++;
     }
@@ -771,7 +788,7 @@ static int run_level(struct bench *b, struct result *r, const char *lyrics, int 
  * pools are created before anything is timed (a serving process has done this long ago). */
 static int warm_up(struct bench *b)
 {
-    int rc = submit(b, "warm up", "la la la", 1, &b->songs[0]);
+    int rc = submit(b, "warm up", "la la la", 1, b->lora_songs > 0, &b->songs[0]);
     if (rc < 0) return rc;
     b->n_songs = 1;
     for (int i = 0; i < 10000 && rc == 0 && b->songs[0].frames < 2 && !b->ended; i++)
@@ -788,11 +805,13 @@ static void print_results(struct bench *b, int ttff_done, double ttff_s, int ttf
 {
     const struct args *a = b->a;
     const char *be = a->backend == TALKER_BACKEND_CUDA ? "cuda" : "cpu";
+    char lora_note[96] = "";
+    if (b->lora_label[0]) snprintf(lora_note, sizeof lora_note, "; %s", b->lora_label);
     if (env_label)
-        printf("\n## Stage 0 through the scheduler (%s backend; environment %s)\n\n", be,
-               env_label[0] ? env_label : "as started");
+        printf("\n## Stage 0 through the scheduler (%s backend; environment %s%s)\n\n", be,
+               env_label[0] ? env_label : "as started", lora_note);
     else
-        printf("\n## Stage 0 through the scheduler (%s backend)\n\n", be);
+        printf("\n## Stage 0 through the scheduler (%s backend%s)\n\n", be, lora_note);
     const double spared = table_spared_bytes(a->backend, &b->dd);
     printf("copy bandwidth %.1f GB/s (read + write, %d MiB, median of 15); weights per step %.3f GB",
            b->copy_bw * 1e-9, a->copy_mib, b->weight_bytes * 1e-9);
@@ -861,11 +880,11 @@ static void print_results(struct bench *b, int ttff_done, double ttff_s, int ttf
         printf("S0BENCH kind=frame context=%d pairs=%d prompt_tokens=%d ms_median=%.4f ms_mean=%.4f ms_min=%.4f "
                "ms_max=%.4f steps=%d mean_pos=%.1f weight_bytes=%.0f kv_bytes=%.0f floor_ms=%.4f ratio=%.4f "
                "prefill_s=%.4f prefill_tokens=%.0f forward_ms=%.4f sample_ms=%.4f gpu_forward_ms=%.4f "
-               "gpu_sample_ms=%.4f ahead_taken=%ld%s%s%s\n",
+               "gpu_sample_ms=%.4f ahead_taken=%ld lora=\"%s\"%s%s%s\n",
                r->context, r->pairs, r->prompt_tokens, r->ms_median, r->ms_mean, r->ms_min, r->ms_max, r->steps,
                r->mean_pos, b->weight_bytes, r->kv_bytes, r->floor_ms, r->ms_median / r->floor_ms, r->prefill_s,
                r->prefill_tokens, r->forward_ms, r->sample_ms, r->gpu_forward_ms, r->gpu_sample_ms, r->ahead_taken,
-               env_label ? " env=\"" : "", env_label ? env_label : "", env_label ? "\"" : "");
+               b->lora_label, env_label ? " env=\"" : "", env_label ? env_label : "", env_label ? "\"" : "");
     }
     if (ttff_done)
         printf("S0BENCH kind=ttff prompt_tokens=%d s=%.4f\n", ttff_prompt, ttff_s);
@@ -983,6 +1002,19 @@ static int bench_grid(struct bench *b, struct args *a, const struct sched_config
     return 0;
 }
 
+/* A random rank-R adapter on every linear layer of the talker, written under $TMPDIR and
+ * loaded into set as "bench" (scale 1). */
+static int bench_adapter(struct bench *b, const struct args *a, int rank, struct talker_lora_set *set)
+{
+    const char *tmp = getenv("TMPDIR");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/mm3-bench-lora-r%d", tmp && tmp[0] ? tmp : "/tmp", rank);
+    const struct ckpt_gen_lora_opts o = {.component = "language_model", .rank = rank, .alpha = 2.0 * rank, .seed = 5};
+    int rc = ckpt_gen_lora_write(dir, a->ckpt, &o);
+    if (rc == 0) rc = talker_lora_set_add(set, &b->lm.cfg, "bench", dir, 1.0);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     mm3_log_set_tag("bench-s0");
@@ -1069,9 +1101,29 @@ int main(int argc, char **argv)
             printf("S0BENCH kind=set index=%d env=\"%s\" effective=\"%s\"\n", k, env_label, effective);
             fflush(stdout);
         }
-        n_results = 0;
-        b.mem_peak_used = 0;
-        if (bench_grid(&b, &a, &cfg, lyrics, prompt_of_ctx, load_s)) return 1;
+        /* The plain grid, then per --lora rank: the adapter loaded and unused, then used. */
+        for (int v = 0; v < 1 + 2 * a.n_lora_ranks; v++) {
+            struct talker_lora_set set = {0};
+            b.lora_songs = 0;
+            b.lora_label[0] = 0;
+            cfg.lora = NULL;
+            if (v > 0) {
+                int rank = a.lora_ranks[(v - 1) / 2];
+                b.lora_songs = (v - 1) % 2;
+                snprintf(b.lora_label, sizeof b.lora_label, "rank-%d adapter loaded, %s", rank,
+                         b.lora_songs ? "used by the first song" : "used by no song");
+                if ((rc = bench_adapter(&b, &a, rank, &set)) < 0) {
+                    fprintf(stderr, "mm3-bench-stage0: --lora %d: %s\n", rank, mm3_last_error());
+                    return 1;
+                }
+                cfg.lora = &set;
+            }
+            n_results = 0;
+            b.mem_peak_used = 0;
+            rc = bench_grid(&b, &a, &cfg, lyrics, prompt_of_ctx, load_s);
+            talker_lora_set_free(&set);
+            if (rc) return 1;
+        }
     }
     for (int c = 0; c < a.n_contexts; c++)
         free(lyrics[c]);

@@ -268,6 +268,44 @@ int cuda_ops_matmul_bf16_swiglu(float *y, float *gu, const float *x, const uint1
 /* y[i] += x[i] */
 int cuda_ops_add(float *y, const float *x, size_t n, void *stream);
 
+/* ---- LoRA deltas of a batch whose rows use different adapters ------------- */
+
+/* A batch's LoRA products y += s_k B_k (A_k x) for the targets of one linear group
+ * (products sharing their input x: q/k/v, or gate/up, or one alone), each row i with
+ * the adapter k = adapter[i] of the CUDA_LORA_ADAPTERS slots (-1, or a slot whose a is
+ * NULL for a target: no delta there). The two halves are op_lora_down / op_lora_up of
+ * common/ops.h for each row's adapter; t is the [n_rows][n_targets][rank_max] middle.
+ * Target j's output o lands at column y_offset + o * y_step of y's row (q/k/v in one
+ * fused row; gate/up interleaved). Slots, ranks and scales stay fixed while a graph
+ * that captured them replays; rows pick slots through the device array. */
+enum { CUDA_LORA_ADAPTERS = 8, CUDA_LORA_TARGETS = 3, CUDA_LORA_MAX_RANK = 256 };
+
+struct cuda_lora_target {
+    const float *a[CUDA_LORA_ADAPTERS]; /* [rank_k, in] per slot, device; NULL: not adapted */
+    const float *b[CUDA_LORA_ADAPTERS]; /* [out, rank_k] */
+    int out, y_offset, y_step;
+};
+
+struct cuda_lora {
+    int rank[CUDA_LORA_ADAPTERS]; /* each <= rank_max */
+    float scale[CUDA_LORA_ADAPTERS];
+    int rank_max, n_targets, in;
+    struct cuda_lora_target target[CUDA_LORA_TARGETS];
+    /* per call */
+    int n_rows;
+    const int *adapter; /* device int[n_rows] */
+    const float *x;     /* [n_rows][x_stride], the first `in` read */
+    int x_stride;
+    float *t; /* device [n_rows][n_targets][rank_max] */
+    float *y; /* [n_rows][y_stride] */
+    int y_stride;
+};
+
+/* t = A x for every row, target and rank index (t's unused entries are set to 0). */
+int cuda_ops_lora_down(const struct cuda_lora *l, void *stream);
+/* y += s B t for every row and target whose adapter adapts it (after cuda_ops_lora_down). */
+int cuda_ops_lora_up(const struct cuda_lora *l, void *stream);
+
 /* KV cache element types accepted by cuda_ops_attention_decode. */
 enum cuda_kv_dtype { CUDA_KV_F32 = 0, CUDA_KV_BF16 = 1 };
 

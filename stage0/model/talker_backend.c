@@ -165,6 +165,21 @@ static int gpu_decode_pairs(void *impl, const struct talker_decode_in *in, const
     return frame_cuda_decode_pairs(c->fc, c->tc, c->dc, in, out);
 }
 
+static int gpu_set_lora(void *impl, const struct talker_lora_set *set)
+{
+    struct cuda_impl *c = impl;
+    int rc = frame_cuda_ahead_drop(c->fc);
+    return rc < 0 ? rc : talker_cuda_set_lora(c->tc, set);
+}
+
+/* A step queued ahead was staged with the rows' adapters of its time. */
+static int gpu_row_lora(void *impl, int row, int adapter)
+{
+    struct cuda_impl *c = impl;
+    int rc = frame_cuda_ahead_drop(c->fc);
+    return rc < 0 ? rc : talker_cuda_row_lora(c->tc, row, adapter);
+}
+
 static void gpu_destroy(void *impl)
 {
     struct cuda_impl *c = impl;
@@ -194,6 +209,8 @@ static int gpu_open(struct talker_backend *b, int max_rows, int max_ctx, int dep
     b->depth_logits = gpu_depth_logits;
     b->sample_pairs = c->fc ? gpu_sample_pairs : NULL;
     b->decode_pairs = c->fc ? gpu_decode_pairs : NULL;
+    b->set_lora = gpu_set_lora;
+    b->row_lora = gpu_row_lora;
     b->destroy = gpu_destroy;
     return 0;
 }
@@ -448,18 +465,19 @@ int talker_backend_plan_check(enum talker_backend_kind kind, const struct talker
     if (rc < 0) return rc;
     double budget = (double)total_b * utilization;
     LOG_INFO("memory plan (cuda): weights %.1f MiB + KV (%s) %.3f MiB/row x %d rows (ctx %d) + workspace %.1f MiB "
-             "= %.1f MiB; budget %g x %.1f MiB device = %.1f MiB (%.1f MiB free now)",
+             "+ adapters %.1f MiB = %.1f MiB; budget %g x %.1f MiB device = %.1f MiB (%.1f MiB free now)",
              mib(p->weights_bytes), mm3_kv_cache_dtype_name(p->kv_dtype), mib(p->kv_bytes_per_row), p->rows, p->ctx,
-             mib(p->workspace_bytes), mib(p->total_bytes), utilization, mib(total_b), budget / (1024.0 * 1024.0),
-             mib(free_b));
+             mib(p->workspace_bytes), mib(p->adapter_bytes), mib(p->total_bytes), utilization, mib(total_b),
+             budget / (1024.0 * 1024.0), mib(free_b));
     if (!talker_backend_plan_fits(p, utilization, total_b) || p->total_bytes > free_b)
         return mm3_errorf(
             -ENOMEM,
             "stage 0 on the GPU does not fit: weights %.1f MiB + KV (%s) %.3f MiB/row x %d rows (max_num_seqs, "
-            "ctx %d = max_model_len) + workspace %.1f MiB = %.1f MiB, but gpu_memory_utilization %g x "
-            "%.1f MiB device = %.1f MiB (%.1f MiB free now); lower max_num_seqs or max_model_len",
+            "ctx %d = max_model_len) + workspace %.1f MiB + adapters %.1f MiB (lora_modules) = %.1f MiB, but "
+            "gpu_memory_utilization %g x %.1f MiB device = %.1f MiB (%.1f MiB free now); lower max_num_seqs or "
+            "max_model_len",
             mib(p->weights_bytes), mm3_kv_cache_dtype_name(p->kv_dtype), mib(p->kv_bytes_per_row), p->rows, p->ctx,
-            mib(p->workspace_bytes), mib(p->total_bytes), utilization, mib(total_b), budget / (1024.0 * 1024.0),
-            mib(free_b));
+            mib(p->workspace_bytes), mib(p->adapter_bytes), mib(p->total_bytes), utilization, mib(total_b),
+            budget / (1024.0 * 1024.0), mib(free_b));
     return 0;
 }

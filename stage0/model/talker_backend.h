@@ -137,7 +137,8 @@ struct talker_backend_plan {
     size_t kv_bytes_per_row;          /* talker K+V for one row of ctx positions, in kv_dtype */
     enum mm3_kv_cache_dtype kv_dtype; /* BF16 or F32 (resolved, as talker_backend_kv_dtype) */
     size_t workspace_bytes;           /* activations, depth cache, staging */
-    size_t total_bytes;               /* weights + rows * kv_bytes_per_row + workspace */
+    size_t adapter_bytes;             /* per-request LoRA factors (talker_lora_set_bytes) */
+    size_t total_bytes;               /* weights + rows * kv_bytes_per_row + workspace + adapters */
     int rows, ctx;
 };
 

@@ -117,6 +117,17 @@ int talker_lora_set_find(const struct talker_lora_set *s, const char *name)
     return -1;
 }
 
+size_t talker_lora_set_bytes(const struct talker_lora_set *s)
+{
+    size_t n = 0;
+    for (int k = 0; s && k < s->n; k++)
+        for (int i = 0; i < s->n_layers * TALKER_LORA_N_TARGETS; i++) {
+            const struct talker_lora_mat *m = &s->a[k].mats[i];
+            if (m->a) n += (size_t)s->a[k].rank * (size_t)(m->in + m->out);
+        }
+    return n * sizeof(float);
+}
+
 const struct talker_lora_mat *talker_lora_at(const struct talker_lora *l, int layer, enum talker_lora_target target)
 {
     return &l->mats[layer * TALKER_LORA_N_TARGETS + target];

@@ -24,8 +24,8 @@
 #include "common/lora.h"
 #include "stage0/model/talker.h"
 
-#define TALKER_LORA_MAX MM3_DEPLOY_MAX_LORA_MODULES     /* adapters loaded at once */
-#define TALKER_LORA_NAME_MAX MM3_DEPLOY_LORA_NAME_MAX    /* mm3_lora_name_valid's names */
+#define TALKER_LORA_MAX MM3_DEPLOY_MAX_LORA_MODULES   /* adapters loaded at once */
+#define TALKER_LORA_NAME_MAX MM3_DEPLOY_LORA_NAME_MAX /* mm3_lora_name_valid's names */
 
 /* The adapted linear layers of one decoder layer, in forward order. */
 enum talker_lora_target {
@@ -67,6 +67,10 @@ int talker_lora_set_add(struct talker_lora_set *s, const struct talker_config *c
 void talker_lora_set_free(struct talker_lora_set *s);
 /* Index of the adapter called name, or -1. */
 int talker_lora_set_find(const struct talker_lora_set *s, const char *name);
+
+/* Bytes of the set's factors (float32): what serving them per request adds to the
+ * talker's memory. */
+size_t talker_lora_set_bytes(const struct talker_lora_set *s);
 
 /* The layer `target` of decoder layer `layer` of adapter l (its a is NULL when not adapted). */
 const struct talker_lora_mat *talker_lora_at(const struct talker_lora *l, int layer, enum talker_lora_target target);

@@ -14,6 +14,7 @@
 #include "stage0/model/cuda/gemv_rows.h"
 #include "stage0/model/cuda/host_pinned.h"
 #include "stage0/model/cuda/talker_kernels.h"
+#include "stage0/model/talker_lora.h"
 
 /* wqkv: the rows of Wq, Wk, Wv one after the other ([q width + 2 kv width, hidden]),
  * wgu: the rows of Wg and Wu interleaved ([2 ffn, hidden], gate j at row 2j): one
@@ -36,13 +37,24 @@ struct talker_cuda_scratch {
      * scratch only; NULL: stream-ordered memory per call). */
     void *att_ws;
     size_t att_ws_bytes;
+    /* With adapters (talker_cuda_set_lora): each token's adapter slot and the LoRA
+     * middle [cap][CUDA_LORA_TARGETS][rank_max]. */
+    int *adapter;
+    float *lora_t;
 };
 
-/* One captured decode forward of `size` tokens. */
+/* One captured decode forward of `size` tokens, in two variants: [0] without adapter
+ * rows (the fused products), [1] with some (talker_cuda_set_lora). */
 struct talker_cuda_graph {
-    int size, runs; /* runs: eager warm-up runs so far */
-    void *exec;     /* NULL until captured */
+    int size;
+    struct {
+        int runs;   /* eager warm-up runs so far */
+        void *exec; /* NULL until captured */
+    } v[2];
 };
+
+/* The linear groups of a layer that share an input, each one LoRA call pair. */
+enum { LORA_QKV, LORA_O, LORA_GATE_UP, LORA_DOWN, LORA_GROUPS };
 
 struct talker_cuda {
     struct talker_config cfg;
@@ -64,11 +76,18 @@ struct talker_cuda {
     void *stream;
     struct talker_cuda_scratch gs;
     float *g_emb; /* host staging [max size][hidden], pinned */
-    int *g_ints;  /* host staging [3][max size]: row, pos, kv_len, pinned */
+    int *g_ints;  /* host staging [4][max size]: row, pos, kv_len, adapter slot, pinned */
     struct talker_cuda_graph *graphs;
     int n_graphs, warmups, n_captured;
     long n_replays;
     struct cuda_graph_timer timer; /* the replays' GPU time (MM3_GRAPH_TIMING=1) */
+    /* Adapters served per request: each slot's factors in one allocation, the calls'
+     * descriptions [n_layers][LORA_GROUPS] (n_targets 0: no adapter adapts that group),
+     * every row's slot (-1: none). */
+    void *lora_mem[CUDA_LORA_ADAPTERS];
+    struct cuda_lora *lora;
+    int lora_n, lora_rank_max;
+    int *row_lora;
 };
 
 /* Prefill batches of more than 32 tokens (16 at widths not a multiple of 32) take
@@ -97,7 +116,20 @@ static void scratch_free(struct talker_cuda_scratch *s)
         cuda_free(f[i]);
     cuda_free(s->row), cuda_free(s->pos), cuda_free(s->kv_len);
     cuda_free(s->att_ws);
+    cuda_free(s->adapter), cuda_free(s->lora_t);
     memset(s, 0, sizeof *s);
+}
+
+/* The adapter buffers of s for its capacity and the adapters' largest rank (none
+ * without adapters). */
+static int scratch_lora_reserve(const struct talker_cuda *tc, struct talker_cuda_scratch *s)
+{
+    cuda_free(s->adapter), cuda_free(s->lora_t);
+    s->adapter = NULL, s->lora_t = NULL;
+    if (!tc->lora_rank_max || !s->cap) return 0;
+    int rc = cuda_malloc((void **)&s->adapter, sizeof(int) * s->cap);
+    if (rc == 0) rc = cuda_malloc((void **)&s->lora_t, sizeof(float) * s->cap * CUDA_LORA_TARGETS * tc->lora_rank_max);
+    return rc;
 }
 
 static int scratch_reserve(struct talker_cuda *tc, struct talker_cuda_scratch *s, int n)
@@ -123,7 +155,7 @@ static int scratch_reserve(struct talker_cuda *tc, struct talker_cuda_scratch *s
         return rc;
     }
     s->cap = cap;
-    return 0;
+    return scratch_lora_reserve(tc, s);
 }
 
 int talker_cuda_create(struct talker_cuda **out, const struct talker *m, int max_rows, int max_ctx,
@@ -149,7 +181,10 @@ int talker_cuda_create(struct talker_cuda **out, const struct talker *m, int max
     tc->kv_dtype = kv_dtype;
     tc->kv_elem = kv_dtype == CUDA_KV_BF16 ? sizeof(uint16_t) : sizeof(float);
     tc->layers = calloc((size_t)cfg->n_layers, sizeof *tc->layers);
-    int rc = tc->layers ? 0 : mm3_errorf(-ENOMEM, "talker_cuda_create: out of memory");
+    tc->row_lora = malloc(sizeof(int) * (size_t)max_rows);
+    int rc = tc->layers && tc->row_lora ? 0 : mm3_errorf(-ENOMEM, "talker_cuda_create: out of memory");
+    for (int r = 0; tc->row_lora && r < max_rows; r++)
+        tc->row_lora[r] = -1;
     size_t H = (size_t)cfg->hidden, F = (size_t)cfg->ffn, D = (size_t)cfg->head_dim;
     size_t QD = (size_t)cfg->n_heads * D, KD = (size_t)cfg->n_kv_heads * D;
     struct cuda_alloc_list *l = &tc->mem;
@@ -201,12 +236,25 @@ int talker_cuda_create(struct talker_cuda **out, const struct talker *m, int max
     return 0;
 }
 
+static void lora_free(struct talker_cuda *tc)
+{
+    for (int k = 0; k < CUDA_LORA_ADAPTERS; k++) {
+        cuda_free(tc->lora_mem[k]);
+        tc->lora_mem[k] = NULL;
+    }
+    free(tc->lora);
+    tc->lora = NULL;
+    tc->lora_n = tc->lora_rank_max = 0;
+}
+
 void talker_cuda_destroy(struct talker_cuda *tc)
 {
     if (!tc) return;
     for (int i = 0; i < tc->n_graphs; i++)
-        cuda_graph_destroy(tc->graphs[i].exec);
+        cuda_graph_destroy(tc->graphs[i].v[0].exec), cuda_graph_destroy(tc->graphs[i].v[1].exec);
     free(tc->graphs);
+    lora_free(tc);
+    free(tc->row_lora);
     cuda_graph_timer_free(&tc->timer);
     host_pinned_free(tc->g_emb);
     host_pinned_free(tc->g_ints);
@@ -345,20 +393,40 @@ static int forward_fused_queue(struct talker_cuda *tc, struct talker_cuda_scratc
     return rc;
 }
 
+/* y += each token's adapter delta of group g of layer li (x the group's input rows),
+ * the tokens' slots in s->adapter. */
+static int lora_queue(const struct talker_cuda *tc, const struct talker_cuda_scratch *s, int li, int g, int n,
+                      const float *x, float *y, void *st)
+{
+    struct cuda_lora l = tc->lora[li * LORA_GROUPS + g];
+    if (!l.n_targets) return 0;
+    l.n_rows = n;
+    l.adapter = s->adapter;
+    l.x = x;
+    l.t = s->lora_t;
+    l.y = y;
+    int rc = cuda_ops_lora_down(&l, st);
+    return rc < 0 ? rc : cuda_ops_lora_up(&l, st);
+}
+
 /* Every kernel of a forward of n tokens whose inputs are in s (h, row, pos, kv_len on
- * the device), queued on `stream`; the post-norm hiddens end in s->a. Decode batches
- * whose products all fuse take forward_fused_queue; the rest (prefill, odd widths)
- * this chain, prefill's products through the bf16 GEMM (see matmul). Per layer (9
- * launches, 10 with split-K's combine; 16 before the fusions): norm (fused with the
- * previous residual add), QKV product, attention_queue's two, Wo, residual add + norm,
- * gate|up product with silu * up, Wd. */
+ * the device; with `lora`, the tokens' adapter slots in s->adapter), queued on
+ * `stream`; the post-norm hiddens end in s->a. Decode batches whose products all fuse
+ * and that carry no adapter take forward_fused_queue; the rest (prefill, odd widths,
+ * adapters) this chain, prefill's products through the bf16 GEMM (see matmul). Per
+ * layer (9 launches, 10 with split-K's combine; 16 before the fusions): norm (fused
+ * with the previous residual add), QKV product, attention_queue's two, Wo, residual
+ * add + norm, gate|up product with silu * up, Wd. With adapters each product's delta
+ * follows it (a pair of launches per group the layer adapts), q/k/v's before the q/k
+ * norms, gate/up's before silu * up (the product then stores gate|up and the silu
+ * kernel follows). */
 static int forward_queue(struct talker_cuda *tc, struct talker_cuda_scratch *s, int n, int split_k, int max_len,
-                         int prefill, void *stream)
+                         int prefill, int lora, void *stream)
 {
     const struct talker_config *cfg = &tc->cfg;
     int H = cfg->hidden, F = cfg->ffn, QD = cfg->n_heads * cfg->head_dim;
     int QKV = QD + 2 * cfg->n_kv_heads * cfg->head_dim;
-    if (!prefill && gemv_rows_fused_ok(n, H, QKV, CUDA_GEMV_STORE, 1) &&
+    if (!prefill && !lora && gemv_rows_fused_ok(n, H, QKV, CUDA_GEMV_STORE, 1) &&
         gemv_rows_fused_ok(n, QD, H, CUDA_GEMV_ADD, 0) && gemv_rows_fused_ok(n, H, 2 * F, CUDA_GEMV_SWIGLU, 1) &&
         gemv_rows_fused_ok(n, F, H, CUDA_GEMV_ADD, 0))
         return forward_fused_queue(tc, s, n, split_k, max_len, stream);
@@ -372,18 +440,40 @@ static int forward_queue(struct talker_cuda *tc, struct talker_cuda_scratch *s, 
         else
             rc = cuda_ops_add_rmsnorm(s->h, s->a, s->o, L->attn_norm, n, H, cfg->eps, st);
         if (rc < 0 || (rc = matmul(s->qkv, s->a, L->wqkv, n, H, QKV, prefill, st)) < 0 ||
+            (lora && (rc = lora_queue(tc, s, li, LORA_QKV, n, s->a, s->qkv, st)) < 0) ||
             (rc = attention_queue(tc, s, li, n, split_k, prefill, max_len, st)) < 0)
             break;
         /* a = o . Wo^T; then h += a and o = rmsnorm(h) in one kernel (o is free once
          * Wo has read it); the FFN output lands in o again for the next layer's add. */
         if ((rc = matmul(s->a, s->o, L->wo, n, QD, H, prefill, st)) < 0 ||
-            (rc = cuda_ops_add_rmsnorm(s->h, s->o, s->a, L->ffn_norm, n, H, cfg->eps, st)) < 0 ||
-            (rc = matmul_swiglu(s->g, s->gu, s->o, L->wgu, n, H, F, prefill, st)) < 0 ||
-            (rc = matmul(s->o, s->g, L->wd, n, F, H, prefill, st)) < 0)
+            (lora && (rc = lora_queue(tc, s, li, LORA_O, n, s->o, s->a, st)) < 0) ||
+            (rc = cuda_ops_add_rmsnorm(s->h, s->o, s->a, L->ffn_norm, n, H, cfg->eps, st)) < 0)
+            break;
+        if (lora) {
+            if ((rc = matmul(s->gu, s->o, L->wgu, n, H, 2 * F, prefill, st)) < 0 ||
+                (rc = lora_queue(tc, s, li, LORA_GATE_UP, n, s->o, s->gu, st)) < 0 ||
+                (rc = cuda_ops_silu_mul_interleaved(s->g, s->gu, n, F, st)) < 0)
+                break;
+        } else if ((rc = matmul_swiglu(s->g, s->gu, s->o, L->wgu, n, H, F, prefill, st)) < 0) {
+            break;
+        }
+        if ((rc = matmul(s->o, s->g, L->wd, n, F, H, prefill, st)) < 0 ||
+            (lora && (rc = lora_queue(tc, s, li, LORA_DOWN, n, s->g, s->o, st)) < 0))
             break;
     }
     if (rc == 0) rc = cuda_ops_add_rmsnorm(s->h, s->a, s->o, tc->norm, n, H, cfg->eps, st);
     return rc;
+}
+
+/* Each token's adapter slot into ad[n] (-1: none); whether any token has one. */
+static int tokens_lora(const struct talker_cuda *tc, int n, const int *row, int *ad)
+{
+    int any = 0;
+    for (int i = 0; i < n; i++) {
+        ad[i] = tc->lora ? tc->row_lora[row[i]] : -1;
+        any |= ad[i] >= 0;
+    }
+    return any;
 }
 
 /* The smallest captured size that holds n tokens, or NULL. */
@@ -407,36 +497,39 @@ static int forward_graph_queue(struct talker_cuda *tc, struct talker_cuda_graph 
     int split_k = split_k_fits(&tc->cfg);
     memcpy(tc->g_emb, emb, sizeof(float) * (size_t)n * H);
     memset(tc->g_emb + (size_t)n * H, 0, sizeof(float) * (size_t)(S - n) * H);
-    int *r = tc->g_ints, *p = r + cap, *len = p + cap;
+    int *r = tc->g_ints, *p = r + cap, *len = p + cap, *ad = len + cap;
+    int lora = tokens_lora(tc, n, row, ad);
     for (int i = 0; i < S; i++) {
         r[i] = i < n ? row[i] : row[0];
         p[i] = i < n ? pos[i] : tc->max_ctx;
         len[i] = i < n ? pos[i] + 1 : 1;
+        if (i >= n) ad[i] = -1;
     }
     int rc;
     if ((rc = talker_cuda_h2d_async(s->h, tc->g_emb, sizeof(float) * (size_t)S * H, tc->stream)) < 0 ||
         (rc = talker_cuda_h2d_async(s->row, r, sizeof(int) * S, tc->stream)) < 0 ||
         (rc = talker_cuda_h2d_async(s->pos, p, sizeof(int) * S, tc->stream)) < 0 ||
-        (rc = talker_cuda_h2d_async(s->kv_len, len, sizeof(int) * S, tc->stream)) < 0)
+        (rc = talker_cuda_h2d_async(s->kv_len, len, sizeof(int) * S, tc->stream)) < 0 ||
+        (lora && (rc = talker_cuda_h2d_async(s->adapter, ad, sizeof(int) * S, tc->stream)) < 0))
         return rc;
-    if (!gr->exec && gr->runs >= tc->warmups) {
+    if (!gr->v[lora].exec && gr->v[lora].runs >= tc->warmups) {
         if ((rc = cuda_graph_capture_begin(tc->stream)) < 0) return rc;
-        rc = forward_queue(tc, s, S, split_k, tc->max_ctx, 0, tc->stream);
+        rc = forward_queue(tc, s, S, split_k, tc->max_ctx, 0, lora, tc->stream);
         void *exec = NULL;
         int rc_end = cuda_graph_capture_end(tc->stream, &exec);
         if (rc < 0 || rc_end < 0) {
             cuda_graph_destroy(exec);
             return rc < 0 ? rc : rc_end;
         }
-        gr->exec = exec;
+        gr->v[lora].exec = exec;
         tc->n_captured++;
     }
-    if (gr->exec) {
-        rc = cuda_graph_launch_timed(&tc->timer, gr->exec, tc->stream);
+    if (gr->v[lora].exec) {
+        rc = cuda_graph_launch_timed(&tc->timer, gr->v[lora].exec, tc->stream);
         tc->n_replays++;
     } else {
-        rc = forward_queue(tc, s, S, split_k, tc->max_ctx, 0, tc->stream);
-        gr->runs++;
+        rc = forward_queue(tc, s, S, split_k, tc->max_ctx, 0, lora, tc->stream);
+        gr->v[lora].runs++;
     }
     return rc;
 }
@@ -496,15 +589,17 @@ int talker_cuda_forward(struct talker_cuda *tc, int n, const int *row, const int
     if (rc < 0) return rc;
     struct talker_cuda_scratch *s = &tc->s;
     int H = cfg->hidden;
-    int *kv_len = malloc(sizeof(int) * n);
+    int *kv_len = malloc(sizeof(int) * 2 * n), *ad = kv_len + n;
     if (!kv_len) return mm3_errorf(-ENOMEM, "talker_cuda_forward: out of memory");
     for (int i = 0; i < n; i++)
         kv_len[i] = pos[i] + 1;
+    int lora = tokens_lora(tc, n, row, ad);
     if ((rc = cuda_memcpy_h2d(s->h, emb, sizeof(float) * n * H)) == 0 &&
         (rc = cuda_memcpy_h2d(s->row, row, sizeof(int) * n)) == 0 &&
         (rc = cuda_memcpy_h2d(s->pos, pos, sizeof(int) * n)) == 0 &&
         (rc = cuda_memcpy_h2d(s->kv_len, kv_len, sizeof(int) * n)) == 0 &&
-        (rc = forward_queue(tc, s, n, split_k_fits(cfg), max_len, !decode, NULL)) == 0 &&
+        (!lora || (rc = cuda_memcpy_h2d(s->adapter, ad, sizeof(int) * n)) == 0) &&
+        (rc = forward_queue(tc, s, n, split_k_fits(cfg), max_len, !decode, lora, NULL)) == 0 &&
         (rc = cuda_stream_sync(NULL)) == 0)
         rc = cuda_memcpy_d2h(hidden_out, s->a, sizeof(float) * n * H);
     free(kv_len);
@@ -536,7 +631,7 @@ int talker_cuda_graphs_enable(struct talker_cuda *tc, const int *sizes, int n_si
     }
     void *emb = NULL, *ints = NULL;
     if (rc == 0 && (rc = host_pinned_alloc(&emb, sizeof(float) * (size_t)cap * H)) == 0) tc->g_emb = emb;
-    if (rc == 0 && (rc = host_pinned_alloc(&ints, sizeof(int) * 3 * (size_t)cap)) == 0) tc->g_ints = ints;
+    if (rc == 0 && (rc = host_pinned_alloc(&ints, sizeof(int) * 4 * (size_t)cap)) == 0) tc->g_ints = ints;
     tc->graphs = calloc((size_t)n_sizes, sizeof *tc->graphs);
     if (rc == 0 && !tc->graphs) rc = mm3_errorf(-ENOMEM, "talker_cuda_graphs_enable: out of memory");
     if (rc == 0) rc = cuda_graph_timer_init(&tc->timer);
@@ -576,4 +671,148 @@ int talker_cuda_head_dev(struct talker_cuda *tc, const float *hidden, int n_rows
 {
     if (n_rows < 1) return mm3_errorf(-EINVAL, "talker_cuda_head_dev: %d rows, expected >= 1", n_rows);
     return gemv_rows(logits, hidden, tc->head, n_rows, tc->cfg.hidden, SAMPLER_C0_COLS, stream);
+}
+
+/* Where each adapted layer's delta goes: its group and its place among the group's targets. */
+static const struct {
+    int group, index;
+} lora_place[TALKER_LORA_N_TARGETS] = {
+    [TALKER_LORA_Q] = {LORA_QKV, 0},     [TALKER_LORA_K] = {LORA_QKV, 1},        [TALKER_LORA_V] = {LORA_QKV, 2},
+    [TALKER_LORA_O] = {LORA_O, 0},       [TALKER_LORA_GATE] = {LORA_GATE_UP, 0}, [TALKER_LORA_UP] = {LORA_GATE_UP, 1},
+    [TALKER_LORA_DOWN] = {LORA_DOWN, 0},
+};
+
+/* Every group of every layer with all its possible targets, no slot filled. */
+static void lora_describe(struct talker_cuda *tc)
+{
+    const struct talker_config *c = &tc->cfg;
+    int H = c->hidden, F = c->ffn, QD = c->n_heads * c->head_dim, KD = c->n_kv_heads * c->head_dim;
+    for (int li = 0; li < c->n_layers; li++) {
+        struct cuda_lora *g = &tc->lora[li * LORA_GROUPS];
+        g[LORA_QKV] = (struct cuda_lora){.n_targets = 3, .in = H, .y_stride = QD + 2 * KD};
+        g[LORA_QKV].target[0] = (struct cuda_lora_target){.out = QD, .y_offset = 0, .y_step = 1};
+        g[LORA_QKV].target[1] = (struct cuda_lora_target){.out = KD, .y_offset = QD, .y_step = 1};
+        g[LORA_QKV].target[2] = (struct cuda_lora_target){.out = KD, .y_offset = QD + KD, .y_step = 1};
+        g[LORA_O] = (struct cuda_lora){.n_targets = 1, .in = QD, .y_stride = H};
+        g[LORA_O].target[0] = (struct cuda_lora_target){.out = H, .y_offset = 0, .y_step = 1};
+        g[LORA_GATE_UP] = (struct cuda_lora){.n_targets = 2, .in = H, .y_stride = 2 * F};
+        g[LORA_GATE_UP].target[0] = (struct cuda_lora_target){.out = F, .y_offset = 0, .y_step = 2};
+        g[LORA_GATE_UP].target[1] = (struct cuda_lora_target){.out = F, .y_offset = 1, .y_step = 2};
+        g[LORA_DOWN] = (struct cuda_lora){.n_targets = 1, .in = F, .y_stride = H};
+        g[LORA_DOWN].target[0] = (struct cuda_lora_target){.out = H, .y_offset = 0, .y_step = 1};
+        for (int j = 0; j < LORA_GROUPS; j++)
+            g[j].x_stride = g[j].in;
+    }
+}
+
+/* Adapter l's factors into slot k: one allocation, its pointers into the descriptions. */
+static int lora_upload(struct talker_cuda *tc, int k, const struct talker_lora *l)
+{
+    int L = tc->cfg.n_layers;
+    size_t total = 0;
+    for (int li = 0; li < L; li++)
+        for (int t = 0; t < TALKER_LORA_N_TARGETS; t++) {
+            const struct talker_lora_mat *m = talker_lora_at(l, li, t);
+            if (m->a) total += (size_t)l->rank * (m->in + m->out);
+        }
+    for (int j = 0; j < L * LORA_GROUPS; j++) {
+        tc->lora[j].rank[k] = l->rank;
+        tc->lora[j].scale[k] = l->scale;
+    }
+    if (!total) return 0;
+    float *mem;
+    int rc = cuda_malloc((void **)&mem, sizeof(float) * total);
+    if (rc < 0) return rc;
+    tc->lora_mem[k] = mem;
+    for (int li = 0; li < L && rc == 0; li++)
+        for (int t = 0; t < TALKER_LORA_N_TARGETS && rc == 0; t++) {
+            const struct talker_lora_mat *m = talker_lora_at(l, li, t);
+            if (!m->a) continue;
+            size_t na = (size_t)l->rank * m->in, nb = (size_t)m->out * l->rank;
+            struct cuda_lora_target *tg = &tc->lora[li * LORA_GROUPS + lora_place[t].group].target[lora_place[t].index];
+            if (tg->out != m->out)
+                return mm3_errorf(-EINVAL,
+                                  "talker_cuda_set_lora: adapter '%s' layer %d has %d outputs where the "
+                                  "model has %d",
+                                  l->name, li, m->out, tg->out);
+            tg->a[k] = mem;
+            tg->b[k] = mem + na;
+            if ((rc = cuda_memcpy_h2d(mem, m->a, sizeof(float) * na)) == 0)
+                rc = cuda_memcpy_h2d(mem + na, m->b, sizeof(float) * nb);
+            mem += na + nb;
+        }
+    return rc;
+}
+
+/* Drop the targets no adapter adapts; a group left without any is skipped. */
+static void lora_compact(struct talker_cuda *tc)
+{
+    for (int j = 0; j < tc->cfg.n_layers * LORA_GROUPS; j++) {
+        struct cuda_lora *g = &tc->lora[j];
+        int kept = 0;
+        for (int t = 0; t < g->n_targets; t++) {
+            int any = 0;
+            for (int k = 0; k < CUDA_LORA_ADAPTERS; k++)
+                any |= g->target[t].a[k] != NULL;
+            if (any) g->target[kept++] = g->target[t];
+        }
+        g->n_targets = kept;
+        g->rank_max = tc->lora_rank_max;
+    }
+}
+
+int talker_cuda_set_lora(struct talker_cuda *tc, const struct talker_lora_set *set)
+{
+    /* Nothing queued may still read the adapters or the buffers being replaced. */
+    int rc = cuda_stream_sync(NULL);
+    if (rc == 0 && tc->stream) rc = cuda_stream_sync(tc->stream);
+    if (rc < 0) return rc;
+    for (int i = 0; i < tc->n_graphs; i++) {
+        cuda_graph_destroy(tc->graphs[i].v[1].exec);
+        tc->graphs[i].v[1].exec = NULL;
+        tc->graphs[i].v[1].runs = 0;
+    }
+    lora_free(tc);
+    for (int r = 0; r < tc->max_rows; r++)
+        tc->row_lora[r] = -1;
+    int n = set ? set->n : 0;
+    if (n > CUDA_LORA_ADAPTERS)
+        rc = mm3_errorf(-EINVAL, "talker_cuda_set_lora: %d adapters, at most %d", n, CUDA_LORA_ADAPTERS);
+    if (rc == 0 && n && set->n_layers != tc->cfg.n_layers)
+        rc = mm3_errorf(-EINVAL, "talker_cuda_set_lora: adapters for %d layers, the talker has %d", set->n_layers,
+                        tc->cfg.n_layers);
+    for (int k = 0; rc == 0 && k < n; k++) {
+        if (set->a[k].rank < 1 || set->a[k].rank > CUDA_LORA_MAX_RANK)
+            rc = mm3_errorf(-EINVAL, "adapter '%s': rank %d, the GPU serves ranks 1..%d per request", set->a[k].name,
+                            set->a[k].rank, CUDA_LORA_MAX_RANK);
+        else if (set->a[k].rank > tc->lora_rank_max)
+            tc->lora_rank_max = set->a[k].rank;
+    }
+    if (rc == 0 && n) {
+        tc->lora = calloc((size_t)tc->cfg.n_layers * LORA_GROUPS, sizeof *tc->lora);
+        if (!tc->lora) rc = mm3_errorf(-ENOMEM, "talker_cuda_set_lora: out of memory");
+    }
+    if (rc == 0 && n) lora_describe(tc);
+    for (int k = 0; rc == 0 && k < n; k++)
+        rc = lora_upload(tc, k, &set->a[k]);
+    if (rc == 0 && n) {
+        lora_compact(tc);
+        tc->lora_n = n;
+    }
+    if (rc < 0) lora_free(tc);
+    int rc2 = scratch_lora_reserve(tc, &tc->s);
+    if (rc2 == 0) rc2 = scratch_lora_reserve(tc, &tc->gs);
+    if (rc == 0 && rc2 < 0) lora_free(tc);
+    return rc < 0 ? rc : rc2;
+}
+
+int talker_cuda_row_lora(struct talker_cuda *tc, int row, int adapter)
+{
+    if (row < 0 || row >= tc->max_rows)
+        return mm3_errorf(-EINVAL, "talker_cuda_row_lora: row %d outside 0..%d", row, tc->max_rows - 1);
+    if (adapter < -1 || adapter >= tc->lora_n)
+        return mm3_errorf(-EINVAL, "talker_cuda_row_lora: adapter %d, expected -1 or 0..%d loaded", adapter,
+                          tc->lora_n - 1);
+    tc->row_lora[row] = adapter;
+    return 0;
 }

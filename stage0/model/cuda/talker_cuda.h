@@ -28,6 +28,8 @@
 #include "common/cuda/ops_cuda.h"
 #include "stage0/model/talker.h"
 
+struct talker_lora_set;
+
 struct talker_cuda;
 
 /* Upload m's weights and allocate a cache of max_rows x max_ctx with elements of
@@ -73,5 +75,15 @@ float talker_cuda_replay_ms(struct talker_cuda *tc);
  * distinct, more tokens than the largest size): use talker_cuda_forward then. */
 int talker_cuda_forward_queued(struct talker_cuda *tc, int n, const int *row, const int *pos, const float *emb,
                                const float **hidden_dev, void *done);
+
+/* Adapters served per request (talker_lora.h): the set's factors go to the GPU (float32,
+ * one allocation per adapter, at most CUDA_LORA_ADAPTERS of rank <= CUDA_LORA_MAX_RANK);
+ * NULL or an empty set drops them. Every row goes back to no adapter. Forwards whose
+ * tokens include a row with an adapter take the unfused products with the deltas
+ * added (talker_cuda.c's forward_queue), decode batches through their own graphs. The
+ * set may be freed afterwards. */
+int talker_cuda_set_lora(struct talker_cuda *tc, const struct talker_lora_set *set);
+/* Row `row` from now on uses adapter `adapter` of the set (-1: none). */
+int talker_cuda_row_lora(struct talker_cuda *tc, int row, int adapter);
 
 #endif
