@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -27,6 +28,9 @@ static int ends_with(const char *s, const char *suffix)
 struct lora_targets {
     const json_t *list; /* target_modules as a list of names, or NULL for "all-linear" */
     const json_t *exclude;
+    /* The module "all-linear" leaves out: PEFT skips a transformers model's output layer
+     * (get_output_embeddings: the talker's lm_head); diffusers models keep every layer. */
+    const char *output_layer;
 };
 
 static int config_bool(const char *path, const json_t *cfg, const char *key, int *out)
@@ -104,7 +108,7 @@ static int read_config(struct lora_adapter *a, const char *path, json_t *cfg, st
         (rc = config_unset(path, cfg, "trainable_token_indices", "trained token embeddings")) < 0)
         return rc;
     v = json_object_get(cfg, "target_modules");
-    if (json_is_string(v) && !strcmp(json_string_value(v), "all-linear"))
+    if (json_is_string(v) && !strcasecmp(json_string_value(v), "all-linear")) /* PEFT compares lowercased */
         tg->list = NULL;
     else if (!json_is_array(v))
         return mm3_errorf(-EINVAL,
@@ -224,6 +228,11 @@ static int build_modules(struct lora_adapter *a, const char *path, const struct 
         if (tg->list && !names_match(tg->list, mod))
             return mm3_errorf(-EINVAL, "%s: tensor '%s': module '%s' is not named by target_modules in %s", path,
                               e[i].t->name, mod, CONFIG_NAME);
+        if (!tg->list && tg->output_layer && !strcmp(mod, tg->output_layer))
+            return mm3_errorf(-EINVAL,
+                              "%s: tensor '%s': module '%s' is the output layer, which target_modules \"all-linear\" "
+                              "in %s leaves out (PEFT would not load it)",
+                              path, e[i].t->name, mod, CONFIG_NAME);
         if (tg->exclude && names_match(tg->exclude, mod))
             return mm3_errorf(-EINVAL, "%s: tensor '%s': module '%s' is named by exclude_modules in %s", path,
                               e[i].t->name, mod, CONFIG_NAME);
@@ -295,7 +304,7 @@ int lora_adapter_load(struct lora_adapter *a, const char *dir, const char *compo
         return mm3_errorf(missing ? -ENOENT : -EINVAL, "%s:%d:%d: %s (expected a PEFT LoRA folder)", cfg_path,
                           jerr.line, jerr.column, missing ? "cannot read the file" : jerr.text);
     }
-    struct lora_targets tg = {0};
+    struct lora_targets tg = {.output_layer = strcmp(component, "language_model") ? NULL : "lm_head"};
     a->dir = strdup(dir);
     int rc = a->dir ? read_config(a, cfg_path, cfg, &tg) : mm3_errorf(-ENOMEM, "%s: out of memory", dir);
     if (rc == 0) rc = read_weights(a, st_path, component, &tg);

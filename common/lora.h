@@ -19,7 +19,9 @@
  * lora_bias, *.bias tensors), fully trained modules (modules_to_save), embedding
  * and convolution adapters (lora_embedding_*, A/B of more than two dimensions),
  * per-module ranks (rank_pattern, alpha_pattern), layer_replication, other PEFT
- * types (peft_type other than LORA). fan_in_fan_out is read and ignored, as PEFT
+ * types (peft_type other than LORA). target_modules is a list (PEFT's suffix rule) or
+ * "all-linear" in any case, which as in PEFT leaves out a transformers model's output
+ * layer (the talker's lm_head). fan_in_fan_out is read and ignored, as PEFT
  * ignores it for linear layers. Every file byte is validated (the safetensors
  * reader's rules, then the keys and shapes here); errors name the folder, the file
  * and the key. */

@@ -5,6 +5,11 @@
 # case) beside links to NAME's manifest.json and case files. The stored outputs come from
 # scripts/make_golden.py (the diffusers reference; docs/checkpoint.md).
 #
+# NAME/lora.args, when present, lists LoRA adapters, one a line: COMPONENT and the rest of
+# its `mm3-mkckpt --lora` arguments (rank, alpha, targets, seed). Each is regenerated into
+# DEST_DIR/lora/COMPONENT, where the manifest's "lora" list points (make_golden.py --lora
+# records it so), and the replays merge them.
+#
 #   scripts/golden-geometry.sh MKCKPT SRC_DIR DEST_DIR
 #   mm3-stage0 --golden DEST_DIR; mm3-stage1 --golden DEST_DIR
 set -euo pipefail
@@ -16,6 +21,19 @@ rm -rf "$dest" && mkdir -p "$dest"
 if ! "$mk" --out "$dest/checkpoint" $(cat "$src/mkckpt.args") > "$dest/mkckpt.log" 2>&1; then
   cat "$dest/mkckpt.log" >&2
   exit 1
+fi
+if [ -f "$src/lora.args" ]; then
+  mkdir -p "$dest/lora"
+  while read -r component args; do
+    case $component in '' | '#'*) continue ;; esac
+    [ ! -e "$dest/lora/$component" ] || { echo "$0: $src/lora.args: $component listed twice" >&2; exit 2; }
+    # shellcheck disable=SC2086 # the line's mm3-mkckpt arguments, none with spaces
+    if ! "$mk" --lora "$dest/lora/$component" --model "$dest/checkpoint" --component "$component" $args \
+        >> "$dest/mkckpt.log" 2>&1; then
+      cat "$dest/mkckpt.log" >&2
+      exit 1
+    fi
+  done < "$src/lora.args"
 fi
 for f in "$src"/manifest.json "$src"/case*.safetensors; do
   ln -s "$f" "$dest/"

@@ -336,6 +336,33 @@ static void test_bad_adapters(void **state)
     write_adapter(dir, NULL, t, 3);
     expect_refused(dir, "language_model", "adapter name");
 
+    /* "all-linear" (in any case, as PEFT lowercases it) names every linear layer but the
+     * talker's output layer, which PEFT leaves out of a transformers model: an lm_head
+     * factor is refused there, accepted when the list names it, and a diffusers model
+     * (the depth decoder) keeps all its layers, heads included. */
+    write_adapter(dir, "{\"r\": 2, \"target_modules\": \"All-Linear\"}", good, 2);
+    assert_int_equal(lora_merge_add("language_model", dir, 1.0), 0);
+    lora_merge_clear();
+    const struct st_writer_tensor head[] = {
+        good[0],
+        good[1],
+        {"base_model.model.lm_head.lora_A.weight", MM3_DTYPE_F32, 2, {2, H}, z},
+        {"base_model.model.lm_head.lora_B.weight", MM3_DTYPE_F32, 2, {QD, 2}, z},
+    };
+    write_adapter(dir, NULL, head, 4);
+    expect_refused(dir, "language_model", "which target_modules \"all-linear\"");
+    write_adapter(dir, "{\"r\": 2, \"target_modules\": [\"q_proj\", \"lm_head\"]}", NULL, -1);
+    assert_int_equal(lora_merge_add("language_model", dir, 1.0), 0);
+    lora_merge_clear();
+    const struct st_writer_tensor depth_head[] = {
+        {"base_model.model.audio_heads.0.lora_A.weight", MM3_DTYPE_F32, 2, {2, H}, z},
+        {"base_model.model.audio_heads.0.lora_B.weight", MM3_DTYPE_F32, 2, {QD, 2}, z},
+    };
+    write_adapter(dir, "{\"r\": 2, \"target_modules\": \"all-linear\"}", depth_head, 2);
+    assert_int_equal(lora_merge_add("rvq_depth_decoder", dir, 1.0), 0);
+    lora_merge_clear();
+    write_adapter(dir, CFG(""), good, 2);
+
     /* Shapes: A of the wrong width (checked against the base at load), a 4-D factor. */
     t[0] = (struct st_writer_tensor){QA, MM3_DTYPE_F32, 2, {2, H + 1}, z};
     write_adapter(dir, CFG(""), t, 2);
