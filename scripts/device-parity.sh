@@ -137,8 +137,15 @@ if [ "$lora" != 0 ]; then
     lora_args+=(--lora "$c=$work/lora/$c")
   done
 fi
+# PyTorch's own runs in the precisions asked for (bf16-naive beside bf16)
+yard=()
+for p in ${precisions//,/ }; do
+  case $p in tf32 | fp16) yard+=("$p") ;; bf16) yard+=(bf16 bf16-naive) ;; esac
+done
+yard_args=()
+[ ${#yard[@]} -gt 0 ] && yard_args=(--yardsticks "$(IFS=,; echo "${yard[*]}")")
 phase reference 300 "$py" scripts/make_golden.py "$ckpt" "$golden" "$work/cases.json" --compact --device "$device" \
-  --yardsticks tf32,bf16,fp16,bf16-naive "${lora_args[@]}"
+  "${yard_args[@]}" "${lora_args[@]}"
 # the manifest names the checkpoint relative to the directory (make_golden.py writes "checkpoint")
 [ -f "$golden/manifest.json" ] || exit 1
 grep -E "frames|tf32|bf16|fp16" "$logs/reference.log" | grep -v "it/s" | head -8

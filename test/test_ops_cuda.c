@@ -1328,7 +1328,13 @@ static void check_lora(int n, int in, int n_targets, const int *out, const int *
             ha[k][j] = rnd_array((size_t)r * in, 0.5f);
             hb[k][j] = rnd_array((size_t)out[j] * r, 0.5f);
             l.target[j].a[k] = dev_upload(ha[k][j], sizeof(float) * r * in);
-            l.target[j].b[k] = dev_upload(hb[k][j], sizeof(float) * out[j] * r);
+            float *bt = malloc(sizeof(float) * out[j] * r); /* the kernel reads B transposed */
+            assert_non_null(bt);
+            for (int o = 0; o < out[j]; o++)
+                for (int q = 0; q < r; q++)
+                    bt[(size_t)q * out[j] + o] = hb[k][j][(size_t)o * r + q];
+            l.target[j].bt[k] = dev_upload(bt, sizeof(float) * out[j] * r);
+            free(bt);
         }
     for (int j = 0; j < n_targets; j++) {
         l.target[j].out = out[j];
@@ -1384,7 +1390,7 @@ static void check_lora(int n, int in, int n_targets, const int *out, const int *
     assert_true(moved > 0); /* the deltas are there to compare */
     for (int k = 0; k < 2; k++)
         for (int j = 0; j < n_targets; j++) {
-            cuda_free((void *)l.target[j].a[k]), cuda_free((void *)l.target[j].b[k]);
+            cuda_free((void *)l.target[j].a[k]), cuda_free((void *)l.target[j].bt[k]);
             free(ha[k][j]), free(hb[k][j]);
         }
     cuda_free((void *)l.adapter), cuda_free((void *)l.x), cuda_free(l.t), cuda_free(dy);

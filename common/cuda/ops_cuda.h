@@ -274,7 +274,7 @@ int cuda_ops_add(float *y, const float *x, size_t n, void *stream);
  * (products sharing their input x: q/k/v, or gate/up, or one alone), each row i with
  * the adapter k = adapter[i] of the CUDA_LORA_ADAPTERS slots (-1, or a slot whose a is
  * NULL for a target: no delta there). The two halves are op_lora_down / op_lora_up of
- * common/ops.h for each row's adapter; t is the [n_rows][n_targets][rank_max] middle.
+ * common/ops.h for each row's adapter (B given transposed); t is the [n_rows][n_targets][rank_max] middle.
  * Target j's output o lands at column y_offset + o * y_step of y's row (q/k/v in one
  * fused row; gate/up interleaved). Slots, ranks and scales stay fixed while a graph
  * that captured them replays; rows pick slots through the device array. */
@@ -282,7 +282,7 @@ enum { CUDA_LORA_ADAPTERS = 8, CUDA_LORA_TARGETS = 3, CUDA_LORA_MAX_RANK = 256 }
 
 struct cuda_lora_target {
     const float *a[CUDA_LORA_ADAPTERS]; /* [rank_k, in] per slot, device; NULL: not adapted */
-    const float *b[CUDA_LORA_ADAPTERS]; /* [out, rank_k] */
+    const float *bt[CUDA_LORA_ADAPTERS]; /* B transposed, [rank_k, out] (coalesced reads) */
     int out, y_offset, y_step;
 };
 

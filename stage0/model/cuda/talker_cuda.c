@@ -705,42 +705,51 @@ static void lora_describe(struct talker_cuda *tc)
     }
 }
 
-/* Adapter l's factors into slot k: one allocation, its pointers into the descriptions. */
+/* Adapter l's factors into slot k: one allocation (A as loaded, B transposed for the up
+ * kernel's coalesced reads), its pointers into the descriptions. */
 static int lora_upload(struct talker_cuda *tc, int k, const struct talker_lora *l)
 {
     int L = tc->cfg.n_layers;
-    size_t total = 0;
+    size_t total = 0, widest = 0;
     for (int li = 0; li < L; li++)
         for (int t = 0; t < TALKER_LORA_N_TARGETS; t++) {
             const struct talker_lora_mat *m = talker_lora_at(l, li, t);
-            if (m->a) total += (size_t)l->rank * (m->in + m->out);
+            if (!m->a) continue;
+            total += (size_t)l->rank * (m->in + m->out);
+            if ((size_t)m->out > widest) widest = (size_t)m->out;
         }
     for (int j = 0; j < L * LORA_GROUPS; j++) {
         tc->lora[j].rank[k] = l->rank;
         tc->lora[j].scale[k] = l->scale;
     }
     if (!total) return 0;
-    float *mem;
+    float *mem, *bt = malloc(sizeof(float) * widest * l->rank);
+    if (!bt) return mm3_errorf(-ENOMEM, "talker_cuda_set_lora: out of memory");
     int rc = cuda_malloc((void **)&mem, sizeof(float) * total);
-    if (rc < 0) return rc;
-    tc->lora_mem[k] = mem;
+    if (rc == 0) tc->lora_mem[k] = mem;
     for (int li = 0; li < L && rc == 0; li++)
         for (int t = 0; t < TALKER_LORA_N_TARGETS && rc == 0; t++) {
             const struct talker_lora_mat *m = talker_lora_at(l, li, t);
             if (!m->a) continue;
             size_t na = (size_t)l->rank * m->in, nb = (size_t)m->out * l->rank;
             struct cuda_lora_target *tg = &tc->lora[li * LORA_GROUPS + lora_place[t].group].target[lora_place[t].index];
-            if (tg->out != m->out)
-                return mm3_errorf(-EINVAL,
-                                  "talker_cuda_set_lora: adapter '%s' layer %d has %d outputs where the "
-                                  "model has %d",
-                                  l->name, li, m->out, tg->out);
+            if (tg->out != m->out) {
+                rc = mm3_errorf(-EINVAL,
+                                "talker_cuda_set_lora: adapter '%s' layer %d has %d outputs where the model "
+                                "has %d",
+                                l->name, li, m->out, tg->out);
+                break;
+            }
+            for (int o = 0; o < m->out; o++)
+                for (int r = 0; r < l->rank; r++)
+                    bt[(size_t)r * m->out + o] = m->b[(size_t)o * l->rank + r];
             tg->a[k] = mem;
-            tg->b[k] = mem + na;
+            tg->bt[k] = mem + na;
             if ((rc = cuda_memcpy_h2d(mem, m->a, sizeof(float) * na)) == 0)
-                rc = cuda_memcpy_h2d(mem + na, m->b, sizeof(float) * nb);
+                rc = cuda_memcpy_h2d(mem + na, bt, sizeof(float) * nb);
             mem += na + nb;
         }
+    free(bt);
     return rc;
 }
 
