@@ -14,7 +14,8 @@
 #
 # Options: --checkpoint DIR (skip mkckpt, use DIR), --device cuda|cpu (reference and replays;
 # cpu replays have only fp32), --bin DIR, --python PY, --duration S (10: 250 frames = 2
-# windows, the second with the overlap prefix), --steps N (30, the serving default),
+# windows, the second with the overlap prefix), --steps N (30, the serving default), --seed N (42; a song may end before
+# --duration where the draws give the stop code),
 # --precisions LIST (fp32,tf32,bf16,fp16,fp8; PyTorch has no fp8 run: "-" beside it), --out DIR ($OUT, else /tmp/parity).
 # --lora R: random rank-R LoRA adapters (mm3-mkckpt --lora; the talker's q_proj,v_proj, the depth
 # decoder's and the DiT's attention) applied to the reference by PEFT (make_golden.py --lora; the
@@ -48,7 +49,7 @@ if [ "${1:-}" = --pack ]; then
   exit 0
 fi
 
-ckpt="" device=cuda bin="" py=python3 lora=0 duration=10 steps=30 precisions=fp32,tf32,bf16,fp16,fp8 out=${OUT:-/tmp/parity}
+ckpt="" device=cuda bin="" py=python3 lora=0 duration=10 steps=30 seed=42 precisions=fp32,tf32,bf16,fp16,fp8 out=${OUT:-/tmp/parity}
 while [ $# -gt 0 ]; do
   case "$1" in
     --checkpoint) ckpt=$2; shift 2 ;;
@@ -58,6 +59,7 @@ while [ $# -gt 0 ]; do
     --duration) duration=$2; shift 2 ;;
     --lora) lora=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
+    --seed) seed=$2; shift 2 ;;
     --precisions) precisions=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     *) echo "device-parity: unknown option $1 (see the header of $0)" >&2; exit 2 ;;
@@ -125,7 +127,7 @@ golden=$work/golden
 mkdir -p "$golden" && ln -sfn "$ckpt" "$golden/checkpoint"
 cat > "$work/cases.json" <<EOF
 {"cases": [{"prompt": "Genre: acoustic pop. BPM: 96. Key: C major.", "lyrics": "[verse]\nMorning light\n[outro]",
-  "audio_duration": $duration, "num_inference_steps": $steps, "seed": 42}]}
+  "audio_duration": $duration, "num_inference_steps": $steps, "seed": $seed}]}
 EOF
 lora_args=()
 if [ "$lora" != 0 ]; then
