@@ -427,6 +427,28 @@ static void test_tiny_lora_per_request(void **state)
         assert_int_equal(talker_backend_row_lora(&gpu, 1, 2), -EINVAL); /* only 2 loaded */
         int prompt[3] = {12, 9, 5};
         compare_talker(&cpu, &gpu, 3, prompt, 12);
+        /* 46 tokens over positions already written (rewritten alike on both): the bf16 GEMM
+         * with the deltas */
+        if (!graphs) {
+            enum { N = 46 };
+            int H = m->lm.cfg.hidden, row[N], pos[N], len[3] = {12 + 6, 9 + 3, 5 + 6};
+            float *emb = malloc(sizeof(float) * N * H), *a = malloc(sizeof(float) * N * H),
+                  *b = malloc(sizeof(float) * N * H);
+            assert_non_null(emb), assert_non_null(a), assert_non_null(b);
+            for (int i = 0; i < N; i++) {
+                row[i] = i % 3;
+                pos[i] = len[row[i]]++;
+            }
+            for (size_t i = 0; i < (size_t)N * H; i++)
+                emb[i] = frand();
+            assert_int_equal(cpu.forward(cpu.impl, N, row, pos, emb, a), 0);
+            assert_int_equal(gpu.forward(gpu.impl, N, row, pos, emb, b), 0);
+            double rel = test_rel_error(b, a, (size_t)N * H);
+            print_message("prefill of %d tokens with adapters through the bf16 GEMM: rel %.3g (bound %.3g)\n", N, rel,
+                          GOLDEN_REL_TOL_BF16);
+            assert_true(rel <= GOLDEN_REL_TOL_BF16 && rel > 1e-6);
+            free(emb), free(a), free(b);
+        }
         if (graphs) {
             struct talker_backend_counts counts;
             talker_backend_counts(&gpu, &counts);
