@@ -172,10 +172,12 @@ static int gpu_set_lora(void *impl, const struct talker_lora_set *set)
     return rc < 0 ? rc : talker_cuda_set_lora(c->tc, set);
 }
 
-/* A step queued ahead was staged with the rows' adapters of its time. */
+/* A step queued ahead was staged with the rows' adapters of its time: a change drops it
+ * (every song start sets its rows, mostly to none, which changes nothing). */
 static int gpu_row_lora(void *impl, int row, int adapter)
 {
     struct cuda_impl *c = impl;
+    if (talker_cuda_row_lora_of(c->tc, row) == adapter) return 0;
     int rc = frame_cuda_ahead_drop(c->fc);
     return rc < 0 ? rc : talker_cuda_row_lora(c->tc, row, adapter);
 }

@@ -815,6 +815,11 @@ int talker_cuda_set_lora(struct talker_cuda *tc, const struct talker_lora_set *s
     return rc < 0 ? rc : rc2;
 }
 
+int talker_cuda_row_lora_of(const struct talker_cuda *tc, int row)
+{
+    return row >= 0 && row < tc->max_rows ? tc->row_lora[row] : -1;
+}
+
 int talker_cuda_row_lora(struct talker_cuda *tc, int row, int adapter)
 {
     if (row < 0 || row >= tc->max_rows)

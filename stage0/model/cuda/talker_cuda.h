@@ -85,5 +85,7 @@ int talker_cuda_forward_queued(struct talker_cuda *tc, int n, const int *row, co
 int talker_cuda_set_lora(struct talker_cuda *tc, const struct talker_lora_set *set);
 /* Row `row` from now on uses adapter `adapter` of the set (-1: none). */
 int talker_cuda_row_lora(struct talker_cuda *tc, int row, int adapter);
+/* Row `row`'s adapter (-1: none, or a row outside the state). */
+int talker_cuda_row_lora_of(const struct talker_cuda *tc, int row);
 
 #endif
