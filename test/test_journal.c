@@ -20,14 +20,17 @@
 /* cmocka needs the headers above */
 #include <cmocka.h>
 
+#include "common/ckpt_gen.h"
 #include "common/error.h"
+#include "common/safetensors.h"
 #include "common/sampler.h"
 #include "stage0/generate.h"
-#include "stage0/text/generate_prompt.h"
-#include "stage0/recovery/journal.h"
+#include "stage0/model/talker_lora.h"
 #include "stage0/recovery/frame_spool.h"
+#include "stage0/recovery/journal.h"
 #include "stage0/recovery/journal_sweep.h"
 #include "stage0/teacher_force.h"
+#include "stage0/text/generate_prompt.h"
 #include "support/test_stage0.h"
 #include "support/test_support.h"
 
@@ -530,8 +533,8 @@ static void test_id_parse(void **state)
     assert_true(t > 1700000000LL);
     assert_int_equal(journal_id_parse("1764000000-123-7", &t), 123);
     assert_true(t == 1764000000LL);
-    const char *bad[] = {"", "req-1", "a-done", "12-34", "12--7", "12-0-7", "x12-34-7", "12-34-7x", "12-34-",
-                         "12-99999999999-7"};
+    const char *bad[] = {"",       "req-1",    "a-done",   "12-34",  "12--7",
+                         "12-0-7", "x12-34-7", "12-34-7x", "12-34-", "12-99999999999-7"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         assert_int_equal(journal_id_parse(bad[i], NULL), -1);
 }
@@ -733,9 +736,11 @@ static void keep_frame(void *ctx, int t, const float *frame, const int32_t *code
 
 /* A seeded song journaled as the scheduler would: every step's codes after each
  * step, the stop or budget in the end record. stop_after < 0: to the end; else the
- * writer "crashes" after that many steps (no end record). */
-static char *journaled_song(struct test_stage0 *m, const char *dir, const char *id, uint64_t seed, int max_frames,
-                            int stop_after, struct frames *out)
+ * writer "crashes" after that many steps (no end record). With `lora` (NULL: none) the
+ * song is made with its adapter 0 on both rows, fed as the scheduler feeds a pair, and
+ * the journal names the adapter. */
+static char *journaled_song_lora(struct test_stage0 *m, const char *dir, const char *id, uint64_t seed, int max_frames,
+                                 int stop_after, const struct talker_lora_set *lora, struct frames *out)
 {
     int32_t *ids;
     int n;
@@ -748,19 +753,48 @@ static char *journaled_song(struct test_stage0 *m, const char *dir, const char *
                                .num_inference_steps = 2,
                                .guidance_scale = 1.7f,
                                .cfg_scale = SAMPLER_CFG_SCALE};
+    if (lora) snprintf(p.lora, sizeof p.lora, "%s", lora->a[0].name);
     struct journal *j;
     assert_int_equal(journal_open_write(&j, dir, id, &p, m->dd.cfg.n_codebooks, m->dd.cfg.audio_vocab, ids, n / 2), 0);
     struct sampler sp;
     sampler_init_seeded(&sp, seed);
     struct generate g;
     struct generate_hooks hooks = {.ctx = out, .on_frame = keep_frame};
-    assert_int_equal(generate_begin(&g, &m->lm, &m->dd, &sp, ids, n / 2, max_frames, SAMPLER_CFG_SCALE, &hooks), 0);
     int steps = 0;
-    while (!g.done && (stop_after < 0 || steps < stop_after)) {
-        assert_int_equal(generate_step(&g), 0);
-        if (g.stop == GENERATE_STOP_TOKEN) break; /* the stop draw has no codes */
-        assert_int_equal(journal_append_codes(j, g.codes, 1), 0);
-        steps++;
+    struct talker_state ts = {0};
+    if (lora) {
+        int H = m->lm.cfg.hidden, P = n / 2;
+        struct generate_batch b;
+        assert_int_equal(talker_state_init(&ts, &m->lm, 2, P + max_frames + 1), 0);
+        talker_state_set_lora(&ts, lora);
+        assert_int_equal(generate_batch_init(&b, H, 2 * P + 2), 0);
+        assert_int_equal(
+            generate_attach(&g, &m->lm, &m->dd, &sp, &ts, 0, 1, ids, P, max_frames, SAMPLER_CFG_SCALE, &hooks), 0);
+        assert_int_equal(generate_set_lora(&g, 0), 0);
+        b.n = 0;
+        assert_int_equal(generate_feed(&g, &b, 2 * P), 2 * P);
+        assert_int_equal(generate_batch_forward(&m->lm, &ts, &b), 0);
+        generate_take(&g, &b);
+        while (stop_after < 0 || steps < stop_after) {
+            assert_int_equal(generate_sample(&g), 0);
+            if (g.stop == GENERATE_STOP_TOKEN) break;
+            assert_int_equal(journal_append_codes(j, g.codes, 1), 0);
+            steps++;
+            if (g.done) break;
+            b.n = 0;
+            assert_int_equal(generate_feed(&g, &b, 2), 2);
+            assert_int_equal(generate_batch_forward(&m->lm, &ts, &b), 0);
+            generate_take(&g, &b);
+        }
+        generate_batch_free(&b);
+    } else {
+        assert_int_equal(generate_begin(&g, &m->lm, &m->dd, &sp, ids, n / 2, max_frames, SAMPLER_CFG_SCALE, &hooks), 0);
+        while (!g.done && (stop_after < 0 || steps < stop_after)) {
+            assert_int_equal(generate_step(&g), 0);
+            if (g.stop == GENERATE_STOP_TOKEN) break; /* the stop draw has no codes */
+            assert_int_equal(journal_append_codes(j, g.codes, 1), 0);
+            steps++;
+        }
     }
     char *path = strdup(journal_path(j));
     if (stop_after >= 0 && !g.done)
@@ -769,8 +803,15 @@ static char *journaled_song(struct test_stage0 *m, const char *dir, const char *
         journal_close(j, JOURNAL_DONE, g.stop == GENERATE_STOP_TOKEN ? JOURNAL_STOP_TOKEN : JOURNAL_STOP_BUDGET,
                       g.n_frames);
     generate_end(&g);
+    if (lora) talker_state_free(&ts);
     free(ids);
     return path;
+}
+
+static char *journaled_song(struct test_stage0 *m, const char *dir, const char *id, uint64_t seed, int max_frames,
+                            int stop_after, struct frames *out)
+{
+    return journaled_song_lora(m, dir, id, seed, max_frames, stop_after, NULL, out);
 }
 
 static void frames_alloc(struct frames *f, const struct test_stage0 *m, int max_frames)
@@ -1056,6 +1097,70 @@ static void test_rerender_equals_direct(void **state)
     free(dir);
 }
 
+/* A song made with a per-request adapter: mm3-rerender --lora DIR:SCALE recomputes its
+ * frames with the adapter and equals mm3-stage1 rendering the frames the song was made
+ * with, byte for byte; another scale gives other audio; without --lora it names the
+ * adapter, --lora on a song made without one is refused, a bad scale is a usage error. */
+static void test_rerender_with_adapter(void **state)
+{
+    struct test_stage0 *m = *state;
+    if (!m) skip();
+    const char *bin = test_bin_dir();
+    char s1[4096], rr[4096];
+    snprintf(s1, sizeof s1, "%s/mm3-stage1", bin);
+    snprintf(rr, sizeof rr, "%s/mm3-rerender", bin);
+    if (access(s1, X_OK) || access(rr, X_OK)) skip();
+    char *dir = test_make_tmpdir("journal_rerender_lora");
+    char ad[4200];
+    snprintf(ad, sizeof ad, "%s/adapter", dir);
+    const struct ckpt_gen_lora_opts lo = {.component = "language_model", .rank = 4, .alpha = 8, .seed = 6};
+    assert_int_equal(ckpt_gen_lora_write(ad, m->root, &lo), 0);
+    struct talker_lora_set set = {0};
+    assert_int_equal(talker_lora_set_add(&set, &m->lm.cfg, "warm-voice", ad, 0.5), 0);
+    double fps;
+    int F;
+    assert_int_equal(generate_frame_rate(m->root, &fps), 0);
+    assert_int_equal(generate_frame_budget(2.0, fps, &F), 0);
+    struct frames fr, plain;
+    frames_alloc(&fr, m, F);
+    frames_alloc(&plain, m, F);
+    char *jpath = journaled_song_lora(m, dir, "adapted", 9, F, -1, &set, &fr);
+    char *ppath = journaled_song(m, dir, "plain", 9, F, -1, &plain);
+    assert_true(fr.n > 0);
+    /* the adapter made another song */
+    assert_true(fr.n != plain.n || memcmp(fr.f, plain.f, sizeof(float) * (size_t)fr.n * fr.width) != 0);
+    char st[4200];
+    snprintf(st, sizeof st, "%s/adapted.st", dir);
+    struct st_writer_tensor t = {"frame_hiddens", MM3_DTYPE_F32, 2, {fr.n, fr.width}, fr.f};
+    assert_int_equal(st_write_file(st, &t, 1, NULL), 0);
+    assert_int_equal(run_cmd("cd '%s' && '%s' --model '%s' --frames adapted.st --seed 9 --steps 2 --guidance 1.7 -o "
+                             "direct.wav 2>/dev/null && '%s' --model '%s' --journal '%s' --lora '%s:0.5' -o re.wav "
+                             "2>/dev/null && '%s' --model '%s' --journal '%s' --lora '%s' -o re1.wav 2>/dev/null",
+                             dir, s1, m->root, rr, m->root, jpath, ad, rr, m->root, jpath, ad),
+                     0);
+    char a[4300], b[4300];
+    snprintf(a, sizeof a, "%s/direct.wav", dir);
+    snprintf(b, sizeof b, "%s/re.wav", dir);
+    assert_true(files_equal(a, b));
+    snprintf(b, sizeof b, "%s/re1.wav", dir); /* scale 1, not the song's 0.5 */
+    assert_false(files_equal(a, b));
+    assert_int_equal(run_cmd("cd '%s' && '%s' --model '%s' --journal '%s' -o x.wav 2>err.txt", dir, rr, m->root, jpath),
+                     1);
+    assert_int_equal(
+        run_cmd("grep -q \"adapter 'warm-voice': give its folder and scale with --lora\" '%s/err.txt'", dir), 0);
+    assert_int_equal(run_cmd("cd '%s' && '%s' --model '%s' --journal '%s' --lora '%s' -o x.wav 2>err.txt", dir, rr,
+                             m->root, ppath, ad),
+                     1);
+    assert_int_equal(run_cmd("grep -q 'made without an adapter' '%s/err.txt'", dir), 0);
+    assert_int_equal(
+        run_cmd("'%s' --model '%s' --journal '%s' --lora '%s:lots' -o x.wav >/dev/null 2>&1", rr, m->root, jpath, ad),
+        2);
+    talker_lora_set_free(&set);
+    free(fr.f), free(plain.f), free(jpath), free(ppath);
+    test_remove_tree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1076,6 +1181,7 @@ int main(void)
         cmocka_unit_test(test_resend_from_live_journal),
         cmocka_unit_test(test_complete_interrupted),
         cmocka_unit_test(test_rerender_equals_direct),
+        cmocka_unit_test(test_rerender_with_adapter),
     };
     return cmocka_run_group_tests(tests, test_stage0_golden_setup, test_stage0_golden_teardown);
 }
