@@ -1,8 +1,7 @@
 /* LoRA deltas for a batch whose rows use different adapters (ops_cuda.h): the down
  * product t = A x, one warp per row, target and rank index, then the up product
- * y += s B t, one thread per output over B transposed. Both mirror op_lora_down / op_lora_up of
- * common/ops.h, summing in float32. */
-#include "common/cuda/block_sum.cuh"
+ * y += s B t, one thread per output over B transposed. Both mirror op_lora_down /
+ * op_lora_up of common/ops.h, summing in float32. */
 #include "common/cuda/cuda_internal.h"
 #include "common/cuda/ops_cuda.h"
 #include "common/cuda/pdl.cuh"

@@ -117,14 +117,21 @@ int talker_lora_set_find(const struct talker_lora_set *s, const char *name)
     return -1;
 }
 
+size_t talker_lora_floats(const struct talker_lora *l, int n_layers)
+{
+    size_t n = 0;
+    for (int i = 0; i < n_layers * TALKER_LORA_N_TARGETS; i++) {
+        const struct talker_lora_mat *m = &l->mats[i];
+        if (m->a) n += (size_t)l->rank * (size_t)(m->in + m->out);
+    }
+    return n;
+}
+
 size_t talker_lora_set_bytes(const struct talker_lora_set *s)
 {
     size_t n = 0;
     for (int k = 0; s && k < s->n; k++)
-        for (int i = 0; i < s->n_layers * TALKER_LORA_N_TARGETS; i++) {
-            const struct talker_lora_mat *m = &s->a[k].mats[i];
-            if (m->a) n += (size_t)s->a[k].rank * (size_t)(m->in + m->out);
-        }
+        n += talker_lora_floats(&s->a[k], s->n_layers);
     return n * sizeof(float);
 }
 

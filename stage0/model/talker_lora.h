@@ -68,6 +68,8 @@ void talker_lora_set_free(struct talker_lora_set *s);
 /* Index of the adapter called name, or -1. */
 int talker_lora_set_find(const struct talker_lora_set *s, const char *name);
 
+/* Floats of adapter l's factors over n_layers layers (r x (in + out) per adapted layer). */
+size_t talker_lora_floats(const struct talker_lora *l, int n_layers);
 /* Bytes of the set's factors (float32): what serving them per request adds to the
  * talker's memory. */
 size_t talker_lora_set_bytes(const struct talker_lora_set *s);

@@ -709,15 +709,13 @@ static void lora_describe(struct talker_cuda *tc)
  * kernel's coalesced reads), its pointers into the descriptions. */
 static int lora_upload(struct talker_cuda *tc, int k, const struct talker_lora *l)
 {
-    int L = tc->cfg.n_layers;
-    size_t total = 0, widest = 0;
-    for (int li = 0; li < L; li++)
-        for (int t = 0; t < TALKER_LORA_N_TARGETS; t++) {
-            const struct talker_lora_mat *m = talker_lora_at(l, li, t);
-            if (!m->a) continue;
-            total += (size_t)l->rank * (m->in + m->out);
-            if ((size_t)m->out > widest) widest = (size_t)m->out;
-        }
+    const struct talker_config *c = &tc->cfg;
+    int L = c->n_layers;
+    size_t total = talker_lora_floats(l, L);
+    /* the widest output of an adapted layer: q (KD <= QD), o and down (hidden), gate and up (ffn) */
+    size_t widest = (size_t)c->n_heads * c->head_dim;
+    if ((size_t)c->hidden > widest) widest = (size_t)c->hidden;
+    if ((size_t)c->ffn > widest) widest = (size_t)c->ffn;
     for (int j = 0; j < L * LORA_GROUPS; j++) {
         tc->lora[j].rank[k] = l->rank;
         tc->lora[j].scale[k] = l->scale;
