@@ -1101,18 +1101,17 @@ int main(int argc, char **argv)
             printf("S0BENCH kind=set index=%d env=\"%s\" effective=\"%s\"\n", k, env_label, effective);
             fflush(stdout);
         }
-        /* The plain grid, then per --lora rank: the adapter loaded and unused, then used. */
+        /* The plain grid, then per --lora rank: the adapter (made and loaded once) unused, then used. */
+        struct talker_lora_set set = {0};
         for (int v = 0; v < 1 + 2 * a.n_lora_ranks; v++) {
-            struct talker_lora_set set = {0};
-            b.lora_songs = 0;
+            b.lora_songs = v > 0 ? (v - 1) % 2 : 0;
             b.lora_label[0] = 0;
             cfg.lora = NULL;
             if (v > 0) {
                 int rank = a.lora_ranks[(v - 1) / 2];
-                b.lora_songs = (v - 1) % 2;
                 snprintf(b.lora_label, sizeof b.lora_label, "rank-%d adapter loaded, %s", rank,
                          b.lora_songs ? "used by the first song" : "used by no song");
-                if ((rc = bench_adapter(&b, &a, rank, &set)) < 0) {
+                if (!b.lora_songs && (rc = bench_adapter(&b, &a, rank, &set)) < 0) {
                     fprintf(stderr, "mm3-bench-stage0: --lora %d: %s\n", rank, mm3_last_error());
                     return 1;
                 }
@@ -1121,7 +1120,7 @@ int main(int argc, char **argv)
             n_results = 0;
             b.mem_peak_used = 0;
             rc = bench_grid(&b, &a, &cfg, lyrics, prompt_of_ctx, load_s);
-            talker_lora_set_free(&set);
+            if (b.lora_songs) talker_lora_set_free(&set);
             if (rc) return 1;
         }
     }
