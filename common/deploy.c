@@ -405,6 +405,7 @@ void mm3_deploy_init_defaults(struct mm3_deploy *d)
     d->api.max_body_bytes = 1 << 20;
     d->api.max_connections = 256;
     d->api.request_timeout_s = 1800;
+    d->api.stream_capacity_share = 0.85;
     d->api.default_sample_rate = 44100;
     d->api.max_buffered_bytes = 1LL << 30;
     d->api.idle_timeout_s = 60;
@@ -1037,6 +1038,8 @@ static const struct field api_fields[] = {
     {"max_connections_per_client", I32_AT(struct mm3_api_config, max_connections_per_client), .lo = 0, .hi = 65536},
     {"admin_connections", I32_AT(struct mm3_api_config, admin_connections), .lo = 0, .hi = 1024},
     {"drain_timeout_s", NUMBER_AT(struct mm3_api_config, drain_timeout_s), .min = 0, .max = 3600},
+    {"stream_capacity_share", NUMBER_AT(struct mm3_api_config, stream_capacity_share), .min = 0, .min_open = true,
+     .max = 1},
     {"api_key", STRING_AT(struct mm3_api_config, api_key), .allow_empty = true, .check = check_api_key},
 };
 

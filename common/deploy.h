@@ -184,6 +184,7 @@ struct mm3_api_config {
     int max_connections_per_client;        /* per client address; 0 = no limit */
     int admin_connections;                 /* beyond max_connections, for /health* and /metrics only */
     double drain_timeout_s;                /* on SIGTERM: in-flight songs may finish within this */
+    double stream_capacity_share;          /* of stage 1's real-time capacity playing streams fill (0, 1] */
     char api_key[MM3_DEPLOY_API_KEY_MAX];  /* "" = no key; else Bearer required on /v1 paths */
     /* Finished songs kept in stage 0's memory for continue_from (stage0/recovery/song_store.h). */
     int continue_max_songs;      /* 0 = continuation off */

@@ -229,7 +229,13 @@ int metrics_render(char **out, size_t *len)
     render_histogram(f, "mm3_window_slack_seconds",
                      "Per streamed window: when its listener would need it minus when it arrived (below 0: late).",
                      &m->window_slack_seconds);
-    render_gauge(f, "mm3_streams_admitted", "Streams admitted against the real-time capacity.", &m->streams_admitted);
+    render_gauge(f, "mm3_streams_admitted", "Streams playing, counted against the real-time capacity.",
+                 &m->streams_admitted);
+    render_gauge(f, "mm3_streams_prerolling",
+                 "Streams rendering ahead, their audio kept back until the server can keep them fed.",
+                 &m->streams_prerolling);
+    render_counter(f, "mm3_streams_prerolled_total", "Streams that prerolled before they played.",
+                   &m->streams_prerolled);
     render_header(f, "mm3_realtime_capacity_streams", "gauge",
                   "Streams stage 1 keeps fed: 1 / (stage-1 seconds of work per second of audio), measured; -1 "
                   "before the first window.");

@@ -72,7 +72,9 @@ struct mm3_metrics {
     struct metrics_counter stream_stall_us;        /* time streams spent dry, microseconds */
     struct metrics_histogram stream_stall_seconds; /* per finished stream: seconds it spent dry */
     struct metrics_histogram window_slack_seconds; /* per streamed window: deadline - arrival (< 0: late) */
-    struct metrics_gauge streams_admitted;         /* streams counted against the real-time capacity */
+    struct metrics_gauge streams_admitted;         /* streams playing, counted against the real-time capacity */
+    struct metrics_gauge streams_prerolling;       /* streams rendering ahead before they may play */
+    struct metrics_counter streams_prerolled;      /* streams that prerolled before they played */
     struct metrics_gauge realtime_capacity_milli;  /* streams stage 1 keeps fed x 1000; -1 unknown,
                                                       INT64_MAX unbounded (no work measured) */
     struct metrics_gauge kv_rows;                  /* stage-0 decode rows there are (max_num_seqs) */

@@ -25,6 +25,8 @@ const char *pipe_kind_name(uint32_t kind)
         return "END";
     case PIPE_MSG_CANCEL:
         return "CANCEL";
+    case PIPE_MSG_PLAY:
+        return "PLAY";
     case PIPE_MSG_PCM:
         return "PCM";
     case PIPE_MSG_DONE:
@@ -144,6 +146,12 @@ int pipe_encode_end(struct shmconn_msg *m, const int64_t *total)
 void pipe_encode_cancel(struct shmconn_msg *m)
 {
     msg_begin(m, PIPE_MSG_CANCEL, SHMCONN_FLAG_CANCELLED);
+}
+
+int pipe_encode_play(struct shmconn_msg *m, const int64_t *t_play_us)
+{
+    msg_begin(m, PIPE_MSG_PLAY, 0);
+    return scalar_add(m, "t_play_us", t_play_us);
 }
 
 int pipe_encode_pcm(struct shmconn_msg *m, const struct pipe_pcm *p)
@@ -281,6 +289,13 @@ int pipe_decode_end(const struct shmconn_msg *m, int64_t *total)
     *total = 0;
     if (kind_check(m, PIPE_MSG_END) < 0) return -EBADMSG;
     return scalar_get(m, "total", total);
+}
+
+int pipe_decode_play(const struct shmconn_msg *m, int64_t *t_play_us)
+{
+    *t_play_us = 0;
+    if (kind_check(m, PIPE_MSG_PLAY) < 0) return -EBADMSG;
+    return scalar_get(m, "t_play_us", t_play_us);
 }
 
 int pipe_decode_pcm(const struct shmconn_msg *m, struct pipe_pcm *p)

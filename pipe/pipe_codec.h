@@ -56,6 +56,10 @@ int pipe_decode_end(const struct shmconn_msg *m, int64_t *total);
 /* CANCEL: no tensors. */
 void pipe_encode_cancel(struct shmconn_msg *m);
 
+/* PLAY: the prerolled stream's client started playing at t_play_us (CLOCK_MONOTONIC). */
+int pipe_encode_play(struct shmconn_msg *m, const int64_t *t_play_us);
+int pipe_decode_play(const struct shmconn_msg *m, int64_t *t_play_us);
+
 /* ---- stage 1 -> stage 0 ---- */
 
 struct pipe_progress {

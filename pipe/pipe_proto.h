@@ -12,6 +12,9 @@
  *                                 the first frame; each frame is sent exactly once
  *   PIPE_MSG_END    flags LAST    tensor "total": I64 [1] = number of frames of the song
  *   PIPE_MSG_CANCEL flags CANCELLED (client went away or stage 0 failed the request)
+ *   PIPE_MSG_PLAY                 tensor "t_play_us": I64 [1] = CLOCK_MONOTONIC microseconds
+ *                                 when stage 0 let a prerolled stream's client start playing
+ *                                 (params.preroll 1); may come after END
  *
  * stage 1 -> stage 0 (channel "s1_to_s0"):
  *   PIPE_MSG_PCM                  tensor "pcm": F32 [2, n] channel-major, clamped, at the
@@ -35,11 +38,17 @@
 #define PIPE_CHANNEL_S0_TO_S1 "s0_to_s1"
 #define PIPE_CHANNEL_S1_TO_S0 "s1_to_s0"
 
+/* Windows in one stage-1 DiT batch at most, whatever max_num_seqs / max_num_batched_tokens
+ * allow: mm3-bench-dit shows the gain flat from 4 to 8 windows while activations keep
+ * growing. Stage 0 counts on it for the wait a ready window can meet (stage0/admission.h). */
+#define PIPE_BATCH_WINDOWS_MAX 8
+
 enum pipe_msg_kind {
     PIPE_MSG_START = 1,
     PIPE_MSG_FRAMES = 2,
     PIPE_MSG_END = 3,
     PIPE_MSG_CANCEL = 4,
+    PIPE_MSG_PLAY = 5,
     PIPE_MSG_PCM = 16,
     PIPE_MSG_DONE = 17,
     PIPE_MSG_ERROR = 18,
@@ -47,7 +56,7 @@ enum pipe_msg_kind {
 
 /* Fixed little-endian layout (both processes are the same build on one host; the
  * version field still guards against a stale peer binary). */
-#define PIPE_PARAMS_VERSION 1
+#define PIPE_PARAMS_VERSION 2
 struct pipe_request_params {
     uint32_t version;             /* PIPE_PARAMS_VERSION */
     uint32_t frame_width;         /* floats per frame in FRAMES messages */
@@ -60,7 +69,9 @@ struct pipe_request_params {
     float flow_shift;             /* scheduler shift in (0, 20]; 0 = stage 1's default */
     int32_t streamed;             /* 1: the client plays the audio as it arrives (stage 1 gives the
                                      song's windows playback deadlines); 0: one file at the end */
-    int32_t reserved[5];
+    int32_t preroll;              /* streamed: 1 when stage 0 keeps the audio back until the
+                                     server can keep the stream fed: no deadlines until PLAY */
+    int32_t reserved[4];
 };
 _Static_assert(sizeof(struct pipe_request_params) == 64, "pipeline ABI");
 

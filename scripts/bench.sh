@@ -19,7 +19,9 @@
 #   e2e      scripts/launch.sh + scripts/bench/e2e.py (one 30 s song, 8 at once; --e2e-duration S,
 #            --e2e-concurrency N; --e2e-allow-stall: streams start past the real-time capacity;
 #            --e2e-orders deadline,fifo: one launch per stages[1].window_order, e2e-<order>.json
-#            each, their figures side by side in e2e-orders.md, the first one as e2e.json); in a
+#            each, their figures side by side in e2e-orders.md, the first one as e2e.json; an
+#            order written ORDER+stall sends allow_stall in that launch only, e.g.
+#            fifo+stall,deadline: every stream at once against admission); in a
 #            --dry-run only with --e2e (configs/tiny-cpu.yaml)
 # Results: DIR/*.log, DIR/*.json, DIR/bench.json (everything merged), DIR/table.txt, DIR/table.md.
 # DIR defaults to $OUT when set (the device tool brings $OUT back), else results/<UTC date>.
@@ -239,7 +241,7 @@ if phase e2e && [ -z "$e2e_na" ]; then
       if grep -q "^READY http" "$llog"; then
         log "e2e.py${label:+ ($label)}"
         timeout 1500 "$py" scripts/bench/e2e.py --url "http://127.0.0.1:$port" --duration "$e2e_duration" \
-          --concurrency "$e2e_conc" $e2e_stall ${label:+--label "$label"} --json "$out/$name.json" \
+          --concurrency "$e2e_conc" ${run_stall:-$e2e_stall} ${label:+--label "$label"} --json "$out/$name.json" \
           > "$out/$name.log" 2>&1 ||
           [ -s "$out/$name.json" ] || stub "$name" "e2e.py failed: $(tail -1 "$out/$name.log" | cut -c1-120)"
       else
@@ -252,7 +254,9 @@ if phase e2e && [ -z "$e2e_na" ]; then
       e2e_run "$config" e2e
     else
       runs=()
-      for order in ${e2e_orders//,/ }; do
+      for spec in ${e2e_orders//,/ }; do
+        order=${spec%+stall} run_stall=""
+        [ "$order" != "$spec" ] && run_stall=--allow-stall
         # the deploy file with stages[1].window_order set (inserted under "- stage_id: 1")
         "$py" - "$config" "$out/deploy-$order.yaml" "$order" <<'PY'
 import re, sys
@@ -265,9 +269,10 @@ if n != 1:
     sys.exit(f"{src}: no '- stage_id: 1' line to add window_order under")
 open(dst, "w").write(text)
 PY
-        e2e_run "$out/deploy-$order.yaml" "e2e-$order" "$order"
-        runs+=("$out/e2e-$order.json")
+        e2e_run "$out/deploy-$order.yaml" "e2e-$spec" "$spec"
+        runs+=("$out/e2e-$spec.json")
       done
+      run_stall=""
       cp "${runs[0]}" "$out/e2e.json" 2>/dev/null
       "$py" scripts/bench/e2e.py --compare "${runs[@]}" > "$out/e2e-orders.md" 2>&1 && cat "$out/e2e-orders.md"
     fi

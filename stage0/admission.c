@@ -1,8 +1,7 @@
-/* Real-time capacity of the replica and the admission of streams (stage0/admission.h). */
+/* Real-time capacity of the replica and when streams play (stage0/admission.h). */
 #include "stage0/admission.h"
 
 #include <math.h>
-#include <stdlib.h>
 
 void admission_observe(struct admission *a, double work_s, double audio_s)
 {
@@ -23,23 +22,27 @@ double admission_capacity(const struct admission *a)
     return w > 0 ? 1.0 / w : INFINITY;
 }
 
-int admission_allows(const struct admission *a, int streams)
+double admission_margin(const struct admission *a, double window_s, int batch_windows)
 {
+    return window_s * (1.0 + 2.0 * batch_windows * admission_work_per_audio(a));
+}
+
+double admission_stream_need(double dry_s, double left_s, double margin_s)
+{
+    if (!(left_s > 0)) return 0;
+    double ahead = dry_s - margin_s;
+    return ahead > 0 ? left_s / (ahead + left_s) : 1;
+}
+
+int admission_fits(const struct admission *a, int streams, double load, double need)
+{
+    if (need <= 0 || streams == 0) return 1;
     double c = admission_capacity(a);
-    return streams == 0 || (c >= 0 && streams + 1 <= floor(c * ADMISSION_UTILIZATION));
+    return c >= 0 && load + need <= c * a->share + 1e-9;
 }
 
-static int cmp_double(const void *x, const void *y)
+double admission_render_estimate(const struct admission *a, double left_s, int songs)
 {
-    double a = *(const double *)x, b = *(const double *)y;
-    return a < b ? -1 : a > b;
-}
-
-double admission_start_estimate(const struct admission *a, double *left_s, int n, int k)
-{
-    double w = admission_work_per_audio(a);
-    if (a->audio_s <= 0 || k < 1 || k > n) return -1;
-    qsort(left_s, (size_t)n, sizeof *left_s, cmp_double);
-    double r = left_s[k - 1] > 0 ? left_s[k - 1] : 0;
-    return r * w * n;
+    if (a->audio_s <= 0 || songs < 1) return -1;
+    return (left_s > 0 ? left_s : 0) * admission_work_per_audio(a) * songs;
 }

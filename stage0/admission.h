@@ -1,38 +1,45 @@
-/* Honest admission of streamed songs: how many streams stage 1 can keep fed, from what it
- * measures, and when a held stream may expect to start.
+/* Honest admission of streamed songs: how much stage 1 can keep fed, from what it
+ * measures, and when a stream may start playing.
  *
  * Stage 1 reports, with every window's PCM, the seconds of work it spent on the song so
  * far (condition, its share of the batched DiT, vocoder). The engine feeds each window's
  * work and audio seconds here; their ratio w (seconds of stage-1 work per second of
  * audio, at the precision and batch sizes the server runs now) says stage 1 renders
- * 1 / w seconds of audio per second in all. A listener plays 1 s of audio per second, so
- * stage 1 keeps at most C = 1 / w streams fed: a new stream starts only while the streams
- * admitted are fewer than floor(ADMISSION_UTILIZATION x C). Whole-file songs and streams
- * whose client accepts stalls (`allow_stall`) are not counted: stage 1 gives their windows
- * no deadline, so they only take the room the counted streams leave.
+ * C = 1 / w seconds of audio per second in all: its real-time capacity in streams.
  *
- * w is measured on the batches the server actually ran: one stream alone runs small,
- * less efficient batches and reads a higher w (a lower C) than a full server; each stream
- * admitted makes the batches larger, w falls and C rises to the server's real figure. The
- * sums decay (ADMISSION_DECAY per window), so a change of load or precision shows within
- * a few dozen windows. Before the first window is measured one stream plays at a time.
+ * Every song starts generating as soon as there is room, so both stages work on full
+ * batches. What admission decides is when a stream's client starts playing. A stream
+ * that fits plays from its first audio; one that does not is prerolled: stage 0 keeps
+ * its audio back (stage 1 renders it in the room the playing streams leave) and lets
+ * it play once it fits, with all that audio sent at once.
  *
- * Start estimate for the k-th held stream: the n counted streams share stage 1, each
- * rendering about 1 / (w n) seconds of audio per second, so the one with r seconds of
- * audio left ends about r w n seconds from now; the k-th stream to end frees the slot the
- * k-th held one takes. Beyond n: unknown. */
+ * Whether a stream fits: a playing stream whose client has d seconds of audio before it
+ * runs dry and whose song has l seconds still to render needs, until its end, at most
+ * the share n = l / (d - m + l) of one real-time stream (1 when d <= m), m being the
+ * margin a window can wait before it is out (its own audio, the batch running and its
+ * own batch). Stage 1 serves due windows first (stage1/window_order.h), and the audio a
+ * stream needs by any time t from now is at most n t, so streams whose needs sum to at
+ * most C are all served in time. A stream plays when the needs of the streams playing
+ * on its stage-1 worker plus its own stay within share x C. A prerolled stream's d
+ * grows as its audio is rendered ahead; one wholly rendered needs nothing and always
+ * plays. Whole-file songs and streams whose client accepts stalls (`allow_stall`) are
+ * not counted: stage 1 gives their windows no deadline, so they only take the room the
+ * counted streams leave.
+ *
+ * w is measured on the batches the server actually ran, and the sums decay
+ * (ADMISSION_DECAY per window), so a change of load or precision shows within a few
+ * dozen windows. Before the first window is measured one stream plays at a time. */
 #ifndef MM3_STAGE0_ADMISSION_H
 #define MM3_STAGE0_ADMISSION_H
 
 #define ADMISSION_DECAY 0.98
-/* The share of the capacity admission fills. Stage 1 renders a song's windows one after
- * another in batches it cannot interrupt: a window ready just after a batch began waits
- * for it, and a new stream's first window joins the batches of the others. At full use
- * each such wait is a stall somewhere; the headroom absorbs them. */
-#define ADMISSION_UTILIZATION 0.85
 
 struct admission {
     double work_s, audio_s; /* decayed sums over the windows reported */
+    /* of the capacity playing streams may fill (api.stream_capacity_share): stage 1 renders
+     * windows in batches it cannot interrupt and the capacity is a running average, so the
+     * headroom absorbs what the need arithmetic leaves out */
+    double share;
 };
 
 /* One window (or any stretch of a song): stage-1 work and the audio it made, in seconds.
@@ -45,14 +52,23 @@ double admission_work_per_audio(const struct admission *a);
 /* Streams stage 1 keeps fed (1 / w), or -1 while unknown. */
 double admission_capacity(const struct admission *a);
 
-/* 1 when one more counted stream fits beside `streams` admitted ones. The first always
- * does: a server slower than real time still serves streams, one at a time (they stall),
- * rather than none, and keeps measuring; before anything is measured only the first does
- * (a burst on a fresh server waits for the first window's figure). */
-int admission_allows(const struct admission *a, int streams);
+/* The margin m: a window of window_s seconds of audio, and the batch running plus its own,
+ * of up to batch_windows windows each, at the measured rate. */
+double admission_margin(const struct admission *a, double window_s, int batch_windows);
 
-/* Seconds until the k-th (1-based) held stream can start, given the audio seconds left
- * of the n counted streams (sorted here, in place); -1 when unknown. */
-double admission_start_estimate(const struct admission *a, double *left_s, int n, int k);
+/* The share of one real-time stream that a stream with dry_s seconds before its client
+ * runs dry and left_s seconds still to render needs from now on (0..1). */
+double admission_stream_need(double dry_s, double left_s, double margin_s);
+
+/* 1 when a stream needing `need` may play beside `streams` playing streams whose needs sum
+ * to `load`. A stream that needs nothing always does; so does the first: a server slower
+ * than real time still serves streams, one at a time (they stall), rather than none, and
+ * keeps measuring. Before anything is measured only the first does. */
+int admission_fits(const struct admission *a, int streams, double load, double need);
+
+/* Seconds until a song with left_s seconds of audio still to render is wholly rendered
+ * when `songs` songs share stage 1 evenly; -1 while unknown. An upper bound of when a
+ * prerolled stream plays, and of when a song ends and frees its room. */
+double admission_render_estimate(const struct admission *a, double left_s, int songs);
 
 #endif

@@ -188,6 +188,7 @@ int engine_create(struct engine **out, const struct mm3_deploy *d, const struct 
     e->await_limit_s = e->workers[0].cfg_out.first_chunk_deadline_s;
     metrics_gauge_set(&mm3_metrics.stage1_workers, e->n_workers);
     if ((rc = generate_frame_rate(ckpt_root, &e->fps)) < 0) goto fail;
+    e->adm.share = d->api.stream_capacity_share;
     eng_capacity_publish(-1);
     const struct mm3_stage_config *s0 = mm3_deploy_stage(d, 0);
     struct sched_config sc = {.max_rows = s0->max_num_seqs,

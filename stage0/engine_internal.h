@@ -4,6 +4,7 @@
  *   engine_reqs.c   the request table: entries by job id, references, lifetime;
  *   engine_send.c   the scheduler's sink: START, frames, END and CANCEL to stage 1;
  *   engine_recv.c   the receiver thread: PCM, DONE, ERROR, cancels, attaching stage 1;
+ *   engine_play.c   when streams play: prerolling past the real-time capacity, letting go;
  *   engine_loss.c   stage 1 lost: holding journaled songs, re-sending them from the
  *                   frame spool (or by teacher forcing), failing the rest;
  *   engine_continue.c  continue_from: a kept song (stage0/recovery/song_store.h) goes on.
@@ -57,10 +58,18 @@ struct eng_req {
     /* PCM (under engine.mu): sample frames got from the current stage 1, and pushed
      * to the client over all attempts; a re-sent song skips what was pushed. */
     int64_t pcm_got, pcm_pushed;
-    /* A stream admitted against stage 1's real-time capacity (stage0/admission.h), and the
+    /* A stream counted against stage 1's real-time capacity (stage0/admission.h), and the
      * stage-1 work (microseconds, its progress tensor) already fed to the estimate. */
     int counted;
     int64_t work_us_seen;
+    /* A counted stream that does not fit yet prerolls: its audio (interleaved, pre_n sample
+     * frames) is kept here until it plays; then PLAY with play_us goes to stage 1 on the
+     * step thread's next tick (play_unsent). Under engine.mu. */
+    int preroll;
+    float *pre_pcm;
+    int64_t pre_n, pre_cap;
+    int play_unsent;
+    int64_t play_us;
     struct playback play; /* streamed: its listener, for the stall metrics (under engine.mu) */
     /* The stage-1 worker rendering the song (under engine.mu; set at START and at a
      * re-send, by the step thread), and the frames sent to it for this attempt. */
@@ -115,8 +124,6 @@ struct engine {
     pthread_mutex_t mu;    /* guards reqs, n_reqs, adm */
     struct admission adm;  /* stage 1's measured work per audio second: its real-time capacity */
     double fps;            /* AR frames per second of audio */
-    uint64_t held_job;     /* the last stream admission held (logged once) */
-    int held_for_capacity; /* the queue's head waits for real-time capacity (not for room in stage 1) */
     struct eng_req *reqs;
     int n_reqs;
     int max_per_worker;           /* songs one stage-1 worker holds at once (its own bound) */
@@ -141,7 +148,7 @@ void eng_publish_worker_load_locked(const struct engine *e);
 
 /* 1 for a streamed song that counts against stage 1's real-time capacity. */
 int eng_counts_as_stream(const struct mm3_job *job);
-/* Entries counted as streams (engine.mu held). */
+/* Entries counted as streams and playing, not prerolling (engine.mu held). */
 int eng_streams_locked(const struct engine *e);
 /* Link an entry (its refs already set by the caller). */
 void eng_req_add(struct engine *e, struct eng_req *r);
@@ -167,6 +174,8 @@ void eng_fail_all(struct engine *e, const char *msg);
 void eng_sink_fill(struct engine *e, struct sched_sink *sink);
 /* START with the job's parameters (the same on a re-send). */
 int eng_send_start(struct engine *e, struct mm3_job *job, struct eng_req *r);
+/* PLAY: the prerolled stream's client started playing at t_play_us (step thread). */
+int eng_send_play(struct engine *e, struct eng_req *r, int64_t t_play_us);
 /* Payloads [first, first + k) to stage 1 (sent, or kept for the end of a held song).
  * 0, -1 (the job failed), 1 (stage 1 lost: the entry is held). */
 int eng_payload_to_stage1(struct engine *e, struct mm3_job *job, struct eng_req *r, int first, int k,
@@ -189,6 +198,23 @@ struct frame_spool *eng_spool_open(struct engine *e, struct mm3_job *job, struct
 void *eng_rx_thread(void *arg);
 /* Close the worker's channels and offer a fresh s0_to_s1 for its next process. */
 void eng_reset_channels(struct s1_worker *w);
+
+/* ---- engine_play.c: when streams play (stage0/admission.h) ---- */
+
+/* A new entry bound to its worker: 1 when it is a counted stream that does not fit and
+ * prerolls, else 0 (engine.mu held). */
+int eng_play_decide_locked(struct engine *e, struct eng_req *r);
+/* A prerolling entry's audio, interleaved: kept. 0, or -ENOMEM (engine.mu held). */
+int eng_preroll_keep_locked(struct eng_req *r, const float *pcm, int64_t n);
+/* Let the prerolled streams of worker w that fit now play: their kept audio goes to the
+ * client at once (receiver thread of w). */
+void eng_play_check(struct engine *e, struct s1_worker *w);
+/* Let entry r play now, fit or not (its song is complete); the caller holds a reference. */
+void eng_play_now(struct engine *e, struct eng_req *r);
+/* PLAY to stage 1 for the entries that began to play (step thread). */
+void eng_play_send(struct engine *e);
+/* Publish the streams playing and prerolling (engine.mu held). */
+void eng_publish_streams_locked(const struct engine *e);
 
 /* ---- engine_continue.c: continue_from ---- */
 

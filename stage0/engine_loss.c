@@ -188,6 +188,7 @@ void eng_sink_tick(void *ctx)
     pthread_mutex_lock(&e->mu);
     eng_publish_worker_load_locked(e);
     pthread_mutex_unlock(&e->mu);
+    eng_play_send(e);
     if (atomic_load(&e->n_awaiting) == 0) return;
     double limit = e->await_limit_s;
     int64_t now = mm3_job_now_ns();

@@ -15,17 +15,21 @@
 #include "pipe/pipe_channel.h"
 #include "pipe/pipe_codec.h"
 
-/* A PCM message of `audio_s` seconds (`new_s` of them not yet pushed to the client) for
- * entry q, under e->mu: stage 1's work for it (progress[2], microseconds so far) feeds the
- * real-time capacity, and a streamed song's listener is advanced (stall metrics). */
-static void pcm_account(struct engine *e, struct eng_req *q, const struct pipe_progress *prog, double audio_s,
-                        double new_s)
+/* A PCM message of `audio_s` seconds for entry q, under e->mu: stage 1's work for it
+ * (progress[2], microseconds so far) feeds the real-time capacity. */
+static void pcm_account(struct engine *e, struct eng_req *q, const struct pipe_progress *prog, double audio_s)
 {
     int64_t work_us = prog->work_us;
     /* after a stage-1 restart the song's work counts from 0 again: nothing to add */
     if (work_us > q->work_us_seen) admission_observe(&e->adm, (double)(work_us - q->work_us_seen) * 1e-6, audio_s);
     q->work_us_seen = work_us;
     eng_capacity_publish(admission_capacity(&e->adm));
+}
+
+/* `new_s` seconds of audio go to a streamed song's client now, under e->mu: its listener
+ * is advanced (stall metrics). */
+static void listener_advance(struct eng_req *q, double new_s)
+{
     if (!q->job->params.stream || new_s <= 0) return;
     int stalls = q->play.stalls;
     double slack = playback_arrive(&q->play, (double)mm3_job_now_ns() * 1e-9, new_s);
@@ -61,7 +65,7 @@ static void on_pcm(struct engine *e, struct s1_worker *w, const struct shmconn_m
         skip = have <= 0 ? 0 : (size_t)have >= n ? n : (size_t)have;
         q->pcm_got += (int64_t)n;
         if (q->pcm_got > q->pcm_pushed) q->pcm_pushed = q->pcm_got;
-        if (n) pcm_account(e, q, &pcm.progress, (double)n / job->pcm_rate, (double)(n - skip) / job->pcm_rate);
+        if (n) pcm_account(e, q, &pcm.progress, (double)n / job->pcm_rate);
     }
     pthread_mutex_unlock(&e->mu);
     float *il = malloc(sizeof(float) * 2 * (n ? n : 1));
@@ -71,7 +75,20 @@ static void on_pcm(struct engine *e, struct s1_worker *w, const struct shmconn_m
             il[2 * (i - skip)] = src[i];
             il[2 * (i - skip) + 1] = src[n + i];
         }
-        rc = n > skip ? mm3_job_push_pcm(job, il, n - skip, PCM_PUSH_TIMEOUT_MS) : 0;
+        /* a prerolling stream's audio is kept; whether it is is decided with the keeping,
+         * so nothing passes audio kept before it */
+        int kept = 0;
+        if (n > skip) {
+            pthread_mutex_lock(&e->mu);
+            if ((q = eng_req_find_locked(e, job)) && q->preroll) {
+                rc = eng_preroll_keep_locked(q, il, (int64_t)(n - skip));
+                kept = 1;
+            } else if (q) {
+                listener_advance(q, (double)(n - skip) / job->pcm_rate);
+            }
+            pthread_mutex_unlock(&e->mu);
+        }
+        if (n > skip && !kept) rc = mm3_job_push_pcm(job, il, n - skip, PCM_PUSH_TIMEOUT_MS);
     }
     free(il);
     if (rc == 0) {
@@ -90,6 +107,7 @@ static void on_pcm(struct engine *e, struct s1_worker *w, const struct shmconn_m
         if (r) eng_req_put(e, r);
     }
     mm3_job_unref(job);
+    eng_play_check(e, w);
 }
 
 static void on_message(struct engine *e, struct s1_worker *w, const struct shmconn_msg *m)
@@ -118,6 +136,7 @@ static void on_message(struct engine *e, struct s1_worker *w, const struct shmco
         text = why;
     } else if (m->kind == PIPE_MSG_DONE) {
         if (done.fp16_rescues >= 0) metrics_gauge_set(&mm3_metrics.stage1_fp16_rescues, done.fp16_rescues);
+        eng_play_now(e, r); /* a prerolling stream is complete: it plays */
         eng_continue_keep(e, r); /* before the client can hear the end and ask for more */
         mm3_job_finish(r->job);
     }
@@ -127,6 +146,7 @@ static void on_message(struct engine *e, struct s1_worker *w, const struct shmco
         LOG_WARN("job %llu: stage 1: %.*s", (unsigned long long)m->req_id, (int)len, text);
     }
     eng_req_put(e, r);
+    eng_play_check(e, w); /* its room is free */
 }
 
 void eng_reset_channels(struct s1_worker *w)

@@ -27,7 +27,7 @@ int eng_streams_locked(const struct engine *e)
 {
     int n = 0;
     for (const struct eng_req *r = e->reqs; r; r = r->next)
-        n += r->counted;
+        n += r->counted && !r->preroll;
     return n;
 }
 
@@ -37,7 +37,7 @@ void eng_req_add(struct engine *e, struct eng_req *r)
     r->next = e->reqs;
     e->reqs = r;
     e->n_reqs++;
-    metrics_gauge_set(&mm3_metrics.streams_admitted, eng_streams_locked(e));
+    eng_publish_streams_locked(e);
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -57,7 +57,7 @@ struct eng_req *eng_req_take(struct engine *e, uint64_t id, const struct s1_work
     if (r) {
         *pp = r->next;
         e->n_reqs--;
-        metrics_gauge_set(&mm3_metrics.streams_admitted, eng_streams_locked(e));
+        eng_publish_streams_locked(e);
     }
     pthread_mutex_unlock(&e->mu);
     return r;
@@ -99,6 +99,7 @@ void eng_req_put(struct engine *e, struct eng_req *r)
     free(r->codes);
     free(r->ids);
     free(r->held);
+    free(r->pre_pcm);
     free(r);
 }
 

@@ -69,62 +69,43 @@ void eng_capacity_publish(double cap)
     metrics_gauge_set(&mm3_metrics.realtime_capacity_milli, milli);
 }
 
-/* The counted streams of the live worker with room that has the fewest (engine.mu
- * held); -1 when no live worker has room. Each worker keeps about the same number of
- * streams fed, so a stream fits where it would be the fewest. */
-static int fewest_streams_locked(struct engine *e)
-{
-    int best = -1;
-    for (int k = 0; k < e->n_workers; k++) {
-        struct s1_worker *w = &e->workers[k];
-        if (!eng_worker_alive(w) || eng_worker_songs_locked(e, w) >= e->max_per_worker) continue;
-        int n = 0;
-        for (const struct eng_req *r = e->reqs; r; r = r->next)
-            n += r->w == w && r->counted && !r->awaiting;
-        if (best < 0 || n < best) best = n;
-    }
-    return best;
-}
-
 /* A stage-1 worker refuses songs beyond max_num_seqs(1) + max_num_seqs(0) ("stage 1 is
  * full"): a song whose frames are all sent still occupies it until DONE, so admission
- * waits for a live worker with room. A stream also waits while the streams admitted use
- * that worker's real-time capacity. */
+ * waits for a live worker with room. Streams start like any song: whether one plays at
+ * once or prerolls is decided at START (engine_play.c). */
 static int sink_can_start(void *ctx, struct mm3_job *job)
 {
     struct engine *e = ctx;
     if (atomic_load(&job->cancel_requested) || mm3_job_is_terminal(job)) return 1; /* let it leave the queue */
     pthread_mutex_lock(&e->mu);
-    int fewest = fewest_streams_locked(e), streams = eng_streams_locked(e);
-    int ok = fewest >= 0;
-    int held = ok && eng_counts_as_stream(job) && !admission_allows(&e->adm, fewest);
-    double cap = admission_capacity(&e->adm), w = admission_work_per_audio(&e->adm);
-    int first_hold = held && e->held_job != job->id;
-    if (held) e->held_job = job->id;
-    e->held_for_capacity = held;
+    int ok = eng_pick_worker_locked(e) != NULL;
     pthread_mutex_unlock(&e->mu);
-    eng_capacity_publish(cap);
-    if (first_hold)
-        LOG_INFO("job %llu: stream waits: %d streams play, real-time capacity %.2f per stage-1 worker (it works "
-                 "%.3f s per audio second)",
-                 (unsigned long long)job->id, streams, cap, w);
-    return ok && !held;
+    return ok;
 }
 
-/* Seconds until the song at `position` of the queue may start while streams hold it. */
+static int cmp_double(const void *x, const void *y)
+{
+    double a = *(const double *)x, b = *(const double *)y;
+    return a < b ? -1 : a > b;
+}
+
+/* Seconds until the song at `position` of the queue may start: the position-th song to be
+ * wholly rendered frees its room, the songs sharing stage 1 evenly; -1 when unknown. */
 static double sink_start_estimate(void *ctx, int position)
 {
     struct engine *e = ctx;
     pthread_mutex_lock(&e->mu);
-    int n = e->held_for_capacity ? eng_streams_locked(e) : 0; /* 0: unknown */
+    int n = e->n_reqs, i = 0;
     double left[n > 0 ? n : 1];
-    int i = 0;
     for (const struct eng_req *r = e->reqs; r && i < n; r = r->next) {
-        if (!r->counted) continue;
         const struct mm3_job *j = r->job;
         left[i++] = (double)atomic_load(&j->frames_total) / e->fps - (double)r->pcm_got / j->pcm_rate;
     }
-    double est = admission_start_estimate(&e->adm, left, n, position);
+    double est = -1;
+    if (position >= 1 && position <= i) {
+        qsort(left, (size_t)i, sizeof *left, cmp_double);
+        est = admission_render_estimate(&e->adm, left[position - 1], i);
+    }
     pthread_mutex_unlock(&e->mu);
     return est;
 }
@@ -204,6 +185,9 @@ static int sink_start(void *ctx, struct mm3_job *job)
     r->counted = eng_counts_as_stream(job);
     r->pcm_pushed = job->pcm_skip; /* a continuation's earlier part: as if the client had it */
     r->refs = 2; /* the table's and ours for the START below */
+    pthread_mutex_lock(&e->mu);
+    eng_play_decide_locked(e, r);
+    pthread_mutex_unlock(&e->mu);
     eng_req_add(e, r);
     if (e->n_workers > 1) LOG_INFO("job %llu: stage-1 worker %d", (unsigned long long)job->id, w->index);
     int rc = eng_send_start(e, job, r);
@@ -227,6 +211,10 @@ int eng_send_start(struct engine *e, struct mm3_job *job, struct eng_req *r)
     pthread_rwlock_rdlock(&w->conn_mu);
     if (w->in) shmconn_request_begin(w->in, job->id);
     pthread_rwlock_unlock(&w->conn_mu);
+    pthread_mutex_lock(&e->mu);
+    int preroll = r->preroll;
+    r->play_unsent = 0; /* START says whether it plays */
+    pthread_mutex_unlock(&e->mu);
     struct pipe_request_params p = {
         .version = PIPE_PARAMS_VERSION,
         .frame_width = (uint32_t)e->width,
@@ -236,6 +224,7 @@ int eng_send_start(struct engine *e, struct mm3_job *job, struct eng_req *r)
         .guidance_scale = job->params.guidance_scale,
         .flow_shift = job->params.flow_shift,
         .streamed = eng_counts_as_stream(job),
+        .preroll = preroll,
         .sample_rate = job->pcm_rate, /* the HTTP layer resamples to the request's rate */
         .premixed = !e->raw,
     };
@@ -244,6 +233,13 @@ int eng_send_start(struct engine *e, struct mm3_job *job, struct eng_req *r)
     struct shmconn_msg m;
     int rc = pipe_encode_start(&m, &st);
     return rc < 0 ? rc : send_msg(e, job, r, &m);
+}
+
+int eng_send_play(struct engine *e, struct eng_req *r, int64_t t_play_us)
+{
+    struct shmconn_msg m;
+    int rc = pipe_encode_play(&m, &t_play_us);
+    return rc < 0 ? rc : send_msg(e, r->job, r, &m);
 }
 
 static int send_frames(struct engine *e, struct mm3_job *job, struct eng_req *r, int first, int n, const float *mixed)

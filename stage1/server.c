@@ -22,9 +22,6 @@
 
 /* Seconds between "still waiting for stage 0" lines. */
 #define S1_WAIT_LOG_EVERY_S 10.0
-/* Windows in one DiT batch at most, whatever max_num_seqs / max_num_batched_tokens allow:
- * mm3-bench-dit shows the gain flat from 4 to 8 windows while activations keep growing. */
-#define S1_BATCH_WINDOWS_MAX 8
 /* One bounded attempt to open s0_to_s1; the loop retries until stage 0 is there. */
 #define S1_OPEN_ATTEMPT_S 0.25
 
@@ -93,14 +90,15 @@ static int server_load(struct s1_server *s, const struct s1_server_options *o)
         return mm3_error_prefix(rc, "%s: stage 1 on %s: ", s->d.source, mm3_backend_name(s->d.backend));
     if (s->be.vocoder) vocoder_drop_weights(s->voc); /* s1_backend_apply hands every window to the GPU copy */
     if (s->be.flow) dit_drop_weights(s->dm);         /* and every DiT forward to the GPU flow loop */
-    int max_windows = s->max_active < S1_BATCH_WINDOWS_MAX ? s->max_active : S1_BATCH_WINDOWS_MAX;
+    int max_windows = s->max_active < PIPE_BATCH_WINDOWS_MAX ? s->max_active : PIPE_BATCH_WINDOWS_MAX;
     if (s->st->max_num_batched_tokens > 0 && s->st->max_num_batched_tokens < max_windows)
         max_windows = s->st->max_num_batched_tokens;
     if ((rc = s1_backend_flow_batch(&s->be, s->dm, condition_latent_len(&s->cm->cfg, RENDER_WINDOW_FRAMES), max_windows,
                                     &s->fb)) < 0)
         return mm3_error_prefix(rc, "%s: stage 1 flow batch of %d windows: ", s->d.source, max_windows);
     s->cand = calloc((size_t)s->max_reqs + 1, sizeof *s->cand);
-    if (!s->cand) return mm3_errorf(-ENOMEM, "stage 1: out of memory");
+    s->take = calloc((size_t)s->max_reqs + 1, sizeof *s->take);
+    if (!s->cand || !s->take) return mm3_errorf(-ENOMEM, "stage 1: out of memory");
     s->jobs = calloc((size_t)max_windows, sizeof *s->jobs);
     s->job_ids = calloc((size_t)max_windows, sizeof *s->job_ids);
     s->job_rc = calloc((size_t)max_windows, sizeof *s->job_rc);
@@ -326,8 +324,9 @@ static void round_run(struct s1_server *s)
         s1_request_candidate(s, q, now, &s->cand[n_cand++]);
     }
     window_order_sort(s->st->window_order, s->cand, n_cand);
-    for (int i = 0; i < n_cand && n < fb->max_windows && !s->stage0_lost; i++) {
-        struct s1_request *q = s1_request_find(s, s->cand[i].id);
+    int n_take = window_batch_take(s->st->window_order, s->cand, n_cand, fb->max_windows, now, &s->batch_s, s->take);
+    for (int i = 0; i < n_take && n < fb->max_windows && !s->stage0_lost; i++) {
+        struct s1_request *q = s1_request_find(s, s->cand[s->take[i]].id);
         if (!q || !q->active || !render_window_ready(q->render)) continue;
         if (s1_request_prepare(s, q, &s->jobs[n]) == 1) {
             s->job_ids[n++] = q->id;
@@ -353,6 +352,7 @@ static void round_run(struct s1_server *s)
         double dt = s1_now() - t0;
         s->tot.compute_s += dt;
         LOG_DEBUG("flow batch of %d window(s): %.3f s", n, dt);
+        batch_time_observe(&s->batch_s, n, dt);
         for (int i = 0; i < n; i++) {
             struct s1_request *q = s1_request_find(s, s->job_ids[i]);
             if (!q || !q->in_flow) continue;
@@ -402,6 +402,7 @@ static void server_free(struct s1_server *s)
         s1_request_remove(s, s->reqs[0]);
     free(s->reqs);
     free(s->cand);
+    free(s->take);
     shmconn_close(s->in);
     shmconn_close(s->out);
     pthread_mutex_destroy(&s->hb_mu);

@@ -50,6 +50,7 @@ struct s1_request {
     uint32_t chunk_out;  /* next chunk index on s1_to_s0 */
     int64_t samples_out; /* samples per channel sent */
     double t_first_audio; /* s1_now() when its first samples went out, 0 before */
+    double t_play;        /* preroll: when its client started playing (PLAY), 0 before */
     double t_last_out;    /* s1_now() of its last PCM message, 0 before */
     int windows_done;    /* for the progress tensor */
     int in_flow;         /* a window of it is out in the server's flow batch */
@@ -76,6 +77,8 @@ struct s1_server {
      * work sums must add up to stage 1's busy time for admission's capacity). */
     int finishing_overlapped;
     struct window_candidate *cand; /* [max_reqs + 1]: the ready windows of a round */
+    int *take;                     /* [max_reqs + 1]: the candidates a round's batch takes */
+    struct batch_time batch_s;     /* measured batch wall times, to keep streams' deadlines */
     int native_rate, hop;
     float default_shift; /* START's flow_shift 0: stages[1].flow_shift, else the checkpoint's */
     char prefix[32];

@@ -276,8 +276,11 @@ void s1_request_candidate(const struct s1_server *s, const struct s1_request *q,
     c->first = render_windows_done(q->render) == 0 && render_window_unfinished(q->render) == 0;
     /* a whole-file song is due once half of stage 0's wait for its next audio has passed */
     double whole_by = (q->t_last_out > 0 ? q->t_last_out : q->t_start) + 0.5 * s->in_cfg.steady_deadline_s;
-    c->deadline = window_deadline(q->p.streamed && s->codec_streaming, c->first, now, q->t_first_audio,
-                                  (double)q->samples_out / q->p.sample_rate, whole_by);
+    /* a prerolled stream plays from PLAY, or from its first audio when that came later */
+    int playing = q->p.streamed && s->codec_streaming && (!q->p.preroll || q->t_play > 0);
+    double t_clock = q->t_first_audio > 0 && q->t_play > q->t_first_audio ? q->t_play : q->t_first_audio;
+    c->deadline = window_deadline(playing, c->first, now, t_clock, (double)q->samples_out / q->p.sample_rate, whole_by);
+    c->listener = playing;
 }
 
 int s1_request_activate(struct s1_server *s, struct s1_request *q)
@@ -437,6 +440,8 @@ static void on_start(struct s1_server *s, const struct shmconn_msg *m)
                  s->native_rate);
     else if (p.streamed != 0 && p.streamed != 1)
         snprintf(text, sizeof text, "START streamed %d: expected 0 or 1", p.streamed);
+    else if (p.preroll != 0 && !(p.preroll == 1 && p.streamed == 1))
+        snprintf(text, sizeof text, "START preroll %d: expected 0, or 1 with streamed 1", p.preroll);
     else if (s->n_reqs >= s->max_reqs)
         snprintf(text, sizeof text, "stage 1 is full: %d requests in flight (max_num_seqs %d + %d waiting)", s->n_reqs,
                  s->max_active, s->max_reqs - s->max_active);
@@ -543,6 +548,19 @@ static void on_end(struct s1_server *s, struct s1_request *q, const struct shmco
     if (q->active && render_end(q->render) < 0) request_render_failed(s, q, "end of song failed");
 }
 
+/* Stage 0 let the prerolled stream's client start playing: its windows get deadlines from
+ * then on. A stamp from the future (another clock) counts as now. */
+static void on_play(struct s1_server *s, struct s1_request *q, const struct shmconn_msg *m)
+{
+    int64_t us;
+    if (pipe_decode_play(m, &us) < 0 || us <= 0) {
+        s1_request_fail(s, q, 1, "%s", us <= 0 ? "bad PLAY message: t_play_us must be > 0" : mm3_last_error());
+        return;
+    }
+    double now = s1_now(), t = (double)us * 1e-6;
+    q->t_play = t < now ? t : now;
+}
+
 void s1_request_on_message(struct s1_server *s, const struct shmconn_msg *m)
 {
     if (m->kind == PIPE_MSG_START) {
@@ -564,6 +582,9 @@ void s1_request_on_message(struct s1_server *s, const struct shmconn_msg *m)
     case PIPE_MSG_CANCEL:
         q->untracked = 1; /* CANCELLED ended the tracking */
         s1_request_drop(s, q->id, "cancelled by stage 0");
+        break;
+    case PIPE_MSG_PLAY:
+        on_play(s, q, m);
         break;
     default:
         s1_request_fail(s, q, 1, "unknown message kind %u", m->kind);

@@ -11,6 +11,7 @@
  *     stays up, the launcher restarts stage 1, the next request works; with
  *     api.journal_dir set the song survives it (held, re-sent from the journal,
  *     the audio equal to the uninterrupted song's) and its journals end DONE;
+ *   - streams past the real-time capacity preroll and then play the same audio;
  *   - async_chunk: false with raw (not pre-mixed) frames gives the same audio, and
  *     codec_streaming: false refuses stream: true;
  *   - a frozen stage 1 (SIGSTOP) makes /health/ready 503 within 10 s while
@@ -599,6 +600,55 @@ static void test_held_raw_frames_same_audio(void **state)
     assert_int_equal(test_replica_stop(&b), 0);
 }
 
+/* api.stream_capacity_share so small that no second stream fits: of three streams started
+ * together the first plays at once and the others preroll (their audio kept in stage 0)
+ * until they are complete; every song still equals its single-request result byte for
+ * byte, and the metrics and log say so. */
+static void test_prerolled_streams_same_audio(void **state)
+{
+    struct e2e *e = *state;
+    if (!e) skip();
+    char *yaml = deploy_text(e->ckpt, 1, 1, NULL), *with = NULL;
+    assert_non_null(yaml);
+    char *api = strstr(yaml, "api:\n");
+    assert_non_null(api);
+    assert_true(asprintf(&with, "%.*sapi:\n  stream_capacity_share: 0.001\n%s", (int)(api - yaml), yaml,
+                         api + strlen("api:\n")) > 0);
+    struct test_replica b;
+    assert_int_equal(test_replica_start(&b, e->tmp, "preroll", "e2e", with, NULL), 0);
+    free(yaml);
+    free(with);
+    struct conc c[3];
+    struct http_client_response single[3];
+    for (int i = 0; i < 3; i++) {
+        c[i].r = &b;
+        song_json(c[i].json, sizeof c[i].json, 21 + i, 3, 1, 44100);
+        generate(&e->a, c[i].json, &single[i]);
+    }
+    pthread_t t[3];
+    for (int i = 0; i < 3; i++)
+        pthread_create(&t[i], NULL, conc_run, &c[i]);
+    for (int i = 0; i < 3; i++)
+        pthread_join(t[i], NULL);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(c[i].rc, 0);
+        assert_int_equal(c[i].resp.status, 200);
+        assert_true(c[i].resp.complete);
+        struct wav a, w;
+        check_song(&single[i], 44100, &a);
+        check_song(&c[i].resp, 44100, &w);
+        assert_int_equal(a.data_len, w.data_len);
+        assert_memory_equal(a.data, w.data, a.data_len);
+        http_client_response_free(&single[i]);
+        http_client_response_free(&c[i].resp);
+    }
+    assert_true(metric(&b, "mm3_streams_prerolled_total") >= 1);
+    assert_true(metric(&b, "mm3_streams_prerolling") == 0);
+    assert_true(test_replica_log_contains(&b, "stream prerolls"));
+    assert_true(test_replica_log_contains(&b, "stream plays after prerolling"));
+    assert_int_equal(test_replica_stop(&b), 0);
+}
+
 struct inflight {
     const struct test_replica *r;
     char json[1024];
@@ -659,6 +709,7 @@ int main(void)
         cmocka_unit_test(test_stage1_frozen_not_ready),
         cmocka_unit_test(test_stage1_killed_song_completes),
         cmocka_unit_test(test_held_raw_frames_same_audio),
+        cmocka_unit_test(test_prerolled_streams_same_audio),
         cmocka_unit_test(test_sigterm_stops_everything),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

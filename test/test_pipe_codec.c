@@ -80,7 +80,7 @@ static void test_start_round_trip(void **state)
     expect_error(pipe_decode_start(&m, &out), -EBADMSG, "START", "version", "builds differ", NULL);
 }
 
-static void test_frames_end_cancel_round_trip(void **state)
+static void test_frames_end_cancel_play_round_trip(void **state)
 {
     (void)state;
     float frames[3 * 5];
@@ -108,6 +108,16 @@ static void test_frames_end_cancel_round_trip(void **state)
     assert_int_equal(m.kind, PIPE_MSG_CANCEL);
     assert_int_equal(m.flags, SHMCONN_FLAG_CANCELLED);
     assert_int_equal(m.n_tensors, 0);
+
+    int64_t t_play = 123456789, t_got = 0;
+    assert_int_equal(pipe_encode_play(&m, &t_play), 0);
+    assert_int_equal(m.kind, PIPE_MSG_PLAY);
+    assert_int_equal(m.flags, 0); /* it may follow END: it ends nothing */
+    assert_int_equal(pipe_decode_play(&m, &t_got), 0);
+    assert_int_equal(t_got, 123456789);
+    assert_string_equal(pipe_kind_name(PIPE_MSG_PLAY), "PLAY");
+    m.n_tensors = 0;
+    expect_error(pipe_decode_play(&m, &t_got), -EBADMSG, "bad PLAY message", "tensor 't_play_us' missing", NULL);
 }
 
 static void test_pcm_done_error_round_trip(void **state)
@@ -344,7 +354,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_start_round_trip),
-        cmocka_unit_test(test_frames_end_cancel_round_trip),
+        cmocka_unit_test(test_frames_end_cancel_play_round_trip),
         cmocka_unit_test(test_pcm_done_error_round_trip),
         cmocka_unit_test(test_rejects_wrong_kind_and_missing),
         cmocka_unit_test(test_rejects_wrong_dtype),

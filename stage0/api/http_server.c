@@ -798,15 +798,17 @@ static enum MHD_Result handle_progress(struct http_server *s, struct MHD_Connect
                           "frames_total", (json_int_t)atomic_load(&job->frames_total), "windows_done",
                           (json_int_t)atomic_load(&job->windows_done), "audio_seconds",
                           (double)atomic_load(&job->pcm_frames_pushed) / job->pcm_rate);
-    /* waiting to start: its place in the queue, and when it may start while streams hold
-     * the server at its real-time capacity (null: unknown) */
+    /* waiting to start: its place in the queue and when it may start; a stream prerolling
+     * (rendering ahead until the server can keep it fed): when it may play (null: unknown) */
     int32_t pos = atomic_load(&job->queue_position);
     int64_t at = atomic_load(&job->start_estimate_ns), now = mm3_job_now_ns();
-    if (o && mm3_job_state(job) == MM3_JOB_QUEUED && pos > 0) {
-        json_object_set_new(o, "queue_position", json_integer(pos));
+    int queued = mm3_job_state(job) == MM3_JOB_QUEUED && pos > 0;
+    int prerolling = mm3_job_state(job) == MM3_JOB_RUNNING && atomic_load(&job->preroll);
+    if (o && queued) json_object_set_new(o, "queue_position", json_integer(pos));
+    if (o && prerolling) json_object_set_new(o, "prerolling", json_true());
+    if (o && (queued || prerolling))
         json_object_set_new(o, "estimated_start_s",
                             at > 0 ? json_real(at > now ? (double)(at - now) * 1e-9 : 0.0) : json_null());
-    }
     mm3_job_unref(job);
     return queue_json(c, MHD_HTTP_OK, o, 0);
 }

@@ -119,7 +119,8 @@ struct mm3_job {
     _Atomic int64_t pcm_frames_pushed;
     _Atomic int64_t t_first_audio_ns; /* CLOCK_MONOTONIC of the first PCM push, 0 before */
     _Atomic int32_t queue_position;   /* 1-based place among the songs waiting to start, 0 = not waiting */
-    _Atomic int64_t start_estimate_ns; /* CLOCK_MONOTONIC when it may start while held for capacity, 0 unknown */
+    _Atomic int64_t start_estimate_ns; /* CLOCK_MONOTONIC when it may start (queued) or play (prerolling), 0 unknown */
+    _Atomic int preroll;               /* a stream rendering ahead, its audio kept until the server can keep it fed */
     int64_t t_created_ns;
     /* Sample frames (at pcm_rate) at the start of the song the client does not get: a
      * continuation answering only its new part. Set by the engine before the first PCM. */

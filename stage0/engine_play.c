@@ -1,0 +1,202 @@
+/* When streams play (stage0/engine_internal.h, stage0/admission.h): a counted stream that
+ * does not fit beside the streams playing on its stage-1 worker prerolls, its audio kept
+ * here, and plays once it fits or its song is complete. */
+#include "stage0/engine_internal.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "pipe/pipe_proto.h"
+#include "stage0/generate.h"
+
+static double now_s(void)
+{
+    return (double)mm3_job_now_ns() * 1e-9;
+}
+
+/* Seconds of the entry's song stage 1 still has to render (its planned length, lowered at
+ * the end of generation, less the audio back from the current stage 1). */
+static double left_s(const struct engine *e, const struct eng_req *r)
+{
+    const struct mm3_job *j = r->job;
+    double left = (double)atomic_load(&j->frames_total) / e->fps - (double)r->pcm_got / j->pcm_rate;
+    return left > 0 ? left : 0;
+}
+
+/* Seconds before the entry's client runs dry: a prerolling one would get all its kept audio
+ * at once; a playing one without audio yet is due now. */
+static double dry_s(const struct eng_req *r, double now)
+{
+    if (r->preroll) return (double)r->pre_n / r->job->pcm_rate;
+    return r->play.started ? playback_runs_dry(&r->play) - now : 0;
+}
+
+static double margin_locked(const struct engine *e, const struct s1_worker *w)
+{
+    int songs = eng_worker_songs_locked(e, w);
+    int batch = songs < PIPE_BATCH_WINDOWS_MAX ? songs : PIPE_BATCH_WINDOWS_MAX;
+    return admission_margin(&e->adm, WINDOW_HOP / e->fps, batch > 0 ? batch : 1);
+}
+
+/* The needs of the streams playing on w, summed, and how many there are. */
+static double load_locked(const struct engine *e, const struct s1_worker *w, double now, double margin, int *streams)
+{
+    double load = 0;
+    *streams = 0;
+    for (const struct eng_req *r = e->reqs; r; r = r->next) {
+        if (r->w != w || !r->counted || r->preroll || r->awaiting) continue;
+        load += admission_stream_need(dry_s(r, now), left_s(e, r), margin);
+        (*streams)++;
+    }
+    return load;
+}
+
+void eng_publish_streams_locked(const struct engine *e)
+{
+    int pre = 0;
+    for (const struct eng_req *r = e->reqs; r; r = r->next)
+        pre += r->preroll;
+    metrics_gauge_set(&mm3_metrics.streams_admitted, eng_streams_locked(e));
+    metrics_gauge_set(&mm3_metrics.streams_prerolling, pre);
+}
+
+int eng_play_decide_locked(struct engine *e, struct eng_req *r)
+{
+    if (!r->counted) return 0;
+    double now = now_s(), margin = margin_locked(e, r->w);
+    int streams;
+    double load = load_locked(e, r->w, now, margin, &streams);
+    double need = admission_stream_need(0, left_s(e, r), margin);
+    if (admission_fits(&e->adm, streams, load, need)) return 0;
+    r->preroll = 1;
+    atomic_store(&r->job->preroll, 1);
+    metrics_counter_add(&mm3_metrics.streams_prerolled, 1);
+    LOG_INFO("job %llu: stream prerolls: %d streams play with needs %.2f, real-time capacity %.2f x share %.2f",
+             (unsigned long long)r->job->id, streams, load, admission_capacity(&e->adm), e->adm.share);
+    return 1;
+}
+
+int eng_preroll_keep_locked(struct eng_req *r, const float *pcm, int64_t n)
+{
+    int ch = r->job->channels;
+    if (r->pre_n + n > r->pre_cap) {
+        int64_t cap = r->pre_cap ? 2 * r->pre_cap : 65536;
+        while (cap < r->pre_n + n)
+            cap *= 2;
+        float *p = realloc(r->pre_pcm, sizeof(float) * (size_t)(cap * ch));
+        if (!p) return mm3_errorf(-ENOMEM, "stage 0: out of memory keeping %lld sample frames of a prerolling stream",
+                                  (long long)cap);
+        r->pre_pcm = p;
+        r->pre_cap = cap;
+    }
+    memcpy(r->pre_pcm + r->pre_n * ch, pcm, sizeof(float) * (size_t)(n * ch));
+    r->pre_n += n;
+    return 0;
+}
+
+/* Hand the kept audio to the client until none is left, then play as any stream: audio
+ * the receiver keeps meanwhile follows in order. */
+static void play_start(struct engine *e, struct eng_req *r)
+{
+    struct mm3_job *job = r->job;
+    pthread_mutex_lock(&e->mu);
+    double kept = (double)r->pre_n / job->pcm_rate;
+    r->play_us = mm3_job_now_ns() / 1000;
+    r->play_unsent = 1;
+    pthread_mutex_unlock(&e->mu);
+    LOG_INFO("job %llu: stream plays after prerolling %.1f s of audio", (unsigned long long)job->id, kept);
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        float *pcm = r->pre_pcm;
+        int64_t n = r->pre_n;
+        r->pre_pcm = NULL;
+        r->pre_n = r->pre_cap = 0;
+        if (n > 0) playback_arrive(&r->play, now_s(), (double)n / job->pcm_rate);
+        if (n == 0) {
+            r->preroll = 0;
+            atomic_store(&job->preroll, 0);
+            atomic_store(&job->start_estimate_ns, 0);
+            eng_publish_streams_locked(e);
+        }
+        pthread_mutex_unlock(&e->mu);
+        if (n == 0) return;
+        int rc = mm3_job_push_pcm(job, pcm, (size_t)n, PCM_PUSH_TIMEOUT_MS);
+        free(pcm);
+        if (rc < 0 && rc != -ECANCELED && rc != -EPIPE)
+            mm3_job_fail_kind(job, MM3_FAIL_INTERNAL, "stage 0: a prerolled stream's audio: %s", mm3_last_error());
+    }
+}
+
+void eng_play_now(struct engine *e, struct eng_req *r)
+{
+    pthread_mutex_lock(&e->mu);
+    int pre = r->preroll;
+    pthread_mutex_unlock(&e->mu);
+    if (pre) play_start(e, r);
+}
+
+void eng_play_check(struct engine *e, struct s1_worker *w)
+{
+    pthread_mutex_lock(&e->mu);
+    int n = 0;
+    for (const struct eng_req *r = e->reqs; r; r = r->next)
+        n += r->preroll && r->w == w && !r->awaiting;
+    if (n == 0) {
+        pthread_mutex_unlock(&e->mu);
+        return;
+    }
+    struct eng_req *pre[n], *go[n];
+    int k = n, n_go = 0;
+    for (struct eng_req *r = e->reqs; r; r = r->next) /* newest first: filled from the back */
+        if (r->preroll && r->w == w && !r->awaiting) pre[--k] = r;
+    double now = now_s(), margin = margin_locked(e, w), w_audio = admission_work_per_audio(&e->adm);
+    int streams, songs = eng_worker_songs_locked(e, w);
+    double load = load_locked(e, w, now, margin, &streams);
+    for (int i = 0; i < n; i++) {
+        struct eng_req *r = pre[i];
+        double need = admission_stream_need(dry_s(r, now), left_s(e, r), margin);
+        if (admission_fits(&e->adm, streams, load, need)) {
+            load += need;
+            streams++;
+            r->refs++;
+            go[n_go++] = r;
+            continue;
+        }
+        /* at the latest once wholly rendered, its room shared evenly */
+        double est = w_audio > 0 ? admission_render_estimate(&e->adm, left_s(e, r), songs) : -1;
+        atomic_store(&r->job->start_estimate_ns, est >= 0 ? mm3_job_now_ns() + (int64_t)(est * 1e9) : 0);
+    }
+    pthread_mutex_unlock(&e->mu);
+    for (int i = 0; i < n_go; i++) {
+        play_start(e, go[i]);
+        eng_req_put(e, go[i]);
+    }
+}
+
+void eng_play_send(struct engine *e)
+{
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        struct eng_req *r = e->reqs;
+        while (r && !r->play_unsent)
+            r = r->next;
+        int64_t us = 0;
+        if (r) {
+            r->play_unsent = 0;
+            us = r->play_us;
+            r->refs++;
+        }
+        pthread_mutex_unlock(&e->mu);
+        if (!r) return;
+        int rc = eng_send_play(e, r, us);
+        if (rc < 0) /* a lost stage 1 gets the song again with START, which says it plays */
+            LOG_DEBUG("job %llu: PLAY not sent: %s", (unsigned long long)r->job->id, mm3_last_error());
+        eng_req_put(e, r);
+    }
+}
