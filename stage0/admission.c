@@ -34,11 +34,11 @@ double admission_stream_need(double dry_s, double left_s, double margin_s)
     return ahead > 0 ? left_s / (ahead + left_s) : 1;
 }
 
-int admission_fits(const struct admission *a, int streams, double load, double need)
+int admission_fits(const struct admission *a, int streams, double load, double need, double rate)
 {
-    if (need <= 0 || streams == 0) return 1;
+    if (need <= 0 || (isinf(rate) && rate > 0 && streams == 0)) return 1;
     double c = admission_capacity(a);
-    return c >= 0 && load + need <= c * a->share + 1e-9;
+    return c >= 0 && rate >= 0 && load + need <= c * a->share + 1e-9 && need <= rate * a->share + 1e-9;
 }
 
 double admission_render_estimate(const struct admission *a, double left_s, int songs)

@@ -14,21 +14,26 @@
  * it play once it fits, with all that audio sent at once.
  *
  * Whether a stream fits: a playing stream whose client has d seconds of audio before it
- * runs dry and whose song has l seconds still to render needs, until its end, at most
- * the share n = l / (d - m + l) of one real-time stream (1 when d <= m), m being the
- * margin a window can wait before it is out (its own audio, the batch running and its
- * own batch). Stage 1 serves due windows first (stage1/window_order.h), and the audio a
- * stream needs by any time t from now is at most n t, so streams whose needs sum to at
- * most C are all served in time. A stream plays when the needs of the streams playing
- * on its stage-1 worker plus its own stay within share x C. A prerolled stream's d
- * grows as its audio is rendered ahead; one wholly rendered needs nothing and always
- * plays. Whole-file songs and streams whose client accepts stalls (`allow_stall`) are
- * not counted: stage 1 gives their windows no deadline, so they only take the room the
- * counted streams leave.
+ * runs dry and whose song has l seconds still to render needs, until its end, the share
+ * n = l / (d - m + l) of one real-time stream (1 when d <= m), m being the margin a window
+ * can wait before it is out (its own audio, the batch running and its own batch). Stage 1
+ * serves due windows first (stage1/window_order.h), and the audio a stream needs by any
+ * time t from now is at most n t, so streams whose needs sum to at most C are all served
+ * in time. But a song advances one window per DiT batch, however few songs need it: a full
+ * batch may take longer than the audio a window adds (more so while stage 0 shares the
+ * GPU), so a stream also needs n within the rate r at which its own audio has been coming
+ * (audio seconds per second, over its recent windows). A stream plays when, with share s
+ * (api.stream_capacity_share), the needs of the streams playing on its stage-1 worker plus
+ * its own stay within s C and its own stays within s r. A prerolled stream's d grows as
+ * its audio is rendered ahead; one wholly rendered needs nothing and always plays. A new
+ * stream alone on its worker (no other song in flight or waiting) plays at once; one with
+ * company and nothing measured yet prerolls. Whole-file songs and streams whose client
+ * accepts stalls (`allow_stall`) are not counted: stage 1 gives their windows no deadline,
+ * so they only take the room the counted streams leave.
  *
  * w is measured on the batches the server actually ran, and the sums decay
  * (ADMISSION_DECAY per window), so a change of load or precision shows within a few
- * dozen windows. Before the first window is measured one stream plays at a time. */
+ * dozen windows. */
 #ifndef MM3_STAGE0_ADMISSION_H
 #define MM3_STAGE0_ADMISSION_H
 
@@ -61,10 +66,9 @@ double admission_margin(const struct admission *a, double window_s, int batch_wi
 double admission_stream_need(double dry_s, double left_s, double margin_s);
 
 /* 1 when a stream needing `need` may play beside `streams` playing streams whose needs sum
- * to `load`. A stream that needs nothing always does; so does the first: a server slower
- * than real time still serves streams, one at a time (they stall), rather than none, and
- * keeps measuring. Before anything is measured only the first does. */
-int admission_fits(const struct admission *a, int streams, double load, double need);
+ * to `load`, its audio coming at `rate` audio seconds per second (INFINITY: it is alone on
+ * its worker; < 0: not measured yet). A stream that needs nothing always may. */
+int admission_fits(const struct admission *a, int streams, double load, double need, double rate);
 
 /* Seconds until a song with left_s seconds of audio still to render is wholly rendered
  * when `songs` songs share stage 1 evenly; -1 while unknown. An upper bound of when a

@@ -70,6 +70,10 @@ struct eng_req {
     int64_t pre_n, pre_cap;
     int play_unsent;
     int64_t play_us;
+    /* The rate its audio has been coming from stage 1: audio seconds per second between its
+     * PCM messages, averaged (-1 before two), and when the last came. Under engine.mu. */
+    double rate;
+    int64_t t_last_pcm_ns;
     struct playback play; /* streamed: its listener, for the stall metrics (under engine.mu) */
     /* The stage-1 worker rendering the song (under engine.mu; set at START and at a
      * re-send, by the step thread), and the frames sent to it for this attempt. */
@@ -201,9 +205,11 @@ void eng_reset_channels(struct s1_worker *w);
 
 /* ---- engine_play.c: when streams play (stage0/admission.h) ---- */
 
-/* A new entry bound to its worker: 1 when it is a counted stream that does not fit and
- * prerolls, else 0 (engine.mu held). */
-int eng_play_decide_locked(struct engine *e, struct eng_req *r);
+/* A new entry bound to its worker, `queued` songs waiting behind it in the scheduler: 1 when
+ * it is a counted stream that does not fit and prerolls, else 0 (engine.mu held). */
+int eng_play_decide_locked(struct engine *e, struct eng_req *r, int queued);
+/* A PCM message of audio_s seconds for the entry arrived now: its rate (engine.mu held). */
+void eng_play_rate_locked(struct eng_req *r, double audio_s, int64_t now_ns);
 /* A prerolling entry's audio, interleaved: kept. 0, or -ENOMEM (engine.mu held). */
 int eng_preroll_keep_locked(struct eng_req *r, const float *pcm, int64_t n);
 /* Let the prerolled streams of worker w that fit now play: their kept audio goes to the

@@ -4,6 +4,7 @@
 #include "stage0/engine_internal.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -14,6 +15,9 @@
 #include "common/metrics.h"
 #include "pipe/pipe_proto.h"
 #include "stage0/generate.h"
+
+/* The weight of the earlier rate in a stream's average: the last few windows count. */
+#define PLAY_RATE_KEEP 0.5
 
 static double now_s(void)
 {
@@ -66,19 +70,44 @@ void eng_publish_streams_locked(const struct engine *e)
     metrics_gauge_set(&mm3_metrics.streams_prerolling, pre);
 }
 
-int eng_play_decide_locked(struct engine *e, struct eng_req *r)
+void eng_play_rate_locked(struct eng_req *r, double audio_s, int64_t now_ns)
 {
+    if (r->t_last_pcm_ns > 0 && now_ns > r->t_last_pcm_ns && audio_s > 0) {
+        double rate = audio_s / ((double)(now_ns - r->t_last_pcm_ns) * 1e-9);
+        r->rate = r->rate > 0 ? PLAY_RATE_KEEP * r->rate + (1 - PLAY_RATE_KEEP) * rate : rate;
+    }
+    if (audio_s > 0) r->t_last_pcm_ns = now_ns;
+}
+
+/* The rate a new stream on w can expect: the best its songs get now (a due window goes in
+ * every batch), INFINITY with no other song in flight or waiting, -1 when none is measured. */
+static double new_stream_rate_locked(const struct engine *e, const struct s1_worker *w, int queued)
+{
+    double best = -1;
+    int songs = 0;
+    for (const struct eng_req *r = e->reqs; r; r = r->next) {
+        if (r->w != w || r->awaiting) continue;
+        songs++;
+        if (r->rate > best) best = r->rate;
+    }
+    return songs == 0 && queued == 0 ? INFINITY : best;
+}
+
+int eng_play_decide_locked(struct engine *e, struct eng_req *r, int queued)
+{
+    r->rate = -1;
     if (!r->counted) return 0;
-    double now = now_s(), margin = margin_locked(e, r->w);
+    double now = now_s(), margin = margin_locked(e, r->w), rate = new_stream_rate_locked(e, r->w, queued);
     int streams;
     double load = load_locked(e, r->w, now, margin, &streams);
     double need = admission_stream_need(0, left_s(e, r), margin);
-    if (admission_fits(&e->adm, streams, load, need)) return 0;
+    if (admission_fits(&e->adm, streams, load, need, rate)) return 0;
     r->preroll = 1;
     atomic_store(&r->job->preroll, 1);
     metrics_counter_add(&mm3_metrics.streams_prerolled, 1);
-    LOG_INFO("job %llu: stream prerolls: %d streams play with needs %.2f, real-time capacity %.2f x share %.2f",
-             (unsigned long long)r->job->id, streams, load, admission_capacity(&e->adm), e->adm.share);
+    LOG_INFO("job %llu: stream prerolls: %d streams play with needs %.2f, real-time capacity %.2f x share %.2f, "
+             "songs' audio coming at %.2fx",
+             (unsigned long long)r->job->id, streams, load, admission_capacity(&e->adm), e->adm.share, rate);
     return 1;
 }
 
@@ -161,7 +190,7 @@ void eng_play_check(struct engine *e, struct s1_worker *w)
     for (int i = 0; i < n; i++) {
         struct eng_req *r = pre[i];
         double need = admission_stream_need(dry_s(r, now), left_s(e, r), margin);
-        if (admission_fits(&e->adm, streams, load, need)) {
+        if (admission_fits(&e->adm, streams, load, need, r->rate)) {
             load += need;
             streams++;
             r->refs++;

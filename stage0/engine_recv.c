@@ -66,6 +66,7 @@ static void on_pcm(struct engine *e, struct s1_worker *w, const struct shmconn_m
         q->pcm_got += (int64_t)n;
         if (q->pcm_got > q->pcm_pushed) q->pcm_pushed = q->pcm_got;
         if (n) pcm_account(e, q, &pcm.progress, (double)n / job->pcm_rate);
+        eng_play_rate_locked(q, (double)n / job->pcm_rate, mm3_job_now_ns());
     }
     pthread_mutex_unlock(&e->mu);
     float *il = malloc(sizeof(float) * 2 * (n ? n : 1));

@@ -185,8 +185,10 @@ static int sink_start(void *ctx, struct mm3_job *job)
     r->counted = eng_counts_as_stream(job);
     r->pcm_pushed = job->pcm_skip; /* a continuation's earlier part: as if the client had it */
     r->refs = 2; /* the table's and ours for the START below */
+    int queued = 0, rows;
+    sched_counts(e->sched, &queued, &rows); /* a burst's first song is not alone */
     pthread_mutex_lock(&e->mu);
-    eng_play_decide_locked(e, r);
+    eng_play_decide_locked(e, r, queued);
     pthread_mutex_unlock(&e->mu);
     eng_req_add(e, r);
     if (e->n_workers > 1) LOG_INFO("job %llu: stage-1 worker %d", (unsigned long long)job->id, w->index);

@@ -97,8 +97,7 @@ static int server_load(struct s1_server *s, const struct s1_server_options *o)
                                     &s->fb)) < 0)
         return mm3_error_prefix(rc, "%s: stage 1 flow batch of %d windows: ", s->d.source, max_windows);
     s->cand = calloc((size_t)s->max_reqs + 1, sizeof *s->cand);
-    s->take = calloc((size_t)s->max_reqs + 1, sizeof *s->take);
-    if (!s->cand || !s->take) return mm3_errorf(-ENOMEM, "stage 1: out of memory");
+    if (!s->cand) return mm3_errorf(-ENOMEM, "stage 1: out of memory");
     s->jobs = calloc((size_t)max_windows, sizeof *s->jobs);
     s->job_ids = calloc((size_t)max_windows, sizeof *s->job_ids);
     s->job_rc = calloc((size_t)max_windows, sizeof *s->job_rc);
@@ -324,9 +323,8 @@ static void round_run(struct s1_server *s)
         s1_request_candidate(s, q, now, &s->cand[n_cand++]);
     }
     window_order_sort(s->st->window_order, s->cand, n_cand);
-    int n_take = window_batch_take(s->st->window_order, s->cand, n_cand, fb->max_windows, now, &s->batch_s, s->take);
-    for (int i = 0; i < n_take && n < fb->max_windows && !s->stage0_lost; i++) {
-        struct s1_request *q = s1_request_find(s, s->cand[s->take[i]].id);
+    for (int i = 0; i < n_cand && n < fb->max_windows && !s->stage0_lost; i++) {
+        struct s1_request *q = s1_request_find(s, s->cand[i].id);
         if (!q || !q->active || !render_window_ready(q->render)) continue;
         if (s1_request_prepare(s, q, &s->jobs[n]) == 1) {
             s->job_ids[n++] = q->id;
@@ -352,7 +350,6 @@ static void round_run(struct s1_server *s)
         double dt = s1_now() - t0;
         s->tot.compute_s += dt;
         LOG_DEBUG("flow batch of %d window(s): %.3f s", n, dt);
-        batch_time_observe(&s->batch_s, n, dt);
         for (int i = 0; i < n; i++) {
             struct s1_request *q = s1_request_find(s, s->job_ids[i]);
             if (!q || !q->in_flow) continue;
@@ -402,7 +399,6 @@ static void server_free(struct s1_server *s)
         s1_request_remove(s, s->reqs[0]);
     free(s->reqs);
     free(s->cand);
-    free(s->take);
     shmconn_close(s->in);
     shmconn_close(s->out);
     pthread_mutex_destroy(&s->hb_mu);

@@ -77,8 +77,6 @@ struct s1_server {
      * work sums must add up to stage 1's busy time for admission's capacity). */
     int finishing_overlapped;
     struct window_candidate *cand; /* [max_reqs + 1]: the ready windows of a round */
-    int *take;                     /* [max_reqs + 1]: the candidates a round's batch takes */
-    struct batch_time batch_s;     /* measured batch wall times, to keep streams' deadlines */
     int native_rate, hop;
     float default_shift; /* START's flow_shift 0: stages[1].flow_shift, else the checkpoint's */
     char prefix[32];

@@ -278,9 +278,8 @@ void s1_request_candidate(const struct s1_server *s, const struct s1_request *q,
     double whole_by = (q->t_last_out > 0 ? q->t_last_out : q->t_start) + 0.5 * s->in_cfg.steady_deadline_s;
     /* a prerolled stream plays from PLAY, or from its first audio when that came later */
     int playing = q->p.streamed && s->codec_streaming && (!q->p.preroll || q->t_play > 0);
-    double t_clock = q->t_first_audio > 0 && q->t_play > q->t_first_audio ? q->t_play : q->t_first_audio;
-    c->deadline = window_deadline(playing, c->first, now, t_clock, (double)q->samples_out / q->p.sample_rate, whole_by);
-    c->listener = playing;
+    c->deadline = window_deadline(playing, c->first, now, window_play_clock(q->t_first_audio, q->t_play),
+                                  (double)q->samples_out / q->p.sample_rate, whole_by);
 }
 
 int s1_request_activate(struct s1_server *s, struct s1_request *q)
@@ -553,8 +552,12 @@ static void on_end(struct s1_server *s, struct s1_request *q, const struct shmco
 static void on_play(struct s1_server *s, struct s1_request *q, const struct shmconn_msg *m)
 {
     int64_t us;
-    if (pipe_decode_play(m, &us) < 0 || us <= 0) {
-        s1_request_fail(s, q, 1, "%s", us <= 0 ? "bad PLAY message: t_play_us must be > 0" : mm3_last_error());
+    if (pipe_decode_play(m, &us) < 0) {
+        s1_request_fail(s, q, 1, "%s", mm3_last_error());
+        return;
+    }
+    if (us <= 0) {
+        s1_request_fail(s, q, 1, "bad PLAY message: t_play_us %lld, expected > 0", (long long)us);
         return;
     }
     double now = s1_now(), t = (double)us * 1e-6;

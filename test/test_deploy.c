@@ -223,6 +223,7 @@ static void test_defaults(void **state)
     assert_int_equal(deploy.api.max_connections_per_client, 32);
     assert_int_equal(deploy.api.admin_connections, 8);
     assert_true(deploy.api.drain_timeout_s == 10);
+    assert_true(deploy.api.stream_capacity_share == 0.85);
     assert_int_equal(deploy.api.continue_max_songs, 256);
     assert_int_equal(deploy.api.continue_max_bytes, 64LL << 20);
     assert_true(deploy.api.continue_max_age_s == 3600);
@@ -351,6 +352,8 @@ static void test_inline_errors(void **state)
     expect_inline_error("api:\n  max_connections_per_client: -1\n", 2, "api.max_connections_per_client", "[0, ");
     expect_inline_error("api:\n  admin_connections: 5000\n", 2, "api.admin_connections", "[0, 1024]");
     expect_inline_error("api:\n  drain_timeout_s: -1\n", 2, "api.drain_timeout_s", "[0, 3600]");
+    expect_inline_error("api:\n  stream_capacity_share: 0\n", 2, "api.stream_capacity_share", "(0, 1]");
+    expect_inline_error("api:\n  stream_capacity_share: 1.5\n", 2, "api.stream_capacity_share", "(0, 1]");
     expect_inline_error("api:\n  continue_max_songs: -1\n", 2, "api.continue_max_songs", "[0, ");
     expect_inline_error("api:\n  continue_max_bytes: -5\n", 2, "api.continue_max_bytes", "[0, ");
     expect_inline_error("api:\n  continue_max_age_s: -1\n", 2, "api.continue_max_age_s", "[0, ");

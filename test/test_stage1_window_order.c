@@ -41,10 +41,10 @@ static void test_whole_file_not_starved(void **state)
     (void)state;
     double now = 50.0;
     struct window_candidate c[4] = {
-        {1, window_deadline(1, 0, now, 40.0, 24.0, WINDOW_NO_DEADLINE), 0, 1}, /* 64 */
-        {5, window_deadline(0, 0, now, 0, 0, 52.0), 0, 0},                     /* whole file, due at 52 */
-        {3, window_deadline(1, 0, now, 20.0, 28.0, WINDOW_NO_DEADLINE), 0, 1}, /* 48: stalling */
-        {2, window_deadline(1, 0, now, 45.0, 8.0, WINDOW_NO_DEADLINE), 0, 1},  /* 53 */
+        {1, window_deadline(1, 0, now, 40.0, 24.0, WINDOW_NO_DEADLINE), 0}, /* 64 */
+        {5, window_deadline(0, 0, now, 0, 0, 52.0), 0},                     /* whole file, due at 52 */
+        {3, window_deadline(1, 0, now, 20.0, 28.0, WINDOW_NO_DEADLINE), 0}, /* 48: stalling */
+        {2, window_deadline(1, 0, now, 45.0, 8.0, WINDOW_NO_DEADLINE), 0},  /* 53 */
     };
     uint64_t got[4], want[4] = {3, 5, 2, 1};
     window_order_sort(MM3_WINDOW_ORDER_DEADLINE, c, 4);
@@ -58,11 +58,11 @@ static void test_whole_file_not_starved(void **state)
 static int fixture(struct window_candidate *c)
 {
     double now = 50.0;
-    c[0] = (struct window_candidate){1, window_deadline(1, 0, now, 40.0, 24.0, WINDOW_NO_DEADLINE), 0, 1}; /* 64: far ahead */
-    c[1] = (struct window_candidate){5, window_deadline(0, 0, now, 30.0, 8.0, WINDOW_NO_DEADLINE), 0, 0};  /* no deadline */
-    c[2] = (struct window_candidate){2, window_deadline(1, 0, now, 45.0, 8.0, WINDOW_NO_DEADLINE), 0, 1};  /* 53: about to run dry */
-    c[3] = (struct window_candidate){3, window_deadline(1, 0, now, 20.0, 28.0, WINDOW_NO_DEADLINE), 0, 1}; /* 48: stalling */
-    c[4] = (struct window_candidate){4, window_deadline(1, 1, now, 0, 0, WINDOW_NO_DEADLINE), 1, 1};       /* 50: first */
+    c[0] = (struct window_candidate){1, window_deadline(1, 0, now, 40.0, 24.0, WINDOW_NO_DEADLINE), 0}; /* 64: far ahead */
+    c[1] = (struct window_candidate){5, window_deadline(0, 0, now, 30.0, 8.0, WINDOW_NO_DEADLINE), 0};  /* no deadline */
+    c[2] = (struct window_candidate){2, window_deadline(1, 0, now, 45.0, 8.0, WINDOW_NO_DEADLINE), 0};  /* 53: about to run dry */
+    c[3] = (struct window_candidate){3, window_deadline(1, 0, now, 20.0, 28.0, WINDOW_NO_DEADLINE), 0}; /* 48: stalling */
+    c[4] = (struct window_candidate){4, window_deadline(1, 1, now, 0, 0, WINDOW_NO_DEADLINE), 1};       /* 50: first */
     return 5;
 }
 
@@ -97,8 +97,7 @@ static void test_ties(void **state)
 {
     (void)state;
     double inf = WINDOW_NO_DEADLINE;
-    struct window_candidate c[6] = {{10, inf, 0, 0}, {11, 7.0, 0, 1}, {12, inf, 1, 0},
-                                    {13, 7.0, 1, 1}, {14, 7.0, 0, 1}, {15, 3.0, 0, 1}};
+    struct window_candidate c[6] = {{10, inf, 0}, {11, 7.0, 0}, {12, inf, 1}, {13, 7.0, 1}, {14, 7.0, 0}, {15, 3.0, 0}};
     uint64_t got[6], want[6] = {15, 13, 11, 14, 12, 10};
     window_order_sort(MM3_WINDOW_ORDER_DEADLINE, c, 6);
     ids(c, 6, got);
@@ -129,63 +128,13 @@ static void test_prerolled_clock(void **state)
     double now = 100.0;
     assert_true(window_deadline(0, 0, now, 60.0, 20.0, 130.0) == 130.0);
     /* first audio out at 60 s, 20 s of it kept by stage 0, PLAY at 95 s: dry at 115 s */
-    assert_true(window_deadline(1, 0, now, 95.0, 20.0, 130.0) == 115.0);
-}
-
-/* Measured sizes are used as they are; a size not measured is scaled from the nearest
- * smaller one, or taken from the smallest larger one. */
-static void test_batch_time(void **state)
-{
-    (void)state;
-    struct batch_time b = {0};
-    assert_true(batch_time_predict(&b, 3) < 0);
-    batch_time_observe(&b, 4, 2.0);
-    batch_time_observe(&b, 0, 9.0);   /* ignored: no windows */
-    batch_time_observe(&b, 2, -1.0);  /* ignored: negative */
-    batch_time_observe(&b, 99, 50.0); /* ignored: beyond a batch */
-    assert_true(fabs(batch_time_predict(&b, 4) - 2.0) < 1e-12);
-    assert_true(fabs(batch_time_predict(&b, 6) - 3.0) < 1e-12); /* 2.0 x 6 / 4 */
-    assert_true(fabs(batch_time_predict(&b, 1) - 2.0) < 1e-12); /* the smallest larger */
-    batch_time_observe(&b, 4, 3.0); /* decayed mean: (2 x 0.9 + 3) / 1.9 */
-    assert_true(fabs(batch_time_predict(&b, 4) - 4.8 / 1.9) < 1e-12);
-}
-
-/* Two streams playing, due at 54 and 57 s (slack 4 and 7 s at 50 s), three prerolled
- * streams (whole_by 80-82) and a whole-file song (90), batches measured at 0.5 s per
- * window: the listened windows go in, then the others while the batch ends within the
- * tightest slack. 4 s of slack holds all six (3 s); 1.5 s holds three windows. fifo takes
- * the first max whatever the slack. */
-static void test_batch_keeps_the_slack(void **state)
-{
-    (void)state;
-    double now = 50.0;
-    struct batch_time b = {0};
-    batch_time_observe(&b, 1, 0.5);
-    struct window_candidate c[6] = {
-        {1, 54.0, 0, 1}, {2, 57.0, 0, 1}, {7, 80.0, 0, 0}, {8, 81.0, 0, 0}, {9, 82.0, 0, 0}, {5, 90.0, 0, 0},
-    };
-    int take[6], n = window_batch_take(MM3_WINDOW_ORDER_DEADLINE, c, 6, 8, now, &b, take);
-    assert_int_equal(n, 6);
-    c[0].deadline = 51.5;
-    n = window_batch_take(MM3_WINDOW_ORDER_DEADLINE, c, 6, 8, now, &b, take);
-    assert_int_equal(n, 3);
-    int want[3] = {0, 1, 2};
-    assert_memory_equal(take, want, sizeof want);
-    /* a window already due (a starving whole-file song, a late stream) limits nothing and
-     * is taken with the listened ones */
-    c[0].deadline = 49.0;
-    c[4].deadline = 45.0;
-    n = window_batch_take(MM3_WINDOW_ORDER_DEADLINE, c, 6, 4, now, &b, take);
-    assert_int_equal(n, 4);
-    int want_due[4] = {0, 1, 2, 4}; /* in the sorted order: the listened and due ones, then 7 */
-    assert_memory_equal(take, want_due, sizeof want_due);
-    /* nothing measured: the batch fills */
-    struct batch_time none = {0};
-    c[0].deadline = 50.1;
-    assert_int_equal(window_batch_take(MM3_WINDOW_ORDER_DEADLINE, c, 6, 8, now, &none, take), 6);
-    /* fifo: the first max */
-    assert_int_equal(window_batch_take(MM3_WINDOW_ORDER_FIFO, c, 6, 5, now, &b, take), 5);
-    assert_int_equal(take[4], 4);
+    double clock = window_play_clock(60.0, 95.0);
+    assert_true(clock == 95.0);
+    assert_true(window_deadline(1, 0, now, clock, 20.0, 130.0) == 115.0);
+    /* PLAY before its first audio: the clock starts with the audio */
+    assert_true(window_play_clock(97.0, 95.0) == 97.0);
+    assert_true(window_play_clock(0, 95.0) == 0); /* nothing out yet: its first window is due now */
+    assert_true(window_play_clock(60.0, 0) == 60.0); /* a stream that never prerolled */
 }
 
 int main(void)
@@ -194,8 +143,7 @@ int main(void)
         cmocka_unit_test(test_deadline_arithmetic),         cmocka_unit_test(test_deadline_order),
         cmocka_unit_test(test_fifo_keeps_round_robin),      cmocka_unit_test(test_ties),
         cmocka_unit_test(test_batch_takes_the_most_urgent), cmocka_unit_test(test_whole_file_not_starved),
-        cmocka_unit_test(test_prerolled_clock),             cmocka_unit_test(test_batch_time),
-        cmocka_unit_test(test_batch_keeps_the_slack),
+        cmocka_unit_test(test_prerolled_clock),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
