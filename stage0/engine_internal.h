@@ -208,6 +208,12 @@ void eng_reset_channels(struct s1_worker *w);
 /* A new entry bound to its worker, `queued` songs waiting behind it in the scheduler: 1 when
  * it is a counted stream that does not fit and prerolls, else 0 (engine.mu held). */
 int eng_play_decide_locked(struct engine *e, struct eng_req *r, int queued);
+/* Seconds of the entry's song stage 1 still has to render: its planned length, lowered at
+ * the end of generation, less the audio back from the current stage 1 (engine.mu held). */
+double eng_left_s_locked(const struct engine *e, const struct eng_req *r);
+/* `new_s` seconds of a streamed song's audio go to its client now: its listener is advanced
+ * (stall metrics; engine.mu held). */
+void eng_listener_advance_locked(struct eng_req *r, double new_s);
 /* A PCM message of audio_s seconds for the entry arrived now: its rate (engine.mu held). */
 void eng_play_rate_locked(struct eng_req *r, double audio_s, int64_t now_ns);
 /* A prerolling entry's audio, interleaved: kept. 0, or -ENOMEM (engine.mu held). */

@@ -24,9 +24,7 @@ static double now_s(void)
     return (double)mm3_job_now_ns() * 1e-9;
 }
 
-/* Seconds of the entry's song stage 1 still has to render (its planned length, lowered at
- * the end of generation, less the audio back from the current stage 1). */
-static double left_s(const struct engine *e, const struct eng_req *r)
+double eng_left_s_locked(const struct engine *e, const struct eng_req *r)
 {
     const struct mm3_job *j = r->job;
     double left = (double)atomic_load(&j->frames_total) / e->fps - (double)r->pcm_got / j->pcm_rate;
@@ -55,10 +53,22 @@ static double load_locked(const struct engine *e, const struct s1_worker *w, dou
     *streams = 0;
     for (const struct eng_req *r = e->reqs; r; r = r->next) {
         if (r->w != w || !r->counted || r->preroll || r->awaiting) continue;
-        load += admission_stream_need(dry_s(r, now), left_s(e, r), margin);
+        load += admission_stream_need(dry_s(r, now), eng_left_s_locked(e, r), margin);
         (*streams)++;
     }
     return load;
+}
+
+void eng_listener_advance_locked(struct eng_req *r, double new_s)
+{
+    if (!r->job->params.stream || new_s <= 0) return;
+    int stalls = r->play.stalls;
+    double slack = playback_arrive(&r->play, now_s(), new_s);
+    if (r->play.stalls > stalls) {
+        metrics_counter_add(&mm3_metrics.stream_stalls, 1);
+        metrics_counter_add(&mm3_metrics.stream_stall_us, (uint64_t)(-slack * 1e6));
+    }
+    if (r->play.audio_s > new_s) metrics_histogram_observe(&mm3_metrics.window_slack_seconds, slack);
 }
 
 void eng_publish_streams_locked(const struct engine *e)
@@ -100,7 +110,7 @@ int eng_play_decide_locked(struct engine *e, struct eng_req *r, int queued)
     double now = now_s(), margin = margin_locked(e, r->w), rate = new_stream_rate_locked(e, r->w, queued);
     int streams;
     double load = load_locked(e, r->w, now, margin, &streams);
-    double need = admission_stream_need(0, left_s(e, r), margin);
+    double need = admission_stream_need(0, eng_left_s_locked(e, r), margin);
     if (admission_fits(&e->adm, streams, load, need, rate)) return 0;
     r->preroll = 1;
     atomic_store(&r->job->preroll, 1);
@@ -146,7 +156,7 @@ static void play_start(struct engine *e, struct eng_req *r)
         int64_t n = r->pre_n;
         r->pre_pcm = NULL;
         r->pre_n = r->pre_cap = 0;
-        if (n > 0) playback_arrive(&r->play, now_s(), (double)n / job->pcm_rate);
+        eng_listener_advance_locked(r, (double)n / job->pcm_rate);
         if (n == 0) {
             r->preroll = 0;
             atomic_store(&job->preroll, 0);
@@ -189,7 +199,7 @@ void eng_play_check(struct engine *e, struct s1_worker *w)
     double load = load_locked(e, w, now, margin, &streams);
     for (int i = 0; i < n; i++) {
         struct eng_req *r = pre[i];
-        double need = admission_stream_need(dry_s(r, now), left_s(e, r), margin);
+        double need = admission_stream_need(dry_s(r, now), eng_left_s_locked(e, r), margin);
         if (admission_fits(&e->adm, streams, load, need, r->rate)) {
             load += need;
             streams++;
@@ -198,7 +208,7 @@ void eng_play_check(struct engine *e, struct s1_worker *w)
             continue;
         }
         /* at the latest once wholly rendered, its room shared evenly */
-        double est = w_audio > 0 ? admission_render_estimate(&e->adm, left_s(e, r), songs) : -1;
+        double est = w_audio > 0 ? admission_render_estimate(&e->adm, eng_left_s_locked(e, r), songs) : -1;
         atomic_store(&r->job->start_estimate_ns, est >= 0 ? mm3_job_now_ns() + (int64_t)(est * 1e9) : 0);
     }
     pthread_mutex_unlock(&e->mu);

@@ -26,20 +26,6 @@ static void pcm_account(struct engine *e, struct eng_req *q, const struct pipe_p
     eng_capacity_publish(admission_capacity(&e->adm));
 }
 
-/* `new_s` seconds of audio go to a streamed song's client now, under e->mu: its listener
- * is advanced (stall metrics). */
-static void listener_advance(struct eng_req *q, double new_s)
-{
-    if (!q->job->params.stream || new_s <= 0) return;
-    int stalls = q->play.stalls;
-    double slack = playback_arrive(&q->play, (double)mm3_job_now_ns() * 1e-9, new_s);
-    if (q->play.stalls > stalls) {
-        metrics_counter_add(&mm3_metrics.stream_stalls, 1);
-        metrics_counter_add(&mm3_metrics.stream_stall_us, (uint64_t)(-slack * 1e6));
-    }
-    if (q->play.audio_s > new_s) metrics_histogram_observe(&mm3_metrics.window_slack_seconds, slack);
-}
-
 static void on_pcm(struct engine *e, struct s1_worker *w, const struct shmconn_msg *m)
 {
     struct mm3_job *job = eng_req_job(e, m->req_id, w);
@@ -85,7 +71,7 @@ static void on_pcm(struct engine *e, struct s1_worker *w, const struct shmconn_m
                 rc = eng_preroll_keep_locked(q, il, (int64_t)(n - skip));
                 kept = 1;
             } else if (q) {
-                listener_advance(q, (double)(n - skip) / job->pcm_rate);
+                eng_listener_advance_locked(q, (double)(n - skip) / job->pcm_rate);
             }
             pthread_mutex_unlock(&e->mu);
         }

@@ -97,10 +97,8 @@ static double sink_start_estimate(void *ctx, int position)
     pthread_mutex_lock(&e->mu);
     int n = e->n_reqs, i = 0;
     double left[n > 0 ? n : 1];
-    for (const struct eng_req *r = e->reqs; r && i < n; r = r->next) {
-        const struct mm3_job *j = r->job;
-        left[i++] = (double)atomic_load(&j->frames_total) / e->fps - (double)r->pcm_got / j->pcm_rate;
-    }
+    for (const struct eng_req *r = e->reqs; r && i < n; r = r->next)
+        left[i++] = eng_left_s_locked(e, r);
     double est = -1;
     if (position >= 1 && position <= i) {
         qsort(left, (size_t)i, sizeof *left, cmp_double);
