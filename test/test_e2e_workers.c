@@ -105,12 +105,17 @@ static int group_teardown(void **state)
     return 0;
 }
 
-static void song_json(char *buf, size_t cap, int seed, double seconds, int stream)
+enum song_kind { SONG_WHOLE, SONG_STREAM, SONG_STREAM_STALLS };
+
+/* SONG_STREAM_STALLS accepts stalls: admission never prerolls it, so its audio comes from
+ * the first window however slow the machine is. */
+static void song_json(char *buf, size_t cap, int seed, double seconds, enum song_kind kind)
 {
     snprintf(buf, cap,
              "{\"caption\":\"a bright synth pop song\",\"lyrics\":\"%s\",\"duration_s\":%g,\"seed\":%d,"
-             "\"num_inference_steps\":2,\"stream\":%s}",
-             k_lyrics, seconds, seed, stream ? "true" : "false");
+             "\"num_inference_steps\":2,\"stream\":%s,\"allow_stall\":%s}",
+             k_lyrics, seconds, seed, kind != SONG_WHOLE ? "true" : "false",
+             kind == SONG_STREAM_STALLS ? "true" : "false");
 }
 
 /* One request on its own thread; with kill_pid set the collector kills that process
@@ -189,7 +194,7 @@ static void test_songs_equal_one_worker(void **state)
     for (int i = 0; i < N_SONGS; i++) {
         one[i].r = &f->one;
         two[i].r = &f->two;
-        song_json(one[i].json, sizeof one[i].json, 31 + i, 2 + i % 3, i % 2);
+        song_json(one[i].json, sizeof one[i].json, 31 + i, 2 + i % 3, i % 2 ? SONG_STREAM : SONG_WHOLE);
         memcpy(two[i].json, one[i].json, sizeof one[i].json);
     }
     run_concurrently(one, N_SONGS);
@@ -252,8 +257,10 @@ static void test_kill_worker_loses_no_song(void **state)
     for (int i = 0; i < N_KILL_SONGS; i++) {
         ref[i].r = &f->one;
         cut[i].r = &f->two;
-        /* several windows: a stream's audio comes before the end */
-        song_json(ref[i].json, sizeof ref[i].json, 51 + i, 20, i % 2 == 0);
+        /* several windows; song 0, whose first audio triggers the kill, is never prerolled,
+         * and song 2 is a counted stream that may preroll when the machine is slow */
+        enum song_kind kind = i == 0 ? SONG_STREAM_STALLS : i == 2 ? SONG_STREAM : SONG_WHOLE;
+        song_json(ref[i].json, sizeof ref[i].json, 51 + i, 20, kind);
         memcpy(cut[i].json, ref[i].json, sizeof ref[i].json);
     }
     run_concurrently(ref, N_KILL_SONGS);
@@ -282,7 +289,7 @@ static void test_kill_worker_loses_no_song(void **state)
     assert_true(test_replica_log_contains(&f->two, "re-sent to stage-1 worker 0 (was on 1)"));
     /* the launcher restarts the worker; a new song succeeds meanwhile or after */
     struct song after = {.r = &f->two};
-    song_json(after.json, sizeof after.json, 77, 2, 0);
+    song_json(after.json, sizeof after.json, 77, 2, SONG_WHOLE);
     song_run(&after);
     assert_complete(&after);
     song_free(&after);
