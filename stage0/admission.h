@@ -26,8 +26,9 @@
  * (api.stream_capacity_share), the needs of the streams playing on its stage-1 worker plus
  * its own stay within s C and its own stays within s r. A prerolled stream's d grows as
  * its audio is rendered ahead; one wholly rendered needs nothing and always plays. A new
- * stream alone on its worker (no other song in flight or waiting) plays at once; one with
- * company and nothing measured yet prerolls. Whole-file songs and streams whose client
+ * stream alone on its worker (no other song in flight or waiting) plays at once, if it is
+ * still alone at its first audio (a burst's first song is not); one with company and
+ * nothing measured yet prerolls. Whole-file songs and streams whose client
  * accepts stalls (`allow_stall`) are not counted: stage 1 gives their windows no deadline,
  * so they only take the room the counted streams leave.
  *

@@ -66,6 +66,10 @@ struct eng_req {
      * frames) is kept here until it plays; then PLAY with play_us goes to stage 1 on the
      * step thread's next tick (play_unsent). Under engine.mu. */
     int preroll;
+    /* Alone on its worker at START: stage 1 is told it prerolls, and whether it plays is
+     * decided at its first audio, when a burst's later songs have come (a song judged alone
+     * that then plays among them would run dry). Under engine.mu. */
+    int judge_at_first_audio;
     float *pre_pcm;
     int64_t pre_n, pre_cap;
     int play_unsent;

@@ -75,7 +75,7 @@ void eng_publish_streams_locked(const struct engine *e)
 {
     int pre = 0;
     for (const struct eng_req *r = e->reqs; r; r = r->next)
-        pre += r->preroll;
+        pre += r->preroll && !r->judge_at_first_audio;
     metrics_gauge_set(&mm3_metrics.streams_admitted, eng_streams_locked(e));
     metrics_gauge_set(&mm3_metrics.streams_prerolling, pre);
 }
@@ -89,35 +89,47 @@ void eng_play_rate_locked(struct eng_req *r, double audio_s, int64_t now_ns)
     if (audio_s > 0) r->t_last_pcm_ns = now_ns;
 }
 
-/* The rate a new stream on w can expect: the best its songs get now (a due window goes in
- * every batch), INFINITY with no other song in flight or waiting, -1 when none is measured. */
-static double new_stream_rate_locked(const struct engine *e, const struct s1_worker *w, int queued)
+/* The rate a new stream `self` on w can expect: the best the other songs get now (a due
+ * window goes in every batch), INFINITY with no other song in flight or waiting, -1 when
+ * none is measured. */
+static double new_stream_rate_locked(const struct engine *e, const struct s1_worker *w, int queued,
+                                     const struct eng_req *self)
 {
     double best = -1;
     int songs = 0;
     for (const struct eng_req *r = e->reqs; r; r = r->next) {
-        if (r->w != w || r->awaiting) continue;
+        if (r == self || r->w != w || r->awaiting) continue;
         songs++;
         if (r->rate > best) best = r->rate;
     }
     return songs == 0 && queued == 0 ? INFINITY : best;
 }
 
-int eng_play_decide_locked(struct engine *e, struct eng_req *r, int queued)
+static void preroll_begin_locked(struct engine *e, struct eng_req *r, int streams, double load, double rate)
 {
-    r->rate = -1;
-    if (!r->counted) return 0;
-    double now = now_s(), margin = margin_locked(e, r->w), rate = new_stream_rate_locked(e, r->w, queued);
-    int streams;
-    double load = load_locked(e, r->w, now, margin, &streams);
-    double need = admission_stream_need(0, eng_left_s_locked(e, r), margin);
-    if (admission_fits(&e->adm, streams, load, need, rate)) return 0;
     r->preroll = 1;
+    r->judge_at_first_audio = 0;
     atomic_store(&r->job->preroll, 1);
     metrics_counter_add(&mm3_metrics.streams_prerolled, 1);
     LOG_INFO("job %llu: stream prerolls: %d streams play with needs %.2f, real-time capacity %.2f x share %.2f, "
              "songs' audio coming at %.2fx",
              (unsigned long long)r->job->id, streams, load, admission_capacity(&e->adm), e->adm.share, rate);
+}
+
+int eng_play_decide_locked(struct engine *e, struct eng_req *r, int queued)
+{
+    r->rate = -1;
+    if (!r->counted) return 0;
+    double now = now_s(), margin = margin_locked(e, r->w), rate = new_stream_rate_locked(e, r->w, queued, r);
+    if (isinf(rate)) {
+        r->preroll = r->judge_at_first_audio = 1;
+        return 1;
+    }
+    int streams;
+    double load = load_locked(e, r->w, now, margin, &streams);
+    double need = admission_stream_need(0, eng_left_s_locked(e, r), margin);
+    if (admission_fits(&e->adm, streams, load, need, rate)) return 0;
+    preroll_begin_locked(e, r, streams, load, rate);
     return 1;
 }
 
@@ -146,10 +158,12 @@ static void play_start(struct engine *e, struct eng_req *r)
     struct mm3_job *job = r->job;
     pthread_mutex_lock(&e->mu);
     double kept = (double)r->pre_n / job->pcm_rate;
+    int judged = r->judge_at_first_audio;
+    r->judge_at_first_audio = 0;
     r->play_us = mm3_job_now_ns() / 1000;
     r->play_unsent = 1;
     pthread_mutex_unlock(&e->mu);
-    LOG_INFO("job %llu: stream plays after prerolling %.1f s of audio", (unsigned long long)job->id, kept);
+    if (!judged) LOG_INFO("job %llu: stream plays after prerolling %.1f s of audio", (unsigned long long)job->id, kept);
     for (;;) {
         pthread_mutex_lock(&e->mu);
         float *pcm = r->pre_pcm;
@@ -182,6 +196,8 @@ void eng_play_now(struct engine *e, struct eng_req *r)
 
 void eng_play_check(struct engine *e, struct s1_worker *w)
 {
+    int queued = 0, rows;
+    sched_counts(e->sched, &queued, &rows);
     pthread_mutex_lock(&e->mu);
     int n = 0;
     for (const struct eng_req *r = e->reqs; r; r = r->next)
@@ -199,14 +215,18 @@ void eng_play_check(struct engine *e, struct s1_worker *w)
     double load = load_locked(e, w, now, margin, &streams);
     for (int i = 0; i < n; i++) {
         struct eng_req *r = pre[i];
+        if (r->judge_at_first_audio && r->pre_n == 0) continue;
+        /* judged as new at its first audio: its own rate is not measured yet */
+        double rate = r->judge_at_first_audio ? new_stream_rate_locked(e, w, queued, r) : r->rate;
         double need = admission_stream_need(dry_s(r, now), eng_left_s_locked(e, r), margin);
-        if (admission_fits(&e->adm, streams, load, need, r->rate)) {
+        if (admission_fits(&e->adm, streams, load, need, rate)) {
             load += need;
             streams++;
             r->refs++;
             go[n_go++] = r;
             continue;
         }
+        if (r->judge_at_first_audio) preroll_begin_locked(e, r, streams, load, rate);
         /* at the latest once wholly rendered, its room shared evenly */
         double est = w_audio > 0 ? admission_render_estimate(&e->adm, eng_left_s_locked(e, r), songs) : -1;
         atomic_store(&r->job->start_estimate_ns, est >= 0 ? mm3_job_now_ns() + (int64_t)(est * 1e9) : 0);

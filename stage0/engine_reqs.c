@@ -27,7 +27,7 @@ int eng_streams_locked(const struct engine *e)
 {
     int n = 0;
     for (const struct eng_req *r = e->reqs; r; r = r->next)
-        n += r->counted && !r->preroll;
+        n += r->counted && (!r->preroll || r->judge_at_first_audio);
     return n;
 }
 

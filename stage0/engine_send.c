@@ -72,7 +72,8 @@ void eng_capacity_publish(double cap)
 /* A stage-1 worker refuses songs beyond max_num_seqs(1) + max_num_seqs(0) ("stage 1 is
  * full"): a song whose frames are all sent still occupies it until DONE, so admission
  * waits for a live worker with room. Streams start like any song: whether one plays at
- * once or prerolls is decided at START (engine_play.c). */
+ * once or prerolls is decided at START, or at its first audio when it was alone at START
+ * (engine_play.c). */
 static int sink_can_start(void *ctx, struct mm3_job *job)
 {
     struct engine *e = ctx;
