@@ -5,10 +5,10 @@
  * Inputs: the frame_hiddens of golden case0 (1 window) and case2 (2 windows).
  * Cases: single request; deploy-file defaults for steps and guidance; a START with flow_shift; 32 kHz; three requests
  * with max_num_seqs 2 (interleaved windows, one waiting, one pre-mixed); FRAMES gap; bad START; steady deadline;
- * CANCEL; a cancel from the PCM side; stage 0 closing, then dying (kill -9) and coming back; a squatter's s0_to_s1
- * (uid 65534) refused; SIGTERM; codec_streaming off (a second server).
- * MM3_TEST_STAGE1_BACKEND=cuda (a CUDA build on a GPU machine) runs the same cases on the GPU backend (fp32
- * matmuls, windows batched, vocoder overlapped), comparing PCM at rel <= 1e-3 instead of bit for bit. */
+ * a prerolled stream with PLAY mid-song and after END, and a bad PLAY; CANCEL; a cancel from the PCM side; stage 0
+ * closing, then dying (kill -9) and coming back; a squatter's s0_to_s1 (uid 65534) refused; SIGTERM; codec_streaming
+ * off (a second server). MM3_TEST_STAGE1_BACKEND=cuda (a CUDA build on a GPU machine) runs the same cases on the GPU
+ * backend (fp32 matmuls, windows batched, vocoder overlapped), comparing PCM at rel <= 1e-3 instead of bit for bit. */
 #include <dirent.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -80,6 +80,7 @@ static struct {
     struct result res[MAX_RESULTS];
     int n_res, seq;
     int streamed; /* START's streamed */
+    int preroll;  /* START's preroll */
 } G;
 
 static double now_s(void)
@@ -195,6 +196,7 @@ static int send_start_shift(uint64_t id, uint64_t seed, int width, int premixed,
         .premixed = premixed,
         .flow_shift = shift,
         .streamed = G.streamed,
+        .preroll = G.preroll,
     };
     struct shmconn_msg m;
     return send_msg(id, pipe_encode_start(&m, &(struct pipe_start){.params = p}), &m);
@@ -226,6 +228,12 @@ static void send_end(uint64_t id, int64_t total)
 {
     struct shmconn_msg m;
     assert_int_equal(send_msg(id, pipe_encode_end(&m, &total), &m), 0);
+}
+
+static void send_play(uint64_t id, int64_t t_play_us)
+{
+    struct shmconn_msg m;
+    assert_int_equal(send_msg(id, pipe_encode_play(&m, &t_play_us), &m), 0);
 }
 
 /* A whole song in 100-frame chunks (the first one 200), as stage 0 sends them. */
@@ -721,6 +729,38 @@ static void test_steady_deadline(void **state)
     assert_true(dt < STEADY_S + 10);
 }
 
+/* A stream stage 0 prerolls (START preroll 1) renders the same audio as any song, whether
+ * PLAY comes mid-song or after END; a PLAY without a time, or preroll on a song that is not
+ * a stream, fails the request with what was wrong. */
+static void test_prerolled_play(void **state)
+{
+    (void)state;
+    NEED_GOLDEN();
+    G.streamed = G.preroll = 1;
+    send_start(91, 91, G.s2.width, 0, G.rate);
+    assert_int_equal(send_frames(91, G.s2.frames, 0, 200, G.s2.width), 0);
+    send_play(91, (int64_t)(now_s() * 1e6));
+    assert_int_equal(send_frames(91, G.s2.frames, 200, G.s2.n - 200, G.s2.width), 0);
+    send_end(91, G.s2.n);
+    send_start(92, 92, G.s2.width, 0, G.rate);
+    assert_int_equal(send_frames(92, G.s2.frames, 0, G.s2.n, G.s2.width), 0);
+    send_end(92, G.s2.n);
+    send_play(92, (int64_t)(now_s() * 1e6) + 3600000000LL); /* from the future: counts as now */
+    send_start(93, 93, G.s0.width, 0, G.rate);
+    send_play(93, 0);
+    G.streamed = 0;
+    send_start(94, 94, G.s0.width, 0, G.rate);
+    G.preroll = 0;
+    expect_equal(wait_end(91, 60), &G.s2, 91, G.rate);
+    expect_equal(wait_end(92, 60), &G.s2, 92, G.rate);
+    struct result *r = wait_end(93, 30);
+    assert_true(r->error);
+    assert_non_null(strstr(r->msg, "bad PLAY message: t_play_us 0, expected > 0"));
+    r = wait_end(94, 30);
+    assert_true(r->error);
+    assert_non_null(strstr(r->msg, "START preroll 1: expected 0, or 1 with streamed 1"));
+}
+
 /* CANCEL mid-song (frames sent, no END): freed, nothing more for it, the next request
  * works. Sent at once: waiting for PCM first could outlast the 2 s deadline on a loaded
  * machine (a full window takes seconds under sanitizers). */
@@ -1036,6 +1076,7 @@ int main(void)
         cmocka_unit_test(test_gap),
         cmocka_unit_test(test_bad_start),
         cmocka_unit_test(test_steady_deadline),
+        cmocka_unit_test(test_prerolled_play),
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_cancel_from_pcm_side),
         cmocka_unit_test(test_stage0_restart),
