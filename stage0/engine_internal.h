@@ -137,6 +137,9 @@ struct engine {
     int max_per_worker;           /* songs one stage-1 worker holds at once (its own bound) */
     _Atomic int n_awaiting;       /* entries held for a stage-1 restart */
     _Atomic int64_t step_turn_ns; /* mm3_job_now_ns of the step loop's last turn (readiness) */
+    /* Songs waiting in the scheduler's queue, as the step loop last saw them: the receivers
+     * read this, never the scheduler, which engine_destroy frees before joining them. */
+    _Atomic int sched_queued;
 };
 
 /* ---- engine_reqs.c: the request table (entries live under engine.mu) ---- */

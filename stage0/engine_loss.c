@@ -185,6 +185,9 @@ void eng_sink_tick(void *ctx)
 {
     struct engine *e = ctx;
     atomic_store(&e->step_turn_ns, mm3_job_now_ns());
+    int queued, rows;
+    sched_counts(e->sched, &queued, &rows);
+    atomic_store(&e->sched_queued, queued);
     pthread_mutex_lock(&e->mu);
     eng_publish_worker_load_locked(e);
     pthread_mutex_unlock(&e->mu);

@@ -196,8 +196,7 @@ void eng_play_now(struct engine *e, struct eng_req *r)
 
 void eng_play_check(struct engine *e, struct s1_worker *w)
 {
-    int queued = 0, rows;
-    sched_counts(e->sched, &queued, &rows);
+    int queued = atomic_load(&e->sched_queued);
     pthread_mutex_lock(&e->mu);
     int n = 0;
     for (const struct eng_req *r = e->reqs; r; r = r->next)

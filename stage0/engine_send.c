@@ -186,6 +186,7 @@ static int sink_start(void *ctx, struct mm3_job *job)
     r->refs = 2; /* the table's and ours for the START below */
     int queued = 0, rows;
     sched_counts(e->sched, &queued, &rows); /* a burst's first song is not alone */
+    atomic_store(&e->sched_queued, queued);
     pthread_mutex_lock(&e->mu);
     eng_play_decide_locked(e, r, queued);
     pthread_mutex_unlock(&e->mu);
