@@ -225,7 +225,10 @@ void eng_play_check(struct engine *e, struct s1_worker *w)
             go[n_go++] = r;
             continue;
         }
-        if (r->judge_at_first_audio) preroll_begin_locked(e, r, streams, load, rate);
+        if (r->judge_at_first_audio) {
+            preroll_begin_locked(e, r, streams, load, rate);
+            eng_publish_streams_locked(e);
+        }
         /* at the latest once wholly rendered, its room shared evenly */
         double est = w_audio > 0 ? admission_render_estimate(&e->adm, eng_left_s_locked(e, r), songs) : -1;
         atomic_store(&r->job->start_estimate_ns, est >= 0 ? mm3_job_now_ns() + (int64_t)(est * 1e9) : 0);
