@@ -212,9 +212,10 @@ void eng_reset_channels(struct s1_worker *w);
 
 /* ---- engine_play.c: when streams play (stage0/admission.h) ---- */
 
-/* A new entry bound to its worker, `queued` songs waiting behind it in the scheduler: 1 when
- * it is a counted stream that does not fit and prerolls, else 0 (engine.mu held). */
-int eng_play_decide_locked(struct engine *e, struct eng_req *r, int queued);
+/* A new entry bound to its worker, `queued` songs waiting behind it in the scheduler: a
+ * counted stream that does not fit prerolls, one alone is judged at its first audio
+ * (engine.mu held). */
+void eng_play_decide_locked(struct engine *e, struct eng_req *r, int queued);
 /* Seconds of the entry's song stage 1 still has to render: its planned length, lowered at
  * the end of generation, less the audio back from the current stage 1 (engine.mu held). */
 double eng_left_s_locked(const struct engine *e, const struct eng_req *r);

@@ -116,21 +116,19 @@ static void preroll_begin_locked(struct engine *e, struct eng_req *r, int stream
              (unsigned long long)r->job->id, streams, load, admission_capacity(&e->adm), e->adm.share, rate);
 }
 
-int eng_play_decide_locked(struct engine *e, struct eng_req *r, int queued)
+void eng_play_decide_locked(struct engine *e, struct eng_req *r, int queued)
 {
     r->rate = -1;
-    if (!r->counted) return 0;
-    double now = now_s(), margin = margin_locked(e, r->w), rate = new_stream_rate_locked(e, r->w, queued, r);
+    if (!r->counted) return;
+    double rate = new_stream_rate_locked(e, r->w, queued, r);
     if (isinf(rate)) {
         r->preroll = r->judge_at_first_audio = 1;
-        return 1;
+        return;
     }
     int streams;
-    double load = load_locked(e, r->w, now, margin, &streams);
+    double margin = margin_locked(e, r->w), load = load_locked(e, r->w, now_s(), margin, &streams);
     double need = admission_stream_need(0, eng_left_s_locked(e, r), margin);
-    if (admission_fits(&e->adm, streams, load, need, rate)) return 0;
-    preroll_begin_locked(e, r, streams, load, rate);
-    return 1;
+    if (!admission_fits(&e->adm, streams, load, need, rate)) preroll_begin_locked(e, r, streams, load, rate);
 }
 
 int eng_preroll_keep_locked(struct eng_req *r, const float *pcm, int64_t n)
@@ -198,21 +196,18 @@ void eng_play_check(struct engine *e, struct s1_worker *w)
 {
     int queued = atomic_load(&e->sched_queued);
     pthread_mutex_lock(&e->mu);
-    int n = 0;
-    for (const struct eng_req *r = e->reqs; r; r = r->next)
-        n += r->preroll && r->w == w && !r->awaiting;
+    struct eng_req *pre[e->n_reqs > 0 ? e->n_reqs : 1], *go[e->n_reqs > 0 ? e->n_reqs : 1];
+    int n = 0, n_go = 0;
+    for (struct eng_req *r = e->reqs; r; r = r->next) /* newest first */
+        if (r->preroll && r->w == w && !r->awaiting) pre[n++] = r;
     if (n == 0) {
         pthread_mutex_unlock(&e->mu);
         return;
     }
-    struct eng_req *pre[n], *go[n];
-    int k = n, n_go = 0;
-    for (struct eng_req *r = e->reqs; r; r = r->next) /* newest first: filled from the back */
-        if (r->preroll && r->w == w && !r->awaiting) pre[--k] = r;
     double now = now_s(), margin = margin_locked(e, w), w_audio = admission_work_per_audio(&e->adm);
     int streams, songs = eng_worker_songs_locked(e, w);
     double load = load_locked(e, w, now, margin, &streams);
-    for (int i = 0; i < n; i++) {
+    for (int i = n - 1; i >= 0; i--) { /* oldest first */
         struct eng_req *r = pre[i];
         if (r->judge_at_first_audio && r->pre_n == 0) continue;
         /* judged as new at its first audio: its own rate is not measured yet */

@@ -34,4 +34,3 @@ void window_order_sort(enum mm3_window_order order, struct window_candidate *c, 
         c[j] = x;
     }
 }
-
